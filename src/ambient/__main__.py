@@ -1,0 +1,3 @@
+from ambient.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,65 @@
+"""Shared CLI plumbing: the ``--brain`` convention, exit codes, output helpers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+EXIT_OK = 0
+EXIT_NO = 1  # a negative answer: denied, held by another, problems found
+EXIT_USAGE = 2  # bad usage or bad input
+
+CommandFunc = Callable[[argparse.Namespace], int]
+Subparsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def add_brain_option(parser: argparse.ArgumentParser) -> None:
+    """``--brain DIR`` on a parser; accepted before or after the subcommand."""
+    parser.add_argument(
+        "--brain",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="brain directory (default: $AMBIENT_BRAIN, else the current directory)",
+    )
+
+
+def add_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    func: CommandFunc | None,
+    help: str,
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """Add a subcommand carrying the ``--brain`` option and its handler."""
+    p = sub.add_parser(name, help=help, description=description or help)
+    add_brain_option(p)
+    if func is not None:
+        p.set_defaults(func=func)
+    return p
+
+
+def brain_dir(args: argparse.Namespace) -> Path:
+    """The brain this command acts on: ``--brain``, else ``$AMBIENT_BRAIN``, else the current directory."""
+    raw = getattr(args, "brain", None) or os.environ.get("AMBIENT_BRAIN") or "."
+    return Path(raw).absolute()
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> int:
+    """Print an error on stderr and return ``code``."""
+    print(f"ambient: error: {message}", file=sys.stderr)
+    return code
+
+
+def out(text: str = "") -> None:
+    """Print one line on stdout."""
+    print(text)
+
+
+def out_json(data: Any) -> None:
+    """Print data as indented JSON on stdout."""
+    print(json.dumps(data, indent=2, ensure_ascii=False, default=str))

@@ -1,0 +1,194 @@
+"""The only writer of bytes to a brain: atomic writes, capped no-follow reads, containment checks.
+
+Guarantees (RELIABILITY §1.3): a reader sees either the old or the new content of a file, never a
+torn one; the content is durable (fsync of file then directory) before the call returns; a failed
+fsync is raised, never retried. Leftover ``.<name>.tmp.<pid>.<hex>`` files from a crash are swept at
+start-up by :func:`sweep_tmp`, and nothing else is ever deleted there.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+from ambient.errors import InputError, UnsafePathError, UnsupportedFilesystemError
+
+TMP_MARK = ".tmp."
+
+# Filesystems whose locking or rename semantics cannot be trusted (RELIABILITY §1.2 rule 7).
+_UNTRUSTED_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse", "9p", "afs", "ceph", "glusterfs")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a directory entry (create, rename, unlink) durable."""
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def tmp_name(path: Path) -> Path:
+    """A unique temp path beside ``path`` (same directory, so the rename stays on one filesystem)."""
+    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}.{secrets.token_hex(4)}")
+
+
+def write_tmp(path: Path, data: bytes, mode: int = 0o644) -> Path:
+    """Write ``data`` to a fresh fsync'd temp file beside ``path`` and return its path."""
+    tmp = tmp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def atomic_write(path: Path, data: bytes | str, *, mode: int = 0o644, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically (temp + fsync + rename + fsync dir).
+
+    ``durable=False`` skips the directory fsync, for files whose loss on power cut is harmless
+    (caches); the file itself is still fsync'd so no reader sees a torn file.
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = write_tmp(path, raw, mode)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def sweep_tmp(directory: Path) -> list[Path]:
+    """Delete leftover temp files of :func:`atomic_write` in ``directory`` (not recursive).
+
+    Only names of the form ``.<name>.tmp.<pid>.<hex>`` are removed; targets are never touched.
+    """
+    removed: list[Path] = []
+    if not directory.is_dir():
+        return removed
+    for entry in os.scandir(directory):
+        name = entry.name
+        if name.startswith(".") and TMP_MARK in name and entry.is_file(follow_symlinks=False):
+            Path(entry.path).unlink(missing_ok=True)
+            removed.append(Path(entry.path))
+    return removed
+
+
+def read_capped(path: Path, max_bytes: int) -> bytes:
+    """Read a regular file without following a final symlink, refusing files over ``max_bytes``.
+
+    The size is checked with ``fstat`` on the open descriptor, before reading (RELIABILITY S-03).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == 40:  # ELOOP: the final component is a symlink
+            raise UnsafePathError("is a symlink; ambient never follows symlinks here", file=str(path)) from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError("is not a regular file", file=str(path))
+        if st.st_size > max_bytes:
+            raise InputError(f"is {st.st_size} bytes; the limit for this kind of file is {max_bytes}", file=str(path))
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > max_bytes:  # grew while we read it
+                raise InputError(f"is over the limit of {max_bytes} bytes", file=str(path))
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def check_relative(rel: str) -> str:
+    """Reject a brain-relative path that could escape before it is ever joined (S-01).
+
+    Returns the path normalised to POSIX form without ``.`` components or a trailing slash.
+    """
+    if "\x00" in rel:
+        raise UnsafePathError(f"path {rel!r} contains a NUL byte")
+    if "\\" in rel:
+        raise UnsafePathError(f"path {rel!r} contains a backslash; use '/' separators")
+    if rel.startswith("/"):
+        raise UnsafePathError(f"path {rel!r} is absolute; expected a path relative to the brain root")
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if any(p == ".." for p in parts):
+        raise UnsafePathError(f"path {rel!r} contains '..'; expected a path inside the brain root")
+    if any(len(p.encode()) > 255 for p in parts):
+        raise UnsafePathError(f"path {rel!r} has a component longer than 255 bytes")
+    return "/".join(parts)
+
+
+def resolve_in_brain(root: Path, rel: str) -> Path:
+    """Join ``rel`` under ``root`` and check that the real path stays inside (symlinks included)."""
+    clean = check_relative(rel)
+    real_root = root.resolve()
+    target = (real_root / clean).resolve() if clean else real_root
+    if target != real_root and not target.is_relative_to(real_root):
+        raise UnsafePathError(f"path {rel!r} resolves outside the brain root (through a symlink)")
+    return target
+
+
+def iter_files(directory: Path, suffixes: tuple[str, ...]) -> Iterator[Path]:
+    """Regular files (not symlinks, not hidden, not temp files) in ``directory`` with these suffixes, sorted."""
+    if not directory.is_dir():
+        return
+    names = sorted(os.listdir(directory))
+    for name in names:
+        if name.startswith(".") or not name.endswith(suffixes):
+            continue
+        p = directory / name
+        if p.is_symlink() or not p.is_file():
+            continue
+        yield p
+
+
+def filesystem_type(path: Path) -> str:
+    """The filesystem type of the mount holding ``path`` (from /proc/self/mountinfo), or ``unknown``."""
+    try:
+        real = str(path.resolve())
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return "unknown"
+    best, fstype = -1, "unknown"
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) < 5 or not right:
+            continue
+        mount = fields[4].replace("\\040", " ")
+        if (real == mount or real.startswith(mount.rstrip("/") + "/") or mount == "/") and len(mount) > best:
+            best, fstype = len(mount), right.split()[0]
+    return fstype
+
+
+def check_local_filesystem(path: Path) -> None:
+    """Refuse NFS/CIFS/FUSE state directories, whose locks and renames cannot be trusted."""
+    fstype = filesystem_type(path)
+    if fstype.split(".")[0] in _UNTRUSTED_FS or fstype.startswith("fuse"):
+        raise UnsupportedFilesystemError(
+            f"{path} is on a {fstype} filesystem; ambient keeps locks and claims only on a local filesystem "
+            "(ext4, xfs, btrfs, tmpfs...). Move the brain or its state to a local disk."
+        )

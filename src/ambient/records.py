@@ -1,0 +1,77 @@
+"""Run records (ADR-027): the JSON shape of what the learning loop reads. No I/O.
+
+One summary line per finished run is appended to ``.ambient/runs.jsonl``::
+
+    {"kind": "run", "run_id": ..., "workflow": "deploy-batch", "spec_hash": ...,
+     "started_at": ISO8601, "completed_at": ISO8601, "outcome": "success|partial|failed|aborted",
+     "steps": [{"item": "instance-01", "agent": "deploy", "signal_out": "SPAWN",
+                "signal_in": "RETURN", "result": "success", "duration_ms": 1240,
+                "attempt": 1, "key": "run/item/attempt", "error": null}],
+     "escalations": 1, "errors": 1, "decisions": [{"escalation": id, "option": "retry",
+                "by": "human", "channel": "cli", "latency_s": 12.5, "auto": false}]}
+
+``result`` is one of ``success``, ``fail``, ``error``, ``skipped``, ``interrupted``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+StepResult = Literal["success", "fail", "error", "skipped", "interrupted"]
+Outcome = Literal["success", "partial", "failed", "aborted", "running"]
+
+
+class StepRecord(BaseModel):
+    """One agent execution of a run (a for_each item or a chain step, one attempt)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    item: str
+    agent: str
+    signal_out: str = "SPAWN"
+    signal_in: str | None = None
+    result: StepResult
+    duration_ms: int = 0
+    attempt: int = 1
+    key: str | None = None
+    error: str | None = None
+    at: datetime | None = None
+
+
+class DecisionRecord(BaseModel):
+    """How an escalation of the run was decided."""
+
+    model_config = ConfigDict(extra="allow")
+
+    escalation: str
+    option: str
+    by: str = "human"
+    channel: str = "cli"
+    latency_s: float | None = None
+    auto: bool = False
+    rule: str | None = None
+
+
+class RunRecord(BaseModel):
+    """The summary of one run, as appended to ``runs.jsonl``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: Literal["run"] = "run"
+    run_id: str
+    workflow: str
+    spec_hash: str | None = None
+    started_at: datetime
+    completed_at: datetime | None = None
+    outcome: Outcome
+    steps: list[StepRecord] = Field(default_factory=list)
+    escalations: int = 0
+    errors: int = 0
+    decisions: list[DecisionRecord] = Field(default_factory=list)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The JSON-ready dict written as one line."""
+        return self.model_dump(mode="json", exclude_none=True)

@@ -1,0 +1,120 @@
+"""Zones of a brain path (DESIGN 2.4, spec/002 "zone inferred from scope"): pure rules, no disk.
+
+Paths are normalised first; one that leaves the brain root is rejected, never given a zone.
+The most specific rule wins: ``profil/capital.md`` is personal although ``profil/`` is kernel.
+A path no rule names is ``project`` ("any project folder", spec/002). Symlinks are the shell's
+business: :func:`ambient.fsutil.resolve_in_brain` resolves them before a path reaches here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+from pydantic import BaseModel, ConfigDict
+
+from ambient.errors import UnsafePathError
+
+KERNEL: Final = "kernel"
+PROJECT: Final = "project"
+PERSONAL: Final = "personal"
+KERNEL_ZONES: Final = frozenset({KERNEL, PROJECT, PERSONAL})
+
+
+class ZoneRule(BaseModel):
+    """``prefix`` ending in ``/`` names a folder and everything below; otherwise one exact file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prefix: str
+    zone: str
+
+    def matches(self, path: str) -> bool:
+        if self.prefix.endswith("/"):
+            folder = self.prefix[:-1]
+            return path == folder or path.startswith(self.prefix)
+        return path == self.prefix
+
+    @property
+    def specificity(self) -> tuple[int, int]:
+        # Longer prefixes are more specific; an exact file beats a folder of the same length.
+        return (len(self.prefix.rstrip("/")), 0 if self.prefix.endswith("/") else 1)
+
+
+def _rules(spec: Mapping[str, Iterable[str]]) -> tuple[ZoneRule, ...]:
+    return tuple(ZoneRule(prefix=p, zone=z) for z, prefixes in spec.items() for p in prefixes)
+
+
+DEFAULT_RULES: Final[tuple[ZoneRule, ...]] = _rules(
+    {
+        KERNEL: [
+            "agents/",
+            "profil/",
+            "scripts/",
+            "KERNEL.md",
+            "brain-constitution.md",
+            "brain-compose.yml",
+            # The original pre-flight tool also protects these (DESIGN 2.4).
+            "CLAUDE.md",
+            "PATHS.md",
+            "BRAIN-INDEX.md",
+        ],
+        PROJECT: ["todo/", "projets/", "workspace/", "handoffs/", "infrastructure/"],
+        PERSONAL: ["profil/capital.md", "profil/objectifs.md", "progression/", "MYSECRETS"],
+    }
+)
+
+
+def normalize(path: str) -> str:
+    """Normalise a brain-relative path to POSIX form, rejecting anything that could escape.
+
+    Rejected: NUL bytes, backslashes, absolute paths, ``..`` components, components over 255 bytes.
+    A trailing ``/`` is kept (it marks a folder scope).
+    """
+    if "\x00" in path:
+        raise UnsafePathError(f"path {path!r} contains a NUL byte")
+    if "\\" in path:
+        raise UnsafePathError(f"path {path!r} contains a backslash; use '/' separators")
+    if path.startswith("/"):
+        raise UnsafePathError(f"path {path!r} is absolute; expected a path relative to the brain root")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise UnsafePathError(f"path {path!r} contains '..'; expected a path inside the brain root")
+    if any(len(p.encode()) > 255 for p in parts):
+        raise UnsafePathError(f"path {path!r} has a component longer than 255 bytes")
+    if not parts:
+        return ""
+    out = "/".join(parts)
+    return out + "/" if path.endswith("/") else out
+
+
+def zone_of(path: str, rules: Iterable[ZoneRule] = DEFAULT_RULES) -> str:
+    """The zone of a brain-relative path: the most specific matching rule, else ``project``."""
+    clean = normalize(path)
+    best: ZoneRule | None = None
+    for rule in rules:
+        if rule.matches(clean) and (best is None or rule.specificity > best.specificity):
+            best = rule
+    return best.zone if best is not None else PROJECT
+
+
+def zones_below(path: str, rules: Iterable[ZoneRule] = DEFAULT_RULES) -> frozenset[str]:
+    """Every zone a folder scope may touch: its own zone plus those of more specific rules inside it.
+
+    ``profil/`` is kernel but contains personal files, so work scoped to ``profil/`` touches both.
+    """
+    clean = normalize(path)
+    rules = tuple(rules)
+    zones = {zone_of(clean, rules)}
+    if clean == "" or clean.endswith("/"):
+        for rule in rules:
+            if clean == "" or rule.prefix.startswith(clean):
+                zones.add(rule.zone)
+    return frozenset(zones)
+
+
+def merge_rules(extra: Iterable[ZoneRule], base: Iterable[ZoneRule] = DEFAULT_RULES) -> tuple[ZoneRule, ...]:
+    """A brain's own rules (``profil/zones.yml``) on top of the defaults; same prefix → brain wins."""
+    extra = tuple(extra)
+    overridden = {r.prefix for r in extra}
+    return tuple(r for r in base if r.prefix not in overridden) + extra

@@ -1,0 +1,66 @@
+"""Shared fixtures: brains laid out in tmp dirs, the shared corpus, condition waits."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import structlog
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_BRAIN = REPO / "examples" / "brain"
+SHARED = REPO.parent / "shared"
+CORPUS = SHARED / "corpus" / "cortex-template"
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> None:
+    """Each test starts from structlog's defaults (no leaked configuration)."""
+    structlog.reset_defaults()
+
+
+@pytest.fixture
+def corpus() -> Path:
+    """The real public brain corpus; skips cleanly when ../shared is absent."""
+    if not CORPUS.is_dir():
+        pytest.skip("../shared/corpus is not present")
+    return CORPUS
+
+
+@pytest.fixture
+def make_brain(tmp_path: Path) -> Callable[..., Path]:
+    """Factory: a fresh brain in a tmp dir, copied from examples/brain (or empty)."""
+
+    def _make(name: str = "brain", *, example: bool = True) -> Path:
+        root = tmp_path / name
+        if example and EXAMPLE_BRAIN.is_dir():
+            shutil.copytree(EXAMPLE_BRAIN, root, symlinks=True)
+        for sub in ("agents", "claims", "locks", "profil", "workflows"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        return root
+
+    return _make
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> bool:
+    """Poll a condition until it holds or the timeout passes (for subprocess tests)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+async def async_wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> bool:
+    """Async twin of :func:`wait_until`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(interval)
+    return predicate()
