@@ -42,13 +42,14 @@ def tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}.{secrets.token_hex(4)}")
 
 
-def write_tmp(path: Path, data: bytes, mode: int = 0o644) -> Path:
-    """Write ``data`` to a fresh fsync'd temp file beside ``path`` and return its path."""
+def write_tmp(path: Path, data: bytes, mode: int = 0o644, *, sync: bool = True) -> Path:
+    """Write ``data`` to a fresh temp file beside ``path`` (fsync'd unless ``sync=False``); return its path."""
     tmp = tmp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         _write_all(fd, data)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
@@ -60,11 +61,12 @@ def write_tmp(path: Path, data: bytes, mode: int = 0o644) -> Path:
 def atomic_write(path: Path, data: bytes | str, *, mode: int = 0o644, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` atomically (temp + fsync + rename + fsync dir).
 
-    ``durable=False`` skips the directory fsync, for files whose loss on power cut is harmless
-    (caches); the file itself is still fsync'd so no reader sees a torn file.
+    Readers see the old or the new content, never a torn file, whatever ``durable`` says.
+    ``durable=False`` skips both fsyncs: only for views whose truth is elsewhere on disk already
+    (item claims, rebuilt from the fsync'd run journal at start-up), so fsyncs are batched there.
     """
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = write_tmp(path, raw, mode)
+    tmp = write_tmp(path, raw, mode, sync=durable)
     try:
         os.replace(tmp, path)
     except BaseException:

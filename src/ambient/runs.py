@@ -1,0 +1,645 @@
+"""Carrying out runs: for_each fan-out and chains, durable through the run journal.
+
+A run is an asyncio task owned by :class:`RunManager`. Every change is an event appended to the
+run's journal (``.ambient/runs/<run>.jsonl``) before ambient acts on it: an item is ``accepted``
+(fsync'd, group-committed with its batch) before its agent starts, and its ``finished`` record is
+fsync'd before the next decision depends on it. Claims are views written from the same events.
+On restart :meth:`RunManager.resume_all` folds every unfinished journal and goes on: done items
+are not run again, items that were running are run again (at most once per crash), pending
+escalations stay pending.
+
+The executors talk to the world only through the ports below (agents, escalations, claims,
+packets, locks), so they are tested with fakes and wired to the real services by the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import secrets
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import structlog
+
+from ambient.clock import Clock, SystemClock
+from ambient.journal import Journal, append_line, read_jsonl
+from ambient.paths import BrainPaths
+from ambient.planner import GATE_OPTIONS, ITEM_OPTIONS, FanOut, after_attempt, is_complete, next_wakeup, ready_items
+from ambient.records import DecisionRecord, RunRecord, StepRecord
+from ambient.runstate import ItemState, RunState, apply_event, fold, outcome_of
+
+log = structlog.get_logger(__name__)
+
+AttemptStatus = Literal["success", "fail", "error", "escalate", "blocked"]
+
+
+# ---------------------------------------------------------------- ports
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One agent execution requested by a run (the SPAWN, before routing)."""
+
+    run_id: str
+    workflow: str
+    item: str
+    index: int
+    attempt: int
+    key: str  # idempotency key run/item/attempt, handed to the agent
+    agent: str
+    sender: str
+    files: tuple[str, ...] = ()
+    zone: str | None = None
+    context: Mapping[str, Any] = field(default_factory=dict)
+    claim_id: str | None = None
+
+
+@dataclass
+class AttemptResult:
+    """What came back from the agent (already checked by the router)."""
+
+    result: AttemptStatus
+    output: Any = None
+    error: str | None = None
+    duration_ms: int = 0
+    signal_in: str | None = None
+    question: str | None = None
+    options: list[str] = field(default_factory=list)
+
+
+class Delegate(Protocol):
+    """Carries out an attempt: lock scope, SPAWN through the router, run the agent, route the reply."""
+
+    async def attempt(self, a: Attempt) -> AttemptResult: ...
+
+
+@dataclass(frozen=True)
+class EscalationRequest:
+    """An escalation to persist (durably) and then notify."""
+
+    run_id: str
+    workflow: str
+    item: str | None
+    agent: str | None
+    kind: str
+    question: str
+    options: Sequence[tuple[str, str, str]]  # (key, label, action)
+    dedupe_key: str
+    deadline_s: float | None = None
+    on_timeout: str | None = None
+
+
+class Escalator(Protocol):
+    """Persists an escalation before any notification; returns its id."""
+
+    async def escalate(self, req: EscalationRequest) -> str: ...
+
+    async def inform(self, title: str, body: str) -> None: ...
+
+
+class ClaimsView(Protocol):
+    """Writes the claims that mirror a run (run claim, one claim per item or step)."""
+
+    def run_changed(self, state: RunState) -> None: ...
+
+    def item_changed(self, state: RunState, item: ItemState) -> None: ...
+
+
+class Emitter(Protocol):
+    """Sends a packet from ambient (on_complete RETURN, STEP_DONE, DONE, ERROR...) through the router."""
+
+    async def emit(self, signal: str, to: str, payload: Mapping[str, Any], run: RunState) -> bool: ...
+
+
+Renderer = Callable[[str, Mapping[str, Any]], str]
+
+
+@dataclass(frozen=True)
+class ItemTemplate:
+    """The per-item parts of a for_each spec, still templated."""
+
+    agent: str
+    files: tuple[str, ...] = ()
+    zone: str | None = None
+    context: Mapping[str, Any] = field(default_factory=dict)
+    sender: str = "ambient"
+    complete_signal: str | None = "RETURN"
+    complete_to: str | None = None
+    complete_result: str | None = None
+    escalate_to: str = "human"
+    extra_options: tuple[tuple[str, str, str], ...] = ()
+    deadline_s: float | None = None
+    on_timeout: str | None = None
+
+
+@dataclass
+class Ports:
+    """Everything an executor needs from the world."""
+
+    delegate: Delegate
+    escalator: Escalator
+    claims: ClaimsView
+    emitter: Emitter
+    render_text: Renderer
+    render_path: Renderer
+    clock: Clock = field(default_factory=SystemClock)
+    rng: random.Random = field(default_factory=random.Random)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def new_run_id(workflow: str, now: datetime) -> str:
+    """A BSI-style session id for a run: ``sess-YYYYMMDD-HHMM-<workflow>-<hex>``."""
+    slug = "".join(c if c.isalnum() or c == "-" else "-" for c in workflow.lower()).strip("-")[:40] or "run"
+    return f"sess-{now:%Y%m%d-%H%M}-{slug}-{secrets.token_hex(2)}"
+
+
+def item_claim_id(run_id: str, item: ItemState, form: str) -> str:
+    """The claim id of an item (``-item-NNN``) or a chain step (``-step-N``)."""
+    if form == "chain":
+        return f"{run_id}-step-{item.name}"
+    return f"{run_id}-item-{item.index + 1:03d}"
+
+
+def _step_result(status: AttemptStatus) -> str:
+    # An agent's ESCALATE or BLOCKED_ON is not a success: the run record counts it as a fail.
+    return status if status in ("success", "fail", "error") else "fail"
+
+
+def _iso(dt: datetime) -> str:
+    return dt.isoformat(timespec="milliseconds")
+
+
+def run_record(state: RunState) -> RunRecord:
+    """The ADR-027 summary record of a finished run."""
+    started = datetime.fromisoformat(state.started_at) if state.started_at else datetime.fromisoformat(
+        state.finished_at or "1970-01-01T00:00:00+00:00"
+    )
+    return RunRecord(
+        run_id=state.run_id,
+        workflow=state.workflow,
+        spec_hash=state.spec_hash,
+        started_at=started,
+        completed_at=datetime.fromisoformat(state.finished_at) if state.finished_at else None,
+        outcome=state.outcome or "running",  # type: ignore[arg-type]
+        steps=[StepRecord.model_validate(s) for s in state.steps],
+        escalations=state.escalation_count,
+        errors=state.error_count,
+        decisions=[DecisionRecord.model_validate(d) for d in state.decisions if "escalation" in d and "option" in d],
+    )
+
+
+# ---------------------------------------------------------------- executor
+
+
+class RunExecutor:
+    """Carries out one for_each run until it finishes or waits on the person."""
+
+    def __init__(
+        self,
+        state: RunState,
+        plan: FanOut,
+        template: ItemTemplate,
+        ports: Ports,
+        journal: Journal,
+        paths: BrainPaths,
+    ) -> None:
+        self.state = state
+        self.plan = plan
+        self.template = template
+        self.ports = ports
+        self.journal = journal
+        self.paths = paths
+        self._by_name = {it.name: it for it in state.items}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._wake = asyncio.Event()
+        self._closing = False
+
+    # -- events
+
+    def event(self, ev: str, **fields: Any) -> dict[str, Any]:
+        """Append an event to the journal (buffered) and apply it to the state."""
+        record = {"ev": ev, **fields, "at": _iso(self.ports.clock.now())}
+        self.journal.write(record)
+        apply_event(self.state, self._by_name, record)
+        return record
+
+    @property
+    def waiting(self) -> bool:
+        """Idle until the person decides (or a retry timer fires)."""
+        return not self._tasks and not self.state.finished
+
+    @property
+    def running_items(self) -> int:
+        return len(self._tasks)
+
+    def poke(self) -> None:
+        """Wake the executor (a decision arrived, or shutdown)."""
+        self._wake.set()
+
+    # -- main loop
+
+    async def run(self) -> RunState:
+        """Drive the run; returns when it is finished, parked on the person, or cancelled."""
+        with structlog.contextvars.bound_contextvars(run_id=self.state.run_id, workflow=self.state.workflow):
+            try:
+                return await self._loop()
+            except asyncio.CancelledError:
+                await self._interrupt()
+                raise
+
+    async def _loop(self) -> RunState:
+        while not self.state.finished:
+            now = self.ports.clock.now()
+            if not self._closing:
+                batch = ready_items(self.state, self.plan, now, len(self._tasks))
+                if batch:
+                    await self._accept(batch)
+            aborted = any(it.status == "aborted" for it in self.state.items)
+            if not self._tasks and (aborted or is_complete(self.state)):
+                await self._finish()
+                break
+            self._wake.clear()
+            wake_at = next_wakeup(self.state)
+            timeout = max(0.0, (wake_at - now).total_seconds()) if wake_at else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+        return self.state
+
+    async def _accept(self, batch: list[ItemState]) -> None:
+        # spec: "accepted" means "on disk" before the agent starts; one fsync for the whole batch.
+        starts: list[tuple[ItemState, int]] = []
+        for item in batch:
+            attempt = item.attempt + 1
+            self.event("accepted", item=item.name, attempt=attempt, key=self._key(item, attempt))
+            starts.append((item, attempt))
+        await self.journal.commit()
+        for item, attempt in starts:
+            self.ports.claims.item_changed(self.state, item)
+            task = asyncio.create_task(self._run_item(item, attempt), name=f"item:{item.name}")
+            self._tasks[item.name] = task
+            task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        name = task.get_name().removeprefix("item:")
+        self._tasks.pop(name, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("item_task_crashed", item=name, error=repr(task.exception()))
+        self._wake.set()
+
+    def _key(self, item: ItemState, attempt: int) -> str:
+        return f"{self.state.run_id}/{item.name}/{attempt}"
+
+    def vars_for(self, item: ItemState) -> dict[str, Any]:
+        """Template variables for one item: only the workflow's own data."""
+        counts = self.state.counts()
+        return {
+            "item": item.name,
+            "index": item.index + 1,
+            "total": counts["total"],
+            "success_count": self.state.success_count,
+            "fail_count": counts.get("failed", 0),
+            "workflow": self.state.workflow,
+            "run_id": self.state.run_id,
+            "attempt": item.attempt,
+        }
+
+    def _render_context(self, value: Any, variables: Mapping[str, Any]) -> Any:
+        if isinstance(value, str):
+            return self.ports.render_text(value, variables)
+        if isinstance(value, Mapping):
+            return {str(k): self._render_context(v, variables) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._render_context(v, variables) for v in value]
+        return value
+
+    def build_attempt(self, item: ItemState, attempt: int) -> Attempt:
+        """Render the item's SPAWN from the pinned spec (templating from the workflow's data only)."""
+        variables = self.vars_for(item)
+        files = tuple(self.ports.render_path(f, variables) for f in self.template.files)
+        context = dict(self._render_context(dict(self.template.context), variables))
+        context.setdefault("item", item.name)
+        decision = self._last_decision_for(item)
+        if decision is not None:
+            context["decision"] = decision
+        return Attempt(
+            run_id=self.state.run_id,
+            workflow=self.state.workflow,
+            item=item.name,
+            index=item.index,
+            attempt=attempt,
+            key=self._key(item, attempt),
+            agent=self.template.agent,
+            sender=self.template.sender,
+            files=files,
+            zone=self.template.zone,
+            context=context,
+            claim_id=item_claim_id(self.state.run_id, item, self.state.form),
+        )
+
+    def _last_decision_for(self, item: ItemState) -> str | None:
+        for d in reversed(self.state.decisions):
+            if d.get("item") == item.name and d.get("action") == "answer":
+                return str(d.get("option"))
+        return None
+
+    async def _run_item(self, item: ItemState, attempt: int) -> None:
+        with structlog.contextvars.bound_contextvars(item=item.name, attempt=attempt):
+            try:
+                a = self.build_attempt(item, attempt)
+            except Exception as exc:  # noqa: BLE001 - a template that cannot render fails the item, not the run
+                res = AttemptResult(result="error", error=f"cannot build the SPAWN: {exc}")
+            else:
+                res = await self.ports.delegate.attempt(a)
+            self.event(
+                "finished",
+                item=item.name,
+                attempt=attempt,
+                agent=self.template.agent,
+                key=self._key(item, attempt),
+                result=_step_result(res.result),
+                output=res.output,
+                error=res.error,
+                duration_ms=res.duration_ms,
+                signal_in=res.signal_in,
+            )
+            await self._route(item, res)
+            await self.journal.commit()
+            self.ports.claims.item_changed(self.state, item)
+
+    async def _route(self, item: ItemState, res: AttemptResult) -> None:
+        now = self.ports.clock.now()
+        outcome = after_attempt(self.plan, item, res.result, now, self.ports.rng)
+        reaction = outcome.reaction
+        if "log" in reaction.verbs or res.result == "error":
+            log.warning("item_failed", item=item.name, result=res.result, error=res.error)
+        if "error" in reaction.verbs and res.result != "success":
+            payload = {"context": {"item": item.name, "error": res.error or ""}}
+            await self.ports.emitter.emit("ERROR", self.template.escalate_to, payload, self.state)
+        if outcome.kind == "retry" and outcome.not_before is not None:
+            self.event("retry", item=item.name, attempt=item.attempt, not_before=_iso(outcome.not_before))
+        elif outcome.kind == "escalate":
+            await self._escalate_item(item, res)
+        elif outcome.kind == "failed" and "abort" in reaction.verbs:
+            self.event("decided", item=item.name, escalation="", option="abort", action="abort", by="workflow",
+                       channel="rule")
+
+    async def _escalate_item(self, item: ItemState, res: AttemptResult) -> None:
+        if res.result == "escalate" and res.options:
+            options: list[tuple[str, str, str]] = [(o, o, "answer") for o in res.options]
+            options += [("skip", "Skip this item and go on", "skip"), ("abort", "Abort the whole run", "abort")]
+            kind = "question"
+            question = res.question or f"{self.template.agent} asks a decision about {item.name}"
+        else:
+            options = [(k, label, k) for k, label in ITEM_OPTIONS]
+            options += list(self.template.extra_options)
+            kind = "blocked" if res.result == "blocked" else ("error" if res.result == "error" else "fail")
+            what = {"fail": "failed", "error": "hit an error", "blocked": "is blocked"}[kind]
+            question = f"{self.template.agent} {what} on {item.name}" + (f": {res.error}" if res.error else "")
+        req = EscalationRequest(
+            run_id=self.state.run_id,
+            workflow=self.state.workflow,
+            item=item.name,
+            agent=self.template.agent,
+            kind=kind,
+            question=question[:2000],
+            options=options,
+            dedupe_key=f"{self.state.run_id}/{item.name}/{kind}",
+            deadline_s=self.template.deadline_s,
+            on_timeout=self.template.on_timeout,
+        )
+        esc_id = await self.ports.escalator.escalate(req)
+        self.event("escalated", item=item.name, escalation=esc_id, kind=kind)
+
+    def decide(self, escalation: str, option: str, action: str, *, by: str, channel: str,
+               latency_s: float | None, note: str | None = None) -> bool:
+        """Apply the person's (or a rule's) decision; False if this run does not wait on it."""
+        if escalation not in self.state.escalations:
+            return False
+        item = self.state.escalations[escalation] or None
+        self.event("decided", item=item, escalation=escalation, option=option, action=action, by=by,
+                   channel=channel, latency_s=latency_s, note=note)
+        self.journal.sync()
+        if item is not None:
+            self.ports.claims.item_changed(self.state, self._by_name[item])
+        self._wake.set()
+        return True
+
+    async def _finish(self) -> None:
+        outcome = outcome_of(self.state)
+        t = self.template
+        if outcome != "aborted" and t.complete_signal and t.complete_to:
+            variables = {
+                "success_count": self.state.success_count,
+                "total": len(self.state.items),
+                "fail_count": sum(1 for it in self.state.items if it.status in ("failed", "aborted")),
+                "skipped_count": sum(1 for it in self.state.items if it.status == "skipped"),
+                "workflow": self.state.workflow,
+                "run_id": self.state.run_id,
+            }
+            result = self.ports.render_text(t.complete_result, variables) if t.complete_result else outcome
+            await self.ports.emitter.emit(t.complete_signal, t.complete_to, {"result": result}, self.state)
+        self.event("finished_run", outcome=outcome)
+        await self.journal.commit()
+        append_line(self.paths.runs_log, run_record(self.state).to_json_dict(), durable=True)
+        self.ports.claims.run_changed(self.state)
+        log.info("run_finished", outcome=outcome, items=len(self.state.items), escalations=self.state.escalation_count)
+
+    async def _interrupt(self) -> None:
+        """Shutdown: cancel running agents, record them as interrupted so a restart runs them again."""
+        self._closing = True
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        del results
+        for item in self.state.items:
+            if item.status == "running":
+                self.event("interrupted", item=item.name, attempt=item.attempt)
+                self.ports.claims.item_changed(self.state, item)
+        self.journal.sync()
+
+
+# ---------------------------------------------------------------- manager
+
+
+ExecutorFactory = Callable[[RunState, Journal], RunExecutor]
+
+
+class RunManager:
+    """Owns the run tasks: start, resume from disk, route decisions, drain on shutdown."""
+
+    def __init__(self, paths: BrainPaths, factory: ExecutorFactory, clock: Clock | None = None) -> None:
+        self.paths = paths
+        self.factory = factory
+        self.clock = clock or SystemClock()
+        self.executors: dict[str, RunExecutor] = {}
+        self.tasks: dict[str, asyncio.Task[RunState]] = {}
+        self.on_finished: list[Callable[[RunState], Awaitable[None] | None]] = []
+
+    def start(
+        self,
+        *,
+        workflow: str,
+        form: str,
+        spec: Mapping[str, Any],
+        spec_hash: str | None,
+        items: Sequence[str],
+        mode: str | None = None,
+        trigger: str = "file",
+        context: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Start a run: its ``started`` event (with the pinned spec) is on disk before anything runs."""
+        now = self.clock.now()
+        run_id = new_run_id(workflow, now)
+        journal = Journal(self.paths.run_journal(run_id))
+        record = {
+            "ev": "started",
+            "run_id": run_id,
+            "workflow": workflow,
+            "form": form,
+            "spec_hash": spec_hash,
+            "spec": dict(spec),
+            "items": list(items),
+            "mode": mode,
+            "trigger": trigger,
+            "context": dict(context or {}),
+            "at": _iso(now),
+        }
+        journal.write(record)
+        journal.sync()
+        state = fold([record])
+        self._launch(state, journal)
+        log.info("run_started", run_id=run_id, workflow=workflow, items=len(items), trigger=trigger)
+        return run_id
+
+    def _launch(self, state: RunState, journal: Journal) -> None:
+        ex = self.factory(state, journal)
+        ex.ports.claims.run_changed(state)
+        self.executors[state.run_id] = ex
+        task = asyncio.create_task(ex.run(), name=f"run:{state.run_id}")
+        self.tasks[state.run_id] = task
+        run_id = state.run_id
+        task.add_done_callback(lambda t: self._done(run_id, t))
+
+    def _done(self, run_id: str, task: asyncio.Task[RunState]) -> None:
+        self.tasks.pop(run_id, None)
+        ex = self.executors.get(run_id)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("run_crashed", run_id=run_id, error=repr(exc))
+            return
+        if ex is not None and ex.state.finished:
+            self.executors.pop(run_id, None)
+            ex.journal.close()
+            for cb in self.on_finished:
+                r = cb(ex.state)
+                if asyncio.iscoroutine(r):
+                    asyncio.ensure_future(r)  # noqa: RUF006 - callbacks are short; errors are logged by them
+
+    def resume_all(self) -> list[str]:
+        """Fold every unfinished run journal and continue it (the reconciliation pass)."""
+        resumed: list[str] = []
+        directory = self.paths.run_journals
+        if not directory.is_dir():
+            return resumed
+        for path in sorted(directory.glob("*.jsonl")):
+            run_id = path.stem
+            if run_id in self.executors:
+                continue
+            res = read_jsonl(path)
+            if res.torn_tail:
+                _truncate_torn_tail(path)
+            try:
+                state = fold(res.records)
+            except (ValueError, KeyError) as exc:
+                log.error("run_history_unreadable", run_id=run_id, error=str(exc))
+                continue
+            if state.finished:
+                continue
+            in_flight = [it.name for it in state.in_flight()]
+            journal = Journal(path)
+            by_name = {it.name: it for it in state.items}
+            for name in in_flight:
+                # Running at the crash: the agent may or may not have finished; run it again (at least once).
+                ev = {"ev": "interrupted", "item": name, "attempt": by_name[name].attempt, "reason": "restart",
+                      "at": _iso(self.clock.now())}
+                journal.write(ev)
+                apply_event(state, by_name, ev)
+            journal.sync()
+            self._launch(state, journal)
+            resumed.append(run_id)
+            log.info("run_resumed", run_id=run_id, workflow=state.workflow, in_flight=in_flight,
+                     done=state.success_count, total=len(state.items))
+        return resumed
+
+    def find_escalation(self, escalation: str) -> RunExecutor | None:
+        """The executor waiting on an escalation."""
+        for ex in self.executors.values():
+            if escalation in ex.state.escalations:
+                return ex
+        return None
+
+    def decide(self, escalation: str, option: str, action: str, *, by: str, channel: str,
+               latency_s: float | None = None, note: str | None = None) -> bool:
+        """Route a decision to the run that waits on it."""
+        ex = self.find_escalation(escalation)
+        if ex is None:
+            return False
+        return ex.decide(escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note)
+
+    @property
+    def idle(self) -> bool:
+        """No agent runs and no run can move without the person (or a timer)."""
+        return all(ex.waiting and next_wakeup(ex.state) is None for ex in self.executors.values())
+
+    def active_runs(self) -> list[RunState]:
+        return [ex.state for ex in self.executors.values()]
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop every run: agents get ``grace`` seconds (their runners kill the process groups)."""
+        tasks = list(self.tasks.values())
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace + 5)
+        for ex in self.executors.values():
+            with contextlib.suppress(OSError):
+                ex.journal.close()
+
+
+def _truncate_torn_tail(path: Path) -> None:
+    """Cut a torn last line (crash mid-append) so new events start on a line of their own."""
+    data = path.read_bytes()
+    cut = data.rfind(b"\n") + 1
+    if cut < len(data):
+        with path.open("r+b") as fh:
+            fh.truncate(cut)
+            fh.flush()
+        log.warning("journal_torn_tail_cut", path=str(path), bytes=len(data) - cut)
+
+
+__all__ = [
+    "GATE_OPTIONS",
+    "Attempt",
+    "AttemptResult",
+    "ClaimsView",
+    "Delegate",
+    "Emitter",
+    "EscalationRequest",
+    "Escalator",
+    "ItemTemplate",
+    "Ports",
+    "RunExecutor",
+    "RunManager",
+    "new_run_id",
+    "run_record",
+]

@@ -1,0 +1,240 @@
+"""The state of one run, folded from its event history (``.ambient/runs/<run>.jsonl``). No I/O.
+
+The run journal is the source of truth, as Temporal's event history is: claims are views of it,
+and memory is a cache. After a crash the daemon folds the journal again; an item that was
+``accepted`` but never ``finished`` was in flight, so it is run again (at most once per crash).
+
+Events (one JSON object per line, ``ev`` names the kind)::
+
+    started     run_id workflow form spec_hash spec items mode trigger context at
+    accepted    item attempt key at              (on disk before the agent starts)
+    finished    item attempt result output error duration_ms signal_in at
+    retry       item attempt not_before at        (a failure that the retry policy retries)
+    escalated   item escalation kind at
+    decided     escalation option action by channel latency_s at
+    skipped     item at
+    interrupted item attempt at                   (graceful shutdown killed the agent)
+    gate        item state (pending|passed|rejected) escalation at     (chain human gates)
+    breaker     scope fails tripped at
+    note        text at                           (notify: actions, information only)
+    finished_run outcome at
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ItemStatus = Literal["pending", "running", "retry_wait", "done", "failed", "escalated", "skipped", "aborted"]
+TERMINAL_ITEM: frozenset[str] = frozenset({"done", "failed", "skipped", "aborted"})
+
+
+@dataclass
+class ItemState:
+    """One for_each item or chain step."""
+
+    name: str
+    index: int
+    status: ItemStatus = "pending"
+    attempt: int = 0  # attempts started so far
+    fails: int = 0  # consecutive failed attempts (for retries and the breaker)
+    result: str | None = None  # last result: success|fail|error|skipped|interrupted
+    output: Any = None
+    error: str | None = None
+    not_before: str | None = None  # ISO time before which a retry must not start
+    escalation: str | None = None
+    gate: str | None = None  # chain human gate: pending|passed|rejected
+    duration_ms: int = 0
+
+
+@dataclass
+class RunState:
+    """Everything needed to continue a run after a restart."""
+
+    run_id: str
+    workflow: str
+    form: str
+    spec_hash: str | None
+    spec: dict[str, Any]
+    items: list[ItemState]
+    mode: str | None = None
+    trigger: str | None = None
+    context: dict[str, Any] = field(default_factory=dict)
+    started_at: str | None = None
+    outcome: str | None = None
+    finished_at: str | None = None
+    escalations: dict[str, str] = field(default_factory=dict)  # escalation id → item
+    escalation_count: int = 0
+    error_count: int = 0
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)  # StepRecord-shaped dicts
+    notes: list[str] = field(default_factory=list)
+    breaker: dict[str, int] = field(default_factory=dict)  # scope → consecutive fails
+    tripped: set[str] = field(default_factory=set)
+    torn_tail: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None
+
+    def item(self, name: str) -> ItemState:
+        """The item called ``name`` (KeyError if unknown)."""
+        for it in self.items:
+            if it.name == name:
+                return it
+        raise KeyError(name)
+
+    def counts(self) -> dict[str, int]:
+        """Items per status, plus ``total``."""
+        out: dict[str, int] = {"total": len(self.items)}
+        for it in self.items:
+            out[it.status] = out.get(it.status, 0) + 1
+        return out
+
+    @property
+    def success_count(self) -> int:
+        return sum(1 for it in self.items if it.status == "done")
+
+    def in_flight(self) -> list[ItemState]:
+        """Items accepted but not finished: running when the history stops."""
+        return [it for it in self.items if it.status == "running"]
+
+
+class HistoryError(ValueError):
+    """A run history that does not start with a ``started`` event."""
+
+
+def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
+    """Rebuild a run's state from its events, in order. Unknown events are ignored (forward compatible)."""
+    it = iter(events)
+    first = next(it, None)
+    if first is None or first.get("ev") != "started":
+        raise HistoryError("a run history must start with a 'started' event")
+    state = RunState(
+        run_id=str(first["run_id"]),
+        workflow=str(first["workflow"]),
+        form=str(first.get("form", "for_each")),
+        spec_hash=first.get("spec_hash"),
+        spec=dict(first.get("spec") or {}),
+        items=[ItemState(name=str(n), index=i) for i, n in enumerate(first.get("items") or [])],
+        mode=first.get("mode"),
+        trigger=first.get("trigger"),
+        context=dict(first.get("context") or {}),
+        started_at=first.get("at"),
+    )
+    by_name = {i.name: i for i in state.items}
+    for ev in it:
+        apply_event(state, by_name, ev)
+    return state
+
+
+def apply_event(state: RunState, by_name: Mapping[str, ItemState], ev: Mapping[str, Any]) -> None:
+    """Apply one event to ``state`` in place (the fold's step; also used live by the engine)."""
+    kind = ev.get("ev")
+    item = by_name.get(str(ev.get("item"))) if "item" in ev else None
+    if kind == "accepted" and item is not None:
+        item.status = "running"
+        item.attempt = max(item.attempt, int(ev.get("attempt", item.attempt + 1)))
+        item.not_before = None
+    elif kind == "finished" and item is not None:
+        result = str(ev.get("result"))
+        item.result = result
+        item.output = ev.get("output")
+        item.error = ev.get("error")
+        item.duration_ms = int(ev.get("duration_ms") or 0)
+        if result == "success":
+            item.status = "done"
+            item.fails = 0
+        elif result == "interrupted":
+            item.status = "pending"
+        else:
+            item.fails += 1
+            item.status = "failed"
+            if result == "error":
+                state.error_count += 1
+        if result != "interrupted":
+            state.steps.append(
+                {
+                    "item": item.name,
+                    "agent": ev.get("agent", ""),
+                    "signal_out": "SPAWN",
+                    "signal_in": ev.get("signal_in"),
+                    "result": result,
+                    "duration_ms": item.duration_ms,
+                    "attempt": int(ev.get("attempt", item.attempt)),
+                    "key": ev.get("key"),
+                    "error": item.error,
+                    "at": ev.get("at"),
+                }
+            )
+    elif kind == "retry" and item is not None:
+        item.status = "retry_wait"
+        item.not_before = ev.get("not_before")
+    elif kind == "escalated":
+        esc = str(ev.get("escalation"))
+        state.escalation_count += 1
+        if item is not None:
+            item.status = "escalated"
+            item.escalation = esc
+            state.escalations[esc] = item.name
+        else:
+            state.escalations[esc] = ""
+    elif kind == "decided":
+        esc = str(ev.get("escalation"))
+        state.escalations.pop(esc, None)
+        state.decisions.append({k: v for k, v in ev.items() if k != "ev"})
+        target = by_name.get(str(ev.get("item"))) if ev.get("item") is not None else None
+        if target is not None and target.escalation == esc:
+            target.escalation = None
+            action = ev.get("action")
+            if action == "retry":
+                target.status = "pending"
+                target.fails = 0
+            elif action == "skip":
+                target.status = "skipped"
+            elif action in ("abort", "reject"):
+                target.status = "aborted"
+            elif action in ("approve", "continue"):
+                target.gate = "passed" if target.gate == "pending" else target.gate
+                if target.status == "escalated":
+                    target.status = "pending" if target.result != "success" else "done"
+    elif kind == "skipped" and item is not None:
+        item.status = "skipped"
+        item.result = "skipped"
+    elif kind == "interrupted" and item is not None:
+        item.status = "pending"
+        item.result = "interrupted"
+    elif kind == "gate" and item is not None:
+        item.gate = str(ev.get("state"))
+        if item.gate == "pending":
+            item.status = "escalated"
+            item.escalation = ev.get("escalation")
+            if item.escalation:
+                state.escalations[str(item.escalation)] = item.name
+        elif item.gate == "rejected":
+            item.status = "aborted"
+    elif kind == "breaker":
+        scope = str(ev.get("scope"))
+        state.breaker[scope] = int(ev.get("fails", 0))
+        if ev.get("tripped"):
+            state.tripped.add(scope)
+        else:
+            state.tripped.discard(scope)
+    elif kind == "note":
+        state.notes.append(str(ev.get("text", "")))
+    elif kind == "finished_run":
+        state.outcome = str(ev.get("outcome"))
+        state.finished_at = ev.get("at")
+
+
+def outcome_of(state: RunState) -> str:
+    """The outcome of a run whose items are all terminal."""
+    statuses = [it.status for it in state.items]
+    if any(s == "aborted" for s in statuses):
+        return "aborted"
+    if all(s == "done" for s in statuses):
+        return "success"
+    if any(s == "done" for s in statuses):
+        return "partial"
+    return "failed" if statuses else "success"

@@ -1,0 +1,124 @@
+"""ambient's own configuration (``profil/ambient.yml`` + ``AMBIENT_*`` environment overrides).
+
+Pure: built from the mappings the shell passes in (file contents, environ); reads nothing.
+A typo in the file is an error (``extra="forbid"``), defaults work without any file, and
+notification URLs are secrets (``SecretStr``): they may carry bot tokens.
+
+Environment overrides (they win over the file):
+
+=========================  ==========================================
+``AMBIENT_TICK_SECONDS``   ``tick_seconds``
+``AMBIENT_CONCURRENCY``    ``concurrency``
+``AMBIENT_LOG_LEVEL``      ``log_level``
+``AMBIENT_LOG_FORMAT``     ``log_format`` (auto|json|console)
+``AMBIENT_NOTIFY_URLS``    ``notify.urls`` (comma or space separated)
+``AMBIENT_SHUTDOWN_GRACE`` ``shutdown_grace_s``
+=========================  ==========================================
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["auto", "json", "console"]
+ResultNotify = Literal["none", "failures", "all"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NotifySettings(_Strict):
+    """Where escalations and results are sent (apprise URLs)."""
+
+    urls: list[SecretStr] = Field(default_factory=list)
+    results: ResultNotify = "failures"
+    digest: bool = False
+    retry_base_s: float = Field(default=5.0, gt=0)
+    retry_cap_s: float = Field(default=600.0, gt=0)
+    retry_max_attempts: int = Field(default=50, ge=1)
+
+
+class TelegramSettings(_Strict):
+    """Answering escalations from Telegram buttons (opt-in)."""
+
+    answers: bool = False
+    chat_id: str | None = None
+    user_ids: list[int] = Field(default_factory=list)
+    api_base: str = "https://api.telegram.org"
+    token_file: str | None = None  # default: $CREDENTIALS_DIRECTORY/telegram-token
+    poll_timeout_s: int = Field(default=25, ge=0, le=50)
+
+
+class LearningSettings(_Strict):
+    """The learning loop: rules learned from decisions (opt-in to act)."""
+
+    promote_after: int = Field(default=3, ge=1)
+
+
+class Settings(_Strict):
+    """Every knob of the daemon, with defaults that work."""
+
+    tick_seconds: float = Field(default=30.0, gt=0, le=86_400)
+    concurrency: int = Field(default=4, ge=1, le=256)
+    shutdown_grace_s: float = Field(default=10.0, ge=0, le=600)
+    lock_ttl_min: int = Field(default=60, ge=1)
+    stale_claim_hours: float = Field(default=24.0, gt=0)
+    breaker_threshold: int = Field(default=3, ge=1)
+    log_level: LogLevel = "info"
+    log_format: LogFormat = "auto"
+    default_sender: str = "ambient"
+    supervisor: str = "human"
+    notify: NotifySettings = Field(default_factory=NotifySettings)
+    telegram: TelegramSettings = Field(default_factory=TelegramSettings)
+    learning: LearningSettings = Field(default_factory=LearningSettings)
+    runners: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    def redacted(self) -> dict[str, Any]:
+        """A JSON-ready dump with secrets masked, for ``ambient config show``."""
+        data = self.model_dump(mode="json")
+        data["notify"]["urls"] = [_mask_url(u.get_secret_value()) for u in self.notify.urls]
+        return data
+
+
+def _mask_url(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "****"
+    head = rest.split("/", 1)[0].split("@")[-1]
+    return f"{scheme}://{head[:2]}****" if head else f"{scheme}://****"
+
+
+_ENV: dict[str, tuple[str, ...]] = {
+    "AMBIENT_TICK_SECONDS": ("tick_seconds",),
+    "AMBIENT_CONCURRENCY": ("concurrency",),
+    "AMBIENT_LOG_LEVEL": ("log_level",),
+    "AMBIENT_LOG_FORMAT": ("log_format",),
+    "AMBIENT_SHUTDOWN_GRACE": ("shutdown_grace_s",),
+    "AMBIENT_NOTIFY_URLS": ("notify", "urls"),
+}
+
+
+def merge_environ(data: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """The file's mapping with ``AMBIENT_*`` overrides applied (environment wins)."""
+    out: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
+    for var, path in _ENV.items():
+        if var not in environ:
+            continue
+        raw = environ[var]
+        value: Any = [u for u in re.split(r"[,\s]+", raw) if u] if path == ("notify", "urls") else raw
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
+def settings_from(data: Mapping[str, Any] | None, environ: Mapping[str, str]) -> Settings:
+    """Validate settings from file data and environment (raises pydantic ValidationError)."""
+    return Settings.model_validate(merge_environ(data or {}, environ))

@@ -1,0 +1,219 @@
+"""The run executor and manager with fake ports: fan-out, retries, escalations, resume from disk."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ambient.journal import Journal, read_jsonl
+from ambient.paths import BrainPaths
+from ambient.planner import FanOut, RetryPolicy
+from ambient.runs import (
+    Attempt,
+    AttemptResult,
+    EscalationRequest,
+    ItemTemplate,
+    Ports,
+    RunExecutor,
+    RunManager,
+)
+from ambient.runstate import ItemState, RunState, fold
+from tests.conftest import async_wait_until
+
+
+def _render(template: str, variables: Mapping[str, Any]) -> str:
+    return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: str(variables[m.group(1)]), template)
+
+
+class FakeDelegate:
+    def __init__(self, fail: set[str] | None = None, errors: dict[str, int] | None = None) -> None:
+        self.fail = fail or set()
+        self.errors = dict(errors or {})
+        self.calls: list[Attempt] = []
+        self.gate: asyncio.Event | None = None
+
+    async def attempt(self, a: Attempt) -> AttemptResult:
+        self.calls.append(a)
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.errors.get(a.item, 0) > 0:
+            self.errors[a.item] -= 1
+            return AttemptResult(result="error", error="boom 42")
+        if a.item in self.fail:
+            return AttemptResult(result="fail", error="deploy refused")
+        return AttemptResult(result="success", output={"status": "ok"}, signal_in="RETURN")
+
+
+class FakeEscalator:
+    def __init__(self) -> None:
+        self.requests: list[EscalationRequest] = []
+
+    async def escalate(self, req: EscalationRequest) -> str:
+        self.requests.append(req)
+        return f"esc-{len(self.requests)}"
+
+    async def inform(self, title: str, body: str) -> None:
+        return None
+
+
+class FakeClaims:
+    def __init__(self) -> None:
+        self.items: dict[str, str] = {}
+        self.runs: dict[str, bool] = {}
+
+    def run_changed(self, state: RunState) -> None:
+        self.runs[state.run_id] = state.finished
+
+    def item_changed(self, state: RunState, item: ItemState) -> None:
+        self.items[item.name] = item.status
+
+
+class FakeEmitter:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def emit(self, signal: str, to: str, payload: Mapping[str, Any], run: RunState) -> bool:
+        self.sent.append((signal, to, dict(payload)))
+        return True
+
+
+def _manager(root: Path, delegate: FakeDelegate, plan: FanOut | None = None):
+    paths = BrainPaths(root)
+    esc, claims, emitter = FakeEscalator(), FakeClaims(), FakeEmitter()
+    ports = Ports(delegate=delegate, escalator=esc, claims=claims, emitter=emitter,
+                  render_text=_render, render_path=_render, rng=random.Random(1))
+    template = ItemTemplate(agent="deploy", files=("vps/{{item}}.yml",), zone="project",
+                            complete_to="orchestrator", complete_result="{{success_count}}/{{total}} deployed")
+
+    def factory(state: RunState, journal: Journal) -> RunExecutor:
+        return RunExecutor(state, plan or FanOut(concurrency=3), template, ports, journal, paths)
+
+    return RunManager(paths, factory), esc, claims, emitter
+
+
+ITEMS = [f"instance-{i:02d}" for i in range(1, 11)]
+
+
+async def test_fanout_runs_every_item_and_completes(tmp_path: Path) -> None:
+    """All items run once, the on_complete RETURN carries the templated result, a run record is written."""
+    delegate = FakeDelegate()
+    mgr, _, claims, emitter = _manager(tmp_path, delegate)
+    run_id = mgr.start(workflow="deploy-batch", form="for_each", spec={}, spec_hash="h", items=ITEMS)
+    await asyncio.wait_for(mgr.tasks[run_id], 5)
+    assert sorted(a.item for a in delegate.calls) == ITEMS
+    assert emitter.sent[-1] == ("RETURN", "orchestrator", {"result": "10/10 deployed"})
+    assert all(s == "done" for s in claims.items.values())
+    rec = read_jsonl(BrainPaths(tmp_path).runs_log).records
+    assert rec[0]["outcome"] == "success" and len(rec[0]["steps"]) == 10
+    assert delegate.calls[0].files == ("vps/instance-01.yml",)
+    assert delegate.calls[0].key == f"{run_id}/instance-01/1"
+
+
+async def test_failed_item_escalates_and_retry_decision_completes(tmp_path: Path) -> None:
+    """A failing item waits on an escalation; 'retry' runs it again and the run completes."""
+    delegate = FakeDelegate(fail={"instance-07"})
+    mgr, esc, _, emitter = _manager(tmp_path, delegate)
+    run_id = mgr.start(workflow="deploy-batch", form="for_each", spec={}, spec_hash="h", items=ITEMS)
+    assert await async_wait_until(lambda: mgr.idle and bool(esc.requests), 5)
+    req = esc.requests[0]
+    assert req.item == "instance-07" and [o[0] for o in req.options] == ["retry", "skip", "abort"]
+    delegate.fail.clear()
+    assert mgr.decide("esc-1", "retry", "retry", by="human", channel="cli", latency_s=1.5)
+    await asyncio.wait_for(mgr.tasks[run_id], 5)
+    state = fold(read_jsonl(BrainPaths(tmp_path).run_journal(run_id)).records)
+    assert state.outcome == "success" and state.escalation_count == 1
+    assert [a.item for a in delegate.calls].count("instance-07") == 2
+    rec = read_jsonl(BrainPaths(tmp_path).runs_log).records[0]
+    assert rec["escalations"] == 1 and rec["decisions"][0]["option"] == "retry"
+    assert emitter.sent[-1][2]["result"] == "10/10 deployed"
+
+
+async def test_skip_and_abort_decisions(tmp_path: Path) -> None:
+    """'skip' finishes the run as partial; 'abort' stops it as aborted."""
+    for option, outcome in (("skip", "partial"), ("abort", "aborted")):
+        root = tmp_path / option
+        mgr, esc, _, _ = _manager(root, FakeDelegate(fail={"instance-02"}))
+        run_id = mgr.start(workflow="w", form="for_each", spec={}, spec_hash=None, items=ITEMS[:3])
+        assert await async_wait_until(lambda m=mgr, e=esc: m.idle and bool(e.requests), 5)
+        mgr.decide("esc-1", option, option, by="human", channel="cli")
+        state = await asyncio.wait_for(mgr.tasks[run_id], 5)
+        assert state.outcome == outcome
+
+
+async def test_errors_are_retried_with_backoff_before_escalating(tmp_path: Path) -> None:
+    """An error is retried per the policy; only the last failure escalates."""
+    plan = FanOut(concurrency=2, retry=RetryPolicy(attempts=3, base_s=0.001, cap_s=0.002))
+    delegate = FakeDelegate(errors={"instance-01": 2})
+    mgr, esc, _, _ = _manager(tmp_path, delegate, plan)
+    run_id = mgr.start(workflow="w", form="for_each", spec={}, spec_hash=None, items=ITEMS[:2])
+    state = await asyncio.wait_for(mgr.tasks[run_id], 5)
+    assert state.outcome == "success" and not esc.requests
+    assert [a.item for a in delegate.calls].count("instance-01") == 3
+
+
+async def test_resume_after_crash_reruns_only_in_flight_items(tmp_path: Path) -> None:
+    """A history cut mid-run resumes: done items are not run again, in-flight ones run once more."""
+    paths = BrainPaths(tmp_path)
+    paths.run_journals.mkdir(parents=True)
+    run_id = "sess-20261130-1200-w-abcd"
+    events: list[dict[str, Any]] = [
+        {"ev": "started", "run_id": run_id, "workflow": "w", "form": "for_each", "spec": {}, "items": ITEMS[:4]},
+        {"ev": "accepted", "item": "instance-01", "attempt": 1},
+        {"ev": "accepted", "item": "instance-02", "attempt": 1},
+        {"ev": "finished", "item": "instance-01", "attempt": 1, "result": "success"},
+    ]
+    import json
+
+    raw = "".join(json.dumps(e) + "\n" for e in events) + '{"ev": "finished", "item": "inst'  # torn tail
+    paths.run_journal(run_id).write_text(raw)
+    delegate = FakeDelegate()
+    mgr, _, _, _ = _manager(tmp_path, delegate)
+    assert mgr.resume_all() == [run_id]
+    state = await asyncio.wait_for(mgr.tasks[run_id], 5)
+    assert state.outcome == "success"
+    ran = sorted((a.item, a.attempt) for a in delegate.calls)
+    assert ran == [("instance-02", 2), ("instance-03", 1), ("instance-04", 1)]
+
+
+async def test_shutdown_records_interrupted_items(tmp_path: Path) -> None:
+    """Cancelling a run records running items as interrupted; they run again on resume."""
+    delegate = FakeDelegate()
+    delegate.gate = asyncio.Event()
+    mgr, _, _, _ = _manager(tmp_path, delegate)
+    run_id = mgr.start(workflow="w", form="for_each", spec={}, spec_hash=None, items=ITEMS[:5])
+    assert await async_wait_until(lambda: len(delegate.calls) == 3, 5)
+    await mgr.shutdown(grace=1)
+    state = fold(read_jsonl(BrainPaths(tmp_path).run_journal(run_id)).records)
+    assert not state.finished and sum(1 for i in state.items if i.result == "interrupted") == 3
+    delegate2 = FakeDelegate()
+    mgr2, _, _, _ = _manager(tmp_path, delegate2)
+    mgr2.resume_all()
+    state2 = await asyncio.wait_for(mgr2.tasks[run_id], 5)
+    assert state2.outcome == "success" and len(delegate2.calls) == 5
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+async def test_concurrency_is_respected(tmp_path: Path, concurrency: int) -> None:
+    """Never more agents at once than the concurrency."""
+    peak = 0
+    live = 0
+
+    class Counting(FakeDelegate):
+        async def attempt(self, a: Attempt) -> AttemptResult:
+            nonlocal peak, live
+            live += 1
+            peak = max(peak, live)
+            await asyncio.sleep(0)
+            live -= 1
+            return await super().attempt(a)
+
+    mgr, _, _, _ = _manager(tmp_path, Counting(), FanOut(concurrency=concurrency))
+    run_id = mgr.start(workflow="w", form="for_each", spec={}, spec_hash=None, items=ITEMS)
+    await asyncio.wait_for(mgr.tasks[run_id], 5)
+    assert 1 <= peak <= concurrency
