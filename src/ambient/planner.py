@@ -10,7 +10,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from ambient.runstate import TERMINAL_ITEM, ItemState, RunState
 
@@ -136,3 +136,141 @@ GATE_OPTIONS: Sequence[tuple[str, str]] = (
     ("approve", "Approve and continue"),
     ("reject", "Reject: stop the chain"),
 )
+
+
+# ---------------------------------------------------------------- chains (spec/004 kernel-orchestrator)
+
+StepStatus = Literal["ok", "partial", "failed"]
+ChainVerb = Literal["next", "goto", "spawn", "signal", "gate", "notify", "abort"]
+
+
+@dataclass(frozen=True)
+class ChainAction:
+    """One exit-trigger action, in the planner's own terms (parsed from every spelling of the sources)."""
+
+    kind: ChainVerb
+    target: str | None = None  # goto: step name; signal: recipient
+    signal: str | None = None  # signal: BLOCKED_ON, CHECKPOINT...
+    message: str | None = None  # gate/notify text
+    step_type: str | None = None  # spawn: satellite type
+    scope: str | None = None  # spawn: satellite scope
+
+
+@dataclass(frozen=True)
+class ChainStep:
+    """A chain step as the planner sees it."""
+
+    name: str
+    type: str = "code"
+    scope: str | None = None
+    agent: str | None = None
+    gate: str | None = None  # None | "0-failures" | "human" | "never"
+    level: str = "leaf"
+    on_done: tuple[ChainAction, ...] = ()
+    on_partial: tuple[ChainAction, ...] = ()
+    on_fail: tuple[ChainAction, ...] = ()
+    story_angle: str | None = None
+
+
+DEFAULT_ON_DONE = (ChainAction("next"),)
+DEFAULT_ON_FAIL = (ChainAction("signal", target="pilote", signal="BLOCKED_ON"),)
+
+
+def step_status(output: Any, result: str) -> StepStatus:
+    """``result.status`` of a step: ok | partial | failed (spec/002 v1.6); an agent error is failed."""
+    if result != "success":
+        return "failed"
+    status = output.get("status") if isinstance(output, dict) else None
+    if status in ("partial",):
+        return "partial"
+    if status in ("failed", "fail", "error", "ko"):
+        return "failed"
+    return "ok"
+
+
+def tests_failed(output: Any) -> int | None:
+    """``result.tests.failed`` or None when the result carries no tests."""
+    if not isinstance(output, dict):
+        return None
+    tests = output.get("tests")
+    if not isinstance(tests, dict) or "failed" not in tests:
+        return None
+    try:
+        return int(tests["failed"])
+    except (TypeError, ValueError):
+        return None
+
+
+def close_tier(step_type: str, level: str, claim_type: str = "satellite") -> int:
+    """spec/002 v1.4: 1 atomic (leaf, not code/test), 2 validated (leaf code/test), 3 orchestrated."""
+    if level == "domain" or claim_type == "pilote" or step_type == "domain":
+        return 3
+    return 2 if step_type in ("code", "test") else 1
+
+
+@dataclass(frozen=True)
+class StepVerdict:
+    """What a finished step leads to: its status after gates and tiers, and the actions to route."""
+
+    status: StepStatus
+    actions: tuple[ChainAction, ...]
+    reason: str | None = None
+    needs_human: bool = False  # validated tier without tests: a person confirms
+
+
+def judge_step(step: ChainStep, output: Any, result: str) -> StepVerdict:
+    """Apply the step's gate and close tier to its result, then pick the exit trigger (spec/004 §8)."""
+    status = step_status(output, result)
+    reason = None
+    failed_tests = tests_failed(output)
+    if status != "failed" and step.gate == "0-failures":
+        if failed_tests is None:
+            status, reason = "failed", "gate 0-failures: the result has no tests.failed"
+        elif failed_tests > 0:
+            status, reason = "failed", f"gate 0-failures: {failed_tests} test(s) failed"
+    needs_human = False
+    if status == "ok" and close_tier(step.type, step.level) == 2:
+        if failed_tests is None:
+            needs_human = step.gate != "0-failures"  # validated tier: tests green, or a person confirms
+        elif failed_tests > 0:
+            status, reason = "failed", f"validated close: {failed_tests} test(s) failed"
+    if status == "ok":
+        actions = step.on_done or DEFAULT_ON_DONE
+    elif status == "partial":
+        actions = step.on_partial or step.on_done or DEFAULT_ON_DONE
+    else:
+        actions = step.on_fail or DEFAULT_ON_FAIL
+    return StepVerdict(status, actions, reason, needs_human)
+
+
+def gate_before(step: ChainStep, index: int, total: int, mode: str | None) -> str | None:
+    """Why a person must approve before this step runs, or None (gates of the step and of the mode)."""
+    if step.gate == "human":
+        return f"step {step.name} has gate: human"
+    if mode == "manual":
+        return f"manual mode: every step waits for approval (step {step.name})"
+    if mode == "swarm" and index == 0:
+        return "swarm mode: the person gates the entry"
+    return None
+
+
+def gate_after_last(mode: str | None) -> bool:
+    """swarm mode: the person gates the final result too."""
+    return mode == "swarm"
+
+
+def next_index(steps: Sequence[ChainStep], current: int, action: ChainAction) -> int | None:
+    """The step a trigger leads to, or None when the chain ends (``trigger:next`` after the last step)."""
+    if action.kind == "next":
+        return current + 1 if current + 1 < len(steps) else None
+    if action.kind == "goto" and action.target is not None:
+        for i, s in enumerate(steps):
+            if s.name == action.target:
+                return i
+    return None
+
+
+def breaker_update(fails: int, failed: bool, threshold: int) -> tuple[int, bool]:
+    """Consecutive failures on one scope: reset on success; tripped at ``threshold`` (spec/004)."""
+    count = fails + 1 if failed else 0
+    return count, count >= threshold

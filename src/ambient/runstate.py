@@ -16,6 +16,10 @@ Events (one JSON object per line, ``ev`` names the kind)::
     interrupted item attempt at                   (graceful shutdown killed the agent)
     gate        item state (pending|passed|rejected) escalation at     (chain human gates)
     breaker     scope fails tripped at
+    cursor      index                             (chains: the step to run next)
+    added       item                              (chains: a satellite started by a trigger)
+    reset       item                              (chains: a step run again by trigger:<step>)
+    final_gate  state escalation                  (swarm mode: the person gates the final result)
     note        text at                           (notify: actions, information only)
     finished_run outcome at
 """
@@ -73,6 +77,9 @@ class RunState:
     breaker: dict[str, int] = field(default_factory=dict)  # scope → consecutive fails
     tripped: set[str] = field(default_factory=set)
     torn_tail: bool = False
+    cursor: int = 0  # chains: index of the step to run next
+    final_gate: str | None = None  # swarm: pending|passed|rejected
+    final_escalation: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -129,7 +136,7 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
     return state
 
 
-def apply_event(state: RunState, by_name: Mapping[str, ItemState], ev: Mapping[str, Any]) -> None:
+def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str, Any]) -> None:
     """Apply one event to ``state`` in place (the fold's step; also used live by the engine)."""
     kind = ev.get("ev")
     item = by_name.get(str(ev.get("item"))) if "item" in ev else None
@@ -221,6 +228,25 @@ def apply_event(state: RunState, by_name: Mapping[str, ItemState], ev: Mapping[s
             state.tripped.add(scope)
         else:
             state.tripped.discard(scope)
+    elif kind == "cursor":
+        state.cursor = int(ev.get("index", state.cursor))
+    elif kind == "added":
+        name = str(ev.get("item"))
+        if name not in by_name:
+            new = ItemState(name=name, index=len(state.items))
+            state.items.append(new)
+            by_name[name] = new
+    elif kind == "reset" and item is not None:
+        item.status = "pending"
+        item.gate = None
+        item.fails = 0
+        item.result = None
+    elif kind == "final_gate":
+        state.final_gate = str(ev.get("state"))
+        if state.final_gate == "pending":
+            state.final_escalation = ev.get("escalation")
+            if state.final_escalation:
+                state.escalations[str(state.final_escalation)] = ""
     elif kind == "note":
         state.notes.append(str(ev.get("text", "")))
     elif kind == "finished_run":

@@ -1,0 +1,394 @@
+"""Chain runs (spec/004 kernel-orchestrator): ordered steps, gates, exit triggers, circuit breaker.
+
+Per step: human gate if the step or the mode asks for one → run the step's agent (the delegate
+does pre-flight, locks, SPAWN, RETURN) → apply the gate and the close tier → route the exit
+trigger (``on_done`` / ``on_partial`` falling back to ``on_done`` / ``on_fail`` defaulting to
+``signal:BLOCKED_ON``). Every move is a journal event, so a restart continues at the step the
+cursor names: the first step without a closed claim. The breaker trips after ``threshold``
+consecutive failures on one scope, emits CIRCUIT_BREAK and waits for the person; it never
+restarts by itself.
+
+Decisions the person can take (escalation options): before a gate ``approve``/``reject``; on a
+blocked step ``retry``/``skip``/``abort``; on a tripped breaker ``reset`` (retry once more) or
+``abort``; on a post-step ``gate:human`` ``approve`` (continue) or ``reject`` (abort + ABORT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+import structlog
+
+from ambient.journal import Journal
+from ambient.paths import BrainPaths
+from ambient.planner import (
+    GATE_OPTIONS,
+    ChainAction,
+    ChainStep,
+    FanOut,
+    breaker_update,
+    gate_after_last,
+    gate_before,
+    judge_step,
+    next_index,
+)
+from ambient.runs import Attempt, AttemptResult, EscalationRequest, ItemTemplate, Ports, RunExecutor, item_claim_id
+from ambient.runstate import ItemState, RunState
+
+log = structlog.get_logger(__name__)
+
+
+class Breaker(Protocol):
+    """Consecutive-failure counters per scope, visible and resettable by the person."""
+
+    def fail(self, scope: str) -> int: ...
+
+    def success(self, scope: str) -> None: ...
+
+    def reset(self, scope: str) -> None: ...
+
+
+class Branches(Protocol):
+    """Theme branch handling (git); a brain without git reports and ignores the field."""
+
+    async def open(self, branch: str) -> str | None: ...
+
+    async def merge(self, branch: str) -> str | None: ...
+
+
+@dataclass
+class ChainSettings:
+    """What a chain run needs beyond the ports."""
+
+    steps: Sequence[ChainStep]
+    supervisor: str = "human"
+    mode: str | None = None
+    branch: str | None = None
+    threshold: int = 3
+    default_agents: Mapping[str, str] = field(default_factory=dict)  # step type → agent
+    breaker: Breaker | None = None
+    branches: Branches | None = None
+
+
+class ChainExecutor(RunExecutor):
+    """Carries out a chain run step by step."""
+
+    def __init__(
+        self,
+        state: RunState,
+        plan: FanOut,
+        template: ItemTemplate,
+        ports: Ports,
+        journal: Journal,
+        paths: BrainPaths,
+        chain: ChainSettings,
+    ) -> None:
+        super().__init__(state, plan, template, ports, journal, paths)
+        self.chain = chain
+        self.steps: list[ChainStep] = list(chain.steps)
+        self._declared = len(self.steps)
+        # Satellites added by `trigger → type:X scope:Y` live in the journal; rebuild their steps.
+        for it in state.items[len(self.steps) :]:
+            self.steps.append(self._satellite_step(it.name))
+
+    # -- helpers
+
+    def _satellite_step(self, name: str) -> ChainStep:
+        step_type, _, scope = name.partition("@")
+        step_type = step_type.split("-", 1)[0] if "-" in step_type else step_type
+        agent = self.chain.default_agents.get(step_type)
+        return ChainStep(name=name, type=step_type, scope=scope or None, agent=agent)
+
+    def _agent_for(self, step: ChainStep) -> str:
+        return step.agent or self.chain.default_agents.get(step.type) or self.template.agent
+
+    def build_attempt(self, item: ItemState, attempt: int) -> Attempt:
+        step = self.steps[item.index]
+        prior = self._prior_output(item.index)
+        context: dict[str, Any] = {
+            "step": step.name,
+            "type": step.type,
+            "story_angle": step.story_angle,
+            "workflow": self.state.workflow,
+        }
+        if prior is not None:
+            context["prior"] = prior
+        context.update(self.state.context)
+        decision = self._last_decision_for(item)
+        if decision is not None:
+            context["decision"] = decision
+        files = (step.scope,) if step.scope else ()
+        return Attempt(
+            run_id=self.state.run_id,
+            workflow=self.state.workflow,
+            item=item.name,
+            index=item.index,
+            attempt=attempt,
+            key=self._key(item, attempt),
+            agent=self._agent_for(step),
+            sender=self.template.sender,
+            files=files,
+            zone=None,
+            context=context,
+            claim_id=item_claim_id(self.state.run_id, item, "chain"),
+        )
+
+    def _prior_output(self, index: int) -> Any:
+        for it in reversed(self.state.items[:index]):
+            if it.status == "done":
+                return it.output
+        return None
+
+    async def _signal(self, signal: str, to: str | None, payload: Mapping[str, Any]) -> None:
+        target = to if to and to not in ("pilote", "pilot", "supervisor") else self.chain.supervisor
+        await self.ports.emitter.emit(signal, target, payload, self.state)
+
+    async def _ask(self, item: ItemState | None, kind: str, question: str,
+                   options: Sequence[tuple[str, str, str]]) -> str:
+        req = EscalationRequest(
+            run_id=self.state.run_id,
+            workflow=self.state.workflow,
+            item=item.name if item is not None else None,
+            agent=self._agent_for(self.steps[item.index]) if item is not None else None,
+            kind=kind,
+            question=question[:2000],
+            options=list(options),
+            dedupe_key=f"{self.state.run_id}/{item.name if item else '-'}/{kind}",
+            deadline_s=self.template.deadline_s,
+            on_timeout=self.template.on_timeout,
+        )
+        return await self.ports.escalator.escalate(req)
+
+    # -- the loop
+
+    async def _loop(self) -> RunState:
+        if self.chain.branch and self.chain.branches is not None and self.state.cursor == 0 and not self.state.steps:
+            problem = await self.chain.branches.open(self.chain.branch)
+            if problem:
+                self.event("note", text=f"theme branch: {problem}")
+        while not self.state.finished:
+            if any(it.status == "aborted" for it in self.state.items):
+                await self._abort("aborted by decision")
+                break
+            idx = self.state.cursor
+            if idx >= len(self.steps):
+                if await self._final_gate():
+                    break
+                await self._park()
+                continue
+            item = self.state.items[idx]
+            step = self.steps[idx]
+            if item.status in ("done", "skipped"):
+                self._advance(idx, ChainAction("next"))
+                continue
+            if item.status == "escalated":
+                await self._park()
+                continue
+            if item.status == "retry_wait" and item.not_before:
+                delay = (datetime.fromisoformat(item.not_before) - self.ports.clock.now()).total_seconds()
+                if delay > 0:
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), delay)
+                    continue
+            reason = gate_before(step, idx, len(self.steps), self.chain.mode)
+            if reason and item.gate != "passed":
+                esc = await self._ask(item, "gate", f"{reason}. Run step {step.name} ({step.type}) now?",
+                                      [(k, label, k) for k, label in GATE_OPTIONS])
+                self.event("gate", item=item.name, state="pending", escalation=esc)
+                await self._signal("GATE_PENDING", None, {"context": {"step": step.name, "message": reason}})
+                await self.journal.commit()
+                self.ports.claims.item_changed(self.state, item)
+                continue
+            await self._run_step(item, step)
+        return self.state
+
+    async def _park(self) -> None:
+        self._wake.clear()
+        if self.state.finished:
+            return
+        await self._wake.wait()
+
+    def _advance(self, idx: int, action: ChainAction) -> None:
+        if idx >= self._declared and action.kind == "next":
+            # A satellite started by a trigger: the chain goes on with its first declared step not yet run.
+            rest = [i for i in range(self._declared) if self.state.items[i].status not in ("done", "skipped")]
+            self.event("cursor", index=rest[0] if rest else len(self.steps))
+            return
+        nxt = next_index(self.steps[: self._declared], idx, action)
+        target = len(self.steps) if nxt is None else nxt
+        if nxt is not None and nxt <= idx:
+            self.event("reset", item=self.state.items[nxt].name)  # a loop back runs the step again
+        self.event("cursor", index=target)
+
+    async def _run_step(self, item: ItemState, step: ChainStep) -> None:
+        attempt = item.attempt + 1
+        self.event("accepted", item=item.name, attempt=attempt, key=self._key(item, attempt))
+        await self.journal.commit()
+        self.ports.claims.item_changed(self.state, item)
+        with structlog.contextvars.bound_contextvars(step=step.name, attempt=attempt):
+            try:
+                res = await self.ports.delegate.attempt(self.build_attempt(item, attempt))
+            except Exception as exc:  # noqa: BLE001 - a step that cannot start fails, the daemon goes on
+                res = AttemptResult(result="error", error=str(exc))
+        verdict = judge_step(step, res.output, res.result)
+        recorded = "success" if verdict.status != "failed" else ("error" if res.result == "error" else "fail")
+        self.event("finished", item=item.name, attempt=attempt, agent=self._agent_for(step),
+                   key=self._key(item, attempt), result=recorded, output=res.output,
+                   error=verdict.reason or res.error, duration_ms=res.duration_ms, signal_in=res.signal_in)
+        scope = step.scope or step.name
+        if verdict.status == "failed":
+            # Retries first (per the workflow's policy), then the breaker, then the exit trigger.
+            if res.result in self.plan.retry.on and item.fails < self.plan.retry.attempts:
+                delay = self.plan.retry.delay(item.fails, self.ports.rng)
+                not_before = self.ports.clock.now() + timedelta(seconds=delay)
+                self.event("retry", item=item.name, attempt=attempt, not_before=not_before.isoformat())
+                await self.journal.commit()
+                return
+            if self.chain.breaker is not None:
+                fails = self.chain.breaker.fail(scope)
+                tripped = fails >= self.chain.threshold
+            else:
+                fails, tripped = breaker_update(self.state.breaker.get(scope, 0), True, self.chain.threshold)
+            self.event("breaker", scope=scope, fails=fails, tripped=tripped)
+            if tripped:
+                await self._trip(item, step, scope, fails)
+                return
+        else:
+            if self.chain.breaker is not None:
+                self.chain.breaker.success(scope)
+            self.event("breaker", scope=scope, fails=0, tripped=False)
+        await self._signal("STEP_DONE", None, {"result": {"step": step.name, "status": verdict.status,
+                                                          "reason": verdict.reason}})
+        if verdict.needs_human:
+            esc = await self._ask(item, "gate", f"step {step.name} ({step.type}) closed without tests: accept it?",
+                                  [(k, label, k) for k, label in GATE_OPTIONS])
+            self.event("gate", item=item.name, state="pending", escalation=esc)
+            await self.journal.commit()
+            self.ports.claims.item_changed(self.state, item)
+            return
+        await self._route_exit(item, step, verdict.status, verdict.actions, verdict.reason or res.error)
+        await self.journal.commit()
+        self.ports.claims.item_changed(self.state, item)
+
+    async def _trip(self, item: ItemState, step: ChainStep, scope: str, fails: int) -> None:
+        await self._signal("CIRCUIT_BREAK", None, {"context": {"step": step.name, "scope": scope, "fails": fails}})
+        esc = await self._ask(
+            item, "circuit_break",
+            f"circuit breaker: {fails} consecutive failures on {scope} (step {step.name}). Inspect, then decide.",
+            [("reset", "Reset the breaker and run the step again", "reset"), ("abort", "Abort the chain", "abort")],
+        )
+        self.event("escalated", item=item.name, escalation=esc, kind="circuit_break")
+        await self.journal.commit()
+        self.ports.claims.item_changed(self.state, item)
+
+    async def _route_exit(self, item: ItemState, step: ChainStep, status: str, actions: Sequence[ChainAction],
+                     reason: str | None) -> None:
+        idx = item.index
+        moved = False
+        for action in actions:
+            if action.kind in ("next", "goto"):
+                self._advance(idx, action)
+                moved = True
+                break
+            if action.kind == "spawn":
+                name = f"{action.step_type or 'code'}@{action.scope or step.scope or ''}"
+                if name in self._by_name:
+                    name = f"{name}#{len(self.state.items)}"
+                self.event("added", item=name)
+                self.steps.append(ChainStep(name=name, type=action.step_type or "code", scope=action.scope,
+                                            agent=self.chain.default_agents.get(action.step_type or "code")))
+                self.event("cursor", index=len(self.state.items) - 1)
+                moved = True
+                break
+            if action.kind == "signal":
+                sig = action.signal or "BLOCKED_ON"
+                await self._signal(sig, action.target, {"context": {"step": step.name, "status": status,
+                                                                    "reason": reason}})
+                if sig in ("BLOCKED_ON", "BLOCKED") and status == "failed":
+                    esc = await self._ask(item, "blocked", f"step {step.name} failed: {reason or 'no detail'}",
+                                          [("retry", "Run the step again", "retry"),
+                                           ("skip", "Skip the step and go on", "skip"),
+                                           ("abort", "Abort the chain", "abort")])
+                    self.event("escalated", item=item.name, escalation=esc, kind="blocked")
+                    return
+            elif action.kind == "notify":
+                self.event("note", text=action.message or "")
+                await self.ports.escalator.inform(f"{self.state.workflow}: step {step.name}", action.message or "")
+            elif action.kind == "gate":
+                esc = await self._ask(item, "gate", action.message or f"step {step.name} {status}: continue?",
+                                      [(k, label, k) for k, label in GATE_OPTIONS])
+                self.event("gate", item=item.name, state="pending", escalation=esc)
+                await self._signal("GATE_PENDING", None, {"context": {"step": step.name, "message": action.message}})
+                return
+            elif action.kind == "abort":
+                self.event("decided", item=item.name, escalation="", option="abort", action="abort",
+                           by="workflow", channel="trigger")
+                return
+        if not moved:
+            if status == "failed":
+                esc = await self._ask(item, "blocked", f"step {step.name} failed: {reason or 'no detail'}",
+                                      [("retry", "Run the step again", "retry"), ("skip", "Skip the step", "skip"),
+                                       ("abort", "Abort the chain", "abort")])
+                self.event("escalated", item=item.name, escalation=esc, kind="blocked")
+            else:
+                self._advance(idx, ChainAction("next"))
+
+    async def _final_gate(self) -> bool:
+        """True when the run finished; False when it waits on the final approval."""
+        if gate_after_last(self.chain.mode) and self.state.final_gate != "passed":
+            if self.state.final_gate == "rejected":
+                await self._abort("final result rejected")
+                return True
+            if self.state.final_gate != "pending":
+                esc = await self._ask(None, "gate", "swarm mode: the chain is done. Accept the final result?",
+                                      [(k, label, k) for k, label in GATE_OPTIONS])
+                self.event("final_gate", state="pending", escalation=esc)
+                await self.journal.commit()
+            return False
+        if self.chain.branch and self.chain.branches is not None:
+            problem = await self.chain.branches.merge(self.chain.branch)
+            if problem:
+                self.event("note", text=f"theme branch not merged: {problem}")
+                await self._signal("BLOCKED_ON", None, {"context": {"branch": self.chain.branch, "reason": problem}})
+        await self._signal("DONE", None, {"result": {"workflow": self.state.workflow,
+                                                     "steps": sum(1 for i in self.state.items if i.status == "done")}})
+        await self._finish()
+        return True
+
+    async def _abort(self, why: str) -> None:
+        await self._signal("ABORT", None, {"context": {"workflow": self.state.workflow, "reason": why}})
+        await self._finish()
+
+    def decide(self, escalation: str, option: str, action: str, *, by: str, channel: str,
+               latency_s: float | None, note: str | None = None) -> bool:
+        if escalation == self.state.final_escalation and escalation in self.state.escalations:
+            self.state.escalations.pop(escalation, None)
+            self.event("decided", escalation=escalation, option=option, action=action, by=by, channel=channel,
+                       latency_s=latency_s, note=note)
+            self.event("final_gate", state="passed" if action in ("approve", "continue") else "rejected")
+            self.journal.sync()
+            self._wake.set()
+            return True
+        item_name = self.state.escalations.get(escalation)
+        if action == "reset" and item_name:
+            step = self.steps[self._by_name[item_name].index]
+            scope = step.scope or step.name
+            if self.chain.breaker is not None:
+                self.chain.breaker.reset(scope)
+            self.event("breaker", scope=scope, fails=0, tripped=False)
+            action = "retry"
+        return super().decide(escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note)
+
+    async def _interrupt(self) -> None:
+        for item in self.state.items:
+            if item.status == "running":
+                self.event("interrupted", item=item.name, attempt=item.attempt)
+                self.ports.claims.item_changed(self.state, item)
+        with contextlib.suppress(OSError):
+            self.journal.sync()
