@@ -1,0 +1,122 @@
+"""``ambient escalations`` (what waits for you) and ``ambient decide ID OPTION`` (answer one).
+
+Exit codes of ``decide``: 0 decided; 1 already settled (answered elsewhere, expired or cancelled:
+a negative answer, like a lock held by another); 2 unknown id, option not offered or bad input.
+A refused answer changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
+from ambient.clock import utcnow
+from ambient.paths import BrainPaths
+
+if TYPE_CHECKING:  # imported in the handlers: every `ambient` command builds the parser, few need these
+    from ambient.escalations import Escalation, EscalationStore
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``escalations`` and ``decide`` commands."""
+    p = add_command(sub, "escalations", _cmd_list, help="list the escalations waiting for your decision")
+    p.add_argument("--all", action="store_true", help="also show answered, expired and cancelled ones")
+    p.add_argument("--json", action="store_true", help="print JSON (the stored fields) for scripts")
+
+    d = add_command(
+        sub,
+        "decide",
+        _cmd_decide,
+        help="answer an escalation",
+        description="Answer an escalation with one of its options, by name or by number. Exit codes: 0 decided, "
+        "1 already answered/expired/cancelled, 2 unknown id or option not offered. A refused answer changes nothing.",
+    )
+    d.add_argument("id", metavar="ID", help="escalation id, e.g. esc-k3x9qa (the 'esc-' prefix is optional)")
+    d.add_argument("option", metavar="OPTION", help="option name (retry, approve...) or its number in the list")
+    d.add_argument("--note", metavar="TEXT", help="a note kept with the decision")
+
+
+def _store(args: argparse.Namespace) -> EscalationStore:
+    from ambient.escalations import EscalationStore
+
+    return EscalationStore(BrainPaths(brain_dir(args)))
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    store = _store(args)
+    scan = store.scan()
+    for problem in scan.problems:  # a hand-edited file gone wrong is shown, never hidden or deleted
+        print(f"ambient: warning: {problem}", file=sys.stderr)
+    escs = [e for e in scan.escalations if args.all or e.status == "pending"]
+    if args.json:
+        out_json([e.model_dump(mode="json") for e in escs])
+        return EXIT_OK
+    if not escs:
+        out("No pending escalations." if not args.all else "No escalations.")
+        return EXIT_OK
+    now = utcnow()
+    for i, esc in enumerate(escs):
+        if i:
+            out()
+        _print_one(esc, now)
+    return EXIT_OK
+
+
+def _print_one(esc: Escalation, now: datetime) -> None:
+    from ambient.escalations import render_options
+
+    who = f", agent {esc.agent}" if esc.agent else ""
+    out(f"{esc.id}  {esc.where}  ({esc.kind}{who}, {_ago(now, esc.created_at)})")
+    for line in esc.question.strip().splitlines() or [""]:
+        out(f"    {line}")
+    if esc.status != "pending":
+        by = "timeout" if esc.channel == "timeout" else f"{esc.by} via {esc.channel}"
+        settled = f"  {esc.status}: {esc.decision or '-'} by {by}" if esc.decision else f"  {esc.status}"
+        out(settled + (f" ({esc.note})" if esc.note else ""))
+        return
+    for line in render_options(esc):
+        out(f"  {line}")
+    if esc.deadline is not None:
+        then = f", then {esc.on_timeout}" if esc.on_timeout else ""
+        out(f"  deadline: {esc.deadline.isoformat(timespec='seconds')} ({_until(now, esc.deadline)}{then})")
+    out(f"  answer: ambient decide {esc.id} <number or name> [--note TEXT]")
+
+
+def _cmd_decide(args: argparse.Namespace) -> int:
+    from ambient.escalations import AlreadyAnsweredError
+
+    store = _store(args)
+    by = os.environ.get("USER") or "human"
+    try:
+        esc = store.answer(args.id, args.option, by=by, channel="cli", note=args.note)
+    except AlreadyAnsweredError as exc:
+        return fail(str(exc), EXIT_NO)
+    # Unknown id, option not offered, malformed file: InputError → main() prints it, exit 2.
+    opt = esc.decided_option
+    label = f" ({opt.label})" if opt is not None else ""
+    out(f"{esc.id}: {esc.decision}{label}, decided by {esc.by} via cli after {_duration(esc.latency_s or 0.0)}.")
+    return EXIT_OK
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600}h"
+
+
+def _ago(now: datetime, then: datetime) -> str:
+    return f"{_duration(max(0.0, (now - then).total_seconds()))} ago"
+
+
+def _until(now: datetime, then: datetime) -> str:
+    delta = (then - now).total_seconds()
+    return f"in {_duration(delta)}" if delta >= 0 else f"passed {_duration(-delta)} ago"
