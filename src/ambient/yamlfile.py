@@ -141,8 +141,9 @@ def parse_yaml(text: str, *, source: str = "<string>", line_offset: int = 0) -> 
 
     ``line_offset`` shifts reported lines (frontmatter starts after the ``---`` line).
     """
-    loader = _SafeLoader(text)
+    loader: _SafeLoader | None = None
     try:
+        loader = _SafeLoader(text)  # the reader refuses control characters here, before parsing
         node = loader.get_single_node()
         if node is None:
             return None, LineMap({})
@@ -157,13 +158,24 @@ def parse_yaml(text: str, *, source: str = "<string>", line_offset: int = 0) -> 
         line = mark.line + 1 + line_offset if mark is not None else None
         what = exc.problem or exc.context or "malformed YAML"
         raise YamlError(f"{what}; expected valid YAML", file=source, line=line) from None
+    except yaml.reader.ReaderError as exc:
+        line = text[: exc.position].count("\n") + 1 + line_offset
+        raise YamlError(
+            f"character {_char_name(exc.character)} is not allowed in YAML text; remove it", file=source, line=line
+        ) from None
     except yaml.YAMLError as exc:
         raise YamlError(f"malformed YAML: {exc}", file=source) from None
     except RecursionError:
         raise YamlError(f"nesting deeper than {MAX_DEPTH} levels", file=source) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, LineMap({k: v + line_offset for k, v in raw.items()})
+
+
+def _char_name(ch: object) -> str:
+    code = ch if isinstance(ch, int) else (ord(ch) if isinstance(ch, str) and len(ch) == 1 else None)
+    return f"U+{code:04X}" if code is not None else repr(ch)
 
 
 def decode(raw: bytes, *, source: str) -> str:

@@ -1,0 +1,591 @@
+"""Per-agent live context (spec/001): one canonical thread per target agent, shared by all requesters.
+
+``.ambient/live/<agent>/log.jsonl`` (rotated to ``log.N.jsonl``) holds every turn with its
+attribution; pair and correlation views are filtered projections of it. ``handoff.md`` is a
+summary with stable rubrics, bounded to 4096 characters, from the pure :func:`summarise`; it is
+what runners give an agent, never the raw transcript.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError, field_validator
+
+from ambient.errors import InputError, UnsafePathError
+from ambient.fsutil import atomic_write, fsync_dir, read_capped
+from ambient.journal import ReadResult, iter_jsonl
+from ambient.paths import BrainPaths
+
+HANDOFF_MAX_CHARS = 4096  # spec/001 HANDOFF_SUMMARY_MAX_CHARS
+TEXT_MAX = 2000
+PAYLOAD_MAX_CHARS = 4096
+DEFAULT_MAX_BYTES = 1024 * 1024
+DEFAULT_KEEP = 5
+SUMMARY_TURNS = 2000  # turns the handoff is summarised from (the newest)
+LOG_NAME = "log.jsonl"
+HANDOFF_NAME = "handoff.md"
+LOCK_NAME = "thread.lock"
+RUBRICS = (
+    "Current objective",
+    "Active requests (per requester)",
+    "Recent decisions",
+    "Blockers",
+    "Last correlated answer",
+)
+# Signals after which the handoff is rewritten (spec/001: handoff at session change and checkpoints).
+HANDOFF_SIGNALS = frozenset({"HANDOFF", "CHECKPOINT"})
+# Principals that have no thread of their own.
+NO_THREAD = frozenset({"human", "broadcast", "pilote", ""})
+
+Role = Literal["requester", "agent", "system"]
+
+_AGENT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+_SURROGATES = re.compile(r"[\ud800-\udfff]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+_SPACES = re.compile(r"\s+")
+_OBJECTIVE_KEYS = ("objective", "goal", "task", "story_angle", "brief")
+
+
+def check_agent_name(name: str) -> str:
+    """An agent name safe as a directory name (letters, digits, ``_ . -``, at most 64, no ``..``)."""
+    if not isinstance(name, str) or not _AGENT_RE.fullmatch(name) or ".." in name:
+        raise UnsafePathError(
+            f"agent name {name!r} is not usable for a live thread; expected letters, digits, '_', '.', '-' "
+            "(at most 64, no path separator, no '..')"
+        )
+    return name
+
+
+def _safe(text: str) -> str:
+    """Text that encodes as UTF-8: lone surrogates (possible in JSON input) become U+FFFD."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATES.sub("\ufffd", text)
+    return text
+
+
+def bound_payload(value: Any, *, depth: int = 4, max_str: int = 300, max_items: int = 20) -> JsonValue:
+    """A bounded JSON summary of a payload: strings cut, lists and mappings shortened, depth capped,
+    and at most 4096 characters of JSON in all."""
+    out = _bound(value, depth, max_str, max_items)
+    text = json.dumps(out, ensure_ascii=False)
+    if len(text) > PAYLOAD_MAX_CHARS:
+        return {"summary": text[: PAYLOAD_MAX_CHARS // 4] + "…"}
+    return out
+
+
+def _bound(value: Any, depth: int, max_str: int, max_items: int) -> JsonValue:
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return _safe(value[:max_str] + ("…" if len(value) > max_str else ""))
+    if depth <= 0:
+        return "…"
+    if isinstance(value, Mapping):
+        out: dict[str, JsonValue] = {}
+        for i, (k, v) in enumerate(value.items()):
+            if i >= max_items:
+                out["…"] = f"{len(value) - max_items} more"
+                break
+            out[_safe(str(k)[:64])] = _bound(v, depth - 1, max_str, max_items)
+        return out
+    if isinstance(value, list | tuple):
+        items: list[JsonValue] = [_bound(v, depth - 1, max_str, max_items) for v in value[:max_items]]
+        if len(value) > max_items:
+            items.append(f"… {len(value) - max_items} more")
+        return items
+    return _safe(str(value)[:max_str])
+
+
+class Turn(BaseModel):
+    """One turn of an agent's thread, with its attribution (spec/001)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ts: datetime
+    target: str  # the agent whose thread this is
+    requester: str
+    correlation_id: str | None = None
+    role: Role
+    source: str = "router"  # who appended it: router, engine, cli, runner
+    signal: str
+    text: str = ""  # bounded to 2000 characters
+    payload: JsonValue = None  # bounded summary (bound_payload)
+
+    @field_validator("target")
+    @classmethod
+    def _target_name(cls, v: str) -> str:
+        try:
+            return check_agent_name(v)
+        except UnsafePathError as exc:
+            raise ValueError(exc.message) from None
+
+    @field_validator("text", mode="before")
+    @classmethod
+    def _bound_text(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return _safe(v if len(v) <= TEXT_MAX else v[: TEXT_MAX - 1] + "…")
+        return v
+
+    @field_validator("payload", mode="before")
+    @classmethod
+    def _bound_payload(cls, v: Any) -> Any:
+        return bound_payload(v)
+
+    @field_validator("requester", "source", "signal", "correlation_id")
+    @classmethod
+    def _bound_ids(cls, v: str | None) -> str | None:
+        return None if v is None else _safe(v[:200])
+
+
+def _get(mapping: Mapping[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if k in mapping:
+            return mapping[k]
+    return None
+
+
+def _compact(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        hit = _get(value, *_OBJECTIVE_KEYS)
+        if isinstance(hit, str):
+            return hit
+    return json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))[:TEXT_MAX]
+
+
+def packet_text(signal: str, payload: Any) -> str:
+    """A one-line text for a packet: the result of a RETURN, the options of an ESCALATE, else its context."""
+    if not isinstance(payload, Mapping):
+        return _compact(payload)
+    if signal == "RETURN":
+        return _compact(payload.get("result"))
+    if signal == "ESCALATE":
+        options = payload.get("options") or []
+        return "options: " + " | ".join(str(o) for o in options) if isinstance(options, list) else _compact(options)
+    if signal == "HANDOFF" and payload.get("decision") is not None:
+        return f"decision: {_compact(payload.get('decision'))}; context: {_compact(payload.get('context'))}"
+    return _compact(payload.get("context"))
+
+
+def turn_from_packet(
+    packet: Mapping[str, Any], *, ts: datetime, correlation_id: str | None = None, source: str = "router"
+) -> Turn | None:
+    """The turn a delivered packet adds, in the thread of the agent it concerns; ``None`` when no
+    agent thread is concerned (to/from human or broadcast).
+
+    SPAWN and HANDOFF go to the receiver's thread (role ``requester``); RETURN, ESCALATE,
+    BLOCKED_ON, ERROR, CHECKPOINT and other signals to the sender's (role ``agent``). The
+    correlation defaults to the packet's ``session_id``. ``packet`` is the JSON form (``from``).
+    """
+    signal = str(packet.get("signal", ""))
+    sender = str(_get(packet, "from", "from_") or "")
+    receiver = str(packet.get("to") or "")
+    if signal in ("SPAWN", "HANDOFF"):
+        owner, requester, role = receiver, sender, "requester"
+    else:
+        owner, requester, role = sender, receiver, "agent"
+    if owner in NO_THREAD:
+        return None
+    check_agent_name(owner)
+    corr = correlation_id if correlation_id is not None else packet.get("session_id")
+    payload = packet.get("payload")
+    return Turn(
+        ts=ts,
+        target=owner,
+        requester=requester or "-",
+        correlation_id=str(corr) if corr is not None else None,
+        role=role,  # type: ignore[arg-type]
+        source=source,
+        signal=signal,
+        text=packet_text(signal, payload),
+        payload=payload,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The summariser (pure)
+# --------------------------------------------------------------------------------------------
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """One line of clean text: no control characters or line breaks, whitespace collapsed."""
+    t = _safe(text[: limit * 2])
+    t = _SPACES.sub(" ", _CONTROL.sub(" ", t)).strip()
+    return _cut(t, limit)
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    if limit <= 0:
+        return ""
+    # Never leave a joiner or a variation selector dangling before the ellipsis.
+    return text[: limit - 1].rstrip("\u200d\ufe0e\ufe0f ") + "…"
+
+
+def _ts(t: Turn) -> str:
+    return t.ts.strftime("%Y-%m-%d %H:%M")
+
+
+def _corr(t: Turn) -> str:
+    return f" [{one_line(t.correlation_id, 60)}]" if t.correlation_id else ""
+
+
+def _objective_of(t: Turn) -> str | None:
+    p = t.payload
+    if isinstance(p, dict):
+        for container in (p.get("context"), p):
+            if isinstance(container, dict):
+                hit = _get(container, *_OBJECTIVE_KEYS)
+                if isinstance(hit, str) and hit.strip():
+                    return hit
+    return None
+
+
+def _objective(turns: Sequence[Turn]) -> list[str]:
+    for t in reversed(turns):
+        obj = _objective_of(t)
+        if obj:
+            return [f"{one_line(obj, 600)} (set by {one_line(t.requester, 60)} via {t.signal}, {_ts(t)})"]
+    for t in reversed(turns):
+        if t.signal == "SPAWN" and t.text:
+            return [f"{one_line(t.text, 600)} (asked by {one_line(t.requester, 60)}, {_ts(t)})"]
+    return ["(none recorded)"]
+
+
+def _active_requests(turns: Sequence[Turn]) -> list[str]:
+    open_: dict[tuple[str, str | None], Turn] = {}
+    for t in turns:
+        key = (t.requester, t.correlation_id)
+        if t.role == "requester" and t.signal in ("SPAWN", "HANDOFF"):
+            open_.pop(key, None)
+            open_[key] = t
+        elif t.role == "agent" and t.signal in ("RETURN", "ERROR"):
+            if key in open_:
+                del open_[key]
+            elif t.correlation_id is None:
+                mine = [k for k in open_ if k[0] == t.requester]
+                if mine:
+                    del open_[mine[-1]]
+    by_requester: dict[str, list[Turn]] = {}
+    for (req, _), t in open_.items():
+        by_requester.setdefault(req, []).append(t)
+    order = sorted(by_requester, key=lambda r: by_requester[r][-1].ts, reverse=True)
+    lines = []
+    for req in order[:12]:
+        reqs = by_requester[req]
+        last = reqs[-1]
+        more = f" ({len(reqs)} open)" if len(reqs) > 1 else ""
+        lines.append(f"- {one_line(req, 60)}{more}:{_corr(last)} {one_line(last.text, 300)} ({_ts(last)})")
+    if len(order) > 12:
+        lines.append(f"- … and {len(order) - 12} more requesters")
+    return lines or ["(none)"]
+
+
+def _decision_text(t: Turn) -> str | None:
+    if isinstance(t.payload, dict) and t.payload.get("decision") is not None:
+        return _compact(t.payload["decision"])
+    if t.signal == "DECISION":
+        return t.text
+    return None
+
+
+def _decisions(turns: Sequence[Turn]) -> list[str]:
+    lines = []
+    for t in reversed(turns):
+        d = _decision_text(t)
+        if d:
+            lines.append(f"- {_ts(t)} {one_line(t.requester, 60)}{_corr(t)}: {one_line(d, 300)}")
+            if len(lines) == 5:
+                break
+    return lines or ["(none)"]
+
+
+def _blockers(turns: Sequence[Turn]) -> list[str]:
+    open_: dict[str | None, Turn] = {}
+    for t in turns:
+        if t.signal in ("BLOCKED_ON", "ESCALATE"):
+            open_.pop(t.correlation_id, None)
+            open_[t.correlation_id] = t
+        else:
+            open_.pop(t.correlation_id, None)  # anything later on the same correlation moves it on
+    lines = [f"- {t.signal} {_ts(t)}{_corr(t)}: {one_line(t.text, 300)}" for t in reversed(open_.values())]
+    return lines[:5] or ["(none)"]
+
+
+def _last_answer(turns: Sequence[Turn]) -> list[str]:
+    for t in reversed(turns):
+        if t.role == "agent" and t.signal == "RETURN" and t.correlation_id:
+            return [f"{_corr(t).strip()} to {one_line(t.requester, 60)} ({_ts(t)}): {one_line(t.text, 1000)}"]
+    return ["(none yet)"]
+
+
+def _share(sizes: Sequence[int], budget: int) -> list[int]:
+    """Water-filling: each rubric gets what it needs up to an equal share of what is left."""
+    alloc = [0] * len(sizes)
+    left = max(0, budget)
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
+    for rank, i in enumerate(order):
+        share = left // (len(sizes) - rank)
+        alloc[i] = min(sizes[i], share)
+        left -= alloc[i]
+    return alloc
+
+
+def _fit_lines(lines: Sequence[str], limit: int) -> str:
+    out: list[str] = []
+    used = 0
+    for ln in lines:
+        sep = 1 if out else 0
+        if used + sep + len(ln) <= limit:
+            out.append(ln)
+            used += sep + len(ln)
+            continue
+        room = limit - used - sep
+        if room >= 8:
+            out.append(_cut(ln, room))
+        elif not out and limit >= 1:
+            out.append("…")
+        break
+    return "\n".join(out)
+
+
+def summarise(turns: Sequence[Turn], *, agent: str | None = None, max_chars: int = HANDOFF_MAX_CHARS) -> str:
+    """The handoff of a thread: the five stable rubrics, never more than ``max_chars`` characters.
+
+    Pure. Each rubric gets a fair share of the room (what one does not need goes to the others)
+    and is cut at line ends, or inside a line with an ellipsis; the text is clean UTF-8.
+    """
+    if max_chars < 400:
+        raise ValueError("max_chars must leave room for the rubrics (at least 400)")
+    who = one_line(agent or (turns[-1].target if turns else "agent"), 64)
+    as_of = f", up to {_ts(turns[-1])}" if turns else ""
+    header = f"# Handoff: {who}\n_Summary of the shared live thread ({len(turns)} turns{as_of}); not the transcript._\n"
+    sections = [_objective(turns), _active_requests(turns), _decisions(turns), _blockers(turns), _last_answer(turns)]
+    fixed = len(header) + sum(len(f"\n## {title}\n") for title in RUBRICS) + 1
+    sizes = [len("\n".join(lines)) for lines in sections]
+    alloc = _share(sizes, max_chars - fixed)
+    parts = [header]
+    for title, lines, room in zip(RUBRICS, sections, alloc, strict=True):
+        parts.append(f"\n## {title}\n{_fit_lines(lines, room)}")
+    text = "".join(parts) + "\n"
+    return text if len(text) <= max_chars else _cut(text, max_chars)  # guard; the shares already fit
+
+
+# --------------------------------------------------------------------------------------------
+# The shell: threads on disk
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ThreadView:
+    """A projection of an agent's thread: the whole thread, or filtered by requester / correlation."""
+
+    agent: str
+    requester: str | None
+    correlation: str | None
+    turns: list[Turn]
+    total: int  # turns in the whole thread
+    partial: bool
+    note: str
+    skipped_lines: int = 0
+    torn_tail: bool = False
+    files: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "agent": self.agent,
+            "requester": self.requester,
+            "correlation": self.correlation,
+            "partial": self.partial,
+            "note": self.note,
+            "total": self.total,
+            "shown": len(self.turns),
+            "skipped_lines": self.skipped_lines,
+            "torn_tail": self.torn_tail,
+            "turns": [t.model_dump(mode="json") for t in self.turns],
+        }
+
+
+class LiveContext:
+    """The live threads of a brain (``.ambient/live/<agent>/``).
+
+    Appends take a per-agent ``flock`` (threads and processes); they are blocking file calls,
+    so from the event loop call them through ``asyncio.to_thread``.
+    """
+
+    def __init__(
+        self,
+        paths: BrainPaths,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        keep: int = DEFAULT_KEEP,
+        durable: bool = False,
+    ) -> None:
+        if max_bytes < 1024 or keep < 1:
+            raise ValueError("live context: max_bytes must be at least 1024 and keep at least 1")
+        self.paths = paths
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self.durable = durable  # fsync each turn (the run journal, not this, is the source of truth)
+
+    def thread_dir(self, agent: str) -> Path:
+        """``.ambient/live/<agent>`` (the name is checked first)."""
+        return self.paths.live / check_agent_name(agent)
+
+    def log_files(self, agent: str) -> list[Path]:
+        """The thread's files, oldest first: ``log.K.jsonl`` … ``log.1.jsonl``, ``log.jsonl``."""
+        d = self.thread_dir(agent)
+        files = [d / f"log.{n}.jsonl" for n in range(self.keep, 0, -1)] + [d / LOG_NAME]
+        return [f for f in files if f.is_file()]
+
+    @contextlib.contextmanager
+    def _locked(self, directory: Path) -> Iterator[None]:
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def append_turn(self, turn: Turn) -> None:
+        """Append a turn to its agent's thread; rotate past ``max_bytes``; rewrite ``handoff.md``
+        after a HANDOFF or CHECKPOINT turn and after a rotation."""
+        d = self.thread_dir(turn.target)
+        d.mkdir(parents=True, exist_ok=True)
+        record = turn.model_dump(mode="json", exclude_none=True)
+        data = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+        with self._locked(d):
+            log = d / LOG_NAME
+            size = log.stat().st_size if log.exists() else 0
+            rotated = size > 0 and size + len(data) > self.max_bytes
+            if rotated:
+                self._rotate(d)
+            self._append(log, data)
+            if rotated or turn.signal in HANDOFF_SIGNALS:
+                self._write_handoff(turn.target)
+
+    def append_packet(
+        self, packet: Mapping[str, Any], *, ts: datetime, correlation_id: str | None = None, source: str = "router"
+    ) -> Turn | None:
+        """Record a delivered packet in the thread it concerns (see :func:`turn_from_packet`)."""
+        turn = turn_from_packet(packet, ts=ts, correlation_id=correlation_id, source=source)
+        if turn is not None:
+            self.append_turn(turn)
+        return turn
+
+    def _append(self, log: Path, data: bytes) -> None:
+        fd = os.open(log, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data  # a torn last line (crash mid-append) stays alone on its line
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if self.durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _rotate(self, d: Path) -> None:
+        # log.K is the oldest and leaves; the rotation applies to the canonical thread (spec/001).
+        (d / f"log.{self.keep}.jsonl").unlink(missing_ok=True)
+        for n in range(self.keep - 1, 0, -1):
+            src = d / f"log.{n}.jsonl"
+            if src.exists():
+                src.rename(d / f"log.{n + 1}.jsonl")
+        (d / LOG_NAME).rename(d / "log.1.jsonl")
+        if self.durable:
+            fsync_dir(d)
+
+    def _read(self, files: Sequence[Path]) -> tuple[list[Turn], int, bool]:
+        turns: list[Turn] = []
+        skipped = 0
+        torn = False
+        for f in files:
+            res = ReadResult()
+            for rec in iter_jsonl(f, res):
+                try:
+                    turns.append(Turn.model_validate(rec))
+                except (ValidationError, InputError):
+                    skipped += 1
+            skipped += len(res.bad_lines)
+            torn = torn or res.torn_tail
+        return turns, skipped, torn
+
+    def turns(self, agent: str) -> list[Turn]:
+        """Every readable turn of the thread, oldest first."""
+        return self._read(self.log_files(agent))[0]
+
+    def recent_turns(self, agent: str, limit: int = SUMMARY_TURNS) -> list[Turn]:
+        """The newest ``limit`` turns (read from the two newest files)."""
+        return self._read(self.log_files(agent)[-2:])[0][-limit:]
+
+    def view(self, agent: str, requester: str | None = None, correlation: str | None = None) -> ThreadView:
+        """The thread, or the turns of one requester and/or one correlation id.
+
+        A filtered view is marked partial: the agent's live context is shared by every requester,
+        so what the agent knows includes turns the view does not show.
+        """
+        files = self.log_files(agent)
+        turns, skipped, torn = self._read(files)
+        shown = [
+            t
+            for t in turns
+            if (requester is None or t.requester == requester)
+            and (correlation is None or t.correlation_id == correlation)
+        ]
+        filters = [f"{k} {v}" for k, v in (("requester", requester), ("correlation", correlation)) if v is not None]
+        partial = bool(filters)
+        if partial:
+            note = (
+                f"partial view ({' and '.join(filters)}): {agent}'s live context is one thread shared by every "
+                f"requester; {len(turns) - len(shown)} of its {len(turns)} turns are not shown here"
+            )
+        else:
+            note = f"full thread of {agent}, shared by every requester"
+        return ThreadView(
+            agent, requester, correlation, shown, len(turns), partial, note, skipped, torn, [f.name for f in files]
+        )
+
+    def _write_handoff(self, agent: str) -> str:
+        text = summarise(self.recent_turns(agent), agent=agent)
+        atomic_write(self.thread_dir(agent) / HANDOFF_NAME, text)
+        return text
+
+    def refresh_handoff(self, agent: str) -> str:
+        """Rewrite ``handoff.md`` from the thread now, and return it."""
+        d = self.thread_dir(agent)
+        d.mkdir(parents=True, exist_ok=True)
+        with self._locked(d):
+            return self._write_handoff(agent)
+
+    def handoff_for(self, agent: str) -> str:
+        """What a runner gives the agent: ``handoff.md`` (at most 4096 characters), or a summary
+        of the thread when no handoff was written yet. Never the raw transcript."""
+        path = self.thread_dir(agent) / HANDOFF_NAME
+        try:
+            raw = read_capped(path, 64 * 1024)
+        except FileNotFoundError:
+            return summarise(self.recent_turns(agent), agent=agent)
+        except InputError:  # not a regular file, a symlink or too big: rebuild from the thread
+            return summarise(self.recent_turns(agent), agent=agent)
+        text = raw.decode("utf-8", "replace")
+        return text if len(text) <= HANDOFF_MAX_CHARS else _cut(text, HANDOFF_MAX_CHARS)

@@ -1,0 +1,329 @@
+"""Per-agent live context: one shared thread per agent, filtered views, rotation, the bounded handoff."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ambient.errors import UnsafePathError
+from ambient.livecontext import (
+    HANDOFF_MAX_CHARS,
+    RUBRICS,
+    LiveContext,
+    Turn,
+    bound_payload,
+    check_agent_name,
+    summarise,
+    turn_from_packet,
+)
+from ambient.paths import BrainPaths
+
+T0 = datetime(2026, 3, 18, 10, 0, tzinfo=UTC)
+
+
+def packet(signal: str, frm: str, to: str, session: str | None = "sess-1", **payload: Any) -> dict[str, Any]:
+    """A delivered packet in its JSON form."""
+    return {
+        "from": frm,
+        "to": to,
+        "signal": signal,
+        "scope": {"files": [], "zone": "project"},
+        "payload": payload,
+        "session_id": session,
+    }
+
+
+def turn(
+    signal: str = "SPAWN",
+    *,
+    requester: str = "orchestrator",
+    role: str = "requester",
+    corr: str | None = "c1",
+    text: str = "do it",
+    minutes: int = 0,
+    payload: Any = None,
+    target: str = "qa",
+) -> Turn:
+    """A turn of the qa thread."""
+    return Turn(
+        ts=T0 + timedelta(minutes=minutes),
+        target=target,
+        requester=requester,
+        correlation_id=corr,
+        role=role,
+        signal=signal,
+        text=text,
+        payload=payload,
+    )
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> LiveContext:
+    """Live threads of a fresh brain."""
+    return LiveContext(BrainPaths(tmp_path))
+
+
+class TestPackets:
+    def test_spawn_goes_to_the_receivers_thread(self) -> None:
+        """A SPAWN is a turn of the target agent's thread, asked by the sender; the session is the correlation."""
+        t = turn_from_packet(packet("SPAWN", "main", "qa", context={"objective": "check the token"}), ts=T0)
+        assert t is not None
+        assert (t.target, t.requester, t.role, t.correlation_id, t.text) == (
+            "qa",
+            "main",
+            "requester",
+            "sess-1",
+            "check the token",
+        )
+
+    def test_answers_go_to_the_senders_thread(self) -> None:
+        """RETURN, ESCALATE, BLOCKED_ON go to the answering agent's thread, attributed to whom it answers."""
+        r = turn_from_packet(packet("RETURN", "qa", "main", result="token is 7F3A"), ts=T0, correlation_id="c9")
+        assert r is not None and (r.target, r.requester, r.role, r.correlation_id, r.text) == (
+            "qa",
+            "main",
+            "agent",
+            "c9",
+            "token is 7F3A",
+        )
+        e = turn_from_packet(packet("ESCALATE", "qa", "human", options=["a", "b"]), ts=T0)
+        assert e is not None and e.text == "options: a | b" and e.target == "qa"
+
+    def test_no_thread_for_people_or_broadcast(self) -> None:
+        """Packets to a person or to everyone concern no agent thread."""
+        assert turn_from_packet(packet("SPAWN", "main", "broadcast"), ts=T0) is None
+        assert turn_from_packet(packet("RETURN", "human", "qa"), ts=T0) is None
+
+    def test_unsafe_agent_in_packet_is_refused(self) -> None:
+        """A packet naming an agent with a path in it never becomes a directory."""
+        with pytest.raises(UnsafePathError):
+            turn_from_packet(packet("SPAWN", "main", "../etc"), ts=T0)
+
+    def test_text_and_payload_are_bounded(self) -> None:
+        """A turn keeps at most 2000 characters of text and a bounded payload summary."""
+        t = turn(text="x" * 10_000, payload={"context": {"blob": "y" * 100_000, "list": list(range(1000))}})
+        assert len(t.text) == 2000 and t.text.endswith("…")
+        assert len(json.dumps(t.payload)) <= 4096
+        assert bound_payload({"a": {"b": {"c": {"d": {"e": 1}}}}}) == {"a": {"b": {"c": {"d": "…"}}}}
+        assert bound_payload("\ud800 lone") == "\ufffd lone"
+
+
+class TestThread:
+    def test_one_thread_shared_by_all_requesters(self, live: LiveContext) -> None:
+        """Turns from different requesters land in the one canonical log of the target agent."""
+        live.append_packet(packet("SPAWN", "main", "qa", context={"objective": "keep IDEA-TOKEN-7F3A"}), ts=T0)
+        live.append_packet(packet("SPAWN", "architect", "qa", session="sess-2", context="what token?"), ts=T0)
+        live.append_packet(packet("RETURN", "qa", "architect", session="sess-2", result="IDEA-TOKEN-7F3A"), ts=T0)
+        files = sorted(p.name for p in (live.paths.live / "qa").iterdir())
+        assert files == ["log.jsonl", "thread.lock"]
+        view = live.view("qa")
+        assert [t.requester for t in view.turns] == ["main", "architect", "architect"]
+        assert not view.partial and view.total == 3
+
+    def test_pair_view_is_partial(self, live: LiveContext) -> None:
+        """The pair view is a filtered projection and says it is partial, with how much it hides."""
+        for i, who in enumerate(["main", "architect", "main"]):
+            live.append_turn(turn(requester=who, corr=f"c{i}", minutes=i))
+        view = live.view("qa", requester="main")
+        assert [t.correlation_id for t in view.turns] == ["c0", "c2"]
+        assert view.partial and view.total == 3
+        assert "partial view (requester main)" in view.note and "1 of its 3 turns are not shown" in view.note
+
+    def test_correlation_view(self, live: LiveContext) -> None:
+        """A correlation view keeps one request and its answers."""
+        live.append_turn(turn(corr="a"))
+        live.append_turn(turn("RETURN", role="agent", corr="a", text="done", minutes=1))
+        live.append_turn(turn(corr="b", minutes=2))
+        view = live.view("qa", correlation="a")
+        assert [t.signal for t in view.turns] == ["SPAWN", "RETURN"] and view.partial
+        assert view.to_json()["shown"] == 2
+
+    def test_rotation_keeps_k_files_and_the_newest_turns(self, tmp_path: Path) -> None:
+        """Past max_bytes the log rotates to log.N.jsonl; at most K rotated files are kept, newest turns first."""
+        live = LiveContext(BrainPaths(tmp_path), max_bytes=2048, keep=2)
+        for i in range(60):
+            live.append_turn(turn(text=f"turn {i:03d} " + "z" * 200, minutes=i))
+        d = live.paths.live / "qa"
+        names = sorted(p.name for p in d.glob("log*.jsonl"))
+        assert names == ["log.1.jsonl", "log.2.jsonl", "log.jsonl"]
+        assert all(p.stat().st_size <= 2048 for p in d.glob("log*.jsonl"))
+        texts = [t.text[:8] for t in live.turns("qa")]
+        assert texts[-1] == "turn 059" and texts == sorted(texts)
+        assert len(texts) < 60  # the oldest rotated file left
+        assert (d / "handoff.md").exists()  # rewritten at rotation: the summary outlives the rotated turns
+
+    def test_torn_last_line_does_not_swallow_the_next_turn(self, live: LiveContext) -> None:
+        """After a crash mid-append, the next turn starts on its own line; the torn bytes are skipped."""
+        live.append_turn(turn(corr="a"))
+        log = live.paths.live / "qa" / "log.jsonl"
+        with log.open("a") as fh:
+            fh.write('{"ts": "2026-03-18T10:0')
+        live.append_turn(turn(corr="b", minutes=1))
+        view = live.view("qa")
+        assert [t.correlation_id for t in view.turns] == ["a", "b"]
+        assert view.skipped_lines == 1
+
+    @pytest.mark.parametrize("name", ["../x", "a/b", "..", ".", "", "a\\b", "x\x00y", "a..b", "n" * 65, ".hidden"])
+    def test_agent_names_cannot_traverse(self, live: LiveContext, name: str) -> None:
+        """Agent names with separators, '..', NUL or too long are refused before any path is built."""
+        with pytest.raises(UnsafePathError):
+            check_agent_name(name)
+        with pytest.raises(UnsafePathError):
+            live.view(name)
+        with pytest.raises(UnsafePathError):
+            live.handoff_for(name)
+        with pytest.raises(ValueError, match="agent name"):
+            turn(target=name)
+        assert not (live.paths.root.parent / "x").exists()
+
+    def test_real_agent_names_are_accepted(self) -> None:
+        """Names of the corpus (camelCase, hyphens, dots, underscores) are fine."""
+        for name in ("helloWorld", "code-review", "brain.ui", "kanban_scribe", "a"):
+            assert check_agent_name(name) == name
+
+
+class TestHandoff:
+    def test_checkpoint_writes_the_rubrics(self, live: LiveContext) -> None:
+        """A CHECKPOINT rewrites handoff.md with the stable rubrics filled from the thread."""
+        live.append_turn(turn(requester="main", corr="c1", text="check the deploy of instance-03"))
+        live.append_turn(turn(requester="architect", corr="c2", text="review the lock design", minutes=1))
+        live.append_turn(turn("RETURN", requester="main", role="agent", corr="c1", text="instance-03 ok", minutes=2))
+        live.append_turn(
+            turn(
+                "BLOCKED_ON",
+                requester="orchestrator",
+                role="agent",
+                corr="c3",
+                text="missing vps/configs/x.yml",
+                minutes=3,
+            )
+        )
+        live.append_turn(
+            turn(
+                "HANDOFF",
+                requester="qa",
+                corr="c4",
+                text="",
+                minutes=4,
+                payload={"decision": "use flock guards", "context": {"objective": "ship v2"}},
+            )
+        )
+        text = (live.paths.live / "qa" / "handoff.md").read_text()
+        positions = [text.index(f"## {r}") for r in RUBRICS]
+        assert positions == sorted(positions)
+        objective = text.split("## Current objective")[1].split("##")[0]
+        assert "ship v2" in objective
+        active = text.split("## Active requests (per requester)")[1].split("##")[0]
+        assert "architect" in active and "review the lock design" in active
+        assert "- main" not in active  # answered
+        assert "use flock guards" in text.split("## Recent decisions")[1].split("##")[0]
+        assert "missing vps/configs/x.yml" in text.split("## Blockers")[1].split("##")[0]
+        assert "instance-03 ok" in text.split("## Last correlated answer")[1]
+        assert live.handoff_for("qa") == text
+
+    def test_blocker_cleared_by_a_later_turn(self) -> None:
+        """A blocker is open until something else happens on its correlation."""
+        turns = [
+            turn("BLOCKED_ON", role="agent", corr="c1", text="no access"),
+            turn("SPAWN", corr="c1", text="access granted, go on", minutes=1),
+        ]
+        blockers = summarise(turns).split("## Blockers")[1].split("##")[0]
+        assert "(none)" in blockers
+
+    def test_handoff_without_file_is_summarised_on_the_fly(self, live: LiveContext) -> None:
+        """Before any HANDOFF or CHECKPOINT, handoff_for summarises the thread (never the transcript)."""
+        live.append_turn(turn(text="secret transcript detail " * 400))
+        text = live.handoff_for("qa")
+        assert len(text) <= HANDOFF_MAX_CHARS and "## Current objective" in text
+        assert not (live.paths.live / "qa" / "handoff.md").exists()
+        assert "(none recorded)" in live.handoff_for("nobody")
+
+    def test_oversized_handoff_file_is_cut(self, live: LiveContext) -> None:
+        """A handoff.md edited to be huge is still given bounded."""
+        d = live.paths.live / "qa"
+        d.mkdir(parents=True)
+        (d / "handoff.md").write_text("é" * 10_000)
+        assert len(live.handoff_for("qa")) == HANDOFF_MAX_CHARS
+
+    def test_many_requesters_are_listed_fairly(self) -> None:
+        """Each requester keeps a line; the rest is summarised as a count."""
+        turns = [turn(requester=f"agent-{i:02d}", corr=f"c{i}", text=f"request {i}", minutes=i) for i in range(30)]
+        active = summarise(turns).split("## Active requests (per requester)")[1].split("##")[0]
+        assert "agent-29" in active and "and 18 more requesters" in active
+
+    def test_refresh_handoff(self, live: LiveContext) -> None:
+        """refresh_handoff rewrites handoff.md on demand."""
+        live.append_turn(turn(text="first"))
+        text = live.refresh_handoff("qa")
+        assert (live.paths.live / "qa" / "handoff.md").read_text() == text
+
+
+_ANY_TEXT = st.text(alphabet=st.characters(blacklist_categories=()), max_size=3000)
+_TURNS = st.lists(
+    st.builds(
+        Turn,
+        ts=st.datetimes(timezones=st.just(UTC)),
+        target=st.sampled_from(["qa", "helloWorld"]),
+        requester=st.text(max_size=300),
+        correlation_id=st.none() | st.text(max_size=300),
+        role=st.sampled_from(["requester", "agent", "system"]),
+        source=st.just("router"),
+        signal=st.sampled_from(["SPAWN", "RETURN", "HANDOFF", "CHECKPOINT", "BLOCKED_ON", "ESCALATE", "DECISION"]),
+        text=_ANY_TEXT,
+        payload=st.none()
+        | st.fixed_dictionaries({"decision": _ANY_TEXT, "context": st.fixed_dictionaries({"objective": _ANY_TEXT})}),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(turns=_TURNS, agent=st.none() | st.text(max_size=500))
+def test_handoff_never_exceeds_4096_characters(turns: list[Turn], agent: str | None) -> None:
+    """Whatever the turns (huge texts, lone surrogates, control characters, many requesters), the handoff
+    keeps its five rubrics in order, fits in 4096 characters and is valid UTF-8."""
+    text = summarise(turns, agent=agent)
+    assert len(text) <= HANDOFF_MAX_CHARS
+    positions = [text.find(f"\n## {r}\n") for r in RUBRICS]
+    assert -1 not in positions and positions == sorted(positions)
+    text.encode("utf-8")
+
+
+def test_handoff_bound_on_worst_case_volume() -> None:
+    """Thousands of long turns from hundreds of requesters still give at most 4096 characters, every rubric filled."""
+    turns = []
+    for i in range(3000):
+        signal = ["SPAWN", "BLOCKED_ON", "HANDOFF", "RETURN"][i % 4]
+        role = "requester" if signal in ("SPAWN", "HANDOFF") else "agent"
+        payload = {"decision": "d" * 900, "context": {"objective": "o" * 900}} if signal == "HANDOFF" else None
+        turns.append(turn(signal, requester=f"r{i % 300}", role=role, corr=f"c{i}", text="w " * 1500, payload=payload))
+    text = summarise(turns)
+    assert len(text) <= HANDOFF_MAX_CHARS
+    for rubric in RUBRICS:
+        body = text.split(f"## {rubric}\n")[1].split("\n## ")[0]
+        assert body.strip() and "(none" not in body
+
+
+def test_summary_is_clean_even_from_unvalidated_turns() -> None:
+    """Turns built without validation (lone surrogates, line breaks in names) still give clean, bounded text."""
+    raw = Turn.model_construct(
+        ts=T0,
+        target="qa",
+        requester="evil\n## Blockers\nfake",
+        correlation_id="\ud800" * 10,
+        role="requester",
+        source="x",
+        signal="SPAWN",
+        text="\ud83d\x00\u2028" * 5000,
+        payload=None,
+    )
+    text = summarise([raw] * 50)
+    assert len(text) <= HANDOFF_MAX_CHARS
+    text.encode("utf-8")
+    assert text.count("\n## Blockers\n") == 1
