@@ -1,0 +1,369 @@
+"""The claim store: ``claims/*.yml`` read and written safely, transitions from :mod:`ambient.claims`.
+
+Reads never follow symlinks and cap the size; a malformed claim becomes a reported Problem
+(file:line: what is wrong) and is skipped, never rewritten or deleted. Writes are atomic
+(temp + fsync + rename + fsync dir) and keep every key and value ambient does not know. Each
+read-modify-write runs under a short ``flock`` (``.ambient/claims.guard``); a write carrying a
+fencing token older than the claim's ``fence:`` (the last token accepted) is refused, so a
+holder whose lock expired and was taken over can no longer write (RELIABILITY §1.2 rule 3).
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import stat
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from ambient import claims as rules
+from ambient.claims import Claim, ClaimResult
+from ambient.clock import Clock, SystemClock
+from ambient.errors import FencingError, InputError, StateError, TransitionError, UnsafePathError
+from ambient.fsutil import atomic_write, check_local_filesystem
+from ambient.locks import FileGuard, sweep_stale_tmp
+from ambient.paths import BrainPaths
+from ambient.problems import Problem
+from ambient.yamlfile import MAX_CLAIM_BYTES, dump_yaml, expect_mapping, load_file, problems_from_validation
+
+GUARD_NAME = "claims.guard"
+SUFFIXES = (".yml", ".yaml")
+
+
+class ClaimFileError(InputError):
+    """A claim file that cannot be used; ``problems`` lists every finding with its line."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(first.message + more, file=first.file, line=first.line)
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class LoadedClaims:
+    """Every readable claim by sess_id, the file each came from, and what was wrong or odd."""
+
+    claims: dict[str, Claim] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+
+def _check_sess_id(sess_id: str) -> str:
+    try:
+        Claim.model_validate(
+            {"sess_id": sess_id, "type": "solo", "scope": "", "agent": "", "status": "open", "opened_at": ""}
+        )
+    except ValidationError:
+        raise InputError(
+            f"sess_id {sess_id!r} is not usable as a claim file name (no '/', no leading '.', printable, "
+            "at most 200 characters)"
+        ) from None
+    return sess_id
+
+
+class ClaimStore:
+    """Claims of one brain. Methods are synchronous and short; call them through ``asyncio.to_thread``
+    from a coroutine if the directory may be large.
+
+    Args:
+        paths: the brain layout.
+        clock: where ``now`` comes from when a caller does not pass one (naive claim times are
+            read as local time, so ``now`` is converted to the local zone).
+        check_filesystem: refuse NFS/CIFS/FUSE (RELIABILITY §1.2 rule 7).
+    """
+
+    def __init__(self, paths: BrainPaths, *, clock: Clock | None = None, check_filesystem: bool = True) -> None:
+        if not paths.root.is_dir():
+            raise InputError(f"{paths.root} is not a directory; expected a brain (see --brain)")
+        self.paths = paths
+        self.dir = paths.claims
+        self.clock = clock or SystemClock()
+        if self.dir.is_symlink():
+            raise UnsafePathError("is a symlink; ambient never follows symlinks for claims/", file=str(self.dir))
+        if check_filesystem:
+            check_local_filesystem(self.dir if self.dir.exists() else paths.root)
+        self._guard = FileGuard(paths.state / GUARD_NAME)
+        self._files: dict[str, Path] = {}
+        # Files this store read or wrote, by (ino, size, mtime_ns), with their fence: write_claim's fast path.
+        self._known: dict[Path, tuple[tuple[int, int, int], int | None]] = {}
+
+    # -- reading
+
+    def now(self) -> datetime:
+        """The clock's now in the local zone (how naive claim times are meant)."""
+        return self.clock.now().astimezone()
+
+    def _rel(self, path: Path) -> str:
+        return self.paths.rel(path)
+
+    def read(self, path: Path) -> tuple[Claim, list[Problem]]:
+        """Read one claim file (no symlink, size-capped); returns the claim and its warnings.
+
+        Raises :class:`ClaimFileError` (or InputError) with file and line when it cannot be used.
+        """
+        rel = self._rel(path)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            raise InputError("does not exist", file=rel) from None
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePathError("is a symlink; ambient never follows symlinks in claims/ (ignored)", file=rel)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError("is not a regular file (ignored)", file=rel)
+        data, lines = load_file(path, max_bytes=MAX_CLAIM_BYTES, source=rel)
+        doc = expect_mapping(data, source=rel, what="a claim")
+        try:
+            claim = Claim.model_validate(doc)
+        except ValidationError as exc:
+            raise ClaimFileError(problems_from_validation(exc, file=rel, lines=lines)) from None
+        warnings = [
+            Problem(file=rel, line=lines.line_for(loc), message=msg, severity="warning")
+            for loc, msg in claim.warnings()
+        ]
+        self._known[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), claim.fence)
+        return claim, warnings
+
+    def load(self) -> LoadedClaims:
+        """Every claim in ``claims/``; a bad file becomes a Problem and is skipped (never touched)."""
+        out = LoadedClaims()
+        try:
+            names = sorted(os.listdir(self.dir))
+        except FileNotFoundError:
+            return out
+        for name in names:
+            if name.startswith(".") or not name.endswith(SUFFIXES):
+                continue
+            path = self.dir / name
+            try:
+                claim, warnings = self.read(path)
+            except ClaimFileError as exc:
+                out.problems.extend(exc.problems)
+                continue
+            except InputError as exc:
+                out.problems.append(Problem(file=exc.file or self._rel(path), line=exc.line, message=exc.message))
+                continue
+            if claim.sess_id in out.claims:
+                first = self._rel(out.files[claim.sess_id])
+                out.problems.append(
+                    Problem(
+                        file=self._rel(path),
+                        line=1,
+                        message=f"sess_id {claim.sess_id!r} is already used by {first}; this file is ignored",
+                    )
+                )
+                continue
+            out.claims[claim.sess_id] = claim
+            out.files[claim.sess_id] = path
+            out.problems.extend(warnings)
+        self._files = dict(out.files)
+        return out
+
+    def list(self, *, status: str | Iterable[str] | None = None) -> builtins.list[Claim]:
+        """Readable claims sorted by sess_id, optionally only those with the given status(es)."""
+        wanted = {status} if isinstance(status, str) else set(status) if status is not None else None
+        loaded = self.load()
+        return [c for sid, c in sorted(loaded.claims.items()) if wanted is None or c.status in wanted]
+
+    def path_for(self, sess_id: str) -> Path:
+        """The file of ``sess_id``: the one it was loaded from, else ``claims/<sess_id>.yml``."""
+        _check_sess_id(sess_id)
+        known = self._files.get(sess_id)
+        if known is not None:
+            return known
+        for suffix in SUFFIXES:
+            candidate = self.dir / f"{sess_id}{suffix}"
+            if os.path.lexists(candidate):
+                return candidate
+        return self.dir / f"{sess_id}.yml"
+
+    def get(self, sess_id: str) -> Claim:
+        """The claim ``sess_id`` read fresh from disk; InputError if there is none or it is unreadable."""
+        return self.find(sess_id)[1]
+
+    def locate(self, sess_id: str) -> Path:
+        """The file holding ``sess_id``; InputError if there is none or it is unreadable."""
+        return self.find(sess_id)[0]
+
+    def find(self, sess_id: str) -> tuple[Path, Claim]:
+        """(file, claim) of ``sess_id``, read fresh: its usual file first, else a scan of claims/.
+
+        The usual file is checked to hold that very sess_id; an unreadable one raises with its problems.
+        """
+        path = self.path_for(sess_id)
+        if os.path.lexists(path):
+            claim, _ = self.read(path)
+            if claim.sess_id == sess_id:
+                return path, claim
+        loaded = self.load()
+        if sess_id in loaded.files:
+            return loaded.files[sess_id], loaded.claims[sess_id]
+        raise InputError(f"no claim {sess_id!r} in {self._rel(self.dir)}/; `ambient claim list` shows the known claims")
+
+    # -- writing
+
+    def _write(self, path: Path, claim: Claim, *, durable: bool = True) -> None:
+        atomic_write(path, dump_yaml(claim.to_document()), durable=durable)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        self._known[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), claim.fence)
+        self._files[claim.sess_id] = path
+
+    def _fenced(self, claim: Claim, current_fence: int | None, token: int | None, path: Path) -> Claim:
+        """The claim to write with ``fence`` = the highest token accepted; FencingError for an older token."""
+        if token is not None and current_fence is not None and token < current_fence:
+            raise FencingError(
+                f"{self._rel(path)}: write refused: fencing token {token} is older than {current_fence}, the last "
+                f"accepted for claim {claim.sess_id}; this holder's lock expired and was taken over"
+            )
+        best = max((t for t in (current_fence, claim.fence, token) if t is not None), default=None)
+        if best is None or best == claim.fence:
+            return claim
+        return Claim.model_validate({**claim.to_document(), rules.FENCE: best})
+
+    def open(self, claim: Claim, *, token: int | None = None) -> Claim:
+        """Create ``claims/<sess_id>.yml``; StateError if a claim with that id exists already."""
+        sid = claim.sess_id
+        with self._guard.hold():
+            path = self.dir / f"{sid}.yml"
+            for existing in (path, self.dir / f"{sid}.yaml", self._files.get(sid)):
+                if existing is not None and os.path.lexists(existing):
+                    raise StateError(f"claim {sid} exists already ({self._rel(existing)}); pick another sess_id")
+            self.dir.mkdir(parents=True, exist_ok=True)
+            out = self._fenced(claim, None, token, path)
+            self._write(path, out)
+            return out
+
+    def update(
+        self,
+        sess_id: str,
+        changes: Mapping[str, Any],
+        *,
+        remove: Iterable[str] = (),
+        token: int | None = None,
+        durable: bool = True,
+    ) -> Claim:
+        """Set (and remove) keys of a claim, re-read fresh under the guard. Status moves go through
+        :meth:`transition`; ``sess_id`` never changes."""
+        forbidden = {"status", "sess_id"} & (set(changes) | set(remove))
+        if forbidden:
+            raise InputError(
+                f"update cannot change {', '.join(sorted(forbidden))}; use transition()/close() for the status"
+            )
+        with self._guard.hold():
+            path, current = self.find(sess_id)
+            doc = current.to_document()
+            for key in remove:
+                doc.pop(key, None)
+            doc.update(changes)
+            try:
+                new = Claim.model_validate(doc)
+            except ValidationError as exc:
+                raise InputError(f"update of claim {sess_id} is invalid: {exc.errors()[0]['msg']}") from None
+            out = self._fenced(new, current.fence, token, path)
+            self._write(path, out, durable=durable)
+            return out
+
+    def transition(
+        self,
+        sess_id: str,
+        action: str,
+        message: str | None = None,
+        *,
+        now: datetime | None = None,
+        result: ClaimResult | Mapping[str, Any] | None = None,
+        token: int | None = None,
+    ) -> dict[str, Claim]:
+        """Apply gate/approve/reject/pause/resume/abort/close with cascades; write and return what changed.
+
+        Parents are written before children for pause and abort (a paused parent already blocks
+        its children in pre-flight), children before the parent for resume; a crash in between
+        leaves a state the same command finishes.
+        """
+        when = (now or self.now()).astimezone()
+        with self._guard.hold():
+            loaded = self.load()
+            if sess_id not in loaded.claims:
+                self._raise_unknown(sess_id, loaded)
+            changed = rules.apply(loaded.claims, sess_id, action, message, when, result=result)
+            target = changed[sess_id]
+            changed[sess_id] = self._fenced(target, loaded.claims[sess_id].fence, token, loaded.files[sess_id])
+            order = [sid for sid in changed if sid != sess_id]
+            order = [*order, sess_id] if action == "resume" else [sess_id, *order]
+            for sid in order:
+                self._write(loaded.files[sid], changed[sid])
+            return changed
+
+    def _raise_unknown(self, sess_id: str, loaded: LoadedClaims) -> None:
+        for problem in loaded.problems:
+            if problem.severity == "error" and Path(problem.file).stem == sess_id:
+                raise InputError(f"claim {sess_id} cannot be read: {problem}; fix the file by hand")
+        raise TransitionError(f"no claim {sess_id!r}; `ambient claim list` shows the known claims")
+
+    def close(
+        self,
+        sess_id: str,
+        result: ClaimResult | Mapping[str, Any],
+        *,
+        message: str | None = None,
+        now: datetime | None = None,
+        token: int | None = None,
+    ) -> Claim:
+        """Close with a result (tier rules of spec/002 apply); returns the closed claim."""
+        return self.transition(sess_id, "close", message, now=now, result=result, token=token)[sess_id]
+
+    def mark_stale(self, *, now: datetime | None = None, default_ttl: timedelta | None = None) -> dict[str, Claim]:
+        """Turn open claims past their TTL into ``stale`` (written); returns them."""
+        when = (now or self.now()).astimezone()
+        with self._guard.hold():
+            loaded = self.load()
+            changed = rules.mark_stale(loaded.claims, when, default_ttl)
+            for sid, claim in changed.items():
+                self._write(loaded.files[sid], claim)
+            return changed
+
+    def write_claim(self, claim: Claim, *, durable: bool = True, token: int | None = None) -> Path:
+        """Write a whole claim (the engine's bulk path): no re-read when the file is the one this store
+        last wrote or read; ``fence`` never goes down; a malformed or symlinked file is never overwritten.
+
+        ``durable=False`` skips the directory fsync (the file itself is still fsync'd, so never torn).
+        """
+        with self._guard.hold():
+            path = self.path_for(claim.sess_id)
+            current_fence: int | None = None
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                st = None
+            if st is not None:
+                key = (st.st_ino, st.st_size, st.st_mtime_ns)
+                known = self._known.get(path)
+                if known is not None and known[0] == key and stat.S_ISREG(st.st_mode):
+                    current_fence = known[1]
+                else:
+                    current, _ = self.read(path)  # raises for a symlink or a malformed file: never overwritten
+                    if current.sess_id != claim.sess_id:
+                        raise StateError(
+                            f"{self._rel(path)} holds claim {current.sess_id}, not {claim.sess_id}; not overwritten"
+                        )
+                    current_fence = current.fence
+            else:
+                self.dir.mkdir(parents=True, exist_ok=True)
+            out = self._fenced(claim, current_fence, token, path)
+            self._write(path, out, durable=durable)
+            return path
+
+    def sweep(self) -> builtins.list[Path]:
+        """Delete temp files left in claims/ by writers that died (only those; call at start-up)."""
+        return sweep_stale_tmp(self.dir)
+
+    def close_store(self) -> None:
+        """Release the guard's descriptor."""
+        self._guard.close()
