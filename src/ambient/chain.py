@@ -43,6 +43,13 @@ from ambient.runstate import ItemState, RunState
 log = structlog.get_logger(__name__)
 
 
+def _brief(output: Any) -> Any:
+    """A step's output, reduced to what a supervisor needs (status and tests), never the whole context."""
+    if isinstance(output, dict):
+        return {k: output[k] for k in ("status", "tests", "files_modified", "commit") if k in output}
+    return None
+
+
 class Breaker(Protocol):
     """Consecutive-failure counters per scope, visible and resettable by the person."""
 
@@ -136,6 +143,9 @@ class ChainExecutor(RunExecutor):
             zone=None,
             context=context,
             claim_id=item_claim_id(self.state.run_id, item, "chain"),
+            preflight=True,
+            timeout_s=self.template.timeout_s,
+            vars={"step": step.name, "workflow": self.state.workflow, "run_id": self.state.run_id},
         )
 
     def _prior_output(self, index: int) -> Any:
@@ -263,8 +273,8 @@ class ChainExecutor(RunExecutor):
             if self.chain.breaker is not None:
                 self.chain.breaker.success(scope)
             self.event("breaker", scope=scope, fails=0, tripped=False)
-        await self._signal("STEP_DONE", None, {"result": {"step": step.name, "status": verdict.status,
-                                                          "reason": verdict.reason}})
+        await self._signal("STEP_DONE", None, {"context": {"step": step.name, "result": {
+            "status": verdict.status, "reason": verdict.reason, "output": _brief(res.output)}}})
         if verdict.needs_human:
             esc = await self._ask(item, "gate", f"step {step.name} ({step.type}) closed without tests: accept it?",
                                   [(k, label, k) for k, label in GATE_OPTIONS])
@@ -277,7 +287,7 @@ class ChainExecutor(RunExecutor):
         self.ports.claims.item_changed(self.state, item)
 
     async def _trip(self, item: ItemState, step: ChainStep, scope: str, fails: int) -> None:
-        await self._signal("CIRCUIT_BREAK", None, {"context": {"step": step.name, "scope": scope, "fails": fails}})
+        await self._signal("CIRCUIT_BREAK", None, {"context": {"step": step.name, "fails": fails}})
         esc = await self._ask(
             item, "circuit_break",
             f"circuit breaker: {fails} consecutive failures on {scope} (step {step.name}). Inspect, then decide.",
@@ -291,6 +301,9 @@ class ChainExecutor(RunExecutor):
                      reason: str | None) -> None:
         idx = item.index
         moved = False
+        if step.gate == "never" and status != "failed":
+            self.event("cursor", index=len(self.steps))  # gate: never — the chain ends with this step
+            return
         for action in actions:
             if action.kind in ("next", "goto"):
                 self._advance(idx, action)
@@ -324,7 +337,8 @@ class ChainExecutor(RunExecutor):
                 esc = await self._ask(item, "gate", action.message or f"step {step.name} {status}: continue?",
                                       [(k, label, k) for k, label in GATE_OPTIONS])
                 self.event("gate", item=item.name, state="pending", escalation=esc)
-                await self._signal("GATE_PENDING", None, {"context": {"step": step.name, "message": action.message}})
+                await self._signal("GATE_PENDING", None, {"context": {"step": step.name,
+                                                                      "message": action.message or "continue?"}})
                 return
             elif action.kind == "abort":
                 self.event("decided", item=item.name, escalation="", option="abort", action="abort",
@@ -356,8 +370,9 @@ class ChainExecutor(RunExecutor):
             if problem:
                 self.event("note", text=f"theme branch not merged: {problem}")
                 await self._signal("BLOCKED_ON", None, {"context": {"branch": self.chain.branch, "reason": problem}})
-        await self._signal("DONE", None, {"result": {"workflow": self.state.workflow,
-                                                     "steps": sum(1 for i in self.state.items if i.status == "done")}})
+        done = sum(1 for i in self.state.items if i.status == "done")
+        await self._signal("DONE", None, {"context": {"workflow": self.state.workflow,
+                                                      "summary": f"{done}/{len(self.state.items)} steps done"}})
         await self._finish()
         return True
 

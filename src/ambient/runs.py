@@ -57,6 +57,9 @@ class Attempt:
     zone: str | None = None
     context: Mapping[str, Any] = field(default_factory=dict)
     claim_id: str | None = None
+    preflight: bool = False  # chain steps: run the six pre-flight checks before writing
+    timeout_s: float | None = None  # the workflow's per-execution timeout, if any
+    vars: Mapping[str, Any] = field(default_factory=dict)  # template values for the runner's argv
 
 
 @dataclass
@@ -135,6 +138,8 @@ class ItemTemplate:
     extra_options: tuple[tuple[str, str, str], ...] = ()
     deadline_s: float | None = None
     on_timeout: str | None = None
+    remind_before_s: float | None = None
+    timeout_s: float | None = None
 
 
 @dataclass
@@ -341,6 +346,8 @@ class RunExecutor:
             zone=self.template.zone,
             context=context,
             claim_id=item_claim_id(self.state.run_id, item, self.state.form),
+            timeout_s=self.template.timeout_s,
+            vars=variables,
         )
 
     def _last_decision_for(self, item: ItemState) -> str | None:
@@ -416,6 +423,14 @@ class RunExecutor:
         )
         esc_id = await self.ports.escalator.escalate(req)
         self.event("escalated", item=item.name, escalation=esc_id, kind=kind)
+
+    def abort(self, *, by: str, reason: str) -> None:
+        """Stop the run (an ABORT packet): unfinished items are aborted, running agents are cancelled."""
+        self.event("abort", by=by, reason=reason)
+        self.journal.sync()
+        for task in list(self._tasks.values()):
+            task.cancel()
+        self._wake.set()
 
     def decide(self, escalation: str, option: str, action: str, *, by: str, channel: str,
                latency_s: float | None, note: str | None = None) -> bool:

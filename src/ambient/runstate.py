@@ -21,6 +21,7 @@ Events (one JSON object per line, ``ev`` names the kind)::
     reset       item                              (chains: a step run again by trigger:<step>)
     final_gate  state escalation                  (swarm mode: the person gates the final result)
     note        text at                           (notify: actions, information only)
+    abort       by reason at                      (ABORT packet: every unfinished item is aborted)
     finished_run outcome at
 """
 
@@ -247,6 +248,11 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
             state.final_escalation = ev.get("escalation")
             if state.final_escalation:
                 state.escalations[str(state.final_escalation)] = ""
+    elif kind == "abort":
+        for it in state.items:
+            if it.status in ("pending", "retry_wait", "escalated", "running"):
+                it.status = "aborted"
+        state.escalations.clear()
     elif kind == "note":
         state.notes.append(str(ev.get("text", "")))
     elif kind == "finished_run":

@@ -1,0 +1,126 @@
+"""``ambient matrix``: print the effective access matrix; ``ambient matrix explain``: why a packet passes or not."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+from typing import TYPE_CHECKING
+
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
+
+if TYPE_CHECKING:
+    from ambient.routing import BrainMatrix
+
+# The models are imported inside the handlers: every `ambient` command imports this module.
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``matrix`` and ``matrix explain``."""
+    p = add_command(
+        sub,
+        "matrix",
+        _show,
+        help="print the effective access matrix (kernel defaults, agent gates, routing table)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    msub = p.add_subparsers(dest="matrix_command", metavar="SUBCOMMAND")
+    e = add_command(
+        msub,
+        "explain",
+        _explain,
+        help="allow or deny FROM → TO with SIGNAL, and the rule that decided (exit 0 allow, 1 deny, 2 bad input)",
+    )
+    e.add_argument("from_", metavar="FROM", help="sender (agent name, human or ambient)")
+    e.add_argument("to", metavar="TO", help="receiver (agent name, human, ambient, bsi or broadcast)")
+    e.add_argument(
+        "signal", metavar="SIGNAL", help="SPAWN, RETURN, BLOCKED_ON, CHECKPOINT, HANDOFF, ESCALATE, ERROR, ..."
+    )
+    e.add_argument("--zone", help="the packet's scope.zone")
+    e.add_argument("--file", dest="files", action="append", default=[], metavar="PATH", help="a scope file (repeat)")
+    e.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _load(args: argparse.Namespace) -> BrainMatrix | None:
+    from ambient.paths import BrainPaths
+    from ambient.routing import build_matrix
+
+    root = brain_dir(args)
+    if not root.is_dir():
+        return None
+    bm = build_matrix(BrainPaths(root))
+    for problem in bm.problems:
+        print(f"ambient: {problem}", file=sys.stderr)
+    return bm
+
+
+def _show(args: argparse.Namespace) -> int:
+    from ambient.matrix import describe
+
+    bm = _load(args)
+    if bm is None:
+        return fail(f"{brain_dir(args)} is not a directory; expected a brain (--brain DIR)")
+    rows = describe(bm.matrix)
+    if args.json:
+        out_json({"principals": [dataclasses.asdict(r) for r in rows], "problems": [str(p) for p in bm.problems]})
+        return EXIT_OK
+    if bm.routing is not None:
+        default = "deny" if bm.routing.default_deny else "matrix"
+        applied = len(bm.matrix.routing.routes) if bm.matrix.routing else 0
+        out(f"routing table: {bm.routing.file} (default: {default}, {applied} routes applied)")
+    else:
+        out("routing table: none (the matrix applies as is)")
+    for r in rows:
+        out("")
+        out(f"{r.name}  [{r.source}]")
+        if not r.signals and not r.receives_from:
+            continue
+        out(f"  receives from: {', '.join(r.receives_from) or '-'}")
+        out(f"  sends to:      {', '.join(r.sends_to) or '-'}")
+        out(f"  zones:         {', '.join(r.zone_access) or '-'}")
+        out(f"  signals:       {', '.join(r.signals) or '-'}")
+        for route in r.routes:
+            out(f"  route:         {route}")
+    return EXIT_OK
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from ambient.errors import UnsafePathError
+    from ambient.fsutil import check_relative, resolve_in_brain
+    from ambient.matrix import decide
+    from ambient.packet import ZONE_PATTERN, Signal
+
+    if args.signal not in Signal.__members__:
+        return fail(f"unknown signal {args.signal!r}; expected one of {', '.join(Signal)}")
+    if args.zone is not None and not re.match(ZONE_PATTERN, args.zone):
+        return fail(f"{args.zone!r} is not a zone name (kernel, project, personal or a brain's own)")
+    root = brain_dir(args)
+    files: list[str] = []
+    for f in args.files:
+        check_relative(f)  # raises UnsafePathError: main() turns it into exit 2 with the message
+        if root.is_dir():
+            try:
+                resolve_in_brain(root, f)
+            except UnsafePathError as exc:
+                return fail(exc.message)
+        files.append(f)
+    bm = _load(args)
+    if bm is None:
+        return fail(f"{root} is not a directory; expected a brain (--brain DIR)")
+    decision = decide(bm.matrix, args.from_, args.to, Signal(args.signal), args.zone, files, bm.zone_rules)
+    if args.json:
+        out_json(
+            {
+                "allowed": decision.allowed,
+                "rule": decision.rule,
+                "source": decision.source,
+                "reasons": list(decision.reasons),
+            }
+        )
+    else:
+        zone = f" zone {args.zone}" if args.zone else ""
+        files_text = f" files {', '.join(files)}" if files else ""
+        out(f"{args.from_} → {args.to} {args.signal}{zone}{files_text}")
+        out(decision.explain())
+    return EXIT_OK if decision.allowed else EXIT_NO

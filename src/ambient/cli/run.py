@@ -1,0 +1,96 @@
+"""``ambient run``: the daemon in the foreground; ``ambient demo``: the daemon on a copy of the example brain."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from ambient.cli._common import EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_command(sub, "run", _run, "run the daemon on the brain (foreground; use systemd to keep it running)")
+    p.add_argument("--until-idle", action="store_true",
+                   help="exit once nothing can move without you (all runs done or waiting on an escalation)")
+    p.add_argument("--no-watch", action="store_true", help="do not watch files; rely on the tick interval")
+    p.add_argument("--log-level", default=None, help="debug|info|warning|error (default: profil/ambient.yml)")
+    p.add_argument("--log-format", choices=("auto", "json", "console"), default=None,
+                   help="JSON lines or console (default: console on a terminal, JSON otherwise)")
+    d = add_command(sub, "demo", _demo, "run the daemon on a fresh copy of the example brain and show the result")
+    d.add_argument("--dir", default=None, help="where to put the copy (default: a new temporary directory)")
+
+
+def _log_setup(args: argparse.Namespace, root: Path) -> None:
+    from ambient.brain import load_settings
+    from ambient.logs import configure_logging
+    from ambient.paths import BrainPaths
+
+    settings, _ = load_settings(BrainPaths(root), os.environ)
+    level = args.log_level or (settings.log_level if settings else "info")
+    fmt = args.log_format or (settings.log_format if settings else "auto")
+    configure_logging(level.upper(), json=None if fmt == "auto" else fmt == "json")
+
+
+def _serve(root: Path, *, until_idle: bool, watch: bool, progress: bool) -> int:
+    import asyncio
+
+    from ambient.daemon import Daemon, DaemonOptions
+
+    def show(line: str) -> None:
+        print(f"ambient: {line}", file=sys.stderr, flush=True)
+
+    options = DaemonOptions(until_idle=until_idle, watch=watch, progress=show if progress else None)
+    return asyncio.run(Daemon(root, options).serve())
+
+
+def _run(args: argparse.Namespace) -> int:
+    root = brain_dir(args)
+    if not root.is_dir():
+        return fail(f"{root} is not a directory; run `ambient init {root}` to create a brain there")
+    _log_setup(args, root)
+    return _serve(root, until_idle=args.until_idle, watch=not args.no_watch, progress=sys.stderr.isatty())
+
+
+def example_brain() -> Path | None:
+    """The bundled example brain (``examples/brain`` of the source tree)."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "examples" / "brain"
+        if (candidate / "workflows").is_dir():
+            return candidate
+    return None
+
+
+def _demo(args: argparse.Namespace) -> int:
+    src = example_brain()
+    if src is None:
+        return fail("the example brain (examples/brain) is not available in this installation", EXIT_USAGE)
+    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ambient-demo-")) / "brain"
+    if root.exists() and any(root.iterdir()):
+        return fail(f"{root} exists and is not empty; choose another --dir")
+    shutil.copytree(src, root, dirs_exist_ok=True)
+    out(f"== ambient demo: a fresh copy of the example brain in {root}")
+    out("== running the daemon until it is idle (everything done, or waiting on you)...")
+    from ambient.logs import configure_logging
+
+    configure_logging("WARNING", json=False)
+    code = _serve(root, until_idle=True, watch=True, progress=True)
+    if code != EXIT_OK:
+        return code
+    from ambient.cli.status import print_status
+
+    out("")
+    print_status(root, verbose=True)
+    out("")
+    out(f"Run records (JSON lines): {root / '.ambient' / 'runs.jsonl'}")
+    out(f"Run journals:             {root / '.ambient' / 'runs'}/")
+    out(f"Claims:                   {root / 'claims'}/")
+    out("Answer an escalation, then let the daemon finish the run:")
+    out(f"  ambient --brain {root} escalations")
+    out(f"  ambient --brain {root} decide <ID> retry")
+    out(f"  ambient --brain {root} run --until-idle")
+    return EXIT_OK

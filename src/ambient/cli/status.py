@@ -1,0 +1,246 @@
+"""``ambient status``, ``ambient runs``, ``ambient start``: what the brain is doing, read from disk.
+
+Works whether the daemon runs or not: everything comes from the files (run journals, escalations,
+locks, claims, run records), never from the daemon's memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_command(sub, "status", _status, "what ambient is doing: daemon, runs, escalations, locks, claims, errors")
+    p.add_argument("workflow", nargs="?", help="show one workflow's runs item by item (a chain step by step)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--watch", action="store_true", help="refresh every second until interrupted")
+    r = add_command(sub, "runs", _runs, "list recorded runs and their outcome")
+    r.add_argument("workflow", nargs="?", help="only this workflow")
+    r.add_argument("--json", action="store_true")
+    s = add_command(sub, "start", _start, "start a run of a workflow now (an ORCHESTRATE packet to the daemon)")
+    s.add_argument("workflow")
+    s.add_argument("--step", help="chain: start at this step")
+    s.add_argument("--context", help="JSON object passed to the run as context")
+
+
+def _fold_runs(root: Path) -> list[Any]:
+    from ambient.journal import read_jsonl
+    from ambient.paths import BrainPaths
+    from ambient.runstate import fold
+
+    paths = BrainPaths(root)
+    states = []
+    if paths.run_journals.is_dir():
+        for path in sorted(paths.run_journals.glob("*.jsonl")):
+            try:
+                states.append(fold(read_jsonl(path).records))
+            except (ValueError, KeyError):
+                continue
+    return states
+
+
+def collect(root: Path) -> dict[str, Any]:
+    """Everything ``ambient status`` shows, as plain data."""
+    from ambient.claimstore import ClaimStore
+    from ambient.daemon import daemon_up, running_pid
+    from ambient.escalations import EscalationStore
+    from ambient.journal import read_jsonl
+    from ambient.locks import LockManager
+    from ambient.paths import BrainPaths
+    from ambient.redact import redact_text
+
+    paths = BrainPaths(root)
+    up = daemon_up(paths)
+    states = _fold_runs(root)
+    active = [s for s in states if not s.finished]
+    runs = []
+    for s in active:
+        counts = s.counts()
+        runs.append({
+            "run_id": s.run_id, "workflow": s.workflow, "form": s.form, "started_at": s.started_at,
+            "done": counts.get("done", 0), "total": counts["total"], "running": counts.get("running", 0),
+            "waiting": len(s.escalations), "failed": counts.get("failed", 0),
+            "items": [{"name": i.name, "status": i.status, "attempt": i.attempt, "error": i.error,
+                       "escalation": i.escalation, "gate": i.gate} for i in s.items],
+            "cursor": s.cursor if s.form == "chain" else None, "breaker": s.breaker, "tripped": sorted(s.tripped),
+        })
+    pending = []
+    store = EscalationStore(paths)
+    for e in store.list(status="pending"):
+        pending.append({"id": e.id, "workflow": e.workflow, "where": e.where, "kind": e.kind,
+                        "question": redact_text(e.question), "options": [o.key for o in e.options],
+                        "created_at": e.created_at.isoformat(), "notified": e.notify.delivered_at is not None,
+                        "attempts": e.notify.count})
+    locks = []
+    try:
+        for st in LockManager(paths, check_filesystem=False).list():
+            if st.state != "free":
+                locks.append({"file": st.file, "state": st.state, "holder": st.info.holder if st.info else None,
+                              "expires_at": st.info.expires_at if st.info else None})
+    except OSError:
+        pass
+    loaded = ClaimStore(paths, check_filesystem=False).load()
+    open_claims = [c for c in loaded.claims.values() if c.status in ("open", "waiting_human", "paused")]
+    errors: list[dict[str, Any]] = []
+    records = read_jsonl(paths.runs_log).records if paths.runs_log.exists() else []
+    for rec in records[-50:]:
+        for step in rec.get("steps", []):
+            if step.get("error"):
+                errors.append({"workflow": rec.get("workflow"), "item": step.get("item"),
+                               "error": redact_text(str(step.get("error")))[:200], "at": step.get("at")})
+    for s in active:
+        for i in s.items:
+            if i.error and i.status in ("failed", "escalated", "retry_wait"):
+                errors.append({"workflow": s.workflow, "item": i.name, "error": redact_text(i.error)[:200]})
+    finished = [r for r in records][-10:]
+    return {
+        "brain": str(root), "daemon": {"up": up, "pid": running_pid(paths) if up else None},
+        "runs": runs, "escalations": pending, "locks": locks,
+        "claims": {"open": len(open_claims), "problems": [str(p) for p in loaded.problems]},
+        "errors": errors[-10:],
+        "recent": [{"run_id": r.get("run_id"), "workflow": r.get("workflow"), "outcome": r.get("outcome"),
+                    "escalations": r.get("escalations"), "completed_at": r.get("completed_at")} for r in finished],
+    }
+
+
+def print_status(root: Path, *, verbose: bool = False, workflow: str | None = None,
+                 write: Callable[[str], None] = out) -> dict[str, Any]:
+    """Print the status of the brain at ``root`` in readable form; return the data."""
+    data = collect(root)
+    d = data["daemon"]
+    write(f"Daemon: {'up (pid ' + str(d['pid']) + ')' if d['up'] else 'down'}   brain: {data['brain']}")
+    recent = [r for r in data["recent"] if workflow is None or r["workflow"] == workflow]
+    if recent:
+        write("Finished runs:")
+        for r in recent:
+            write(f"  {r['workflow']:<20} {r['outcome']:<9} escalations={r['escalations']}  {r['run_id']}")
+    runs = [r for r in data["runs"] if workflow is None or r["workflow"] == workflow]
+    write(f"Runs in progress: {len(runs)}")
+    for r in runs:
+        bar = _bar(r["done"], r["total"])
+        write(f"  {r['workflow']:<20} {bar} {r['done']}/{r['total']} done, {r['running']} running, "
+              f"{r['waiting']} waiting on you  {r['run_id']}")
+        if verbose or workflow:
+            for n, i in enumerate(r["items"]):
+                extra = f"  escalation {i['escalation']}" if i["escalation"] else ""
+                err = f"  ({i['error'][:80]})" if i["error"] and i["status"] != "done" else ""
+                here = " <-" if r["form"] == "chain" and r["cursor"] == n else ""
+                write(f"      {i['name']:<24} {i['status']:<11}{extra}{err}{here}")
+            if r["tripped"]:
+                write(f"      circuit breaker TRIPPED on {', '.join(r['tripped'])} (ambient preflight reset SCOPE)")
+    write(f"Escalations waiting on you: {len(data['escalations'])}")
+    for e in data["escalations"]:
+        opts = " | ".join(f"{n}. {o}" for n, o in enumerate(e["options"], 1))
+        write(f"  {e['id']}  {e['workflow']} {e['where']}: {e['question'][:100]}")
+        write(f"      options: {opts}")
+        write(f"      answer:  ambient decide {e['id']} <option>"
+              + ("" if e["notified"] else f"   (notification not delivered yet, {e['attempts']} attempt(s))"))
+    write(f"Locks held: {len(data['locks'])}")
+    for lk in data["locks"]:
+        write(f"  {lk['file']}  {lk['state']}  holder={lk['holder']}  expires={lk['expires_at']}")
+    write(f"Open claims: {data['claims']['open']}" + (f" ({len(data['claims']['problems'])} unreadable)"
+                                                       if data["claims"]["problems"] else ""))
+    if data["errors"]:
+        write("Last errors:")
+        for e in data["errors"][-5:]:
+            write(f"  {e['workflow']}/{e['item']}: {e['error']}")
+    return data
+
+
+def _bar(done: int, total: int, width: int = 20) -> str:
+    filled = int(width * done / total) if total else width
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def _status(args: argparse.Namespace) -> int:
+    root = brain_dir(args)
+    if not root.is_dir():
+        return fail(f"{root} is not a directory")
+    if args.json:
+        out_json(collect(root))
+        return EXIT_OK
+    if args.watch:
+        try:
+            while True:
+                lines: list[str] = []
+                print_status(root, verbose=True, workflow=args.workflow, write=lines.append)
+                sys.stdout.write("\x1b[2J\x1b[H" + "\n".join(lines) + "\n")
+                sys.stdout.flush()
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            return EXIT_OK
+    print_status(root, workflow=args.workflow)
+    return EXIT_OK
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from ambient.journal import read_jsonl
+    from ambient.paths import BrainPaths
+
+    root = brain_dir(args)
+    paths = BrainPaths(root)
+    res = read_jsonl(paths.runs_log)
+    rows = [r for r in res.records if args.workflow is None or r.get("workflow") == args.workflow]
+    active = [s for s in _fold_runs(root) if not s.finished and (args.workflow is None or s.workflow == args.workflow)]
+    if args.json:
+        out_json({"finished": rows, "active": [{"run_id": s.run_id, "workflow": s.workflow} for s in active]})
+        return EXIT_OK
+    for r in rows:
+        steps = r.get("steps", [])
+        ok = sum(1 for s in steps if s.get("result") == "success")
+        out(f"{r.get('completed_at', '')[:19]:<19}  {r.get('workflow', ''):<20} {r.get('outcome', ''):<9} "
+            f"{ok}/{len(steps)} steps ok  escalations={r.get('escalations', 0)} errors={r.get('errors', 0)}  "
+            f"{r.get('run_id')}")
+    for s in active:
+        out(f"{'(running)':<19}  {s.workflow:<20} {'running':<9} {s.success_count}/{len(s.items)} done  {s.run_id}")
+    if res.torn_tail:
+        out("(the last record was torn by a crash and is ignored)")
+    if not rows and not active:
+        out("no runs recorded yet")
+    return EXIT_OK
+
+
+def _start(args: argparse.Namespace) -> int:
+    from ambient.clock import utcnow
+    from ambient.packet import make_packet
+    from ambient.paths import BrainPaths
+    from ambient.router import write_inbox
+
+    paths = BrainPaths(brain_dir(args))
+    ctx: dict[str, Any] = {"workflow": args.workflow}
+    if args.step:
+        ctx["step"] = args.step
+    if args.context:
+        try:
+            value = json.loads(args.context)
+        except ValueError as exc:
+            return fail(f"--context is not valid JSON: {exc}")
+        if not isinstance(value, dict):
+            return fail("--context must be a JSON object")
+        ctx["context"] = value
+    pkt = make_packet("human", "ambient", "ORCHESTRATE", now=utcnow(), context=ctx)
+    from ambient.router import Router
+    from ambient.routing import build_matrix
+
+    bm = build_matrix(paths)
+    if args.workflow not in {p.stem for p in paths.workflows.glob("*.y*ml")}:
+        from ambient.workflowload import load_workflows
+
+        workflows, _ = load_workflows(paths)
+        if args.workflow not in workflows:
+            return fail(f"no workflow named {args.workflow!r} in {paths.workflows}")
+    router = Router(bm.matrix, zone_rules=bm.zone_rules, brain_root=paths.root)
+    outcome = router.check(pkt, "human")
+    if not outcome.ok:
+        return fail(f"ORCHESTRATE denied: {outcome.reason}", EXIT_NO)
+    write_inbox(paths, pkt)
+    out(f"start requested: {args.workflow} (packet {pkt.id}); the daemon picks it up at once if it runs")
+    return EXIT_OK

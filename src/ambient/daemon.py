@@ -1,0 +1,576 @@
+"""The composition root: one daemon per brain, from start-up to a staged shutdown. Holds no domain rules.
+
+Start-up: refuse untrusted filesystems → take the single-instance lock (flock, names the pid) →
+sweep crash leftovers (temp files only) → load the brain → resume every unfinished run from its
+journal (the reconciliation pass) → start the watcher, the tick loop, the outbox and the watchdog →
+``READY=1``. SIGTERM/SIGINT: ``STOPPING=1``, stop starting work, give running agents the grace
+period, kill their process groups, record them as interrupted, release locks, flush. SIGHUP:
+``RELOADING=1``, reload configuration, agents, routing and workflows (a broken file keeps the old
+version), ``READY=1``. ``until_idle``: stop by itself once nothing can move without the person.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ambient import __version__, systemd
+from ambient.brain import Brain, load_brain
+from ambient.breaker import Breaker
+from ambient.chain import ChainExecutor, ChainSettings
+from ambient.claimstore import ClaimStore
+from ambient.clock import Clock, SystemClock
+from ambient.engine import Tick, TriggerEngine
+from ambient.errors import AlreadyRunningError, AmbientError
+from ambient.escalations import EscalationStore
+from ambient.fsutil import atomic_write, check_local_filesystem, sweep_tmp
+from ambient.gitbranch import GitBranches
+from ambient.journal import Journal, append_line
+from ambient.livecontext import LiveContext
+from ambient.locks import LockManager
+from ambient.notify import AppriseNotifier, CompositeNotifier, Notifier, Outbox, expand_urls, run_outbox
+from ambient.packet import Packet
+from ambient.paths import BrainPaths
+from ambient.planner import FanOut
+from ambient.plans import chain_steps, fanout, item_template, items_of
+from ambient.redact import SecretRegistry
+from ambient.router import ChannelRegistry, Router
+from ambient.runners import Runners
+from ambient.runners.assisted import AssistedRunner
+from ambient.runs import Ports, RunExecutor, RunManager
+from ambient.runstate import RunState
+from ambient.services import (
+    AgentDelegate,
+    BrainRef,
+    ClaimsWriter,
+    EscalationEvaluator,
+    InboxEvaluator,
+    RouterEmitter,
+    StoreEscalator,
+)
+from ambient.templating import render, render_path
+from ambient.watch import watch_brain
+from ambient.workflow import ChainWorkflow, ForEachWorkflow, parse_workflow
+from ambient.workflowload import LoadedWorkflow
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class DaemonOptions:
+    """How ``ambient run`` was asked to run."""
+
+    until_idle: bool = False
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    watch: bool = True
+    progress: Callable[[str], None] | None = None  # live progress lines (a terminal)
+
+
+class SingleInstance:
+    """``flock`` on ``.ambient/daemon.lock`` for the daemon's lifetime; the kernel drops it if we die."""
+
+    def __init__(self, paths: BrainPaths) -> None:
+        self.paths = paths
+        self.fd: int | None = None
+
+    @property
+    def info_path(self) -> Path:
+        return self.paths.state / "daemon.json"
+
+    def acquire(self, now: datetime) -> None:
+        self.paths.state.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.paths.daemon_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            pid = running_pid(self.paths)
+            raise AlreadyRunningError(
+                f"ambient is already running on {self.paths.root}" + (f" (pid {pid})" if pid else "")
+                + "; stop it first (systemctl stop ambient, or kill -TERM the pid)"
+            ) from None
+        self.fd = fd
+        info = {"pid": os.getpid(), "started_at": now.isoformat(), "version": __version__}
+        atomic_write(self.info_path, json.dumps(info) + "\n")
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+
+def daemon_up(paths: BrainPaths) -> bool:
+    """True while a daemon holds the brain (a live flock, not a pid file that can go stale)."""
+    if not paths.daemon_lock.exists():
+        return False
+    fd = os.open(paths.daemon_lock, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def running_pid(paths: BrainPaths) -> int | None:
+    """The pid the running daemon wrote, if readable."""
+    try:
+        data = json.loads((paths.state / "daemon.json").read_text())
+        return int(data["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class WorkflowEvaluator:
+    """Reloads the brain when its files change, and starts runs: a new workflow file starts one run;
+    ``schedule: every`` starts the next when due. Seen workflows are remembered in ``.ambient/workflows.json``."""
+
+    name = "workflows"
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.d = daemon
+        self.path = daemon.paths.state / "workflows.json"
+        self.seen: dict[str, dict[str, Any]] = self._load()
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.path.read_text())
+            return {str(k): dict(v) for k, v in data.items()} if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self) -> None:
+        atomic_write(self.path, json.dumps(self.seen, indent=1, sort_keys=True) + "\n")
+
+    async def evaluate(self, tick: Tick) -> None:
+        d = self.d
+        changed = not tick.timed and any(tick.touched(p) for p in (d.paths.workflows, d.paths.agents, d.paths.profil))
+        if d.reload_requested or changed:
+            await d.reload()
+        for name, wf in sorted(d.ref.brain.workflows.items()):
+            if not wf.spec.runnable:
+                continue
+            entry = self.seen.get(name)
+            if entry is None:
+                # A workflow seen for the first time runs once: dropping a file is how a person asks.
+                self.seen[name] = {"first_hash": wf.spec_hash, "last_started": tick.now.isoformat(), "runs": 1}
+                await asyncio.to_thread(self._save)
+                d.start_run(wf, trigger="file")
+                continue
+            sched = wf.spec.schedule
+            if sched is not None and not d.has_active_run(name):
+                last = datetime.fromisoformat(str(entry.get("last_started")))
+                if tick.now >= last + timedelta(seconds=sched.every):
+                    entry["last_started"] = tick.now.isoformat()
+                    entry["runs"] = int(entry.get("runs", 0)) + 1
+                    await asyncio.to_thread(self._save)
+                    d.start_run(wf, trigger="schedule")
+
+    def mark_started(self, name: str, spec_hash: str, now: datetime) -> None:
+        entry = self.seen.setdefault(name, {"first_hash": spec_hash, "runs": 0})
+        entry["last_started"] = now.isoformat()
+        entry["runs"] = int(entry.get("runs", 0)) + 1
+        self._save()
+
+
+class StaleClaimsEvaluator:
+    """Open claims past their TTL become ``stale`` (timed ticks only: it reads every claim)."""
+
+    name = "stale_claims"
+
+    def __init__(self, store: ClaimStore, hours: float, clock: Clock) -> None:
+        self.store = store
+        self.hours = hours
+        self.clock = clock
+
+    async def evaluate(self, tick: Tick) -> None:
+        if not tick.timed:
+            return
+        changed = await asyncio.to_thread(self.store.mark_stale, now=self.clock.now(),
+                                          default_ttl=timedelta(hours=self.hours))
+        if changed:
+            log.info("claims_stale", count=len(changed))
+
+
+class IdleEvaluator:
+    """``--until-idle``: stop once no agent runs and every run waits on the person (or is done)."""
+
+    name = "idle"
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.d = daemon
+
+    async def evaluate(self, tick: Tick) -> None:
+        d = self.d
+        if d.options.until_idle and d.started and d.manager.idle and not any(d.paths.inbox.glob("*.json")):
+            log.info("idle", runs=len(d.manager.executors))
+            d.stop.set()
+
+
+class Daemon:
+    """One ambient daemon on one brain."""
+
+    def __init__(self, root: Path, options: DaemonOptions | None = None, clock: Clock | None = None) -> None:
+        self.paths = BrainPaths(root.absolute())
+        self.options = options or DaemonOptions()
+        self.clock = clock or SystemClock()
+        self.stop = asyncio.Event()
+        self.reload_requested = False
+        self.started = False
+        self.secrets = SecretRegistry()
+        self._instance = SingleInstance(self.paths)
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._outbox_wake = asyncio.Event()
+        self._problems_seen: set[str] = set()
+
+    # -- wiring
+
+    def _build(self) -> None:
+        p = self.paths
+        env = self.options.environ
+        brain = load_brain(p, env)
+        self._report(brain)
+        self.ref = BrainRef(brain)
+        s = brain.settings
+        self.router = Router(brain.matrix.matrix, zone_rules=brain.matrix.zone_rules, audit=Journal(p.audit),
+                             brain_root=p.root, registry=ChannelRegistry(p), clock=self.clock)
+        self.router.registry.revoke_all()  # type: ignore[union-attr] # tokens of a previous life are void
+        self.live = LiveContext(p)
+        self._live_queue: list[Packet] = []
+        self.router.set_default(self._deliver)
+        self.claims = ClaimStore(p, clock=self.clock)
+        self.locks = LockManager(p)
+        self.escalations = EscalationStore(p, clock=self.clock)
+        self.outbox = Outbox.for_brain(p)
+        self.notifier = self._notifier(brain)
+        self.escalator = StoreEscalator(self.escalations, self.outbox, self.clock, self._outbox_wake,
+                                        buttons=s.telegram.answers, results=s.notify.results)
+        self.assisted = AssistedRunner(self.claims, self.clock)
+        self.runners = Runners(assisted=self.assisted)
+        self.delegate = AgentDelegate(self.ref, self.router, self.runners, self.locks, self.clock, self.live)
+        self.claims_view = ClaimsWriter(self.claims, self.clock)
+        self.emitter = RouterEmitter(self.router, self.clock, sender=s.default_sender)
+        self.breaker = Breaker(p, threshold=s.breaker_threshold)
+        self.manager = RunManager(p, self._executor, self.clock)
+        self.manager.on_finished.append(self._run_finished)
+        self.workflows_eval = WorkflowEvaluator(self)
+        self.engine = TriggerEngine(
+            [
+                self.workflows_eval,
+                EscalationEvaluator(self.escalations, self.manager, self.escalator, self.clock),
+                InboxEvaluator(p, self.router, self._on_packet),
+                StaleClaimsEvaluator(self.claims, s.stale_claim_hours, self.clock),
+                IdleEvaluator(self),
+            ],
+            tick_seconds=s.tick_seconds,
+            clock=self.clock,
+        )
+
+    def _notifier(self, brain: Brain) -> Notifier | None:
+        urls = [u.get_secret_value() for u in brain.settings.notify.urls]
+        try:
+            urls = expand_urls(urls, self.options.environ, self.secrets, source="profil/ambient.yml")
+        except AmbientError as exc:
+            log.error("notify_config_invalid", error=str(exc))
+            urls = []
+        notifiers: list[Notifier] = []
+        if urls:
+            notifiers.append(AppriseNotifier(urls, registry=self.secrets))
+        tg = brain.settings.telegram
+        if tg.answers and tg.chat_id:
+            from ambient.notify import TOKEN_CREDENTIAL, read_credential
+            from ambient.telegram import BotApi, TelegramNotifier
+
+            token = read_credential(TOKEN_CREDENTIAL, self.options.environ)
+            if token is None and tg.token_file:
+                with contextlib.suppress(OSError):
+                    token = Path(tg.token_file).read_text().strip()
+            if token:
+                self.secrets.add(token)
+                self.bot = BotApi(token, api_base=tg.api_base, registry=self.secrets)
+                notifiers.append(TelegramNotifier(self.bot, tg.chat_id))
+            else:
+                log.error("telegram_token_missing", hint="set LoadCredential=telegram-token:... or telegram.token_file")
+        if not notifiers:
+            return None
+        return notifiers[0] if len(notifiers) == 1 else CompositeNotifier(notifiers)
+
+    def _report(self, brain: Brain) -> None:
+        for p in brain.problems:
+            text = str(p)
+            if text in self._problems_seen:
+                continue
+            self._problems_seen.add(text)
+            (log.warning if p.severity == "warning" else log.error)("brain_problem", problem=text)
+
+    def _executor(self, state: RunState, journal: Journal) -> RunExecutor:
+        spec = parse_workflow(state.spec)
+        brain = self.ref.brain
+        ports = Ports(delegate=self.delegate, escalator=self.escalator, claims=self.claims_view,
+                      emitter=self.emitter, render_text=render,
+                      render_path=lambda t, v: render_path(t, v, brain.matrix.zone_rules).path, clock=self.clock)
+        template = item_template(spec)
+        if isinstance(spec, ForEachWorkflow):
+            return RunExecutor(state, fanout(spec), template, ports, journal, self.paths)
+        assert isinstance(spec, ChainWorkflow)
+        plan = FanOut(concurrency=1, retry=fanout_retry(spec))
+        settings = ChainSettings(
+            steps=chain_steps(spec), supervisor=spec.supervisor, mode=state.mode or spec.mode, branch=spec.branch,
+            threshold=brain.settings.breaker_threshold, breaker=self.breaker,
+            branches=GitBranches(self.paths.root) if spec.branch else None,
+        )
+        return ChainExecutor(state, plan, template, ports, journal, self.paths, settings)
+
+    # -- runs
+
+    def start_run(self, wf: LoadedWorkflow, *, trigger: str, context: Mapping[str, Any] | None = None,
+                  mode: str | None = None, at_step: str | None = None) -> str:
+        """Start a run pinned to this version of the workflow (its spec and hash are in the journal)."""
+        spec = wf.spec
+        items = items_of(spec)
+        run_id = self.manager.start(
+            workflow=spec.name, form=spec.form, spec=spec.model_dump(mode="json"), spec_hash=wf.spec_hash,
+            items=items, mode=mode or spec.mode, trigger=trigger, context=context,
+        )
+        if at_step is not None and isinstance(spec, ChainWorkflow):
+            ex = self.manager.executors[run_id]
+            idx = next((i for i, s in enumerate(spec.chain) if s.key == str(at_step)), None)
+            if idx:
+                ex.event("cursor", index=idx)
+        self._progress(f"run started: {spec.name} ({len(items)} {'items' if spec.form == 'for_each' else 'steps'})"
+                       f" — {run_id}")
+        return run_id
+
+    def has_active_run(self, workflow: str) -> bool:
+        return any(ex.state.workflow == workflow for ex in self.manager.executors.values())
+
+    async def _run_finished(self, state: RunState) -> None:
+        self._progress(f"run finished: {state.workflow} → {state.outcome} "
+                       f"({state.success_count}/{len(state.items)} done, {state.escalation_count} escalation(s))")
+        await self.escalator.run_finished(state)
+        self.engine.wake()
+
+    async def _on_packet(self, pkt: Packet) -> None:
+        """A packet from the inbox addressed to ambient (the orchestrator interface of spec/004)."""
+        ctx = pkt.payload.context or {}
+        sig = str(pkt.signal)
+        if sig == "ORCHESTRATE":
+            name = str(ctx.get("workflow"))
+            wf = self.ref.brain.workflows.get(name)
+            if wf is None:
+                log.warning("orchestrate_unknown_workflow", workflow=name)
+                return
+            extra = ctx.get("context")
+            step = ctx.get("step")
+            self.workflows_eval.mark_started(name, wf.spec_hash, self.clock.now())
+            self.start_run(wf, trigger=f"orchestrate:{pkt.from_}", context=extra if isinstance(extra, dict) else None,
+                           at_step=str(step) if step is not None else None)
+        elif sig == "ABORT":
+            name = str(ctx.get("workflow"))
+            for ex in list(self.manager.executors.values()):
+                if ex.state.workflow == name or ex.state.run_id == name:
+                    ex.abort(by=pkt.from_, reason=str(ctx.get("reason", "")))
+        elif sig == "ADAPT":
+            name = str(ctx.get("workflow"))
+            changes = ctx.get("changes") if isinstance(ctx.get("changes"), dict) else {}
+            skip = changes.get("skip") if isinstance(changes, dict) else None
+            for ex in self.manager.executors.values():
+                if ex.state.workflow != name:
+                    continue
+                for item in ex.state.items:
+                    if isinstance(skip, list) and item.name in [str(s) for s in skip] and item.status == "pending":
+                        ex.event("skipped", item=item.name)
+                ex.event("note", text=f"ADAPT from {pkt.from_}: {json.dumps(changes)[:300]}")
+                ex.journal.sync()
+                ex.poke()
+        else:
+            log.info("packet_received", signal=sig, sender=pkt.from_)
+
+    async def _deliver(self, pkt: Packet) -> None:
+        """Every delivered packet goes to its agent's live thread (batched off the loop)."""
+        self._live_queue.append(pkt)
+
+    async def _flush_live(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), 0.25)
+            await self._flush_live_once()
+
+    async def _flush_live_once(self) -> None:
+        batch, self._live_queue = self._live_queue, []
+        if not batch:
+            return
+
+        def write() -> None:
+            for pkt in batch:
+                try:
+                    self.live.append_packet(pkt.model_dump(mode="json", by_alias=True), ts=pkt.ts,
+                                            correlation_id=pkt.correlation_id)
+                except (AmbientError, OSError) as exc:
+                    log.warning("live_context_append_failed", error=str(exc))
+
+        await asyncio.to_thread(write)
+
+    # -- lifecycle
+
+    def _progress(self, line: str) -> None:
+        if self.options.progress is not None:
+            self.options.progress(line)
+
+    async def reload(self) -> None:
+        """Reload everything but running runs (they keep their pinned spec)."""
+        sighup = self.reload_requested
+        self.reload_requested = False
+        if sighup:
+            systemd.reloading()
+        new = await asyncio.to_thread(load_brain, self.paths, self.options.environ, self.ref.brain)
+        self._report(new)
+        if not new.settings_ok:
+            log.error("config_invalid_kept_previous", file=self.paths.rel(self.paths.config))
+        self.ref.brain = new
+        self.router.update(new.matrix.matrix, new.matrix.zone_rules)
+        if sighup:
+            log.info("reloaded", workflows=len(new.workflows), problems=len(new.problems))
+            systemd.ready(self._status_line())
+
+    def _status_line(self) -> str:
+        runs = self.manager.active_runs()
+        waiting = sum(len(r.escalations) for r in runs)
+        return f"{len(runs)} run(s) active, {waiting} escalation(s) waiting"
+
+    def _on_files(self, changed: Any) -> None:
+        changed = list(changed)
+        if any(p.parent == self.paths.claims for p in changed):
+            self.assisted.poke()
+        self.engine.wake(changed)
+
+    async def serve(self) -> int:
+        """Run until SIGTERM/SIGINT (or idle with ``until_idle``); return the exit code."""
+        check_local_filesystem(self.paths.root)
+        for d in (self.paths.claims, self.paths.locks, self.paths.workflows, self.paths.state, self.paths.inbox,
+                  self.paths.escalations, self.paths.run_journals):
+            d.mkdir(parents=True, exist_ok=True)
+        self._instance.acquire(self.clock.now())
+        try:
+            for d in (self.paths.claims, self.paths.locks, self.paths.state, self.paths.inbox,
+                      self.paths.escalations, self.paths.run_journals, self.paths.channels):
+                sweep_tmp(d)
+            self._build()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_stop_signal, sig)
+            loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+            resumed = self.manager.resume_all()
+            if resumed:
+                self._progress(f"resumed {len(resumed)} unfinished run(s) from disk")
+            self._spawn(self.engine.run(self.stop), "engine")
+            self._spawn(self._flush_live(), "live")
+            if self.options.watch:
+                self._spawn(watch_brain(self.paths, self._on_files, self.stop), "watch")
+            if self.notifier is not None:
+                self._spawn(run_outbox(self.outbox, self.notifier, clock=self.clock, stop=self.stop,
+                                       wake=self._outbox_wake), "outbox")
+                self._start_telegram()
+            self._spawn(systemd.watchdog_task(self.stop), "watchdog")
+            self.started = True
+            self.engine.wake()
+            systemd.ready(self._status_line())
+            log.info("daemon_ready", brain=str(self.paths.root), resumed=len(resumed), pid=os.getpid())
+            await self.stop.wait()
+            await self._shutdown()
+            return 0
+        finally:
+            self._instance.release()
+
+    def _start_telegram(self) -> None:
+        tg = self.ref.brain.settings.telegram
+        bot = getattr(self, "bot", None)
+        if not (tg.answers and tg.chat_id and bot is not None):
+            return
+        from ambient.telegram import PressResult, TelegramAnswerer, TelegramSettings, TelegramUser, decision_text
+
+        async def on_press(esc_id: str, index: int, nonce: str, user: TelegramUser) -> PressResult:
+            from ambient.escalations import AlreadyAnsweredError
+            from ambient.telegram import nonce_matches
+
+            try:
+                esc = await asyncio.to_thread(self.escalations.get, esc_id)
+            except AmbientError:
+                return PressResult("invalid", "Unknown escalation.")
+            if not nonce_matches(esc.nonce, nonce):
+                return PressResult("invalid", "This button is not valid any more.")
+            try:
+                done = await asyncio.to_thread(self.escalations.answer, esc_id, str(index + 1), by=user.name,
+                                               channel="telegram")
+            except AlreadyAnsweredError as exc:
+                prev = exc.escalation
+                return PressResult("already_decided", f"Already decided: {prev.decision} by {prev.by}")
+            self.engine.wake([self.paths.escalations / f"{esc_id}.yml"])
+            return PressResult("decided", decision_text(done.decision or "", user, self.clock.now()))
+
+        settings = TelegramSettings(chat_id=tg.chat_id, user_ids=tuple(tg.user_ids), api_base=tg.api_base,
+                                    poll_timeout=tg.poll_timeout_s)
+        answerer = TelegramAnswerer(bot, settings, self.paths.state / "telegram.json", on_press)
+        self._spawn(answerer.run(self.stop), "telegram")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.append(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("daemon_task_failed", task=task.get_name(), error=repr(exc))
+            self.stop.set()  # a dead engine or watcher must not leave a zombie daemon: let systemd restart us
+
+    def _on_stop_signal(self, sig: signal.Signals) -> None:
+        log.info("stop_requested", signal=sig.name)
+        systemd.stopping("stopping: draining agents")
+        self.stop.set()
+
+    def _on_hup(self) -> None:
+        self.reload_requested = True
+        self.engine.wake()
+
+    async def _shutdown(self) -> None:
+        systemd.stopping("stopping")
+        grace = self.ref.brain.settings.shutdown_grace_s
+        systemd.extend_timeout(int((grace + 10) * 1_000_000))
+        await self.manager.shutdown(grace)
+        await self.runners.terminate_all(grace)
+        for t in self._tasks:
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._flush_live_once()
+        self.router.close()
+        append_line(self.paths.state / "daemon-events.jsonl",
+                    {"ev": "stopped", "at": self.clock.now().isoformat(), "pid": os.getpid()}, durable=True)
+        log.info("daemon_stopped")
+
+
+def fanout_retry(spec: ChainWorkflow) -> Any:
+    """The chain's workflow-level retry policy in the planner's terms."""
+    from ambient.plans import retry_policy
+
+    return retry_policy(spec.retry)
+
+
+async def serve(root: Path, options: DaemonOptions | None = None) -> int:
+    """Run a daemon on ``root`` until it stops; its exit code."""
+    return await Daemon(root, options).serve()

@@ -1,0 +1,582 @@
+"""The command runner: an agent is a program run from an argv list, never through a shell (S-07).
+
+It owns the process group of every agent it starts: stdin gets the SPAWN packet, stdout is read in bounded chunks
+under a cap, stderr is kept as a bounded tail, a timeout, a cap overrun, a shutdown or a cancellation kill the whole
+group (SIGTERM, grace, SIGKILL), and the agent is always reaped. The environment is explicit and minimal (S-06).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ambient.errors import InputError
+from ambient.fsutil import resolve_in_brain
+from ambient.runners.base import (
+    MAX_ENV_PACKET_BYTES,
+    MAX_PACKET_BYTES,
+    AgentResult,
+    AssistedRunnerConfig,
+    CallableRunnerConfig,
+    CommandRunnerConfig,
+    Reason,
+    RunRequest,
+    TemplateError,
+    error_result,
+    interpret_output,
+    render_argv,
+)
+
+log = structlog.get_logger(__name__)
+
+#: Variables taken from the daemon's own environment; nothing else of ``os.environ`` reaches an agent (S-06).
+INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ")
+_CHUNK = 64 * 1024
+#: After the agent exits, how long its stdout may stay open (a leftover child holding the pipe) before the group
+#: is killed so that the result can be read.
+_LINGER_S = 0.5
+#: After the group is dead, how long the pipes may take to reach EOF (only a process that left the group with
+#: setsid() can hold them longer; it is then abandoned and logged).
+_DRAIN_S = 2.0
+#: How long to wait for the kernel to let a SIGKILLed leader be reaped.
+_REAP_S = 10.0
+_POLL_S = 0.02
+#: How long to wait for SIGKILLed members to be gone.
+_KILL_WAIT_S = 5.0
+_REDACTED = "[REDACTED:channel-token]"
+
+SpawnHook = Callable[[RunRequest, int], None]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Process groups
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to process group ``pgid``; False if the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member changed uid (setuid program); the others were still signalled
+        return True
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    """True while process group ``pgid`` has a member that is not a zombie.
+
+    ``killpg(pgid, 0)`` alone is not enough: a killed grandchild reparented to a PID 1 that does not reap stays a
+    zombie in the group forever, and zombies cannot be killed twice.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no procfs: trust killpg
+        return True
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        # fields: state, ppid, pgrp, ... (proc(5))
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
+async def terminate_group(pgid: int, *, grace: float, leader: asyncio.subprocess.Process | None = None) -> bool:
+    """SIGTERM (and SIGCONT, for a stopped agent) the group, wait up to ``grace`` s, then SIGKILL what is left.
+
+    Returns True when SIGKILL was needed. When ``leader`` is given (our child), it is waited for first, then the
+    rest of the group is polled.
+    """
+    if not group_alive(pgid):
+        return False
+    signal_group(pgid, signal.SIGTERM)
+    signal_group(pgid, signal.SIGCONT)
+    deadline = time.monotonic() + grace
+    if leader is not None and leader.returncode is None:
+        waiter = asyncio.ensure_future(leader.wait())
+        try:
+            await asyncio.wait({waiter}, timeout=grace)
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+    # Grandchildren are not our children: no event tells when they die, so their group is polled.
+    while group_alive(pgid) and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(_POLL_S)
+    if not group_alive(pgid):
+        return False
+    signal_group(pgid, signal.SIGKILL)
+    # SIGKILL is delivered asynchronously: wait (bounded) until the kernel has really ended every member, so that
+    # "run() returned" means "nothing of the agent runs any more" (a process in uninterruptible I/O may lag).
+    deadline = time.monotonic() + _KILL_WAIT_S
+    while group_alive(pgid) and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(_POLL_S / 4)
+    if group_alive(pgid):
+        log.error("agent_group_survived_sigkill", pgid=pgid)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Request → process inputs
+
+
+def build_env(req: RunRequest, cfg: CommandRunnerConfig, packet_json: str) -> dict[str, str]:
+    """The explicit environment of an agent: a few inherited basics, ``cfg.env``, then the AMBIENT_* channel.
+
+    Never NOTIFY_SOCKET, WATCHDOG_*, CREDENTIALS_DIRECTORY or anything else of the daemon's environment (S-06).
+    """
+    env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
+    env.setdefault("PATH", os.defpath)
+    env.setdefault("LANG", "C.UTF-8")
+    env.update(cfg.env)  # validated: cannot name AMBIENT_*, NOTIFY_SOCKET, WATCHDOG_*, LISTEN_*, LD_*
+    env.update(
+        AMBIENT_AGENT=req.agent,
+        AMBIENT_RUN_ID=req.run_id,
+        AMBIENT_ITEM=req.item,
+        AMBIENT_ATTEMPT=str(req.attempt),
+        AMBIENT_KEY=req.key,
+        AMBIENT_BRAIN=str(req.brain),
+        AMBIENT_CHANNEL_TOKEN=req.channel_token,
+    )
+    if len(packet_json.encode()) <= MAX_ENV_PACKET_BYTES:
+        env["AMBIENT_PACKET"] = packet_json
+    handoff = req.bounded_handoff()
+    if handoff:
+        env["AMBIENT_HANDOFF"] = handoff
+    for name, value in env.items():
+        if "\x00" in value:
+            msg = f"environment value {name} contains a NUL byte"
+            raise TemplateError(msg)
+    return env
+
+
+def encode_packet(packet: Any) -> str:
+    """The SPAWN packet as compact JSON text; raises TemplateError when not JSON-ready or too large."""
+    try:
+        text = json.dumps(packet, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        msg = f"SPAWN packet is not JSON-serialisable: {exc}"
+        raise TemplateError(msg) from None
+    if len(text.encode()) > MAX_PACKET_BYTES:
+        msg = f"SPAWN packet is over {MAX_PACKET_BYTES} bytes"
+        raise TemplateError(msg)
+    return text
+
+
+def _cwd(req: RunRequest, cfg: CommandRunnerConfig) -> Path:
+    if cfg.cwd is None:
+        return req.brain
+    if cfg.cwd.startswith("/"):
+        return Path(cfg.cwd)
+    return resolve_in_brain(req.brain, cfg.cwd)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stdio. asyncio's own PIPEs make Process.wait() wait for every pipe to close too (3.11), so a leftover child
+# holding stdout, or a paused reader, would hide the leader's exit. The runner owns its pipes instead.
+
+
+def _packet_fd(data: bytes) -> int:
+    """A readable fd positioned at 0 holding ``data``: the agent's stdin (a memfd; an unlinked temp file elsewhere).
+
+    A file rather than a pipe: nothing to feed, nothing to block on, and EOF is where the packet ends.
+    """
+    try:
+        fd = os.memfd_create("ambient-spawn-packet", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        fd, path = tempfile.mkstemp(prefix="ambient-packet-")
+        Path(path).unlink()
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class _Capture(asyncio.Protocol):
+    """Receives one pipe of the agent: keeps the first ``limit`` bytes (stdout) or the last ``limit`` (stderr)."""
+
+    def __init__(self, limit: int, *, tail: bool, over: asyncio.Event | None = None) -> None:
+        self._limit = limit
+        self._tail = tail
+        self._over_event = over
+        self.data = bytearray()
+        self.total = 0
+        self.over = False
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        """Keep what fits; past the cap of stdout, discard (the group is being killed) and flag it."""
+        self.total += len(data)
+        if self._tail:
+            self.data += data
+            if len(self.data) > self._limit:
+                del self.data[: len(self.data) - self._limit]
+        elif not self.over:
+            if len(self.data) + len(data) > self._limit:
+                self.over = True
+                if self._over_event is not None:
+                    self._over_event.set()
+            else:
+                self.data += data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """EOF (every writer closed the pipe) or the transport was closed."""
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+async def _attach(fd: int, protocol: _Capture) -> asyncio.ReadTransport:
+    loop = asyncio.get_running_loop()
+    try:
+        pipe = os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        transport, _ = await loop.connect_read_pipe(lambda: protocol, pipe)
+    except BaseException:
+        pipe.close()
+        raise
+    return transport
+
+
+def _close_transport(proc: asyncio.subprocess.Process) -> None:
+    # asyncio.subprocess.Process has no public close(); closing its transport avoids "unclosed transport"
+    # ResourceWarnings. The runner only calls this once the leader has exited, so nothing is killed here.
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The runner
+
+
+@dataclass
+class _Live:
+    """One running agent: its process and why ambient is killing it, if it is."""
+
+    proc: asyncio.subprocess.Process
+    req: RunRequest
+    grace: float
+    kill_reason: Reason | None = None
+
+    @property
+    def pgid(self) -> int:
+        # start_new_session=True made the agent the leader of its own session and group: pgid == pid.
+        return self.proc.pid
+
+
+_KILL_MESSAGES: dict[str, str] = {
+    "timeout": "agent timed out after {timeout:g} s; its process group was killed",
+    "output_over_cap": "agent wrote more than {cap} bytes on stdout; its process group was killed",
+    "shutdown": "ambient is shutting down; the agent's process group was terminated",
+}
+
+
+class CommandRunner:
+    """Runs command agents and tracks every live process group so the daemon can drain them.
+
+    One instance per daemon. ``on_spawn(req, pid)`` (optional, must not raise) is called right after an agent
+    starts, e.g. to record its pid for orphan detection after a crash (the pid is also its process group id).
+    """
+
+    def __init__(self, *, on_spawn: SpawnHook | None = None, python: str | None = None) -> None:
+        self._live: dict[int, _Live] = {}
+        self._closing = False
+        self._on_spawn = on_spawn
+        self._python = python or sys.executable
+
+    @property
+    def live_pids(self) -> list[int]:
+        """Pids (= process group ids) of the agents running now."""
+        return sorted(self._live)
+
+    async def terminate_all(self, grace: float | None = None) -> int:
+        """Stop accepting new agents, SIGTERM every live group, SIGKILL what is left after ``grace`` s.
+
+        ``grace`` defaults to the largest ``kill_grace_s`` of the running agents. Their ``run`` calls return
+        ``error`` results with reason ``shutdown`` (record them as interrupted). Returns how many groups were
+        signalled.
+        """
+        self._closing = True
+        lives = list(self._live.values())
+        if not lives:
+            return 0
+        wait = grace if grace is not None else max(live.grace for live in lives)
+        for live in lives:
+            live.kill_reason = live.kill_reason or "shutdown"
+        await asyncio.gather(*(terminate_group(live.pgid, grace=wait, leader=live.proc) for live in lives))
+        log.info("agents_terminated", count=len(lives))
+        return len(lives)
+
+    def reopen(self) -> None:
+        """Accept new agents again after :meth:`terminate_all` (tests, or a daemon that keeps running)."""
+        self._closing = False
+
+    async def run(
+        self, req: RunRequest, cfg: CommandRunnerConfig | CallableRunnerConfig | AssistedRunnerConfig
+    ) -> AgentResult:
+        """Run the command agent of ``req``; never raises for agent failures; re-raises cancellation."""
+        if not isinstance(cfg, CommandRunnerConfig):
+            msg = f"CommandRunner cannot run a {cfg.kind!r} runner config"
+            raise TypeError(msg)
+        started = time.monotonic()
+        if self._closing:
+            return error_result("shutdown", "ambient is shutting down; the agent was not started")
+        try:
+            argv = render_argv(cfg.argv, req.template_values(self._python))
+            packet_json = encode_packet(req.packet)
+            env = build_env(req, cfg, packet_json)
+            cwd = _cwd(req, cfg)
+        except (TemplateError, InputError) as exc:
+            return error_result("bad_request", _redact(str(exc), req))
+        try:
+            stdin_fd = _packet_fd(packet_json.encode())
+        except OSError as exc:
+            return error_result("spawn_failed", f"cannot prepare the packet for stdin: {exc}")
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            # S603 reviewed: an argv list from a validated config, each template value one element; no shell.
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=stdin_fd,
+                stdout=out_w,
+                stderr=err_w,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,  # own session and process group: the whole tree can be killed at once
+                close_fds=True,
+            )
+        except BaseException as exc:
+            os.close(out_r)
+            os.close(err_r)
+            if not isinstance(exc, OSError):
+                raise
+            return error_result(
+                "spawn_failed", f"cannot start {argv[0]!r}: {exc.strerror or exc}", duration_ms=_ms(started)
+            )
+        finally:
+            for fd in (stdin_fd, out_w, err_w):  # the child holds its own copies
+                os.close(fd)
+        live = _Live(proc=proc, req=req, grace=cfg.kill_grace_s)
+        self._live[proc.pid] = live
+        if self._closing:  # terminate_all() ran while this agent was being started: it goes too
+            live.kill_reason = "shutdown"
+        log.debug("agent_started", agent=req.agent, run_id=req.run_id, item=req.item, attempt=req.attempt, pid=proc.pid)
+        if self._on_spawn is not None:
+            try:
+                self._on_spawn(req, proc.pid)
+            except Exception:  # a hook must not break the run; the agent is already running
+                log.exception("agent_on_spawn_failed", agent=req.agent, pid=proc.pid)
+        try:
+            result = await self._supervise(live, cfg, out_r, err_r, started)
+        finally:
+            self._live.pop(proc.pid, None)
+        if result.killed or result.status == "error":
+            log.warning(
+                "agent_result",
+                agent=req.agent,
+                run_id=req.run_id,
+                item=req.item,
+                attempt=req.attempt,
+                status=result.status,
+                reason=result.reason,
+                exit_code=result.exit_code,
+                killed=result.killed,
+            )
+        return result
+
+    async def _supervise(
+        self, live: _Live, cfg: CommandRunnerConfig, out_r: int, err_r: int, started: float
+    ) -> AgentResult:
+        proc = live.proc
+        over = asyncio.Event()
+        out = _Capture(cfg.max_output_bytes, tail=False, over=over)
+        err = _Capture(cfg.stderr_tail_bytes, tail=True)
+        transports: list[asyncio.ReadTransport] = []
+        exit_task = asyncio.create_task(proc.wait())
+        over_task = asyncio.create_task(over.wait())
+        try:
+            try:
+                transports.append(await _attach(out_r, out))
+            except BaseException:
+                os.close(err_r)
+                raise
+            transports.append(await _attach(err_r, err))
+            reason = live.kill_reason or await self._watch(cfg, out, exit_task, over_task)
+            reason = live.kill_reason or reason  # terminate_all() may have stopped it meanwhile (shutdown)
+            if reason is not None:
+                live.kill_reason = reason
+                await terminate_group(live.pgid, grace=cfg.kill_grace_s, leader=proc)
+            elif group_alive(live.pgid):
+                # The agent exited but left processes in its group (a background child): they go with it.
+                log.warning("agent_left_processes", agent=live.req.agent, pgid=live.pgid)
+                await terminate_group(live.pgid, grace=cfg.kill_grace_s)
+            await self._drain(live, out, err, exit_task)
+        except BaseException:
+            # Cancellation (daemon shutdown) or an unexpected error: never leave the agent's tree running.
+            live.kill_reason = live.kill_reason or "shutdown"
+            try:
+                await terminate_group(live.pgid, grace=cfg.kill_grace_s, leader=proc)
+            except BaseException:  # cancelled again while waiting for the grace: no more grace
+                signal_group(live.pgid, signal.SIGKILL)
+                raise
+            raise
+        finally:
+            for transport in transports:
+                transport.close()
+            for task in (exit_task, over_task):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(exit_task, over_task, return_exceptions=True)
+            if proc.returncode is not None:
+                _close_transport(proc)
+        return self._result(live, cfg, out, err, started)
+
+    async def _watch(
+        self, cfg: CommandRunnerConfig, out: _Capture, exit_task: asyncio.Task[int], over_task: asyncio.Task[Any]
+    ) -> Reason | None:
+        """Wait for the agent to finish; the reason to kill it, or None if it ended by itself."""
+        try:
+            async with asyncio.timeout(cfg.timeout_s):
+                # asyncio.wait never cancels what it waits for (awaiting a task directly would, on timeout).
+                await asyncio.wait({exit_task, over_task}, return_when=asyncio.FIRST_COMPLETED)
+                if not out.over:
+                    # The leader exited: its stdout reaches EOF at once unless a leftover child still holds it.
+                    await asyncio.wait({out.closed, over_task}, timeout=_LINGER_S, return_when=asyncio.FIRST_COMPLETED)
+        except TimeoutError:
+            return "timeout"
+        return "output_over_cap" if out.over else None
+
+    async def _drain(self, live: _Live, out: _Capture, err: _Capture, exit_task: asyncio.Task[int]) -> None:
+        """Let the pipes reach EOF and the leader be reaped, each bounded in time."""
+        pending = {f for f in (out.closed, err.closed) if not f.done()}
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=_DRAIN_S)
+            if still:  # only a process that escaped the group with setsid() can still hold a pipe
+                log.warning("agent_pipe_held_open", agent=live.req.agent, pgid=live.pgid)
+        if not exit_task.done():
+            await asyncio.wait({exit_task}, timeout=_REAP_S)
+            if not exit_task.done():
+                signal_group(live.pgid, signal.SIGKILL)
+                log.error("agent_not_reaped", agent=live.req.agent, pid=live.proc.pid)
+
+    def _result(
+        self,
+        live: _Live,
+        cfg: CommandRunnerConfig,
+        out: _Capture,
+        err: _Capture,
+        started: float,
+    ) -> AgentResult:
+        req = live.req
+        stdout = bytes(out.data)
+        stderr_tail = _redact(bytes(err.data).decode("utf-8", "replace"), req)
+        rc = live.proc.returncode
+        facts: dict[str, Any] = {
+            "exit_code": rc,
+            "duration_ms": _ms(started),
+            "stderr_tail": stderr_tail,
+            "pid": live.proc.pid,
+        }
+        if live.kill_reason is not None:
+            message = _KILL_MESSAGES.get(live.kill_reason, "agent killed ({reason})").format(
+                timeout=cfg.timeout_s, cap=cfg.max_output_bytes, reason=live.kill_reason
+            )
+            return error_result(live.kill_reason, message, killed=True, **facts)
+        if rc == 0:
+            parsed, problem = _parse_stdout(stdout)
+            if problem is not None:
+                return error_result("bad_output", problem, **facts)
+            return interpret_output(parsed, agent=req.agent).with_process(**facts)
+        last = _last_line(stderr_tail)
+        if rc == 1:
+            # Exit code 1: a business failure. A JSON object on stdout, if any, is kept as the result.
+            parsed, _ = _parse_stdout(stdout)
+            result = None
+            output = parsed if isinstance(parsed, dict) else None
+            if output is not None:
+                inner = output.get("result")
+                result = inner if output.get("signal") == "RETURN" and isinstance(inner, dict) else output
+            message = "agent exited with code 1" + (f": {last}" if last else "")
+            return AgentResult(
+                status="fail",
+                reason="agent_failed",
+                output=output,
+                result=result,
+                result_status="failed",
+                error=message,
+                **facts,
+            )
+        if rc is not None and rc < 0:
+            name = _signal_name(-rc)
+            message = f"agent died from signal {name}" + (f": {last}" if last else "")
+            return error_result("signal", message, **facts)
+        message = f"agent exited with code {rc}" + (f": {last}" if last else "")
+        return error_result("exit_code", message, **facts)
+
+
+def _parse_stdout(data: bytes) -> tuple[object, str | None]:
+    """(parsed JSON or None for empty output, problem or None)."""
+    text = data.strip()
+    if not text:
+        return None, None
+    try:
+        return json.loads(text), None
+    except RecursionError:
+        return None, "agent stdout is JSON nested too deeply"
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        return None, f"agent stdout is not one JSON object: {str(exc)[:200]} (stdout starts {data[:60]!r})"
+
+
+def _last_line(text: str) -> str:
+    for line in reversed(text.splitlines()):
+        if line.strip():
+            return line.strip()[:300]
+    return ""
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _redact(text: str, req: RunRequest) -> str:
+    # The channel token is a secret: never let it reach a record or a log through stderr or an error message.
+    token = req.channel_token
+    return text.replace(token, _REDACTED) if token else text
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)

@@ -1,0 +1,514 @@
+"""The real ports of the run executors, and the evaluators of the daemon's tick.
+
+Adapters: :class:`AgentDelegate` (SPAWN through the router, locks, pre-flight, runner, reply
+through the router), :class:`StoreEscalator` (escalation on disk first, then the outbox),
+:class:`ClaimsWriter` (claims mirroring runs), :class:`RouterEmitter` (packets from ambient).
+Evaluators: workflows (start runs), inbox (packets from ``ambient send``), escalations
+(decisions, timeouts, reminders), stale claims. Blocking file work goes through ``to_thread``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from ambient.claims import Claim, new_claim
+from ambient.clock import Clock
+from ambient.engine import Tick
+from ambient.errors import AmbientError, InputError, LockHeldError, PacketError
+from ambient.escalations import AlreadyAnsweredError, Escalation, EscalationStore, new_escalation, slug_key
+from ambient.notify import Message, Outbox, escalation_message
+from ambient.packet import Packet, make_packet
+from ambient.router import Channel, Router, read_inbox
+from ambient.runners import AgentResult, Runners, RunRequest
+from ambient.runs import Attempt, AttemptResult, EscalationRequest, RunManager, item_claim_id
+from ambient.runstate import ItemState, RunState
+
+if TYPE_CHECKING:
+    from ambient.brain import Brain
+    from ambient.claimstore import ClaimStore
+    from ambient.livecontext import LiveContext
+    from ambient.locks import LockGrant, LockManager
+
+log = structlog.get_logger(__name__)
+
+_REPLY_SIGNAL = {"success": "RETURN", "fail": "RETURN", "error": "ERROR", "escalate": "ESCALATE",
+                 "blocked": "BLOCKED_ON"}
+
+
+class BrainRef:
+    """The current brain snapshot, swapped whole on reload (SIGHUP or a changed file)."""
+
+    def __init__(self, brain: Brain) -> None:
+        self.brain = brain
+
+
+# ---------------------------------------------------------------- delegate
+
+
+class AgentDelegate:
+    """One attempt end to end: pre-flight → locks → SPAWN → runner → reply → release."""
+
+    def __init__(self, ref: BrainRef, router: Router, runners: Runners, locks: LockManager, clock: Clock,
+                 live: LiveContext | None = None, lock_wait_s: float = 30.0) -> None:
+        self.ref = ref
+        self.router = router
+        self.runners = runners
+        self.locks = locks
+        self.clock = clock
+        self.live = live
+        self.lock_wait_s = lock_wait_s
+
+    async def attempt(self, a: Attempt) -> AttemptResult:
+        started = time.monotonic()
+        brain = self.ref.brain
+        cfg = brain.runners.get(a.agent)
+        if cfg is None:
+            return AttemptResult(result="error", error=(
+                f"agent {a.agent!r} has no runner: declare `ambient: runner:` in agents/{a.agent}.md "
+                f"or `runners: {a.agent}:` in profil/ambient.yml"))
+        if a.timeout_s is not None and hasattr(cfg, "timeout_s"):
+            cfg = cfg.model_copy(update={"timeout_s": a.timeout_s})  # validated field, same type
+        if a.preflight and a.claim_id:
+            problem = await self._preflight(a)
+            if problem is not None:
+                return AttemptResult(result="blocked", error=problem, duration_ms=_ms(started))
+        try:
+            spawn = make_packet(
+                a.sender, a.agent, "SPAWN", now=self.clock.now(), files=list(a.files), zone=a.zone,
+                context=dict(a.context), session_id=a.claim_id, key=a.key, correlation_id=a.key,
+                return_to=a.sender,
+            )
+        except PacketError as exc:
+            return AttemptResult(result="error", error=f"SPAWN refused: {exc.message}")
+        sent = await self.router.send(spawn, Channel.internal(a.sender))
+        if not sent.ok or sent.packet is None:
+            return AttemptResult(result="error", error=f"SPAWN denied by the router: {sent.reason}")
+        grants: list[LockGrant] = []
+        try:
+            for f in a.files:
+                try:
+                    grants.append(await self.locks.acquire_async(
+                        f, a.claim_id or a.key, ttl_s=brain.settings.lock_ttl_min * 60, wait=self.lock_wait_s))
+                except LockHeldError as exc:
+                    return AttemptResult(result="blocked", error=f"{f} is locked by another session: {exc}",
+                                         duration_ms=_ms(started))
+            res = await self._run(a, sent.packet, cfg)
+        finally:
+            for g in grants:
+                try:
+                    await asyncio.to_thread(self.locks.release_grant, g)
+                except AmbientError as exc:  # taken over after expiry: nothing of ours to release
+                    log.warning("lock_release_refused", file=g.file, error=str(exc))
+        return await self._reply(a, res, started)
+
+    async def _run(self, a: Attempt, packet: Packet, cfg: Any) -> AgentResult:
+        channel = None
+        if getattr(cfg, "kind", None) == "command" and self.router.registry is not None:
+            channel = await asyncio.to_thread(self.router.registry.issue, a.agent, spawn=a.key)
+        handoff = None
+        if self.live is not None:
+            handoff = await asyncio.to_thread(self.live.handoff_for, a.agent)
+        req = RunRequest(
+            packet=packet.to_dict(), agent=a.agent, run_id=a.run_id, item=a.item, attempt=a.attempt, key=a.key,
+            channel_token=channel.token if channel is not None and channel.token else "",
+            brain=self.ref.brain.paths.root, vars={k: str(v) for k, v in a.vars.items() if _scalar(v)},
+            handoff=handoff or None,
+        )
+        try:
+            return await self.runners.run(req, cfg)
+        finally:
+            if channel is not None and self.router.registry is not None:
+                await asyncio.to_thread(self.router.registry.revoke, channel)
+
+    async def _reply(self, a: Attempt, res: AgentResult, started: float) -> AttemptResult:
+        """The agent's answer becomes a packet through the router: agents are checked too."""
+        signal = _REPLY_SIGNAL[res.status]
+        now = self.clock.now()
+        try:
+            if signal == "RETURN":
+                reply = make_packet(a.agent, a.sender, signal, now=now, result=res.result or res.output or {},
+                                    session_id=a.claim_id, key=a.key, correlation_id=a.key)
+            elif signal == "ESCALATE":
+                opts = [o for o in (res.options or [])][:20] or ["continue"]
+                ctx = {"question": res.question} if res.question else None
+                reply = make_packet(a.agent, a.sender, signal, now=now, options=opts, context=ctx,
+                                    session_id=a.claim_id, key=a.key, correlation_id=a.key)
+            else:
+                ctx = dict(res.context or {})
+                ctx.setdefault("error", res.error or res.reason or signal)
+                reply = make_packet(a.agent, a.sender, signal, now=now, context=ctx,
+                                    session_id=a.claim_id, key=a.key, correlation_id=a.key)
+        except PacketError as exc:
+            return AttemptResult(result="error", error=f"the agent's answer is not a valid packet: {exc.message}",
+                                 duration_ms=_ms(started))
+        back = await self.router.send(reply, Channel.internal(a.agent))
+        if not back.ok:
+            return AttemptResult(result="error", error=f"the agent's {signal} was denied: {back.reason}",
+                                 duration_ms=_ms(started), signal_in=signal)
+        output = res.output if res.output is not None else res.result
+        return AttemptResult(
+            result=res.status, output=output, error=res.error, duration_ms=res.duration_ms or _ms(started),
+            signal_in=signal, question=res.question, options=list(res.options or []),
+        )
+
+    async def _preflight(self, a: Attempt) -> str | None:
+        from ambient.breaker import run_preflight
+        from ambient.preflight import exit_code
+
+        brain = self.ref.brain
+        zones: dict[str, frozenset[str]] | None = None
+        gate = brain.matrix.matrix.gate(a.agent)
+        if gate is not None and gate.zone_access:
+            zones = {a.agent: frozenset(gate.zone_access)}
+        problems: list[Any] = []
+        for f in a.files or ("",):
+            if not f:
+                continue
+            found = await asyncio.to_thread(
+                run_preflight, brain.paths, a.claim_id or "", f, threshold=brain.settings.breaker_threshold + 1,
+                agent_zones=zones, zone_rules=brain.matrix.zone_rules,
+            )
+            # The chain's own breaker decides on failures (it escalates); pre-flight checks the rest.
+            problems += [p for p in found if getattr(p, "code", 0) != 3]
+        if problems:
+            return f"pre-flight failed (exit {exit_code(problems)}): " + "; ".join(p.message for p in problems)
+        return None
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+def _scalar(v: Any) -> bool:
+    return isinstance(v, str | int | float) and not isinstance(v, bool)
+
+
+# ---------------------------------------------------------------- escalations
+
+
+class StoreEscalator:
+    """Escalations persisted (fsync'd) before any notification; notifications go through the outbox."""
+
+    def __init__(self, store: EscalationStore, outbox: Outbox | None, clock: Clock,
+                 wake_outbox: asyncio.Event | None = None, buttons: bool = False,
+                 results: str = "failures") -> None:
+        self.store = store
+        self.outbox = outbox
+        self.clock = clock
+        self.wake_outbox = wake_outbox
+        self.buttons = buttons
+        self.results = results
+        self.created_at: dict[str, datetime] = {}
+
+    async def escalate(self, req: EscalationRequest) -> str:
+        now = self.clock.now()
+        options: list[tuple[str, str, str]] = []
+        seen: set[str] = set()
+        for key, label, action in req.options:
+            k = key if action != "answer" else slug_key(key)
+            if k in seen:
+                continue
+            seen.add(k)
+            options.append((k, label, action))
+        esc = new_escalation(
+            workflow=req.workflow, run_id=req.run_id, kind=req.kind,  # type: ignore[arg-type]
+            question=req.question, now=now, options=options, item=req.item, agent=req.agent,
+            timeout=timedelta(seconds=req.deadline_s) if req.deadline_s else None,
+            on_timeout=req.on_timeout,  # type: ignore[arg-type]
+            dedupe_key=req.dedupe_key,
+        )
+        stored = await asyncio.to_thread(self.store.create, esc)
+        if stored.id == esc.id:
+            log.info("escalation_opened", escalation=esc.id, kind=req.kind, item=req.item)
+            await self.queue(stored)
+        return stored.id
+
+    async def queue(self, esc: Escalation) -> None:
+        """Queue the escalation's message in the outbox (sent at once, retried until delivered)."""
+        if self.outbox is None:
+            return
+        what = f"{esc.workflow}: {esc.where}" if esc.where else esc.workflow
+        msg = escalation_message(
+            escalation_id=esc.id, what=what, question=esc.question, options=[o.key for o in esc.options],
+            nonce=esc.nonce, telegram_buttons=self.buttons, workflow=esc.workflow, item=esc.item, step=esc.step,
+            agent=esc.agent, deadline=esc.deadline.isoformat(timespec="minutes") if esc.deadline else None,
+        )
+        await asyncio.to_thread(self.outbox.put, msg, self.clock.now())
+        if self.wake_outbox is not None:
+            self.wake_outbox.set()
+
+    async def inform(self, title: str, body: str) -> None:
+        """A "for your information" message: silent, never a decision."""
+        if self.outbox is None:
+            return
+        await asyncio.to_thread(self.outbox.put, Message(title=title[:200], body=body[:3500], kind="info"),
+                                self.clock.now())
+        if self.wake_outbox is not None:
+            self.wake_outbox.set()
+
+    async def run_finished(self, state: RunState) -> None:
+        """Results are information: sent per ``notify.results`` (none | failures | all)."""
+        if self.results == "none" or (self.results == "failures" and state.outcome == "success"):
+            return
+        counts = state.counts()
+        body = (f"Run {state.run_id} finished: {state.outcome}. {counts.get('done', 0)}/{counts['total']} done, "
+                f"{state.escalation_count} escalation(s), {state.error_count} error(s).")
+        await self.inform(f"{state.workflow}: {state.outcome}", body)
+
+
+# ---------------------------------------------------------------- claims
+
+
+_ITEM_STATUS = {"pending": "open", "running": "open", "retry_wait": "open", "done": "closed",
+                "failed": "failed", "escalated": "waiting_human", "skipped": "closed", "aborted": "failed"}
+
+
+class ClaimsWriter:
+    """Claims mirror runs: one pilote claim per run, one satellite claim per item or step.
+
+    They are views of the run journal (the fsync'd truth), written atomically without fsync so that
+    a fan-out of thousands of items is not a thousand fsyncs; a restart rewrites them from the journal.
+    """
+
+    def __init__(self, store: ClaimStore, clock: Clock, workflow_scope: Mapping[str, str] | None = None) -> None:
+        self.store = store
+        self.clock = clock
+        self._cache: dict[str, Claim] = {}
+
+    def _write(self, sess_id: str, base: dict[str, Any]) -> None:
+        old = self._cache.get(sess_id)
+        doc = {**old.to_document(), **base} if old is not None else base
+        claim = Claim.model_validate(doc)
+        if old is not None and old.model_dump() == claim.model_dump():
+            return
+        try:
+            self.store.write_claim(claim, durable=False)
+            self._cache[sess_id] = claim
+        except (AmbientError, OSError) as exc:  # a claim the person broke or replaced: report, go on
+            log.warning("claim_write_failed", claim=sess_id, error=str(exc))
+
+    def run_changed(self, state: RunState) -> None:
+        now = self.clock.now()
+        status = "open"
+        if state.finished:
+            status = "closed" if state.outcome in ("success", "partial") else "failed"
+        elif state.escalations and not any(i.status in ("running", "pending", "retry_wait") for i in state.items):
+            status = "waiting_human"
+        base = new_claim(state.run_id, "pilote", f"workflows/{state.workflow}", "ambient",
+                         _parse(state.started_at) or now).to_document()
+        counts = state.counts()
+        base.update(status=status, workflow=state.workflow, story_angle=f"ambient run of {state.workflow}",
+                    ambient_run={"form": state.form, "spec_hash": state.spec_hash, "total": counts["total"],
+                                 "done": counts.get("done", 0), "escalations": state.escalation_count})
+        if state.mode:
+            base["mode"] = state.mode
+        if state.finished:
+            base["closed_at"] = _fmt(_parse(state.finished_at) or now)
+            base["result"] = {"status": {"success": "ok", "partial": "partial"}.get(state.outcome or "", "failed"),
+                              "children": [item_claim_id(state.run_id, i, state.form) for i in state.items]}
+        self._write(state.run_id, base)
+
+    def item_changed(self, state: RunState, item: ItemState) -> None:
+        now = self.clock.now()
+        sess = item_claim_id(state.run_id, item, state.form)
+        spec_scope = _item_scope(state, item)
+        base = new_claim(sess, "satellite", spec_scope, _item_agent(state, item), now).to_document()
+        if sess in self._cache:
+            base.pop("opened_at", None)
+        base.update(status=_ITEM_STATUS.get(item.status, "open"), parent_satellite=state.run_id,
+                    workflow=state.workflow, story_angle=f"{state.workflow}: {item.name}",
+                    satellite_level="leaf", attempt=item.attempt)
+        if state.form == "chain":
+            base["workflow_step"] = item.name
+            step_type = _step_type(state, item)
+            if step_type:
+                base["satellite_type"] = step_type
+        if item.escalation:
+            base["escalation"] = item.escalation
+        if item.status in ("done", "failed", "skipped", "aborted"):
+            result: dict[str, Any] = {"status": "ok" if item.status == "done" else
+                                      ("partial" if item.status == "skipped" else "failed")}
+            if isinstance(item.output, dict) and isinstance(item.output.get("tests"), dict):
+                result["tests"] = item.output["tests"]
+            if item.error:
+                result["notes"] = item.error[:500]
+            base["result"] = result
+            base["closed_at"] = _fmt(now)
+        self._write(sess, base)
+
+
+def _item_scope(state: RunState, item: ItemState) -> str:
+    if state.form == "chain":
+        for step in state.spec.get("chain", []) if isinstance(state.spec.get("chain"), list) else []:
+            if isinstance(step, dict) and str(step.get("step")) == item.name:
+                return str(step.get("scope") or "")
+        return item.name.partition("@")[2] or "-"
+    fe = state.spec.get("for_each")
+    files = fe.get("scope", {}).get("files") if isinstance(fe, dict) and isinstance(fe.get("scope"), dict) else None
+    if isinstance(files, list) and files and isinstance(files[0], str):
+        from ambient.templating import render
+
+        values = {"item": item.name, "index": item.index + 1, "total": len(state.items),
+                  "workflow": state.workflow, "run_id": state.run_id}
+        try:
+            return render(files[0], values)
+        except InputError:
+            pass
+    return f"{state.workflow}/{item.name}"
+
+
+def _item_agent(state: RunState, item: ItemState) -> str:
+    fe = state.spec.get("for_each")
+    if isinstance(fe, dict) and fe.get("spawn"):
+        return str(fe["spawn"])
+    for step in state.spec.get("chain", []) if isinstance(state.spec.get("chain"), list) else []:
+        if isinstance(step, dict) and str(step.get("step")) == item.name and step.get("agents"):
+            return str(step["agents"][0])
+    return "ambient"
+
+
+def _step_type(state: RunState, item: ItemState) -> str | None:
+    for step in state.spec.get("chain", []) if isinstance(state.spec.get("chain"), list) else []:
+        if isinstance(step, dict) and str(step.get("step")) == item.name:
+            return str(step.get("type")) if step.get("type") else None
+    return item.name.partition("@")[0] or None
+
+
+def _parse(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
+
+
+def _fmt(dt: datetime) -> str:
+    return dt.astimezone().strftime("%Y-%m-%dT%H:%M")
+
+
+# ---------------------------------------------------------------- packets from ambient
+
+
+class RouterEmitter:
+    """Packets ambient sends on behalf of a run (on_complete, STEP_DONE, DONE, ERROR...), via the router."""
+
+    def __init__(self, router: Router, clock: Clock, sender: str = "ambient") -> None:
+        self.router = router
+        self.clock = clock
+        self.sender = sender
+
+    async def emit(self, signal: str, to: str, payload: Mapping[str, Any], run: RunState) -> bool:
+        try:
+            kwargs: dict[str, Any] = {"session_id": run.run_id, "correlation_id": run.run_id}
+            if signal == "RETURN":
+                kwargs["result"] = payload.get("result")
+            else:
+                kwargs["context"] = dict(payload.get("context") or {})
+            pkt = make_packet(self.sender, to, signal, now=self.clock.now(), **kwargs)
+        except PacketError as exc:
+            log.warning("packet_not_emitted", signal=signal, to=to, error=exc.message)
+            return False
+        out = await self.router.send(pkt, Channel.internal(self.sender))
+        if not out.ok:
+            log.warning("packet_denied", signal=signal, to=to, reason=out.reason)
+        return out.ok
+
+
+# ---------------------------------------------------------------- evaluators
+
+
+class EscalationEvaluator:
+    """Answered escalations resume their runs; deadlines and reminders fire from their on-disk timestamps."""
+
+    name = "escalations"
+
+    def __init__(self, store: EscalationStore, manager: RunManager, escalator: StoreEscalator, clock: Clock) -> None:
+        self.store = store
+        self.manager = manager
+        self.escalator = escalator
+        self.clock = clock
+        self.applied: set[str] = set()
+
+    async def evaluate(self, tick: Tick) -> None:
+        if not tick.touched(self.store.paths.escalations) and not self._timers_due(tick.now):
+            return
+        escs = await asyncio.to_thread(self.store.list)
+        now = self.clock.now()
+        for esc in escs:
+            if esc.status == "pending":
+                await self._timers(esc, now)
+                continue
+            if esc.id in self.applied or esc.status not in ("answered", "expired"):
+                continue
+            option = esc.decided_option
+            action = esc.decided_action or (option.action if option is not None else None)
+            if option is None or action is None:
+                self.applied.add(esc.id)
+                continue
+            ok = self.manager.decide(esc.id, option.key, action, by=esc.by or "human", channel=esc.channel or "cli",
+                                     latency_s=esc.latency_s, note=esc.note)
+            if ok:
+                log.info("decision_applied", escalation=esc.id, option=option.key, action=action, by=esc.by)
+                self.applied.add(esc.id)
+            elif self.manager.find_escalation(esc.id) is None:
+                self.applied.add(esc.id)  # its run is finished or unknown: nothing waits on it
+
+    def _timers_due(self, now: datetime) -> bool:
+        return True
+
+    async def _timers(self, esc: Escalation, now: datetime) -> None:
+        if esc.deadline is not None and esc.deadline <= now:
+            try:
+                await asyncio.to_thread(self.store.apply_timeout, esc.id, now)
+                log.info("escalation_timed_out", escalation=esc.id, on_timeout=esc.on_timeout)
+            except (AlreadyAnsweredError, InputError) as exc:
+                log.debug("escalation_timeout_skipped", escalation=esc.id, error=str(exc))
+        elif esc.remind_at is not None and not esc.reminded and esc.remind_at <= now:
+            updated = await asyncio.to_thread(self.store.mark_reminded, esc.id, now)
+            await self.escalator.queue(updated)  # a reminder is the same message again
+
+
+class InboxEvaluator:
+    """Packets handed in by ``ambient send`` (already authorized by it): ORCHESTRATE starts a run,
+    ABORT stops one, ADAPT is recorded for the next run; everything else is recorded in the thread."""
+
+    name = "inbox"
+
+    def __init__(self, paths: Any, router: Router, on_packet: Any) -> None:
+        self.paths = paths
+        self.router = router
+        self.on_packet = on_packet
+
+    async def evaluate(self, tick: Tick) -> None:
+        if not tick.touched(self.paths.inbox):
+            return
+        items = await asyncio.to_thread(lambda: list(read_inbox(self.paths)))
+        for path, pkt in items:
+            try:
+                if isinstance(pkt, Packet):
+                    # Re-check under the daemon's matrix: the inbox is a file drop, not a trust anchor.
+                    out = self.router.check(pkt, Channel.internal(pkt.from_))
+                    if out.ok:
+                        await self.on_packet(pkt)
+                    else:
+                        log.warning("inbox_packet_denied", packet=pkt.id, reason=out.reason)
+                else:
+                    log.warning("inbox_packet_invalid", file=str(path), error=str(pkt))
+            finally:
+                await asyncio.to_thread(_archive, path)
+
+
+def _archive(path: Path) -> None:
+    """Move a consumed inbox file to ``inbox/done/`` (kept for the audit, never lost)."""
+    done = path.parent / "done"
+    done.mkdir(exist_ok=True)
+    path.replace(done / path.name)
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON for logs and files."""
+    return json.dumps(obj, separators=(",", ":"), default=str)

@@ -1,0 +1,340 @@
+"""Loading workflow files from disk into specs, every fault a ``file:line`` :class:`Problem`.
+
+A file that fails is reported and never half-loaded; semantic checks (agents, access matrix,
+cross-workflow triggers) take callbacks so the daemon and ``ambient validate`` share them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ambient import templating
+from ambient.errors import InputError, YamlError
+from ambient.fsutil import read_capped
+from ambient.paths import BrainPaths
+from ambient.problems import Problem, Severity
+from ambient.workflow import (
+    ChainWorkflow,
+    ForEachWorkflow,
+    SpawnAction,
+    WorkflowError,
+    WorkflowSpec,
+    cross_targets,
+    format_action,
+    item_values,
+    parse_workflow,
+    spec_hash,
+    spec_issues,
+    step_values,
+)
+from ambient.yamlfile import MAX_WORKFLOW_BYTES, LineMap, decode, parse_yaml, problems_from_validation
+from ambient.zones import DEFAULT_RULES, ZoneRule
+
+WORKFLOW_SUFFIXES = (".yml", ".yaml")
+
+AgentExists = Callable[[str], bool]
+# may_spawn(sender, agent, zone, files) -> None when allowed, else the reason of the denial.
+MaySpawn = Callable[[str, str, str, Sequence[str]], str | None]
+
+
+@dataclass(frozen=True)
+class LoadedWorkflow:
+    """A workflow file that passed every check: its spec, where it came from, and its pinned hash."""
+
+    spec: WorkflowSpec
+    path: Path
+    source: str  # the name used in problems (brain-relative for brain files)
+    spec_hash: str  # sha256 of the file's bytes
+    lines: LineMap
+    raw: bytes  # the exact bytes, so a run can be resumed on the version it started with
+
+    @property
+    def name(self) -> str:
+        """The workflow's name."""
+        return self.spec.name
+
+
+def _problem(
+    source: str, lines: LineMap | None, loc: Sequence[str | int], message: str, severity: Severity = "error"
+) -> Problem:
+    line = lines.line_for(loc) if lines is not None else None
+    return Problem(file=source, line=line, message=message, severity=severity)
+
+
+def _yaml_hint(exc: YamlError, text: str) -> str:
+    # ADR-027 writes `files: [vps/configs/{{item}}.yml]`: in a [...] list, braces are YAML syntax.
+    if exc.line is not None:
+        lines = text.splitlines()
+        if 0 < exc.line <= len(lines) and "{{" in lines[exc.line - 1]:
+            return '; quote text that contains {{...}}, e.g. ["configs/{{item}}.yml"]'
+    return ""
+
+
+def _reader_line(exc: yaml.YAMLError, raw: bytes) -> int | None:
+    position = getattr(exc, "position", None)
+    if not isinstance(position, int):
+        return None
+    return raw.decode("utf-8", "replace")[:position].count("\n") + 1
+
+
+def _reader_message(exc: yaml.YAMLError) -> str:
+    character = getattr(exc, "character", None)
+    if isinstance(character, int):
+        return f"contains the character U+{character:04X}, which YAML does not allow; expected printable text"
+    return f"malformed YAML: {exc}; expected valid YAML"
+
+
+def load_workflow_bytes(
+    raw: bytes,
+    *,
+    source: str,
+    path: Path | None = None,
+    zone_rules: Iterable[ZoneRule] = DEFAULT_RULES,
+) -> tuple[LoadedWorkflow | None, list[Problem]]:
+    """Parse and check one workflow document given as bytes (a file, or a run's pinned copy).
+
+    Returns the loaded workflow (None when any problem is an error) and every problem, warnings included.
+    """
+    try:
+        text = decode(raw, source=source)
+        data, lines = parse_yaml(text, source=source)
+    except YamlError as exc:
+        hint = _yaml_hint(exc, raw.decode("utf-8", "replace"))
+        return None, [Problem(file=source, line=exc.line, message=exc.message + hint)]
+    except yaml.YAMLError as exc:
+        # yamlfile.parse_yaml builds its loader outside its try: the reader's own check of
+        # non-printable characters (NUL, most control characters) escapes as a bare ReaderError.
+        return None, [Problem(file=source, line=_reader_line(exc, raw), message=_reader_message(exc))]
+    if isinstance(data, dict) and "name" not in data and "workflow" not in data and path is not None:
+        data = {"name": path.stem, **data}  # a file without a name is named after itself
+    try:
+        spec = parse_workflow(data)
+    except WorkflowError as exc:
+        if exc.validation is not None:
+            return None, problems_from_validation(exc.validation, file=source, lines=lines)
+        return None, [_problem(source, lines, exc.loc, exc.message)]
+    problems = [_problem(source, lines, i.loc, i.message, i.severity) for i in spec_issues(spec, zone_rules)]
+    if any(p.severity == "error" for p in problems):
+        return None, problems
+    loaded = LoadedWorkflow(
+        spec=spec,
+        path=path or Path(source),
+        source=source,
+        spec_hash=spec_hash(raw),
+        lines=lines,
+        raw=raw,
+    )
+    return loaded, problems
+
+
+def load_workflow(
+    path: Path,
+    *,
+    source: str | None = None,
+    zone_rules: Iterable[ZoneRule] = DEFAULT_RULES,
+) -> tuple[LoadedWorkflow | None, list[Problem]]:
+    """Read one workflow file (capped at ``MAX_WORKFLOW_BYTES``, symlinks refused) and check it."""
+    name = source or str(path)
+    try:
+        raw = read_capped(path, MAX_WORKFLOW_BYTES)
+    except InputError as exc:
+        return None, [Problem(file=name, line=exc.line, message=exc.message)]
+    except OSError as exc:
+        return None, [Problem(file=name, message=f"cannot be read: {exc.strerror or exc}")]
+    return load_workflow_bytes(raw, source=name, path=path, zone_rules=zone_rules)
+
+
+def workflow_files(directory: Path) -> list[Path]:
+    """The workflow files of a directory, sorted: ``*.yml``/``*.yaml`` not starting with ``.`` or ``_``.
+
+    ``_template.yml`` and other ``_`` files are templates to copy, never run; hidden files include
+    editors' and ambient's temporary files. Symlinks are listed so that loading reports them.
+    """
+    if not directory.is_dir():
+        return []
+    return [
+        directory / name
+        for name in sorted(os.listdir(directory))
+        if name.endswith(WORKFLOW_SUFFIXES) and not name.startswith((".", "_"))
+    ]
+
+
+def _scope_for_check(
+    wf: LoadedWorkflow, rules: tuple[ZoneRule, ...], defaults: Mapping[str, str] | None
+) -> list[tuple[Sequence[str | int], str, str, list[str]]]:
+    """(loc, agent, zone, files) of every SPAWN the workflow makes, rendered with placeholder values."""
+    spec = wf.spec
+    out: list[tuple[Sequence[str | int], str, str, list[str]]] = []
+    if isinstance(spec, ForEachWorkflow):
+        fe = spec.for_each
+        seen: set[frozenset[str]] = set()
+        for i in range(len(fe.items)):
+            try:
+                rendered = [templating.render_path(f, item_values(spec, i), rules) for f in fe.scope.files]
+            except InputError:
+                continue  # already reported by spec_issues
+            zones = frozenset(r.zone for r in rendered)
+            if zones in seen:
+                continue  # one check per distinct set of zones; the first item of each stands for the rest
+            seen.add(zones)
+            zone = fe.scope.zone or (next(iter(zones)) if len(zones) == 1 else ",".join(sorted(zones)))
+            out.append((("for_each", "spawn"), fe.spawn, zone, [r.path for r in rendered]))
+        return out
+    for i, step in enumerate(spec.chain):
+        values = step_values(spec, step)
+        try:
+            scope = templating.render_path(step.scope, values, rules)
+        except InputError:
+            continue  # a scope that needs {{prior...}} is known only at run time
+        out.append((("chain", i), spec.agent_for(step, defaults), scope.zone, [scope.path]))
+        for field in ("on_done", "on_partial", "on_fail"):
+            for action in getattr(step, field) or ():
+                if isinstance(action, SpawnAction):
+                    agent = spec.agent_for_spawn(action, defaults)
+                    try:
+                        target = templating.render_path(action.scope or step.scope, values, rules)
+                    except InputError:
+                        continue
+                    out.append((("chain", i, field), agent, target.zone, [target.path]))
+    return out
+
+
+def _agents_named(wf: LoadedWorkflow, defaults: Mapping[str, str] | None) -> list[tuple[Sequence[str | int], str, str]]:
+    """(loc, agent, message if it does not exist) for every agent the workflow names or falls back to."""
+    spec = wf.spec
+    if isinstance(spec, ForEachWorkflow):
+        agent = spec.for_each.spawn
+        return [(("for_each", "spawn"), agent, f"spawn: agent {agent!r} does not exist in agents/")]
+    out: list[tuple[Sequence[str | int], str, str]] = []
+    for i, step in enumerate(spec.chain):
+        if step.agents:
+            for n, a in enumerate(step.agents):
+                out.append((("chain", i, "agents", n), a, f"step {step.key}: agent {a!r} does not exist in agents/"))
+        else:
+            a = spec.agent_for(step, defaults)
+            msg = (
+                f"step {step.key} names no agents: and the default agent for type {step.type}, {a!r}, does not exist "
+                "in agents/; name one in agents: or in default_agents:"
+            )
+            out.append((("chain", i), a, msg))
+        for field in ("on_done", "on_partial", "on_fail"):
+            for action in getattr(step, field) or ():
+                if isinstance(action, SpawnAction):
+                    a = spec.agent_for_spawn(action, defaults)
+                    msg = f"{field}: {format_action(action)}: agent {a!r} does not exist in agents/"
+                    out.append((("chain", i, field), a, msg))
+    return out
+
+
+def _cross_problems(
+    wf: LoadedWorkflow, workflows: Mapping[str, LoadedWorkflow]
+) -> list[tuple[Sequence[str | int], str]]:
+    out: list[tuple[Sequence[str | int], str]] = []
+    for loc, action in cross_targets(wf.spec):
+        target = workflows.get(action.workflow or "")
+        where = format_action(action)
+        if target is None:
+            out.append((loc, f"{where}: no workflow is named {action.workflow!r}"))
+        elif not isinstance(target.spec, ChainWorkflow):
+            out.append((loc, f"{where}: {action.workflow!r} is a for_each workflow; it has no steps"))
+        else:
+            try:
+                target.spec.index_of(action.step)
+            except KeyError:
+                out.append((loc, f"{where}: workflow {action.workflow!r} has no step {action.step!r}"))
+    return out
+
+
+def check_workflow(
+    wf: LoadedWorkflow,
+    agent_exists: AgentExists | None = None,
+    may_spawn: MaySpawn | None = None,
+    *,
+    zone_rules: Iterable[ZoneRule] = DEFAULT_RULES,
+    workflows: Mapping[str, LoadedWorkflow] | None = None,
+    default_agents: Mapping[str, str] | None = None,
+) -> list[Problem]:
+    """Checks that need the rest of the brain: every agent exists, the sender may SPAWN it in the zone
+    its scope infers (access matrix), and cross-workflow triggers name a workflow and step that exist.
+
+    The structural checks (steps, targets, loops, paths) already ran at load; a callback left None
+    skips its check. For a draft these are warnings: a draft never runs, and is often written before
+    its agents.
+    """
+    rules = tuple(zone_rules)
+    severity: Severity = "error" if wf.spec.runnable else "warning"
+    found: list[tuple[Sequence[str | int], str]] = []
+    missing: set[str] = set()
+    if agent_exists is not None:
+        for loc, agent, message in _agents_named(wf, default_agents):
+            if not agent_exists(agent):
+                missing.add(agent)
+                found.append((loc, message))
+    if may_spawn is not None:
+        sender = wf.spec.sender
+        for loc, agent, zone, files in _scope_for_check(wf, rules, default_agents):
+            if agent in missing:
+                continue  # already reported; the matrix would only repeat it
+            reason = may_spawn(sender, agent, zone, files)
+            if reason:
+                found.append((loc, f"{sender!r} may not SPAWN {agent!r} in zone {zone}: {reason}"))
+    if workflows is not None:
+        found += _cross_problems(wf, workflows)
+    return [_problem(wf.source, wf.lines, loc, message, severity) for loc, message in found]
+
+
+def load_many(
+    files: Iterable[tuple[Path, str]],
+    *,
+    agent_exists: AgentExists | None = None,
+    may_spawn: MaySpawn | None = None,
+    zone_rules: Iterable[ZoneRule] = DEFAULT_RULES,
+) -> tuple[dict[str, LoadedWorkflow], list[Problem]]:
+    """Load (path, source name) pairs; a name used twice keeps the first file and reports the others."""
+    rules = tuple(zone_rules)
+    loaded: dict[str, LoadedWorkflow] = {}
+    problems: list[Problem] = []
+    for path, source in files:
+        wf, found = load_workflow(path, source=source, zone_rules=rules)
+        problems += found
+        if wf is None:
+            continue
+        first = loaded.get(wf.name)
+        if first is not None:
+            problems.append(
+                _problem(
+                    source,
+                    wf.lines,
+                    ("name",),
+                    f"workflow name {wf.name!r} is already used by {first.source}; names must be unique",
+                )
+            )
+            continue
+        loaded[wf.name] = wf
+    good: dict[str, LoadedWorkflow] = {}
+    for name, wf in loaded.items():
+        found = check_workflow(wf, agent_exists, may_spawn, zone_rules=rules, workflows=loaded)
+        problems += found
+        if not any(p.severity == "error" for p in found):
+            good[name] = wf
+    return good, problems
+
+
+def load_workflows(
+    paths: BrainPaths,
+    *,
+    agent_exists: AgentExists | None = None,
+    may_spawn: MaySpawn | None = None,
+    zone_rules: Iterable[ZoneRule] = DEFAULT_RULES,
+) -> tuple[dict[str, LoadedWorkflow], list[Problem]]:
+    """Every workflow of a brain by name, and every problem found (file:line, brain-relative names).
+
+    A file with an error is left out whole; warnings do not keep a workflow out.
+    """
+    files = [(p, paths.rel(p)) for p in workflow_files(paths.workflows)]
+    return load_many(files, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=zone_rules)
