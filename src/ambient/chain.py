@@ -204,7 +204,7 @@ class ChainExecutor(RunExecutor):
                 if delay > 0:
                     self._wake.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), delay)
+                        await asyncio.wait_for(self._wake.wait(), delay)  # a retry timer: not idle
                     continue
             reason = gate_before(step, idx, len(self.steps), self.chain.mode)
             if reason and item.gate != "passed":
@@ -222,7 +222,7 @@ class ChainExecutor(RunExecutor):
         self._wake.clear()
         if self.state.finished:
             return
-        await self._wake.wait()
+        await self._wait_wake(None)
 
     def _advance(self, idx: int, action: ChainAction) -> None:
         if idx >= self._declared and action.kind == "next":
@@ -388,7 +388,7 @@ class ChainExecutor(RunExecutor):
                        latency_s=latency_s, note=note)
             self.event("final_gate", state="passed" if action in ("approve", "continue") else "rejected")
             self.journal.sync()
-            self._wake.set()
+            self.poke()
             return True
         item_name = self.state.escalations.get(escalation)
         if action == "reset" and item_name:

@@ -265,6 +265,7 @@ class Daemon:
         self.breaker = Breaker(p, threshold=s.breaker_threshold)
         self.manager = RunManager(p, self._executor, self.clock)
         self.manager.on_finished.append(self._run_finished)
+        self.manager.on_park.append(lambda: self.engine.wake())
         self.workflows_eval = WorkflowEvaluator(self)
         self.engine = TriggerEngine(
             [

@@ -17,7 +17,7 @@ from ambient.redact import RedactProcessor, SecretRegistry
 
 # apprise writes the full Telegram URL, bot token included, at DEBUG (RELIABILITY finding 6);
 # httpx/httpcore log every request URL (the Bot API URL carries the token) at INFO/DEBUG.
-_QUIET_LOGGERS = ("apprise", "httpx", "httpcore", "urllib3", "requests")
+_QUIET_LOGGERS = ("apprise", "httpx", "httpcore", "urllib3", "requests", "watchfiles")
 
 
 class _QuietFilter(logging.Filter):

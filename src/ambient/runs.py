@@ -225,6 +225,8 @@ class RunExecutor:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         self._closing = False
+        self._parked = False
+        self.on_park: Callable[[], None] | None = None
 
     # -- events
 
@@ -237,8 +239,19 @@ class RunExecutor:
 
     @property
     def waiting(self) -> bool:
-        """Idle until the person decides (or a retry timer fires)."""
-        return not self._tasks and not self.state.finished
+        """Parked: no agent runs and nothing moves until the person decides (or a retry timer fires)."""
+        return self._parked and not self._tasks and not self.state.finished
+
+    async def _wait_wake(self, delay: float | None) -> None:
+        """Sleep until poked (a task ended, a decision arrived) or ``timeout``; parked when nothing runs."""
+        self._parked = not self._tasks
+        if self._parked and self.on_park is not None:
+            self.on_park()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+        finally:
+            self._parked = False
 
     @property
     def running_items(self) -> int:
@@ -246,6 +259,7 @@ class RunExecutor:
 
     def poke(self) -> None:
         """Wake the executor (a decision arrived, or shutdown)."""
+        self._parked = False  # at once: an idle check in this same tick must see it moving
         self._wake.set()
 
     # -- main loop
@@ -271,11 +285,17 @@ class RunExecutor:
                 await self._finish()
                 break
             self._wake.clear()
+            if self._ready_now():
+                continue
             wake_at = next_wakeup(self.state)
             timeout = max(0.0, (wake_at - now).total_seconds()) if wake_at else None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            await self._wait_wake(timeout)
         return self.state
+
+    def _ready_now(self) -> bool:
+        if self._closing:
+            return False
+        return bool(ready_items(self.state, self.plan, self.ports.clock.now(), len(self._tasks)))
 
     async def _accept(self, batch: list[ItemState]) -> None:
         # spec: "accepted" means "on disk" before the agent starts; one fsync for the whole batch.
@@ -430,7 +450,7 @@ class RunExecutor:
         self.journal.sync()
         for task in list(self._tasks.values()):
             task.cancel()
-        self._wake.set()
+        self.poke()
 
     def decide(self, escalation: str, option: str, action: str, *, by: str, channel: str,
                latency_s: float | None, note: str | None = None) -> bool:
@@ -443,7 +463,7 @@ class RunExecutor:
         self.journal.sync()
         if item is not None:
             self.ports.claims.item_changed(self.state, self._by_name[item])
-        self._wake.set()
+        self.poke()
         return True
 
     async def _finish(self) -> None:
@@ -497,6 +517,7 @@ class RunManager:
         self.executors: dict[str, RunExecutor] = {}
         self.tasks: dict[str, asyncio.Task[RunState]] = {}
         self.on_finished: list[Callable[[RunState], Awaitable[None] | None]] = []
+        self.on_park: list[Callable[[], None]] = []  # a run went idle (waits on the person)
 
     def start(
         self,
@@ -538,10 +559,15 @@ class RunManager:
         ex = self.factory(state, journal)
         ex.ports.claims.run_changed(state)
         self.executors[state.run_id] = ex
+        ex.on_park = self._parked
         task = asyncio.create_task(ex.run(), name=f"run:{state.run_id}")
         self.tasks[state.run_id] = task
         run_id = state.run_id
         task.add_done_callback(lambda t: self._done(run_id, t))
+
+    def _parked(self) -> None:
+        for cb in self.on_park:
+            cb()
 
     def _done(self, run_id: str, task: asyncio.Task[RunState]) -> None:
         self.tasks.pop(run_id, None)

@@ -220,6 +220,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
             item.escalation = ev.get("escalation")
             if item.escalation:
                 state.escalations[str(item.escalation)] = item.name
+                state.escalation_count += 1
         elif item.gate == "rejected":
             item.status = "aborted"
     elif kind == "breaker":
@@ -248,6 +249,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
             state.final_escalation = ev.get("escalation")
             if state.final_escalation:
                 state.escalations[str(state.final_escalation)] = ""
+                state.escalation_count += 1
     elif kind == "abort":
         for it in state.items:
             if it.status in ("pending", "retry_wait", "escalated", "running"):

@@ -153,7 +153,7 @@ class AgentDelegate:
         if not back.ok:
             return AttemptResult(result="error", error=f"the agent's {signal} was denied: {back.reason}",
                                  duration_ms=_ms(started), signal_in=signal)
-        output = res.output if res.output is not None else res.result
+        output = res.result if res.result is not None else res.output  # the normalised result mapping
         return AttemptResult(
             result=res.status, output=output, error=res.error, duration_ms=res.duration_ms or _ms(started),
             signal_in=signal, question=res.question, options=list(res.options or []),

@@ -17,7 +17,9 @@ def main() -> int:
     result = {
         "status": "ok",
         "summary": f"implemented: {story}",
-        "files_changed": scope,
+        "files_modified": scope,
+        # A code step closes "validated" (spec/002 tier 2): it reports the tests it ran, green here.
+        "tests": {"total": 4, "passed": 4, "failed": 0},
         "attempt": int(os.environ.get("AMBIENT_ATTEMPT", "1")),
     }
     print(json.dumps({"signal": "RETURN", "result": result}))

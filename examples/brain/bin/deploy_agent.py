@@ -7,7 +7,8 @@ The ambient agent protocol, in short:
   stdout  one JSON object: {"signal": "RETURN", "result": {"status": "ok" | "failed", ...}}
   exit    0 when it answered on stdout (a failure is said in the result, not by the exit code)
 
-instance-07 always fails its health check, so the example brain shows an escalation.
+instance-07 fails its health check on its first attempt (a flaky service), so the example brain
+shows an escalation; answering it with `retry` deploys it.
 Stdlib only.
 """
 
@@ -16,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-BROKEN = {"instance-07"}  # the instance whose (simulated) health check fails
+BROKEN = {"instance-07"}  # the instance whose (simulated) health check fails the first time
 
 
 def main() -> int:
@@ -31,7 +32,8 @@ def main() -> int:
     config = files[0] if files else f"infrastructure/vps/configs/{instance}.yml"
     found = (brain / config).is_file()
 
-    if instance in BROKEN:
+    attempt = int(os.environ.get("AMBIENT_ATTEMPT", "1"))
+    if instance in BROKEN and attempt == 1:
         result = {
             "status": "failed",
             "instance": instance,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -101,8 +102,13 @@ def collect(root: Path) -> dict[str, Any]:
             if i.error and i.status in ("failed", "escalated", "retry_wait"):
                 errors.append({"workflow": s.workflow, "item": i.name, "error": redact_text(i.error)[:200]})
     finished = [r for r in records][-10:]
+    from ambient.brain import load_settings
+
+    settings, _ = load_settings(paths, os.environ)
+    notify_on = bool(settings and (settings.notify.urls or settings.telegram.answers))
     return {
         "brain": str(root), "daemon": {"up": up, "pid": running_pid(paths) if up else None},
+        "notifications": notify_on,
         "runs": runs, "escalations": pending, "locks": locks,
         "claims": {"open": len(open_claims), "problems": [str(p) for p in loaded.problems]},
         "errors": errors[-10:],
@@ -141,8 +147,12 @@ def print_status(root: Path, *, verbose: bool = False, workflow: str | None = No
         opts = " | ".join(f"{n}. {o}" for n, o in enumerate(e["options"], 1))
         write(f"  {e['id']}  {e['workflow']} {e['where']}: {e['question'][:100]}")
         write(f"      options: {opts}")
-        write(f"      answer:  ambient decide {e['id']} <option>"
-              + ("" if e["notified"] else f"   (notification not delivered yet, {e['attempts']} attempt(s))"))
+        note = ""
+        if not data["notifications"]:
+            note = "   (no notification URL configured: see README, Notifications)"
+        elif not e["notified"]:
+            note = f"   (notification not delivered yet, {e['attempts']} attempt(s))"
+        write(f"      answer:  ambient decide {e['id']} <option>{note}")
     write(f"Locks held: {len(data['locks'])}")
     for lk in data["locks"]:
         write(f"  {lk['file']}  {lk['state']}  holder={lk['holder']}  expires={lk['expires_at']}")
