@@ -39,9 +39,8 @@ class NotifySettings(_Strict):
     urls: list[SecretStr] = Field(default_factory=list)
     results: ResultNotify = "failures"
     digest: bool = False
-    retry_base_s: float = Field(default=5.0, gt=0)
-    retry_cap_s: float = Field(default=600.0, gt=0)
-    retry_max_attempts: int = Field(default=50, ge=1)
+    retry_base_s: float = Field(default=5.0, gt=0)  # first retry within this; doubles each time
+    retry_cap_s: float = Field(default=900.0, gt=0)  # escalations are retried for ever, at most this apart
 
 
 class TelegramSettings(_Strict):

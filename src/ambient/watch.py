@@ -50,13 +50,22 @@ async def watch_brain(
     *,
     debounce_ms: int = 20,
     step_ms: int = 10,
+    ready: asyncio.Event | None = None,
 ) -> None:
-    """Call ``on_change(paths)`` for every batch of relevant changes until ``stop`` is set."""
+    """Call ``on_change(paths)`` for every batch of relevant changes until ``stop`` is set.
+
+    ``ready`` is set once the watches are in place, so the daemon sends READY=1 only then: a file dropped
+    right after READY is seen at once instead of at the next timed tick (found by the end-to-end tests).
+    """
     from watchfiles import awatch  # imported here: only the daemon pays for it
 
     dirs = watched_dirs(paths)
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
+    if ready is not None:
+        # Setting the event does not yield: the first step of ``async for`` below runs in this same task step and
+        # builds the inotify watches (RustNotify) synchronously, before any waiter of ``ready`` can run.
+        ready.set()
     async for changes in awatch(
         *dirs,
         watch_filter=BrainFilter(paths),

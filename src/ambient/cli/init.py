@@ -1,0 +1,84 @@
+"""``ambient init [DIR]``: scaffold a brain that ``ambient validate`` accepts and ``ambient run`` runs at once.
+
+Never overwrites and never deletes: when any file it would write exists, it writes nothing, names
+those files and exits 2. Each file is published with a hard link from a temp file, so a file that
+appears meanwhile is not clobbered either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ambient.cli._common import EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``ambient init``."""
+    p = add_command(
+        sub,
+        "init",
+        _init,
+        help="create a new brain: folders, a commented profil/ambient.yml, an example agent and workflow",
+        description=(
+            "Create a brain in DIR (default: --brain, $AMBIENT_BRAIN or the current directory): agents/, claims/, "
+            "locks/, profil/, workflows/, a .gitignore for .ambient/, profil/ambient.yml with every setting "
+            "commented with its default, profil/routing.yml, and an example agent and workflow that run at once. "
+            "Existing folders are fine; an existing file is never overwritten (exit 2, nothing written)."
+        ),
+    )
+    p.add_argument("dir", nargs="?", metavar="DIR", help="where to create the brain (created if missing)")
+    p.add_argument("--no-example", action="store_true",
+                   help="only folders, profil/ambient.yml and .gitignore (to add ambient to an existing brain)")
+
+
+def _create_new(path: Path, text: str, mode: int) -> None:
+    """Publish ``path`` whole (temp file, fsync, link); FileExistsError if it exists, even if it just appeared."""
+    from ambient.fsutil import fsync_dir, write_tmp
+
+    tmp = write_tmp(path, text.encode(), mode)
+    try:
+        os.link(tmp, path)  # fails if the name exists: never clobbers
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def _init(args: argparse.Namespace) -> int:
+    from ambient.scaffold import DIRECTORIES, brain_files
+
+    root = Path(args.dir).absolute() if args.dir else brain_dir(args)
+    if root.exists() and not root.is_dir():
+        return fail(f"{root} exists and is not a directory")
+    files = brain_files(example=not args.no_example)
+    existing = [f.rel for f in files if os.path.lexists(root / f.rel)]
+    blocked = [d for d in DIRECTORIES if os.path.lexists(root / d) and not (root / d).is_dir()]
+    if existing or blocked:
+        names = ", ".join(existing + [f"{d} (not a directory)" for d in blocked])
+        return fail(
+            f"{root} already has {names}; ambient init never overwrites a file and wrote nothing. "
+            "Move those files aside, choose another DIR"
+            + ("" if args.no_example else ", or use --no-example to add only the configuration")
+        )
+    for d in DIRECTORIES:
+        (root / d).mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+    for f in files:
+        try:
+            _create_new(root / f.rel, f.text, f.mode)
+        except FileExistsError:
+            done = f"; already written: {', '.join(written)}" if written else ""
+            return fail(f"{root / f.rel} appeared while ambient init was running; not overwritten{done}")
+        written.append(f.rel)
+    out(f"created a brain in {root}")
+    for rel in written:
+        out(f"  {rel}")
+    brain = f" --brain {root}" if root != Path.cwd() else ""
+    out("next:")
+    out(f"  ambient validate{brain}             # check every file (file:line on a problem)")
+    if not args.no_example:
+        out(f"  ambient run{brain} --until-idle     # run the example workflow once, then exit")
+    out(f"  ambient doctor{brain}               # what is wrong and how to fix it")
+    out(f"  ambient config show{brain}          # the effective settings")
+    return EXIT_OK if written else EXIT_USAGE
