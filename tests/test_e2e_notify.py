@@ -214,3 +214,39 @@ def test_telegram_button_press_decides_and_resumes(tmp_path: Path, http_server: 
     assert proc.returncode == 0, err[-2000:]
     assert esc["id"]
     assert BOT_TOKEN not in _all_text(root, first.stdout, first.stderr, out, err)
+
+
+def test_learned_rule_decides_alone_after_opt_in(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Answers become a shadow rule, agreements promote it, and once opted in it decides alone, never silently."""
+    root = _brain(tmp_path, "notify:\n  results: none\n")
+    paths = BrainPaths(root)
+    paths.state.mkdir(parents=True, exist_ok=True)
+    (paths.state / "rules.yml").write_text("version: 1\npromote_after: 1\nauto_decide:\n  global: true\n")
+    env = _env()
+
+    def one_run(decide: bool) -> dict[str, Any]:
+        res = _run(root, env)
+        assert res.returncode == 0, res.stderr[-2000:]
+        for esc in _pending(root):
+            assert decide, "a rule should have decided this one"
+            assert main(["--brain", str(root), "decide", esc["id"], "retry"]) == 0
+            res = _run(root, env)
+            assert res.returncode == 0, res.stderr[-2000:]
+        return read_jsonl(paths.runs_log).records[-1]
+
+    first = one_run(decide=True)  # a candidate rule is born in shadow
+    assert first["decisions"][0]["auto"] is False
+    assert main(["--brain", str(root), "start", "deploy-batch"]) == 0
+    second = one_run(decide=True)  # the same answer: one agreement → active (promote_after: 1)
+    assert second["run_id"] != first["run_id"]
+    capsys.readouterr()
+    assert main(["--brain", str(root), "rules", "--json"]) == 0
+    rules = json.loads(capsys.readouterr().out)
+    rule_list = rules["rules"] if isinstance(rules, dict) else rules
+    assert rule_list[0]["state"] == "active" and rule_list[0]["option"] == "retry"
+    assert main(["--brain", str(root), "start", "deploy-batch"]) == 0
+    third = one_run(decide=False)  # the rule decides: no escalation left for the person
+    assert third["outcome"] == "success"
+    assert third["decisions"][0]["auto"] is True and third["decisions"][0]["channel"] == "rule", third["decisions"]
+    outbox = list((paths.state / "outbox").glob("*.json")) if (paths.state / "outbox").exists() else []
+    del outbox  # no notifier configured: the information is logged and recorded in the run

@@ -381,11 +381,11 @@ class ChainExecutor(RunExecutor):
         await self._finish()
 
     def decide(self, escalation: str, option: str, action: str, *, by: str, channel: str,
-               latency_s: float | None, note: str | None = None) -> bool:
+               latency_s: float | None, note: str | None = None, rule: str | None = None) -> bool:
         if escalation == self.state.final_escalation and escalation in self.state.escalations:
             self.state.escalations.pop(escalation, None)
             self.event("decided", escalation=escalation, option=option, action=action, by=by, channel=channel,
-                       latency_s=latency_s, note=note)
+                       latency_s=latency_s, note=note, auto=rule is not None, rule=rule)
             self.event("final_gate", state="passed" if action in ("approve", "continue") else "rejected")
             self.journal.sync()
             self.poke()
@@ -398,7 +398,8 @@ class ChainExecutor(RunExecutor):
                 self.chain.breaker.reset(scope)
             self.event("breaker", scope=scope, fails=0, tripped=False)
             action = "retry"
-        return super().decide(escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note)
+        return super().decide(escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note,
+                              rule=rule)
 
     async def _interrupt(self) -> None:
         for item in self.state.items:

@@ -34,7 +34,7 @@ from ambient.clock import Clock, SystemClock
 from ambient.engine import Tick, TriggerEngine
 from ambient.errors import AlreadyRunningError, AmbientError
 from ambient.escalations import EscalationStore
-from ambient.fsutil import atomic_write, check_local_filesystem, sweep_tmp
+from ambient.fsutil import TMP_MARK, atomic_write, check_local_filesystem, sweep_tmp
 from ambient.gitbranch import GitBranches
 from ambient.journal import Journal, append_line
 from ambient.livecontext import LiveContext
@@ -64,6 +64,7 @@ from ambient.services import (
     ClaimsWriter,
     EscalationEvaluator,
     InboxEvaluator,
+    Learner,
     RouterEmitter,
     StoreEscalator,
 )
@@ -147,10 +148,63 @@ class WorkflowEvaluator:
 
     name = "workflows"
 
+    #: Reload debounce (R-08: 50 rapid saves must not cause 50 reloads). A change after this long without
+    #: changes reloads at once (a dropped workflow starts promptly); changes closer together than this are
+    #: coalesced into one trailing reload once the files have been quiet this long...
+    RELOAD_QUIET_S = 0.1
+    #: ... or after this long of constant churn, so that a file rewritten forever still gets loaded.
+    RELOAD_MAX_WAIT_S = 2.0
+
     def __init__(self, daemon: Daemon) -> None:
         self.d = daemon
         self.path = daemon.paths.state / "workflows.json"
         self.seen: dict[str, dict[str, Any]] = self._load()
+        self._dirs = (daemon.paths.workflows, daemon.paths.agents, daemon.paths.profil)
+        self._fp = self._fingerprint()
+        self._last_change = float("-inf")
+        self._pending_since: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def _fingerprint(self) -> frozenset[tuple[str, int, int, int]]:
+        """A cheap listing (name, mtime, size, inode) of the files a reload reads."""
+        out: set[tuple[str, int, int, int]] = set()
+        for d in self._dirs:
+            with contextlib.suppress(OSError), os.scandir(d) as entries:
+                for e in entries:
+                    if e.name.startswith(".") or TMP_MARK in e.name:
+                        continue
+                    with contextlib.suppress(OSError):
+                        st = e.stat(follow_symlinks=False)
+                        out.add((e.path, st.st_mtime_ns, st.st_size, st.st_ino))
+        return frozenset(out)
+
+    async def _reload_due(self, tick: Tick) -> bool:
+        """Whether this tick reloads the brain (see RELOAD_QUIET_S); schedules the trailing reload."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if tick.timed:
+            # File events are hints (RELIABILITY §2.3): a timed tick compares the listing, which is also how
+            # ``--no-watch`` picks up new and edited files (it never reloaded before: e2e test).
+            fp = await asyncio.to_thread(self._fingerprint)
+            changed, self._fp = fp != self._fp, fp
+        else:
+            changed = any(tick.touched(p) for p in self._dirs)
+            if changed:
+                self._fp = await asyncio.to_thread(self._fingerprint)
+        if changed:
+            isolated = self._pending_since is None and now - self._last_change >= self.RELOAD_QUIET_S
+            self._last_change = now
+            if isolated:
+                return True
+            if self._pending_since is None:
+                self._pending_since = now
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_later(self.RELOAD_QUIET_S + 0.01, self.d.engine.wake)
+            return False
+        return self._pending_since is not None and (
+            now - self._last_change >= self.RELOAD_QUIET_S or now - self._pending_since >= self.RELOAD_MAX_WAIT_S
+        )
 
     def _load(self) -> dict[str, dict[str, Any]]:
         try:
@@ -164,9 +218,12 @@ class WorkflowEvaluator:
 
     async def evaluate(self, tick: Tick) -> None:
         d = self.d
-        changed = not tick.timed and any(tick.touched(p) for p in (d.paths.workflows, d.paths.agents, d.paths.profil))
-        if d.reload_requested or changed:
+        due = await self._reload_due(tick)
+        if d.reload_requested or due:
+            self._pending_since = None
             await d.reload()
+            # Changes seen while the reload ran belong to the same burst: coalesce them (not "isolated").
+            self._last_change = max(self._last_change, asyncio.get_running_loop().time())
         for name, wf in sorted(d.ref.brain.workflows.items()):
             if not wf.spec.runnable:
                 continue
@@ -238,6 +295,8 @@ class IdleEvaluator:
 class Daemon:
     """One ambient daemon on one brain."""
 
+    engine: TriggerEngine
+
     def __init__(self, root: Path, options: DaemonOptions | None = None, clock: Clock | None = None) -> None:
         self.paths = BrainPaths(root.absolute())
         self.options = options or DaemonOptions()
@@ -273,6 +332,8 @@ class Daemon:
         self.notifier = self._notifier(brain)
         self.escalator = StoreEscalator(self.escalations, self.outbox, self.clock, self._outbox_wake,
                                         buttons=s.telegram.answers, results=s.notify.results)
+        self.escalator.learner = Learner(p, self.clock)
+        self.escalator.on_answered = lambda path: self.engine.wake([path])
         self.assisted = AssistedRunner(self.claims, self.clock)
         self.runners = Runners(assisted=self.assisted)
         self.delegate = AgentDelegate(self.ref, self.router, self.runners, self.locks, self.clock, self.live)
@@ -426,6 +487,7 @@ class Daemon:
             await self._flush_live_once()
 
     async def _flush_live_once(self) -> None:
+        self.router.flush()  # the audit log is buffered by the router; push it out with the live threads
         batch, self._live_queue = self._live_queue, []
         if not batch:
             return
@@ -458,8 +520,13 @@ class Daemon:
             log.error("config_invalid_kept_previous", file=self.paths.rel(self.paths.config))
         self.ref.brain = new
         self.router.update(new.matrix.matrix, new.matrix.zone_rules)
+        # The tick interval is read by the engine itself: without this a changed tick_seconds was ignored
+        # until a restart (e2e test, R-08).
+        self.engine.tick_seconds = new.settings.tick_seconds
+        # Every reload is logged (not only SIGHUP's), so a reload storm from rapid saves is visible.
+        log.info("reloaded", trigger="sighup" if sighup else "files", workflows=len(new.workflows),
+                 problems=len(new.problems), tick_seconds=new.settings.tick_seconds)
         if sighup:
-            log.info("reloaded", workflows=len(new.workflows), problems=len(new.problems))
             systemd.ready(self._status_line())
 
     def _status_line(self) -> str:

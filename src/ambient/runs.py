@@ -453,13 +453,13 @@ class RunExecutor:
         self.poke()
 
     def decide(self, escalation: str, option: str, action: str, *, by: str, channel: str,
-               latency_s: float | None, note: str | None = None) -> bool:
+               latency_s: float | None, note: str | None = None, rule: str | None = None) -> bool:
         """Apply the person's (or a rule's) decision; False if this run does not wait on it."""
         if escalation not in self.state.escalations:
             return False
         item = self.state.escalations[escalation] or None
         self.event("decided", item=item, escalation=escalation, option=option, action=action, by=by,
-                   channel=channel, latency_s=latency_s, note=note)
+                   channel=channel, latency_s=latency_s, note=note, auto=rule is not None, rule=rule)
         self.journal.sync()
         if item is not None:
             self.ports.claims.item_changed(self.state, self._by_name[item])
@@ -630,12 +630,13 @@ class RunManager:
         return None
 
     def decide(self, escalation: str, option: str, action: str, *, by: str, channel: str,
-               latency_s: float | None = None, note: str | None = None) -> bool:
+               latency_s: float | None = None, note: str | None = None, rule: str | None = None) -> bool:
         """Route a decision to the run that waits on it."""
         ex = self.find_escalation(escalation)
         if ex is None:
             return False
-        return ex.decide(escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note)
+        return ex.decide(escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note,
+                         rule=rule)
 
     @property
     def idle(self) -> bool:

@@ -79,11 +79,10 @@ CONFIG_TEMPLATE: Final = """\
 #  results: failures
 #  # one daily summary instead of a message per result
 #  digest: false
-#  # retry a failed notification after retry_base_s, doubling up to retry_cap_s, at most
-#  # retry_max_attempts times
+#  # a failed notification is retried after about retry_base_s, doubling each time up to
+#  # retry_cap_s seconds apart; escalations are retried for as long as they wait
 #  retry_base_s: 5.0
-#  retry_cap_s: 600.0
-#  retry_max_attempts: 50
+#  retry_cap_s: 900.0
 
 # Answering escalations with Telegram buttons (opt-in). The bot token is never written here: give it
 # through systemd's LoadCredential=telegram-token:/etc/ambient/telegram-token, or token_file.

@@ -194,6 +194,65 @@ def _scalar(v: Any) -> bool:
 # ---------------------------------------------------------------- escalations
 
 
+_SIGNAL_OF_KIND = {"fail": "FAIL", "error": "ERROR", "blocked": "BLOCKED_ON", "question": "ESCALATE",
+                   "gate": "GATE", "circuit_break": "CIRCUIT_BREAK"}
+
+
+class Learner:
+    """The learning loop's hands: learn from the person's answers, decide where a rule may (opt-in)."""
+
+    def __init__(self, paths: Any, clock: Clock) -> None:
+        from ambient.rulestore import rules_path
+
+        self.path = rules_path(paths)
+        self.clock = clock
+
+    @staticmethod
+    def situation(esc: Escalation) -> Any:
+        from ambient.learning import situation_for
+
+        return situation_for(esc.workflow, esc.agent or "-", _SIGNAL_OF_KIND.get(esc.kind, esc.kind.upper()),
+                             esc.question)
+
+    def observe(self, esc: Escalation) -> None:
+        """Record a human decision as evidence (blocking: call through ``to_thread``)."""
+        from ambient.learning import observe
+        from ambient.rulestore import update_rules
+
+        if esc.decision is None or esc.channel in ("rule", "timeout"):
+            return
+        sit = self.situation(esc)
+        now = self.clock.now()
+        try:
+            update_rules(self.path, lambda b: b.with_rules(
+                observe(b.rules, sit, str(esc.decision), esc.run_id, now, promote_after=b.promote_after)))
+        except (AmbientError, OSError) as exc:
+            log.warning("rules_not_updated", error=str(exc))
+
+    def rule_for(self, esc: Escalation) -> Any:
+        """The active, opted-in rule that may decide this escalation alone, or None."""
+        from ambient.learning import may_auto_decide, predict
+        from ambient.rulestore import load_rules
+
+        if not self.path.exists():
+            return None
+        book, _ = load_rules(self.path)
+        rule = predict(book.rules, self.situation(esc))
+        options = [o.key for o in esc.options]
+        return rule if may_auto_decide(rule, book.policy, options=options) else None
+
+    def used(self, rule: Any, run_id: str) -> None:
+        """Count an automatic decision (blocking)."""
+        from ambient.learning import record_use
+        from ambient.rulestore import update_rules
+
+        now = self.clock.now()
+        try:
+            update_rules(self.path, lambda b: b.with_rules(record_use(b.rules, rule.id, run_id, now)))
+        except (AmbientError, OSError) as exc:
+            log.warning("rules_not_updated", error=str(exc))
+
+
 class StoreEscalator:
     """Escalations persisted (fsync'd) before any notification; notifications go through the outbox."""
 
@@ -206,7 +265,8 @@ class StoreEscalator:
         self.wake_outbox = wake_outbox
         self.buttons = buttons
         self.results = results
-        self.created_at: dict[str, datetime] = {}
+        self.learner: Learner | None = None
+        self.on_answered: Any = None  # callback(path): an automatic decision was written
 
     async def escalate(self, req: EscalationRequest) -> str:
         now = self.clock.now()
@@ -228,8 +288,31 @@ class StoreEscalator:
         stored = await asyncio.to_thread(self.store.create, esc)
         if stored.id == esc.id:
             log.info("escalation_opened", escalation=esc.id, kind=req.kind, item=req.item)
-            await self.queue(stored)
+            if not await self._auto_decide(stored):
+                await self.queue(stored)
         return stored.id
+
+    async def _auto_decide(self, esc: Escalation) -> bool:
+        """A learned rule the person opted in to decides, recorded and sent as information (never silent)."""
+        if self.learner is None:
+            return False
+        rule = await asyncio.to_thread(self.learner.rule_for, esc)
+        if rule is None:
+            return False
+        from ambient.learning import auto_decision_notice
+
+        try:
+            await asyncio.to_thread(self.store.answer, esc.id, rule.option, by=f"rule:{rule.id}", channel="rule")
+        except (AmbientError, OSError) as exc:
+            log.warning("auto_decision_failed", escalation=esc.id, error=str(exc))
+            return False
+        await asyncio.to_thread(self.learner.used, rule, esc.run_id)
+        log.info("auto_decided", escalation=esc.id, rule=rule.id, option=rule.option)
+        await self.inform(f"{esc.workflow}: decided by a learned rule",
+                          auto_decision_notice(rule, run_id=esc.run_id, item=esc.item))
+        if self.on_answered is not None:
+            self.on_answered(self.store.path_for(esc.id))
+        return True
 
     async def queue(self, esc: Escalation) -> None:
         """Queue the escalation's message in the outbox (sent at once, retried until delivered)."""
@@ -449,13 +532,18 @@ class EscalationEvaluator:
             if option is None or action is None:
                 self.applied.add(esc.id)
                 continue
-            ok = self.manager.decide(esc.id, option.key, action, by=esc.by or "human", channel=esc.channel or "cli",
-                                     latency_s=esc.latency_s, note=esc.note)
+            by = esc.by or "human"
+            rule = by.removeprefix("rule:") if by.startswith("rule:") else None
+            ok = self.manager.decide(esc.id, option.key, action, by=by, channel=esc.channel or "cli",
+                                     latency_s=esc.latency_s, note=esc.note, rule=rule)
             if ok:
-                log.info("decision_applied", escalation=esc.id, option=option.key, action=action, by=esc.by)
+                log.info("decision_applied", escalation=esc.id, option=option.key, action=action, by=by)
                 self.applied.add(esc.id)
-            elif self.manager.find_escalation(esc.id) is None:
+                if self.escalator.learner is not None and rule is None:
+                    await asyncio.to_thread(self.escalator.learner.observe, esc)
+            elif esc.run_id not in self.manager.executors:
                 self.applied.add(esc.id)  # its run is finished or unknown: nothing waits on it
+            # else: its run has not recorded the escalation yet (a rule answered at once): next tick.
 
     def _timers_due(self, now: datetime) -> bool:
         return True

@@ -11,7 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ambient.cli._common import EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out
+from ambient.cli._common import EXIT_OK, add_command, brain_dir, fail, out
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,6 +45,14 @@ def _create_new(path: Path, text: str, mode: int) -> None:
     fsync_dir(path.parent)
 
 
+def _only_example(existing: list[str], blocked: list[str]) -> bool:
+    """Would ``--no-example`` avoid every conflict?"""
+    from ambient.scaffold import brain_files
+
+    minimal = {f.rel for f in brain_files(example=False)}
+    return not blocked and not minimal.intersection(existing)
+
+
 def _init(args: argparse.Namespace) -> int:
     from ambient.scaffold import DIRECTORIES, brain_files
 
@@ -58,8 +66,8 @@ def _init(args: argparse.Namespace) -> int:
         names = ", ".join(existing + [f"{d} (not a directory)" for d in blocked])
         return fail(
             f"{root} already has {names}; ambient init never overwrites a file and wrote nothing. "
-            "Move those files aside, choose another DIR"
-            + ("" if args.no_example else ", or use --no-example to add only the configuration")
+            "Move those files aside or choose another DIR"
+            + (", or use --no-example to add only the configuration" if _only_example(existing, blocked) else "")
         )
     for d in DIRECTORIES:
         (root / d).mkdir(parents=True, exist_ok=True)
@@ -81,4 +89,4 @@ def _init(args: argparse.Namespace) -> int:
         out(f"  ambient run{brain} --until-idle     # run the example workflow once, then exit")
     out(f"  ambient doctor{brain}               # what is wrong and how to fix it")
     out(f"  ambient config show{brain}          # the effective settings")
-    return EXIT_OK if written else EXIT_USAGE
+    return EXIT_OK

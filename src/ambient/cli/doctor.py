@@ -1,0 +1,631 @@
+"""``ambient doctor``: what is wrong with a brain and how to fix it, one line per finding.
+
+Read-only: it writes nothing into the brain (``--notify`` sends one test message, nothing else).
+Severities: ``error`` (broken, or something is being lost: exit 1), ``warning`` (left over or worth a
+look; it does not change the exit code unless ``--strict``), ``info``. A daemon that is down is a
+warning: it is the normal state before the first start, during maintenance and in CI; it becomes an
+error when work waits on it (runs in progress, packets in the inbox, notifications to send).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
+
+if TYPE_CHECKING:
+    from ambient.paths import BrainPaths
+    from ambient.settings import Settings
+
+Severity = Literal["error", "warning", "info"]
+
+#: A notification that failed this many times "keeps failing".
+FAILING_ATTEMPTS = 3
+#: An escalation pending longer than this is reported (it waits on the person).
+LONG_PENDING = timedelta(hours=24)
+#: The Bot API keeps unconfirmed updates (button presses) this long.
+TELEGRAM_RETENTION = timedelta(hours=24)
+#: Past this much unread time, a Telegram backlog is close to the retention: an error.
+TELEGRAM_CLOSE = timedelta(hours=12)
+#: At most this many lines per check and kind; the rest is summed up in one line.
+MAX_LINES = 10
+
+_TMP_RE = re.compile(r"^\..+\.(?:tmp|stale)\.(\d+)\.[0-9a-f]+$")
+_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``ambient doctor``."""
+    p = add_command(
+        sub,
+        "doctor",
+        _doctor,
+        help="check the brain: what is wrong and how to fix it (exit 1 on an error)",
+        description=(
+            "Check a brain and print one line per finding with its severity and a fix: the daemon, the "
+            "configuration, workflows, agents and routing that do not load (file:line), stale claims and locks, "
+            "escalations whose notification keeps failing or that wait for long, a Telegram backlog close to the "
+            "Bot API's 24-hour retention, the filesystem, leftover temp files. Writes nothing. Exit 0 when no "
+            "error is found (warnings allowed unless --strict), 1 otherwise, 2 on bad usage."
+        ),
+    )
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.add_argument("--strict", action="store_true", help="warnings count as problems too (exit 1)")
+    p.add_argument("--notify", action="store_true",
+                   help="also send a test message to each notification URL and report those that fail")
+    p.add_argument("--timeout", type=float, default=20.0, metavar="SECONDS",
+                   help="per-URL time limit of --notify (default 20)")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing doctor found: how bad, what, where, and how to fix it."""
+
+    severity: Severity
+    check: str
+    message: str
+    hint: str = ""
+    file: str | None = None
+    line: int | None = None
+
+    def text(self) -> str:
+        """``severity  file:line: message | fix: hint`` on one line."""
+        where = f"{self.file}:{self.line}: " if self.file and self.line else f"{self.file}: " if self.file else ""
+        fix = f" | fix: {self.hint}" if self.hint else ""
+        return f"{self.severity:<7}  {where}{self.message}{fix}"
+
+
+@dataclass
+class Report:
+    """Every finding about one brain, and the daemon's state."""
+
+    brain: str
+    daemon_up: bool = False
+    daemon_pid: int | None = None
+    findings: list[Finding] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+
+    def count(self, severity: Severity) -> int:
+        """How many findings have this severity."""
+        return sum(1 for f in self.findings if f.severity == severity)
+
+    def ok(self, *, strict: bool = False) -> bool:
+        """No error (and, when strict, no warning)."""
+        return self.count("error") == 0 and not (strict and self.count("warning"))
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _ago(delta: timedelta) -> str:
+    s = max(0, int(delta.total_seconds()))
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+def _capped(findings: list[Finding], what: str) -> list[Finding]:
+    """At most MAX_LINES findings; the rest summed up in one line of the same severity and fix."""
+    if len(findings) <= MAX_LINES:
+        return findings
+    rest = findings[MAX_LINES:]
+    worst = min((f.severity for f in rest), key=_ORDER.__getitem__)
+    return [*findings[:MAX_LINES],
+            Finding(worst, rest[0].check, f"... and {len(rest)} more {what}", rest[0].hint)]
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+
+def check_filesystem(paths: BrainPaths) -> list[Finding]:
+    """The brain and its state on a filesystem whose locks and renames can be trusted."""
+    from ambient.errors import UnsupportedFilesystemError
+    from ambient.fsutil import check_local_filesystem
+
+    found: list[Finding] = []
+    for where in (paths.root, paths.state):
+        if not where.is_dir():
+            continue
+        try:
+            check_local_filesystem(where)
+        except UnsupportedFilesystemError as exc:
+            found.append(Finding("error", "filesystem", exc.message,
+                                 "move the brain (or its .ambient/) to a local filesystem: ext4, xfs, btrfs, tmpfs"))
+    return found
+
+
+def check_config(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Settings | None, list[Finding]]:
+    """``profil/ambient.yml`` with the environment applied: every problem at its line or variable."""
+    from ambient.cli.config import effective_config
+
+    cfg = effective_config(paths, environ)
+    found = []
+    for p in cfg.problems:
+        if p.file.startswith("$"):
+            hint = f"fix or unset {p.file[1:]} (`ambient config show` prints the effective settings)"
+        else:
+            hint = ("fix the file (`ambient config template` lists every setting with its default); until then "
+                    "`ambient run` uses the defaults and a reload keeps the previous settings")
+        found.append(Finding("error", "config", p.message, hint, p.file, p.line))
+    return cfg.settings, found
+
+
+_LOAD_HINTS: tuple[tuple[str, str, str], ...] = (
+    ("workflows/", "workflows", "fix the workflow (`ambient validate` lists every problem); the daemon does not run "
+                                "a file that does not load (a reload keeps its last good version)"),
+    ("agents/", "agents", "fix the agent's frontmatter; `ambient validate` lists every problem"),
+    ("profil/routing.yml", "routing", "fix the route; a route that does not load is not applied "
+                                      "(`ambient matrix` shows the effective access matrix)"),
+    ("profil/zones.yml", "zones", "fix the zone rule; `ambient validate` lists every problem"),
+)
+
+
+def _load_hint(file: str) -> tuple[str, str]:
+    for prefix, check, hint in _LOAD_HINTS:
+        if file.startswith(prefix):
+            return check, hint
+    return "runners", "fix the agent's `ambient.runner` (or `runners:` in profil/ambient.yml); `ambient validate`"
+
+
+def check_brain(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Any, list[Finding]]:
+    """Agents, zones, routing, runners and workflows as the daemon loads them."""
+    from ambient.brain import load_brain
+
+    brain = load_brain(paths, environ)
+    config = paths.rel(paths.config)
+    found = []
+    for p in brain.problems:
+        if p.file == config and not p.message.startswith("runner of "):
+            continue  # reported by check_config, blamed on the right variable
+        check, hint = _load_hint(p.file)
+        severity: Severity = "error" if p.severity == "error" else "warning"
+        found.append(Finding(severity, check, p.message, hint, p.file, p.line))
+    found += _check_programs(paths, brain)
+    return brain, found
+
+
+def _check_programs(paths: BrainPaths, brain: Any) -> list[Finding]:
+    """Command runners whose program (or ``{{python}}`` script) is not there: every spawn would fail."""
+    import shutil
+
+    from ambient.runners.base import CommandRunnerConfig
+
+    found = []
+    for name, cfg in sorted(brain.runners.items()):
+        if not isinstance(cfg, CommandRunnerConfig):
+            continue
+        spec = brain.matrix.agents.get(name)
+        file = paths.rel(spec.path) if spec is not None else paths.rel(paths.config)
+        line = spec.runner_line if spec is not None else None
+        cwd = paths.root if cfg.cwd is None else (paths.root / cfg.cwd if not cfg.cwd.startswith("/") else
+                                                   Path(cfg.cwd))
+        prog = cfg.argv[0]
+        if prog == "{{python}}":
+            script = cfg.argv[1] if len(cfg.argv) > 1 else ""
+            if script.endswith(".py") and "{{" not in script and not (cwd / script).is_file():
+                found.append(Finding("error", "runners", f"agent {name}: script {script} not found in {cwd}",
+                                     "fix ambient.runner.argv (paths are relative to the brain, or to runner cwd)",
+                                     file, line))
+        elif "/" in prog:
+            target = cwd / prog
+            if not (target.is_file() and os.access(target, os.X_OK)):
+                found.append(Finding("error", "runners", f"agent {name}: program {prog} is missing or not executable",
+                                     "fix ambient.runner.argv[0] or install the program (chmod +x)", file, line))
+        elif shutil.which(prog) is None:
+            found.append(Finding("warning", "runners", f"agent {name}: program {prog!r} is not on this PATH",
+                                 "install it, or give its full path (the daemon's PATH under systemd may differ)",
+                                 file, line))
+    return found
+
+
+def check_claims(paths: BrainPaths, settings: Settings, now: datetime) -> list[Finding]:
+    """Unreadable claims, open claims past their TTL (stale) and claims already marked stale."""
+    from ambient import claims as rules
+    from ambient.claimstore import ClaimStore
+
+    if not paths.claims.is_dir():
+        return []
+    loaded = ClaimStore(paths, check_filesystem=False).load()
+    found = [Finding("warning", "claims", p.message,
+                     "fix the file (ambient skips it and never rewrites it); `ambient validate` shows every problem",
+                     p.file, p.line) for p in loaded.problems if p.severity == "error"]
+    local = now.astimezone()
+    stale = rules.mark_stale(loaded.claims, local, timedelta(hours=settings.stale_claim_hours))
+    rows = []
+    for sid in sorted(stale):
+        claim = loaded.claims[sid]
+        ttl = rules.parse_ttl(claim.ttl) or timedelta(hours=settings.stale_claim_hours)
+        last = rules.last_activity(claim, local.tzinfo) or local  # type: ignore[arg-type]
+        rows.append(Finding(
+            "warning", "claims",
+            f"claim {sid} (agent {claim.agent}, scope {claim.scope}) is open with no activity for {_ago(local - last)}, "
+            f"past its TTL ({_ago(ttl)})",
+            f"if its agent is gone, close it: `ambient claim close {sid} --status failed --message abandoned`; "
+            "a running daemon marks it stale at its next tick",
+            paths.rel(loaded.files[sid]),
+        ))
+    found += _capped(rows, "stale claims")
+    already = sorted(sid for sid, c in loaded.claims.items() if c.status == rules.STALE)
+    if already:
+        names = ", ".join(already[:5]) + (f" and {len(already) - 5} more" if len(already) > 5 else "")
+        found.append(Finding("info", "claims", f"{len(already)} claim(s) marked stale (they block nobody): {names}",
+                             "close each once its work is settled: `ambient claim close SESS_ID --status ...`"))
+    return found
+
+
+def check_locks(paths: BrainPaths) -> list[Finding]:
+    """Locks whose holder is dead, whose TTL passed, or that cannot be read."""
+    from ambient.locks import LockManager
+
+    if not paths.locks.is_dir():
+        return []
+    manager = LockManager(paths, check_filesystem=False)
+    rows = []
+    for st in manager.list():
+        where = paths.rel(st.path)
+        info = st.info
+        holder = f"holder {info.holder}" + (f" (pid {info.pid} on {info.host})" if info and info.pid else "") \
+            if info else ""
+        if st.state == "dead":
+            rows.append(Finding("warning", "locks", f"lock on {st.file}: {holder} is dead",
+                                "`ambient lock cleanup` removes it (the next acquire would take it over)", where))
+        elif st.state == "expired":
+            rows.append(Finding("warning", "locks", f"lock on {st.file}: {holder}, TTL passed at "
+                                f"{info.expires_at if info else '?'}",
+                                "`ambient lock cleanup` removes it (the next acquire would take it over)", where))
+        elif st.state == "stale":
+            rows.append(Finding("warning", "locks", f"lock on {st.file} is unreadable: {st.problem}",
+                                "`ambient lock cleanup` removes it", where))
+        elif st.state == "malformed":
+            rows.append(Finding("warning", "locks", f"lock on {st.file} is unreadable and counts as held for "
+                                f"{manager.malformed_grace_s:g} s: {st.problem}",
+                                "if no process is writing it, `ambient lock cleanup` removes it once stale", where))
+    return _capped(rows, "stale locks")
+
+
+def _work_waiting(paths: BrainPaths) -> list[str]:
+    """What waits on a daemon: unfinished runs, packets in the inbox, notifications in the outbox."""
+    from ambient.journal import read_jsonl
+    from ambient.runstate import fold
+
+    runs = 0
+    if paths.run_journals.is_dir():
+        for path in sorted(paths.run_journals.glob("*.jsonl")):
+            try:
+                runs += not fold(read_jsonl(path).records).finished
+            except (ValueError, KeyError, OSError):
+                continue
+    packets = len(list(paths.inbox.glob("*.json"))) if paths.inbox.is_dir() else 0
+    outbox = paths.state / "outbox"
+    notes = len([p for p in outbox.glob("*.json") if not p.name.startswith(".")]) if outbox.is_dir() else 0
+    parts = []
+    if runs:
+        parts.append(f"{runs} run(s) in progress")
+    if packets:
+        parts.append(f"{packets} packet(s) in the inbox")
+    if notes:
+        parts.append(f"{notes} notification(s) to send")
+    return parts
+
+
+def _last_stop(paths: BrainPaths) -> datetime | None:
+    """When the daemon last stopped cleanly (``.ambient/daemon-events.jsonl``)."""
+    from ambient.journal import read_jsonl
+
+    events = paths.state / "daemon-events.jsonl"
+    if not events.is_file():
+        return None
+    for rec in reversed(read_jsonl(events).records):
+        if rec.get("ev") == "stopped":
+            try:
+                return datetime.fromisoformat(str(rec.get("at")))
+            except ValueError:
+                return None
+    return None
+
+
+def check_daemon(paths: BrainPaths, now: datetime) -> tuple[bool, int | None, list[Finding]]:
+    """Is a daemon holding the brain? Down is a warning, an error when work waits on it."""
+    from ambient.daemon import daemon_up, running_pid
+
+    if daemon_up(paths):
+        return True, running_pid(paths), []
+    waiting = _work_waiting(paths)
+    stopped = _last_stop(paths)
+    since = f" (stopped {_ago(now - stopped)} ago)" if stopped is not None else ""
+    message = f"the daemon is down{since}" + (f"; waiting on it: {', '.join(waiting)}" if waiting else "")
+    hint = (f"start it: `systemctl --user start ambient` (system unit: `sudo systemctl start ambient`), or in a "
+            f"terminal `ambient run --brain {paths.root}`; `journalctl -u ambient` says why it stopped")
+    return False, None, [Finding("error" if waiting else "warning", "daemon", message, hint)]
+
+
+def check_escalations(paths: BrainPaths, settings: Settings, now: datetime) -> list[Finding]:
+    """Unreadable escalations, notifications that keep failing, escalations waiting for long, nobody notified."""
+    from ambient.escalations import EscalationStore
+
+    if not paths.escalations.is_dir():
+        return []
+    scan = EscalationStore(paths).scan()
+    found = [Finding("error", "escalations", p.message,
+                     "fix or restore the file (ambient never rewrites it); `ambient escalations` lists the others",
+                     p.file, p.line) for p in scan.problems]
+    pending = [e for e in scan.escalations if e.status == "pending"]
+    outbox = _outbox_entries(paths)
+    failing, waiting = [], []
+    for esc in pending:
+        entry = outbox.get(f"escalation-{esc.id}")
+        tries = max(esc.notify.count, entry.attempts if entry is not None else 0)
+        last_error = entry.last_error if entry is not None and entry.last_error else next(
+            (a.error for a in reversed(esc.notify.attempts) if a.error), None)
+        answer = f"`ambient decide {esc.id} {'|'.join(o.key for o in esc.options)}`"
+        where = paths.rel(paths.escalations / f"{esc.id}.yml")
+        if esc.notify.delivered_at is None and tries >= FAILING_ATTEMPTS:
+            failing.append(Finding(
+                "error", "escalations",
+                f"notification of {esc.id} ({esc.where}) failed {tries} times"
+                + (f", last: {last_error}" if last_error else ""),
+                f"check the URLs with `ambient notify test` (or `ambient doctor --notify`); answer meanwhile: {answer}",
+                where))
+        age = now - esc.created_at
+        if age >= LONG_PENDING:
+            late = f", past its deadline {esc.deadline.isoformat(timespec='minutes')}" \
+                if esc.deadline is not None and esc.deadline < now else ""
+            waiting.append(Finding("warning", "escalations",
+                                   f"{esc.id} ({esc.where}) has waited on you for {_ago(age)}{late}", answer, where))
+    found += _capped(failing, "failing notifications") + _capped(waiting, "escalations waiting")
+    for entry in outbox.values():
+        if entry.message.kind != "escalation" and entry.attempts >= FAILING_ATTEMPTS:
+            found.append(Finding("warning", "notify",
+                                 f"notification {entry.id} ({entry.message.title[:60]}) failed {entry.attempts} times"
+                                 + (f", last: {entry.last_error[:200]}" if entry.last_error else ""),
+                                 "check the URLs with `ambient notify test`; it is given up after 24 h"))
+    parked = paths.state / "outbox" / "expired"
+    gave_up = len(list(parked.glob("*.json"))) if parked.is_dir() else 0
+    if gave_up:
+        found.append(Finding("warning", "notify", f"{gave_up} notification(s) were given up after 24 h of failures",
+                             f"check the URLs with `ambient notify test`; read then delete {paths.rel(parked)}/"))
+    if pending and not settings.notify.urls and not (settings.telegram.answers and settings.telegram.chat_id):
+        found.append(Finding("warning", "notify",
+                             f"{len(pending)} escalation(s) wait on you and no notification URL is configured: "
+                             "nobody is told",
+                             "set notify.urls in profil/ambient.yml (or $AMBIENT_NOTIFY_URLS); `ambient escalations` "
+                             "lists them"))
+    return found
+
+
+def _outbox_entries(paths: BrainPaths) -> dict[str, Any]:
+    """Pending outbox entries by id, read without creating or sweeping anything."""
+    from pydantic import ValidationError
+
+    from ambient.fsutil import read_capped
+    from ambient.notify import OutboxEntry
+
+    directory = paths.state / "outbox"
+    entries: dict[str, Any] = {}
+    if not directory.is_dir():
+        return entries
+    for path in sorted(directory.glob("*.json")):
+        if path.name.startswith("."):
+            continue
+        try:
+            entry = OutboxEntry.model_validate_json(read_capped(path, 1024 * 1024))
+        except (OSError, ValueError, ValidationError):
+            continue
+        entries[entry.id] = entry
+    return entries
+
+
+def check_notify_urls(paths: BrainPaths, environ: Mapping[str, str], timeout: float) -> list[Finding]:
+    """Send one test message through each configured URL (``--notify`` only: never by default)."""
+    import asyncio
+    import logging
+    import socket
+
+    import structlog
+
+    from ambient.errors import InputError
+    from ambient.notify import AppriseNotifier, DeliveryError, Message, notify_urls_from
+    from ambient.redact import SecretRegistry
+
+    if not structlog.is_configured():  # the findings say everything; keep the notifier's events off stdout
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    registry = SecretRegistry()
+    try:
+        urls = notify_urls_from(paths, environ, registry)
+    except InputError as exc:
+        return [Finding("error", "notify", exc.message, "fix the notification configuration", exc.file, exc.line)]
+    if not urls:
+        return [Finding("warning", "notify", "no notification URL is configured: escalations reach nobody",
+                        "set notify.urls in profil/ambient.yml or $AMBIENT_NOTIFY_URLS")]
+    message = Message(title="ambient doctor: test notification", kind="info", dedupe_id="doctor-test",
+                      body=f"Test message from `ambient doctor` on {socket.gethostname()}: this URL works.")
+    try:
+        report = asyncio.run(AppriseNotifier(urls, timeout=timeout, registry=registry).send(message))
+    except DeliveryError as exc:
+        report = exc.report
+    found = []
+    for r in report.results:
+        if r.ok:
+            found.append(Finding("info", "notify", f"notification URL {r.display} works (a test message was sent)"))
+        else:
+            found.append(Finding(
+                "error", "notify", f"notification URL {r.display} does not work: {r.detail or 'refused'}",
+                "check the URL (apprise syntax), its token and the network; `ambient notify test --url URL` tries one"))
+    return found
+
+
+def check_telegram(paths: BrainPaths, settings: Settings, up: bool, now: datetime) -> list[Finding]:
+    """Telegram answers: presses saved but not acted upon, and a backlog close to the Bot API's 24-hour retention."""
+    from ambient.escalations import EscalationStore
+    from ambient.fsutil import read_capped
+
+    tg = settings.telegram
+    state_path = paths.state / "telegram.json"
+    exists = state_path.is_file()
+    if not tg.answers and not exists:
+        return []
+    found: list[Finding] = []
+    if tg.answers and not tg.chat_id:
+        found.append(Finding("error", "telegram", "telegram.answers is on but telegram.chat_id is not set",
+                             "set telegram.chat_id in profil/ambient.yml (the chat that receives escalations)",
+                             paths.rel(paths.config)))
+    if tg.token_file and not os.access(tg.token_file, os.R_OK):
+        found.append(Finding("error", "telegram", f"telegram.token_file {tg.token_file} cannot be read",
+                             "fix the path or its permissions, or use LoadCredential=telegram-token:... under systemd",
+                             paths.rel(paths.config)))
+    if up:
+        return found
+    pending_presses = 0
+    if exists:
+        try:
+            data = json.loads(read_capped(state_path, 4 * 1024 * 1024))
+            pending_presses = len(data.get("pending") or []) if isinstance(data, dict) else 0
+        except (OSError, ValueError):
+            found.append(Finding("warning", "telegram", "the Telegram state file cannot be read",
+                                 "the daemon starts over from Telegram's unconfirmed updates", paths.rel(state_path)))
+    if pending_presses:
+        found.append(Finding("warning", "telegram",
+                             f"{pending_presses} Telegram button press(es) were received but not acted upon",
+                             "start the daemon: it applies them first", paths.rel(state_path)))
+    if not tg.answers:
+        return found
+    seen = [t for t in (_mtime(state_path), _mtime(paths.state / "daemon.json")) if t is not None]
+    stopped = _last_stop(paths)
+    last = max([datetime.fromtimestamp(t).astimezone() for t in seen] + ([stopped] if stopped else []), default=None)
+    if last is None:
+        return found
+    unread = now - last
+    waiting = bool(paths.escalations.is_dir() and EscalationStore(paths).list(status="pending"))
+    if unread >= TELEGRAM_RETENTION:
+        found.append(Finding(
+            "error", "telegram",
+            f"Telegram button presses have not been read for {_ago(unread)}: the Bot API keeps them 24 h, so presses "
+            f"made before {(now - TELEGRAM_RETENTION).isoformat(timespec='minutes')} are lost",
+            "start the daemon; answer the escalations with `ambient decide ID OPTION` (a lost press is not applied)"))
+    elif unread >= TELEGRAM_CLOSE:
+        lost_at = (last + TELEGRAM_RETENTION).isoformat(timespec="minutes")
+        found.append(Finding(
+            "error" if waiting else "warning", "telegram",
+            f"Telegram button presses have not been read for {_ago(unread)}: the Bot API drops them after 24 h, the "
+            f"first at {lost_at} (in {_ago(last + TELEGRAM_RETENTION - now)})",
+            "start the daemon before then; or answer with `ambient decide ID OPTION`"))
+    return found
+
+
+def check_tmp(paths: BrainPaths) -> list[Finding]:
+    """Temp files of interrupted writes whose writer is dead (only named, never removed here)."""
+    from ambient.locks import process_start_time
+
+    dirs = [paths.root, paths.agents, paths.claims, paths.locks, paths.profil, paths.workflows, paths.state,
+            paths.inbox, paths.escalations, paths.run_journals, paths.channels, paths.state / "outbox"]
+    left: list[str] = []
+    for d in dirs:
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in sorted(names):
+            m = _TMP_RE.match(name)
+            if m is None or (d / name).is_dir():
+                continue
+            pid = int(m.group(1))
+            if pid != os.getpid() and process_start_time(pid) is None:
+                left.append(paths.rel(d / name))
+    if not left:
+        return []
+    shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+    return [Finding("warning", "tmp", f"{len(left)} temp file(s) left by interrupted writes: {shown}",
+                    "harmless: `ambient run` removes them at start (`ambient lock cleanup` in locks/); they are never "
+                    "a real file, so deleting them by hand is safe too")]
+
+
+# ------------------------------------------------------------------------------------------ the whole check
+
+
+def diagnose(root: Path, environ: Mapping[str, str], *, now: datetime | None = None, notify: bool = False,
+             timeout: float = 20.0) -> Report:
+    """Run every check on the brain at ``root``; a check that breaks becomes a finding, never a crash."""
+    from ambient.errors import AmbientError
+    from ambient.paths import BrainPaths
+    from ambient.settings import settings_from
+
+    paths = BrainPaths(root)
+    when = now or datetime.now().astimezone()
+    report = Report(brain=str(root))
+    if not any(d.is_dir() for d in (paths.agents, paths.workflows, paths.profil)):
+        report.findings.append(Finding("error", "brain", f"{root} does not look like a brain "
+                                       "(no agents/, workflows/ or profil/)",
+                                       f"create one with `ambient init {root}`, or pass --brain DIR"))
+        return report
+
+    def run(name: str, check: Callable[[], Iterable[Finding]]) -> None:
+        report.checked.append(name)
+        try:
+            report.findings.extend(check())
+        except (AmbientError, OSError, ValueError) as exc:
+            report.findings.append(Finding("error", name, f"could not be checked: {exc}",
+                                           "fix what the message names, then run `ambient doctor` again"))
+
+    run("filesystem", lambda: check_filesystem(paths))
+    settings, config_findings = check_config(paths, environ)
+    report.checked.append("config")
+    report.findings += config_findings
+    effective = settings or settings_from({}, {})
+    run("brain", lambda: check_brain(paths, environ)[1])
+    up, pid, daemon_findings = check_daemon(paths, when)
+    report.checked.append("daemon")
+    report.daemon_up, report.daemon_pid = up, pid
+    report.findings += daemon_findings
+    run("claims", lambda: check_claims(paths, effective, when))
+    run("locks", lambda: check_locks(paths))
+    run("escalations", lambda: check_escalations(paths, effective, when))
+    if notify:
+        run("notify", lambda: check_notify_urls(paths, environ, timeout))
+    run("telegram", lambda: check_telegram(paths, effective, up, when))
+    run("tmp", lambda: check_tmp(paths))
+    report.findings.sort(key=lambda f: _ORDER[f.severity])  # stable: checks keep their order within a severity
+    return report
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    root = brain_dir(args)
+    if not root.is_dir():
+        return fail(f"{root} is not a directory; run in a brain or pass --brain DIR (`ambient init DIR` creates one)")
+    started = time.monotonic()
+    report = diagnose(root, os.environ, notify=args.notify, timeout=args.timeout)
+    ok = report.ok(strict=args.strict)
+    if args.json:
+        out_json({"brain": report.brain, "ok": ok,
+                  "daemon": {"up": report.daemon_up, "pid": report.daemon_pid},
+                  "counts": {s: report.count(s) for s in ("error", "warning", "info")},
+                  "checked": report.checked, "findings": [asdict(f) for f in report.findings]})
+        return EXIT_OK if ok else EXIT_NO
+    daemon = f"up (pid {report.daemon_pid})" if report.daemon_up else "down"
+    out(f"ambient doctor: {report.brain} (daemon {daemon})")
+    for finding in report.findings:
+        out(finding.text())
+    errors, warnings = report.count("error"), report.count("warning")
+    took = f"{time.monotonic() - started:.1f} s"
+    if errors or warnings:
+        out(f"{errors} error(s), {warnings} warning(s) ({', '.join(report.checked)} checked in {took})")
+    else:
+        out(f"ok: nothing wrong found ({', '.join(report.checked)} checked in {took})")
+    return EXIT_OK if ok else EXIT_NO
