@@ -66,7 +66,12 @@ class GitBranches:
         code, out = await self._git("switch", base)
         if code != 0:
             return f"cannot switch to {base}: {out[-300:]}"
-        code, out = await self._git("merge", "--no-ff", "--no-edit", branch)
+        ident: tuple[str, ...] = ()
+        code, email = await self._git("config", "user.email")
+        if code != 0 or not email:
+            # A service account often has no git identity: sign the merge as ambient rather than fail.
+            ident = ("-c", "user.name=ambient", "-c", "user.email=ambient@localhost")
+        code, out = await self._git(*ident, "merge", "--no-ff", "--no-edit", branch)
         if code != 0:
             await self._git("merge", "--abort")
             await self._git("switch", branch)

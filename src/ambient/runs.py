@@ -266,6 +266,9 @@ class RunExecutor:
 
     async def run(self) -> RunState:
         """Drive the run; returns when it is finished, parked on the person, or cancelled."""
+        # The run's task copied the context of the engine tick that created it: without this, every line of the
+        # run carried that tick's number for ever (a misleading ``tick`` seen in the e2e JSON logs).
+        structlog.contextvars.unbind_contextvars("tick")
         with structlog.contextvars.bound_contextvars(run_id=self.state.run_id, workflow=self.state.workflow):
             try:
                 return await self._loop()

@@ -537,7 +537,9 @@ class EscalationEvaluator:
             ok = self.manager.decide(esc.id, option.key, action, by=by, channel=esc.channel or "cli",
                                      latency_s=esc.latency_s, note=esc.note, rule=rule)
             if ok:
-                log.info("decision_applied", escalation=esc.id, option=option.key, action=action, by=by)
+                # A line about a run carries its workflow and run id (issue 7), like the executor's own lines.
+                log.info("decision_applied", escalation=esc.id, option=option.key, action=action, by=by,
+                         workflow=esc.workflow, run_id=esc.run_id, item=esc.item)
                 self.applied.add(esc.id)
                 if self.escalator.learner is not None and rule is None:
                     await asyncio.to_thread(self.escalator.learner.observe, esc)
@@ -552,7 +554,8 @@ class EscalationEvaluator:
         if esc.deadline is not None and esc.deadline <= now:
             try:
                 await asyncio.to_thread(self.store.apply_timeout, esc.id, now)
-                log.info("escalation_timed_out", escalation=esc.id, on_timeout=esc.on_timeout)
+                log.info("escalation_timed_out", escalation=esc.id, on_timeout=esc.on_timeout,
+                         workflow=esc.workflow, run_id=esc.run_id, item=esc.item)
             except (AlreadyAnsweredError, InputError) as exc:
                 log.debug("escalation_timeout_skipped", escalation=esc.id, error=str(exc))
         elif esc.remind_at is not None and not esc.reminded and esc.remind_at <= now:

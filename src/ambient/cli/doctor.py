@@ -15,7 +15,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -147,7 +147,7 @@ def check_filesystem(paths: BrainPaths) -> list[Finding]:
         try:
             check_local_filesystem(where)
         except UnsupportedFilesystemError as exc:
-            found.append(Finding("error", "filesystem", exc.message,
+            found.append(Finding("error", "filesystem", str(exc),
                                  "move the brain (or its .ambient/) to a local filesystem: ext4, xfs, btrfs, tmpfs"))
     return found
 
@@ -256,8 +256,8 @@ def check_claims(paths: BrainPaths, settings: Settings, now: datetime) -> list[F
         last = rules.last_activity(claim, local.tzinfo) or local  # type: ignore[arg-type]
         rows.append(Finding(
             "warning", "claims",
-            f"claim {sid} (agent {claim.agent}, scope {claim.scope}) is open with no activity for {_ago(local - last)}, "
-            f"past its TTL ({_ago(ttl)})",
+            f"claim {sid} (agent {claim.agent}, scope {claim.scope}) is open with no activity for "
+            f"{_ago(local - last)}, past its TTL ({_ago(ttl)})",
             f"if its agent is gone, close it: `ambient claim close {sid} --status failed --message abandoned`; "
             "a running daemon marks it stale at its next tick",
             paths.rel(loaded.files[sid]),
@@ -445,8 +445,6 @@ def check_notify_urls(paths: BrainPaths, environ: Mapping[str, str], timeout: fl
     from ambient.notify import AppriseNotifier, DeliveryError, Message, notify_urls_from
     from ambient.redact import SecretRegistry
 
-    if not structlog.is_configured():  # the findings say everything; keep the notifier's events off stdout
-        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     registry = SecretRegistry()
     try:
         urls = notify_urls_from(paths, environ, registry)
@@ -457,10 +455,16 @@ def check_notify_urls(paths: BrainPaths, environ: Mapping[str, str], timeout: fl
                         "set notify.urls in profil/ambient.yml or $AMBIENT_NOTIFY_URLS")]
     message = Message(title="ambient doctor: test notification", kind="info", dedupe_id="doctor-test",
                       body=f"Test message from `ambient doctor` on {socket.gethostname()}: this URL works.")
+    quiet = not structlog.is_configured()
+    if quiet:  # the findings say everything; keep the notifier's own events off stdout (--json stays clean)
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     try:
         report = asyncio.run(AppriseNotifier(urls, timeout=timeout, registry=registry).send(message))
     except DeliveryError as exc:
         report = exc.report
+    finally:
+        if quiet:
+            structlog.reset_defaults()
     found = []
     for r in report.results:
         if r.ok:
@@ -565,6 +569,7 @@ def diagnose(root: Path, environ: Mapping[str, str], *, now: datetime | None = N
     """Run every check on the brain at ``root``; a check that breaks becomes a finding, never a crash."""
     from ambient.errors import AmbientError
     from ambient.paths import BrainPaths
+    from ambient.redact import redact_text
     from ambient.settings import settings_from
 
     paths = BrainPaths(root)
@@ -601,6 +606,8 @@ def diagnose(root: Path, environ: Mapping[str, str], *, now: datetime | None = N
         run("notify", lambda: check_notify_urls(paths, environ, timeout))
     run("telegram", lambda: check_telegram(paths, effective, up, when))
     run("tmp", lambda: check_tmp(paths))
+    # Last line of defence: a token inside a path, an argv or a notifier's error never reaches the output.
+    report.findings = [replace(f, message=redact_text(f.message), hint=redact_text(f.hint)) for f in report.findings]
     report.findings.sort(key=lambda f: _ORDER[f.severity])  # stable: checks keep their order within a severity
     return report
 
@@ -623,9 +630,9 @@ def _doctor(args: argparse.Namespace) -> int:
     for finding in report.findings:
         out(finding.text())
     errors, warnings = report.count("error"), report.count("warning")
-    took = f"{time.monotonic() - started:.1f} s"
+    checked = f" ({', '.join(report.checked)} checked in {time.monotonic() - started:.1f} s)" if report.checked else ""
     if errors or warnings:
-        out(f"{errors} error(s), {warnings} warning(s) ({', '.join(report.checked)} checked in {took})")
+        out(f"{errors} error(s), {warnings} warning(s){checked}")
     else:
-        out(f"ok: nothing wrong found ({', '.join(report.checked)} checked in {took})")
+        out(f"ok: nothing wrong found{checked}")
     return EXIT_OK if ok else EXIT_NO
