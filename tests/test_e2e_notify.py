@@ -132,7 +132,7 @@ def _pending(root: Path) -> list[dict[str, Any]]:
 
 def test_fail_notify_decide_retry_completes(tmp_path: Path, http_server: tuple[str, dict[str, Any]],
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    """instance-07 fails → escalation notified to json:// (after a 500, retried) → decide retry → 10/10, 1 escalation."""
+    """instance-07 fails → escalation notified to json:// (a 500, then retried) → decide retry → 10/10, 1 escalation."""
     addr, state = http_server
     state["fail_first"] = 1  # the first send fails: the outbox retries it with backoff
     root = _brain(tmp_path, "notify:\n  retry_base_s: 0.05\n  retry_cap_s: 0.2\n  results: all\n")
