@@ -480,7 +480,7 @@ class Packet(_Strict):
     def to_yaml(self) -> str:
         """Block YAML text; :func:`parse_packet` reads it back to an equal packet."""
         # yamlfile's parse/dump are pure text functions; imported here so the core stays file-free.
-        from ambient.yamlfile import dump_yaml
+        from ambient.yamltext import dump_yaml
 
         return dump_yaml(self.to_dict())
 
@@ -502,7 +502,7 @@ def _load_text(text: str) -> Any:
             raise PacketError(f"not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
         except RecursionError:
             raise PacketError("packet JSON is nested too deeply") from None
-    from ambient.yamlfile import parse_yaml  # pure text parser (see Packet.to_yaml)
+    from ambient.yamltext import parse_yaml  # pure text parser (see Packet.to_yaml)
 
     try:
         data, _ = parse_yaml(text, source="<packet>")

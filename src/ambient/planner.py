@@ -7,7 +7,7 @@ random source, so it is tested with tables and properties, without processes or 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -63,6 +63,26 @@ class FanOut:
     concurrency: int = 4
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     on_return: dict[str, Reaction] = field(default_factory=lambda: dict(DEFAULT_ON_RETURN))
+
+
+@dataclass(frozen=True)
+class ItemTemplate:
+    """The per-item parts of a for_each spec, still templated."""
+
+    agent: str
+    files: tuple[str, ...] = ()
+    zone: str | None = None
+    context: Mapping[str, Any] = field(default_factory=dict)
+    sender: str = "ambient"
+    complete_signal: str | None = "RETURN"
+    complete_to: str | None = None
+    complete_result: str | None = None
+    escalate_to: str = "human"
+    extra_options: tuple[tuple[str, str, str], ...] = ()
+    deadline_s: float | None = None
+    on_timeout: str | None = None
+    remind_before_s: float | None = None
+    timeout_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from ambient.planner import (
     ChainAction,
     ChainStep,
     FanOut,
+    ItemTemplate,
     Reaction,
     RetryPolicy,
 )
-from ambient.runs import ItemTemplate
 from ambient.workflow import (
     AbortAction,
     Action,

@@ -29,7 +29,16 @@ import structlog
 from ambient.clock import Clock, SystemClock
 from ambient.journal import Journal, append_line, read_jsonl
 from ambient.paths import BrainPaths
-from ambient.planner import GATE_OPTIONS, ITEM_OPTIONS, FanOut, after_attempt, is_complete, next_wakeup, ready_items
+from ambient.planner import (
+    GATE_OPTIONS,
+    ITEM_OPTIONS,
+    FanOut,
+    ItemTemplate,
+    after_attempt,
+    is_complete,
+    next_wakeup,
+    ready_items,
+)
 from ambient.records import DecisionRecord, RunRecord, StepRecord
 from ambient.runstate import ItemState, RunState, apply_event, fold, outcome_of
 
@@ -120,26 +129,6 @@ class Emitter(Protocol):
 
 
 Renderer = Callable[[str, Mapping[str, Any]], str]
-
-
-@dataclass(frozen=True)
-class ItemTemplate:
-    """The per-item parts of a for_each spec, still templated."""
-
-    agent: str
-    files: tuple[str, ...] = ()
-    zone: str | None = None
-    context: Mapping[str, Any] = field(default_factory=dict)
-    sender: str = "ambient"
-    complete_signal: str | None = "RETURN"
-    complete_to: str | None = None
-    complete_result: str | None = None
-    escalate_to: str = "human"
-    extra_options: tuple[tuple[str, str, str], ...] = ()
-    deadline_s: float | None = None
-    on_timeout: str | None = None
-    remind_before_s: float | None = None
-    timeout_s: float | None = None
 
 
 @dataclass

@@ -1,190 +1,52 @@
-"""The one YAML reader for every file in a brain, and the one YAML writer.
-
-Reading is hostile-input safe (RELIABILITY S-03): pure-Python SafeLoader only (the C loader
-segfaults on deep nesting), a size cap checked on the open descriptor before parsing, aliases
-refused (no alias bombs), duplicate keys refused (PyYAML silently keeps the last one), nesting
-bounded, non-UTF-8 refused, and every error carries file and line. Timestamps stay strings, so a
-claim rewritten by ambient keeps the user's ``opened_at: 2026-03-16T20:36`` text as it was.
-
-Writing returns text; :mod:`ambient.fsutil` writes it atomically.
+"""The one YAML reader for every file in a brain: size cap checked on the open descriptor before
+parsing, no symlink followed, UTF-8 only; parsing and dumping are :mod:`ambient.yamltext`'s (re-exported).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import ValidationError
-
 from ambient.errors import YamlError
 from ambient.fsutil import read_capped
-from ambient.problems import Problem
+from ambient.yamltext import (
+    MAX_AGENT_BYTES,
+    MAX_CLAIM_BYTES,
+    MAX_CONFIG_BYTES,
+    MAX_DEPTH,
+    MAX_LOCK_BYTES,
+    MAX_WORKFLOW_BYTES,
+    KiB,
+    LineMap,
+    Loc,
+    MiB,
+    decode,
+    dump_yaml,
+    expect_mapping,
+    parse_yaml,
+    problems_from_validation,
+    split_frontmatter,
+)
 
-MAX_DEPTH = 64
-KiB = 1024
-MiB = 1024 * KiB
-# Size caps per kind of file (checked before parsing).
-MAX_WORKFLOW_BYTES = 1 * MiB
-MAX_AGENT_BYTES = 256 * KiB
-MAX_CLAIM_BYTES = 64 * KiB
-MAX_LOCK_BYTES = 4 * KiB
-MAX_CONFIG_BYTES = 256 * KiB
-
-Loc = tuple[str | int, ...]
-
-
-class _Resolver(yaml.resolver.Resolver):
-    """YAML 1.1 implicit types, minus timestamps (kept as the user's text)."""
-
-
-_Resolver.yaml_implicit_resolvers = {
-    ch: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for ch, resolvers in yaml.resolver.Resolver.yaml_implicit_resolvers.items()
-}
-
-
-class _SafeLoader(
-    yaml.reader.Reader,
-    yaml.scanner.Scanner,
-    yaml.parser.Parser,
-    yaml.composer.Composer,
-    yaml.constructor.SafeConstructor,
-    _Resolver,
-):
-    """Pure-Python safe loader that refuses aliases and bounds nesting."""
-
-    def __init__(self, stream: str) -> None:
-        yaml.reader.Reader.__init__(self, stream)
-        yaml.scanner.Scanner.__init__(self)
-        yaml.parser.Parser.__init__(self)
-        yaml.composer.Composer.__init__(self)
-        yaml.constructor.SafeConstructor.__init__(self)
-        _Resolver.__init__(self)
-        self._depth = 0
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()  # type: ignore[no-untyped-call]
-            raise YamlError(
-                "YAML aliases (*name) are not accepted in a brain file; write the value out",
-                line=event.start_mark.line + 1,
-            )
-        self._depth += 1
-        if self._depth > MAX_DEPTH:
-            event = self.peek_event()  # type: ignore[no-untyped-call]
-            raise YamlError(f"nesting deeper than {MAX_DEPTH} levels", line=event.start_mark.line + 1)
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-class _Dumper(yaml.SafeDumper):
-    """Block style, insertion order, no anchors (our own loader refuses aliases)."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
-    if "\n" in data:
-        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|")
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data)
-
-
-_Dumper.add_representer(str, _str_presenter)
-
-
-@dataclass(frozen=True)
-class LineMap:
-    """1-based line of every key and item of a document, by its location path."""
-
-    lines: dict[Loc, int] = field(default_factory=dict)
-
-    def line_for(self, loc: Sequence[str | int]) -> int | None:
-        """The line of the deepest known prefix of ``loc``."""
-        path = tuple(loc)
-        while path:
-            if path in self.lines:
-                return self.lines[path]
-            path = path[:-1]
-        return self.lines.get(())
-
-
-def _walk(node: yaml.Node, path: Loc, out: dict[Loc, int]) -> None:
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
-        for key_node, value_node in node.value:
-            if isinstance(key_node, yaml.ScalarNode):
-                key = key_node.value
-                line = key_node.start_mark.line + 1
-                if key in seen:
-                    raise YamlError(
-                        f"duplicate key {key!r} (first at line {seen[key]}); each key may appear once",
-                        line=line,
-                    )
-                seen[key] = line
-                out[(*path, key)] = line
-                _walk(value_node, (*path, key), out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            out[(*path, i)] = item.start_mark.line + 1
-            _walk(item, (*path, i), out)
-
-
-def parse_yaml(text: str, *, source: str = "<string>", line_offset: int = 0) -> tuple[Any, LineMap]:
-    """Parse one YAML document safely; return the data and the line of every key.
-
-    ``line_offset`` shifts reported lines (frontmatter starts after the ``---`` line).
-    """
-    loader: _SafeLoader | None = None
-    try:
-        loader = _SafeLoader(text)  # the reader refuses control characters here, before parsing
-        node = loader.get_single_node()
-        if node is None:
-            return None, LineMap({})
-        raw: dict[Loc, int] = {}
-        _walk(node, (), raw)
-        data = loader.construct_document(node)
-    except YamlError as exc:
-        line = exc.line + line_offset if exc.line is not None else None
-        raise YamlError(exc.message, file=source, line=line) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 + line_offset if mark is not None else None
-        what = exc.problem or exc.context or "malformed YAML"
-        raise YamlError(f"{what}; expected valid YAML", file=source, line=line) from None
-    except yaml.reader.ReaderError as exc:
-        line = text[: exc.position].count("\n") + 1 + line_offset
-        raise YamlError(
-            f"character {_char_name(exc.character)} is not allowed in YAML text; remove it", file=source, line=line
-        ) from None
-    except yaml.YAMLError as exc:
-        raise YamlError(f"malformed YAML: {exc}", file=source) from None
-    except RecursionError:
-        raise YamlError(f"nesting deeper than {MAX_DEPTH} levels", file=source) from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-    return data, LineMap({k: v + line_offset for k, v in raw.items()})
-
-
-def _char_name(ch: object) -> str:
-    code = ch if isinstance(ch, int) else (ord(ch) if isinstance(ch, str) and len(ch) == 1 else None)
-    return f"U+{code:04X}" if code is not None else repr(ch)
-
-
-def decode(raw: bytes, *, source: str) -> str:
-    """Decode UTF-8 strictly, with the line of the first bad byte."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise YamlError("is not valid UTF-8; brain files must be UTF-8 text", file=source, line=line) from None
+__all__ = [
+    "MAX_AGENT_BYTES",
+    "MAX_CLAIM_BYTES",
+    "MAX_CONFIG_BYTES",
+    "MAX_DEPTH",
+    "MAX_LOCK_BYTES",
+    "MAX_WORKFLOW_BYTES",
+    "KiB",
+    "LineMap",
+    "Loc",
+    "MiB",
+    "decode",
+    "dump_yaml",
+    "expect_mapping",
+    "load_file",
+    "parse_yaml",
+    "problems_from_validation",
+    "split_frontmatter",
+]
 
 
 def load_file(path: Path, *, max_bytes: int, source: str | None = None) -> tuple[Any, LineMap]:
@@ -197,52 +59,3 @@ def load_file(path: Path, *, max_bytes: int, source: str | None = None) -> tuple
     except OSError as exc:
         raise YamlError(f"cannot be read: {exc.strerror}", file=name) from None
     return parse_yaml(decode(raw, source=name), source=name)
-
-
-def split_frontmatter(text: str, *, source: str = "<string>") -> tuple[str, int, str]:
-    """Split a Markdown file into (frontmatter YAML, line offset of the YAML, body).
-
-    Raises :class:`YamlError` when the file does not open with a ``---`` frontmatter block.
-    """
-    lines = text.splitlines(keepends=True)
-    if not lines or lines[0].strip() != "---":
-        raise YamlError("has no YAML frontmatter; expected a first line '---'", file=source, line=1)
-    for i in range(1, len(lines)):
-        if lines[i].strip() in ("---", "..."):
-            return "".join(lines[1:i]), 1, "".join(lines[i + 1 :])
-    raise YamlError("frontmatter is not closed; expected a line '---' after it", file=source, line=1)
-
-
-def dump_yaml(data: Any) -> str:
-    """Dump data as block YAML in insertion order, without anchors, safe for :func:`parse_yaml`."""
-    return yaml.dump(
-        data,
-        Dumper=_Dumper,
-        sort_keys=False,
-        allow_unicode=True,
-        default_flow_style=False,
-        width=120,
-    )
-
-
-def problems_from_validation(exc: ValidationError, *, file: str, lines: LineMap) -> list[Problem]:
-    """Turn pydantic errors into ``file:line: field: message`` problems."""
-    out: list[Problem] = []
-    for err in exc.errors(include_url=False):
-        loc = tuple(p for p in err["loc"] if isinstance(p, str | int))
-        where = ".".join(str(p) for p in loc) or "(document)"
-        msg = err["msg"]
-        inp = err.get("input")
-        got = ""
-        if err["type"] not in ("missing",) and isinstance(inp, str | int | float | bool) and len(str(inp)) < 60:
-            got = f" (got {inp!r})"
-        out.append(Problem(file=file, line=lines.line_for(loc), message=f"{where}: {msg}{got}"))
-    return out
-
-
-def expect_mapping(data: Any, *, source: str, what: str) -> Mapping[str, Any]:
-    """Check that a document is a mapping, with a clear error otherwise."""
-    if not isinstance(data, dict):
-        kind = "empty" if data is None else type(data).__name__
-        raise YamlError(f"{what} must be a YAML mapping (key: value), got {kind}", file=source, line=1)
-    return data

@@ -247,13 +247,15 @@ def check_claims(paths: BrainPaths, settings: Settings, now: datetime) -> list[F
     found = [Finding("warning", "claims", p.message,
                      "fix the file (ambient skips it and never rewrites it); `ambient validate` shows every problem",
                      p.file, p.line) for p in loaded.problems if p.severity == "error"]
-    local = now.astimezone()
+    local = now.astimezone()  # naive claim times are local time
+    tz = local.tzinfo
+    assert tz is not None  # astimezone() always sets one
     stale = rules.mark_stale(loaded.claims, local, timedelta(hours=settings.stale_claim_hours))
     rows = []
     for sid in sorted(stale):
         claim = loaded.claims[sid]
         ttl = rules.parse_ttl(claim.ttl) or timedelta(hours=settings.stale_claim_hours)
-        last = rules.last_activity(claim, local.tzinfo) or local  # type: ignore[arg-type]
+        last = rules.last_activity(claim, tz) or local
         rows.append(Finding(
             "warning", "claims",
             f"claim {sid} (agent {claim.agent}, scope {claim.scope}) is open with no activity for "
@@ -589,16 +591,23 @@ def diagnose(root: Path, environ: Mapping[str, str], *, now: datetime | None = N
             report.findings.append(Finding("error", name, f"could not be checked: {exc}",
                                            "fix what the message names, then run `ambient doctor` again"))
 
+    settings: list[Settings] = []
+
+    def config() -> list[Finding]:
+        loaded, found = check_config(paths, environ)
+        settings.append(loaded or settings_from({}, {}))
+        return found
+
+    def daemon() -> list[Finding]:
+        report.daemon_up, report.daemon_pid, found = check_daemon(paths, when)
+        return found
+
     run("filesystem", lambda: check_filesystem(paths))
-    settings, config_findings = check_config(paths, environ)
-    report.checked.append("config")
-    report.findings += config_findings
-    effective = settings or settings_from({}, {})
+    run("config", config)
+    effective = settings[0] if settings else settings_from({}, {})
     run("brain", lambda: check_brain(paths, environ)[1])
-    up, pid, daemon_findings = check_daemon(paths, when)
-    report.checked.append("daemon")
-    report.daemon_up, report.daemon_pid = up, pid
-    report.findings += daemon_findings
+    run("daemon", daemon)
+    up = report.daemon_up
     run("claims", lambda: check_claims(paths, effective, when))
     run("locks", lambda: check_locks(paths))
     run("escalations", lambda: check_escalations(paths, effective, when))
