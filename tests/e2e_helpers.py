@@ -288,7 +288,7 @@ def _clean_env(extra: Mapping[str, str] | None) -> dict[str, str]:
 def ambient_cli(brain: Path, *args: str, timeout: float = 30, env: Mapping[str, str] | None = None,
                 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m ambient --brain BRAIN ARGS...`` to completion."""
-    return subprocess.run(  # noqa: S603 - our own CLI, argv list
+    return subprocess.run(
         [PY, "-m", "ambient", "--brain", str(brain), *args],
         capture_output=True, text=True, timeout=timeout, env=_clean_env(env), check=False,
     )
@@ -314,7 +314,7 @@ class DaemonProcess:
         """Start the daemon (returns at once; wait with :meth:`wait_ready`)."""
         argv = [PY, "-m", "ambient", "run", "--brain", str(self.paths.root), "--log-format", "json", *self.args]
         with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(  # noqa: S603 - our own CLI, argv list
+            self.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                 start_new_session=True,
             )
@@ -398,6 +398,17 @@ class DaemonProcess:
                 os.killpg(pid, signal.SIGKILL)  # agents lead their own process group (pgid == pid)
             with contextlib.suppress(psutil.NoSuchProcess):
                 psutil.Process(pid).kill()
+        # SIGKILL is asynchronous: return once every agent is gone (or a zombie nobody reaps).
+        with contextlib.suppress(WaitTimeout):
+            wait_for(lambda: not any(alive(p) for p in self.known_children), 5, "killed agents to die")
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @contextlib.contextmanager

@@ -103,7 +103,7 @@ def test_clean_brain_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     """A brain whose workflows are all good: exit 0 and an ok summary."""
     brain = _brain(tmp_path / "brain")
     assert main(["validate", "--brain", str(brain)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "ok: 2 workflow(s) (0 draft), 0 warning(s)"
+    assert capsys.readouterr().out.splitlines()[-1] == "ok: 3 workflow(s) (0 draft), 0 warning(s)"
 
 
 def test_bad_file_among_good_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -62,6 +62,7 @@ from ambient.services import (
     AgentDelegate,
     BrainRef,
     ClaimsWriter,
+    Digest,
     EscalationEvaluator,
     InboxEvaluator,
     Learner,
@@ -231,8 +232,12 @@ class WorkflowEvaluator:
             if entry is None:
                 # A workflow seen for the first time runs once: dropping a file is how a person asks.
                 self.seen[name] = {"first_hash": wf.spec_hash, "last_started": tick.now.isoformat(), "runs": 1}
+                # Crash order: the run's ``started`` is fsync'd before workflows.json says "seen", so a kill
+                # in between cannot lose the run (saving first did: the workflow never ran). A journal already on
+                # disk for it means a kill came right after the start: that run is resumed, not started twice.
+                if name not in d.manager.journaled:
+                    d.start_run(wf, trigger="file")
                 await asyncio.to_thread(self._save)
-                d.start_run(wf, trigger="file")
                 continue
             sched = wf.spec.schedule
             if sched is not None and not d.has_active_run(name):
@@ -309,6 +314,7 @@ class Daemon:
         self._tasks: list[asyncio.Task[Any]] = []
         self._outbox_wake = asyncio.Event()
         self._problems_seen: set[str] = set()
+        self._failed_task: str | None = None  # a daemon task that died: the exit code says so
 
     # -- wiring
 
@@ -333,6 +339,10 @@ class Daemon:
         self.escalator = StoreEscalator(self.escalations, self.outbox, self.clock, self._outbox_wake,
                                         buttons=s.telegram.answers, results=s.notify.results)
         self.escalator.learner = Learner(p, self.clock)
+        digest = None
+        if s.notify.digest and self.notifier is not None:
+            digest = Digest(p, self.outbox, self.clock, s.notify.digest_hours)
+            self.escalator.digest = digest
         self.escalator.on_answered = lambda path: self.engine.wake([path])
         self.assisted = AssistedRunner(self.claims, self.clock)
         self.runners = Runners(assisted=self.assisted)
@@ -350,6 +360,7 @@ class Daemon:
                 EscalationEvaluator(self.escalations, self.manager, self.escalator, self.clock),
                 InboxEvaluator(p, self.router, self._on_packet),
                 StaleClaimsEvaluator(self.claims, s.stale_claim_hours, self.clock),
+                *([digest] if digest is not None else []),
                 IdleEvaluator(self),
             ],
             tick_seconds=s.tick_seconds,
@@ -401,7 +412,7 @@ class Daemon:
                       render_path=lambda t, v: render_path(t, v, brain.matrix.zone_rules).path, clock=self.clock)
         template = item_template(spec)
         if isinstance(spec, ForEachWorkflow):
-            return RunExecutor(state, fanout(spec), template, ports, journal, self.paths)
+            return RunExecutor(state, fanout(spec, brain.settings.concurrency), template, ports, journal, self.paths)
         assert isinstance(spec, ChainWorkflow)
         plan = FanOut(concurrency=1, retry=fanout_retry(spec))
         settings = ChainSettings(
@@ -574,14 +585,18 @@ class Daemon:
                 self._spawn(run_outbox(self.outbox, self.notifier, clock=self.clock, stop=self.stop,
                                        wake=self._outbox_wake, policy=policy), "outbox")
                 self._start_telegram()
-            self._spawn(systemd.watchdog_task(self.stop), "watchdog")
+            # R-09 wants the gap between pings under WATCHDOG_USEC/2; pinging exactly every WATCHDOG_USEC/2 put half
+            # the gaps just over it (loop jitter, measured by the e2e test): ping twice as often as that.
+            half = systemd.watchdog_interval()
+            self._spawn(systemd.watchdog_task(self.stop, interval=half / 2 if half else None), "watchdog")
             self.started = True
             self.engine.wake()
             systemd.ready(self._status_line())
             log.info("daemon_ready", brain=str(self.paths.root), resumed=len(resumed), pid=os.getpid())
             await self.stop.wait()
             await self._shutdown()
-            return 0
+            # Non-zero after a task failure so that systemd's Restart=on-failure restarts us (it exited 0, e2e test).
+            return 1 if self._failed_task else 0
         finally:
             self._instance.release()
 
@@ -627,6 +642,7 @@ class Daemon:
         exc = task.exception()
         if exc is not None:
             log.error("daemon_task_failed", task=task.get_name(), error=repr(exc))
+            self._failed_task = task.get_name()
             self.stop.set()  # a dead engine or watcher must not leave a zombie daemon: let systemd restart us
 
     def _on_stop_signal(self, sig: signal.Signals) -> None:

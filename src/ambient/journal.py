@@ -10,6 +10,7 @@ and reports it; a past line is never rewritten.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -36,6 +37,7 @@ class Journal:
         self._written = 0  # generation counters for group commit
         self._synced = 0
         self._sync_lock: asyncio.Lock | None = None
+        self._failed: OSError | None = None  # a failed fsync: the journal stays failed (see _fsync)
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Queue one record; it reaches the file at the next flush (or at once when unbuffered)."""
@@ -58,8 +60,19 @@ class Journal:
         self.flush()
         target = self._written
         if self._synced < target:
-            os.fsync(self._fd)
+            self._fsync()
             self._synced = target
+
+    def _fsync(self) -> None:
+        # A failed fsync can drop the dirty pages and mark them clean, so a retry "succeeds" without the data
+        # (fsyncgate, RELIABILITY §1.3 [29]): after one failure every later sync fails too; crash and recover.
+        if self._failed is not None:
+            raise OSError(errno.EIO, f"{self.path}: an earlier fsync failed; records may be lost") from self._failed
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._failed = exc
+            raise
 
     async def commit(self) -> None:
         """Like :meth:`sync` but off the event loop, and coalesced: concurrent callers share one fsync."""
@@ -74,7 +87,7 @@ class Journal:
                 return
             self.flush()
             upto = self._written
-            await asyncio.to_thread(os.fsync, self._fd)
+            await asyncio.to_thread(self._fsync)
             self._synced = max(self._synced, upto)
 
     def close(self) -> None:

@@ -215,6 +215,7 @@ class RunExecutor:
         self._wake = asyncio.Event()
         self._closing = False
         self._parked = False
+        self._counts: dict[str, int] | None = None  # items per status (see _status_counts)
         self.on_park: Callable[[], None] | None = None
 
     # -- events
@@ -223,8 +224,25 @@ class RunExecutor:
         """Append an event to the journal (buffered) and apply it to the state."""
         record = {"ev": ev, **fields, "at": _iso(self.ports.clock.now())}
         self.journal.write(record)
+        item = self._by_name.get(str(fields["item"])) if "item" in fields else None
+        before = item.status if item is not None else None
         apply_event(self.state, self._by_name, record)
+        counts = self._counts
+        if counts is not None:
+            if item is not None and before is not None and ev != "added":
+                if item.status != before:  # an item event moves only that item
+                    counts[before] -= 1
+                    counts[item.status] = counts.get(item.status, 0) + 1
+            else:
+                self._counts = None  # run-wide events (abort, added...): count again when next needed
         return record
+
+    def _status_counts(self) -> dict[str, int]:
+        # Performance: RunState.counts() walks every item; vars_for needs it for every item started, which made
+        # a fan-out quadratic (bench/fanout.py). Kept up to date by event(), recounted after run-wide events.
+        if self._counts is None:
+            self._counts = self.state.counts()
+        return self._counts
 
     @property
     def waiting(self) -> bool:
@@ -315,12 +333,12 @@ class RunExecutor:
 
     def vars_for(self, item: ItemState) -> dict[str, Any]:
         """Template variables for one item: only the workflow's own data."""
-        counts = self.state.counts()
+        counts = self._status_counts()
         return {
             "item": item.name,
             "index": item.index + 1,
             "total": counts["total"],
-            "success_count": self.state.success_count,
+            "success_count": counts.get("done", 0),
             "fail_count": counts.get("failed", 0),
             "workflow": self.state.workflow,
             "run_id": self.state.run_id,
@@ -510,6 +528,9 @@ class RunManager:
         self.tasks: dict[str, asyncio.Task[RunState]] = {}
         self.on_finished: list[Callable[[RunState], Awaitable[None] | None]] = []
         self.on_park: list[Callable[[], None]] = []  # a run went idle (waits on the person)
+        # Workflows that have a run journal on disk (filled by resume_all and start): a workflow file seen for
+        # the first time is not started again when its run was already started before a crash (R-01).
+        self.journaled: set[str] = set()
 
     def start(
         self,
@@ -543,6 +564,7 @@ class RunManager:
         journal.write(record)
         journal.sync()
         state = fold([record])
+        self.journaled.add(workflow)
         self._launch(state, journal)
         log.info("run_started", run_id=run_id, workflow=workflow, items=len(items), trigger=trigger)
         return run_id
@@ -596,6 +618,7 @@ class RunManager:
             except (ValueError, KeyError) as exc:
                 log.error("run_history_unreadable", run_id=run_id, error=str(exc))
                 continue
+            self.journaled.add(state.workflow)
             if state.finished:
                 continue
             in_flight = [it.name for it in state.in_flight()]

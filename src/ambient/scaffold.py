@@ -65,9 +65,8 @@ CONFIG_TEMPLATE: Final = """\
 #log_level: info
 #log_format: auto
 
-# Who ambient's own packets come from, and who supervises runs (receives STEP_DONE, DONE...).
+# Who ambient's own packets come from (a workflow's `supervisor:` receives STEP_DONE, DONE...).
 #default_sender: ambient
-#supervisor: human
 
 # Notifications: where escalations (and results) are sent. Apprise URLs, e.g.
 #   tgram://{telegram_token}/123456789   ({telegram_token} is read from $CREDENTIALS_DIRECTORY/telegram-token)
@@ -77,8 +76,10 @@ CONFIG_TEMPLATE: Final = """\
 #  urls: []
 #  # results of finished runs: none, failures or all (escalations are always sent)
 #  results: failures
-#  # one daily summary instead of a message per result
+#  # results and automatic decisions gathered into one summary every digest_hours, instead of
+#  # a message each (escalations are always sent at once)
 #  digest: false
+#  digest_hours: 24.0
 #  # a failed notification is retried after about retry_base_s, doubling each time up to
 #  # retry_cap_s seconds apart; escalations are retried for as long as they wait
 #  retry_base_s: 5.0
@@ -96,10 +97,6 @@ CONFIG_TEMPLATE: Final = """\
 #  token_file: null
 #  # seconds one getUpdates long poll waits (0 to 50)
 #  poll_timeout_s: 25
-
-# The learning loop: a rule learned from your decisions may decide alone after this many agreements.
-#learning:
-#  promote_after: 3
 
 # Runners of agents that do not declare `ambient.runner` in their frontmatter, by agent name, e.g.
 #   runners:

@@ -24,6 +24,7 @@ from ambient.clock import Clock
 from ambient.engine import Tick
 from ambient.errors import AmbientError, InputError, LockHeldError, PacketError
 from ambient.escalations import AlreadyAnsweredError, Escalation, EscalationStore, new_escalation, slug_key
+from ambient.livecontext import HANDOFF_NAME
 from ambient.notify import Message, Outbox, escalation_message
 from ambient.packet import Packet, make_packet
 from ambient.router import Channel, Router, read_inbox
@@ -65,6 +66,8 @@ class AgentDelegate:
         self.clock = clock
         self.live = live
         self.lock_wait_s = lock_wait_s
+        # (agent, run) -> (handoff.md signature, handoff text); see _handoff.
+        self._handoffs: dict[tuple[str, str], tuple[tuple[int, int] | None, str]] = {}
 
     async def attempt(self, a: Attempt) -> AttemptResult:
         started = time.monotonic()
@@ -113,9 +116,7 @@ class AgentDelegate:
         channel = None
         if getattr(cfg, "kind", None) == "command" and self.router.registry is not None:
             channel = await asyncio.to_thread(self.router.registry.issue, a.agent, spawn=a.key)
-        handoff = None
-        if self.live is not None:
-            handoff = await asyncio.to_thread(self.live.handoff_for, a.agent)
+        handoff = await self._handoff(a) if self.live is not None else None
         req = RunRequest(
             packet=packet.to_dict(), agent=a.agent, run_id=a.run_id, item=a.item, attempt=a.attempt, key=a.key,
             channel_token=channel.token if channel is not None and channel.token else "",
@@ -127,6 +128,31 @@ class AgentDelegate:
         finally:
             if channel is not None and self.router.registry is not None:
                 await asyncio.to_thread(self.router.registry.revoke, channel)
+
+    async def _handoff(self, a: Attempt) -> str:
+        """The agent's handoff, summarised once per (agent, run) unless ``handoff.md`` is rewritten meanwhile.
+
+        Performance (bench/fanout.py): without ``handoff.md`` the handoff is a summary of up to 2 MiB of the
+        agent's live thread, and a fan-out appends two turns per item to that thread, so summarising it for every
+        item was quadratic (1000 items: ~60 s). The items of one run are one session (spec/001: the handoff is
+        given at session change and checkpoints), so they share it; a CHECKPOINT/HANDOFF rewrites handoff.md,
+        whose (mtime, size) is checked on every attempt.
+        """
+        assert self.live is not None
+        try:
+            st = (self.live.thread_dir(a.agent) / HANDOFF_NAME).stat()
+            sig: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except (OSError, AmbientError):
+            sig = None
+        key = (a.agent, a.run_id)
+        hit = self._handoffs.get(key)
+        if hit is not None and hit[0] == sig:
+            return hit[1]
+        text = await asyncio.to_thread(self.live.handoff_for, a.agent)
+        if len(self._handoffs) >= 256:
+            self._handoffs.clear()
+        self._handoffs[key] = (sig, text)
+        return text
 
     async def _reply(self, a: Attempt, res: AgentResult, started: float) -> AttemptResult:
         """The agent's answer becomes a packet through the router: agents are checked too."""
@@ -266,6 +292,7 @@ class StoreEscalator:
         self.buttons = buttons
         self.results = results
         self.learner: Learner | None = None
+        self.digest: Digest | None = None
         self.on_answered: Any = None  # callback(path): an automatic decision was written
 
     async def escalate(self, req: EscalationRequest) -> str:
@@ -329,7 +356,10 @@ class StoreEscalator:
             self.wake_outbox.set()
 
     async def inform(self, title: str, body: str) -> None:
-        """A "for your information" message: silent, never a decision."""
+        """A "for your information" message: silent, never a decision (batched when a digest is on)."""
+        if self.digest is not None:
+            await asyncio.to_thread(self.digest.add, title, body)
+            return
         if self.outbox is None:
             return
         await asyncio.to_thread(self.outbox.put, Message(title=title[:200], body=body[:3500], kind="info"),
@@ -345,6 +375,72 @@ class StoreEscalator:
         body = (f"Run {state.run_id} finished: {state.outcome}. {counts.get('done', 0)}/{counts['total']} done, "
                 f"{state.escalation_count} escalation(s), {state.error_count} error(s).")
         await self.inform(f"{state.workflow}: {state.outcome}", body)
+
+
+class Digest:
+    """Results and automatic decisions gathered into one message every ``hours`` (``notify.digest``).
+
+    Lines wait in ``.ambient/digest.jsonl`` (appended, fsync'd); when a digest is due they become one
+    ``digest`` message in the outbox, with the escalation rate of the last weeks, and the file is
+    rotated to ``digest.sent.jsonl``. Escalations never wait for a digest.
+    """
+
+    name = "digest"
+
+    def __init__(self, paths: Any, outbox: Outbox, clock: Clock, hours: float) -> None:
+        self.paths = paths
+        self.outbox = outbox
+        self.clock = clock
+        self.hours = hours
+        self.file = paths.state / "digest.jsonl"
+        self.mark = paths.state / "digest.json"
+
+    def add(self, title: str, body: str) -> None:
+        from ambient.journal import append_line
+
+        append_line(self.file, {"at": self.clock.now().isoformat(), "title": title[:200], "body": body[:1000]})
+
+    def _last_sent(self) -> datetime | None:
+        try:
+            return datetime.fromisoformat(json.loads(self.mark.read_text())["last_sent"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def due(self, now: datetime) -> bool:
+        last = self._last_sent()
+        if last is None:
+            from ambient.fsutil import atomic_write
+
+            atomic_write(self.mark, json.dumps({"last_sent": now.isoformat()}) + "\n")  # the first period starts
+            return False
+        return now - last >= timedelta(hours=self.hours)
+
+    def send_if_due(self) -> bool:
+        """Blocking: compose and queue the digest when its period has passed and something waits."""
+        from ambient.fsutil import atomic_write
+        from ambient.journal import read_jsonl
+        from ambient.learning import summarise, weekly_digest
+
+        now = self.clock.now()
+        if not self.due(now):
+            return False
+        lines = read_jsonl(self.file).records if self.file.exists() else []
+        runs = read_jsonl(self.paths.runs_log).records if self.paths.runs_log.exists() else []
+        body = [weekly_digest(summarise(runs))] if runs else []
+        body += [f"- {r.get('title')}: {r.get('body')}" for r in lines[-50:]]
+        if len(lines) > 50:
+            body.append(f"(and {len(lines) - 50} earlier lines in .ambient/digest.sent.jsonl)")
+        if body:
+            title = f"ambient digest: {len(lines)} update(s)"
+            self.outbox.put(Message(title=title, body="\n".join(body)[:3800], kind="digest"), now)
+        if self.file.exists():
+            self.file.replace(self.paths.state / "digest.sent.jsonl")
+        atomic_write(self.mark, json.dumps({"last_sent": now.isoformat()}) + "\n")
+        return bool(body)
+
+    async def evaluate(self, tick: Tick) -> None:
+        if tick.timed:
+            await asyncio.to_thread(self.send_if_due)
 
 
 # ---------------------------------------------------------------- claims

@@ -38,7 +38,8 @@ class NotifySettings(_Strict):
 
     urls: list[SecretStr] = Field(default_factory=list)
     results: ResultNotify = "failures"
-    digest: bool = False
+    digest: bool = False  # results and automatic decisions batched into one message per digest_hours
+    digest_hours: float = Field(default=24.0, gt=0)
     retry_base_s: float = Field(default=5.0, gt=0)  # first retry within this; doubles each time
     retry_cap_s: float = Field(default=900.0, gt=0)  # escalations are retried for ever, at most this apart
 
@@ -54,12 +55,6 @@ class TelegramSettings(_Strict):
     poll_timeout_s: int = Field(default=25, ge=0, le=50)
 
 
-class LearningSettings(_Strict):
-    """The learning loop: rules learned from decisions (opt-in to act)."""
-
-    promote_after: int = Field(default=3, ge=1)
-
-
 class Settings(_Strict):
     """Every knob of the daemon, with defaults that work."""
 
@@ -72,10 +67,8 @@ class Settings(_Strict):
     log_level: LogLevel = "info"
     log_format: LogFormat = "auto"
     default_sender: str = "ambient"
-    supervisor: str = "human"
     notify: NotifySettings = Field(default_factory=NotifySettings)
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
-    learning: LearningSettings = Field(default_factory=LearningSettings)
     runners: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     def redacted(self) -> dict[str, Any]:
@@ -111,10 +104,15 @@ def merge_environ(data: Mapping[str, Any], environ: Mapping[str, str]) -> dict[s
             continue
         raw = environ[var]
         value: Any = [u for u in re.split(r"[,\s]+", raw) if u] if path == ("notify", "urls") else raw
-        node = out
+        node: Any = out
         for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                node = None  # `notify: none` in the file: left as written, validation reports its line
+                break
+            node = child
+        if node is not None:
+            node[path[-1]] = value
     return out
 
 

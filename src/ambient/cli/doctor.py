@@ -110,9 +110,10 @@ def _ago(delta: timedelta) -> str:
     s = max(0, int(delta.total_seconds()))
     if s < 3600:
         return f"{s // 60} min"
-    if s < 86400:
-        return f"{s // 3600} h {s % 3600 // 60:02d} min"
-    return f"{s // 86400} d {s % 86400 // 3600} h"
+    if s < 2 * 86400:
+        return f"{s // 3600} h"
+    days, hours = s // 86400, s % 86400 // 3600
+    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 def _capped(findings: list[Finding], what: str) -> list[Finding]:
@@ -251,18 +252,23 @@ def check_claims(paths: BrainPaths, settings: Settings, now: datetime) -> list[F
     tz = local.tzinfo
     assert tz is not None  # astimezone() always sets one
     stale = rules.mark_stale(loaded.claims, local, timedelta(hours=settings.stale_claim_hours))
+    running = set(_unfinished_runs(paths)) if stale else set()
     rows = []
     for sid in sorted(stale):
         claim = loaded.claims[sid]
         ttl = rules.parse_ttl(claim.ttl) or timedelta(hours=settings.stale_claim_hours)
         last = rules.last_activity(claim, tz) or local
+        run = next((r for r in (sid, claim.parent_satellite) if r in running), None)
+        if run is not None:  # ambient's own mirror of a run that resumes: closing it by hand would lie
+            hint = f"it mirrors run {run}, which resumes when the daemon starts: start the daemon, do not close it"
+        else:
+            hint = (f"if its agent is gone, close it: `ambient claim close {sid} --status failed --message "
+                    "abandoned`; a running daemon marks it stale at its next tick")
         rows.append(Finding(
             "warning", "claims",
             f"claim {sid} (agent {claim.agent}, scope {claim.scope}) is open with no activity for "
             f"{_ago(local - last)}, past its TTL ({_ago(ttl)})",
-            f"if its agent is gone, close it: `ambient claim close {sid} --status failed --message abandoned`; "
-            "a running daemon marks it stale at its next tick",
-            paths.rel(loaded.files[sid]),
+            hint, paths.rel(loaded.files[sid]),
         ))
     found += _capped(rows, "stale claims")
     already = sorted(sid for sid, c in loaded.claims.items() if c.status == rules.STALE)
@@ -284,8 +290,9 @@ def check_locks(paths: BrainPaths) -> list[Finding]:
     for st in manager.list():
         where = paths.rel(st.path)
         info = st.info
-        holder = f"holder {info.holder}" + (f" (pid {info.pid} on {info.host})" if info and info.pid else "") \
-            if info else ""
+        holder = "holder ?"
+        if info is not None:
+            holder = f"holder {info.holder}" + (f" (pid {info.pid} on {info.host})" if info.pid else "")
         if st.state == "dead":
             rows.append(Finding("warning", "locks", f"lock on {st.file}: {holder} is dead",
                                 "`ambient lock cleanup` removes it (the next acquire would take it over)", where))
@@ -303,18 +310,26 @@ def check_locks(paths: BrainPaths) -> list[Finding]:
     return _capped(rows, "stale locks")
 
 
-def _work_waiting(paths: BrainPaths) -> list[str]:
-    """What waits on a daemon: unfinished runs, packets in the inbox, notifications in the outbox."""
+def _unfinished_runs(paths: BrainPaths) -> list[str]:
+    """Ids of the runs whose journal has no end: they resume when the daemon starts."""
     from ambient.journal import read_jsonl
     from ambient.runstate import fold
 
-    runs = 0
+    runs = []
     if paths.run_journals.is_dir():
         for path in sorted(paths.run_journals.glob("*.jsonl")):
             try:
-                runs += not fold(read_jsonl(path).records).finished
+                state = fold(read_jsonl(path).records)
             except (ValueError, KeyError, OSError):
                 continue
+            if not state.finished:
+                runs.append(state.run_id)
+    return runs
+
+
+def _work_waiting(paths: BrainPaths) -> list[str]:
+    """What waits on a daemon: unfinished runs, packets in the inbox, notifications in the outbox."""
+    runs = len(_unfinished_runs(paths))
     packets = len(list(paths.inbox.glob("*.json"))) if paths.inbox.is_dir() else 0
     outbox = paths.state / "outbox"
     notes = len([p for p in outbox.glob("*.json") if not p.name.startswith(".")]) if outbox.is_dir() else 0

@@ -42,13 +42,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _other_checks(paths: BrainPaths, bm: BrainMatrix) -> list[Problem]:
     """Problems of the configuration, agents, zones, routing, runners and claims (read-only: nothing is swept)."""
-    from ambient.brain import load_settings, runner_configs
+    from ambient.brain import runner_configs
     from ambient.claimstore import ClaimStore
+    from ambient.cli.config import effective_config
     from ambient.settings import settings_from
 
-    settings, problems = load_settings(paths, os.environ)
-    problems += bm.problems
-    _, runner_problems = runner_configs(bm, settings or settings_from({}, {}))
+    # effective_config rather than brain.load_settings: it blames a bad AMBIENT_* override on its variable.
+    config = effective_config(paths, os.environ)
+    problems = config.problems + bm.problems
+    _, runner_problems = runner_configs(bm, config.settings or settings_from({}, {}))
     problems += runner_problems
     if paths.claims.is_dir():
         problems += ClaimStore(paths, check_filesystem=False).load().problems

@@ -1,0 +1,270 @@
+"""R-04 and the journal's contract: torn tails and bad lines skipped and reported, group commit, kill -9 appends.
+
+The kill test runs a real subprocess that appends 10,000 records through :class:`ambient.journal.Journal`,
+fsyncing every 25 and reporting each fsync'd id on a pipe, and SIGKILLs it at seeded random points: every
+reported record must be on disk, ids stay unique and in order, a partial last line is skipped on read and
+cut by ``RunManager.resume_all`` before a run journal is appended to again. Figures are printed (``-s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ambient import journal as journal_mod
+from ambient.journal import Journal, append_line, iter_jsonl, read_jsonl
+from ambient.paths import BrainPaths
+from ambient.runstate import fold
+from tests.test_runs import ITEMS, FakeDelegate, _manager
+
+SEED = 4242
+
+
+def _lines(records: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in records)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def test_torn_tail_is_skipped_and_reported(tmp_path: Path) -> None:
+    """A last line without its newline (a crash mid-append) is not returned and is flagged as a torn tail."""
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(_lines([{"i": 0}, {"i": 1}]) + b'{"i": 2, "pad": "xx')
+    res = read_jsonl(path)
+    assert [r["i"] for r in res.records] == [0, 1]
+    assert res.torn_tail and res.bad_lines == []
+
+
+def test_complete_last_line_is_not_a_torn_tail(tmp_path: Path) -> None:
+    """A file ending in a newline has no torn tail; blank lines are ignored, not reported."""
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(_lines([{"i": 0}]) + b"\n  \n" + _lines([{"i": 1}]))
+    res = read_jsonl(path)
+    assert [r["i"] for r in res.records] == [0, 1]
+    assert not res.torn_tail and res.bad_lines == []
+
+
+def test_bad_lines_are_skipped_with_their_numbers(tmp_path: Path) -> None:
+    """Corrupt JSON and non-object lines are skipped and reported by line number; the rest is kept in order."""
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(_lines([{"i": 0}]) + b"{not json\n" + b"[1, 2]\n" + b'"text"\n' + _lines([{"i": 1}]))
+    res = read_jsonl(path)
+    assert [r["i"] for r in res.records] == [0, 1]
+    assert res.bad_lines == [2, 3, 4] and not res.torn_tail
+
+
+def test_missing_file_reads_as_empty(tmp_path: Path) -> None:
+    """A journal that does not exist yet is an empty history, not an error."""
+    res = read_jsonl(tmp_path / "absent.jsonl")
+    assert res.records == [] and not res.torn_tail
+    assert list(iter_jsonl(tmp_path / "absent.jsonl")) == []
+
+
+# ---------------------------------------------------------------- writing
+
+
+def test_buffered_writes_reach_the_file_at_flush(tmp_path: Path) -> None:
+    """Buffered records are whole lines on disk after flush (none before); unbuffered ones at once."""
+    path = tmp_path / "j.jsonl"
+    with Journal(path) as j:
+        j.write({"i": 0})
+        assert path.read_bytes() == b""
+        j.flush()
+        assert read_jsonl(path).records == [{"i": 0}]
+    raw = tmp_path / "raw.jsonl"
+    with Journal(raw, buffered=False) as j:
+        j.write({"i": 1, "text": "é"})
+        assert read_jsonl(raw).records == [{"i": 1, "text": "é"}]
+
+
+def test_append_line_appends_one_whole_record(tmp_path: Path) -> None:
+    """append_line adds exactly one line per call, creating the file and its folder."""
+    path = tmp_path / "sub" / "log.jsonl"
+    append_line(path, {"a": 1})
+    append_line(path, {"a": 2}, durable=False)
+    assert read_jsonl(path).records == [{"a": 1}, {"a": 2}]
+
+
+def test_sync_without_new_records_does_not_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sync() fsyncs once for everything written so far, and not again until something new is written."""
+    calls: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(journal_mod.os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
+    j = Journal(tmp_path / "j.jsonl")
+    for i in range(10):
+        j.write({"i": i})
+    j.sync()
+    j.sync()
+    assert len(calls) == 1
+    j.write({"i": 10})
+    j.sync()
+    assert len(calls) == 2
+    j.close()
+
+
+async def test_group_commit_coalesces_concurrent_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 concurrent write+commit callers share a handful of fsyncs, and every record is on disk after."""
+    calls: list[int] = []
+    real = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        calls.append(fd)
+        time.sleep(0.005)  # a disk's fsync: long enough for the other committers to queue behind it
+        real(fd)
+
+    monkeypatch.setattr(journal_mod.os, "fsync", slow_fsync)
+    path = tmp_path / "j.jsonl"
+    j = Journal(path)
+
+    async def writer(i: int) -> None:
+        j.write({"i": i})
+        await j.commit()
+
+    await asyncio.gather(*(writer(i) for i in range(200)))
+    assert 1 <= len(calls) <= 3, f"{len(calls)} fsyncs for 200 commits"
+    assert sorted(r["i"] for r in read_jsonl(path).records) == list(range(200))
+    await j.commit()  # nothing new: no fsync
+    assert len(calls) <= 3
+    j.close()
+    print(f"\nR-04 group commit: 200 commits -> {len(calls)} fsync(s)")
+
+
+def test_failed_fsync_is_never_retried_as_success(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an fsync error the journal refuses every later sync (pages may be lost; RELIABILITY [29])."""
+    real = os.fsync
+    failures = [OSError(errno.EIO, "Input/output error")]
+
+    def flaky(fd: int) -> None:
+        if failures:
+            raise failures.pop()
+        real(fd)
+
+    monkeypatch.setattr(journal_mod.os, "fsync", flaky)
+    j = Journal(tmp_path / "j.jsonl")
+    j.write({"i": 0})
+    with pytest.raises(OSError):
+        j.sync()
+    with pytest.raises(OSError):
+        j.sync()  # fsync would "succeed" now, but the data of the failed one may be gone: never report it durable
+    j.write({"i": 1})
+    with pytest.raises(OSError):
+        asyncio.run(j.commit())
+    with pytest.raises(OSError):
+        j.close()
+
+
+# ---------------------------------------------------------------- kill -9 during 10k appends
+
+_CHILD = r"""
+import json, os, sys
+from pathlib import Path
+from ambient.journal import Journal
+path, pad, split = Path(sys.argv[1]), "x" * int(sys.argv[2]), sys.argv[3] == "split"
+every = 1000 if split else 25
+j = Journal(path)
+fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+for i in range(10_000):
+    if split:  # a writer that breaks the one-write-per-line rule: the kill can land between the halves
+        data = (json.dumps({"i": i, "pad": pad}) + "\n").encode()
+        os.write(fd, data[: len(data) // 2])
+        os.write(fd, data[len(data) // 2 :])
+    else:
+        j.write({"i": i, "pad": pad})
+    if i % every == every - 1:  # split mode fsyncs rarely, so the kill mostly lands among the writes
+        j.sync()
+        os.fsync(fd)
+        os.write(1, b"%d\n" % i)  # reported only once fsync'd
+j.close()
+os.write(1, b"done\n")
+"""
+
+
+def _kill_appender(path: Path, pad: int, delay: float, *, split: bool = False) -> tuple[int, bool]:
+    """Run the appender and SIGKILL it ``delay`` s after its start; (last id reported fsync'd, finished by itself)."""
+    argv = [sys.executable, "-c", _CHILD, str(path), str(pad), "split" if split else "whole"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=delay)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode in (0, -signal.SIGKILL), err.decode(errors="replace")
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    done = b"done" in lines
+    last = max((int(line) for line in lines if line != b"done"), default=-1)
+    return last, done
+
+
+def test_kill9_during_10k_appends_loses_no_fsynced_record(tmp_path: Path) -> None:
+    """R-04: kill -9 at random points of 10k appends: every fsync'd record survives, ids unique, tail skipped."""
+    rng = random.Random(SEED)
+    torn = 0
+    lost = 0
+    kills = 0
+    for n in range(10):
+        path = tmp_path / f"j{n}.jsonl"
+        pad = rng.choice([16, 200, 3000])  # large records: a 64 KiB flush can be cut by the kill
+        split = n % 2 == 1  # every other child writes lines in two halves, so torn tails really happen
+        last, done = _kill_appender(path, pad, rng.uniform(0.07, 0.25) if split else rng.uniform(0.1, 0.6), split=split)
+        kills += not done
+        res = read_jsonl(path)
+        ids = [r["i"] for r in res.records]
+        assert ids == list(range(len(ids))), "ids must be unique and in order"
+        assert res.bad_lines == []
+        lost += max(0, last + 1 - len(ids))
+        torn += res.torn_tail
+        assert len(ids) >= last + 1, f"lost fsync'd records: {last + 1 - len(ids)}"
+        if done:
+            assert len(ids) == 10_000 and not res.torn_tail
+    assert lost == 0
+    print(f"\nR-04 seed={SEED} kills={kills} partial_tails_seen={torn} records_lost={lost}")
+
+
+async def test_resume_cuts_a_torn_tail_before_appending(tmp_path: Path) -> None:
+    """RunManager.resume_all truncates a run journal's partial last line, so new events start on their own line."""
+    paths = BrainPaths(tmp_path)
+    paths.run_journals.mkdir(parents=True)
+    run_id = "sess-20261130-1200-w-beef"
+    head = _lines([
+        {"ev": "started", "run_id": run_id, "workflow": "w", "form": "for_each", "spec": {}, "items": ITEMS[:3]},
+        {"ev": "accepted", "item": ITEMS[0], "attempt": 1},
+    ])
+    paths.run_journal(run_id).write_bytes(head + b'{"ev": "finished", "item": "instance-01", "torn-mark')
+    mgr, _, _, _ = _manager(tmp_path, FakeDelegate())
+    assert mgr.resume_all() == [run_id]
+    state = await asyncio.wait_for(mgr.tasks[run_id], 5)
+    assert state.outcome == "success"
+    raw = paths.run_journal(run_id).read_bytes()
+    assert raw.startswith(head) and b"torn-mark" not in raw  # the partial line is gone, the history before it kept
+    res = read_jsonl(paths.run_journal(run_id))
+    assert not res.torn_tail and res.bad_lines == []
+    state2 = fold(res.records)
+    assert state2.outcome == "success" and state2.item(ITEMS[0]).attempt == 2  # in flight at the crash: run again
+
+
+def test_appending_after_a_kill_keeps_every_line_whole(tmp_path: Path) -> None:
+    """After a kill -9 (and the resume cut), a new Journal appends whole lines: no bad line, ids stay unique."""
+    path = tmp_path / "j.jsonl"
+    last, _ = _kill_appender(path, 3000, 0.3)
+    data = path.read_bytes()
+    path.write_bytes(data[: data.rfind(b"\n") + 1])  # what resume_all does to a torn tail
+    have = len(read_jsonl(path).records)
+    assert have >= last + 1
+    with Journal(path) as j:
+        for i in range(have, have + 100):
+            j.write({"i": i})
+    res = read_jsonl(path)
+    assert [r["i"] for r in res.records] == list(range(have + 100))
+    assert res.bad_lines == [] and not res.torn_tail
