@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ambient.errors import InputError, UnsafePathError, UnsupportedFilesystemError
+from ambient.zones import normalize
 
 TMP_MARK = ".tmp."
 
@@ -127,20 +128,10 @@ def read_capped(path: Path, max_bytes: int) -> bytes:
 def check_relative(rel: str) -> str:
     """Reject a brain-relative path that could escape before it is ever joined (S-01).
 
-    Returns the path normalised to POSIX form without ``.`` components or a trailing slash.
+    Returns the path normalised to POSIX form without ``.`` components or a trailing slash
+    (the rules are :func:`ambient.zones.normalize`'s: NUL, backslash, absolute, ``..``, long names).
     """
-    if "\x00" in rel:
-        raise UnsafePathError(f"path {rel!r} contains a NUL byte")
-    if "\\" in rel:
-        raise UnsafePathError(f"path {rel!r} contains a backslash; use '/' separators")
-    if rel.startswith("/"):
-        raise UnsafePathError(f"path {rel!r} is absolute; expected a path relative to the brain root")
-    parts = [p for p in rel.split("/") if p not in ("", ".")]
-    if any(p == ".." for p in parts):
-        raise UnsafePathError(f"path {rel!r} contains '..'; expected a path inside the brain root")
-    if any(len(p.encode()) > 255 for p in parts):
-        raise UnsafePathError(f"path {rel!r} has a component longer than 255 bytes")
-    return "/".join(parts)
+    return normalize(rel).rstrip("/")
 
 
 def resolve_in_brain(root: Path, rel: str) -> Path:
