@@ -256,11 +256,16 @@ class NotifySocket:
 
     def wait_for(self, key: str, value: str | None = None, *, start: int = 0, timeout: float = 10) -> int:
         """Wait for a datagram setting ``key`` (to ``value``) at index ``start`` or later; its index."""
-        found = wait_for(lambda: self.index_of(key, value, start) is not None, timeout, f"sd_notify {key}={value}")
-        del found
-        index = self.index_of(key, value, start)
-        assert index is not None
-        return index
+        found: list[int] = []
+
+        def seen() -> bool:
+            index = self.index_of(key, value, start)
+            if index is not None:
+                found.append(index)  # index 0 is falsy: keep it out of wait_for's truth test
+            return index is not None
+
+        wait_for(seen, timeout, f"sd_notify {key}={value}")
+        return found[-1]
 
     def env(self, watchdog_usec: int | None = None) -> dict[str, str]:
         """Environment variables that point a daemon at this socket."""

@@ -83,6 +83,7 @@ class Iteration:
     starts: list[float] = field(default_factory=list)  # wall time of each daemon start
     final_rc: int | None = None
     total_s: float = 0.0
+    last_log: str = ""  # tail of the last daemon's log, for a failure message
 
 
 def _epoch(iso: str) -> float:
@@ -210,6 +211,7 @@ def run_iteration(base: Path, seed: int, mode: str, n_items: int, max_kills: int
             it.final_rc = d.wait(timeout=120)
         finally:
             d.kill()
+            it.last_log = d.tail(5)
         break
     it.total_s = time.monotonic() - t0
     for w in watchers:
@@ -226,7 +228,7 @@ def check_iteration(it: Iteration) -> list[str]:
     bad: list[str] = []
     tag = f"[seed {it.seed} {it.mode}]"
     if it.final_rc != 0:
-        bad.append(f"{tag} last daemon exited {it.final_rc}")
+        bad.append(f"{tag} last daemon exited {it.final_rc}: {it.last_log}")
     journals = sorted(paths.run_journals.glob("*.jsonl")) if paths.run_journals.is_dir() else []
     if len(journals) != 1:
         return [*bad, f"{tag} expected exactly one run of {WORKFLOW}, found {len(journals)} journal(s)"]

@@ -133,8 +133,7 @@ def test_draft_never_runs_and_bad_workflows_are_reported_while_a_good_one_runs(t
 
 
 def test_sigterm_during_a_fanout_stops_cleanly_and_the_run_resumes(tmp_path: Path, notify: NotifySocket) -> None:
-    """SIGTERM with 10 agents running (5 ignore SIGTERM; a SIGHUP before drops nothing): STOPPING=1 first, exit 0
-    within the budget, items recorded as interrupted, no lock or agent left; a restart runs them again."""
+    """SIGTERM mid-fan-out: STOPPING=1 first, exit 0 in budget, items interrupted, nothing left, rerun on restart."""
     wit = tmp_path / "witness.log"
     paths = make_brain(tmp_path / "brain", agents={
         "stub": stub_agent_md("stub", ["--sleep-ms", "2000-3000", "--witness", str(wit)]),
@@ -197,8 +196,7 @@ def _sched(name: str = "sched") -> str:
 
 
 def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_broken(tmp_path: Path, notify: NotifySocket) -> None:
-    """SIGHUP: RELOADING=1 + MONOTONIC_USEC then READY=1; a new tick_seconds applies; a broken config or
-    workflow keeps the previous version, says why, and runs go on."""
+    """SIGHUP: RELOADING=1+MONOTONIC_USEC then READY=1; new tick_seconds applies; broken files keep the old version."""
     paths = _fast_brain(tmp_path, config="tick_seconds: 30\n")
     drop(paths, "sched.yml", _sched())
     # --no-watch and 30 s ticks: only SIGHUP can make the daemon see the first edit below in time.
@@ -241,8 +239,7 @@ def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_broken(tmp_pat
 
 
 def test_rapid_saves_are_debounced_and_renamed_saves_are_seen(tmp_path: Path) -> None:
-    """50 rapid in-place saves of a workflow cause at most 3 reloads and the last save is the one loaded;
-    a save by atomic rename is seen too (the directory is watched)."""
+    """50 rapid in-place saves cause at most 3 reloads and the last one is loaded; an atomic-rename save is seen."""
     paths = _fast_brain(tmp_path)
     target = paths.workflows / "edit.yml"
     with running(paths) as d:
@@ -301,8 +298,7 @@ def test_second_instance_exits_at_once_naming_the_running_pid(tmp_path: Path) ->
 
 
 def test_a_daemon_task_that_dies_stops_the_daemon_with_a_non_zero_exit(tmp_path: Path) -> None:
-    """When a daemon task dies (here the watcher: agents/ is a file) the daemon stops with a non-zero exit code,
-    so that systemd's Restart=on-failure restarts it."""
+    """A daemon task that dies (the watcher: agents/ is a file) stops the daemon with a non-zero exit (restartable)."""
     root = tmp_path / "brain"
     (root / "workflows").mkdir(parents=True)
     (root / "agents").write_text("not a directory\n")
@@ -319,8 +315,7 @@ def test_a_daemon_task_that_dies_stops_the_daemon_with_a_non_zero_exit(tmp_path:
 
 
 def test_sd_notify_ready_after_recovery_then_watchdog_pings_then_stopping(tmp_path: Path, notify: NotifySocket) -> None:
-    """READY=1 only once the crashed run's state is recovered, WATCHDOG=1 at most WATCHDOG_USEC/2 apart, then
-    STOPPING=1 (nothing after it but the stop timeout extension)."""
+    """READY=1 after the crashed run is recovered, then WATCHDOG=1 at most WATCHDOG_USEC/2 apart, then STOPPING=1."""
     wit = tmp_path / "witness.log"
     paths = _fast_brain(tmp_path, stub_args=["--sleep-ms", "1500-2000", "--witness", str(wit)])
     items = ["a", "b", "c", "d"]
@@ -369,8 +364,7 @@ def _pending(paths: BrainPaths) -> list[dict[str, Any]]:
 
 
 def test_until_idle_on_the_example_brain_then_decisions_finish_the_chain(tmp_path: Path) -> None:
-    """``run --until-idle`` ends by itself (exit 0) with work done or waiting on an escalation that status shows;
-    answering (retry, approve, including feature-chain's step-4 human gate) and running again finishes it all."""
+    """run --until-idle exits 0 with runs done or waiting on escalations status shows; decide + rerun finishes all."""
     paths = make_brain(tmp_path / "brain", example_workflows=True)
     workflows = {p.stem for p in paths.workflows.glob("*.yml")}
     assert {"deploy-batch", "feature-chain"} <= workflows
@@ -411,8 +405,7 @@ def test_until_idle_on_the_example_brain_then_decisions_finish_the_chain(tmp_pat
 
 
 def test_json_logs_every_line_json_and_run_lines_carry_workflow_and_run_id(tmp_path: Path) -> None:
-    """With --log-format json every line is a JSON object, and lines about a run carry workflow and run_id
-    (and item for item lines)."""
+    """--log-format json: every line is JSON; run lines carry workflow and run_id, item lines also item."""
     paths = _fast_brain(tmp_path, stub_args=[*FAST, "--fail-items", "b"])
     with running(paths, "--log-level", "debug") as d:
         drop(paths, "logs.yml", foreach_workflow("logs", ["a", "b", "c"]))

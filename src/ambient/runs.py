@@ -326,7 +326,7 @@ class RunExecutor:
         self._tasks.pop(name, None)
         if not task.cancelled() and task.exception() is not None:
             log.error("item_task_crashed", item=name, error=repr(task.exception()))
-        self._wake.set()
+        self.poke()  # not parked any more: the loop has a result to route (an idle check must not stop us)
 
     def _key(self, item: ItemState, attempt: int) -> str:
         return f"{self.state.run_id}/{item.name}/{attempt}"
@@ -632,6 +632,12 @@ class RunManager:
                 apply_event(state, by_name, ev)
             journal.sync()
             self._launch(state, journal)
+            # Item claims are views written after the journal (for_each ones coalesced): a kill can leave them
+            # behind it, so every item already touched is written again from the journal (no ghost "open" claim).
+            ex = self.executors[run_id]
+            for it in state.items:
+                if it.attempt or it.status != "pending":
+                    ex.ports.claims.item_changed(state, it)
             resumed.append(run_id)
             log.info("run_resumed", run_id=run_id, workflow=state.workflow, in_flight=in_flight,
                      done=state.success_count, total=len(state.items))

@@ -1,0 +1,138 @@
+"""Shared helpers of the benchmarks: brains in a temp dir, the real daemon as a subprocess, journal timings."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+PY = sys.executable
+
+
+def agent_md(name: str, runner: Mapping[str, Any]) -> str:
+    """An agent file that ambient may SPAWN, with the given ``ambient.runner`` block."""
+    return (
+        "---\n"
+        f"name: {name}\n"
+        "type: agent\nstatus: active\n"
+        f'description: "benchmark agent {name}"\n'
+        "brain:\n  version: 1\n  type: metier\n  scope: project\n  ipc:\n"
+        "    receives_from: [ambient, orchestrator, human]\n"
+        "    sends_to: [ambient, orchestrator, human]\n"
+        "    zone_access: [project]\n"
+        "    signals: [RETURN, ERROR, ESCALATE, BLOCKED_ON]\n"
+        "ambient:\n  runner:\n"
+        + "".join(f"    {k}: {json.dumps(v)}\n" for k, v in runner.items())
+        + "---\n"
+        f"# {name}\n"
+    )
+
+
+def foreach_yaml(name: str, items: Sequence[str], agent: str, concurrency: int) -> str:
+    """A for_each workflow spawning ``agent`` over ``items`` (one lock per item: the scope is templated)."""
+    return (
+        f"workflow: {name}\n"
+        "for_each:\n"
+        f"  items: {json.dumps(list(items))}\n"
+        f"  spawn: {agent}\n"
+        f"  concurrency: {concurrency}\n"
+        "  scope:\n    zone: project\n"
+        f'    files: ["projects/{name}/{{{{item}}}}.md"]\n'
+    )
+
+
+def new_brain(base: Path, name: str, agents: Mapping[str, str]) -> Path:
+    """An empty brain with ``agents`` (name → agent file text)."""
+    root = base / name
+    for sub in ("agents", "claims", "locks", "profil", "workflows"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for agent, text in agents.items():
+        (root / "agents" / f"{agent}.md").write_text(text)
+    return root
+
+
+def daemon_env(extra_path: Iterable[Path] = ()) -> dict[str, str]:
+    """The environment for the daemon subprocess: ours minus AMBIENT_*, plus PYTHONPATH entries."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AMBIENT_", "NOTIFY_SOCKET", "WATCHDOG_"))}
+    paths = [str(p) for p in extra_path]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def daemon_argv(root: Path, *args: str) -> list[str]:
+    """``python -m ambient run`` on ``root`` with JSON logs at warning level."""
+    return [PY, "-m", "ambient", "run", "--brain", str(root), "--log-format", "json", "--log-level", "warning", *args]
+
+
+def run_until_idle(root: Path, env: Mapping[str, str], timeout: float = 600) -> float:
+    """Run the daemon with ``--until-idle`` to completion; its wall time. Raises if it fails."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(daemon_argv(root, "--until-idle"), env=dict(env), capture_output=True, timeout=timeout,
+                          check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"daemon exited {proc.returncode}: {proc.stderr.decode(errors='replace')[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def journal_records(root: Path) -> list[list[dict[str, Any]]]:
+    """Every run journal of the brain, parsed."""
+    out = []
+    for p in sorted((root / ".ambient" / "runs").glob("*.jsonl")):
+        out.append([json.loads(line) for line in p.read_text().splitlines() if line.strip()])
+    return out
+
+
+def epoch(iso: str) -> float:
+    """Seconds since the epoch of an ISO timestamp from a journal."""
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def run_span(records: list[dict[str, Any]]) -> float:
+    """Seconds from a run's ``started`` event to its ``finished_run`` event."""
+    start = next(r for r in records if r.get("ev") == "started")
+    end = next(r for r in records if r.get("ev") == "finished_run")
+    return epoch(end["at"]) - epoch(start["at"])
+
+
+def median(values: Iterable[float]) -> float:
+    """Median (NaN for nothing)."""
+    vals = list(values)
+    return statistics.median(vals) if vals else float("nan")
+
+
+class TempDir:
+    """A temp dir removed at exit unless ``keep``."""
+
+    def __init__(self, where: str | None, keep: bool = False) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="ambient-bench-", dir=where))
+        self.keep = keep
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.keep:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def peer_summary(stdout: str) -> dict[str, Any] | None:
+    """The ``JSON {...}`` summary line printed by the peers in /work/shared/bench/peers."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("JSON "):
+            data: dict[str, Any] = json.loads(line[5:])
+            return data
+    return None
