@@ -26,7 +26,7 @@ from typing import Any
 import structlog
 
 from ambient import __version__, systemd
-from ambient.brain import Brain, load_brain
+from ambient.brain import Brain, load_brain, reload_workflows
 from ambient.breaker import Breaker
 from ambient.chain import ChainExecutor, ChainSettings
 from ambient.claimstore import ClaimStore
@@ -222,7 +222,9 @@ class WorkflowEvaluator:
         due = await self._reload_due(tick)
         if d.reload_requested or due:
             self._pending_since = None
-            await d.reload()
+            only_wf = not tick.timed and all(p.parent == d.paths.workflows for p in tick.changes
+                                             if any(p.is_relative_to(x) for x in self._dirs))
+            await d.reload(only_workflows=only_wf)
             # Changes seen while the reload ran belong to the same burst: coalesce them (not "isolated").
             self._last_change = max(self._last_change, asyncio.get_running_loop().time())
         for name, wf in sorted(d.ref.brain.workflows.items()):
@@ -563,13 +565,18 @@ class Daemon:
         if self.options.progress is not None:
             self.options.progress(line)
 
-    async def reload(self) -> None:
-        """Reload everything but running runs (they keep their pinned spec)."""
+    async def reload(self, *, only_workflows: bool = False) -> None:
+        """Reload everything but running runs (they keep their pinned spec); ``only_workflows`` when
+        nothing but ``workflows/`` changed (agents, routing and settings stay as loaded)."""
         sighup = self.reload_requested
         self.reload_requested = False
         if sighup:
             systemd.reloading()
-        new = await asyncio.to_thread(load_brain, self.paths, self.options.environ, self.ref.brain)
+            only_workflows = False
+        if only_workflows:
+            new = await asyncio.to_thread(reload_workflows, self.ref.brain)
+        else:
+            new = await asyncio.to_thread(load_brain, self.paths, self.options.environ, self.ref.brain)
         self._report(new)
         if not new.settings_ok:
             log.error("config_invalid_kept_previous", file=self.paths.rel(self.paths.config))
