@@ -428,6 +428,7 @@ def test_kill_between_run_start_and_seen_record_runs_the_workflow_once(tmp_path:
 
 
 @pytest.mark.chaos
+@pytest.mark.timeout(3600)  # 50 iterations of 100 items: minutes, not the suite's 180 s
 def test_kill9_mid_fanout_long_profile(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Opt-in (-m chaos): 50 iterations (25 K1 + 25 K2) of 100 items with 1-3 kills each, same invariants."""
     if "chaos" not in str(request.config.getoption("markexpr", "")):

@@ -711,7 +711,7 @@ class Daemon:
         systemd.extend_timeout(int((grace + 10) * 1_000_000))
         await self.manager.shutdown(grace)
         await self.runners.terminate_all(grace)
-        self.claims_view.flush()  # coalesced item claims (interrupted items included) reach the disk
+        self.claims_view.close()  # coalesced item claims (interrupted items included) reach the disk
         for t in self._tasks:
             if not t.done():
                 t.cancel()

@@ -134,7 +134,9 @@ class ChannelRegistry:
         digest = token_digest(token)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         record = {"principal": principal, "spawn": spawn, "issued_at": now.isoformat() if now else None}
-        atomic_write(self.dir / f"{digest}.json", json.dumps(record), mode=0o600)
+        # Not fsync'd: a token outlives nothing (the daemon revokes every token at start), it only has to be
+        # readable by the agent's own `ambient send` while the agent runs; the rename makes it whole.
+        atomic_write(self.dir / f"{digest}.json", json.dumps(record), mode=0o600, durable=False)
         self._known[digest] = principal
         return Channel(principal, token)
 

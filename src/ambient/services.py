@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -471,33 +472,64 @@ class ClaimsWriter:
         self._cache: dict[str, Claim] = {}
         self._pending: dict[str, tuple[RunState, ItemState]] = {}
         self._flush_at: asyncio.TimerHandle | None = None
+        # One writer thread, so writes of a claim land in the order they were made; file creation is the cost
+        # on slow disks, and it must not stall the event loop.
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="claims")
+        self._inflight: Future[None] | None = None
 
-    def flush(self) -> None:
-        """Write every pending item claim now (the coalescing timer, a run's end, shutdown)."""
+    def flush(self, *, wait: bool = False) -> None:
+        """Write every pending item claim (the coalescing timer, a run's end, shutdown with ``wait``)."""
         if self._flush_at is not None:
             self._flush_at.cancel()
             self._flush_at = None
         pending, self._pending = self._pending, {}
+        claims: list[Claim] = []
         for state, item in pending.values():
-            try:
-                self._write_item(state, item)
+            try:  # built on the loop (the run state lives there); written in the writer thread
+                claim = self._prepare_item(state, item)
             except Exception as exc:  # noqa: BLE001 - one bad claim view must not lose the others (timer callback)
                 log.error("claim_view_failed", run_id=state.run_id, item=item.name, error=repr(exc))
+                continue
+            if claim is not None:
+                claims.append(claim)
+        if claims:
+            self._inflight = self._writer.submit(self._write_many, claims)
+        if wait and self._inflight is not None:
+            self._inflight.result()
 
-    def _write(self, sess_id: str, base: dict[str, Any]) -> None:
+    def close(self) -> None:
+        """Write what is pending and stop the writer thread."""
+        self.flush(wait=True)
+        self._writer.shutdown(wait=True)
+
+    def _write_many(self, claims: list[Claim]) -> None:
+        for claim in claims:
+            self._store(claim)
+
+    def _store(self, claim: Claim) -> None:
+        try:
+            self.store.write_claim(claim, durable=False)
+        except (AmbientError, OSError) as exc:  # a claim the person broke or replaced: report, go on
+            log.warning("claim_write_failed", claim=claim.sess_id, error=str(exc))
+
+    def _prepare(self, sess_id: str, base: dict[str, Any]) -> Claim | None:
         old = self._cache.get(sess_id)
         doc = {**old.to_document(), **base} if old is not None else base
         claim = Claim.model_validate(doc)
         if old is not None and old.model_dump() == claim.model_dump():
-            return
-        try:
-            self.store.write_claim(claim, durable=False)
-            self._cache[sess_id] = claim
-        except (AmbientError, OSError) as exc:  # a claim the person broke or replaced: report, go on
-            log.warning("claim_write_failed", claim=sess_id, error=str(exc))
+            return None
+        self._cache[sess_id] = claim
+        return claim
+
+    def _write(self, sess_id: str, base: dict[str, Any]) -> None:
+        claim = self._prepare(sess_id, base)
+        if claim is not None:
+            if self._inflight is not None:
+                self._inflight.result()  # a direct write never overtakes a queued one
+            self._store(claim)
 
     def run_changed(self, state: RunState) -> None:
-        self.flush()  # the item claims first: a closed run claim lists children that are written
+        self.flush(wait=True)  # the item claims first: a closed run claim lists children that are written
         now = self.clock.now()
         status = "open"
         if state.finished:
@@ -532,6 +564,13 @@ class ClaimsWriter:
             self._flush_at = loop.call_later(self.FLUSH_DELAY_S, self.flush)
 
     def _write_item(self, state: RunState, item: ItemState) -> None:
+        claim = self._prepare_item(state, item)
+        if claim is not None:
+            if self._inflight is not None:
+                self._inflight.result()
+            self._store(claim)
+
+    def _prepare_item(self, state: RunState, item: ItemState) -> Claim | None:
         now = self.clock.now()
         sess = item_claim_id(state.run_id, item, state.form)
         spec_scope = _item_scope(state, item)
@@ -557,7 +596,7 @@ class ClaimsWriter:
                 result["notes"] = item.error[:500]
             base["result"] = result
             base["closed_at"] = _fmt(now)
-        self._write(sess, base)
+        return self._prepare(sess, base)
 
 
 def _item_scope(state: RunState, item: ItemState) -> str:

@@ -79,7 +79,12 @@ class _SafeLoader(
             self._depth -= 1
 
 
-class _Dumper(yaml.SafeDumper):
+# The C emitter is six times faster than the pure-Python one (a claim is rewritten twice per item) and
+# only emits our own data; it is the C *loader* that must never see hostile input (RELIABILITY S-03).
+_BaseDumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _Dumper(_BaseDumper):  # type: ignore[misc]
     """Block style, insertion order, no anchors (our own loader refuses aliases)."""
 
     def ignore_aliases(self, data: Any) -> bool:
