@@ -10,7 +10,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "ambient"
 CORE = ["errors", "problems", "packet", "matrix", "zones", "claims", "preflight", "workflow", "templating",
-        "planner", "runstate", "plans", "records", "learning", "settings", "redact", "yamltext"]
+        "planner", "runstate", "plans", "records", "learning", "settings", "redact", "yamltext", "pathrules"]
 IO_MODULES = {"os", "io", "asyncio", "subprocess", "time", "socket", "shutil", "fcntl", "signal"}
 
 

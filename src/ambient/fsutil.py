@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ambient.errors import InputError, UnsafePathError, UnsupportedFilesystemError
+from ambient.pathrules import normalize
 
 TMP_MARK = ".tmp."
 
@@ -134,10 +135,8 @@ def check_relative(rel: str) -> str:
     """Reject a brain-relative path that could escape before it is ever joined (S-01).
 
     Returns the path normalised to POSIX form without ``.`` components or a trailing slash
-    (the rules are :func:`ambient.zones.normalize`'s: NUL, backslash, absolute, ``..``, long names).
+    (the rules are :func:`ambient.pathrules.normalize`'s: NUL, backslash, absolute, ``..``, long names).
     """
-    from ambient.zones import normalize  # here: zones pulls pydantic, which short CLI commands do not need
-
     return normalize(rel).rstrip("/")
 
 

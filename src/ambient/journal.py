@@ -9,14 +9,16 @@ and reports it; a past line is never rewritten.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncio
 
 _FLUSH_AT = 64 * 1024
 
@@ -76,6 +78,8 @@ class Journal:
 
     async def commit(self) -> None:
         """Like :meth:`sync` but off the event loop, and coalesced: concurrent callers share one fsync."""
+        import asyncio  # here: short CLI writers of journals never start an event loop
+
         self.flush()
         target = self._written
         if self._synced >= target:

@@ -13,7 +13,7 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict
 
-from ambient.errors import UnsafePathError
+from ambient.pathrules import normalize as normalize  # re-exported: zones owns the path rules
 
 KERNEL: Final = "kernel"
 PROJECT: Final = "project"
@@ -63,29 +63,6 @@ DEFAULT_RULES: Final[tuple[ZoneRule, ...]] = _rules(
         PERSONAL: ["profil/capital.md", "profil/objectifs.md", "progression/", "MYSECRETS"],
     }
 )
-
-
-def normalize(path: str) -> str:
-    """Normalise a brain-relative path to POSIX form, rejecting anything that could escape.
-
-    Rejected: NUL bytes, backslashes, absolute paths, ``..`` components, components over 255 bytes.
-    A trailing ``/`` is kept (it marks a folder scope).
-    """
-    if "\x00" in path:
-        raise UnsafePathError(f"path {path!r} contains a NUL byte")
-    if "\\" in path:
-        raise UnsafePathError(f"path {path!r} contains a backslash; use '/' separators")
-    if path.startswith("/"):
-        raise UnsafePathError(f"path {path!r} is absolute; expected a path relative to the brain root")
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise UnsafePathError(f"path {path!r} contains '..'; expected a path inside the brain root")
-    if any(len(p.encode()) > 255 for p in parts):
-        raise UnsafePathError(f"path {path!r} has a component longer than 255 bytes")
-    if not parts:
-        return ""
-    out = "/".join(parts)
-    return out + "/" if path.endswith("/") else out
 
 
 def zone_of(path: str, rules: Iterable[ZoneRule] = DEFAULT_RULES) -> str:
