@@ -143,7 +143,9 @@ class TestHostile:
                     out[f.stem] = "parsed"
                 except InputError as exc:
                     out[f.stem] = type(exc).__name__
-            out["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            # VmHWM, not ru_maxrss: ru_maxrss survives exec, so a child of a big pytest process reports its parent
+            hwm = [l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmHWM:")]
+            out["maxrss_kb"] = int(hwm[0].split()[1]) if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             print(json.dumps(out))
             """
         )
