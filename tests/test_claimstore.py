@@ -327,7 +327,9 @@ def test_r02_kill_9_mid_write_never_tears(brain: BrainPaths) -> None:
     keep = [brain.claims / ".keep", brain.claims / f".other.yml.tmp.{os.getpid()}.abcd1234"]
     for path in keep:
         path.write_text("keep me")
-    temps = {p for d in (brain.claims, brain.locks) for p in d.iterdir() if ".tmp." in p.name} - set(keep)
+    # Crash leftovers: temp files, and a lock renamed aside by a takeover the kill interrupted (``.stale.``).
+    temps = {p for d in (brain.claims, brain.locks) for p in d.iterdir()
+             if ".tmp." in p.name or ".lock.stale." in p.name} - set(keep)
     t1 = time.monotonic()
     removed = set(ClaimStore(brain).sweep())
     from ambient.locks import LockManager
