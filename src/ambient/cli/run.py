@@ -86,11 +86,12 @@ def _demo(args: argparse.Namespace) -> int:
     out("")
     print_status(root, verbose=True)
     out("")
+    exe = sys.argv[0] if Path(sys.argv[0]).name == "ambient" else "ambient"
     out(f"Run records (JSON lines): {root / '.ambient' / 'runs.jsonl'}")
     out(f"Run journals:             {root / '.ambient' / 'runs'}/")
     out(f"Claims:                   {root / 'claims'}/")
     out("Answer an escalation, then let the daemon finish the run:")
-    out(f"  ambient --brain {root} escalations")
-    out(f"  ambient --brain {root} decide <ID> retry")
-    out(f"  ambient --brain {root} run --until-idle")
+    out(f"  {exe} --brain {root} escalations")
+    out(f"  {exe} --brain {root} decide <ID> retry     # or approve, for the chain's gate")
+    out(f"  {exe} --brain {root} run --until-idle")
     return EXIT_OK
