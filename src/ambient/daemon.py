@@ -54,7 +54,7 @@ from ambient.planner import FanOut
 from ambient.plans import chain_steps, fanout, item_template, items_of
 from ambient.redact import SecretRegistry
 from ambient.router import ChannelRegistry, Router
-from ambient.runners import Runners
+from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
 from ambient.runs import Ports, RunExecutor, RunManager
 from ambient.runstate import RunState
@@ -391,7 +391,11 @@ class Daemon:
             self.escalator.digest = digest
         self.escalator.on_answered = lambda path: self.engine.wake([path])
         self.assisted = AssistedRunner(self.claims, self.clock)
-        self.runners = Runners(assisted=self.assisted)
+        self.runners = Runners(
+            command=CommandRunner(on_spawn=lambda req, pid: self.manager.record_spawn(req.run_id, req.item,
+                                                                                        req.attempt, pid)),
+            assisted=self.assisted,
+        )
         self.delegate = AgentDelegate(self.ref, self.router, self.runners, self.locks, self.clock, self.live)
         self.claims_view = ClaimsWriter(self.claims, self.clock)
         self.emitter = RouterEmitter(self.router, self.clock, sender=s.default_sender)

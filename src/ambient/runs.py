@@ -260,6 +260,10 @@ class RunExecutor:
         finally:
             self._parked = False
 
+    def has_item(self, name: str) -> bool:
+        """Whether the run has an item (or chain step) called ``name``."""
+        return name in self._by_name
+
     @property
     def running_items(self) -> int:
         return len(self._tasks)
@@ -625,6 +629,7 @@ class RunManager:
             journal = Journal(path)
             by_name = {it.name: it for it in state.items}
             for name in in_flight:
+                _reap_orphan(by_name[name], run_id)
                 # Running at the crash: the agent may or may not have finished; run it again (at least once).
                 ev = {"ev": "interrupted", "item": name, "attempt": by_name[name].attempt, "reason": "restart",
                       "at": _iso(self.clock.now())}
@@ -642,6 +647,22 @@ class RunManager:
             log.info("run_resumed", run_id=run_id, workflow=state.workflow, in_flight=in_flight,
                      done=state.success_count, total=len(state.items))
         return resumed
+
+    def record_spawn(self, run_id: str, item: str, attempt: int, pid: int) -> None:
+        """A command agent started: its pid and start time go to the run's journal (flushed, not fsync'd:
+        a daemon crash keeps the page cache, and a power cut takes the agent with it)."""
+        ex = self.executors.get(run_id)
+        if ex is None or not ex.has_item(item):
+            return
+        started = None
+        try:
+            import psutil
+
+            started = psutil.Process(pid).create_time()
+        except Exception:  # noqa: BLE001 - the agent may already be gone; the pid alone is then recorded
+            started = None
+        ex.event("spawned", item=item, attempt=attempt, pid=pid, started=started)
+        ex.journal.flush()
 
     def find_escalation(self, escalation: str) -> RunExecutor | None:
         """The executor waiting on an escalation."""
@@ -677,6 +698,41 @@ class RunManager:
         for ex in self.executors.values():
             with contextlib.suppress(OSError):
                 ex.journal.close()
+
+
+def _reap_orphan(item: ItemState, run_id: str, grace: float = 5.0) -> None:
+    """An agent left running by a crash of the daemon (kill -9 outside systemd) is stopped before its item
+    runs again, so the same item never runs twice at once. Identified by pid *and* start time (RELIABILITY
+    §1.2 rule 2): a recycled pid is somebody else's process and is left alone."""
+    if item.pid is None:
+        return
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    try:
+        proc = psutil.Process(item.pid)
+        same = item.pid_started is None or abs(proc.create_time() - item.pid_started) < 0.5
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return
+    if not same or proc.status() == psutil.STATUS_ZOMBIE:
+        return
+    log.warning("orphan_agent_reaped", run_id=run_id, item=item.name, pid=item.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(item.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(item.pid).status() == psutil.STATUS_ZOMBIE:
+                    return
+            except psutil.NoSuchProcess:
+                return
+            time.sleep(0.02)  # bounded wait for a process we signalled (start-up, before the loop runs)
 
 
 def _truncate_torn_tail(path: Path) -> None:

@@ -14,6 +14,7 @@ Events (one JSON object per line, ``ev`` names the kind)::
     decided     escalation option action by channel latency_s at
     skipped     item at
     interrupted item attempt at                   (graceful shutdown killed the agent)
+    spawned     item attempt pid started at       (a command agent's process: reaped if orphaned by a crash)
     gate        item state (pending|passed|rejected) escalation at     (chain human gates)
     breaker     scope fails tripped at
     cursor      index                             (chains: the step to run next)
@@ -51,6 +52,8 @@ class ItemState:
     escalation: str | None = None
     gate: str | None = None  # chain human gate: pending|passed|rejected
     duration_ms: int = 0
+    pid: int | None = None  # the command agent of the current attempt (its process group id)
+    pid_started: float | None = None  # that process's start time: a recycled pid is not our agent
 
 
 @dataclass
@@ -176,6 +179,9 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
                     "at": ev.get("at"),
                 }
             )
+    elif kind == "spawned" and item is not None:
+        item.pid = int(ev["pid"]) if ev.get("pid") is not None else None
+        item.pid_started = float(ev["started"]) if ev.get("started") is not None else None
     elif kind == "retry" and item is not None:
         item.status = "retry_wait"
         item.not_before = ev.get("not_before")
