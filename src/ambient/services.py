@@ -68,7 +68,7 @@ class AgentDelegate:
         self.live = live
         self.lock_wait_s = lock_wait_s
         # (agent, run) -> (handoff.md signature, handoff text); see _handoff.
-        self._handoffs: dict[tuple[str, str], tuple[tuple[int, int] | None, str]] = {}
+        self._handoffs: dict[tuple[str, str], tuple[tuple[int, int] | None, asyncio.Future[str]]] = {}
 
     async def attempt(self, a: Attempt) -> AttemptResult:
         started = time.monotonic()
@@ -148,12 +148,13 @@ class AgentDelegate:
         key = (a.agent, a.run_id)
         hit = self._handoffs.get(key)
         if hit is not None and hit[0] == sig:
-            return hit[1]
-        text = await asyncio.to_thread(self.live.handoff_for, a.agent)
+            return await hit[1]
+        # One summary in flight per key: the items of a fan-out start together and share it (no herd).
+        future: asyncio.Future[str] = asyncio.ensure_future(asyncio.to_thread(self.live.handoff_for, a.agent))
         if len(self._handoffs) >= 256:
             self._handoffs.clear()
-        self._handoffs[key] = (sig, text)
-        return text
+        self._handoffs[key] = (sig, future)
+        return await future
 
     async def _reply(self, a: Attempt, res: AgentResult, started: float) -> AttemptResult:
         """The agent's answer becomes a packet through the router: agents are checked too."""
