@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -64,3 +67,26 @@ async def async_wait_until(predicate: Callable[[], bool], timeout: float = 10.0,
             return True
         await asyncio.sleep(interval)
     return predicate()
+
+
+@contextlib.contextmanager
+def debug_log_buffer(*secrets: str) -> Iterator[io.StringIO]:
+    """All logging at DEBUG (apprise and httpx included) as JSON lines into a buffer, with ``secrets``
+    registered for redaction; the logging configuration is restored afterwards."""
+    from ambient.logs import configure_logging
+    from ambient.redact import SecretRegistry
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    levels = {n: logging.getLogger(n).level for n in ("apprise", "httpx", "httpcore", "urllib3", "requests")}
+    buf = io.StringIO()
+    configure_logging("DEBUG", True, SecretRegistry(secrets), stream=buf)
+    try:
+        yield buf
+    finally:
+        for h in list(root.handlers):
+            if h not in handlers:
+                root.removeHandler(h)
+        root.setLevel(level)
+        for n, lv in levels.items():
+            logging.getLogger(n).setLevel(lv)

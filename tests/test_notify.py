@@ -6,7 +6,6 @@ import asyncio
 import html
 import io
 import json
-import logging
 import random
 import re
 import threading
@@ -25,7 +24,6 @@ from hypothesis import strategies as st
 from ambient.cli import main
 from ambient.clock import SystemClock
 from ambient.errors import InputError
-from ambient.logs import configure_logging
 from ambient.notify import (
     TELEGRAM_MAX_CHARS,
     AppriseNotifier,
@@ -48,7 +46,7 @@ from ambient.notify import (
 )
 from ambient.paths import BrainPaths
 from ambient.redact import SecretRegistry
-from tests.conftest import async_wait_until
+from tests.conftest import async_wait_until, debug_log_buffer
 
 TOKEN = "5550001234:AAEcanaryZZcanaryZZcanaryZZcanary12"  # the secret canary (S-06)
 T0 = datetime(2026, 11, 3, 12, 0, tzinfo=UTC)
@@ -143,18 +141,8 @@ def tg(fake: FakeServer, monkeypatch: pytest.MonkeyPatch) -> FakeServer:
 @pytest.fixture
 def logbuf() -> Iterator[io.StringIO]:
     """All logging at DEBUG into a buffer (JSON lines), with the canary registered; restored afterwards."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    levels = {n: logging.getLogger(n).level for n in ("apprise", "httpx", "httpcore", "urllib3", "requests")}
-    buf = io.StringIO()
-    configure_logging("DEBUG", True, SecretRegistry([TOKEN]), stream=buf)
-    yield buf
-    for h in list(root.handlers):
-        if h not in handlers:
-            root.removeHandler(h)
-    root.setLevel(level)
-    for n, lv in levels.items():
-        logging.getLogger(n).setLevel(lv)
+    with debug_log_buffer(TOKEN) as buf:
+        yield buf
 
 
 def _no_canary_in_files(root: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import logging
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -18,7 +17,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ambient.errors import NotifyError
-from ambient.logs import configure_logging
 from ambient.notify import DeliveryError, Message, RetryPolicy, escalation_message
 from ambient.redact import SecretRegistry
 from ambient.telegram import (
@@ -38,7 +36,7 @@ from ambient.telegram import (
     nonce_matches,
     parse_callback_data,
 )
-from tests.conftest import async_wait_until
+from tests.conftest import async_wait_until, debug_log_buffer
 
 TOKEN = "7770001111:AAGcanaryTGcanaryTGcanaryTGcanary99"  # the secret canary (S-06)
 CHAT = 4242
@@ -148,18 +146,8 @@ def bot() -> Iterator[FakeBotApi]:
 @pytest.fixture
 def logbuf() -> Iterator[io.StringIO]:
     """All logging at DEBUG (httpx included) into a buffer; restored afterwards."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    levels = {n: logging.getLogger(n).level for n in ("apprise", "httpx", "httpcore", "urllib3", "requests")}
-    buf = io.StringIO()
-    configure_logging("DEBUG", True, SecretRegistry([TOKEN]), stream=buf)
-    yield buf
-    for h in list(root.handlers):
-        if h not in handlers:
-            root.removeHandler(h)
-    root.setLevel(level)
-    for n, lv in levels.items():
-        logging.getLogger(n).setLevel(lv)
+    with debug_log_buffer(TOKEN) as buf:
+        yield buf
 
 
 class Book:
