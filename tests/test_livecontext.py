@@ -144,6 +144,30 @@ class TestThread:
         assert [t.signal for t in view.turns] == ["SPAWN", "RETURN"] and view.partial
         assert view.to_json()["shown"] == 2
 
+    def test_batched_appends_equal_one_by_one(self, tmp_path: Path) -> None:
+        """append_turns (the daemon's batch path) writes what append_turn would: same files, same rotations."""
+        def turns() -> list[Turn]:
+            out = []
+            for i in range(40):
+                out.append(turn(text=f"turn {i:03d} " + "z" * 150, minutes=i, target="qa" if i % 3 else "dev"))
+            out.insert(17, turn("HANDOFF", text="over to you", minutes=17))
+            return out
+
+        one = LiveContext(BrainPaths(tmp_path / "one"), max_bytes=2048, keep=3)
+        for t in turns():
+            one.append_turn(t)
+        many = LiveContext(BrainPaths(tmp_path / "many"), max_bytes=2048, keep=3)
+        many.append_turns(turns()[:25])
+        many.append_turns(turns()[25:])
+        for agent in ("qa", "dev"):
+            a, b = one.paths.live / agent, many.paths.live / agent
+            assert sorted(p.name for p in a.glob("log*.jsonl")) == sorted(p.name for p in b.glob("log*.jsonl"))
+            for f in a.glob("log*.jsonl"):
+                assert f.read_bytes() == (b / f.name).read_bytes()
+                assert f.stat().st_size <= 2048
+            assert [t.text for t in one.turns(agent)] == [t.text for t in many.turns(agent)]
+        assert (many.paths.live / "qa" / "handoff.md").exists()  # the HANDOFF turn rewrote it
+
     def test_rotation_keeps_k_files_and_the_newest_turns(self, tmp_path: Path) -> None:
         """Past max_bytes the log rotates to log.N.jsonl; at most K rotated files are kept, newest turns first."""
         live = LiveContext(BrainPaths(tmp_path), max_bytes=2048, keep=2)

@@ -34,6 +34,7 @@ from ambient.errors import (
     UnsupportedFilesystemError,
 )
 from ambient.locks import (
+    GUARD_NAME,
     LockBusyError,
     LockGrant,
     LockManager,
@@ -43,7 +44,7 @@ from ambient.locks import (
     sweep_stale_tmp,
 )
 from ambient.paths import BrainPaths
-from tests.conftest import wait_until
+from tests.conftest import async_wait_until, wait_until
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -254,6 +255,48 @@ class TestBasics:
         assert gb.holder == "sess-b"
         with pytest.raises(LockBusyError):
             await a.acquire_async("y.md", "sess-a", wait=0.05)
+
+    async def test_async_paths_wait_for_a_busy_guard_off_the_loop(self, brain: BrainPaths,
+                                                                 manager: Callable[..., LockManager]) -> None:
+        """Inline attempts need the guard at once; held by another process, they go to a thread, loop free."""
+        import fcntl
+
+        m = manager()
+        brain.state.mkdir(parents=True, exist_ok=True)
+        fd = os.open(brain.state / GUARD_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # what an `ambient lock` command holds for a few microseconds
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.005)
+
+        tick_task = asyncio.ensure_future(ticker())
+        try:
+            getting = asyncio.ensure_future(m.acquire_async("g.md", "sess-g", wait=5))
+            assert await async_wait_until(lambda: ticks >= 10, timeout=5)
+            assert not getting.done()  # it waits on the guard, in a thread
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            grant = await asyncio.wait_for(getting, 5)
+            assert m.check("g.md").info.token == grant.token  # type: ignore[union-attr]
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            releasing = asyncio.ensure_future(m.release_async(grant))
+            before = ticks
+            assert await async_wait_until(lambda: ticks >= before + 5, timeout=5)
+            assert not releasing.done() and m.check("g.md").state == "held"
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            await asyncio.wait_for(releasing, 5)
+            assert m.check("g.md").state == "free"
+            # Guard free: both run inline (no thread), and the token still moves forward.
+            again = await m.acquire_async("g.md", "sess-g")
+            assert again.token > grant.token
+            await m.release_async(again)
+            assert m.check("g.md").state == "free"
+        finally:
+            tick_task.cancel()
+            os.close(fd)
 
     async def test_async_cancel_never_leaks_a_lock(self, manager: Callable[..., LockManager]) -> None:
         """Cancelling acquire_async mid-wait leaves no lock held by the cancelled caller."""

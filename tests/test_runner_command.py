@@ -9,6 +9,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -648,3 +650,27 @@ class TestKilling:
         res = await task
         assert (res.reason, res.exit_code) == ("timeout", -signal.SIGTERM)
         assert reaped(res.pid or 0)
+
+
+def test_pidfd_watcher_on_311_waits_for_agents_without_threads(tmp_path: Path) -> None:
+    """``ambient run`` waits for agents through pidfds on 3.11 (no thread per agent); agents still finish."""
+    code = (
+        "import asyncio, sys, threading\n"
+        "from ambient.runners.command import use_pidfd_watcher\n"
+        "used = use_pidfd_watcher()\n"
+        "async def main():\n"
+        "    procs = [await asyncio.create_subprocess_exec(sys.executable, '-c', 'import time; time.sleep(0.2)')\n"
+        "             for _ in range(5)]\n"
+        "    threads = threading.active_count()\n"
+        "    codes = [await p.wait() for p in procs]\n"
+        "    return threads, codes\n"
+        "threads, codes = asyncio.run(main())\n"
+        "print(used, threads, codes)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    used, threads, codes = out.stdout.split(" ", 2)
+    assert codes.strip() == "[0, 0, 0, 0, 0]"
+    if sys.version_info < (3, 12) and hasattr(os, "pidfd_open"):
+        assert used == "True" and int(threads) == 1  # the default watcher would run one thread per agent
+    else:
+        assert used == "False"

@@ -91,7 +91,9 @@ class ClaimStore:
         self._guard = FileGuard(paths.state / GUARD_NAME)
         self._files: dict[str, Path] = {}
         # Files this store read or wrote, by (ino, size, mtime_ns), with their fence: write_claim's fast path.
-        self._known: dict[Path, tuple[tuple[int, int, int], int | None]] = {}
+        # What this store last wrote or read, by file: (inode, size, mtime_ns) and the claim. A file whose
+        # signature still matches need not be parsed again (the fence check, the stale-claims scan).
+        self._known: dict[Path, tuple[tuple[int, int, int], Claim]] = {}
 
     # -- reading
 
@@ -126,8 +128,13 @@ class ClaimStore:
             Problem(file=rel, line=lines.line_for(loc), message=msg, severity="warning")
             for loc, msg in claim.warnings()
         ]
-        self._known[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), claim.fence)
+        self._known[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), claim)
         return claim, warnings
+
+    def cached(self, path: Path, sig: tuple[int, int, int]) -> Claim | None:
+        """The claim of ``path`` if this store last wrote or read that very version (inode, size, mtime_ns)."""
+        known = self._known.get(path)
+        return known[1] if known is not None and known[0] == sig else None
 
     def load(self) -> LoadedClaims:
         """Every claim in ``claims/``; a bad file becomes a Problem and is skipped (never touched)."""
@@ -213,7 +220,7 @@ class ClaimStore:
             st = os.lstat(path)
         except FileNotFoundError:
             return
-        self._known[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), claim.fence)
+        self._known[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), claim)
         self._files[claim.sess_id] = path
 
     def _fenced(self, claim: Claim, current_fence: int | None, token: int | None, path: Path) -> Claim:
@@ -346,7 +353,7 @@ class ClaimStore:
                 key = (st.st_ino, st.st_size, st.st_mtime_ns)
                 known = self._known.get(path)
                 if known is not None and known[0] == key and stat.S_ISREG(st.st_mode):
-                    current_fence = known[1]
+                    current_fence = known[1].fence
                 else:
                     current, _ = self.read(path)  # raises for a symlink or a malformed file: never overwritten
                     if current.sess_id != claim.sess_id:

@@ -38,7 +38,7 @@ class Journal:
         self._buf = bytearray()
         self._written = 0  # generation counters for group commit
         self._synced = 0
-        self._sync_lock: asyncio.Lock | None = None
+        self._round: asyncio.Future[None] | None = None  # the fsync round in flight (commit)
         self._failed: OSError | None = None  # a failed fsync: the journal stays failed (see _fsync)
 
     def write(self, record: Mapping[str, Any]) -> None:
@@ -77,22 +77,32 @@ class Journal:
             raise
 
     async def commit(self) -> None:
-        """Like :meth:`sync` but off the event loop, and coalesced: concurrent callers share one fsync."""
+        """Like :meth:`sync` but off the event loop, and coalesced: concurrent callers share one fsync.
+
+        One fsync round at a time; a caller whose records are not covered by the round in flight waits for
+        it and then starts (or joins) the next one. Every caller covered by a round wakes when it ends: an
+        ``asyncio.Lock`` here released its waiters one per loop iteration, and 256 items committing at once
+        waited 280 ms each for 35 fsyncs in all (bench/fanout.py, measured).
+        """
         import asyncio  # here: short CLI writers of journals never start an event loop
 
         self.flush()
         target = self._written
-        if self._synced >= target:
-            return
-        if self._sync_lock is None:
-            self._sync_lock = asyncio.Lock()
-        async with self._sync_lock:
-            if self._synced >= target:
-                return
+        while self._synced < target:
+            if self._round is None:
+                self._round = asyncio.ensure_future(self._sync_round())
+            await asyncio.shield(self._round)  # one caller cancelled does not cancel the others' fsync
+
+    async def _sync_round(self) -> None:
+        import asyncio
+
+        try:
             self.flush()
             upto = self._written
             await asyncio.to_thread(self._fsync)
             self._synced = max(self._synced, upto)
+        finally:
+            self._round = None
 
     def close(self) -> None:
         """Flush, fsync and close."""

@@ -259,6 +259,23 @@ class FileGuard:
             raise
         return fd
 
+    def try_enter(self) -> int | None:
+        """The guard without waiting (then leave with ``__exit__``); None if a thread or process holds it."""
+        if self._pid and self._pid != os.getpid():
+            self._thread_lock = threading.Lock()
+        if not self._thread_lock.acquire(blocking=False):
+            return None
+        try:
+            fd = self._open()
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._thread_lock.release()
+            return None
+        except BaseException:
+            self._thread_lock.release()
+            raise
+        return fd
+
     def __exit__(self, *exc: object) -> None:
         try:
             assert self._fd is not None
@@ -701,27 +718,33 @@ class LockManager:
         wait: float = 0.0,
         pid_bound: bool = True,
     ) -> LockGrant:
-        """:meth:`acquire` without blocking the event loop (attempts run in a worker thread).
+        """:meth:`acquire` for the event loop: attempts run inline while the guard is free, else in a worker thread.
 
-        Cancelled while an attempt is in flight, it waits for that attempt and releases a lock it
-        got, so a cancellation never leaks a lock.
+        Cancelled while a threaded attempt is in flight, it waits for that attempt and releases a lock
+        it got, so a cancellation never leaks a lock.
         """
         import asyncio  # not at module level: `ambient lock` runs often and never needs it
 
+        loc = self._loc(file)
+        check_holder(holder)
+        if not ttl_s > 0:
+            raise InputError(f"lock TTL must be positive, got {ttl_s}")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, wait)
         delay = self.poll_min_s
         while True:
-            attempt = asyncio.ensure_future(
-                asyncio.to_thread(self.try_acquire, file, holder, ttl_s=ttl_s, pid_bound=pid_bound)
-            )
-            try:
-                got = await asyncio.shield(attempt)
-            except asyncio.CancelledError:
-                late = await attempt
-                if isinstance(late, LockGrant) and not late.refreshed:
-                    await asyncio.to_thread(self.release_grant, late)
-                raise
+            got = self._attempt_nowait(loc, holder, float(ttl_s), pid_bound)
+            if got is None:  # the guard is busy: wait for it in a thread, not on the loop
+                attempt = asyncio.ensure_future(
+                    asyncio.to_thread(self.try_acquire, file, holder, ttl_s=ttl_s, pid_bound=pid_bound)
+                )
+                try:
+                    got = await asyncio.shield(attempt)
+                except asyncio.CancelledError:
+                    late = await attempt
+                    if isinstance(late, LockGrant) and not late.refreshed:
+                        await asyncio.to_thread(self.release_grant, late)
+                    raise
             if isinstance(got, LockGrant):
                 return got
             remaining = deadline - loop.time()
@@ -757,36 +780,55 @@ class LockManager:
         loc = self._loc(file)
         check_holder(holder)
         with self._guard.hold():
-            self._own_pool()
-            pinned = self._pinned.get(loc.s)
-            if pinned is not None and pinned.holder == holder and token in (None, pinned.token):
-                try:
-                    st = os.lstat(loc.s)
-                except FileNotFoundError:
-                    st = None
-                if st is not None and st.st_ino == pinned.inode.ino and st.st_dev == pinned.inode.dev:
-                    os.unlink(loc.s)  # noqa: PTH108 - the hot path; str paths spare pathlib's cost
-                    del self._pinned[loc.s]
-                    self._recycle(pinned.inode, names_known=True)
-                    return None
-            status = self._inspect(loc, time.time())
-            if status.state == "free":
-                self._unpin(loc.s)
-                raise LockNotHeldError(f"{loc.rel} is not locked (already released, or expired and taken over since)")
-            info = status.info
-            if info is None:
-                raise LockNotHeldError(f"{loc.rel}: the lock file is unreadable ({status.problem}); release refused")
-            if info.holder != holder:
-                raise LockNotHeldError(f"{loc.rel} is held by {info.holder}, not by {holder}; release refused")
-            if token is not None and info.token != token:
-                raise LockNotHeldError(
-                    f"{loc.rel} is held by {holder} under token {info.token}, not {token}: it was taken over; "
-                    "release refused"
-                )
-            if not self._remove_if_unchanged(loc, status):
-                raise LockNotHeldError(f"{loc.rel} changed while being released; release refused")
+            return self._release_locked(loc, holder, token)
+
+    async def release_async(self, grant: LockGrant) -> None:
+        """:meth:`release_grant` from the event loop: inline when the guard is free, else in a worker thread.
+
+        Same reasoning as :meth:`acquire_async`'s first attempt.
+        """
+        loc = self._loc(grant.file)
+        if self._guard.try_enter() is not None:
+            try:
+                self._release_locked(loc, grant.holder, grant.token)
+            finally:
+                self._guard.__exit__()
+            return
+        import asyncio
+
+        await asyncio.to_thread(self.release_grant, grant)
+
+    def _release_locked(self, loc: _Loc, holder: str, token: int | None) -> LockInfo | None:
+        self._own_pool()
+        pinned = self._pinned.get(loc.s)
+        if pinned is not None and pinned.holder == holder and token in (None, pinned.token):
+            try:
+                st = os.lstat(loc.s)
+            except FileNotFoundError:
+                st = None
+            if st is not None and st.st_ino == pinned.inode.ino and st.st_dev == pinned.inode.dev:
+                os.unlink(loc.s)  # noqa: PTH108 - the hot path; str paths spare pathlib's cost
+                del self._pinned[loc.s]
+                self._recycle(pinned.inode, names_known=True)
+                return None
+        status = self._inspect(loc, time.time())
+        if status.state == "free":
             self._unpin(loc.s)
-            return info
+            raise LockNotHeldError(f"{loc.rel} is not locked (already released, or expired and taken over since)")
+        info = status.info
+        if info is None:
+            raise LockNotHeldError(f"{loc.rel}: the lock file is unreadable ({status.problem}); release refused")
+        if info.holder != holder:
+            raise LockNotHeldError(f"{loc.rel} is held by {info.holder}, not by {holder}; release refused")
+        if token is not None and info.token != token:
+            raise LockNotHeldError(
+                f"{loc.rel} is held by {holder} under token {info.token}, not {token}: it was taken over; "
+                "release refused"
+            )
+        if not self._remove_if_unchanged(loc, status):
+            raise LockNotHeldError(f"{loc.rel} changed while being released; release refused")
+        self._unpin(loc.s)
+        return info
 
     def release_grant(self, grant: LockGrant) -> None:
         """Release what :meth:`acquire` returned (token-checked)."""
@@ -872,47 +914,67 @@ class LockManager:
             if pre.blocking and not (pre.info is not None and pre.info.holder == holder and pre.state == "held"):
                 return pre
         with self._guard.hold() as gfd:
-            status: LockStatus | None = None
-            for _ in range(3):
-                now = time.time()
-                token = self._next_token(gfd)
-                data = self._render(loc.rel, holder, token, now, ttl_s, pid_bound)
-                if self._publish(loc, data, token, holder):
+            return self._attempt_locked(gfd, loc, holder, ttl_s, pid_bound)
+
+    def _attempt_nowait(self, loc: _Loc, holder: str, ttl_s: float, pid_bound: bool) -> LockGrant | LockStatus | None:
+        """One attempt on the calling thread if the guard is free at once; None if it is not.
+
+        Performance (bench/fanout.py): the event loop calls this directly. A lock cycle is a few syscalls on a
+        local disk (tens of µs); handing it to a worker thread cost far more, because the worker must win the
+        GIL from a busy loop (up to the 5 ms switch interval) while holding the guard every other lock
+        operation waits for. A guard held elsewhere (another process, a worker thread) means "try in a thread".
+        """
+        gfd = self._guard.try_enter()
+        if gfd is None:
+            return None
+        try:
+            return self._attempt_locked(gfd, loc, holder, ttl_s, pid_bound)
+        finally:
+            self._guard.__exit__()
+
+    def _attempt_locked(self, gfd: int, loc: _Loc, holder: str, ttl_s: float, pid_bound: bool
+                        ) -> LockGrant | LockStatus:
+        status: LockStatus | None = None
+        for _ in range(3):
+            now = time.time()
+            token = self._next_token(gfd)
+            data = self._render(loc.rel, holder, token, now, ttl_s, pid_bound)
+            if self._publish(loc, data, token, holder):
+                self._store_token(gfd, token)
+                took = status if status is not None and status.takeable else None
+                if took is not None:
+                    _warn(
+                        "lock_taken_over",
+                        file=loc.rel,
+                        holder=holder,
+                        previous=took.info.holder if took.info else None,
+                        state=took.state,
+                        problem=took.problem,
+                    )
+                return LockGrant(
+                    loc.rel, holder, token, now + ttl_s, ttl_s, loc.path, self.instance, took_over=took,
+                    pid_bound=pid_bound,
+                )
+            status = self._inspect(loc, now)
+            if status.state == "free":
+                continue  # released between the link and the look: try again
+            info = status.info
+            if status.state == "held" and info is not None and info.holder == holder:
+                # spec/002: the same holder re-acquiring refreshes the TTL; the token stays.
+                kept = info.token if info.token is not None else token
+                if info.token is None:
                     self._store_token(gfd, token)
-                    took = status if status is not None and status.takeable else None
-                    if took is not None:
-                        _warn(
-                            "lock_taken_over",
-                            file=loc.rel,
-                            holder=holder,
-                            previous=took.info.holder if took.info else None,
-                            state=took.state,
-                            problem=took.problem,
-                        )
-                    return LockGrant(
-                        loc.rel, holder, token, now + ttl_s, ttl_s, loc.path, self.instance, took_over=took,
-                        pid_bound=pid_bound,
-                    )
-                status = self._inspect(loc, now)
-                if status.state == "free":
-                    continue  # released between the link and the look: try again
-                info = status.info
-                if status.state == "held" and info is not None and info.holder == holder:
-                    # spec/002: the same holder re-acquiring refreshes the TTL; the token stays.
-                    kept = info.token if info.token is not None else token
-                    if info.token is None:
-                        self._store_token(gfd, token)
-                    self._replace(loc, holder, kept, now, ttl_s, pid_bound)
-                    return LockGrant(
-                        loc.rel, holder, kept, now + ttl_s, ttl_s, loc.path, self.instance, refreshed=True,
-                        pid_bound=pid_bound,
-                    )
-                if not status.takeable:
-                    return status
-                if not self._remove_if_unchanged(loc, status):
-                    return self._inspect(loc, time.time())
-            assert status is not None
-            return status
+                self._replace(loc, holder, kept, now, ttl_s, pid_bound)
+                return LockGrant(
+                    loc.rel, holder, kept, now + ttl_s, ttl_s, loc.path, self.instance, refreshed=True,
+                    pid_bound=pid_bound,
+                )
+            if not status.takeable:
+                return status
+            if not self._remove_if_unchanged(loc, status):
+                return self._inspect(loc, time.time())
+        assert status is not None
+        return status
 
     def _render(self, rel: str, holder: str, token: int, now: float, ttl_s: float, pid_bound: bool) -> bytes:
         pid = os.getpid()

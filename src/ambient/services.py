@@ -108,7 +108,7 @@ class AgentDelegate:
         finally:
             for g in grants:
                 try:
-                    await asyncio.to_thread(self.locks.release_grant, g)
+                    await self.locks.release_async(g)
                 except AmbientError as exc:  # taken over after expiry: nothing of ours to release
                     log.warning("lock_release_refused", file=g.file, error=str(exc))
         return await self._reply(a, res, started)

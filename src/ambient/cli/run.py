@@ -39,11 +39,13 @@ def _serve(root: Path, *, until_idle: bool, watch: bool, progress: bool) -> int:
     import asyncio
 
     from ambient.daemon import Daemon, DaemonOptions
+    from ambient.runners.command import use_pidfd_watcher
 
     def show(line: str) -> None:
         print(f"ambient: {line}", file=sys.stderr, flush=True)
 
     options = DaemonOptions(until_idle=until_idle, watch=watch, progress=show if progress else None)
+    use_pidfd_watcher()
     return asyncio.run(Daemon(root, options).serve())
 
 

@@ -63,6 +63,28 @@ SpawnHook = Callable[[RunRequest, int], None]
 # Process groups
 
 
+def use_pidfd_watcher() -> bool:
+    """On Python 3.11, have asyncio wait for agents through pidfds instead of one thread per agent.
+
+    3.11's default child watcher starts a thread per child process; starting it needs a GIL hand-off with a
+    busy event loop, and fan-outs of command agents paid for it on every spawn (bench/fanout.py (b)).
+    3.12 and later pick pidfds by themselves (and deprecate watchers), so this does nothing there. Call it
+    before the event loop starts; False when pidfds are not available (old kernel, other OS).
+    """
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
+    return True
+
+
 def signal_group(pgid: int, sig: int) -> bool:
     """Send ``sig`` to process group ``pgid``; False if the group no longer exists."""
     try:
