@@ -351,3 +351,36 @@ def test_summary_is_clean_even_from_unvalidated_turns() -> None:
     assert len(text) <= HANDOFF_MAX_CHARS
     text.encode("utf-8")
     assert text.count("\n## Blockers\n") == 1
+
+
+_json = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=400)),
+    lambda inner: st.one_of(st.lists(inner, max_size=25), st.dictionaries(st.text(max_size=80), inner, max_size=25)),
+    max_leaves=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    signal=st.sampled_from(["SPAWN", "RETURN", "ESCALATE", "HANDOFF", "ERROR", "CHECKPOINT", "BLOCKED_ON", ""]),
+    sender=st.sampled_from(["ambient", "qa", "human", "dev-1", "broadcast"]),
+    receiver=st.sampled_from(["qa", "ambient", "pilote", "coder", ""]),
+    payload=st.one_of(_json, st.fixed_dictionaries({"result": _json, "context": _json, "options": _json})),
+    corr=st.one_of(st.none(), st.text(max_size=300)),
+    session=st.one_of(st.none(), st.text(max_size=30)),
+    source=st.text(min_size=1, max_size=250),
+)
+def test_turn_record_is_what_the_model_writes(signal: str, sender: str, receiver: str, payload: Any,
+                                              corr: str | None, session: str | None, source: str) -> None:
+    """The daemon's direct record and the Turn model agree on every packet: same thread, same turn."""
+    from ambient.livecontext import turn_from_packet, turn_record
+
+    packet = {"signal": signal, "from": sender, "to": receiver, "payload": payload, "session_id": session}
+    ts = datetime(2026, 11, 30, 12, 0, 1, 123456, tzinfo=UTC)
+    model = turn_from_packet(packet, ts=ts, correlation_id=corr, source=source)
+    record = turn_record(packet, ts=ts, correlation_id=corr, source=source)
+    if model is None:
+        assert record is None
+        return
+    assert record is not None
+    assert json.loads(json.dumps(record)) == {**model.model_dump(mode="json", exclude_none=True), "ts": ts.isoformat()}

@@ -6,10 +6,13 @@ import asyncio
 import random
 import re
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ambient.journal import Journal, read_jsonl
 from ambient.paths import BrainPaths
@@ -217,3 +220,33 @@ async def test_concurrency_is_respected(tmp_path: Path, concurrency: int) -> Non
     run_id = mgr.start(workflow="w", form="for_each", spec={}, spec_hash=None, items=ITEMS)
     await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert 1 <= peak <= concurrency
+
+
+_STATUSES = ["pending", "running", "retry_wait", "done", "failed", "escalated", "skipped", "aborted"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    statuses=st.lists(st.sampled_from(_STATUSES), max_size=40),
+    waits=st.lists(st.sampled_from([None, "2026-11-30T11:00:00+00:00", "2026-11-30T13:00:00+00:00"]), max_size=40),
+    concurrency=st.integers(min_value=1, max_value=8),
+    running=st.integers(min_value=0, max_value=8),
+    cursor=st.integers(min_value=0, max_value=40),
+)
+def test_ready_items_from_a_cursor_is_the_full_scan(statuses: list[str], waits: list[str | None], concurrency: int,
+                                                    running: int, cursor: int) -> None:
+    """The executor's shortcut (cursor from first_open, aborted from its counts) picks what a full scan picks."""
+    from ambient.planner import first_open, ready_items
+
+    items = [ItemState(name=f"i{k}", index=k, status=s,  # type: ignore[arg-type]
+                       not_before=waits[k] if k < len(waits) else None) for k, s in enumerate(statuses)]
+    state = RunState(run_id="r", workflow="w", form="for_each", spec_hash=None, spec={}, items=items)
+    plan = FanOut(concurrency=concurrency)
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    full = ready_items(state, plan, now, running)
+    # A cursor is only valid when nothing before it is open: first_open never skips an open item.
+    start = first_open(state, 0)
+    assert all(it.status not in ("pending", "retry_wait") for it in items[:start])
+    assert first_open(state, min(cursor, start)) == start
+    fast = ready_items(state, plan, now, running, start=start, aborted="aborted" in statuses)
+    assert [it.name for it in fast] == [it.name for it in full]

@@ -602,6 +602,13 @@ def new_claim(
     sess_id: str, claim_type: str, scope: str, agent: str, now: datetime, **fields: Any
 ) -> Claim:
     """A fresh open claim in the schema's key order, ``opened_at`` set from ``now``."""
+    return Claim.model_validate(new_claim_doc(sess_id, claim_type, scope, agent, now, **fields))
+
+
+def new_claim_doc(
+    sess_id: str, claim_type: str, scope: str, agent: str, now: datetime, **fields: Any
+) -> dict[str, Any]:
+    """The document of :func:`new_claim`, not validated yet (for callers that add keys before validating)."""
     _require_aware(now)
     doc: dict[str, Any] = {
         "sess_id": sess_id,
@@ -612,7 +619,7 @@ def new_claim(
         "opened_at": format_time(now),
     }
     doc.update({k: v for k, v in fields.items() if v is not None})
-    return Claim.model_validate(doc)
+    return doc
 
 
 _SLUG_RE = re.compile(r"[^a-z0-9]+")

@@ -37,7 +37,7 @@ from ambient.escalations import EscalationStore
 from ambient.fsutil import TMP_MARK, atomic_write, check_local_filesystem, sweep_tmp
 from ambient.gitbranch import GitBranches
 from ambient.journal import Journal, append_line
-from ambient.livecontext import LiveContext, turn_from_packet
+from ambient.livecontext import LiveContext, turn_record
 from ambient.locks import LockManager
 from ambient.notify import (
     AppriseNotifier,
@@ -558,18 +558,17 @@ class Daemon:
             return
 
         def write() -> None:
-            turns = []
+            records = []
             for pkt in batch:
                 try:
-                    turn = turn_from_packet(pkt.model_dump(mode="json", by_alias=True), ts=pkt.ts,
-                                            correlation_id=pkt.correlation_id)
+                    rec = turn_record(pkt.to_dict(), ts=pkt.ts, correlation_id=pkt.correlation_id)
                 except (AmbientError, ValueError) as exc:
                     log.warning("live_context_append_failed", error=str(exc))
                     continue
-                if turn is not None:
-                    turns.append(turn)
+                if rec is not None:
+                    records.append(rec)
             try:
-                self.live.append_turns(turns)
+                self.live.append_records(records)
             except (AmbientError, OSError) as exc:
                 log.warning("live_context_append_failed", error=str(exc))
 
