@@ -72,3 +72,14 @@ async def test_file_events_alone_do_not_scan(store: ClaimStore) -> None:
     assert store.get("sess-old").status == "open"
     await ev.evaluate(Tick(number=2, now=NOW))
     assert store.get("sess-old").status == "stale"
+
+
+def test_batch_write_skips_a_broken_file_and_writes_the_others(store: ClaimStore) -> None:
+    """write_claims (the writer thread's batch): a claim file a person broke is reported, kept, and not overwritten."""
+    broken = store.dir / "sess-b.yml"
+    broken.write_text("sess_id: [unclosed\n")
+    batch = [new_claim(f"sess-{k}", "satellite", f"x/{k}.md", "coder", NOW) for k in ("a", "b", "c")]
+    failed = store.write_claims(batch, durable=False)
+    assert [sid for sid, _ in failed] == ["sess-b"]
+    assert broken.read_text() == "sess_id: [unclosed\n"
+    assert store.get("sess-a").scope == "x/a.md" and store.get("sess-c").scope == "x/c.md"

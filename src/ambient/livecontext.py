@@ -487,10 +487,16 @@ class LiveContext:
         self.max_bytes = max_bytes
         self.keep = keep
         self.durable = durable  # fsync each turn (the run journal, not this, is the source of truth)
+        self._dirs: dict[str, Path] = {}  # checked agent names → their thread folder
 
     def thread_dir(self, agent: str) -> Path:
         """``.ambient/live/<agent>`` (the name is checked first)."""
-        return self.paths.live / check_agent_name(agent)
+        known = self._dirs.get(agent)
+        if known is None:
+            known = self.paths.live / check_agent_name(agent)
+            if len(self._dirs) < 4096:
+                self._dirs[agent] = known
+        return known
 
     def log_files(self, agent: str) -> list[Path]:
         """The thread's files, oldest first: ``log.K.jsonl`` … ``log.1.jsonl``, ``log.jsonl``."""

@@ -5,9 +5,12 @@ Kept free of pydantic so that short commands (``ambient lock ...``) check paths 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ambient.errors import UnsafePathError
 
 
+@lru_cache(maxsize=8192)  # pure; a fan-out normalises the same item paths several times per item
 def normalize(path: str) -> str:
     """Normalise a brain-relative path to POSIX form, rejecting anything that could escape.
 

@@ -330,7 +330,7 @@ class Router:
             try:
                 data = decode_packet(raw)
                 data["ts"] = self.clock.now()  # ambient sets id and ts (whatever the sender wrote)
-                data["id"] = self._next_id()
+                data["id"] = self.next_id()
                 pkt = _VALIDATE(data)
             except ValidationError as exc:
                 return Outcome("invalid", None, validation_message(exc))
@@ -364,7 +364,7 @@ class Router:
             return Outcome("denied", pkt, decision.reasons[-1] if decision.reasons else decision.rule, decision)
         return Outcome("allowed", pkt, "", decision)
 
-    def _next_id(self) -> str:
+    def next_id(self) -> str:
         """A fresh packet id: a random per-router prefix and a counter (cheaper than urandom per packet)."""
         self._count += 1
         return f"pkt_{self._id_prefix}{self._count:08x}"
