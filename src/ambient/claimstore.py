@@ -136,6 +136,17 @@ class ClaimStore:
         known = self._known.get(path)
         return known[1] if known is not None and known[0] == sig else None
 
+    def is_own_write(self, path: str | Path) -> bool:
+        """Is the file at ``path`` exactly what this store last wrote or read (its own change, not a person's)?"""
+        known = self._known.get(Path(path))
+        if known is None:
+            return False
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        return known[0] == (st.st_ino, st.st_size, st.st_mtime_ns)
+
     def load(self) -> LoadedClaims:
         """Every claim in ``claims/``; a bad file becomes a Problem and is skipped (never touched)."""
         out = LoadedClaims()

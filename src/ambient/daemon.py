@@ -640,7 +640,13 @@ class Daemon:
             self._spawn(self._flush_live(), "live")
             if self.options.watch:
                 watching = asyncio.Event()
-                self._spawn(watch_brain(self.paths, self._on_files, self.stop, ready=watching), "watch")
+                claims_dir = str(self.paths.claims) + "/"
+
+                def own_claim(path: str) -> bool:
+                    return path.startswith(claims_dir) and self.claims.is_own_write(path)
+
+                self._spawn(watch_brain(self.paths, self._on_files, self.stop, ready=watching, ignore=own_claim),
+                            "watch")
                 # READY=1 promises running watchers (RELIABILITY §2.4): without this wait a workflow dropped
                 # just after READY was missed until the next timed tick (30 s by default). A watcher that
                 # fails to start sets ``stop`` (see _task_done), which ends the wait too.

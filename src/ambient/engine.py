@@ -41,7 +41,11 @@ class Tick:
 
     def touched(self, directory: Path) -> bool:
         """True on a timed tick, or when a path under ``directory`` changed."""
-        return self.timed or any(p == directory or p.is_relative_to(directory) for p in self.changes)
+        if self.timed:
+            return True
+        top = str(directory)
+        below = top.rstrip("/") + "/"
+        return any((s := str(p)) == top or s.startswith(below) for p in self.changes)
 
 
 class Evaluator(Protocol):

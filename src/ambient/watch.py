@@ -51,11 +51,14 @@ async def watch_brain(
     debounce_ms: int = 20,
     step_ms: int = 10,
     ready: asyncio.Event | None = None,
+    ignore: Callable[[str], bool] | None = None,
 ) -> None:
     """Call ``on_change(paths)`` for every batch of relevant changes until ``stop`` is set.
 
     ``ready`` is set once the watches are in place, so the daemon sends READY=1 only then: a file dropped
     right after READY is seen at once instead of at the next timed tick (found by the end-to-end tests).
+    ``ignore(path)``: changes that are ambient's own writes (the claims it mirrors); a batch of only those
+    wakes nothing (a fan-out writes one claim per item, and each woke the engine).
     """
     from watchfiles import awatch  # imported here: only the daemon pays for it
 
@@ -75,6 +78,8 @@ async def watch_brain(
         recursive=False,
         ignore_permission_denied=True,
     ):
-        changed = [Path(p) for _, p in changes]
+        changed = [Path(p) for p in {p for _, p in changes} if ignore is None or not ignore(p)]
+        if not changed:
+            continue
         log.debug("files_changed", count=len(changed))
         on_change(changed)
