@@ -222,6 +222,41 @@ async def test_concurrency_is_respected(tmp_path: Path, concurrency: int) -> Non
     assert 1 <= peak <= concurrency
 
 
+async def test_an_item_retried_at_once_never_overlaps_its_previous_attempt(tmp_path: Path) -> None:
+    """A slot frees when the agent is done, while its fsync may still be in flight; a zero-delay retry of that
+    item starts only once its previous attempt's task has ended (recorded its claim), and the cap holds."""
+    order: dict[str, list[str]] = {}
+    live: set[str] = set()
+    peak = 0
+
+    class Tracking(FakeDelegate):
+        async def attempt(self, a: Attempt) -> AttemptResult:
+            nonlocal peak
+            order.setdefault(a.item, []).append("start")
+            live.add(a.item)
+            peak = max(peak, len(live))
+            await asyncio.sleep(0)
+            live.discard(a.item)
+            return await super().attempt(a)
+
+    delegate = Tracking(errors={name: 2 for name in ITEMS})  # two errors each, then success
+    plan = FanOut(concurrency=4, retry=RetryPolicy(attempts=3, base_s=0.0, cap_s=0.0, jitter=False))
+    mgr, _, claims, _ = _manager(tmp_path, delegate, plan)
+    seen = claims.item_changed
+
+    def item_changed(state: RunState, item: ItemState) -> None:
+        if item.status in ("retry_wait", "done"):  # the end of an attempt's task (after its commit)
+            order.setdefault(item.name, []).append("end")
+        seen(state, item)
+
+    claims.item_changed = item_changed  # type: ignore[method-assign]
+    run_id = mgr.start(workflow="w", form="for_each", spec={}, spec_hash=None, items=ITEMS)
+    state = await asyncio.wait_for(mgr.tasks[run_id], 10)
+    assert state.outcome == "success" and 1 <= peak <= 4
+    assert all(seq == ["start", "end"] * 3 for seq in order.values()), order
+    assert sorted(a.key for a in delegate.calls) == sorted(f"{run_id}/{n}/{k}" for n in ITEMS for k in (1, 2, 3))
+
+
 _STATUSES = ["pending", "running", "retry_wait", "done", "failed", "escalated", "skipped", "aborted"]
 
 

@@ -318,8 +318,11 @@ class RunExecutor:
         # and the cursor kept by event() give ready_items the same answer from where the open items start.
         self._open_from = first_open(self.state, self._open_from)
         counts = self._status_counts()
-        return ready_items(self.state, self.plan, now, len(self._tasks), start=self._open_from,
-                           aborted=counts.get("aborted", 0) > 0)
+        # The cap counts agents (items accepted and not finished), not tasks: a task whose agent is done may
+        # still wait for its fsync round (see _run_item). An item whose task has not ended is not started twice.
+        batch = ready_items(self.state, self.plan, now, counts.get("running", 0), start=self._open_from,
+                            aborted=counts.get("aborted", 0) > 0)
+        return [it for it in batch if it.name not in self._tasks]
 
     def _ready_now(self) -> bool:
         if self._closing:
@@ -426,6 +429,9 @@ class RunExecutor:
                 signal_in=res.signal_in,
             )
             await self._route(item, res)
+            # The agent is done: its slot is free now, so the next item's ``accepted`` joins this fsync round
+            # instead of waiting for it (bench/fanout.py (b): two fsync rounds in a row per slot before).
+            self.poke()
             await self.journal.commit()
             self.ports.claims.item_changed(self.state, item)
 
