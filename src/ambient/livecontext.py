@@ -85,8 +85,11 @@ def bound_payload(value: Any, *, depth: int = 4, max_str: int = 300, max_items: 
     return out
 
 
+_NUMBERS = (bool, int, float)  # a tuple: ``bool | int | float`` builds a union object on every call
+
+
 def _bound(value: Any, depth: int, max_str: int, max_items: int) -> JsonValue:
-    if value is None or isinstance(value, bool | int | float):
+    if value is None or isinstance(value, _NUMBERS):
         return value
     if isinstance(value, str):
         return _safe(value[:max_str] + ("…" if len(value) > max_str else ""))

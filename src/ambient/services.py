@@ -488,7 +488,7 @@ class ClaimsWriter:
             self._flush_at.cancel()
             self._flush_at = None
         pending, self._pending = self._pending, {}
-        claims: list[Claim] = []
+        claims: list[tuple[Claim, dict[str, Any]]] = []
         for state, item in pending.values():
             try:  # built on the loop (the run state lives there); written in the writer thread
                 claim = self._prepare_item(state, item)
@@ -496,7 +496,7 @@ class ClaimsWriter:
                 log.error("claim_view_failed", run_id=state.run_id, item=item.name, error=repr(exc))
                 continue
             if claim is not None:
-                claims.append(claim)
+                claims.append((claim, self._cache[claim.sess_id]))  # the validated document rides along
         if claims:
             self._inflight = self._writer.submit(self._write_many, claims)
         if wait and self._inflight is not None:
@@ -507,7 +507,7 @@ class ClaimsWriter:
         self.flush(wait=True)
         self._writer.shutdown(wait=True)
 
-    def _write_many(self, claims: list[Claim]) -> None:
+    def _write_many(self, claims: list[tuple[Claim, dict[str, Any]]]) -> None:
         try:
             failed = self.store.write_claims(claims, durable=False)
         except (AmbientError, OSError) as exc:  # the guard or the folder itself: nothing of the batch was written
