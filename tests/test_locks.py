@@ -298,6 +298,42 @@ class TestBasics:
             tick_task.cancel()
             os.close(fd)
 
+    async def test_loop_operations_of_one_iteration_share_one_flock(self, brain: BrainPaths,
+                                                                    manager: Callable[..., LockManager],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+        """Lock operations run by the loop in one iteration take the guard's flock once; it is free again (for
+        other processes) by the next iterations, and the token counter is re-read after it was let go."""
+        import fcntl
+
+        from ambient import locks as locks_mod
+
+        m = manager()
+        taken: list[int] = []
+        real_flock = fcntl.flock
+
+        def counting(fd: int, op: int) -> None:
+            if op & fcntl.LOCK_EX:
+                taken.append(fd)
+            real_flock(fd, op)
+
+        monkeypatch.setattr(locks_mod.fcntl, "flock", counting)
+        grants = [await m.acquire_async(f"batch/{k}.md", "sess-b") for k in range(10)]  # inline: no yield
+        for g in grants:
+            await m.release_async(g)
+        assert len(taken) == 1
+        assert await async_wait_until(lambda: not m._loop_hold, timeout=5)
+        fd = os.open(brain.state / GUARD_NAME, os.O_RDWR)
+        try:
+            real_flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process could take it now
+            far = time.time_ns() // 1000 + 10**12  # a token another process stored meanwhile, far ahead
+            os.pwrite(fd, b"%020d\n" % far, 0)
+            real_flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+        after = await m.acquire_async("batch/after.md", "sess-b")
+        assert after.token > far > max(g.token for g in grants)
+        await m.release_async(after)
+
     async def test_async_cancel_never_leaks_a_lock(self, manager: Callable[..., LockManager]) -> None:
         """Cancelling acquire_async mid-wait leaves no lock held by the cancelled caller."""
         a, b = manager(), manager()

@@ -32,9 +32,14 @@ a power cut kills every holder anyway; an empty lock left by one is malformed, h
 after the grace period. ``durable=True`` fsyncs file and directory. The token counter is not
 fsync'd either: after a power cut its wall-clock part keeps new tokens above the old ones.
 
+The daemon's event loop runs lock operations inline while the guard is free, and keeps the guard
+for the rest of its loop iteration, so that a fan-out's operations share one ``flock`` and one read
+of the counter (see ``LockManager._enter_nowait``); the managers of one process share one guard.
+
 Known limits: waiting is polling with backoff (no fairness; a process that releases and
 re-acquires at once can starve waiters for a while); a process stopped (SIGSTOP) while inside
-the guard's few-microsecond section stalls other lock operations until it resumes.
+the guard's section stalls other lock operations until it resumes; another process waits up to
+one iteration of the daemon's loop (usually well under a millisecond, a few under load).
 
 This module imports neither pydantic nor PyYAML nor structlog at import time (the ``ambient
 lock`` command runs around every write of a script); hostile or foreign lock files fall back to
@@ -225,16 +230,26 @@ class FileGuard:
     """``flock`` on a file that is never unlinked: a short mutex between processes and threads.
 
     flock is per open file description, so each guard opens its own descriptor (reopened after a
-    fork) and a thread lock serialises the threads of one process. The kernel drops the lock
-    when the process dies, so it never goes stale (RELIABILITY §1.2 rule 8). Use as
-    ``with guard.hold() as fd:``; ``fd`` is the guard file's descriptor.
+    fork) and a re-entrant thread lock serialises the threads of one process. The kernel drops the
+    lock when the process dies, so it never goes stale (RELIABILITY §1.2 rule 8). Use as
+    ``with guard.hold() as fd:``; ``fd`` is the guard file's descriptor. Nested holds by the thread
+    that holds it cost no syscall; ``generation`` counts the times this process took the flock, so a
+    value read under the guard stays valid while the generation is the same.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
         self._pid = 0
-        self._thread_lock = threading.Lock()
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+        self.generation = 0
+        self.token_seen: tuple[int, int] | None = None  # (generation, last fencing token stored) for LockManager
+
+    def _after_fork(self) -> None:
+        if self._pid and self._pid != os.getpid():
+            self._thread_lock = threading.RLock()  # forked child: the parent's threads and holds are not here
+            self._depth = 0
 
     def _open(self) -> int:
         if self._fd is None or self._pid != os.getpid():
@@ -248,12 +263,14 @@ class FileGuard:
         return self
 
     def __enter__(self) -> int:
-        if self._pid and self._pid != os.getpid():
-            self._thread_lock = threading.Lock()  # forked child: the parent's threads are not here
+        self._after_fork()
         self._thread_lock.acquire()
         try:
             fd = self._open()
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if self._depth == 0:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self.generation += 1
+            self._depth += 1
         except BaseException:
             self._thread_lock.release()
             raise
@@ -261,13 +278,15 @@ class FileGuard:
 
     def try_enter(self) -> int | None:
         """The guard without waiting (then leave with ``__exit__``); None if a thread or process holds it."""
-        if self._pid and self._pid != os.getpid():
-            self._thread_lock = threading.Lock()
+        self._after_fork()
         if not self._thread_lock.acquire(blocking=False):
             return None
         try:
             fd = self._open()
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if self._depth == 0:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.generation += 1
+            self._depth += 1
         except BlockingIOError:
             self._thread_lock.release()
             return None
@@ -278,8 +297,10 @@ class FileGuard:
 
     def __exit__(self, *exc: object) -> None:
         try:
-            assert self._fd is not None
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            if self._depth > 0:  # 0 only after close() dropped the flock with the descriptor
+                self._depth -= 1
+                if self._depth == 0 and self._fd is not None:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
             self._thread_lock.release()
 
@@ -287,8 +308,28 @@ class FileGuard:
         """Close the descriptor (the file stays: unlinking a flocked file breaks exclusion)."""
         with self._thread_lock:
             if self._fd is not None and self._pid == os.getpid():
-                os.close(self._fd)
+                os.close(self._fd)  # drops the flock too
             self._fd = None
+            self._depth = 0
+
+
+_GUARDS: dict[str, FileGuard] = {}
+_GUARDS_LOCK = threading.Lock()
+
+
+def shared_guard(path: Path) -> FileGuard:
+    """The one guard of this process for ``path``.
+
+    Every lock manager of a process shares it: the thread lock then orders the threads of the process and
+    a thread may nest holds (the event loop keeps a hold for an iteration; a blocking call on the loop from
+    another manager must not wait for it, which two guards of one file did: a deadlock found by the tests).
+    """
+    key = str(path)
+    with _GUARDS_LOCK:
+        guard = _GUARDS.get(key)
+        if guard is None:
+            guard = _GUARDS[key] = FileGuard(path)
+        return guard
 
 
 def sweep_stale_tmp(directory: Path, *, min_age_s: float = 600.0) -> list[Path]:
@@ -632,12 +673,13 @@ class LockManager:
             for where in (self.dir, paths.state):
                 check_local_filesystem(where if where.exists() else paths.root)
         self._dir_s = str(self.dir)
-        self._guard = FileGuard(paths.state / GUARD_NAME)
+        self._guard = shared_guard(paths.state / GUARD_NAME)
         self._locs: dict[str, _Loc] = {}
         self._pinned: dict[str, _Pinned] = {}
         self._spares: list[_Inode] = []
         self._pool_pid = os.getpid()
         self._tails: dict[tuple[int, bool], tuple[str, str]] = {}
+        self._loop_hold = False  # the event loop holds the guard until its next iteration (see _enter_nowait)
 
     # -- public API
 
@@ -788,7 +830,7 @@ class LockManager:
         Same reasoning as :meth:`acquire_async`'s first attempt.
         """
         loc = self._loc(grant.file)
-        if self._guard.try_enter() is not None:
+        if self._enter_nowait() is not None:
             try:
                 self._release_locked(loc, grant.holder, grant.token)
             finally:
@@ -871,14 +913,16 @@ class LockManager:
         return sweep_stale_tmp(self.dir)
 
     def close(self) -> None:
-        """Close descriptors (guard, pinned locks); locks stay held on disk until released or expired."""
+        """Close the pinned locks' descriptors; locks stay held on disk until released or expired.
+
+        The guard's descriptor stays open: it is shared by the process's managers (:func:`shared_guard`).
+        """
         self._own_pool()
         for pinned in self._pinned.values():
             self._discard(pinned.inode)
         for ino in self._spares:
             self._discard(ino)
         self._pinned, self._spares = {}, []
-        self._guard.close()
 
     # -- internals
 
@@ -924,13 +968,39 @@ class LockManager:
         GIL from a busy loop (up to the 5 ms switch interval) while holding the guard every other lock
         operation waits for. A guard held elsewhere (another process, a worker thread) means "try in a thread".
         """
-        gfd = self._guard.try_enter()
+        gfd = self._enter_nowait()
         if gfd is None:
             return None
         try:
             return self._attempt_locked(gfd, loc, holder, ttl_s, pid_bound)
         finally:
             self._guard.__exit__()
+
+    def _enter_nowait(self) -> int | None:
+        """The guard for an operation on the event loop, without waiting; None if someone else holds it.
+
+        The loop keeps one hold of its own until its next iteration (``call_soon``), so the lock
+        operations of one iteration share one ``flock``/unlock pair and one read of the token counter
+        (a fan-out does hundreds per second; each syscall was also a GIL hand-off). Another process
+        waits at most one loop iteration for the guard.
+        """
+        gfd = self._guard.try_enter()
+        if gfd is None or self._loop_hold:
+            return gfd
+        try:
+            import asyncio
+
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return gfd  # not on a loop: plain hold
+        self._guard.try_enter()  # nested by this thread: cannot fail, costs no syscall
+        self._loop_hold = True
+        loop.call_soon(self._end_loop_hold)
+        return gfd
+
+    def _end_loop_hold(self) -> None:
+        self._loop_hold = False
+        self._guard.__exit__()
 
     def _attempt_locked(self, gfd: int, loc: _Loc, holder: str, ttl_s: float, pid_bound: bool
                         ) -> LockGrant | LockStatus:
@@ -992,20 +1062,26 @@ class LockManager:
             f"ttl_min: {_ttl_min(ttl_s)}\n{parts[0]}token: {token}\n{parts[1]}"
         ).encode()
 
-    @staticmethod
-    def _next_token(gfd: int) -> int:
+    def _next_token(self, gfd: int) -> int:
         # Persisted counter, mixed with wall-clock microseconds: strictly increasing even if the
         # counter was lost in a power cut (the clock moved on) or the clock jumped back (the counter).
-        raw = os.pread(gfd, 32, 0)
-        try:
-            stored = int(raw.split()[0]) if raw.strip() else 0
-        except ValueError:
-            stored = 0
+        # Read once per hold of the guard: while this process holds it, only this process writes it.
+        guard = self._guard
+        seen = guard.token_seen
+        if seen is not None and seen[0] == guard.generation:
+            stored = seen[1]
+        else:
+            raw = os.pread(gfd, 32, 0)
+            try:
+                stored = int(raw.split()[0]) if raw.strip() else 0
+            except ValueError:
+                stored = 0
+            guard.token_seen = (guard.generation, stored)
         return max(stored + 1, time.time_ns() // 1000)
 
-    @staticmethod
-    def _store_token(gfd: int, token: int) -> None:
+    def _store_token(self, gfd: int, token: int) -> None:
         os.pwrite(gfd, b"%020d\n" % token, 0)
+        self._guard.token_seen = (self._guard.generation, token)
 
     def _fill(self, ino: _Inode, data: bytes) -> None:
         _pwrite_all(ino.fd, data)
