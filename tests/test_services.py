@@ -6,6 +6,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from ambient.notify import Outbox
 from ambient.paths import BrainPaths
 from ambient.services import Digest
@@ -41,3 +43,39 @@ def test_digest_batches_information_until_its_period(tmp_path: Path) -> None:
     assert "2 update(s)" in entry.message.title
     assert not (paths.state / "digest.jsonl").exists() and (paths.state / "digest.sent.jsonl").exists()
     assert json.loads((paths.state / "digest.json").read_text())["last_sent"].startswith("2026-12-01")
+
+
+async def test_handoff_is_shared_by_a_runs_items_and_a_rewrite_is_seen(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One handoff per (agent, run), not one per item; a rewritten handoff.md reaches the next attempts once the
+    short recheck interval has passed (it is not stat'ed for every item)."""
+    from ambient import services
+    from ambient.livecontext import HANDOFF_NAME, LiveContext
+    from ambient.runs import Attempt
+    from ambient.services import AgentDelegate
+
+    live = LiveContext(BrainPaths(tmp_path))
+    calls: list[str] = []
+    real = live.handoff_for
+
+    def counting(agent: str) -> str:
+        calls.append(agent)
+        return real(agent)
+
+    monkeypatch.setattr(live, "handoff_for", counting)
+    delegate = AgentDelegate(None, None, None, None, None, live)  # type: ignore[arg-type]
+
+    def attempt(k: int) -> Attempt:
+        return Attempt(run_id="run-1", workflow="w", item=f"i{k}", index=k, attempt=1, key=f"run-1/i{k}/1",
+                       agent="coder", sender="ambient")
+
+    monkeypatch.setattr(services, "HANDOFF_RECHECK_S", 3600.0)
+    first = [await delegate._handoff(attempt(k)) for k in range(5)]
+    assert len(calls) == 1 and len(set(first)) == 1
+    folder = live.thread_dir("coder")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / HANDOFF_NAME).write_text("# Handoff\nnew decisions\n")
+    assert await delegate._handoff(attempt(6)) == first[0]  # within the recheck interval: not looked at yet
+    monkeypatch.setattr(services, "HANDOFF_RECHECK_S", 0.0)
+    assert await delegate._handoff(attempt(7)) == "# Handoff\nnew decisions\n"
+    assert len(calls) == 2
