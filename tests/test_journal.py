@@ -268,3 +268,21 @@ def test_appending_after_a_kill_keeps_every_line_whole(tmp_path: Path) -> None:
     res = read_jsonl(path)
     assert [r["i"] for r in res.records] == list(range(have + 100))
     assert res.bad_lines == [] and not res.torn_tail
+
+
+async def test_commit_does_not_queue_behind_the_default_thread_pool(tmp_path: Path) -> None:
+    """A commit's fsync has its own threads: with asyncio's default pool full of stuck jobs, it still lands."""
+    import threading
+
+    loop = asyncio.get_running_loop()
+    release = threading.Event()
+    stuck = [loop.run_in_executor(None, release.wait) for _ in range(64)]  # more than the default pool's workers
+    try:
+        j = Journal(tmp_path / "j.jsonl")
+        j.write({"ev": "accepted", "item": "a"})
+        await asyncio.wait_for(j.commit(), 10)
+        assert j._synced == j._written == 1
+        j.close()
+    finally:
+        release.set()
+        await asyncio.gather(*stuck)
