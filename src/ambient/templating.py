@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from ambient.errors import InputError, UnsafePathError
@@ -33,8 +34,13 @@ class TemplateError(InputError):
     """A template that names an unknown variable, is malformed, or renders to something refused."""
 
 
-def _scan(template: str) -> list[tuple[int, int, str]]:
+@lru_cache(maxsize=1024)  # pure; the same few templates are rendered for every item of a fan-out
+def _scan(template: str) -> tuple[tuple[int, int, str], ...]:
     """Every ``{{name}}`` of ``template`` as (start, end, name); malformed braces raise."""
+    return tuple(_scan_uncached(template))
+
+
+def _scan_uncached(template: str) -> list[tuple[int, int, str]]:
     out: list[tuple[int, int, str]] = []
     pos = 0
     while True:
@@ -112,7 +118,7 @@ def render(template: str, values: Mapping[str, Any]) -> str:
 
 def _substitute(
     template: str,
-    spans: list[tuple[int, int, str]],
+    spans: Sequence[tuple[int, int, str]],
     values: Mapping[str, Any],
     check: Callable[[str, str, str], None] | None = None,
 ) -> str:
