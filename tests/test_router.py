@@ -373,7 +373,10 @@ def s10_brain(tmp_path_factory: pytest.TempPathFactory) -> S10:
     return S10(root, bm.matrix, bm.zone_rules, gates, ungated, routing)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_SLOW_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]  # the conftest profile's, plus ours
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=_SLOW_OK)
 @given(data=st.data())
 def test_s10_delivered_iff_reference_allows(s10_brain: S10, data: st.DataObject) -> None:
     """S-10: for random (sender, receiver, signal, zone, files, payload, channel), delivery ⇔ reference check."""
@@ -434,7 +437,7 @@ JSONISH = st.recursive(
 KEYS = st.sampled_from(["from", "to", "signal", "scope", "payload", "id", "ts", "session_id", "x"])
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=_SLOW_OK)
 @given(raw=st.one_of(st.binary(max_size=300), st.text(max_size=300), st.dictionaries(KEYS, JSONISH, max_size=6)))
 def test_garbage_never_raises(s10_brain: S10, raw: Any) -> None:
     """Whatever arrives, check() answers an Outcome and never raises into the caller."""
