@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError, field_validator
 
@@ -195,6 +195,33 @@ def turn_from_packet(
     BLOCKED_ON, ERROR, CHECKPOINT and other signals to the sender's (role ``agent``). The
     correlation defaults to the packet's ``session_id``. ``packet`` is the JSON form (``from``).
     """
+    at = _thread_of(packet, correlation_id)
+    if at is None:
+        return None
+    return Turn(
+        ts=ts,
+        target=at.owner,
+        requester=at.requester or "-",
+        correlation_id=str(at.corr) if at.corr is not None else None,
+        role=at.role,  # type: ignore[arg-type]
+        source=source,
+        signal=at.signal,
+        text=packet_text(at.signal, at.payload),
+        payload=at.payload,
+    )
+
+
+class _ThreadOf(NamedTuple):
+    owner: str
+    requester: str
+    role: str
+    signal: str
+    corr: Any
+    payload: Any
+
+
+def _thread_of(packet: Mapping[str, Any], correlation_id: str | None) -> _ThreadOf | None:
+    """Whose thread a packet goes to, and as what (see :func:`turn_from_packet`); None for no agent's."""
     signal = str(packet.get("signal", ""))
     sender = str(_get(packet, "from", "from_") or "")
     receiver = str(packet.get("to") or "")
@@ -207,17 +234,7 @@ def turn_from_packet(
     check_agent_name(owner)
     corr = correlation_id if correlation_id is not None else packet.get("session_id")
     payload = packet.get("payload")
-    return Turn(
-        ts=ts,
-        target=owner,
-        requester=requester or "-",
-        correlation_id=str(corr) if corr is not None else None,
-        role=role,  # type: ignore[arg-type]
-        source=source,
-        signal=signal,
-        text=packet_text(signal, payload),
-        payload=payload,
-    )
+    return _ThreadOf(owner, requester, role, signal, corr, payload)
 
 
 def turn_record(
@@ -229,31 +246,22 @@ def turn_record(
     ``Turn`` model took ~60 µs of a worker thread's GIL time per turn. Same bounds and checks as the model's
     validators; ``Turn.model_validate`` of the record equals the model (hypothesis-tested).
     """
-    signal = str(packet.get("signal", ""))
-    sender = str(_get(packet, "from", "from_") or "")
-    receiver = str(packet.get("to") or "")
-    if signal in ("SPAWN", "HANDOFF"):
-        owner, requester, role = receiver, sender, "requester"
-    else:
-        owner, requester, role = sender, receiver, "agent"
-    if owner in NO_THREAD:
+    at = _thread_of(packet, correlation_id)
+    if at is None:
         return None
-    check_agent_name(owner)
-    corr = correlation_id if correlation_id is not None else packet.get("session_id")
-    payload = packet.get("payload")
-    text = packet_text(signal, payload)
+    text = packet_text(at.signal, at.payload)
     record: dict[str, Any] = {
         "ts": ts.isoformat(),
-        "target": owner,
-        "requester": _safe((requester or "-")[:200]),
+        "target": at.owner,
+        "requester": _safe((at.requester or "-")[:200]),
     }
-    if corr is not None:
-        record["correlation_id"] = _safe(str(corr)[:200])
-    record["role"] = role
+    if at.corr is not None:
+        record["correlation_id"] = _safe(str(at.corr)[:200])
+    record["role"] = at.role
     record["source"] = _safe(source[:200])
-    record["signal"] = _safe(signal[:200])
+    record["signal"] = _safe(at.signal[:200])
     record["text"] = _safe(text if len(text) <= TEXT_MAX else text[: TEXT_MAX - 1] + "…")
-    bounded = bound_payload(payload)
+    bounded = bound_payload(at.payload)
     if bounded is not None:
         record["payload"] = bounded
     return record
