@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import gc
 import json
 import os
 import signal
@@ -636,6 +637,7 @@ class Daemon:
             resumed = self.manager.resume_all()
             if resumed:
                 self._progress(f"resumed {len(resumed)} unfinished run(s) from disk")
+            frozen = _freeze_startup_heap()
             self._spawn(self.engine.run(self.stop), "engine")
             self._spawn(self._flush_live(), "live")
             if self.options.watch:
@@ -664,7 +666,8 @@ class Daemon:
             self.started = True
             self.engine.wake()
             systemd.ready(self._status_line())
-            log.info("daemon_ready", brain=str(self.paths.root), resumed=len(resumed), pid=os.getpid())
+            log.info("daemon_ready", brain=str(self.paths.root), resumed=len(resumed), pid=os.getpid(),
+                     frozen_objects=frozen)
             await self.stop.wait()
             await self._shutdown()
             # Non-zero after a task failure so that systemd's Restart=on-failure restarts us (it exited 0, e2e test).
@@ -769,3 +772,16 @@ def fanout_retry(spec: ChainWorkflow) -> Any:
 async def serve(root: Path, options: DaemonOptions | None = None) -> int:
     """Run a daemon on ``root`` until it stops; its exit code."""
     return await Daemon(root, options).serve()
+
+
+def _freeze_startup_heap() -> int:
+    """Keep what start-up built (modules, pydantic schemas, the loaded brain) out of every later collection.
+
+    Performance (bench/fanout.py): the cyclic collector's full collections walked that whole heap while a
+    fan-out ran, ~0.2 ms per item (three gen-2 passes of ~80 ms in a 2,000-item run, measured with
+    ``gc.callbacks``). Frozen objects are still freed by reference counting; only cycles among them would
+    stay, and start-up objects live as long as the daemon anyway.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
