@@ -334,6 +334,43 @@ class TestBasics:
         assert after.token > far > max(g.token for g in grants)
         await m.release_async(after)
 
+    async def test_a_hold_stores_the_token_counter_once(self, brain: BrainPaths, manager: Callable[..., LockManager],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+        """The grants of one hold of the guard write the token counter once, before the guard is let go: another
+        process reading it under the guard then sees the newest token."""
+        from ambient import locks as locks_mod
+
+        m = manager()
+        guard_file = brain.state / GUARD_NAME
+        stores: list[bytes] = []
+        real_pwrite = os.pwrite
+
+        def counting(fd: int, data: bytes, offset: int) -> int:
+            if os.path.samestat(os.fstat(fd), os.stat(guard_file)):
+                stores.append(bytes(data))
+            return real_pwrite(fd, data, offset)
+
+        monkeypatch.setattr(locks_mod.os, "pwrite", counting)
+        grants = [await m.acquire_async(f"many/{k}.md", "sess-t") for k in range(10)]  # one loop iteration
+        assert await async_wait_until(lambda: not m._loop_hold, timeout=5)
+        assert len(stores) == 1 and int(stores[0]) == max(g.token for g in grants)
+        assert int(guard_file.read_bytes().split()[0]) == max(g.token for g in grants)
+        for g in grants:
+            await m.release_async(g)
+
+    def test_an_inode_with_a_foreign_name_is_not_reused(self, manager: Callable[..., LockManager]) -> None:
+        """A released lock's inode goes back to the pool only when our spare name is its last name: an extra hard
+        link made meanwhile (by someone else) keeps it out, so what that name shows is never rewritten."""
+        m = manager()
+        grant = m.acquire("a.md", "sess-x")
+        foreign = m.dir / "elsewhere.txt"
+        os.link(m.path_for("a.md"), foreign)
+        before = foreign.read_bytes()
+        m.release_grant(grant)
+        for k in range(6):  # enough grants to use every pooled inode
+            m.release_grant(m.acquire(f"b{k}.md", f"sess-{k}"))
+        assert foreign.read_bytes() == before
+
     async def test_async_cancel_never_leaks_a_lock(self, manager: Callable[..., LockManager]) -> None:
         """Cancelling acquire_async mid-wait leaves no lock held by the cancelled caller."""
         a, b = manager(), manager()

@@ -245,6 +245,7 @@ class FileGuard:
         self._depth = 0
         self.generation = 0
         self.token_seen: tuple[int, int] | None = None  # (generation, last fencing token stored) for LockManager
+        self.token_due: int | None = None  # a token to store in the guard file before the flock is let go
 
     def _after_fork(self) -> None:
         if self._pid and self._pid != os.getpid():
@@ -300,7 +301,12 @@ class FileGuard:
             if self._depth > 0:  # 0 only after close() dropped the flock with the descriptor
                 self._depth -= 1
                 if self._depth == 0 and self._fd is not None:
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    try:
+                        if self.token_due is not None:  # one write per hold, however many grants it made
+                            os.pwrite(self._fd, b"%020d\n" % self.token_due, 0)
+                    finally:
+                        self.token_due = None
+                        fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
             self._thread_lock.release()
 
@@ -851,7 +857,8 @@ class LockManager:
             if st is not None and st.st_ino == pinned.inode.ino and st.st_dev == pinned.inode.dev:
                 os.unlink(loc.s)  # noqa: PTH108 - the hot path; str paths spare pathlib's cost
                 del self._pinned[loc.s]
-                self._recycle(pinned.inode, names_known=True)
+                # Two names before the unlink (the lock's and our spare's): the spare name is the only one left.
+                self._recycle(pinned.inode, names_known=True, links=st.st_nlink - 1)
                 return None
         status = self._inspect(loc, time.time())
         if status.state == "free":
@@ -1080,7 +1087,11 @@ class LockManager:
         return max(stored + 1, time.time_ns() // 1000)
 
     def _store_token(self, gfd: int, token: int) -> None:
-        os.pwrite(gfd, b"%020d\n" % token, 0)
+        # Written when the guard is let go (FileGuard.__exit__): the grants of one hold cost one pwrite, and
+        # nobody reads the counter without the guard. A crash before that write loses nothing: the next
+        # token is still above this one through its wall-clock part.
+        del gfd
+        self._guard.token_due = token
         self._guard.token_seen = (self._guard.generation, token)
 
     def _fill(self, ino: _Inode, data: bytes) -> None:
@@ -1162,13 +1173,16 @@ class LockManager:
         return _Inode(fd, st.st_dev, st.st_ino, 0, name)
 
     @staticmethod
-    def _only_spare_name(ino: _Inode, names_known: bool) -> bool:
+    def _only_spare_name(ino: _Inode, names_known: bool, links: int | None = None) -> bool:
         """Is the inode reachable only through our private name (so nobody reads it as a lock)?
 
         ``names_known``: we just removed (or never added) its only other name under the guard, so
-        one link left can only be the spare name; otherwise the spare name is checked too.
+        one link left can only be the spare name; otherwise the spare name is checked too. ``links``:
+        its link count, when the caller has just read it (it spares an ``fstat`` on the release path).
         """
-        if ino.spare is None or os.fstat(ino.fd).st_nlink != 1:
+        if ino.spare is None:
+            return False
+        if (links if links is not None else os.fstat(ino.fd).st_nlink) != 1:
             return False
         if names_known:
             return True
@@ -1178,8 +1192,8 @@ class LockManager:
             return False
         return (st.st_dev, st.st_ino) == (ino.dev, ino.ino)
 
-    def _recycle(self, ino: _Inode, *, names_known: bool = False) -> None:
-        if len(self._spares) < _SPARES_MAX and self._only_spare_name(ino, names_known):
+    def _recycle(self, ino: _Inode, *, names_known: bool = False, links: int | None = None) -> None:
+        if len(self._spares) < _SPARES_MAX and self._only_spare_name(ino, names_known, links):
             self._spares.append(ino)
         else:
             self._discard(ino)
