@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -650,6 +651,82 @@ class TestKilling:
         res = await task
         assert (res.reason, res.exit_code) == ("timeout", -signal.SIGTERM)
         assert reaped(res.pid or 0)
+
+
+
+class TestSpawning:
+    """Agents start in a thread (``fork_exec`` blocked the event loop until the child exec'd) and are waited for
+    through a pidfd; without pidfds, through asyncio's subprocess support."""
+
+    @staticmethod
+    def held_popen(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event, list[int]]:
+        """Make ``Popen`` wait for ``release`` before starting the agent (``entered`` set on the way); pids go to
+        the returned list."""
+        from ambient.runners import command as command_mod
+
+        entered, release = threading.Event(), threading.Event()
+        pids: list[int] = []
+        real = subprocess.Popen
+
+        def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
+            entered.set()
+            assert release.wait(30)
+            proc = real(*args, **kwargs)
+            pids.append(proc.pid)
+            return proc
+
+        monkeypatch.setattr(command_mod.subprocess, "Popen", popen)
+        return entered, release, pids
+
+    async def test_the_loop_runs_while_an_agent_starts(self, make_req: Callable[..., RunRequest],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+        """While an agent is being started, other work on the event loop goes on; the agent then runs as usual."""
+        from ambient.runners.command import spawns_off_loop
+
+        if not spawns_off_loop():
+            pytest.skip("no pidfd_open here: agents start through asyncio on the loop")
+        entered, release, pids = self.held_popen(monkeypatch)
+        task = asyncio.create_task(CommandRunner().run(make_req(), stub("ok")))
+        assert await async_wait_until(entered.is_set, 10)
+        ticks = 0
+        for _ in range(20):  # the loop is free: twenty iterations while the start is held
+            await asyncio.sleep(0)
+            ticks += 1
+        assert ticks == 20 and not task.done()
+        release.set()
+        res = await asyncio.wait_for(task, 30)
+        assert res.status == "success" and res.pid == pids[0] and reaped(pids[0])
+
+    async def test_cancel_during_the_start_kills_the_agent(self, make_req: Callable[..., RunRequest],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+        """Cancelled while its agent is being started, the run waits for the start, kills and reaps the agent."""
+        from ambient.runners.command import spawns_off_loop
+
+        if not spawns_off_loop():
+            pytest.skip("no pidfd_open here: agents start through asyncio on the loop")
+        entered, release, pids = self.held_popen(monkeypatch)
+        runner = CommandRunner()
+        task = asyncio.create_task(runner.run(make_req(), stub("hang")))
+        assert await async_wait_until(entered.is_set, 10)
+        task.cancel()
+        await asyncio.sleep(0)
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 30)
+        assert len(pids) == 1 and gone(pids[0]) and reaped(pids[0])
+        assert runner.live_pids == []
+
+    async def test_without_pidfds_agents_start_through_asyncio(self, make_req: Callable[..., RunRequest],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+        """Where pidfds are missing (other kernels), the runner uses asyncio's subprocesses: same results."""
+        from ambient.runners import command as command_mod
+
+        monkeypatch.setattr(command_mod, "spawns_off_loop", lambda: False)
+        runner = CommandRunner()
+        ok = await runner.run(make_req(), stub("ok"))
+        assert ok.status == "success" and ok.exit_code == 0
+        slow = await runner.run(make_req(), stub("hang", timeout_s=0.5, kill_grace_s=0.5))
+        assert (slow.reason, slow.killed) == ("timeout", True) and gone(slow.pid or 0)
 
 
 def test_pidfd_watcher_on_311_waits_for_agents_without_threads(tmp_path: Path) -> None:

@@ -8,16 +8,20 @@ group (SIGTERM, grace, SIGKILL), and the agent is always reaped. The environment
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -57,6 +61,18 @@ _KILL_WAIT_S = 5.0
 _REDACTED = "[REDACTED:channel-token]"
 
 SpawnHook = Callable[[RunRequest, int], None]
+
+
+class _Proc(Protocol):
+    """What the runner needs of an agent's process: asyncio's ``Process``, or :class:`_Child`."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -126,7 +142,7 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-async def terminate_group(pgid: int, *, grace: float, leader: asyncio.subprocess.Process | None = None) -> bool:
+async def terminate_group(pgid: int, *, grace: float, leader: _Proc | None = None) -> bool:
     """SIGTERM (and SIGCONT, for a stopped agent) the group, wait up to ``grace`` s, then SIGKILL what is left.
 
     Returns True when SIGKILL was needed. When ``leader`` is given (our child), it is waited for first, then the
@@ -289,12 +305,94 @@ async def _attach(fd: int, protocol: _Capture) -> asyncio.ReadTransport:
     return transport
 
 
-def _close_transport(proc: asyncio.subprocess.Process) -> None:
+def _close_transport(proc: _Proc) -> None:
     # asyncio.subprocess.Process has no public close(); closing its transport avoids "unclosed transport"
     # ResourceWarnings. The runner only calls this once the leader has exited, so nothing is killed here.
     transport = getattr(proc, "_transport", None)
     if transport is not None:
         transport.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Starting agents off the event loop
+
+
+_SPAWN_POOL: ThreadPoolExecutor | None = None
+
+
+def _spawn_pool() -> ThreadPoolExecutor:
+    global _SPAWN_POOL  # one small pool per process, made on first use
+    if _SPAWN_POOL is None:
+        _SPAWN_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="spawn")
+    return _SPAWN_POOL
+
+
+def spawns_off_loop() -> bool:
+    """Whether agents start in a thread and are waited for through a pidfd (Linux 5.3+), not on the loop."""
+    return hasattr(os, "pidfd_open")
+
+
+class _Child:
+    """An agent started by ``subprocess.Popen`` in a thread, waited for through a pidfd on the event loop.
+
+    Performance (bench/fanout.py (b)): ``asyncio.create_subprocess_exec`` runs ``fork_exec`` on the loop,
+    and the loop stays blocked until the child has exec'd: 1-2 ms per agent in the daemon, 40 % of the
+    loop's time in a fan-out of command agents (py-spy). ``fork_exec`` lets the GIL go, so a thread can
+    carry it while the loop serves the other items.
+    """
+
+    def __init__(self, popen: subprocess.Popen[Any]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self.returncode: int | None = None
+        self._loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = self._loop.create_future()
+        self._pidfd = os.pidfd_open(self.pid)  # our unreaped child: valid even if it has exited already
+        self._loop.add_reader(self._pidfd, self._reap)
+
+    def _reap(self) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by someone else (a foreign waitpid(-1)): the status is lost
+            pid, code = self.pid, 255
+        else:
+            if pid == 0:
+                return
+            code = os.waitstatus_to_exitcode(status)
+        self.returncode = self._popen.returncode = code  # Popen's own finaliser then stays quiet
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._exited.set_result(code)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+
+async def _start(argv: list[str], stdin: int, stdout: int, stderr: int, env: dict[str, str], cwd: Path) -> _Proc:
+    """Start an agent in its own session (its group can be killed whole); raises OSError if it cannot start.
+
+    Cancelled while the thread is starting it, it waits for that start and kills what was started: a
+    cancellation never leaves an agent running unseen.
+    """
+    if not spawns_off_loop():
+        # S603 reviewed: an argv list from a validated config, each template value one element; no shell.
+        return await asyncio.create_subprocess_exec(
+            *argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, start_new_session=True,
+            close_fds=True,
+        )
+    # S603 reviewed: as above.
+    popen = functools.partial(subprocess.Popen, argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
+                              cwd=cwd, start_new_session=True, close_fds=True)
+    starting = asyncio.get_running_loop().run_in_executor(_spawn_pool(), popen)
+    try:
+        started = await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            late = _Child(await starting)
+            signal_group(late.pid, signal.SIGKILL)
+            await late.wait()
+        raise
+    return _Child(started)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -305,7 +403,7 @@ def _close_transport(proc: asyncio.subprocess.Process) -> None:
 class _Live:
     """One running agent: its process and why ambient is killing it, if it is."""
 
-    proc: asyncio.subprocess.Process
+    proc: _Proc
     req: RunRequest
     grace: float
     kill_reason: Reason | None = None
@@ -387,17 +485,7 @@ class CommandRunner:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            # S603 reviewed: an argv list from a validated config, each template value one element; no shell.
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=stdin_fd,
-                stdout=out_w,
-                stderr=err_w,
-                env=env,
-                cwd=cwd,
-                start_new_session=True,  # own session and process group: the whole tree can be killed at once
-                close_fds=True,
-            )
+            proc = await _start(argv, stdin_fd, out_w, err_w, env, cwd)
         except BaseException as exc:
             os.close(out_r)
             os.close(err_r)
