@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,3 +80,56 @@ async def test_handoff_is_shared_by_a_runs_items_and_a_rewrite_is_seen(tmp_path:
     monkeypatch.setattr(services, "HANDOFF_RECHECK_S", 0.0)
     assert await delegate._handoff(attempt(7)) == "# Handoff\nnew decisions\n"
     assert len(calls) == 2
+
+
+async def test_a_short_items_claim_is_written_once_and_a_long_items_in_time(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """for_each item claims: an item that finishes soon after it started is written once, in its final state; an
+    item still running after ``OPEN_DELAY_S`` gets its open claim then; finished ones follow within
+    ``FLUSH_DELAY_S``; nothing is lost at ``flush``."""
+    from ambient.claimstore import ClaimStore
+    from ambient.runstate import ItemState, RunState
+    from ambient.services import ClaimsWriter
+    from tests.conftest import async_wait_until
+
+    paths = BrainPaths(tmp_path)
+    paths.claims.mkdir()
+    clock = Clock(datetime(2026, 11, 30, 12, 0, tzinfo=UTC))
+    store = ClaimStore(paths, clock=clock)
+    written: list[tuple[str, str]] = []
+    real = store.write_claims
+
+    def recording(claims: Any, *, durable: bool = True) -> Any:
+        claims = list(claims)
+        written.extend((c.sess_id, c.status) for c, _doc in claims)
+        return real(claims, durable=durable)
+
+    monkeypatch.setattr(store, "write_claims", recording)
+    monkeypatch.setattr(ClaimsWriter, "OPEN_DELAY_S", 0.4)
+    writer = ClaimsWriter(store, clock)
+    short, long_ = ItemState(name="short", index=0), ItemState(name="long", index=1)
+    state = RunState(run_id="run-1", workflow="w", form="for_each", spec_hash=None, spec={}, items=[short, long_])
+    try:
+        for item in (short, long_):
+            item.status, item.attempt = "running", 1
+            writer.item_changed(state, item)
+        short.status = "done"
+        writer.item_changed(state, short)
+        assert await async_wait_until(lambda: len(written) == 1, 5)
+        assert written == [("run-1-item-001", "closed")]  # one write, the final state; the long one not yet due
+        assert await async_wait_until(lambda: len(written) == 2, 5)
+        assert written[1] == ("run-1-item-002", "open")
+        long_.status = "failed"
+        writer.item_changed(state, long_)
+        long_.attempt = 2
+        long_.status = "running"
+        writer.item_changed(state, long_)  # a change right after keeps the earlier promise (soon), not a later one
+        assert await async_wait_until(lambda: len(written) == 3, 5)
+        assert written[2] == ("run-1-item-002", "open")
+        long_.status = "done"
+        writer.item_changed(state, long_)
+        writer.flush(wait=True)  # a run's end or shutdown: what is pending goes at once
+        assert written[3:] == [("run-1-item-002", "closed")]
+        assert {p.name for p in paths.claims.iterdir()} >= {"run-1-item-001.yml", "run-1-item-002.yml"}
+    finally:
+        writer.close()

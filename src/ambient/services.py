@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -470,21 +470,24 @@ class ClaimsWriter:
     They are views of the run journal (the fsync'd truth), written atomically without fsync so that
     a fan-out of thousands of items is not a thousand fsyncs; a restart rewrites them from the journal.
 
-    for_each item claims are coalesced: written at most ``FLUSH_DELAY_S`` after a change, once for all the
-    changes of that window (bench/fanout.py: two claim files per item, each a create + rename in a churning
-    folder, were most of a fan-out's cost). The run's ``accepted`` record, fsync'd before the agent starts, is
-    what makes an item accepted; its claim follows within the delay. Chain step claims are written at once
-    (pre-flight reads them before the agent writes).
+    for_each item claims are coalesced: a finished (or escalated) item's claim is written at most
+    ``FLUSH_DELAY_S`` after the change, a started item's at most ``OPEN_DELAY_S`` after it, unless the item
+    finishes first: then only its final claim is written. bench/fanout.py: creating a claim file (a create and a
+    rename in a churning folder) is the costliest part of an item, and the writer thread's work stalls the event
+    loop through the GIL; an item that ends within a second is written once. The run's ``accepted`` record,
+    fsync'd before the agent starts, is what makes an item accepted; its claim is a view that follows. Chain step
+    claims are written at once (pre-flight reads them before the agent writes).
     """
 
     FLUSH_DELAY_S = 0.05
+    OPEN_DELAY_S = 1.0
 
     def __init__(self, store: ClaimStore, clock: Clock, workflow_scope: Mapping[str, str] | None = None) -> None:
         self.store = store
         self.clock = clock
         self._cache: dict[str, dict[str, Any]] = {}  # the last document written, by sess_id
         self._scopes: dict[str, str] = {}  # item claim → its rendered scope
-        self._pending: dict[str, tuple[RunState, ItemState]] = {}
+        self._pending: dict[str, tuple[RunState, ItemState, float]] = {}  # sess_id → (run, item, due: loop time)
         self._flush_at: asyncio.TimerHandle | None = None
         # One writer thread, so writes of a claim land in the order they were made; file creation is the cost
         # on slow disks, and it must not stall the event loop.
@@ -492,13 +495,37 @@ class ClaimsWriter:
         self._inflight: Future[None] | None = None
 
     def flush(self, *, wait: bool = False) -> None:
-        """Write every pending item claim (the coalescing timer, a run's end, shutdown with ``wait``)."""
+        """Write every pending item claim (a run's end, shutdown with ``wait``)."""
         if self._flush_at is not None:
             self._flush_at.cancel()
             self._flush_at = None
         pending, self._pending = self._pending, {}
+        self._write_items(pending.values())
+        if wait and self._inflight is not None:
+            self._inflight.result()
+
+    def _flush_due(self) -> None:
+        """The coalescing timer: write the claims that are due, wait for the others."""
+        self._flush_at = None
+        loop = asyncio.get_running_loop()
+        horizon = loop.time() + 0.01  # what falls due within 10 ms goes with this batch
+        due = {k: v for k, v in self._pending.items() if v[2] <= horizon}
+        for k in due:
+            del self._pending[k]
+        self._write_items(due.values())
+        if self._pending:
+            self._arm(loop, min(v[2] for v in self._pending.values()))
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._flush_at is not None:
+            if self._flush_at.when() <= when:
+                return
+            self._flush_at.cancel()
+        self._flush_at = loop.call_at(when, self._flush_due)
+
+    def _write_items(self, pending: Iterable[tuple[RunState, ItemState, float]]) -> None:
         claims: list[tuple[Claim, dict[str, Any]]] = []
-        for state, item in pending.values():
+        for state, item, _due in pending:
             try:  # built on the loop (the run state lives there); written in the writer thread
                 claim = self._prepare_item(state, item)
             except Exception as exc:  # noqa: BLE001 - one bad claim view must not lose the others (timer callback)
@@ -508,8 +535,6 @@ class ClaimsWriter:
                 claims.append((claim, self._cache[claim.sess_id]))  # the validated document rides along
         if claims:
             self._inflight = self._writer.submit(self._write_many, claims)
-        if wait and self._inflight is not None:
-            self._inflight.result()
 
     def close(self) -> None:
         """Write what is pending and stop the writer thread."""
@@ -588,14 +613,20 @@ class ClaimsWriter:
         if state.form != "for_each":
             self._write_item(state, item)
             return
-        self._pending[item_claim_id(state.run_id, item, state.form)] = (state, item)
-        if self._flush_at is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no loop (tools, tests): write at once
-                self.flush()
-                return
-            self._flush_at = loop.call_later(self.FLUSH_DELAY_S, self.flush)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (tools, tests): write at once
+            self._pending[item_claim_id(state.run_id, item, state.form)] = (state, item, 0.0)
+            self.flush()
+            return
+        sess = item_claim_id(state.run_id, item, state.form)
+        delay = self.OPEN_DELAY_S if item.status in ("pending", "running", "retry_wait") else self.FLUSH_DELAY_S
+        due = loop.time() + delay
+        before = self._pending.get(sess)
+        if before is not None:
+            due = min(due, before[2])  # never later than an earlier change was promised
+        self._pending[sess] = (state, item, due)
+        self._arm(loop, due)
 
     def _write_item(self, state: RunState, item: ItemState) -> None:
         claim = self._prepare_item(state, item)
