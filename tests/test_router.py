@@ -290,6 +290,20 @@ class TestIdentity:
         reg.issue("coder")
         assert reg.revoke_all() == 1
 
+    def test_a_disowned_token_is_void_here_at_once_and_everywhere_once_revoked(self, brain: Path) -> None:
+        """disown voids a token for this process before its file is deleted (the daemon deletes it off the loop);
+        revoke then deletes the file, and other processes stop accepting it too."""
+        paths = BrainPaths(brain)
+        reg = ChannelRegistry(paths)
+        ch = reg.issue("deploy", spawn="run-1/a/1")
+        assert ch.token is not None and reg.authenticate(ch.token) == ch
+        reg.disown(ch)
+        assert reg.authenticate(ch.token) is None  # even though the file is still there
+        assert ChannelRegistry(paths).authenticate(ch.token) == ch  # another process: until revoke
+        reg.revoke(ch)
+        assert ChannelRegistry(paths).authenticate(ch.token) is None and reg.authenticate(ch.token) is None
+        assert list(paths.channels.iterdir()) == []
+
     def test_channel_from_env(self, brain: Path) -> None:
         """The CLI is human without a token, the token's principal with a live one, nobody with a dead one."""
         reg = ChannelRegistry(BrainPaths(brain))

@@ -436,15 +436,31 @@ class TestRun:
         assert runner.live_pids == [] and no_zombie_children()
 
     async def test_on_spawn_hook(self, make_req: Callable[..., RunRequest]) -> None:
-        """on_spawn gets the pid (= process group id) of each agent; a failing hook does not break the run."""
-        seen: list[int] = []
+        """on_spawn gets the pid (= process group id) of each agent and its start time (read off the loop, as
+        /proc tells it: orphan checks compare it); a failing hook does not break the run."""
+        from ambient.locks import process_start_time
+        from ambient.runners.command import spawns_off_loop
 
-        def hook(req: RunRequest, pid: int) -> None:
-            seen.append(pid)
+        seen: list[tuple[int, float | None]] = []
+
+        def hook(req: RunRequest, pid: int, started: float | None) -> None:
+            seen.append((pid, started))
             raise RuntimeError("hook bug")
 
+        runner = CommandRunner(on_spawn=hook)
+        task = asyncio.create_task(runner.run(make_req(), stub("hang", timeout_s=5, kill_grace_s=1)))
+        assert await async_wait_until(lambda: bool(seen), 10)
+        ((pid, started),) = seen
+        assert runner.live_pids == [pid]
+        if spawns_off_loop():
+            assert started is not None and started == process_start_time(pid)
+        else:
+            assert started is None  # the daemon's hook reads it then
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
         res = await CommandRunner(on_spawn=hook).run(make_req(), stub("ok"))
-        assert res.status == "success" and seen == [res.pid]
+        assert res.status == "success" and seen[1][0] == res.pid
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -397,8 +397,8 @@ class Daemon:
         self.escalator.on_answered = lambda path: self.engine.wake([path])
         self.assisted = AssistedRunner(self.claims, self.clock)
         self.runners = Runners(
-            command=CommandRunner(on_spawn=lambda req, pid: self.manager.record_spawn(req.run_id, req.item,
-                                                                                        req.attempt, pid)),
+            command=CommandRunner(on_spawn=lambda req, pid, started: self.manager.record_spawn(
+                req.run_id, req.item, req.attempt, pid, started)),
             assisted=self.assisted,
         )
         self.delegate = AgentDelegate(self.ref, self.router, self.runners, self.locks, self.clock, self.live)

@@ -122,6 +122,7 @@ class ChannelRegistry:
     def __init__(self, paths: BrainPaths) -> None:
         self.dir = paths.channels
         self._known: dict[str, str] = {}
+        self._revoked: set[str] = set()  # disowned, file not deleted yet (see disown)
 
     def issue(self, principal: str, *, spawn: str | None = None, now: datetime | None = None) -> Channel:
         """A fresh channel for ``principal``; hand ``channel.token`` to the spawned process (``TOKEN_ENV``).
@@ -148,6 +149,8 @@ class ChannelRegistry:
         known = self._known.get(digest)
         if known is not None:
             return known
+        if digest in self._revoked:
+            return None
         try:
             data = json.loads(read_capped(self.dir / f"{digest}.json", self.MAX_FILE))
         except (OSError, InputError, ValueError):
@@ -171,10 +174,24 @@ class ChannelRegistry:
         digest = token_digest(token)
         self._known.pop(digest, None)
         (self.dir / f"{digest}.json").unlink(missing_ok=True)
+        self._revoked.discard(digest)
+
+    def disown(self, channel: Channel | str) -> None:
+        """Void a token in this process at once; :meth:`revoke` then deletes its file (off the event loop).
+
+        The router of this process refuses it from now on; another process (an agent's ``ambient send``)
+        reads the file until ``revoke`` has deleted it, a few milliseconds later, when the agent has exited.
+        """
+        token = channel.token if isinstance(channel, Channel) else channel
+        if token:
+            digest = token_digest(token)
+            self._revoked.add(digest)
+            self._known.pop(digest, None)
 
     def revoke_all(self) -> int:
         """Forget every token (daemon start-up: no spawn of a previous run is alive). Returns the count."""
         self._known.clear()
+        self._revoked.clear()
         count = 0
         if self.dir.is_dir():
             for path in self.dir.glob("*.json"):

@@ -669,20 +669,24 @@ class RunManager:
                      done=state.success_count, total=len(state.items))
         return resumed
 
-    def record_spawn(self, run_id: str, item: str, attempt: int, pid: int) -> None:
+    def record_spawn(self, run_id: str, item: str, attempt: int, pid: int, started: float | None = None) -> None:
         """A command agent started: its pid and start time go to the run's journal (flushed, not fsync'd:
-        a daemon crash keeps the page cache, and a power cut takes the agent with it)."""
+        a daemon crash keeps the page cache, and a power cut takes the agent with it).
+
+        ``started``: the start time the runner read already (off the loop); read here when not given.
+        """
         ex = self.executors.get(run_id)
         if ex is None or not ex.has_item(item):
             return
-        # /proc/<pid>/stat directly (what psutil's create_time reads, to 10 ms): importing psutil here, on the
-        # loop at the first spawn, stalled it ~130 ms and showed as a late watchdog ping (R-09 test).
-        from ambient.locks import process_start_time
+        if started is None:
+            # /proc/<pid>/stat directly (what psutil's create_time reads, to 10 ms): importing psutil here, on the
+            # loop at the first spawn, stalled it ~130 ms and showed as a late watchdog ping (R-09 test).
+            from ambient.locks import process_start_time
 
-        try:
-            started = process_start_time(pid)  # None when the agent is already gone: the pid alone is recorded
-        except Exception:  # noqa: BLE001 - an unreadable /proc entry must not fail the spawn
-            started = None
+            try:
+                started = process_start_time(pid)  # None when the agent is already gone: the pid alone is recorded
+            except Exception:  # noqa: BLE001 - an unreadable /proc entry must not fail the spawn
+                started = None
         ex.event("spawned", item=item, attempt=attempt, pid=pid, started=started)
         ex.journal.flush()
 

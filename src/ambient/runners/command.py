@@ -27,6 +27,7 @@ import structlog
 
 from ambient.errors import InputError
 from ambient.fsutil import resolve_in_brain
+from ambient.locks import process_start_time
 from ambient.runners.base import (
     MAX_ENV_PACKET_BYTES,
     MAX_PACKET_BYTES,
@@ -60,7 +61,8 @@ _POLL_S = 0.02
 _KILL_WAIT_S = 5.0
 _REDACTED = "[REDACTED:channel-token]"
 
-SpawnHook = Callable[[RunRequest, int], None]
+#: ``on_spawn(req, pid, start_time)``: ``start_time`` is the agent's start (epoch s, from /proc) when known.
+SpawnHook = Callable[[RunRequest, int, float | None], None]
 
 
 class _Proc(Protocol):
@@ -341,9 +343,10 @@ class _Child:
     carry it while the loop serves the other items.
     """
 
-    def __init__(self, popen: subprocess.Popen[Any]) -> None:
+    def __init__(self, popen: subprocess.Popen[Any], start_time: float | None = None) -> None:
         self._popen = popen
         self.pid = popen.pid
+        self.start_time = start_time
         self.returncode: int | None = None
         self._loop = asyncio.get_running_loop()
         self._exited: asyncio.Future[int] = self._loop.create_future()
@@ -368,31 +371,78 @@ class _Child:
         return await asyncio.shield(self._exited)
 
 
-async def _start(argv: list[str], stdin: int, stdout: int, stderr: int, env: dict[str, str], cwd: Path) -> _Proc:
-    """Start an agent in its own session (its group can be killed whole); raises OSError if it cannot start.
+class _StdinError(OSError):
+    """The SPAWN packet could not be put where the agent reads its stdin."""
 
-    Cancelled while the thread is starting it, it waits for that start and kills what was started: a
-    cancellation never leaves an agent running unseen.
+
+def _launch(argv: list[str], packet: bytes, env: dict[str, str], cwd: Path
+            ) -> tuple[subprocess.Popen[Any], int, int, float | None]:
+    """Start an agent (blocking: run it in a thread): (process, stdout reader, stderr reader, start time)."""
+    try:
+        stdin_fd = _packet_fd(packet)
+    except OSError as exc:
+        raise _StdinError(exc.errno, f"cannot prepare the packet for stdin: {exc}") from exc
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        # An argv list from a validated config, each template value one element; no shell (S-07).
+        proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=out_w, stderr=err_w, env=env, cwd=cwd,  # noqa: S603
+                                start_new_session=True, close_fds=True)
+    except BaseException:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        for fd in (stdin_fd, out_w, err_w):  # the child holds its own copies
+            os.close(fd)
+    # The start time (orphan checks after a crash tell a recycled pid by it) is read here too: /proc reads cost
+    # ~0.4 ms on the loop in a fan-out (cProfile), and this thread is already off it.
+    try:
+        started = process_start_time(proc.pid)
+    except Exception:  # noqa: BLE001 - an unreadable /proc entry must not fail the spawn
+        started = None
+    return proc, out_r, err_r, started
+
+
+async def _start(argv: list[str], packet: bytes, env: dict[str, str], cwd: Path) -> tuple[_Proc, int, int]:
+    """Start an agent in its own session (its group can be killed whole): (process, stdout fd, stderr fd).
+
+    Raises OSError if it cannot start (:class:`_StdinError` when its stdin could not be made). Cancelled while
+    the thread is starting it, it waits for that start and kills and reaps what was started: a cancellation
+    never leaves an agent running unseen.
     """
     if not spawns_off_loop():
-        # S603 reviewed: an argv list from a validated config, each template value one element; no shell.
-        return await asyncio.create_subprocess_exec(
-            *argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, start_new_session=True,
-            close_fds=True,
-        )
-    # S603 reviewed: as above.
-    popen = functools.partial(subprocess.Popen, argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
-                              cwd=cwd, start_new_session=True, close_fds=True)
-    starting = asyncio.get_running_loop().run_in_executor(_spawn_pool(), popen)
+        stdin_fd = _packet_fd(packet)  # raises OSError: reported as a start failure
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            # S603 reviewed: as in _launch.
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=stdin_fd, stdout=out_w, stderr=err_w, env=env, cwd=cwd, start_new_session=True,
+                close_fds=True,
+            )
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            for fd in (stdin_fd, out_w, err_w):
+                os.close(fd)
+        return proc, out_r, err_r
+    starting = asyncio.get_running_loop().run_in_executor(
+        _spawn_pool(), functools.partial(_launch, argv, packet, env, cwd))
     try:
-        started = await asyncio.shield(starting)
+        popen, out_r, err_r, started = await asyncio.shield(starting)
     except asyncio.CancelledError:
         with contextlib.suppress(Exception):
-            late = _Child(await starting)
+            popen, out_r, err_r, started = await starting
+            os.close(out_r)
+            os.close(err_r)
+            late = _Child(popen, started)
             signal_group(late.pid, signal.SIGKILL)
             await late.wait()
         raise
-    return _Child(started)
+    return _Child(popen, started), out_r, err_r
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -479,24 +529,13 @@ class CommandRunner:
         except (TemplateError, InputError) as exc:
             return error_result("bad_request", _redact(str(exc), req))
         try:
-            stdin_fd = _packet_fd(packet_json.encode())
+            proc, out_r, err_r = await _start(argv, packet_json.encode(), env, cwd)
+        except _StdinError as exc:
+            return error_result("spawn_failed", exc.strerror or str(exc))
         except OSError as exc:
-            return error_result("spawn_failed", f"cannot prepare the packet for stdin: {exc}")
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        try:
-            proc = await _start(argv, stdin_fd, out_w, err_w, env, cwd)
-        except BaseException as exc:
-            os.close(out_r)
-            os.close(err_r)
-            if not isinstance(exc, OSError):
-                raise
             return error_result(
                 "spawn_failed", f"cannot start {argv[0]!r}: {exc.strerror or exc}", duration_ms=_ms(started)
             )
-        finally:
-            for fd in (stdin_fd, out_w, err_w):  # the child holds its own copies
-                os.close(fd)
         live = _Live(proc=proc, req=req, grace=cfg.kill_grace_s)
         self._live[proc.pid] = live
         if self._closing:  # terminate_all() ran while this agent was being started: it goes too
@@ -504,7 +543,7 @@ class CommandRunner:
         log.debug("agent_started", agent=req.agent, run_id=req.run_id, item=req.item, attempt=req.attempt, pid=proc.pid)
         if self._on_spawn is not None:
             try:
-                self._on_spawn(req, proc.pid)
+                self._on_spawn(req, proc.pid, getattr(proc, "start_time", None))
             except Exception:  # a hook must not break the run; the agent is already running
                 log.exception("agent_on_spawn_failed", agent=req.agent, pid=proc.pid)
         try:
