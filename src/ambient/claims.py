@@ -63,6 +63,18 @@ _MAX_SESS_ID = 200
 _CONTROL_CHARS: Final = re.compile(r"[\x00-\x1f\x7f]")  # one scan in C (a generator over characters was per item)
 
 
+def sess_id_ok(value: str) -> bool:
+    """Whether ``value`` is usable as a claim id and file name (the rule of ``Claim.sess_id``)."""
+    return not (
+        not value
+        or value != value.strip()
+        or value.startswith(".")
+        or len(value) > _MAX_SESS_ID
+        or any(c in value for c in "/\\\x00")
+        or _CONTROL_CHARS.search(value) is not None
+    )
+
+
 class _UserDoc(BaseModel):
     """A mapping a person owns: extra keys allowed, key order remembered for the rewrite."""
 
@@ -176,14 +188,7 @@ class Claim(_UserDoc):
     @field_validator("sess_id")
     @classmethod
     def _safe_sess_id(cls, value: str) -> str:
-        if (
-            not value
-            or value != value.strip()
-            or value.startswith(".")
-            or len(value) > _MAX_SESS_ID
-            or any(c in value for c in "/\\\x00")
-            or _CONTROL_CHARS.search(value) is not None
-        ):
+        if not sess_id_ok(value):
             raise ValueError(
                 f"sess_id must be usable as a file name: non-empty, no '/', '\\', control characters or "
                 f"leading '.', at most {_MAX_SESS_ID} characters"

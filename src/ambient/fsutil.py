@@ -51,29 +51,35 @@ def tmp_name(path: Path) -> Path:
 
 def write_tmp(path: Path, data: bytes, mode: int = 0o644, *, sync: bool = True) -> Path:
     """Write ``data`` to a fresh temp file beside ``path`` (fsync'd unless ``sync=False``); return its path."""
+    return _write_tmp(path, data, mode, sync)[0]
+
+
+def _write_tmp(path: Path, data: bytes, mode: int, sync: bool) -> tuple[Path, os.stat_result]:
     tmp = tmp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         _write_all(fd, data)
         if sync:
             os.fsync(fd)
+        st = os.fstat(fd)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
         raise
     os.close(fd)
-    return tmp
+    return tmp, st
 
 
-def atomic_write(path: Path, data: bytes | str, *, mode: int = 0o644, durable: bool = True) -> None:
-    """Replace ``path`` with ``data`` atomically (temp + fsync + rename + fsync dir).
+def atomic_write(path: Path, data: bytes | str, *, mode: int = 0o644, durable: bool = True) -> os.stat_result:
+    """Replace ``path`` with ``data`` atomically (temp + fsync + rename + fsync dir); returns the new file's stat.
 
     Readers see the old or the new content, never a torn file, whatever ``durable`` says.
     ``durable=False`` skips both fsyncs: only for views whose truth is elsewhere on disk already
     (item claims, rebuilt from the fsync'd run journal at start-up), so fsyncs are batched there.
+    The stat is of the file this call wrote (taken before the rename), whatever replaced it since.
     """
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = write_tmp(path, raw, mode, sync=durable)
+    tmp, st = _write_tmp(path, raw, mode, durable)
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -81,6 +87,7 @@ def atomic_write(path: Path, data: bytes | str, *, mode: int = 0o644, durable: b
         raise
     if durable:
         fsync_dir(path.parent)
+    return st
 
 
 def sweep_tmp(directory: Path) -> list[Path]:
