@@ -384,3 +384,64 @@ def test_turn_record_is_what_the_model_writes(signal: str, sender: str, receiver
         return
     assert record is not None
     assert json.loads(json.dumps(record)) == {**model.model_dump(mode="json", exclude_none=True), "ts": ts.isoformat()}
+
+
+class _Str(str):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+def _reference_bound(value: Any, depth: int = 4, max_str: int = 300, max_items: int = 20) -> Any:
+    """The bounding rule written plainly (as it was before the exact-type fast paths), as an oracle."""
+    from collections.abc import Mapping
+
+    def safe(text: str) -> str:
+        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return safe(value[:max_str] + ("…" if len(value) > max_str else ""))
+    if depth <= 0:
+        return "…"
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for i, (k, v) in enumerate(value.items()):
+            if i >= max_items:
+                out["…"] = f"{len(value) - max_items} more"
+                break
+            out[safe(str(k)[:64])] = _reference_bound(v, depth - 1, max_str, max_items)
+        return out
+    if isinstance(value, list | tuple):
+        items = [_reference_bound(v, depth - 1, max_str, max_items) for v in value[:max_items]]
+        if len(value) > max_items:
+            items.append(f"… {len(value) - max_items} more")
+        return items
+    return safe(str(value)[:max_str])
+
+
+_odd_json = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=400),
+              st.text(max_size=40).map(_Str), st.integers().map(_Int), st.characters(min_codepoint=0xD800,
+                                                                                        max_codepoint=0xDFFF)),
+    lambda inner: st.one_of(st.lists(inner, max_size=25), st.lists(inner, max_size=5).map(tuple),
+                            st.dictionaries(st.text(max_size=80), inner, max_size=25)),
+    max_leaves=60,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=_odd_json)
+def test_bounding_takes_fast_paths_without_changing_the_result(value: Any) -> None:
+    """bound_payload's exact-type shortcuts give what the plain rule gives, subclasses and lone surrogates too."""
+    from ambient.livecontext import PAYLOAD_MAX_CHARS, bound_payload
+
+    expected = _reference_bound(value)
+    text = json.dumps(expected, ensure_ascii=False)
+    if len(text) > PAYLOAD_MAX_CHARS:
+        expected = {"summary": text[: PAYLOAD_MAX_CHARS // 4] + "…"}
+    got = bound_payload(value)
+    assert got == expected and type(got) is type(expected)

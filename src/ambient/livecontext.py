@@ -68,6 +68,8 @@ def check_agent_name(name: str) -> str:
 
 def _safe(text: str) -> str:
     """Text that encodes as UTF-8: lone surrogates (possible in JSON input) become U+FFFD."""
+    if text.isascii():  # the common case, without encoding a copy
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -86,16 +88,22 @@ def bound_payload(value: Any, *, depth: int = 4, max_str: int = 300, max_items: 
 
 
 _NUMBERS = (bool, int, float)  # a tuple: ``bool | int | float`` builds a union object on every call
+_SEQUENCES = (list, tuple)
 
 
 def _bound(value: Any, depth: int, max_str: int, max_items: int) -> JsonValue:
-    if value is None or isinstance(value, _NUMBERS):
+    kind = type(value)  # exact builtin types first: an ABC isinstance check per node was most of the cost
+    if value is None or kind is int or kind is float or kind is bool:
+        return value  # type: ignore[no-any-return]
+    if kind is str:
+        return _safe(value[:max_str] + "…" if len(value) > max_str else value)
+    if isinstance(value, _NUMBERS):
         return value
     if isinstance(value, str):
         return _safe(value[:max_str] + ("…" if len(value) > max_str else ""))
     if depth <= 0:
         return "…"
-    if isinstance(value, Mapping):
+    if kind is dict or isinstance(value, Mapping):
         out: dict[str, JsonValue] = {}
         for i, (k, v) in enumerate(value.items()):
             if i >= max_items:
@@ -103,7 +111,7 @@ def _bound(value: Any, depth: int, max_str: int, max_items: int) -> JsonValue:
                 break
             out[_safe(str(k)[:64])] = _bound(v, depth - 1, max_str, max_items)
         return out
-    if isinstance(value, list | tuple):
+    if kind is list or isinstance(value, _SEQUENCES):
         items: list[JsonValue] = [_bound(v, depth - 1, max_str, max_items) for v in value[:max_items]]
         if len(value) > max_items:
             items.append(f"… {len(value) - max_items} more")
