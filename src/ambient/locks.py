@@ -251,6 +251,7 @@ class FileGuard:
         if self._pid and self._pid != os.getpid():
             self._thread_lock = threading.RLock()  # forked child: the parent's threads and holds are not here
             self._depth = 0
+            self.token_due = None  # the parent's to store, under its own hold
 
     def _open(self) -> int:
         if self._fd is None or self._pid != os.getpid():
