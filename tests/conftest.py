@@ -77,19 +77,13 @@ async def async_wait_until(predicate: Callable[[], bool], timeout: float = 10.0,
 
 
 @contextlib.contextmanager
-def debug_log_buffer(*secrets: str) -> Iterator[io.StringIO]:
-    """All logging at DEBUG (apprise and httpx included) as JSON lines into a buffer, with ``secrets``
-    registered for redaction; the logging configuration is restored afterwards."""
-    from ambient.logs import configure_logging
-    from ambient.redact import SecretRegistry
-
+def logging_restored() -> Iterator[None]:
+    """Put the logging configuration (root handlers and level, chatty libraries' levels) back afterwards."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     levels = {n: logging.getLogger(n).level for n in ("apprise", "httpx", "httpcore", "urllib3", "requests")}
-    buf = io.StringIO()
-    configure_logging("DEBUG", True, SecretRegistry(secrets), stream=buf)
     try:
-        yield buf
+        yield
     finally:
         for h in list(root.handlers):
             if h not in handlers:
@@ -97,3 +91,16 @@ def debug_log_buffer(*secrets: str) -> Iterator[io.StringIO]:
         root.setLevel(level)
         for n, lv in levels.items():
             logging.getLogger(n).setLevel(lv)
+
+
+@contextlib.contextmanager
+def debug_log_buffer(*secrets: str) -> Iterator[io.StringIO]:
+    """All logging at DEBUG (apprise and httpx included) as JSON lines into a buffer, with ``secrets``
+    registered for redaction; the logging configuration is restored afterwards."""
+    from ambient.logs import configure_logging
+    from ambient.redact import SecretRegistry
+
+    with logging_restored():
+        buf = io.StringIO()
+        configure_logging("DEBUG", True, SecretRegistry(secrets), stream=buf)
+        yield buf

@@ -49,6 +49,22 @@ from tests.conftest import async_wait_until, wait_until
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 
+class _Ticks:
+    """Counts turns of the event loop (a task sleeping 5 ms at a time): proof that the loop is not blocked."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self.count += 1
+            await asyncio.sleep(0.005)
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
 @pytest.fixture
 def brain(tmp_path: Path) -> BrainPaths:
     """An empty brain with claims/ and locks/."""
@@ -237,21 +253,13 @@ class TestBasics:
         """acquire_async waits in a thread: the loop keeps ticking, and the lock comes once released."""
         a, b = manager(), manager()
         ga = a.acquire("y.md", "sess-a")
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.005)
-
-        tick_task = asyncio.ensure_future(ticker())
+        ticks = _Ticks()
         waiter = asyncio.ensure_future(b.acquire_async("y.md", "sess-b", wait=5))
         await asyncio.sleep(0.15)
-        assert not waiter.done() and ticks >= 10
+        assert not waiter.done() and ticks.count >= 10
         a.release_grant(ga)
         gb = await asyncio.wait_for(waiter, 5)
-        tick_task.cancel()
+        ticks.stop()
         assert gb.holder == "sess-b"
         with pytest.raises(LockBusyError):
             await a.acquire_async("y.md", "sess-a", wait=0.05)
@@ -265,26 +273,18 @@ class TestBasics:
         brain.state.mkdir(parents=True, exist_ok=True)
         fd = os.open(brain.state / GUARD_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)  # what an `ambient lock` command holds for a few microseconds
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.005)
-
-        tick_task = asyncio.ensure_future(ticker())
+        ticks = _Ticks()
         try:
             getting = asyncio.ensure_future(m.acquire_async("g.md", "sess-g", wait=5))
-            assert await async_wait_until(lambda: ticks >= 10, timeout=5)
+            assert await async_wait_until(lambda: ticks.count >= 10, timeout=5)
             assert not getting.done()  # it waits on the guard, in a thread
             fcntl.flock(fd, fcntl.LOCK_UN)
             grant = await asyncio.wait_for(getting, 5)
             assert m.check("g.md").info.token == grant.token  # type: ignore[union-attr]
             fcntl.flock(fd, fcntl.LOCK_EX)
             releasing = asyncio.ensure_future(m.release_async(grant))
-            before = ticks
-            assert await async_wait_until(lambda: ticks >= before + 5, timeout=5)
+            before = ticks.count
+            assert await async_wait_until(lambda: ticks.count >= before + 5, timeout=5)
             assert not releasing.done() and m.check("g.md").state == "held"
             fcntl.flock(fd, fcntl.LOCK_UN)
             await asyncio.wait_for(releasing, 5)
@@ -295,7 +295,7 @@ class TestBasics:
             await m.release_async(again)
             assert m.check("g.md").state == "free"
         finally:
-            tick_task.cancel()
+            ticks.stop()
             os.close(fd)
 
     async def test_loop_operations_of_one_iteration_share_one_flock(self, brain: BrainPaths,

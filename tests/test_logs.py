@@ -12,6 +12,7 @@ import structlog
 
 from ambient.logs import configure_logging
 from ambient.redact import SecretRegistry
+from tests.conftest import logging_restored
 
 CANARY = "987654321:AAFcanaryTOKENcanaryTOKEN0123456789ab"
 OPAQUE = "opaque-canary-secret-value"  # no token shape: only the registry can catch it
@@ -24,17 +25,8 @@ class _Tty(io.StringIO):
 
 @pytest.fixture(autouse=True)
 def _restore_logging() -> Iterator[None]:
-    """Leave the root logger and the quiet loggers as they were."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    levels = {n: logging.getLogger(n).level for n in ("apprise", "httpx", "httpcore")}
-    yield
-    for h in list(root.handlers):
-        if h not in handlers:
-            root.removeHandler(h)
-    root.setLevel(level)
-    for n, lv in levels.items():
-        logging.getLogger(n).setLevel(lv)
+    with logging_restored():
+        yield
 
 
 def _lines(stream: io.StringIO) -> list[dict[str, object]]:

@@ -74,7 +74,7 @@ class AgentDelegate:
         self._handoff_checked: dict[tuple[str, str], float] = {}  # key → when handoff.md was last stat'ed
         self._revoking: set[asyncio.Future[None]] = set()  # channel files being deleted (see _run)
 
-    def _revoked(self, done: asyncio.Future[None]) -> None:
+    def _revoke_done(self, done: asyncio.Future[None]) -> None:
         self._revoking.discard(done)
         if not done.cancelled() and done.exception() is not None:
             log.warning("channel_revoke_failed", error=str(done.exception()))
@@ -142,7 +142,7 @@ class AgentDelegate:
                 self.router.registry.disown(channel)
                 revoking = asyncio.get_running_loop().run_in_executor(None, self.router.registry.revoke, channel)
                 self._revoking.add(revoking)
-                revoking.add_done_callback(self._revoked)
+                revoking.add_done_callback(self._revoke_done)
 
     async def _handoff(self, a: Attempt) -> str:
         """The agent's handoff, summarised once per (agent, run) unless ``handoff.md`` is rewritten meanwhile.

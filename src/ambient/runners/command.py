@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,10 +82,11 @@ class _Proc(Protocol):
 
 
 def use_pidfd_watcher() -> bool:
-    """On Python 3.11, have asyncio wait for agents through pidfds instead of one thread per agent.
+    """On Python 3.11, have asyncio wait for its subprocesses through pidfds instead of one thread per child.
 
     3.11's default child watcher starts a thread per child process; starting it needs a GIL hand-off with a
-    busy event loop, and fan-outs of command agents paid for it on every spawn (bench/fanout.py (b)).
+    busy event loop. Agents are waited for through pidfds by the runner itself (:class:`_Child`); this serves
+    the daemon's other asyncio subprocesses (git) and agents where the runner falls back to asyncio.
     3.12 and later pick pidfds by themselves (and deprecate watchers), so this does nothing there. Call it
     before the event loop starts; False when pidfds are not available (old kernel, other OS).
     """
@@ -375,9 +376,12 @@ class _StdinError(OSError):
     """The SPAWN packet could not be put where the agent reads its stdin."""
 
 
-def _launch(argv: list[str], packet: bytes, env: dict[str, str], cwd: Path
-            ) -> tuple[subprocess.Popen[Any], int, int, float | None]:
-    """Start an agent (blocking: run it in a thread): (process, stdout reader, stderr reader, start time)."""
+@contextlib.contextmanager
+def _child_stdio(packet: bytes) -> Iterator[tuple[int, int, int, int, int]]:
+    """The agent's stdio: (stdin holding the packet, stdout writer, stderr writer, stdout reader, stderr reader).
+
+    The child's ends are closed on leaving (the child holds its own copies); the readers too if starting failed.
+    """
     try:
         stdin_fd = _packet_fd(packet)
     except OSError as exc:
@@ -385,16 +389,23 @@ def _launch(argv: list[str], packet: bytes, env: dict[str, str], cwd: Path
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        # An argv list from a validated config, each template value one element; no shell (S-07).
-        proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=out_w, stderr=err_w, env=env, cwd=cwd,  # noqa: S603
-                                start_new_session=True, close_fds=True)
+        yield stdin_fd, out_w, err_w, out_r, err_r
     except BaseException:
         os.close(out_r)
         os.close(err_r)
         raise
     finally:
-        for fd in (stdin_fd, out_w, err_w):  # the child holds its own copies
+        for fd in (stdin_fd, out_w, err_w):
             os.close(fd)
+
+
+def _launch(argv: list[str], packet: bytes, env: dict[str, str], cwd: Path
+            ) -> tuple[subprocess.Popen[Any], int, int, float | None]:
+    """Start an agent (blocking: run it in a thread): (process, stdout reader, stderr reader, start time)."""
+    with _child_stdio(packet) as (stdin_fd, out_w, err_w, out_r, err_r):
+        # An argv list from a validated config, each template value one element; no shell (S-07).
+        proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=out_w, stderr=err_w, env=env, cwd=cwd,  # noqa: S603
+                                start_new_session=True, close_fds=True)
     # The start time (orphan checks after a crash tell a recycled pid by it) is read here too: /proc reads cost
     # ~0.4 ms on the loop in a fan-out (cProfile), and this thread is already off it.
     try:
@@ -412,22 +423,12 @@ async def _start(argv: list[str], packet: bytes, env: dict[str, str], cwd: Path)
     never leaves an agent running unseen.
     """
     if not spawns_off_loop():
-        stdin_fd = _packet_fd(packet)  # raises OSError: reported as a start failure
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        try:
+        with _child_stdio(packet) as (stdin_fd, out_w, err_w, out_r, err_r):
             # S603 reviewed: as in _launch.
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=stdin_fd, stdout=out_w, stderr=err_w, env=env, cwd=cwd, start_new_session=True,
                 close_fds=True,
             )
-        except BaseException:
-            os.close(out_r)
-            os.close(err_r)
-            raise
-        finally:
-            for fd in (stdin_fd, out_w, err_w):
-                os.close(fd)
         return proc, out_r, err_r
     starting = asyncio.get_running_loop().run_in_executor(
         _spawn_pool(), functools.partial(_launch, argv, packet, env, cwd))
