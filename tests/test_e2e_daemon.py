@@ -447,3 +447,37 @@ def test_helpers_clean_up_agents(tmp_path: Path) -> None:
         d.kill()
     assert not [p for p in pids if alive(p)]
     assert os.path.exists(d.log_path)
+
+
+# ---------------------------------------------------------------- 8. an agent's channel token
+
+
+CHECK_TOKEN = """
+import json, os, sys
+from pathlib import Path
+from ambient.paths import BrainPaths
+from ambient.router import ChannelRegistry
+registry = ChannelRegistry(BrainPaths(Path(os.environ["AMBIENT_BRAIN"])))  # this process's own view: the channel files
+principal = registry.principal_for(os.environ["AMBIENT_CHANNEL_TOKEN"])
+with open(sys.argv[1], "a") as fh:
+    fh.write(f"{os.environ['AMBIENT_ITEM']} {principal}\\n")
+print("{}")
+"""
+
+
+def test_each_agent_holds_a_live_channel_token_that_is_void_after_it(tmp_path: Path) -> None:
+    """S-05 through the daemon: every command agent's token is valid for another process (its channel file is
+    written before the agent starts) and names that agent; once the agents are done no channel file is left."""
+    seen = tmp_path / "seen.txt"
+    agent = stub_agent_md("talker").replace(
+        'argv: ["{{python}}", "-m", "ambient.stub_agent"]',
+        f"argv: {json.dumps(['{{python}}', '-c', CHECK_TOKEN, str(seen)])}",
+    )
+    paths = make_brain(tmp_path / "brain", agents={"talker": agent})
+    (paths.root / "workflows" / "talk.yml").write_text(foreach_workflow("talk", ["a", "b", "c"], agent="talker"))
+    result = ambient_cli(paths.root, "run", "--until-idle", timeout=90)
+    assert result.returncode == 0, result.stderr[-2000:]
+    state = finished_run(paths, "talk")
+    assert state is not None and state.outcome == "success"
+    assert sorted(seen.read_text().split("\n")[:-1]) == ["a talker", "b talker", "c talker"]
+    assert list(paths.channels.glob("*.json")) == []

@@ -19,6 +19,7 @@ from ambient.fsutil import (
     resolve_in_brain,
     sweep_tmp,
     tmp_name,
+    write_new,
 )
 
 # S-01: what a templated {{item}} may try (RELIABILITY 1.6).
@@ -138,6 +139,23 @@ class TestAtomicWrite:
         assert removed == [leftover]
         assert all(p.exists() for p in keep) and sub_left.exists()
         assert sweep_tmp(tmp_path / "missing") == []
+
+
+class TestWriteNew:
+    def test_creates_only_new_files_and_never_follows_a_symlink(self, tmp_path: Path) -> None:
+        """write_new creates a 0600 file; an existing file (or a symlink planted at the name) is refused and left
+        as it was."""
+        f = tmp_path / "token.json"
+        write_new(f, '{"principal": "deploy"}')
+        assert f.read_text() == '{"principal": "deploy"}' and f.stat().st_mode & 0o777 == 0o600
+        with pytest.raises(FileExistsError):
+            write_new(f, "other")
+        assert f.read_text() == '{"principal": "deploy"}'
+        target = tmp_path / "elsewhere"
+        (tmp_path / "planted.json").symlink_to(target)
+        with pytest.raises(FileExistsError):
+            write_new(tmp_path / "planted.json", "x")
+        assert not target.exists()
 
 
 class TestReading:

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ambient.cli import main
+from ambient.errors import InputError
 from ambient.journal import Journal
 from ambient.matrix import AccessMatrix
 from ambient.packet import MAX_PACKET_BYTES, Packet, Signal, make_packet
@@ -303,6 +304,20 @@ class TestIdentity:
         reg.revoke(ch)
         assert ChannelRegistry(paths).authenticate(ch.token) is None and reg.authenticate(ch.token) is None
         assert list(paths.channels.iterdir()) == []
+
+    def test_a_minted_token_is_live_here_at_once_and_elsewhere_once_published(self, brain: Path) -> None:
+        """mint: the token works in this process at once; other processes see it once ``publish`` wrote its file
+        (the daemon runs it just before the agent starts), which also makes a missing directory."""
+        paths = BrainPaths(brain)
+        reg = ChannelRegistry(paths)
+        ch, publish = reg.mint("deploy", spawn="run-1/a/1")
+        assert ch.token is not None and reg.authenticate(ch.token) == ch
+        assert ChannelRegistry(paths).authenticate(ch.token) is None and not paths.channels.exists()
+        publish()
+        assert ChannelRegistry(paths).authenticate(ch.token) == ch
+        assert oct(paths.channels.stat().st_mode & 0o777) == "0o700"
+        with pytest.raises(InputError):
+            reg.mint("../evil")
 
     def test_channel_from_env(self, brain: Path) -> None:
         """The CLI is human without a token, the token's principal with a live one, nobody with a dead one."""

@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 import pytest
+import structlog.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -436,10 +437,10 @@ class TestRun:
         assert runner.live_pids == [] and no_zombie_children()
 
     async def test_on_spawn_hook(self, make_req: Callable[..., RunRequest]) -> None:
-        """on_spawn gets the pid (= process group id) of each agent and its start time (read off the loop, as
-        /proc tells it: orphan checks compare it); a failing hook does not break the run."""
+        """on_spawn gets the pid (= process group id) of each agent and its start time (from the boot clock, as
+        /proc tells it to a tick: orphan checks compare them); a failing hook does not break the run."""
         from ambient.locks import process_start_time
-        from ambient.runners.command import spawns_off_loop
+        from ambient.runners.command import waits_by_pidfd
 
         seen: list[tuple[int, float | None]] = []
 
@@ -452,8 +453,10 @@ class TestRun:
         assert await async_wait_until(lambda: bool(seen), 10)
         ((pid, started),) = seen
         assert runner.live_pids == [pid]
-        if spawns_off_loop():
-            assert started is not None and started == process_start_time(pid)
+        if waits_by_pidfd():
+            from_proc = process_start_time(pid)
+            assert started is not None and from_proc is not None
+            assert abs(started - from_proc) <= 0.05  # a clock tick, and the start itself
         else:
             assert started is None  # the daemon's hook reads it then
         task.cancel()
@@ -461,6 +464,25 @@ class TestRun:
             await task
         res = await CommandRunner(on_spawn=hook).run(make_req(), stub("ok"))
         assert res.status == "success" and seen[1][0] == res.pid
+
+    async def test_before_start_runs_first(self, make_req: Callable[..., RunRequest], tmp_path: Path) -> None:
+        """``before_start`` runs before the agent starts (the agent reads what it wrote); if it fails, no agent
+        starts and the result is a spawn_failed error naming the problem."""
+        answer = tmp_path / "answer.json"
+
+        def write_answer() -> None:
+            answer.write_text('{"written_by": "before_start"}')
+
+        cfg = parse_runner_config({"kind": "command", "argv": ["/bin/cat", str(answer)]})
+        res = await CommandRunner().run(make_req(before_start=write_answer), cfg)
+        assert res.status == "success" and res.result == {"written_by": "before_start"}
+
+        def fail() -> None:
+            raise OSError(28, "No space left on device")
+
+        res = await CommandRunner().run(make_req(before_start=fail), stub("ok"))
+        assert (res.status, res.reason, res.pid) == ("error", "spawn_failed", None)
+        assert "No space left on device" in (res.error or "")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -647,8 +669,13 @@ class TestKilling:
         runner.reopen()
         assert (await runner.run(make_req(), stub("ok"))).status == "success"
 
-    async def test_agent_started_during_terminate_all(self, make_req: Callable[..., RunRequest]) -> None:
-        """An agent whose start overlaps terminate_all is killed as well, not left running."""
+    async def test_agent_started_during_terminate_all(self, make_req: Callable[..., RunRequest],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+        """An agent whose start overlaps terminate_all is killed as well, not left running (asyncio's subprocess
+        start awaits; a Popen start on the loop cannot overlap anything)."""
+        from ambient.runners import command as command_mod
+
+        monkeypatch.setattr(command_mod, "waits_by_pidfd", lambda: False)
         runner = CommandRunner()
         task = asyncio.create_task(runner.run(make_req(), stub("hang")))
         await asyncio.sleep(0)  # the run is now inside create_subprocess_exec, not yet registered
@@ -657,6 +684,14 @@ class TestKilling:
         res = await asyncio.wait_for(task, 30)
         assert (res.reason, res.killed) == ("shutdown", True) and res.pid is not None
         assert gone(res.pid)
+
+    async def test_run_queued_behind_terminate_all_never_starts(self, make_req: Callable[..., RunRequest]) -> None:
+        """A run whose task had not started when terminate_all ran is refused: no agent is started."""
+        runner = CommandRunner()
+        task = asyncio.create_task(runner.run(make_req(), stub("hang")))
+        assert await runner.terminate_all(grace=1) == 0
+        res = await asyncio.wait_for(task, 30)
+        assert (res.reason, res.pid, res.killed) == ("shutdown", None, False)
 
     async def test_stopped_agent_is_killed(self, make_req: Callable[..., RunRequest]) -> None:
         """A SIGSTOPped agent is still killed at timeout (SIGCONT follows SIGTERM)."""
@@ -671,78 +706,39 @@ class TestKilling:
 
 
 class TestSpawning:
-    """Agents start in a thread (``fork_exec`` blocked the event loop until the child exec'd) and are waited for
-    through a pidfd; without pidfds, through asyncio's subprocess support."""
-
-    @staticmethod
-    def held_popen(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event, list[int]]:
-        """Make ``Popen`` wait for ``release`` before starting the agent (``entered`` set on the way); pids go to
-        the returned list."""
-        from ambient.runners import command as command_mod
-
-        entered, release = threading.Event(), threading.Event()
-        pids: list[int] = []
-        real = subprocess.Popen
-
-        def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
-            entered.set()
-            assert release.wait(30)
-            proc = real(*args, **kwargs)
-            pids.append(proc.pid)
-            return proc
-
-        monkeypatch.setattr(command_mod.subprocess, "Popen", popen)
-        return entered, release, pids
-
-    async def test_the_loop_runs_while_an_agent_starts(self, make_req: Callable[..., RunRequest],
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-        """While an agent is being started, other work on the event loop goes on; the agent then runs as usual."""
-        from ambient.runners.command import spawns_off_loop
-
-        if not spawns_off_loop():
-            pytest.skip("no pidfd_open here: agents start through asyncio on the loop")
-        entered, release, pids = self.held_popen(monkeypatch)
-        task = asyncio.create_task(CommandRunner().run(make_req(), stub("ok")))
-        assert await async_wait_until(entered.is_set, 10)
-        ticks = 0
-        for _ in range(20):  # the loop is free: twenty iterations while the start is held
-            await asyncio.sleep(0)
-            ticks += 1
-        assert ticks == 20 and not task.done()
-        release.set()
-        res = await asyncio.wait_for(task, 30)
-        assert res.status == "success" and res.pid == pids[0] and reaped(pids[0])
-
-    async def test_cancel_during_the_start_kills_the_agent(self, make_req: Callable[..., RunRequest],
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-        """Cancelled while its agent is being started, the run waits for the start, kills and reaps the agent."""
-        from ambient.runners.command import spawns_off_loop
-
-        if not spawns_off_loop():
-            pytest.skip("no pidfd_open here: agents start through asyncio on the loop")
-        entered, release, pids = self.held_popen(monkeypatch)
-        runner = CommandRunner()
-        task = asyncio.create_task(runner.run(make_req(), stub("hang")))
-        assert await async_wait_until(entered.is_set, 10)
-        task.cancel()
-        await asyncio.sleep(0)
-        release.set()
-        with pytest.raises(asyncio.CancelledError):
-            await asyncio.wait_for(task, 30)
-        assert len(pids) == 1 and gone(pids[0]) and reaped(pids[0])
-        assert runner.live_pids == []
+    """Agents start with ``Popen`` on the loop and are waited for through a pidfd; without pidfds, through
+    asyncio's subprocess support."""
 
     async def test_without_pidfds_agents_start_through_asyncio(self, make_req: Callable[..., RunRequest],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
         """Where pidfds are missing (other kernels), the runner uses asyncio's subprocesses: same results."""
         from ambient.runners import command as command_mod
 
-        monkeypatch.setattr(command_mod, "spawns_off_loop", lambda: False)
+        monkeypatch.setattr(command_mod, "waits_by_pidfd", lambda: False)
         runner = CommandRunner()
         ok = await runner.run(make_req(), stub("ok"))
         assert ok.status == "success" and ok.exit_code == 0
         slow = await runner.run(make_req(), stub("hang", timeout_s=0.5, kill_grace_s=0.5))
         assert (slow.reason, slow.killed) == ("timeout", True) and gone(slow.pid or 0)
+
+    async def test_background_jobs_run_and_failures_are_logged(self) -> None:
+        """in_background runs a job off the loop without being awaited; a failing job is logged, not raised."""
+        from ambient.runners.command import in_background
+
+        ran = threading.Event()
+        in_background(ran.set)
+        assert await async_wait_until(ran.is_set, 10)
+        failed = threading.Event()
+
+        def boom() -> None:
+            failed.set()
+            raise OSError("disk gone")
+
+        with structlog.testing.capture_logs() as logs:
+            in_background(boom)
+            assert await async_wait_until(failed.is_set, 10)
+            assert await async_wait_until(lambda: any(e["event"] == "background_job_failed" for e in logs), 10)
+        assert any("disk gone" in e.get("error", "") for e in logs)
 
 
 def test_pidfd_watcher_on_311_waits_for_agents_without_threads(tmp_path: Path) -> None:

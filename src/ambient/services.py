@@ -10,6 +10,7 @@ Evaluators: workflows (start runs), inbox (packets from ``ambient send``), escal
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Iterable, Mapping
@@ -30,6 +31,7 @@ from ambient.notify import Message, Outbox, escalation_message
 from ambient.packet import Packet, make_packet
 from ambient.router import Channel, Router, read_inbox
 from ambient.runners import AgentResult, Runners, RunRequest
+from ambient.runners.command import in_background
 from ambient.runs import Attempt, AttemptResult, EscalationRequest, RunManager, item_claim_id
 from ambient.runstate import ItemState, RunState
 
@@ -72,12 +74,6 @@ class AgentDelegate:
         # (agent, run) -> (handoff.md signature, handoff text); see _handoff.
         self._handoffs: dict[tuple[str, str], tuple[tuple[int, int] | None, asyncio.Future[str]]] = {}
         self._handoff_checked: dict[tuple[str, str], float] = {}  # key → when handoff.md was last stat'ed
-        self._revoking: set[asyncio.Future[None]] = set()  # channel files being deleted (see _run)
-
-    def _revoke_done(self, done: asyncio.Future[None]) -> None:
-        self._revoking.discard(done)
-        if not done.cancelled() and done.exception() is not None:
-            log.warning("channel_revoke_failed", error=str(done.exception()))
 
     async def attempt(self, a: Attempt) -> AttemptResult:
         started = time.monotonic()
@@ -123,26 +119,25 @@ class AgentDelegate:
         return await self._reply(a, res, started)
 
     async def _run(self, a: Attempt, packet: Packet, cfg: Any) -> AgentResult:
-        channel = None
-        if getattr(cfg, "kind", None) == "command" and self.router.registry is not None:
-            channel = await asyncio.to_thread(self.router.registry.issue, a.agent, spawn=a.key)
+        registry = self.router.registry
+        channel = publish = None
+        if getattr(cfg, "kind", None) == "command" and registry is not None:
+            # The token is live here at once; its file is written by the thread that starts the agent and deleted
+            # in the background after it (awaiting a thread hop for each cost an item ~6 ms in a fan-out).
+            channel, publish = registry.mint(a.agent, spawn=a.key)
         handoff = await self._handoff(a) if self.live is not None else None
         req = RunRequest(
             packet=packet.to_dict(), agent=a.agent, run_id=a.run_id, item=a.item, attempt=a.attempt, key=a.key,
             channel_token=channel.token if channel is not None and channel.token else "",
             brain=self.ref.brain.paths.root, vars={k: str(v) for k, v in a.vars.items() if _scalar(v)},
-            handoff=handoff or None,
+            handoff=handoff or None, before_start=publish,
         )
         try:
             return await self.runners.run(req, cfg)
         finally:
-            if channel is not None and self.router.registry is not None:
-                # Void at once for the router; the file goes in the background: awaiting that thread hop cost
-                # each command item ~7 ms of latency in a fan-out (bench/fanout.py (b)).
-                self.router.registry.disown(channel)
-                revoking = asyncio.get_running_loop().run_in_executor(None, self.router.registry.revoke, channel)
-                self._revoking.add(revoking)
-                revoking.add_done_callback(self._revoke_done)
+            if channel is not None and registry is not None:
+                registry.disown(channel)  # void at once for this process's router, then the file goes
+                in_background(functools.partial(registry.revoke, channel))
 
     async def _handoff(self, a: Attempt) -> str:
         """The agent's handoff, summarised once per (agent, run) unless ``handoff.md`` is rewritten meanwhile.

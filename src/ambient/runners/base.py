@@ -7,7 +7,7 @@ returned (its JSON) into an :class:`AgentResult`. The runners (command, callable
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
@@ -328,6 +328,8 @@ class RunRequest:
     the per-spawn secret the agent may use to talk back; it is never part of ``repr`` and never logged.
     ``vars`` are the workflow's template values for argv (``{{item}}`` and friends); the built-in names ``item``,
     ``run_id``, ``attempt``, ``key``, ``agent``, ``brain`` and ``python`` always win over them.
+    ``before_start`` is a blocking job a command runner runs off the event loop just before the agent starts (the
+    agent is not started if it raises): the daemon writes the channel file there; other runners ignore it.
     """
 
     packet: Mapping[str, Any]
@@ -340,6 +342,7 @@ class RunRequest:
     brain: Path
     vars: Mapping[str, str] = field(default_factory=dict)
     handoff: str | None = None
+    before_start: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def template_values(self, python: str) -> dict[str, str]:
         """The values argv templates may use (``python`` is the daemon's interpreter path)."""

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,7 +27,7 @@ import structlog
 
 from ambient.errors import InputError
 from ambient.fsutil import resolve_in_brain
-from ambient.locks import process_start_time
+from ambient.locks import start_time_now
 from ambient.runners.base import (
     MAX_ENV_PACKET_BYTES,
     MAX_PACKET_BYTES,
@@ -260,52 +260,125 @@ def _packet_fd(data: bytes) -> int:
     return fd
 
 
-class _Capture(asyncio.Protocol):
-    """Receives one pipe of the agent: keeps the first ``limit`` bytes (stdout) or the last ``limit`` (stderr)."""
+def _set_if_pending(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
-    def __init__(self, limit: int, *, tail: bool, over: asyncio.Event | None = None) -> None:
-        self._limit = limit
-        self._tail = tail
-        self._over_event = over
-        self.data = bytearray()
-        self.total = 0
+
+class _Pipes:
+    """The agent's stdout and stderr, read by ``add_reader`` callbacks, and one waiter woken when something changes.
+
+    Keeps the first ``out_cap`` bytes of stdout (past them: discarded and ``over`` set, the group is then killed)
+    and the last ``err_tail`` bytes of stderr. Owns both (non-blocking) fds from construction: :meth:`close`.
+
+    Performance (bench/fanout.py (b)): two read transports with their protocols and futures, plus the tasks and
+    ``asyncio.wait`` calls of supervision, cost ~45 loop callbacks per agent; this costs about six (a read or two
+    per pipe, the exit, a wake-up per wait).
+    """
+
+    def __init__(self, out_fd: int, err_fd: int, out_cap: int, err_tail: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._out_fd, self._err_fd = out_fd, err_fd
+        self._open = {out_fd, err_fd}
+        self._out_cap, self._err_tail = out_cap, err_tail
+        self._out = bytearray()
+        self._err = bytearray()
+        self._waiter: asyncio.Future[None] | None = None
         self.over = False
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            for fd in (out_fd, err_fd):
+                self._loop.add_reader(fd, self._readable, fd)
+        except BaseException:
+            self.close()
+            raise
 
-    def data_received(self, data: bytes) -> None:
-        """Keep what fits; past the cap of stdout, discard (the group is being killed) and flag it."""
-        self.total += len(data)
-        if self._tail:
-            self.data += data
-            if len(self.data) > self._limit:
-                del self.data[: len(self.data) - self._limit]
-        elif not self.over:
-            if len(self.data) + len(data) > self._limit:
-                self.over = True
-                if self._over_event is not None:
-                    self._over_event.set()
-            else:
-                self.data += data
+    @property
+    def stdout(self) -> bytes:
+        return bytes(self._out)
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        """EOF (every writer closed the pipe) or the transport was closed."""
-        if not self.closed.done():
-            self.closed.set_result(None)
+    @property
+    def stderr_tail(self) -> bytes:
+        return bytes(self._err)
+
+    @property
+    def out_closed(self) -> bool:
+        """Stdout reached EOF: every process that held it has closed it."""
+        return self._out_fd not in self._open
+
+    @property
+    def closed(self) -> bool:
+        return not self._open
+
+    def _readable(self, fd: int) -> None:
+        # A few reads per call: the data and the EOF right behind it usually come in one callback; bounded so
+        # that a flood cannot keep the loop from its other work.
+        for _ in range(4):
+            try:
+                data = os.read(fd, _CHUNK)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._close(fd)
+                self.wake()
+                return
+            if fd == self._err_fd:
+                self._err += data
+                if len(self._err) > self._err_tail:
+                    del self._err[: len(self._err) - self._err_tail]
+            elif not self.over:
+                if len(self._out) + len(data) > self._out_cap:
+                    self.over = True
+                    self.wake()
+                else:
+                    self._out += data
+
+    def _close(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            self._loop.remove_reader(fd)
+            os.close(fd)
+
+    def wake(self) -> None:
+        """Something changed (a pipe closed, the cap was passed, the agent exited): the waiter looks again."""
+        if self._waiter is not None:
+            _set_if_pending(self._waiter)
+
+    async def until(self, ready: Callable[[], bool], deadline: float) -> bool:
+        """Wait until ``ready()`` holds or the loop's clock reaches ``deadline``; returns ``ready()``."""
+        loop = self._loop
+        while not ready():
+            delay = deadline - loop.time()
+            if delay <= 0:
+                return False
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(delay, _set_if_pending, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        return True
+
+    def close(self) -> None:
+        """Stop reading; close what is still open (a pipe held by a process that escaped the group is abandoned)."""
+        for fd in list(self._open):
+            self._close(fd)
 
 
-async def _attach(fd: int, protocol: _Capture) -> asyncio.ReadTransport:
-    loop = asyncio.get_running_loop()
-    try:
-        pipe = os.fdopen(fd, "rb", buffering=0)
-    except BaseException:
-        os.close(fd)
-        raise
-    try:
-        transport, _ = await loop.connect_read_pipe(lambda: protocol, pipe)
-    except BaseException:
-        pipe.close()
-        raise
-    return transport
+def _on_exit(proc: _Proc, callback: Callable[[], None]) -> Callable[[], None]:
+    """Call ``callback`` when ``proc`` has exited (its returncode is set); returns the undo."""
+    if isinstance(proc, _Child):
+        proc.on_exit = callback
+        return functools.partial(setattr, proc, "on_exit", None)
+    waiting = asyncio.ensure_future(proc.wait())  # asyncio's subprocess (no pidfd here): rare path
+    waiting.add_done_callback(lambda _: callback())
+
+    def undo() -> None:
+        waiting.cancel()
+
+    return undo
 
 
 def _close_transport(proc: _Proc) -> None:
@@ -317,42 +390,37 @@ def _close_transport(proc: _Proc) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Starting agents off the event loop
+# Starting agents
 
 
-_SPAWN_POOL: ThreadPoolExecutor | None = None
+def waits_by_pidfd() -> bool:
+    """Whether agents are started by ``subprocess.Popen`` and waited for through a pidfd (Linux 5.3+).
 
-
-def _spawn_pool() -> ThreadPoolExecutor:
-    global _SPAWN_POOL  # one small pool per process, made on first use
-    if _SPAWN_POOL is None:
-        _SPAWN_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="spawn")
-    return _SPAWN_POOL
-
-
-def spawns_off_loop() -> bool:
-    """Whether agents start in a thread and are waited for through a pidfd (Linux 5.3+), not on the loop."""
+    Elsewhere they start through asyncio's subprocesses (one child watcher per agent).
+    """
     return hasattr(os, "pidfd_open")
 
 
 class _Child:
-    """An agent started by ``subprocess.Popen`` in a thread, waited for through a pidfd on the event loop.
+    """An agent started by ``subprocess.Popen`` on the loop, waited for through a pidfd.
 
-    Performance (bench/fanout.py (b)): ``asyncio.create_subprocess_exec`` runs ``fork_exec`` on the loop,
-    and the loop stays blocked until the child has exec'd: 1-2 ms per agent in the daemon, 40 % of the
-    loop's time in a fan-out of command agents (py-spy). ``fork_exec`` lets the GIL go, so a thread can
-    carry it while the loop serves the other items.
+    Performance (bench/fanout.py (b)): ``fork_exec`` vforks, so the loop waits only until the child has exec'd
+    (median 0.2 ms, p90 ~1 ms in a busy fan-out). Starting agents in threads was measured slower: each start
+    became GIL hand-offs with the busy loop, starts took ~5 ms and queued ~30 ms behind each other, and a
+    fan-out ran 310-330 agents/s against 410-480 started on the loop. What a thread would protect against, an
+    ``execve`` stuck on a hung network filesystem, blocks asyncio's own subprocesses just the same.
     """
 
-    def __init__(self, popen: subprocess.Popen[Any], start_time: float | None = None) -> None:
+    def __init__(self, popen: subprocess.Popen[Any], pidfd: int, start_time: float | None = None) -> None:
         self._popen = popen
         self.pid = popen.pid
         self.start_time = start_time
         self.returncode: int | None = None
+        self.on_exit: Callable[[], None] | None = None
         self._loop = asyncio.get_running_loop()
         self._exited: asyncio.Future[int] = self._loop.create_future()
-        self._pidfd = os.pidfd_open(self.pid)  # our unreaped child: valid even if it has exited already
-        self._loop.add_reader(self._pidfd, self._reap)
+        self._pidfd = pidfd  # of our unreaped child: valid even if it has exited already
+        self._loop.add_reader(pidfd, self._reap)
 
     def _reap(self) -> None:
         try:
@@ -367,6 +435,8 @@ class _Child:
         self._loop.remove_reader(self._pidfd)
         os.close(self._pidfd)
         self._exited.set_result(code)
+        if self.on_exit is not None:
+            self.on_exit()
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exited)
@@ -376,11 +446,16 @@ class _StdinError(OSError):
     """The SPAWN packet could not be put where the agent reads its stdin."""
 
 
+class _SetupError(Exception):
+    """The request's ``before_start`` job failed: the agent was not started."""
+
+
 @contextlib.contextmanager
 def _child_stdio(packet: bytes) -> Iterator[tuple[int, int, int, int, int]]:
     """The agent's stdio: (stdin holding the packet, stdout writer, stderr writer, stdout reader, stderr reader).
 
-    The child's ends are closed on leaving (the child holds its own copies); the readers too if starting failed.
+    The readers are non-blocking (the agent's ends stay blocking). The child's ends are closed on leaving (the
+    child holds its own copies); the readers too if starting failed.
     """
     try:
         stdin_fd = _packet_fd(packet)
@@ -389,6 +464,8 @@ def _child_stdio(packet: bytes) -> Iterator[tuple[int, int, int, int, int]]:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
+        os.set_blocking(out_r, False)
+        os.set_blocking(err_r, False)
         yield stdin_fd, out_w, err_w, out_r, err_r
     except BaseException:
         os.close(out_r)
@@ -399,51 +476,75 @@ def _child_stdio(packet: bytes) -> Iterator[tuple[int, int, int, int, int]]:
             os.close(fd)
 
 
-def _launch(argv: list[str], packet: bytes, env: dict[str, str], cwd: Path
-            ) -> tuple[subprocess.Popen[Any], int, int, float | None]:
-    """Start an agent (blocking: run it in a thread): (process, stdout reader, stderr reader, start time)."""
-    with _child_stdio(packet) as (stdin_fd, out_w, err_w, out_r, err_r):
-        # An argv list from a validated config, each template value one element; no shell (S-07).
-        proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=out_w, stderr=err_w, env=env, cwd=cwd,  # noqa: S603
-                                start_new_session=True, close_fds=True)
-    # The start time (orphan checks after a crash tell a recycled pid by it) is read here too: /proc reads cost
-    # ~0.4 ms on the loop in a fan-out (cProfile), and this thread is already off it.
-    try:
-        started = process_start_time(proc.pid)
-    except Exception:  # noqa: BLE001 - an unreadable /proc entry must not fail the spawn
-        started = None
-    return proc, out_r, err_r, started
+def _before_start(req: RunRequest) -> None:
+    if req.before_start is not None:
+        try:
+            req.before_start()
+        except Exception as exc:
+            raise _SetupError(str(exc)) from exc
 
 
-async def _start(argv: list[str], packet: bytes, env: dict[str, str], cwd: Path) -> tuple[_Proc, int, int]:
+async def _start(req: RunRequest, argv: list[str], packet: bytes, env: dict[str, str], cwd: Path
+                 ) -> tuple[_Proc, int, int]:
     """Start an agent in its own session (its group can be killed whole): (process, stdout fd, stderr fd).
 
-    Raises OSError if it cannot start (:class:`_StdinError` when its stdin could not be made). Cancelled while
-    the thread is starting it, it waits for that start and kills and reaps what was started: a cancellation
-    never leaves an agent running unseen.
+    Raises OSError if it cannot start (:class:`_StdinError` when its stdin could not be made), :class:`_SetupError`
+    when ``req.before_start`` failed (the agent is then not started).
     """
-    if not spawns_off_loop():
+    _before_start(req)
+    if not waits_by_pidfd():
         with _child_stdio(packet) as (stdin_fd, out_w, err_w, out_r, err_r):
-            # S603 reviewed: as in _launch.
+            # S603 reviewed: as in _spawn.
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=stdin_fd, stdout=out_w, stderr=err_w, env=env, cwd=cwd, start_new_session=True,
                 close_fds=True,
             )
         return proc, out_r, err_r
-    starting = asyncio.get_running_loop().run_in_executor(
-        _spawn_pool(), functools.partial(_launch, argv, packet, env, cwd))
+    return _spawn(argv, packet, env, cwd)
+
+
+def _spawn(argv: list[str], packet: bytes, env: dict[str, str], cwd: Path) -> tuple[_Child, int, int]:
+    """Start an agent with ``Popen`` on the loop: it waits until the child has exec'd (vfork; see :class:`_Child`)."""
+    started = start_time_now()
+    with _child_stdio(packet) as (stdin_fd, out_w, err_w, out_r, err_r):
+        # An argv list from a validated config, each template value one element; no shell (S-07).
+        popen = subprocess.Popen(argv, stdin=stdin_fd, stdout=out_w, stderr=err_w, env=env, cwd=cwd,  # noqa: S603
+                                 start_new_session=True, close_fds=True)
+        try:
+            pidfd = os.pidfd_open(popen.pid)  # our unreaped child: valid even if it has exited already
+        except BaseException:
+            signal_group(popen.pid, signal.SIGKILL)
+            popen.wait()
+            raise
+    return _Child(popen, pidfd, started), out_r, err_r
+
+
+_BACKGROUND: list[ThreadPoolExecutor] = []
+
+
+def in_background(job: Callable[[], None]) -> None:
+    """Run a blocking job in a thread of its own pool, never waited for; a failure is logged.
+
+    For the clean-up after an agent (deleting its channel file): an executor future chained back to the loop
+    costs the loop a wake-up and callbacks per agent for a result nobody waits for.
+    """
+    if not _BACKGROUND:
+        _BACKGROUND.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="ambient-cleanup"))
     try:
-        popen, out_r, err_r, started = await asyncio.shield(starting)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            popen, out_r, err_r, started = await starting
-            os.close(out_r)
-            os.close(err_r)
-            late = _Child(popen, started)
-            signal_group(late.pid, signal.SIGKILL)
-            await late.wait()
-        raise
-    return _Child(popen, started), out_r, err_r
+        done = _BACKGROUND[0].submit(job)
+    except RuntimeError:  # the pool is shut down (interpreter exit): do it here
+        done = Future()
+        try:
+            job()
+            done.set_result(None)
+        except Exception as exc:  # noqa: BLE001 - logged below, like a failure in the pool
+            done.set_exception(exc)
+    done.add_done_callback(_log_job_failure)
+
+
+def _log_job_failure(done: Future[None]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.warning("background_job_failed", error=str(done.exception()))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -515,7 +616,11 @@ class CommandRunner:
     async def run(
         self, req: RunRequest, cfg: CommandRunnerConfig | CallableRunnerConfig | AssistedRunnerConfig
     ) -> AgentResult:
-        """Run the command agent of ``req``; never raises for agent failures; re-raises cancellation."""
+        """Run the command agent of ``req``; never raises for agent failures; re-raises cancellation.
+
+        ``req.before_start`` runs off the loop just before the agent starts (not at all if the request is refused
+        first).
+        """
         if not isinstance(cfg, CommandRunnerConfig):
             msg = f"CommandRunner cannot run a {cfg.kind!r} runner config"
             raise TypeError(msg)
@@ -530,7 +635,9 @@ class CommandRunner:
         except (TemplateError, InputError) as exc:
             return error_result("bad_request", _redact(str(exc), req))
         try:
-            proc, out_r, err_r = await _start(argv, packet_json.encode(), env, cwd)
+            proc, out_r, err_r = await _start(req, argv, packet_json.encode(), env, cwd)
+        except _SetupError as exc:
+            return error_result("spawn_failed", _redact(f"cannot prepare the agent's start: {exc}", req))
         except _StdinError as exc:
             return error_result("spawn_failed", exc.strerror or str(exc))
         except OSError as exc:
@@ -569,20 +676,14 @@ class CommandRunner:
         self, live: _Live, cfg: CommandRunnerConfig, out_r: int, err_r: int, started: float
     ) -> AgentResult:
         proc = live.proc
-        over = asyncio.Event()
-        out = _Capture(cfg.max_output_bytes, tail=False, over=over)
-        err = _Capture(cfg.stderr_tail_bytes, tail=True)
-        transports: list[asyncio.ReadTransport] = []
-        exit_task = asyncio.create_task(proc.wait())
-        over_task = asyncio.create_task(over.wait())
         try:
-            try:
-                transports.append(await _attach(out_r, out))
-            except BaseException:
-                os.close(err_r)
-                raise
-            transports.append(await _attach(err_r, err))
-            reason = live.kill_reason or await self._watch(cfg, out, exit_task, over_task)
+            pipes = _Pipes(out_r, err_r, cfg.max_output_bytes, cfg.stderr_tail_bytes)
+        except BaseException:
+            signal_group(live.pgid, signal.SIGKILL)
+            raise
+        unhook = _on_exit(proc, pipes.wake)
+        try:
+            reason = live.kill_reason or await self._watch(cfg, pipes, proc)
             reason = live.kill_reason or reason  # terminate_all() may have stopped it meanwhile (shutdown)
             if reason is not None:
                 live.kill_reason = reason
@@ -591,7 +692,7 @@ class CommandRunner:
                 # The agent exited but left processes in its group (a background child): they go with it.
                 log.warning("agent_left_processes", agent=live.req.agent, pgid=live.pgid)
                 await terminate_group(live.pgid, grace=cfg.kill_grace_s)
-            await self._drain(live, out, err, exit_task)
+            await self._drain(live, pipes)
         except BaseException:
             # Cancellation (daemon shutdown) or an unexpected error: never leave the agent's tree running.
             live.kill_reason = live.kill_reason or "shutdown"
@@ -602,55 +703,39 @@ class CommandRunner:
                 raise
             raise
         finally:
-            for transport in transports:
-                transport.close()
-            for task in (exit_task, over_task):
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(exit_task, over_task, return_exceptions=True)
+            pipes.close()
+            unhook()
             if proc.returncode is not None:
                 _close_transport(proc)
-        return self._result(live, cfg, out, err, started)
+        return self._result(live, cfg, pipes, started)
 
-    async def _watch(
-        self, cfg: CommandRunnerConfig, out: _Capture, exit_task: asyncio.Task[int], over_task: asyncio.Task[Any]
-    ) -> Reason | None:
+    async def _watch(self, cfg: CommandRunnerConfig, pipes: _Pipes, proc: _Proc) -> Reason | None:
         """Wait for the agent to finish; the reason to kill it, or None if it ended by itself."""
-        try:
-            async with asyncio.timeout(cfg.timeout_s):
-                # asyncio.wait never cancels what it waits for (awaiting a task directly would, on timeout).
-                await asyncio.wait({exit_task, over_task}, return_when=asyncio.FIRST_COMPLETED)
-                if not out.over:
-                    # The leader exited: its stdout reaches EOF at once unless a leftover child still holds it.
-                    await asyncio.wait({out.closed, over_task}, timeout=_LINGER_S, return_when=asyncio.FIRST_COMPLETED)
-        except TimeoutError:
+        deadline = asyncio.get_running_loop().time() + cfg.timeout_s
+        if not await pipes.until(lambda: proc.returncode is not None or pipes.over, deadline):
             return "timeout"
-        return "output_over_cap" if out.over else None
+        if not pipes.over:
+            # The leader exited: its stdout reaches EOF at once unless a leftover child still holds it.
+            linger = min(deadline, asyncio.get_running_loop().time() + _LINGER_S)
+            if not await pipes.until(lambda: pipes.out_closed or pipes.over, linger) and linger == deadline:
+                return "timeout"
+        return "output_over_cap" if pipes.over else None
 
-    async def _drain(self, live: _Live, out: _Capture, err: _Capture, exit_task: asyncio.Task[int]) -> None:
+    async def _drain(self, live: _Live, pipes: _Pipes) -> None:
         """Let the pipes reach EOF and the leader be reaped, each bounded in time."""
-        pending = {f for f in (out.closed, err.closed) if not f.done()}
-        if pending:
-            _, still = await asyncio.wait(pending, timeout=_DRAIN_S)
-            if still:  # only a process that escaped the group with setsid() can still hold a pipe
-                log.warning("agent_pipe_held_open", agent=live.req.agent, pgid=live.pgid)
-        if not exit_task.done():
-            await asyncio.wait({exit_task}, timeout=_REAP_S)
-            if not exit_task.done():
-                signal_group(live.pgid, signal.SIGKILL)
-                log.error("agent_not_reaped", agent=live.req.agent, pid=live.proc.pid)
+        proc = live.proc
+        loop = asyncio.get_running_loop()
+        if not await pipes.until(lambda: pipes.closed, loop.time() + _DRAIN_S):
+            # Only a process that escaped the group with setsid() can still hold a pipe.
+            log.warning("agent_pipe_held_open", agent=live.req.agent, pgid=live.pgid)
+        if not await pipes.until(lambda: proc.returncode is not None, loop.time() + _REAP_S):
+            signal_group(live.pgid, signal.SIGKILL)
+            log.error("agent_not_reaped", agent=live.req.agent, pid=proc.pid)
 
-    def _result(
-        self,
-        live: _Live,
-        cfg: CommandRunnerConfig,
-        out: _Capture,
-        err: _Capture,
-        started: float,
-    ) -> AgentResult:
+    def _result(self, live: _Live, cfg: CommandRunnerConfig, pipes: _Pipes, started: float) -> AgentResult:
         req = live.req
-        stdout = bytes(out.data)
-        stderr_tail = _redact(bytes(err.data).decode("utf-8", "replace"), req)
+        stdout = pipes.stdout
+        stderr_tail = _redact(pipes.stderr_tail.decode("utf-8", "replace"), req)
         rc = live.proc.returncode
         facts: dict[str, Any] = {
             "exit_code": rc,
