@@ -16,6 +16,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from ambient import journal as journal_mod
 from ambient.journal import Journal, append_line, iter_jsonl, read_jsonl
 from ambient.paths import BrainPaths
 from ambient.runstate import fold
+from tests.conftest import async_wait_until
 from tests.test_runs import ITEMS, FakeDelegate, _manager
 
 SEED = 4242
@@ -287,3 +289,35 @@ async def test_commit_does_not_queue_behind_the_default_thread_pool(tmp_path: Pa
     finally:
         release.set()
         await asyncio.gather(*stuck)
+
+
+async def test_a_cancelled_committer_does_not_cancel_the_others(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Callers share a round: cancelling one leaves the round and the other callers alone; a later record gets
+    its own round; a journal closed with a commit pending wakes it instead of hanging."""
+    gate, entered = threading.Event(), threading.Event()
+    real = os.fsync
+
+    def held_fsync(fd: int) -> None:
+        entered.set()
+        assert gate.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(journal_mod.os, "fsync", held_fsync)
+    j = Journal(tmp_path / "j.jsonl")
+    j.write({"i": 1})
+    first = asyncio.ensure_future(j.commit())
+    second = asyncio.ensure_future(j.commit())
+    assert await async_wait_until(entered.is_set, 10)  # the round is in flight, held
+    first.cancel()
+    j.write({"i": 2})
+    third = asyncio.ensure_future(j.commit())
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(second, third), 10)
+    assert first.cancelled() and j._synced == j._written == 2
+    j.write({"i": 3})
+    pending = asyncio.ensure_future(j.commit())
+    j.close()  # before the round starts: close() syncs, the commit is answered
+    await asyncio.wait_for(pending, 10)
+    assert [r["i"] for r in read_jsonl(tmp_path / "j.jsonl").records] == [1, 2, 3]
