@@ -465,9 +465,17 @@ class TestRun:
         res = await CommandRunner(on_spawn=hook).run(make_req(), stub("ok"))
         assert res.status == "success" and seen[1][0] == res.pid
 
-    async def test_before_start_runs_first(self, make_req: Callable[..., RunRequest], tmp_path: Path) -> None:
+    @pytest.mark.parametrize("pidfd", [True, False], ids=["popen-pidfd", "asyncio-subprocess"])
+    async def test_before_start_runs_first(self, make_req: Callable[..., RunRequest], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch, pidfd: bool) -> None:
         """``before_start`` runs before the agent starts (the agent reads what it wrote); if it fails, no agent
-        starts and the result is a spawn_failed error naming the problem."""
+        starts and the result is a spawn_failed error naming the problem. Both ways of starting agents."""
+        from ambient.runners import command as command_mod
+        from ambient.runners.command import waits_by_pidfd
+
+        if pidfd and not waits_by_pidfd():
+            pytest.skip("no pidfd_open here")
+        monkeypatch.setattr(command_mod, "waits_by_pidfd", lambda: pidfd)
         answer = tmp_path / "answer.json"
 
         def write_answer() -> None:
