@@ -137,9 +137,9 @@ class ChannelRegistry:
              ) -> tuple[Channel, Callable[[], None]]:
         """Like :meth:`issue`, but the file other processes check the token against is written by ``publish()``.
 
-        The token is live in this process at once; run ``publish`` (blocking) before the agent starts, e.g. in the
-        thread that starts it: a thread hop awaited per command agent just for this file cost a fan-out ~7 % of
-        its throughput (bench/fanout.py (b)).
+        The token is live in this process at once; run ``publish`` (blocking, a few syscalls) just before the agent
+        starts (the command runner's ``before_start``): a thread hop awaited per command agent just for this file
+        cost a fan-out ~7 % of its throughput (bench/fanout.py (b)).
         """
         if not _NAME_RE.match(principal):
             raise InputError(f"{principal!r} is not a principal name")
