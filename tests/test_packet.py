@@ -112,6 +112,17 @@ class TestSignals:
         assert parse_packet(pkt.to_json().encode()) == pkt
         assert json.loads(pkt.to_json())["from"] == pkt.from_
 
+    @pytest.mark.parametrize("signal", list(Signal))
+    def test_wire_view_is_the_json_form_without_copies(self, signal: Signal) -> None:
+        """wire_view (what the live threads read) holds the same routing fields and payload as to_dict."""
+        pkt = parse_packet(VALID[signal])
+        full = pkt.to_dict()
+        view = pkt.wire_view()
+        assert view == {k: v for k, v in full.items() if k in view}
+        assert set(full) - set(view) == {"id", "ts", "scope"}
+        assert json.loads(json.dumps(view)) == view  # plain JSON, as the wire form
+        assert view["payload"]["context"] is pkt.payload.context  # shared, not copied
+
     def test_unknown_signal(self) -> None:
         """An unknown signal (kind mismatch) is rejected as an enum error listing the signals."""
         assert types_of(raw(signal="REQUEST")) == {"enum"}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ambient.errors import UnsafePathError
@@ -114,3 +114,40 @@ def test_dotdot_anywhere_is_rejected(parts: list[str]) -> None:
     """A '..' component anywhere is rejected, even when it would stay inside (a/b/../c)."""
     with pytest.raises(UnsafePathError):
         normalize("/".join(parts))
+
+
+_SEGMENTS = st.sampled_from(["a", "b", "ab", "profil", "capital.md", "x.md", ".hidden"])
+_PATHS = st.builds(
+    lambda parts, folder: "/".join(parts) + ("/" if folder else ""),
+    st.lists(_SEGMENTS, min_size=1, max_size=4),
+    st.booleans(),
+)
+# Few prefixes, so that duplicates (first one wins) and files beside folders of the same name are common.
+_PREFIXES = st.one_of(
+    st.sampled_from(["a", "a/", "a/b", "a/b/", "ab/", "profil/", "profil/capital.md", ".hidden/"]),
+    st.sampled_from(["/", "a//", "./a", "a/./b/"]),
+    _PATHS,
+)
+_ZONE_NAMES = st.sampled_from([KERNEL, PROJECT, PERSONAL, "custom"])
+
+
+def _scan_every_rule(path: str, rules: tuple[ZoneRule, ...]) -> str:
+    """The rule of the module docstring, written plainly: the most specific match, first among equals."""
+    clean = normalize(path)
+    best: ZoneRule | None = None
+    for rule in rules:
+        if rule.matches(clean) and (best is None or rule.specificity > best.specificity):
+            best = rule
+    return best.zone if best is not None else PROJECT
+
+
+@given(st.lists(st.builds(ZoneRule, prefix=_PREFIXES, zone=_ZONE_NAMES), max_size=8), _PATHS)
+@example([ZoneRule(prefix="a/", zone=KERNEL), ZoneRule(prefix="a/", zone=PERSONAL)], "a/b")
+@example([ZoneRule(prefix="a", zone=KERNEL), ZoneRule(prefix="a", zone=PERSONAL)], "a")
+@example([ZoneRule(prefix="a/", zone=KERNEL), ZoneRule(prefix="a", zone=PERSONAL)], "a/")
+def test_compiled_lookup_agrees_with_testing_every_rule(rules: list[ZoneRule], path: str) -> None:
+    """zone_of answers from two lookups built once per rule tuple; it must agree with testing each rule,
+    for duplicates, exact files beside folders of the same name, folder scopes and odd prefixes."""
+    as_tuple = tuple(rules)
+    assert zone_of(path, as_tuple) == _scan_every_rule(path, as_tuple)
+    assert zone_of(path, iter(as_tuple)) == _scan_every_rule(path, as_tuple)  # not a tuple: no lookups

@@ -562,7 +562,7 @@ class Daemon:
             records = []
             for pkt in batch:
                 try:
-                    rec = turn_record(pkt.to_dict(), ts=pkt.ts, correlation_id=pkt.correlation_id)
+                    rec = turn_record(pkt.wire_view(), ts=pkt.ts, correlation_id=pkt.correlation_id)
                 except (AmbientError, ValueError) as exc:
                     log.warning("live_context_append_failed", error=str(exc))
                     continue

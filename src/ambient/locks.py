@@ -102,6 +102,9 @@ def _warn(event: str, **fields: Any) -> None:
 # -- names
 
 
+_QUOTE_FREE: Final = re.compile(r"[A-Za-z0-9_.~/-]+")
+
+
 @lru_cache(maxsize=1024)
 def encode_path(file: str) -> tuple[str, str]:
     """(normalised brain-relative path, lock file name) for ``file``; refuses anything that could escape.
@@ -120,7 +123,8 @@ def encode_path(file: str) -> tuple[str, str]:
         raise UnsafePathError(f"lock path {file!r} contains a control or line-break character")
     if folder:
         rel += "/"
-    name = quote(rel, safe="")
+    # quote() leaves letters, digits and "_.-~" as they are: a path of only those and "/" needs no scan.
+    name = rel.replace("/", "%2F") if _QUOTE_FREE.fullmatch(rel) else quote(rel, safe="")
     if name.startswith("."):
         name = "%2E" + name[1:]  # a lock is never a hidden file (hidden names are temp files)
     name += LOCK_SUFFIX
@@ -481,11 +485,16 @@ class LockGrant:
     token: int
     expires: float  # epoch seconds
     ttl_s: float
-    path: Path
+    lock_file: str  # the lock file (see ``path``)
     instance: str
     refreshed: bool = False  # the same holder re-acquired: TTL refreshed, token kept
     took_over: LockStatus | None = None  # the expired/dead/stale lock that was replaced
     pid_bound: bool = True
+
+    @property
+    def path(self) -> Path:
+        """The lock file (built on demand: a fan-out makes a grant per item and never looks)."""
+        return Path(self.lock_file)
 
     @property
     def expires_at(self) -> datetime:
@@ -602,20 +611,36 @@ def parse_lock(raw: bytes, source: str) -> LockInfo:
 @lru_cache(maxsize=1024)
 def _q(text: str) -> str:
     # A JSON string is a valid YAML double-quoted scalar for printable text (holders and paths are checked).
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return f'"{text}"'  # what json.dumps gives for such text, without building an encoder (hot path)
     return json.dumps(text, ensure_ascii=False)
 
 
+_SECONDS: dict[int, tuple[str, str]] = {}  # whole second → (date and time, UTC offset) in local time
+
+
 def _local_iso(t: float) -> str:
-    """ISO 8601 local time with milliseconds and the offset in force at t (a hand-made isoformat: hot path)."""
-    lt = time.localtime(t)
-    off = lt.tm_gmtoff or 0
-    sign = "-" if off < 0 else "+"
-    off = abs(off)
+    """ISO 8601 local time with milliseconds and the offset in force at t (a hand-made isoformat: hot path).
+
+    Each lock renders two of these; the part that changes once a second is kept (``time.localtime`` and the
+    formatting were ~6 µs a call, bench/fanout.py).
+    """
+    sec = int(t // 1)
+    parts = _SECONDS.get(sec)
+    if parts is None:
+        lt = time.localtime(sec)
+        off = lt.tm_gmtoff or 0
+        sign = "-" if off < 0 else "+"
+        off = abs(off)
+        parts = (
+            f"{lt.tm_year:04d}-{lt.tm_mon:02d}-{lt.tm_mday:02d}T{lt.tm_hour:02d}:{lt.tm_min:02d}:{lt.tm_sec:02d}",
+            f"{sign}{off // 3600:02d}:{off % 3600 // 60:02d}",
+        )
+        if len(_SECONDS) >= 16:
+            _SECONDS.clear()
+        _SECONDS[sec] = parts
     ms = int((t % 1) * 1000)
-    return (
-        f"{lt.tm_year:04d}-{lt.tm_mon:02d}-{lt.tm_mday:02d}T{lt.tm_hour:02d}:{lt.tm_min:02d}:{lt.tm_sec:02d}"
-        f".{ms:03d}{sign}{off // 3600:02d}:{off % 3600 // 60:02d}"
-    )
+    return f"{parts[0]}.{ms:03d}{parts[1]}"
 
 
 def _ttl_min(ttl_s: float) -> int | float:
@@ -644,11 +669,21 @@ class _Inode:
     spare: str | None  # our private name for it
 
 
-@dataclass(frozen=True)
 class _Loc:
-    rel: str  # normalised brain-relative path
-    s: str  # the lock file, as a string for syscalls
-    path: Path  # the lock file
+    """Where a lock lives: its brain-relative path and its lock file (a string for syscalls, a Path on demand)."""
+
+    __slots__ = ("_path", "rel", "s")
+
+    def __init__(self, rel: str, s: str, path: Path | None = None) -> None:
+        self.rel = rel  # normalised brain-relative path
+        self.s = s
+        self._path = path
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            self._path = Path(self.s)
+        return self._path
 
 
 @dataclass
@@ -834,7 +869,7 @@ class LockManager:
                 )
             self._replace(loc, grant.holder, grant.token, now, ttl, grant.pid_bound)
         return LockGrant(
-            loc.rel, grant.holder, grant.token, now + ttl, ttl, loc.path, self.instance, refreshed=True,
+            loc.rel, grant.holder, grant.token, now + ttl, ttl, loc.s, self.instance, refreshed=True,
             pid_bound=grant.pid_bound,
         )
 
@@ -957,8 +992,7 @@ class LockManager:
         loc = self._locs.get(file)
         if loc is None:
             rel, name = encode_path(file)
-            path = self.dir / name
-            loc = _Loc(rel, str(path), path)
+            loc = _Loc(rel, f"{self._dir_s}/{name}")
             if len(self._locs) > 4096:
                 self._locs.clear()
             self._locs[file] = loc
@@ -1049,7 +1083,7 @@ class LockManager:
                         problem=took.problem,
                     )
                 return LockGrant(
-                    loc.rel, holder, token, now + ttl_s, ttl_s, loc.path, self.instance, took_over=took,
+                    loc.rel, holder, token, now + ttl_s, ttl_s, loc.s, self.instance, took_over=took,
                     pid_bound=pid_bound,
                 )
             status = self._inspect(loc, now)
@@ -1063,7 +1097,7 @@ class LockManager:
                     self._store_token(gfd, token)
                 self._replace(loc, holder, kept, now, ttl_s, pid_bound)
                 return LockGrant(
-                    loc.rel, holder, kept, now + ttl_s, ttl_s, loc.path, self.instance, refreshed=True,
+                    loc.rel, holder, kept, now + ttl_s, ttl_s, loc.s, self.instance, refreshed=True,
                     pid_bound=pid_bound,
                 )
             if not status.takeable:
