@@ -445,3 +445,24 @@ def test_bounding_takes_fast_paths_without_changing_the_result(value: Any) -> No
         expected = {"summary": text[: PAYLOAD_MAX_CHARS // 4] + "…"}
     got = bound_payload(value)
     assert got == expected and type(got) is type(expected)
+
+
+def test_recent_turns_are_the_newest_lines_across_a_rotation(tmp_path: Path) -> None:
+    """The handoff's turns come from the tail of the two newest files: the newest ``limit`` lines, oldest first,
+    without the torn last line or a corrupt line (what the full read skips too)."""
+    live = LiveContext(BrainPaths(tmp_path), max_bytes=4096, keep=3)
+    for i in range(40):
+        live.append_turn(turn(text=f"turn {i:03d} " + "z" * 100, minutes=i))
+    d = live.paths.live / "qa"
+    assert (d / "log.1.jsonl").exists()
+    with (d / "log.jsonl").open("a") as fh:
+        fh.write("not json\n\n")
+    with (d / "log.jsonl").open("a") as fh:
+        fh.write('{"ts": "2026-03-18T10:0')  # torn: a crash mid-append
+    two_newest = live.log_files("qa")[-2:]
+    every = [t.text[:8] for t in live._read(two_newest)[0]]
+    assert [t.text[:8] for t in live.recent_turns("qa", limit=1000)] == every
+    newest = [t.text[:8] for t in live.recent_turns("qa", limit=12)]
+    assert newest == every[-11:]  # 12 lines: the corrupt one and the 11 newest turns
+    assert newest[-1] == "turn 039"
+    assert live.recent_turns("nobody") == []
