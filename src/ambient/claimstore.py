@@ -81,6 +81,7 @@ class ClaimStore:
             raise InputError(f"{paths.root} is not a directory; expected a brain (see --brain)")
         self.paths = paths
         self.dir = paths.claims
+        self._dir_s = str(self.dir)
         self.clock = clock or SystemClock()
         if self.dir.is_symlink():
             raise UnsafePathError("is a symlink; ambient never follows symlinks for claims/", file=str(self.dir))
@@ -202,13 +203,19 @@ class ClaimStore:
         """:meth:`path_for` and that file's ``lstat`` (None: no file), one ``lstat`` per name tried."""
         _check_sess_id(sess_id)
         known = self._files.get(sess_id)
-        names = [known] if known is not None else [self.dir / f"{sess_id}{suffix}" for suffix in SUFFIXES]
-        for candidate in names:
+        if known is not None:
             try:
-                return candidate, os.lstat(candidate)
+                return known, os.lstat(known)
+            except FileNotFoundError:
+                return known, None
+        for suffix in SUFFIXES:  # strings first: a fan-out locates a new claim per item, and Paths cost µs
+            name = f"{self._dir_s}/{sess_id}{suffix}"
+            try:
+                st = os.lstat(name)
             except FileNotFoundError:
                 continue
-        return names[0] if known is not None else self.dir / f"{sess_id}.yml", None
+            return Path(name), st
+        return Path(f"{self._dir_s}/{sess_id}.yml"), None
 
     def get(self, sess_id: str) -> Claim:
         """The claim ``sess_id`` read fresh from disk; InputError if there is none or it is unreadable."""

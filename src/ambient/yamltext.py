@@ -246,6 +246,8 @@ def _scalar_text(value: Any) -> str | None:
         if _PLAIN_RE.fullmatch(value) and value.lower() not in _NOT_PLAIN:
             return value
         if value.isprintable():  # no line break or control character: a JSON string is a YAML quoted scalar
+            if value.isascii() and '"' not in value and "\\" not in value:
+                return f'"{value}"'  # json.dumps' answer for such text, without building an encoder
             return json.dumps(value, ensure_ascii=False)
     return None  # floats, multi-line text, other types: PyYAML decides
 
