@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -766,9 +767,12 @@ def _truncate_torn_tail(path: Path) -> None:
     data = path.read_bytes()
     cut = data.rfind(b"\n") + 1
     if cut < len(data):
-        with path.open("r+b") as fh:
-            fh.truncate(cut)
-            fh.flush()
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            os.ftruncate(fd, cut)
+            os.fsync(fd)  # the cut is what the next appends start from: on disk before they come
+        finally:
+            os.close(fd)
         log.warning("journal_torn_tail_cut", path=str(path), bytes=len(data) - cut)
 
 
