@@ -473,8 +473,11 @@ _ITEM_STATUS = {"pending": "open", "running": "open", "retry_wait": "open", "don
 class ClaimsWriter:
     """Claims mirror runs: one pilote claim per run, one satellite claim per item or step.
 
-    They are views of the run journal (the fsync'd truth), written atomically without fsync so that
-    a fan-out of thousands of items is not a thousand fsyncs; a restart rewrites them from the journal.
+    They are views of the run journal (the fsync'd truth); a restart rewrites them from the journal. Each is
+    on disk before its name points at it, so that a power cut leaves it old or new, never empty or torn (R-03
+    found empty and garbled item claims that ambient then refused to overwrite, as it must a person's broken
+    file): the writer thread writes a batch of claims, fsyncs them back to back and renames them
+    (:meth:`ClaimStore.write_claims`); the fsyncs wait in that thread, not on the loop.
 
     for_each item claims are coalesced: a finished (or escalated) item's claim is written at most
     ``FLUSH_DELAY_S`` after the change, a started item's at most ``OPEN_DELAY_S`` after it, unless the item
@@ -549,7 +552,7 @@ class ClaimsWriter:
 
     def _write_many(self, claims: list[tuple[Claim, dict[str, Any]]]) -> None:
         try:
-            failed = self.store.write_claims(claims, durable=False)
+            failed = self.store.write_claims(claims, durable=True)
         except (AmbientError, OSError) as exc:  # the guard or the folder itself: nothing of the batch was written
             log.warning("claim_write_failed", claims=len(claims), error=str(exc))
             return
@@ -558,7 +561,7 @@ class ClaimsWriter:
 
     def _store(self, claim: Claim) -> None:
         try:
-            self.store.write_claim(claim, durable=False)
+            self.store.write_claim(claim, durable=True)
         except (AmbientError, OSError) as exc:  # a claim the person broke or replaced: report, go on
             log.warning("claim_write_failed", claim=claim.sess_id, error=str(exc))
 
