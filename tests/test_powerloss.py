@@ -34,11 +34,13 @@ import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ambient.journal import read_jsonl
 from ambient.runstate import fold
 from tests.e2e_helpers import DaemonProcess, foreach_workflow, make_brain, stub_agent_md, witness
 from tests.test_chaos import WORKFLOW, Iteration, Kill, _journal, _kill, _seed, check_iteration
@@ -342,3 +344,51 @@ def test_power_cuts_mid_fanout_long_profile(tmp_path: Path, request: pytest.Fixt
         pytest.skip("long power-loss profile: run with `pytest -m powerloss`")
     _, violations, _ = _profile(tmp_path, _seed(), iterations=60, n_items=40, max_cuts=4, window=(0.3, 3.0))
     assert violations == [], "\n".join(violations)
+
+
+def test_cut_after_finished_run_is_caught_up_at_restart(tmp_path: Path) -> None:
+    """What the long profile found: a cut after ``finished_run`` was fsync'd, before the closed run claim (and the
+    summary) were on disk. The next start writes them from the journal; a run whose views are current is left be."""
+    wit = tmp_path / "witness.log"
+    paths = make_brain(tmp_path / "brain", example_agents=False,
+                       agents={"stub": stub_agent_md("stub", ["--witness", str(wit)])})
+    (paths.workflows / f"{WORKFLOW}.yml").write_text(foreach_workflow(WORKFLOW, ["a", "b", "c"], concurrency=2))
+    (paths.workflows / "other.yml").write_text(foreach_workflow("other", ["x"], concurrency=1))
+    d = DaemonProcess(paths, "--until-idle").start()
+    try:
+        assert d.wait(timeout=60) == 0
+    finally:
+        d.kill()
+    states = [fold(read_jsonl(f).records) for f in paths.run_journals.glob("*.jsonl")]
+    runs = {s.workflow: s for s in states}
+    chaos, other = runs[WORKFLOW], runs["other"]
+    run_claim = paths.claims / f"{chaos.run_id}.yml"
+    item_claim = paths.claims / f"{chaos.run_id}-item-002.yml"
+    # The disk as the cut left it: the run claim as written at the start, an item claim never renamed into
+    # place, no summary line.
+    opened = run_claim.read_text().replace("status: closed", "status: open")
+    run_claim.write_text(opened.split("closed_at:")[0])
+    before = chaos.finished_at
+    assert before is not None
+    stale = datetime.fromisoformat(before).timestamp() - 5
+    os.utime(run_claim, (stale, stale))
+    item_claim.unlink()
+    lines = paths.runs_log.read_text().splitlines(keepends=True)
+    paths.runs_log.write_text("".join(line for line in lines if chaos.run_id not in line))
+    other_claim = paths.claims / f"{other.run_id}.yml"
+    other_mtime = other_claim.stat().st_mtime_ns
+
+    d = DaemonProcess(paths, "--until-idle").start()
+    try:
+        assert d.wait(timeout=60) == 0
+        assert d.logged("run_views_caught_up", run_id=chaos.run_id, summary_appended=True)
+        assert not d.logged("run_views_caught_up", run_id=other.run_id)
+    finally:
+        d.kill()
+    assert "status: closed" in run_claim.read_text()
+    assert "status: closed" in item_claim.read_text()
+    summaries = [json.loads(line) for line in paths.runs_log.read_text().splitlines()]
+    assert sum(1 for r in summaries if r.get("run_id") == chaos.run_id) == 1
+    assert sum(1 for r in summaries if r.get("run_id") == other.run_id) == 1
+    assert other_claim.stat().st_mtime_ns == other_mtime  # current views are not rewritten
+    assert sorted(w[0] for w in witness(wit)) == ["a", "b", "c", "x"]  # and nothing ran again

@@ -632,6 +632,7 @@ class RunManager:
         directory = self.paths.run_journals
         if not directory.is_dir():
             return resumed
+        behind: list[tuple[RunState, Path]] = []
         for path in sorted(directory.glob("*.jsonl")):
             run_id = path.stem
             if run_id in self.executors:
@@ -646,6 +647,8 @@ class RunManager:
                 continue
             self.journaled.add(state.workflow)
             if state.finished:
+                if not self._views_current(state):
+                    behind.append((state, path))
                 continue
             in_flight = [it.name for it in state.in_flight()]
             journal = Journal(path)
@@ -668,7 +671,49 @@ class RunManager:
             resumed.append(run_id)
             log.info("run_resumed", run_id=run_id, workflow=state.workflow, in_flight=in_flight,
                      done=state.success_count, total=len(state.items))
+        if behind:
+            self._catch_up(behind)
         return resumed
+
+    def _views_current(self, state: RunState) -> bool:
+        """Whether a finished run's views were written after it finished: its run claim (written last, after its
+        item claims and its summary) is newer than its ``finished_run`` record."""
+        try:
+            st = os.lstat(self.paths.claims / f"{state.run_id}.yml")
+        except OSError:
+            return False
+        try:
+            finished = datetime.fromisoformat(state.finished_at).timestamp() if state.finished_at else None
+        except ValueError:
+            return True  # an unreadable time cannot say it is behind
+        return finished is None or st.st_mtime >= finished
+
+    def _catch_up(self, behind: list[tuple[RunState, Path]]) -> None:
+        """Finish what a crash cut after a run's ``finished_run``: its summary and its claims.
+
+        Found by R-03 (tests/test_powerloss.py): a cut after the record was fsync'd but before the closed run
+        claim was on disk left that claim ``open`` for good, since a finished run was never looked at again;
+        a cut before the summary was appended would have left the run out of runs.jsonl. Each step is
+        idempotent: the summary is appended only if runs.jsonl lacks it.
+        """
+        summarized = {r.get("run_id") for r in read_jsonl(self.paths.runs_log).records}
+        for state, path in behind:
+            if state.run_id not in summarized:
+                append_line(self.paths.runs_log, run_record(state).to_json_dict(), durable=True)
+            journal = Journal(path)
+            try:
+                views = self.factory(state, journal).ports.claims
+                for it in state.items:
+                    if it.attempt or it.status != "pending":
+                        views.item_changed(state, it)
+                views.run_changed(state)  # the item claims first, then the run claim
+            except Exception as exc:  # noqa: BLE001 - views of one old run must not keep the daemon from starting
+                log.error("run_views_catch_up_failed", run_id=state.run_id, error=repr(exc))
+                continue
+            finally:
+                journal.close()
+            log.info("run_views_caught_up", run_id=state.run_id, workflow=state.workflow,
+                     summary_appended=state.run_id not in summarized)
 
     def record_spawn(self, run_id: str, item: str, attempt: int, pid: int, started: float | None = None) -> None:
         """A command agent started: its pid and start time go to the run's journal (flushed, not fsync'd:
