@@ -171,6 +171,28 @@ def _kill(d: DaemonProcess, mode: str) -> list[Orphan]:
     return []
 
 
+def kill_record(paths: BrainPaths, wit: Path, mode: str, orphans: list[Orphan] | None = None) -> Kill:
+    """A kill as the journal on disk shows it now: the items in flight and done, the witness lines so far."""
+    records = _journal(paths)
+    state = fold(records) if records else None
+    return Kill(
+        mode=mode, at=time.time(),
+        in_flight={i.name for i in state.in_flight()} if state else set(),
+        done={i.name for i in state.items if i.status == "done"} if state else set(),
+        witness_at_kill=Counter(w[0] for w in witness(wit)),
+        orphans=orphans or [],
+    )
+
+
+def wait_last(d: DaemonProcess, it: Iteration) -> None:
+    """Wait for the last daemon of an iteration (the one no kill came for) to finish the run and exit."""
+    try:
+        it.final_rc = d.wait(timeout=120)
+    finally:
+        d.kill()
+        it.last_log = d.tail(5)
+
+
 def run_iteration(base: Path, seed: int, mode: str, n_items: int, max_kills: int,
                   window: tuple[float, float]) -> Iteration:
     """One brain, one fan-out, 1..max_kills kills at seeded random times, restarts until the run is done."""
@@ -195,23 +217,11 @@ def run_iteration(base: Path, seed: int, mode: str, n_items: int, max_kills: int
             except subprocess.TimeoutExpired:
                 pass
             orphans = _kill(d, mode)
-            records = _journal(paths)
-            state = fold(records) if records else None
-            it.kills.append(Kill(
-                mode=mode, at=time.time(),
-                in_flight={i.name for i in state.in_flight()} if state else set(),
-                done={i.name for i in state.items if i.status == "done"} if state else set(),
-                witness_at_kill=Counter(w[0] for w in witness(wit)),
-                orphans=orphans,
-            ))
+            it.kills.append(kill_record(paths, wit, mode, orphans))
             if orphans:
                 watchers.append(_watch_orphans(orphans))
             continue
-        try:
-            it.final_rc = d.wait(timeout=120)
-        finally:
-            d.kill()
-            it.last_log = d.tail(5)
+        wait_last(d, it)
         break
     it.total_s = time.monotonic() - t0
     for w in watchers:

@@ -43,7 +43,7 @@ import pytest
 from ambient.journal import read_jsonl
 from ambient.runstate import fold
 from tests.e2e_helpers import DaemonProcess, foreach_workflow, make_brain, stub_agent_md, witness
-from tests.test_chaos import WORKFLOW, Iteration, Kill, _journal, _kill, _seed, check_iteration
+from tests.test_chaos import WORKFLOW, Iteration, _kill, _seed, check_iteration, kill_record, wait_last
 
 SITE = Path(__file__).resolve().parent / "powerloss_site"
 METADATA = frozenset({"create", "rename", "link", "unlink", "mkdir", "rmdir"})
@@ -244,20 +244,9 @@ def run_iteration(base: Path, seed: int, n_items: int, max_cuts: int, window: tu
             after, crash = crash_image(before, read_log(log), rng)
             materialize(root, after)
             it.crashes.append(crash)
-            records = _journal(paths)
-            state = fold(records) if records else None
-            it.kills.append(Kill(
-                mode="P", at=time.time(),
-                in_flight={i.name for i in state.in_flight()} if state else set(),
-                done={i.name for i in state.items if i.status == "done"} if state else set(),
-                witness_at_kill=Counter(w[0] for w in witness(wit)),
-            ))
+            it.kills.append(kill_record(paths, wit, "P"))  # read from the journal as the cut left it
             continue
-        try:
-            it.final_rc = d.wait(timeout=120)
-        finally:
-            d.kill()
-            it.last_log = d.tail(5)
+        wait_last(d, it)
         break
     it.total_s = time.monotonic() - t0
     return it
