@@ -347,3 +347,42 @@ def test_r02_kill_9_mid_write_never_tears(brain: BrainPaths) -> None:
           f"temp files left {len(temps)} ({claim_temps} claim temps, {len(temps) - claim_temps} lock spares/temps) "
           f"swept in {sweep_s * 1000:.1f} ms, total {time.monotonic() - t0:.1f} s")
 
+
+
+def test_write_claims_fsyncs_each_file_before_its_rename(brain: BrainPaths, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch is written, fsync'd, then renamed (R-03): every rename comes after the fsync of its file, and a
+    failed fsync puts nothing of its round in place (the old claims stay, no temp file is left)."""
+    store = ClaimStore(brain, check_filesystem=False)
+    now = datetime(2026, 3, 16, 21, 45, tzinfo=UTC)
+    old = [new_claim(f"sess-20260316-2145-item-{i:03d}", "satellite", f"x/{i}", "qa", now) for i in range(3)]
+    assert store.write_claims(old) == []
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src: str, dst: str) -> None:
+        events.append(("rename", str(src)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    new = [c.model_copy(update={"status": "closed"}) for c in old]
+    assert store.write_claims(new) == []
+    renamed = [p for kind, p in events if kind == "rename"]
+    assert len(renamed) == 3
+    for tmp in renamed:
+        assert events.index(("fsync", tmp)) < events.index(("rename", tmp))
+    assert all(load_file(brain.claims / f"{c.sess_id}.yml", max_bytes=65536)[0]["status"] == "closed" for c in old)
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    reopened = [c.model_copy(update={"status": "open"}) for c in old]
+    failed = store.write_claims(reopened)
+    assert sorted(sid for sid, _ in failed) == [c.sess_id for c in old]
+    assert all(load_file(brain.claims / f"{c.sess_id}.yml", max_bytes=65536)[0]["status"] == "closed" for c in old)
+    assert [p.name for p in brain.claims.iterdir() if ".tmp." in p.name] == []
