@@ -386,3 +386,26 @@ def test_write_claims_fsyncs_each_file_before_its_rename(brain: BrainPaths, monk
     assert sorted(sid for sid, _ in failed) == [c.sess_id for c in old]
     assert all(load_file(brain.claims / f"{c.sess_id}.yml", max_bytes=65536)[0]["status"] == "closed" for c in old)
     assert [p.name for p in brain.claims.iterdir() if ".tmp." in p.name] == []
+
+
+def test_what_the_store_remembers_is_bounded(brain: BrainPaths, monkeypatch: pytest.MonkeyPatch) -> None:
+    """R-12 found the daemon growing with every claim it ever wrote: the store keeps only the newest files it
+    wrote or read; an older one is read again from disk when needed (and a rewrite still keeps its fence)."""
+    import ambient.claimstore as cs
+
+    monkeypatch.setattr(cs, "KNOWN_MAX", 8)
+    store = ClaimStore(brain, check_filesystem=False)
+    now = datetime(2026, 3, 16, 21, 45, tzinfo=UTC)
+    claims = [new_claim(f"sess-20260316-2145-item-{i:03d}", "satellite", f"x/{i}", "qa", now) for i in range(20)]
+    first = claims[0].model_copy(update={"fence": 7})
+    store.write_claim(first, durable=False)
+    assert store.write_claims(claims[1:], durable=False) == []
+    assert len(store._known) <= 8 and len(store._files) <= 8
+    newest = brain.claims / f"{claims[-1].sess_id}.yml"
+    st = newest.stat()
+    assert store.cached(newest, (st.st_ino, st.st_size, st.st_mtime_ns)) is not None
+    oldest = brain.claims / f"{first.sess_id}.yml"
+    st = oldest.stat()
+    assert store.cached(oldest, (st.st_ino, st.st_size, st.st_mtime_ns)) is None  # fell out: read from disk
+    store.write_claim(claims[0].model_copy(update={"status": "closed"}), durable=False)
+    assert store.get(first.sess_id).fence == 7  # the fence was read back from the file, never lowered

@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import os
 import stat
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -33,6 +34,7 @@ from ambient.yamlfile import MAX_CLAIM_BYTES, dump_yaml, expect_mapping, load_fi
 
 GUARD_NAME = "claims.guard"
 SUFFIXES = (".yml", ".yaml")
+KNOWN_MAX = 4096  # files whose last version this store keeps in memory (see _remember)
 STAGE_ROUND = 64  # claims written, then fsync'd, then renamed together (open temp files at most)
 
 
@@ -94,6 +96,7 @@ class ClaimStore:
         # What this store last wrote or read, by file: (inode, size, mtime_ns) and the claim. A file whose
         # signature still matches need not be parsed again (the fence check, the stale-claims scan).
         self._known: dict[Path, tuple[tuple[int, int, int], Claim]] = {}
+        self._known_lock = threading.Lock()
 
     # -- reading
 
@@ -128,8 +131,27 @@ class ClaimStore:
             Problem(file=rel, line=lines.line_for(loc), message=msg, severity="warning")
             for loc, msg in claim.warnings()
         ]
-        self._known[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), claim)
+        self._remember(path, (st.st_ino, st.st_size, st.st_mtime_ns), claim, written=False)
         return claim, warnings
+
+    def _remember(self, path: Path, sig: tuple[int, int, int], claim: Claim, *, written: bool = True) -> None:
+        """Keep what this store last wrote or read of ``path``, for the newest ``KNOWN_MAX`` files.
+
+        Bounded: R-12's soak found the daemon growing ~47 KB per run of 8 items (5 MB a minute under load) from
+        these entries, one per claim ever written. An old claim that falls out is parsed again if it is ever
+        looked at (the stale-claims scan keeps its own per-file verdict). ``written``: this store wrote the file,
+        which is then where ``claim.sess_id`` lives.
+        """
+        with self._known_lock:  # the writer thread and the loop both remember; readers only get()
+            known, files = self._known, self._files
+            known.pop(path, None)  # to the end: the most recent stay longest
+            known[path] = (sig, claim)
+            if written:
+                files[claim.sess_id] = path
+            if len(known) > KNOWN_MAX:
+                self._known = dict(list(known.items())[len(known) // 2 :])
+            if len(files) > KNOWN_MAX:
+                self._files = dict(list(files.items())[len(files) // 2 :])
 
     def cached(self, path: Path, sig: tuple[int, int, int]) -> Claim | None:
         """The claim of ``path`` if this store last wrote or read that very version (inode, size, mtime_ns)."""
@@ -246,8 +268,7 @@ class ClaimStore:
     def _write(self, path: Path, claim: Claim, *, durable: bool = True, doc: Mapping[str, Any] | None = None) -> None:
         st = atomic_write(path, dump_yaml(dict(doc) if doc is not None else claim.to_document()), durable=durable)
         # Our file's stat, taken before the rename: one that replaced it since is not mistaken for ours.
-        self._known[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), claim)
-        self._files[claim.sess_id] = path
+        self._remember(path, (st.st_ino, st.st_size, st.st_mtime_ns), claim)
 
     def _fenced(self, claim: Claim, current_fence: int | None, token: int | None, path: Path) -> Claim:
         """The claim to write with ``fence`` = the highest token accepted; FencingError for an older token."""
@@ -427,8 +448,7 @@ class ClaimStore:
                 failed.append((claim.sess_id, exc))
                 continue
             # Our file's stat, taken before the rename: one that replaced it since is not mistaken for ours.
-            self._known[st.target] = ((st.stat.st_ino, st.stat.st_size, st.stat.st_mtime_ns), claim)
-            self._files[claim.sess_id] = st.target
+            self._remember(st.target, (st.stat.st_ino, st.stat.st_size, st.stat.st_mtime_ns), claim)
             wrote = True
         return wrote
 

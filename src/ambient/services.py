@@ -612,7 +612,8 @@ class ClaimsWriter:
             base["result"] = {"status": {"success": "ok", "partial": "partial"}.get(state.outcome or "", "failed"),
                               "children": [item_claim_id(state.run_id, i, state.form) for i in state.items]}
         self._write(state.run_id, base)
-        if state.finished:  # its item claims will not change again: forget what was kept to compare them
+        if state.finished:  # its claims will not change again: forget what was kept to compare them
+            self._cache.pop(state.run_id, None)
             for item in state.items:
                 sid = item_claim_id(state.run_id, item, state.form)
                 self._cache.pop(sid, None)
