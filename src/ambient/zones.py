@@ -66,31 +66,12 @@ DEFAULT_RULES: Final[tuple[ZoneRule, ...]] = _rules(
 )
 
 
-_ZONE_CACHE: dict[tuple[int, str], tuple[tuple[ZoneRule, ...], str]] = {}
-_ZONE_CACHE_MAX = 8192
-
-
 def zone_of(path: str, rules: Iterable[ZoneRule] = DEFAULT_RULES) -> str:
     """The zone of a brain-relative path: the most specific matching rule, else ``project``.
 
-    Answers for a tuple of rules are remembered by the tuple's identity (a brain's rules are one tuple until
-    the next reload): the router, the templating and the claims ask the zone of each item's files several
-    times per item, and matching every rule each time was ~10 % of a fan-out's loop (bench/fanout.py).
+    A tuple of rules (a brain's rules are one tuple until the next reload) is compiled once into two lookups
+    (:func:`_compiled`); other iterables are tested rule by rule.
     """
-    if isinstance(rules, tuple):
-        key = (id(rules), path)
-        hit = _ZONE_CACHE.get(key)
-        if hit is not None and hit[0] is rules:
-            return hit[1]
-        zone = _zone_of(path, rules)
-        if len(_ZONE_CACHE) >= _ZONE_CACHE_MAX:
-            _ZONE_CACHE.clear()
-        _ZONE_CACHE[key] = (rules, zone)  # the tuple is kept alive with its answer: its id cannot be reused
-        return zone
-    return _zone_of(path, rules)
-
-
-def _zone_of(path: str, rules: Iterable[ZoneRule]) -> str:
     clean = normalize(path)
     compiled = _compiled(rules) if isinstance(rules, tuple) else None
     return _lookup(clean, compiled) if compiled is not None else _scan_rules(clean, rules)
@@ -118,8 +99,9 @@ def _plain_prefix(prefix: str) -> bool:
 def _compiled(rules: tuple[ZoneRule, ...]) -> _Compiled | None:
     """The rules as two lookups: a path's zone is then a few dict probes, not a test of every rule.
 
-    Performance (bench/fanout.py): every fan-out item has a new path, and testing each of the ~20 rules
-    was ~10 µs per item. Kept by the tuple's identity, like :data:`_ZONE_CACHE`.
+    Performance (bench/fanout.py): every fan-out item has a new path, so answers remembered per path never
+    helped, and testing each of the ~20 rules was ~10 µs per item. Kept by the tuple's identity (the tuple is
+    kept alive with its lookups, so its id cannot be reused).
     """
     hit = _COMPILED.get(id(rules))
     if hit is not None and hit[0] is rules:
