@@ -38,6 +38,7 @@ from _common import (
     daemon_argv,
     daemon_env,
     epoch,
+    filesystem_note,
     foreach_yaml,
     journal_records,
     median,
@@ -166,6 +167,9 @@ def main() -> int:
     skip = set(filter(None, args.skip.split(",")))
     out: dict[str, Any] = {"python": sys.version.split()[0]}
     with TempDir(args.dir, args.keep) as base:
+        note = filesystem_note(base)
+        if note:
+            print(note)
         if "inproc" not in skip:
             r = bench_daemon(base, "inproc", "noop", NOOP, args.n, args.concurrency, args.repeats)
             out["inproc"] = r

@@ -26,10 +26,12 @@ from ambient.matrix import AccessMatrix
 from ambient.packet import MAX_PACKET_BYTES, Packet, Signal, make_packet
 from ambient.paths import BrainPaths
 from ambient.router import (
+    SYMLINK_CHECK_TTL,
     TOKEN_ENV,
     Channel,
     ChannelRegistry,
     Router,
+    _symlink_free,
     inbox_handler,
     read_audit,
     read_inbox,
@@ -255,6 +257,64 @@ class TestRejections:
         assert "personal" in out.reason
 
 
+    def test_folder_verdicts_are_reused_then_checked_again(
+        self, brain: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A fan-out's new paths under known folders cost one lstat each; a folder swapped for a symlink is
+        caught once its verdict is older than SYMLINK_CHECK_TTL (S-02)."""
+        (brain / "projets" / "a").mkdir(parents=True)
+        root = str(brain)
+        seen: list[str] = []
+        real_lstat = os.lstat
+
+        def counting_lstat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+            seen.append(str(path))
+            return real_lstat(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "lstat", counting_lstat)
+        plain: dict[str, float] = {}
+        assert _symlink_free(root, "projets/a/x1.md", plain, 10.0)
+        assert seen == [f"{root}/projets", f"{root}/projets/a", f"{root}/projets/a/x1.md"]
+        assert plain == {"projets/": 11.0, "projets/a/": 11.0}
+        seen.clear()
+        assert _symlink_free(root, "projets/a/x2.md", plain, 10.5)
+        assert seen == [f"{root}/projets/a/x2.md"]
+        # projets/a becomes a symlink out of the brain: past the TTL the folder is looked at again.
+        (brain / "projets" / "a").rename(brain / "projets" / "a.old")
+        os.symlink(tmp_path, brain / "projets" / "a")
+        seen.clear()
+        assert not _symlink_free(root, "projets/a/x3.md", plain, 11.5)
+        assert f"{root}/projets/a" in seen
+        # Without a memo nothing is remembered, and the symlink is found at once.
+        assert not _symlink_free(root, "projets/a/x4.md")
+
+    def test_a_folder_turned_symlink_is_denied_after_the_ttl(self, brain: Path, tmp_path: Path) -> None:
+        """Through the router: same path prefix, the swap is denied as an unsafe path once the TTL is over."""
+
+        class Clock:
+            t = 100.0
+
+            def now(self) -> datetime:
+                return NOW
+
+            def monotonic(self) -> float:
+                return self.t
+
+        clock = Clock()
+        r, _ = Router.for_brain(BrainPaths(brain), clock=clock)
+        try:
+            (brain / "projets" / "a").mkdir(parents=True)
+            ok = r.check(pkt(scope={"files": ["projets/a/x1"], "zone": "project"}), "ambient")
+            assert ok.decision is None or ok.decision.rule != "zone.unsafe-path"
+            (brain / "projets" / "a").rename(brain / "projets" / "a.old")
+            os.symlink(tmp_path, brain / "projets" / "a")
+            clock.t += SYMLINK_CHECK_TTL + 0.1
+            out = r.check(pkt(scope={"files": ["projets/a/x2"], "zone": "project"}), "ambient")
+            assert out.status == "denied" and out.decision is not None and out.decision.rule == "zone.unsafe-path"
+        finally:
+            r.close()
+
+
 class TestIdentity:
     async def test_spoofed_from_is_rejected(self, router: Router, brain: Path) -> None:
         """S-05: an agent's packet claiming to be human (a forged approval) is denied and recorded."""
@@ -291,9 +351,45 @@ class TestIdentity:
         reg.issue("coder")
         assert reg.revoke_all() == 1
 
+    def test_revoked_token_files_are_reused_not_deleted(self, brain: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A revoked token's file is renamed aside and rewritten for the next token (no inode freed per agent);
+        the old token is void everywhere at once, the pool is bounded and a restart clears it."""
+        paths = BrainPaths(brain)
+        reg = ChannelRegistry(paths)
+        first = reg.issue("deploy", spawn="run-1/a/1")
+        assert first.token is not None
+        inode = (paths.channels / f"{token_digest(first.token)}.json").stat().st_ino
+        reg.revoke(first)
+        assert ChannelRegistry(paths).authenticate(first.token) is None
+        assert not (paths.channels / f"{token_digest(first.token)}.json").exists()
+        second = reg.issue("coder", spawn="run-1/b/1")
+        assert second.token is not None
+        path = paths.channels / f"{token_digest(second.token)}.json"
+        assert path.stat().st_ino == inode  # the same file, rewritten
+        assert json.loads(path.read_text()) == {"principal": "coder", "spawn": "run-1/b/1", "issued_at": None}
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+        assert ChannelRegistry(paths).authenticate(second.token) == Channel("coder", second.token)
+        assert ChannelRegistry(paths).authenticate(first.token) is None
+        # Bounded: past SPARES_MAX revoked files are deleted.
+        monkeypatch.setattr(ChannelRegistry, "SPARES_MAX", 2)
+        many = [reg.issue("deploy") for _ in range(4)]
+        for ch in many:
+            reg.revoke(ch)
+        names = sorted(p.name for p in paths.channels.iterdir())
+        assert len(names) == 3 and all(n.startswith(ChannelRegistry.SPARE_PREFIX) for n in names[:2])
+        # A spare removed behind the registry's back is skipped; a fresh file is written instead.
+        for p in paths.channels.glob(f"{ChannelRegistry.SPARE_PREFIX}*"):
+            p.unlink()
+        third = reg.issue("deploy")
+        assert third.token is not None and ChannelRegistry(paths).authenticate(third.token) == third
+        reg.revoke(third)
+        assert reg.revoke_all() == 1  # second's file; the spare goes too
+        assert list(paths.channels.iterdir()) == []
+
     def test_a_disowned_token_is_void_here_at_once_and_everywhere_once_revoked(self, brain: Path) -> None:
         """disown voids a token for this process before its file is deleted (the daemon deletes it off the loop);
-        revoke then deletes the file, and other processes stop accepting it too."""
+        revoke then takes the file's name away (the file waits, renamed, for the next token), and other processes
+        stop accepting it too."""
         paths = BrainPaths(brain)
         reg = ChannelRegistry(paths)
         ch = reg.issue("deploy", spawn="run-1/a/1")
@@ -303,7 +399,7 @@ class TestIdentity:
         assert ChannelRegistry(paths).authenticate(ch.token) == ch  # another process: until revoke
         reg.revoke(ch)
         assert ChannelRegistry(paths).authenticate(ch.token) is None and reg.authenticate(ch.token) is None
-        assert list(paths.channels.iterdir()) == []
+        assert [p.name for p in paths.channels.iterdir() if not p.name.startswith(ChannelRegistry.SPARE_PREFIX)] == []
 
     def test_a_minted_token_is_live_here_at_once_and_elsewhere_once_published(self, brain: Path) -> None:
         """mint: the token works in this process at once; other processes see it once ``publish`` wrote its file

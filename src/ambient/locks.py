@@ -55,6 +55,7 @@ import json
 import os
 import random
 import re
+import resource
 import secrets
 import socket
 import stat
@@ -84,7 +85,21 @@ _POLL_MIN_S: Final = 0.0005
 _POLL_MAX_S: Final = 0.02
 # Spare inodes kept per manager (each an open fd and a hidden file in locks/). At 4, a fan-out of 16 agents freed
 # and re-created 69 % of its lock inodes (releases come in bursts): each a close that frees an inode and a create.
-_SPARES_MAX: Final = 64
+# At 64, a fan-out of 256 did the same at each burst, and on ext4 without a journal every inode freed makes the
+# next creates slower for a minute (the allocator skips recently deleted inodes, one by one): 14 % of the event
+# loop's samples sat in that create (py-spy, bench/fanout.py (a)). Now up to 512, or a quarter of the soft
+# descriptor limit (256 under the usual 1,024): each held lock pins a descriptor too, and agents need pipes.
+_SPARES_MAX: Final = 512
+
+
+def spares_max() -> int:
+    """How many spare inodes a manager keeps: :data:`_SPARES_MAX`, or a quarter of the descriptor limit."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return _SPARES_MAX
+    return max(4, min(_SPARES_MAX, soft // 4))
+
+
 _TMP_RE: Final = re.compile(r"^\..+\.(?:tmp|stale)\.(\d+)\.[0-9a-f]+$")
 
 LockState = Literal["free", "held", "expired", "dead", "malformed", "stale"]
@@ -738,6 +753,7 @@ class LockManager:
         self._locs: dict[str, _Loc] = {}
         self._pinned: dict[str, _Pinned] = {}
         self._spares: list[_Inode] = []
+        self._spares_max = spares_max()
         self._pool_pid = os.getpid()
         self._tails: dict[tuple[int, bool], tuple[str, str]] = {}
         self._loop_hold = False  # the event loop holds the guard until its next iteration (see _enter_nowait)
@@ -1247,7 +1263,7 @@ class LockManager:
         return (st.st_dev, st.st_ino) == (ino.dev, ino.ino)
 
     def _recycle(self, ino: _Inode, *, names_known: bool = False, links: int | None = None) -> None:
-        if len(self._spares) < _SPARES_MAX and self._only_spare_name(ino, names_known, links):
+        if len(self._spares) < self._spares_max and self._only_spare_name(ino, names_known, links):
             self._spares.append(ino)
         else:
             self._discard(ino)
