@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import time_machine
@@ -370,6 +371,45 @@ class TestBasics:
         for k in range(6):  # enough grants to use every pooled inode
             m.release_grant(m.acquire(f"b{k}.md", f"sess-{k}"))
         assert foreign.read_bytes() == before
+
+    def test_a_burst_larger_than_the_old_pool_reuses_every_inode(
+        self, manager: Callable[..., LockManager], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A fan-out of 100 releases then takes 100 locks again: no file is created or deleted the second time
+        (ext4 without a journal makes each freed inode cost the next creates for a minute; the pool was 64)."""
+        m = manager()
+        grants = [m.acquire(f"burst/{k}.md", f"sess-{k}") for k in range(100)]
+        for g in grants:
+            m.release_grant(g)
+        calls: list[str] = []
+        real_open, real_unlink = os.open, os.unlink
+
+        def counting_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+            if flags & os.O_CREAT:
+                calls.append(f"create {path}")
+            return real_open(path, flags, *args, **kwargs)
+
+        def counting_unlink(path: Any, *args: Any, **kwargs: Any) -> None:
+            if ".spare" in str(path):
+                calls.append(f"unlink {path}")
+            real_unlink(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", counting_open)
+        monkeypatch.setattr(os, "unlink", counting_unlink)
+        again = [m.acquire(f"next/{k}.md", f"sess-n{k}") for k in range(100)]
+        for g in again:
+            m.release_grant(g)
+        assert [c for c in calls if "locks.guard" not in c] == []
+
+    def test_the_spare_pool_follows_the_descriptor_limit(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Each spare holds a descriptor: a quarter of the soft limit at most, 512 at most, 4 at least."""
+        import resource
+
+        from ambient.locks import spares_max
+
+        for soft, expected in ((1024, 256), (65536, 512), (8, 4), (resource.RLIM_INFINITY, 512)):
+            monkeypatch.setattr(resource, "getrlimit", lambda _which, s=soft: (s, resource.RLIM_INFINITY))
+            assert spares_max() == expected
 
     async def test_async_cancel_never_leaks_a_lock(self, manager: Callable[..., LockManager]) -> None:
         """Cancelling acquire_async mid-wait leaves no lock held by the cancelled caller."""
