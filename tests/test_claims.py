@@ -291,6 +291,27 @@ class TestStale:
                    gate_history=[{"at": "2026-03-16T20:30:00+00:00", "action": "approve"}])
         assert mark_stale({"s": claim}, NOW) == {}
 
+    @settings(max_examples=300, deadline=None)
+    @given(
+        status=st.sampled_from(["open", "closed", "waiting_human", "stale"]),
+        ttl=st.sampled_from([None, 30, "2h", "45s", "x", 0]),
+        opened=st.sampled_from(["2026-03-16T20:00", "2026-03-16T20:50:00+00:00", "not a time"]),
+        gates=st.lists(st.sampled_from([{"at": "2026-03-16T20:40:00+00:00"}, {"at": 5}, "note", {"action": "x"}]),
+                       max_size=3),
+        minutes=st.integers(0, 180),
+        default=st.sampled_from([None, timedelta(minutes=10)]),
+    )
+    def test_the_kept_facts_decide_staleness_as_the_rule_does(
+        self, status: str, ttl: Any, opened: str, gates: list[Any], minutes: int, default: timedelta | None
+    ) -> None:
+        """ClaimFacts (what the store keeps instead of the model) give the stale-claims scan the same answer as
+        mark_stale on the whole claim."""
+        claim = mk(status=status, ttl=ttl, opened_at=opened, gate_history=gates or None)
+        now = datetime(2026, 3, 16, 20, 0, tzinfo=UTC) + timedelta(minutes=minutes)
+        at = C.ClaimFacts.of(claim).stale_at(UTC, default)
+        assert (at is not None and now > at) == ("s" in mark_stale({"s": claim}, now, default_ttl=default))
+        assert C.ClaimFacts.of(claim).last_activity(UTC) == C.last_activity(claim, UTC)
+
     @pytest.mark.parametrize(
         ("value", "minutes"),
         [(30, 30), (1.5, 1.5), ("90", 90), ("30m", 30), ("4h", 240), ("2d", 2880), ("45s", 0.75), ("x", None),

@@ -403,9 +403,35 @@ def test_what_the_store_remembers_is_bounded(brain: BrainPaths, monkeypatch: pyt
     assert len(store._known) <= 8 and len(store._files) <= 8
     newest = brain.claims / f"{claims[-1].sess_id}.yml"
     st = newest.stat()
-    assert store.cached(newest, (st.st_ino, st.st_size, st.st_mtime_ns)) is not None
+    assert store.known_facts(newest, (st.st_ino, st.st_size, st.st_mtime_ns)) is not None
     oldest = brain.claims / f"{first.sess_id}.yml"
     st = oldest.stat()
-    assert store.cached(oldest, (st.st_ino, st.st_size, st.st_mtime_ns)) is None  # fell out: read from disk
+    assert store.known_facts(oldest, (st.st_ino, st.st_size, st.st_mtime_ns)) is None  # fell out: read from disk
     store.write_claim(claims[0].model_copy(update={"status": "closed"}), durable=False)
     assert store.get(first.sess_id).fence == 7  # the fence was read back from the file, never lowered
+
+
+def test_what_the_store_keeps_per_claim_is_small(brain: BrainPaths) -> None:
+    """R-12: the store keeps a claim's facts, not its model (~3.4 KB): what stays in memory after writing 300
+    claims, once the caller's claims are gone, is under 1 KB a claim (paths and signatures included)."""
+    import gc
+    import tracemalloc
+
+    store = ClaimStore(brain, check_filesystem=False)
+    now = datetime(2026, 3, 16, 21, 45, tzinfo=UTC)
+    store.write_claims([new_claim("sess-20260316-2145-warm-up", "satellite", "x/w", "qa", now)], durable=False)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        claims = [
+            new_claim(f"sess-20260316-2145-item-{i:03d}", "satellite", f"projects/p/item-{i:05d}.md", "qa", now)
+            for i in range(300)
+        ]
+        assert store.write_claims(claims, durable=False) == []
+        del claims
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(store._known) == 301
+    assert kept / 300 < 1000, kept / 300  # ~0.7 KB; 2.9 KB with the models and Paths

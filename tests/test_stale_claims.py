@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -83,3 +85,79 @@ def test_batch_write_skips_a_broken_file_and_writes_the_others(store: ClaimStore
     assert [sid for sid, _ in failed] == ["sess-b"]
     assert broken.read_text() == "sess_id: [unclosed\n"
     assert store.get("sess-a").scope == "x/a.md" and store.get("sess-c").scope == "x/c.md"
+
+
+def _past(ns: int) -> None:
+    """Wait until the wall clock is 20 ms past ``ns`` (file ctimes come from a coarse clock, a few ms behind)."""
+    deadline = time.monotonic() + 5
+    while time.time_ns() < ns + 20_000_000:
+        assert time.monotonic() < deadline
+
+
+def test_closed_claims_are_not_remembered_and_changes_are_still_seen(store: ClaimStore,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """R-12: only open claims stay in memory (a soak writes 9 claim files per run); a closed claim a person
+    reopens in place with its old mtime, or one moved in with an old mtime, is seen through its ctime; when the
+    clock goes back, every file is looked at again."""
+    for k in range(40):
+        closed = new_claim(f"sess-closed-{k}", "satellite", f"projects/x/{k}.md", "coder", NOW - timedelta(days=3))
+        store.write_claim(closed.model_copy(update={"status": "closed"}), durable=False)
+    store.write_claim(new_claim("sess-open", "satellite", "projects/o.md", "coder", NOW), durable=False)
+    by_hand = new_claim("sess-by-hand", "satellite", "projects/y.md", "person", NOW - timedelta(days=3))
+    path = store.dir / "sess-by-hand.yml"
+    path.write_text(dump_yaml(by_hand.model_copy(update={"status": "closed"}).to_document()))
+    ev = StaleClaimsEvaluator(store, hours=24, clock=_Clock())
+    ev.CTIME_SLACK_NS = 0  # exact here: the test waits out the coarse clock itself (_past)
+    looks: list[int] = []
+
+    def wall() -> int:
+        looks.append(time.time_ns())
+        return looks[-1]
+
+    ev._wall_ns = wall
+    reads: list[str] = []
+    real_read = store.read
+
+    def counting_read(path: Path) -> object:
+        reads.append(path.name)
+        return real_read(path)
+
+    monkeypatch.setattr(store, "read", counting_read)
+    asked: list[str] = []
+    real_facts = store.known_facts
+
+    def counting_facts(path: Path, sig: tuple[int, int, int]) -> object:
+        asked.append(path.name)
+        return real_facts(path, sig)
+
+    monkeypatch.setattr(store, "known_facts", counting_facts)
+    _past(max(p.stat().st_ctime_ns for p in store.dir.iterdir()))
+    assert ev._any_due(NOW) is False
+    assert list(ev._open) == ["sess-open.yml"] and reads == ["sess-by-hand.yml"] and len(asked) == 42
+    reads.clear()
+    asked.clear()
+    assert ev._any_due(NOW) is False  # nothing changed: no file parsed or even looked up, none remembered
+    assert reads == [] and asked == []
+
+    # A person reopens the closed claim in place and sets its mtime back: its ctime still moves.
+    _past(looks[-1])
+    st = path.stat()
+    path.write_text(path.read_text().replace("status: closed", "status: open "))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert ev._any_due(NOW) is True and reads == ["sess-by-hand.yml"]
+    # A claim moved in from elsewhere with an old mtime: the rename sets its ctime.
+    _past(looks[-1])
+    outside = store.paths.root / "moved.yml"
+    moved = new_claim("sess-moved", "satellite", "projects/m.md", "person", NOW - timedelta(days=3))
+    outside.write_text(dump_yaml(moved.to_document()))
+    os.utime(outside, ns=(0, 0))
+    os.rename(outside, store.dir / "sess-moved.yml")
+    reads.clear()
+    assert ev._any_due(NOW) is True and reads == ["sess-moved.yml"]
+    assert sorted(ev._open) == ["sess-by-hand.yml", "sess-moved.yml", "sess-open.yml"]
+    # The clock goes back: a full look at every file not remembered as open (the 40 closed ones, known to the
+    # store without parsing).
+    asked.clear()
+    ev._wall_ns = lambda: looks[-1] - 10**11
+    ev._any_due(NOW)
+    assert len(asked) == 40 and all(name.startswith("sess-closed-") for name in asked)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, tzinfo
-from typing import Any, Final, Literal, Self, get_args
+from typing import Any, Final, Literal, NamedTuple, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, ModelWrapValidatorHandler, PrivateAttr, field_validator, model_validator
 
@@ -333,12 +333,40 @@ def _require_aware(now: datetime) -> None:
 
 def last_activity(claim: Claim, tz: tzinfo) -> datetime | None:
     """When the claim last moved: the later of ``opened_at`` and the last ``gate_history`` time."""
-    times = [parse_time(claim.opened_at, tz)]
-    for entry in claim.gate_history or []:
-        if isinstance(entry, Mapping):
-            times.append(parse_time(entry.get("at"), tz))
-    known = [t for t in times if t is not None]
-    return max(known) if known else None
+    return ClaimFacts.of(claim).last_activity(tz)
+
+
+class ClaimFacts(NamedTuple):
+    """What the claim store keeps of a file it wrote or read: the fence its next write needs and what the
+    stale-claims scan reads, a few hundred bytes instead of the ~3.4 KB of a :class:`Claim` (R-12: the store's
+    4,096 remembered claims were ~12 MB of a soak's RSS growth)."""
+
+    sess_id: str
+    fence: int | None
+    status: str
+    ttl: int | float | str | None
+    times: tuple[str, ...]  # ``opened_at`` and each ``gate_history`` time, as written
+
+    @classmethod
+    def of(cls, claim: Claim) -> ClaimFacts:
+        times = [claim.opened_at] if isinstance(claim.opened_at, str) else []
+        for entry in claim.gate_history or []:
+            if isinstance(entry, Mapping) and isinstance(entry.get("at"), str):
+                times.append(entry["at"])
+        return cls(claim.sess_id, claim.fence, claim.status, claim.ttl, tuple(times))
+
+    def last_activity(self, tz: tzinfo) -> datetime | None:
+        """The later of ``opened_at`` and the last ``gate_history`` time."""
+        known = [t for t in (parse_time(text, tz) for text in self.times) if t is not None]
+        return max(known) if known else None
+
+    def stale_at(self, tz: tzinfo, default_ttl: timedelta | None) -> datetime | None:
+        """When an open claim goes stale without more activity (None: not open, or no TTL or time to go by)."""
+        if self.status != OPEN:
+            return None
+        ttl = parse_ttl(self.ttl) or default_ttl
+        last = self.last_activity(tz)
+        return last + ttl if ttl is not None and last is not None else None
 
 
 # -- family

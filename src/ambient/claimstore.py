@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ambient import claims as rules
-from ambient.claims import Claim, ClaimResult, sess_id_ok
+from ambient.claims import Claim, ClaimFacts, ClaimResult, sess_id_ok
 from ambient.clock import Clock, SystemClock
 from ambient.errors import AmbientError, FencingError, InputError, StateError, TransitionError, UnsafePathError
 from ambient.fsutil import Staged, atomic_write, check_local_filesystem, fsync_dir, stage
@@ -91,11 +91,11 @@ class ClaimStore:
         if check_filesystem:
             check_local_filesystem(self.dir if self.dir.exists() else paths.root)
         self._guard = FileGuard(paths.state / GUARD_NAME)
-        self._files: dict[str, Path] = {}
+        self._files: dict[str, str] = {}  # sess_id → its file (strings: a Path and its parts are ~0.5 KB)
         # Files this store read or wrote, by (ino, size, mtime_ns), with their fence: write_claim's fast path.
         # What this store last wrote or read, by file: (inode, size, mtime_ns) and the claim. A file whose
         # signature still matches need not be parsed again (the fence check, the stale-claims scan).
-        self._known: dict[Path, tuple[tuple[int, int, int], Claim]] = {}
+        self._known: dict[str, tuple[tuple[int, int, int], ClaimFacts]] = {}
         self._known_lock = threading.Lock()
 
     # -- reading
@@ -139,28 +139,32 @@ class ClaimStore:
 
         Bounded: R-12's soak found the daemon growing ~47 KB per run of 8 items (5 MB a minute under load) from
         these entries, one per claim ever written. An old claim that falls out is parsed again if it is ever
-        looked at (the stale-claims scan keeps its own per-file verdict). ``written``: this store wrote the file,
-        which is then where ``claim.sess_id`` lives.
+        looked at (the stale-claims scan keeps its own per-file verdict). Only the claim's
+        :class:`~ambient.claims.ClaimFacts` are kept, not the model, under string paths: ~0.7 KB a file instead
+        of ~2.9 KB (test_claimstore). ``written``: this store wrote the file, which is then where
+        ``claim.sess_id`` lives.
         """
+        facts = ClaimFacts.of(claim)
         with self._known_lock:  # the writer thread and the loop both remember; readers only get()
             known, files = self._known, self._files
-            known.pop(path, None)  # to the end: the most recent stay longest
-            known[path] = (sig, claim)
+            key = str(path)
+            known.pop(key, None)  # to the end: the most recent stay longest
+            known[key] = (sig, facts)
             if written:
-                files[claim.sess_id] = path
+                files[claim.sess_id] = key
             if len(known) > KNOWN_MAX:
                 self._known = dict(list(known.items())[len(known) // 2 :])
             if len(files) > KNOWN_MAX:
                 self._files = dict(list(files.items())[len(files) // 2 :])
 
-    def cached(self, path: Path, sig: tuple[int, int, int]) -> Claim | None:
-        """The claim of ``path`` if this store last wrote or read that very version (inode, size, mtime_ns)."""
-        known = self._known.get(path)
+    def known_facts(self, path: Path, sig: tuple[int, int, int]) -> ClaimFacts | None:
+        """What this store knows of ``path`` if it last wrote or read that very version (inode, size, mtime_ns)."""
+        known = self._known.get(str(path))
         return known[1] if known is not None and known[0] == sig else None
 
     def is_own_write(self, path: str | Path) -> bool:
         """Is the file at ``path`` exactly what this store last wrote or read (its own change, not a person's)?"""
-        known = self._known.get(Path(path))
+        known = self._known.get(str(path))
         if known is None:
             return False
         try:
@@ -201,7 +205,7 @@ class ClaimStore:
             out.claims[claim.sess_id] = claim
             out.files[claim.sess_id] = path
             out.problems.extend(warnings)
-        self._files = dict(out.files)
+        self._files = {sid: str(path) for sid, path in out.files.items()}
         return out
 
     def list(self, *, status: str | Iterable[str] | None = None) -> builtins.list[Claim]:
@@ -215,7 +219,7 @@ class ClaimStore:
         _check_sess_id(sess_id)
         known = self._files.get(sess_id)
         if known is not None:
-            return known
+            return Path(known)
         for suffix in SUFFIXES:
             candidate = self.dir / f"{sess_id}{suffix}"
             if os.path.lexists(candidate):
@@ -228,9 +232,9 @@ class ClaimStore:
         known = self._files.get(sess_id)
         if known is not None:
             try:
-                return known, os.lstat(known)
+                return Path(known), os.lstat(known)
             except FileNotFoundError:
-                return known, None
+                return Path(known), None
         for suffix in SUFFIXES:  # strings first: a fan-out locates a new claim per item, and Paths cost µs
             name = f"{self._dir_s}/{sess_id}{suffix}"
             try:
@@ -287,7 +291,8 @@ class ClaimStore:
         sid = claim.sess_id
         with self._guard.hold():
             path = self.dir / f"{sid}.yml"
-            for existing in (path, self.dir / f"{sid}.yaml", self._files.get(sid)):
+            known = self._files.get(sid)
+            for existing in (path, self.dir / f"{sid}.yaml", Path(known) if known is not None else None):
                 if existing is not None and os.path.lexists(existing):
                     raise StateError(f"claim {sid} exists already ({self._rel(existing)}); pick another sess_id")
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -458,7 +463,7 @@ class ClaimStore:
         current_fence: int | None = None
         if st is not None:
             key = (st.st_ino, st.st_size, st.st_mtime_ns)
-            known = self._known.get(path)
+            known = self._known.get(str(path))
             if known is not None and known[0] == key and stat.S_ISREG(st.st_mode):
                 current_fence = known[1].fence
             else:

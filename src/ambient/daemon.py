@@ -18,6 +18,7 @@ import gc
 import json
 import os
 import signal
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -267,10 +268,16 @@ class StaleClaimsEvaluator:
         self.store = store
         self.hours = hours
         self.clock = clock
-        # Idle cost (bench/idle.py): parsing 1,000 claims on every timed tick cost ~1 s of CPU per tick. Each
-        # file's (inode, size, mtime) and the time its claim goes stale are remembered; a timed tick stats the
-        # files, parses only the changed ones, and calls mark_stale only when some claim is due.
-        self._stale_at: dict[str, tuple[tuple[int, int, int], datetime | None]] = {}
+        # Idle cost (bench/idle.py): parsing 1,000 claims on every timed tick cost ~1 s of CPU per tick. A timed
+        # tick stats the files and parses only those that changed; mark_stale runs only when some claim is due.
+        # Only open claims are remembered (their file's inode, size and mtime and when they go stale): a file
+        # changed since the last look has a newer ctime (any write, rename or link sets it), so closed claims
+        # need no memory at all. R-12's soak writes 9 claim files per run: remembering every file grew the
+        # daemon ~3 KB a run. Every FULL_SCAN_S, and when the clock went back, every file is looked at again.
+        self._open: dict[str, tuple[tuple[int, int, int], datetime]] = {}
+        self._last_look_ns = 0  # wall clock at the start of the last look (ctimes are wall clock)
+        self._last_full_ns = 0
+        self._wall_ns: Callable[[], int] = time.time_ns
 
     async def evaluate(self, tick: Tick) -> None:
         if not tick.timed:
@@ -282,14 +289,20 @@ class StaleClaimsEvaluator:
         if changed:
             log.info("claims_stale", count=len(changed))
 
+    FULL_SCAN_S = 600.0
+    CTIME_SLACK_NS = 2_000_000_000  # ctimes come from a coarse clock; a file written during a look counts as new
+
     def _any_due(self, now: datetime) -> bool:
         """Whether an open claim may be past its TTL; reads only the claim files changed since the last look."""
-        from ambient.claims import OPEN, last_activity, parse_ttl
+        from ambient.claims import ClaimFacts
 
         tz = now.astimezone().tzinfo
         assert tz is not None
         default = timedelta(hours=self.hours)
-        seen: dict[str, tuple[tuple[int, int, int], datetime | None]] = {}
+        look_ns = self._wall_ns()
+        full = look_ns < self._last_look_ns or look_ns - self._last_full_ns > self.FULL_SCAN_S * 1e9
+        since = 0 if full else self._last_look_ns - self.CTIME_SLACK_NS
+        seen: dict[str, tuple[tuple[int, int, int], datetime]] = {}
         due = False
         try:
             entries = list(os.scandir(self.store.dir))
@@ -303,25 +316,29 @@ class StaleClaimsEvaluator:
             except OSError:
                 continue
             sig = (st.st_ino, st.st_size, st.st_mtime_ns)
-            hit = self._stale_at.get(e.name)
-            if hit is None or hit[0] != sig:
-                at: datetime | None = None
-                # A claim ambient wrote itself (every item of a fan-out) is known without parsing it again: parsing
-                # 2,000 item claims after a run took ~3 s of CPU (bench/fanout.py, py-spy).
-                claim = self.store.cached(Path(e.path), sig)
-                if claim is None:
-                    try:
-                        claim, _ = self.store.read(Path(e.path))
-                    except (AmbientError, OSError):
-                        claim = None  # unreadable: mark_stale skips it too (ambient doctor reports it)
-                if claim is not None and claim.status == OPEN:
-                    ttl = parse_ttl(claim.ttl) or default
-                    last = last_activity(claim, tz)
-                    at = last + ttl if last is not None else None
-                hit = (sig, at)
-            seen[e.name] = hit
-            due = due or (hit[1] is not None and now > hit[1])
-        self._stale_at = seen
+            hit = self._open.get(e.name)
+            if hit is not None and hit[0] == sig:
+                seen[e.name] = hit
+                due = due or now > hit[1]
+                continue
+            if hit is None and st.st_ctime_ns < since:
+                continue  # not open when last looked at, and unchanged since
+            # A claim ambient wrote itself (every item of a fan-out) is known without parsing it again: parsing
+            # 2,000 item claims after a run took ~3 s of CPU (bench/fanout.py, py-spy).
+            facts = self.store.known_facts(Path(e.path), sig)
+            if facts is None:
+                try:
+                    facts = ClaimFacts.of(self.store.read(Path(e.path))[0])
+                except (AmbientError, OSError):
+                    continue  # unreadable: mark_stale skips it too (ambient doctor reports it)
+            at = facts.stale_at(tz, default)
+            if at is not None:
+                seen[e.name] = (sig, at)
+                due = due or now > at
+        self._open = seen
+        self._last_look_ns = look_ns
+        if full:
+            self._last_full_ns = look_ns
         return due
 
 
