@@ -34,6 +34,19 @@ def store(tmp_path: Path) -> ClaimStore:
     return ClaimStore(BrainPaths(root), clock=_Clock())
 
 
+def _count_calls(store: ClaimStore, name: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the files ``store.<name>`` is called with, from now on."""
+    calls: list[str] = []
+    real = getattr(store, name)
+
+    def counting(path: Path, *args: object) -> object:
+        calls.append(path.name)
+        return real(path, *args)
+
+    monkeypatch.setattr(store, name, counting)
+    return calls
+
+
 async def test_claims_written_by_ambient_are_not_parsed_again(store: ClaimStore,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Item claims ambient wrote are judged from memory; a claim a person wrote is parsed; both go stale."""
@@ -44,14 +57,7 @@ async def test_claims_written_by_ambient_are_not_parsed_again(store: ClaimStore,
     by_hand = new_claim("sess-by-hand", "satellite", "projects/y.md", "person", NOW - timedelta(days=2))
     (store.dir / "sess-by-hand.yml").write_text(dump_yaml(by_hand.to_document()))
 
-    reads: list[str] = []
-    real_read = store.read
-
-    def counting_read(path: Path) -> object:
-        reads.append(path.name)
-        return real_read(path)
-
-    monkeypatch.setattr(store, "read", counting_read)
+    reads = _count_calls(store, "read", monkeypatch)
     ev = StaleClaimsEvaluator(store, hours=24, clock=_Clock())
     assert ev._any_due(NOW) is True
     assert reads == ["sess-by-hand.yml"]  # the six claims the store wrote were not parsed
@@ -115,22 +121,8 @@ def test_closed_claims_are_not_remembered_and_changes_are_still_seen(store: Clai
         return looks[-1]
 
     ev._wall_ns = wall
-    reads: list[str] = []
-    real_read = store.read
-
-    def counting_read(path: Path) -> object:
-        reads.append(path.name)
-        return real_read(path)
-
-    monkeypatch.setattr(store, "read", counting_read)
-    asked: list[str] = []
-    real_facts = store.known_facts
-
-    def counting_facts(path: Path, sig: tuple[int, int, int]) -> object:
-        asked.append(path.name)
-        return real_facts(path, sig)
-
-    monkeypatch.setattr(store, "known_facts", counting_facts)
+    reads = _count_calls(store, "read", monkeypatch)
+    asked = _count_calls(store, "known_facts", monkeypatch)
     _past(max(p.stat().st_ctime_ns for p in store.dir.iterdir()))
     assert ev._any_due(NOW) is False
     assert list(ev._open) == ["sess-open.yml"] and reads == ["sess-by-hand.yml"] and len(asked) == 42
