@@ -255,10 +255,10 @@ class ChannelRegistry:
             return True
 
     def disown(self, channel: Channel | str) -> None:
-        """Void a token in this process at once; :meth:`revoke` then deletes its file (off the event loop).
+        """Void a token in this process at once; :meth:`revoke` then removes its file's name (off the event loop).
 
         The router of this process refuses it from now on; another process (an agent's ``ambient send``)
-        reads the file until ``revoke`` has deleted it, a few milliseconds later, when the agent has exited.
+        reads the file until ``revoke`` has renamed it aside, a few milliseconds later, when the agent has exited.
         """
         token = channel.token if isinstance(channel, Channel) else channel
         if token:
@@ -294,8 +294,9 @@ def _symlink_free(root: str, rel: str, plain: dict[str, float] | None = None, no
 
     ``plain``: folders (``"a/b/"``) seen free of symlinks, with the monotonic time until which that verdict holds;
     those are not looked at again, and the folders found on the way are added (until ``now`` +
-    :data:`SYMLINK_CHECK_TTL`). A fan-out gives every item a new path under the same folders: two of its three
-    lstats were of folders checked a moment before (10 % of the event loop in bench/fanout.py (a), py-spy).
+    :data:`SYMLINK_CHECK_TTL`). A fan-out gives every item a new path under the same folders, which were
+    looked at again for each item: now one ``lstat`` per path. (In bench/fanout.py (a) the folders do not exist,
+    so that check was one ``lstat`` already: 5-10 % of the loop's samples all the same, py-spy.)
     """
     path = root
     prefix = ""
