@@ -466,3 +466,30 @@ def test_recent_turns_are_the_newest_lines_across_a_rotation(tmp_path: Path) -> 
     assert newest == every[-11:]  # 12 lines: the corrupt one and the 11 newest turns
     assert newest[-1] == "turn 039"
     assert live.recent_turns("nobody") == []
+
+
+def _tail_reference(data: bytes, limit: int) -> list[bytes]:
+    """The last ``limit`` complete, non-blank lines of ``data``, read the simple way (the whole file)."""
+    lines = data.split(b"\n")[:-1]
+    return [raw for raw in lines if raw.strip()][-limit:] if limit > 0 else []
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lines=st.lists(st.sampled_from([b"", b" ", b"{\"a\":1}", b"x" * 40, b"torn{", b"\xff\xfe"]), max_size=40),
+    torn=st.sampled_from([b"", b"{\"cut", b"  "]),
+    limit=st.integers(0, 12),
+    chunk=st.integers(1, 64),
+)
+def test_tail_lines_reads_from_the_end_as_the_whole_file_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lines: list[bytes], torn: bytes, limit: int, chunk: int
+) -> None:
+    """_tail_lines reads the log backwards a chunk at a time (any chunk size, lines across chunk edges, blank
+    lines, a torn tail) and returns what reading the whole file returns."""
+    import ambient.livecontext as lc
+
+    monkeypatch.setattr(lc, "_TAIL_CHUNK", chunk)
+    data = b"".join(line + b"\n" for line in lines) + torn
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(data)
+    assert lc._tail_lines(path, limit) == _tail_reference(data, limit)
