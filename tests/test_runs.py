@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import re
 from collections.abc import Mapping
@@ -285,3 +286,30 @@ def test_ready_items_from_a_cursor_is_the_full_scan(statuses: list[str], waits: 
     assert first_open(state, min(cursor, start)) == start
     fast = ready_items(state, plan, now, running, start=start, aborted="aborted" in statuses)
     assert [it.name for it in fast] == [it.name for it in full]
+
+
+@pytest.mark.parametrize(
+    ("offset_s", "status", "current"),
+    [
+        (5.0, "open", True),  # written well after the end: current, not read
+        (-5.0, "closed", False),  # well before: behind, whatever it says
+        (0.0, "closed", True),  # within a clock tick: the claim says closed, so it was written after the end
+        (-0.004, "closed", True),
+        (-0.004, "open", False),  # within a tick and still open: written before the end
+        (0.004, "open", False),
+    ],
+)
+def test_a_finished_runs_views_are_current_by_time_or_within_a_tick_by_content(
+    tmp_path: Path, offset_s: float, status: str, current: bool
+) -> None:
+    """A run claim stamped within a kernel tick of ``finished_at`` (file times come from a coarse clock) is judged
+    by what it says: a fresh CI clone found a current run taken as behind and caught up."""
+    manager, *_ = _manager(tmp_path, FakeDelegate())
+    (tmp_path / "claims").mkdir()
+    state = RunState(run_id="sess-20261201-0140-other-312c", workflow="other", form="for_each", spec_hash=None,
+                     spec={}, items=[], finished_at="2026-12-01T01:40:03.527+00:00", outcome="success")
+    claim = tmp_path / "claims" / f"{state.run_id}.yml"
+    claim.write_text(f"sess_id: {state.run_id}\nstatus: {status}\n")
+    at = datetime.fromisoformat(state.finished_at or "").timestamp() + offset_s
+    os.utime(claim, (at, at))
+    assert manager._views_current(state) is current

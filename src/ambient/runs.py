@@ -677,16 +677,29 @@ class RunManager:
 
     def _views_current(self, state: RunState) -> bool:
         """Whether a finished run's views were written after it finished: its run claim (written last, after its
-        item claims and its summary) is newer than its ``finished_run`` record."""
+        item claims and its summary) is newer than its ``finished_run`` record.
+
+        The kernel stamps files from a coarse clock (a tick, up to 10 ms, behind the one ``finished_at`` comes
+        from): a claim written within a tick of the end may look older than it is. There the claim itself
+        decides (closed or failed: written after the end), read only for those few runs.
+        """
+        path = self.paths.claims / f"{state.run_id}.yml"
         try:
-            st = os.lstat(self.paths.claims / f"{state.run_id}.yml")
+            st = os.lstat(path)
         except OSError:
             return False
         try:
             finished = datetime.fromisoformat(state.finished_at).timestamp() if state.finished_at else None
         except ValueError:
             return True  # an unreadable time cannot say it is behind
-        return finished is None or st.st_mtime >= finished
+        if finished is None:
+            return True
+        age = st.st_mtime_ns / 1e9 - finished
+        if age >= _COARSE_CLOCK_S:
+            return True
+        if age < -_COARSE_CLOCK_S:
+            return False
+        return _claim_closed(path)
 
     def _catch_up(self, behind: list[tuple[RunState, Path]]) -> None:
         """Finish what a crash cut after a run's ``finished_run``: its summary and its claims.
@@ -805,6 +818,21 @@ def _reap_orphan(item: ItemState, run_id: str, grace: float = 5.0) -> None:
             except psutil.NoSuchProcess:
                 return
             time.sleep(0.02)  # bounded wait for a process we signalled (start-up, before the loop runs)
+
+
+_COARSE_CLOCK_S = 0.02  # file times lag the clock by up to a kernel tick; twice the longest (HZ=100)
+
+
+def _claim_closed(path: Path) -> bool:
+    """Whether the claim file at ``path`` says closed or failed (unreadable: no)."""
+    from ambient.errors import AmbientError
+    from ambient.yamlfile import MAX_CLAIM_BYTES, load_file
+
+    try:
+        doc, _ = load_file(path, max_bytes=MAX_CLAIM_BYTES)
+    except (AmbientError, OSError):
+        return False
+    return isinstance(doc, dict) and doc.get("status") in ("closed", "failed")
 
 
 def _truncate_torn_tail(path: Path) -> None:
