@@ -144,7 +144,7 @@ def filesystem_note(path: Path) -> str | None:
     There ext4's inode allocator skips every inode freed in the last minute (five while its table block is not
     written back), one lookup each, before it takes a free one: after a large delete nearby, each file created
     costs up to ~0.3 ms of kernel CPU (perf: ``find_inode_bit`` → ``recently_deleted``, 40-70 % of the claims
-    writer's samples and 13-17 % of the event loop's in such runs; none in others).
+    writer's samples and up to 17 % of the event loop's in such runs; none in others).
     """
     try:
         target = os.stat(path).st_dev
