@@ -283,6 +283,36 @@ def test_no_watch_picks_up_a_dropped_workflow_on_the_timed_tick(tmp_path: Path) 
 # ---------------------------------------------------------------- 5. one daemon per brain
 
 
+def test_start_up_removes_locks_of_dead_holders_and_keeps_live_ones(tmp_path: Path) -> None:
+    """The reconciliation walks locks too: one left by a process that died holding it (or resurrected by a power
+    cut that lost its release, R-03) is removed at start-up; a person's lease taken through the CLI stays."""
+    import subprocess
+    import sys
+
+    from ambient.locks import LockManager
+
+    paths = _fast_brain(tmp_path)
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    code = (f"import sys, os; sys.path.insert(0, {src!r}); from pathlib import Path; "
+            "from ambient.locks import LockManager; from ambient.paths import BrainPaths; "
+            f"LockManager(BrainPaths(Path({str(paths.root)!r}))).acquire('projets/dead.md', 'sess-dead', "
+            "pid_bound=True); os._exit(0)")  # dies holding it
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+    LockManager(paths).acquire("projets/lease.md", "sess-person", pid_bound=False)
+
+    def held() -> list[str]:
+        return [p.name for p in lock_files(paths) if p.name.endswith(".lock")]
+
+    assert held() == ["projets%2Fdead.md.lock", "projets%2Flease.md.lock"]
+    d = DaemonProcess(paths, "--until-idle").start()
+    try:
+        assert d.wait(timeout=60) == 0
+        assert d.logged("locks_cleaned", count=1)
+    finally:
+        d.kill()
+    assert held() == ["projets%2Flease.md.lock"]
+
+
 def test_second_instance_exits_at_once_naming_the_running_pid(tmp_path: Path) -> None:
     """A second ``ambient run`` on the same brain exits with code 2 and a message naming the running pid."""
     paths = _fast_brain(tmp_path)

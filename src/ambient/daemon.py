@@ -1,10 +1,10 @@
 """The composition root: one daemon per brain, from start-up to a staged shutdown. Holds no domain rules.
 
 Start-up: refuse untrusted filesystems → take the single-instance lock (flock, names the pid) →
-sweep crash leftovers (temp files only) → load the brain → resume every unfinished run from its
-journal (the reconciliation pass) → start the watcher, the tick loop, the outbox and the watchdog →
-``READY=1``. SIGTERM/SIGINT: ``STOPPING=1``, stop starting work, give running agents the grace
-period, kill their process groups, record them as interrupted, release locks, flush. SIGHUP:
+sweep crash leftovers (temp files only) → load the brain → remove locks whose holders are gone →
+resume every unfinished run from its journal (the reconciliation pass) → start the watcher, the tick loop,
+the outbox and the watchdog → ``READY=1``. SIGTERM/SIGINT: ``STOPPING=1``, stop starting work, give running
+agents the grace period, kill their process groups, record them as interrupted, release locks, flush. SIGHUP:
 ``RELOADING=1``, reload configuration, agents, routing and workflows (a broken file keeps the old
 version), ``READY=1``. ``until_idle``: stop by itself once nothing can move without the person.
 """
@@ -651,6 +651,13 @@ class Daemon:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_stop_signal, sig)
             loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+            # Locks of holders that are provably gone (a dead pid on this host), expired, or malformed past their
+            # grace: the reconciliation walks them too. A lock whose item will run again is taken anew; one whose
+            # release a crash or a power cut lost (R-03: the unlink after the last fsync) would stay otherwise.
+            cleaned = await asyncio.to_thread(self.locks.cleanup)
+            if cleaned:
+                log.info("locks_cleaned", count=len(cleaned), files=[c.file for c in cleaned[:20]],
+                         states=sorted({c.state for c in cleaned}))
             resumed = self.manager.resume_all()
             if resumed:
                 self._progress(f"resumed {len(resumed)} unfinished run(s) from disk")
