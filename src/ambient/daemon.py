@@ -263,6 +263,8 @@ class StaleClaimsEvaluator:
     """Open claims past their TTL become ``stale`` (timed ticks only; only changed claim files are read)."""
 
     name = "stale_claims"
+    FULL_SCAN_S = 600.0
+    CTIME_SLACK_NS = 2_000_000_000  # ctimes come from a coarse clock; a file written during a look counts as new
 
     def __init__(self, store: ClaimStore, hours: float, clock: Clock) -> None:
         self.store = store
@@ -288,9 +290,6 @@ class StaleClaimsEvaluator:
         changed = await asyncio.to_thread(self.store.mark_stale, now=now, default_ttl=timedelta(hours=self.hours))
         if changed:
             log.info("claims_stale", count=len(changed))
-
-    FULL_SCAN_S = 600.0
-    CTIME_SLACK_NS = 2_000_000_000  # ctimes come from a coarse clock; a file written during a look counts as new
 
     def _any_due(self, now: datetime) -> bool:
         """Whether an open claim may be past its TTL; reads only the claim files changed since the last look."""

@@ -26,7 +26,8 @@ TMP_MARK = ".tmp."
 _UNTRUSTED_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse", "9p", "afs", "ceph", "glusterfs")
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may write less than asked)."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -113,7 +114,7 @@ def stage(path: Path, data: bytes, *, mode: int = 0o644) -> Staged:
     tmp = _tmp_str(str(path))  # a string: a fan-out writes a claim per item, and Path objects cost µs
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        _write_all(fd, data)
+        write_all(fd, data)
         st = os.fstat(fd)
     except BaseException:
         os.close(fd)
@@ -158,7 +159,7 @@ def write_new(path: Path, data: bytes | str, *, mode: int = 0o600) -> None:
     raw = data.encode("utf-8") if isinstance(data, str) else data
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        _write_all(fd, raw)
+        write_all(fd, raw)
     except BaseException:
         os.close(fd)
         path.unlink(missing_ok=True)

@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from ambient.clock import Clock, SystemClock
 from ambient.errors import InputError, PacketError, UnsafePathError
-from ambient.fsutil import atomic_write, iter_files, read_capped, resolve_in_brain, write_new
+from ambient.fsutil import atomic_write, iter_files, read_capped, resolve_in_brain, write_all, write_new
 from ambient.journal import Journal, iter_jsonl
 from ambient.matrix import AMBIENT, HUMAN, AccessMatrix, Decision
 from ambient.packet import (
@@ -239,9 +239,7 @@ class ChannelRegistry:
             except OSError:  # swept or replaced meanwhile: forget it, try the next
                 continue
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
+                write_all(fd, data)
             except OSError:
                 os.close(fd)
                 with contextlib.suppress(OSError):

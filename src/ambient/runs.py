@@ -825,6 +825,7 @@ _COARSE_CLOCK_S = 0.02  # file times lag the clock by up to a kernel tick; twice
 
 def _claim_closed(path: Path) -> bool:
     """Whether the claim file at ``path`` says closed or failed (unreadable: no)."""
+    from ambient.claims import TERMINAL
     from ambient.errors import AmbientError
     from ambient.yamlfile import MAX_CLAIM_BYTES, load_file
 
@@ -832,7 +833,7 @@ def _claim_closed(path: Path) -> bool:
         doc, _ = load_file(path, max_bytes=MAX_CLAIM_BYTES)
     except (AmbientError, OSError):
         return False
-    return isinstance(doc, dict) and doc.get("status") in ("closed", "failed")
+    return isinstance(doc, dict) and doc.get("status") in TERMINAL
 
 
 def _truncate_torn_tail(path: Path) -> None:
