@@ -366,7 +366,9 @@ class TestIdentity:
         assert second.token is not None
         path = paths.channels / f"{token_digest(second.token)}.json"
         assert path.stat().st_ino == inode  # the same file, rewritten
-        assert json.loads(path.read_text()) == {"principal": "coder", "spawn": "run-1/b/1", "issued_at": None}
+        # Shorter than the first token's record: cut to size, no tail of the old one.
+        assert json.loads(path.read_text()) == {"principal": "coder", "spawn": "run-1/b/1", "issued_at": None,
+                                                "digest": token_digest(second.token)}
         assert oct(path.stat().st_mode & 0o777) == "0o600"
         assert ChannelRegistry(paths).authenticate(second.token) == Channel("coder", second.token)
         assert ChannelRegistry(paths).authenticate(first.token) is None
@@ -385,6 +387,20 @@ class TestIdentity:
         reg.revoke(third)
         assert reg.revoke_all() == 1  # second's file; the spare goes too
         assert list(paths.channels.iterdir()) == []
+
+    def test_a_token_file_read_under_another_name_grants_nothing(self, brain: Path) -> None:
+        """A pooled file is rewritten for the next token: a reader that opened it under a revoked token's name and
+        reads the next token's record must not get that token's principal (the record names its own digest)."""
+        paths = BrainPaths(brain)
+        reg = ChannelRegistry(paths)
+        old, new = reg.issue("deploy"), reg.issue("coder")
+        assert old.token is not None and new.token is not None
+        old_file = paths.channels / f"{token_digest(old.token)}.json"
+        old_file.write_bytes((paths.channels / f"{token_digest(new.token)}.json").read_bytes())
+        assert ChannelRegistry(paths).authenticate(old.token) is None
+        assert ChannelRegistry(paths).authenticate(new.token) == new
+        old_file.write_text(json.dumps({"principal": "deploy"}))  # a record without its digest: refused too
+        assert ChannelRegistry(paths).authenticate(old.token) is None
 
     def test_a_disowned_token_is_void_here_at_once_and_everywhere_once_revoked(self, brain: Path) -> None:
         """disown voids a token for this process before its file is deleted (the daemon deletes it off the loop);
