@@ -321,3 +321,60 @@ async def test_a_cancelled_committer_does_not_cancel_the_others(tmp_path: Path,
     j.close()  # before the round starts: close() syncs, the commit is answered
     await asyncio.wait_for(pending, 10)
     assert [r["i"] for r in read_jsonl(tmp_path / "j.jsonl").records] == [1, 2, 3]
+
+
+async def test_a_round_writes_its_records_in_order_with_the_loops_own_flushes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit round writes its records in its thread; a flush on the loop before that thread runs writes them
+    first, then its own: the file keeps the order of ``write`` calls, and nothing is written twice."""
+    held: list[Any] = []
+
+    class HeldPool:  # runs the round only when the test says so
+        def submit(self, fn: Any, *args: Any) -> None:
+            held.append((fn, args))
+
+    monkeypatch.setattr(journal_mod, "_fsync_pool", lambda: HeldPool())
+    path = tmp_path / "j.jsonl"
+    j = Journal(path)
+    j.write({"i": 1})
+    committing = asyncio.ensure_future(j.commit())
+    assert await async_wait_until(lambda: bool(held), 10)  # the round took record 1; its thread has not run
+    assert path.read_bytes() == b""  # not written on the loop
+    j.write({"i": 2})
+    j.flush()  # on the loop, before the round's thread: writes 1 then 2
+    assert [r["i"] for r in read_jsonl(path).records] == [1, 2]
+    fn, args = held.pop()
+    await asyncio.to_thread(fn, *args)  # the round: nothing left to write, fsync, wake the committer
+    await asyncio.wait_for(committing, 10)
+    j.write({"i": 3})
+    committing = asyncio.ensure_future(j.commit())
+    assert await async_wait_until(lambda: bool(held), 10)
+    fn, args = held.pop()
+    await asyncio.to_thread(fn, *args)  # this time the thread writes record 3
+    await asyncio.wait_for(committing, 10)
+    assert [r["i"] for r in read_jsonl(path).records] == [1, 2, 3] and j._synced == j._written == 3
+    j.close()
+
+
+async def test_a_round_that_cannot_write_fails_its_committers_and_every_later_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write error in the round's thread (disk full) fails the commit: its records are lost, and no later
+    commit may report the journal durable."""
+    j = Journal(tmp_path / "j.jsonl")
+    real_write = os.write
+    failing = [OSError(errno.ENOSPC, "No space left on device")]
+
+    def full(fd: int, data: Any) -> int:
+        if fd == j._fd and failing:
+            raise failing.pop()
+        return real_write(fd, data)
+
+    monkeypatch.setattr(journal_mod.os, "write", full)
+    j.write({"i": 1})
+    with pytest.raises(OSError, match="No space"):
+        await asyncio.wait_for(j.commit(), 10)
+    j.write({"i": 2})
+    with pytest.raises(OSError):
+        await asyncio.wait_for(j.commit(), 10)
+    with pytest.raises(OSError):
+        j.close()
