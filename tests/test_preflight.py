@@ -234,6 +234,45 @@ class TestShell:
         assert codes(run_preflight(brain, "s", "brain-engine/b.py", snapshot=snapshot)) == []
         locks.close()
 
+    def test_run_preflight_reads_only_the_claim_and_its_ancestors(self, brain: BrainPaths,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+        """claims/ only grows: pre-flight parses the claim and its ancestors, not every file, and gives the same
+        verdicts as a snapshot of every claim (paused parent, theme branch above, agent zones, missing claim)."""
+        store = ClaimStore(brain)
+        pilote = new_claim("sess-pilote", "pilote", "brain-engine/", "ambient", NOW, theme_branch="theme/be6")
+        store.open(pilote)
+        store.open(new_claim("sess-coord", "coordinator", "brain-engine/", "ambient", NOW,
+                             parent_satellite="sess-pilote"))
+        store.open(new_claim("sess-leaf", "satellite", "brain-engine/x/", "coder", NOW, parent_satellite="sess-coord"))
+        for k in range(60):
+            done = new_claim(f"sess-done-{k:03d}", "satellite", "brain-engine/x/", "tester", NOW)
+            store.write_claim(done.model_copy(update={"status": "closed"}), durable=False)
+        (brain.agents / "coder.md").write_text("---\nipc:\n  zone_access: [project]\n---\n")
+        (brain.root / ".git").mkdir()
+        (brain.root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+        parsed: list[str] = []
+        real_read = ClaimStore.read
+
+        def counting(self: ClaimStore, path: Path) -> Any:
+            parsed.append(path.name)
+            return real_read(self, path)
+
+        monkeypatch.setattr(ClaimStore, "read", counting)
+        cases = [("sess-leaf", "brain-engine/x/a.py"), ("sess-leaf", "brain-engine/y.py"), ("sess-coord", "k/a.md"),
+                 ("sess-missing", "brain-engine/x/a.py"), ("sess-done-007", "brain-engine/x/b.py")]
+        for sess, file in cases:
+            parsed.clear()
+            lean = run_preflight(brain, sess, file)
+            # The claim and its two ancestors at most; a claim not in its usual file is looked for in every one.
+            assert len(parsed) <= 3 or sess == "sess-missing", parsed
+            full = run_preflight(brain, sess, file, snapshot=build_snapshot(brain))
+            assert lean == full and lean, (sess, file)  # every case has something to report
+        store.transition("sess-coord", "pause", now=NOW)
+        paused = run_preflight(brain, "sess-leaf", "brain-engine/x/a.py")
+        assert [p.message for p in paused][1:] == ["claim sess-leaf sits under sess-coord, which is paused",
+                                                   "claim sess-leaf works on theme/be6, but the brain is on main"]
+        assert paused == run_preflight(brain, "sess-leaf", "brain-engine/x/a.py", snapshot=build_snapshot(brain))
+
     def test_symlink_out_of_the_brain_fails_scope(self, brain: BrainPaths, tmp_path: Path) -> None:
         """A path that is a symlink leading out of the brain fails the scope check (S-02)."""
         ClaimStore(brain).open(new_claim("s", "satellite", "brain-engine/", "coder", NOW))

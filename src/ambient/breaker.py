@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ambient.claims import Claim
 from ambient.claimstore import ClaimStore
 from ambient.clock import Clock, SystemClock
 from ambient.errors import InputError, UnsafePathError
@@ -199,12 +200,15 @@ def build_snapshot(
     zone_rules: tuple[ZoneRule, ...] = DEFAULT_RULES,
     store: ClaimStore | None = None,
     locks: LockManager | None = None,
+    for_claim: str | None = None,
 ) -> Snapshot:
     """Read claims, locks, breakers and the git branch into one frozen snapshot.
 
-    ``agent_zones`` defaults to the ``zone_access`` each claim's agent declares in ``agents/``.
+    ``agent_zones`` defaults to the ``zone_access`` each claim's agent declares in ``agents/``. ``for_claim``:
+    only that claim and its ancestors, all the checks of one claim look at (see :func:`_lineage`).
     """
-    claims = (store or ClaimStore(paths)).load().claims
+    store = store or ClaimStore(paths)
+    claims = _lineage(store, for_claim) if for_claim is not None else store.load().claims
     manager = locks or LockManager(paths)
     try:
         views = lock_views(manager)
@@ -229,6 +233,24 @@ def build_snapshot(
     )
 
 
+def _lineage(store: ClaimStore, sess_id: str) -> dict[str, Claim]:
+    """A claim and the chain of its ``parent_satellite`` ancestors, read by name.
+
+    Pre-flight checks one claim, its ancestors (paused or failed above it, the theme branch they declare) and
+    its agent: parsing every claim for that grew with claims/, which only grows (a fan-out of 8 items leaves
+    9 files), and cost a chain step ~1 ms per claim file.
+    """
+    out: dict[str, Claim] = {}
+    sid: str | None = sess_id
+    while sid and sid not in out:
+        try:
+            out[sid] = store.get(sid)
+        except (InputError, OSError):
+            break  # absent or unreadable: as the full snapshot, which leaves it out
+        sid = out[sid].parent_satellite
+    return out
+
+
 def run_preflight(
     paths: BrainPaths,
     sess_id: str,
@@ -244,7 +266,8 @@ def run_preflight(
     A path that exists is resolved first, so a symlink leading out of the brain fails the scope
     check instead of reaching the file behind it (and a symlink inside is checked where it leads).
     """
-    snap = snapshot or build_snapshot(paths, threshold=threshold, agent_zones=agent_zones, zone_rules=zone_rules)
+    snap = snapshot or build_snapshot(paths, threshold=threshold, agent_zones=agent_zones, zone_rules=zone_rules,
+                                      for_claim=sess_id)
     try:
         check_relative(file)
     except UnsafePathError:
