@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 
 from ambient.errors import UnsafePathError
 from ambient.livecontext import (
+    HANDOFF_MAX_AGE_S,
     HANDOFF_MAX_CHARS,
     RUBRICS,
     LiveContext,
@@ -260,13 +263,47 @@ class TestHandoff:
         blockers = summarise(turns).split("## Blockers")[1].split("##")[0]
         assert "(none)" in blockers
 
-    def test_handoff_without_file_is_summarised_on_the_fly(self, live: LiveContext) -> None:
-        """Before any HANDOFF or CHECKPOINT, handoff_for summarises the thread (never the transcript)."""
+    def test_handoff_without_file_is_summarised_once_and_kept(self, live: LiveContext,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+        """Before any HANDOFF or CHECKPOINT, handoff_for summarises the thread (never the transcript) and keeps
+        the summary as handoff.md: the next reads parse no turn. An agent without a thread gets no folder."""
         live.append_turn(turn(text="secret transcript detail " * 400))
+        summaries: list[str] = []
+        real = live.recent_turns
+        monkeypatch.setattr(live, "recent_turns", lambda agent, *a: (summaries.append(agent), real(agent, *a))[1])
         text = live.handoff_for("qa")
         assert len(text) <= HANDOFF_MAX_CHARS and "## Current objective" in text
-        assert not (live.paths.live / "qa" / "handoff.md").exists()
-        assert "(none recorded)" in live.handoff_for("nobody")
+        assert (live.paths.live / "qa" / "handoff.md").read_text() == text and summaries == ["qa"]
+        live.append_turn(turn(text="a newer request", minutes=1))
+        assert live.handoff_for("qa") == text and summaries == ["qa"]  # read back, not summarised again
+        assert "(none recorded)" in live.handoff_for("nobody") and not (live.paths.live / "nobody").exists()
+
+    def test_an_old_handoff_is_rebuilt_when_turns_came_since(self, live: LiveContext) -> None:
+        """A handoff.md read more than HANDOFF_MAX_AGE_S after it was written, with turns appended since, is
+        rebuilt first; without new turns, or while it is recent, it is read as it is."""
+        live.append_turn(turn(requester="main", corr="c1", text="deploy instance-01"))
+        first = live.handoff_for("qa")
+        handoff = live.paths.live / "qa" / "handoff.md"
+        old = time.time() - HANDOFF_MAX_AGE_S - 5
+        os.utime(handoff, (old, old))
+        os.utime(live.paths.live / "qa" / "log.jsonl", (old - 1, old - 1))
+        assert live.handoff_for("qa") == first and handoff.stat().st_mtime == old  # nothing new: kept
+        live.append_turn(turn(requester="architect", corr="c2", text="review the lock design", minutes=1))
+        os.utime(handoff, (time.time() - 1, time.time() - 1))
+        assert live.handoff_for("qa") == first  # recent: kept, even with a newer turn
+        os.utime(handoff, (old, old))
+        rebuilt = live.handoff_for("qa")
+        assert "review the lock design" in rebuilt and "review the lock design" not in first
+        assert handoff.read_text() == rebuilt
+
+    def test_a_handoff_that_is_a_symlink_is_not_replaced(self, live: LiveContext, tmp_path: Path) -> None:
+        """handoff.md replaced by a symlink: the agent still gets a summary, and the link is left alone."""
+        live.append_turn(turn(text="first"))
+        target = tmp_path / "elsewhere.md"
+        target.write_text("not a handoff")
+        (live.paths.live / "qa" / "handoff.md").symlink_to(target)
+        assert "## Current objective" in live.handoff_for("qa")
+        assert (live.paths.live / "qa" / "handoff.md").is_symlink() and target.read_text() == "not a handoff"
 
     def test_oversized_handoff_file_is_cut(self, live: LiveContext) -> None:
         """A handoff.md edited to be huge is still given bounded."""
