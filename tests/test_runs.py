@@ -313,3 +313,39 @@ def test_a_finished_runs_views_are_current_by_time_or_within_a_tick_by_content(
     at = datetime.fromisoformat(state.finished_at or "").timestamp() + offset_s
     os.utime(claim, (at, at))
     assert manager._views_current(state) is current
+
+
+async def test_start_up_glances_at_finished_runs_instead_of_folding_them(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """resume_all walks every run journal ever written: a finished run whose views are written is known from its
+    first and last lines (workflow, finished_at) and not read whole; a run whose views are behind, or whose last
+    line is torn, is still read, folded and caught up."""
+    import ambient.runs as runs_mod
+
+    mgr, *_ = _manager(tmp_path, FakeDelegate())
+    ids = {}
+    for wf in ("deploy-batch", "docs-refresh", "w"):
+        ids[wf] = mgr.start(workflow=wf, form="for_each", spec={"note": 'a "quoted" \\ value'}, spec_hash=None,
+                            items=ITEMS[:2])
+        await asyncio.wait_for(mgr.tasks[ids[wf]], 5)
+    paths = BrainPaths(tmp_path)
+    paths.claims.mkdir(exist_ok=True)
+    for wf, run_id in ids.items():
+        state = fold(read_jsonl(paths.run_journal(run_id)).records)
+        claim = paths.claims / f"{run_id}.yml"
+        claim.write_text(f"sess_id: {run_id}\nstatus: closed\n")
+        at = datetime.fromisoformat(state.finished_at or "").timestamp() + (-5 if wf == "w" else 5)  # w: behind
+        os.utime(claim, (at, at))
+    with paths.run_journal(ids["docs-refresh"]).open("a") as fh:
+        fh.write('{"ev": "note", "te')  # a torn last line: the glance cannot tell, the journal is read
+    folded: list[str] = []
+    real = runs_mod.read_jsonl
+    monkeypatch.setattr(runs_mod, "read_jsonl", lambda p: (folded.append(p.stem), real(p))[1])
+    mgr2, *_ = _manager(tmp_path, FakeDelegate())
+    assert mgr2.resume_all() == []
+    journals = [name for name in folded if name.startswith("sess-")]  # runs.jsonl is read too, by the catch-up
+    assert sorted(journals) == sorted([ids["w"], ids["docs-refresh"]])
+    assert mgr2.journaled == {"deploy-batch", "docs-refresh", "w"}
+    assert paths.run_journal(ids["docs-refresh"]).read_bytes().endswith(b"\n")  # the torn line was cut
+    assert runs_mod._finished_glance(paths.run_journal(ids["deploy-batch"])) is not None
+    assert runs_mod._finished_glance(paths.run_journal(ids["deploy-batch"]))[0] == "deploy-batch"  # type: ignore[index]

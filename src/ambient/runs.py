@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -637,6 +639,10 @@ class RunManager:
             run_id = path.stem
             if run_id in self.executors:
                 continue
+            glance = _finished_glance(path)
+            if glance is not None and self._views_current_at(run_id, glance[1]):
+                self.journaled.add(glance[0])  # finished, its views written: nothing to fold
+                continue
             res = read_jsonl(path)
             if res.torn_tail:
                 _truncate_torn_tail(path)
@@ -683,13 +689,16 @@ class RunManager:
         from): a claim written within a tick of the end may look older than it is. There the claim itself
         decides (closed or failed: written after the end), read only for those few runs.
         """
-        path = self.paths.claims / f"{state.run_id}.yml"
+        return self._views_current_at(state.run_id, state.finished_at)
+
+    def _views_current_at(self, run_id: str, finished_at: str | None) -> bool:
+        path = self.paths.claims / f"{run_id}.yml"
         try:
             st = os.lstat(path)
         except OSError:
             return False
         try:
-            finished = datetime.fromisoformat(state.finished_at).timestamp() if state.finished_at else None
+            finished = datetime.fromisoformat(finished_at).timestamp() if finished_at else None
         except ValueError:
             return True  # an unreadable time cannot say it is behind
         if finished is None:
@@ -834,6 +843,39 @@ def _claim_closed(path: Path) -> bool:
     except (AmbientError, OSError):
         return False
     return isinstance(doc, dict) and doc.get("status") in TERMINAL
+
+
+# The head of a run journal as Journal writes it (compact JSON, keys in this order); anything else is folded.
+_STARTED_HEAD = re.compile(rb'\{"ev":"started","run_id":"[^"\\]*","workflow":("(?:[^"\\]|\\.)*")')
+_GLANCE_BYTES = 4096
+
+
+def _finished_glance(path: Path) -> tuple[str, str] | None:
+    """(workflow, finished_at) of a finished run from its journal's first and last lines only; None when those do
+    not tell (not finished, a torn or unusual line): the journal is then read and folded as a whole.
+
+    Start-up walks every run journal ever written, and folding a finished one cost ~0.6 ms (26 lines): a start
+    after 10,000 runs spent 6 s on runs that needed nothing.
+    """
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(_GLANCE_BYTES)
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(max(0, size - _GLANCE_BYTES))
+            tail = fh.read(_GLANCE_BYTES)
+    except OSError:
+        return None
+    started = _STARTED_HEAD.match(head)
+    if started is None or not tail.endswith(b"\n"):
+        return None
+    try:
+        workflow = json.loads(started.group(1))
+        last = json.loads(tail[:-1].rsplit(b"\n", 1)[-1])
+    except ValueError:
+        return None
+    if not isinstance(last, dict) or last.get("ev") != "finished_run" or not isinstance(last.get("at"), str):
+        return None
+    return (workflow, last["at"]) if isinstance(workflow, str) else None
 
 
 def _truncate_torn_tail(path: Path) -> None:
