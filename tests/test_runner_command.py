@@ -11,14 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-import structlog.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -728,25 +726,6 @@ class TestSpawning:
         assert ok.status == "success" and ok.exit_code == 0
         slow = await runner.run(make_req(), stub("hang", timeout_s=0.5, kill_grace_s=0.5))
         assert (slow.reason, slow.killed) == ("timeout", True) and gone(slow.pid or 0)
-
-    async def test_background_jobs_run_and_failures_are_logged(self) -> None:
-        """in_background runs a job off the loop without being awaited; a failing job is logged, not raised."""
-        from ambient.runners.command import in_background
-
-        ran = threading.Event()
-        in_background(ran.set)
-        assert await async_wait_until(ran.is_set, 10)
-        failed = threading.Event()
-
-        def boom() -> None:
-            failed.set()
-            raise OSError("disk gone")
-
-        with structlog.testing.capture_logs() as logs:
-            in_background(boom)
-            assert await async_wait_until(failed.is_set, 10)
-            assert await async_wait_until(lambda: any(e["event"] == "background_job_failed" for e in logs), 10)
-        assert any("disk gone" in e.get("error", "") for e in logs)
 
 
 def test_pidfd_watcher_on_311_waits_for_agents_without_threads(tmp_path: Path) -> None:

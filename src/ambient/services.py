@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from ambient.background import in_background
 from ambient.claims import Claim, new_claim, new_claim_doc
 from ambient.clock import Clock
 from ambient.engine import Tick
@@ -31,7 +32,6 @@ from ambient.notify import Message, Outbox, escalation_message
 from ambient.packet import Packet, make_packet
 from ambient.router import Channel, Router, read_inbox
 from ambient.runners import AgentResult, Runners, RunRequest
-from ambient.runners.command import in_background
 from ambient.runs import Attempt, AttemptResult, EscalationRequest, RunManager, item_claim_id
 from ambient.runstate import ItemState, RunState
 

@@ -18,7 +18,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -517,34 +516,6 @@ def _spawn(argv: list[str], packet: bytes, env: dict[str, str], cwd: Path) -> tu
             popen.wait()
             raise
     return _Child(popen, pidfd, started), out_r, err_r
-
-
-_BACKGROUND: list[ThreadPoolExecutor] = []
-
-
-def in_background(job: Callable[[], None]) -> None:
-    """Run a blocking job in a thread of its own pool, never waited for; a failure is logged.
-
-    For the clean-up after an agent (deleting its channel file): an executor future chained back to the loop
-    costs the loop a wake-up and callbacks per agent for a result nobody waits for.
-    """
-    if not _BACKGROUND:
-        _BACKGROUND.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="ambient-cleanup"))
-    try:
-        done = _BACKGROUND[0].submit(job)
-    except RuntimeError:  # the pool is shut down (interpreter exit): do it here
-        done = Future()
-        try:
-            job()
-            done.set_result(None)
-        except Exception as exc:  # noqa: BLE001 - logged below, like a failure in the pool
-            done.set_exception(exc)
-    done.add_done_callback(_log_job_failure)
-
-
-def _log_job_failure(done: Future[None]) -> None:
-    if not done.cancelled() and done.exception() is not None:
-        log.warning("background_job_failed", error=str(done.exception()))
 
 
 # ---------------------------------------------------------------------------------------------------------------
