@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ambient.fsutil import write_all
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -90,9 +92,7 @@ class Journal:
             self._write(data)
 
     def _write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
+        write_all(self._fd, data)
 
     def sync(self) -> None:
         """Flush and fsync: everything written so far survives a power cut. A failed fsync raises."""
@@ -210,10 +210,7 @@ def append_line(path: Path, record: Mapping[str, Any], *, durable: bool = True) 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     try:
-        data = _dumps(record)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, _dumps(record))
         if durable:
             os.fsync(fd)
     finally:

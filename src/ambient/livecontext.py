@@ -23,7 +23,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError, field_validator
 
 from ambient.errors import InputError, UnsafePathError
-from ambient.fsutil import atomic_write, fsync_dir, read_capped
+from ambient.fsutil import atomic_write, fsync_dir, read_capped, write_all
 from ambient.journal import ReadResult, iter_jsonl
 from ambient.paths import BrainPaths
 
@@ -652,9 +652,7 @@ class LiveContext:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 data = b"\n" + data  # a torn last line (crash mid-append) stays alone on its line
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
             if self.durable:
                 os.fsync(fd)
         finally:

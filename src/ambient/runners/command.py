@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import structlog
 
 from ambient.errors import InputError
-from ambient.fsutil import resolve_in_brain
+from ambient.fsutil import resolve_in_brain, write_all
 from ambient.locks import start_time_now
 from ambient.runners.base import (
     MAX_ENV_PACKET_BYTES,
@@ -249,9 +249,7 @@ def _packet_fd(data: bytes) -> int:
         fd, path = tempfile.mkstemp(prefix="ambient-packet-")
         Path(path).unlink()
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, data)
         os.lseek(fd, 0, os.SEEK_SET)
     except BaseException:
         os.close(fd)
