@@ -296,6 +296,25 @@ class TestHandoff:
         assert "review the lock design" in rebuilt and "review the lock design" not in first
         assert handoff.read_text() == rebuilt
 
+    def test_a_handoff_that_cannot_be_written_is_still_given(self, live: LiveContext,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+        """handoff.md cannot be written (disk full): the agent still gets the summary, nothing is raised, and the
+        next read tries again."""
+        import errno
+
+        import ambient.livecontext as lc_mod
+
+        live.append_turn(turn(text="deploy instance-01"))
+
+        def full(*args: object, **kwargs: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(lc_mod, "atomic_write", full)
+        text = live.handoff_for("qa")
+        assert "deploy instance-01" in text and not (live.paths.live / "qa" / "handoff.md").exists()
+        monkeypatch.undo()
+        assert live.handoff_for("qa") == text and (live.paths.live / "qa" / "handoff.md").read_text() == text
+
     def test_a_handoff_that_is_a_symlink_is_not_replaced(self, live: LiveContext, tmp_path: Path) -> None:
         """handoff.md replaced by a symlink: the agent still gets a summary, and the link is left alone."""
         live.append_turn(turn(text="first"))

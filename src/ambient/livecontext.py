@@ -20,12 +20,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
+import structlog
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError, field_validator
 
 from ambient.errors import InputError, UnsafePathError
 from ambient.fsutil import atomic_write, fsync_dir, read_capped, write_all
 from ambient.journal import ReadResult, iter_jsonl
 from ambient.paths import BrainPaths
+
+log = structlog.get_logger(__name__)
 
 HANDOFF_MAX_CHARS = 4096  # spec/001 HANDOFF_SUMMARY_MAX_CHARS
 TEXT_MAX = 2000
@@ -780,5 +783,12 @@ class LiveContext:
         return appended > written and time.time() - written > HANDOFF_MAX_AGE_S
 
     def _rebuild_handoff(self, agent: str) -> str:
-        with self._locked(self.thread_dir(agent)):
-            return self._write_handoff(agent)
+        """The summary, kept as ``handoff.md`` when it can be: an agent is not refused its handoff because the
+        file could not be written (disk full, a read-only copy of the brain)."""
+        d = self.thread_dir(agent)
+        try:
+            with self._locked(d):
+                return self._write_handoff(agent)
+        except OSError as exc:
+            log.warning("handoff_not_written", agent=agent, error=str(exc))
+            return summarise(self.recent_turns(agent), agent=agent)
