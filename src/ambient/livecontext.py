@@ -774,10 +774,10 @@ class LiveContext:
         return text if len(text) <= HANDOFF_MAX_CHARS else _cut(text, HANDOFF_MAX_CHARS)
 
     @staticmethod
-    def _outdated(handoff: Path, log: Path) -> bool:
+    def _outdated(handoff: Path, thread_log: Path) -> bool:
         try:
             written = handoff.stat().st_mtime
-            appended = log.stat().st_mtime
+            appended = thread_log.stat().st_mtime
         except FileNotFoundError:
             return False
         return appended > written and time.time() - written > HANDOFF_MAX_AGE_S
