@@ -38,6 +38,7 @@ from ambient.errors import AlreadyRunningError, AmbientError
 from ambient.escalations import EscalationStore
 from ambient.fsutil import TMP_MARK, atomic_write, check_local_filesystem, sweep_tmp
 from ambient.gitbranch import GitBranches
+from ambient.heap import HeapTrimEvaluator
 from ambient.journal import Journal, append_line
 from ambient.livecontext import LiveContext, turn_record
 from ambient.locks import LockManager
@@ -440,6 +441,7 @@ class Daemon:
                 EscalationEvaluator(self.escalations, self.manager, self.escalator, self.clock),
                 InboxEvaluator(p, self.router, self._on_packet),
                 StaleClaimsEvaluator(self.claims, s.stale_claim_hours, self.clock),
+                HeapTrimEvaluator(),
                 *([digest] if digest is not None else []),
                 IdleEvaluator(self),
             ],
