@@ -4,8 +4,8 @@ A long-running daemon frees as much as it allocates, but glibc keeps freed heap 
 arenas (one per thread that allocated) until the top of a heap is free, which it rarely is: in R-12's soak,
 once the Python objects stayed flat, the free space inside the arenas still went from 3 to 8-12 MB and made
 RSS swing by as much. ``malloc_trim(0)`` hands whole free pages back (``madvise``), in every arena. It costs a
-walk of the free lists (well under a millisecond at this size), so the daemon does it on its timed ticks, at
-most every ``HeapTrimEvaluator.EVERY_S``, off the event loop. Elsewhere than glibc it does nothing.
+walk of the free lists (2 ms for 20 MB in 10,000 holes, measured here), so the daemon does it on its timed
+ticks, at most every ``HeapTrimEvaluator.EVERY_S``, off the event loop. Elsewhere than glibc it does nothing.
 """
 
 from __future__ import annotations
