@@ -13,25 +13,23 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import functools
 import time
 from collections.abc import Callable
 
 from ambient.engine import Tick
 
-_TRIM: list[Callable[[int], int] | None] = []
 
-
+@functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
-    if not _TRIM:
-        func: Callable[[int], int] | None = None
-        name = ctypes.util.find_library("c")
-        if name:
-            try:
-                func = ctypes.CDLL(name).malloc_trim
-            except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-                func = None
-        _TRIM.append(func)
-    return _TRIM[0]
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        func: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return None
+    return func
 
 
 def trim() -> bool:

@@ -140,10 +140,10 @@ class AgentDelegate:
                 in_background(functools.partial(registry.revoke, channel))
 
     async def _handoff(self, a: Attempt) -> str:
-        """The agent's handoff, summarised once per (agent, run) unless ``handoff.md`` is rewritten meanwhile.
+        """The agent's handoff, read once per (agent, run) unless ``handoff.md`` is rewritten meanwhile.
 
-        Performance (bench/fanout.py): without ``handoff.md`` the handoff is a summary of up to 2 MiB of the
-        agent's live thread, and a fan-out appends two turns per item to that thread, so summarising it for every
+        Performance (bench/fanout.py): building the handoff may summarise the agent's live thread (see
+        ``LiveContext.handoff_for``), and a fan-out appends two turns per item to that thread, so doing it for every
         item was quadratic (1000 items: ~60 s). The items of one run are one session (spec/001: the handoff is
         given at session change and checkpoints), so they share it; a CHECKPOINT/HANDOFF rewrites handoff.md,
         whose (mtime, size) is checked at most every ``HANDOFF_RECHECK_S`` (the daemon itself rewrites it from
