@@ -14,6 +14,7 @@ from typing import IO, Any
 import structlog
 
 from ambient.redact import RedactProcessor, SecretRegistry
+from ambient.terminal import printable
 
 # apprise writes the full Telegram URL, bot token included, at DEBUG (RELIABILITY finding 6);
 # httpx/httpcore log every request URL (the Bot API URL carries the token) at INFO/DEBUG.
@@ -41,6 +42,22 @@ def _level_number(level: int | str) -> int:
     if not isinstance(number, int):
         raise ValueError(f"unknown log level {level!r}; expected DEBUG, INFO, WARNING, ERROR or CRITICAL")
     return number
+
+
+def _printable_values(render: Any) -> Any:
+    """The console renderer, with string values escaped for the terminal first (:mod:`ambient.terminal`).
+
+    It writes strings as they are (other values as their ``repr``, which escapes control characters already);
+    logged fields can carry agent text. JSON lines need nothing: ``json`` escapes them.
+    """
+
+    def _render(logger: Any, name: str, event_dict: Any) -> Any:
+        for key, value in event_dict.items():
+            if isinstance(value, str):
+                event_dict[key] = printable(value)
+        return render(logger, name, event_dict)
+
+    return _render
 
 
 def configure_logging(
@@ -71,11 +88,8 @@ def configure_logging(
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
-    renderer: Any = (
-        structlog.processors.JSONRenderer(default=str)
-        if json
-        else structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
-    )
+    console = structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
+    renderer: Any = structlog.processors.JSONRenderer(default=str) if json else _printable_values(console)
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,  # stdlib records (apprise, asyncio) get the same fields
         processors=[

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ambient.terminal import printable, printable_json
+
 EXIT_OK = 0
 EXIT_NO = 1  # a negative answer: denied, held by another, problems found
 EXIT_USAGE = 2  # bad usage or bad input
@@ -51,15 +53,20 @@ def brain_dir(args: argparse.Namespace) -> Path:
 
 def fail(message: str, code: int = EXIT_USAGE) -> int:
     """Print an error on stderr and return ``code``."""
-    print(f"ambient: error: {message}", file=sys.stderr)
+    say(f"error: {message}")
     return code
 
 
+def say(message: str) -> None:
+    """Print ``ambient: message`` on stderr (warnings, notes), escaped for the terminal like :func:`out`."""
+    print(printable(f"ambient: {message}"), file=sys.stderr)
+
+
 def out(text: str = "") -> None:
-    """Print one line on stdout."""
-    print(text)
+    """Print one line on stdout; what a terminal would act on is escaped (agent text: :mod:`ambient.terminal`)."""
+    print(printable(text))
 
 
 def out_json(data: Any) -> None:
-    """Print data as indented JSON on stdout."""
-    print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    """Print data as indented JSON on stdout (control and bidi characters as JSON escapes)."""
+    print(printable_json(json.dumps(data, indent=2, ensure_ascii=False, default=str)))

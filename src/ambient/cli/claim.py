@@ -7,10 +7,9 @@ matrix, unless ``--force``. Bad input and refused transitions exit 2 with the re
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING, Any
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, out, out_json
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, out, out_json, say
 from ambient.paths import BrainPaths
 
 if TYPE_CHECKING:  # pydantic and YAML are imported in the handlers: `ambient --help` stays fast
@@ -87,7 +86,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     store = _store(args)
     loaded = store.load()
     for problem in loaded.problems:  # a bad file is shown, never hidden or rewritten
-        print(f"ambient: {problem}", file=sys.stderr)
+        say(f"{problem}")
     wanted = set(args.status) if args.status else None
     claims = [c for _, c in sorted(loaded.claims.items()) if wanted is None or c.status in wanted]
     if args.json:
@@ -120,7 +119,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     out(f"# {store.paths.rel(path)} (inferred, not written: close_tier {tier}, zone {zone})")
     out(dump_yaml(claim.to_document()).rstrip("\n"))
     for problem in warnings:
-        print(f"ambient: {problem}", file=sys.stderr)
+        say(f"{problem}")
     return EXIT_OK
 
 
@@ -139,17 +138,16 @@ def _cmd_open(args: argparse.Namespace) -> int:
     }
     claim = new_claim(sess_id, args.type, args.scope, args.agent, now, **fields)
     for _, message in claim.warnings():
-        print(f"ambient: warning: {message}", file=sys.stderr)
+        say(f"warning: {message}")
     if not args.force:
         blocking = find_conflicts(store.load().claims, claim)
         if blocking:
             for other in blocking:
-                print(
-                    f"ambient: {other.sess_id} ({other.satellite_type}, {other.status}) holds {other.scope}; "
-                    f"a {claim.satellite_type} satellite on {claim.scope} must wait (spec/002 conflict matrix)",
-                    file=sys.stderr,
+                say(
+                    f"{other.sess_id} ({other.satellite_type}, {other.status}) holds {other.scope}; "
+                    f"a {claim.satellite_type} satellite on {claim.scope} must wait (spec/002 conflict matrix)"
                 )
-            print("ambient: not opened; use --force to open anyway", file=sys.stderr)
+            say("not opened; use --force to open anyway")
             return EXIT_NO
     store.open(claim, token=args.token)
     out(sess_id)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ambient.cli._common import EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, out_json
+from ambient.terminal import printable
 
 if TYPE_CHECKING:
     from ambient.paths import BrainPaths
@@ -178,7 +179,7 @@ def _show(args: argparse.Namespace) -> int:
     cfg = effective_config(BrainPaths(root), os.environ)
     if cfg.settings is None:
         for problem in cfg.problems:
-            print(str(problem), file=sys.stderr)
+            print(printable(str(problem)), file=sys.stderr)
         return fail(
             f"the configuration is invalid ({len(cfg.problems)} problem(s) above); until it is fixed `ambient run` "
             "starts with the defaults and a reload keeps the previous settings",

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json, say
 from ambient.clock import utcnow
 from ambient.paths import BrainPaths
 
@@ -50,7 +49,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     store = _store(args)
     scan = store.scan()
     for problem in scan.problems:  # a hand-edited file gone wrong is shown, never hidden or deleted
-        print(f"ambient: warning: {problem}", file=sys.stderr)
+        say(f"warning: {problem}")
     escs = [e for e in scan.escalations if args.all or e.status == "pending"]
     if args.json:
         out_json([e.model_dump(mode="json") for e in escs])

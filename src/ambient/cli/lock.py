@@ -8,11 +8,10 @@ session (HOLDER), not to this short-lived process: only release or the TTL frees
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, out_json
+from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, out_json, say
 from ambient.paths import BrainPaths
 
 if TYPE_CHECKING:  # imported in the handlers only: this command runs around every write of a script
@@ -91,14 +90,14 @@ def _cmd_acquire(args: argparse.Namespace) -> int:
             _relative(brain_dir(args), args.file), args.holder, ttl_s=args.ttl * 60, wait=args.wait, pid_bound=False
         )
     except LockBusyError as exc:
-        print(f"ambient: {exc}", file=sys.stderr)
+        say(f"{exc}")
         return EXIT_NO
     finally:
         manager.close()
     if grant.took_over is not None:
         prev = grant.took_over.info.holder if grant.took_over.info else "an unreadable lock"
         state = grant.took_over.state
-        print(f"ambient: warning: took over the {state} lock of {prev} on {grant.file}", file=sys.stderr)
+        say(f"warning: took over the {state} lock of {prev} on {grant.file}")
     if args.json:
         out_json(
             {
@@ -156,7 +155,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for status in statuses:
         out(status.describe())
         if status.problem and status.info is None:
-            print(f"ambient: warning: {status.problem}", file=sys.stderr)
+            say(f"warning: {status.problem}")
     return EXIT_OK
 
 

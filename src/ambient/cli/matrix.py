@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
-import sys
 from typing import TYPE_CHECKING
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json, say
 
 if TYPE_CHECKING:
     from ambient.routing import BrainMatrix
@@ -51,7 +50,7 @@ def _load(args: argparse.Namespace) -> BrainMatrix | None:
         return None
     bm = build_matrix(BrainPaths(root))
     for problem in bm.problems:
-        print(f"ambient: {problem}", file=sys.stderr)
+        say(f"{problem}")
     return bm
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ambient.cli._common import EXIT_OK, add_command, brain_dir, out, out_json
+from ambient.cli._common import EXIT_OK, add_command, brain_dir, out, out_json, say
 from ambient.errors import AmbientError
 
 if TYPE_CHECKING:  # imported in the handler, so that other commands start fast
@@ -132,7 +131,7 @@ def _from_files(paths: BrainPaths, workflow: str) -> tuple[Any, str] | None:
             data, _ = load_file(path, max_bytes=MAX_WORKFLOW_BYTES)
         except AmbientError as exc:
             if path.stem == workflow:
-                print(f"ambient: warning: {exc}; routing falls back to the defaults", file=sys.stderr)
+                say(f"warning: {exc}; routing falls back to the defaults")
             continue
         if not isinstance(data, Mapping) or not (_named(data, workflow) or path.stem == workflow):
             continue
@@ -143,7 +142,7 @@ def _from_files(paths: BrainPaths, workflow: str) -> tuple[Any, str] | None:
         except (ImportError, AttributeError):
             return data, f"{where} (read as YAML)"
         except AmbientError as exc:
-            print(f"ambient: warning: {where}: {exc}; routing read from the raw YAML", file=sys.stderr)
+            say(f"warning: {where}: {exc}; routing read from the raw YAML")
             return data, f"{where} (read as YAML)"
     return None
 
@@ -176,7 +175,7 @@ def _replay(args: argparse.Namespace) -> int:
     since = parse_since(args.since, utcnow()) if args.since else None
     book, problems = load_rules(rules_path(paths))
     for p in problems:
-        print(f"ambient: warning: {p}", file=sys.stderr)
+        say(f"warning: {p}")
     route, source = current_route(paths, args.workflow)
     res = ReadResult()
     report = replay(

@@ -4,11 +4,10 @@ opt-in that lets active rules decide alone (per workflow or globally)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ambient.cli._common import EXIT_OK, add_command, brain_dir, out, out_json
+from ambient.cli._common import EXIT_OK, add_command, brain_dir, out, out_json, say
 
 if TYPE_CHECKING:  # imported in the handlers, so that other commands start fast
     from ambient.learning import Rule, RuleBook
@@ -79,7 +78,7 @@ def _list(args: argparse.Namespace) -> int:
 
     book, problems = load_rules(_path(args))
     for p in problems:
-        print(f"ambient: warning: {p}", file=sys.stderr)
+        say(f"warning: {p}")
     if getattr(args, "json", False):
         data = book.model_dump(mode="json", by_alias=True)
         for r in data["rules"]:

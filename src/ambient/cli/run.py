@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ambient.cli._common import EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out
+from ambient.cli._common import EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, say
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,7 +42,7 @@ def _serve(root: Path, *, until_idle: bool, watch: bool, progress: bool) -> int:
     from ambient.runners.command import use_pidfd_watcher
 
     def show(line: str) -> None:
-        print(f"ambient: {line}", file=sys.stderr, flush=True)
+        say(f"{line}")
 
     options = DaemonOptions(until_idle=until_idle, watch=watch, progress=show if progress else None)
     use_pidfd_watcher()

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, out_json
+from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, out_json, say
 
 if TYPE_CHECKING:
     from ambient.router import Outcome
@@ -62,7 +62,7 @@ def _send(args: argparse.Namespace) -> int:
     try:
         for problem in problems:
             if problem.severity == "error":
-                print(f"ambient: {problem}", file=sys.stderr)
+                say(f"{problem}")
         router.set_default(inbox_handler(paths))
         assert router.registry is not None
         channel = router.registry.channel_from_env(os.environ)
@@ -103,7 +103,7 @@ def _report(outcome: Outcome, as_json: bool) -> int:
         out(f"delivered {pkt.id}: {pkt.from_} → {pkt.to} {pkt.signal}")
     else:
         rule = f" (rule {outcome.decision.rule})" if outcome.decision and outcome.status == "denied" else ""
-        print(f"ambient: {outcome.status}: {outcome.reason}{rule}", file=sys.stderr)
+        say(f"{outcome.status}: {outcome.reason}{rule}")
     if outcome.status == "delivered":
         return EXIT_OK
     if outcome.status == "denied":

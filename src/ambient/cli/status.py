@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
+from ambient.terminal import printable
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -137,7 +138,7 @@ def print_status(root: Path, *, verbose: bool = False, workflow: str | None = No
         if verbose or workflow:
             for n, i in enumerate(r["items"]):
                 extra = f"  escalation {i['escalation']}" if i["escalation"] else ""
-                err = f"  ({i['error'][:80]})" if i["error"] and i["status"] != "done" else ""
+                err = f"  ({_clip(i['error'], 80)})" if i["error"] and i["status"] != "done" else ""
                 here = " <-" if r["form"] == "chain" and r["cursor"] == n else ""
                 write(f"      {i['name']:<24} {i['status']:<11}{extra}{err}{here}")
             if r["tripped"]:
@@ -145,7 +146,7 @@ def print_status(root: Path, *, verbose: bool = False, workflow: str | None = No
     write(f"Escalations waiting on you: {len(data['escalations'])}")
     for e in data["escalations"]:
         opts = " | ".join(f"{n}. {o}" for n, o in enumerate(e["options"], 1))
-        write(f"  {e['id']}  {e['workflow']} {e['where']}: {e['question'][:100]}")
+        write(f"  {e['id']}  {e['workflow']} {e['where']}: {_clip(e['question'], 100)}")
         write(f"      options: {opts}")
         note = ""
         if not data["notifications"]:
@@ -161,13 +162,19 @@ def print_status(root: Path, *, verbose: bool = False, workflow: str | None = No
     if data["errors"]:
         write("Last errors:")
         for e in data["errors"][-5:]:
-            write(f"  {e['workflow']}/{e['item']}: {e['error']}")
+            write(f"  {e['workflow']}/{e['item']}: {_clip(e['error'], 200)}")
     return data
 
 
 def _bar(done: int, total: int, width: int = 20) -> str:
     filled = int(width * done / total) if total else width
     return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` on one line, cut to ``limit`` characters with an ellipsis when it was longer."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -182,7 +189,8 @@ def _status(args: argparse.Namespace) -> int:
             while True:
                 lines: list[str] = []
                 print_status(root, verbose=True, workflow=args.workflow, write=lines.append)
-                sys.stdout.write("\x1b[2J\x1b[H" + "\n".join(lines) + "\n")
+                # Our clear-screen sequence, then the lines escaped like out() does (agent text: ambient.terminal).
+                sys.stdout.write("\x1b[2J\x1b[H" + printable("\n".join(lines)) + "\n")
                 sys.stdout.flush()
                 time.sleep(1.0)
         except KeyboardInterrupt:

@@ -328,8 +328,9 @@ class RunRequest:
     the per-spawn secret the agent may use to talk back; it is never part of ``repr`` and never logged.
     ``vars`` are the workflow's template values for argv (``{{item}}`` and friends); the built-in names ``item``,
     ``run_id``, ``attempt``, ``key``, ``agent``, ``brain`` and ``python`` always win over them.
-    ``before_start`` is a blocking job a command runner runs off the event loop just before the agent starts (the
-    agent is not started if it raises): the daemon writes the channel file there; other runners ignore it.
+    ``before_start`` is a short blocking job a command runner runs on the event loop just before the agent starts
+    (the agent is not started if it raises): the daemon writes the channel file there (a few syscalls; a thread hop
+    per agent cost more, see ``ChannelRegistry.mint``); other runners ignore it.
     """
 
     packet: Mapping[str, Any]

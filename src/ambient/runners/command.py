@@ -587,8 +587,7 @@ class CommandRunner:
     ) -> AgentResult:
         """Run the command agent of ``req``; never raises for agent failures; re-raises cancellation.
 
-        ``req.before_start`` runs off the loop just before the agent starts (not at all if the request is refused
-        first).
+        ``req.before_start`` runs just before the agent starts (not at all if the request is refused first).
         """
         if not isinstance(cfg, CommandRunnerConfig):
             msg = f"CommandRunner cannot run a {cfg.kind!r} runner config"
