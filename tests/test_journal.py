@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ambient import journal as journal_mod
-from ambient.journal import Journal, append_line, iter_jsonl, read_jsonl
+from ambient.journal import Journal, append_line, iter_jsonl, read_jsonl, tail_jsonl
 from ambient.paths import BrainPaths
 from ambient.runstate import fold
 from tests.conftest import async_wait_until
@@ -378,3 +380,87 @@ async def test_a_round_that_cannot_write_fails_its_committers_and_every_later_on
         await asyncio.wait_for(j.commit(), 10)
     with pytest.raises(OSError):
         j.close()
+
+
+# ---------------------------------------------------------------- tail_jsonl: the newest records, read from the end
+
+
+_LINE = st.one_of(
+    st.dictionaries(st.sampled_from(["run_id", "ev", "n", "é"]), st.integers() | st.text(max_size=30), max_size=3)
+    .map(lambda d: json.dumps(d, ensure_ascii=False).encode()),
+    st.just(b""),  # blank line
+    st.just(b"{not json"),  # corrupt line
+    st.just(b'xx{"ev": "only a suffix is a record"}'),  # corrupt, but a block may start inside it
+    st.just(b"[1, 2]"),  # JSON, not a record
+)
+
+
+@given(
+    lines=st.lists(_LINE, max_size=40),
+    torn=st.sampled_from([b"", b'{"ev": "tor', b"x", b'{"ev": "whole, but no newline: torn all the same"}']),
+    count=st.integers(min_value=0, max_value=45),
+    block=st.integers(min_value=1, max_value=64),
+)
+@settings(max_examples=300, deadline=None)
+def test_tail_jsonl_is_the_end_of_read_jsonl(tmp_path_factory: pytest.TempPathFactory, lines: list[bytes],
+                                             torn: bytes, count: int, block: int) -> None:
+    path = tmp_path_factory.mktemp("tail") / "runs.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines) + torn)
+    whole = read_jsonl(path).records
+    assert tail_jsonl(path, count, block=block) == (whole[-count:] if count else [])
+
+
+class _CountingFile:
+    """A file object that adds up what is read from it."""
+
+    def __init__(self, fh: Any, reads: list[int]) -> None:
+        self._fh, self._reads = fh, reads
+
+    def read(self, n: int = -1) -> bytes:
+        data: bytes = self._fh.read(n)
+        self._reads.append(len(data))
+        return data
+
+    def seek(self, *args: int) -> int:
+        return int(self._fh.seek(*args))
+
+    def __enter__(self) -> _CountingFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._fh.close()
+
+
+def test_tail_jsonl_reads_only_the_end(tmp_path: Path) -> None:
+    reads: list[int] = []
+
+    class CountingPath(type(Path())):  # type: ignore[misc]
+        def open(self, *args: Any, **kwargs: Any) -> Any:
+            return _CountingFile(super().open(*args, **kwargs), reads)
+
+    path = tmp_path / "runs.jsonl"
+    rng = random.Random(7)
+    with path.open("wb") as fh:
+        for i in range(20_000):
+            fh.write(json.dumps({"n": i, "pad": "x" * rng.randint(0, 200)}).encode() + b"\n")
+    got = tail_jsonl(CountingPath(path), 50)
+    assert [r["n"] for r in got] == list(range(19_950, 20_000))
+    assert 0 < sum(reads) <= 64 * 1024 < path.stat().st_size // 10
+    assert tail_jsonl(tmp_path / "missing.jsonl", 5) == []
+
+
+def test_runs_last_shows_the_newest(tmp_path: Path) -> None:
+    from tests.e2e_helpers import ambient_cli
+
+    log = tmp_path / ".ambient" / "runs.jsonl"
+    log.parent.mkdir()
+    with log.open("w") as fh:
+        for i in range(30):
+            fh.write(json.dumps({"run_id": f"run-{i:02d}", "workflow": "w" if i % 2 else "v", "outcome": "success",
+                                 "completed_at": f"2026-12-01T10:{i:02d}:00", "steps": []}) + "\n")
+    done = ambient_cli(tmp_path, "runs", "--last", "3")
+    assert done.returncode == 0, done.stderr
+    assert [line.split()[-1] for line in done.stdout.splitlines()] == ["run-27", "run-28", "run-29"]
+    done = ambient_cli(tmp_path, "runs", "w", "--last", "2")  # filtered first, then the newest two
+    assert [line.split()[-1] for line in done.stdout.splitlines()] == ["run-27", "run-29"]
+    assert len(ambient_cli(tmp_path, "runs").stdout.splitlines()) == 30

@@ -347,5 +347,5 @@ async def test_start_up_glances_at_finished_runs_instead_of_folding_them(tmp_pat
     assert sorted(journals) == sorted([ids["w"], ids["docs-refresh"]])
     assert mgr2.journaled == {"deploy-batch", "docs-refresh", "w"}
     assert paths.run_journal(ids["docs-refresh"]).read_bytes().endswith(b"\n")  # the torn line was cut
-    assert runs_mod._finished_glance(paths.run_journal(ids["deploy-batch"])) is not None
-    assert runs_mod._finished_glance(paths.run_journal(ids["deploy-batch"]))[0] == "deploy-batch"  # type: ignore[index]
+    assert runs_mod.finished_glance(paths.run_journal(ids["deploy-batch"])) is not None
+    assert runs_mod.finished_glance(paths.run_journal(ids["deploy-batch"]))[0] == "deploy-batch"  # type: ignore[index]

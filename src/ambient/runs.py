@@ -639,7 +639,7 @@ class RunManager:
             run_id = path.stem
             if run_id in self.executors:
                 continue
-            glance = _finished_glance(path)
+            glance = finished_glance(path)
             if glance is not None and self._views_current_at(run_id, glance[1]):
                 self.journaled.add(glance[0])  # finished, its views written: nothing to fold
                 continue
@@ -850,7 +850,7 @@ _STARTED_HEAD = re.compile(rb'\{"ev":"started","run_id":"[^"\\]*","workflow":("(
 _GLANCE_BYTES = 4096
 
 
-def _finished_glance(path: Path) -> tuple[str, str] | None:
+def finished_glance(path: Path) -> tuple[str, str] | None:
     """(workflow, finished_at) of a finished run from its journal's first and last lines only; None when those do
     not tell (not finished, a torn or unusual line): the journal is then read and folded as a whole.
 
@@ -905,6 +905,7 @@ __all__ = [
     "Ports",
     "RunExecutor",
     "RunManager",
+    "finished_glance",
     "new_run_id",
     "run_record",
 ]

@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--watch", action="store_true", help="refresh every second until interrupted")
     r = add_command(sub, "runs", _runs, "list recorded runs and their outcome")
     r.add_argument("workflow", nargs="?", help="only this workflow")
+    r.add_argument("--last", type=int, metavar="N", help="only the newest N finished runs (read from the end)")
     r.add_argument("--json", action="store_true")
     s = add_command(sub, "start", _start, "start a run of a workflow now (an ORCHESTRATE packet to the daemon)")
     s.add_argument("workflow")
@@ -34,14 +35,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _fold_runs(root: Path) -> list[Any]:
+    """The runs in progress, folded from their journals.
+
+    A finished run is known from its journal's first and last lines (``finished_glance``) and not folded: the brain
+    keeps every run's journal, and folding them all made status slower with each run ever made.
+    """
     from ambient.journal import read_jsonl
     from ambient.paths import BrainPaths
+    from ambient.runs import finished_glance
     from ambient.runstate import fold
 
     paths = BrainPaths(root)
     states = []
     if paths.run_journals.is_dir():
         for path in sorted(paths.run_journals.glob("*.jsonl")):
+            if finished_glance(path) is not None:
+                continue
             try:
                 states.append(fold(read_jsonl(path).records))
             except (ValueError, KeyError):
@@ -51,18 +60,18 @@ def _fold_runs(root: Path) -> list[Any]:
 
 def collect(root: Path) -> dict[str, Any]:
     """Everything ``ambient status`` shows, as plain data."""
+    from ambient.claimindex import census
     from ambient.claimstore import ClaimStore
     from ambient.daemon import daemon_up, running_pid
     from ambient.escalations import EscalationStore
-    from ambient.journal import read_jsonl
+    from ambient.journal import tail_jsonl
     from ambient.locks import LockManager
     from ambient.paths import BrainPaths
     from ambient.redact import redact_text
 
     paths = BrainPaths(root)
     up = daemon_up(paths)
-    states = _fold_runs(root)
-    active = [s for s in states if not s.finished]
+    active = [s for s in _fold_runs(root) if not s.finished]
     runs = []
     for s in active:
         counts = s.counts()
@@ -89,11 +98,10 @@ def collect(root: Path) -> dict[str, Any]:
                               "expires_at": st.info.expires_at if st.info else None})
     except OSError:
         pass
-    loaded = ClaimStore(paths, check_filesystem=False).load()
-    open_claims = [c for c in loaded.claims.values() if c.status in ("open", "waiting_human", "paused")]
+    claims = census(ClaimStore(paths, check_filesystem=False))  # only changed files are parsed (claimindex)
     errors: list[dict[str, Any]] = []
-    records = read_jsonl(paths.runs_log).records if paths.runs_log.exists() else []
-    for rec in records[-50:]:
+    records = tail_jsonl(paths.runs_log, 50)  # the newest runs only: the file keeps every run ever made
+    for rec in records:
         for step in rec.get("steps", []):
             if step.get("error"):
                 errors.append({"workflow": rec.get("workflow"), "item": step.get("item"),
@@ -111,7 +119,8 @@ def collect(root: Path) -> dict[str, Any]:
         "brain": str(root), "daemon": {"up": up, "pid": running_pid(paths) if up else None},
         "notifications": notify_on,
         "runs": runs, "escalations": pending, "locks": locks,
-        "claims": {"open": len(open_claims), "problems": [str(p) for p in loaded.problems]},
+        "claims": {"open": claims.count("open", "waiting_human", "paused"),
+                   "problems": [str(p) for p in claims.problems]},
         "errors": errors[-10:],
         "recent": [{"run_id": r.get("run_id"), "workflow": r.get("workflow"), "outcome": r.get("outcome"),
                     "escalations": r.get("escalations"), "completed_at": r.get("completed_at")} for r in finished],
@@ -200,13 +209,20 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from ambient.journal import read_jsonl
+    from ambient.journal import read_jsonl, tail_jsonl
     from ambient.paths import BrainPaths
 
     root = brain_dir(args)
     paths = BrainPaths(root)
-    res = read_jsonl(paths.runs_log)
-    rows = [r for r in res.records if args.workflow is None or r.get("workflow") == args.workflow]
+    torn = False
+    if args.last is not None and args.workflow is None:  # a month of fan-outs makes runs.jsonl hundreds of MB
+        rows = tail_jsonl(paths.runs_log, max(0, args.last))
+    else:
+        res = read_jsonl(paths.runs_log)
+        torn = res.torn_tail
+        rows = [r for r in res.records if args.workflow is None or r.get("workflow") == args.workflow]
+        if args.last is not None:
+            rows = rows[-args.last:] if args.last > 0 else []
     active = [s for s in _fold_runs(root) if not s.finished and (args.workflow is None or s.workflow == args.workflow)]
     if args.json:
         out_json({"finished": rows, "active": [{"run_id": s.run_id, "workflow": s.workflow} for s in active]})
@@ -219,7 +235,7 @@ def _runs(args: argparse.Namespace) -> int:
             f"{r.get('run_id')}")
     for s in active:
         out(f"{'(running)':<19}  {s.workflow:<20} {'running':<9} {s.success_count}/{len(s.items)} done  {s.run_id}")
-    if res.torn_tail:
+    if torn:
         out("(the last record was torn by a crash and is ignored)")
     if not rows and not active:
         out("no runs recorded yet")
