@@ -307,7 +307,8 @@ for k in range(kills):
     if st.state in ("malformed", "stale"):
         bad_locks += 1
         print("BAD LOCK", st, file=sys.stderr)
-print(json.dumps({"kills": kills, "torn": torn, "bad_locks": bad_locks, "versions": len(versions)}))
+# On a line of its own: a child killed while logging (a takeover warning) can leave half a line on stdout.
+print("\n" + json.dumps({"kills": kills, "torn": torn, "bad_locks": bad_locks, "versions": len(versions)}))
 """
 
 

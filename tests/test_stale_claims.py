@@ -125,7 +125,8 @@ def test_closed_claims_are_not_remembered_and_changes_are_still_seen(store: Clai
     asked = _count_calls(store, "known_facts", monkeypatch)
     _past(max(p.stat().st_ctime_ns for p in store.dir.iterdir()))
     assert ev._any_due(NOW) is False
-    assert list(ev._open) == ["sess-open.yml"] and reads == ["sess-by-hand.yml"] and len(asked) == 42
+    # The closed claim written by hand is known closed from its status line: not parsed either.
+    assert list(ev._open) == ["sess-open.yml"] and reads == [] and len(asked) == 42
     reads.clear()
     asked.clear()
     assert ev._any_due(NOW) is False  # nothing changed: no file parsed or even looked up, none remembered
@@ -176,3 +177,62 @@ def test_a_look_at_a_large_claims_folder_holds_one_entry_at_a_time(store: ClaimS
     finally:
         tracemalloc.stop()
     assert peak < 200_000, f"{peak} bytes at once for a look at 4,000 files"
+
+
+def test_a_full_look_parses_no_closed_claim(store: ClaimStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-running daemon's full look (every FULL_SCAN_S) parsed every claim file it had not written itself,
+    2-3 ms each: minutes of CPU on a brain of many runs. A file whose one top-level status line is not ``open``
+    is now passed over unparsed; anything unusual is parsed as before."""
+    old = NOW - timedelta(days=3)
+    for k in range(50):  # closed claims a previous daemon wrote: this store does not know them
+        claim = new_claim(f"sess-done-{k:02d}", "satellite", f"projects/d/{k}.md", "coder", old)
+        (store.dir / f"sess-done-{k:02d}.yml").write_text(dump_yaml(claim.model_copy(update={"status": "closed"})
+                                                                    .to_document()))
+    tricky = {
+        # closed, with "status: open" inside an indented block scalar: still closed
+        "sess-tricky-a.yml": dump_yaml(new_claim("sess-tricky-a", "satellite", "a.md", "p", old)
+                                       .model_copy(update={"status": "closed"}).to_document())
+        + "notes: |\n  status: open\n",
+        # open, quoted
+        "sess-tricky-b.yml": dump_yaml(new_claim("sess-tricky-b", "satellite", "b.md", "p", old).to_document())
+        .replace("status: open", 'status: "open"'),
+        # open, in flow style: no status line at column 0, so parsed
+        "sess-tricky-c.yml": '{sess_id: sess-tricky-c, type: satellite, scope: c.md, agent: p, status: open, '
+        f'opened_at: "{old.strftime("%Y-%m-%dT%H:%M")}"}}\n',
+    }
+    for name, text in tricky.items():
+        (store.dir / name).write_text(text)
+    reads = _count_calls(store, "read", monkeypatch)
+    ev = StaleClaimsEvaluator(store, hours=24, clock=_Clock())
+    assert ev._any_due(NOW) is True
+    assert sorted(reads) == ["sess-tricky-b.yml", "sess-tricky-c.yml"]  # the open ones only
+    assert sorted(ev._open) == ["sess-tricky-b.yml", "sess-tricky-c.yml"]
+    changed = store.mark_stale(now=NOW, default_ttl=timedelta(hours=24))
+    assert sorted(changed) == ["sess-tricky-b", "sess-tricky-c"]
+
+
+@pytest.mark.parametrize(
+    ("text", "closed"),
+    [
+        (b"sess_id: a\nstatus: closed\n", True),
+        (b"status: 'stale' # by hand\r\n", True),
+        (b"status: open\n", False),
+        (b'status: "open"\n', False),
+        (b"status: closed\nstatus: open\n", False),  # two: a duplicate key, the parser decides
+        (b"{status: closed}\n", False),  # flow style: parsed
+        (b"status:\n  closed\n", False),  # the value on the next line: parsed
+        (b"status:closed\n", False),  # not a key in YAML: parsed (and refused)
+        (b"  status: closed\n", False),  # indented: not a top-level key
+        (b"x" * 300_000 + b"\nstatus: closed\n", False),  # over the size cap
+    ],
+)
+def test_not_open_reads_only_what_is_certain(tmp_path: Path, text: bytes, closed: bool) -> None:
+    from ambient.daemon import _not_open
+
+    path = tmp_path / "c.yml"
+    path.write_bytes(text)
+    assert _not_open(str(path)) is closed
+    link = tmp_path / "link.yml"
+    link.symlink_to(path)
+    assert _not_open(str(link)) is False  # never follows a symlink
+

@@ -379,13 +379,33 @@ class ClaimStore:
         return self.transition(sess_id, "close", message, now=now, result=result, token=token)[sess_id]
 
     def mark_stale(self, *, now: datetime | None = None, default_ttl: timedelta | None = None) -> dict[str, Claim]:
-        """Turn open claims past their TTL into ``stale`` (written); returns them."""
+        """Turn open claims past their TTL into ``stale`` (written); returns them.
+
+        The candidates come from the claims census (:mod:`ambient.claimindex`: only files changed since it last
+        looked are parsed), and each is read again under the guard before the rule decides: it loaded and parsed
+        every claim of the brain under the guard (a minute at 20,000 claims, while no claim could be written).
+        """
+        from ambient.claimindex import census  # it imports this module
+
         when = (now or self.now()).astimezone()
+        tz = when.tzinfo
+        assert tz is not None
+        changed: dict[str, Claim] = {}
         with self._guard.hold():
-            loaded = self.load()
-            changed = rules.mark_stale(loaded.claims, when, default_ttl)
-            for sid, claim in changed.items():
-                self._write(loaded.files[sid], claim)
+            seen = census(self)
+            for sid, facts in seen.facts.items():
+                at = facts.stale_at(tz, default_ttl)
+                if at is None or when <= at:
+                    continue
+                path = self.paths.root / seen.files[sid]
+                try:
+                    claim, _ = self.read(path)
+                except (AmbientError, OSError):
+                    continue  # changed meanwhile into something unreadable: left alone, as load() would
+                for stale_sid, stale in rules.mark_stale({claim.sess_id: claim}, when, default_ttl).items():
+                    if stale_sid == sid:
+                        self._write(path, stale)
+                        changed[sid] = stale
             return changed
 
     def write_claim(self, claim: Claim, *, durable: bool = True, token: int | None = None) -> Path:
