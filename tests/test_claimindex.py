@@ -146,3 +146,31 @@ def test_status_counts_open_claims_through_the_index(brain: BrainPaths) -> None:
     data = json.loads(done.stdout)
     assert data["claims"]["open"] == 2
     assert any("broken.yml" in p for p in data["claims"]["problems"])
+
+
+@pytest.mark.parametrize("statuses", [("open",), ("open", "paused"), ("closed",), ("failed",)])
+def test_claim_list_by_status_reads_only_those_and_says_the_same(brain: BrainPaths, statuses: tuple[str, ...]) -> None:
+    every = ambient_cli(brain.root, "claim", "list")  # the full path: every claim loaded
+    assert every.returncode == 0, every.stderr
+    want = [line for line in every.stdout.splitlines() if line.split()[1] in statuses]
+    args = [arg for s in statuses for arg in ("--status", s)]
+    picked = ambient_cli(brain.root, "claim", "list", *args)  # the census, then only those files
+    assert picked.returncode == 0, picked.stderr
+    assert picked.stdout.splitlines() == (want or ["No claims."])
+    assert picked.stderr == every.stderr  # the same problems, in the same order
+    as_json = json.loads(ambient_cli(brain.root, "claim", "list", *args, "--json").stdout)
+    assert [row["sess_id"] for row in as_json] == [line.split()[0] for line in want]
+
+
+def test_doctor_and_validate_use_the_index_and_write_none(brain: BrainPaths) -> None:
+    index = brain.state / INDEX_NAME
+    for sub in ("agents", "workflows", "locks", "profil"):  # a brain doctor recognises
+        (brain.root / sub).mkdir()
+    for args in (("doctor",), ("validate",)):
+        done = ambient_cli(brain.root, *args)
+        assert "broken.yml" in done.stdout + done.stderr, (args, done.stdout, done.stderr)
+        assert not index.exists(), args  # they promise to write nothing
+    _census(brain)
+    before = index.read_bytes()
+    done = ambient_cli(brain.root, "validate")
+    assert "broken.yml" in done.stdout + done.stderr and index.read_bytes() == before

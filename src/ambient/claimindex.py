@@ -21,14 +21,15 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from ambient import __version__
-from ambient.claims import ClaimFacts
+from ambient.claims import Claim, ClaimFacts
 from ambient.claimstore import SUFFIXES, ClaimFileError, ClaimStore
-from ambient.errors import InputError
+from ambient.errors import AmbientError, InputError
 from ambient.fsutil import atomic_write
 from ambient.problems import Problem
 
@@ -56,11 +57,13 @@ class ClaimCensus:
         return sum(1 for f in self.facts.values() if f.status in statuses)
 
 
-def census(store: ClaimStore) -> ClaimCensus:
+def census(store: ClaimStore, *, save: bool = True) -> ClaimCensus:
     """Every claim file's facts or problems, parsing only files not in the index as they are now.
 
     Same verdicts as :meth:`ClaimStore.load` (the first file of a sess_id wins, the others are problems), from the
     same reader; symlinks and other non-regular files are never indexed (read, and refused, each time).
+    ``save=False`` for commands that promise to write nothing (``doctor``, ``validate``): they use the index, and
+    leave it as it was.
     """
     paths = store.paths
     index_path = paths.state / INDEX_NAME
@@ -87,8 +90,27 @@ def census(store: ClaimStore) -> ClaimCensus:
         if stat.S_ISREG(st.st_mode):
             new[entry.name] = record
         _add(out, record, rel)
-    if new != old:
+    if save and new != old:
         _save_index(index_path, new)
+    return out
+
+
+def read_claims(store: ClaimStore, seen: ClaimCensus, sess_ids: Iterable[str]) -> dict[str, tuple[Path, Claim]]:
+    """The whole claims of ``sess_ids`` (file, claim), read now from the files the census found them in.
+
+    For commands that need a few claims in full (the open ones, the stale ones): the census picks them from its
+    facts, then only their files are parsed. One that changed since into something unreadable, or into another
+    sess_id, is left out.
+    """
+    out: dict[str, tuple[Path, Claim]] = {}
+    for sid in sess_ids:
+        path = store.paths.root / seen.files[sid]
+        try:
+            claim, _ = store.read(path)
+        except (AmbientError, OSError):
+            continue
+        if claim.sess_id == sid:
+            out[sid] = (path, claim)
     return out
 
 

@@ -385,7 +385,7 @@ class ClaimStore:
         looked are parsed), and each is read again under the guard before the rule decides: it loaded and parsed
         every claim of the brain under the guard (a minute at 20,000 claims, while no claim could be written).
         """
-        from ambient.claimindex import census  # it imports this module
+        from ambient.claimindex import census, read_claims  # they import this module
 
         when = (now or self.now()).astimezone()
         tz = when.tzinfo
@@ -393,19 +393,12 @@ class ClaimStore:
         changed: dict[str, Claim] = {}
         with self._guard.hold():
             seen = census(self)
-            for sid, facts in seen.facts.items():
-                at = facts.stale_at(tz, default_ttl)
-                if at is None or when <= at:
-                    continue
-                path = self.paths.root / seen.files[sid]
-                try:
-                    claim, _ = self.read(path)
-                except (AmbientError, OSError):
-                    continue  # changed meanwhile into something unreadable: left alone, as load() would
-                for stale_sid, stale in rules.mark_stale({claim.sess_id: claim}, when, default_ttl).items():
-                    if stale_sid == sid:
-                        self._write(path, stale)
-                        changed[sid] = stale
+            due = [sid for sid, f in seen.facts.items() if (at := f.stale_at(tz, default_ttl)) and when > at]
+            for sid, (path, claim) in read_claims(self, seen, due).items():
+                stale = rules.mark_stale({sid: claim}, when, default_ttl).get(sid)
+                if stale is not None:
+                    self._write(path, stale)
+                    changed[sid] = stale
             return changed
 
     def write_claim(self, claim: Claim, *, durable: bool = True, token: int | None = None) -> Path:

@@ -240,22 +240,27 @@ def _check_programs(paths: BrainPaths, brain: Any) -> list[Finding]:
 def check_claims(paths: BrainPaths, settings: Settings, now: datetime) -> list[Finding]:
     """Unreadable claims, open claims past their TTL (stale) and claims already marked stale."""
     from ambient import claims as rules
+    from ambient.claimindex import census, read_claims
     from ambient.claimstore import ClaimStore
 
     if not paths.claims.is_dir():
         return []
-    loaded = ClaimStore(paths, check_filesystem=False).load()
+    store = ClaimStore(paths, check_filesystem=False)
+    seen = census(store, save=False)  # the index is used, not written; the stale candidates are read in full
     found = [Finding("warning", "claims", p.message,
                      "fix the file (ambient skips it and never rewrites it); `ambient validate` shows every problem",
-                     p.file, p.line) for p in loaded.problems if p.severity == "error"]
+                     p.file, p.line) for p in seen.problems if p.severity == "error"]
     local = now.astimezone()  # naive claim times are local time
     tz = local.tzinfo
     assert tz is not None  # astimezone() always sets one
-    stale = rules.mark_stale(loaded.claims, local, timedelta(hours=settings.stale_claim_hours))
+    default_ttl = timedelta(hours=settings.stale_claim_hours)
+    due = [sid for sid, f in seen.facts.items() if (at := f.stale_at(tz, default_ttl)) is not None and local > at]
+    candidates = read_claims(store, seen, due)
+    stale = rules.mark_stale({sid: claim for sid, (_, claim) in candidates.items()}, local, default_ttl)
     running = set(_unfinished_runs(paths)) if stale else set()
     rows = []
     for sid in sorted(stale):
-        claim = loaded.claims[sid]
+        claim = candidates[sid][1]
         ttl = rules.parse_ttl(claim.ttl) or timedelta(hours=settings.stale_claim_hours)
         last = rules.last_activity(claim, tz) or local
         run = next((r for r in (sid, claim.parent_satellite) if r in running), None)
@@ -268,10 +273,10 @@ def check_claims(paths: BrainPaths, settings: Settings, now: datetime) -> list[F
             "warning", "claims",
             f"claim {sid} (agent {claim.agent}, scope {claim.scope}) is open with no activity for "
             f"{_ago(local - last)}, past its TTL ({_ago(ttl)})",
-            hint, paths.rel(loaded.files[sid]),
+            hint, paths.rel(candidates[sid][0]),
         ))
     found += _capped(rows, "stale claims")
-    already = sorted(sid for sid, c in loaded.claims.items() if c.status == rules.STALE)
+    already = sorted(sid for sid, f in seen.facts.items() if f.status == rules.STALE)
     if already:
         names = ", ".join(already[:5]) + (f" and {len(already) - 5} more" if len(already) > 5 else "")
         found.append(Finding("info", "claims", f"{len(already)} claim(s) marked stale (they block nobody): {names}",

@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _other_checks(paths: BrainPaths, bm: BrainMatrix) -> list[Problem]:
     """Problems of the configuration, agents, zones, routing, runners and claims (read-only: nothing is swept)."""
     from ambient.brain import runner_configs
+    from ambient.claimindex import census
     from ambient.claimstore import ClaimStore
     from ambient.cli.config import effective_config
     from ambient.settings import settings_from
@@ -52,8 +53,8 @@ def _other_checks(paths: BrainPaths, bm: BrainMatrix) -> list[Problem]:
     problems = config.problems + bm.problems
     _, runner_problems = runner_configs(bm, config.settings or settings_from({}, {}))
     problems += runner_problems
-    if paths.claims.is_dir():
-        problems += ClaimStore(paths, check_filesystem=False).load().problems
+    if paths.claims.is_dir():  # the census: the same reader's verdicts, only changed files parsed again
+        problems += census(ClaimStore(paths, check_filesystem=False), save=False).problems
     return problems
 
 
