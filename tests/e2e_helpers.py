@@ -58,13 +58,18 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 
 def stub_agent_md(name: str, stub_args: Sequence[str] = (), *, timeout_s: float = 60, kill_grace_s: float = 2) -> str:
     """An agent file whose command runner is :mod:`ambient.stub_agent` with ``stub_args``."""
-    argv = ["{{python}}", "-m", "ambient.stub_agent", *stub_args]
+    return command_agent_md(name, ["{{python}}", "-m", "ambient.stub_agent", *stub_args], timeout_s=timeout_s,
+                            kill_grace_s=kill_grace_s)
+
+
+def command_agent_md(name: str, argv: Sequence[str], *, timeout_s: float = 60, kill_grace_s: float = 2) -> str:
+    """An agent file (a project agent that talks with the orchestrator) run by the command runner with ``argv``."""
     return (
         "---\n"
         f"name: {name}\n"
         "type: agent\n"
         "status: active\n"
-        f'description: "stub agent {name} for end-to-end tests"\n'
+        f'description: "test agent {name}"\n'
         "brain:\n"
         "  version: 1\n"
         "  type: metier\n"
@@ -77,11 +82,11 @@ def stub_agent_md(name: str, stub_args: Sequence[str] = (), *, timeout_s: float 
         "ambient:\n"
         "  runner:\n"
         "    kind: command\n"
-        f"    argv: {json.dumps(argv)}\n"
+        f"    argv: {json.dumps(list(argv))}\n"
         f"    timeout_s: {timeout_s}\n"
         f"    kill_grace_s: {kill_grace_s}\n"
         "---\n"
-        f"# Agent: {name}\n\nA stub agent (tests only).\n"
+        f"# Agent: {name}\n\nA test agent.\n"
     )
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ambient.logs import configure_logging
 from ambient.terminal import printable
-from tests.e2e_helpers import ambient_cli, foreach_workflow, make_brain, running
+from tests.e2e_helpers import ambient_cli, command_agent_md, foreach_workflow, make_brain, running
 
 #: What a terminal may act on: C0 controls but tab and newline, DEL, C1 controls, bidi and line separators.
 UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
@@ -80,27 +80,7 @@ _FAILING_AGENT = (
 
 
 def _agent_md(name: str, code: str) -> str:
-    argv = ["{{python}}", "-c", code]
-    return (
-        "---\n"
-        f"name: {name}\n"
-        "type: agent\n"
-        "status: active\n"
-        "brain:\n"
-        "  version: 1\n"
-        "  type: metier\n"
-        "  scope: project\n"
-        "  ipc:\n"
-        "    receives_from: [orchestrator, human, ambient]\n"
-        "    sends_to: [orchestrator, human, ambient]\n"
-        "    zone_access: [project]\n"
-        "    signals: [RETURN, ERROR, ESCALATE, BLOCKED_ON]\n"
-        "ambient:\n"
-        "  runner:\n"
-        "    kind: command\n"
-        f"    argv: {json.dumps(argv)}\n"
-        "---\n"
-    )
+    return command_agent_md(name, ["{{python}}", "-c", code])
 
 
 def test_cli_never_prints_an_agents_control_characters(tmp_path) -> None:  # type: ignore[no-untyped-def]
