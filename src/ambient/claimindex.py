@@ -8,9 +8,10 @@ a brain keeps every claim it ever had: one fan-out of 1,000 items made status ta
 also names the code that judged them (ambient's version, and the size and mtime of the modules that read and
 validate claims): other code, other rules, so the index is discarded.
 
-The index is derived data, never a source of truth: nothing decides on it (the daemon reads claims itself), a
-missing, torn or foreign index is simply rebuilt, and one that cannot be written (a read-only ``.ambient/``) only
-costs the speed. It is written atomically without fsync: after a power cut it is at worst rebuilt.
+The index is derived data, never a source of truth: nothing decides on it alone (marking claims stale takes its
+candidates from it and reads each again under the claims guard), a missing, torn or foreign index is rebuilt, and
+one that cannot be written (a read-only ``.ambient/``) only costs the speed. It is written atomically without
+fsync: after a power cut it is at worst rebuilt.
 """
 
 from __future__ import annotations
