@@ -509,3 +509,34 @@ class TestCli:
         a = store.create(_fail())
         assert main(["decide", "--brain", str(store.paths.root), a.id, "abort"]) == 0
         assert store.get(a.id).by == "human"
+
+
+def test_listing_parses_only_changed_files(store: EscalationStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon lists every escalation at each tick, decided ones included (they stay for good): a file is
+    parsed again only when it changed, and callers get copies of what was read."""
+    made = [store.create(_fail(f"instance-{k:02d}", now=T0 + timedelta(seconds=k))) for k in range(20)]
+    store = EscalationStore(store.paths)  # a new store (a daemon started again): nothing read yet
+    reads: list[str] = []
+    real = store._read
+
+    def counting(path: Path) -> Escalation:
+        reads.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(store, "_read", counting)
+    first = store.list()
+    assert [e.id for e in first] == [e.id for e in made] and len(reads) == 20
+    reads.clear()
+    first[0].options.clear()  # a caller changing what it got changes nothing for the next one
+    again = store.list()
+    assert reads == [] and again == [store.get(e.id) for e in made] and again[0].options
+    store.answer(made[3].id, "retry", by="human", channel="cli", now=T0 + timedelta(minutes=5))
+    path = store.path_for(made[7].id)
+    path.write_text(path.read_text().replace("Item instance-07 failed", "Item instance-07 failed badly"))
+    reads.clear()
+    listed = {e.id: e for e in store.list(status="pending")}
+    assert sorted(reads) == sorted([f"{made[3].id}.yml", f"{made[7].id}.yml"])
+    assert made[3].id not in listed and "badly" in listed[made[7].id].question
+    path.unlink()
+    reads.clear()
+    assert len(store.list()) == 19 and reads == []
