@@ -47,8 +47,9 @@ def _level_number(level: int | str) -> int:
 def _printable_values(render: Any) -> Any:
     """The console renderer, with string values escaped for the terminal first (:mod:`ambient.terminal`).
 
-    It writes strings as they are (other values as their ``repr``, which escapes control characters already);
-    logged fields can carry agent text. JSON lines need nothing: ``json`` escapes them.
+    It writes the event and a traceback as they are (other fields as their ``repr``, which escapes control
+    characters already), and both can carry agent text: a library's message, an exception's. JSON lines need
+    nothing: ``json`` escapes them.
     """
 
     def _render(logger: Any, name: str, event_dict: Any) -> Any:
