@@ -349,3 +349,26 @@ async def test_start_up_glances_at_finished_runs_instead_of_folding_them(tmp_pat
     assert paths.run_journal(ids["docs-refresh"]).read_bytes().endswith(b"\n")  # the torn line was cut
     assert runs_mod.finished_glance(paths.run_journal(ids["deploy-batch"])) is not None
     assert runs_mod.finished_glance(paths.run_journal(ids["deploy-batch"]))[0] == "deploy-batch"  # type: ignore[index]
+
+
+async def test_status_folds_only_the_runs_in_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ambient status`` folded every run journal ever written to find the runs in progress: a finished one is now
+    known from its first and last lines; one whose last line is torn is still read (and left out if finished)."""
+    import ambient.journal as journal_mod
+    from ambient.cli.status import collect
+
+    mgr, *_ = _manager(tmp_path, FakeDelegate())
+    ids = []
+    for wf in ("deploy-batch", "docs-refresh", "w"):
+        ids.append(mgr.start(workflow=wf, form="for_each", spec={}, spec_hash=None, items=ITEMS[:2]))
+        await asyncio.wait_for(mgr.tasks[ids[-1]], 5)
+    paths = BrainPaths(tmp_path)
+    with paths.run_journal(ids[1]).open("a") as fh:
+        fh.write('{"ev": "note", "te')  # torn: the glance cannot tell
+    read: list[str] = []
+    real = journal_mod.read_jsonl
+    monkeypatch.setattr(journal_mod, "read_jsonl", lambda p: (read.append(p.name), real(p))[1])
+    data = collect(tmp_path)
+    assert data["runs"] == []  # nothing in progress
+    assert read == [f"{ids[1]}.jsonl"]  # only the journal the glance could not judge
+    assert {r["run_id"] for r in data["recent"]} == set(ids)  # from runs.jsonl's end
