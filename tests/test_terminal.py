@@ -103,7 +103,7 @@ def test_cli_never_prints_an_agents_control_characters(tmp_path) -> None:  # typ
         assert UNSAFE.search(text) is None, (args, text)  # nothing a terminal would act on ...
     assert "\\x1b]0;owned\\x07" in dict(shown)[("status", "fail")]  # ... the failure shown, escaped
     assert "\\u202eevil" in dict(shown)[("escalations",)]  # ... and the question
-    # JSON keeps the value: the characters json leaves raw are written as \uXXXX escapes.
+    # JSON keeps the value: the characters json leaves raw are written as JSON \u escapes (four hex digits).
     done = ambient_cli(paths.root, "escalations", "--json")
     assert done.returncode == 0, done.stderr
     assert UNSAFE.search(done.stdout) is None

@@ -6,8 +6,8 @@ controls, a carriage return overwrite the start of a line, and a bidi override r
 Source). The CLI and the console log renderer pass what they show through :func:`printable`, which writes each
 such character as its escape (``\\x1b``, ``\\u202e``), like ``cat -v``: the person still sees that something was
 there. Newlines and tabs stay (messages and tracebacks span lines). JSON output (``--json``) keeps its values:
-:func:`printable_json` writes the characters ``json`` leaves raw as ``\\uXXXX`` escapes, which decode to the same
-text.
+:func:`printable_json` writes the characters ``json`` leaves raw as JSON ``\\u`` escapes (four hex digits), which
+decode to the same text.
 """
 
 from __future__ import annotations
