@@ -133,3 +133,64 @@ async def test_a_short_items_claim_is_written_once_and_a_long_items_in_time(tmp_
         assert {p.name for p in paths.claims.iterdir()} >= {"run-1-item-001.yml", "run-1-item-002.yml"}
     finally:
         writer.close()
+
+
+
+class _Runners:
+    """Stands for the command runner: publishes the token as it does, then looks it up as another process would."""
+
+    def __init__(self, paths: BrainPaths) -> None:
+        self.paths = paths
+        self.tokens: list[str] = []
+        self.seen: list[str | None] = []
+
+    async def run(self, req: Any, cfg: Any) -> Any:
+        from ambient.router import ChannelRegistry
+        from ambient.runners.base import AgentResult
+
+        req.before_start()
+        self.tokens.append(req.channel_token)
+        self.seen.append(ChannelRegistry(self.paths).principal_for(req.channel_token))
+        return AgentResult(status="success", output={})
+
+
+async def test_a_command_agents_token_file_is_gone_when_its_attempt_returns(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token is live for other processes while the agent runs, and its file is renamed aside by the time the
+    delegate returns (on the loop, no thread hop: bench/README item 31). A rename that fails leaves the token
+    void in the daemon all the same, and says so in the log."""
+    from types import SimpleNamespace
+
+    from structlog.testing import capture_logs
+
+    from ambient.packet import make_packet
+    from ambient.router import ChannelRegistry
+    from ambient.runs import Attempt
+    from ambient.services import AgentDelegate
+
+    paths = BrainPaths(tmp_path)
+    paths.state.mkdir()
+    registry = ChannelRegistry(paths)
+    runners = _Runners(paths)
+    ref = SimpleNamespace(brain=SimpleNamespace(paths=paths))
+    delegate = AgentDelegate(ref, SimpleNamespace(registry=registry), runners, None, None)  # type: ignore[arg-type]
+    a = Attempt(run_id="run-1", workflow="w", item="i1", index=0, attempt=1, key="run-1/i1/1", agent="coder",
+                sender="ambient")
+    spawn = make_packet("ambient", "coder", "SPAWN", now=datetime.now(UTC), session_id="run-1")
+    cfg = SimpleNamespace(kind="command")
+
+    await delegate._run(a, spawn, cfg)
+    assert runners.seen == ["coder"]  # another process's view, while the agent ran
+    assert list(paths.channels.glob("*.json")) == []  # gone already: nothing is left to a thread
+
+    def refuse(channel: Any) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(registry, "revoke", refuse)
+    with capture_logs() as logs:
+        await delegate._run(a, spawn, cfg)
+    assert runners.seen == ["coder", "coder"]
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["channel_revoke_failed"]
+    assert len(list(paths.channels.glob("*.json"))) == 1  # the file could not go...
+    assert registry.principal_for(runners.tokens[-1]) is None  # ...but the daemon never accepts the token again
+    assert ChannelRegistry(paths).revoke_all() == 1  # and the next start-up removes it

@@ -130,7 +130,7 @@ class ChannelRegistry:
         # Files of revoked tokens, renamed aside to be rewritten for the next token instead of deleted: a command
         # agent's token file was a create and a delete, and on ext4 without a journal each inode freed slows the
         # next creates for a minute (the allocator skips recently deleted inodes one by one: 14 % of the event
-        # loop's samples in bench/fanout.py (b), perf). Revocation runs in a worker thread, hence the lock.
+        # loop's samples in bench/fanout.py (b), perf). The lock keeps the pool whole if a caller revokes from a thread.
         self._spares: list[str] = []
         self._spares_lock = threading.Lock()
         self._spare_count = 0
@@ -262,10 +262,11 @@ class ChannelRegistry:
             return True
 
     def disown(self, channel: Channel | str) -> None:
-        """Void a token in this process at once; :meth:`revoke` then removes its file's name (off the event loop).
+        """Void a token in this process at once, whatever becomes of its file; :meth:`revoke` then renames it aside.
 
-        The router of this process refuses it from now on; another process (an agent's ``ambient send``)
-        reads the file until ``revoke`` has renamed it aside, a few milliseconds later, when the agent has exited.
+        The router of this process refuses it from now on; another process (an agent's ``ambient send``) reads the
+        file until ``revoke`` has renamed it (the daemon does both when the agent has exited). A file that could not
+        be renamed is left to the next start-up's :meth:`revoke_all`, and this process never accepts it again.
         """
         token = channel.token if isinstance(channel, Channel) else channel
         if token:
