@@ -138,6 +138,39 @@ def peer_summary(stdout: str) -> dict[str, Any] | None:
     return None
 
 
+class Steal:
+    """The share of CPU time the hypervisor gave to others while a part ran (``steal`` in /proc/stat).
+
+    On a shared VM it swings from a few % to over a third in minutes (session 9: every figure, the peers' included,
+    halved in such minutes); printed beside each part so that a slow figure can be told from a slow machine.
+    None where /proc/stat has no steal column.
+    """
+
+    def __init__(self) -> None:
+        self._start = _cpu_times()
+        self.share: float | None = None
+
+    def stop(self) -> str:
+        """Stop counting; the figure as text for a report line ("" when unknown)."""
+        end = _cpu_times()
+        if self._start is None or end is None or end[1] <= self._start[1]:
+            return ""
+        self.share = (end[0] - self._start[0]) / (end[1] - self._start[1])
+        return f" [steal {self.share * 100:.0f} %]"
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs, or None."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if fields[0] != "cpu" or len(fields) < 9:
+        return None
+    values = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return values[7], sum(values)
+
+
 def filesystem_note(path: Path) -> str | None:
     """A warning when ``path`` is on ext4 without a journal, where figures swing with the files deleted lately.
 

@@ -33,6 +33,7 @@ from _common import (
     BENCH,
     PY,
     REPO,
+    Steal,
     TempDir,
     agent_md,
     daemon_argv,
@@ -171,20 +172,25 @@ def main() -> int:
         if note:
             print(note)
         if "inproc" not in skip:
+            steal = Steal()
             r = bench_daemon(base, "inproc", "noop", NOOP, args.n, args.concurrency, args.repeats)
             out["inproc"] = r
             print(f"(a) in-process no-op fan-out, N={r['n']} concurrency={r['concurrency']}: "
                   f"{r['items_per_s']:.0f} items/s, {r['us_per_item']:.0f} us/item "
                   f"(median of {r['repeats']}; runs {', '.join(f'{s:.3f}' for s in r['runs_s'])} s; "
-                  f"daemon wall incl. start-up {r['daemon_wall_median_s']:.2f} s)")
+                  f"daemon wall incl. start-up {r['daemon_wall_median_s']:.2f} s){steal.stop()}")
+            r["steal"] = steal.share
         if "command" not in skip:
+            steal = Steal()
             r = bench_daemon(base, "command", "echo", ECHO, args.command_n, args.command_concurrency, args.repeats)
             bare = bench_bare(args.command_n, args.command_concurrency, args.repeats)
             out["command"], out["bare_subprocess"] = r, bare
             print(f"(b) command agent /bin/echo, N={r['n']} concurrency={r['concurrency']}: "
                   f"{r['items_per_s']:.0f} items/s; bare create_subprocess_exec: {bare['items_per_s']:.0f}/s; "
-                  f"ratio {r['items_per_s'] / bare['items_per_s']:.2f} (target >= 0.7)")
+                  f"ratio {r['items_per_s'] / bare['items_per_s']:.2f} (target >= 0.7){steal.stop()}")
+            r["steal"] = steal.share
         if "peers" not in skip:
+            steal = Steal()
             peers = Path(args.peers)
             floor = run_peer([PY, str(peers / "floor_asyncio.py"), "--n", str(args.n), "--repeats", "5",
                               "--state-dir", str(base / "floor")])
@@ -199,6 +205,8 @@ def main() -> int:
                 print(f"(c) LangGraph skipped: no {args.lg_python} (python3 -m venv /tmp/lg && /tmp/lg/bin/pip "
                       f"install -r {peers}/requirements-langgraph.lock.txt)")
             out["langgraph_sqlite"] = lg
+            print(f"(c) the peers below ran with{steal.stop() or ' [steal unknown]'}")
+            out["peers_steal"] = steal.share
             for name, s in (("floor (no fsync)", floor), ("floor (fsync claims)", floor_fsync),
                             ("LangGraph+SQLite sync", lg)):
                 if s is None:
@@ -214,10 +222,12 @@ def main() -> int:
                 print(f"    target: ambient >= 2x LangGraph = {target:.0f} items/s; measured {got:.0f} "
                       f"({'met' if got >= target else 'MISSED'})")
         if "drop" not in skip:
+            steal = Steal()
             r = bench_drop_latency(base, args.drops)
             out["drop_to_spawn"] = r
             print(f"(d) drop a workflow file -> first SPAWN: median {r['median_ms']:.1f} ms, p90 {r['p90_ms']:.1f} ms, "
-                  f"max {r['max_ms']:.1f} ms over {r['drops']} drops (target median < 50 ms)")
+                  f"max {r['max_ms']:.1f} ms over {r['drops']} drops (target median < 50 ms){steal.stop()}")
+            r["steal"] = steal.share
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
