@@ -755,3 +755,58 @@ def test_loading_bytes_never_raises(raw: bytes) -> None:
     """Fuzz: arbitrary bytes give problems, never an exception."""
     wf, problems = load_workflow_bytes(raw, source="fuzz.yml")
     assert wf is None and problems
+
+
+def test_a_reload_parses_only_the_files_that_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every change in workflows/ reloads the folder: unchanged bytes are not parsed again (bench/README item 32),
+    a changed file is, and a file that is broken stays reported on every load, lines included."""
+    from ambient import workflowload
+
+    paths = BrainPaths(tmp_path)
+    paths.workflows.mkdir(parents=True)
+    good = "name: w{k}\nfor_each:\n  items: [a, b]\n  spawn: coder\n  scope:\n    zone: project\n    files: [\"projects/{{{{item}}}}.md\"]\n"
+    for k in range(3):
+        (paths.workflows / f"w{k}.yml").write_text(good.format(k=k))
+    (paths.workflows / "bad.yml").write_text("name: bad\nfor_each:\n  items: [a]\n  spawn: coder\n  concurrency: -2\n")
+    parsed: list[str] = []
+    real = workflowload.parse_yaml
+
+    def counting(text: str, *, source: str) -> Any:
+        parsed.append(source)
+        return real(text, source=source)
+
+    monkeypatch.setattr(workflowload, "parse_yaml", counting)
+    workflowload._PARSED.clear()
+    first, first_problems = load_workflows(paths)
+    assert sorted(first) == ["w0", "w1", "w2"] and len(parsed) == 4
+    again, again_problems = load_workflows(paths)
+    assert len(parsed) == 4  # nothing changed, nothing parsed
+    assert again == first and again_problems == first_problems
+    assert any(p.file == "workflows/bad.yml" and p.line == 5 for p in again_problems)
+
+    (paths.workflows / "w1.yml").write_text(good.format(k=1).replace("[a, b]", "[a, b, c]"))
+    changed, _ = load_workflows(paths)
+    assert parsed[4:] == ["workflows/w1.yml"]
+    assert changed["w1"].spec.for_each.items == ["a", "b", "c"]  # type: ignore[union-attr]
+    assert changed["w0"] is first["w0"]  # the same frozen result, shared
+    # The problems handed out are copies: a caller extending them does not change what the next load reports.
+    again_problems.append(again_problems[0])
+    assert load_workflows(paths)[1] == first_problems
+
+
+def test_the_parse_memo_is_bounded_in_entries_and_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Least recently used results go first, past MAX_ENTRIES or MAX_BYTES; a document over MAX_BYTES is not kept."""
+    from ambient.workflowload import _Parsed
+
+    memo = _Parsed()
+    monkeypatch.setattr(_Parsed, "MAX_ENTRIES", 3)
+    monkeypatch.setattr(_Parsed, "MAX_BYTES", 100)
+    for k in range(4):
+        memo.put((k,), None, [], 10)
+    assert memo.get((0,)) is None and memo.get((1,)) is not None  # 0 went first; 1 is now the most recent
+    memo.put((9,), None, [], 60)  # 10 + 10 + 10 + 60 = 90: fits; 4 entries > 3: the least recent (2) goes
+    assert memo.get((2,)) is None and memo.get((1,)) is not None
+    memo.put((10,), None, [], 50)  # over 100 bytes: entries go, least recent first, until it fits
+    assert memo.get((3,)) is None and memo.get((9,)) is None and memo.get((10,)) is not None
+    memo.put((11,), None, [], 101)
+    assert memo.get((11,)) is None

@@ -7,6 +7,8 @@ cross-workflow triggers) take callbacks so the daemon and ``ambient validate`` s
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +91,56 @@ def _reader_message(exc: yaml.YAMLError) -> str:
     return f"malformed YAML: {exc}; expected valid YAML"
 
 
+class _Parsed:
+    """What parsing a workflow document gave, by (sha256 of its bytes, source, path, zone rules).
+
+    Performance (bench/fanout.py (d), bench/README item 32): every change in ``workflows/`` reloads every file
+    there, and YAML parsing is ~90 % of that (~1.5 ms per small file): the daemon of a brain with 100
+    workflows took 159 ms to load a dropped file. The same bytes give the same frozen result, so only a
+    changed file is parsed again; the checks against agents, the matrix and the other workflows still run on
+    every load. Bounded in entries and in bytes (a workflow may be 1 MiB); least recently used go first.
+    """
+
+    MAX_ENTRIES = 1024
+    MAX_BYTES = 16 << 20
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple[object, ...], tuple[LoadedWorkflow | None, tuple[Problem, ...], int]] = (
+            OrderedDict()
+        )
+        self._bytes = 0
+        self._lock = threading.Lock()  # the daemon reloads in a worker thread; runs load pinned copies on the loop
+
+    def get(self, key: tuple[object, ...]) -> tuple[LoadedWorkflow | None, list[Problem]] | None:
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is None:
+                return None
+            self._entries.move_to_end(key)
+        return hit[0], list(hit[1])
+
+    def put(self, key: tuple[object, ...], loaded: LoadedWorkflow | None, problems: list[Problem], size: int) -> None:
+        if size > self.MAX_BYTES:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
+            self._entries[key] = (loaded, tuple(problems), size)
+            self._bytes += size
+            while len(self._entries) > self.MAX_ENTRIES or self._bytes > self.MAX_BYTES:
+                _, (_, _, dropped) = self._entries.popitem(last=False)
+                self._bytes -= dropped
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+
+_PARSED = _Parsed()
+
+
 def load_workflow_bytes(
     raw: bytes,
     *,
@@ -99,7 +151,22 @@ def load_workflow_bytes(
     """Parse and check one workflow document given as bytes (a file, or a run's pinned copy).
 
     Returns the loaded workflow (None when any problem is an error) and every problem, warnings included.
+    The same bytes under the same names are parsed once (see :class:`_Parsed`).
     """
+    rules = tuple(zone_rules)
+    # The rules as plain pairs: hashing 18 frozen models per file was a third of a cached reload.
+    key = (spec_hash(raw), source, None if path is None else str(path), tuple((r.prefix, r.zone) for r in rules))
+    hit = _PARSED.get(key)
+    if hit is not None:
+        return hit
+    loaded, problems = _parse_workflow_bytes(raw, source=source, path=path, zone_rules=rules)
+    _PARSED.put(key, loaded, problems, len(raw))
+    return loaded, problems
+
+
+def _parse_workflow_bytes(
+    raw: bytes, *, source: str, path: Path | None, zone_rules: tuple[ZoneRule, ...]
+) -> tuple[LoadedWorkflow | None, list[Problem]]:
     try:
         text = decode(raw, source=source)
         data, lines = parse_yaml(text, source=source)
