@@ -155,17 +155,18 @@ def load_workflow_bytes(
     """
     rules = tuple(zone_rules)
     # The rules as plain pairs: hashing 18 frozen models per file was a third of a cached reload.
-    key = (spec_hash(raw), source, None if path is None else str(path), tuple((r.prefix, r.zone) for r in rules))
+    digest = spec_hash(raw)
+    key = (digest, source, None if path is None else str(path), tuple((r.prefix, r.zone) for r in rules))
     hit = _PARSED.get(key)
     if hit is not None:
         return hit
-    loaded, problems = _parse_workflow_bytes(raw, source=source, path=path, zone_rules=rules)
+    loaded, problems = _parse_workflow_bytes(raw, digest, source=source, path=path, zone_rules=rules)
     _PARSED.put(key, loaded, problems, len(raw))
     return loaded, problems
 
 
 def _parse_workflow_bytes(
-    raw: bytes, *, source: str, path: Path | None, zone_rules: tuple[ZoneRule, ...]
+    raw: bytes, digest: str, *, source: str, path: Path | None, zone_rules: tuple[ZoneRule, ...]
 ) -> tuple[LoadedWorkflow | None, list[Problem]]:
     try:
         text = decode(raw, source=source)
@@ -192,7 +193,7 @@ def _parse_workflow_bytes(
         spec=spec,
         path=path or Path(source),
         source=source,
-        spec_hash=spec_hash(raw),
+        spec_hash=digest,
         lines=lines,
         raw=raw,
     )
