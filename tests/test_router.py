@@ -260,33 +260,56 @@ class TestRejections:
     def test_folder_verdicts_are_reused_then_checked_again(
         self, brain: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """A fan-out's new paths under known folders cost one lstat each; a folder swapped for a symlink is
-        caught once its verdict is older than SYMLINK_CHECK_TTL (S-02)."""
+        """A fan-out's new paths under known folders cost one look each (a new file: one access(), no
+        exception); a folder swapped for a symlink is caught once its verdict is older than SYMLINK_CHECK_TTL
+        (S-02)."""
         (brain / "projets" / "a").mkdir(parents=True)
         root = str(brain)
         seen: list[str] = []
-        real_lstat = os.lstat
+        real_lstat, real_access = os.lstat, os.access
 
         def counting_lstat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
-            seen.append(str(path))
+            seen.append(f"lstat {path}")
             return real_lstat(path, *args, **kwargs)
 
+        def counting_access(path: Any, *args: Any, **kwargs: Any) -> bool:
+            seen.append(f"access {path}")
+            return real_access(path, *args, **kwargs)
+
         monkeypatch.setattr(os, "lstat", counting_lstat)
+        monkeypatch.setattr(os, "access", counting_access)
         plain: dict[str, float] = {}
         assert _symlink_free(root, "projets/a/x1.md", plain, 10.0)
-        assert seen == [f"{root}/projets", f"{root}/projets/a", f"{root}/projets/a/x1.md"]
+        assert seen == [f"access {root}/projets", f"lstat {root}/projets", f"access {root}/projets/a",
+                        f"lstat {root}/projets/a", f"access {root}/projets/a/x1.md"]
         assert plain == {"projets/": 11.0, "projets/a/": 11.0}
         seen.clear()
         assert _symlink_free(root, "projets/a/x2.md", plain, 10.5)
-        assert seen == [f"{root}/projets/a/x2.md"]
+        assert seen == [f"access {root}/projets/a/x2.md"]
         # projets/a becomes a symlink out of the brain: past the TTL the folder is looked at again.
         (brain / "projets" / "a").rename(brain / "projets" / "a.old")
         os.symlink(tmp_path, brain / "projets" / "a")
         seen.clear()
         assert not _symlink_free(root, "projets/a/x3.md", plain, 11.5)
-        assert f"{root}/projets/a" in seen
+        assert f"lstat {root}/projets/a" in seen
         # Without a memo nothing is remembered, and the symlink is found at once.
         assert not _symlink_free(root, "projets/a/x4.md")
+
+    def test_missing_folders_end_the_walk_and_are_remembered_for_the_ttl(self, brain: Path, tmp_path: Path) -> None:
+        """A folder that does not exist holds nothing, symlinks included: the walk ends there, and the verdict is
+        kept for SYMLINK_CHECK_TTL like a plain folder's. A dangling symlink still counts as there (S-02)."""
+        root = str(brain)
+        plain: dict[str, float] = {}
+        absent: dict[str, float] = {}
+        assert _symlink_free(root, "nowhere/deep/x.md", plain, 10.0, absent)
+        assert absent == {"nowhere/": 11.0} and plain == {}
+        os.symlink(tmp_path / "gone", brain / "nowhere")  # dangling, and made within the TTL
+        assert _symlink_free(root, "nowhere/deep/y.md", plain, 10.5, absent)  # the verdict holds until 11.0
+        assert not _symlink_free(root, "nowhere/deep/z.md", plain, 11.5, absent)  # then the link is found
+        assert not _symlink_free(root, "nowhere/deep/z.md")
+        # A plain file where a folder should be: nothing below it either.
+        (brain / "flat.md").write_text("x")
+        assert _symlink_free(root, "flat.md/below/x.md", plain, 12.0, absent)
 
     def test_a_folder_turned_symlink_is_denied_after_the_ttl(self, brain: Path, tmp_path: Path) -> None:
         """Through the router: same path prefix, the swap is denied as an unsafe path once the TTL is over."""

@@ -764,7 +764,8 @@ def test_a_reload_parses_only_the_files_that_changed(tmp_path: Path, monkeypatch
 
     paths = BrainPaths(tmp_path)
     paths.workflows.mkdir(parents=True)
-    good = "name: w{k}\nfor_each:\n  items: [a, b]\n  spawn: coder\n  scope:\n    zone: project\n    files: [\"projects/{{{{item}}}}.md\"]\n"
+    good = ("name: w{k}\nfor_each:\n  items: [a, b]\n  spawn: coder\n"
+            "  scope:\n    zone: project\n    files: [\"projects/{{{{item}}}}.md\"]\n")
     for k in range(3):
         (paths.workflows / f"w{k}.yml").write_text(good.format(k=k))
     (paths.workflows / "bad.yml").write_text("name: bad\nfor_each:\n  items: [a]\n  spawn: coder\n  concurrency: -2\n")
