@@ -1,4 +1,4 @@
-"""Adapters of the daemon tested alone: the digest of information messages."""
+"""Adapters of the daemon tested alone: the digest, the shared handoff, item claims, channel-token revocation."""
 
 from __future__ import annotations
 
@@ -133,7 +133,6 @@ async def test_a_short_items_claim_is_written_once_and_a_long_items_in_time(tmp_
         assert {p.name for p in paths.claims.iterdir()} >= {"run-1-item-001.yml", "run-1-item-002.yml"}
     finally:
         writer.close()
-
 
 
 class _Runners:
