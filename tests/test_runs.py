@@ -202,6 +202,31 @@ async def test_shutdown_records_interrupted_items(tmp_path: Path) -> None:
     assert state2.outcome == "success" and len(delegate2.calls) == 5
 
 
+async def test_a_stop_while_the_end_of_a_run_is_committed_still_writes_its_summary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM between a run's ``finished_run`` record and its fsync: runs.jsonl gets the summary at once."""
+    mgr, _, claims, _ = _manager(tmp_path, FakeDelegate())
+    reached, never = asyncio.Event(), asyncio.Event()
+    commit = Journal.commit
+
+    async def held_at_the_end(self: Journal) -> None:
+        if any(ex.state.finished for ex in mgr.executors.values()):
+            reached.set()
+            await never.wait()  # the stop comes here
+        await commit(self)
+
+    monkeypatch.setattr(Journal, "commit", held_at_the_end)
+    run_id = mgr.start(workflow="w", form="for_each", spec={}, spec_hash=None, items=ITEMS[:3])
+    await asyncio.wait_for(reached.wait(), 5)
+    assert not BrainPaths(tmp_path).runs_log.exists()
+    await mgr.shutdown(grace=1)
+    (rec,) = read_jsonl(BrainPaths(tmp_path).runs_log).records
+    assert rec["run_id"] == run_id and rec["outcome"] == "success"
+    assert claims.runs[run_id] is True  # the run's claim is closed too
+    state = fold(read_jsonl(BrainPaths(tmp_path).run_journal(run_id)).records)
+    assert state.finished  # and the journal that the summary follows was synced first
+
+
 @pytest.mark.parametrize("concurrency", [1, 4])
 async def test_concurrency_is_respected(tmp_path: Path, concurrency: int) -> None:
     """Never more agents at once than the concurrency, and the concurrency is used (10 items, all start at once)."""

@@ -519,7 +519,18 @@ class RunExecutor:
             result = self.ports.render_text(t.complete_result, variables) if t.complete_result else outcome
             await self.ports.emitter.emit(t.complete_signal, t.complete_to, {"result": result}, self.state)
         self.event("finished_run", outcome=outcome)
-        await self.journal.commit()
+        try:
+            await self.journal.commit()
+        except asyncio.CancelledError:
+            # A stop came while the record was being committed: the run is over all the same, so its summary
+            # and closed claim go out now (the journal synced first) rather than wait for the next start's
+            # catch-up (e2e: a run that finished just before SIGTERM was missing from runs.jsonl).
+            self.journal.sync()
+            self._summarize(outcome)
+            raise
+        self._summarize(outcome)
+
+    def _summarize(self, outcome: str) -> None:
         append_line(self.paths.runs_log, run_record(self.state).to_json_dict(), durable=True)
         self.ports.claims.run_changed(self.state)
         log.info("run_finished", outcome=outcome, items=len(self.state.items), escalations=self.state.escalation_count)
