@@ -304,6 +304,14 @@ def ambient_cli(brain: Path, *args: str, timeout: float = 30, env: Mapping[str, 
     )
 
 
+def _is_spawner(proc: psutil.Process) -> bool:
+    """The daemon's spawner process (ambient.runners.spawner), which starts the agents: not an agent itself."""
+    try:
+        return any(arg.endswith("spawner_helper.py") for arg in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
 class DaemonProcess:
     """``ambient run`` as a subprocess in its own session; JSON log lines collected in a file."""
 
@@ -370,9 +378,9 @@ class DaemonProcess:
         return " | ".join(self.lines()[-n:])
 
     def agent_pids(self) -> list[int]:
-        """The daemon's child processes (agents) right now; remembered for the cleanup."""
+        """The daemon's agents (its descendants but the spawner) right now; remembered for the cleanup."""
         try:
-            kids = [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
+            kids = [p.pid for p in psutil.Process(self.pid).children(recursive=True) if not _is_spawner(p)]
         except psutil.NoSuchProcess:
             return []
         self.known_children.update(kids)

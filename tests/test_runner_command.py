@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ from ambient.runners import (
 )
 from ambient.runners.base import MAX_ENV_PACKET_BYTES
 from ambient.runners.command import INHERITED_ENV
+from ambient.runners.spawner import Spawner
+from ambient.runners.spawner import available as spawner_available
 from ambient.yamlfile import parse_yaml
 from tests.conftest import async_wait_until
 
@@ -121,6 +123,28 @@ def no_zombie_children() -> bool:
 def pids_in(path: Path) -> list[int]:
     """The pids recorded in a stub ``--pid-file``."""
     return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+@pytest.fixture(params=["popen", "spawner"])
+def spawn_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run a test class twice: agents started by ``Popen`` on the loop, then by the daemon's spawner process."""
+    if request.param == "spawner":
+        if not spawner_available():
+            pytest.skip("the spawner needs Linux (posix_spawn, pidfds)")
+        made: list[CommandRunner] = []
+        init = CommandRunner.__init__
+
+        def with_spawner(self: CommandRunner, **kw: Any) -> None:
+            kw.setdefault("spawner", Spawner())
+            init(self, **kw)
+            made.append(self)
+
+        monkeypatch.setattr(CommandRunner, "__init__", with_spawner)
+        yield request.param
+        for runner in made:
+            runner.close()
+    else:
+        yield request.param
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -309,6 +333,7 @@ class TestProtocol:
 # Running real agents
 
 
+@pytest.mark.usefixtures("spawn_mode")
 class TestRun:
     """Round trips through real processes."""
 
@@ -495,6 +520,7 @@ class TestRun:
 # S-07: shell and argument injection
 
 
+@pytest.mark.usefixtures("spawn_mode")
 class TestInjection:
     """Templated values reach the agent as exact single arguments; no shell ever runs."""
 
@@ -539,6 +565,7 @@ class TestInjection:
 # S-06: environment
 
 
+@pytest.mark.usefixtures("spawn_mode")
 class TestEnvironment:
     """Agents get an explicit minimal environment."""
 
@@ -600,6 +627,7 @@ class TestEnvironment:
 # S-08: resource exhaustion, timeouts, process groups, cancellation
 
 
+@pytest.mark.usefixtures("spawn_mode")
 class TestKilling:
     """Timeouts, caps and shutdown kill the whole process group, and everything is reaped."""
 

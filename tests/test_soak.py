@@ -42,18 +42,23 @@ class Sample:
     threads: int
     zombies: frozenset[int]  # pids of zombie children (an agent between its exit and its reaping)
     at_rest: bool  # no run in progress when sampled
+    spawner_fds: int  # descriptors of the spawner process (one pidfd per running agent), 0 when there is none
 
 
 def _sample(pid: int, t: float, at_rest: bool) -> Sample:
     proc = psutil.Process(pid)
     zombies = set()
+    spawner_fds = 0
     for child in proc.children(recursive=True):
         try:
             if child.status() == psutil.STATUS_ZOMBIE:
                 zombies.add(child.pid)
+            elif any(arg.endswith("spawner_helper.py") for arg in child.cmdline()):
+                spawner_fds = child.num_fds()
         except psutil.NoSuchProcess:
             continue  # an agent that ended and was reaped between the listing and the look
-    return Sample(t, proc.memory_info().rss, proc.num_fds(), proc.num_threads(), frozenset(zombies), at_rest)
+    return Sample(t, proc.memory_info().rss, proc.num_fds(), proc.num_threads(), frozenset(zombies), at_rest,
+                  spawner_fds)
 
 
 def _summaries(runs_log: Path) -> int:
@@ -125,6 +130,8 @@ def test_soak(tmp_path: Path, request: pytest.FixtureRequest) -> None:
                             for k in range(10) if any(k / 10 * span <= s.t <= (k + 1) / 10 * span for s in samples)],
         "rss_growth_after_warmup_pct": round(100 * (rss_end - rss_warm) / rss_warm, 1),
         "fds_at_rest_before_late": (max(rest_before), min(rest_late)),
+        "spawner_fds_at_rest_before_late": (max(s.spawner_fds for s in before if s.at_rest) if any(
+            s.at_rest for s in before) else None, min((s.spawner_fds for s in late if s.at_rest), default=None)),
         "threads_max_before_late": (max(s.threads for s in before), max(s.threads for s in late)),
         "zombies_seen": sum(len(s.zombies) for s in samples),
         # A zombie still there SAMPLE_S later was never reaped: a leak (one seen once is an agent being reaped).
@@ -136,3 +143,6 @@ def test_soak(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     assert min(rest_late) <= max(rest_before), figs  # descriptors at rest come back: no leak
     assert max(s.threads for s in late) <= max(s.threads for s in before), figs  # pools bounded: no new threads
     assert figs["zombies_left"] == 0, figs
+    spawner_before, spawner_late = figs["spawner_fds_at_rest_before_late"]
+    if spawner_before is not None and spawner_late is not None:
+        assert spawner_late <= spawner_before, figs  # the spawner's pidfds are closed as its agents end

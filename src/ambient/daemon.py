@@ -61,6 +61,8 @@ from ambient.redact import SecretRegistry
 from ambient.router import ChannelRegistry, Router
 from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
+from ambient.runners.spawner import Spawner
+from ambient.runners.spawner import available as spawner_available
 from ambient.runs import Ports, RunExecutor, RunManager
 from ambient.runstate import RunState
 from ambient.services import (
@@ -458,7 +460,7 @@ class Daemon:
         self.assisted = AssistedRunner(self.claims, self.clock)
         self.runners = Runners(
             command=CommandRunner(on_spawn=lambda req, pid, started: self.manager.record_spawn(
-                req.run_id, req.item, req.attempt, pid, started)),
+                req.run_id, req.item, req.attempt, pid, started), spawner=Spawner() if spawner_available() else None),
             assisted=self.assisted,
         )
         self.delegate = AgentDelegate(self.ref, self.router, self.runners, self.locks, self.clock, self.live)
@@ -803,6 +805,7 @@ class Daemon:
         systemd.extend_timeout(int((grace + 10) * 1_000_000))
         await self.manager.shutdown(grace)
         await self.runners.terminate_all(grace)
+        self.runners.close()
         self.claims_view.close()  # coalesced item claims (interrupted items included) reach the disk
         for t in self._tasks:
             if not t.done():

@@ -99,3 +99,7 @@ class Runners:
     async def terminate_all(self, grace: float | None = None) -> int:
         """Kill every running command agent's process group (SIGTERM, ``grace``, SIGKILL); refuse new ones."""
         return await self.command.terminate_all(grace)
+
+    def close(self) -> None:
+        """Release what the runners hold (the command runner's spawner): after :meth:`terminate_all`."""
+        self.command.close()

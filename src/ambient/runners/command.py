@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -41,6 +42,7 @@ from ambient.runners.base import (
     interpret_output,
     render_argv,
 )
+from ambient.runners.spawner import SpawnedAgent, Spawner, SpawnerLost
 
 log = structlog.get_logger(__name__)
 
@@ -366,7 +368,7 @@ class _Pipes:
 
 def _on_exit(proc: _Proc, callback: Callable[[], None]) -> Callable[[], None]:
     """Call ``callback`` when ``proc`` has exited (its returncode is set); returns the undo."""
-    if isinstance(proc, _Child):
+    if isinstance(proc, (_Child, SpawnedAgent)):
         proc.on_exit = callback
         return functools.partial(setattr, proc, "on_exit", None)
     waiting = asyncio.ensure_future(proc.wait())  # asyncio's subprocess (no pidfd here): rare path
@@ -399,13 +401,13 @@ def waits_by_pidfd() -> bool:
 
 
 class _Child:
-    """An agent started by ``subprocess.Popen`` on the loop, waited for through a pidfd.
+    """An agent started by ``subprocess.Popen`` on the loop, waited for through a pidfd (when there is no spawner).
 
-    Performance (bench/fanout.py (b)): ``fork_exec`` vforks, so the loop waits only until the child has exec'd
-    (median 0.2 ms, p90 ~1 ms in a busy fan-out). Starting agents in threads was measured slower: each start
-    became GIL hand-offs with the busy loop, starts took ~5 ms and queued ~30 ms behind each other, and a
-    fan-out ran 310-330 agents/s against 410-480 started on the loop. What a thread would protect against, an
-    ``execve`` stuck on a hung network filesystem, blocks asyncio's own subprocesses just the same.
+    Performance (bench/fanout.py (b)): ``fork_exec`` vforks, so the loop waits until the child has exec'd (~0.26
+    ms of a ~0.5 ms start in a busy fan-out). Starting agents in threads was measured slower: each start became
+    GIL hand-offs with the busy loop, starts took ~5 ms and queued ~30 ms behind each other, and a fan-out ran
+    310-330 agents/s against 410-480 started on the loop. The spawner process (:mod:`ambient.runners.spawner`)
+    takes the wait off the loop without a thread.
     """
 
     def __init__(self, popen: subprocess.Popen[Any], pidfd: int, start_time: float | None = None) -> None:
@@ -481,14 +483,30 @@ def _before_start(req: RunRequest) -> None:
             raise _SetupError(str(exc)) from exc
 
 
-async def _start(req: RunRequest, argv: list[str], packet: bytes, env: dict[str, str], cwd: Path
-                 ) -> tuple[_Proc, int, int]:
+async def _start(req: RunRequest, argv: list[str], packet: bytes, env: dict[str, str], cwd: Path,
+                 spawner: Spawner | None = None, start_timeout: float | None = None) -> tuple[_Proc, int, int]:
     """Start an agent in its own session (its group can be killed whole): (process, stdout fd, stderr fd).
 
-    Raises OSError if it cannot start (:class:`_StdinError` when its stdin could not be made), :class:`_SetupError`
-    when ``req.before_start`` failed (the agent is then not started).
+    Through ``spawner`` when there is one (not given up on), within ``start_timeout`` s. Raises OSError if it cannot
+    start (:class:`_StdinError` when its stdin could not be made), :class:`_SetupError` when
+    ``req.before_start`` failed (the agent is then not started).
     """
     _before_start(req)
+    if spawner is not None and not spawner.broken:
+        started = start_time_now()
+        try:
+            with _child_stdio(packet) as (stdin_fd, out_w, err_w, out_r, err_r):
+                try:
+                    async with asyncio.timeout(start_timeout):
+                        proc: _Proc = await spawner.spawn(argv, env, cwd, (stdin_fd, out_w, err_w), started)
+                except TimeoutError:
+                    msg = f"not started within {start_timeout:g} s (the spawner is stuck)"
+                    raise OSError(errno.ETIMEDOUT, msg) from None
+            return proc, out_r, err_r
+        except SpawnerLost:
+            if not spawner.broken:
+                raise
+            # The spawner never came up (it never answered): this agent and the next ones start through Popen.
     if not waits_by_pidfd():
         with _child_stdio(packet) as (stdin_fd, out_w, err_w, out_r, err_r):
             # S603 reviewed: as in _spawn.
@@ -547,13 +565,23 @@ class CommandRunner:
 
     One instance per daemon. ``on_spawn(req, pid)`` (optional, must not raise) is called right after an agent
     starts, e.g. to record its pid for orphan detection after a crash (the pid is also its process group id).
+    With a ``spawner`` (the daemon's; :mod:`ambient.runners.spawner`), agents start from that helper process and
+    the event loop never waits for an ``exec``; without one, or once it is given up on, through ``Popen`` on the
+    loop (a vfork: the loop waits until the child has exec'd). Call :meth:`close` at the end.
     """
 
-    def __init__(self, *, on_spawn: SpawnHook | None = None, python: str | None = None) -> None:
+    def __init__(self, *, on_spawn: SpawnHook | None = None, python: str | None = None,
+                 spawner: Spawner | None = None) -> None:
         self._live: dict[int, _Live] = {}
         self._closing = False
         self._on_spawn = on_spawn
         self._python = python or sys.executable
+        self._spawner = spawner
+
+    def close(self) -> None:
+        """Stop the spawner, if any (blocking, briefly): after :meth:`terminate_all`, at the daemon's end."""
+        if self._spawner is not None:
+            self._spawner.close()
 
     @property
     def live_pids(self) -> list[int]:
@@ -603,7 +631,8 @@ class CommandRunner:
         except (TemplateError, InputError) as exc:
             return error_result("bad_request", _redact(str(exc), req))
         try:
-            proc, out_r, err_r = await _start(req, argv, packet_json.encode(), env, cwd)
+            proc, out_r, err_r = await _start(req, argv, packet_json.encode(), env, cwd, self._spawner,
+                                              cfg.timeout_s)
         except _SetupError as exc:
             return error_result("spawn_failed", _redact(f"cannot prepare the agent's start: {exc}", req))
         except _StdinError as exc:

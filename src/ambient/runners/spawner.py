@@ -1,0 +1,307 @@
+"""Starting command agents from a small helper process, so that the event loop never waits for an ``exec``.
+
+``subprocess.Popen`` vforks: the calling thread waits until the child has exec'd, and in the daemon that thread is
+the event loop. In a fan-out of command agents that wait was a quarter of the loop's time per agent (~0.26 ms of
+~0.5 ms spent starting it, bench/fanout.py (b)), and an ``exec`` stuck on a hung network filesystem would freeze
+the whole daemon. Starting agents in a thread is no way out: each start becomes GIL hand-offs with the busy loop
+(measured slower, see :class:`ambient.runners.command._Child`). So the daemon keeps one helper process, the
+spawner (``spawner_helper.py``, standard library only), in the spirit of Erlang's ``erl_child_setup``: the loop
+sends it a request with the agent's stdio descriptors and goes on; the spawner ``posix_spawn``s the agent, reaps
+it, and reports its pid and then its exit code.
+
+The agent is the spawner's child, not the daemon's, and nothing else changes: it still runs in its own session,
+the daemon still signals its process group directly (timeouts, output caps, shutdown), still records its pid and
+start time for the reconciliation after a crash. If the daemon dies, the spawner reads EOF and exits; its agents
+are then orphans, exactly as the daemon's own children would be. If the spawner dies (someone killed it), the
+exit codes of the running agents are lost: the daemon kills their groups, their attempts end as errors (and are
+retried by policy), and the next start brings a new spawner up. A spawner that cannot even start is given up on
+for good and agents start through ``Popen`` again (``broken``).
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import collections
+import contextlib
+import errno
+import marshal
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+import structlog
+
+from ambient.fsutil import write_all
+from ambient.runners import spawner_helper as _helper
+
+log = structlog.get_logger("ambient.spawner")
+
+_HELPER: Final = Path(_helper.__file__)
+#: Requests larger than this travel in a memfd (a unix datagram is capped by the socket's buffer, ~200 KiB).
+INLINE_MAX: Final = 32 * 1024
+_READS_PER_CALLBACK: Final = 256
+
+
+class SpawnerLost(OSError):
+    """The spawner process is gone: the agent's start or exit code could not be learned."""
+
+
+class SpawnedAgent:
+    """An agent started by the spawner: its pid (= process group id) and, once reported, its exit code."""
+
+    def __init__(self, pid: int, start_time: float | None) -> None:
+        self.pid = pid
+        self.start_time = start_time
+        self.returncode: int | None = None
+        self.on_exit: Callable[[], None] | None = None
+        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def _set_exit(self, code: int) -> None:
+        if self.returncode is not None:
+            return
+        self.returncode = code
+        self._exited.set_result(code)
+        if self.on_exit is not None:
+            self.on_exit()
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+
+def available() -> bool:
+    """Whether agents can start through a spawner here (Linux: posix_spawn, pidfds, an interpreter to run it)."""
+    return (sys.platform == "linux" and hasattr(os, "posix_spawn") and hasattr(os, "pidfd_open")
+            and hasattr(os, "memfd_create") and bool(sys.executable))
+
+
+class Spawner:
+    """The daemon's end of the spawner: started at the first agent, used from the event loop only."""
+
+    def __init__(self, python: str | None = None) -> None:
+        self._python = python or sys.executable
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._next_id = 0
+        self._pending: dict[int, tuple[asyncio.Future[SpawnedAgent], float | None]] = {}
+        self._agents: dict[int, SpawnedAgent] = {}
+        # Requests the socket had no room for: (id, message, duplicated descriptors), sent when it drains.
+        self._outbox: collections.deque[tuple[int, bytes, list[int]]] = collections.deque()
+        self._answered = False  # this spawner process has answered at least once
+        self.broken = False  # the spawner could not be started: use Popen from now on
+
+    @property
+    def running(self) -> bool:
+        return self._sock is not None
+
+    async def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, stdio: tuple[int, int, int],
+                    start_time: float | None) -> SpawnedAgent:
+        """Start an agent with ``stdio`` as its fds 0-2; returns once it runs. Raises OSError if it cannot start.
+
+        The caller keeps ownership of ``stdio`` (the spawner has its own copies once this returns or raises).
+        Cancelled after the request left, the agent is killed as soon as its pid arrives.
+        """
+        loop = asyncio.get_running_loop()
+        sock = self._ensure(loop)
+        self._next_id += 1
+        rid = self._next_id
+        message = marshal.dumps((rid, [os.fsencode(a) for a in argv],
+                                 {os.fsencode(k): os.fsencode(v) for k, v in env.items()}, os.fsencode(cwd)))
+        fds = list(stdio)
+        big = -1
+        if len(message) > INLINE_MAX:
+            big = os.memfd_create("ambient-spawn-request", os.MFD_CLOEXEC)
+            write_all(big, message)
+            message = marshal.dumps((rid,))
+            fds.append(big)
+        future: asyncio.Future[SpawnedAgent] = loop.create_future()
+        self._pending[rid] = (future, start_time)
+        try:
+            self._send(sock, rid, message, fds)
+            return await future
+        finally:
+            if big >= 0:
+                os.close(big)
+            if self._pending.pop(rid, None) is not None:  # cancelled or failed before its answer came
+                self._drop_queued(rid)
+
+    def _ensure(self, loop: asyncio.AbstractEventLoop) -> socket.socket:
+        if self.broken:
+            raise SpawnerLost(errno.ECHILD, "the spawner process could not be started")
+        if self._sock is not None:
+            if self._loop is loop:
+                return self._sock
+            self.close()  # left behind by an event loop that has ended (tests): start afresh on this one
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            # A fixed argv, the interpreter running the daemon and a file of this package; no environment, no
+            # site (-I -S): nothing of the daemon's environment reaches it, and it starts in a few ms.
+            self._proc = subprocess.Popen(  # noqa: S603
+                [self._python, "-I", "-S", str(_HELPER), str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env={},
+                close_fds=True,
+            )
+        except OSError as exc:
+            ours.close()
+            self.broken = True
+            log.error("spawner_start_failed", error=str(exc))
+            raise SpawnerLost(exc.errno or errno.ECHILD, f"the spawner process could not be started: {exc}") \
+                from exc
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        loop.add_reader(ours.fileno(), self._readable)
+        self._sock, self._loop, self._answered = ours, loop, False
+        log.debug("spawner_started", pid=self._proc.pid)
+        return ours
+
+    def _send(self, sock: socket.socket, rid: int, message: bytes, fds: list[int]) -> None:
+        if not self._outbox:
+            try:
+                sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            except BlockingIOError:
+                pass
+            except OSError as exc:  # the spawner is gone (EPIPE, ECONNRESET): every start in flight fails
+                self._lost(f"send: {exc}")
+                return
+            else:
+                return
+        # No room in the socket: keep copies of the descriptors (the caller may close its own) until it drains.
+        self._outbox.append((rid, message, [os.dup(fd) for fd in fds]))
+        if len(self._outbox) == 1:
+            assert self._loop is not None
+            self._loop.add_writer(sock.fileno(), self._drain)
+
+    def _drain(self) -> None:
+        sock = self._sock
+        while sock is not None and self._outbox:
+            _rid, message, fds = self._outbox[0]
+            try:
+                sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._lost(f"send: {exc}")
+                return
+            self._outbox.popleft()
+            _close_all(fds)
+        if sock is not None and self._loop is not None:
+            self._loop.remove_writer(sock.fileno())
+
+    def _drop_queued(self, rid: int) -> None:
+        for entry in list(self._outbox):
+            if entry[0] == rid:
+                self._outbox.remove(entry)
+                _close_all(entry[2])
+        if not self._outbox and self._sock is not None and self._loop is not None:
+            self._loop.remove_writer(self._sock.fileno())
+
+    def _readable(self) -> None:
+        sock = self._sock
+        for _ in range(_READS_PER_CALLBACK):
+            if sock is None:
+                return
+            try:
+                data = sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._lost(f"recv: {exc}")
+                return
+            if not data:
+                self._lost("it exited" if self._answered else "it exited before answering")
+                return
+            self._answered = True
+            self._message(marshal.loads(data))  # noqa: S302 - from our own helper, over a private socket pair
+
+    def _message(self, message: tuple[int, ...]) -> None:
+        kind = message[0]
+        if kind == _helper.EXITED:
+            agent = self._agents.pop(message[1], None)
+            if agent is not None:
+                agent._set_exit(message[2])
+            return
+        pending = self._pending.pop(message[1], None)
+        if kind == _helper.STARTED:
+            pid = message[2]
+            agent = SpawnedAgent(pid, pending[1] if pending else None)
+            self._agents[pid] = agent
+            if pending is None or pending[0].done():
+                # Its caller was cancelled meanwhile: nobody supervises this agent, so it goes at once.
+                _kill_group(pid)
+            else:
+                pending[0].set_result(agent)
+        elif kind == _helper.FAILED and pending is not None and not pending[0].done():
+            pending[0].set_exception(OSError(message[2], message[3]))
+
+    def _lost(self, why: str) -> None:
+        """The spawner is gone: fail the starts in flight, kill the agents whose exit codes went with it."""
+        broken = not self._answered
+        self._close_socket()
+        self._reap()
+        for future, _ in self._pending.values():
+            if not future.done():
+                future.set_exception(SpawnerLost(errno.EPIPE, f"the spawner process is gone ({why})"))
+        self._pending.clear()
+        agents, self._agents = self._agents, {}
+        if agents or broken:
+            log.error("spawner_lost", reason=why, agents_killed=len(agents))
+        for pid, agent in agents.items():
+            _kill_group(pid)
+            agent._set_exit(-signal.SIGKILL)
+        if broken:
+            self.broken = True  # it died before answering once: do not start it again and again
+
+    def _close_socket(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(sock.fileno())
+            self._loop.remove_writer(sock.fileno())
+        for _rid, _message, fds in self._outbox:
+            _close_all(fds)
+        self._outbox.clear()
+        sock.close()
+
+    def _reap(self, timeout: float = 0.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the spawner (it exits on EOF); agents still running are killed first, as nobody would watch them.
+
+        Blocking for at most ``timeout`` s: call it at shutdown, once the agents are drained.
+        """
+        agents, self._agents = self._agents, {}
+        for pid in agents:
+            _kill_group(pid)
+        self._close_socket()
+        for future, _ in self._pending.values():
+            if not future.done():
+                future.set_exception(SpawnerLost(errno.EPIPE, "the spawner was closed"))
+        self._pending.clear()
+        self._reap(timeout)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
