@@ -263,3 +263,19 @@ def test_spawned_agent_reports_its_exit_once() -> None:
         return calls
 
     assert asyncio.run(main()) == [4]
+
+
+def test_the_daemon_brings_its_spawner_up_at_start_only_for_a_brain_with_command_agents(tmp_path: Path) -> None:
+    """Up before READY (its start-up is not spent inside the first run), gone with the daemon; none without
+    command agents."""
+    from tests.e2e_helpers import _is_spawner, make_brain, running, stub_agent_md
+
+    def spawners(pid: int) -> list[psutil.Process]:
+        return [p for p in psutil.Process(pid).children() if _is_spawner(p)]
+
+    with running(make_brain(tmp_path / "a", example_agents=False, agents={"stub": stub_agent_md("stub")})) as d:
+        (helper,) = spawners(d.pid)
+        assert d.stop() == 0
+    assert not helper.is_running()
+    with running(make_brain(tmp_path / "b", example_agents=False)) as d:
+        assert spawners(d.pid) == []

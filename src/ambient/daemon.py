@@ -458,9 +458,12 @@ class Daemon:
             self.escalator.digest = digest
         self.escalator.on_answered = lambda path: self.engine.wake([path])
         self.assisted = AssistedRunner(self.claims, self.clock)
+        spawner = Spawner() if spawner_available() else None
+        if spawner is not None and any(cfg.kind == "command" for cfg in self.ref.brain.runners.values()):
+            spawner.start()  # not at the first agent: its interpreter's start-up would be spent inside a run
         self.runners = Runners(
             command=CommandRunner(on_spawn=lambda req, pid, started: self.manager.record_spawn(
-                req.run_id, req.item, req.attempt, pid, started), spawner=Spawner() if spawner_available() else None),
+                req.run_id, req.item, req.attempt, pid, started), spawner=spawner),
             assisted=self.assisted,
         )
         self.delegate = AgentDelegate(self.ref, self.router, self.runners, self.locks, self.clock, self.live)

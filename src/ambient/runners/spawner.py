@@ -101,6 +101,15 @@ class Spawner:
     def running(self) -> bool:
         return self._sock is not None
 
+    def start(self) -> None:
+        """Bring the spawner up now rather than at the first agent (from the event loop; a failure is logged).
+
+        The daemon calls this at start-up when the brain has command agents: the helper's ~20 ms of interpreter
+        start-up is then not spent inside the first run.
+        """
+        with contextlib.suppress(SpawnerLost):
+            self._ensure(asyncio.get_running_loop())
+
     async def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, stdio: tuple[int, int, int],
                     start_time: float | None) -> SpawnedAgent:
         """Start an agent with ``stdio`` as its fds 0-2; returns once it runs. Raises OSError if it cannot start.
