@@ -23,8 +23,8 @@ from ambient.cli._common import EXIT_USAGE, CommandFunc, add_brain_option, fail
 from ambient.errors import AmbientError, InputError
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser, with every command module's subcommands."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, with every command module's subcommands; with ``only``, just that module's."""
     parser = argparse.ArgumentParser(
         prog="ambient",
         description="The ambient layer of your agent brain: runs workflows, escalates only real decisions.",
@@ -32,21 +32,64 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ambient {__version__}")
     add_brain_option(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
+    names = [only] if only is not None else sorted(m.name for m in pkgutil.iter_modules(__path__))
+    for name in names:
+        if name.startswith("_"):
             continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
+        module = importlib.import_module(f"{__name__}.{name}")
         register = getattr(module, "register", None)
         if register is not None:
             register(sub)
     return parser
 
 
+def _parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """Only the named command's module when its file is named like the command (most are), else all of them.
+
+    Performance (bench/cli.py): importing every command module and building every subparser was ~80 ms of each
+    ``ambient send`` or ``ambient lock`` an agent runs; ``--help`` and unknown commands still see them all.
+    """
+    command = _command_word(argv)
+    if command is not None and command.isidentifier() and not command.startswith("_"):
+        try:
+            parser = build_parser(only=command)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{command}":
+                raise
+        else:
+            if command in _choices(parser):
+                return parser
+    return build_parser()
+
+
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The first word that is not an option nor the value of ``--brain``."""
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--brain":
+            skip = True
+        elif not word.startswith("-"):
+            return word
+        elif word == "--":
+            return None
+    return None
+
+
+def _choices(parser: argparse.ArgumentParser) -> set[str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return set(action.choices)
+    return set()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit code."""
-    parser = build_parser()
+    words = list(argv) if argv is not None else sys.argv[1:]
+    parser = _parser_for(words)
     try:
-        args = parser.parse_args(list(argv) if argv is not None else sys.argv[1:])
+        args = parser.parse_args(words)
     except SystemExit as exc:  # argparse: --help (0) or bad usage (2)
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     func: CommandFunc | None = getattr(args, "func", None)
