@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from ambient import __version__, systemd
+from ambient import __version__, sendsocket, systemd
 from ambient.brain import Brain, load_brain, reload_workflows
 from ambient.breaker import Breaker
 from ambient.chain import ChainExecutor, ChainSettings
@@ -58,7 +58,7 @@ from ambient.paths import BrainPaths
 from ambient.planner import FanOut
 from ambient.plans import chain_steps, fanout, item_template, items_of
 from ambient.redact import SecretRegistry
-from ambient.router import ChannelRegistry, Router
+from ambient.router import Channel, ChannelRegistry, Router, write_inbox
 from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
 from ambient.runners.spawner import Spawner
@@ -428,6 +428,7 @@ class Daemon:
         self._outbox_wake = asyncio.Event()
         self._problems_seen: set[str] = set()
         self._failed_task: str | None = None  # a daemon task that died: the exit code says so
+        self._send_server: asyncio.AbstractServer | None = None
 
     # -- wiring
 
@@ -608,6 +609,22 @@ class Daemon:
         else:
             log.info("packet_received", signal=sig, sender=pkt.from_)
 
+    async def _route_sent(self, raw: bytes, token: str | None) -> dict[str, Any]:
+        """A packet ``ambient send`` handed over the send socket: routed as the command would route it itself."""
+        registry = self.router.registry
+        if not token:
+            channel = Channel.human()
+        else:  # a token that is not live is refused (and recorded) as a channel nobody vouches for
+            channel = (registry.authenticate(token) if registry is not None else None) or Channel(
+                "unauthenticated", token)
+        outcome = await self.router.send(raw, channel, deliver=self._to_inbox)
+        answer = sendsocket.summary(outcome)
+        log.info("packet_sent", via="socket", status=answer["status"], packet=answer["id"], to=answer["to"])
+        return answer
+
+    async def _to_inbox(self, pkt: Packet) -> None:
+        await asyncio.to_thread(write_inbox, self.paths, pkt)
+
     async def _deliver(self, pkt: Packet) -> None:
         """Every delivered packet goes to its agent's live thread (batched off the loop)."""
         self._live_queue.append(pkt)
@@ -736,6 +753,7 @@ class Daemon:
             # the gaps just over it (loop jitter, measured by the e2e test): ping twice as often as that.
             half = systemd.watchdog_interval()
             self._spawn(systemd.watchdog_task(self.stop, interval=half / 2 if half else None), "watchdog")
+            self._send_server = await sendsocket.serve(self.paths.state, self._route_sent, log)
             self.started = True
             self.engine.wake()
             systemd.ready(self._status_line())
@@ -804,6 +822,7 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         systemd.stopping("stopping")
+        await sendsocket.close(self._send_server, self.paths.state)  # `ambient send` routes by itself again
         grace = self.ref.brain.settings.shutdown_grace_s
         systemd.extend_timeout(int((grace + 10) * 1_000_000))
         await self.manager.shutdown(grace)

@@ -17,6 +17,7 @@ ambient's own state (``.ambient/``, add it to ``.gitignore``)::
     runs.jsonl           one summary record per finished run (the learning loop reads it)
     runs/<run>.jsonl     the event history of one run (source of truth for resume)
     inbox/               packets handed in by `ambient send`, consumed by the daemon
+    run/send.sock        the running daemon's send socket (ambient.sendsocket); the folder is 0700
     escalations/*.yml    escalations waiting for (or answered by) the person
     channels/            hashed per-spawn tokens: which agent a channel belongs to
     live/<agent>/        per-agent live context (log.jsonl, handoff.md)

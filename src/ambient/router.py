@@ -433,11 +433,15 @@ class Router:
         self._record(outcome, raw, channel)
         return outcome
 
-    async def send(self, raw: Raw, channel: Channel) -> Outcome:
-        """The full path: validate → authorize → deliver → record. Never raises (but lets cancellation through)."""
+    async def send(self, raw: Raw, channel: Channel, *, deliver: Handler | None = None) -> Outcome:
+        """The full path: validate → authorize → deliver → record. Never raises (but lets cancellation through).
+
+        ``deliver`` replaces the registered handlers for this packet (the daemon delivers what ``ambient send``
+        hands it to the inbox, as the command does in its own process).
+        """
         outcome = self._admit(raw, channel)
         if outcome.status == "allowed" and outcome.packet is not None:
-            outcome = await self._deliver(outcome)
+            outcome = await self._deliver(outcome, deliver)
         replied = False
         if outcome.status in ("denied", "invalid"):
             replied = await self._reply(outcome, raw, channel)
@@ -555,11 +559,13 @@ class Router:
             self._zone_cache[rel] = hit
         return hit
 
-    async def _deliver(self, outcome: Outcome) -> Outcome:
+    async def _deliver(self, outcome: Outcome, deliver: Handler | None = None) -> Outcome:
         pkt = outcome.packet
         assert pkt is not None
         targets: list[Handler] = []
-        if pkt.to == BROADCAST:
+        if deliver is not None:
+            targets = [deliver]
+        elif pkt.to == BROADCAST:
             targets = [self._handlers[n] for n in self.matrix.broadcast_recipients(pkt.from_) if n in self._handlers]
         elif pkt.to in self._handlers:
             targets = [self._handlers[pkt.to]]
