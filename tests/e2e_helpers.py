@@ -304,7 +304,7 @@ def ambient_cli(brain: Path, *args: str, timeout: float = 30, env: Mapping[str, 
     )
 
 
-def _is_spawner(proc: psutil.Process) -> bool:
+def is_spawner(proc: psutil.Process) -> bool:
     """The daemon's spawner process (ambient.runners.spawner), which starts the agents: not an agent itself."""
     try:
         return any(arg.endswith("spawner_helper.py") for arg in proc.cmdline())
@@ -380,7 +380,7 @@ class DaemonProcess:
     def agent_pids(self) -> list[int]:
         """The daemon's agents (its descendants but the spawner) right now; remembered for the cleanup."""
         try:
-            kids = [p.pid for p in psutil.Process(self.pid).children(recursive=True) if not _is_spawner(p)]
+            kids = [p.pid for p in psutil.Process(self.pid).children(recursive=True) if not is_spawner(p)]
         except psutil.NoSuchProcess:
             return []
         self.known_children.update(kids)

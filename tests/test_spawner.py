@@ -268,10 +268,10 @@ def test_spawned_agent_reports_its_exit_once() -> None:
 def test_the_daemon_brings_its_spawner_up_at_start_only_for_a_brain_with_command_agents(tmp_path: Path) -> None:
     """Up before READY (its start-up is not spent inside the first run), gone with the daemon; none without
     command agents."""
-    from tests.e2e_helpers import _is_spawner, make_brain, running, stub_agent_md
+    from tests.e2e_helpers import is_spawner, make_brain, running, stub_agent_md
 
     def spawners(pid: int) -> list[psutil.Process]:
-        return [p for p in psutil.Process(pid).children() if _is_spawner(p)]
+        return [p for p in psutil.Process(pid).children() if is_spawner(p)]
 
     with running(make_brain(tmp_path / "a", example_agents=False, agents={"stub": stub_agent_md("stub")})) as d:
         (helper,) = spawners(d.pid)

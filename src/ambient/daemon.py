@@ -749,11 +749,11 @@ class Daemon:
                 self._spawn(run_outbox(self.outbox, self.notifier, clock=self.clock, stop=self.stop,
                                        wake=self._outbox_wake, policy=policy), "outbox")
                 self._start_telegram()
-            # R-09 wants the gap between pings under WATCHDOG_USEC/2; pinging exactly every WATCHDOG_USEC/2 put half
-            # the gaps just over it (loop jitter, measured by the e2e test): ping twice as often as that.
             self._send_server = await sendsocket.serve(self.paths.state, self._route_sent, log)
+            # R-09 wants the gap between pings under WATCHDOG_USEC/2; pinging exactly every WATCHDOG_USEC/2 put half
+            # the gaps just over it (loop jitter, measured by the e2e test): ping twice as often as that. Nothing
+            # is awaited from here to READY=1: a first WATCHDOG=1 must not come before it (e2e test).
             half = systemd.watchdog_interval()
-            # Nothing is awaited from here to READY=1: a first WATCHDOG=1 must not come before it (e2e test).
             self._spawn(systemd.watchdog_task(self.stop, interval=half / 2 if half else None), "watchdog")
             self.started = True
             self.engine.wake()
