@@ -43,6 +43,9 @@ async def run(spawner: Spawner, argv: list[str], *, env: dict[str, str] | None =
     try:
         agent = await spawner.spawn(argv, env if env is not None else {"PATH": os.defpath}, cwd or Path.cwd(),
                                     (null, out_w, null), None)
+    except BaseException:
+        os.close(out_r)
+        raise
     finally:
         os.close(out_w)
         os.close(null)
@@ -59,7 +62,8 @@ def children_with(marker: str) -> list[psutil.Process]:
     return found
 
 
-def helper_of(spawner: Spawner) -> psutil.Process:
+def the_spawner_process() -> psutil.Process:
+    """The one spawner this test process runs."""
     (helper,) = [p for p in psutil.Process().children() if "spawner_helper" in " ".join(p.cmdline())]
     return helper
 
@@ -175,13 +179,13 @@ class TestFailures:
                                         Path.cwd(), (null, null, null), None)
         finally:
             os.close(null)
-        first = helper_of(spawner)
+        first = the_spawner_process()
         first.kill()
         assert await asyncio.wait_for(agent.wait(), 10) == -signal.SIGKILL
         assert await async_wait_until(lambda: not children_with(marker))
         assert not spawner.broken  # it had answered before: a crash, not a spawner that cannot run
         assert await run(spawner, ["/bin/echo", "again"]) == (0, "again\n")
-        assert helper_of(spawner).pid != first.pid
+        assert the_spawner_process().pid != first.pid
 
     async def test_a_spawner_that_cannot_run_is_given_up_on(self, tmp_path: Path) -> None:
         missing = Spawner(python=str(tmp_path / "no-python"))
@@ -205,7 +209,7 @@ class TestFailures:
                                 Path.cwd(), (null, null, null), None)
         finally:
             os.close(null)
-        helper = helper_of(spawner)
+        helper = the_spawner_process()
         spawner.close()
         assert not spawner.running
         assert await async_wait_until(lambda: not children_with(marker))
