@@ -1,9 +1,9 @@
 """Starting command agents from a small helper process, so that the event loop never waits for an ``exec``.
 
 ``subprocess.Popen`` vforks: the calling thread waits until the child has exec'd, and in the daemon that thread is
-the event loop. In a fan-out of command agents that wait was a quarter of the loop's time per agent (~0.26 ms of
-~0.5 ms spent starting it, bench/fanout.py (b)), and an ``exec`` stuck on a hung network filesystem would freeze
-the whole daemon. Starting agents in a thread is no way out: each start becomes GIL hand-offs with the busy loop
+the event loop. In a fan-out of command agents a start took ~0.5 ms of the loop's time, half of it waiting for
+the child (bench/fanout.py (b), bench/README item 36), and an ``exec`` stuck on a hung network filesystem would
+freeze the whole daemon. Starting agents in a thread is no way out: each start becomes GIL hand-offs with the busy loop
 (measured slower, see :class:`ambient.runners.command._Child`). So the daemon keeps one helper process, the
 spawner (``spawner_helper.py``, standard library only), in the spirit of Erlang's ``erl_child_setup``: the loop
 sends it a request with the agent's stdio descriptors and goes on; the spawner ``posix_spawn``s the agent, reaps
