@@ -462,6 +462,14 @@ class TestIdentity:
         assert reg.channel_from_env({TOKEN_ENV: ch.token or ""}) == ch
         assert reg.channel_from_env({TOKEN_ENV: "Z" * 43}) is None
 
+    def test_channel_for_a_presented_token(self, brain: Path) -> None:
+        """What `ambient send` runs as (in the command or in the daemon): a dead token is nobody's, and says so."""
+        reg = ChannelRegistry(BrainPaths(brain))
+        ch = reg.issue("tester")
+        assert reg.channel_for(None) == reg.channel_for("") == Channel.human()
+        assert reg.channel_for(ch.token) == ch
+        assert reg.channel_for("Z" * 43) == Channel("unauthenticated", "Z" * 43)
+
     async def test_token_must_match_principal(self, router: Router) -> None:
         """A channel presenting another principal's token, or a dead token, is denied before parsing."""
         assert router.registry is not None

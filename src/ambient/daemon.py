@@ -612,11 +612,7 @@ class Daemon:
     async def _route_sent(self, raw: bytes, token: str | None) -> dict[str, Any]:
         """A packet ``ambient send`` handed over the send socket: routed as the command would route it itself."""
         registry = self.router.registry
-        if not token:
-            channel = Channel.human()
-        else:  # a token that is not live is refused (and recorded) as a channel nobody vouches for
-            channel = (registry.authenticate(token) if registry is not None else None) or Channel(
-                "unauthenticated", token)
+        channel = registry.channel_for(token) if registry is not None else Channel.human()
         outcome = await self.router.send(raw, channel, deliver=self._to_inbox)
         answer = sendsocket.summary(outcome)
         log.info("packet_sent", via="socket", status=answer["status"], packet=answer["id"], to=answer["to"])

@@ -289,6 +289,13 @@ class ChannelRegistry:
                 path.unlink(missing_ok=True)
         return count
 
+    def channel_for(self, token: str | None) -> Channel:
+        """The channel of a sender presenting ``token``: none is the person (``human``); one that is not live
+        is a channel nobody vouches for (``unauthenticated``), which the router refuses and records."""
+        if not token:
+            return Channel.human()
+        return self.authenticate(token) or Channel("unauthenticated", token)
+
     def channel_from_env(self, environ: Mapping[str, str]) -> Channel | None:
         """The CLI's channel: the token in ``AMBIENT_CHANNEL_TOKEN`` if set (None if not live), else ``human``."""
         token = environ.get(TOKEN_ENV)

@@ -84,7 +84,7 @@ def ask_daemon(state_dir: Path, raw: bytes, token: str | None, *, timeout: float
     Raises :class:`NoAnswer` when the daemon took the request but did not answer.
     """
     path = socket_path(state_dir)
-    if len(os.fsencode(path)) > _MAX_PATH:
+    if _too_long(path):
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -114,6 +114,11 @@ def ask_daemon(state_dir: Path, raw: bytes, token: str | None, *, timeout: float
         sock.close()
 
 
+def _too_long(path: Path) -> bool:
+    """Too long for ``sun_path``: no daemon listens there, and the command routes the packet itself."""
+    return len(os.fsencode(path)) > _MAX_PATH
+
+
 def _read_line(sock: socket.socket) -> bytes:
     data = b""
     while b"\n" not in data and len(data) <= _MAX_HEADER * 4:
@@ -133,7 +138,7 @@ async def serve(state_dir: Path, route: Route, log: Any) -> asyncio.AbstractServ
     import asyncio
 
     path = socket_path(state_dir)
-    if len(os.fsencode(path)) > _MAX_PATH:
+    if _too_long(path):
         log.info("send_socket_unavailable", reason="path too long for a unix socket", path=str(path))
         return None
     try:

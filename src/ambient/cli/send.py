@@ -55,20 +55,21 @@ def _send(args: argparse.Namespace) -> int:
     except OSError as exc:
         return fail(f"{args.file}: cannot be read: {exc.strerror}")
     paths = BrainPaths(root)
+    token = os.environ.get(TOKEN_ENV) or None
     try:
-        answer = ask_daemon(paths.state, raw, os.environ.get(TOKEN_ENV) or None)
+        answer = ask_daemon(paths.state, raw, token)
     except NoAnswer as exc:
         return fail(f"{exc.strerror}; the packet may have been delivered (see .ambient/audit.jsonl)")
     if answer is None:  # no daemon listening: route it here
-        answer = _route_here(paths, raw)
+        answer = _route_here(paths, raw, token)
     return _report(answer, args.json)
 
 
-def _route_here(paths: BrainPaths, raw: bytes) -> dict[str, Any]:
+def _route_here(paths: BrainPaths, raw: bytes, token: str | None) -> dict[str, Any]:
     """Route in this process, as the daemon would: the same router, audit record and inbox delivery."""
     import asyncio
 
-    from ambient.router import TOKEN_ENV, Channel, Router, inbox_handler
+    from ambient.router import Router, inbox_handler
     from ambient.sendsocket import summary
 
     _quiet_logs()
@@ -79,11 +80,7 @@ def _route_here(paths: BrainPaths, raw: bytes) -> dict[str, Any]:
                 say(f"{problem}")
         router.set_default(inbox_handler(paths))
         assert router.registry is not None
-        channel = router.registry.channel_from_env(os.environ)
-        if channel is None:
-            # A token that is not live: refused (and recorded) as a channel nobody vouches for.
-            channel = Channel("unauthenticated", os.environ.get(TOKEN_ENV))
-        outcome = asyncio.run(router.send(raw, channel))
+        outcome = asyncio.run(router.send(raw, router.registry.channel_for(token)))
     finally:
         router.close()
     return summary(outcome)

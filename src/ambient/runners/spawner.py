@@ -177,13 +177,12 @@ class Spawner:
     def _send(self, sock: socket.socket, rid: int, message: bytes, fds: list[int]) -> None:
         if not self._outbox:
             try:
-                sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                _sendmsg(sock, message, fds)
+                return
             except BlockingIOError:
                 pass
             except OSError as exc:  # the spawner is gone (EPIPE, ECONNRESET): every start in flight fails
                 self._lost(f"send: {exc}")
-                return
-            else:
                 return
         # No room in the socket: keep copies of the descriptors (the caller may close its own) until it drains.
         self._outbox.append((rid, message, [os.dup(fd) for fd in fds]))
@@ -196,7 +195,7 @@ class Spawner:
         while sock is not None and self._outbox:
             _rid, message, fds = self._outbox[0]
             try:
-                sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                _sendmsg(sock, message, fds)
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -256,20 +255,27 @@ class Spawner:
     def _lost(self, why: str) -> None:
         """The spawner is gone: fail the starts in flight, kill the agents whose exit codes went with it."""
         broken = not self._answered
-        self._close_socket()
-        self._reap()
-        for future, _ in self._pending.values():
-            if not future.done():
-                future.set_exception(SpawnerLost(errno.EPIPE, f"the spawner process is gone ({why})"))
-        self._pending.clear()
+        killed = self._stop(f"the spawner process is gone ({why})", timeout=0.0)
+        if killed or broken:
+            log.error("spawner_lost", reason=why, agents_killed=killed)
+        if broken:
+            self.broken = True  # it died before answering once: do not start it again and again
+
+    def _stop(self, why: str, timeout: float) -> int:
+        """Kill the agents nobody will report on (their exit is SIGKILL), fail the starts in flight, close the
+        socket (the spawner exits on EOF) and reap the spawner within ``timeout`` s; how many agents were killed.
+        """
         agents, self._agents = self._agents, {}
-        if agents or broken:
-            log.error("spawner_lost", reason=why, agents_killed=len(agents))
         for pid, agent in agents.items():
             _kill_group(pid)
             agent._set_exit(-signal.SIGKILL)
-        if broken:
-            self.broken = True  # it died before answering once: do not start it again and again
+        self._close_socket()
+        pending, self._pending = self._pending, {}
+        for future, _ in pending.values():
+            if not future.done():
+                future.set_exception(SpawnerLost(errno.EPIPE, why))
+        self._reap(timeout)
+        return len(agents)
 
     def _close_socket(self) -> None:
         sock, self._sock = self._sock, None
@@ -298,15 +304,11 @@ class Spawner:
 
         Blocking for at most ``timeout`` s: call it at shutdown, once the agents are drained.
         """
-        agents, self._agents = self._agents, {}
-        for pid in agents:
-            _kill_group(pid)
-        self._close_socket()
-        for future, _ in self._pending.values():
-            if not future.done():
-                future.set_exception(SpawnerLost(errno.EPIPE, "the spawner was closed"))
-        self._pending.clear()
-        self._reap(timeout)
+        self._stop("the spawner was closed", timeout)
+
+
+def _sendmsg(sock: socket.socket, message: bytes, fds: list[int]) -> None:
+    sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
 
 
 def _kill_group(pgid: int) -> None:
