@@ -6,6 +6,7 @@ Real subprocesses (the stub agent, ``sys.executable -c``) in tmp dirs; scenarios
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ from ambient.runners import (
     parse_runner_config,
     render_argv,
 )
+from ambient.runners import command as command_module
 from ambient.runners.base import MAX_ENV_PACKET_BYTES
 from ambient.runners.command import INHERITED_ENV
 from ambient.runners.spawner import Spawner
@@ -670,6 +672,35 @@ class TestKilling:
         res = await CommandRunner().run(make_req(), stub("orphan", "--pid-file", str(pid_file), timeout_s=30))
         assert res.status == "success" and not res.killed
         assert len(pids_in(pid_file)) == 2 and all(gone(pid) for pid in pids_in(pid_file))
+
+    async def test_a_process_that_escaped_the_group_does_not_hold_the_result(
+        self, make_req: Callable[..., RunRequest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A child that left the group with setsid() and keeps stdout open: the run ends after the drain time
+        with what the agent wrote, and the pipes are let go (the escapee is not ambient's to kill)."""
+        monkeypatch.setattr(command_module, "_DRAIN_S", 0.3)
+        pid_file = tmp_path / "escapee"
+        code = (
+            "import json, os, time\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+            "    time.sleep(60)\n"
+            "    os._exit(0)\n"
+            f"while not os.path.exists({str(pid_file)!r}) or not open({str(pid_file)!r}).read():\n"
+            "    time.sleep(0.01)\n"
+            "print(json.dumps(dict(status='success', output=dict(answer=42))), flush=True)\n"
+        )
+        try:
+            res = await CommandRunner().run(make_req(), script(code, timeout_s=30))
+            assert res.status == "success" and not res.killed, res
+            assert res.output == {"status": "success", "output": {"answer": 42}}
+            escapee = int(pid_file.read_text())
+            assert psutil.pid_exists(escapee)  # another session: left alone
+        finally:
+            if pid_file.exists() and pid_file.read_text():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
     async def test_cancel_kills_group_and_reraises(self, make_req: Callable[..., RunRequest], tmp_path: Path) -> None:
         """Cancelling the run (daemon shutdown) kills the agent's group, reaps it and re-raises."""

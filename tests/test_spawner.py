@@ -36,22 +36,17 @@ async def spawner() -> AsyncIterator[Spawner]:
 
 
 async def run(spawner: Spawner, argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
-              ) -> tuple[int, str]:
+              stdin: bytes = b"", out_cap: int = 1 << 20) -> tuple[int, str]:
     """Start ``argv`` through ``spawner`` and wait for it: (exit code, stdout)."""
-    out_r, out_w = os.pipe()
-    null = os.open(os.devnull, os.O_RDWR)
-    try:
-        agent = await spawner.spawn(argv, env if env is not None else {"PATH": os.defpath}, cwd or Path.cwd(),
-                                    (null, out_w, null), None)
-    except BaseException:
-        os.close(out_r)
-        raise
-    finally:
-        os.close(out_w)
-        os.close(null)
-    with os.fdopen(out_r, "rb") as reader:
-        out = await asyncio.to_thread(reader.read)
-    return await agent.wait(), out.decode()
+    agent = await spawner.spawn(argv, env if env is not None else {"PATH": os.defpath}, cwd or Path.cwd(), stdin,
+                                out_cap, 4096)
+    assert await agent.until(lambda: agent.closed, asyncio.get_running_loop().time() + 30)
+    return await agent.wait(), agent.stdout.decode()
+
+
+async def sleeper(spawner: Spawner, marker: str) -> SpawnedAgent:
+    return await spawner.spawn([PY, "-c", "import time; time.sleep(60)", marker], {"PATH": os.defpath}, Path.cwd(),
+                               b"", 1024, 1024)
 
 
 def children_with(marker: str) -> list[psutil.Process]:
@@ -146,6 +141,35 @@ class TestStart:
                             env={"BIG": big, "PATH": os.defpath})
         assert (rc, out) == (0, f"{len(big)}\n")
 
+    async def test_stdin_holds_the_packet_and_output_comes_back_whole_or_capped(self, spawner: Spawner) -> None:
+        assert await run(spawner, [PY, "-c", "import sys; print(sys.stdin.read()[::-1])"], stdin=b"packet") == (
+            0, "tekcap\n")
+        big = INLINE_MAX * 4  # the report is larger than a datagram: it comes in a memfd
+        assert await run(spawner, [PY, "-c", f"import sys; sys.stdout.write('z' * {big})"]) == (0, "z" * big)
+        agent = await spawner.spawn([PY, "-c", "import sys; sys.stdout.write('o' * 100_000); "
+                                              "sys.stderr.write('e' * 5000 + 'END')"],
+                                    {"PATH": os.defpath}, Path.cwd(), b"", 1000, 100)
+        assert await agent.until(lambda: agent.closed, asyncio.get_running_loop().time() + 30)
+        assert agent.over and len(agent.stdout) <= 1000  # past the cap: reported, the rest discarded
+        assert agent.stderr_tail == b"e" * 97 + b"END"  # the last 100 bytes
+        assert await agent.wait() == 0
+
+    async def test_start_times_are_the_agents_own_even_when_starts_queue(self, spawner: Spawner) -> None:
+        """Recorded for reconciliation after a crash, which compares them with /proc to 50 ms."""
+        from ambient.locks import process_start_time
+
+        agents = await asyncio.gather(*(spawner.spawn([PY, "-c", "import time; time.sleep(5)"], {"PATH": os.defpath},
+                                                      Path.cwd(), b"", 1024, 1024) for _ in range(20)))
+        try:
+            for agent in agents:
+                from_proc = process_start_time(agent.pid)
+                assert agent.start_time is not None and from_proc is not None
+                assert abs(agent.start_time - from_proc) <= 0.05
+        finally:
+            for agent in agents:
+                os.killpg(agent.pid, signal.SIGKILL)
+            await asyncio.gather(*(agent.wait() for agent in agents))
+
     async def test_many_starts_at_once_queue_when_the_socket_is_full(self, spawner: Spawner) -> None:
         # 200 requests of ~20 KiB each are ~4 MiB: far more than the socket holds, so most wait in the outbox.
         filler = {"FILL": "y" * 20_000, "PATH": os.defpath}
@@ -157,28 +181,18 @@ class TestFailures:
     async def test_a_start_cancelled_in_flight_has_its_agent_killed(self, spawner: Spawner) -> None:
         marker = f"cancelled-start-{os.getpid()}-{time.monotonic_ns()}"
         await run(spawner, ["/bin/echo", "warm"])  # the spawner is up: the request below goes at once
-        null = os.open(os.devnull, os.O_RDWR)
-        try:
-            task = asyncio.ensure_future(spawner.spawn([PY, "-c", "import time; time.sleep(60)", marker],
-                                                       {"PATH": os.defpath}, Path.cwd(), (null, null, null), None))
-            await asyncio.sleep(0)  # the request is sent; its answer cannot be read while this loop is held
-            assert wait_until(lambda: len(children_with(marker)) == 1)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-        finally:
-            os.close(null)
+        task = asyncio.ensure_future(sleeper(spawner, marker))
+        await asyncio.sleep(0)  # the request is sent; its answer cannot be read while this loop is held
+        assert wait_until(lambda: len(children_with(marker)) == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
         assert await async_wait_until(lambda: not children_with(marker))
 
     async def test_a_killed_spawner_ends_its_agents_and_the_next_start_brings_a_new_one(
             self, spawner: Spawner) -> None:
         marker = f"orphaned-agent-{os.getpid()}-{time.monotonic_ns()}"
-        null = os.open(os.devnull, os.O_RDWR)
-        try:
-            agent = await spawner.spawn([PY, "-c", "import time; time.sleep(60)", marker], {"PATH": os.defpath},
-                                        Path.cwd(), (null, null, null), None)
-        finally:
-            os.close(null)
+        agent = await sleeper(spawner, marker)
         first = the_spawner_process()
         first.kill()
         assert await asyncio.wait_for(agent.wait(), 10) == -signal.SIGKILL
@@ -203,12 +217,7 @@ class TestFailures:
 
     async def test_close_kills_what_still_runs_and_reaps_the_spawner(self, spawner: Spawner) -> None:
         marker = f"left-running-{os.getpid()}-{time.monotonic_ns()}"
-        null = os.open(os.devnull, os.O_RDWR)
-        try:
-            await spawner.spawn([PY, "-c", "import time; time.sleep(60)", marker], {"PATH": os.defpath},
-                                Path.cwd(), (null, null, null), None)
-        finally:
-            os.close(null)
+        await sleeper(spawner, marker)
         helper = the_spawner_process()
         spawner.close()
         assert not spawner.running
@@ -258,7 +267,7 @@ class TestThroughTheRunner:
 
 def test_spawned_agent_reports_its_exit_once() -> None:
     async def main() -> list[int]:
-        agent = SpawnedAgent(123, None)
+        agent = SpawnedAgent(123, None, Spawner())
         calls: list[int] = []
         agent.on_exit = lambda: calls.append(agent.returncode or 0)
         agent._set_exit(4)

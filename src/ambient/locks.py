@@ -219,11 +219,17 @@ def start_time_now() -> float | None:
     """
     if not hasattr(time, "CLOCK_BOOTTIME"):
         return None
+    return start_time_at(time.clock_gettime(time.CLOCK_BOOTTIME))
+
+
+def start_time_at(boot_clock: float) -> float | None:
+    """The start time of a process started when ``CLOCK_BOOTTIME`` read ``boot_clock`` (read by another process:
+    the spawner)."""
     try:
         btime = _boot_time()
     except (OSError, KeyError, ValueError):
         return None
-    return round(btime + time.clock_gettime(time.CLOCK_BOOTTIME), 2)
+    return round(btime + boot_clock, 2)
 
 
 def _psutil_start(pid: int) -> float | None:

@@ -43,6 +43,7 @@ from ambient.runners.base import (
     render_argv,
 )
 from ambient.runners.spawner import SpawnedAgent, Spawner, SpawnerLost
+from ambient.runners.waiter import Waiter
 
 log = structlog.get_logger(__name__)
 
@@ -76,6 +77,34 @@ class _Proc(Protocol):
     def returncode(self) -> int | None: ...
 
     async def wait(self) -> int: ...
+
+
+class _Output(Protocol):
+    """An agent's stdout and stderr being read: by the runner (:class:`_Pipes`) or by the spawner
+    (:class:`~ambient.runners.spawner.SpawnedAgent`)."""
+
+    @property
+    def stdout(self) -> bytes: ...
+
+    @property
+    def stderr_tail(self) -> bytes: ...
+
+    @property
+    def over(self) -> bool: ...
+
+    @property
+    def out_closed(self) -> bool: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def wake(self) -> None: ...
+
+    async def until(self, ready: Callable[[], bool], deadline: float) -> bool: ...
+
+    async def release(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -259,12 +288,7 @@ def _packet_fd(data: bytes) -> int:
     return fd
 
 
-def _set_if_pending(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-class _Pipes:
+class _Pipes(Waiter):
     """The agent's stdout and stderr, read by ``add_reader`` callbacks, and one waiter woken when something changes.
 
     Keeps the first ``out_cap`` bytes of stdout (past them: discarded and ``over`` set, the group is then killed)
@@ -276,13 +300,12 @@ class _Pipes:
     """
 
     def __init__(self, out_fd: int, err_fd: int, out_cap: int, err_tail: int) -> None:
-        self._loop = asyncio.get_running_loop()
+        super().__init__(asyncio.get_running_loop())
         self._out_fd, self._err_fd = out_fd, err_fd
         self._open = {out_fd, err_fd}
         self._out_cap, self._err_tail = out_cap, err_tail
         self._out = bytearray()
         self._err = bytearray()
-        self._waiter: asyncio.Future[None] | None = None
         self.over = False
         try:
             for fd in (out_fd, err_fd):
@@ -339,26 +362,9 @@ class _Pipes:
             self._loop.remove_reader(fd)
             os.close(fd)
 
-    def wake(self) -> None:
-        """Something changed (a pipe closed, the cap was passed, the agent exited): the waiter looks again."""
-        if self._waiter is not None:
-            _set_if_pending(self._waiter)
-
-    async def until(self, ready: Callable[[], bool], deadline: float) -> bool:
-        """Wait until ``ready()`` holds or the loop's clock reaches ``deadline``; returns ``ready()``."""
-        loop = self._loop
-        while not ready():
-            delay = deadline - loop.time()
-            if delay <= 0:
-                return False
-            waiter = self._waiter = loop.create_future()
-            timer = loop.call_later(delay, _set_if_pending, waiter)
-            try:
-                await waiter
-            finally:
-                timer.cancel()
-                self._waiter = None
-        return True
+    async def release(self) -> None:
+        """Stop reading and keep what was read (pipes held by a process that escaped the group)."""
+        self.close()
 
     def close(self) -> None:
         """Stop reading; close what is still open (a pipe held by a process that escaped the group is abandoned)."""
@@ -484,38 +490,41 @@ def _before_start(req: RunRequest) -> None:
 
 
 async def _start(req: RunRequest, argv: list[str], packet: bytes, env: dict[str, str], cwd: Path,
-                 spawner: Spawner | None = None, start_timeout: float | None = None) -> tuple[_Proc, int, int]:
-    """Start an agent in its own session (its group can be killed whole): (process, stdout fd, stderr fd).
+                 cfg: CommandRunnerConfig, spawner: Spawner | None = None) -> tuple[_Proc, _Output]:
+    """Start an agent in its own session (its group can be killed whole): (process, its output being read).
 
-    Through ``spawner`` when there is one (not given up on), within ``start_timeout`` s. Raises OSError if it cannot
-    start (:class:`_StdinError` when its stdin could not be made), :class:`_SetupError` when
-    ``req.before_start`` failed (the agent is then not started).
+    Through ``spawner`` when there is one (not given up on), within ``cfg.timeout_s``; it then reads the output
+    itself. Raises OSError if it cannot start (:class:`_StdinError` when its stdin could not be made),
+    :class:`_SetupError` when ``req.before_start`` failed (the agent is then not started).
     """
     _before_start(req)
     if spawner is not None and not spawner.broken:
-        started = start_time_now()
         try:
-            with _child_stdio(packet) as (stdin_fd, out_w, err_w, out_r, err_r):
-                try:
-                    async with asyncio.timeout(start_timeout):
-                        proc: _Proc = await spawner.spawn(argv, env, cwd, (stdin_fd, out_w, err_w), started)
-                except TimeoutError:
-                    msg = f"not started within {start_timeout:g} s (the spawner is stuck)"
-                    raise OSError(errno.ETIMEDOUT, msg) from None
-            return proc, out_r, err_r
+            async with asyncio.timeout(cfg.timeout_s):
+                agent = await spawner.spawn(argv, env, cwd, packet, cfg.max_output_bytes, cfg.stderr_tail_bytes)
+        except TimeoutError:
+            msg = f"not started within {cfg.timeout_s:g} s (the spawner is stuck)"
+            raise OSError(errno.ETIMEDOUT, msg) from None
         except SpawnerLost:
             if not spawner.broken:
                 raise
             # The spawner never came up (it never answered): this agent and the next ones start through Popen.
+        else:
+            return agent, agent
     if not waits_by_pidfd():
         with _child_stdio(packet) as (stdin_fd, out_w, err_w, out_r, err_r):
             # S603 reviewed: as in _spawn.
-            proc = await asyncio.create_subprocess_exec(
+            proc: _Proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=stdin_fd, stdout=out_w, stderr=err_w, env=env, cwd=cwd, start_new_session=True,
                 close_fds=True,
             )
-        return proc, out_r, err_r
-    return _spawn(argv, packet, env, cwd)
+    else:
+        proc, out_r, err_r = _spawn(argv, packet, env, cwd)
+    try:
+        return proc, _Pipes(out_r, err_r, cfg.max_output_bytes, cfg.stderr_tail_bytes)
+    except BaseException:
+        signal_group(proc.pid, signal.SIGKILL)
+        raise
 
 
 def _spawn(argv: list[str], packet: bytes, env: dict[str, str], cwd: Path) -> tuple[_Child, int, int]:
@@ -631,8 +640,7 @@ class CommandRunner:
         except (TemplateError, InputError) as exc:
             return error_result("bad_request", _redact(str(exc), req))
         try:
-            proc, out_r, err_r = await _start(req, argv, packet_json.encode(), env, cwd, self._spawner,
-                                              cfg.timeout_s)
+            proc, output = await _start(req, argv, packet_json.encode(), env, cwd, cfg, self._spawner)
         except _SetupError as exc:
             return error_result("spawn_failed", _redact(f"cannot prepare the agent's start: {exc}", req))
         except _StdinError as exc:
@@ -652,7 +660,7 @@ class CommandRunner:
             except Exception:  # a hook must not break the run; the agent is already running
                 log.exception("agent_on_spawn_failed", agent=req.agent, pid=proc.pid)
         try:
-            result = await self._supervise(live, cfg, out_r, err_r, started)
+            result = await self._supervise(live, cfg, output, started)
         finally:
             self._live.pop(proc.pid, None)
         if result.killed or result.status == "error":
@@ -669,15 +677,8 @@ class CommandRunner:
             )
         return result
 
-    async def _supervise(
-        self, live: _Live, cfg: CommandRunnerConfig, out_r: int, err_r: int, started: float
-    ) -> AgentResult:
+    async def _supervise(self, live: _Live, cfg: CommandRunnerConfig, pipes: _Output, started: float) -> AgentResult:
         proc = live.proc
-        try:
-            pipes = _Pipes(out_r, err_r, cfg.max_output_bytes, cfg.stderr_tail_bytes)
-        except BaseException:
-            signal_group(live.pgid, signal.SIGKILL)
-            raise
         unhook = _on_exit(proc, pipes.wake)
         try:
             reason = live.kill_reason or await self._watch(cfg, pipes, proc)
@@ -706,7 +707,7 @@ class CommandRunner:
                 _close_transport(proc)
         return self._result(live, cfg, pipes, started)
 
-    async def _watch(self, cfg: CommandRunnerConfig, pipes: _Pipes, proc: _Proc) -> Reason | None:
+    async def _watch(self, cfg: CommandRunnerConfig, pipes: _Output, proc: _Proc) -> Reason | None:
         """Wait for the agent to finish; the reason to kill it, or None if it ended by itself."""
         deadline = asyncio.get_running_loop().time() + cfg.timeout_s
         if not await pipes.until(lambda: proc.returncode is not None or pipes.over, deadline):
@@ -718,18 +719,19 @@ class CommandRunner:
                 return "timeout"
         return "output_over_cap" if pipes.over else None
 
-    async def _drain(self, live: _Live, pipes: _Pipes) -> None:
+    async def _drain(self, live: _Live, pipes: _Output) -> None:
         """Let the pipes reach EOF and the leader be reaped, each bounded in time."""
         proc = live.proc
         loop = asyncio.get_running_loop()
         if not await pipes.until(lambda: pipes.closed, loop.time() + _DRAIN_S):
             # Only a process that escaped the group with setsid() can still hold a pipe.
             log.warning("agent_pipe_held_open", agent=live.req.agent, pgid=live.pgid)
+            await pipes.release()
         if not await pipes.until(lambda: proc.returncode is not None, loop.time() + _REAP_S):
             signal_group(live.pgid, signal.SIGKILL)
             log.error("agent_not_reaped", agent=live.req.agent, pid=proc.pid)
 
-    def _result(self, live: _Live, cfg: CommandRunnerConfig, pipes: _Pipes, started: float) -> AgentResult:
+    def _result(self, live: _Live, cfg: CommandRunnerConfig, pipes: _Output, started: float) -> AgentResult:
         req = live.req
         stdout = pipes.stdout
         stderr_tail = _redact(pipes.stderr_tail.decode("utf-8", "replace"), req)

@@ -5,14 +5,17 @@ the event loop. In a fan-out of command agents a start took ~0.5 ms of the loop'
 the child (bench/fanout.py (b), bench/README item 36), and an ``exec`` stuck on a hung network filesystem would
 freeze the whole daemon. Starting agents in a thread is no way out: each start becomes GIL hand-offs with the busy loop
 (measured slower, see :class:`ambient.runners.command._Child`). So the daemon keeps one helper process, the
-spawner (``spawner_helper.py``, standard library only), in the spirit of Erlang's ``erl_child_setup``: the loop
-sends it a request with the agent's stdio descriptors and goes on; the spawner ``posix_spawn``s the agent, reaps
-it, and reports its pid and then its exit code.
+spawner (``spawner_helper.py``, standard library only), in the spirit of Erlang's ``erl_child_setup`` and ports:
+the loop sends it a request (argv, environment, the SPAWN packet for stdin, the output caps) and goes on; the
+spawner ``posix_spawn``s the agent, reads its stdout and stderr, reaps it, and reports its pid, then its output
+and exit code, in one message for an agent that simply ran and exited. The loop never touches an agent's pipes:
+in a fan-out their creation, reads and closing were about half of what a command agent cost the loop
+(bench/README item 39), and the spawner does that work on the other core.
 
 The agent is the spawner's child, not the daemon's, and nothing else changes: it still runs in its own session,
-the daemon still signals its process group directly (timeouts, output caps, shutdown), still records its pid and
-start time for the reconciliation after a crash. If the daemon dies, the spawner reads EOF and exits; its agents
-are then orphans, exactly as the daemon's own children would be. If the spawner dies (someone killed it), the
+the daemon still decides and signals its process group directly (timeouts, output caps, shutdown), still records
+its pid and start time for the reconciliation after a crash. If the daemon dies, the spawner reads EOF and exits;
+its agents are then orphans, exactly as the daemon's own children would be. If the spawner dies (someone killed it), the
 exit codes of the running agents are lost: the daemon kills their groups, their attempts end as errors (and are
 retried by policy), and the next start brings a new spawner up. A spawner that cannot even start is given up on
 for good and agents start through ``Popen`` again (``broken``).
@@ -33,19 +36,23 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import structlog
 
 from ambient.fsutil import write_all
+from ambient.locks import start_time_at
 from ambient.runners import spawner_helper as _helper
+from ambient.runners.waiter import Waiter
 
 log = structlog.get_logger("ambient.spawner")
 
 _HELPER: Final = Path(_helper.__file__)
-#: Requests larger than this travel in a memfd (a unix datagram is capped by the socket's buffer, ~200 KiB).
-INLINE_MAX: Final = 32 * 1024
+#: Requests and reports larger than this travel in a memfd (a unix datagram is capped by the socket's buffer).
+INLINE_MAX: Final = _helper.INLINE_MAX
+_RECV_SPACE: Final = socket.CMSG_SPACE(array.array("i").itemsize)
 _READS_PER_CALLBACK: Final = 256
+_RELEASE_WAIT_S: Final = 5.0  # for the spawner's report after a release (it is lost with the spawner otherwise)
 _FS_ENCODING: Final = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
 
 
@@ -53,26 +60,56 @@ class SpawnerLost(OSError):
     """The spawner process is gone: the agent's start or exit code could not be learned."""
 
 
-class SpawnedAgent:
-    """An agent started by the spawner: its pid (= process group id) and, once reported, its exit code."""
+class SpawnedAgent(Waiter):
+    """An agent started by the spawner: its pid (= process group id), and what the spawner reports of it.
 
-    def __init__(self, pid: int, start_time: float | None) -> None:
+    The spawner reads its output: :attr:`stdout` (the first ``out_cap`` bytes) and :attr:`stderr_tail` are set by
+    the final report, when :attr:`closed` becomes true; :attr:`over` and :attr:`out_closed` may come before it.
+    """
+
+    def __init__(self, pid: int, start_time: float | None, spawner: Spawner) -> None:
+        super().__init__(asyncio.get_running_loop())
         self.pid = pid
         self.start_time = start_time
         self.returncode: int | None = None
         self.on_exit: Callable[[], None] | None = None
-        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.stdout = b""
+        self.stderr_tail = b""
+        self.over = False  # stdout passed its cap
+        self.out_closed = False  # stdout reached EOF
+        self.closed = False  # both pipes reached EOF (or were released): stdout and stderr_tail are final
+        self._spawner = spawner
+        self._exited: asyncio.Future[int] = self._loop.create_future()
 
     def _set_exit(self, code: int) -> None:
         if self.returncode is not None:
             return
         self.returncode = code
         self._exited.set_result(code)
+        self.wake()
         if self.on_exit is not None:
             self.on_exit()
 
+    def _set_output(self, stdout: bytes, stderr_tail: bytes, over: bool) -> None:
+        self.stdout, self.stderr_tail = stdout, stderr_tail
+        self.over = self.over or over
+        self.out_closed = self.closed = True
+        self.wake()
+
     async def wait(self) -> int:
         return await asyncio.shield(self._exited)
+
+    async def release(self) -> None:
+        """Have what was read so far: the spawner stops reading pipes held by a process that escaped the group."""
+        if not self.closed:
+            self._spawner._release(self.pid)
+            await self.until(lambda: self.closed, self._loop.time() + _RELEASE_WAIT_S)
+
+    def close(self) -> None:
+        """Stop waiting for the output (cancellation, errors): the spawner stops reading it."""
+        if not self.closed:
+            self._spawner._release(self.pid)
+            self.closed = self.out_closed = True
 
 
 def available() -> bool:
@@ -90,11 +127,12 @@ class Spawner:
         self._proc: subprocess.Popen[bytes] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._next_id = 0
-        self._pending: dict[int, tuple[asyncio.Future[SpawnedAgent], float | None]] = {}
+        self._pending: dict[int, asyncio.Future[SpawnedAgent]] = {}
         self._agents: dict[int, SpawnedAgent] = {}
         # Requests the socket had no room for: (id, message, duplicated descriptors), sent when it drains.
         self._outbox: collections.deque[tuple[int, bytes, list[int]]] = collections.deque()
         self._answered = False  # this spawner process has answered at least once
+        self._buf = bytearray(INLINE_MAX + 4096)  # one report (a larger one comes in a memfd)
         self.broken = False  # the spawner could not be started: use Popen from now on
 
     @property
@@ -110,12 +148,14 @@ class Spawner:
         with contextlib.suppress(SpawnerLost):
             self._ensure(asyncio.get_running_loop())
 
-    async def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, stdio: tuple[int, int, int],
-                    start_time: float | None) -> SpawnedAgent:
-        """Start an agent with ``stdio`` as its fds 0-2; returns once it runs. Raises OSError if it cannot start.
+    async def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, stdin: bytes, out_cap: int,
+                    err_tail: int) -> SpawnedAgent:
+        """Start an agent reading ``stdin``; returns once it runs. Raises OSError if it cannot start.
 
-        The caller keeps ownership of ``stdio`` (the spawner has its own copies once this returns or raises).
-        Cancelled after the request left, the agent is killed as soon as its pid arrives.
+        The spawner keeps the first ``out_cap`` bytes of its stdout and the last ``err_tail`` of its stderr (see
+        :class:`SpawnedAgent`). Cancelled after the request left, the agent is killed as soon as its pid arrives.
+        Its ``start_time`` is read by the spawner just before the start: a start queued behind others still gets
+        its own (reconciliation after a crash compares it with ``/proc`` to 50 ms).
         """
         loop = asyncio.get_running_loop()
         sock = self._ensure(loop)
@@ -123,26 +163,29 @@ class Spawner:
         rid = self._next_id
         # As os.fsencode does, without its per-call checks (bench: ~20 strings per agent).
         enc, errors = _FS_ENCODING
-        message = marshal.dumps((rid, [a.encode(enc, errors) for a in argv],
+        message = marshal.dumps((_helper.SPAWN, rid, [a.encode(enc, errors) for a in argv],
                                  {k.encode(enc, errors): v.encode(enc, errors) for k, v in env.items()},
-                                 os.fsencode(cwd)))
-        fds = list(stdio)
-        big = -1
+                                 os.fsencode(cwd), stdin, out_cap, err_tail))
+        fds: list[int] = []
         if len(message) > INLINE_MAX:
             big = os.memfd_create("ambient-spawn-request", os.MFD_CLOEXEC)
-            write_all(big, message)
-            message = marshal.dumps((rid,))
             fds.append(big)
+            write_all(big, message)
+            message = marshal.dumps((_helper.SPAWN, rid))
         future: asyncio.Future[SpawnedAgent] = loop.create_future()
-        self._pending[rid] = (future, start_time)
+        self._pending[rid] = future
         try:
             self._send(sock, rid, message, fds)
             return await future
         finally:
-            if big >= 0:
-                os.close(big)
+            _close_all(fds)
             if self._pending.pop(rid, None) is not None:  # cancelled or failed before its answer came
                 self._drop_queued(rid)
+
+    def _release(self, pid: int) -> None:
+        sock = self._sock
+        if sock is not None and pid in self._agents:
+            self._send(sock, 0, marshal.dumps((_helper.RELEASE, pid)), [])
 
     def _ensure(self, loop: asyncio.AbstractEventLoop) -> socket.socket:
         if self.broken:
@@ -215,42 +258,65 @@ class Spawner:
             self._loop.remove_writer(self._sock.fileno())
 
     def _readable(self) -> None:
-        sock = self._sock
+        buf = self._buf
         for _ in range(_READS_PER_CALLBACK):
+            sock = self._sock
             if sock is None:
                 return
             try:
-                data = sock.recv(4096)
+                size, ancillary, _flags, _addr = sock.recvmsg_into([buf], _RECV_SPACE, socket.MSG_CMSG_CLOEXEC)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 self._lost(f"recv: {exc}")
                 return
-            if not data:
+            if not size:
                 self._lost("it exited" if self._answered else "it exited before answering")
                 return
             self._answered = True
-            self._message(marshal.loads(data))  # noqa: S302 - from our own helper, over a private socket pair
+            message = marshal.loads(memoryview(buf)[:size])  # noqa: S302 - our own helper, a private socket pair
+            if ancillary:  # a large report: the whole tuple is in the memfd
+                message = _read_memfd(ancillary)
+            self._message(message)
 
-    def _message(self, message: tuple[int, ...]) -> None:
+    def _message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
-        if kind == _helper.EXITED:
-            agent = self._agents.pop(message[1], None)
-            if agent is not None:
-                agent._set_exit(message[2])
+        if kind in (_helper.STARTED, _helper.FAILED):
+            self._answer(message)
             return
+        agent = self._agents.get(message[1])
+        if agent is None:  # an agent whose start was cancelled, or one already reported
+            return
+        if kind == _helper.DONE:
+            _kind, _pid, code, stdout, stderr_tail, over = message
+            agent._set_output(stdout, stderr_tail, over)
+            if code is not None:
+                del self._agents[agent.pid]
+                agent._set_exit(code)
+        elif kind == _helper.EXITED:
+            if agent.closed:
+                del self._agents[agent.pid]
+            agent._set_exit(message[2])
+        elif kind == _helper.OVER:
+            agent.over = True
+            agent.wake()
+        elif kind == _helper.OUT_EOF:
+            agent.out_closed = True
+            agent.wake()
+
+    def _answer(self, message: tuple[Any, ...]) -> None:
         pending = self._pending.pop(message[1], None)
-        if kind == _helper.STARTED:
+        if message[0] == _helper.STARTED:
             pid = message[2]
-            agent = SpawnedAgent(pid, pending[1] if pending else None)
+            agent = SpawnedAgent(pid, start_time_at(message[3]), self)
             self._agents[pid] = agent
-            if pending is None or pending[0].done():
+            if pending is None or pending.done():
                 # Its caller was cancelled meanwhile: nobody supervises this agent, so it goes at once.
                 _kill_group(pid)
             else:
-                pending[0].set_result(agent)
-        elif kind == _helper.FAILED and pending is not None and not pending[0].done():
-            pending[0].set_exception(OSError(message[2], message[3]))
+                pending.set_result(agent)
+        elif pending is not None and not pending.done():
+            pending.set_exception(OSError(message[2], message[3]))
 
     def _lost(self, why: str) -> None:
         """The spawner is gone: fail the starts in flight, kill the agents whose exit codes went with it."""
@@ -268,10 +334,11 @@ class Spawner:
         agents, self._agents = self._agents, {}
         for pid, agent in agents.items():
             _kill_group(pid)
+            agent._set_output(agent.stdout, agent.stderr_tail, agent.over)  # nothing more will be read
             agent._set_exit(-signal.SIGKILL)
         self._close_socket()
         pending, self._pending = self._pending, {}
-        for future, _ in pending.values():
+        for future in pending.values():
             if not future.done():
                 future.set_exception(SpawnerLost(errno.EPIPE, why))
         self._reap(timeout)
@@ -308,12 +375,28 @@ class Spawner:
 
 
 def _sendmsg(sock: socket.socket, message: bytes, fds: list[int]) -> None:
+    if not fds:
+        sock.send(message)
+        return
     sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
 
 
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def _read_memfd(ancillary: list[tuple[int, int, bytes]]) -> tuple[Any, ...]:
+    fds = array.array("i")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    try:
+        size = os.fstat(fds[0]).st_size
+        message: tuple[Any, ...] = marshal.loads(os.pread(fds[0], size, 0))  # noqa: S302 - as in _readable
+        return message
+    finally:
+        _close_all(list(fds))
 
 
 def _close_all(fds: list[int]) -> None:

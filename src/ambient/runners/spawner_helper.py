@@ -1,20 +1,30 @@
-"""The spawner process: starts command agents for the daemon and tells it when they exit.
+"""The spawner process: starts command agents for the daemon, reads their output, and reports how they ended.
 
 Run as ``python -I -S spawner_helper.py FD`` by :class:`ambient.runners.spawner.Spawner`; standard library only, so
 that it starts in a few milliseconds and imports nothing of the daemon. FD is its end of a ``SOCK_SEQPACKET``
 socket pair. Every message is a ``marshal``-ed tuple (both ends run the same interpreter):
 
-- daemon → spawner: ``(rid, argv, env, cwd)`` (bytes everywhere) with the agent's stdin, stdout and stderr as
-  ``SCM_RIGHTS``; a large request comes as ``(rid,)`` with a fourth descriptor, a memfd holding the tuple.
-- spawner → daemon: ``(STARTED, rid, pid)``, ``(FAILED, rid, errno, message)``, ``(EXITED, pid, exit_code)``.
+- daemon → spawner: ``(SPAWN, rid, argv, env, cwd, stdin, out_cap, err_tail)`` (bytes everywhere); a large
+  request comes as ``(SPAWN, rid)`` with a memfd holding the tuple as ``SCM_RIGHTS``. ``(RELEASE, pid)``: stop
+  reading that agent's output and report it now (the daemon gave up waiting for its pipes).
+- spawner → daemon: ``(STARTED, rid, pid, boot_clock)`` (``CLOCK_BOOTTIME`` read just before the start) or
+  ``(FAILED, rid, errno, message)``; then for that pid, as they happen, ``(OVER, pid)`` (stdout passed
+  ``out_cap``: the rest is discarded), ``(EXITED, pid, code)`` (the agent exited, something still holds its
+  pipes), ``(OUT_EOF, pid)`` (stdout closed after that), and last ``(DONE, pid, code, stdout, stderr_tail,
+  over)``: the agent exited and both pipes reached EOF, or the output was released (``code`` is None if it has
+  not exited yet: an ``EXITED`` follows). A report over ``INLINE_MAX`` comes as ``(DONE, pid)`` with a memfd
+  holding the tuple. A short-lived agent costs the daemon two messages.
 
-An agent starts like ``subprocess.Popen(..., start_new_session=True, close_fds=True, restore_signals=True)``:
-its own session, only descriptors 0-2 (everything else here is close-on-exec), default dispositions for the
-standard signals (glibc's ``posix_spawn`` leaves its two internal ones, 32 and 33, ignored; glibc programs
-install their own handlers for them when they need them), an empty signal mask, ``argv[0]`` looked up in the
-agent's own ``PATH`` when it has no slash. The spawner ignores the terminal's and the service manager's stop
-signals: the daemon stops it by closing the socket, once its agents are gone, so that their exit codes still
-reach it while it drains them.
+The agent's stdin is a memfd holding the request's ``stdin`` (EOF where the packet ends, nothing to feed); its
+stdout and stderr are pipes read here: the first ``out_cap`` bytes of stdout are kept, and the last ``err_tail``
+bytes of stderr. An agent starts like ``subprocess.Popen(..., start_new_session=True, close_fds=True,
+restore_signals=True)``: its own session, only descriptors 0-2 (everything else here is close-on-exec), default
+dispositions for the standard signals (glibc's ``posix_spawn`` leaves its two internal ones, 32 and 33, ignored;
+glibc programs install their own handlers for them when they need them), an empty signal mask, ``argv[0]``
+looked up in the agent's own ``PATH`` when it has no slash. The spawner ignores the terminal's and the service
+manager's stop signals: the daemon stops it by closing the socket, once its agents are gone, so that their exit
+codes still reach it while it drains them. Killing agents (timeouts, output caps, shutdown) stays the daemon's
+job: it signals their process groups itself.
 """
 
 from __future__ import annotations
@@ -28,13 +38,21 @@ import selectors
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
-STARTED, FAILED, EXITED = 0, 1, 2
+# Requests and releases (daemon → spawner).
+SPAWN, RELEASE = 0, 1
+# Reports (spawner → daemon).
+STARTED, FAILED, OVER, EXITED, OUT_EOF, DONE = 0, 1, 2, 3, 4, 5
+#: Output larger than this travels in a memfd (a unix datagram is capped by the socket's buffer, ~200 KiB).
+INLINE_MAX = 32 * 1024
 _MAX_FDS = 4
 _CMSG_SPACE = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
 _MAX_MESSAGE = 1 << 16
 _MAX_LARGE = 64 << 20
+_CHUNK = 64 * 1024
+_READS_PER_EVENT = 4  # then the other agents get their turn: a flood cannot starve them
 # Reset in every agent: ignored here (the stop signals) or by Python at start-up (SIGPIPE, SIGXFSZ).
 _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -63,12 +81,42 @@ def _spawn(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]) -> int:
     raise saved or last
 
 
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class _Agent:
+    """One running agent: its pidfd, its output pipes (None once at EOF) and what was read from them."""
+
+    __slots__ = ("code", "err", "err_buf", "out", "out_buf", "out_cap", "over", "pid", "pidfd", "released",
+                 "tail")
+
+    def __init__(self, pid: int, pidfd: int, out: int, err: int, out_cap: int, tail: int) -> None:
+        self.pid, self.pidfd, self.out, self.err = pid, pidfd, out, err
+        self.out_cap, self.tail = out_cap, tail
+        self.out_buf = bytearray()
+        self.err_buf = bytearray()
+        self.over = False
+        self.released = False
+        self.code: int | None = None
+
+
 class _Spawner:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.selector = selectors.DefaultSelector()
         self.selector.register(sock, selectors.EVENT_READ, None)
         self.cwd = os.getcwdb()  # noqa: PTH109 - bytes, compared with the requests' cwd
+        self.agents: dict[int, _Agent] = {}
 
     def serve(self) -> None:
         while True:
@@ -76,8 +124,12 @@ class _Spawner:
                 if key.data is None:
                     if not self._requests():
                         return
+                    continue
+                agent, what = key.data
+                if what == 0:
+                    self._reap(agent)
                 else:
-                    self._reap(key.fileobj, key.data)  # type: ignore[arg-type]
+                    self._read(agent, key.fd)
 
     def _requests(self) -> bool:
         """Handle every request waiting; False once the daemon has closed its end."""
@@ -103,44 +155,142 @@ class _Spawner:
 
     def _request(self, data: bytes, fds: list[int]) -> None:
         request: Any = marshal.loads(data)  # noqa: S302 - from the daemon that started us, over a private pair
-        rid = request[0]
+        if request[0] == RELEASE:
+            agent = self.agents.get(request[1])
+            if agent is not None and not agent.released:
+                self._done(agent)
+            return
+        rid = request[1]
         try:
-            if len(request) == 1:  # a large request: the tuple is in the memfd after the three stdio fds
-                size = os.fstat(fds[3]).st_size
+            if len(request) == 2:  # a large request: the tuple is in the memfd
+                size = os.fstat(fds[0]).st_size
                 if size > _MAX_LARGE:
                     raise ValueError(f"request of {size} bytes")
-                request = marshal.loads(os.pread(fds[3], size, 0))  # noqa: S302 - as above
-            _rid, argv, env, cwd = request
+                request = marshal.loads(os.pread(fds[0], size, 0))  # noqa: S302 - as above
+            _op, _rid, argv, env, cwd, stdin, out_cap, tail = request
             if cwd != self.cwd:
                 os.chdir(cwd)
                 self.cwd = cwd
-            pid = _spawn(argv, env, fds[:3])
+            self._start(rid, argv, env, stdin, out_cap, tail)
         except OSError as exc:
             self._send((FAILED, rid, exc.errno or errno.EIO, exc.strerror or str(exc)))
-            return
         except Exception as exc:  # noqa: BLE001 - a bad request fails that agent, not the spawner
             self._send((FAILED, rid, errno.EINVAL, f"bad spawn request: {exc!r}"))
-            return
+
+    def _start(self, rid: int, argv: list[bytes], env: dict[bytes, bytes], stdin: bytes, out_cap: int,
+               tail: int) -> None:
+        mine: list[int] = []  # our ends, closed if the start fails
+        theirs: list[int] = []  # the agent's ends, closed once it has its own copies
+        try:
+            theirs.append(_memfd("ambient-spawn-packet", stdin))
+            for _ in range(2):
+                r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                os.set_blocking(w, True)  # the agent's end blocks as a pipe normally does
+                mine.append(r)
+                theirs.append(w)
+            started = time.clock_gettime(time.CLOCK_BOOTTIME)  # the frame of /proc's start times
+            pid = _spawn(argv, env, theirs)
+        except BaseException:
+            for fd in mine:
+                os.close(fd)
+            raise
+        finally:
+            for fd in theirs:
+                os.close(fd)
         try:
             pidfd = os.pidfd_open(pid)  # our unreaped child: valid even if it has exited already
-        except OSError:
-            os.waitpid(pid, 0)  # cannot watch it: wait for it here rather than lose its exit code
-            self._send((STARTED, rid, pid))
-            self._send((EXITED, pid, 255))
-            return
-        self.selector.register(pidfd, selectors.EVENT_READ, pid)
-        self._send((STARTED, rid, pid))
+        except OSError:  # cannot watch it (a kernel before 5.3): it must not run unwatched
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            for fd in mine:
+                os.close(fd)
+            raise
+        agent = _Agent(pid, pidfd, mine[0], mine[1], out_cap, tail)
+        self.agents[pid] = agent
+        self._send((STARTED, rid, pid, started))
+        self.selector.register(pidfd, selectors.EVENT_READ, (agent, 0))
+        self.selector.register(mine[0], selectors.EVENT_READ, (agent, 1))
+        self.selector.register(mine[1], selectors.EVENT_READ, (agent, 2))
 
-    def _reap(self, pidfd: int, pid: int) -> None:
+    def _read(self, agent: _Agent, fd: int) -> None:
+        for _ in range(_READS_PER_EVENT):
+            try:
+                data = os.read(fd, _CHUNK)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._eof(agent, fd)
+                return
+            if fd == agent.err:
+                agent.err_buf += data
+                if len(agent.err_buf) > agent.tail:
+                    del agent.err_buf[: len(agent.err_buf) - agent.tail]
+            elif not agent.over:
+                if len(agent.out_buf) + len(data) > agent.out_cap:
+                    agent.over = True
+                    self._send((OVER, agent.pid))
+                else:
+                    agent.out_buf += data
+
+    def _eof(self, agent: _Agent, fd: int) -> None:
+        self._close_pipe(fd)
+        if fd == agent.out:
+            agent.out = -1
+            if agent.code is not None and agent.err >= 0:
+                self._send((OUT_EOF, agent.pid))
+        else:
+            agent.err = -1
+        if agent.out < 0 and agent.err < 0 and agent.code is not None:
+            self._done(agent)
+
+    def _reap(self, agent: _Agent) -> None:
         try:
-            done, status = os.waitpid(pid, os.WNOHANG)
+            done, status = os.waitpid(agent.pid, os.WNOHANG)
         except ChildProcessError:
-            done, status = pid, 255 << 8
+            done, status = agent.pid, 255 << 8
         if done == 0:
             return
-        self.selector.unregister(pidfd)
-        os.close(pidfd)
-        self._send((EXITED, pid, os.waitstatus_to_exitcode(status)))
+        self.selector.unregister(agent.pidfd)
+        os.close(agent.pidfd)
+        self._exited(agent, os.waitstatus_to_exitcode(status))
+
+    def _exited(self, agent: _Agent, code: int) -> None:
+        agent.code = code
+        if agent.released:
+            del self.agents[agent.pid]
+            self._send((EXITED, agent.pid, code))
+        elif agent.out < 0 and agent.err < 0:
+            self._done(agent)
+        else:
+            self._send((EXITED, agent.pid, code))
+
+    def _done(self, agent: _Agent) -> None:
+        """The final report: what was read, and the exit code if the agent has exited (then it is forgotten)."""
+        for fd in (agent.out, agent.err):
+            if fd >= 0:
+                self._close_pipe(fd)
+        agent.out = agent.err = -1
+        agent.released = True
+        if agent.code is not None:
+            del self.agents[agent.pid]
+        report = marshal.dumps((DONE, agent.pid, agent.code, bytes(agent.out_buf), bytes(agent.err_buf),
+                                agent.over))
+        if len(report) <= INLINE_MAX:
+            self.sock.send(report)
+            return
+        fd = _memfd("ambient-agent-output", report)  # a large report: the tuple travels in a memfd
+        try:
+            self.sock.sendmsg([marshal.dumps((DONE, agent.pid))],
+                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+        finally:
+            os.close(fd)
+
+    def _close_pipe(self, fd: int) -> None:
+        self.selector.unregister(fd)
+        os.close(fd)
 
     def _send(self, message: tuple[Any, ...]) -> None:
         # Blocking: if the daemon is slow to read, the spawner waits for it (it never waits on the spawner).
