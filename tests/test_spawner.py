@@ -154,6 +154,17 @@ class TestStart:
         assert agent.stderr_tail == b"e" * 97 + b"END"  # the last 100 bytes
         assert await agent.wait() == 0
 
+    async def test_an_exit_with_a_pipe_still_held_says_which(self, spawner: Spawner) -> None:
+        """The agent exits, a child of its group keeps stderr: the exit is reported at once with stdout known
+        closed (the runner's linger for stdout has nothing to wait for), and the output once the child is gone."""
+        code = "import os, sys, time\nos.close(1)\nif os.fork() == 0:\n    time.sleep(60)\n"
+        agent = await spawner.spawn([PY, "-c", code], {"PATH": os.defpath}, Path.cwd(), b"", 1024, 1024)
+        deadline = asyncio.get_running_loop().time() + 30
+        assert await agent.until(lambda: agent.returncode is not None, deadline)
+        assert agent.returncode == 0 and agent.out_closed and not agent.closed
+        os.killpg(agent.pid, signal.SIGKILL)  # the child: the group outlives its leader
+        assert await agent.until(lambda: agent.closed, deadline)
+
     async def test_start_times_are_the_agents_own_even_when_starts_queue(self, spawner: Spawner) -> None:
         """Recorded for reconciliation after a crash, which compares them with /proc to 50 ms."""
         from ambient.locks import process_start_time

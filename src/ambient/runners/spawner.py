@@ -296,6 +296,7 @@ class Spawner:
         elif kind == _helper.EXITED:
             if agent.closed:
                 del self._agents[agent.pid]
+            agent.out_closed = agent.out_closed or message[3]
             agent._set_exit(message[2])
         elif kind == _helper.OVER:
             agent.over = True

@@ -9,11 +9,12 @@ socket pair. Every message is a ``marshal``-ed tuple (both ends run the same int
   reading that agent's output and report it now (the daemon gave up waiting for its pipes).
 - spawner → daemon: ``(STARTED, rid, pid, boot_clock)`` (``CLOCK_BOOTTIME`` read just before the start) or
   ``(FAILED, rid, errno, message)``; then for that pid, as they happen, ``(OVER, pid)`` (stdout passed
-  ``out_cap``: the rest is discarded), ``(EXITED, pid, code)`` (the agent exited, something still holds its
-  pipes), ``(OUT_EOF, pid)`` (stdout closed after that), and last ``(DONE, pid, code, stdout, stderr_tail,
-  over)``: the agent exited and both pipes reached EOF, or the output was released (``code`` is None if it has
-  not exited yet: an ``EXITED`` follows). A report over ``INLINE_MAX`` comes as ``(DONE, pid)`` with a memfd
-  holding the tuple. A short-lived agent costs the daemon two messages.
+  ``out_cap``: the rest is discarded), ``(EXITED, pid, code, out_eof)`` (the agent exited, something still
+  holds its pipes; ``out_eof``: stdout is closed already), ``(OUT_EOF, pid)`` (stdout closed after that), and
+  last ``(DONE, pid, code, stdout, stderr_tail, over)``: the agent exited and both pipes reached EOF, or the
+  output was released (``code`` is None if it has not exited yet: an ``EXITED`` follows). A report over
+  ``INLINE_MAX`` comes as ``(DONE, pid)`` with a memfd holding the tuple. A short-lived agent costs the daemon
+  two messages.
 
 The agent's stdin is a memfd holding the request's ``stdin`` (EOF where the packet ends, nothing to feed); its
 stdout and stderr are pipes read here: the first ``out_cap`` bytes of stdout are kept, and the last ``err_tail``
@@ -95,7 +96,7 @@ def _memfd(name: str, data: bytes) -> int:
 
 
 class _Agent:
-    """One running agent: its pidfd, its output pipes (None once at EOF) and what was read from them."""
+    """One running agent: its pidfd, its output pipes (-1 once at EOF) and what was read from them."""
 
     __slots__ = ("code", "err", "err_buf", "out", "out_buf", "out_cap", "over", "pid", "pidfd", "released",
                  "tail")
@@ -261,11 +262,11 @@ class _Spawner:
         agent.code = code
         if agent.released:
             del self.agents[agent.pid]
-            self._send((EXITED, agent.pid, code))
+            self._send((EXITED, agent.pid, code, True))
         elif agent.out < 0 and agent.err < 0:
             self._done(agent)
         else:
-            self._send((EXITED, agent.pid, code))
+            self._send((EXITED, agent.pid, code, agent.out < 0))
 
     def _done(self, agent: _Agent) -> None:
         """The final report: what was read, and the exit code if the agent has exited (then it is forgotten)."""
