@@ -18,9 +18,12 @@ from typing import Any
 
 import psutil
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ambient.runners import CommandRunner, CommandRunnerConfig, RunRequest, idempotency_key
 from ambient.runners.spawner import INLINE_MAX, SpawnedAgent, Spawner, SpawnerLost, available
+from ambient.runners.spawner_helper import keep_output
 from tests.conftest import async_wait_until, wait_until
 
 pytestmark = pytest.mark.skipif(not available(), reason="the spawner needs Linux (posix_spawn, pidfds)")
@@ -274,6 +277,22 @@ class TestThroughTheRunner:
             runner.close()
         assert res.status == "error" and res.reason == "timeout" and res.killed
         assert not children_with(marker)
+
+
+@given(st.lists(st.tuples(st.booleans(), st.binary(max_size=40)), max_size=30), st.integers(1, 100),
+       st.integers(0, 100))
+def test_output_caps_keep_the_head_of_stdout_and_the_tail_of_stderr(
+        chunks: list[tuple[bool, bytes]], out_cap: int, err_tail: int) -> None:
+    """The one rule of both readers (the spawner's and the runner's own pipes), as they apply it."""
+    out, err, over = bytearray(), bytearray(), False
+    for from_err, data in chunks:
+        if (from_err or not over) and not keep_output(out, err, data, from_err, out_cap, err_tail):
+            over = True
+    all_out = b"".join(d for e, d in chunks if not e)
+    all_err = b"".join(d for e, d in chunks if e)
+    assert len(out) <= out_cap and all_out.startswith(out)
+    assert over == (len(all_out) > out_cap)
+    assert bytes(err) == (all_err[-err_tail:] if err_tail else b"")
 
 
 def test_spawned_agent_reports_its_exit_once() -> None:

@@ -43,13 +43,13 @@ from ambient.runners.base import (
     render_argv,
 )
 from ambient.runners.spawner import SpawnedAgent, Spawner, SpawnerLost
+from ambient.runners.spawner_helper import keep_output, read_some
 from ambient.runners.waiter import Waiter
 
 log = structlog.get_logger(__name__)
 
 #: Variables taken from the daemon's own environment; nothing else of ``os.environ`` reaches an agent (S-06).
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ")
-_CHUNK = 64 * 1024
 #: After the agent exits, how long its stdout may stay open (a leftover child holding the pipe) before the group
 #: is killed so that the result can be read.
 _LINGER_S = 0.5
@@ -335,26 +335,17 @@ class _Pipes(Waiter):
         # A few reads per call: the data and the EOF right behind it usually come in one callback; bounded so
         # that a flood cannot keep the loop from its other work.
         for _ in range(4):
-            try:
-                data = os.read(fd, _CHUNK)
-            except (BlockingIOError, InterruptedError):
+            data = read_some(fd)
+            if data is None:
                 return
-            except OSError:
-                data = b""
             if not data:
                 self._close(fd)
                 self.wake()
                 return
-            if fd == self._err_fd:
-                self._err += data
-                if len(self._err) > self._err_tail:
-                    del self._err[: len(self._err) - self._err_tail]
-            elif not self.over:
-                if len(self._out) + len(data) > self._out_cap:
-                    self.over = True
-                    self.wake()
-                else:
-                    self._out += data
+            if (fd == self._err_fd or not self.over) and not keep_output(
+                    self._out, self._err, data, fd == self._err_fd, self._out_cap, self._err_tail):
+                self.over = True
+                self.wake()
 
     def _close(self, fd: int) -> None:
         if fd in self._open:

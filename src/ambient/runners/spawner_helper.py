@@ -82,6 +82,32 @@ def _spawn(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]) -> int:
     raise saved or last
 
 
+def read_some(fd: int) -> bytes | None:
+    """One read of an agent's pipe: None when it would block, b"" at EOF (a failed read counts as EOF)."""
+    try:
+        return os.read(fd, _CHUNK)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
+
+
+def keep_output(out: bytearray, err: bytearray, data: bytes, from_err: bool, out_cap: int, err_tail: int) -> bool:
+    """Keep what the caps allow of ``data``, read from an agent's stderr or stdout: the last ``err_tail`` bytes of
+    stderr, the first ``out_cap`` of stdout. False when stdout would pass its cap: ``data`` is dropped, and the
+    caller drops what comes after it too. The one rule of both readers: the spawner's and the runner's own.
+    """
+    if from_err:
+        err += data
+        if len(err) > err_tail:
+            del err[: len(err) - err_tail]
+        return True
+    if len(out) + len(data) > out_cap:
+        return False
+    out += data
+    return True
+
+
 def _memfd(name: str, data: bytes) -> int:
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
@@ -216,25 +242,16 @@ class _Spawner:
 
     def _read(self, agent: _Agent, fd: int) -> None:
         for _ in range(_READS_PER_EVENT):
-            try:
-                data = os.read(fd, _CHUNK)
-            except (BlockingIOError, InterruptedError):
+            data = read_some(fd)
+            if data is None:
                 return
-            except OSError:
-                data = b""
             if not data:
                 self._eof(agent, fd)
                 return
-            if fd == agent.err:
-                agent.err_buf += data
-                if len(agent.err_buf) > agent.tail:
-                    del agent.err_buf[: len(agent.err_buf) - agent.tail]
-            elif not agent.over:
-                if len(agent.out_buf) + len(data) > agent.out_cap:
-                    agent.over = True
-                    self._send((OVER, agent.pid))
-                else:
-                    agent.out_buf += data
+            if (fd == agent.err or not agent.over) and not keep_output(
+                    agent.out_buf, agent.err_buf, data, fd == agent.err, agent.out_cap, agent.tail):
+                agent.over = True
+                self._send((OVER, agent.pid))
 
     def _eof(self, agent: _Agent, fd: int) -> None:
         self._close_pipe(fd)
