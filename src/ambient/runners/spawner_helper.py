@@ -277,13 +277,12 @@ class _Spawner:
 
     def _exited(self, agent: _Agent, code: int) -> None:
         agent.code = code
-        if agent.released:
-            del self.agents[agent.pid]
-            self._send((EXITED, agent.pid, code, True))
-        elif agent.out < 0 and agent.err < 0:
+        if agent.out < 0 and agent.err < 0 and not agent.released:
             self._done(agent)
-        else:
-            self._send((EXITED, agent.pid, code, agent.out < 0))
+            return
+        if agent.released:  # its output was reported already: this is the last word on it
+            del self.agents[agent.pid]
+        self._send((EXITED, agent.pid, code, agent.out < 0))
 
     def _done(self, agent: _Agent) -> None:
         """The final report: what was read, and the exit code if the agent has exited (then it is forgotten)."""
