@@ -454,6 +454,43 @@ class TestIdentity:
         with pytest.raises(InputError):
             reg.mint("../evil")
 
+    def test_while_the_daemon_serves_its_socket_tokens_live_in_memory_only(
+            self, brain: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """``files = False`` (the daemon's send socket answers agents): publish writes nothing, the token is live
+        in this process, and revoking it touches no file. A token published before the switch keeps its file
+        until it is revoked, and a rename that fails still leaves it void here."""
+        paths = BrainPaths(brain)
+        reg = ChannelRegistry(paths)
+        early, publish_early = reg.mint("deploy", spawn="run-1/a/1")
+        publish_early()
+        reg.files = False
+        ch, publish = reg.mint("deploy", spawn="run-1/b/1")
+        publish()
+        assert ch.token is not None and early.token is not None
+        assert reg.authenticate(ch.token) == ch and ChannelRegistry(paths).authenticate(ch.token) is None
+        assert len(list(paths.channels.glob("*.json"))) == 1  # only the early one
+
+        def no_file_work(*args: object) -> None:
+            raise AssertionError("a token without a file must not be renamed or unlinked")
+
+        monkeypatch.setattr(os, "rename", no_file_work)
+        monkeypatch.setattr(os, "unlink", no_file_work)
+        reg.disown(ch)
+        reg.revoke(ch)
+        assert reg.authenticate(ch.token) is None
+        monkeypatch.undo()
+
+        def refuse(*args: object) -> None:
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(os, "rename", refuse)
+        reg.disown(early)
+        with pytest.raises(PermissionError):
+            reg.revoke(early)
+        monkeypatch.undo()
+        assert ChannelRegistry(paths).authenticate(early.token) == early  # the file stayed...
+        assert reg.authenticate(early.token) is None  # ...and this process goes on refusing it
+
     def test_channel_from_env(self, brain: Path) -> None:
         """The CLI is human without a token, the token's principal with a live one, nobody with a dead one."""
         reg = ChannelRegistry(BrainPaths(brain))

@@ -746,6 +746,10 @@ class Daemon:
                                        wake=self._outbox_wake, policy=policy), "outbox")
                 self._start_telegram()
             self._send_server = await sendsocket.serve(self.paths.state, self._route_sent, log)
+            if self._send_server is not None and self.router.registry is not None:
+                # Agents' `ambient send` reach this router now, which knows their tokens: no token files from here
+                # on (ChannelRegistry). Those written for agents started before stay until they are revoked.
+                self.router.registry.files = False
             # R-09 wants the gap between pings under WATCHDOG_USEC/2; pinging exactly every WATCHDOG_USEC/2 put half
             # the gaps just over it (loop jitter, measured by the e2e test): ping twice as often as that. Nothing
             # is awaited from here to READY=1: a first WATCHDOG=1 must not come before it (e2e test).
@@ -819,11 +823,15 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         systemd.stopping("stopping")
-        await sendsocket.close(self._send_server, self.paths.state)  # `ambient send` routes by itself again
         grace = self.ref.brain.settings.shutdown_grace_s
         systemd.extend_timeout(int((grace + 10) * 1_000_000))
         await self.manager.shutdown(grace)
         await self.runners.terminate_all(grace)
+        # Only now: the agents drained above still send through the socket, where their tokens are known (they
+        # have no token files, see ChannelRegistry). From here `ambient send` routes by itself again.
+        await sendsocket.close(self._send_server, self.paths.state)
+        if self.router.registry is not None:
+            self.router.registry.files = True
         self.runners.close()
         self.claims_view.close()  # coalesced item claims (interrupted items included) reach the disk
         for t in self._tasks:

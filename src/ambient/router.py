@@ -116,8 +116,18 @@ def token_digest(token: str) -> str:
 
 
 class ChannelRegistry:
-    """Per-spawn channel tokens. Only ``sha256(token) → principal`` is kept, one file per token under
-    ``.ambient/channels/`` (atomic writes, mode 0600), so a token never reaches the disk or a log."""
+    """Per-spawn channel tokens. Only ``sha256(token) → principal`` is kept, in memory and, for other processes,
+    one file per token under ``.ambient/channels/`` (mode 0600), so a token never reaches the disk or a log.
+
+    The files are for ``ambient send`` routing a packet in its own process. While the daemon serves its send
+    socket, an agent's ``ambient send`` hands the packet to the daemon, whose router checks the token in memory;
+    the daemon then sets :attr:`files` to False and no file is written (decision, session 12: a file written and
+    renamed aside per command agent cost a fan-out 8 % of its agents/s, bench/fanout.py (b), bench/README
+    item 42). So a token is honoured by its daemon for as long as that daemon runs; an orphan left by a daemon
+    that died, whose ``ambient send`` finds no socket, is refused as ``unauthenticated`` (its item runs again
+    anyway). Without a socket (a brain path too long for ``AF_UNIX``, a bind that failed) tokens have files, as
+    before.
+    """
 
     MAX_FILE = 4096
     SPARES_MAX = 64
@@ -134,6 +144,10 @@ class ChannelRegistry:
         self._spares: list[str] = []
         self._spares_lock = threading.Lock()
         self._spare_count = 0
+        #: Write a file for each token published from now on (see the class docs); the daemon clears it while its
+        #: send socket is served.
+        self.files = True
+        self._published: set[str] = set()  # digests whose file was written (revoke renames only those)
 
     def issue(self, principal: str, *, spawn: str | None = None, now: datetime | None = None) -> Channel:
         """A fresh channel for ``principal``; hand ``channel.token`` to the spawned process (``TOKEN_ENV``).
@@ -167,6 +181,9 @@ class ChannelRegistry:
             # Not fsync'd: a token outlives nothing (the daemon revokes every token at start), it only has to be
             # readable by the agent's own `ambient send` while the agent runs. Written in place: no one can look
             # for this name before the token is handed to the agent, after this returns.
+            if not self.files:  # the daemon's socket answers the agent's `ambient send`
+                return
+            self._published.add(digest)
             path, text = self.dir / f"{digest}.json", json.dumps(record)
             if self._reuse_spare(str(path), text.encode()):
                 return
@@ -212,6 +229,10 @@ class ChannelRegistry:
             return
         digest = token_digest(token)
         self._known.pop(digest, None)
+        if digest not in self._published:  # never written: nothing to take away
+            self._revoked.discard(digest)
+            return
+        self._published.discard(digest)
         path = f"{self.dir}/{digest}.json"
         spare = self._spare_name()
         try:
@@ -223,7 +244,7 @@ class ChannelRegistry:
                     self._spares.append(spare)
         except FileNotFoundError:
             pass
-        self._revoked.discard(digest)
+        self._revoked.discard(digest)  # not after a failure: the file stays, and this process must go on refusing it
 
     def _spare_name(self) -> str | None:
         """A new private name for a revoked token's file, or None when the pool is full (the file is deleted)."""
@@ -278,6 +299,7 @@ class ChannelRegistry:
         """Forget every token (daemon start-up: no spawn of a previous run is alive). Returns the count."""
         self._known.clear()
         self._revoked.clear()
+        self._published.clear()
         with self._spares_lock:
             self._spares.clear()
         count = 0
