@@ -171,6 +171,25 @@ def _cpu_times() -> tuple[int, int] | None:
     return values[7], sum(values)
 
 
+def creation_cost(base: Path, files: int = 200) -> float:
+    """µs to create and write one small file in a new folder under ``base`` now (the files stay until ``base`` goes).
+
+    What one claim file costs the kernel depends on what was deleted nearby lately (see :func:`filesystem_note`):
+    17-30 µs on a quiet ext4 here, ~340 µs right after thousands of deletes (bench/README item 43). Printed
+    beside the figures so that a run can be read with it.
+    """
+    folder = base / ".creation-probe"
+    folder.mkdir()
+    t0 = time.perf_counter()
+    for i in range(files):
+        fd = os.open(folder / f"f{i}.yml", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, b"x" * 512)
+        finally:
+            os.close(fd)
+    return (time.perf_counter() - t0) / files * 1e6
+
+
 def filesystem_note(path: Path) -> str | None:
     """A warning when ``path`` is on ext4 without a journal, where figures swing with the files deleted lately.
 

@@ -36,6 +36,7 @@ from _common import (
     Steal,
     TempDir,
     agent_md,
+    creation_cost,
     daemon_argv,
     daemon_env,
     epoch,
@@ -171,6 +172,8 @@ def main() -> int:
         note = filesystem_note(base)
         if note:
             print(note)
+        out["creation_us"] = creation_cost(base)
+        print(f"creating a small file here now: {out['creation_us']:.0f} us (bench/README item 43)")
         if "inproc" not in skip:
             steal = Steal()
             r = bench_daemon(base, "inproc", "noop", NOOP, args.n, args.concurrency, args.repeats)
