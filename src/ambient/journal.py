@@ -27,8 +27,13 @@ if TYPE_CHECKING:
 _FLUSH_AT = 64 * 1024
 
 
+# One encoder for every record: ``json.dumps`` with these options builds a new one per call (~2 µs of the ~10 a
+# record costs; a fan-out item writes three run records and two audit records).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 def _dumps(record: Mapping[str, Any]) -> bytes:
-    return (json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str) + "\n").encode()
+    return (_ENCODER.encode(record) + "\n").encode()
 
 
 _FSYNC_POOL: list[Any] = []
