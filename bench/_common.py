@@ -175,7 +175,7 @@ def creation_cost(base: Path, files: int = 200) -> float:
     """µs to create and write one small file in a new folder under ``base`` now (the files stay until ``base`` goes).
 
     What one claim file costs the kernel depends on what was deleted nearby lately (see :func:`filesystem_note`):
-    17-30 µs on a quiet ext4 here, ~340 µs right after thousands of deletes (bench/README item 43). Printed
+    17-30 µs on a quiet ext4 here, ~340 µs right after thousands of deletes (bench/README item 44). Printed
     beside the figures so that a run can be read with it.
     """
     folder = base / ".creation-probe"

@@ -173,7 +173,7 @@ def main() -> int:
         if note:
             print(note)
         out["creation_us"] = creation_cost(base)
-        print(f"creating a small file here now: {out['creation_us']:.0f} us (bench/README item 43)")
+        print(f"creating a small file here now: {out['creation_us']:.0f} us (bench/README item 44)")
         if "inproc" not in skip:
             steal = Steal()
             r = bench_daemon(base, "inproc", "noop", NOOP, args.n, args.concurrency, args.repeats)
