@@ -447,7 +447,8 @@ class _Str(str):
 
 
 class _Int(int):
-    pass
+    def __repr__(self) -> str:  # a repr shorter than the JSON: bound_payload's size check must not trust it
+        return "0"
 
 
 def _reference_bound(value: Any, depth: int = 4, max_str: int = 300, max_items: int = 20) -> Any:
@@ -457,8 +458,10 @@ def _reference_bound(value: Any, depth: int = 4, max_str: int = 300, max_items: 
     def safe(text: str) -> str:
         return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
 
-    if value is None or isinstance(value, bool | int | float):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, int | float):  # subclasses come out as plain numbers (the same JSON)
+        return float(value) if isinstance(value, float) else int(value)
     if isinstance(value, str):
         return safe(value[:max_str] + ("…" if len(value) > max_str else ""))
     if depth <= 0:
@@ -492,7 +495,8 @@ _odd_json = st.recursive(
 @settings(max_examples=400, deadline=None)
 @given(value=_odd_json)
 def test_bounding_takes_fast_paths_without_changing_the_result(value: Any) -> None:
-    """bound_payload's exact-type shortcuts give what the plain rule gives, subclasses and lone surrogates too."""
+    """bound_payload's exact-type shortcuts give what the plain rule gives, subclasses and lone surrogates too
+    (including its size check from the repr, which must never let a payload over ``PAYLOAD_MAX_CHARS`` through)."""
     from ambient.livecontext import PAYLOAD_MAX_CHARS, bound_payload
 
     expected = _reference_bound(value)
@@ -501,6 +505,21 @@ def test_bounding_takes_fast_paths_without_changing_the_result(value: Any) -> No
         expected = {"summary": text[: PAYLOAD_MAX_CHARS // 4] + "…"}
     got = bound_payload(value)
     assert got == expected and type(got) is type(expected)
+
+
+def test_the_size_check_does_not_trust_a_short_repr() -> None:
+    """bound_payload skips its JSON size check when six times the repr fits (no character takes more than six in
+    JSON): numbers whose subclass has a short repr, and strings of control characters, still get summarised."""
+    from ambient.livecontext import PAYLOAD_MAX_CHARS, bound_payload
+
+    big = [_Int(10**299)] * 20  # 6,000 characters of JSON, a repr of 80
+    got = bound_payload(big)
+    assert isinstance(got, dict) and set(got) == {"summary"}
+    controls = ["\x01" * 300] * 3  # \u0001 is six characters in JSON, \x01 four in the repr
+    assert len(json.dumps(_reference_bound(controls), ensure_ascii=False)) > PAYLOAD_MAX_CHARS
+    assert set(bound_payload(controls)) == {"summary"}  # type: ignore[arg-type]
+    small = {"item": "item-00001", "n": _Int(3), "x": 1.5}
+    assert bound_payload(small) == small and type(bound_payload(small)["n"]) is int  # type: ignore[index]
 
 
 def test_recent_turns_are_the_newest_lines_across_a_rotation(tmp_path: Path) -> None:
