@@ -180,6 +180,7 @@ path, pad, split = Path(sys.argv[1]), "x" * int(sys.argv[2]), sys.argv[3] == "sp
 every = 1000 if split else 25
 j = Journal(path)
 fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+os.write(1, b"ready\n")
 for i in range(10_000):
     if split:  # a writer that breaks the one-write-per-line rule: the kill can land between the halves
         data = (json.dumps({"i": i, "pad": pad}) + "\n").encode()
@@ -197,9 +198,19 @@ os.write(1, b"done\n")
 
 
 def _kill_appender(path: Path, pad: int, delay: float, *, split: bool = False) -> tuple[int, bool]:
-    """Run the appender and SIGKILL it ``delay`` s after its start; (last id reported fsync'd, finished by itself)."""
+    """Run the appender and SIGKILL it ``delay`` s after it has opened the journal; (last id reported fsync'd,
+    finished by itself).
+
+    Timed from its "ready" line, not from its start: on a loaded machine the interpreter's start-up alone took more
+    than 0.3 s once, and the kill landed before the file existed (a fresh clone's test run, session 12).
+    """
     argv = [sys.executable, "-c", _CHILD, str(path), str(pad), "split" if split else "whole"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # Unbuffered: the ready line is read byte by byte, so communicate() below gets everything after it.
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    assert proc.stdout is not None
+    if proc.stdout.readline() != b"ready\n":
+        _, err = proc.communicate(timeout=30)
+        raise AssertionError(f"the appender did not start: {err.decode(errors='replace')}")
     try:
         out, err = proc.communicate(timeout=delay)
     except subprocess.TimeoutExpired:
