@@ -795,6 +795,52 @@ def test_a_reload_parses_only_the_files_that_changed(tmp_path: Path, monkeypatch
     assert load_workflows(paths)[1] == first_problems
 
 
+def test_a_reload_renders_no_item_again_but_asks_the_matrix_each_time(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checking a for_each renders every item's scope; a reload of unchanged bytes renders none (a 1,000-item file
+    cost ~10 ms per reload), while the SPAWN it stands for is put to the matrix at every load: a decision that
+    changed between loads is seen, and a changed file is rendered again."""
+    from ambient import templating, workflowload
+
+    paths = BrainPaths(tmp_path)
+    paths.workflows.mkdir(parents=True)
+    text = ("name: big\nfor_each:\n  items: [{items}]\n  spawn: coder\n"
+            "  scope:\n    zone: project\n    files: [\"projects/{{{{item}}}}.md\"]\n")
+    (paths.workflows / "big.yml").write_text(text.format(items=", ".join(f"i{n}" for n in range(50))))
+    renders: list[str] = []
+    real = templating.render_path
+
+    def counting(template: str, values: Any, rules: Any = None) -> Any:
+        renders.append(template)
+        return real(template, values, rules) if rules is not None else real(template, values)
+
+    monkeypatch.setattr(templating, "render_path", counting)
+    workflowload._PARSED.clear()
+    workflowload._FOR_EACH_SCOPES.clear()
+    asked: list[tuple[str, str]] = []
+    verdict: list[str | None] = [None]
+
+    def may_spawn(sender: str, agent: str, zone: str, files: Any) -> str | None:
+        asked.append((agent, zone))
+        return verdict[0]
+
+    first, problems = load_workflows(paths, may_spawn=may_spawn)
+    assert "big" in first and problems == [] and asked == [("coder", "project")]
+    rendered = len(renders)
+    assert rendered >= 100  # the parse's own check and the SPAWN check, each item once
+    verdict[0] = "coder is not allowed in project"
+    again, problems = load_workflows(paths, may_spawn=may_spawn)
+    assert len(renders) == rendered  # nothing rendered again
+    assert asked == [("coder", "project")] * 2 and "big" not in again
+    assert [p.message for p in problems] == ["'ambient' may not SPAWN 'coder' in zone project: coder is not allowed "
+                                             "in project"]
+    (paths.workflows / "big.yml").write_text(text.format(items="i0, i1, i2"))
+    verdict[0] = None
+    changed, _ = load_workflows(paths, may_spawn=may_spawn)
+    assert changed["big"].spec.for_each.items == ["i0", "i1", "i2"]  # type: ignore[union-attr]
+    assert len(renders) > rendered
+
+
 def test_the_parse_memo_is_bounded_in_entries_and_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Least recently used results go first, past MAX_ENTRIES or MAX_BYTES; a document over MAX_BYTES is not kept."""
     from ambient.workflowload import _Parsed

@@ -233,27 +233,58 @@ def workflow_files(directory: Path) -> list[Path]:
     ]
 
 
+SpawnCheck = tuple[Sequence[str | int], str, str, list[str]]  # (loc, agent, zone, files) of one SPAWN
+
+# for_each spawns by (sha256 of the file, workflow name, zone rules): see _for_each_scopes.
+_FOR_EACH_SCOPES: OrderedDict[tuple[object, ...], tuple[SpawnCheck, ...]] = OrderedDict()
+_FOR_EACH_SCOPES_MAX = 1024
+_FOR_EACH_SCOPES_LOCK = threading.Lock()  # reloads run in a worker thread, pinned copies load on the loop
+
+
+def _for_each_scopes(wf: LoadedWorkflow, spec: ForEachWorkflow, rules: tuple[ZoneRule, ...]) -> list[SpawnCheck]:
+    """One SPAWN per distinct set of zones the items' scopes fall in, the first item of each standing for the rest.
+
+    Rendering every item is the cost of checking a for_each, and every change in ``workflows/`` checks every file
+    again: with six 1,000-item workflows a reload took ~60 ms of a worker thread's GIL time beside the running
+    fan-outs. The answer depends only on the file's bytes, its name and the zone rules, so it is kept by them
+    (bounded; the matrix decision on it is still made at every load, the agents and the matrix may change).
+    """
+    key = (wf.spec_hash, spec.name, tuple((r.prefix, r.zone) for r in rules))
+    with _FOR_EACH_SCOPES_LOCK:
+        hit = _FOR_EACH_SCOPES.get(key)
+        if hit is not None:
+            _FOR_EACH_SCOPES.move_to_end(key)
+    if hit is not None:
+        return [(loc, agent, zone, list(files)) for loc, agent, zone, files in hit]
+    fe = spec.for_each
+    out: list[SpawnCheck] = []
+    seen: set[frozenset[str]] = set()
+    for i in range(len(fe.items)):
+        try:
+            rendered = [templating.render_path(f, item_values(spec, i), rules) for f in fe.scope.files]
+        except InputError:
+            continue  # already reported by spec_issues
+        zones = frozenset(r.zone for r in rendered)
+        if zones in seen:
+            continue
+        seen.add(zones)
+        zone = fe.scope.zone or (next(iter(zones)) if len(zones) == 1 else ",".join(sorted(zones)))
+        out.append((("for_each", "spawn"), fe.spawn, zone, [r.path for r in rendered]))
+    with _FOR_EACH_SCOPES_LOCK:
+        _FOR_EACH_SCOPES[key] = tuple((loc, agent, zone, list(files)) for loc, agent, zone, files in out)
+        while len(_FOR_EACH_SCOPES) > _FOR_EACH_SCOPES_MAX:
+            _FOR_EACH_SCOPES.popitem(last=False)
+    return out
+
+
 def _scope_for_check(
     wf: LoadedWorkflow, rules: tuple[ZoneRule, ...], defaults: Mapping[str, str] | None
-) -> list[tuple[Sequence[str | int], str, str, list[str]]]:
+) -> list[SpawnCheck]:
     """(loc, agent, zone, files) of every SPAWN the workflow makes, rendered with placeholder values."""
     spec = wf.spec
-    out: list[tuple[Sequence[str | int], str, str, list[str]]] = []
     if isinstance(spec, ForEachWorkflow):
-        fe = spec.for_each
-        seen: set[frozenset[str]] = set()
-        for i in range(len(fe.items)):
-            try:
-                rendered = [templating.render_path(f, item_values(spec, i), rules) for f in fe.scope.files]
-            except InputError:
-                continue  # already reported by spec_issues
-            zones = frozenset(r.zone for r in rendered)
-            if zones in seen:
-                continue  # one check per distinct set of zones; the first item of each stands for the rest
-            seen.add(zones)
-            zone = fe.scope.zone or (next(iter(zones)) if len(zones) == 1 else ",".join(sorted(zones)))
-            out.append((("for_each", "spawn"), fe.spawn, zone, [r.path for r in rendered]))
-        return out
+        return _for_each_scopes(wf, spec, rules)
+    out: list[SpawnCheck] = []
     for i, step in enumerate(spec.chain):
         values = step_values(spec, step)
         try:
