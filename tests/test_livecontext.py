@@ -185,6 +185,39 @@ class TestThread:
         assert len(texts) < 60  # the oldest rotated file left
         assert (d / "handoff.md").exists()  # rewritten at rotation: the summary outlives the rotated turns
 
+    def test_a_rotation_rewrites_the_handoff_at_most_once_a_minute(self, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+        """Rotations in a burst (a fan-out rotates every ~1,700 items) rewrite handoff.md once; one that comes
+        HANDOFF_MAX_AGE_S after the last rewrite rewrites it again, and a CHECKPOINT always does."""
+        live = LiveContext(BrainPaths(tmp_path), max_bytes=2048, keep=2)
+        calls = {"rotate": 0, "handoff": 0}
+        rotate, write = LiveContext._rotate, LiveContext._write_handoff
+
+        def counting_rotate(self: LiveContext, d: Path) -> None:
+            calls["rotate"] += 1
+            rotate(self, d)
+
+        def counting_write(self: LiveContext, agent: str) -> str:
+            calls["handoff"] += 1
+            return write(self, agent)
+
+        monkeypatch.setattr(LiveContext, "_rotate", counting_rotate)
+        monkeypatch.setattr(LiveContext, "_write_handoff", counting_write)
+        handoff = live.paths.live / "qa" / "handoff.md"
+        for i in range(50):
+            live.append_turn(turn(text=f"first {i:03d} " + "z" * 200, minutes=i))
+        assert calls["rotate"] >= 4 and calls["handoff"] == 1  # the first rotation wrote it, the others did not
+        first = handoff.read_text()
+        aged = time.time() - HANDOFF_MAX_AGE_S - 1
+        os.utime(handoff, (aged, aged))
+        rotations = calls["rotate"]
+        while calls["rotate"] == rotations:
+            live.append_turn(turn(text="after " + "z" * 200, minutes=60))
+        assert calls["handoff"] == 2 and handoff.read_text() != first
+        second = handoff.read_text()
+        live.append_turn(turn(signal="CHECKPOINT", text="checkpoint now", minutes=99))
+        assert calls["handoff"] == 3 and handoff.read_text() != second
+
     def test_torn_last_line_does_not_swallow_the_next_turn(self, live: LiveContext) -> None:
         """After a crash mid-append, the next turn starts on its own line; the torn bytes are skipped."""
         live.append_turn(turn(corr="a"))

@@ -504,6 +504,22 @@ def _line(record: Mapping[str, Any]) -> bytes:
 _TAIL_CHUNK = 65536
 
 
+def _aged(handoff: Path) -> bool:
+    """Whether a rotation should rewrite ``handoff``: it is missing, or was written ``HANDOFF_MAX_AGE_S`` ago or more.
+
+    A rewrite summarises the newest 2,000 turns (~80-190 ms of a worker thread's GIL time here), and a fan-out
+    rotates a MiB of turns every ~1,700 items: in one daemon running fan-outs back to back, every run after the
+    first paid one or two of them while its items ran (bench/fanout.py (a): warm runs 10-25 % slower than the
+    cold one). A reader still gets a fresh summary: :meth:`LiveContext.handoff_for` rebuilds one read more than
+    ``HANDOFF_MAX_AGE_S`` after it was written when turns came since.
+    """
+    try:
+        written = handoff.stat().st_mtime
+    except OSError:
+        return True
+    return time.time() - written >= HANDOFF_MAX_AGE_S
+
+
 def _tail_lines(path: Path, limit: int) -> list[bytes]:
     """The last ``limit`` complete, non-blank lines of ``path``, in order (a torn last line is left out).
 
@@ -584,7 +600,8 @@ class LiveContext:
 
     def append_turn(self, turn: Turn) -> None:
         """Append a turn to its agent's thread; rotate past ``max_bytes``; rewrite ``handoff.md``
-        after a HANDOFF or CHECKPOINT turn and after a rotation."""
+        after a HANDOFF or CHECKPOINT turn, and after a rotation unless it was written less than
+        ``HANDOFF_MAX_AGE_S`` ago (see :func:`_aged`)."""
         self.append_turns([turn])
 
     def append_turns(self, turns: Iterable[Turn]) -> None:
@@ -648,7 +665,7 @@ class LiveContext:
                 pending += len(data)
             if chunk:
                 self._append(log, b"".join(chunk))
-            if rotated or handoff:
+            if handoff or (rotated and _aged(d / HANDOFF_NAME)):
                 self._write_handoff(agent)
 
     def append_packet(
