@@ -510,8 +510,9 @@ def _aged(handoff: Path) -> bool:
     A rewrite summarises the newest 2,000 turns (~80-190 ms of a worker thread's GIL time here), and a fan-out
     rotates a MiB of turns every ~1,700 items: in one daemon running fan-outs back to back, every run after the
     first paid one or two of them while its items ran (bench/fanout.py (a): warm runs 10-25 % slower than the
-    cold one). A reader still gets a fresh summary: :meth:`LiveContext.handoff_for` rebuilds one read more than
-    ``HANDOFF_MAX_AGE_S`` after it was written when turns came since.
+    cold one). A reader still gets a summary at most a minute old: :meth:`LiveContext.handoff_for` rebuilds one
+    read more than ``HANDOFF_MAX_AGE_S`` after it was written when turns came since (during a burst of rotations
+    handoff.md may now lag the thread by up to that minute, where it lagged by at most one rotated file).
     """
     try:
         written = handoff.stat().st_mtime

@@ -233,15 +233,15 @@ def workflow_files(directory: Path) -> list[Path]:
     ]
 
 
-SpawnCheck = tuple[Sequence[str | int], str, str, list[str]]  # (loc, agent, zone, files) of one SPAWN
+_SpawnCheck = tuple[Sequence[str | int], str, str, list[str]]  # (loc, agent, zone, files) of one SPAWN
 
 # for_each spawns by (sha256 of the file, workflow name, zone rules): see _for_each_scopes.
-_FOR_EACH_SCOPES: OrderedDict[tuple[object, ...], tuple[SpawnCheck, ...]] = OrderedDict()
+_FOR_EACH_SCOPES: OrderedDict[tuple[object, ...], tuple[_SpawnCheck, ...]] = OrderedDict()
 _FOR_EACH_SCOPES_MAX = 1024
 _FOR_EACH_SCOPES_LOCK = threading.Lock()  # reloads run in a worker thread, pinned copies load on the loop
 
 
-def _for_each_scopes(wf: LoadedWorkflow, spec: ForEachWorkflow, rules: tuple[ZoneRule, ...]) -> list[SpawnCheck]:
+def _for_each_scopes(wf: LoadedWorkflow, spec: ForEachWorkflow, rules: tuple[ZoneRule, ...]) -> list[_SpawnCheck]:
     """One SPAWN per distinct set of zones the items' scopes fall in, the first item of each standing for the rest.
 
     Rendering every item is the cost of checking a for_each, and every change in ``workflows/`` checks every file
@@ -257,7 +257,7 @@ def _for_each_scopes(wf: LoadedWorkflow, spec: ForEachWorkflow, rules: tuple[Zon
     if hit is not None:
         return [(loc, agent, zone, list(files)) for loc, agent, zone, files in hit]
     fe = spec.for_each
-    out: list[SpawnCheck] = []
+    out: list[_SpawnCheck] = []
     seen: set[frozenset[str]] = set()
     for i in range(len(fe.items)):
         try:
@@ -279,12 +279,12 @@ def _for_each_scopes(wf: LoadedWorkflow, spec: ForEachWorkflow, rules: tuple[Zon
 
 def _scope_for_check(
     wf: LoadedWorkflow, rules: tuple[ZoneRule, ...], defaults: Mapping[str, str] | None
-) -> list[SpawnCheck]:
+) -> list[_SpawnCheck]:
     """(loc, agent, zone, files) of every SPAWN the workflow makes, rendered with placeholder values."""
     spec = wf.spec
     if isinstance(spec, ForEachWorkflow):
         return _for_each_scopes(wf, spec, rules)
-    out: list[SpawnCheck] = []
+    out: list[_SpawnCheck] = []
     for i, step in enumerate(spec.chain):
         values = step_values(spec, step)
         try:
