@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from ambient import __version__, sendsocket, systemd
+from ambient.background import background_executor
 from ambient.brain import Brain, load_brain, reload_workflows
 from ambient.breaker import Breaker
 from ambient.chain import ChainExecutor, ChainSettings
@@ -444,6 +445,7 @@ class Daemon:
         self.router.registry.revoke_all()  # type: ignore[union-attr] # tokens of a previous life are void
         self.live = LiveContext(p)
         self._live_queue: list[Packet] = []
+        self._live_writer = background_executor("live")  # turns no agent waits for: see ambient.background
         self.router.set_default(self._deliver)
         self.claims = ClaimStore(p, clock=self.clock)
         self.locks = LockManager(p)
@@ -652,7 +654,7 @@ class Daemon:
             except (AmbientError, OSError) as exc:
                 log.warning("live_context_append_failed", error=str(exc))
 
-        await asyncio.to_thread(write)
+        await asyncio.get_running_loop().run_in_executor(self._live_writer, write)
 
     # -- lifecycle
 
@@ -839,6 +841,7 @@ class Daemon:
                 t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._flush_live_once()
+        self._live_writer.shutdown(wait=True)
         # Every agent is gone and its locks released: close the lock manager, which also removes its pooled
         # ``.spare.tmp.*`` files (a clean stop left them in locks/ until the next start's sweep; e2e test).
         with contextlib.suppress(OSError):

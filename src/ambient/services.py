@@ -13,13 +13,14 @@ import asyncio
 import json
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from ambient.background import background_executor
 from ambient.claims import Claim, new_claim, new_claim_doc
 from ambient.clock import Clock
 from ambient.engine import Tick
@@ -503,8 +504,8 @@ class ClaimsWriter:
         self._pending: dict[str, tuple[RunState, ItemState, float]] = {}  # sess_id → (run, item, due: loop time)
         self._flush_at: asyncio.TimerHandle | None = None
         # One writer thread, so writes of a claim land in the order they were made; file creation is the cost
-        # on slow disks, and it must not stall the event loop.
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="claims")
+        # on slow disks, and it must not stall the event loop. Below the loop's priority: see ambient.background.
+        self._writer = background_executor("claims")
         self._inflight: Future[None] | None = None
 
     def flush(self, *, wait: bool = False) -> None:
