@@ -124,7 +124,8 @@ class ServingDaemon:
             size = runs_log.stat().st_size if runs_log.exists() else 0
             if size != seen:
                 seen = size
-                for line in runs_log.read_text().splitlines() if size else []:
+                # Whole lines only: a 1,000-item run's summary is ~200 KB, and it may be read while being written.
+                for line in runs_log.read_bytes().split(b"\n")[:-1] if size else []:
                     summary = json.loads(line) if line.strip() else {}
                     if summary.get("workflow") == name:
                         journal = self.root / ".ambient" / "runs" / f"{summary['run_id']}.jsonl"
