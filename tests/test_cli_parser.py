@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +43,23 @@ def test_commands_registered_by_another_module_and_help_still_see_every_command(
     assert main(["sned"]) == 2
     err = capsys.readouterr().err
     assert "invalid choice: 'sned'" in err and "'send'" in err and "'demo'" in err
+
+
+@pytest.mark.parametrize("args", [["status"], ["validate"], ["runs"]])
+def test_a_reader_that_went_away_stops_the_command_quietly(tmp_path: Path, args: list[str]) -> None:
+    """``ambient status | head -1``: output into a pipe nobody reads any more ends the command with the shell's
+    exit code for it (141), and no traceback on stderr (there was one from `ambient escalations | head`)."""
+    import os
+
+    from tests.e2e_helpers import make_brain
+
+    paths = make_brain(tmp_path / "brain")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # gone before the command writes anything: every write to the pipe fails
+    try:
+        proc = subprocess.run([sys.executable, "-m", "ambient", "--brain", str(paths.root), *args],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -97,10 +98,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return func(args)
+        code = func(args)
+        sys.stdout.flush()  # a reader that went away shows here, not in Python's own flush at exit
+        return code
     except InputError as exc:
         return fail(str(exc))
     except AmbientError as exc:
         return fail(str(exc))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`ambient escalations | head`): stop quietly, as a shell tool does, instead of a
+        # traceback; what is still buffered goes nowhere, so Python's own flush at exit cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, what the shell reports for a command a closed pipe stopped
