@@ -1,0 +1,462 @@
+"""What a person has at hand, for acceptance tests: the ``ambient`` command, a brain from ``ambient init``, agents
+that are real programs, the daemon as a real process, and loopback servers standing in for the outside world.
+
+Nothing here imports ambient: a test sees what a user sees (exit codes, output, files, JSON from ``--json``,
+the daemon's log lines, what reached a webhook or the fake Telegram Bot API). Every wait polls a condition with
+a deadline; nothing sleeps for an event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+#: How long a wait may take before the test fails; generous, since CI shares 2 cores with other work.
+WAIT_S = 30.0
+
+
+def _ambient_argv() -> list[str]:
+    """``ambient`` as installed next to this interpreter (the console script a user types), else ``-m ambient``."""
+    found = shutil.which("ambient", path=str(Path(sys.executable).parent))
+    return [found] if found else [sys.executable, "-m", "ambient"]
+
+
+AMBIENT = _ambient_argv()
+
+
+class WaitTimeout(AssertionError):
+    """A condition did not hold in time; the message says which and what was last seen."""
+
+
+def wait(predicate: Callable[[], Any], what: str, timeout: float = WAIT_S, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The caller's environment without anything of a surrounding ambient or systemd (as a fresh shell has)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AMBIENT_", "NOTIFY_SOCKET", "WATCHDOG_", "CREDENTIALS_DIRECTORY", "INVOCATION_ID"))}
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Result:
+    """What a command printed and how it exited."""
+
+    argv: list[str]
+    rc: int
+    out: str
+    err: str
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+    def __str__(self) -> str:
+        return f"$ {' '.join(self.argv)}\n[rc {self.rc}]\n{self.out}{self.err}"
+
+
+def run(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
+        input: str | None = None, timeout: float = 120) -> Result:
+    """Run a command to completion."""
+    proc = subprocess.run(list(argv), cwd=cwd, env=clean_env(env), input=input, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    return Result(list(argv), proc.returncode, proc.stdout, proc.stderr)
+
+
+def ambient(*args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None, input: str | None = None,
+            timeout: float = 120) -> Result:
+    """``ambient ARGS...``."""
+    return run([*AMBIENT, *args], cwd=cwd, env=env, input=input, timeout=timeout)
+
+
+# ---------------------------------------------------------------- agents as real programs
+
+#: The frontmatter gate of a project agent that works for ambient and answers the person (as `ambient init` writes).
+PROJECT_GATE = {
+    "receives_from": ["orchestrator", "human", "ambient"],
+    "sends_to": ["orchestrator", "human", "ambient"],
+    "zone_access": ["project"],
+    "signals": ["RETURN", "ERROR", "ESCALATE", "BLOCKED_ON"],
+}
+
+
+def agent_md(name: str, argv: Sequence[str], *, gate: Mapping[str, Any] | None = None, timeout_s: float = 60,
+             runner: Mapping[str, Any] | None = None, body: str = "", scope: str = "project") -> str:
+    """An agent file: frontmatter with its IPC gate and a command runner, then its prompt."""
+    ipc = dict(PROJECT_GATE if gate is None else gate)
+    lines = ["---", f"name: {name}", "type: agent", "status: active", f'description: "{name}, an acceptance agent"',
+             "brain:", "  version: 1", "  type: metier", f"  scope: {scope}", "  ipc:"]
+    lines += [f"    {key}: {json.dumps(value)}" for key, value in ipc.items()]
+    run_cfg = {"kind": "command", "argv": list(argv), "timeout_s": timeout_s, **(runner or {})}
+    lines += ["ambient:", "  runner:"] + [f"    {k}: {json.dumps(v)}" for k, v in run_cfg.items()]
+    lines += ["---", f"# Agent: {name}", "", body or "An agent written for an acceptance test.", ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- a brain
+
+
+class Brain:
+    """A brain made by ``ambient init``, and the commands a person runs on it."""
+
+    def __init__(self, root: Path, env: Mapping[str, str] | None = None) -> None:
+        self.root = root
+        self.env: dict[str, str] = dict(env or {})
+
+    @classmethod
+    def init(cls, root: Path, *args: str, env: Mapping[str, str] | None = None) -> Brain:
+        res = ambient("init", str(root), *args, env=env)
+        assert res.rc == 0, res
+        return cls(root, env)
+
+    # -- files, as an editor writes them
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def write(self, rel: str, text: str, *, mode: int | None = None) -> Path:
+        """Save a file the way editors do: a temporary file renamed over the name."""
+        target = self.root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.saving"
+        tmp.write_text(textwrap.dedent(text) if text.startswith("\n") else text)
+        if mode is not None:
+            tmp.chmod(mode)
+        tmp.replace(target)
+        return target
+
+    def read(self, rel: str) -> str:
+        return (self.root / rel).read_text()
+
+    def remove(self, rel: str) -> None:
+        (self.root / rel).unlink()
+
+    def config(self, text: str) -> Path:
+        """Replace ``profil/ambient.yml``."""
+        return self.write("profil/ambient.yml", textwrap.dedent(text))
+
+    def workflow(self, name: str, text: str) -> Path:
+        """Drop ``workflows/<name>.yml`` (the daemon starts it when it first sees it)."""
+        return self.write(f"workflows/{name}.yml", textwrap.dedent(text))
+
+    def python_agent(self, name: str, code: str, **kw: Any) -> Path:
+        """A Python agent: ``bin/<name>.py`` run by the command runner with the daemon's interpreter."""
+        self.write(f"bin/{name}.py", textwrap.dedent(code))
+        return self.write(f"agents/{name}.md", agent_md(name, ["{{python}}", f"bin/{name}.py"], **kw))
+
+    def shell_agent(self, name: str, code: str, **kw: Any) -> Path:
+        """A bash agent: ``bin/<name>.sh``."""
+        self.write(f"bin/{name}.sh", textwrap.dedent(code), mode=0o755)
+        return self.write(f"agents/{name}.md", agent_md(name, ["bash", f"bin/{name}.sh"], **kw))
+
+    # -- commands
+
+    def cli(self, *args: str, env: Mapping[str, str] | None = None, input: str | None = None,
+            timeout: float = 120) -> Result:
+        """``ambient --brain ROOT ARGS...``."""
+        return ambient("--brain", str(self.root), *args, env={**self.env, **(env or {})}, input=input,
+                       timeout=timeout)
+
+    def ok(self, *args: str, **kw: Any) -> Result:
+        """A command that must succeed (exit 0)."""
+        res = self.cli(*args, **kw)
+        assert res.rc == 0, res
+        return res
+
+    def status(self) -> dict[str, Any]:
+        data: dict[str, Any] = self.ok("status", "--json").json()
+        return data
+
+    def escalations(self, *, all: bool = False) -> list[dict[str, Any]]:
+        data: list[dict[str, Any]] = self.ok("escalations", "--json", *(["--all"] if all else [])).json()
+        return data
+
+    def runs(self, workflow: str | None = None) -> dict[str, Any]:
+        data: dict[str, Any] = self.ok("runs", *([workflow] if workflow else []), "--json").json()
+        return data
+
+    def finished(self, workflow: str | None = None) -> list[dict[str, Any]]:
+        """The run records of finished runs (``ambient runs --json``)."""
+        rows: list[dict[str, Any]] = self.runs(workflow)["finished"]
+        return rows
+
+    def decide(self, esc_id: str, option: str, *args: str) -> Result:
+        return self.cli("decide", esc_id, option, *args)
+
+    def until_idle(self, *args: str, timeout: float = 120) -> Result:
+        """``ambient run --until-idle``: the daemon until nothing moves without the person."""
+        res = self.cli("run", "--until-idle", "--log-format", "json", *args, timeout=timeout)
+        assert res.rc == 0, res
+        return res
+
+    def outbox_empty(self) -> bool:
+        """No notification left to send (what `ambient doctor` counts as "notification(s) to send")."""
+        return not any(p.suffix == ".json" and not p.name.startswith(".")
+                       for p in (self.root / ".ambient" / "outbox").glob("*.json"))
+
+    # -- waiting on what a user sees
+
+    def wait_escalation(self, what: str = "an escalation", *, count: int = 1,
+                        where: Callable[[dict[str, Any]], bool] = lambda e: True,
+                        timeout: float = WAIT_S) -> list[dict[str, Any]]:
+        """Wait until ``count`` pending escalations match ``where``; return them."""
+        def found() -> list[dict[str, Any]] | None:
+            escs = [e for e in self.escalations() if where(e)]
+            return escs if len(escs) >= count else None
+        result: list[dict[str, Any]] = wait(found, what, timeout)
+        return result
+
+    def wait_finished(self, workflow: str, *, count: int = 1, timeout: float = WAIT_S) -> list[dict[str, Any]]:
+        """Wait until ``count`` runs of ``workflow`` are recorded as finished; return their records."""
+        def found() -> list[dict[str, Any]] | None:
+            rows = self.finished(workflow)
+            return rows if len(rows) >= count else None
+        result: list[dict[str, Any]] = wait(found, f"{count} finished run(s) of {workflow}", timeout)
+        return result
+
+    def daemon(self, *args: str, env: Mapping[str, str] | None = None) -> Daemon:
+        """``ambient run`` in the background (use as a context manager)."""
+        return Daemon(self, args, {**self.env, **(env or {})})
+
+
+class Daemon:
+    """``ambient run --log-format json`` as a background process, its log in a file, stopped at the end."""
+
+    def __init__(self, brain: Brain, args: Sequence[str], env: Mapping[str, str]) -> None:
+        self.brain = brain
+        self.args = list(args)
+        self.env = clean_env(env)
+        n = 0
+        while (brain.root.parent / f"daemon-{n}.log").exists():
+            n += 1
+        self.log_path = brain.root.parent / f"daemon-{n}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Daemon:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+    def start(self, *, ready: bool = True) -> Daemon:
+        argv = [*AMBIENT, "--brain", str(self.brain.root), "run", "--log-format", "json", *self.args]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         env=self.env, start_new_session=True)
+        if ready:
+            self.wait_log("daemon_ready")
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def records(self) -> list[dict[str, Any]]:
+        """The daemon's JSON log lines so far (what journalctl would show)."""
+        out: list[dict[str, Any]] = []
+        if not self.log_path.exists():
+            return out
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                rec = json.loads(line)
+                if isinstance(rec, dict):
+                    out.append(rec)
+        return out
+
+    def logged(self, event: str, **match: Any) -> list[dict[str, Any]]:
+        return [r for r in self.records() if r.get("event") == event and all(r.get(k) == v for k, v in match.items())]
+
+    def wait_log(self, event: str, *, count: int = 1, timeout: float = WAIT_S, **match: Any) -> list[dict[str, Any]]:
+        def found() -> list[dict[str, Any]] | None:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"the daemon exited ({self.proc.returncode}) while waiting for {event}:\n"
+                                     + self.tail())
+            hits = self.logged(event, **match)
+            return hits if len(hits) >= count else None
+        result: list[dict[str, Any]] = wait(found, f"{count} log line(s) {event} {match or ''}", timeout)
+        return result
+
+    def tail(self, n: int = 15) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM, as systemd stops it; the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        """Last resort at the end of a test: the daemon's whole session goes."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------- the outside world, on 127.0.0.1
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Any
+
+    def log_message(self, *args: Any) -> None:
+        return None
+
+    def _reply(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            body = {"raw": raw.decode(errors="replace")}
+        code, answer = self.server.owner.handle(self.path, body)
+        self._reply(code, answer)
+
+    do_GET = do_POST
+
+
+class LoopbackServer:
+    """An HTTP server on 127.0.0.1 in a thread; subclasses say what each request gets."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server.owner = self  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> LoopbackServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def handle(self, path: str, body: Any) -> tuple[int, Any]:
+        raise NotImplementedError
+
+
+class Webhook(LoopbackServer):
+    """An apprise ``json://`` endpoint: every notification posted, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.posts: list[dict[str, Any]] = []
+        self.fail_next = 0
+
+    @property
+    def url(self) -> str:
+        return f"json://{self.address}/hook"
+
+    def handle(self, path: str, body: Any) -> tuple[int, Any]:
+        with self.lock:
+            if self.fail_next > 0:
+                self.fail_next -= 1
+                return 500, {"ok": False}
+            self.posts.append(body)
+        return 200, {"ok": True}
+
+    def texts(self) -> list[str]:
+        """Title and body of each notification received."""
+        with self.lock:
+            return [f"{p.get('title', '')}\n{p.get('message', '')}" for p in self.posts]
+
+
+class FakeTelegram(LoopbackServer):
+    """The few Bot API methods ambient uses, on 127.0.0.1: messages sent, button presses queued as updates."""
+
+    def __init__(self, token: str = "123456789:AAH-acceptanceToken_abcdefghijklmnopq") -> None:
+        super().__init__()
+        self.token = token
+        self.messages: list[dict[str, Any]] = []
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.updates: list[dict[str, Any]] = []
+        self._next_update = 1
+
+    @property
+    def api_base(self) -> str:
+        return f"http://{self.address}"
+
+    def handle(self, path: str, body: Any) -> tuple[int, Any]:
+        prefix = f"/bot{self.token}/"
+        if not path.startswith(prefix):
+            return 401, {"ok": False, "error_code": 401, "description": "Unauthorized"}
+        method = path[len(prefix):]
+        with self.lock:
+            self.calls.append((method, body))
+            if method == "sendMessage":
+                self.messages.append(body)
+                return 200, {"ok": True, "result": {"message_id": len(self.messages), "date": int(time.time()),
+                                                    "chat": {"id": body.get("chat_id")}, "text": body.get("text")}}
+            if method == "getUpdates":
+                offset = int(body.get("offset") or 0)
+                return 200, {"ok": True, "result": [u for u in self.updates if u["update_id"] >= offset]}
+            if method == "getMe":
+                return 200, {"ok": True, "result": {"id": 1, "is_bot": True, "username": "ambient_test_bot"}}
+        return 200, {"ok": True, "result": True}
+
+    def buttons(self, message: Mapping[str, Any]) -> list[dict[str, Any]]:
+        markup = message.get("reply_markup") or {}
+        if isinstance(markup, str):
+            markup = json.loads(markup)
+        return [b for row in markup.get("inline_keyboard", []) for b in row]
+
+    def press(self, button: Mapping[str, Any], *, chat_id: int, user_id: int = 7, name: str = "Ana",
+              message_id: int = 1) -> None:
+        """A person taps a button: the next getUpdates returns the callback query."""
+        with self.lock:
+            self.updates.append({"update_id": self._next_update, "callback_query": {
+                "id": f"q{self._next_update}", "data": button["callback_data"],
+                "from": {"id": user_id, "first_name": name, "is_bot": False},
+                "message": {"message_id": message_id, "chat": {"id": chat_id}, "text": "…"}}})
+            self._next_update += 1
+
+    def sent_texts(self) -> list[str]:
+        with self.lock:
+            return [str(m.get("text", "")) for m in self.messages]
