@@ -143,7 +143,7 @@ def test_sigterm_during_a_fanout_stops_cleanly_and_the_run_resumes(tmp_path: Pat
         # Ignores SIGTERM: killed by SIGKILL after its 1 s grace, before its sleep ends.
         "stubborn": stub_agent_md("stubborn", ["--sleep-ms", "7000-7500", "--witness", str(wit), "--ignore-term"],
                                   kill_grace_s=1),
-    })
+    }, config="concurrency: 10\n")  # the daemon-wide cap (default 4) lets both runs' five agents run at once
     plan = {"slow": ["s0", "s1", "s2", "s3", "s4"], "stubborn": ["t0", "t1", "t2", "t3", "t4"]}
     items = sorted(plan["slow"] + plan["stubborn"])
 

@@ -32,7 +32,7 @@ from ambient.escalations import (
     due_timeouts,
     find_pending,
     new_escalation,
-    next_wakeup,
+    next_timer,
     normalize_id,
     slug_key,
     timeout_decision,
@@ -348,7 +348,7 @@ class TestDeadlines:
         assert due_reminders(escs, T0 + timedelta(minutes=49)) == []
         assert [e.id for e in due_reminders(escs, T0 + timedelta(minutes=50))] == [created.id]
         assert due_timeouts(escs, T0 + timedelta(minutes=59)) == []
-        assert next_wakeup(escs) == T0  # the first notification is due at once
+        assert next_timer(escs) == T0 + timedelta(minutes=50)  # the reminder fires first, then the deadline
         reminded = restarted.mark_reminded(created.id, now=T0 + timedelta(minutes=50))
         assert reminded.reminded and due_reminders(restarted.list(), T0 + timedelta(minutes=55)) == []
         assert due_notifications(restarted.list(), T0 + timedelta(minutes=50)) != []  # the reminder goes out

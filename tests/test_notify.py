@@ -558,7 +558,7 @@ class TestCli:
         code = main(["notify", "test", "--brain", str(brain)])
         out = capsys.readouterr()
         assert code == 1
-        assert "1 of 2 notification URL(s) worked" in out.out
+        assert "1 of 2 notification channel(s) worked" in out.out
         assert re.search(r"ok\s+json://127\.0\.0\.1", out.out) and re.search(r"FAIL\s+tgram://", out.out)
         assert TOKEN not in out.out + out.err
 

@@ -248,6 +248,33 @@ async def test_concurrency_is_respected(tmp_path: Path, concurrency: int) -> Non
     assert peak == concurrency
 
 
+async def test_runs_share_the_daemon_wide_cap_and_a_later_run_is_not_starved(tmp_path: Path) -> None:
+    """Two runs of concurrency 4 under a cap of 2: never more than 2 agents at once, and a short run started after a
+    long one gets slots while the long one still has items to start."""
+    peak = live = 0
+    ended: list[str] = []
+
+    class Counting(FakeDelegate):
+        async def attempt(self, a: Attempt) -> AttemptResult:
+            nonlocal peak, live
+            live += 1
+            peak = max(peak, live)
+            await asyncio.sleep(0.005)
+            live -= 1
+            ended.append(a.workflow)
+            return await super().attempt(a)
+
+    mgr, _, _, _ = _manager(tmp_path, Counting(), FanOut(concurrency=4))
+    mgr.slots.resize(2)
+    long = mgr.start(workflow="long", form="for_each", spec={}, spec_hash=None, items=ITEMS)
+    short = mgr.start(workflow="short", form="for_each", spec={}, spec_hash=None, items=ITEMS[:2])
+    await asyncio.wait_for(asyncio.gather(mgr.tasks[long], mgr.tasks[short]), 10)
+    assert peak == 2
+    assert ended.index("short") < 4 and len(ended) == 12
+    assert ended[-1] == "long"
+    assert mgr.slots.running == 0 and mgr.slots.free == 2
+
+
 async def test_an_item_retried_at_once_never_overlaps_its_previous_attempt(tmp_path: Path) -> None:
     """A slot frees when the agent is done, while its fsync may still be in flight; a zero-delay retry of that
     item starts only once its previous attempt's task has ended (recorded its claim), and the cap holds."""

@@ -7,6 +7,7 @@ ambient's own configuration keeps the previous snapshot (see :func:`load_brain`)
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ambient.errors import InputError
+from ambient.fsutil import read_capped
 from ambient.matrix import decide
 from ambient.paths import BrainPaths
 from ambient.problems import Problem
@@ -21,7 +23,7 @@ from ambient.routing import BrainMatrix, build_matrix
 from ambient.runners.base import RunnerConfig, RunnerConfigError, parse_runner_config
 from ambient.settings import Settings, settings_from
 from ambient.workflowload import AgentExists, LoadedWorkflow, MaySpawn, load_workflows
-from ambient.yamlfile import MAX_CONFIG_BYTES, expect_mapping, load_file, problems_from_validation
+from ambient.yamlfile import MAX_CONFIG_BYTES, LineMap, decode, expect_mapping, parse_yaml, problems_from_validation
 
 
 @dataclass
@@ -35,30 +37,57 @@ class Brain:
     runners: dict[str, RunnerConfig]
     problems: list[Problem] = field(default_factory=list)
     settings_ok: bool = True
+    settings_file: SettingsFile | None = None  # the file the settings came from (the last good one)
 
     @property
     def errors(self) -> list[Problem]:
         return [p for p in self.problems if p.severity == "error"]
 
 
-def load_settings(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Settings | None, list[Problem]]:
-    """``profil/ambient.yml`` + environment → Settings; None (with problems) when it does not validate."""
+@dataclass(frozen=True)
+class SettingsFile:
+    """What ``profil/ambient.yml`` gave: the settings (None when they do not validate), the problems, the sha256
+    of the bytes read (None without a file) and the file's own values, secrets masked (what a running daemon
+    records so that ``ambient doctor`` can tell when the file changed under it)."""
+
+    settings: Settings | None
+    problems: list[Problem]
+    digest: str | None = None
+    own: dict[str, Any] | None = None
+
+
+def read_settings(paths: BrainPaths, environ: Mapping[str, str]) -> SettingsFile:
+    """``profil/ambient.yml`` + environment → :class:`SettingsFile`."""
     source = paths.rel(paths.config)
     data: Any = None
     lines = None
+    digest = None
     if paths.config.is_file() or paths.config.is_symlink():
         try:
-            data, lines = load_file(paths.config, max_bytes=MAX_CONFIG_BYTES, source=source)
+            raw = read_capped(paths.config, MAX_CONFIG_BYTES)
+            digest = hashlib.sha256(raw).hexdigest()
+            data, lines = parse_yaml(decode(raw, source=source), source=source)
             if data is not None:
                 data = expect_mapping(data, source=source, what="the configuration")
+        except OSError as exc:
+            return SettingsFile(None, [Problem(file=source, message=f"cannot be read: {exc.strerror}")], digest)
         except InputError as exc:
-            return None, [Problem(file=exc.file or source, line=exc.line, message=exc.message)]
+            return SettingsFile(None, [Problem(file=exc.file or source, line=exc.line, message=exc.message)], digest)
     try:
-        return settings_from(data, environ), []
+        settings = settings_from(data, environ)
     except ValidationError as exc:
-        from ambient.yamlfile import LineMap
+        return SettingsFile(None, problems_from_validation(exc, file=source, lines=lines or LineMap()), digest)
+    try:
+        own: dict[str, Any] | None = settings_from(data, {}).redacted()
+    except ValidationError:  # a value only the environment makes valid: nothing of the file's own to show
+        own = None
+    return SettingsFile(settings, [], digest, own)
 
-        return None, problems_from_validation(exc, file=source, lines=lines or LineMap())
+
+def load_settings(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Settings | None, list[Problem]]:
+    """``profil/ambient.yml`` + environment → Settings; None (with problems) when it does not validate."""
+    found = read_settings(paths, environ)
+    return found.settings, found.problems
 
 
 def spawn_checks(matrix: BrainMatrix) -> tuple[AgentExists, MaySpawn]:
@@ -100,10 +129,13 @@ def runner_configs(matrix: BrainMatrix, settings: Settings) -> tuple[dict[str, R
 
 def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | None = None) -> Brain:
     """Load the whole brain. Invalid settings fall back to the previous snapshot's (or the defaults)."""
-    settings, problems = load_settings(paths, environ)
+    found = read_settings(paths, environ)
+    settings, problems = found.settings, list(found.problems)
     settings_ok = settings is not None
+    source: SettingsFile | None = found
     if settings is None:
         settings = previous.settings if previous is not None else settings_from({}, {})
+        source = previous.settings_file if previous is not None else None
     bm = build_matrix(paths)
     problems += bm.problems
     runners, runner_problems = runner_configs(bm, settings)
@@ -120,7 +152,7 @@ def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | 
             if name not in workflows and old.source in broken:
                 workflows[name] = old
     return Brain(paths=paths, settings=settings, matrix=bm, workflows=workflows, runners=runners,
-                 problems=problems, settings_ok=settings_ok)
+                 problems=problems, settings_ok=settings_ok, settings_file=source)
 
 
 def reload_workflows(previous: Brain) -> Brain:
@@ -140,4 +172,5 @@ def reload_workflows(previous: Brain) -> Brain:
     wf_files = {w.source for w in previous.workflows.values()} | {p.file for p in wf_problems}
     kept = [p for p in previous.problems if p.file not in wf_files and not p.file.startswith("workflows/")]
     return Brain(paths=previous.paths, settings=previous.settings, matrix=bm, workflows=workflows,
-                 runners=previous.runners, problems=kept + wf_problems, settings_ok=previous.settings_ok)
+                 runners=previous.runners, problems=kept + wf_problems, settings_ok=previous.settings_ok,
+                 settings_file=previous.settings_file)

@@ -36,6 +36,7 @@ from ambient.planner import (
     gate_before,
     judge_step,
     next_index,
+    question_options,
 )
 from ambient.runs import Attempt, AttemptResult, EscalationRequest, ItemTemplate, Ports, RunExecutor, item_claim_id
 from ambient.runstate import ItemState, RunState
@@ -171,6 +172,7 @@ class ChainExecutor(RunExecutor):
             dedupe_key=f"{self.state.run_id}/{item.name if item else '-'}/{kind}",
             deadline_s=self.template.deadline_s,
             on_timeout=self.template.on_timeout,
+            remind_before_s=self.template.remind_before_s,
         )
         return await self.ports.escalator.escalate(req)
 
@@ -236,7 +238,26 @@ class ChainExecutor(RunExecutor):
             self.event("reset", item=self.state.items[nxt].name)  # a loop back runs the step again
         self.event("cursor", index=target)
 
+    async def _slot(self, item: ItemState) -> bool:
+        """Wait for one of the daemon-wide agent slots; False when the step no longer needs it (a decision came)."""
+        if self.slots is None:
+            return True
+        status = item.status
+        while not self.slots.take(self, 1, self.poke):
+            self._short = True  # waiting on other runs' agents, not on the person: never idle
+            self._wake.clear()
+            await self._wake.wait()
+            if item.status != status:
+                self._short = False
+                self.slots.leave(self)
+                return False
+        self._short = False
+        self._holding.add(item.name)
+        return True
+
     async def _run_step(self, item: ItemState, step: ChainStep) -> None:
+        if not await self._slot(item):
+            return
         attempt = item.attempt + 1
         self.event("accepted", item=item.name, attempt=attempt, key=self._key(item, attempt))
         await self.journal.commit()
@@ -246,6 +267,11 @@ class ChainExecutor(RunExecutor):
                 res = await self.ports.delegate.attempt(self.build_attempt(item, attempt))
             except Exception as exc:  # noqa: BLE001 - a step that cannot start fails, the daemon goes on
                 res = AttemptResult(result="error", error=str(exc))
+            finally:
+                self._release(item.name)
+        if res.result == "escalate":
+            await self._agent_asks(item, step, attempt, res)
+            return
         verdict = judge_step(step, res.output, res.result)
         recorded = "success" if verdict.status != "failed" else ("error" if res.result == "error" else "fail")
         self.event("finished", item=item.name, attempt=attempt, agent=self._agent_for(step),
@@ -283,6 +309,20 @@ class ChainExecutor(RunExecutor):
             self.ports.claims.item_changed(self.state, item)
             return
         await self._route_exit(item, step, verdict.status, verdict.actions, verdict.reason or res.error)
+        await self.journal.commit()
+        self.ports.claims.item_changed(self.state, item)
+
+    async def _agent_asks(self, item: ItemState, step: ChainStep, attempt: int, res: AttemptResult) -> None:
+        """The step's agent asked the person (its own ESCALATE): its question and options, as in a for_each; the
+        answer runs the step again with it in ``payload.context.decision``. A question is not a failure: the
+        breaker does not count it."""
+        agent = self._agent_for(step)
+        self.event("finished", item=item.name, attempt=attempt, agent=agent, key=self._key(item, attempt),
+                   result="fail", output=res.output, error=res.error, duration_ms=res.duration_ms,
+                   signal_in=res.signal_in)
+        question = res.question or f"{agent} asks a decision about step {step.name}"
+        esc = await self._ask(item, "question", question, question_options(res.options or ["continue"]))
+        self.event("escalated", item=item.name, escalation=esc, kind="question")
         await self.journal.commit()
         self.ports.claims.item_changed(self.state, item)
 
@@ -381,7 +421,8 @@ class ChainExecutor(RunExecutor):
         await self._finish()
 
     def decide(self, escalation: str, option: str, action: str, *, by: str, channel: str,
-               latency_s: float | None, note: str | None = None, rule: str | None = None) -> bool:
+               latency_s: float | None, note: str | None = None, rule: str | None = None,
+               answer: str | None = None) -> bool:
         if escalation == self.state.final_escalation and escalation in self.state.escalations:
             self.state.escalations.pop(escalation, None)
             self.event("decided", escalation=escalation, option=option, action=action, by=by, channel=channel,
@@ -399,7 +440,7 @@ class ChainExecutor(RunExecutor):
             self.event("breaker", scope=scope, fails=0, tripped=False)
             action = "retry"
         return super().decide(escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note,
-                              rule=rule)
+                              rule=rule, answer=answer)
 
     async def _interrupt(self) -> None:
         for item in self.state.items:

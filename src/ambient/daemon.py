@@ -45,15 +45,8 @@ from ambient.heap import HeapTrimEvaluator
 from ambient.journal import Journal, append_line
 from ambient.livecontext import LiveContext, turn_record
 from ambient.locks import LockManager
-from ambient.notify import (
-    AppriseNotifier,
-    CompositeNotifier,
-    Notifier,
-    Outbox,
-    RetryPolicy,
-    expand_urls,
-    run_outbox,
-)
+from ambient.notify import Outbox
+from ambient.notifyservice import NotifyService
 from ambient.packet import Packet
 from ambient.paths import BrainPaths
 from ambient.planner import FanOut
@@ -77,6 +70,7 @@ from ambient.services import (
     RouterEmitter,
     StoreEscalator,
 )
+from ambient.settings import Settings, settings_changes
 from ambient.templating import render, render_path
 from ambient.watch import watch_brain
 from ambient.workflow import ChainWorkflow, ForEachWorkflow, parse_workflow
@@ -94,6 +88,8 @@ class DaemonOptions:
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     watch: bool = True
     progress: Callable[[str], None] | None = None  # live progress lines (a terminal)
+    log_level: str | None = None  # --log-level: wins over the file's at every reload
+    log_format: str | None = None  # --log-format: idem
 
 
 class SingleInstance:
@@ -102,6 +98,7 @@ class SingleInstance:
     def __init__(self, paths: BrainPaths) -> None:
         self.paths = paths
         self.fd: int | None = None
+        self.info: dict[str, Any] = {}
 
     @property
     def info_path(self) -> Path:
@@ -120,8 +117,16 @@ class SingleInstance:
                 + "; stop it first (systemctl stop ambient, or kill -TERM the pid)"
             ) from None
         self.fd = fd
-        info = {"pid": os.getpid(), "started_at": now.isoformat(), "version": __version__}
-        atomic_write(self.info_path, json.dumps(info) + "\n")
+        self.info = {"pid": os.getpid(), "started_at": now.isoformat(), "version": __version__}
+        atomic_write(self.info_path, json.dumps(self.info) + "\n")
+
+    def record_settings(self, brain: Brain, now: datetime) -> None:
+        """Say in ``daemon.json`` which ``profil/ambient.yml`` the daemon runs with (its sha256 and its values,
+        secrets masked): ``ambient doctor`` compares them with the file to tell a daemon that did not reload."""
+        found = brain.settings_file
+        self.info["settings"] = {"applied_at": now.isoformat(), "digest": found.digest if found else None,
+                                 "file": found.own if found else None}
+        atomic_write(self.info_path, json.dumps(self.info) + "\n")
 
     def release(self) -> None:
         if self.fd is not None:
@@ -400,7 +405,7 @@ class IdleEvaluator:
         d = self.d
         if not (d.options.until_idle and d.started and d.manager.idle) or any(d.paths.inbox.glob("*.json")):
             return
-        if d.notifier is not None:
+        if d.notify.active:
             # Notifications are part of the work: wait for those due soon (a first try, a quick retry).
             soon = d.clock.now() + timedelta(seconds=2)
             entries = await asyncio.to_thread(d.outbox.entries)
@@ -426,7 +431,6 @@ class Daemon:
         self.secrets = SecretRegistry()
         self._instance = SingleInstance(self.paths)
         self._tasks: list[asyncio.Task[Any]] = []
-        self._outbox_wake = asyncio.Event()
         self._problems_seen: set[str] = set()
         self._failed_task: str | None = None  # a daemon task that died: the exit code says so
         self._send_server: asyncio.AbstractServer | None = None
@@ -451,14 +455,12 @@ class Daemon:
         self.locks = LockManager(p)
         self.escalations = EscalationStore(p, clock=self.clock)
         self.outbox = Outbox.for_brain(p)
-        self.notifier = self._notifier(brain)
-        self.escalator = StoreEscalator(self.escalations, self.outbox, self.clock, self._outbox_wake,
+        self.notify = NotifyService(self.outbox, self.escalations, self.clock, self.secrets, env, p.state,
+                                    self._on_press, self._spawn, self.stop)
+        self.escalator = StoreEscalator(self.escalations, self.outbox, self.clock, self.notify.wake,
                                         buttons=s.telegram.answers, results=s.notify.results)
         self.escalator.learner = Learner(p, self.clock)
-        digest = None
-        if s.notify.digest and self.notifier is not None:
-            digest = Digest(p, self.outbox, self.clock, s.notify.digest_hours)
-            self.escalator.digest = digest
+        self.digest = Digest(p, self.outbox, self.clock, s.notify.digest_hours, enabled=False)  # see _apply_settings
         self.escalator.on_answered = lambda path: self.engine.wake([path])
         self.assisted = AssistedRunner(self.claims, self.clock)
         spawner = Spawner() if spawner_available() else None
@@ -477,48 +479,21 @@ class Daemon:
         self.manager.on_finished.append(self._run_finished)
         self.manager.on_park.append(lambda: self.engine.wake())
         self.workflows_eval = WorkflowEvaluator(self)
+        self.stale_claims = StaleClaimsEvaluator(self.claims, s.stale_claim_hours, self.clock)
         self.engine = TriggerEngine(
             [
                 self.workflows_eval,
-                EscalationEvaluator(self.escalations, self.manager, self.escalator, self.clock),
+                EscalationEvaluator(self.escalations, self.manager, self.escalator, self.clock,
+                                    wake=lambda: self.engine.wake()),
                 InboxEvaluator(p, self.router, self._on_packet),
-                StaleClaimsEvaluator(self.claims, s.stale_claim_hours, self.clock),
+                self.stale_claims,
                 HeapTrimEvaluator(),
-                *([digest] if digest is not None else []),
+                self.digest,
                 IdleEvaluator(self),
             ],
             tick_seconds=s.tick_seconds,
             clock=self.clock,
         )
-
-    def _notifier(self, brain: Brain) -> Notifier | None:
-        urls = [u.get_secret_value() for u in brain.settings.notify.urls]
-        try:
-            urls = expand_urls(urls, self.options.environ, self.secrets, source="profil/ambient.yml")
-        except AmbientError as exc:
-            log.error("notify_config_invalid", error=str(exc))
-            urls = []
-        notifiers: list[Notifier] = []
-        if urls:
-            notifiers.append(AppriseNotifier(urls, registry=self.secrets))
-        tg = brain.settings.telegram
-        if tg.answers and tg.chat_id:
-            from ambient.notify import TOKEN_CREDENTIAL, read_credential
-            from ambient.telegram import BotApi, TelegramNotifier
-
-            token = read_credential(TOKEN_CREDENTIAL, self.options.environ)
-            if token is None and tg.token_file:
-                with contextlib.suppress(OSError):
-                    token = Path(tg.token_file).read_text().strip()
-            if token:
-                self.secrets.add(token)
-                self.bot = BotApi(token, api_base=tg.api_base, registry=self.secrets)
-                notifiers.append(TelegramNotifier(self.bot, tg.chat_id))
-            else:
-                log.error("telegram_token_missing", hint="set LoadCredential=telegram-token:... or telegram.token_file")
-        if not notifiers:
-            return None
-        return notifiers[0] if len(notifiers) == 1 else CompositeNotifier(notifiers)
 
     def _report(self, brain: Brain) -> None:
         for p in brain.problems:
@@ -677,16 +652,45 @@ class Daemon:
         self._report(new)
         if not new.settings_ok:
             log.error("config_invalid_kept_previous", file=self.paths.rel(self.paths.config))
+        old = self.ref.brain.settings
         self.ref.brain = new
         self.router.update(new.matrix.matrix, new.matrix.zone_rules)
-        # The tick interval is read by the engine itself: without this a changed tick_seconds was ignored
-        # until a restart (e2e test, R-08).
-        self.engine.tick_seconds = new.settings.tick_seconds
+        changed = settings_changes(old, new.settings)
+        await self._apply_settings(new.settings)
         # Every reload is logged (not only SIGHUP's), so a reload storm from rapid saves is visible.
         log.info("reloaded", trigger="sighup" if sighup else "files", workflows=len(new.workflows),
-                 problems=len(new.problems), tick_seconds=new.settings.tick_seconds)
+                 problems=len(new.problems), tick_seconds=new.settings.tick_seconds, settings_changed=changed)
         if sighup:
             systemd.ready(self._status_line())
+
+    async def _apply_settings(self, s: Settings) -> None:
+        """Every setting of ``profil/ambient.yml`` takes effect now, at start and at each reload: no restart.
+
+        What is read where it is used needs nothing here (``lock_ttl_min``, ``shutdown_grace_s``, ``runners``,
+        ``default_agents``: each attempt or stop reads the current brain); the rest is handed to its owner.
+        """
+        self.engine.tick_seconds = s.tick_seconds  # read by the engine itself (a changed value was ignored: R-08)
+        self.manager.slots.resize(s.concurrency)
+        self.stale_claims.hours = s.stale_claim_hours
+        self.breaker.threshold = s.breaker_threshold
+        for ex in self.manager.executors.values():
+            if isinstance(ex, ChainExecutor):
+                ex.chain.threshold = s.breaker_threshold
+        self.emitter.sender = s.default_sender
+        if self.options.log_level is None or self.options.log_format is None:
+            from ambient.logs import configure_logging
+
+            fmt = self.options.log_format or s.log_format
+            configure_logging((self.options.log_level or s.log_level).upper(),
+                              json=None if fmt == "auto" else fmt == "json")
+        await self.notify.configure(s)
+        self.escalator.buttons = s.telegram.answers
+        self.escalator.results = s.notify.results
+        self.escalator.notifying = self.notify.active
+        self.digest.hours = s.notify.digest_hours
+        self.digest.enabled = s.notify.digest and self.notify.active
+        self.escalator.digest = self.digest if self.digest.enabled else None
+        await asyncio.to_thread(self._instance.record_settings, self.ref.brain, self.clock.now())
 
     def _status_line(self) -> str:
         runs = self.manager.active_runs()
@@ -715,6 +719,7 @@ class Daemon:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_stop_signal, sig)
             loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+            await self._apply_settings(self.ref.brain.settings)  # before any run resumes or starts
             # Locks of holders that are provably gone (a dead pid on this host), expired, or malformed past their
             # grace: the reconciliation walks them too. A lock whose item will run again is taken anew; one whose
             # release a crash or a power cut lost (R-03: the unlink after the last fsync) would stay otherwise.
@@ -741,12 +746,6 @@ class Daemon:
                 # just after READY was missed until the next timed tick (30 s by default). A watcher that
                 # fails to start sets ``stop`` (see _task_done), which ends the wait too.
                 await _first_of(watching, self.stop)
-            if self.notifier is not None:
-                ns = self.ref.brain.settings.notify
-                policy = RetryPolicy(base=timedelta(seconds=ns.retry_base_s), cap=timedelta(seconds=ns.retry_cap_s))
-                self._spawn(run_outbox(self.outbox, self.notifier, clock=self.clock, stop=self.stop,
-                                       wake=self._outbox_wake, policy=policy), "outbox")
-                self._start_telegram()
             self._send_server = await sendsocket.serve(self.paths.state, self._route_sent, log)
             if self._send_server is not None and self.router.registry is not None:
                 # Agents' `ambient send` reach this router now, which knows their tokens: no token files from here
@@ -769,41 +768,33 @@ class Daemon:
         finally:
             self._instance.release()
 
-    def _start_telegram(self) -> None:
-        tg = self.ref.brain.settings.telegram
-        bot = getattr(self, "bot", None)
-        if not (tg.answers and tg.chat_id and bot is not None):
-            return
-        from ambient.telegram import PressResult, TelegramAnswerer, TelegramSettings, TelegramUser, decision_text
+    async def _on_press(self, esc_id: str, index: int, nonce: str, user: Any) -> Any:
+        """A Telegram button press: the same answer as ``ambient decide``, then the run resumes at once."""
+        from ambient.escalations import AlreadyAnsweredError
+        from ambient.telegram import PressResult, decision_text, nonce_matches
 
-        async def on_press(esc_id: str, index: int, nonce: str, user: TelegramUser) -> PressResult:
-            from ambient.escalations import AlreadyAnsweredError
-            from ambient.telegram import nonce_matches
+        try:
+            esc = await asyncio.to_thread(self.escalations.get, esc_id)
+        except AmbientError:
+            return PressResult("invalid", "Unknown escalation.")
+        if not nonce_matches(esc.nonce, nonce):
+            return PressResult("invalid", "This button is not valid any more.")
+        try:
+            done = await asyncio.to_thread(self.escalations.answer, esc_id, str(index + 1), by=user.name,
+                                           channel="telegram")
+        except AlreadyAnsweredError as exc:
+            prev = exc.escalation
+            if prev.status == "cancelled":
+                return PressResult("already_decided", f"No longer needed: {prev.note or 'cancelled'}")
+            return PressResult("already_decided", f"Already decided: {prev.decision} by {prev.by}")
+        self.engine.wake([self.paths.escalations / f"{esc_id}.yml"])
+        return PressResult("decided", decision_text(done.decision or "", user, self.clock.now()))
 
-            try:
-                esc = await asyncio.to_thread(self.escalations.get, esc_id)
-            except AmbientError:
-                return PressResult("invalid", "Unknown escalation.")
-            if not nonce_matches(esc.nonce, nonce):
-                return PressResult("invalid", "This button is not valid any more.")
-            try:
-                done = await asyncio.to_thread(self.escalations.answer, esc_id, str(index + 1), by=user.name,
-                                               channel="telegram")
-            except AlreadyAnsweredError as exc:
-                prev = exc.escalation
-                return PressResult("already_decided", f"Already decided: {prev.decision} by {prev.by}")
-            self.engine.wake([self.paths.escalations / f"{esc_id}.yml"])
-            return PressResult("decided", decision_text(done.decision or "", user, self.clock.now()))
-
-        settings = TelegramSettings(chat_id=tg.chat_id, user_ids=tuple(tg.user_ids), api_base=tg.api_base,
-                                    poll_timeout=tg.poll_timeout_s)
-        answerer = TelegramAnswerer(bot, settings, self.paths.state / "telegram.json", on_press)
-        self._spawn(answerer.run(self.stop), "telegram")
-
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
         self._tasks.append(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         if task.cancelled():
@@ -829,6 +820,7 @@ class Daemon:
         systemd.extend_timeout(int((grace + 10) * 1_000_000))
         await self.manager.shutdown(grace)
         await self.runners.terminate_all(grace)
+        await self.notify.close()
         # Only now: the agents drained above still send through the socket, where their tokens are known (they
         # have no token files, see ChannelRegistry). From here `ambient send` routes by itself again.
         await sendsocket.close(self._send_server, self.paths.state)

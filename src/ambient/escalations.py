@@ -440,15 +440,10 @@ def due_notifications(escs: Iterable[Escalation], now: datetime) -> list[Escalat
     ]
 
 
-def next_wakeup(escs: Iterable[Escalation]) -> datetime | None:
-    """The earliest deadline, reminder or notification retry among pending escalations."""
-    times: list[datetime] = []
-    for e in escs:
-        if e.status != "pending":
-            continue
-        times += [t for t in (e.deadline, None if e.reminded else e.remind_at) if t is not None]
-        if e.notify.delivered_at is None and e.notify.next_at is not None:
-            times.append(e.notify.next_at)
+def next_timer(escs: Iterable[Escalation]) -> datetime | None:
+    """The earliest deadline or reminder still to fire among pending escalations (notifications have the outbox)."""
+    times = [t for e in escs if e.status == "pending"
+             for t in (e.deadline, None if e.reminded else e.remind_at) if t is not None]
     return min(times, default=None)
 
 
@@ -673,6 +668,26 @@ class EscalationStore:
         """Withdraw a pending escalation; :class:`AlreadyAnsweredError` if it was settled first."""
         when = now or self._clock.now()
         return self.update(esc_id, lambda e: cancel(e, reason=reason, now=when))
+
+    def cancel_run(self, run_id: str, reason: str, now: datetime | None = None) -> builtins.list[Escalation]:
+        """Withdraw every escalation of a run still pending (its run ended: an abort cascades, spec/002); an answer
+        given to one of them later is refused (``decide`` exits 1 saying it was cancelled)."""
+        when = now or self._clock.now()
+        done: builtins.list[Escalation] = []
+        with self._guard():
+            for esc in self._scan().escalations:
+                if esc.run_id == run_id and esc.status == "pending":
+                    new = cancel(esc, reason=reason, now=when)
+                    self._write(new)
+                    done.append(new)
+        return done
+
+    def is_pending(self, esc_id: str) -> bool:
+        """Whether an escalation still waits on the person (an unknown or unreadable one does not)."""
+        try:
+            return self.get(esc_id).status == "pending"
+        except InputError:
+            return False
 
     def update(self, esc_id: str, change: Callable[[Escalation], Escalation]) -> Escalation:
         """Atomic read-modify-write under the guard; an exception from ``change`` writes nothing."""

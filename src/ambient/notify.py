@@ -13,7 +13,7 @@ import random
 import re
 import shlex
 import warnings
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -141,6 +141,7 @@ def format_escalation(
     deadline: str | None = None,
     telegram_buttons: bool = False,
     limit: int = TELEGRAM_MAX_CHARS,
+    reminder: bool = False,
 ) -> tuple[str, str]:
     """Title and body of an escalation, readable on a phone.
 
@@ -151,7 +152,8 @@ def format_escalation(
     if not options:
         raise ValueError("an escalation needs at least one option")
     opts = [clean_text(o).strip()[:100] or f"option {i}" for i, o in enumerate(options, 1)]
-    title = "Decision needed: " + (clean_text(what).strip().splitlines() or ["(no summary)"])[0][:120]
+    head = "Reminder, decision still needed: " if reminder else "Decision needed: "
+    title = head + (clean_text(what).strip().splitlines() or ["(no summary)"])[0][:120]
     where = [
         f"{label}: {clean_text(value).strip()[:200]}"
         for label, value in (("Workflow", workflow), ("Item", item), ("Step", step), ("Agent", agent))
@@ -189,8 +191,12 @@ def escalation_message(
     step: str | None = None,
     agent: str | None = None,
     deadline: str | None = None,
+    reminder: bool = False,
 ) -> Message:
-    """A ready :class:`Message` for an escalation: :func:`format_escalation` text plus answer data."""
+    """A ready :class:`Message` for an escalation: :func:`format_escalation` text plus answer data.
+
+    A ``reminder`` says so in its title and is a message of its own (its first message may still be queued).
+    """
     title, body = format_escalation(
         escalation_id=escalation_id,
         what=what,
@@ -202,6 +208,7 @@ def escalation_message(
         agent=agent,
         deadline=deadline,
         telegram_buttons=telegram_buttons,
+        reminder=reminder,
     )
     return Message(
         title=title,
@@ -211,6 +218,7 @@ def escalation_message(
         options=tuple(options),
         answer_hint=answer_command(escalation_id, "OPTION"),
         nonce=nonce,
+        dedupe_id=f"reminder-{escalation_id}" if reminder else "",
     )
 
 
@@ -542,7 +550,29 @@ class DrainReport:
     sent: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     parked: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
     next_due: datetime | None = None
+
+
+#: Whether a queued message is still worth sending (an escalation's is not once it was answered or cancelled).
+StillWanted = Callable[[Message], bool]
+
+
+def _due_wanted(outbox: Outbox, now: datetime, still_wanted: StillWanted | None, report: DrainReport,
+                ) -> list[OutboxEntry]:
+    """The entries due at ``now``; those no longer wanted are removed, never sent (blocking: run in a thread)."""
+    due = outbox.due(now)
+    if still_wanted is None:
+        return due
+    keep = []
+    for entry in due:
+        if still_wanted(entry.message):
+            keep.append(entry)
+        else:
+            outbox.remove(entry.id)
+            report.dropped.append(entry.id)
+            log.info("notification_dropped", message=entry.id, reason="no longer pending")
+    return keep
 
 
 async def _attempt(
@@ -601,16 +631,19 @@ async def drain(
     *,
     policy: RetryPolicy | None = None,
     rng: _Uniform | None = None,
+    still_wanted: StillWanted | None = None,
 ) -> DrainReport:
     """Send every entry due at ``now``; record failed attempts and the next try on disk.
 
     Entries are sent concurrently. A delivered entry is removed; a failed one keeps its attempt
-    count, the targets that already accepted it (not sent again) and its next time.
+    count, the targets that already accepted it (not sent again) and its next time. An entry that
+    ``still_wanted`` refuses (asked just before each send, off the loop) is removed unsent: a "Decision
+    needed" for an escalation answered meanwhile would only mislead.
     """
     policy = policy or RetryPolicy()
     rng = rng or random.Random()  # jitter, not security
     report = DrainReport()
-    due = await asyncio.to_thread(outbox.due, now)
+    due = await asyncio.to_thread(_due_wanted, outbox, now, still_wanted, report)
     await asyncio.gather(*(_attempt(outbox, notifier, e, now, policy, rng, report) for e in due))
     report.next_due = await asyncio.to_thread(outbox.next_due)
     return report
@@ -625,6 +658,7 @@ async def run_outbox(
     wake: asyncio.Event | None = None,
     policy: RetryPolicy | None = None,
     idle: float = 300.0,
+    still_wanted: StillWanted | None = None,
 ) -> None:
     """Drain the outbox until ``stop`` is set: at each entry's due time, or at once when ``wake`` is set.
 
@@ -637,7 +671,7 @@ async def run_outbox(
     while not stop.is_set():
         wake.clear()
         try:
-            report = await drain(outbox, notifier, clock.now(), policy=policy, rng=rng)
+            report = await drain(outbox, notifier, clock.now(), policy=policy, rng=rng, still_wanted=still_wanted)
             next_due = report.next_due
         except (OSError, NotifyError) as exc:
             log.error("outbox_drain_failed", error=str(exc))

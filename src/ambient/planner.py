@@ -181,6 +181,18 @@ GATE_OPTIONS: Sequence[tuple[str, str]] = (
     ("approve", "Approve and continue"),
     ("reject", "Reject: stop the chain"),
 )
+#: The action of an answer the agent itself proposed: the item (or step) runs again with the answer in
+#: ``payload.context.decision``.
+ANSWER = "answer"
+
+
+def question_options(proposed: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(key, label, action) of an agent's own ESCALATE: its proposed answers, then skip and abort.
+
+    One rule for for_each items and chain steps, so a person sees the same choices whichever form asked.
+    """
+    return [(o, o, ANSWER) for o in proposed] + [("skip", "Skip it and go on", "skip"),
+                                                 ("abort", "Abort the whole run", "abort")]
 
 
 # ---------------------------------------------------------------- chains (spec/004 kernel-orchestrator)

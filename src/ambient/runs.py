@@ -33,6 +33,7 @@ from ambient.clock import Clock, SystemClock
 from ambient.journal import Journal, append_line, read_jsonl
 from ambient.paths import BrainPaths
 from ambient.planner import (
+    ANSWER,
     GATE_OPTIONS,
     ITEM_OPTIONS,
     FanOut,
@@ -40,12 +41,17 @@ from ambient.planner import (
     after_attempt,
     first_open,
     next_wakeup,
+    question_options,
     ready_items,
 )
 from ambient.records import DecisionRecord, RunRecord, StepRecord
-from ambient.runstate import TERMINAL_ITEM, ItemState, RunState, apply_event, fold, outcome_of
+from ambient.runstate import ABORTING, TERMINAL_ITEM, ItemState, RunState, apply_event, fold, outcome_of
+from ambient.slots import AgentSlots
 
 log = structlog.get_logger(__name__)
+
+#: Agents at once, all runs together, until the settings say otherwise (``concurrency:``, its default).
+DEFAULT_SLOTS = 4
 
 AttemptStatus = Literal["success", "fail", "error", "escalate", "blocked"]
 
@@ -107,6 +113,7 @@ class EscalationRequest:
     dedupe_key: str
     deadline_s: float | None = None
     on_timeout: str | None = None
+    remind_before_s: float | None = None
 
 
 class Escalator(Protocol):
@@ -221,6 +228,9 @@ class RunExecutor:
         self._counts: dict[str, int] | None = None  # items per status (see _status_counts)
         self._open_from = 0  # no item before this index is pending or retry_wait (see _ready)
         self.on_park: Callable[[], None] | None = None
+        self.slots: AgentSlots | None = None  # the daemon-wide cap (None: only the run's own concurrency)
+        self._holding: set[str] = set()  # items whose agent holds one of those slots
+        self._short = False  # ready items wait for a slot another run holds: busy, not parked
 
     # -- events
 
@@ -237,7 +247,7 @@ class RunExecutor:
             self._open_from = item.index
         counts = self._counts
         if counts is not None:
-            if item is not None and before is not None and ev != "added":
+            if item is not None and before is not None and ev != "added" and fields.get("action") not in ABORTING:
                 if item.status != before:  # an item event moves only that item
                     counts[before] -= 1
                     counts[item.status] = counts.get(item.status, 0) + 1
@@ -258,8 +268,9 @@ class RunExecutor:
         return self._parked and not self._tasks and not self.state.finished
 
     async def _wait_wake(self, delay: float | None) -> None:
-        """Sleep until poked (a task ended, a decision arrived) or ``timeout``; parked when nothing runs."""
-        self._parked = not self._tasks
+        """Sleep until poked (a task ended, a decision arrived, a slot was freed) or ``timeout``; parked when
+        nothing runs and nothing waits for a slot."""
+        self._parked = not self._tasks and not self._short
         if self._parked and self.on_park is not None:
             self.on_park()
         try:
@@ -294,12 +305,17 @@ class RunExecutor:
             except asyncio.CancelledError:
                 await self._interrupt()
                 raise
+            finally:
+                for name in list(self._holding):  # taken for items whose agents never started (a stop)
+                    self._release(name)
+                if self.slots is not None:
+                    self.slots.leave(self)
 
     async def _loop(self) -> RunState:
         while not self.state.finished:
             now = self.ports.clock.now()
             if not self._closing:
-                batch = self._ready(now)
+                batch = self._with_slots(self._ready(now))
                 if batch:
                     await self._accept(batch)
             counts = self._status_counts()
@@ -330,7 +346,30 @@ class RunExecutor:
     def _ready_now(self) -> bool:
         if self._closing:
             return False
-        return bool(self._ready(self.ports.clock.now()))
+        ready = bool(self._ready(self.ports.clock.now()))
+        self._short = ready and self.slots is not None and not self.slots.available(self)
+        return ready and not self._short
+
+    def _with_slots(self, batch: list[ItemState]) -> list[ItemState]:
+        """The part of ``batch`` the daemon-wide cap lets start now; each started agent holds a slot."""
+        if self.slots is None:
+            return batch
+        if not batch:
+            self.slots.leave(self)  # nothing to start: out of the queue, so freed slots go to runs that wait
+            self._short = False
+            return batch
+        got = self.slots.take(self, len(batch), self.poke)
+        self._short = got < len(batch)
+        batch = batch[:got]
+        self._holding.update(it.name for it in batch)
+        return batch
+
+    def _release(self, name: str) -> None:
+        """The item's agent is done (or will never run): its slot goes back, once."""
+        if name in self._holding:
+            self._holding.discard(name)
+            assert self.slots is not None
+            self.slots.give(self)
 
     async def _accept(self, batch: list[ItemState]) -> None:
         # spec: "accepted" means "on disk" before the agent starts; one fsync for the whole batch.
@@ -349,6 +388,7 @@ class RunExecutor:
     def _task_done(self, task: asyncio.Task[None]) -> None:
         name = task.get_name().removeprefix("item:")
         self._tasks.pop(name, None)
+        self._release(name)  # a task cancelled or crashed before its agent was done
         if not task.cancelled() and task.exception() is not None:
             log.error("item_task_crashed", item=name, error=repr(task.exception()))
         self.poke()  # not parked any more: the loop has a result to route (an idle check must not stop us)
@@ -406,9 +446,10 @@ class RunExecutor:
         )
 
     def _last_decision_for(self, item: ItemState) -> str | None:
+        """The person's answer to the item's own question, in the agent's words (its option as it proposed it)."""
         for d in reversed(self.state.decisions):
-            if d.get("item") == item.name and d.get("action") == "answer":
-                return str(d.get("option"))
+            if d.get("item") == item.name and d.get("action") == ANSWER:
+                return str(d.get("answer") or d.get("option"))
         return None
 
     async def _run_item(self, item: ItemState, attempt: int) -> None:
@@ -421,7 +462,10 @@ class RunExecutor:
         except Exception as exc:  # noqa: BLE001 - a template that cannot render fails the item, not the run
             res = AttemptResult(result="error", error=f"cannot build the SPAWN: {exc}")
         else:
-            res = await self.ports.delegate.attempt(a)
+            try:
+                res = await self.ports.delegate.attempt(a)
+            finally:
+                self._release(item.name)  # the agent is done: another run's agent may start now
         self.event(
             "finished",
             item=item.name,
@@ -459,9 +503,8 @@ class RunExecutor:
                        channel="rule")
 
     async def _escalate_item(self, item: ItemState, res: AttemptResult) -> None:
-        if res.result == "escalate" and res.options:
-            options: list[tuple[str, str, str]] = [(o, o, "answer") for o in res.options]
-            options += [("skip", "Skip this item and go on", "skip"), ("abort", "Abort the whole run", "abort")]
+        if res.result == "escalate":
+            options = question_options(res.options or ["continue"])  # what the agent's ESCALATE packet carried
             kind = "question"
             question = res.question or f"{self.template.agent} asks a decision about {item.name}"
         else:
@@ -481,28 +524,48 @@ class RunExecutor:
             dedupe_key=f"{self.state.run_id}/{item.name}/{kind}",
             deadline_s=self.template.deadline_s,
             on_timeout=self.template.on_timeout,
+            remind_before_s=self.template.remind_before_s,
         )
         esc_id = await self.ports.escalator.escalate(req)
         self.event("escalated", item=item.name, escalation=esc_id, kind=kind)
 
     def abort(self, *, by: str, reason: str) -> None:
         """Stop the run (an ABORT packet): unfinished items are aborted, running agents are cancelled."""
+        before = self._statuses()
         self.event("abort", by=by, reason=reason)
         self.journal.sync()
-        for task in list(self._tasks.values()):
-            task.cancel()
+        self._stop_aborted(before)
         self.poke()
 
+    def _statuses(self) -> list[str]:
+        return [it.status for it in self.state.items]
+
+    def _stop_aborted(self, before: list[str]) -> None:
+        """After an abort: the running agents are stopped and every item it changed shows so in its claim."""
+        for task in list(self._tasks.values()):
+            task.cancel()
+        for item, was in zip(self.state.items, before, strict=False):
+            if item.status != was:
+                self.ports.claims.item_changed(self.state, item)
+
     def decide(self, escalation: str, option: str, action: str, *, by: str, channel: str,
-               latency_s: float | None, note: str | None = None, rule: str | None = None) -> bool:
-        """Apply the person's (or a rule's) decision; False if this run does not wait on it."""
+               latency_s: float | None, note: str | None = None, rule: str | None = None,
+               answer: str | None = None) -> bool:
+        """Apply the person's (or a rule's) decision; False if this run does not wait on it.
+
+        ``answer``: the chosen option as the agent proposed it (its key is a slug of it), handed back to the agent.
+        """
         if escalation not in self.state.escalations:
             return False
         item = self.state.escalations[escalation] or None
+        extra = {"answer": answer} if answer is not None and action == ANSWER else {}
+        before = self._statuses()
         self.event("decided", item=item, escalation=escalation, option=option, action=action, by=by,
-                   channel=channel, latency_s=latency_s, note=note, auto=rule is not None, rule=rule)
+                   channel=channel, latency_s=latency_s, note=note, auto=rule is not None, rule=rule, **extra)
         self.journal.sync()
-        if item is not None:
+        if action in ABORTING:
+            self._stop_aborted(before)
+        elif item is not None:
             self.ports.claims.item_changed(self.state, self._by_name[item])
         self.poke()
         return True
@@ -570,6 +633,7 @@ class RunManager:
         self.tasks: dict[str, asyncio.Task[RunState]] = {}
         self.on_finished: list[Callable[[RunState], Awaitable[None] | None]] = []
         self.on_park: list[Callable[[], None]] = []  # a run went idle (waits on the person)
+        self.slots = AgentSlots(DEFAULT_SLOTS)  # the daemon-wide cap; resized from the settings
         # Workflows that have a run journal on disk (filled by resume_all and start): a workflow file seen for
         # the first time is not started again when its run was already started before a crash (R-01).
         self.journaled: set[str] = set()
@@ -613,6 +677,7 @@ class RunManager:
 
     def _launch(self, state: RunState, journal: Journal) -> None:
         ex = self.factory(state, journal)
+        ex.slots = self.slots
         ex.ports.claims.run_changed(state)
         self.executors[state.run_id] = ex
         ex.on_park = self._parked
@@ -772,6 +837,23 @@ class RunManager:
         ex.event("spawned", item=item, attempt=attempt, pid=pid, started=started)
         ex.journal.flush()
 
+    def settled(self, run_id: str) -> bool:
+        """Whether nothing will ever resume a run: it is not running here, and its journal is finished or gone.
+
+        A journal that cannot be read is not settled: the person may mend it (``ambient doctor`` reports it).
+        """
+        if run_id in self.executors:
+            return False
+        path = self.paths.run_journal(run_id)
+        if not path.exists():
+            return True
+        if finished_glance(path) is not None:
+            return True
+        try:
+            return fold(read_jsonl(path).records).finished
+        except (OSError, ValueError, KeyError):
+            return False
+
     def find_escalation(self, escalation: str) -> RunExecutor | None:
         """The executor waiting on an escalation."""
         for ex in self.executors.values():
@@ -780,13 +862,14 @@ class RunManager:
         return None
 
     def decide(self, escalation: str, option: str, action: str, *, by: str, channel: str,
-               latency_s: float | None = None, note: str | None = None, rule: str | None = None) -> bool:
+               latency_s: float | None = None, note: str | None = None, rule: str | None = None,
+               answer: str | None = None) -> bool:
         """Route a decision to the run that waits on it."""
         ex = self.find_escalation(escalation)
         if ex is None:
             return False
         return ex.decide(escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note,
-                         rule=rule)
+                         rule=rule, answer=answer)
 
     @property
     def idle(self) -> bool:

@@ -11,7 +11,8 @@ Events (one JSON object per line, ``ev`` names the kind)::
     finished    item attempt result output error duration_ms signal_in at
     retry       item attempt not_before at        (a failure that the retry policy retries)
     escalated   item escalation kind at
-    decided     escalation option action by channel latency_s at
+    decided     escalation option action by channel latency_s [answer] at
+                                                  (abort/reject cascade: every unfinished item is aborted)
     skipped     item at
     interrupted item attempt at                   (graceful shutdown killed the agent)
     spawned     item attempt pid started at       (a command agent's process: reaped if orphaned by a crash)
@@ -34,6 +35,8 @@ from typing import Any, Literal
 
 ItemStatus = Literal["pending", "running", "retry_wait", "done", "failed", "escalated", "skipped", "aborted"]
 TERMINAL_ITEM: frozenset[str] = frozenset({"done", "failed", "skipped", "aborted"})
+#: Decisions that abort the whole run, cascading to every unfinished item (spec/002 ``abort``).
+ABORTING: frozenset[str] = frozenset({"abort", "reject"})
 
 
 @dataclass
@@ -199,20 +202,22 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
         state.escalations.pop(esc, None)
         state.decisions.append({k: v for k, v in ev.items() if k != "ev"})
         target = by_name.get(str(ev.get("item"))) if ev.get("item") is not None else None
+        action = ev.get("action")
         if target is not None and target.escalation == esc:
             target.escalation = None
-            action = ev.get("action")
-            if action == "retry":
+            if action in ("retry", "answer"):  # answer: run again with the person's answer (an agent's question)
                 target.status = "pending"
                 target.fails = 0
             elif action == "skip":
                 target.status = "skipped"
-            elif action in ("abort", "reject"):
-                target.status = "aborted"
             elif action in ("approve", "continue"):
                 target.gate = "passed" if target.gate == "pending" else target.gate
                 if target.status == "escalated":
                     target.status = "pending" if target.result != "success" else "done"
+        if action in ABORTING:
+            if target is not None and target.status not in ("done", "skipped"):
+                target.status = "aborted"
+            _abort_unfinished(state)
     elif kind == "skipped" and item is not None:
         item.status = "skipped"
         item.result = "skipped"
@@ -257,15 +262,30 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
                 state.escalations[str(state.final_escalation)] = ""
                 state.escalation_count += 1
     elif kind == "abort":
-        for it in state.items:
-            if it.status in ("pending", "retry_wait", "escalated", "running"):
-                it.status = "aborted"
-        state.escalations.clear()
+        _abort_unfinished(state)
     elif kind == "note":
         state.notes.append(str(ev.get("text", "")))
     elif kind == "finished_run":
         state.outcome = str(ev.get("outcome"))
         state.finished_at = ev.get("at")
+
+
+def _abort_unfinished(state: RunState) -> None:
+    """An abort cascades (spec/002): every item not finished is aborted and nothing waits on the person any more."""
+    for it in state.items:
+        if it.status in ("pending", "retry_wait", "escalated", "running"):
+            it.status = "aborted"
+            it.escalation = None
+    state.escalations.clear()
+
+
+def ended_because(state: RunState) -> str:
+    """Why a finished run waits on nobody any more: said by the escalations it leaves behind, once cancelled."""
+    for d in reversed(state.decisions):
+        if d.get("action") in ABORTING:
+            where = f" on {d['item']}" if d.get("item") else ""
+            return f"the run was aborted: {d.get('option')}{where} by {d.get('by') or 'ambient'}"
+    return f"the run ended ({state.outcome or 'unfinished'})"
 
 
 def outcome_of(state: RunState) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -25,14 +25,21 @@ from ambient.claims import Claim, new_claim, new_claim_doc
 from ambient.clock import Clock
 from ambient.engine import Tick
 from ambient.errors import AmbientError, InputError, LockHeldError, PacketError
-from ambient.escalations import AlreadyAnsweredError, Escalation, EscalationStore, new_escalation, slug_key
+from ambient.escalations import (
+    AlreadyAnsweredError,
+    Escalation,
+    EscalationStore,
+    new_escalation,
+    next_timer,
+    slug_key,
+)
 from ambient.livecontext import HANDOFF_NAME
 from ambient.notify import Message, Outbox, escalation_message
 from ambient.packet import Packet, make_packet
 from ambient.router import Channel, Router, read_inbox
 from ambient.runners import AgentResult, Runners, RunRequest
 from ambient.runs import Attempt, AttemptResult, EscalationRequest, RunManager, item_claim_id
-from ambient.runstate import ItemState, RunState
+from ambient.runstate import ItemState, RunState, ended_because
 
 if TYPE_CHECKING:
     from ambient.brain import Brain
@@ -319,6 +326,9 @@ class StoreEscalator:
         self.learner: Learner | None = None
         self.digest: Digest | None = None
         self.on_answered: Any = None  # callback(path): an automatic decision was written
+        # Whether anybody is told anything: without a URL, information is not queued (a URL added weeks later
+        # would receive all of it); escalations are (a new URL receives those still pending, nothing else).
+        self.notifying = True
 
     async def escalate(self, req: EscalationRequest) -> str:
         now = self.clock.now()
@@ -335,6 +345,7 @@ class StoreEscalator:
             question=req.question, now=now, options=options, item=req.item, agent=req.agent,
             timeout=timedelta(seconds=req.deadline_s) if req.deadline_s else None,
             on_timeout=req.on_timeout,  # type: ignore[arg-type]
+            remind_before=timedelta(seconds=req.remind_before_s) if req.remind_before_s else None,
             dedupe_key=req.dedupe_key,
         )
         stored = await asyncio.to_thread(self.store.create, esc)
@@ -366,8 +377,19 @@ class StoreEscalator:
             self.on_answered(self.store.path_for(esc.id))
         return True
 
-    async def queue(self, esc: Escalation) -> None:
-        """Queue the escalation's message in the outbox (sent at once, retried until delivered)."""
+    async def cancel_leftovers(self, run_id: str, reason: str) -> None:
+        """Close a run's pending escalations as cancelled: no longer listed, notified or answerable."""
+        try:
+            gone = await asyncio.to_thread(self.store.cancel_run, run_id, reason)
+        except (AmbientError, OSError) as exc:  # a broken escalation file: reported by doctor, retried next tick
+            log.warning("escalations_not_cancelled", run_id=run_id, error=str(exc))
+            return
+        for esc in gone:
+            log.info("escalation_cancelled", escalation=esc.id, run_id=run_id, item=esc.item, reason=reason)
+
+    async def queue(self, esc: Escalation, *, reminder: bool = False) -> None:
+        """Queue the escalation's message (or its reminder) in the outbox (sent at once, retried until delivered,
+        dropped if the escalation is settled first)."""
         if self.outbox is None:
             return
         what = f"{esc.workflow}: {esc.where}" if esc.where else esc.workflow
@@ -375,6 +397,7 @@ class StoreEscalator:
             escalation_id=esc.id, what=what, question=esc.question, options=[o.key for o in esc.options],
             nonce=esc.nonce, telegram_buttons=self.buttons, workflow=esc.workflow, item=esc.item, step=esc.step,
             agent=esc.agent, deadline=esc.deadline.isoformat(timespec="minutes") if esc.deadline else None,
+            reminder=reminder,
         )
         await asyncio.to_thread(self.outbox.put, msg, self.clock.now())
         if self.wake_outbox is not None:
@@ -385,7 +408,7 @@ class StoreEscalator:
         if self.digest is not None:
             await asyncio.to_thread(self.digest.add, title, body)
             return
-        if self.outbox is None:
+        if self.outbox is None or not self.notifying:
             return
         await asyncio.to_thread(self.outbox.put, Message(title=title[:200], body=body[:3500], kind="info"),
                                 self.clock.now())
@@ -393,7 +416,9 @@ class StoreEscalator:
             self.wake_outbox.set()
 
     async def run_finished(self, state: RunState) -> None:
-        """Results are information: sent per ``notify.results`` (none | failures | all)."""
+        """The run's escalations still pending are cancelled (nothing waits on them); its result is information,
+        sent per ``notify.results`` (none | failures | all)."""
+        await self.cancel_leftovers(state.run_id, ended_because(state))
         if self.results == "none" or (self.results == "failures" and state.outcome == "success"):
             return
         counts = state.counts()
@@ -412,11 +437,12 @@ class Digest:
 
     name = "digest"
 
-    def __init__(self, paths: Any, outbox: Outbox, clock: Clock, hours: float) -> None:
+    def __init__(self, paths: Any, outbox: Outbox, clock: Clock, hours: float, *, enabled: bool = True) -> None:
         self.paths = paths
         self.outbox = outbox
         self.clock = clock
         self.hours = hours
+        self.enabled = enabled  # notify.digest, and somebody to send it to (set again at each reload)
         self.file = paths.state / "digest.jsonl"
         self.mark = paths.state / "digest.json"
 
@@ -464,7 +490,7 @@ class Digest:
         return bool(body)
 
     async def evaluate(self, tick: Tick) -> None:
-        if tick.timed:
+        if tick.timed and self.enabled:
             await asyncio.to_thread(self.send_if_due)
 
 
@@ -758,50 +784,80 @@ class RouterEmitter:
 
 
 class EscalationEvaluator:
-    """Answered escalations resume their runs; deadlines and reminders fire from their on-disk timestamps."""
+    """Answered escalations resume their runs; deadlines and reminders fire from their on-disk timestamps; the
+    escalations of a run that ended are cancelled.
+
+    The escalation files are listed when one changed, on a timed tick, or when the earliest deadline or reminder
+    seen at the last listing is due; a timer wakes the engine for that instant (``wake``), so a deadline does not
+    wait for the next timed tick.
+    """
 
     name = "escalations"
 
-    def __init__(self, store: EscalationStore, manager: RunManager, escalator: StoreEscalator, clock: Clock) -> None:
+    def __init__(self, store: EscalationStore, manager: RunManager, escalator: StoreEscalator, clock: Clock,
+                 wake: Callable[[], None] | None = None) -> None:
         self.store = store
         self.manager = manager
         self.escalator = escalator
         self.clock = clock
+        self.wake = wake
         self.applied: set[str] = set()
+        self._next_timer: datetime | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     async def evaluate(self, tick: Tick) -> None:
         if not tick.touched(self.store.paths.escalations) and not self._timers_due(tick.now):
             return
         escs = await asyncio.to_thread(self.store.list)
         now = self.clock.now()
+        ended: set[str] = set()
         for esc in escs:
             if esc.status == "pending":
-                await self._timers(esc, now)
+                if esc.run_id not in self.manager.executors and self.manager.settled(esc.run_id):
+                    ended.add(esc.run_id)  # its run ended without it (a crash between the two, an older ambient)
+                else:
+                    await self._timers(esc, now)
                 continue
             if esc.id in self.applied or esc.status not in ("answered", "expired"):
                 continue
-            option = esc.decided_option
-            action = esc.decided_action or (option.action if option is not None else None)
-            if option is None or action is None:
-                self.applied.add(esc.id)
-                continue
-            by = esc.by or "human"
-            rule = by.removeprefix("rule:") if by.startswith("rule:") else None
-            ok = self.manager.decide(esc.id, option.key, action, by=by, channel=esc.channel or "cli",
-                                     latency_s=esc.latency_s, note=esc.note, rule=rule)
-            if ok:
-                # A line about a run carries its workflow and run id (issue 7), like the executor's own lines.
-                log.info("decision_applied", escalation=esc.id, option=option.key, action=action, by=by,
-                         workflow=esc.workflow, run_id=esc.run_id, item=esc.item)
-                self.applied.add(esc.id)
-                if self.escalator.learner is not None and rule is None:
-                    await asyncio.to_thread(self.escalator.learner.observe, esc)
-            elif esc.run_id not in self.manager.executors:
-                self.applied.add(esc.id)  # its run is finished or unknown: nothing waits on it
-            # else: its run has not recorded the escalation yet (a rule answered at once): next tick.
+            await self._apply(esc)
+        for run_id in sorted(ended):
+            await self.escalator.cancel_leftovers(run_id, "its run is no longer running")
+        self._arm(next_timer(e for e in escs if e.run_id not in ended))
+
+    async def _apply(self, esc: Escalation) -> None:
+        option = esc.decided_option
+        action = esc.decided_action or (option.action if option is not None else None)
+        if option is None or action is None:
+            self.applied.add(esc.id)
+            return
+        by = esc.by or "human"
+        rule = by.removeprefix("rule:") if by.startswith("rule:") else None
+        ok = self.manager.decide(esc.id, option.key, action, by=by, channel=esc.channel or "cli",
+                                 latency_s=esc.latency_s, note=esc.note, rule=rule, answer=option.label)
+        if ok:
+            # A line about a run carries its workflow and run id (issue 7), like the executor's own lines.
+            log.info("decision_applied", escalation=esc.id, option=option.key, action=action, by=by,
+                     workflow=esc.workflow, run_id=esc.run_id, item=esc.item)
+            self.applied.add(esc.id)
+            if self.escalator.learner is not None and rule is None:
+                await asyncio.to_thread(self.escalator.learner.observe, esc)
+        elif esc.run_id not in self.manager.executors:
+            self.applied.add(esc.id)  # its run is finished or unknown: nothing waits on it
+        # else: its run has not recorded the escalation yet (a rule answered at once): next tick.
 
     def _timers_due(self, now: datetime) -> bool:
-        return True
+        return self._next_timer is not None and self._next_timer <= now
+
+    def _arm(self, when: datetime | None) -> None:
+        """Remember the next deadline or reminder, and wake the engine then."""
+        self._next_timer = when
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if when is not None and self.wake is not None:
+            delay = min(max(0.0, (when - self.clock.now()).total_seconds()), 86_400.0)
+            self._timer = asyncio.get_running_loop().call_later(delay + 0.01, self.wake)
 
     async def _timers(self, esc: Escalation, now: datetime) -> None:
         if esc.deadline is not None and esc.deadline <= now:
@@ -813,7 +869,9 @@ class EscalationEvaluator:
                 log.debug("escalation_timeout_skipped", escalation=esc.id, error=str(exc))
         elif esc.remind_at is not None and not esc.reminded and esc.remind_at <= now:
             updated = await asyncio.to_thread(self.store.mark_reminded, esc.id, now)
-            await self.escalator.queue(updated)  # a reminder is the same message again
+            log.info("escalation_reminded", escalation=esc.id, workflow=esc.workflow, run_id=esc.run_id,
+                     item=esc.item, deadline=esc.deadline.isoformat() if esc.deadline else None)
+            await self.escalator.queue(updated, reminder=True)
 
 
 class InboxEvaluator:

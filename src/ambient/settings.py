@@ -119,3 +119,33 @@ def merge_environ(data: Mapping[str, Any], environ: Mapping[str, str]) -> dict[s
 def settings_from(data: Mapping[str, Any] | None, environ: Mapping[str, str]) -> Settings:
     """Validate settings from file data and environment (raises pydantic ValidationError)."""
     return Settings.model_validate(merge_environ(data or {}, environ))
+
+
+def settings_changes(old: Settings, new: Settings) -> list[str]:
+    """The dotted names of the settings that differ between two snapshots (secret values compared, never shown)."""
+    return changed_keys(_revealed(old.model_dump()), _revealed(new.model_dump()))
+
+
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The dotted names (two levels: ``notify.urls``, ``runners.coder``) whose values differ in two dumps."""
+    return _changed(dict(old), dict(new), "")
+
+
+def _revealed(value: Any) -> Any:
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, dict):
+        return {k: _revealed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_revealed(v) for v in value]
+    return value
+
+
+def _changed(a: Any, b: Any, prefix: str) -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict) and prefix.count(".") < 2:  # notify.urls, runners.coder
+        out: list[str] = []
+        for key in sorted(set(a) | set(b)):
+            out += _changed(a.get(key), b.get(key), f"{prefix}{key}.")
+        return out
+    return [] if a == b else [prefix.rstrip(".")]
+

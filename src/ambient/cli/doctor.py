@@ -364,12 +364,41 @@ def _last_stop(paths: BrainPaths) -> datetime | None:
     return None
 
 
+def check_daemon_settings(paths: BrainPaths, pid: int | None) -> list[Finding]:
+    """A running daemon whose settings are not the file's: it did not reload (``--no-watch`` and no SIGHUP yet), or
+    the file does not load now (the daemon keeps its last good settings; check_config says why)."""
+    from ambient.brain import read_settings
+    from ambient.settings import changed_keys
+
+    try:
+        running = json.loads((paths.state / "daemon.json").read_text()).get("settings")
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(running, dict) or "digest" not in running:
+        return []  # an older daemon: it does not say
+    now = read_settings(paths, {})
+    if now.digest == running.get("digest"):
+        return []
+    who = f"the daemon (pid {pid})" if pid else "the daemon"
+    if now.settings is None:
+        return [Finding("warning", "config", f"{who} runs with the last profil/ambient.yml that loaded; the file "
+                        "does not load now (see above)", "fix the file: the daemon applies it when it changes")]
+    keys = changed_keys(running.get("file") or {}, now.own or {})
+    what = ", ".join(keys) if keys else "notify.urls (its URLs are masked here) or a comment"
+    reload = f"`kill -HUP {pid}`" if pid else "`kill -HUP <pid>`"
+    return [Finding("warning", "config", f"{who} runs with other settings than profil/ambient.yml: {what} changed "
+                    f"since it read the file at {running.get('applied_at', '?')}",
+                    f"reload it: `systemctl reload ambient` or {reload} (it reloads by itself when the file "
+                    "changes, unless started with --no-watch)", paths.rel(paths.config))]
+
+
 def check_daemon(paths: BrainPaths, now: datetime) -> tuple[bool, int | None, list[Finding]]:
     """Is a daemon holding the brain? Down is a warning, an error when work waits on it."""
     from ambient.daemon import daemon_up, running_pid
 
     if daemon_up(paths):
-        return True, running_pid(paths), []
+        pid = running_pid(paths)
+        return True, pid, check_daemon_settings(paths, pid)
     waiting = _work_waiting(paths)
     stopped = _last_stop(paths)
     since = f" (stopped {_ago(now - stopped)} ago)" if stopped is not None else ""

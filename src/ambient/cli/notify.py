@@ -17,11 +17,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         nsub,
         "test",
         _test,
-        help="send a test message to every configured URL and say which worked",
+        help="send a test message through every configured channel and say which worked",
         description=(
-            "Send a test message to the notification URLs: $AMBIENT_NOTIFY_URLS if set, else notify.urls in "
-            "profil/ambient.yml. {telegram_token} in a URL is read from $CREDENTIALS_DIRECTORY/telegram-token. "
-            "Exit 0 if every URL worked, 1 if any failed, 2 if none is configured."
+            "Send a test message through every channel the daemon notifies: the URLs ($AMBIENT_NOTIFY_URLS if set, "
+            "else notify.urls in profil/ambient.yml) and, with telegram.answers on, the Telegram answers bot. "
+            "{telegram_token} in a URL and the bot's token are read from $CREDENTIALS_DIRECTORY/telegram-token "
+            "(or telegram.token_file). Exit 0 if every channel worked, 1 if any failed, 2 if none is configured."
         ),
     )
     test.add_argument(
@@ -47,7 +48,9 @@ def _test(args: argparse.Namespace) -> int:
 
     import structlog
 
-    from ambient.notify import AppriseNotifier, DeliveryError, Message, expand_urls, notify_urls_from
+    from ambient.brain import load_settings
+    from ambient.notify import AppriseNotifier, DeliveryError, Message, Notifier, expand_urls
+    from ambient.notifyservice import build_notifiers
     from ambient.paths import BrainPaths
     from ambient.redact import SecretRegistry
 
@@ -55,14 +58,23 @@ def _test(args: argparse.Namespace) -> int:
         # The report below says everything; keep the notifier's own events off stdout (--json stays clean).
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     registry = SecretRegistry()
+    notifier: Notifier | None
     if args.url:
         urls = expand_urls(args.url, os.environ, registry, source="--url")
+        notifier = AppriseNotifier(urls, timeout=args.timeout, registry=registry)
     else:
-        urls = notify_urls_from(BrainPaths(brain_dir(args)), os.environ, registry)
-    if not urls:
+        settings, problems = load_settings(BrainPaths(brain_dir(args)), os.environ)
+        if settings is None:
+            return fail("; ".join(str(p) for p in problems))
+        # The channels the daemon sends through, built by the same code: the URLs and the Telegram answers bot.
+        built = build_notifiers(settings, os.environ, registry, timeout=args.timeout)
+        for problem in built.problems:
+            return fail(problem)
+        notifier = built.notifier()
+    if notifier is None:
         return fail(
-            "no notification URL configured; set notify.urls in profil/ambient.yml or $AMBIENT_NOTIFY_URLS, "
-            "or pass --url"
+            "no notification URL configured; set notify.urls in profil/ambient.yml or $AMBIENT_NOTIFY_URLS "
+            "(or telegram.answers with a chat_id), or pass --url"
         )
     message = Message(
         title="ambient: test notification",
@@ -70,7 +82,6 @@ def _test(args: argparse.Namespace) -> int:
         kind="info",
         dedupe_id="notify-test",
     )
-    notifier = AppriseNotifier(urls, timeout=args.timeout, registry=registry)
     try:
         report = asyncio.run(notifier.send(message))
     except DeliveryError as exc:
@@ -82,5 +93,5 @@ def _test(args: argparse.Namespace) -> int:
         for r in results:
             out(f"{'ok  ' if r.ok else 'FAIL'}  {r.display}" + (f"  ({r.detail})" if r.detail else ""))
         worked = sum(r.ok for r in results)
-        out(f"{worked} of {len(results)} notification URL(s) worked")
+        out(f"{worked} of {len(results)} notification channel(s) worked")
     return EXIT_OK if report.ok and results else EXIT_NO

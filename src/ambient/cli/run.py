@@ -35,7 +35,8 @@ def _log_setup(args: argparse.Namespace, root: Path) -> None:
     configure_logging(level.upper(), json=None if fmt == "auto" else fmt == "json")
 
 
-def _serve(root: Path, *, until_idle: bool, watch: bool, progress: bool) -> int:
+def _serve(root: Path, *, until_idle: bool, watch: bool, progress: bool, log_level: str | None = None,
+           log_format: str | None = None) -> int:
     import asyncio
 
     from ambient.daemon import Daemon, DaemonOptions
@@ -44,7 +45,8 @@ def _serve(root: Path, *, until_idle: bool, watch: bool, progress: bool) -> int:
     def show(line: str) -> None:
         say(f"{line}")
 
-    options = DaemonOptions(until_idle=until_idle, watch=watch, progress=show if progress else None)
+    options = DaemonOptions(until_idle=until_idle, watch=watch, progress=show if progress else None,
+                            log_level=log_level, log_format=log_format)
     use_pidfd_watcher()
     return asyncio.run(Daemon(root, options).serve())
 
@@ -54,7 +56,8 @@ def _run(args: argparse.Namespace) -> int:
     if not root.is_dir():
         return fail(f"{root} is not a directory; run `ambient init {root}` to create a brain there")
     _log_setup(args, root)
-    return _serve(root, until_idle=args.until_idle, watch=not args.no_watch, progress=sys.stderr.isatty())
+    return _serve(root, until_idle=args.until_idle, watch=not args.no_watch, progress=sys.stderr.isatty(),
+                  log_level=args.log_level, log_format=args.log_format)
 
 
 def example_brain() -> Path | None:
@@ -80,7 +83,7 @@ def _demo(args: argparse.Namespace) -> int:
     from ambient.logs import configure_logging
 
     configure_logging("WARNING", json=False)
-    code = _serve(root, until_idle=True, watch=True, progress=True)
+    code = _serve(root, until_idle=True, watch=True, progress=True, log_level="warning", log_format="console")
     if code != EXIT_OK:
         return code
     from ambient.cli.status import print_status

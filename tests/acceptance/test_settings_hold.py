@@ -1,0 +1,122 @@
+"""README, "Configuration": the settings a person writes hold, in the running daemon too (issue 23.4, 23.5)."""
+
+from __future__ import annotations
+
+import signal
+
+from tests.acceptance.harness import Brain, Webhook, wait
+
+FAILING_AGENT = """
+    import sys
+    sys.exit(1)
+"""
+
+# Counts the agents running at once across every run: each one holds a file in running/ while it works, and the
+# highest count it saw goes to peak.txt (under an flock, so two agents never count at the same moment).
+COUNTING_AGENT = """
+    import fcntl, json, os, pathlib, sys, time
+    packet = json.load(sys.stdin)
+    base = pathlib.Path(os.environ["AMBIENT_BRAIN"], "count")
+    (base / "running").mkdir(parents=True, exist_ok=True)
+    me = base / "running" / os.environ["AMBIENT_KEY"].replace("/", "_")
+
+    def counted(change):
+        with open(base / "lock", "w") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            change()
+            now = len(list((base / "running").iterdir()))
+            peak = base / "peak.txt"
+            best = int(peak.read_text()) if peak.exists() else 0
+            peak.write_text(str(max(best, now)))
+
+    counted(me.touch)
+    time.sleep(0.4)  # the agent's work: long enough for the others to start beside it if they may
+    counted(me.unlink)
+    print(json.dumps({"status": "ok"}))
+"""
+
+
+def _fan_out(brain: Brain, name: str, items: int, concurrency: int | None) -> None:
+    own = f"\n  concurrency: {concurrency}" if concurrency is not None else ""
+    names = ", ".join(f"{name}-{i}" for i in range(items))
+    brain.workflow(name, f"""
+workflow: {name}
+for_each:
+  items: [{names}]
+  spawn: counter{own}
+  scope: {{zone: project, files: ["workspace/{name}/{{{{item}}}}.md"]}}
+""")
+
+
+def test_concurrency_caps_every_run_together(brain: Brain) -> None:
+    """Issue 23.5: `concurrency:` in profil/ambient.yml caps the agents running at once, all runs together."""
+    brain.config("concurrency: 2\n")
+    brain.python_agent("counter", COUNTING_AGENT)
+    _fan_out(brain, "left", 4, concurrency=4)
+    _fan_out(brain, "right", 4, concurrency=4)
+    brain.until_idle()
+    assert [r["outcome"] for r in brain.finished()] == ["success", "success"]
+    assert brain.read("count/peak.txt") == "2"
+
+
+def test_a_for_each_without_its_own_concurrency_uses_the_daemons(brain: Brain) -> None:
+    """Issue 23.5: a for_each that sets no concurrency runs as many at once as the daemon allows."""
+    brain.config("concurrency: 3\n")
+    brain.python_agent("counter", COUNTING_AGENT)
+    _fan_out(brain, "batch", 6, concurrency=None)
+    brain.until_idle()
+    assert brain.read("count/peak.txt") == "3"
+
+
+def test_the_environment_override_caps_too(brain: Brain) -> None:
+    """Issue 23.5: AMBIENT_CONCURRENCY wins over the file, as every environment override does."""
+    brain.config("concurrency: 4\n")
+    brain.python_agent("counter", COUNTING_AGENT)
+    _fan_out(brain, "left", 3, concurrency=3)
+    _fan_out(brain, "right", 3, concurrency=3)
+    res = brain.cli("run", "--until-idle", "--log-format", "json", env={"AMBIENT_CONCURRENCY": "1"})
+    assert res.rc == 0, res
+    assert brain.read("count/peak.txt") == "1"
+
+
+def _escalate(brain: Brain, name: str) -> None:
+    brain.workflow(name, f"""
+workflow: {name}
+for_each:
+  items: [one]
+  spawn: broken
+  scope: {{zone: project, files: ["workspace/{name}.md"]}}
+""")
+
+
+def test_sighup_reloads_notify_urls(brain: Brain) -> None:
+    """Issue 23.4: after SIGHUP the next escalation goes to the new URL only; `doctor` flags a daemon that runs
+    with other settings than the file's until it reloads."""
+    brain.python_agent("broken", FAILING_AGENT)
+    with Webhook() as old, Webhook() as new:
+        brain.config(f'notify:\n  urls: ["{old.url}"]\n')
+        with brain.daemon("--no-watch") as daemon:  # only SIGHUP reloads: what systemctl reload does
+            _escalate(brain, "first")
+            daemon.signal(signal.SIGHUP)
+            wait(lambda: any("first" in t for t in old.texts()), "the first escalation at the old URL")
+            brain.config(f'notify:\n  urls: ["{new.url}"]\n')
+            stale = brain.cli("doctor")
+            assert "notify.urls" in stale.text and "reload" in stale.text, stale
+            daemon.signal(signal.SIGHUP)
+            daemon.wait_log("reloaded", settings_changed=["notify.urls"])
+            assert "notify.urls" not in brain.cli("doctor").text
+            _escalate(brain, "second")
+            daemon.signal(signal.SIGHUP)
+            wait(lambda: any("second" in t for t in new.texts()), "the second escalation at the new URL")
+        assert not any("second" in t for t in old.texts()), old.texts()
+
+
+def test_editing_the_config_file_reloads_it(brain: Brain, webhook: Webhook) -> None:
+    """Issue 23.4: the daemon watches profil/ambient.yml: a URL added while it runs is used at once."""
+    brain.python_agent("broken", FAILING_AGENT)
+    with brain.daemon() as daemon:
+        brain.config(f'notify:\n  urls: ["{webhook.url}"]\n')
+        daemon.wait_log("reloaded", settings_changed=["notify.urls"])
+        _escalate(brain, "late")
+        wait(lambda: any("Decision needed" in t and "late" in t for t in webhook.texts()),
+             "the escalation at the URL added while the daemon runs")
