@@ -312,14 +312,17 @@ def test_chain_step_fields() -> None:
 
 
 def test_exit_action_defaults() -> None:
-    """ok → on_done (default trigger:next); partial → on_partial, else on_done, else a human gate; failed →
-    on_fail, else signal BLOCKED_ON to the pilot."""
-    bare = ChainStep.model_validate(_step(1))
-    assert bare.exit_actions("ok") == (NextAction(),)
-    assert bare.exit_actions("partial") == (GateAction(message="step 1 partial — continue?"),)
-    assert bare.exit_actions("failed") == (SignalAction(signal="BLOCKED_ON", to="pilote"),)
-    done = ChainStep.model_validate(_step(1, on_done="notify:ok"))
-    assert done.exit_actions("partial") == (NotifyAction(message="ok"),)
+    """ok → on_done (default trigger:next); partial → on_partial, else on_done (the executor's one rule, in the
+    planner); failed → on_fail, else signal BLOCKED_ON to the pilot."""
+    from ambient.planner import ChainAction, exit_actions
+    from ambient.plans import chain_steps
+
+    bare = chain_steps(parse_workflow(_chain(_step(1))))[0]  # type: ignore[arg-type]
+    assert exit_actions(bare, "ok") == (ChainAction("next"),)
+    assert exit_actions(bare, "partial") == (ChainAction("next"),)
+    assert exit_actions(bare, "failed") == (ChainAction("signal", target="pilote", signal="BLOCKED_ON"),)
+    done = chain_steps(parse_workflow(_chain(_step(1, on_done="notify:ok"))))[0]  # type: ignore[arg-type]
+    assert exit_actions(done, "partial") == (ChainAction("notify", message="ok"),)
 
 
 def test_default_agents_of_a_workflow() -> None:
@@ -510,7 +513,9 @@ def test_format_then_parse_is_identity(actions: list[Any]) -> None:
 
 
 def _issues(data: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(i.severity, i.message) for i in spec_issues(parse_workflow(data))]
+    from ambient.plans import workflow_issues
+
+    return [(i.severity, i.message) for i in workflow_issues(parse_workflow(data))]
 
 
 def test_chain_structure_checks() -> None:
@@ -521,12 +526,20 @@ def test_chain_structure_checks() -> None:
     assert loop == [("error", "on_done makes a loop (1 → 2 → 3 → 1); loops are not supported, use retry:")]
     self_loop = _issues(_chain(_step(1, on_fail="trigger:1")))
     assert self_loop[0][0] == "error" and "loop (1 → 1)" in self_loop[0][1]
-    # A forward jump is fine, and the skipped step is unreachable (a warning).
-    assert _issues(_chain(_step(1, on_done="trigger:3"), _step(2), _step(3))) == [
+    # A forward jump is fine, and the skipped step is unreachable (a warning)...
+    assert _issues(_chain(_step(1, on_done="trigger:3", on_fail="abort"), _step(2), _step(3))) == [
         ("warning", "step 2 is never reached from the first step")
     ]
+    # ... unless a failure of step 1 leads there: the person may skip it (the executor's rule).
+    assert _issues(_chain(_step(1, on_done="trigger:3"), _step(2), _step(3))) == []
     # A partial result's default human gate continues to the next step: no loop, everything reachable.
     assert _issues(_chain(_step(1), _step(2, gate="human"))) == []
+    # notify: decides nothing: the chain goes on (as the executor does), so the next step is reached (issue 23.10).
+    assert _issues(_chain(_step(1), _step(2, on_done='notify:"deployed"'), _step(3))) == []
+    # A failed step the person skips goes on too; abort and gate: never end the chain.
+    assert _issues(_chain(_step(1, on_done="abort", on_partial="abort", on_fail="abort"), _step(2))) == [
+        ("warning", "step 2 is never reached from the first step")
+    ]
 
 
 def test_chain_warnings() -> None:

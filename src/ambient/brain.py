@@ -97,7 +97,7 @@ def spawn_checks(matrix: BrainMatrix) -> tuple[AgentExists, MaySpawn]:
     def agent_exists(name: str) -> bool:
         return name in agents or matrix.matrix.gate(name) is not None
 
-    def may_spawn(sender: str, agent: str, zone: str, files: Sequence[str]) -> str | None:
+    def may_spawn(sender: str, agent: str, zone: str | None, files: Sequence[str]) -> str | None:
         decision = decide(matrix.matrix, sender, agent, "SPAWN", zone, files, matrix.zone_rules)
         if decision.allowed:
             return None

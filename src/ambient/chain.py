@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -31,7 +31,9 @@ from ambient.planner import (
     ChainAction,
     ChainStep,
     FanOut,
+    StepStatus,
     breaker_update,
+    exit_route,
     gate_after_last,
     gate_before,
     judge_step,
@@ -81,6 +83,8 @@ class ChainSettings:
     default_agents: Mapping[str, str] = field(default_factory=dict)  # step type → agent
     breaker: Breaker | None = None
     branches: Branches | None = None
+    # trigger:<workflow>/<step>: (workflow, step, context, trigger) → the new run's id, or None if it cannot start
+    start_workflow: Callable[[str, str | None, Mapping[str, Any], str], str | None] | None = None
 
 
 class ChainExecutor(RunExecutor):
@@ -337,61 +341,59 @@ class ChainExecutor(RunExecutor):
         await self.journal.commit()
         self.ports.claims.item_changed(self.state, item)
 
-    async def _route_exit(self, item: ItemState, step: ChainStep, status: str, actions: Sequence[ChainAction],
-                     reason: str | None) -> None:
+    async def _route_exit(self, item: ItemState, step: ChainStep, status: StepStatus,
+                          actions: Sequence[ChainAction], reason: str | None) -> None:
+        """Carry out the exit trigger as :func:`ambient.planner.exit_route` reads it (validation reads it so too)."""
         idx = item.index
-        moved = False
-        if step.gate == "never" and status != "failed":
-            self.event("cursor", index=len(self.steps))  # gate: never — the chain ends with this step
-            return
-        for action in actions:
-            if action.kind in ("next", "goto"):
-                self._advance(idx, action)
-                moved = True
-                break
-            if action.kind == "spawn":
-                name = f"{action.step_type or 'code'}@{action.scope or step.scope or ''}"
-                if name in self._by_name:
-                    name = f"{name}#{len(self.state.items)}"
-                self.event("added", item=name)
-                self.steps.append(ChainStep(name=name, type=action.step_type or "code", scope=action.scope,
-                                            agent=self.chain.default_agents.get(action.step_type or "code")))
-                self.event("cursor", index=len(self.state.items) - 1)
-                moved = True
-                break
-            if action.kind == "signal":
-                sig = action.signal or "BLOCKED_ON"
-                await self._signal(sig, action.target, {"context": {"step": step.name, "status": status,
-                                                                    "reason": reason}})
-                if sig in ("BLOCKED_ON", "BLOCKED") and status == "failed":
-                    esc = await self._ask(item, "blocked", f"step {step.name} failed: {reason or 'no detail'}",
-                                          [("retry", "Run the step again", "retry"),
-                                           ("skip", "Skip the step and go on", "skip"),
-                                           ("abort", "Abort the chain", "abort")])
-                    self.event("escalated", item=item.name, escalation=esc, kind="blocked")
-                    return
-            elif action.kind == "notify":
-                self.event("note", text=action.message or "")
-                await self.ports.escalator.inform(f"{self.state.workflow}: step {step.name}", action.message or "")
-            elif action.kind == "gate":
-                esc = await self._ask(item, "gate", action.message or f"step {step.name} {status}: continue?",
-                                      [(k, label, k) for k, label in GATE_OPTIONS])
-                self.event("gate", item=item.name, state="pending", escalation=esc)
-                await self._signal("GATE_PENDING", None, {"context": {"step": step.name,
-                                                                      "message": action.message or "continue?"}})
-                return
-            elif action.kind == "abort":
-                self.event("decided", item=item.name, escalation="", option="abort", action="abort",
-                           by="workflow", channel="trigger")
-                return
-        if not moved:
-            if status == "failed":
-                esc = await self._ask(item, "blocked", f"step {step.name} failed: {reason or 'no detail'}",
-                                      [("retry", "Run the step again", "retry"), ("skip", "Skip the step", "skip"),
-                                       ("abort", "Abort the chain", "abort")])
-                self.event("escalated", item=item.name, escalation=esc, kind="blocked")
+        route = exit_route(actions, status, terminal=step.gate == "never")
+        for effect in route.effects:
+            if effect.kind == "notify":
+                self.event("note", text=effect.message or "")
+                await self.ports.escalator.inform(f"{self.state.workflow}: step {step.name}", effect.message or "")
+            elif effect.kind == "start":
+                await self._start_other(effect)
             else:
-                self._advance(idx, ChainAction("next"))
+                await self._signal(effect.signal or "BLOCKED_ON", effect.target,
+                                   {"context": {"step": step.name, "status": status, "reason": reason}})
+        action = route.action
+        if route.kind == "end":
+            self.event("cursor", index=len(self.steps))  # gate: never — the chain ends with this step
+        elif route.kind in ("next", "goto"):
+            self._advance(idx, action or ChainAction("next"))
+        elif route.kind == "spawn" and action is not None:
+            name = f"{action.step_type or 'code'}@{action.scope or step.scope or ''}"
+            if name in self._by_name:
+                name = f"{name}#{len(self.state.items)}"
+            self.event("added", item=name)
+            self.steps.append(ChainStep(name=name, type=action.step_type or "code", scope=action.scope,
+                                        agent=self.chain.default_agents.get(action.step_type or "code")))
+            self.event("cursor", index=len(self.state.items) - 1)
+        elif route.kind == "gate":
+            message = action.message if action is not None else None
+            esc = await self._ask(item, "gate", message or f"step {step.name} {status}: continue?",
+                                  [(k, label, k) for k, label in GATE_OPTIONS])
+            self.event("gate", item=item.name, state="pending", escalation=esc)
+            await self._signal("GATE_PENDING", None, {"context": {"step": step.name,
+                                                                  "message": message or "continue?"}})
+        elif route.kind == "abort":
+            self.event("decided", item=item.name, escalation="", option="abort", action="abort",
+                       by="workflow", channel="trigger")
+        else:  # blocked: the person retries, skips or aborts
+            esc = await self._ask(item, "blocked", f"step {step.name} failed: {reason or 'no detail'}",
+                                  [("retry", "Run the step again", "retry"),
+                                   ("skip", "Skip the step and go on", "skip"),
+                                   ("abort", "Abort the chain", "abort")])
+            self.event("escalated", item=item.name, escalation=esc, kind="blocked")
+
+    async def _start_other(self, action: ChainAction) -> None:
+        """``trigger:<workflow>/<step>``: a run of that workflow starts at that step, with this run's context."""
+        started = None
+        if self.chain.start_workflow is not None and action.workflow:
+            started = self.chain.start_workflow(action.workflow, action.target, dict(self.state.context),
+                                                f"trigger:{self.state.run_id}")
+        text = (f"started {action.workflow} at step {action.target}: {started}" if started else
+                f"could not start {action.workflow} at step {action.target} (no such workflow is loaded)")
+        self.event("note", text=text)
 
     async def _final_gate(self) -> bool:
         """True when the run finished; False when it waits on the final approval."""

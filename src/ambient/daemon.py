@@ -517,7 +517,7 @@ class Daemon:
         settings = ChainSettings(
             steps=chain_steps(spec), supervisor=spec.supervisor, mode=state.mode or spec.mode, branch=spec.branch,
             threshold=brain.settings.breaker_threshold, breaker=self.breaker,
-            branches=GitBranches(self.paths.root) if spec.branch else None,
+            branches=GitBranches(self.paths.root) if spec.branch else None, start_workflow=self._start_by_trigger,
         )
         return ChainExecutor(state, plan, template, ports, journal, self.paths, settings)
 
@@ -535,11 +535,24 @@ class Daemon:
         if at_step is not None and isinstance(spec, ChainWorkflow):
             ex = self.manager.executors[run_id]
             idx = next((i for i, s in enumerate(spec.chain) if s.key == str(at_step)), None)
-            if idx:
+            if idx is None:
+                log.warning("start_step_unknown", workflow=spec.name, step=at_step, run_id=run_id)
+            elif idx:
+                for earlier in spec.chain[:idx]:  # not run: skipped, so the run's outcome counts only what ran
+                    ex.event("skipped", item=earlier.key, before_start=True)
                 ex.event("cursor", index=idx)
         self._progress(f"run started: {spec.name} ({len(items)} {'items' if spec.form == 'for_each' else 'steps'})"
                        f" — {run_id}")
         return run_id
+
+    def _start_by_trigger(self, name: str, step: str | None, context: Mapping[str, Any], trigger: str) -> str | None:
+        """A chain's ``trigger:<workflow>/<step>``: a run of that workflow, at that step."""
+        wf = self.ref.brain.workflows.get(name)
+        if wf is None or not wf.spec.runnable:
+            log.warning("trigger_unknown_workflow", workflow=name)
+            return None
+        self.workflows_eval.mark_started(name, wf.spec_hash, self.clock.now())
+        return self.start_run(wf, trigger=trigger, context=context, at_step=step)
 
     def has_active_run(self, workflow: str) -> bool:
         return any(ex.state.workflow == workflow for ex in self.manager.executors.values())
@@ -583,8 +596,32 @@ class Daemon:
                 ex.event("note", text=f"ADAPT from {pkt.from_}: {json.dumps(changes)[:300]}")
                 ex.journal.sync()
                 ex.poke()
+        elif sig == "SPAWN" and (pkt.to in self.ref.brain.runners or pkt.to in self.ref.brain.matrix.agents):
+            self.start_spawn(pkt)
         else:
-            log.info("packet_received", signal=sig, sender=pkt.from_)
+            log.info("packet_received", signal=sig, sender=pkt.from_, to=pkt.to)
+
+    def start_spawn(self, pkt: Packet) -> str | None:
+        """A SPAWN handed in by ``ambient send`` runs its agent: a one-item run ``spawn-<agent>``, seen in ``status``
+        and ``runs`` like any other, its SPAWN sent from the packet's sender (the matrix decides it again), the
+        packet's files locked, its ``payload.context`` handed to the agent, its questions escalated to the sender."""
+        files = list(pkt.scope.files)
+        if any("{{" in f for f in files):
+            log.warning("spawn_refused", packet=pkt.id, reason="a file of the SPAWN contains '{{'")
+            return None
+        doc = {"workflow": f"spawn-{pkt.to}", "description": f"a SPAWN of {pkt.to} sent by {pkt.from_}",
+               "sender": pkt.from_, "supervisor": pkt.from_,
+               "for_each": {"items": [pkt.id], "spawn": pkt.to, "scope": {"zone": pkt.scope.zone, "files": files}}}
+        try:
+            spec = parse_workflow(doc)
+        except AmbientError as exc:
+            log.warning("spawn_refused", packet=pkt.id, reason=str(exc))
+            return None
+        run_id = self.manager.start(workflow=spec.name, form=spec.form, spec=spec.model_dump(mode="json"),
+                                    spec_hash=None, items=[pkt.id], trigger=f"send:{pkt.from_}",
+                                    context=dict(pkt.payload.context or {}))
+        self._progress(f"run started: {spec.name} (a SPAWN sent by {pkt.from_}) — {run_id}")
+        return run_id
 
     async def _route_sent(self, raw: bytes, token: str | None) -> dict[str, Any]:
         """A packet ``ambient send`` handed over the send socket: routed as the command would route it itself."""

@@ -198,7 +198,7 @@ def question_options(proposed: Sequence[str]) -> list[tuple[str, str, str]]:
 # ---------------------------------------------------------------- chains (spec/004 kernel-orchestrator)
 
 StepStatus = Literal["ok", "partial", "failed"]
-ChainVerb = Literal["next", "goto", "spawn", "signal", "gate", "notify", "abort"]
+ChainVerb = Literal["next", "goto", "spawn", "signal", "gate", "notify", "abort", "start"]
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,8 @@ class ChainAction:
     """One exit-trigger action, in the planner's own terms (parsed from every spelling of the sources)."""
 
     kind: ChainVerb
-    target: str | None = None  # goto: step name; signal: recipient
+    target: str | None = None  # goto, start: step name; signal: recipient
+    workflow: str | None = None  # start: the other workflow (trigger:<workflow>/<step>)
     signal: str | None = None  # signal: BLOCKED_ON, CHECKPOINT...
     message: str | None = None  # gate/notify text
     step_type: str | None = None  # spawn: satellite type
@@ -275,6 +276,59 @@ class StepVerdict:
     needs_human: bool = False  # validated tier without tests: a person confirms
 
 
+def exit_actions(step: ChainStep, status: StepStatus) -> tuple[ChainAction, ...]:
+    """The exit trigger of a step for a result status (spec/004, DESIGN 5): ok → ``on_done`` (default
+    ``trigger:next``); partial → ``on_partial``, falling back to ``on_done``; failed → ``on_fail`` (default
+    ``signal:BLOCKED_ON`` to the pilot)."""
+    if status == "ok":
+        return step.on_done or DEFAULT_ON_DONE
+    if status == "partial":
+        return step.on_partial or step.on_done or DEFAULT_ON_DONE
+    return step.on_fail or DEFAULT_ON_FAIL
+
+
+ExitKind = Literal["next", "goto", "spawn", "gate", "blocked", "abort", "end"]
+WAITING_SIGNALS = frozenset({"BLOCKED_ON", "BLOCKED"})
+
+
+@dataclass(frozen=True)
+class ExitRoute:
+    """Where the chain goes after a step's exit trigger, and what is carried out on the way."""
+
+    kind: ExitKind
+    action: ChainAction | None = None  # the action that decided (None: nothing decided, the default applies)
+    effects: tuple[ChainAction, ...] = ()  # notify: and signal actions carried out first, in order
+
+
+def exit_route(actions: Sequence[ChainAction], status: StepStatus, *, terminal: bool = False) -> ExitRoute:
+    """The one rule of where a chain goes: the executor follows it and validation checks reachability with it.
+
+    Actions are taken in order. ``notify:``, a signal that does not wait and ``trigger:<other workflow>/<step>``
+    (a run of that workflow starts at that step) are carried out and the next action is looked at; the first
+    action that decides ends the list: ``trigger:next`` / ``trigger:<step>`` (go there),
+    ``trigger → type:`` (a satellite, then the next declared step), ``gate:human`` (the person approves: on;
+    rejects: abort), ``abort``, and on a failure a waiting signal (``BLOCKED_ON``: the person retries, skips or
+    aborts). When nothing decides, a failure waits on the person as BLOCKED_ON and any other result goes on with
+    the next step: ``on_done: notify:"deployed"`` notifies and goes on. A terminal step (``gate: never``) that did
+    not fail ends the chain; its notifications and signals are still carried out.
+    """
+    effects: list[ChainAction] = []
+    for action in actions:
+        kind = action.kind
+        if kind in ("notify", "signal", "start"):
+            effects.append(action)
+            if kind == "signal" and status == "failed" and (action.signal or "BLOCKED_ON") in WAITING_SIGNALS:
+                return ExitRoute("blocked", action, tuple(effects))
+            continue
+        if terminal and status != "failed":
+            continue  # gate: never: nothing moves the chain on
+        if kind in ("next", "goto", "spawn", "gate", "abort"):
+            return ExitRoute(kind, action, tuple(effects))
+    if terminal and status != "failed":
+        return ExitRoute("end", None, tuple(effects))
+    return ExitRoute("blocked" if status == "failed" else "next", None, tuple(effects))
+
+
 def judge_step(step: ChainStep, output: Any, result: str) -> StepVerdict:
     """Apply the step's gate and close tier to its result, then pick the exit trigger (spec/004 §8)."""
     status = step_status(output, result)
@@ -291,13 +345,7 @@ def judge_step(step: ChainStep, output: Any, result: str) -> StepVerdict:
             needs_human = step.gate != "0-failures"  # validated tier: tests green, or a person confirms
         elif failed_tests > 0:
             status, reason = "failed", f"validated close: {failed_tests} test(s) failed"
-    if status == "ok":
-        actions = step.on_done or DEFAULT_ON_DONE
-    elif status == "partial":
-        actions = step.on_partial or step.on_done or DEFAULT_ON_DONE
-    else:
-        actions = step.on_fail or DEFAULT_ON_FAIL
-    return StepVerdict(status, actions, reason, needs_human)
+    return StepVerdict(status, exit_actions(step, status), reason, needs_human)
 
 
 def gate_before(step: ChainStep, index: int, total: int, mode: str | None) -> str | None:

@@ -6,7 +6,7 @@ from its pinned spec is translated exactly as it was when it started.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from ambient.planner import (
     DEFAULT_ON_RETURN,
@@ -16,6 +16,9 @@ from ambient.planner import (
     ItemTemplate,
     Reaction,
     RetryPolicy,
+    StepStatus,
+    exit_actions,
+    exit_route,
 )
 from ambient.workflow import (
     AbortAction,
@@ -25,14 +28,17 @@ from ambient.workflow import (
     ForEachWorkflow,
     GateAction,
     GotoAction,
+    Issue,
     LogAction,
     NextAction,
     NotifyAction,
     SignalAction,
     SpawnAction,
     WorkflowSpec,
+    spec_issues,
 )
 from ambient.workflow import RetryPolicy as SpecRetry
+from ambient.zones import DEFAULT_RULES, ZoneRule
 
 
 def retry_policy(spec: SpecRetry | None) -> RetryPolicy:
@@ -124,11 +130,14 @@ def _result_template(payload: Mapping[str, object]) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def chain_action(a: Action) -> ChainAction | None:
-    """One exit-trigger action in the planner's terms (``log`` is only logged: None)."""
+def chain_action(a: Action, own: str | None = None) -> ChainAction | None:
+    """One exit-trigger action in the planner's terms (``log`` is only logged: None); ``own``: the chain's name
+    (``trigger:<own>/<step>`` is a step of the chain itself, another workflow's starts a run of it)."""
     if isinstance(a, NextAction):
         return ChainAction("next")
     if isinstance(a, GotoAction):
+        if a.workflow not in (None, own):
+            return ChainAction("start", target=str(a.step), workflow=a.workflow)
         return ChainAction("goto", target=str(a.step))
     if isinstance(a, SpawnAction):
         return ChainAction("spawn", step_type=a.satellite_type, scope=a.scope)
@@ -143,8 +152,8 @@ def chain_action(a: Action) -> ChainAction | None:
     return None
 
 
-def _actions(actions: Sequence[Action] | None) -> tuple[ChainAction, ...]:
-    return tuple(c for c in (chain_action(a) for a in actions or ()) if c is not None)
+def _actions(actions: Sequence[Action] | None, own: str) -> tuple[ChainAction, ...]:
+    return tuple(c for c in (chain_action(a, own) for a in actions or ()) if c is not None)
 
 
 def chain_steps(spec: ChainWorkflow, default_agents: Mapping[str, str] | None = None) -> list[ChainStep]:
@@ -157,9 +166,9 @@ def chain_steps(spec: ChainWorkflow, default_agents: Mapping[str, str] | None = 
             agent=spec.agent_for(s, default_agents),
             gate=s.gate,
             level="domain" if s.type == "domain" else "leaf",
-            on_done=_actions(s.on_done),
-            on_partial=_actions(s.on_partial),
-            on_fail=_actions(s.on_fail),
+            on_done=_actions(s.on_done, spec.name),
+            on_partial=_actions(s.on_partial, spec.name),
+            on_fail=_actions(s.on_fail, spec.name),
             story_angle=s.story_angle or None,
         )
         for s in spec.chain
@@ -171,3 +180,74 @@ def items_of(spec: WorkflowSpec) -> list[str]:
     if isinstance(spec, ForEachWorkflow):
         return list(spec.for_each.items)
     return [s.key for s in spec.chain]
+
+
+def workflow_issues(spec: WorkflowSpec, zone_rules: Iterable[ZoneRule] = DEFAULT_RULES) -> list[Issue]:
+    """Every finding about a spec beyond its schema (``ambient validate``, ``doctor`` and each load): those of
+    :func:`ambient.workflow.spec_issues`, and for a chain without errors the routes between its steps."""
+    out = spec_issues(spec, zone_rules)
+    if isinstance(spec, ChainWorkflow) and all(i.severity == "warning" for i in out):
+        out += route_issues(spec)
+    return out
+
+
+def _routes(spec: ChainWorkflow) -> dict[int, list[tuple[int, str]]]:
+    """The steps each step can lead to, with the field that leads there, read with the executor's own rule
+    (:func:`ambient.planner.exit_route`): a gate approved, or a failure the person skips, goes on too."""
+    steps = chain_steps(spec)
+    index = {s.name: i for i, s in enumerate(steps)}
+    fields: dict[StepStatus, str] = {"ok": "on_done", "partial": "on_partial", "failed": "on_fail"}
+    graph: dict[int, list[tuple[int, str]]] = {}
+    for i, step in enumerate(steps):
+        out: list[tuple[int, str]] = []
+        for status, field in fields.items():
+            route = exit_route(exit_actions(step, status), status, terminal=step.gate == "never")
+            if route.kind == "goto" and route.action is not None:
+                if route.action.target in index:
+                    out.append((index[route.action.target], field))
+            elif route.kind in ("next", "spawn", "gate", "blocked") and i + 1 < len(steps):
+                out.append((i + 1, field))
+        graph[i] = out
+    return graph
+
+
+def route_issues(spec: ChainWorkflow) -> list[Issue]:
+    """Loops between steps are refused (repetition is what ``retry:`` is for; a loop never ends on its own), and a
+    step no route reaches from the first is reported (a warning)."""
+    graph = _routes(spec)
+    out: list[Issue] = []
+    state: dict[int, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[int] = []
+
+    def visit(node: int) -> bool:
+        state[node] = 1
+        stack.append(node)
+        for target, field in graph[node]:
+            if state.get(target) == 1:
+                loop = [*stack[stack.index(target) :], target]
+                path = " → ".join(spec.chain[k].key for k in loop)
+                out.append(
+                    Issue(("chain", node, field), f"{field} makes a loop ({path}); loops are not supported, use retry:")
+                )
+                return True
+            if state.get(target) is None and visit(target):
+                return True
+        stack.pop()
+        state[node] = 2
+        return False
+
+    for start in range(len(spec.chain)):
+        if state.get(start) is None and visit(start):
+            break
+    if not out:
+        reached = {0}
+        todo = [0]
+        while todo:
+            for target, _ in graph[todo.pop()]:
+                if target not in reached:
+                    reached.add(target)
+                    todo.append(target)
+        for i, step in enumerate(spec.chain):
+            if i not in reached:
+                out.append(Issue(("chain", i), f"step {step.key} is never reached from the first step", "warning"))
+    return out

@@ -423,7 +423,9 @@ class RunExecutor:
         """Render the item's SPAWN from the pinned spec (templating from the workflow's data only)."""
         variables = self.vars_for(item)
         files = tuple(self.ports.render_path(f, variables) for f in self.template.files)
-        context = dict(self._render_context(dict(self.template.context), variables))
+        # payload.context: the workflow's for_each.context rendered for the item, then the run's own context (from
+        # `ambient start --context` or an ORCHESTRATE; it wins, as in a chain), then the item and the person's answer.
+        context = {**self._render_context(dict(self.template.context), variables), **self.state.context}
         context.setdefault("item", item.name)
         decision = self._last_decision_for(item)
         if decision is not None:

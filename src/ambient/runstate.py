@@ -13,7 +13,7 @@ Events (one JSON object per line, ``ev`` names the kind)::
     escalated   item escalation kind at
     decided     escalation option action by channel latency_s [answer] at
                                                   (abort/reject cascade: every unfinished item is aborted)
-    skipped     item at
+    skipped     item [before_start] at            (before_start: a step before the one the run started at)
     interrupted item attempt at                   (graceful shutdown killed the agent)
     spawned     item attempt pid started at       (a command agent's process: reaped if orphaned by a crash)
     gate        item state (pending|passed|rejected) escalation at     (chain human gates)
@@ -35,6 +35,9 @@ from typing import Any, Literal
 
 ItemStatus = Literal["pending", "running", "retry_wait", "done", "failed", "escalated", "skipped", "aborted"]
 TERMINAL_ITEM: frozenset[str] = frozenset({"done", "failed", "skipped", "aborted"})
+#: The result of a step before the one a run started at (``ambient start --step``, ``trigger:<workflow>/<step>``):
+#: skipped, and left out of the run's outcome.
+NOT_RUN = "not_run"
 #: Decisions that abort the whole run, cascading to every unfinished item (spec/002 ``abort``).
 ABORTING: frozenset[str] = frozenset({"abort", "reject"})
 
@@ -220,7 +223,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
             _abort_unfinished(state)
     elif kind == "skipped" and item is not None:
         item.status = "skipped"
-        item.result = "skipped"
+        item.result = NOT_RUN if ev.get("before_start") else "skipped"
     elif kind == "interrupted" and item is not None:
         item.status = "pending"
         item.result = "interrupted"
@@ -290,7 +293,7 @@ def ended_because(state: RunState) -> str:
 
 def outcome_of(state: RunState) -> str:
     """The outcome of a run whose items are all terminal."""
-    statuses = [it.status for it in state.items]
+    statuses = [it.status for it in state.items if it.result != NOT_RUN]
     if any(s == "aborted" for s in statuses):
         return "aborted"
     if all(s == "done" for s in statuses):

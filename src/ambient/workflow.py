@@ -6,7 +6,6 @@ the exit-trigger actions parsed from every spelling of the sources, and :func:`s
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import hashlib
 import re
@@ -857,10 +856,13 @@ class _WorkflowBase(_UserModel):
 
 
 class ScopeSpec(_Strict):
-    """A SPAWN scope: ``files`` are path templates (``{{item}}``), ``zone`` is inferred from them when absent."""
+    """A SPAWN scope: ``files`` are path templates (``{{item}}``), ``zone`` is inferred from them when absent.
+
+    No files: the agents take no locks (work that writes nothing in the brain: calls, research, a SPAWN of
+    ``ambient send`` without files)."""
 
     zone: str | None = None
-    files: list[ScopePath] = Field(min_length=1)
+    files: list[ScopePath] = Field(default_factory=list)
 
     @field_validator("files", mode="before")
     @classmethod
@@ -896,7 +898,7 @@ class ForEach(_UserModel):
         min_length=1, max_length=MAX_ITEMS
     )
     spawn: AgentName
-    scope: ScopeSpec
+    scope: ScopeSpec = Field(default_factory=ScopeSpec)
     context: dict[str, JsonValue] = Field(default_factory=dict)  # SPAWN payload.context, templated per item
     on_return: OnReturn = Field(default_factory=OnReturn)
     concurrency: int = Field(default=DEFAULT_CONCURRENCY, ge=1, le=256)
@@ -950,8 +952,9 @@ class ChainStep(_UserModel):
     story_angle: TemplateText = ""
     agents: list[AgentName] = Field(default_factory=list)  # the first runs the step; the others are context
     gate: Gate | None = None  # absent: proceed if ok; 0-failures; human (before the step); never (terminal)
+    # What each result leads to: ambient.planner.exit_actions (defaults) and exit_route (where the chain goes).
     on_done: ActionSeq | None = None  # result.status = ok (default: trigger:next)
-    on_partial: ActionSeq | None = None  # partial (falls back to on_done; default: gate:human)
+    on_partial: ActionSeq | None = None  # partial (falls back to on_done)
     on_fail: ActionSeq | None = None  # failed (default: signal:BLOCKED_ON pilote)
     input_contract: TemplateText | None = None  # what the step receives from the previous one (prior_output)
     retry: RetryPolicy | None = None  # None: the workflow's
@@ -971,18 +974,6 @@ class ChainStep(_UserModel):
     def key(self) -> str:
         """The step's id as text (claims say ``workflow_step: 3``)."""
         return str(self.step)
-
-    def exit_actions(self, status: ResultStatus) -> tuple[Action, ...]:
-        """The exit trigger for a result status, with the fallbacks of spec/004 and DESIGN 5."""
-        if status == "ok":
-            return self.on_done or DEFAULT_ON_DONE
-        if status == "partial":
-            return self.on_partial or self.on_done or (GateAction(message=f"step {self.key} partial — continue?"),)
-        return self.on_fail or DEFAULT_ON_FAIL
-
-
-DEFAULT_ON_DONE: Final[tuple[Action, ...]] = (NextAction(),)
-DEFAULT_ON_FAIL: Final[tuple[Action, ...]] = (SignalAction(signal="BLOCKED_ON", to="pilote"),)
 
 
 class ChainWorkflow(_WorkflowBase):
@@ -1158,9 +1149,9 @@ def item_values(spec: ForEachWorkflow, index: int, run_id: str = "run") -> dict[
 
 
 class ItemScope(NamedTuple):
-    """The SPAWN scope of one item: its zone and its rendered, normalised files."""
+    """The SPAWN scope of one item: its zone (None: no zone, no files) and its rendered, normalised files."""
 
-    zone: str
+    zone: str | None
     files: tuple[str, ...]
 
 
@@ -1174,7 +1165,8 @@ def item_scope(
     """
     values = item_values(spec, index, run_id)
     rendered = [templating.render_path(f, values, zone_rules) for f in spec.for_each.scope.files]
-    return ItemScope(spec.for_each.scope.zone or rendered[0].zone, tuple(r.path for r in rendered))
+    zone = spec.for_each.scope.zone or (rendered[0].zone if rendered else None)
+    return ItemScope(zone, tuple(r.path for r in rendered))
 
 
 def item_context(spec: ForEachWorkflow, index: int, run_id: str = "run") -> dict[str, Any]:
@@ -1283,27 +1275,6 @@ def _render_items(spec: ForEachWorkflow, rules: tuple[ZoneRule, ...]) -> list[Is
     return out
 
 
-def _edges(spec: ChainWorkflow, index: int) -> list[tuple[int, str]]:
-    """Steps a step can lead to within the same workflow, with the field that leads there."""
-    step = spec.chain[index]
-    out: list[tuple[int, str]] = []
-    nxt = spec.next_index(index)
-    for field, status in (("on_done", "ok"), ("on_partial", "partial"), ("on_fail", "failed")):
-        actions: tuple[Action, ...] = step.exit_actions(status)  # type: ignore[arg-type]
-        if step.gate == "never" and getattr(step, field) is None:
-            continue  # a terminal step leads nowhere unless it says so
-        continues = False
-        for n, a in enumerate(actions):
-            if isinstance(a, GotoAction) and a.workflow in (None, spec.name):
-                with contextlib.suppress(KeyError):  # a missing target is reported by _chain_issues
-                    out.append((spec.index_of(a.step), field))
-            elif isinstance(a, NextAction) or (isinstance(a, GateAction) and n == len(actions) - 1):
-                continues = True  # an approved trailing gate goes on with the next step
-        if continues and nxt is not None:
-            out.append((nxt, field))
-    return out
-
-
 def _chain_issues(spec: ChainWorkflow) -> list[Issue]:
     out: list[Issue] = []
     seen: dict[str, int] = {}
@@ -1356,55 +1327,13 @@ def _chain_issues(spec: ChainWorkflow) -> list[Issue]:
                     "warning",
                 )
             )
-    if not out or all(issue.severity == "warning" for issue in out):
-        out += _cycle_issues(spec)
-    return out
-
-
-def _cycle_issues(spec: ChainWorkflow) -> list[Issue]:
-    """Loops between steps are refused: repetition is what ``retry:`` is for; a loop never ends on its own."""
-    graph = {i: _edges(spec, i) for i in range(len(spec.chain))}
-    out: list[Issue] = []
-    state: dict[int, int] = {}  # 1 = on the stack, 2 = done
-    stack: list[int] = []
-
-    def visit(node: int) -> bool:
-        state[node] = 1
-        stack.append(node)
-        for target, field in graph[node]:
-            if state.get(target) == 1:
-                loop = [*stack[stack.index(target) :], target]
-                path = " → ".join(spec.chain[k].key for k in loop)
-                out.append(
-                    Issue(("chain", node, field), f"{field} makes a loop ({path}); loops are not supported, use retry:")
-                )
-                return True
-            if state.get(target) is None and visit(target):
-                return True
-        stack.pop()
-        state[node] = 2
-        return False
-
-    for start in range(len(spec.chain)):
-        if state.get(start) is None and visit(start):
-            break
-    if not out:
-        reached = {0}
-        todo = [0]
-        while todo:
-            for target, _ in graph[todo.pop()]:
-                if target not in reached:
-                    reached.add(target)
-                    todo.append(target)
-        for i, step in enumerate(spec.chain):
-            if i not in reached:
-                out.append(Issue(("chain", i), f"step {step.key} is never reached from the first step", "warning"))
     return out
 
 
 def spec_issues(spec: WorkflowSpec, zone_rules: Iterable[ZoneRule] = DEFAULT_RULES) -> list[Issue]:
-    """Checks beyond the schema that need no agents: step ids, trigger targets, loops, template
-    variables, scope paths rendered for every item (S-01), zones, and likely typos (warnings)."""
+    """Checks beyond the schema that need no agents: step ids, trigger targets, template variables, scope paths
+    rendered for every item (S-01), zones, and likely typos (warnings). The routes between a chain's steps (loops,
+    steps never reached) are checked by :func:`ambient.plans.workflow_issues`, with the executor's own rule."""
     rules = tuple(zone_rules)
     aliases = ("workflow", "theme_branch")
     out: list[Issue] = []

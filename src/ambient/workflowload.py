@@ -19,6 +19,7 @@ from ambient import templating
 from ambient.errors import InputError, YamlError
 from ambient.fsutil import read_capped
 from ambient.paths import BrainPaths
+from ambient.plans import workflow_issues
 from ambient.problems import Problem, Severity
 from ambient.workflow import (
     ChainWorkflow,
@@ -31,7 +32,6 @@ from ambient.workflow import (
     item_values,
     parse_workflow,
     spec_hash,
-    spec_issues,
     step_values,
 )
 from ambient.yamlfile import MAX_WORKFLOW_BYTES, LineMap, decode, parse_yaml, problems_from_validation
@@ -41,7 +41,7 @@ WORKFLOW_SUFFIXES = (".yml", ".yaml")
 
 AgentExists = Callable[[str], bool]
 # may_spawn(sender, agent, zone, files) -> None when allowed, else the reason of the denial.
-MaySpawn = Callable[[str, str, str, Sequence[str]], str | None]
+MaySpawn = Callable[[str, str, str | None, Sequence[str]], str | None]
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def _parse_workflow_bytes(
         if exc.validation is not None:
             return None, problems_from_validation(exc.validation, file=source, lines=lines)
         return None, [_problem(source, lines, exc.loc, exc.message)]
-    problems = [_problem(source, lines, i.loc, i.message, i.severity) for i in spec_issues(spec, zone_rules)]
+    problems = [_problem(source, lines, i.loc, i.message, i.severity) for i in workflow_issues(spec, zone_rules)]
     if any(p.severity == "error" for p in problems):
         return None, problems
     loaded = LoadedWorkflow(
@@ -233,7 +233,7 @@ def workflow_files(directory: Path) -> list[Path]:
     ]
 
 
-_SpawnCheck = tuple[Sequence[str | int], str, str, list[str]]  # (loc, agent, zone, files) of one SPAWN
+_SpawnCheck = tuple[Sequence[str | int], str, str | None, list[str]]  # (loc, agent, zone, files) of one SPAWN
 
 # for_each spawns by (sha256 of the file, workflow name, zone rules): see _for_each_scopes.
 _FOR_EACH_SCOPES: OrderedDict[tuple[object, ...], tuple[_SpawnCheck, ...]] = OrderedDict()
@@ -263,12 +263,12 @@ def _for_each_scopes(wf: LoadedWorkflow, spec: ForEachWorkflow, rules: tuple[Zon
         try:
             rendered = [templating.render_path(f, item_values(spec, i), rules) for f in fe.scope.files]
         except InputError:
-            continue  # already reported by spec_issues
+            continue  # already reported by workflow_issues
         zones = frozenset(r.zone for r in rendered)
         if zones in seen:
             continue
         seen.add(zones)
-        zone = fe.scope.zone or (next(iter(zones)) if len(zones) == 1 else ",".join(sorted(zones)))
+        zone = fe.scope.zone or (next(iter(zones)) if len(zones) == 1 else ",".join(sorted(zones)) or None)
         out.append((("for_each", "spawn"), fe.spawn, zone, [r.path for r in rendered]))
     with _FOR_EACH_SCOPES_LOCK:
         _FOR_EACH_SCOPES[key] = tuple((loc, agent, zone, list(files)) for loc, agent, zone, files in out)
@@ -382,7 +382,8 @@ def check_workflow(
                 continue  # already reported; the matrix would only repeat it
             reason = may_spawn(sender, agent, zone, files)
             if reason:
-                found.append((loc, f"{sender!r} may not SPAWN {agent!r} in zone {zone}: {reason}"))
+                where = f" in zone {zone}" if zone else ""
+                found.append((loc, f"{sender!r} may not SPAWN {agent!r}{where}: {reason}"))
     if workflows is not None:
         found += _cross_problems(wf, workflows)
     return [_problem(wf.source, wf.lines, loc, message, severity) for loc, message in found]

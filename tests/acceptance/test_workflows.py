@@ -151,3 +151,134 @@ def test_abort_on_one_item_cancels_its_siblings_escalations(brain: Brain, webhoo
         assert f"Ref: {sib['id']}" not in sent, sent
     assert all(status != "waiting_human" for status in _claim_statuses(brain, run_id).values())
     assert json.dumps(brain.status()["escalations"]) == "[]"
+
+
+CONTEXT_AGENT = """
+    import json, os, pathlib, sys
+    ctx = json.load(sys.stdin)["payload"]["context"]
+    log = pathlib.Path(os.environ["AMBIENT_BRAIN"], "workspace", "seen.jsonl")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as fh:
+        fh.write(json.dumps(ctx, sort_keys=True) + "\\n")
+    print(json.dumps({"status": "ok"}))
+"""
+
+
+def _seen(brain: Brain) -> list[dict[str, object]]:
+    path = brain.path("workspace/seen.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_start_context_reaches_for_each_items(brain: Brain) -> None:
+    """Issue 23.8: `ambient start W --context JSON` hands the context to every for_each item (the run's context
+    wins over the workflow's own for_each.context)."""
+    brain.python_agent("reader", CONTEXT_AGENT)
+    brain.workflow("report", """
+        workflow: report
+        for_each:
+          items: [north]
+          spawn: reader
+          context: {colour: grey, region: "{{item}}"}
+    """)
+    with brain.daemon():
+        brain.wait_finished("report")
+        res = brain.cli("start", "report", "--context", '{"colour": "red", "urgent": true}')
+        assert res.rc == 0, res
+        brain.wait_finished("report", count=2)
+    first, second = _seen(brain)
+    assert first == {"colour": "grey", "item": "north", "region": "north"}
+    assert second == {"colour": "red", "item": "north", "region": "north", "urgent": True}
+
+
+def test_send_a_spawn_runs_the_agent_as_a_one_item_run(brain: Brain) -> None:
+    """Issue 23.9: a SPAWN the person sends with `ambient send` runs the agent, seen in `status` and `runs`."""
+    brain.python_agent("reader", CONTEXT_AGENT)
+    packet = json.dumps({"from": "human", "to": "reader", "signal": "SPAWN",
+                         "scope": {"zone": "project", "files": ["workspace/notes.md"]},
+                         "payload": {"context": {"task": "summarise"}}})
+    with brain.daemon():
+        res = brain.cli("send", "-", input=packet)
+        assert res.rc == 0, res
+        assert "one-item run" in res.out, res
+        [record] = brain.wait_finished("spawn-reader")
+    assert record["outcome"] == "success"
+    [ctx] = _seen(brain)
+    assert ctx["task"] == "summarise"
+    assert "spawn-reader" in brain.cli("runs").out
+
+
+def test_a_spawn_sent_without_a_daemon_runs_when_it_starts(brain: Brain) -> None:
+    """Issue 23.9: without a daemon the SPAWN waits in the inbox and runs at the next `ambient run`."""
+    brain.python_agent("reader", CONTEXT_AGENT)
+    packet = json.dumps({"from": "human", "to": "reader", "signal": "SPAWN", "payload": {"context": {"n": 1}}})
+    assert brain.cli("send", "-", input=packet).rc == 0
+    brain.until_idle()
+    [record] = brain.finished("spawn-reader")
+    assert record["outcome"] == "success"
+    assert _seen(brain)[0]["n"] == 1
+
+
+OK_AGENT = """
+    import json, os, pathlib, sys
+    packet = json.load(sys.stdin)
+    ctx = packet["payload"]["context"]
+    done = pathlib.Path(os.environ["AMBIENT_BRAIN"], "workspace", "steps.log")
+    done.parent.mkdir(parents=True, exist_ok=True)
+    with done.open("a") as fh:
+        fh.write(f"{ctx['workflow']}:{ctx['step']}\\n")
+    print(json.dumps({"status": "ok", "tests": {"total": 1, "passed": 1, "failed": 0}}))
+"""
+
+
+def test_validate_and_the_daemon_agree_on_which_steps_run(brain: Brain) -> None:
+    """Issue 23.10: after a step whose on_done only notifies, the next step is reached: `validate` and `doctor` say
+    nothing about it, and the daemon runs it."""
+    brain.python_agent("worker", OK_AGENT)
+    brain.workflow("release", """
+        name: release
+        chain:
+          - {step: 1, type: brain-write, scope: workspace/a.md, agents: [worker]}
+          - {step: 2, type: brain-write, scope: workspace/b.md, agents: [worker], on_done: 'notify:"b written"'}
+          - {step: 3, type: brain-write, scope: workspace/c.md, agents: [worker]}
+    """)
+    res = brain.cli("validate")
+    assert res.rc == 0 and "never reached" not in res.text, res
+    assert "never reached" not in brain.cli("doctor").text
+    brain.until_idle()
+    assert brain.read("workspace/steps.log").split() == ["release:1", "release:2", "release:3"]
+
+
+def test_a_trigger_naming_another_workflow_starts_a_run_of_it(brain: Brain) -> None:
+    """`trigger:<workflow>/<step>` in a chain starts a run of that workflow at that step; the chain goes on."""
+    brain.python_agent("worker", OK_AGENT)
+    brain.workflow("ship", """
+        name: ship
+        chain:
+          - {step: 1, type: brain-write, scope: workspace/s1.md, agents: [worker]}
+          - {step: 2, type: brain-write, scope: workspace/s2.md, agents: [worker]}
+    """)
+    brain.until_idle()  # its own first run: steps 1 and 2
+    brain.workflow("build", """
+        name: build
+        chain:
+          - {step: 1, type: brain-write, scope: workspace/build.md, agents: [worker], on_done: "trigger:ship/2"}
+          - {step: 2, type: brain-write, scope: workspace/build2.md, agents: [worker]}
+    """)
+    brain.until_idle()
+    steps = brain.read("workspace/steps.log").split()
+    assert steps[:2] == ["ship:1", "ship:2"]
+    assert sorted(steps[2:]) == ["build:1", "build:2", "ship:2"]
+    assert [r["outcome"] for r in brain.finished("ship")] == ["success", "success"]
+
+
+def test_start_at_a_step_that_does_not_exist_is_refused(brain: Brain) -> None:
+    """`ambient start W --step N` names a step of W, or is refused (exit 2) with the steps it has."""
+    brain.python_agent("worker", OK_AGENT)
+    brain.workflow("release", """
+        name: release
+        status: draft
+        chain:
+          - {step: 1, type: brain-write, scope: workspace/a.md, agents: [worker]}
+    """)
+    res = brain.cli("start", "release", "--step", "9")
+    assert res.rc == 2 and "has no step '9'" in res.err and "1" in res.err, res

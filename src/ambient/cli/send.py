@@ -105,6 +105,8 @@ def _report(answer: dict[str, Any], as_json: bool) -> int:
         out_json({key: answer.get(key) for key in ("status", "id", "rule", "reason")})
     elif status == "delivered":
         out(f"delivered {answer.get('id')}: {answer.get('from')} → {answer.get('to')} {answer.get('signal')}")
+        if answer.get("signal") == "SPAWN":
+            out(f"the daemon runs it as a one-item run: ambient status spawn-{answer.get('to')}")
     else:
         rule = f" (rule {answer['rule']})" if status == "denied" and answer.get("rule") else ""
         say(f"{status}: {answer.get('reason')}{rule}")

@@ -265,12 +265,21 @@ def _start(args: argparse.Namespace) -> int:
     from ambient.routing import build_matrix
 
     bm = build_matrix(paths)
-    if args.workflow not in {p.stem for p in paths.workflows.glob("*.y*ml")}:
+    if args.step or args.workflow not in {p.stem for p in paths.workflows.glob("*.y*ml")}:
+        from ambient.workflow import ChainWorkflow
         from ambient.workflowload import load_workflows
 
         workflows, _ = load_workflows(paths)
         if args.workflow not in workflows:
-            return fail(f"no workflow named {args.workflow!r} in {paths.workflows}")
+            return fail(f"no workflow named {args.workflow!r} in {paths.workflows} (`ambient validate` says why a "
+                        "file does not load)")
+        spec = workflows[args.workflow].spec
+        if args.step:
+            if not isinstance(spec, ChainWorkflow):
+                return fail(f"--step is for chains; {args.workflow} is a for_each")
+            steps = [s.key for s in spec.chain]
+            if str(args.step) not in steps:
+                return fail(f"{args.workflow} has no step {args.step!r}; its steps: {', '.join(steps)}")
     router = Router(bm.matrix, zone_rules=bm.zone_rules, brain_root=paths.root)
     outcome = router.check(pkt, "human")
     if not outcome.ok:
