@@ -273,7 +273,16 @@ class TestReplay:
         assert {i["change"] for i in data["items"]} == {"rule"}
 
     def test_current_workflow_file_reroutes(self, brain: Path, capsys: pytest.CaptureFixture[str]) -> None:
-        """A workflow file that now goes on after a failure reports the failures as routed differently."""
+        """A workflow file that now goes on after a failure reports the failures as routed differently (each run
+        compared with the spec it ran with, read from its journal)."""
+        then = {"workflow": "deploy-batch", "for_each": {"items": ["instance-01", "instance-03"], "spawn": "deploy"}}
+        journals = brain / ".ambient" / "runs"
+        journals.mkdir()
+        for line in (brain / ".ambient" / "runs.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            if rec["workflow"] == "deploy-batch":
+                head = {"ev": "started", "run_id": rec["run_id"], "workflow": rec["workflow"], "spec": then}
+                (journals / f"{rec['run_id']}.jsonl").write_text(json.dumps(head) + "\n")
         (brain / "workflows" / "deploy-batch.yml").write_text(WORKFLOW)
         assert main(["replay", "deploy-batch", "--brain", str(brain), "--limit", "2"]) == 0
         out = capsys.readouterr().out

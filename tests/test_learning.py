@@ -23,19 +23,15 @@ from ambient.learning import (
     UnknownRuleError,
     accept,
     auto_decision_notice,
-    default_route,
     find_rule,
     forget,
     may_auto_decide,
-    normalise_action,
     normalise_message,
     observe,
     parse_since,
     percentile,
     predict,
     record_use,
-    recorded_action,
-    replay,
     shadow_hint,
     situation_for,
     situation_from_step,
@@ -44,6 +40,7 @@ from ambient.learning import (
     weekly_digest,
 )
 from ambient.records import DecisionRecord, RunRecord, StepRecord
+from ambient.replay import replay
 from ambient.rulestore import load_rules, save_rules, update_rules
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)  # a Monday (ISO week 2026-W10)
@@ -565,17 +562,19 @@ class TestSituations:
 
 
 class TestReplay:
+    """ambient.replay over hand-written records (the property test is in tests/test_replay.py)."""
+
     def _records(self) -> list[dict[str, Any]]:
         return [
             run(
                 "r1",
-                steps=[step("i1"), step("i2", result="fail", error="timeout after 30s on 'a.yml'", escalation="e1")],
+                steps=[step("i1"), step("i2", result="fail", error="timeout after 30s on 'a.yml'")],
                 escalations=1,
             ),
             run(
                 "r2",
                 started=T0 + timedelta(days=3),
-                steps=[step("i1", result="error", error="disk full", escalation="e2"), step("i2", action="next")],
+                steps=[step("i1", result="error", error="disk full"), step("i2")],
                 escalations=1,
             ),
             run("r3", workflow="other", steps=[step("i1", result="fail")]),
@@ -583,7 +582,7 @@ class TestReplay:
 
     def test_default_routing_lists_escalations(self) -> None:
         """Under the ADR-027 defaults every fail/error is escalated again; nothing is rerouted."""
-        report = replay(self._records(), default_route, [], workflow="deploy-batch")
+        report = replay(self._records(), None, [], workflow="deploy-batch")
         assert (report.runs, report.steps, report.recorded_escalations) == (2, 4, 2)
         assert (report.would_escalate, report.decided_by_rule, report.routed_differently) == (2, 0, 0)
         assert report.unchanged == 2
@@ -596,57 +595,18 @@ class TestReplay:
         for i in range(4):
             rules = observe(rules, sit, "retry", f"h{i}", T0)
         shadow = observe([], situation_from_step("deploy-batch", self._records()[1]["steps"][0]), "skip", "h", T0)
-        report = replay(self._records(), default_route, [*rules, *shadow], workflow="deploy-batch", policy=OPTED)
+        report = replay(self._records(), None, [*rules, *shadow], workflow="deploy-batch", policy=OPTED)
         assert (report.would_escalate, report.decided_by_rule) == (1, 1)
         by_change = {i.change: i for i in report.items}
         assert by_change["rule"].rule_id == rules[0].id and by_change["rule"].option == "retry"
         assert by_change["escalate"].rule_id == shadow[0].id and by_change["escalate"].option == "skip"
 
-    def test_changed_routing_is_reported(self) -> None:
-        """A workflow that now goes on after a failure reroutes the recorded escalations."""
-
-        def lenient(item: str, result: str) -> str:
-            return "→ next_item" if result == "fail" else default_route(item, result)
-
-        report = replay(self._records(), lenient, [], workflow="deploy-batch")
-        assert report.routed_differently == 1 and report.would_escalate == 1
-        [moved] = [i for i in report.items if i.change == "rerouted"]
-        assert (moved.item, moved.recorded, moved.now) == ("i2", "escalate", "next")
-
     def test_since_and_invalid_records(self) -> None:
         """--since drops older runs; broken records are counted, not fatal."""
         recs = [*self._records(), {"kind": "run", "workflow": "deploy-batch", "started_at": 5}]
-        report = replay(recs, default_route, [], workflow="deploy-batch", since=T0 + timedelta(days=1))
+        report = replay(recs, None, [], workflow="deploy-batch", since=T0 + timedelta(days=1))
         assert (report.runs, report.invalid) == (1, 1)
         assert report.to_json()["items"][0]["run_id"] == "r2"
-
-    @pytest.mark.parametrize(
-        ("text", "action"),
-        [
-            ("→ next_item", "next"),
-            ("-> ESCALATE pilote", "escalate"),
-            ("ERROR + log + ESCALATE pilote", "escalate"),
-            ("trigger:next", "next"),
-            ("trigger:3", "goto:3"),
-            ("signal:BLOCKED_ON", "blocked"),
-            ("signal:CHECKPOINT pilote", "signal:CHECKPOINT"),
-            ('gate:human → "continue?"', "escalate"),
-            ("abort", "abort"),
-            ("retry", "retry"),
-            ("never", "stop"),
-            ("ERROR + log", "error"),
-        ],
-    )
-    def test_normalise_action(self, text: str, action: str) -> None:
-        """Exit actions in every spelling of the sources map to one vocabulary."""
-        assert normalise_action(text) == action
-
-    def test_recorded_action(self) -> None:
-        """The step's action extra wins; else escalation signals; else unknown."""
-        assert recorded_action(step("i", action="→ next_item", escalation="e")) == "next"
-        assert recorded_action(step("i", result="fail", escalation="e")) == "escalate"
-        assert recorded_action(step("i", signal_in="BLOCKED_ON", result="fail")) == "blocked"
-        assert recorded_action(step("i", result="fail")) is None
 
 
 def test_parse_since() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ambient.slots import AgentSlots
@@ -75,6 +75,7 @@ def test_a_larger_limit_wakes_the_queue_at_once() -> None:
     assert slots.take("a", 1, lambda: None) == 0
 
 
+@settings(max_examples=300)
 @given(st.lists(st.tuples(st.sampled_from(["take", "give", "forget", "resize"]), st.integers(0, 3),
                           st.integers(1, 6)), max_size=80), st.integers(1, 5))
 def test_never_over_the_limit_and_no_slot_idle_while_a_run_waits(ops: list[tuple[str, int, int]], limit: int) -> None:

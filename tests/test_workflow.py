@@ -219,11 +219,12 @@ def test_theme_branch_alias_and_bad_branch() -> None:
 
 
 def test_defaults_of_common_keys() -> None:
-    """Defaults: active, assisted, supervisor human, sender ambient, concurrency 4, no retry/timeout stated."""
+    """Defaults: active, assisted, supervisor human, sender ambient, no concurrency of its own (the daemon-wide cap
+    applies), no retry/timeout stated."""
     spec = parse_workflow(_for_each())
     assert isinstance(spec, ForEachWorkflow)
     assert (spec.status, spec.mode, spec.supervisor, spec.sender) == ("active", "assisted", "human", "ambient")
-    assert spec.for_each.concurrency == 4 and spec.retry is None and spec.timeout is None and spec.schedule is None
+    assert spec.for_each.concurrency is None and spec.retry is None and spec.timeout is None and spec.schedule is None
     assert spec.on_escalate.wait == "human_decision" and spec.on_escalate.on_timeout == "reject"
 
 

@@ -142,7 +142,8 @@ def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | 
     problems += runner_problems
     agent_exists, may_spawn = spawn_checks(bm)
     workflows, wf_problems = load_workflows(
-        paths, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=bm.zone_rules
+        paths, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=bm.zone_rules,
+        default_agents=settings.default_agents,
     )
     problems += wf_problems
     if previous is not None:
@@ -163,7 +164,8 @@ def reload_workflows(previous: Brain) -> Brain:
     bm = previous.matrix
     agent_exists, may_spawn = spawn_checks(bm)
     workflows, wf_problems = load_workflows(
-        previous.paths, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=bm.zone_rules
+        previous.paths, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=bm.zone_rules,
+        default_agents=previous.settings.default_agents,
     )
     broken = {p.file for p in wf_problems if p.severity == "error"}
     for name, old in previous.workflows.items():

@@ -114,7 +114,7 @@ class ChainExecutor(RunExecutor):
         step_type, _, scope = name.partition("@")
         step_type = step_type.split("-", 1)[0] if "-" in step_type else step_type
         agent = self.chain.default_agents.get(step_type)
-        return ChainStep(name=name, type=step_type, scope=scope or None, agent=agent)
+        return ChainStep(name=name, type=step_type, scope=scope or None, agent=agent, retry=self.plan.retry)
 
     def _agent_for(self, step: ChainStep) -> str:
         return step.agent or self.chain.default_agents.get(step.type) or self.template.agent
@@ -149,7 +149,7 @@ class ChainExecutor(RunExecutor):
             context=context,
             claim_id=item_claim_id(self.state.run_id, item, "chain"),
             preflight=True,
-            timeout_s=self.template.timeout_s,
+            timeout_s=step.timeout_s or self.template.timeout_s,
             vars={"step": step.name, "workflow": self.state.workflow, "run_id": self.state.run_id},
         )
 
@@ -188,7 +188,7 @@ class ChainExecutor(RunExecutor):
             if problem:
                 self.event("note", text=f"theme branch: {problem}")
         while not self.state.finished:
-            if any(it.status == "aborted" for it in self.state.items):
+            if self.state.aborted or any(it.status == "aborted" for it in self.state.items):
                 await self._abort("aborted by decision")
                 break
             idx = self.state.cursor
@@ -216,7 +216,7 @@ class ChainExecutor(RunExecutor):
             if reason and item.gate != "passed":
                 esc = await self._ask(item, "gate", f"{reason}. Run step {step.name} ({step.type}) now?",
                                       [(k, label, k) for k, label in GATE_OPTIONS])
-                self.event("gate", item=item.name, state="pending", escalation=esc)
+                self.event("gate", item=item.name, state="pending", escalation=esc, before=True)
                 await self._signal("GATE_PENDING", None, {"context": {"step": step.name, "message": reason}})
                 await self.journal.commit()
                 self.ports.claims.item_changed(self.state, item)
@@ -280,12 +280,13 @@ class ChainExecutor(RunExecutor):
         recorded = "success" if verdict.status != "failed" else ("error" if res.result == "error" else "fail")
         self.event("finished", item=item.name, attempt=attempt, agent=self._agent_for(step),
                    key=self._key(item, attempt), result=recorded, output=res.output,
-                   error=verdict.reason or res.error, duration_ms=res.duration_ms, signal_in=res.signal_in)
+                   error=verdict.reason or res.error, duration_ms=res.duration_ms, signal_in=res.signal_in,
+                   reply=res.result)
         scope = step.scope or step.name
         if verdict.status == "failed":
             # Retries first (per the workflow's policy), then the breaker, then the exit trigger.
-            if res.result in self.plan.retry.on and item.fails < self.plan.retry.attempts:
-                delay = self.plan.retry.delay(item.fails, self.ports.rng)
+            if res.result in step.retry.on and item.fails < step.retry.attempts:  # the step's policy, else the chain's
+                delay = step.retry.delay(item.fails, self.ports.rng)
                 not_before = self.ports.clock.now() + timedelta(seconds=delay)
                 self.event("retry", item=item.name, attempt=attempt, not_before=not_before.isoformat())
                 await self.journal.commit()
@@ -323,7 +324,7 @@ class ChainExecutor(RunExecutor):
         agent = self._agent_for(step)
         self.event("finished", item=item.name, attempt=attempt, agent=agent, key=self._key(item, attempt),
                    result="fail", output=res.output, error=res.error, duration_ms=res.duration_ms,
-                   signal_in=res.signal_in)
+                   signal_in=res.signal_in, reply=res.result)
         question = res.question or f"{agent} asks a decision about step {step.name}"
         esc = await self._ask(item, "question", question, question_options(res.options or ["continue"]))
         self.event("escalated", item=item.name, escalation=esc, kind="question")
@@ -366,7 +367,8 @@ class ChainExecutor(RunExecutor):
                 name = f"{name}#{len(self.state.items)}"
             self.event("added", item=name)
             self.steps.append(ChainStep(name=name, type=action.step_type or "code", scope=action.scope,
-                                        agent=self.chain.default_agents.get(action.step_type or "code")))
+                                        agent=self.chain.default_agents.get(action.step_type or "code"),
+                                        retry=self.plan.retry))
             self.event("cursor", index=len(self.state.items) - 1)
         elif route.kind == "gate":
             message = action.message if action is not None else None

@@ -73,7 +73,7 @@ from ambient.services import (
 from ambient.settings import Settings, settings_changes
 from ambient.templating import render, render_path
 from ambient.watch import watch_brain
-from ambient.workflow import ChainWorkflow, ForEachWorkflow, parse_workflow
+from ambient.workflow import SATELLITE_TYPES, ChainWorkflow, ForEachWorkflow, parse_workflow
 from ambient.workflowload import LoadedWorkflow
 from ambient.yamlfile import MAX_CLAIM_BYTES
 
@@ -511,11 +511,13 @@ class Daemon:
                       render_path=lambda t, v: render_path(t, v, brain.matrix.zone_rules).path, clock=self.clock)
         template = item_template(spec)
         if isinstance(spec, ForEachWorkflow):
-            return RunExecutor(state, fanout(spec, brain.settings.concurrency), template, ports, journal, self.paths)
+            return RunExecutor(state, fanout(spec), template, ports, journal, self.paths)
         assert isinstance(spec, ChainWorkflow)
         plan = FanOut(concurrency=1, retry=fanout_retry(spec))
+        defaults = brain.settings.default_agents
         settings = ChainSettings(
-            steps=chain_steps(spec), supervisor=spec.supervisor, mode=state.mode or spec.mode, branch=spec.branch,
+            steps=chain_steps(spec, defaults), supervisor=spec.supervisor, mode=state.mode or spec.mode,
+            branch=spec.branch, default_agents={t: spec.agent_for_type(t, defaults) for t in SATELLITE_TYPES},
             threshold=brain.settings.breaker_threshold, breaker=self.breaker,
             branches=GitBranches(self.paths.root) if spec.branch else None, start_workflow=self._start_by_trigger,
         )

@@ -258,6 +258,11 @@ def iter_jsonl(path: Path, result: ReadResult | None = None) -> Iterator[dict[st
                 res.bad_lines.append(lineno)
 
 
+def read_first(path: Path) -> dict[str, Any] | None:
+    """The first record of ``path`` (a run journal's ``started``, with the spec it is pinned to), or None."""
+    return next(iter_jsonl(path), None)
+
+
 def read_jsonl(path: Path) -> ReadResult:
     """All records of ``path`` (see :func:`iter_jsonl`)."""
     res = ReadResult()

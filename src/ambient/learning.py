@@ -1,4 +1,6 @@
-"""The learning loop (ADR-027): statistics over run records, learned rules as data, replay. No I/O.
+"""The learning loop (ADR-027): statistics over run records, learned rules as data. No I/O.
+
+Replay (recorded runs through the workflow as it is now) is :mod:`ambient.replay`.
 
 Statistics read plain JSON dicts from ``runs.jsonl`` (the fast path) or :class:`RunRecord` models.
 Rules learn in shadow, are promoted after N agreements, decide alone only where the person opted
@@ -9,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal
 
@@ -156,14 +158,15 @@ class Stats:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (datetimes as ISO 8601)."""
-        return _jsonable(asdict(self))  # type: ignore[no-any-return]
+        return jsonable(asdict(self))  # type: ignore[no-any-return]
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """A value with datetimes as ISO text and dataclass trees as dicts (for ``--json``)."""
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, datetime):
         return value.isoformat()
     return value
@@ -259,7 +262,8 @@ def iso_week(day: date) -> str:
     return f"{year}-W{week:02d}"
 
 
-def _is_int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
+    """A number that is not a bool (JSON counts)."""
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
@@ -947,185 +951,3 @@ def shadow_hint(rule: Rule, policy: Policy) -> str:
     else:
         why = f"in shadow, {rule.agreements}/{policy.promote_after} agreements"
     return f"learned rule {rule.id} would choose {rule.option!r} ({why})"
-
-
-# --------------------------------------------------------------------------------------------
-# Replay
-# --------------------------------------------------------------------------------------------
-
-Route = Callable[[str, str], str]
-"""(item, result) → the action the current workflow takes (``next``, ``escalate``, ``abort``...)."""
-
-ReplayChange = Literal["escalate", "rule", "rerouted"]
-
-
-def normalise_action(action: str) -> str:
-    """A workflow exit action in one vocabulary: ``next``, ``escalate``, ``abort``, ``blocked``,
-    ``retry``, ``error``, ``stop``, ``goto:<step>``, ``signal:<TYPE>``.
-
-    Accepts the spellings of the sources: ``→ next_item``, ``-> ESCALATE pilote``,
-    ``ERROR + log + ESCALATE pilote``, ``trigger:next``, ``trigger:3``, ``signal:BLOCKED_ON``,
-    ``gate:human → "msg"`` (a human gate is a decision of the person, so it counts as escalate).
-    """
-    t = action.strip()
-    while t[:1] in ("→", "-", ">", " "):
-        t = t[1:]
-    low = t.lower().strip()
-    if "escalate" in low or low.startswith("gate:human") or low == "human":
-        return "escalate"
-    if low.startswith("abort"):
-        return "abort"
-    if low.startswith("trigger:"):
-        target = t.split(":", 1)[1].strip()
-        return "next" if target.lower() == "next" else f"goto:{target}"
-    if low.startswith("signal:"):
-        sig = t.split(":", 1)[1].strip().split()[0].upper() if t.split(":", 1)[1].strip() else ""
-        return "blocked" if sig == "BLOCKED_ON" else f"signal:{sig}"
-    if "next" in low:
-        return "next"
-    if low.startswith("retry"):
-        return "retry"
-    if low in ("never", "stop", "done"):
-        return "stop"
-    if low.startswith("error"):
-        return "error"
-    return low or "next"
-
-
-_DEFAULT_ACTIONS = {
-    "success": "next",
-    "fail": "escalate",
-    "error": "escalate",
-    "skipped": "next",
-    "interrupted": "retry",
-}
-
-
-def default_route(item: str, result: str) -> str:
-    """ADR-027's for_each ``on_return`` defaults: success → next, fail → escalate, error → escalate."""
-    del item
-    return _DEFAULT_ACTIONS.get(result, "escalate")
-
-
-def recorded_action(step: Mapping[str, Any]) -> str | None:
-    """What the engine did after a recorded step: its ``action`` extra, else what its signals show
-    (``escalate``, ``blocked``), else ``None`` (unknown: not compared)."""
-    action = step.get("action")
-    if isinstance(action, str) and action:
-        return normalise_action(action)
-    if step.get("signal_in") == "ESCALATE" or step.get("escalation") is not None:
-        return "escalate"
-    if step.get("signal_in") == "BLOCKED_ON":
-        return "blocked"
-    return None
-
-
-@dataclass(frozen=True)
-class ReplayItem:
-    """One recorded step whose handling would differ now, or that would still reach the person."""
-
-    run_id: str
-    started_at: datetime
-    item: str
-    agent: str
-    result: str
-    recorded: str | None  # action taken then (None: not recorded)
-    now: str  # action the current workflow takes
-    change: ReplayChange  # escalate: the person decides; rule: a rule decides; rerouted: other action
-    rule_id: str | None = None
-    option: str | None = None  # the rule's option (deciding, or only suggesting in shadow)
-    signature: str | None = None
-
-
-@dataclass(frozen=True)
-class ReplayReport:
-    """What the recorded runs would meet today (a dry run: nothing is executed)."""
-
-    workflow: str
-    runs: int = 0
-    steps: int = 0
-    invalid: int = 0
-    recorded_escalations: int = 0  # the runs' own escalation counts
-    would_escalate: int = 0
-    decided_by_rule: int = 0
-    routed_differently: int = 0
-    unchanged: int = 0
-    items: list[ReplayItem] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return _jsonable(asdict(self))  # type: ignore[no-any-return]
-
-
-def replay(
-    records: Iterable[Mapping[str, Any] | RunRecord],
-    route: Route,
-    rules: Sequence[Rule],
-    *,
-    workflow: str,
-    policy: Policy | None = None,
-    since: datetime | None = None,
-) -> ReplayReport:
-    """Run the recorded steps of ``workflow`` through the current routing and rules.
-
-    For each step: the action the workflow takes now (``route``); if it escalates, whether a
-    rule would decide it (:func:`may_auto_decide`) or the person would still be asked; else
-    whether it differs from what was done then (:func:`recorded_action`; steps that do not
-    record it are not compared). Nothing is executed.
-    """
-    pol = policy or Policy()
-    since = parse_time(since) if since is not None else None
-    runs = steps = invalid = recorded_esc = escalate = by_rule = rerouted = same = 0
-    items: list[ReplayItem] = []
-    for record in records:
-        rec: Mapping[str, Any] = record.to_json_dict() if isinstance(record, RunRecord) else record
-        if rec.get("kind", "run") != "run" or rec.get("workflow") != workflow:
-            continue
-        try:
-            run_id = str(rec["run_id"])
-            started = parse_time(rec["started_at"])
-            raw_steps = [s for s in (rec.get("steps") or ()) if isinstance(s["result"], str)]
-            run_escalations = rec.get("escalations", 0)
-            if not _is_int(run_escalations):
-                raise TypeError("escalations")
-        except (KeyError, TypeError, ValueError, AttributeError):
-            invalid += 1
-            continue
-        if since is not None and started < since:
-            continue
-        runs += 1
-        recorded_esc += int(run_escalations)
-        for s in raw_steps:
-            steps += 1
-            item, result, agent = str(s.get("item", "")), s["result"], str(s.get("agent", ""))
-            then = recorded_action(s)
-            now = normalise_action(route(item, result))
-            if now == "escalate":
-                situation = situation_from_step(workflow, s)
-                rule = predict(rules, situation)
-                decided = may_auto_decide(rule, pol)
-                if decided:
-                    by_rule += 1
-                else:
-                    escalate += 1
-                items.append(
-                    ReplayItem(
-                        run_id,
-                        started,
-                        item,
-                        agent,
-                        result,
-                        then,
-                        now,
-                        "rule" if decided else "escalate",
-                        rule.id if rule else None,
-                        rule.option if rule else None,
-                        situation.signature,
-                    )
-                )
-            elif then is not None and now != then:
-                rerouted += 1
-                items.append(ReplayItem(run_id, started, item, agent, result, then, now, "rerouted"))
-            else:
-                same += 1
-    return ReplayReport(workflow, runs, steps, invalid, recorded_esc, escalate, by_rule, rerouted, same, items)

@@ -132,7 +132,7 @@ def ready_items(
     if state.finished:
         return []
     if aborted is None:
-        aborted = any(it.status == "aborted" for it in state.items)
+        aborted = state.aborted or any(it.status == "aborted" for it in state.items)
     free = max(0, plan.concurrency - running)
     if aborted or free == 0:
         return []
@@ -228,6 +228,8 @@ class ChainStep:
     on_partial: tuple[ChainAction, ...] = ()
     on_fail: tuple[ChainAction, ...] = ()
     story_angle: str | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # the step's own, else the workflow's
+    timeout_s: float | None = None  # per attempt: the step's own, else the workflow's, else the runner's
 
 
 DEFAULT_ON_DONE = (ChainAction("next"),)

@@ -21,6 +21,7 @@ from ambient.planner import (
     exit_route,
 )
 from ambient.workflow import (
+    MAX_CONCURRENCY,
     AbortAction,
     Action,
     ChainWorkflow,
@@ -82,8 +83,9 @@ def reaction(actions: Sequence[Action] | None, default: Reaction) -> Reaction:
     return Reaction(frozenset(verbs) or frozenset({"next"}), target=target, signal=signal, message=message)
 
 
-def fanout(spec: ForEachWorkflow, default_concurrency: int | None = None) -> FanOut:
-    """The for_each plan: concurrency, retries, and the reaction to each result."""
+def fanout(spec: ForEachWorkflow) -> FanOut:
+    """The for_each plan: concurrency (the run's own; without one, only the daemon-wide cap applies), retries,
+    and the reaction to each result."""
     fe = spec.for_each
     ret = fe.on_return
     on_return = {
@@ -93,10 +95,7 @@ def fanout(spec: ForEachWorkflow, default_concurrency: int | None = None) -> Fan
         "escalate": reaction(ret.escalate, DEFAULT_ON_RETURN["escalate"]),
         "blocked": reaction(ret.blocked, DEFAULT_ON_RETURN["blocked"]),
     }
-    concurrency = fe.concurrency
-    if "concurrency" not in fe.model_fields_set and default_concurrency is not None:
-        concurrency = default_concurrency
-    return FanOut(concurrency=concurrency, retry=retry_policy(spec.retry), on_return=on_return)
+    return FanOut(concurrency=fe.concurrency or MAX_CONCURRENCY, retry=retry_policy(spec.retry), on_return=on_return)
 
 
 def item_template(spec: WorkflowSpec) -> ItemTemplate:
@@ -170,6 +169,8 @@ def chain_steps(spec: ChainWorkflow, default_agents: Mapping[str, str] | None = 
             on_partial=_actions(s.on_partial, spec.name),
             on_fail=_actions(s.on_fail, spec.name),
             story_angle=s.story_angle or None,
+            retry=retry_policy(spec.retry_for(s)),
+            timeout_s=spec.timeout_for(s),
         )
         for s in spec.chain
     ]

@@ -71,6 +71,10 @@ class RunRecord(BaseModel):
     escalations: int = 0
     errors: int = 0
     decisions: list[DecisionRecord] = Field(default_factory=list)
+    # chains: the steps a human gate asked about before they ran, and whether the run went past its last step
+    # (ambient.replay needs both: a gate rejected leaves no step behind)
+    gated: list[str] = Field(default_factory=list)
+    reached_end: bool = False
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON-ready dict written as one line."""

@@ -196,6 +196,8 @@ def run_record(state: RunState) -> RunRecord:
         escalations=state.escalation_count,
         errors=state.error_count,
         decisions=[DecisionRecord.model_validate(d) for d in state.decisions if "escalation" in d and "option" in d],
+        gated=list(state.gated),
+        reached_end=state.form == "chain" and state.cursor >= len(state.items),
     )
 
 
@@ -319,7 +321,7 @@ class RunExecutor:
                 if batch:
                     await self._accept(batch)
             counts = self._status_counts()
-            aborted = counts.get("aborted", 0) > 0
+            aborted = self.state.aborted or counts.get("aborted", 0) > 0
             complete = sum(counts.get(s, 0) for s in TERMINAL_ITEM) == counts["total"]
             if not self._tasks and (aborted or complete):
                 await self._finish()
@@ -340,7 +342,7 @@ class RunExecutor:
         # The cap counts agents (items accepted and not finished), not tasks: a task whose agent is done may
         # still wait for its fsync round (see _run_item). An item whose task has not ended is not started twice.
         batch = ready_items(self.state, self.plan, now, counts.get("running", 0), start=self._open_from,
-                            aborted=counts.get("aborted", 0) > 0)
+                            aborted=self.state.aborted or counts.get("aborted", 0) > 0)
         return [it for it in batch if it.name not in self._tasks]
 
     def _ready_now(self) -> bool:
@@ -479,6 +481,7 @@ class RunExecutor:
             error=res.error,
             duration_ms=res.duration_ms,
             signal_in=res.signal_in,
+            reply=res.result,
         )
         await self._route(item, res)
         # The agent is done: its slot is free now, so the next item's ``accepted`` joins this fsync round

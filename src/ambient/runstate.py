@@ -8,7 +8,7 @@ Events (one JSON object per line, ``ev`` names the kind)::
 
     started     run_id workflow form spec_hash spec items mode trigger context at
     accepted    item attempt key at              (on disk before the agent starts)
-    finished    item attempt result output error duration_ms signal_in at
+    finished    item attempt result output error duration_ms signal_in reply at   (reply: what the agent answered)
     retry       item attempt not_before at        (a failure that the retry policy retries)
     escalated   item escalation kind at
     decided     escalation option action by channel latency_s [answer] at
@@ -16,7 +16,8 @@ Events (one JSON object per line, ``ev`` names the kind)::
     skipped     item [before_start] at            (before_start: a step before the one the run started at)
     interrupted item attempt at                   (graceful shutdown killed the agent)
     spawned     item attempt pid started at       (a command agent's process: reaped if orphaned by a crash)
-    gate        item state (pending|passed|rejected) escalation at     (chain human gates)
+    gate        item state (pending|passed|rejected) escalation [before] at  (chain human gates; before: the step
+                                                                      has not run yet)
     breaker     scope fails tripped at
     cursor      index                             (chains: the step to run next)
     added       item                              (chains: a satellite started by a trigger)
@@ -90,6 +91,8 @@ class RunState:
     cursor: int = 0  # chains: index of the step to run next
     final_gate: str | None = None  # swarm: pending|passed|rejected
     final_escalation: str | None = None
+    aborted: bool = False  # an abort (decision, exit trigger, ABORT packet) ended the run, whatever its items did
+    gated: list[str] = field(default_factory=list)  # chains: steps a human gate asked about before they ran
 
     @property
     def finished(self) -> bool:
@@ -171,20 +174,27 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
             if result == "error":
                 state.error_count += 1
         if result != "interrupted":
-            state.steps.append(
-                {
-                    "item": item.name,
-                    "agent": ev.get("agent", ""),
-                    "signal_out": "SPAWN",
-                    "signal_in": ev.get("signal_in"),
-                    "result": result,
-                    "duration_ms": item.duration_ms,
-                    "attempt": int(ev.get("attempt", item.attempt)),
-                    "key": ev.get("key"),
-                    "error": item.error,
-                    "at": ev.get("at"),
-                }
-            )
+            step = {
+                "item": item.name,
+                "agent": ev.get("agent", ""),
+                "signal_out": "SPAWN",
+                "signal_in": ev.get("signal_in"),
+                "result": result,
+                "duration_ms": item.duration_ms,
+                "attempt": int(ev.get("attempt", item.attempt)),
+                "key": ev.get("key"),
+                "error": item.error,
+                "at": ev.get("at"),
+            }
+            # What the agent answered (success|fail|error|escalate|blocked) and its result's status and tests:
+            # what ambient.replay needs to decide the step again with a workflow as it is now.
+            if ev.get("reply"):
+                step["reply"] = ev["reply"]
+            if isinstance(item.output, dict):
+                for key in ("status", "tests"):
+                    if item.output.get(key) is not None:
+                        step[key] = item.output[key]
+            state.steps.append(step)
     elif kind == "spawned" and item is not None:
         item.pid = int(ev["pid"]) if ev.get("pid") is not None else None
         item.pid_started = float(ev["started"]) if ev.get("started") is not None else None
@@ -229,6 +239,8 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
         item.result = "interrupted"
     elif kind == "gate" and item is not None:
         item.gate = str(ev.get("state"))
+        if item.gate == "pending" and ev.get("before"):
+            state.gated.append(item.name)
         if item.gate == "pending":
             item.status = "escalated"
             item.escalation = ev.get("escalation")
@@ -275,6 +287,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
 
 def _abort_unfinished(state: RunState) -> None:
     """An abort cascades (spec/002): every item not finished is aborted and nothing waits on the person any more."""
+    state.aborted = True
     for it in state.items:
         if it.status in ("pending", "retry_wait", "escalated", "running"):
             it.status = "aborted"
@@ -294,7 +307,7 @@ def ended_because(state: RunState) -> str:
 def outcome_of(state: RunState) -> str:
     """The outcome of a run whose items are all terminal."""
     statuses = [it.status for it in state.items if it.result != NOT_RUN]
-    if any(s == "aborted" for s in statuses):
+    if state.aborted or any(s == "aborted" for s in statuses):
         return "aborted"
     if all(s == "done" for s in statuses):
         return "success"

@@ -44,7 +44,8 @@ CONFIG_TEMPLATE: Final = """\
 # seen at once whatever this is.
 #tick_seconds: 30.0
 
-# At most this many agents running at once, all runs together.
+# At most this many agents running at once, all runs together (a machine's or an API quota's limit).
+# A for_each's own `concurrency:` caps its run further; one without it may use every free slot.
 #concurrency: 4
 
 # On SIGTERM, seconds running agents get to finish before their process groups are killed
@@ -102,6 +103,11 @@ CONFIG_TEMPLATE: Final = """\
 #   runners:
 #     coder: {kind: command, argv: ["/usr/local/bin/my-coder"], timeout_s: 600}
 #runners: {}
+
+# The agent that runs a chain step without `agents:` (and a satellite started by `trigger → type:...`), by
+# step type; a workflow's own `default_agents:` wins, and without either: code → coder, test → tester,
+# brain-write → scribe, deploy → vps, search → scout, domain → orchestrator.
+#default_agents: {}
 """
 
 ROUTING_TEMPLATE: Final = """\

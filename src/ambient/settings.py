@@ -22,7 +22,9 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from ambient.workflow import SATELLITE_TYPES
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["auto", "json", "console"]
@@ -70,6 +72,16 @@ class Settings(_Strict):
     notify: NotifySettings = Field(default_factory=NotifySettings)
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     runners: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # step type → agent, for chain steps without agents: and satellites (a workflow's own default_agents: wins)
+    default_agents: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("default_agents")
+    @classmethod
+    def _step_types(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - set(SATELLITE_TYPES))
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not a step type; expected one of {', '.join(SATELLITE_TYPES)}")
+        return value
 
     def redacted(self) -> dict[str, Any]:
         """A JSON-ready dump with secrets masked, for ``ambient config show``."""

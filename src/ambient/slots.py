@@ -78,7 +78,8 @@ class AgentSlots:
         self._hand_out()
 
     def _queued_besides(self, who: Hashable) -> bool:
-        return any(w != who for w in self._waiting)
+        """Whether another run waits for a slot not yet set aside for it (it goes first)."""
+        return any(w != who and self._reserved.get(w, 0) < short for w, (_, short) in self._waiting.items())
 
     def _hand_out(self) -> None:
         woken: list[Hashable] = []

@@ -45,7 +45,7 @@ ResultStatus = Literal["ok", "partial", "failed"]
 
 SATELLITE_TYPES: Final[tuple[str, ...]] = ("code", "brain-write", "test", "deploy", "search", "domain")
 DEFAULT_MODE: Final[Mode] = "assisted"
-DEFAULT_CONCURRENCY: Final = 4
+MAX_CONCURRENCY: Final = 256
 MAX_ITEMS: Final = 100_000
 MAX_ACTION_TEXT: Final = 2000
 MAX_MESSAGE: Final = 1000
@@ -901,7 +901,8 @@ class ForEach(_UserModel):
     scope: ScopeSpec = Field(default_factory=ScopeSpec)
     context: dict[str, JsonValue] = Field(default_factory=dict)  # SPAWN payload.context, templated per item
     on_return: OnReturn = Field(default_factory=OnReturn)
-    concurrency: int = Field(default=DEFAULT_CONCURRENCY, ge=1, le=256)
+    # Agents of this run at once; None: as many as the daemon-wide cap (`concurrency:` in profil/ambient.yml) allows.
+    concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY)
 
     @field_validator("context")
     @classmethod

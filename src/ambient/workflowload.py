@@ -395,8 +395,11 @@ def load_many(
     agent_exists: AgentExists | None = None,
     may_spawn: MaySpawn | None = None,
     zone_rules: Iterable[ZoneRule] = DEFAULT_RULES,
+    default_agents: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, LoadedWorkflow], list[Problem]]:
-    """Load (path, source name) pairs; a name used twice keeps the first file and reports the others."""
+    """Load (path, source name) pairs; a name used twice keeps the first file and reports the others.
+
+    ``default_agents``: the brain's step type → agent (``default_agents:`` in profil/ambient.yml)."""
     rules = tuple(zone_rules)
     loaded: dict[str, LoadedWorkflow] = {}
     problems: list[Problem] = []
@@ -419,7 +422,8 @@ def load_many(
         loaded[wf.name] = wf
     good: dict[str, LoadedWorkflow] = {}
     for name, wf in loaded.items():
-        found = check_workflow(wf, agent_exists, may_spawn, zone_rules=rules, workflows=loaded)
+        found = check_workflow(wf, agent_exists, may_spawn, zone_rules=rules, workflows=loaded,
+                               default_agents=default_agents)
         problems += found
         if not any(p.severity == "error" for p in found):
             good[name] = wf
@@ -432,10 +436,12 @@ def load_workflows(
     agent_exists: AgentExists | None = None,
     may_spawn: MaySpawn | None = None,
     zone_rules: Iterable[ZoneRule] = DEFAULT_RULES,
+    default_agents: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, LoadedWorkflow], list[Problem]]:
     """Every workflow of a brain by name, and every problem found (file:line, brain-relative names).
 
     A file with an error is left out whole; warnings do not keep a workflow out.
     """
     files = [(p, paths.rel(p)) for p in workflow_files(paths.workflows)]
-    return load_many(files, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=zone_rules)
+    return load_many(files, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=zone_rules,
+                     default_agents=default_agents)

@@ -1,0 +1,88 @@
+"""README, "The learning loop": `ambient replay` over an unchanged workflow says what its runs met (issue 23.11)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from tests.acceptance.harness import Brain
+
+# Crashes on its first attempt of each item (the retry policy runs it again), succeeds after.
+FLAKY_AGENT = """
+    import json, os, sys
+    json.load(sys.stdin)
+    if os.environ["AMBIENT_ATTEMPT"] == "1":
+        sys.exit(3)
+    print(json.dumps({"status": "ok"}))
+"""
+
+# A code step without tests (the person confirms it), then a deploy behind a human gate.
+STEP_AGENT = """
+    import json, sys
+    json.load(sys.stdin)
+    print(json.dumps({"status": "ok"}))
+"""
+
+
+def _counts(text: str) -> tuple[int, int]:
+    found = re.search(r"escalations: (\d+) recorded -> (\d+) now", text)
+    assert found, text
+    return int(found.group(1)), int(found.group(2))
+
+
+def test_replay_of_an_unchanged_for_each_counts_retries_as_retries(brain: Brain) -> None:
+    """A run whose errors were retried by its `retry:` policy escalated nothing; replay says 0 -> 0."""
+    brain.python_agent("flaky", FLAKY_AGENT)
+    brain.workflow("sync", """
+        workflow: sync
+        for_each:
+          items: [a, b, c]
+          spawn: flaky
+        retry: {attempts: 3, backoff: 10ms, max_backoff: 20ms, on: [error]}
+    """)
+    brain.until_idle()
+    [record] = brain.finished("sync")
+    assert record["outcome"] == "success" and record["escalations"] == 0
+    res = brain.ok("replay", "sync")
+    assert _counts(res.out) == (0, 0), res
+    assert "0 step(s) routed differently" in res.out
+
+
+def test_replay_of_an_unchanged_chain_counts_its_gates_and_close_tiers(brain: Brain) -> None:
+    """A chain's human gate and a code step closed without tests reach the person; replay counts both."""
+    brain.python_agent("worker", STEP_AGENT)
+    brain.workflow("ship", """
+        name: ship
+        chain:
+          - {step: 1, type: code, scope: projets/app/, agents: [worker]}
+          - {step: 2, type: deploy, scope: infrastructure/app/, agents: [worker], gate: human}
+    """)
+    brain.until_idle()
+    for _ in range(2):  # the close tier of step 1, then the gate of step 2
+        [esc] = brain.escalations()
+        assert brain.decide(esc["id"], "approve").rc == 0
+        brain.until_idle()
+    [record] = brain.finished("ship")
+    assert record["outcome"] == "success" and record["escalations"] == 2
+    assert _counts(brain.ok("replay", "ship").out) == (2, 2)
+    data = json.loads(brain.ok("replay", "ship", "--json").out)
+    assert (data["would_escalate"], data["routed_differently"]) == (2, 0)
+
+
+def test_replay_says_what_a_changed_workflow_would_do(brain: Brain) -> None:
+    """Removing the gate: replay reports one escalation fewer for the same recorded run."""
+    brain.python_agent("worker", STEP_AGENT)
+    gated = """
+        name: ship
+        chain:
+          - {step: 1, type: brain-write, scope: projets/app/README.md, agents: [worker]}
+          - {step: 2, type: deploy, scope: infrastructure/app/, agents: [worker], gate: human}
+    """
+    brain.workflow("ship", gated)
+    brain.until_idle()
+    [esc] = brain.escalations()
+    assert brain.decide(esc["id"], "approve").rc == 0
+    brain.until_idle()
+    assert _counts(brain.ok("replay", "ship").out) == (1, 1)
+    brain.workflow("ship", gated.replace(", gate: human", ""))
+    assert _counts(brain.ok("replay", "ship").out) == (1, 0)
