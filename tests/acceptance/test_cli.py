@@ -1,0 +1,447 @@
+"""README, "CLI reference": every command as a person types it, on a brain made by `ambient init`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.acceptance.harness import AMBIENT, Brain, ambient, clean_env, wait
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+FAILING_AGENT = """
+    import os, sys
+    print(f"{os.environ['AMBIENT_ITEM']} is down", file=sys.stderr)
+    sys.exit(1)
+"""
+
+OK_AGENT = """
+    import json, sys
+    json.load(sys.stdin)
+    print(json.dumps({"status": "ok"}))
+"""
+
+
+def _fanout(brain: Brain, name: str, items: list[str], agent: str = "deploy") -> None:
+    brain.workflow(name, f"""
+        workflow: {name}
+        for_each:
+          items: [{", ".join(items)}]
+          spawn: {agent}
+          scope: {{zone: project, files: ["infrastructure/{{{{item}}}}.yml"]}}
+    """)
+
+
+def _commands_of_the_readme() -> list[list[str]]:
+    """Every `ambient WORD [SUBWORD]` the CLI reference table lists, and the subcommands named beside it."""
+    text = README.read_text()
+    section = text.split("## CLI reference", 1)[1].split("\n## ", 1)[0]
+    found: list[list[str]] = []
+    for cell in re.findall(r"`ambient ([a-z][^`]*)`", section):
+        words = []
+        for word in cell.split():
+            if not re.fullmatch(r"[a-z]+", word):
+                break
+            words.append(word)
+        if words and words not in found:
+            found.append(words[:2] if words[0] in ("notify", "config", "matrix") else words[:1])
+    # The groups the table shows as `ambient claim …`: their subcommands, as the README spells them.
+    for line in re.findall(r"ambient (claim|gate|lock|preflight) ([a-z|]+)", text):
+        for sub in line[1].split("|"):
+            if [line[0], sub] not in found:
+                found.append([line[0], sub])
+    return found
+
+
+# ---------------------------------------------------------------- every command, --help, the brain
+
+
+def test_every_command_of_the_reference_exists_with_help() -> None:
+    """Every command listed in the CLI reference exists, and `--help` works everywhere (exit 0, its usage)."""
+    commands = _commands_of_the_readme()
+    names = {c[0] for c in commands}
+    assert {"run", "demo", "init", "validate", "status", "runs", "start", "escalations", "decide", "notify", "config",
+            "doctor", "matrix", "send", "claim", "gate", "lock", "preflight", "stats", "rules", "replay",
+            "thread"} <= names, names
+    assert ["lock", "acquire"] in commands and ["gate", "approve"] in commands
+    top = ambient("--help")
+    assert top.rc == 0 and "usage: ambient" in top.out
+    for words in commands:
+        res = ambient(*words, "--help")
+        assert res.rc == 0, res
+        if words[0] == "gate" and len(words) > 1:  # `ambient gate ACTION SESS_ID`: an argument listed in the help
+            assert "usage: ambient gate" in res.out and re.search(rf"\b{words[1]}\b", res.out), res
+        else:
+            assert f"usage: ambient {' '.join(words)}" in res.out, res
+
+
+def test_the_brain_is_the_current_directory_or_brain_before_or_after_or_the_environment(brain: Brain,
+                                                                                        tmp_path: Path) -> None:
+    """Every command acts on the brain in the current directory, or `--brain DIR` (before or after the command),
+    or `$AMBIENT_BRAIN`."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    root = str(brain.root)
+    ways = {
+        "--brain before": ambient("--brain", root, "status", "--json", cwd=elsewhere),
+        "--brain after": ambient("status", "--json", "--brain", root, cwd=elsewhere),
+        "$AMBIENT_BRAIN": ambient("status", "--json", cwd=elsewhere, env={"AMBIENT_BRAIN": root}),
+        "current directory": ambient("status", "--json", cwd=brain.root),
+    }
+    for way, res in ways.items():
+        assert res.rc == 0, (way, res)
+        assert res.json()["brain"] == root, (way, res.out)
+    brain.python_agent("deploy", OK_AGENT)
+    _fanout(brain, "ship", ["web"])
+    assert ambient("validate", cwd=brain.root).rc == 0
+    assert ambient("validate", "--brain", root, cwd=elsewhere).rc == 0
+    res = ambient("run", "--until-idle", "--log-format", "json", cwd=elsewhere, env={"AMBIENT_BRAIN": root})
+    assert res.rc == 0, res
+    listing = ambient("runs", cwd=brain.root)
+    assert "ship" in listing.out and "success" in listing.out, listing
+
+
+@pytest.mark.parametrize("args", [
+    ["no-such-command"],
+    ["status", "--no-such-option"],
+    ["decide"],
+    ["runs", "--last", "many"],
+    ["stats", "--since", "the day before yesterday"],
+    ["decide", "esc-nosuch", "retry"],
+    ["start", "ship", "--context", "not json"],
+    ["matrix", "explain", "ambient", "deploy", "NO_SUCH_SIGNAL"],
+    ["lock", "acquire", "../outside.yml", "me"],
+    ["validate", "workflows/missing.yml"],
+    ["rules", "accept", "r-nosuchrule"],
+])
+def test_bad_usage_or_bad_input_exits_2(brain: Brain, args: list[str]) -> None:
+    """Exit code 2 = bad usage or bad input, said on stderr, never a traceback."""
+    brain.python_agent("deploy", OK_AGENT)
+    _fanout(brain, "ship", ["web"])
+    res = ambient(*args, cwd=brain.root)
+    assert res.rc == 2, res
+    assert res.err.strip(), res
+    assert "Traceback" not in res.text
+
+
+def test_send_says_2_for_an_invalid_packet(brain: Brain) -> None:
+    """`ambient send`: exit 2 for a packet that is not valid (bad input)."""
+    res = brain.cli("send", "-", input='{"from": "human", "to": "ambient", "signal": "NO_SUCH"}')
+    assert res.rc == 2, res
+    assert "Traceback" not in res.text
+
+
+# ---------------------------------------------------------------- init
+
+
+def test_init_scaffolds_a_working_brain(tmp_path: Path) -> None:
+    """`ambient init DIR`: folders, a commented config, an example agent and workflow, and it works at once."""
+    root = tmp_path / "brain"
+    res = ambient("init", str(root))
+    assert res.rc == 0, res
+    for folder in ("agents", "claims", "locks", "profil", "workflows"):
+        assert (root / folder).is_dir(), folder
+    config = (root / "profil" / "ambient.yml").read_text()
+    assert re.search(r"^#\s*tick_seconds:", config, re.M), config
+    assert list((root / "agents").glob("*.md")) and list((root / "workflows").glob("*.yml"))
+    assert ambient("validate", "--brain", str(root)).rc == 0
+    ran = ambient("run", "--until-idle", "--log-format", "json", "--brain", str(root))
+    assert ran.rc == 0, ran
+    runs = ambient("runs", "--json", "--brain", str(root)).json()["finished"]
+    assert [r["outcome"] for r in runs] == ["success"], runs
+
+    bare = tmp_path / "bare"
+    assert ambient("init", str(bare), "--no-example").rc == 0
+    assert (bare / "profil" / "ambient.yml").is_file()
+    assert not list((bare / "agents").glob("*.md")) and not list((bare / "workflows").glob("*.yml"))
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_init_never_overwrites(example_brain: Brain) -> None:
+    """`ambient init` never overwrites: on an existing brain it changes no file and says so."""
+    example_brain.write("profil/ambient.yml", "tick_seconds: 5\n")
+    example_brain.write("workflows/hello.yml", example_brain.read("workflows/hello.yml") + "# my edit\n")
+    before = _tree(example_brain.root)
+    for extra in ([], ["--no-example"]):
+        res = ambient("init", str(example_brain.root), *extra)
+        assert res.rc != 0, res
+        assert "overwrite" in res.err, res
+        assert _tree(example_brain.root) == before
+    assert example_brain.read("profil/ambient.yml") == "tick_seconds: 5\n"
+
+
+# ---------------------------------------------------------------- validate
+
+
+def test_validate_prints_file_line_message_and_exits_1(brain: Brain) -> None:
+    """`ambient validate [PATH...]`: `file:line: message` for each problem, exit 1 if any, 0 when clean."""
+    brain.python_agent("deploy", OK_AGENT)
+    _fanout(brain, "ship", ["web"])
+    clean = brain.cli("validate")
+    assert clean.rc == 0, clean
+    brain.write("workflows/broken.yml", "workflow: broken\nfor_each:\n  items: [a]\n  spawn: nobody\n"
+                "  scope: {zone: project, files: [\"x/{{item}}.md\"]}\n")
+    res = brain.cli("validate")
+    assert res.rc == 1, res
+    assert re.search(r"^workflows/broken\.yml:4: .*nobody", res.out, re.M), res
+    only = brain.cli("validate", str(brain.path("workflows/ship.yml")))
+    assert only.rc == 0, only
+    named = brain.cli("validate", str(brain.path("workflows/broken.yml")))
+    assert named.rc == 1 and "broken.yml:4:" in named.out, named
+
+
+def test_validate_strict_counts_warnings(brain: Brain) -> None:
+    """`ambient validate --strict`: a warning is a problem too (exit 1); without it, exit 0."""
+    gate = {"receives_from": ["ambient"], "sends_to": ["ambient"], "zone_access": ["project", "reference"],
+            "signals": ["RETURN"]}
+    brain.python_agent("librarian", OK_AGENT, gate=gate)
+    res = brain.cli("validate")
+    assert res.rc == 0, res
+    assert re.search(r"^agents/librarian\.md:\d+: warning: .*reference", res.out, re.M), res
+    strict = brain.cli("validate", "--strict")
+    assert strict.rc == 1, strict
+    assert "agents/librarian.md:" in strict.out
+
+
+# ---------------------------------------------------------------- status, runs
+
+
+def test_status_shows_the_daemon_runs_and_escalations(brain: Brain) -> None:
+    """`ambient status [WORKFLOW] [--json]`: daemon up/down, runs with progress, escalations (item by item for one
+    workflow)."""
+    brain.python_agent("deploy", FAILING_AGENT)
+    brain.python_agent("ok", OK_AGENT)
+    _fanout(brain, "rollout", ["eu-1", "eu-2"])
+    with brain.daemon() as daemon:
+        escs = brain.wait_escalation("both items failed", count=2)
+        text = brain.ok("status").out
+        assert f"Daemon: up (pid {daemon.pid})" in text, text
+        assert re.search(r"rollout .* 0/2 done", text), text
+        assert "Escalations waiting on you: 2" in text
+        for esc in escs:
+            assert f"ambient decide {esc['id']}" in text
+        one = brain.ok("status", "rollout").out
+        assert re.search(r"^\s+eu-1\s+\S+\s+escalation esc-", one, re.M), one
+        assert re.search(r"^\s+eu-2\s+", one, re.M), one
+        data = brain.status()
+        assert data["daemon"] == {"up": True, "pid": daemon.pid}
+        [run] = data["runs"]
+        assert (run["workflow"], run["done"], run["total"], run["waiting"]) == ("rollout", 0, 2, 2)
+        assert {e["id"] for e in data["escalations"]} == {e["id"] for e in escs}
+        assert daemon.stop() == 0
+    down = brain.ok("status")
+    assert "Daemon: down" in down.out
+    assert brain.status()["daemon"]["up"] is False
+
+
+def test_runs_lists_recorded_runs_and_last_n(brain: Brain) -> None:
+    """`ambient runs [WORKFLOW] [--last N]`: the recorded runs; `--last N` the newest N."""
+    brain.python_agent("ok", OK_AGENT)
+    _fanout(brain, "alpha", ["a"], agent="ok")
+    brain.until_idle()
+    _fanout(brain, "beta", ["b"], agent="ok")
+    brain.until_idle()
+    brain.ok("start", "alpha")
+    brain.until_idle()
+    ids = [r["run_id"] for r in brain.finished()]
+    assert len(ids) == 3
+
+    def listed(*args: str) -> list[str]:
+        out = brain.ok("runs", *args).out
+        return [rid for line in out.splitlines() for rid in re.findall(r"sess-\S+", line)]
+
+    assert listed() == ids
+    assert listed("--last", "2") == ids[1:]
+    assert listed("--last", "1") == ids[2:]
+    assert listed("alpha") == [ids[0], ids[2]]
+    assert listed("alpha", "--last", "1") == [ids[2]]
+    assert [r["run_id"] for r in brain.ok("runs", "--last", "2", "--json").json()["finished"]] == ids[1:]
+
+
+# ---------------------------------------------------------------- doctor, matrix
+
+
+def _snapshot(root: Path) -> dict[str, Any]:
+    """Every entry under the brain with its kind, size, mtime and content (a change anywhere shows)."""
+    snap: dict[str, Any] = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        body = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and not p.is_symlink() else None
+        snap[str(p.relative_to(root))] = (st.st_mode, st.st_size, st.st_mtime_ns, body)
+    return snap
+
+
+def test_doctor_writes_nothing(brain: Brain) -> None:
+    """`ambient doctor [--json]`: what is wrong and how to fix it; it writes nothing (nor does `validate`)."""
+    brain.python_agent("deploy", FAILING_AGENT)
+    _fanout(brain, "rollout", ["eu-1"])
+    brain.until_idle()
+    brain.write("claims/broken.yml", "status: [open\n")
+    index = brain.path(".ambient/claims-index.json")
+    if index.exists():
+        index.unlink()
+    before = _snapshot(brain.root)
+    text = brain.cli("doctor")
+    data = brain.cli("doctor", "--json")
+    checked = brain.cli("validate")
+    assert _snapshot(brain.root) == before
+    assert text.rc == 1 and data.rc == 1, (text, data)
+    report = data.json()
+    assert report["ok"] is False and report["daemon"]["up"] is False
+    checks = {f["check"] for f in report["findings"]}
+    assert "daemon" in checks, report
+    for finding in report["findings"]:
+        assert {"severity", "check", "message", "hint"} <= set(finding)
+    assert any("claims/broken.yml" in str(f.get("file")) or "claims/broken.yml" in f["message"]
+               for f in report["findings"]), report
+    assert "fix:" in text.out
+    assert checked.rc == 1 and "claims/broken.yml:" in checked.out
+
+
+def test_doctor_says_ok_on_a_healthy_brain_with_its_daemon_up(example_brain: Brain) -> None:
+    """`ambient doctor`: nothing wrong on a fresh brain whose daemon runs: exit 0, `ok` in --json."""
+    with example_brain.daemon():
+        example_brain.wait_finished("hello")
+        res = example_brain.cli("doctor", "--json")
+        assert res.rc == 0, res
+        assert res.json()["ok"] is True and res.json()["daemon"]["up"] is True
+
+
+def test_matrix_and_explain(brain: Brain) -> None:
+    """`ambient matrix`: the effective matrix; `matrix explain FROM TO SIGNAL`: allow/deny and the rule (0/1/2)."""
+    brain.python_agent("deploy", OK_AGENT)
+    shown = brain.ok("matrix").out
+    assert re.search(r"^deploy\b", shown, re.M) and re.search(r"^ambient\b", shown, re.M), shown
+    allow = brain.cli("matrix", "explain", "ambient", "deploy", "SPAWN", "--file", "infrastructure/vps/x.yml")
+    assert allow.rc == 0 and "ALLOW" in allow.out, allow
+    deny = brain.cli("matrix", "explain", "deploy", "human", "SPAWN")
+    assert deny.rc == 1 and "DENY" in deny.out and "agents/deploy.md" in deny.out, deny
+    zone = brain.cli("matrix", "explain", "ambient", "deploy", "SPAWN", "--file", "profil/capital.md")
+    assert zone.rc == 1 and "DENY" in zone.out, zone
+    assert brain.cli("matrix", "explain", "ambient", "deploy", "SPAWN", "--file", "../x").rc == 2
+
+
+# ---------------------------------------------------------------- output into a pipe
+
+
+def test_escalations_into_a_closed_pipe_ends_quietly(brain: Brain) -> None:
+    """`ambient escalations | head`: when the reader goes away, the command stops quietly (141, no traceback)."""
+    brain.python_agent("deploy", FAILING_AGENT)
+    _fanout(brain, "rollout", [f"eu-{n}" for n in range(1, 4)])
+    brain.until_idle()
+    assert len(brain.escalations()) == 3
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `head` has already exited
+    try:
+        proc = subprocess.run([*AMBIENT, "--brain", str(brain.root), "escalations"], stdout=write_end,
+                              stderr=subprocess.PIPE, env=clean_env(), timeout=60, check=False)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141, proc
+    assert b"Traceback" not in proc.stderr and b"Error" not in proc.stderr, proc.stderr
+
+
+def test_escalations_piped_into_head_prints_the_first_lines(brain: Brain) -> None:
+    """`ambient escalations | head -n 2` as typed in a shell: the first lines, no traceback."""
+    brain.python_agent("deploy", FAILING_AGENT)
+    _fanout(brain, "rollout", [f"eu-{n}" for n in range(1, 40)])
+    brain.until_idle()
+    wait(lambda: len(brain.escalations()) == 39, "39 escalations")
+    res = subprocess.run(["bash", "-c", f"{' '.join(AMBIENT)} --brain {brain.root} escalations | head -n 2; "
+                          "echo \"rc=${PIPESTATUS[0]}\""], capture_output=True, text=True, env=clean_env(),
+                         timeout=60, check=False)
+    lines = res.stdout.splitlines()
+    assert len(lines) == 3 and lines[0].startswith("esc-"), res
+    assert lines[-1] in ("rc=0", "rc=141"), res
+    assert "Traceback" not in res.stderr, res.stderr
+
+
+# ---------------------------------------------------------------- demo, status --watch, start --step, doctor --strict
+
+
+def test_demo_runs_the_daemon_on_a_fresh_copy_of_the_example_brain_then_the_status(tmp_path: Path) -> None:
+    """`ambient demo [--dir D]`: the daemon on a fresh copy of the example brain until idle, then the status."""
+    root = tmp_path / "demo"
+    res = ambient("demo", "--dir", str(root), timeout=180)
+    assert res.rc == 0, res
+    assert "Daemon: down" in res.out and "Escalations waiting on you: 2" in res.out, res.out
+    for workflow in ("docs-refresh", "deploy-batch", "feature-chain"):
+        assert workflow in res.out
+    assert re.search(r"deploy-batch .* 9/10 done", res.out), res.out
+    assert f"--brain {root} decide" in res.out
+    runs = ambient("runs", "--json", "--brain", str(root)).json()
+    assert [r["workflow"] for r in runs["finished"]] == ["docs-refresh"]
+    assert {r["workflow"] for r in runs["active"]} == {"deploy-batch", "feature-chain"}
+
+
+def test_status_watch_refreshes_until_interrupted(brain: Brain) -> None:
+    """`ambient status --watch`: the status again and again until interrupted (Ctrl-C ends it with 0)."""
+    with subprocess.Popen([*AMBIENT, "--brain", str(brain.root), "status", "--watch"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=clean_env()) as proc:
+        assert proc.stdout is not None
+        seen = b""
+        try:
+            while seen.count(b"Daemon: down") < 2:  # two screens: it refreshes
+                chunk = proc.stdout.read1(65536)
+                assert chunk, "status --watch stopped on its own"
+                seen += chunk
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err
+
+
+def test_start_runs_a_workflow_now_and_a_chain_from_a_step(brain: Brain) -> None:
+    """`ambient start WORKFLOW [--step N]`: a run now (even of a draft); a chain from step N."""
+    brain.python_agent("writer", """
+        import json, os, pathlib, sys
+        json.load(sys.stdin)
+        work = pathlib.Path(os.environ["AMBIENT_BRAIN"], "workspace")
+        work.mkdir(exist_ok=True)
+        with open(work / "steps.log", "a") as f:
+            f.write(os.environ["AMBIENT_ITEM"] + "\\n")
+        print(json.dumps({"status": "ok"}))
+    """)
+    brain.workflow("docs", """
+        name: docs
+        status: draft
+        chain:
+          - {step: 1, type: brain-write, scope: projets/docs/a.md, agents: [writer]}
+          - {step: 2, type: brain-write, scope: projets/docs/b.md, agents: [writer]}
+          - {step: 3, type: brain-write, scope: projets/docs/c.md, agents: [writer]}
+    """)
+    with brain.daemon():
+        assert brain.ok("start", "docs", "--step", "2").rc == 0
+        brain.wait_finished("docs")
+        assert brain.read("workspace/steps.log").split() == ["2", "3"]
+        brain.ok("start", "docs")
+        brain.wait_finished("docs", count=2)
+    assert brain.read("workspace/steps.log").split() == ["2", "3", "1", "2", "3"]
+    assert brain.cli("start", "nosuch").rc == 2
+
+
+def test_doctor_strict_counts_warnings(example_brain: Brain) -> None:
+    """`ambient doctor --strict`: a warning makes it exit 1; without --strict warnings are allowed (exit 0)."""
+    gate = {"receives_from": ["ambient"], "sends_to": ["ambient"], "zone_access": ["project", "reference"],
+            "signals": ["RETURN"]}
+    example_brain.python_agent("librarian", OK_AGENT, gate=gate)
+    with example_brain.daemon():
+        example_brain.wait_finished("hello")
+        plain = example_brain.cli("doctor")
+        strict = example_brain.cli("doctor", "--strict")
+    assert plain.rc == 0 and "warning" in plain.out and "agents/librarian.md" in plain.out, plain
+    assert strict.rc == 1, strict

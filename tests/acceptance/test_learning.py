@@ -1,0 +1,625 @@
+"""README, "The learning loop": run records, `ambient stats`, learned rules and live threads, as a person meets them.
+
+Run history is made by running workflows with real agent scripts and answering their escalations with
+`ambient decide`. Only what a single afternoon cannot produce (runs of past weeks, for `--since` and the weekly
+headline) is made by copying real records of this brain with their dates moved back whole weeks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.acceptance.harness import Brain, Webhook, wait
+
+# Fails like a flaky network: the numbers change with every run, the situation stays the same.
+FLAKY_AGENT = """
+    import hashlib, os, sys
+    n = int(hashlib.sha256(os.environ["AMBIENT_RUN_ID"].encode()).hexdigest()[:6], 16)
+    print(f"connection to 10.0.{n % 250}.{n % 7 + 1} timed out after {n % 90 + 10}s", file=sys.stderr)
+    sys.exit(1)
+"""
+
+NIGHTLY = """
+    workflow: nightly
+    for_each:
+      items: [db-backup]
+      spawn: flaky
+      scope: {zone: project, files: ["workspace/nightly/{{item}}.md"]}
+"""
+
+# Succeeds, unless the brain holds workspace/<item>.fail: then it fails (exit 1) or breaks (exit 3, an error).
+SWITCH_AGENT = """
+    import json, os, pathlib, sys
+    json.load(sys.stdin)
+    brain = pathlib.Path(os.environ["AMBIENT_BRAIN"])
+    item = os.environ["AMBIENT_ITEM"]
+    flag = brain / "workspace" / f"{item}.fail"
+    if flag.exists():
+        mode = flag.read_text().strip()
+        print(f"{item} could not be written: {mode}", file=sys.stderr)
+        sys.exit(3 if mode == "error" else 1)
+    print(json.dumps({"status": "ok", "item": item}))
+"""
+
+
+def _runs_lines(brain: Brain) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in brain.read(".ambient/runs.jsonl").splitlines() if line.strip()]
+
+
+def _rules(brain: Brain) -> dict[str, Any]:
+    data: dict[str, Any] = brain.ok("rules", "--json").json()
+    return data
+
+
+def _records(brain: Brain, workflow: str) -> list[dict[str, Any]]:
+    """The finished runs of ``workflow`` as runs.jsonl holds them (the file, read as a person would)."""
+    path = brain.path(".ambient/runs.jsonl")
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("workflow") == workflow:
+            out.append(rec)
+    return out
+
+
+def _pending_files(brain: Brain, workflow: str) -> list[dict[str, Any]]:
+    """Pending escalations of ``workflow`` as their files in .ambient/escalations/ say."""
+    found = []
+    for path in brain.path(".ambient/escalations").glob("*.yml"):
+        try:
+            esc = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(esc, dict) and esc.get("workflow") == workflow and esc.get("status") == "pending":
+            found.append(esc)
+    return found
+
+
+def _answered_run(brain: Brain, option: str, *, workflow: str = "nightly", start: bool = True) -> dict[str, Any]:
+    """One run that escalates, answered by the person with ``option``; its run record."""
+    before = len(_records(brain, workflow))
+    if start:
+        brain.ok("start", workflow)
+    [esc] = wait(lambda: _pending_files(brain, workflow), f"{workflow}'s escalation")
+    res = brain.decide(esc["id"], option)
+    assert res.rc == 0, res
+    rows: list[dict[str, Any]] = wait(lambda: (r := _records(brain, workflow))[before:] and r, "the run's record")
+    return rows[-1]
+
+
+def _auto_run(brain: Brain, *, workflow: str = "nightly") -> dict[str, Any]:
+    """One run the person is not asked about: it finishes alone; its run record."""
+    before = len(_records(brain, workflow))
+    brain.ok("start", workflow)
+    rows: list[dict[str, Any]] = wait(lambda: (r := _records(brain, workflow))[before:] and r, "the run's record")
+    return rows[-1]
+
+
+def _learning_brain(brain: Brain, webhook: Webhook | None = None) -> None:
+    if webhook is not None:
+        brain.config(f"""
+            notify:
+              urls: ["{webhook.url}"]
+              results: none
+        """)
+    brain.python_agent("flaky", FLAKY_AGENT)
+    brain.workflow("nightly", NIGHTLY)
+
+
+def _promoted(brain: Brain) -> str:
+    """Four runs answered `skip` (the first makes the rule, three agree): the rule is active. Its id."""
+    _answered_run(brain, "skip", start=False)
+    for _ in range(2):
+        _answered_run(brain, "skip")
+    [rule] = _rules(brain)["rules"]
+    assert (rule["state"], rule["agreements"]) == ("shadow", 2), rule  # not before promote_after agreements
+    _answered_run(brain, "skip")
+    [rule] = _rules(brain)["rules"]
+    assert (rule["state"], rule["agreements"], rule["option"]) == ("active", 3, "skip"), rule
+    return str(rule["id"])
+
+
+# ---------------------------------------------------------------- runs.jsonl
+
+
+def test_every_finished_run_is_appended_in_the_adr027_shape(brain: Brain) -> None:
+    """Every finished run is appended to .ambient/runs.jsonl: workflow, started/completed, steps with agent,
+    signals, result, duration, escalations, errors, outcome, decisions."""
+    brain.python_agent("writer", SWITCH_AGENT)
+    brain.write("workspace/bad.fail", "fail\n")
+    brain.write("workspace/boom.fail", "error\n")
+    brain.workflow("pages", """
+        workflow: pages
+        for_each:
+          items: [good, bad, boom]
+          spawn: writer
+          scope: {zone: project, files: ["workspace/pages/{{item}}.md"]}
+    """)
+    with brain.daemon():
+        escs = brain.wait_escalation("the failed and the broken item", count=2)
+        for esc in escs:
+            assert brain.decide(esc["id"], "skip", "--note", "known").rc == 0
+        brain.wait_finished("pages")
+        brain.remove("workspace/bad.fail")
+        brain.remove("workspace/boom.fail")
+        brain.ok("start", "pages")
+        brain.wait_finished("pages", count=2)
+    first, second = _runs_lines(brain)
+    assert first["workflow"] == second["workflow"] == "pages"
+    assert first["run_id"] != second["run_id"]
+    for rec in (first, second):
+        started = datetime.fromisoformat(rec["started_at"])
+        assert started <= datetime.fromisoformat(rec["completed_at"]), rec
+        assert isinstance(rec["outcome"], str) and rec["outcome"]
+        assert {s["item"] for s in rec["steps"]} == {"good", "bad", "boom"}
+        for step in rec["steps"]:
+            assert step["agent"] == "writer"
+            assert step["signal_out"] == "SPAWN"
+            assert step["signal_in"]
+            assert isinstance(step["duration_ms"], int | float) and step["duration_ms"] >= 0
+    by_item = {s["item"]: s for s in first["steps"]}
+    assert by_item["good"]["result"] == "success"
+    assert by_item["bad"]["result"] == "fail"
+    assert by_item["boom"]["result"] == "error"
+    assert "could not be written" in by_item["bad"]["error"]
+    assert first["escalations"] == 2
+    assert first["errors"] >= 1
+    assert len(first["decisions"]) == 2
+    for d in first["decisions"]:
+        assert (d["option"], d["by"], d["channel"], d["auto"], d["note"]) == ("skip", "human", "cli", False, "known")
+        assert d["latency_s"] >= 0
+    assert second["outcome"] == "success"
+    assert (second["escalations"], second["errors"], second["decisions"]) == (0, 0, [])
+
+
+def _two_good_runs(brain: Brain) -> None:
+    brain.python_agent("writer", SWITCH_AGENT)
+    brain.workflow("pages", """
+        workflow: pages
+        for_each:
+          items: [a, b]
+          spawn: writer
+          scope: {zone: project, files: ["workspace/pages/{{item}}.md"]}
+    """)
+    brain.until_idle()
+    brain.ok("start", "pages")
+    brain.until_idle()
+    assert len(brain.finished("pages")) == 2
+
+
+def test_a_torn_last_line_is_skipped_never_fatal(brain: Brain) -> None:
+    """A torn last line of runs.jsonl (a crash mid-write) is skipped, never fatal: runs and stats still answer."""
+    _two_good_runs(brain)
+    with brain.path(".ambient/runs.jsonl").open("a") as f:
+        f.write('{"kind": "run", "run_id": "sess-torn", "workflow": "pag')
+    listing = brain.cli("runs")
+    assert listing.rc == 0, listing
+    assert len([line for line in listing.out.splitlines() if " pages " in line]) == 2, listing
+    assert "torn" in listing.out, listing
+    assert "Traceback" not in listing.text
+    assert len(brain.finished("pages")) == 2
+    stats = brain.cli("stats", "--json")
+    assert stats.rc == 0, stats
+    assert stats.json()["runs"] == 2
+    assert brain.cli("stats").rc == 0
+    assert len([line for line in brain.ok("runs", "--last", "1").out.splitlines() if " pages " in line]) == 1
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: the record after a torn last line is appended to that line and lost")
+def test_a_run_finished_after_a_torn_line_is_still_recorded(brain: Brain) -> None:
+    """Every finished run is appended to runs.jsonl, also the first one after a crash tore the last line."""
+    _two_good_runs(brain)
+    with brain.path(".ambient/runs.jsonl").open("a") as f:
+        f.write('{"kind": "run", "run_id": "sess-torn", "workflow": "pag')
+    brain.ok("start", "pages")
+    brain.until_idle()
+    assert len(brain.finished("pages")) == 3, brain.ok("runs").out
+    assert brain.ok("stats", "--json").json()["runs"] == 3
+
+
+# ---------------------------------------------------------------- ambient stats
+
+
+def test_stats_per_workflow_and_the_workflow_filter(brain: Brain) -> None:
+    """`ambient stats [--workflow W] [--json]`: runs, success rate, durations, escalations per run, decisions."""
+    brain.python_agent("writer", SWITCH_AGENT)
+    brain.python_agent("flaky", FLAKY_AGENT)
+    brain.workflow("pages", """
+        workflow: pages
+        for_each:
+          items: [a, b]
+          spawn: writer
+          scope: {zone: project, files: ["workspace/pages/{{item}}.md"]}
+    """)
+    brain.workflow("nightly", NIGHTLY)
+    with brain.daemon():
+        _answered_run(brain, "skip", start=False)
+        brain.wait_finished("pages")
+        brain.ok("start", "pages")
+        brain.wait_finished("pages", count=2)
+    data = brain.ok("stats", "--json").json()
+    assert data["runs"] == 3
+    wf = {w["workflow"]: w for w in data["workflows"]}
+    assert set(wf) == {"pages", "nightly"}
+    assert (wf["pages"]["runs"], wf["pages"]["success_rate"], wf["pages"]["escalations"]) == (2, 1.0, 0)
+    assert wf["pages"]["escalation_rate"] == 0
+    assert wf["pages"]["duration_p50_ms"] > 0
+    assert wf["pages"]["duration_p95_ms"] >= wf["pages"]["duration_p50_ms"]
+    assert (wf["nightly"]["runs"], wf["nightly"]["escalations"], wf["nightly"]["escalation_rate"]) == (1, 1, 1.0)
+    assert wf["nightly"]["decisions"] == 1 and wf["nightly"]["auto_decisions"] == 0
+    assert wf["nightly"]["decision_p50_s"] is not None
+    assert {a["agent"] for a in data["agents"]} == {"writer", "flaky"}
+    only = brain.ok("stats", "--workflow", "nightly", "--json").json()
+    assert [w["workflow"] for w in only["workflows"]] == ["nightly"]
+    assert only["runs"] == 1
+    text = brain.ok("stats", "--workflow", "pages").out
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme_header = next(line for line in readme.splitlines() if line.startswith("WORKFLOW ") and "ESC/RUN" in line)
+    header = next(line for line in text.splitlines() if line.startswith("WORKFLOW ") and "ESC/RUN" in line)
+    assert header.split() == readme_header.split(), (header, readme_header)
+    rows = [line.split() for line in text.splitlines() if line.startswith("pages ")]
+    assert rows and rows[0][1] == "2", text
+    assert "nightly" not in text
+
+
+def _shifted(record: dict[str, Any], weeks: int, n: int) -> dict[str, Any]:
+    """A copy of a real run record as if it had run ``weeks`` weeks earlier."""
+    delta = timedelta(weeks=weeks)
+
+    def move(value: str) -> str:
+        return (datetime.fromisoformat(value) - delta).isoformat()
+
+    rec = json.loads(json.dumps(record))
+    rec["run_id"] = f"{rec['run_id']}-w{weeks}-{n}"
+    rec["started_at"], rec["completed_at"] = move(rec["started_at"]), move(rec["completed_at"])
+    for part in rec["steps"] + rec["decisions"]:
+        if part.get("at"):
+            part["at"] = move(part["at"])
+    return rec
+
+
+def test_stats_since_and_the_weekly_escalation_rate_with_its_trend(brain: Brain) -> None:
+    """The headline: escalations per run, per ISO week, with its trend; `--since` keeps only the later runs."""
+    brain.python_agent("writer", SWITCH_AGENT)
+    brain.workflow("deploy", """
+        workflow: deploy
+        for_each:
+          items: [web]
+          spawn: writer
+          scope: {zone: project, files: ["workspace/deploy/{{item}}.md"]}
+    """)
+    brain.write("workspace/web.fail", "fail\n")
+    with brain.daemon():
+        escalated = _answered_run(brain, "skip", workflow="deploy", start=False)
+        brain.remove("workspace/web.fail")
+        quiet = _auto_run(brain, workflow="deploy")
+        _auto_run(brain, workflow="deploy")
+    assert (escalated["escalations"], quiet["escalations"]) == (1, 0)
+    # This week (real): 1 escalation in 3 runs. Two weeks ago: 1 in 2. Four weeks ago: 2 in 2.
+    history = [_shifted(escalated, 4, 1), _shifted(escalated, 4, 2), _shifted(escalated, 2, 1), _shifted(quiet, 2, 2)]
+    with brain.path(".ambient/runs.jsonl").open("a") as f:
+        f.writelines(json.dumps(rec) + "\n" for rec in history)
+
+    data = brain.ok("stats", "--json").json()
+    assert data["runs"] == 7
+    [wf] = data["workflows"]
+    rates = [(w["runs"], w["escalations"]) for w in wf["weeks"]]
+    assert rates == [(2, 2), (2, 1), (3, 1)], wf["weeks"]
+    assert all(re.fullmatch(r"\d{4}-W\d{2}", w["week"]) for w in wf["weeks"])
+    assert wf["trend"]["direction"] == "falling", wf["trend"]
+    assert wf["trend"]["slope_per_week"] < 0
+    text = brain.ok("stats").out
+    assert "Escalations per run, by ISO week" in text
+    [row] = [line for line in text.splitlines() if line.startswith("deploy") and "falling" in line]
+    assert "1.00" in row and "0.50" in row and "0.33" in row, text
+
+    recent = brain.ok("stats", "--since", "10d", "--json").json()
+    assert recent["runs"] == 3
+    assert [(w["runs"], w["escalations"]) for w in recent["workflows"][0]["weeks"]] == [(3, 1)]
+    month = brain.ok("stats", "--since", (datetime.now() - timedelta(days=20)).date().isoformat(), "--json").json()
+    assert month["runs"] == 5
+    assert brain.cli("stats", "--since", "last tuesday").rc == 2
+    two = brain.ok("stats", "--weeks", "2").out
+    week_header = next(line for line in two.splitlines() if line.startswith("WORKFLOW ") and "TREND" in line)
+    assert len(re.findall(r"\d{4}-W\d{2}", week_header)) == 2, week_header
+
+
+def test_recurring_errors_are_grouped_after_normalising(brain: Brain) -> None:
+    """Recurring errors: messages that differ only by numbers, ids, paths or quoted values are one signature."""
+    brain.python_agent("sync", """
+        import os, sys
+        n = {"a": 1, "b": 2, "c": 3, "d": 4}[os.environ["AMBIENT_ITEM"]]
+        if n == 4:
+            print("disk quota exceeded", file=sys.stderr)
+        else:
+            print(f"upload of '/srv/data/{n}{n}/report-{n * 7}.csv' to 10.0.0.{n} failed after {n * 11}s "
+                  f"(request {n}f{n}e9c0{n}d2, job \\"batch {n}\\")", file=sys.stderr)
+        sys.exit(1)
+    """)
+    brain.workflow("sync", """
+        workflow: sync
+        for_each:
+          items: [a, b, c, d]
+          spawn: sync
+          scope: {zone: project, files: ["workspace/sync/{{item}}.md"]}
+    """)
+    with brain.daemon():
+        for esc in brain.wait_escalation("four failed uploads", count=4):
+            assert brain.decide(esc["id"], "skip").rc == 0
+        brain.wait_finished("sync")
+    errors = brain.ok("stats", "--json").json()["errors"]
+    counts = sorted((e["count"], e["signature"]) for e in errors)
+    assert [c for c, _ in counts] == [1, 3], errors
+    grouped = counts[1][1]
+    assert "upload of" in grouped and "failed after" in grouped
+    assert not re.search(r"\d", grouped.replace("code <n>", "")), grouped
+    assert "/srv/data" not in grouped and "batch" not in grouped
+    assert "disk quota exceeded" in counts[0][1]
+    text = brain.ok("stats").out
+    assert "Recurring errors" in text
+    assert re.search(r"^\s*3\s.*upload of", text, re.M), text
+    top = brain.ok("stats", "--errors", "1").out
+    assert "upload of" in top and "disk quota" not in top, top
+
+
+# ---------------------------------------------------------------- learned rules
+
+
+def test_an_answer_becomes_a_shadow_rule_and_matching_answers_are_agreements(brain: Brain) -> None:
+    """An answer becomes a candidate rule in shadow: it only predicts, you still decide; matching answers agree."""
+    _learning_brain(brain)
+    with brain.daemon():
+        _answered_run(brain, "skip", start=False)
+        [rule] = _rules(brain)["rules"]
+        assert rule["state"] == "shadow" and rule["option"] == "skip" and rule["agreements"] == 0
+        assert rule["decides_alone"] is False
+        sit = rule["situation"]
+        assert (sit["workflow"], sit["agent"]) == ("nightly", "flaky")
+        assert "timed out after" in sit["signature"] and not re.search(r"\d", sit["signature"]), sit
+        brain.ok("start", "nightly")
+        [esc] = brain.wait_escalation("the second run's escalation")  # shadow: the person is still asked
+        assert esc["status"] == "pending"
+        assert brain.decide(esc["id"], "skip").rc == 0
+        brain.wait_finished("nightly", count=2)
+    [rule2] = _rules(brain)["rules"]
+    assert rule2["id"] == rule["id"]
+    assert (rule2["state"], rule2["agreements"], rule2["uses"]) == ("shadow", 1, 0)
+    listing = brain.ok("rules").out
+    assert rule["id"] in listing and "shadow" in listing
+
+
+def _auto_decided(brain: Brain, webhook: Webhook, rule_id: str) -> None:
+    """The next run is decided by the rule alone: recorded in the run, sent as information, counted as a use."""
+    record = _auto_run(brain)
+    assert brain.escalations() == []
+    [decision] = record["decisions"]
+    assert decision["auto"] is True and decision["option"] == "skip", decision
+    assert rule_id in decision["by"], decision
+    answered = [e for e in brain.escalations(all=True) if e["run_id"] == record["run_id"]]
+    assert [(e["status"], e["decision"], e["channel"]) for e in answered] == [("answered", "skip", "rule")], answered
+    wait(lambda: any("learned rule" in t and rule_id in t for t in webhook.texts()),
+         "the automatic decision sent as information")
+    [rule] = _rules(brain)["rules"]
+    assert rule["uses"] == 1
+    assert brain.ok("stats", "--json").json()["workflows"][0]["auto_decisions"] == 1
+
+
+def test_an_active_rule_decides_alone_where_you_opted_in_a_workflow(brain: Brain, webhook: Webhook) -> None:
+    """Active after promote_after (3) agreements; decides alone only once you opt in (`rules optin --workflow W`);
+    every automatic decision is recorded in the run and sent to you as information."""
+    _learning_brain(brain, webhook)
+    with brain.daemon():
+        rule_id = _promoted(brain)
+        assert _rules(brain)["rules"][0]["decides_alone"] is False
+        _answered_run(brain, "skip")  # active but not opted in: the person is still asked
+        out = brain.ok("rules", "optin", "--workflow", "nightly").out
+        assert "nightly" in out
+        assert _rules(brain)["rules"][0]["decides_alone"] is True
+        _auto_decided(brain, webhook, rule_id)
+
+
+def test_rules_optin_global_lets_active_rules_decide_everywhere(brain: Brain, webhook: Webhook) -> None:
+    """`ambient rules optin --global`: active rules decide alone in every workflow."""
+    _learning_brain(brain, webhook)
+    with brain.daemon():
+        rule_id = _promoted(brain)
+        brain.ok("rules", "optin", "--global")
+        assert _rules(brain)["auto_decide"]["global"] is True
+        _auto_decided(brain, webhook, rule_id)
+
+
+def test_rules_accept_opts_one_rule_in(brain: Brain, webhook: Webhook) -> None:
+    """`ambient rules accept ID`: that rule decides alone once active (after its agreements), no workflow opt-in."""
+    _learning_brain(brain, webhook)
+    with brain.daemon():
+        _answered_run(brain, "skip", start=False)
+        [rule] = _rules(brain)["rules"]
+        said = brain.ok("rules", "accept", rule["id"]).out
+        assert rule["id"] in said
+        assert _rules(brain)["rules"][0]["decides_alone"] is False  # still in shadow
+        for _ in range(3):
+            _answered_run(brain, "skip")
+        accepted = _rules(brain)
+        assert accepted["auto_decide"] == {"global": False, "workflows": [], "exclude": []}
+        assert accepted["rules"][0]["decides_alone"] is True
+        _auto_decided(brain, webhook, rule["id"])
+
+
+def test_the_first_disagreement_demotes_the_rule_to_shadow(brain: Brain) -> None:
+    """The first disagreement demotes an active rule back to shadow: opted in, it still asks you."""
+    _learning_brain(brain)
+    with brain.daemon():
+        rule_id = _promoted(brain)
+        _answered_run(brain, "abort")
+        [rule] = _rules(brain)["rules"]
+        assert rule["id"] == rule_id
+        assert (rule["state"], rule["agreements"], rule["disagreements"]) == ("shadow", 0, 1), rule
+        assert rule["decides_alone"] is False
+        brain.ok("rules", "optin", "--workflow", "nightly")
+        record = _answered_run(brain, "skip")  # the person is asked again
+    assert [d["auto"] for d in record["decisions"]] == [False]
+    assert all(not d["auto"] for rec in brain.finished("nightly") for d in rec["decisions"])
+
+
+def test_rules_forget_stops_a_rule(brain: Brain) -> None:
+    """`ambient rules forget ID` stops a rule: it no longer decides (nor learns), the person is asked."""
+    _learning_brain(brain)
+    with brain.daemon():
+        rule_id = _promoted(brain)
+        brain.ok("rules", "optin", "--global")
+        said = brain.ok("rules", "forget", rule_id[:6]).out  # a unique prefix is enough
+        assert rule_id in said
+        [rule] = _rules(brain)["rules"]
+        assert rule["state"] == "forgotten" and rule["decides_alone"] is False
+        record = _answered_run(brain, "skip")
+    assert [d["auto"] for d in record["decisions"]] == [False]
+    [rule] = _rules(brain)["rules"]
+    assert (rule["state"], rule["uses"], rule["agreements"]) == ("forgotten", 0, 3)
+    assert brain.cli("rules", "forget", "r-nosuchrule").rc == 2
+
+
+# ---------------------------------------------------------------- live threads and the handoff
+
+ECHO_AGENT = """
+    import json, os, pathlib, sys
+    packet = json.load(sys.stdin)
+    brain = pathlib.Path(os.environ["AMBIENT_BRAIN"])
+    out = brain / "workspace" / "handoffs"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{os.environ['AMBIENT_RUN_ID']}.{os.environ['AMBIENT_ITEM']}.md").write_text(
+        os.environ.get("AMBIENT_HANDOFF", ""))
+    print(json.dumps({"status": "ok", "echo": packet["payload"]["context"].get("brief", "")}))
+"""
+
+
+def test_thread_shows_the_agents_live_thread_and_partial_views(brain: Brain) -> None:
+    """`ambient thread AGENT [--requester R] [--correlation C]`: every delivered packet is a turn; filtered views
+    say they are partial."""
+    brain.python_agent("echo", ECHO_AGENT)
+    brain.workflow("notes", """
+        workflow: notes
+        for_each:
+          items: [alpha, beta]
+          spawn: echo
+          scope: {zone: project, files: ["workspace/notes/{{item}}.md"]}
+          context: {brief: "note about {{item}}"}
+    """)
+    brain.until_idle()
+    [record] = brain.finished("notes")
+    run_id = record["run_id"]
+    full = brain.ok("thread", "echo", "--json").json()
+    assert full["partial"] is False
+    turns = full["turns"]
+    assert len(turns) == 4, turns
+    for t in turns:
+        assert {"requester", "target", "correlation_id", "role", "source"} <= set(t), t
+    spawns = [t for t in turns if t["signal"] == "SPAWN"]
+    assert {t["requester"] for t in spawns} == {"ambient"}
+    assert {t["correlation_id"] for t in turns} == {f"{run_id}/alpha/1", f"{run_id}/beta/1"}
+    text = brain.ok("thread", "echo").out
+    assert "PARTIAL" not in text and "note about alpha" in text and "note about beta" in text
+
+    one = brain.ok("thread", "echo", "--correlation", f"{run_id}/alpha/1", "--json").json()
+    assert one["partial"] is True
+    assert {t["correlation_id"] for t in one["turns"]} == {f"{run_id}/alpha/1"}
+    assert len(one["turns"]) == 2
+    one_text = brain.ok("thread", "echo", "--correlation", f"{run_id}/alpha/1").out
+    assert one_text.startswith("PARTIAL") and "note about beta" not in one_text
+    by_ambient = brain.ok("thread", "echo", "--requester", "ambient", "--json").json()
+    assert by_ambient["partial"] is True and len(by_ambient["turns"]) == 4
+    nobody = brain.ok("thread", "echo", "--requester", "human", "--json").json()
+    assert nobody["partial"] is True and nobody["turns"] == []
+
+
+BLOCKED_AGENT = """
+    import json, os, pathlib, sys
+    json.load(sys.stdin)
+    brain = pathlib.Path(os.environ["AMBIENT_BRAIN"])
+    out = brain / "workspace" / "handoffs"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{os.environ['AMBIENT_RUN_ID']}.{os.environ['AMBIENT_ITEM']}.md").write_text(
+        os.environ.get("AMBIENT_HANDOFF", ""))
+    print(json.dumps({"signal": "BLOCKED_ON",
+                      "context": {"missing": os.environ["AMBIENT_ITEM"] + " needs the vendor key " + "k" * 3000}}))
+"""
+
+
+def test_agents_get_a_bounded_handoff_never_the_transcript(brain: Brain) -> None:
+    """Agents get handoff.md in AMBIENT_HANDOFF: at most 4096 characters with stable rubrics, not the transcript."""
+    brain.python_agent("vendor", BLOCKED_AGENT)
+    items = [f"shop-{n}" for n in range(1, 9)]
+    brain.workflow("vendors", f"""
+        workflow: vendors
+        for_each:
+          items: [{", ".join(items)}]
+          spawn: vendor
+          scope: {{zone: project, files: ["workspace/vendors/{{{{item}}}}.md"]}}
+          context: {{brief: "{{{{item}}}} {"b" * 3000}"}}
+    """)
+    with brain.daemon():
+        first_run = brain.wait_escalation("the first run's blocked items", count=8)[0]["run_id"]
+        brain.ok("start", "vendors")
+        brain.wait_escalation("both runs' blocked items", count=16)
+    assert len(brain.read(".ambient/live/vendor/log.jsonl")) > 40_000  # the transcript
+    handoffs = {p.name: p.read_text() for p in brain.path("workspace/handoffs").glob("*.md")}
+    assert len(handoffs) == 16
+    for text in handoffs.values():
+        assert 0 < len(text) <= 4096, len(text)
+    richest = max((t for name, t in handoffs.items() if not name.startswith(first_run)), key=len)
+    for rubric in ("Current objective", "Active requests", "Recent decisions", "Blockers", "Last correlated answer"):
+        assert rubric in richest, richest
+    assert "needs the vendor key" in richest
+    kept = brain.read(".ambient/live/vendor/handoff.md")  # written when the agent first needed it
+    assert 0 < len(kept) <= 4096
+    shown = brain.ok("thread", "vendor", "--handoff").out
+    assert 0 < len(shown) <= 4096 and "Blockers" in shown
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: packets sent with `ambient send` never become turns of the live thread")
+def test_a_handoff_packet_reaches_the_agents_next_handoff(brain: Brain) -> None:
+    """handoff.md is rewritten after HANDOFF packets: an agent's HANDOFF decision is in its next AMBIENT_HANDOFF."""
+    gate = {"receives_from": ["orchestrator", "human", "ambient", "scribe2"],
+            "sends_to": ["orchestrator", "human", "ambient", "scribe2"],
+            "zone_access": ["project"], "signals": ["RETURN", "ERROR", "ESCALATE", "BLOCKED_ON", "HANDOFF"]}
+    brain.python_agent("scribe2", """
+        import json, os, pathlib, subprocess, sys
+        json.load(sys.stdin)
+        brain = pathlib.Path(os.environ["AMBIENT_BRAIN"])
+        out = brain / "workspace" / "handoffs"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / os.environ["AMBIENT_RUN_ID"]).write_text(os.environ.get("AMBIENT_HANDOFF", ""))
+        pkt = {"from": "scribe2", "to": "scribe2", "signal": "HANDOFF", "session_id": os.environ["AMBIENT_RUN_ID"],
+               "payload": {"context": {"objective": "tidy the glossary"}, "decision": "use British spelling"}}
+        sent = subprocess.run([sys.executable, "-m", "ambient", "send", "-"], input=json.dumps(pkt), text=True,
+                              capture_output=True)
+        (out / (os.environ["AMBIENT_RUN_ID"] + ".sent")).write_text(str(sent.returncode) + sent.stdout + sent.stderr)
+        print(json.dumps({"status": "ok"}))
+    """, gate=gate)
+    brain.workflow("glossary", """
+        workflow: glossary
+        for_each:
+          items: [terms]
+          spawn: scribe2
+          scope: {zone: project, files: ["workspace/glossary/{{item}}.md"]}
+    """)
+    with brain.daemon():
+        first = brain.wait_finished("glossary")[0]["run_id"]
+        sent = brain.read(f"workspace/handoffs/{first}.sent")
+        assert sent.startswith("0"), sent
+        brain.ok("start", "glossary")
+        second = brain.wait_finished("glossary", count=2)[-1]["run_id"]
+    assert "HANDOFF" in brain.ok("thread", "scribe2").out
+    assert "use British spelling" in brain.read(f"workspace/handoffs/{second}")
+
