@@ -10,7 +10,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "ambient"
 CORE = ["errors", "problems", "packet", "matrix", "zones", "claims", "preflight", "workflow", "templating",
-        "planner", "runstate", "plans", "records", "learning", "settings", "redact", "yamltext", "pathrules"]
+        "planner", "runstate", "plans", "records", "learning", "settings", "redact", "yamltext", "pathrules",
+        "replay", "slots"]
 IO_MODULES = {"os", "io", "asyncio", "subprocess", "time", "socket", "shutil", "fcntl", "signal"}
 
 

@@ -353,7 +353,9 @@ def figures(iterations: list[Iteration], seed: int) -> dict[str, Any]:
             kills_in_flight += bool(k.in_flight)
             for o in k.orphans:
                 orphans += 1
-                again = [t for item, att, t in accepted if item == o.item and att > o.attempt]
+                # Run again after the kill: the same attempt (its key kept, an interrupted attempt is redone) or a
+                # later one.
+                again = [t for item, att, t in accepted if item == o.item and att >= o.attempt and t > k.at]
                 if again and o.exited_at is not None and min(again) < o.exited_at:
                     overlaps += 1
     return {

@@ -143,7 +143,9 @@ def test_sigterm_during_a_fanout_stops_cleanly_and_the_run_resumes(tmp_path: Pat
         # Ignores SIGTERM: killed by SIGKILL after its 1 s grace, before its sleep ends.
         "stubborn": stub_agent_md("stubborn", ["--sleep-ms", "7000-7500", "--witness", str(wit), "--ignore-term"],
                                   kill_grace_s=1),
-    }, config="concurrency: 10\n")  # the daemon-wide cap (default 4) lets both runs' five agents run at once
+    # The daemon-wide cap (default 4) lets both runs' five agents run at once; a short shutdown grace interrupts
+    # them (by default they get 10 s to finish their work).
+    }, config="concurrency: 10\nshutdown_grace_s: 0.2\n")
     plan = {"slow": ["s0", "s1", "s2", "s3", "s4"], "stubborn": ["t0", "t1", "t2", "t3", "t4"]}
     items = sorted(plan["slow"] + plan["stubborn"])
 
@@ -181,8 +183,9 @@ def test_sigterm_during_a_fanout_stops_cleanly_and_the_run_resumes(tmp_path: Pat
             state = wait_for(lambda wf=wf: finished_run(paths, wf), 20, f"{wf} resumed and finished")
             assert state.outcome == "success"
         assert d2.stop() == 0
-    again = [item for item, attempt, _ in witness(wit) if attempt == 2]
-    assert sorted(again) == items  # each interrupted item ran again, once
+    rerun = witness(wit)[len(killed_after_work):]
+    assert sorted(item for item, _, _ in rerun) == items  # each interrupted item ran again, once...
+    assert {attempt for _, attempt, _ in rerun} == {1}  # ... as the same attempt: the same AMBIENT_KEY
     assert len(witness(wit)) == len(items) + len(killed_after_work)
     done = [e for wf in plan for e in events(paths, wf, "finished") if e["result"] == "success"]
     assert sorted(e["item"] for e in done) == items  # exactly one completion per item

@@ -56,6 +56,8 @@ class ScriptedAgent:
             return AttemptResult(result="blocked", error="missing key", signal_in="BLOCKED_ON")
         if reply == "error":
             return AttemptResult(result="error", error="crashed", signal_in="ERROR")
+        if reply == "unrecoverable":  # the agent's own ERROR signal: never retried
+            return AttemptResult(result="error", error="gone", signal_in="ERROR", retryable=False)
         if reply == "fail":
             return AttemptResult(result="fail", error="refused", output=output or None, signal_in="RETURN")
         return AttemptResult(result="success", output=output, signal_in="RETURN")
@@ -126,7 +128,7 @@ def _abort_option(req: EscalationRequest) -> tuple[str, str, str]:
     return next(o for o in req.options if o[2] in ("abort", "reject"))
 
 
-REPLIES = st.tuples(st.sampled_from(["success", "success", "fail", "error", "escalate", "blocked"]),
+REPLIES = st.tuples(st.sampled_from(["success", "success", "fail", "error", "unrecoverable", "escalate", "blocked"]),
                     st.sampled_from(["ok", "ok", "partial", "failed", None]), st.sampled_from([None, 0, 1]))
 RETRY = st.one_of(st.none(), st.fixed_dictionaries({"attempts": st.integers(1, 3), "backoff": st.just("1ms"),
                                                      "max_backoff": st.just("2ms"),

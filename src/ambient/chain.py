@@ -41,7 +41,7 @@ from ambient.planner import (
     question_options,
 )
 from ambient.runs import Attempt, AttemptResult, EscalationRequest, ItemTemplate, Ports, RunExecutor, item_claim_id
-from ambient.runstate import ItemState, RunState
+from ambient.runstate import ItemState, RunState, next_attempt
 
 log = structlog.get_logger(__name__)
 
@@ -104,6 +104,7 @@ class ChainExecutor(RunExecutor):
         self.chain = chain
         self.steps: list[ChainStep] = list(chain.steps)
         self._declared = len(self.steps)
+        self._stepping = False  # a step's agent is at work (shutdown lets it finish within the grace)
         # Satellites added by `trigger → type:X scope:Y` live in the journal; rebuild their steps.
         for it in state.items[len(self.steps) :]:
             self.steps.append(self._satellite_step(it.name))
@@ -188,6 +189,9 @@ class ChainExecutor(RunExecutor):
             if problem:
                 self.event("note", text=f"theme branch: {problem}")
         while not self.state.finished:
+            if self._closing:  # shutdown: no step starts; the run is cancelled once the running one ends
+                await self._park()
+                continue
             if self.state.aborted or any(it.status == "aborted" for it in self.state.items):
                 await self._abort("aborted by decision")
                 break
@@ -262,16 +266,18 @@ class ChainExecutor(RunExecutor):
     async def _run_step(self, item: ItemState, step: ChainStep) -> None:
         if not await self._slot(item):
             return
-        attempt = item.attempt + 1
+        attempt = next_attempt(item)
         self.event("accepted", item=item.name, attempt=attempt, key=self._key(item, attempt))
         await self.journal.commit()
         self.ports.claims.item_changed(self.state, item)
+        self._stepping = True
         with structlog.contextvars.bound_contextvars(step=step.name, attempt=attempt):
             try:
                 res = await self.ports.delegate.attempt(self.build_attempt(item, attempt))
             except Exception as exc:  # noqa: BLE001 - a step that cannot start fails, the daemon goes on
                 res = AttemptResult(result="error", error=str(exc))
             finally:
+                self._stepping = False
                 self._release(item.name)
         if res.result == "escalate":
             await self._agent_asks(item, step, attempt, res)
@@ -281,11 +287,11 @@ class ChainExecutor(RunExecutor):
         self.event("finished", item=item.name, attempt=attempt, agent=self._agent_for(step),
                    key=self._key(item, attempt), result=recorded, output=res.output,
                    error=verdict.reason or res.error, duration_ms=res.duration_ms, signal_in=res.signal_in,
-                   reply=res.result)
+                   reply=res.reply)
         scope = step.scope or step.name
         if verdict.status == "failed":
-            # Retries first (per the workflow's policy), then the breaker, then the exit trigger.
-            if res.result in step.retry.on and item.fails < step.retry.attempts:  # the step's policy, else the chain's
+            # Retries first (the step's policy, else the chain's), then the breaker, then the exit trigger.
+            if res.retryable and res.result in step.retry.on and item.fails < step.retry.attempts:
                 delay = step.retry.delay(item.fails, self.ports.rng)
                 not_before = self.ports.clock.now() + timedelta(seconds=delay)
                 self.event("retry", item=item.name, attempt=attempt, not_before=not_before.isoformat())
@@ -324,7 +330,7 @@ class ChainExecutor(RunExecutor):
         agent = self._agent_for(step)
         self.event("finished", item=item.name, attempt=attempt, agent=agent, key=self._key(item, attempt),
                    result="fail", output=res.output, error=res.error, duration_ms=res.duration_ms,
-                   signal_in=res.signal_in, reply=res.result)
+                   signal_in=res.signal_in, reply=res.reply)
         question = res.question or f"{agent} asks a decision about step {step.name}"
         esc = await self._ask(item, "question", question, question_options(res.options or ["continue"]))
         self.event("escalated", item=item.name, escalation=esc, kind="question")
@@ -445,6 +451,10 @@ class ChainExecutor(RunExecutor):
             action = "retry"
         return super().decide(escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note,
                               rule=rule, answer=answer)
+
+    @property
+    def busy(self) -> bool:
+        return self._stepping
 
     async def _interrupt(self) -> None:
         for item in self.state.items:

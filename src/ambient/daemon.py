@@ -856,7 +856,8 @@ class Daemon:
     async def _shutdown(self) -> None:
         systemd.stopping("stopping")
         grace = self.ref.brain.settings.shutdown_grace_s
-        systemd.extend_timeout(int((grace + 10) * 1_000_000))
+        kill_grace = max((getattr(cfg, "kill_grace_s", 0.0) for cfg in self.ref.brain.runners.values()), default=0.0)
+        systemd.extend_timeout(int((grace + kill_grace + 10) * 1_000_000))  # drain, then SIGTERM → SIGKILL
         await self.manager.shutdown(grace)
         await self.runners.terminate_all(grace)
         await self.notify.close()

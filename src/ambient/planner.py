@@ -99,12 +99,16 @@ def reaction_for(plan: FanOut, result: str) -> Reaction:
     return plan.on_return.get(result) or DEFAULT_ON_RETURN.get(result) or DEFAULT_ON_RETURN["error"]
 
 
-def after_attempt(plan: FanOut, item: ItemState, result: str, now: datetime, rng: random.Random) -> ItemOutcome:
-    """Route one attempt's result: success goes on; failures retry per policy, then react."""
+def after_attempt(plan: FanOut, item: ItemState, result: str, now: datetime, rng: random.Random, *,
+                  retryable: bool = True) -> ItemOutcome:
+    """Route one attempt's result: success goes on; failures retry per policy, then react.
+
+    ``retryable`` is False for an agent's own ERROR signal: it said the failure is unrecoverable, so running it
+    again cannot help (the retry policy is for crashes, timeouts and bad output)."""
     reaction = reaction_for(plan, result)
     if result == "success":
         return ItemOutcome("done", reaction)
-    if result in plan.retry.on and item.fails < plan.retry.attempts:
+    if retryable and result in plan.retry.on and item.fails < plan.retry.attempts:
         delay = plan.retry.delay(item.fails, rng)
         return ItemOutcome("retry", reaction, not_before=now + timedelta(seconds=delay))
     if reaction.escalates:

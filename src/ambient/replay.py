@@ -42,7 +42,7 @@ from ambient.planner import (
 )
 from ambient.plans import chain_steps, fanout, retry_policy
 from ambient.records import RunRecord
-from ambient.runstate import ItemState
+from ambient.runstate import UNRECOVERABLE, ItemState
 from ambient.workflow import ChainWorkflow, ForEachWorkflow, WorkflowSpec
 
 ReplayChange = Literal["escalate", "rule", "rerouted"]
@@ -67,10 +67,11 @@ class Fate:
 
 
 def reply_of(step: Mapping[str, Any]) -> str:
-    """What the agent answered: the recorded ``reply``, else read from ``signal_in`` and ``result`` (older records)."""
+    """What the agent answered: the recorded ``reply``, else read from ``signal_in`` and ``result`` (older records).
+    The agent's own ERROR (``unrecoverable``) is an ``error`` that :func:`retryable` says no retry may follow."""
     reply = step.get("reply")
     if isinstance(reply, str) and reply:
-        return reply
+        return "error" if reply == UNRECOVERABLE else reply
     signal = step.get("signal_in")
     if signal == "ESCALATE":
         return "escalate"
@@ -78,6 +79,11 @@ def reply_of(step: Mapping[str, Any]) -> str:
         return "blocked"
     result = str(step.get("result"))
     return result if result in ("success", "fail", "error") else "error"
+
+
+def retryable(step: Mapping[str, Any]) -> bool:
+    """Whether the retry policy may run the step again (not after the agent's own ERROR signal)."""
+    return step.get("reply") != UNRECOVERABLE
 
 
 def fates(spec: WorkflowSpec | None, steps: Sequence[Mapping[str, Any]], *, gated: Sequence[str] = (),
@@ -128,7 +134,7 @@ def _for_each_fates(plan: FanOut, steps: Sequence[Mapping[str, Any]], answers: _
     for s in steps:
         name, reply = str(s.get("item")), reply_of(s)
         count = _counted(s, fails.get(name, 0))
-        outcome = after_attempt(plan, ItemState(name, 0, fails=count), reply, _NOW, rng)
+        outcome = after_attempt(plan, ItemState(name, 0, fails=count), reply, _NOW, rng, retryable=retryable(s))
         fails[name] = count
         if outcome.kind == "escalate":
             out.append(Fate("escalate", _kind(reply)))
@@ -199,7 +205,7 @@ def _step_fate(step: ChainStep, s: Mapping[str, Any], fails: dict[str, int], bre
     output = {k: s[k] for k in ("status", "tests") if s.get(k) is not None}
     verdict = judge_step(step, output, reply)
     if verdict.status == "failed":
-        if reply in step.retry.on and fails[name] < step.retry.attempts:
+        if retryable(s) and reply in step.retry.on and fails[name] < step.retry.attempts:
             return Fate("retry")
         breaker[scope] = breaker.get(scope, 0) + 1
         if breaker[scope] >= threshold:

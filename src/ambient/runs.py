@@ -45,7 +45,17 @@ from ambient.planner import (
     ready_items,
 )
 from ambient.records import DecisionRecord, RunRecord, StepRecord
-from ambient.runstate import ABORTING, TERMINAL_ITEM, ItemState, RunState, apply_event, fold, outcome_of
+from ambient.runstate import (
+    ABORTING,
+    TERMINAL_ITEM,
+    UNRECOVERABLE,
+    ItemState,
+    RunState,
+    apply_event,
+    fold,
+    next_attempt,
+    outcome_of,
+)
 from ambient.slots import AgentSlots
 
 log = structlog.get_logger(__name__)
@@ -91,6 +101,13 @@ class AttemptResult:
     signal_in: str | None = None
     question: str | None = None
     options: list[str] = field(default_factory=list)
+    retryable: bool = True  # False for the agent's own ERROR signal: "unrecoverable", never retried
+
+    @property
+    def reply(self) -> str:
+        """What the agent answered, as run records keep it: success|fail|error|escalate|blocked, or
+        ``unrecoverable`` for its own ERROR signal."""
+        return self.result if self.retryable else UNRECOVERABLE
 
 
 class Delegate(Protocol):
@@ -231,6 +248,7 @@ class RunExecutor:
         self._open_from = 0  # no item before this index is pending or retry_wait (see _ready)
         self.on_park: Callable[[], None] | None = None
         self.slots: AgentSlots | None = None  # the daemon-wide cap (None: only the run's own concurrency)
+        self.on_agent_end: Callable[[], None] | None = None  # an agent's work ended (the manager drains on stop)
         self._holding: set[str] = set()  # items whose agent holds one of those slots
         self._short = False  # ready items wait for a slot another run holds: busy, not parked
 
@@ -288,6 +306,16 @@ class RunExecutor:
     @property
     def running_items(self) -> int:
         return len(self._tasks)
+
+    @property
+    def busy(self) -> bool:
+        """An agent of this run is at work."""
+        return bool(self._tasks)
+
+    def close(self) -> None:
+        """Start nothing more (shutdown): what runs goes on until it ends or the run is cancelled."""
+        self._closing = True
+        self.poke()
 
     def poke(self) -> None:
         """Wake the executor (a decision arrived, or shutdown)."""
@@ -368,6 +396,8 @@ class RunExecutor:
 
     def _release(self, name: str) -> None:
         """The item's agent is done (or will never run): its slot goes back, once."""
+        if self.on_agent_end is not None:
+            self.on_agent_end()
         if name in self._holding:
             self._holding.discard(name)
             assert self.slots is not None
@@ -377,7 +407,7 @@ class RunExecutor:
         # spec: "accepted" means "on disk" before the agent starts; one fsync for the whole batch.
         starts: list[tuple[ItemState, int]] = []
         for item in batch:
-            attempt = item.attempt + 1
+            attempt = next_attempt(item)
             self.event("accepted", item=item.name, attempt=attempt, key=self._key(item, attempt))
             starts.append((item, attempt))
         await self.journal.commit()
@@ -481,7 +511,7 @@ class RunExecutor:
             error=res.error,
             duration_ms=res.duration_ms,
             signal_in=res.signal_in,
-            reply=res.result,
+            reply=res.reply,
         )
         await self._route(item, res)
         # The agent is done: its slot is free now, so the next item's ``accepted`` joins this fsync round
@@ -492,7 +522,7 @@ class RunExecutor:
 
     async def _route(self, item: ItemState, res: AttemptResult) -> None:
         now = self.ports.clock.now()
-        outcome = after_attempt(self.plan, item, res.result, now, self.ports.rng)
+        outcome = after_attempt(self.plan, item, res.result, now, self.ports.rng, retryable=res.retryable)
         reaction = outcome.reaction
         if "log" in reaction.verbs or res.result == "error":
             log.warning("item_failed", item=item.name, result=res.result, error=res.error)
@@ -639,6 +669,7 @@ class RunManager:
         self.on_finished: list[Callable[[RunState], Awaitable[None] | None]] = []
         self.on_park: list[Callable[[], None]] = []  # a run went idle (waits on the person)
         self.slots = AgentSlots(DEFAULT_SLOTS)  # the daemon-wide cap; resized from the settings
+        self._agent_ended = asyncio.Event()  # set by the executors when an agent's work ends (shutdown's drain)
         # Workflows that have a run journal on disk (filled by resume_all and start): a workflow file seen for
         # the first time is not started again when its run was already started before a crash (R-01).
         self.journaled: set[str] = set()
@@ -683,6 +714,7 @@ class RunManager:
     def _launch(self, state: RunState, journal: Journal) -> None:
         ex = self.factory(state, journal)
         ex.slots = self.slots
+        ex.on_agent_end = self._agent_ended.set
         ex.ports.claims.run_changed(state)
         self.executors[state.run_id] = ex
         ex.on_park = self._parked
@@ -885,7 +917,17 @@ class RunManager:
         return [ex.state for ex in self.executors.values()]
 
     async def shutdown(self, grace: float) -> None:
-        """Stop every run: agents get ``grace`` seconds (their runners kill the process groups)."""
+        """Stop every run: no new agent starts, the running ones get ``grace`` seconds (``shutdown_grace_s``) to
+        finish their work, and those still running then are interrupted: their runners send the process group
+        SIGTERM, then SIGKILL after the agent's ``kill_grace_s``; a restart runs those items again."""
+        for ex in self.executors.values():
+            ex.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while any(ex.busy for ex in self.executors.values()) and loop.time() < deadline:
+            self._agent_ended.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._agent_ended.wait(), deadline - loop.time())
         tasks = list(self.tasks.values())
         for t in tasks:
             t.cancel()

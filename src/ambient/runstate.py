@@ -39,6 +39,8 @@ TERMINAL_ITEM: frozenset[str] = frozenset({"done", "failed", "skipped", "aborted
 #: The result of a step before the one a run started at (``ambient start --step``, ``trigger:<workflow>/<step>``):
 #: skipped, and left out of the run's outcome.
 NOT_RUN = "not_run"
+#: The recorded reply of an agent that answered with its own ERROR signal: unrecoverable, never retried.
+UNRECOVERABLE = "unrecoverable"
 #: Decisions that abort the whole run, cascading to every unfinished item (spec/002 ``abort``).
 ABORTING: frozenset[str] = frozenset({"abort", "reject"})
 
@@ -302,6 +304,13 @@ def ended_because(state: RunState) -> str:
             where = f" on {d['item']}" if d.get("item") else ""
             return f"the run was aborted: {d.get('option')}{where} by {d.get('by') or 'ambient'}"
     return f"the run ended ({state.outcome or 'unfinished'})"
+
+
+def next_attempt(item: ItemState) -> int:
+    """The attempt number an item runs with next: a new one, except after an interruption (a crash or a stop cut
+    the attempt short): that attempt is run again under the same number, so its idempotency key
+    (``run/item/attempt``, AMBIENT_KEY) lets the agent see it may have done part of it already."""
+    return item.attempt if item.result == "interrupted" and item.attempt else item.attempt + 1
 
 
 def outcome_of(state: RunState) -> str:

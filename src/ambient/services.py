@@ -215,6 +215,7 @@ class AgentDelegate:
         return AttemptResult(
             result=res.status, output=output, error=res.error, duration_ms=res.duration_ms or _ms(started),
             signal_in=signal, question=res.question, options=list(res.options or []),
+            retryable=res.reason != "agent_error",  # the agent's own ERROR: unrecoverable (README), never retried
         )
 
     async def _preflight(self, a: Attempt) -> str | None:

@@ -430,8 +430,6 @@ def test_every_item_of_the_table_is_accounted_for(table: Brain) -> None:
                                                                                       "return"}
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an agent's ERROR ('unrecoverable error') is retried by "
-                                       "`retry: {on: [error]}` like a crash")
 def test_an_agents_error_signal_is_unrecoverable_and_not_retried(brain: Brain) -> None:
     """Output: `{"signal": "ERROR"}` is an unrecoverable error: the agent is not run again by the retry policy."""
     brain.python_agent("fatal", """

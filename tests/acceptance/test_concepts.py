@@ -9,7 +9,6 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.acceptance.harness import Brain, Daemon, wait
@@ -434,8 +433,6 @@ def test_kill_9_mid_chain_then_start_again_resumes_at_the_running_step(brain: Br
     assert log("3") == [f"{run_id}/3/1"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the run after a crash gets a new key (run/item/2), so AMBIENT_KEY cannot "
-                                       "tell the agent it already did this")
 def test_an_item_run_again_after_a_crash_carries_the_same_idempotency_key(brain: Brain) -> None:
     """Agents run at least once: each SPAWN carries an idempotency key (`run/item/attempt`, in AMBIENT_KEY) so an agent
     can refuse to do the same thing twice: the item run again after kill -9 is recognisable by its key."""

@@ -120,3 +120,54 @@ def test_editing_the_config_file_reloads_it(brain: Brain, webhook: Webhook) -> N
         _escalate(brain, "late")
         wait(lambda: any("Decision needed" in t and "late" in t for t in webhook.texts()),
              "the escalation at the URL added while the daemon runs")
+
+
+# Works for a while (until released, or 1.5 s), noting when it started, got SIGTERM and finished.
+PATIENT_AGENT = """
+    import json, os, pathlib, signal, sys, time
+    json.load(sys.stdin)
+    base = pathlib.Path(os.environ["AMBIENT_BRAIN"])
+    signal.signal(signal.SIGTERM, lambda *_: ((base / "term").write_text("x"), sys.exit(0)))
+    (base / "started").write_text(str(time.time()))
+    end = time.time() + 1.5
+    while time.time() < end:
+        time.sleep(0.05)
+    (base / "finished").write_text(str(time.time()))
+    print(json.dumps({"status": "ok"}))
+"""
+
+
+def test_shutdown_grace_lets_running_agents_finish(brain: Brain) -> None:
+    """`shutdown_grace_s`: on SIGTERM, running agents get that long to finish their work; none is interrupted when
+    it is enough, and the run ends with its result recorded."""
+    brain.config("shutdown_grace_s: 20\n")
+    brain.python_agent("patient", PATIENT_AGENT)
+    brain.workflow("steady", """
+        workflow: steady
+        for_each: {items: [one], spawn: patient}
+    """)
+    with brain.daemon() as daemon:
+        wait(lambda: brain.path("started").exists(), "the agent to start")
+        assert daemon.stop() == 0
+    assert brain.path("finished").exists() and not brain.path("term").exists()
+    [record] = brain.finished("steady")
+    assert record["outcome"] == "success"
+
+
+def test_shutdown_grace_then_sigterm_for_those_still_running(brain: Brain) -> None:
+    """`shutdown_grace_s` shorter than the work: the agent then gets SIGTERM; its item runs again at the next start."""
+    brain.config("shutdown_grace_s: 0.2\n")
+    brain.python_agent("patient", PATIENT_AGENT)
+    brain.workflow("steady", """
+        workflow: steady
+        for_each: {items: [one], spawn: patient}
+    """)
+    with brain.daemon() as daemon:
+        wait(lambda: brain.path("started").exists(), "the agent to start")
+        assert daemon.stop() == 0
+    assert brain.path("term").exists() and not brain.path("finished").exists()
+    assert brain.finished("steady") == []
+    brain.path("started").unlink()
+    brain.until_idle()
+    [record] = brain.finished("steady")
+    assert record["outcome"] == "success" and brain.path("finished").exists()
