@@ -370,11 +370,12 @@ class TestDeadlines:
             ("gate", "approve", "approve"),
             ("gate", "reject", "reject"),
             ("fail", "abort", "abort"),
-            ("fail", "approve", "approve"),
+            ("fail", "approve", "skip"),  # approve a failure: go on without the item
+            ("blocked", "approve", "continue"),
         ],
     )
     def test_timeout_decisions(self, kind: Any, on_timeout: Any, decision: str) -> None:
-        """on_timeout picks the offered option with that action; with none offered the action decides."""
+        """on_timeout picks the offered option with that action (approve: approve, else continue, else skip)."""
         e = new_escalation(
             workflow="w",
             run_id="r",

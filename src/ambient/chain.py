@@ -165,11 +165,12 @@ class ChainExecutor(RunExecutor):
         await self.ports.emitter.emit(signal, target, payload, self.state)
 
     async def _ask(self, item: ItemState | None, kind: str, question: str,
-                   options: Sequence[tuple[str, str, str]]) -> str:
+                   options: Sequence[tuple[str, str, str]], scope: str | None = None) -> str:
         req = EscalationRequest(
             run_id=self.state.run_id,
             workflow=self.state.workflow,
-            item=item.name if item is not None else None,
+            item=None,
+            step=item.name if item is not None else None,
             agent=self._agent_for(self.steps[item.index]) if item is not None else None,
             kind=kind,
             question=question[:2000],
@@ -178,6 +179,7 @@ class ChainExecutor(RunExecutor):
             deadline_s=self.template.deadline_s,
             on_timeout=self.template.on_timeout,
             remind_before_s=self.template.remind_before_s,
+            scope=scope,
         )
         return await self.ports.escalator.escalate(req)
 
@@ -343,6 +345,7 @@ class ChainExecutor(RunExecutor):
             item, "circuit_break",
             f"circuit breaker: {fails} consecutive failures on {scope} (step {step.name}). Inspect, then decide.",
             [("reset", "Reset the breaker and run the step again", "reset"), ("abort", "Abort the chain", "abort")],
+            scope=scope,
         )
         self.event("escalated", item=item.name, escalation=esc, kind="circuit_break")
         await self.journal.commit()

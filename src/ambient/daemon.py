@@ -38,7 +38,7 @@ from ambient.claimstore import ClaimStore
 from ambient.clock import Clock, SystemClock
 from ambient.engine import Tick, TriggerEngine
 from ambient.errors import AlreadyRunningError, AmbientError
-from ambient.escalations import EscalationStore
+from ambient.escalations import Escalation, EscalationStore
 from ambient.fsutil import TMP_MARK, atomic_write, check_local_filesystem, sweep_tmp
 from ambient.gitbranch import GitBranches
 from ambient.heap import HeapTrimEvaluator
@@ -49,7 +49,7 @@ from ambient.notify import Outbox
 from ambient.notifyservice import NotifyService
 from ambient.packet import Packet
 from ambient.paths import BrainPaths
-from ambient.planner import FanOut
+from ambient.planner import ANSWER, FanOut
 from ambient.plans import chain_steps, fanout, item_template, items_of
 from ambient.redact import SecretRegistry
 from ambient.router import Channel, ChannelRegistry, Router, write_inbox
@@ -57,7 +57,7 @@ from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
 from ambient.runners.spawner import Spawner
 from ambient.runners.spawner import available as spawner_available
-from ambient.runs import Ports, RunExecutor, RunManager
+from ambient.runs import EscalationRequest, Ports, RunExecutor, RunManager
 from ambient.runstate import RunState
 from ambient.services import (
     AgentDelegate,
@@ -471,7 +471,8 @@ class Daemon:
                 req.run_id, req.item, req.attempt, pid, started), spawner=spawner),
             assisted=self.assisted,
         )
-        self.delegate = AgentDelegate(self.ref, self.router, self.runners, self.locks, self.clock, self.live)
+        self.delegate = AgentDelegate(self.ref, self.router, self.runners, self.locks, self.clock, self.live,
+                                      secrets=self.secrets)
         self.claims_view = ClaimsWriter(self.claims, self.clock)
         self.emitter = RouterEmitter(self.router, self.clock, sender=s.default_sender)
         self.breaker = Breaker(p, threshold=s.breaker_threshold)
@@ -484,7 +485,7 @@ class Daemon:
             [
                 self.workflows_eval,
                 EscalationEvaluator(self.escalations, self.manager, self.escalator, self.clock,
-                                    wake=lambda: self.engine.wake()),
+                                    wake=lambda: self.engine.wake(), respawn=self._respawn),
                 InboxEvaluator(p, self.router, self._on_packet),
                 self.stale_claims,
                 HeapTrimEvaluator(),
@@ -600,6 +601,8 @@ class Daemon:
                 ex.poke()
         elif sig == "SPAWN" and (pkt.to in self.ref.brain.runners or pkt.to in self.ref.brain.matrix.agents):
             self.start_spawn(pkt)
+        elif sig == "ESCALATE" and pkt.from_ not in ("human", "ambient"):
+            await self._escalate_sent(pkt)
         else:
             log.info("packet_received", signal=sig, sender=pkt.from_, to=pkt.to)
 
@@ -607,23 +610,48 @@ class Daemon:
         """A SPAWN handed in by ``ambient send`` runs its agent: a one-item run ``spawn-<agent>``, seen in ``status``
         and ``runs`` like any other, its SPAWN sent from the packet's sender (the matrix decides it again), the
         packet's files locked, its ``payload.context`` handed to the agent, its questions escalated to the sender."""
-        files = list(pkt.scope.files)
+        return self._start_one(pkt.to, pkt.from_, list(pkt.scope.files), pkt.scope.zone,
+                               dict(pkt.payload.context or {}), item=pkt.id, trigger=f"send:{pkt.from_}")
+
+    def _start_one(self, agent: str, sender: str, files: list[str], zone: str | None, context: dict[str, Any], *,
+                   item: str, trigger: str) -> str | None:
         if any("{{" in f for f in files):
-            log.warning("spawn_refused", packet=pkt.id, reason="a file of the SPAWN contains '{{'")
+            log.warning("spawn_refused", agent=agent, item=item, reason="a file of the SPAWN contains '{{'")
             return None
-        doc = {"workflow": f"spawn-{pkt.to}", "description": f"a SPAWN of {pkt.to} sent by {pkt.from_}",
-               "sender": pkt.from_, "supervisor": pkt.from_,
-               "for_each": {"items": [pkt.id], "spawn": pkt.to, "scope": {"zone": pkt.scope.zone, "files": files}}}
+        doc = {"workflow": f"spawn-{agent}", "description": f"a SPAWN of {agent} sent by {sender}",
+               "sender": sender, "supervisor": sender,
+               "for_each": {"items": [item], "spawn": agent, "scope": {"zone": zone, "files": files}}}
         try:
             spec = parse_workflow(doc)
         except AmbientError as exc:
-            log.warning("spawn_refused", packet=pkt.id, reason=str(exc))
+            log.warning("spawn_refused", agent=agent, item=item, reason=str(exc))
             return None
         run_id = self.manager.start(workflow=spec.name, form=spec.form, spec=spec.model_dump(mode="json"),
-                                    spec_hash=None, items=[pkt.id], trigger=f"send:{pkt.from_}",
-                                    context=dict(pkt.payload.context or {}))
-        self._progress(f"run started: {spec.name} (a SPAWN sent by {pkt.from_}) — {run_id}")
+                                    spec_hash=None, items=[item], trigger=trigger, context=context)
+        self._progress(f"run started: {spec.name} (a SPAWN from {sender}) — {run_id}")
         return run_id
+
+    async def _escalate_sent(self, pkt: Packet) -> None:
+        """An agent's ESCALATE handed in by ``ambient send``, outside any run: an escalation like any other (file,
+        notification, ``ambient decide``, Telegram); the answer SPAWNs the agent again with it in
+        ``payload.context.decision``, as a one-item run."""
+        ctx = pkt.payload.context or {}
+        question = str(ctx.get("question") or f"{pkt.from_} asks a decision")
+        req = EscalationRequest(
+            run_id=pkt.session_id or f"send-{pkt.id}", workflow=f"spawn-{pkt.from_}", item=None, agent=pkt.from_,
+            kind="question", question=question[:2000], options=[(o, o, ANSWER) for o in pkt.payload.options],
+            dedupe_key=f"send/{pkt.id}", respawn=pkt.from_,
+        )
+        await self.escalator.escalate(req)
+
+    def _respawn(self, esc: Escalation) -> None:
+        """The answer to an agent's own ESCALATE (see _escalate_sent): the agent runs again with it."""
+        option = esc.decided_option
+        answer = option.label if option is not None else str(esc.decision)
+        assert esc.respawn is not None
+        self._start_one(esc.respawn, "human", [], None,
+                        {"decision": answer, "question": esc.question, "escalation": esc.id},
+                        item=esc.id, trigger=f"decision:{esc.id}")
 
     async def _route_sent(self, raw: bytes, token: str | None) -> dict[str, Any]:
         """A packet ``ambient send`` handed over the send socket: routed as the command would route it itself."""

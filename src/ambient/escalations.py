@@ -56,8 +56,9 @@ _KEY_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
 _GUARD_NAME = "escalations.guard"
 
 # on_timeout → actions looked for among the offered options, in order (first offered wins).
+# approve: go on (a gate approved, a blocked item continued, a failed item skipped); reject: stop.
 _TIMEOUT_ACTIONS: dict[str, tuple[str, ...]] = {
-    "approve": ("approve", "continue"),
+    "approve": ("approve", "continue", "skip"),
     "reject": ("reject", "abort"),
     "abort": ("abort",),
 }
@@ -91,7 +92,7 @@ class Option(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     key: str = Field(pattern=_KEY_RE, description="letters, digits, '_', '.', '-'; never only digits")
-    label: str = Field(min_length=1, max_length=200)
+    label: str = Field(min_length=1, max_length=512)  # an agent's option as it wrote it (packets allow 512)
     action: str = Field(min_length=1, max_length=500, description="an ENGINE_ACTIONS name or a workflow action")
 
     @field_validator("key")
@@ -155,6 +156,9 @@ class Escalation(BaseModel):
     remind_at: AwareDatetime | None = None
     reminded: bool = False
     timed_out_at: AwareDatetime | None = None
+    # An agent's ESCALATE sent with `ambient send`, outside any run: the answer SPAWNs this agent again with it.
+    respawn: str | None = None
+    scope: str | None = None  # a circuit breaker's scope (`ambient preflight reset SCOPE` answers it)
     dedupe_key: str = Field(min_length=1)
     nonce: str = Field(min_length=16, description="unguessable token carried by Telegram buttons")
     notify: NotifyState = Field(default_factory=NotifyState)
@@ -272,6 +276,8 @@ def new_escalation(
     remind_before: timedelta | None = None,
     dedupe_key: str | None = None,
     extra: Mapping[str, Any] | None = None,
+    respawn: str | None = None,
+    scope: str | None = None,
 ) -> Escalation:
     """Build a pending escalation; deadlines become absolute timestamps from ``now``.
 
@@ -295,6 +301,8 @@ def new_escalation(
         item=item,
         step=step,
         agent=agent,
+        respawn=respawn,
+        scope=scope,
         kind=kind,
         question=text,
         options=[o.model_dump() for o in opts],
@@ -376,7 +384,7 @@ def timeout_decision(esc: Escalation, now: datetime) -> Escalation | None:
     """What the deadline decides, or None when it is not due (or the escalation is not pending).
 
     ``approve``/``reject``/``abort`` pick the offered option with that action (approve falls back
-    to ``continue``, reject to ``abort``; with none offered the action itself is the decision) and
+    to ``continue``, then ``skip``; reject to ``abort``; with none offered the action itself is the decision) and
     set status ``expired`` with channel ``timeout``. ``escalate`` keeps it pending without an end
     and re-arms the notification, so the person is told again.
     """
@@ -528,6 +536,8 @@ _OMIT_WHEN_NONE = (
     "item",
     "step",
     "agent",
+    "respawn",
+    "scope",
     "deadline",
     "on_timeout",
     "remind_at",
@@ -668,6 +678,11 @@ class EscalationStore:
         """Withdraw a pending escalation; :class:`AlreadyAnsweredError` if it was settled first."""
         when = now or self._clock.now()
         return self.update(esc_id, lambda e: cancel(e, reason=reason, now=when))
+
+    def pending_breaks(self, scope: str) -> builtins.list[Escalation]:
+        """The pending circuit-break escalations of a scope (``ambient preflight reset`` answers them)."""
+        return [e for e in self._scan().escalations
+                if e.status == "pending" and e.kind == "circuit_break" and e.scope == scope]
 
     def cancel_run(self, run_id: str, reason: str, now: datetime | None = None) -> builtins.list[Escalation]:
         """Withdraw every escalation of a run still pending (its run ended: an abort cascades, spec/002); an answer

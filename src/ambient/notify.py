@@ -556,6 +556,8 @@ class DrainReport:
 
 #: Whether a queued message is still worth sending (an escalation's is not once it was answered or cancelled).
 StillWanted = Callable[[Message], bool]
+#: Told of every attempt, off the loop: (message, delivered, error, next try, delivery references by target).
+OnAttempt = Callable[[Message, bool, str | None, datetime | None, dict[str, str]], None]
 
 
 def _due_wanted(outbox: Outbox, now: datetime, still_wanted: StillWanted | None, report: DrainReport,
@@ -583,13 +585,16 @@ async def _attempt(
     policy: RetryPolicy,
     rng: _Uniform,
     report: DrainReport,
+    on_attempt: OnAttempt | None = None,
 ) -> None:
     delivered = set(entry.delivered)
+    refs: dict[str, str] = {}
     try:
         sent = await notifier.send(entry.message, skip=frozenset(delivered))
     except DeliveryError as exc:
         delivered |= exc.report.delivered
         error = str(exc)
+        refs = {r.display: r.ref for r in exc.report.results if r.ok and r.ref}
     except NotifyError as exc:
         error = str(exc)
     except Exception as exc:  # noqa: BLE001 - a broken notifier must not stop the drain loop
@@ -598,6 +603,9 @@ async def _attempt(
         await asyncio.to_thread(outbox.remove, entry.id)
         report.sent.append(entry.id)
         log.info("notification_delivered", message=entry.id, attempts=entry.attempts + 1, targets=len(sent.results))
+        if on_attempt is not None:
+            done = {r.display: r.ref for r in sent.results if r.ref}
+            await asyncio.to_thread(on_attempt, entry.message, True, None, None, done)
         return
     attempts = entry.attempts + 1
     if (
@@ -622,6 +630,8 @@ async def _attempt(
     await asyncio.to_thread(outbox.save, updated)
     report.failed.append(entry.id)
     log.warning("notification_retry", message=entry.id, attempts=attempts, next_at=updated.next_at.isoformat())
+    if on_attempt is not None:
+        await asyncio.to_thread(on_attempt, entry.message, False, error, updated.next_at, refs)
 
 
 async def drain(
@@ -632,6 +642,7 @@ async def drain(
     policy: RetryPolicy | None = None,
     rng: _Uniform | None = None,
     still_wanted: StillWanted | None = None,
+    on_attempt: OnAttempt | None = None,
 ) -> DrainReport:
     """Send every entry due at ``now``; record failed attempts and the next try on disk.
 
@@ -644,7 +655,7 @@ async def drain(
     rng = rng or random.Random()  # jitter, not security
     report = DrainReport()
     due = await asyncio.to_thread(_due_wanted, outbox, now, still_wanted, report)
-    await asyncio.gather(*(_attempt(outbox, notifier, e, now, policy, rng, report) for e in due))
+    await asyncio.gather(*(_attempt(outbox, notifier, e, now, policy, rng, report, on_attempt) for e in due))
     report.next_due = await asyncio.to_thread(outbox.next_due)
     return report
 
@@ -659,6 +670,7 @@ async def run_outbox(
     policy: RetryPolicy | None = None,
     idle: float = 300.0,
     still_wanted: StillWanted | None = None,
+    on_attempt: OnAttempt | None = None,
 ) -> None:
     """Drain the outbox until ``stop`` is set: at each entry's due time, or at once when ``wake`` is set.
 
@@ -671,7 +683,8 @@ async def run_outbox(
     while not stop.is_set():
         wake.clear()
         try:
-            report = await drain(outbox, notifier, clock.now(), policy=policy, rng=rng, still_wanted=still_wanted)
+            report = await drain(outbox, notifier, clock.now(), policy=policy, rng=rng, still_wanted=still_wanted,
+                                 on_attempt=on_attempt)
             next_due = report.next_due
         except (OSError, NotifyError) as exc:
             log.error("outbox_drain_failed", error=str(exc))

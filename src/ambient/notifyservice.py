@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -136,6 +136,16 @@ class NotifyService:
         """Whether anybody is told anything (a URL or the Telegram bot is configured)."""
         return self.notifier is not None
 
+    def record(self, message: Message, ok: bool, error: str | None, next_at: datetime | None,
+               refs: dict[str, str]) -> None:
+        """An attempt at an escalation's message goes into its file (``ambient status`` and ``doctor`` read it)."""
+        if message.kind != "escalation" or not message.escalation_id:
+            return
+        try:
+            self.store.record_attempt(message.escalation_id, ok, error, next_at, refs=refs)
+        except AmbientError as exc:  # settled or gone meanwhile: its message no longer matters
+            log.debug("notify_attempt_not_recorded", escalation=message.escalation_id, error=str(exc))
+
     def still_wanted(self, message: Message) -> bool:
         """A message about an escalation is sent only while it waits on the person (blocking: a file read)."""
         if message.kind != "escalation" or not message.escalation_id:
@@ -163,7 +173,8 @@ class NotifyService:
             policy = RetryPolicy(base=timedelta(seconds=ns.retry_base_s), cap=timedelta(seconds=ns.retry_cap_s))
             self._tasks.append(self._spawn(run_outbox(self.outbox, self.notifier, clock=self.clock, stop=self.stop,
                                                       wake=self.wake, policy=policy,
-                                                      still_wanted=self.still_wanted), "outbox"))
+                                                      still_wanted=self.still_wanted, on_attempt=self.record),
+                                           "outbox"))
         if built.bot is not None and built.chat_id is not None:
             from ambient.telegram import TelegramAnswerer
             from ambient.telegram import TelegramSettings as AnswererSettings

@@ -131,6 +131,9 @@ class EscalationRequest:
     deadline_s: float | None = None
     on_timeout: str | None = None
     remind_before_s: float | None = None
+    step: str | None = None  # a chain's step (then ``item`` is None)
+    scope: str | None = None  # a circuit breaker's scope
+    respawn: str | None = None  # an agent's own ESCALATE outside a run: SPAWN it again with the answer
 
 
 class Escalator(Protocol):

@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from ambient.clock import Clock
 from ambient.engine import Tick
 from ambient.errors import AmbientError, InputError, LockHeldError, PacketError
 from ambient.escalations import (
+    ENGINE_ACTIONS,
     AlreadyAnsweredError,
     Escalation,
     EscalationStore,
@@ -36,6 +38,8 @@ from ambient.escalations import (
 from ambient.livecontext import HANDOFF_NAME
 from ambient.notify import Message, Outbox, escalation_message
 from ambient.packet import Packet, make_packet
+from ambient.planner import ANSWER
+from ambient.redact import SecretRegistry, redact
 from ambient.router import Channel, Router, read_inbox
 from ambient.runners import AgentResult, Runners, RunRequest
 from ambient.runs import Attempt, AttemptResult, EscalationRequest, RunManager, item_claim_id
@@ -69,7 +73,8 @@ class AgentDelegate:
     """One attempt end to end: pre-flight → locks → SPAWN → runner → reply → release."""
 
     def __init__(self, ref: BrainRef, router: Router, runners: Runners, locks: LockManager, clock: Clock,
-                 live: LiveContext | None = None, lock_wait_s: float = 30.0) -> None:
+                 live: LiveContext | None = None, lock_wait_s: float = 30.0,
+                 secrets: SecretRegistry | None = None) -> None:
         self.ref = ref
         self.router = router
         self.runners = runners
@@ -77,6 +82,7 @@ class AgentDelegate:
         self.clock = clock
         self.live = live
         self.lock_wait_s = lock_wait_s
+        self.secrets = secrets  # masked in what an agent says before any of it is stored or sent
         # (agent, run) -> (handoff.md signature, handoff text); see _handoff.
         self._handoffs: dict[tuple[str, str], tuple[tuple[int, int] | None, asyncio.Future[str]]] = {}
         self._handoff_checked: dict[tuple[str, str], float] = {}  # key → when handoff.md was last stat'ed
@@ -184,7 +190,11 @@ class AgentDelegate:
         return await future
 
     async def _reply(self, a: Attempt, res: AgentResult, started: float) -> AttemptResult:
-        """The agent's answer becomes a packet through the router: agents are checked too."""
+        """The agent's answer becomes a packet through the router: agents are checked too.
+
+        Agent text is untrusted and may quote a secret (a bot token in a failing request's URL, on stderr): it is
+        masked here, before the journal, the escalation file, the outbox or a notification ever hold it."""
+        res = _masked(res, self.secrets)
         signal = _REPLY_SIGNAL[res.status]
         now = self.clock.now()
         try:
@@ -212,8 +222,9 @@ class AgentDelegate:
             return AttemptResult(result="error", error=f"the agent's {signal} was denied: {back.reason}",
                                  duration_ms=_ms(started), signal_in=signal)
         output = res.result if res.result is not None else res.output  # the normalised result mapping
+        error = res.error or (_detail(res.context) if res.status in ("blocked", "error") else None)
         return AttemptResult(
-            result=res.status, output=output, error=res.error, duration_ms=res.duration_ms or _ms(started),
+            result=res.status, output=output, error=error, duration_ms=res.duration_ms or _ms(started),
             signal_in=signal, question=res.question, options=list(res.options or []),
             retryable=res.reason != "agent_error",  # the agent's own ERROR: unrecoverable (README), never retried
         )
@@ -240,6 +251,22 @@ class AgentDelegate:
         if problems:
             return f"pre-flight failed (exit {exit_code(problems)}): " + "; ".join(p.message for p in problems)
         return None
+
+
+def _masked(res: AgentResult, secrets: SecretRegistry | None) -> AgentResult:
+    """The agent's answer with secrets masked in every piece of text it carries."""
+    return replace(res, output=redact(res.output, secrets), result=redact(res.result, secrets),
+                   context=redact(res.context, secrets), options=redact(res.options, secrets),
+                   question=redact(res.question, secrets), error=redact(res.error, secrets),
+                   stderr_tail=redact(res.stderr_tail, secrets))
+
+
+def _detail(context: Mapping[str, Any] | None) -> str | None:
+    """What a BLOCKED_ON (or an ERROR) context says, for the person: ``missing: the VPN key``."""
+    if not context:
+        return None
+    parts = [f"{k}: {v}" for k, v in context.items() if isinstance(v, str | int | float) and not isinstance(v, bool)]
+    return "; ".join(parts)[:500] or None
 
 
 def _ms(started: float) -> int:
@@ -343,7 +370,8 @@ class StoreEscalator:
             options.append((k, label, action))
         esc = new_escalation(
             workflow=req.workflow, run_id=req.run_id, kind=req.kind,  # type: ignore[arg-type]
-            question=req.question, now=now, options=options, item=req.item, agent=req.agent,
+            question=req.question, now=now, options=options, item=req.item, step=req.step, agent=req.agent,
+            respawn=req.respawn, scope=req.scope,
             timeout=timedelta(seconds=req.deadline_s) if req.deadline_s else None,
             on_timeout=req.on_timeout,  # type: ignore[arg-type]
             remind_before=timedelta(seconds=req.remind_before_s) if req.remind_before_s else None,
@@ -373,7 +401,7 @@ class StoreEscalator:
         await asyncio.to_thread(self.learner.used, rule, esc.run_id)
         log.info("auto_decided", escalation=esc.id, rule=rule.id, option=rule.option)
         await self.inform(f"{esc.workflow}: decided by a learned rule",
-                          auto_decision_notice(rule, run_id=esc.run_id, item=esc.item))
+                          auto_decision_notice(rule, run_id=esc.run_id, item=esc.item or esc.step))
         if self.on_answered is not None:
             self.on_answered(self.store.path_for(esc.id))
         return True
@@ -386,7 +414,7 @@ class StoreEscalator:
             log.warning("escalations_not_cancelled", run_id=run_id, error=str(exc))
             return
         for esc in gone:
-            log.info("escalation_cancelled", escalation=esc.id, run_id=run_id, item=esc.item, reason=reason)
+            log.info("escalation_cancelled", escalation=esc.id, run_id=run_id, item=esc.item or esc.step, reason=reason)
 
     async def queue(self, esc: Escalation, *, reminder: bool = False) -> None:
         """Queue the escalation's message (or its reminder) in the outbox (sent at once, retried until delivered,
@@ -796,12 +824,14 @@ class EscalationEvaluator:
     name = "escalations"
 
     def __init__(self, store: EscalationStore, manager: RunManager, escalator: StoreEscalator, clock: Clock,
-                 wake: Callable[[], None] | None = None) -> None:
+                 wake: Callable[[], None] | None = None,
+                 respawn: Callable[[Escalation], None] | None = None) -> None:
         self.store = store
         self.manager = manager
         self.escalator = escalator
         self.clock = clock
         self.wake = wake
+        self.respawn = respawn  # an answered ESCALATE of `ambient send`: its agent runs again with the answer
         self.applied: set[str] = set()
         self._next_timer: datetime | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -814,7 +844,8 @@ class EscalationEvaluator:
         ended: set[str] = set()
         for esc in escs:
             if esc.status == "pending":
-                if esc.run_id not in self.manager.executors and self.manager.settled(esc.run_id):
+                if esc.respawn is None and esc.run_id not in self.manager.executors and \
+                        self.manager.settled(esc.run_id):
                     ended.add(esc.run_id)  # its run ended without it (a crash between the two, an older ambient)
                 else:
                     await self._timers(esc, now)
@@ -828,18 +859,26 @@ class EscalationEvaluator:
 
     async def _apply(self, esc: Escalation) -> None:
         option = esc.decided_option
-        action = esc.decided_action or (option.action if option is not None else None)
-        if option is None or action is None:
+        action = esc.decided_action
+        if action is None or (option is None and action not in ENGINE_ACTIONS):
             self.applied.add(esc.id)
             return
+        # A deadline's action may match no option offered (on_timeout: approve on a failure offering retry, skip,
+        # abort): the action itself is carried out, as its key.
+        key, label = (option.key, option.label) if option is not None else (action, action)
         by = esc.by or "human"
         rule = by.removeprefix("rule:") if by.startswith("rule:") else None
-        ok = self.manager.decide(esc.id, option.key, action, by=by, channel=esc.channel or "cli",
-                                 latency_s=esc.latency_s, note=esc.note, rule=rule, answer=option.label)
+        if esc.respawn is not None:
+            self.applied.add(esc.id)
+            if self.respawn is not None and action == ANSWER:
+                self.respawn(esc)
+            return
+        ok = self.manager.decide(esc.id, key, action, by=by, channel=esc.channel or "cli",
+                                 latency_s=esc.latency_s, note=esc.note, rule=rule, answer=label)
         if ok:
             # A line about a run carries its workflow and run id (issue 7), like the executor's own lines.
-            log.info("decision_applied", escalation=esc.id, option=option.key, action=action, by=by,
-                     workflow=esc.workflow, run_id=esc.run_id, item=esc.item)
+            log.info("decision_applied", escalation=esc.id, option=key, action=action, by=by,
+                     workflow=esc.workflow, run_id=esc.run_id, item=esc.item or esc.step)
             self.applied.add(esc.id)
             if self.escalator.learner is not None and rule is None:
                 await asyncio.to_thread(self.escalator.learner.observe, esc)
@@ -863,15 +902,18 @@ class EscalationEvaluator:
     async def _timers(self, esc: Escalation, now: datetime) -> None:
         if esc.deadline is not None and esc.deadline <= now:
             try:
-                await asyncio.to_thread(self.store.apply_timeout, esc.id, now)
+                after = await asyncio.to_thread(self.store.apply_timeout, esc.id, now)
                 log.info("escalation_timed_out", escalation=esc.id, on_timeout=esc.on_timeout,
-                         workflow=esc.workflow, run_id=esc.run_id, item=esc.item)
+                         workflow=esc.workflow, run_id=esc.run_id, item=esc.item or esc.step)
             except (AlreadyAnsweredError, InputError) as exc:
                 log.debug("escalation_timeout_skipped", escalation=esc.id, error=str(exc))
+                return
+            if after is not None and after.status == "pending":  # on_timeout: escalate: the person is told again
+                await self.escalator.queue(after, reminder=True)
         elif esc.remind_at is not None and not esc.reminded and esc.remind_at <= now:
             updated = await asyncio.to_thread(self.store.mark_reminded, esc.id, now)
             log.info("escalation_reminded", escalation=esc.id, workflow=esc.workflow, run_id=esc.run_id,
-                     item=esc.item, deadline=esc.deadline.isoformat() if esc.deadline else None)
+                     item=esc.item or esc.step, deadline=esc.deadline.isoformat() if esc.deadline else None)
             await self.escalator.queue(updated, reminder=True)
 
 

@@ -146,8 +146,6 @@ def test_a_blocked_on_that_needs_you_becomes_an_escalation(brain: Brain) -> None
     assert [o["key"] for o in esc["options"]] == ["retry", "skip", "abort"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a BLOCKED_ON's context (what is missing) is shown nowhere: the question "
-                                       "is only '<agent> is blocked on <item>'")
 def test_a_blocked_on_escalation_says_what_is_missing(brain: Brain) -> None:
     """blocked → BLOCKED_ON → you unblock: the person is told what the agent is blocked on."""
     brain.python_agent("blocker", """
@@ -162,8 +160,6 @@ def test_a_blocked_on_escalation_says_what_is_missing(brain: Brain) -> None:
     assert "the VPN key" in esc["question"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an ESCALATE option of 201-512 chars (the packet allows 512) crashes the "
-                                       "item (item_task_crashed): no escalation, the run ends failed")
 def test_an_escalate_with_a_long_option_becomes_an_escalation(brain: Brain) -> None:
     """Every ESCALATE becomes an escalation, also one whose options are long (the packet bound is 512 characters)."""
     brain.python_agent("asker", """
@@ -179,7 +175,6 @@ def test_an_escalate_with_a_long_option_becomes_an_escalation(brain: Brain) -> N
     assert brain.finished("ask") == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a chain step's escalation has step: null; the step key is in `item`")
 def test_a_chain_steps_escalation_holds_its_step(brain: Brain) -> None:
     """An escalation holds the item *or step* it is about: a failed chain step's escalation names its step."""
     brain.python_agent("failer", FAILING)
@@ -318,8 +313,6 @@ def test_on_timeout_applies_at_the_deadline_and_a_late_answer_is_refused(brain: 
     assert _tree_digest(brain.root) == before
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: on_timeout: approve with no approve/continue option offered (a for_each "
-                                       "failure) expires the escalation as 'approve' and the run waits forever")
 def test_on_timeout_approve_gives_a_failed_items_escalation_an_end(brain: Brain) -> None:
     """`on_timeout: approve` gives a failed item's escalation an end: at the deadline the run goes on without you."""
     brain.config("tick_seconds: 0.2\n")
@@ -408,9 +401,6 @@ def test_an_escalation_is_notified_at_once_after_its_file_is_written(brain: Brai
         assert hook.file_there == {esc["id"]: True}
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: notification attempts are never recorded in the escalation file "
-                                       "(EscalationStore.record_attempt has no caller); `ambient status` says "
-                                       "'notification not delivered yet, 0 attempt(s)' after delivery")
 def test_the_escalation_file_records_its_notification_attempts(brain: Brain, webhook: Webhook) -> None:
     """The escalation file holds its notification attempts; `ambient status` says whether it was notified."""
     _notify(brain, webhook.url)
@@ -768,8 +758,6 @@ def test_agent_text_is_sent_as_plain_text_within_telegrams_4096_characters(brain
 # ---------------------------------------------------------------- an ESCALATE handed to the daemon
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an ESCALATE delivered with `ambient send` to human goes to "
-                                       ".ambient/inbox/done and nothing else: no escalation, no notification")
 def test_an_escalate_sent_with_ambient_send_becomes_an_escalation(brain: Brain, tmp_path: Path) -> None:
     """Every ESCALATE becomes an escalation file, also one an agent hands to the daemon with `ambient send`."""
     env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}

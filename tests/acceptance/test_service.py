@@ -442,8 +442,6 @@ def test_the_bot_token_never_reaches_logs_records_or_agents(brain: Brain, tmp_pa
     assert TOKEN.split(":")[1] not in everything
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a bot token in agent text is masked by `status` only, kept raw in "
-                                       "escalation files, run journals, the outbox and `ambient escalations`")
 def test_a_bot_token_in_agent_text_is_masked_in_records_and_errors(brain: Brain) -> None:
     """Tokens are masked in logs, errors, records and `ambient status`: also when an agent's error carries one."""
     brain.python_agent("leaky", f"""
@@ -520,8 +518,6 @@ def test_an_escalation_that_was_never_notified(brain: Brain) -> None:
             assert brain.decide(esc["id"], "skip").rc == 0  # answerable all along
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the escalation file's notification state (attempts, delivered_at) is "
-                                       "never updated: status says 'not delivered yet, 0 attempt(s)' for every one")
 def test_status_tells_a_delivered_escalation_from_one_never_notified(brain: Brain) -> None:
     """The escalation file holds its notification attempts; `ambient status` counts them and says when an escalation
     was never notified, not once it was."""
@@ -638,8 +634,6 @@ def test_a_circuit_break_answered_with_reset(brain: Brain) -> None:
     assert "closed" in brain.ok("preflight", "status", "projets/feature/").out
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: after `ambient preflight reset SCOPE` the chain still waits on its "
-                                       "CIRCUIT_BREAK escalation; nothing resumes it")
 def test_a_circuit_break_reset_with_preflight_reset(brain: Brain) -> None:
     """"The chain stopped with CIRCUIT_BREAK": … or `ambient preflight reset SCOPE`: the chain goes on."""
     with brain.daemon():

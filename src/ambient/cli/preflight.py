@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 from pathlib import Path
 
 from ambient.cli._common import EXIT_OK, add_command, brain_dir, out, out_json
@@ -92,6 +93,17 @@ def _cmd_breaker(args: argparse.Namespace) -> int:
     if args.preflight_action == "reset":
         breaker.reset(scope)
         out(f"{scope}: breaker reset")
+        # A chain stopped by this breaker waits on its CIRCUIT_BREAK escalation: resetting here is that answer.
+        from ambient.escalations import AlreadyAnsweredError, EscalationStore
+
+        store = EscalationStore(paths)
+        for esc in store.pending_breaks(scope):
+            try:
+                store.answer(esc.id, "reset", by=os.environ.get("USER") or "human", channel="cli",
+                             note="ambient preflight reset")
+            except AlreadyAnsweredError:
+                continue
+            out(f"{esc.id}: answered reset ({esc.where}); the daemon runs the step again")
         return EXIT_OK
     state = breaker.status(scope)
     tripped = state.is_tripped(args.threshold)
