@@ -267,7 +267,9 @@ async def test_resume_cuts_a_torn_tail_before_appending(tmp_path: Path) -> None:
     res = read_jsonl(paths.run_journal(run_id))
     assert not res.torn_tail and res.bad_lines == []
     state2 = fold(res.records)
-    assert state2.outcome == "success" and state2.item(ITEMS[0]).attempt == 2  # in flight at the crash: run again
+    # In flight at the crash: run again, as the same attempt (its idempotency key kept).
+    assert state2.outcome == "success" and state2.item(ITEMS[0]).attempt == 1
+    assert [r["attempt"] for r in res.records if r.get("ev") == "accepted" and r["item"] == ITEMS[0]] == [1, 1]
 
 
 def test_appending_after_a_kill_keeps_every_line_whole(tmp_path: Path) -> None:
@@ -475,3 +477,15 @@ def test_runs_last_shows_the_newest(tmp_path: Path) -> None:
     done = ambient_cli(tmp_path, "runs", "w", "--last", "2")  # filtered first, then the newest two
     assert [line.split()[-1] for line in done.stdout.splitlines()] == ["run-27", "run-29"]
     assert len(ambient_cli(tmp_path, "runs").stdout.splitlines()) == 30
+
+
+def test_append_line_cuts_a_torn_tail_first(tmp_path: Path) -> None:
+    """append_line (runs.jsonl): a torn last line is cut before the record goes on, so the record stays whole."""
+    path = tmp_path / "runs.jsonl"
+    path.write_bytes(b'{"kind": "run", "run_id": "a"}\n{"kind": "run", "run_id": "x", "workf')
+    append_line(path, {"kind": "run", "run_id": "b"})
+    res = read_jsonl(path)
+    assert [r["run_id"] for r in res.records] == ["a", "b"] and not res.torn_tail and res.bad_lines == []
+    path.write_bytes(b'{"torn": ')  # no newline at all: everything goes
+    append_line(path, {"kind": "run", "run_id": "c"})
+    assert [r["run_id"] for r in read_jsonl(path).records] == ["c"]

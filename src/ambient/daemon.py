@@ -567,7 +567,9 @@ class Daemon:
         self.engine.wake()
 
     async def _on_packet(self, pkt: Packet) -> None:
-        """A packet from the inbox addressed to ambient (the orchestrator interface of spec/004)."""
+        """A packet ``ambient send`` delivered (the inbox): a turn of its target's live thread (a HANDOFF or a
+        CHECKPOINT rewrites the handoff), then what it asks of ambient (the orchestrator interface of spec/004)."""
+        await self._deliver(pkt)
         ctx = pkt.payload.context or {}
         sig = str(pkt.signal)
         if sig == "ORCHESTRATE":

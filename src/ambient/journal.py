@@ -211,15 +211,47 @@ class Journal:
 
 
 def append_line(path: Path, record: Mapping[str, Any], *, durable: bool = True) -> None:
-    """Append one record to ``path`` with a single write (for short-lived writers such as the CLI)."""
+    """Append one record to ``path`` with a single write (for short-lived writers such as the CLI).
+
+    A torn last line (a crash mid-append) is cut first, so the record starts a line of its own: appended onto the
+    fragment it would be unreadable too (a torn runs.jsonl lost the next run's record). A write that fails
+    half-way (a full disk) is cut back the same way, so no later record is glued to it.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     try:
-        write_all(fd, _dumps(record))
+        size = _cut_torn_tail(fd, path)
+        try:
+            write_all(fd, _dumps(record))
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
         if durable:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _cut_torn_tail(fd: int, path: Path) -> int:
+    """Cut what follows the last newline of the file open at ``fd`` (a torn record); return the size after."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return size
+    end, block = size, 64 * 1024
+    while end > 0:
+        start = max(0, end - block)
+        cut = os.pread(fd, end - start, start).rfind(b"\n")
+        if cut >= 0:
+            keep = start + cut + 1
+            break
+        end = start
+    else:
+        keep = 0
+    os.ftruncate(fd, keep)
+    import structlog  # here: the rare path; short CLI writers do not pay for it
+
+    structlog.get_logger(__name__).warning("jsonl_torn_tail_cut", path=str(path), bytes=size - keep)
+    return keep
 
 
 @dataclass

@@ -75,6 +75,9 @@ class RunRecord(BaseModel):
     # (ambient.replay needs both: a gate rejected leaves no step behind)
     gated: list[str] = Field(default_factory=list)
     reached_end: bool = False
+    form: Literal["for_each", "chain"] | None = None
+    total: int | None = None  # items (for_each) or steps (chain) of the run, started or not
+    done: int | None = None  # of them, done
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON-ready dict written as one line."""

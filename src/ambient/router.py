@@ -367,8 +367,24 @@ def _symlink_free(root: str, rel: str, plain: dict[str, float] | None = None, no
     return True
 
 
+class CutInput(bytes):
+    """The first bytes of an input too large to read whole (one over the packet bound is enough to refuse it),
+    knowing the size and sha256 of the whole: what the audit records of an oversized packet."""
+
+    whole_size: int
+    whole_sha256: str
+
+    def __new__(cls, head: bytes, whole_size: int, whole_sha256: str) -> CutInput:
+        obj = super().__new__(cls, head)
+        obj.whole_size = whole_size
+        obj.whole_sha256 = whole_sha256
+        return obj
+
+
 def _fingerprint(raw: Raw) -> tuple[int | None, str | None]:
     """Size and sha256 of a raw packet: all that is ever recorded of a rejected one."""
+    if isinstance(raw, CutInput):
+        return raw.whole_size, raw.whole_sha256
     try:
         if isinstance(raw, Packet):
             data = raw.to_json().encode()

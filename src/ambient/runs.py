@@ -218,6 +218,9 @@ def run_record(state: RunState) -> RunRecord:
         decisions=[DecisionRecord.model_validate(d) for d in state.decisions if "escalation" in d and "option" in d],
         gated=list(state.gated),
         reached_end=state.form == "chain" and state.cursor >= len(state.items),
+        form=state.form if state.form in ("for_each", "chain") else None,  # type: ignore[arg-type]
+        total=len(state.items),
+        done=state.success_count,
     )
 
 

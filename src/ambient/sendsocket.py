@@ -95,7 +95,11 @@ def ask_daemon(state_dir: Path, raw: bytes, token: str | None, *, timeout: float
             return None
         sock.settimeout(timeout)
         try:
-            header = json.dumps({"token": token, "size": len(raw)}).encode() + b"\n"
+            fields: dict[str, Any] = {"token": token, "size": len(raw)}
+            whole = getattr(raw, "whole_size", None), getattr(raw, "whole_sha256", None)
+            if whole[0] is not None:  # an oversized packet: what the audit records of it is the whole input's
+                fields["whole"] = list(whole)
+            header = json.dumps(fields).encode() + b"\n"
             sock.sendall(header + raw)
             sock.shutdown(socket.SHUT_WR)
             answer = _read_line(sock)
@@ -181,6 +185,12 @@ async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     token is None or isinstance(token, str)):
                 return
             raw = await reader.readexactly(size)
+            whole = header.get("whole")
+            if size == MAX_PACKET_BYTES + 1 and isinstance(whole, list) and len(whole) == 2 and isinstance(
+                    whole[0], int) and isinstance(whole[1], str) and len(whole[1]) == 64:
+                from ambient.router import CutInput
+
+                raw = CutInput(raw, whole[0], whole[1])
         answer = await route(raw, token)
         writer.write(json.dumps(answer).encode() + b"\n")
         await writer.drain()

@@ -725,7 +725,9 @@ class ClaimsWriter:
         if item.escalation:
             base["escalation"] = item.escalation
         if item.status in ("done", "failed", "skipped", "aborted"):
-            result: dict[str, Any] = {"status": "ok" if item.status == "done" else
+            said = item.output.get("status") if isinstance(item.output, dict) else None
+            done = "partial" if said == "partial" else "ok"  # the agent's own word: a partial result stays partial
+            result: dict[str, Any] = {"status": done if item.status == "done" else
                                       ("partial" if item.status == "skipped" else "failed")}
             if isinstance(item.output, dict) and isinstance(item.output.get("tests"), dict):
                 result["tests"] = item.output["tests"]

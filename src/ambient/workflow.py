@@ -801,7 +801,7 @@ class _WorkflowBase(_UserModel):
 
     name: str
     description: str | None = None
-    status: Status = "active"  # draft: loaded and validated, never run
+    status: Status = "active"  # draft: validated, never started by itself (file, schedule); `ambient start` runs it
     mode: Mode = DEFAULT_MODE
     branch: Annotated[str | None, AfterValidator(_check_branch)] = None  # theme branch (also `theme_branch:`)
     pilote: str | None = None  # sess-id of the pilot session, filled at launch

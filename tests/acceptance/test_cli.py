@@ -445,3 +445,12 @@ def test_doctor_strict_counts_warnings(example_brain: Brain) -> None:
         strict = example_brain.cli("doctor", "--strict")
     assert plain.rc == 0 and "warning" in plain.out and "agents/librarian.md" in plain.out, plain
     assert strict.rc == 1, strict
+
+
+def test_run_refuses_a_directory_that_is_not_a_brain(tmp_path: Path) -> None:
+    """`ambient run` in a directory that is not a brain names it and suggests `ambient init`, creating nothing."""
+    empty = tmp_path / "notabrain"
+    empty.mkdir()
+    res = ambient("run", "--until-idle", cwd=empty)
+    assert res.rc == 2 and str(empty) in res.err and "ambient init" in res.err, res
+    assert list(empty.iterdir()) == []

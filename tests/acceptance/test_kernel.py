@@ -151,8 +151,6 @@ def test_rejected_packets_are_audited_by_size_and_sha256_never_content(brain: Br
     assert canary not in (brain.root / ".ambient" / "audit.jsonl").read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an oversized packet is audited with the size and sha256 of its first "
-                                       "256 KiB + 1 bytes (what the command read), not of the packet sent")
 def test_an_oversized_packet_is_audited_by_its_own_size_and_sha256(brain: Brain) -> None:
     """A packet rejected for its size is recorded by its size and sha256 too."""
     raw = json.dumps({"from": "human", "to": "bsi", "signal": "CHECKPOINT",

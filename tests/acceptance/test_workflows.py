@@ -282,3 +282,36 @@ def test_start_at_a_step_that_does_not_exist_is_refused(brain: Brain) -> None:
     """)
     res = brain.cli("start", "release", "--step", "9")
     assert res.rc == 2 and "has no step '9'" in res.err and "1" in res.err, res
+
+
+def test_start_of_a_workflow_that_does_not_load_is_refused(brain: Brain) -> None:
+    """`ambient start W` for a file that does not load says why (exit 2), instead of a request dropped unseen."""
+    brain.python_agent("worker", OK_AGENT)
+    brain.workflow("broken", """
+        name: broken
+        chain:
+          - {step: 1, type: brain-write, scope: workspace/a.md, agents: [worker], timeout: whenever}
+    """)
+    res = brain.cli("start", "broken")
+    assert res.rc == 2 and "does not load" in res.err and "workflows/broken.yml:" in res.err, res
+    assert not any((brain.root / ".ambient" / "inbox").glob("*.json"))
+
+
+def test_runs_counts_items_not_attempts(brain: Brain) -> None:
+    """`ambient runs` says how many items were done out of the run's, whatever their attempts (a retried item
+    is one item: 3/3, never 3/4)."""
+    brain.python_agent("flaky", """
+        import json, os, sys
+        json.load(sys.stdin)
+        if os.environ["AMBIENT_ITEM"] == "b" and os.environ["AMBIENT_ATTEMPT"] == "1":
+            sys.exit(3)
+        print(json.dumps({"status": "ok"}))
+    """)
+    brain.workflow("batch", """
+        workflow: batch
+        for_each: {items: [a, b, c], spawn: flaky}
+        retry: {attempts: 2, backoff: 10ms, max_backoff: 20ms, on: [error]}
+    """)
+    brain.until_idle()
+    line = next(line for line in brain.ok("runs").out.splitlines() if "batch" in line)
+    assert "3/3 items done" in line, line

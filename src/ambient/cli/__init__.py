@@ -20,8 +20,11 @@ import sys
 from collections.abc import Sequence
 
 from ambient import __version__
-from ambient.cli._common import EXIT_USAGE, CommandFunc, add_brain_option, fail
+from ambient.cli._common import EXIT_USAGE, CommandFunc, add_brain_option, fail, quiet_logs
 from ambient.errors import AmbientError, InputError
+
+#: Commands that run the daemon and set up its logging themselves.
+_DAEMON_COMMANDS = frozenset({"run", "demo"})
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -97,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return EXIT_USAGE
+    if args.command not in _DAEMON_COMMANDS:
+        quiet_logs()
     try:
         code = func(args)
         sys.stdout.flush()  # a reader that went away shows here, not in Python's own flush at exit

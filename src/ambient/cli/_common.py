@@ -70,3 +70,16 @@ def out(text: str = "") -> None:
 def out_json(data: Any) -> None:
     """Print data as indented JSON on stdout (control and bidi characters as JSON escapes)."""
     print(printable_json(json.dumps(data, indent=2, ensure_ascii=False, default=str)))
+
+
+def quiet_logs(level: int = 30) -> None:
+    """Library log lines of a short command go to stderr, at ``level`` (WARNING) and above: stdout is the
+    command's answer (``--json`` must stay JSON). The daemon (``run``, ``demo``) sets up its own logging."""
+    import structlog
+
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json, quiet_logs
 
 if TYPE_CHECKING:
     from ambient.paths import BrainPaths
@@ -490,8 +490,6 @@ def check_notify_urls(paths: BrainPaths, environ: Mapping[str, str], timeout: fl
     import logging
     import socket
 
-    import structlog
-
     from ambient.errors import InputError
     from ambient.notify import AppriseNotifier, DeliveryError, Message, notify_urls_from
     from ambient.redact import SecretRegistry
@@ -506,16 +504,11 @@ def check_notify_urls(paths: BrainPaths, environ: Mapping[str, str], timeout: fl
                         "set notify.urls in profil/ambient.yml or $AMBIENT_NOTIFY_URLS")]
     message = Message(title="ambient doctor: test notification", kind="info", dedupe_id="doctor-test",
                       body=f"Test message from `ambient doctor` on {socket.gethostname()}: this URL works.")
-    quiet = not structlog.is_configured()
-    if quiet:  # the findings say everything; keep the notifier's own events off stdout (--json stays clean)
-        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    quiet_logs(logging.ERROR)  # the findings say everything; the notifier's own lines would repeat them
     try:
         report = asyncio.run(AppriseNotifier(urls, timeout=timeout, registry=registry).send(message))
     except DeliveryError as exc:
         report = exc.report
-    finally:
-        if quiet:
-            structlog.reset_defaults()
     found = []
     for r in report.results:
         if r.ok:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, out_json
+from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, out_json, quiet_logs
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,17 +46,13 @@ def _test(args: argparse.Namespace) -> int:
     import logging
     import socket
 
-    import structlog
-
     from ambient.brain import load_settings
     from ambient.notify import AppriseNotifier, DeliveryError, Message, Notifier, expand_urls
     from ambient.notifyservice import build_notifiers
     from ambient.paths import BrainPaths
     from ambient.redact import SecretRegistry
 
-    if not structlog.is_configured():
-        # The report below says everything; keep the notifier's own events off stdout (--json stays clean).
-        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    quiet_logs(logging.ERROR)  # the report below says everything: the notifier's own lines would repeat it
     registry = SecretRegistry()
     notifier: Notifier | None
     if args.url:

@@ -51,10 +51,18 @@ def _serve(root: Path, *, until_idle: bool, watch: bool, progress: bool, log_lev
     return asyncio.run(Daemon(root, options).serve())
 
 
+#: What makes a directory a brain: one of these (``ambient init`` writes profil/ambient.yml).
+BRAIN_MARKS = ("profil/ambient.yml", "agents", "workflows", ".ambient")
+
+
 def _run(args: argparse.Namespace) -> int:
     root = brain_dir(args)
     if not root.is_dir():
         return fail(f"{root} is not a directory; run `ambient init {root}` to create a brain there")
+    if not any((root / mark).exists() for mark in BRAIN_MARKS):
+        # The daemon would scaffold claims/, locks/... into whatever directory it was started in.
+        return fail(f"{root} is not a brain (no {', '.join(BRAIN_MARKS)}); run `ambient init {root}` to make one "
+                    "there, or give the brain with --brain DIR")
     _log_setup(args, root)
     return _serve(root, until_idle=args.until_idle, watch=not args.no_watch, progress=sys.stderr.isatty(),
                   log_level=args.log_level, log_format=args.log_format)
@@ -89,14 +97,16 @@ def _demo(args: argparse.Namespace) -> int:
     from ambient.cli.status import print_status
 
     out("")
-    print_status(root, verbose=True)
+    data = print_status(root, verbose=True)
     out("")
     exe = sys.argv[0] if Path(sys.argv[0]).name == "ambient" else "ambient"
     out(f"Run records (JSON lines): {root / '.ambient' / 'runs.jsonl'}")
     out(f"Run journals:             {root / '.ambient' / 'runs'}/")
     out(f"Claims:                   {root / 'claims'}/")
-    out("Answer an escalation, then let the daemon finish the run:")
+    out("Answer the escalations (retry the failed instance, approve the chain's gate), then let the daemon finish:")
     out(f"  {exe} --brain {root} escalations")
-    out(f"  {exe} --brain {root} decide <ID> retry     # or approve, for the chain's gate")
+    for esc in data["escalations"]:
+        out(f"  {exe} --brain {root} decide {esc['id']} {esc['options'][0]}")
     out(f"  {exe} --brain {root} run --until-idle")
+    out(f"  {exe} --brain {root} runs")
     return EXIT_OK

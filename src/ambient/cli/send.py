@@ -36,11 +36,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _read(source: str, limit: int) -> bytes:
-    # One byte over the limit is enough for the router to refuse (and record) an oversized packet.
-    if source == "-":
-        return sys.stdin.buffer.read(limit + 1)
-    with Path(source).open("rb") as fh:
-        return fh.read(limit + 1)
+    """The packet's bytes; of an oversized one, the first ``limit + 1`` (enough for the router to refuse it) with the
+    size and sha256 of the whole, which the audit records."""
+    import hashlib
+
+    from ambient.router import CutInput
+
+    fh = sys.stdin.buffer if source == "-" else Path(source).open("rb")  # noqa: SIM115 - closed below
+    try:
+        head = fh.read(limit + 1)
+        if len(head) <= limit:
+            return head
+        digest, size = hashlib.sha256(head), len(head)
+        while chunk := fh.read(1024 * 1024):
+            digest.update(chunk)
+            size += len(chunk)
+        return CutInput(head, size, digest.hexdigest())
+    finally:
+        if fh is not sys.stdin.buffer:
+            fh.close()
 
 
 def _send(args: argparse.Namespace) -> int:
@@ -72,7 +86,6 @@ def _route_here(paths: BrainPaths, raw: bytes, token: str | None) -> dict[str, A
     from ambient.router import Router, inbox_handler
     from ambient.sendsocket import summary
 
-    _quiet_logs()
     router, problems = Router.for_brain(paths, buffered=True)
     try:
         for problem in problems:
@@ -84,19 +97,6 @@ def _route_here(paths: BrainPaths, raw: bytes, token: str | None) -> dict[str, A
     finally:
         router.close()
     return summary(outcome)
-
-
-def _quiet_logs() -> None:
-    """Unless logging is set up already, keep the router's info lines out of stdout (the answer goes there)."""
-    import logging
-
-    import structlog
-
-    if not structlog.is_configured():
-        structlog.configure(
-            wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        )
 
 
 def _report(answer: dict[str, Any], as_json: bool) -> int:

@@ -162,17 +162,32 @@ def print_status(root: Path, *, verbose: bool = False, workflow: str | None = No
             note = "   (no notification URL configured: see README, Notifications)"
         elif not e["notified"]:
             note = f"   (notification not delivered yet, {e['attempts']} attempt(s))"
-        write(f"      answer:  ambient decide {e['id']} <option>{note}")
+        where = "" if root == Path.cwd() else f"--brain {root} "  # the exact command, from any directory
+        write(f"      answer:  ambient {where}decide {e['id']} <option>{note}")
     write(f"Locks held: {len(data['locks'])}")
     for lk in data["locks"]:
         write(f"  {lk['file']}  {lk['state']}  holder={lk['holder']}  expires={lk['expires_at']}")
     write(f"Open claims: {data['claims']['open']}" + (f" ({len(data['claims']['problems'])} unreadable)"
                                                        if data["claims"]["problems"] else ""))
-    if data["errors"]:
+    errors = [e for e in data["errors"] if workflow is None or e["workflow"] == workflow]
+    if errors:
         write("Last errors:")
-        for e in data["errors"][-5:]:
+        for e in errors[-5:]:
             write(f"  {e['workflow']}/{e['item']}: {_clip(e['error'], 200)}")
     return data
+
+
+def _known_workflow(root: Path, name: str) -> bool:
+    """A workflow file of that name (by file name or by its ``name:``), or a run of it in the journals."""
+    from ambient.workflowload import workflow_files
+
+    workflows = root / "workflows"
+    if any(p.stem == name for p in workflow_files(workflows)) if workflows.is_dir() else False:
+        return True
+    from ambient.journal import read_first
+
+    journals = root / ".ambient" / "runs"
+    return journals.is_dir() and any((read_first(p) or {}).get("workflow") == name for p in journals.glob("*.jsonl"))
 
 
 def _bar(done: int, total: int, width: int = 20) -> str:
@@ -190,6 +205,8 @@ def _status(args: argparse.Namespace) -> int:
     root = brain_dir(args)
     if not root.is_dir():
         return fail(f"{root} is not a directory")
+    if args.workflow and not _known_workflow(root, args.workflow):
+        return fail(f"no workflow named {args.workflow!r}: no file in {root / 'workflows'} and no run recorded")
     if args.json:
         out_json(collect(root))
         return EXIT_OK
@@ -228,10 +245,9 @@ def _runs(args: argparse.Namespace) -> int:
         out_json({"finished": rows, "active": [{"run_id": s.run_id, "workflow": s.workflow} for s in active]})
         return EXIT_OK
     for r in rows:
-        steps = r.get("steps", [])
-        ok = sum(1 for s in steps if s.get("result") == "success")
+        done, total, unit = _done_of(r)
         out(f"{r.get('completed_at', '')[:19]:<19}  {r.get('workflow', ''):<20} {r.get('outcome', ''):<9} "
-            f"{ok}/{len(steps)} steps ok  escalations={r.get('escalations', 0)} errors={r.get('errors', 0)}  "
+            f"{done}/{total} {unit} done  escalations={r.get('escalations', 0)} errors={r.get('errors', 0)}  "
             f"{r.get('run_id')}")
     for s in active:
         out(f"{'(running)':<19}  {s.workflow:<20} {'running':<9} {s.success_count}/{len(s.items)} done  {s.run_id}")
@@ -242,11 +258,25 @@ def _runs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _done_of(record: dict[str, Any]) -> tuple[int, int, str]:
+    """Items (or steps) done out of the run's, from a run record: counted by item, never by attempt (a retried
+    item is one item). Records of older versions lack the totals: their steps' items stand in."""
+    unit = "steps" if record.get("form") == "chain" else "items"
+    if isinstance(record.get("total"), int) and isinstance(record.get("done"), int):
+        return record["done"], record["total"], unit
+    last: dict[str, Any] = {}
+    for step in record.get("steps", []):
+        last[str(step.get("item"))] = step.get("result")
+    return sum(1 for r in last.values() if r == "success"), len(last), unit
+
+
 def _start(args: argparse.Namespace) -> int:
+    from ambient.brain import load_brain
     from ambient.clock import utcnow
     from ambient.packet import make_packet
     from ambient.paths import BrainPaths
-    from ambient.router import write_inbox
+    from ambient.router import Router, write_inbox
+    from ambient.workflow import ChainWorkflow
 
     paths = BrainPaths(brain_dir(args))
     ctx: dict[str, Any] = {"workflow": args.workflow}
@@ -260,27 +290,25 @@ def _start(args: argparse.Namespace) -> int:
         if not isinstance(value, dict):
             return fail("--context must be a JSON object")
         ctx["context"] = value
+    # The workflow as the daemon loads it: a request for a file that does not load would be dropped unseen. A
+    # draft starts too: `status: draft` keeps a workflow from starting by itself, not from being started on purpose.
+    brain = load_brain(paths, os.environ)
+    loaded = brain.workflows.get(args.workflow)
+    if loaded is None:
+        mine = [p for p in brain.errors if p.file.startswith("workflows/") and Path(p.file).stem == args.workflow]
+        if mine:
+            return fail(f"{args.workflow} does not load, so it cannot start: "
+                        + "; ".join(str(p) for p in mine[:3]) + " (`ambient validate` lists every problem)")
+        return fail(f"no workflow named {args.workflow!r} in {paths.workflows}")
+    spec = loaded.spec
+    if args.step:
+        if not isinstance(spec, ChainWorkflow):
+            return fail(f"--step is for chains; {args.workflow} is a for_each")
+        steps = [s.key for s in spec.chain]
+        if str(args.step) not in steps:
+            return fail(f"{args.workflow} has no step {args.step!r}; its steps: {', '.join(steps)}")
     pkt = make_packet("human", "ambient", "ORCHESTRATE", now=utcnow(), context=ctx)
-    from ambient.router import Router
-    from ambient.routing import build_matrix
-
-    bm = build_matrix(paths)
-    if args.step or args.workflow not in {p.stem for p in paths.workflows.glob("*.y*ml")}:
-        from ambient.workflow import ChainWorkflow
-        from ambient.workflowload import load_workflows
-
-        workflows, _ = load_workflows(paths)
-        if args.workflow not in workflows:
-            return fail(f"no workflow named {args.workflow!r} in {paths.workflows} (`ambient validate` says why a "
-                        "file does not load)")
-        spec = workflows[args.workflow].spec
-        if args.step:
-            if not isinstance(spec, ChainWorkflow):
-                return fail(f"--step is for chains; {args.workflow} is a for_each")
-            steps = [s.key for s in spec.chain]
-            if str(args.step) not in steps:
-                return fail(f"{args.workflow} has no step {args.step!r}; its steps: {', '.join(steps)}")
-    router = Router(bm.matrix, zone_rules=bm.zone_rules, brain_root=paths.root)
+    router = Router(brain.matrix.matrix, zone_rules=brain.matrix.zone_rules, brain_root=paths.root)
     outcome = router.check(pkt, "human")
     if not outcome.ok:
         return fail(f"ORCHESTRATE denied: {outcome.reason}", EXIT_NO)
