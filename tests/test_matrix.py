@@ -59,7 +59,7 @@ REFERENCE_KERNEL: dict[str, dict[str, list[str]]] = {
     "scribe": {
         "receives_from": ["orchestrator", "human"],
         "sends_to": ["orchestrator"],
-        "zone_access": ["*"],
+        "zone_access": ["project"],
         "signals": ["SPAWN", "RETURN"],
     },
     "audit": {
@@ -96,6 +96,11 @@ def reference_brain(root: Path) -> tuple[dict[str, dict[str, list[str]]], set[st
         gates[name] = {
             k: [str(x) for x in (ipc.get(k) or [])] for k in ("receives_from", "sends_to", "zone_access", "signals")
         }
+    scribe_file = root / "agents" / "scribe.md"  # a gate-less scribe: zones "as declared by scope" (ADR-026)
+    if scribe_file.exists():
+        brain = _frontmatter(scribe_file).get("brain") or {}
+        if brain.get("ipc") is None and brain.get("scope") in ("kernel", "project", "personal"):
+            gates["scribe"] = {**gates["scribe"], "zone_access": [brain["scope"]]}
     gates.update(REFERENCE_PRINCIPALS)
     routing_file = root / "profil" / "routing.yml"
     routing = yaml.safe_load(routing_file.read_text()) if routing_file.exists() else None
@@ -105,6 +110,19 @@ def reference_brain(root: Path) -> tuple[dict[str, dict[str, list[str]]], set[st
 def _names(lst: Iterable[str], who: str) -> bool:
     lst = list(lst)
     return "*" in lst or who in lst or (who == "ambient" and "orchestrator" in lst)
+
+
+def _named(lst: Iterable[str], who: str) -> bool:
+    lst = list(lst)
+    return who in lst or (who == "ambient" and "orchestrator" in lst)
+
+
+def _reports_to(gates: Mapping[str, Mapping[str, list[str]]], child: str, parent: str) -> bool:
+    """The child names the parent in sends_to and admits it in receives_from; not both ways."""
+    c, p = gates[child], gates[parent]
+    up = _named(c["sends_to"], parent) and _names(c["receives_from"], parent)
+    down = _named(p["sends_to"], child) and _names(p["receives_from"], child)
+    return up and not down
 
 
 def _zone_ok(gate: Mapping[str, list[str]], zone: str) -> bool:
@@ -142,6 +160,10 @@ def reference_allows(
             return False
     elif not fixed and not (_names(g["sends_to"], to) and _names(gates[to]["receives_from"], frm)):
         return False
+    elif not fixed and sig == "SPAWN" and _reports_to(gates, frm, to):
+        return False  # ADR-026: SPAWN goes parent → child
+    elif not fixed and sig in ("RETURN", "ERROR", "ESCALATE", "BLOCKED_ON") and _reports_to(gates, to, frm):
+        return False  # ADR-026: these go child → parent / agent → pilot
     if not all(_zone_ok(g, z) for z in zones):
         return False
     if not fixed and not all(_zone_ok(gates[to], z) for z in zones):
@@ -215,7 +237,12 @@ class TestKernelDefaults:
             ("coach", "human", "ESCALATE", "project", False, "zone.sender"),
             ("orchestrator", "coach", "SPAWN", "personal", False, "receiver.receives_from"),
             ("coach", "bsi", "CHECKPOINT", "personal", True, "allow"),
-            ("scribe", "orchestrator", "RETURN", "personal", True, "allow"),
+            # scribe's zones are "as declared by scope": project when nothing declares them, never every zone
+            ("scribe", "orchestrator", "RETURN", "project", True, "allow"),
+            ("scribe", "orchestrator", "RETURN", "personal", False, "zone.sender"),
+            # direction (ADR-026): SPAWN parent → child; RETURN/ERROR child → parent, ESCALATE/BLOCKED_ON → pilot
+            ("debug", "orchestrator", "SPAWN", "project", False, "direction.spawn"),
+            ("orchestrator", "debug", "RETURN", None, False, "direction.upward"),
             ("audit", "human", "RETURN", "kernel", True, "allow"),
             ("audit", "human", "RETURN", "project", False, "zone.sender"),
             ("orchestrator", "human", "ESCALATE", None, True, "allow"),
@@ -677,3 +704,20 @@ class TestCli:
         assert data["allowed"] is True and data["rule"] == "allow" and data["reasons"]
         assert main(["matrix", "--brain", str(tmp_path / "none")]) == 2
         assert main(["matrix", "explain", "--brain", str(tmp_path / "none"), "a", "b", "RETURN"]) == 2
+
+
+def test_a_gate_less_scribes_zones_follow_its_declared_scope(tmp_path: Path) -> None:
+    """ADR-026: scribe works in the zones "as declared by scope": its file's brain.scope, else project; a scribe
+    with scope: project is never SPAWNed on a personal path (issue 23.12)."""
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "scribe.md").write_text("---\nname: scribe\nbrain: {scope: project}\n---\n")
+    from ambient.paths import BrainPaths
+    from ambient.routing import build_matrix
+
+    bm = build_matrix(BrainPaths(tmp_path))
+    assert decide(bm.matrix, "orchestrator", "scribe", "SPAWN", files=["MYSECRETS"]).rule == "zone.receiver"
+    assert decide(bm.matrix, "orchestrator", "scribe", "SPAWN", files=["projets/x/README.md"]).allowed
+    (tmp_path / "agents" / "scribe.md").write_text("---\nname: scribe\nbrain: {scope: kernel}\n---\n")
+    kernel = build_matrix(BrainPaths(tmp_path)).matrix
+    assert decide(kernel, "orchestrator", "scribe", "SPAWN", files=["agents/x.md"]).allowed
+    assert not decide(kernel, "orchestrator", "scribe", "SPAWN", files=["projets/x/README.md"]).allowed

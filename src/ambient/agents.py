@@ -193,3 +193,13 @@ def load_agents(paths: BrainPaths) -> tuple[dict[str, AgentSpec], list[Problem]]
 def agent_gates(agents: Mapping[str, AgentSpec]) -> dict[str, IpcGate | None]:
     """The gates to build an :class:`~ambient.matrix.AccessMatrix` from."""
     return {name: spec.ipc for name, spec in agents.items()}
+
+
+def agent_scopes(agents: Mapping[str, AgentSpec]) -> dict[str, str]:
+    """Each agent's declared ``brain.scope`` (kernel, project...), where it declares one."""
+    out: dict[str, str] = {}
+    for name, spec in agents.items():
+        brain = spec.extras.get("brain")
+        if isinstance(brain, Mapping) and isinstance(brain.get("scope"), str):
+            out[name] = brain["scope"]
+    return out

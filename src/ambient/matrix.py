@@ -28,8 +28,13 @@ Deliberate decisions:
 * ``signals`` may name the orchestration signals of spec/004 (STEP_DONE, ...): they are authorized
   exactly like the seven. A name that is no signal at all loads with a warning and grants nothing.
 * The matrix has no read/write distinction (audit's "kernel (read)") and no claim scope (debug's
-  "its scope only"): pre-flight checks those. scribe's "as declared by scope" is ``"*"``: its zone
-  is the one its SPAWN declares.
+  "its scope only"): pre-flight checks those. scribe's "as declared by scope": the zone its agent file's
+  ``brain.scope`` names (kernel, project, personal), else project (:func:`scribe_gate`).
+* Direction (ADR-026's signal table): SPAWN flows parent → child, RETURN and ERROR child → parent,
+  ESCALATE and BLOCKED_ON agent → pilot. The gates say who reports to whom: an agent reports to the
+  principals its ``sends_to`` names ("to whom it may RETURN/ESCALATE"), unless they name it back (peers). So
+  a leaf may not SPAWN its orchestrator, and nobody RETURNs or ESCALATEs to an agent that reports to it
+  (check 5; the person and ambient name nobody, so agents report to them).
 """
 
 from __future__ import annotations
@@ -221,7 +226,8 @@ KERNEL_DEFAULTS: Final[Mapping[str, IpcGate]] = MappingProxyType(
             [ORCHESTRATOR, "code-review"], [ORCHESTRATOR], [PROJECT], [S.SPAWN, S.RETURN, S.ESCALATE], _ADR
         ),
         "coach": _gate([HUMAN], [HUMAN], [PERSONAL, "reference"], [S.ESCALATE, S.CHECKPOINT], _ADR),
-        "scribe": _gate([ORCHESTRATOR, HUMAN], [ORCHESTRATOR], [WILDCARD], [S.SPAWN, S.RETURN], _ADR),
+        # "selon scope déclaré": see scribe_gate; project when its file declares no zone as its scope
+        "scribe": _gate([ORCHESTRATOR, HUMAN], [ORCHESTRATOR], [PROJECT], [S.SPAWN, S.RETURN], _ADR),
         "audit": _gate([HUMAN], [HUMAN], [KERNEL], [S.RETURN, S.ESCALATE], _ADR),
     }
 )
@@ -327,12 +333,15 @@ class AccessMatrix:
         self._zcache: dict[tuple[str, str, Signal, frozenset[str]], Decision] = {}
 
     @classmethod
-    def build(cls, agent_gates: Mapping[str, IpcGate | None] | None = None) -> AccessMatrix:
+    def build(cls, agent_gates: Mapping[str, IpcGate | None] | None = None,
+              scopes: Mapping[str, str] | None = None) -> AccessMatrix:
         """Kernel principals, kernel defaults, then each agent's declared gate (None = no declaration).
 
         A declared gate replaces the kernel default of the same name; reserved names are never overridden.
+        ``scopes``: each agent file's ``brain.scope`` (the kernel scribe's zones follow it: :func:`scribe_gate`).
         """
         gates: dict[str, IpcGate] = dict(KERNEL_DEFAULTS)
+        gates["scribe"] = scribe_gate((scopes or {}).get("scribe"))
         ungated: list[str] = []
         for name, gate in (agent_gates or {}).items():
             if name in RESERVED:
@@ -464,7 +473,49 @@ def _gate_check(matrix: AccessMatrix, from_: str, to: str, signal: Signal) -> De
                 passed,
             )
         passed.append(f"{to} receives from {from_}{_via(receiver.receives_from, from_)} ({receiver.source})")
+        # 5. direction (ADR-026): SPAWN goes parent → child; RETURN, ERROR go child → parent, ESCALATE and
+        # BLOCKED_ON agent → pilot. Who reports to whom is what the gates name (see reports_to).
+        if signal is Signal.SPAWN and reports_to(matrix, from_, to):
+            return _deny("direction.spawn", f"{from_} reports to {to} (its sends_to names {to}): SPAWN goes parent "
+                         f"→ child (ADR-026), so {to} may SPAWN {from_}, not the other way", sender.source, passed)
+        if signal in UPWARD_SIGNALS and reports_to(matrix, to, from_):
+            return _deny("direction.upward", f"{to} reports to {from_} (its sends_to names {from_}): {signal} goes "
+                         f"child → parent or pilot (ADR-026); {from_} SPAWNs {to} instead", receiver.source, passed)
     return Decision(True, tuple(passed), "allow", sender.source)
+
+
+def scribe_gate(scope: str | None) -> IpcGate:
+    """The kernel scribe's gate: ADR-026 gives it the zones "as declared by scope", so a scribe without a gate of its
+    own works in the zone its agent file's ``brain.scope`` names (kernel, project or personal), else in project
+    only: never everywhere (a gate-less scribe with ``scope: project`` is never SPAWNed on a personal path)."""
+    base = KERNEL_DEFAULTS["scribe"]
+    if scope in KERNEL_ZONES:
+        return base.model_copy(update={"zone_access": frozenset({scope}),
+                                       "source": f"{_ADR}, zones from its brain.scope: {scope}"})
+    return base
+
+
+#: Signals that flow up, child → parent (RETURN, ERROR) or agent → pilot (ESCALATE, BLOCKED_ON): ADR-026.
+UPWARD_SIGNALS: Final = frozenset({Signal.RETURN, Signal.ERROR, Signal.ESCALATE, Signal.BLOCKED_ON})
+
+
+def _names_itself(names: frozenset[str], who: str) -> bool:
+    """Whether a list names ``who`` itself, not through ``"*"`` (ambient is named where orchestrator is)."""
+    return who in names or (who == AMBIENT and ORCHESTRATOR in names)
+
+
+def reports_to(matrix: AccessMatrix, child: str, parent: str) -> bool:
+    """Whether ``child`` reports to ``parent``, in ADR-026's words for the gate: ``parent`` is among those "who may
+    SPAWN it" (its ``receives_from``) and among those it "may RETURN/ESCALATE to" (its ``sends_to`` names it), and
+    the relation is not mutual (two agents in that relation both ways are peers: no direction). An agent naming
+    another in ``sends_to`` only, to SPAWN it (the corpus's code-review → security), does not report to it. The
+    person and ambient name nobody ("*"): agents report to them, never the other way."""
+    c, p = matrix.gates.get(child), matrix.gates.get(parent)
+    if c is None or p is None:
+        return False
+    up = _names_itself(c.sends_to, parent) and c.admits_sender(parent)
+    down = _names_itself(p.sends_to, child) and p.admits_sender(child)
+    return up and not down
 
 
 def _zones_of(zone: str | None, files: Iterable[str], rules: Iterable[ZoneRule]) -> tuple[set[str], str | None]:

@@ -235,7 +235,8 @@ def test_bounds_per_packet_string_files_and_options(brain: Brain) -> None:
     assert res.rc == 2 and "scope.files" in res.json()["reason"], res
     assert _send(brain, _file_packet(256)).rc == 0
 
-    options = {"from": "human", "to": "worker", "signal": "ESCALATE",
+    # To ambient: an ESCALATE goes up (agent → pilot), never down to an agent that reports to the sender.
+    options = {"from": "human", "to": "ambient", "signal": "ESCALATE",
                "payload": {"options": [f"o{i}" for i in range(17)]}}
     res = _send(brain, options)
     assert res.rc == 2 and "payload.options" in res.json()["reason"], res
@@ -537,3 +538,34 @@ def test_a_brain_path_too_long_for_a_socket_keeps_each_token_as_a_file_of_its_sh
     assert [p.name for p in channels.iterdir() if not p.name.startswith(".")] == []
     leaked = [str(p) for p in brain.root.rglob("*") if p.is_file() and seen["token"].encode() in p.read_bytes()]
     assert leaked == []
+
+
+def test_direction_a_leaf_never_spawns_its_orchestrator_and_results_flow_up(example_brain: Brain) -> None:
+    """Issue 23.12, ADR-026's directions: SPAWN goes parent → child, RETURN/ERROR child → parent, ESCALATE and
+    BLOCKED_ON agent → pilot; `matrix explain` says so with the rule."""
+    brain = example_brain
+    brain.python_agent("leaf", "print('{}')\n", gate={"receives_from": ["orchestrator"], "sends_to": ["orchestrator"],
+                                                      "zone_access": ["project"], "signals": ["SPAWN", "RETURN"]})
+    up = brain.cli("matrix", "explain", "leaf", "orchestrator", "RETURN")
+    assert up.rc == 0, up
+    spawn_up = brain.cli("matrix", "explain", "leaf", "orchestrator", "SPAWN")
+    assert spawn_up.rc == 1 and "direction.spawn" in spawn_up.out, spawn_up
+    spawn_down = brain.cli("matrix", "explain", "orchestrator", "leaf", "SPAWN")
+    assert spawn_down.rc == 0, spawn_down
+    down = brain.cli("matrix", "explain", "ambient", "hello", "RETURN")
+    assert down.rc == 1 and "direction.upward" in down.out and "reports to ambient" in down.out, down
+
+
+def test_a_gate_less_scribe_works_in_its_declared_scope_only(brain: Brain) -> None:
+    """Issue 23.12: the kernel scribe's zones are "as declared by scope" (ADR-026): a scribe without a gate and with
+    `brain.scope: project` is never SPAWNed on a personal path."""
+    brain.write("agents/scribe.md", "---\nname: scribe\nbrain: {version: 1, scope: project}\nambient:\n"
+                                    "  runner: {kind: command, argv: [\"true\"]}\n---\n# scribe\n")
+    brain.workflow("secrets", """
+        workflow: secrets
+        for_each: {items: [x], spawn: scribe, scope: {files: [MYSECRETS]}}
+    """)
+    res = brain.cli("validate")
+    assert res.rc == 1 and "may not SPAWN 'scribe'" in res.out and "personal" in res.out, res
+    assert brain.cli("matrix", "explain", "ambient", "scribe", "SPAWN", "--file", "projets/a/README.md").rc == 0
+    assert brain.cli("matrix", "explain", "ambient", "scribe", "SPAWN", "--file", "MYSECRETS").rc == 1
