@@ -9,7 +9,7 @@ kept raw for the runners module to validate.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ambient.errors import InputError
 from ambient.fsutil import iter_files, read_capped
-from ambient.matrix import RESERVED, IpcGate
-from ambient.packet import NAME_PATTERN
+from ambient.matrix import RESERVED, WILDCARD, IpcGate
+from ambient.packet import BROADCAST, NAME_PATTERN
 from ambient.paths import BrainPaths
 from ambient.problems import Problem
 from ambient.yamlfile import MAX_AGENT_BYTES, LineMap, decode, parse_yaml, split_frontmatter
@@ -38,6 +38,8 @@ class AgentSpec(BaseModel):
     ipc_line: int | None = None
     runner: dict[str, Any] | None = None  # raw ``ambient.runner`` mapping, validated by the runners
     runner_line: int | None = None
+    # The principals its gate names, as written: (list, name, line), for the check of names nobody holds.
+    gate_names: tuple[tuple[str, str, int | None], ...] = ()
     extras: dict[str, Any] = Field(default_factory=dict)  # the rest of the frontmatter, kept as written
 
 
@@ -64,6 +66,7 @@ def load_agent(path: Path, *, source: str) -> tuple[AgentSpec | None, list[Probl
     if name is None:
         return None, problems
     ipc, ipc_line = _gate(data, lines, name, source, problems)
+    gate_names = _gate_names(data, lines) if ipc is not None else ()
     runner, runner_line = _runner(data, lines, source, problems)
     extras = {k: v for k, v in data.items() if k != "name"}
     spec = AgentSpec(
@@ -75,8 +78,40 @@ def load_agent(path: Path, *, source: str) -> tuple[AgentSpec | None, list[Probl
         runner=runner,
         runner_line=runner_line,
         extras=extras,
+        gate_names=gate_names,
     )
     return spec, problems
+
+
+def _gate_names(data: Mapping[str, Any], lines: LineMap) -> tuple[tuple[str, str, int | None], ...]:
+    ipc = data.get("brain", {}).get("ipc")
+    out: list[tuple[str, str, int | None]] = []
+    if isinstance(ipc, Mapping):
+        for key in ("receives_from", "sends_to"):
+            names = ipc.get(key)
+            for i, value in enumerate(names if isinstance(names, list) else []):
+                if isinstance(value, str):
+                    out.append((key, value, lines.line_for(("brain", "ipc", key, i))))
+    return tuple(out)
+
+
+def unknown_principals(agents: Mapping[str, AgentSpec], known: Iterable[str], paths: BrainPaths) -> list[Problem]:
+    """Names in a gate that no principal holds (``sends_to: [orchestrater]``): they grant nothing, and every packet
+    meant for them is denied at run time. A warning at the name's line, with the nearest name that exists."""
+    import difflib
+
+    names = sorted(set(known))
+    problems: list[Problem] = []
+    for spec in agents.values():
+        for key, value, line in spec.gate_names:
+            if value in names or value in (WILDCARD, BROADCAST):
+                continue
+            close = difflib.get_close_matches(value, names, n=1, cutoff=0.75)
+            hint = f"; did you mean {close[0]!r}?" if close else " (no agent file has that name)"
+            problems.append(Problem(file=_rel(paths, spec.path), line=line,
+                                    message=f"{spec.name}: brain.ipc.{key} names {value!r}, which is no principal, so "
+                                            f"it grants nothing{hint}", severity="warning"))
+    return problems
 
 
 def _name(

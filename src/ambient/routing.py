@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ambient.agents import AgentSpec, agent_gates, agent_scopes, load_agents
+from ambient.agents import AgentSpec, agent_gates, agent_scopes, load_agents, unknown_principals
 from ambient.errors import InputError, UnsafePathError
 from ambient.matrix import WILDCARD, AccessMatrix, Route, RoutingTable, apply_routing
 from ambient.packet import NAME_PATTERN, ZONE_PATTERN, Signal
@@ -213,6 +213,7 @@ def build_matrix(paths: BrainPaths) -> BrainMatrix:
     """Load agents, zone rules and the routing table into the effective matrix (never raises on bad files)."""
     agents, problems = load_agents(paths)
     matrix = AccessMatrix.build(agent_gates(agents), scopes=agent_scopes(agents))
+    problems += unknown_principals(agents, [*matrix.principals(), *matrix.ungated, *agents], paths)
     rules, zone_problems = load_zone_rules(paths)
     problems += zone_problems
     table, routing_problems = load_routing(paths)

@@ -569,3 +569,15 @@ def test_a_gate_less_scribe_works_in_its_declared_scope_only(brain: Brain) -> No
     assert res.rc == 1 and "may not SPAWN 'scribe'" in res.out and "personal" in res.out, res
     assert brain.cli("matrix", "explain", "ambient", "scribe", "SPAWN", "--file", "projets/a/README.md").rc == 0
     assert brain.cli("matrix", "explain", "ambient", "scribe", "SPAWN", "--file", "MYSECRETS").rc == 1
+
+
+def test_validate_names_an_unknown_principal_in_a_gate_with_a_suggestion(example_brain: Brain) -> None:
+    """Issue 23.13: `sends_to: [orchestrater]` is reported at its line, with the name that exists nearby."""
+    path = example_brain.path("agents/hello.md")
+    lines = path.read_text().splitlines()
+    at = next(n for n, line in enumerate(lines, 1) if line.strip().startswith("sends_to:"))
+    path.write_text(path.read_text().replace("sends_to:      [orchestrator,", "sends_to:      [orchestrater,"))
+    res = example_brain.cli("validate")
+    assert f"agents/hello.md:{at}:" in res.out and "'orchestrater'" in res.out, res
+    assert "did you mean 'orchestrator'?" in res.out, res
+    assert "'orchestrater'" in example_brain.cli("doctor").out
