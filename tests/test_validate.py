@@ -130,12 +130,12 @@ def test_warnings_and_strict(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     brain = _brain(tmp_path / "brain", workflows=False)
     wf = brain / "workflows" / "typo.yml"
     wf.write_text(
-        "workflow: typo\nfor_each:\n  items: [a]\n  spwan: deploy\n  spawn: deploy\n"
-        "  scope:\n    files: ['infrastructure/{{item}}.yml']\n"
+        "workflow: typo\nfor_each:\n  items: [a]\n  spawn: deploy\n"
+        "  scope:\n    files: ['infrastructure/{{item}}.yml']\nretyr: {attempts: 2}\n"
     )
     assert main(["validate", "--brain", str(brain)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "workflows/typo.yml:4: warning: unknown key 'spwan' is kept but not used; did you mean 'spawn'?"
+    assert out[0] == "workflows/typo.yml:7: warning: unknown key 'retyr' is kept but not used; did you mean 'retry'?"
     assert out[-1] == "ok: 1 workflow(s) (0 draft), 1 warning(s)"
     assert main(["validate", "--brain", str(brain), "--strict"]) == 1
 

@@ -566,8 +566,13 @@ def test_unknown_keys_are_kept_and_typos_flagged() -> None:
         "unknown key 'spwan' is kept but not used; did you mean 'for_each.spawn'?",
         "unknown key 'on_timeout' is kept but not used; did you mean 'on_escalate.on_timeout'?",
     ]
-    step_typo = _issues(_chain(_step(1, on_dnoe="abort")))
-    assert step_typo == [("warning", "unknown key 'on_dnoe' is kept but not used; did you mean 'on_done'?")]
+    # In a step (and a for_each block) every key changes how the work runs: an unknown key is an error.
+    step_typo = _issues(_chain(_step(1, gaet="human")))
+    assert len(step_typo) == 1 and step_typo[0][0] == "error", step_typo
+    assert step_typo[0][1].startswith("unknown key 'gaet' in step 1: did you mean 'gate'? every key of step 1")
+    fe = _for_each()
+    concurency = _issues({**fe, "for_each": {**fe["for_each"], "concurency": 2}})
+    assert concurency[0][0] == "error" and "did you mean 'concurrency'?" in concurency[0][1]
 
 
 def test_for_each_checks() -> None:

@@ -222,7 +222,8 @@ class ChainExecutor(RunExecutor):
             if reason and item.gate != "passed":
                 esc = await self._ask(item, "gate", f"{reason}. Run step {step.name} ({step.type}) now?",
                                       [(k, label, k) for k, label in GATE_OPTIONS])
-                self.event("gate", item=item.name, state="pending", escalation=esc, before=True)
+                self.event("gate", item=item.name, state="pending", escalation=esc, before=True,
+                           agent=self._agent_for(step))
                 await self._signal("GATE_PENDING", None, {"context": {"step": step.name, "message": reason}})
                 await self.journal.commit()
                 self.ports.claims.item_changed(self.state, item)
@@ -317,7 +318,7 @@ class ChainExecutor(RunExecutor):
         if verdict.needs_human:
             esc = await self._ask(item, "gate", f"step {step.name} ({step.type}) closed without tests: accept it?",
                                   [(k, label, k) for k, label in GATE_OPTIONS])
-            self.event("gate", item=item.name, state="pending", escalation=esc)
+            self.event("gate", item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
             await self.journal.commit()
             self.ports.claims.item_changed(self.state, item)
             return
@@ -335,7 +336,7 @@ class ChainExecutor(RunExecutor):
                    signal_in=res.signal_in, reply=res.reply)
         question = res.question or f"{agent} asks a decision about step {step.name}"
         esc = await self._ask(item, "question", question, question_options(res.options or ["continue"]))
-        self.event("escalated", item=item.name, escalation=esc, kind="question")
+        self.event("escalated", item=item.name, escalation=esc, kind="question", agent=agent)
         await self.journal.commit()
         self.ports.claims.item_changed(self.state, item)
 
@@ -347,7 +348,7 @@ class ChainExecutor(RunExecutor):
             [("reset", "Reset the breaker and run the step again", "reset"), ("abort", "Abort the chain", "abort")],
             scope=scope,
         )
-        self.event("escalated", item=item.name, escalation=esc, kind="circuit_break")
+        self.event("escalated", item=item.name, escalation=esc, kind="circuit_break", agent=self._agent_for(step))
         await self.journal.commit()
         self.ports.claims.item_changed(self.state, item)
 
@@ -383,7 +384,7 @@ class ChainExecutor(RunExecutor):
             message = action.message if action is not None else None
             esc = await self._ask(item, "gate", message or f"step {step.name} {status}: continue?",
                                   [(k, label, k) for k, label in GATE_OPTIONS])
-            self.event("gate", item=item.name, state="pending", escalation=esc)
+            self.event("gate", item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
             await self._signal("GATE_PENDING", None, {"context": {"step": step.name,
                                                                   "message": message or "continue?"}})
         elif route.kind == "abort":
@@ -394,7 +395,7 @@ class ChainExecutor(RunExecutor):
                                   [("retry", "Run the step again", "retry"),
                                    ("skip", "Skip the step and go on", "skip"),
                                    ("abort", "Abort the chain", "abort")])
-            self.event("escalated", item=item.name, escalation=esc, kind="blocked")
+            self.event("escalated", item=item.name, escalation=esc, kind="blocked", agent=self._agent_for(step))
 
     async def _start_other(self, action: ChainAction) -> None:
         """``trigger:<workflow>/<step>``: a run of that workflow starts at that step, with this run's context."""

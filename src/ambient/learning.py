@@ -354,6 +354,10 @@ class StatsBuilder:
             )
             if agent == only:
                 involved = True
+        asked_raw = rec.get("asked")
+        asked = None if asked_raw is None else [a["agent"] for a in asked_raw if type(a.get("agent")) is str]
+        if not involved and asked is not None and only in asked:
+            involved = True  # asked about before it ran (a gate): the escalation is still its
         if not involved:
             return
         latencies = []
@@ -412,6 +416,7 @@ class StatsBuilder:
             wk.latencies.extend(latencies)
 
         agents = self._agents
+        by_step = asked is None  # older records: an escalation is known only from the step that asked it
         for agent, result, duration, error, escalated, errored in steps:
             if only is not None and agent != only:
                 continue
@@ -424,12 +429,19 @@ class StatsBuilder:
                 if result == "success":
                     ag.successes += 1
             ag.durations.append(duration)
-            if escalated:
+            if escalated and by_step:
                 ag.escalations += 1
             if errored:
                 ag.errors += 1
             if error:
                 self._signature(error, workflow, agent, when)
+        for agent in asked or ():  # each escalation counts for the agent it names (failures and gates included)
+            if only is not None and agent != only:
+                continue
+            ag = agents.get(agent)
+            if ag is None:
+                ag = agents[agent] = _AgentAcc()
+            ag.escalations += 1
         if only is None and type(run_error) is str and run_error:
             self._signature(run_error, workflow, "-", when)
 

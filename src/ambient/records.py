@@ -75,6 +75,8 @@ class RunRecord(BaseModel):
     # (ambient.replay needs both: a gate rejected leaves no step behind)
     gated: list[str] = Field(default_factory=list)
     reached_end: bool = False
+    # every escalation of the run: escalation, kind, item, agent (the agent's statistics count them)
+    asked: list[dict[str, Any]] = Field(default_factory=list)
     form: Literal["for_each", "chain"] | None = None
     total: int | None = None  # items (for_each) or steps (chain) of the run, started or not
     done: int | None = None  # of them, done

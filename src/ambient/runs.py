@@ -217,6 +217,7 @@ def run_record(state: RunState) -> RunRecord:
         errors=state.error_count,
         decisions=[DecisionRecord.model_validate(d) for d in state.decisions if "escalation" in d and "option" in d],
         gated=list(state.gated),
+        asked=list(state.asked),
         reached_end=state.form == "chain" and state.cursor >= len(state.items),
         form=state.form if state.form in ("for_each", "chain") else None,  # type: ignore[arg-type]
         total=len(state.items),
@@ -568,7 +569,7 @@ class RunExecutor:
             remind_before_s=self.template.remind_before_s,
         )
         esc_id = await self.ports.escalator.escalate(req)
-        self.event("escalated", item=item.name, escalation=esc_id, kind=kind)
+        self.event("escalated", item=item.name, escalation=esc_id, kind=kind, agent=self.template.agent)
 
     def abort(self, *, by: str, reason: str) -> None:
         """Stop the run (an ABORT packet): unfinished items are aborted, running agents are cancelled."""

@@ -10,7 +10,7 @@ Events (one JSON object per line, ``ev`` names the kind)::
     accepted    item attempt key at              (on disk before the agent starts)
     finished    item attempt result output error duration_ms signal_in reply at   (reply: what the agent answered)
     retry       item attempt not_before at        (a failure that the retry policy retries)
-    escalated   item escalation kind at
+    escalated   item escalation kind agent at
     decided     escalation option action by channel latency_s [answer] at
                                                   (abort/reject cascade: every unfinished item is aborted)
     skipped     item [before_start] at            (before_start: a step before the one the run started at)
@@ -95,6 +95,7 @@ class RunState:
     final_escalation: str | None = None
     aborted: bool = False  # an abort (decision, exit trigger, ABORT packet) ended the run, whatever its items did
     gated: list[str] = field(default_factory=list)  # chains: steps a human gate asked about before they ran
+    asked: list[dict[str, Any]] = field(default_factory=list)  # every escalation: escalation, item, kind, agent
 
     @property
     def finished(self) -> bool:
@@ -206,6 +207,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
     elif kind == "escalated":
         esc = str(ev.get("escalation"))
         state.escalation_count += 1
+        _asked(state, ev, str(ev.get("kind") or ""))
         if item is not None:
             item.status = "escalated"
             item.escalation = esc
@@ -249,6 +251,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
             if item.escalation:
                 state.escalations[str(item.escalation)] = item.name
                 state.escalation_count += 1
+                _asked(state, ev, "gate")
         elif item.gate == "rejected":
             item.status = "aborted"
     elif kind == "breaker":
@@ -278,6 +281,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
             if state.final_escalation:
                 state.escalations[str(state.final_escalation)] = ""
                 state.escalation_count += 1
+                _asked(state, ev, "gate")
     elif kind == "abort":
         _abort_unfinished(state)
     elif kind == "note":
@@ -285,6 +289,15 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
     elif kind == "finished_run":
         state.outcome = str(ev.get("outcome"))
         state.finished_at = ev.get("at")
+
+
+def _asked(state: RunState, ev: Mapping[str, Any], kind: str) -> None:
+    """One escalation of the run, with the agent it is about (per-agent statistics count these)."""
+    entry = {"escalation": ev.get("escalation"), "kind": kind}
+    for key in ("item", "agent"):
+        if ev.get(key) is not None:
+            entry[key] = ev[key]
+    state.asked.append(entry)
 
 
 def _abort_unfinished(state: RunState) -> None:

@@ -1103,8 +1103,11 @@ def _known_keys(model: type[BaseModel], aliases: Iterable[str] = ()) -> list[str
     return [*model.model_fields, *aliases]
 
 
-def _typo_issues(extra: Mapping[str, Any] | None, known: Sequence[str], loc: tuple[str | int, ...]) -> list[Issue]:
-    """Warnings for unknown keys that look like a known key, or a key that belongs in another block."""
+def _typo_issues(extra: Mapping[str, Any] | None, known: Sequence[str], loc: tuple[str | int, ...], *,
+                 strict: str | None = None) -> list[Issue]:
+    """Unknown keys: warnings for those that look like a known key or belong in another block (the top level keeps
+    free keys such as ``note:``); with ``strict`` (the block's name), every unknown key is an error, since each key
+    of that block changes how the work runs: ``gaet: human`` would run a deploy without its human gate."""
     candidates = {k: k for k in known}
     if not loc:  # top level: keys of the blocks below, written one level too high
         candidates.update({k: dest for k, dest in _MISPLACED.items() if dest.split(".")[0] in known})
@@ -1115,7 +1118,11 @@ def _typo_issues(extra: Mapping[str, Any] | None, known: Sequence[str], loc: tup
         else:
             close = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.75)
             hint = candidates[close[0]] if close else None
-        if hint is not None:
+        if strict is not None:
+            guess = f"did you mean {hint!r}? " if hint else ""
+            out.append(Issue((*loc, key), f"unknown key {key!r} in {strict}: {guess}every key of {strict} changes "
+                             f"how it runs, so an unknown one is refused; its keys: {', '.join(known)}"))
+        elif hint is not None:
             out.append(
                 Issue((*loc, key), f"unknown key {key!r} is kept but not used; did you mean {hint!r}?", "warning")
             )
@@ -1204,7 +1211,7 @@ def completion_values(spec: WorkflowSpec, counts: Mapping[str, int], run_id: str
 def _for_each_issues(spec: ForEachWorkflow, rules: tuple[ZoneRule, ...]) -> list[Issue]:
     fe = spec.for_each
     out: list[Issue] = []
-    out += _typo_issues(fe.model_extra, _known_keys(ForEach), ("for_each",))
+    out += _typo_issues(fe.model_extra, _known_keys(ForEach), ("for_each",), strict="for_each")
     seen: dict[str, int] = {}
     for i, item in enumerate(fe.items):
         if item in seen:
@@ -1280,7 +1287,7 @@ def _chain_issues(spec: ChainWorkflow) -> list[Issue]:
     out: list[Issue] = []
     seen: dict[str, int] = {}
     for i, step in enumerate(spec.chain):
-        out += _typo_issues(step.model_extra, _known_keys(ChainStep), ("chain", i))
+        out += _typo_issues(step.model_extra, _known_keys(ChainStep), ("chain", i), strict=f"step {step.key}")
         if step.key in seen:
             out.append(
                 Issue(("chain", i, "step"), f"step {step.key!r} is declared twice (first at chain[{seen[step.key]}])")

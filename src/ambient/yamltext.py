@@ -294,8 +294,23 @@ def problems_from_validation(exc: ValidationError, *, file: str, lines: LineMap)
         got = ""
         if err["type"] not in ("missing",) and isinstance(inp, str | int | float | bool) and len(str(inp)) < 60:
             got = f" (got {inp!r})"
-        out.append(Problem(file=file, line=lines.line_for(loc), message=f"{where}: {msg}{got}"))
+        line = lines.line_for(loc)
+        if err["type"] == "missing" and loc and isinstance(inp, Mapping):
+            typo = _misspelled(str(loc[-1]), inp)
+            if typo is not None:  # `spwan: deploy` beside a missing `spawn`: say so, at the misspelled key's line
+                got = f" (is {typo!r} a misspelling of {loc[-1]!r}?)"
+                line = lines.line_for((*loc[:-1], typo))
+        out.append(Problem(file=file, line=line, message=f"{where}: {msg}{got}"))
     return out
+
+
+def _misspelled(missing: str, mapping: Mapping[Any, Any]) -> str | None:
+    """The key of ``mapping`` that looks like the ``missing`` one (a typo of a required key), if any."""
+    import difflib
+
+    keys = [k for k in mapping if isinstance(k, str) and k != missing]
+    close = difflib.get_close_matches(missing, keys, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def expect_mapping(data: Any, *, source: str, what: str) -> Mapping[str, Any]:

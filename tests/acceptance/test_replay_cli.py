@@ -86,3 +86,27 @@ def test_replay_says_what_a_changed_workflow_would_do(brain: Brain) -> None:
     assert _counts(brain.ok("replay", "ship").out) == (1, 1)
     brain.workflow("ship", gated.replace(", gate: human", ""))
     assert _counts(brain.ok("replay", "ship").out) == (1, 0)
+
+
+def test_stats_counts_each_escalation_for_the_agent_it_names(brain: Brain) -> None:
+    """Issue 23.14: an escalation counts for its workflow and for the agent named in it (a failure, a gate)."""
+    brain.python_agent("failer", "import sys\nsys.exit(1)\n")
+    brain.python_agent("worker", STEP_AGENT)
+    brain.workflow("fails", "workflow: fails\nfor_each: {items: [a], spawn: failer}\n")
+    brain.workflow("gated", """
+        name: gated
+        chain:
+          - {step: 1, type: deploy, scope: infrastructure/x/, agents: [worker], gate: human}
+    """)
+    brain.until_idle()
+    for esc in brain.escalations():
+        assert brain.decide(esc["id"], "abort" if esc["workflow"] == "fails" else "reject").rc == 0
+    brain.until_idle()
+    data = json.loads(brain.ok("stats", "--json").out)
+    agents = {a["agent"]: a for a in data["agents"]}
+    assert agents["failer"]["escalations"] == 1, agents
+    assert agents["worker"]["escalations"] == 1, agents  # asked about before it ran: the gate was rejected
+    workflows = {w["workflow"]: w for w in data["workflows"]}
+    assert workflows["fails"]["escalations"] == 1 and workflows["gated"]["escalations"] == 1
+    only = json.loads(brain.ok("stats", "--agent", "worker", "--json").out)
+    assert [a["agent"] for a in only["agents"]] == ["worker"] and only["agents"][0]["escalations"] == 1

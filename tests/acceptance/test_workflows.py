@@ -315,3 +315,25 @@ def test_runs_counts_items_not_attempts(brain: Brain) -> None:
     brain.until_idle()
     line = next(line for line in brain.ok("runs").out.splitlines() if "batch" in line)
     assert "3/3 items done" in line, line
+
+
+def test_a_typo_in_a_required_key_says_which_it_misspells(brain: Brain) -> None:
+    """Issue 23.14: `spwan:` for the required `spawn:` is reported at its line as a likely misspelling."""
+    brain.workflow("typo", "workflow: typo\nfor_each:\n  items: [a]\n  spwan: deploy\n")
+    res = brain.cli("validate")
+    assert res.rc == 1 and "workflows/typo.yml:4:" in res.out, res
+    assert "is 'spwan' a misspelling of 'spawn'?" in res.out, res
+
+
+def test_an_unknown_key_on_a_step_is_an_error_and_the_chain_never_runs(brain: Brain) -> None:
+    """Issue 23.14: `gaet: human` on a deploy step is refused (a deploy would run without its human gate)."""
+    brain.python_agent("worker", OK_AGENT)
+    brain.workflow("deploy", """
+        name: deploy
+        chain:
+          - {step: 1, type: deploy, scope: infrastructure/app/, agents: [worker], gaet: human}
+    """)
+    res = brain.cli("validate")
+    assert res.rc == 1 and "unknown key 'gaet' in step 1: did you mean 'gate'?" in res.out, res
+    brain.until_idle()
+    assert brain.finished("deploy") == [] and not brain.path("workspace/steps.log").exists()
