@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ambient.errors import InputError
 from ambient.paths import BrainPaths
-from ambient.templating import COMPLETE_VARS, STEP_VARS, render
+from ambient.templating import COMPLETE_VARS, ITEM_VARS, STEP_VARS, completion_values, render
 from ambient.workflow import (
     DEFAULT_AGENT_BY_TYPE,
     AbortAction,
@@ -32,12 +32,12 @@ from ambient.workflow import (
     SignalAction,
     SpawnAction,
     WorkflowError,
-    completion_values,
     detect_form,
     format_action,
     format_actions,
     item_context,
     item_scope,
+    item_values,
     parse_action,
     parse_actions,
     parse_duration,
@@ -734,8 +734,11 @@ def test_step_and_completion_values() -> None:
     values = step_values(wf.spec, wf.spec.chain[1], "r1", {"result": {"status": "ok"}})
     assert set(values) == STEP_VARS
     assert render("{{workflow}} {{step}} {{prior.result.status}}", values) == "feature-chain 2 ok"
-    done = completion_values(wf.spec, {"total": 10, "success": 9, "fail": 1})
+    done = completion_values(total=10, success=9, failed=1, errors=0, skipped=0, workflow="w", run_id="r")
     assert set(done) == COMPLETE_VARS
+    fan = parse_workflow(_for_each())
+    assert isinstance(fan, ForEachWorkflow)
+    assert set(item_values(fan, 0)) == ITEM_VARS  # the values rendering uses are the names validation allows
     assert render("{{success_count}}/{{total}}, {{fail_count}} failed", done) == "9/10, 1 failed"
 
 

@@ -42,6 +42,7 @@ from ambient.planner import (
 )
 from ambient.runs import Attempt, AttemptResult, EscalationRequest, ItemTemplate, Ports, RunExecutor, item_claim_id
 from ambient.runstate import ItemState, RunState, next_attempt
+from ambient.templating import step_values
 
 log = structlog.get_logger(__name__)
 
@@ -83,6 +84,7 @@ class ChainSettings:
     default_agents: Mapping[str, str] = field(default_factory=dict)  # step type → agent
     breaker: Breaker | None = None
     branches: Branches | None = None
+    pilote: str | None = None  # the pilot session's id ({{pilote}})
     # trigger:<workflow>/<step>: (workflow, step, context, trigger) → the new run's id, or None if it cannot start
     start_workflow: Callable[[str, str | None, Mapping[str, Any], str], str | None] | None = None
 
@@ -123,10 +125,13 @@ class ChainExecutor(RunExecutor):
     def build_attempt(self, item: ItemState, attempt: int) -> Attempt:
         step = self.steps[item.index]
         prior = self._prior_output(item.index)
+        # The step's templates ({{workflow}}, {{prior.result.status}}...) with the values validation allows.
+        values = step_values(workflow=self.state.workflow, step=step.name, run_id=self.state.run_id, prior=prior,
+                             branch=self.chain.branch or "", pilote=self.chain.pilote or "")
         context: dict[str, Any] = {
             "step": step.name,
             "type": step.type,
-            "story_angle": step.story_angle,
+            "story_angle": self.ports.render_text(step.story_angle, values) if step.story_angle else None,
             "workflow": self.state.workflow,
         }
         if prior is not None:
@@ -135,7 +140,7 @@ class ChainExecutor(RunExecutor):
         decision = self._last_decision_for(item)
         if decision is not None:
             context["decision"] = decision
-        files = (step.scope,) if step.scope else ()
+        files = (self.ports.render_path(step.scope, values),) if step.scope else ()
         return Attempt(
             run_id=self.state.run_id,
             workflow=self.state.workflow,

@@ -518,7 +518,8 @@ class Daemon:
         defaults = brain.settings.default_agents
         settings = ChainSettings(
             steps=chain_steps(spec, defaults), supervisor=spec.supervisor, mode=state.mode or spec.mode,
-            branch=spec.branch, default_agents={t: spec.agent_for_type(t, defaults) for t in SATELLITE_TYPES},
+            branch=spec.branch, pilote=spec.pilote,
+            default_agents={t: spec.agent_for_type(t, defaults) for t in SATELLITE_TYPES},
             threshold=brain.settings.breaker_threshold, breaker=self.breaker,
             branches=GitBranches(self.paths.root) if spec.branch else None, start_workflow=self._start_by_trigger,
         )

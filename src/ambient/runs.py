@@ -57,6 +57,7 @@ from ambient.runstate import (
     outcome_of,
 )
 from ambient.slots import AgentSlots
+from ambient.templating import completion_values, item_values
 
 log = structlog.get_logger(__name__)
 
@@ -436,18 +437,13 @@ class RunExecutor:
         return f"{self.state.run_id}/{item.name}/{attempt}"
 
     def vars_for(self, item: ItemState) -> dict[str, Any]:
-        """Template variables for one item: only the workflow's own data."""
+        """Template variables for one item: only the workflow's own data (those of ``item_values``; a runner's argv
+        may also name ``attempt``, the runner adds its own built-in names)."""
         counts = self._status_counts()
-        return {
-            "item": item.name,
-            "index": item.index + 1,
-            "total": counts["total"],
-            "success_count": counts.get("done", 0),
-            "fail_count": counts.get("failed", 0),
-            "workflow": self.state.workflow,
-            "run_id": self.state.run_id,
-            "attempt": item.attempt,
-        }
+        values = item_values(item=item.name, index=item.index + 1, total=counts["total"],
+                             workflow=self.state.workflow, run_id=self.state.run_id)
+        values["attempt"] = item.attempt
+        return values
 
     def _render_context(self, value: Any, variables: Mapping[str, Any]) -> Any:
         if isinstance(value, str):
@@ -616,14 +612,14 @@ class RunExecutor:
         outcome = outcome_of(self.state)
         t = self.template
         if outcome != "aborted" and t.complete_signal and t.complete_to:
-            variables = {
-                "success_count": self.state.success_count,
-                "total": len(self.state.items),
-                "fail_count": sum(1 for it in self.state.items if it.status in ("failed", "aborted")),
-                "skipped_count": sum(1 for it in self.state.items if it.status == "skipped"),
-                "workflow": self.state.workflow,
-                "run_id": self.state.run_id,
-            }
+            items = self.state.items
+            failed = [it for it in items if it.status in ("failed", "aborted")]
+            variables = completion_values(
+                total=len(items), success=self.state.success_count, failed=len(failed),
+                errors=sum(1 for it in failed if it.result == "error"),
+                skipped=sum(1 for it in items if it.status == "skipped"),
+                workflow=self.state.workflow, run_id=self.state.run_id,
+            )
             result = self.ports.render_text(t.complete_result, variables) if t.complete_result else outcome
             await self.ports.emitter.emit(t.complete_signal, t.complete_to, {"result": result}, self.state)
         self.event("finished_run", outcome=outcome)

@@ -742,7 +742,7 @@ def _item_scope(state: RunState, item: ItemState) -> str:
     if state.form == "chain":
         for step in state.spec.get("chain", []) if isinstance(state.spec.get("chain"), list) else []:
             if isinstance(step, dict) and str(step.get("step")) == item.name:
-                return str(step.get("scope") or "")
+                return _step_scope(state, item, str(step.get("scope") or ""))
         return item.name.partition("@")[2] or "-"
     fe = state.spec.get("for_each")
     files = fe.get("scope", {}).get("files") if isinstance(fe, dict) and isinstance(fe.get("scope"), dict) else None
@@ -756,6 +756,21 @@ def _item_scope(state: RunState, item: ItemState) -> str:
         except InputError:
             pass
     return f"{state.workflow}/{item.name}"
+
+
+def _step_scope(state: RunState, item: ItemState, scope: str) -> str:
+    """A step's scope as its SPAWN carries it: rendered as ChainExecutor renders it (pre-flight compares the two)."""
+    from ambient.templating import has_variables, render, step_values
+
+    if not has_variables(scope):
+        return scope
+    prior = next((it.output for it in reversed(state.items[: item.index]) if it.status == "done"), None)
+    values = step_values(workflow=state.workflow, step=item.name, run_id=state.run_id, prior=prior,
+                         branch=str(state.spec.get("branch") or ""), pilote=str(state.spec.get("pilote") or ""))
+    try:
+        return render(scope, values)
+    except InputError:
+        return scope  # the step fails at its SPAWN, saying why
 
 
 def _item_agent(state: RunState, item: ItemState) -> str:

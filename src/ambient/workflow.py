@@ -1153,7 +1153,8 @@ def _vars_in(value: Any, allowed: frozenset[str], loc: tuple[str | int, ...], wh
 def item_values(spec: ForEachWorkflow, index: int, run_id: str = "run") -> dict[str, Any]:
     """The template variables of item ``index`` (``{{item}}``, ``{{index}}`` from 1, ``{{total}}``...)."""
     items = spec.for_each.items
-    return {"item": items[index], "index": index + 1, "total": len(items), "workflow": spec.name, "run_id": run_id}
+    return templating.item_values(item=items[index], index=index + 1, total=len(items), workflow=spec.name,
+                                  run_id=run_id)
 
 
 class ItemScope(NamedTuple):
@@ -1185,27 +1186,8 @@ def item_context(spec: ForEachWorkflow, index: int, run_id: str = "run") -> dict
 
 def step_values(spec: ChainWorkflow, step: ChainStep, run_id: str = "run", prior: Any = None) -> dict[str, Any]:
     """The template variables of a chain step; ``prior`` is the previous step's output (``{{prior.result...}}``)."""
-    return {
-        "workflow": spec.name,
-        "step": step.key,
-        "run_id": run_id,
-        "prior": {} if prior is None else prior,
-        "branch": spec.branch or "",
-        "pilote": spec.pilote or "",
-    }
-
-
-def completion_values(spec: WorkflowSpec, counts: Mapping[str, int], run_id: str = "run") -> dict[str, Any]:
-    """The variables of ``on_complete`` from result counts: total, success, fail, error, skipped."""
-    return {
-        "workflow": spec.name,
-        "run_id": run_id,
-        "total": counts.get("total", 0),
-        "success_count": counts.get("success", 0),
-        "fail_count": counts.get("fail", 0),
-        "error_count": counts.get("error", 0),
-        "skipped_count": counts.get("skipped", 0),
-    }
+    return templating.step_values(workflow=spec.name, step=step.key, run_id=run_id, prior=prior,
+                                  branch=spec.branch or "", pilote=spec.pilote or "")
 
 
 def _for_each_issues(spec: ForEachWorkflow, rules: tuple[ZoneRule, ...]) -> list[Issue]:

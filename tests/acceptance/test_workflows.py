@@ -337,3 +337,56 @@ def test_an_unknown_key_on_a_step_is_an_error_and_the_chain_never_runs(brain: Br
     assert res.rc == 1 and "unknown key 'gaet' in step 1: did you mean 'gate'?" in res.out, res
     brain.until_idle()
     assert brain.finished("deploy") == [] and not brain.path("workspace/steps.log").exists()
+
+
+def test_every_template_variable_validate_allows_renders(brain: Brain) -> None:
+    """Issue 23.15: `{{error_count}}` (any variable validate allows in on_complete) renders at the run's end; it
+    used to pass validate and then crash the run's end at every start."""
+    brain.python_agent("mixed", """
+        import json, os, sys
+        json.load(sys.stdin)
+        if os.environ["AMBIENT_ITEM"] == "b":
+            sys.exit(3)
+        print(json.dumps({"status": "ok"}))
+    """)
+    brain.workflow("tally", """
+        workflow: tally
+        for_each: {items: [a, b, c], spawn: mixed}
+        on_complete:
+          signal: RETURN
+          to: orchestrator
+          payload: {result: "{{success_count}}/{{total}} {{fail_count}} {{error_count}} {{skipped_count}}"}
+    """)
+    assert brain.cli("validate").rc == 0
+    brain.until_idle()
+    [esc] = brain.escalations()
+    assert brain.decide(esc["id"], "abort").rc == 0
+    brain.until_idle()
+    [record] = brain.finished("tally")
+    assert record["outcome"] == "aborted"
+    brain.workflow("tally2", """
+        workflow: tally2
+        for_each: {items: [a, b, c], spawn: mixed, on_return: {error: → next_item}}
+        on_complete:
+          signal: RETURN
+          to: orchestrator
+          payload: {result: "{{success_count}}/{{total}} ok, {{fail_count}} failed, {{error_count}} by errors"}
+    """)
+    brain.until_idle()
+    [record] = brain.finished("tally2")
+    assert record["outcome"] == "partial", record
+    thread = brain.ok("thread", "ambient").out  # the RETURN is a turn of its sender's thread
+    assert "RETURN     ambient -> orchestrator" in thread and "2/3 ok, 1 failed, 1 by errors" in thread, thread
+
+
+def test_a_chain_steps_scope_template_is_rendered(brain: Brain) -> None:
+    """A chain step's `scope: workspace/{{workflow}}/...` reaches its agent rendered, as validate promised."""
+    brain.python_agent("writer", COLOUR_AGENT.replace('if "decision" not in ctx:', 'if False:').replace(
+        'ctx["decision"]', '"written"'))
+    brain.workflow("tmpl", """
+        name: tmpl
+        chain:
+          - {step: 1, type: brain-write, scope: "workspace/{{workflow}}/notes.md", agents: [writer]}
+    """)
+    brain.until_idle()
+    assert brain.read("workspace/tmpl/notes.md") == "written\n"
