@@ -52,7 +52,8 @@ CONFIG_TEMPLATE: Final = """\
 # (they are recorded as interrupted and resume at the next start).
 #shutdown_grace_s: 10.0
 
-# Minutes a file lock taken for an agent lasts before others may take it over.
+# Minutes a file lock taken for an agent lasts before others may take it over; renewed at a third of that
+# while its agent runs, so a long agent keeps its scope.
 #lock_ttl_min: 60
 
 # Hours without activity after which an open claim (its TTL unset) is marked stale.

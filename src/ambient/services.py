@@ -69,6 +69,48 @@ class BrainRef:
 # ---------------------------------------------------------------- delegate
 
 
+class Leases:
+    """The scope locks running agents hold, renewed at a third of their TTL while the agents run: an agent that runs
+    longer than ``lock_ttl_min`` keeps its scope (a contender takes over an expired lock). One timer for all of
+    them, not one task per agent (a fan-out holds a lock per item)."""
+
+    def __init__(self, locks: LockManager, clock: Callable[[], float] = time.time) -> None:
+        self.locks = locks
+        self.clock = clock
+        self._held: dict[tuple[str, int], LockGrant] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def hold(self, grant: LockGrant) -> None:
+        self._held[(grant.file, grant.token)] = grant
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._renew(), name="leases")
+
+    def drop(self, grant: LockGrant) -> LockGrant:
+        """Stop renewing; the grant as last renewed (its release must name the same token, which renewal keeps)."""
+        return self._held.pop((grant.file, grant.token), grant)
+
+    def _due(self, grant: LockGrant) -> float:
+        return grant.expires - grant.ttl_s * 2 / 3  # renewed once a third of the lease has gone by
+
+    async def _renew(self) -> None:
+        while self._held:
+            wait = min(self._due(g) for g in self._held.values()) - self.clock()
+            if wait > 0:
+                await asyncio.sleep(min(wait, 60.0))  # a timer: re-read the set, grants come and go meanwhile
+                continue
+            now = self.clock()
+            for key, grant in [(k, g) for k, g in self._held.items() if self._due(g) <= now]:
+                try:
+                    renewed = await asyncio.to_thread(self.locks.renew, grant)
+                except (AmbientError, OSError) as exc:  # the lease is lost (taken over, released): stop renewing it
+                    log.warning("lock_lease_lost", file=grant.file, holder=grant.holder, error=str(exc))
+                    self._held.pop(key, None)
+                    continue
+                if key in self._held:  # not dropped while renewing
+                    self._held[key] = renewed
+                log.debug("lock_lease_renewed", file=grant.file, holder=grant.holder)
+
+
 class AgentDelegate:
     """One attempt end to end: pre-flight → locks → SPAWN → runner → reply → release."""
 
@@ -79,6 +121,7 @@ class AgentDelegate:
         self.router = router
         self.runners = runners
         self.locks = locks
+        self.leases = Leases(locks)
         self.clock = clock
         self.live = live
         self.lock_wait_s = lock_wait_s
@@ -116,16 +159,18 @@ class AgentDelegate:
         try:
             for f in a.files:
                 try:
-                    grants.append(await self.locks.acquire_async(
-                        f, a.claim_id or a.key, ttl_s=brain.settings.lock_ttl_min * 60, wait=self.lock_wait_s))
+                    grant = await self.locks.acquire_async(
+                        f, a.claim_id or a.key, ttl_s=brain.settings.lock_ttl_min * 60, wait=self.lock_wait_s)
                 except LockHeldError as exc:
                     return AttemptResult(result="blocked", error=f"{f} is locked by another session: {exc}",
                                          duration_ms=_ms(started))
+                grants.append(grant)
+                self.leases.hold(grant)
             res = await self._run(a, sent.packet, cfg)
         finally:
             for g in grants:
                 try:
-                    await self.locks.release_async(g)
+                    await self.locks.release_async(self.leases.drop(g))
                 except AmbientError as exc:  # taken over after expiry: nothing of ours to release
                     log.warning("lock_release_refused", file=g.file, error=str(exc))
         return await self._reply(a, res, started)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 
 from tests.acceptance.harness import Brain, Webhook, wait
 
@@ -171,3 +172,31 @@ def test_shutdown_grace_then_sigterm_for_those_still_running(brain: Brain) -> No
     brain.until_idle()
     [record] = brain.finished("steady")
     assert record["outcome"] == "success" and brain.path("finished").exists()
+
+
+def test_a_long_agent_keeps_its_scope_lock_past_the_ttl(brain: Brain) -> None:
+    """Issue 23.15: the lock a step takes on its scope (lock_ttl_min) is renewed while its agent runs: a contender
+    finds it held after the first TTL, and it is free once the agent is done."""
+    brain.config("lock_ttl_min: 0.02\n")  # 1.2 s; an expired lock is taken over 5 s (its grace) after that
+    brain.python_agent("slow", """
+        import json, os, pathlib, sys, time
+        json.load(sys.stdin)
+        base = pathlib.Path(os.environ["AMBIENT_BRAIN"])
+        (base / "started").write_text(str(time.time()))
+        while not (base / "release").exists():
+            time.sleep(0.05)
+        print(json.dumps({"status": "ok"}))
+    """)
+    brain.workflow("long", """
+        workflow: long
+        for_each: {items: [a], spawn: slow, scope: {files: ["projets/long/{{item}}.md"]}}
+    """)
+    with brain.daemon():
+        wait(lambda: brain.path("started").exists(), "the agent to start")
+        started = float(brain.read("started"))
+        wait(lambda: time.time() > started + 7, "a time past the first lease and its grace (1.2 + 5 s)")
+        taken = brain.cli("lock", "acquire", "projets/long/a.md", "sess-contender")
+        assert taken.rc == 1, taken  # held by the agent's step still: its lease was renewed
+        brain.write("release", "x")
+        brain.wait_finished("long")
+    assert brain.cli("lock", "check", "projets/long/a.md").rc == 0  # released with the agent
