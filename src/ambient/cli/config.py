@@ -193,12 +193,17 @@ def _show(args: argparse.Namespace) -> int:
     env = ", ".join(sorted(cfg.environment)) or "none"
     out(f"# effective settings of {root}")
     out(f"# file: {cfg.file}{'' if cfg.exists else ' (absent: defaults)'}; environment overrides: {env}")
-    rows = [(key, json.dumps(value, ensure_ascii=False)) for key, value in flatten(settings)]
+    rows = [(key, json.dumps(_as_written(value), ensure_ascii=False)) for key, value in flatten(settings)]
     key_w = max(len(k) for k, _ in rows)
     val_w = min(max(len(v) for _, v in rows), 40)
     for key, value in rows:
         out(f"{key:<{key_w}}  {value:<{val_w}}  {cfg.sources.get(key, 'default')}")
     return EXIT_OK
+
+
+def _as_written(value: object) -> object:
+    """A whole number of a float setting as a person writes it (``lock_ttl_min 60``, not ``60.0``)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _template(args: argparse.Namespace) -> int:
