@@ -53,11 +53,13 @@ def foreach_yaml(name: str, items: Sequence[str], agent: str, concurrency: int) 
     )
 
 
-def new_brain(base: Path, name: str, agents: Mapping[str, str]) -> Path:
-    """An empty brain with ``agents`` (name → agent file text)."""
+def new_brain(base: Path, name: str, agents: Mapping[str, str], concurrency: int = 256) -> Path:
+    """An empty brain with ``agents`` (name → agent file text). Its daemon-wide ``concurrency:`` cap is set to
+    ``concurrency`` (the most the settings allow by default), so a workflow's own value is what a bench measures."""
     root = base / name
     for sub in ("agents", "claims", "locks", "profil", "workflows"):
         (root / sub).mkdir(parents=True, exist_ok=True)
+    (root / "profil" / "ambient.yml").write_text(f"concurrency: {concurrency}\n")
     for agent, text in agents.items():
         (root / "agents" / f"{agent}.md").write_text(text)
     return root
