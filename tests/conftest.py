@@ -23,8 +23,7 @@ settings.load_profile("ambient")
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_BRAIN = REPO / "examples" / "brain"
-SHARED = REPO.parent / "shared"
-CORPUS = SHARED / "corpus" / "cortex-template"
+CORPUS = Path(__file__).resolve().parent / "fixtures" / "cortex-template"  # vendored from ../shared/corpus
 
 
 @pytest.fixture(autouse=True)
@@ -35,9 +34,7 @@ def _reset_structlog() -> None:
 
 @pytest.fixture
 def corpus() -> Path:
-    """The real public brain corpus; skips cleanly when ../shared is absent."""
-    if not CORPUS.is_dir():
-        pytest.skip("../shared/corpus is not present")
+    """The real public brain corpus (tests/fixtures/cortex-template): read it, or copy it before changing it."""
     return CORPUS
 
 
