@@ -33,9 +33,7 @@ def agent_md(name: str, runner: Mapping[str, Any]) -> str:
         "    sends_to: [ambient, orchestrator, human]\n"
         "    zone_access: [project]\n"
         "    signals: [RETURN, ERROR, ESCALATE, BLOCKED_ON]\n"
-        "ambient:\n  runner:\n"
-        + "".join(f"    {k}: {json.dumps(v)}\n" for k, v in runner.items())
-        + "---\n"
+        "ambient:\n  runner:\n" + "".join(f"    {k}: {json.dumps(v)}\n" for k, v in runner.items()) + "---\n"
         f"# {name}\n"
     )
 
@@ -95,8 +93,13 @@ class ServingDaemon:
 
     def __enter__(self) -> ServingDaemon:
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(daemon_argv(self.root, "--log-level", "info"), env=self.env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                daemon_argv(self.root, "--log-level", "info"),
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 30
         while b"daemon_ready" not in self.log.read_bytes():
             if time.monotonic() > deadline or self.proc.poll() is not None:
@@ -257,8 +260,10 @@ def filesystem_note(path: Path) -> str | None:
                 continue
             device, jbd2 = Path(source).name, Path("/proc/fs/jbd2")
             if not (jbd2.is_dir() and any(p.name.startswith(f"{device}-") for p in jbd2.iterdir())):
-                return (f"note: {path} is on ext4 without a journal ({source}): file creation slows for minutes "
-                        "after large deletes nearby; figures swing with it (bench/README.md, session 6)")
+                return (
+                    f"note: {path} is on ext4 without a journal ({source}): file creation slows for minutes "
+                    "after large deletes nearby; figures swing with it (bench/README.md, session 6)"
+                )
             return None
     except (OSError, ValueError, IndexError):
         return None

@@ -39,8 +39,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--dir", default=None)
-    ap.add_argument("--importtime", choices=("acquire", "release", "send", "check"), default=None,
-                    help="print the 15 slowest cumulative imports of one command and exit")
+    ap.add_argument(
+        "--importtime",
+        choices=("acquire", "release", "send", "check"),
+        default=None,
+        help="print the 15 slowest cumulative imports of one command and exit",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     with TempDir(args.dir) as base:
@@ -69,15 +73,20 @@ def main() -> int:
         if args.importtime:
             argv = cmds[args.importtime]
             subprocess.run(argv, capture_output=True, env=env, check=False)  # write the bytecode caches
-            proc = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], capture_output=True, text=True,
-                                  env=env, check=False)
+            proc = subprocess.run(
+                [argv[0], "-X", "importtime", *argv[1:]], capture_output=True, text=True, env=env, check=False
+            )
             rows = [line.split("|") for line in proc.stderr.splitlines() if line.startswith("import time:")]
             rows = [r for r in rows if r[1].strip().isdigit()]
             for r in sorted(rows, key=lambda r: -int(r[1]))[:15]:
                 print(f"{int(r[1]) / 1000:8.1f} ms  {r[2].rstrip()}")
             return 0
-        daemon = subprocess.Popen([PY, "-m", "ambient", "--brain", str(served), "run", "--log-level", "warning"],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        daemon = subprocess.Popen(
+            [PY, "-m", "ambient", "--brain", str(served), "run", "--log-level", "warning"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             sock = served / ".ambient" / "run" / "send.sock"
             deadline = time.monotonic() + 60
@@ -99,8 +108,10 @@ def main() -> int:
     print(f"baseline python -c 'import pydantic, yaml': {base_s * 1000:.0f} ms (median of {args.rounds})")
     for name in ("acquire", "release", "check", "send", "send-daemon"):
         ratio = med[name] / base_s
-        print(f"ambient {name:11s} {med[name] * 1000:6.0f} ms  = {ratio:.2f}x baseline "
-              f"({'ok' if ratio <= 1.5 else 'OVER'} target 1.5x)")
+        print(
+            f"ambient {name:11s} {med[name] * 1000:6.0f} ms  = {ratio:.2f}x baseline "
+            f"({'ok' if ratio <= 1.5 else 'OVER'} target 1.5x)"
+        )
     pair = med["acquire"] + med["release"]
     print(f"lock acquire + release: {pair * 1000:.0f} ms = {pair / (2 * base_s):.2f}x two baselines")
     if args.json:

@@ -57,8 +57,16 @@ NOOP = agent_md("noop", {"kind": "callable", "target": "noop_agent:noop", "timeo
 ECHO = agent_md("echo", {"kind": "command", "argv": ["/bin/echo", "{}"], "timeout_s": 60})
 
 
-def bench_daemon(base: Path, label: str, agent: str, agent_md_text: str, n: int, concurrency: int, repeats: int,
-                 paired: Callable[[], float] | None = None) -> dict[str, Any]:
+def bench_daemon(
+    base: Path,
+    label: str,
+    agent: str,
+    agent_md_text: str,
+    n: int,
+    concurrency: int,
+    repeats: int,
+    paired: Callable[[], float] | None = None,
+) -> dict[str, Any]:
     """One daemon on a fresh brain; a first (cold) run, then ``repeats`` warm runs, each followed by ``paired()``
     (a peer's items/s, measured right after it so that both see the same minute of a noisy machine)."""
     root = new_brain(base, label, {agent: agent_md_text})
@@ -78,14 +86,22 @@ def bench_daemon(base: Path, label: str, agent: str, agent_md_text: str, n: int,
     cold, warm = spans[0], spans[1:]
     span = median(warm)
     out: dict[str, Any] = {
-        "n": n, "concurrency": concurrency, "repeats": repeats, "median_s": span, "runs_s": warm,
-        "items_per_s": n / span, "us_per_item": span / n * 1e6, "cold_s": cold, "cold_items_per_s": n / cold,
+        "n": n,
+        "concurrency": concurrency,
+        "repeats": repeats,
+        "median_s": span,
+        "runs_s": warm,
+        "items_per_s": n / span,
+        "us_per_item": span / n * 1e6,
+        "cold_s": cold,
+        "cold_items_per_s": n / cold,
         "daemon_wall_s": time.perf_counter() - t0,
     }
     if peer_rates:
         ratios = [n / s / rate for s, rate in zip(warm, peer_rates, strict=True)]
-        out.update(peer_items_per_s=peer_rates, peer_median_items_per_s=median(peer_rates), ratios=ratios,
-                   ratio=median(ratios))
+        out.update(
+            peer_items_per_s=peer_rates, peer_median_items_per_s=median(peer_rates), ratios=ratios, ratio=median(ratios)
+        )
     return out
 
 
@@ -94,8 +110,9 @@ async def _bare(argv: list[str], n: int, concurrency: int) -> float:
 
     async def one() -> None:
         async with sem:
-            proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                                        stderr=subprocess.PIPE, start_new_session=True)
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+            )
             out, _ = await proc.communicate()
             json.loads(out)
 
@@ -113,12 +130,28 @@ def bare_runner(n: int, concurrency: int) -> Callable[[], float]:
 
 def langgraph_runner(lg_python: str, peers: Path, n: int, state_dir: Path) -> Callable[[], float]:
     """A function timing one LangGraph+SQLite fan-out of ``n`` items (items/s; the peer warms up first itself)."""
+
     def once() -> float:
-        s = run_peer([lg_python, str(peers / "langgraph_fanout.py"), "--n", str(n), "--repeats", "1", "--mode",
-                      "sync", "--checkpointer", "sqlite", "--state-dir", str(state_dir)])
+        s = run_peer(
+            [
+                lg_python,
+                str(peers / "langgraph_fanout.py"),
+                "--n",
+                str(n),
+                "--repeats",
+                "1",
+                "--mode",
+                "sync",
+                "--checkpointer",
+                "sqlite",
+                "--state-dir",
+                str(state_dir),
+            ]
+        )
         if s is None:
             raise RuntimeError("the LangGraph peer failed")
         return 1e6 / float(s["median_us_per_item"])
+
     return once
 
 
@@ -138,8 +171,12 @@ def bench_drop_latency(base: Path, drops: int) -> dict[str, Any]:
             while True:
                 runs = journal_records(root)
                 if len(runs) > before:
-                    acc = [r for recs in runs for r in recs
-                           if r.get("ev") == "accepted" and recs[0].get("workflow") == f"drop-{k:02d}"]
+                    acc = [
+                        r
+                        for recs in runs
+                        for r in recs
+                        if r.get("ev") == "accepted" and recs[0].get("workflow") == f"drop-{k:02d}"
+                    ]
                     if acc:
                         lat.append(epoch(acc[0]["at"]) - t)
                         break
@@ -147,8 +184,12 @@ def bench_drop_latency(base: Path, drops: int) -> dict[str, Any]:
                     raise RuntimeError(f"drop {k}: no SPAWN within 10 s")
                 time.sleep(0.002)
     lat.sort()
-    return {"drops": drops, "median_ms": median(lat) * 1000, "p90_ms": lat[int(0.9 * (len(lat) - 1))] * 1000,
-            "max_ms": lat[-1] * 1000}
+    return {
+        "drops": drops,
+        "median_ms": median(lat) * 1000,
+        "p90_ms": lat[int(0.9 * (len(lat) - 1))] * 1000,
+        "max_ms": lat[-1] * 1000,
+    }
 
 
 def run_peer(argv: list[str], timeout: float = 900) -> dict[str, Any] | None:
@@ -186,40 +227,71 @@ def main() -> int:
         peers = Path(args.peers)
         lg_ok = "peers" not in skip and Path(args.lg_python).exists()
         if "peers" not in skip and not lg_ok:
-            print(f"(c) LangGraph skipped: no {args.lg_python} (python3 -m venv /tmp/lg && /tmp/lg/bin/pip "
-                  f"install -r {peers}/requirements-langgraph.lock.txt)")
+            print(
+                f"(c) LangGraph skipped: no {args.lg_python} (python3 -m venv /tmp/lg && /tmp/lg/bin/pip "
+                f"install -r {peers}/requirements-langgraph.lock.txt)"
+            )
         if "inproc" not in skip:
             steal = Steal()
             lg = langgraph_runner(args.lg_python, peers, args.n, base / "lg") if lg_ok else None
             r = bench_daemon(base, "inproc", "noop", NOOP, args.n, args.concurrency, args.repeats, paired=lg)
             out["inproc"] = r
-            print(f"(a) in-process no-op fan-out, N={r['n']} concurrency={r['concurrency']}: "
-                  f"{r['items_per_s']:.0f} items/s, {r['us_per_item']:.0f} us/item (median of {r['repeats']} warm "
-                  f"runs on one daemon: {', '.join(f'{s:.3f}' for s in r['runs_s'])} s; its first, cold run "
-                  f"{r['cold_items_per_s']:.0f} items/s){steal.stop()}")
+            print(
+                f"(a) in-process no-op fan-out, N={r['n']} concurrency={r['concurrency']}: "
+                f"{r['items_per_s']:.0f} items/s, {r['us_per_item']:.0f} us/item (median of {r['repeats']} warm "
+                f"runs on one daemon: {', '.join(f'{s:.3f}' for s in r['runs_s'])} s; its first, cold run "
+                f"{r['cold_items_per_s']:.0f} items/s){steal.stop()}"
+            )
             if "ratio" in r:
-                print(f"(a) LangGraph+SQLite, one run right after each: {r['peer_median_items_per_s']:.0f} items/s; "
-                      f"ambient/LangGraph per pair {', '.join(f'{x:.2f}' for x in r['ratios'])}: median "
-                      f"{r['ratio']:.2f} (target >= 2: {'met' if r['ratio'] >= 2 else 'MISSED'})")
+                print(
+                    f"(a) LangGraph+SQLite, one run right after each: {r['peer_median_items_per_s']:.0f} items/s; "
+                    f"ambient/LangGraph per pair {', '.join(f'{x:.2f}' for x in r['ratios'])}: median "
+                    f"{r['ratio']:.2f} (target >= 2: {'met' if r['ratio'] >= 2 else 'MISSED'})"
+                )
             r["steal"] = steal.share
         if "command" not in skip:
             steal = Steal()
             bare = bare_runner(args.command_n, args.command_concurrency)
-            r = bench_daemon(base, "command", "echo", ECHO, args.command_n, args.command_concurrency, args.repeats,
-                             paired=bare)
+            r = bench_daemon(
+                base, "command", "echo", ECHO, args.command_n, args.command_concurrency, args.repeats, paired=bare
+            )
             out["command"] = r
-            print(f"(b) command agent /bin/echo, N={r['n']} concurrency={r['concurrency']}: "
-                  f"{r['items_per_s']:.0f} items/s (cold run {r['cold_items_per_s']:.0f}); bare "
-                  f"create_subprocess_exec right after each: {r['peer_median_items_per_s']:.0f}/s; ratio per pair "
-                  f"{', '.join(f'{x:.2f}' for x in r['ratios'])}: median {r['ratio']:.2f} (target >= 0.7: "
-                  f"{'met' if r['ratio'] >= 0.7 else 'MISSED'}){steal.stop()}")
+            print(
+                f"(b) command agent /bin/echo, N={r['n']} concurrency={r['concurrency']}: "
+                f"{r['items_per_s']:.0f} items/s (cold run {r['cold_items_per_s']:.0f}); bare "
+                f"create_subprocess_exec right after each: {r['peer_median_items_per_s']:.0f}/s; ratio per pair "
+                f"{', '.join(f'{x:.2f}' for x in r['ratios'])}: median {r['ratio']:.2f} (target >= 0.7: "
+                f"{'met' if r['ratio'] >= 0.7 else 'MISSED'}){steal.stop()}"
+            )
             r["steal"] = steal.share
         if "peers" not in skip:
             steal = Steal()
-            floor = run_peer([PY, str(peers / "floor_asyncio.py"), "--n", str(args.n), "--repeats", "5",
-                              "--state-dir", str(base / "floor")])
-            floor_fsync = run_peer([PY, str(peers / "floor_asyncio.py"), "--n", str(args.n), "--repeats", "5",
-                                    "--fsync", "claims", "--state-dir", str(base / "floor")])
+            floor = run_peer(
+                [
+                    PY,
+                    str(peers / "floor_asyncio.py"),
+                    "--n",
+                    str(args.n),
+                    "--repeats",
+                    "5",
+                    "--state-dir",
+                    str(base / "floor"),
+                ]
+            )
+            floor_fsync = run_peer(
+                [
+                    PY,
+                    str(peers / "floor_asyncio.py"),
+                    "--n",
+                    str(args.n),
+                    "--repeats",
+                    "5",
+                    "--fsync",
+                    "claims",
+                    "--state-dir",
+                    str(base / "floor"),
+                ]
+            )
             out["floor"], out["floor_fsync_claims"] = floor, floor_fsync
             print(f"(c) the floors below ran with{steal.stop() or ' [steal unknown]'}")
             out["peers_steal"] = steal.share
@@ -235,8 +307,10 @@ def main() -> int:
             steal = Steal()
             r = bench_drop_latency(base, args.drops)
             out["drop_to_spawn"] = r
-            print(f"(d) drop a workflow file -> first SPAWN: median {r['median_ms']:.1f} ms, p90 {r['p90_ms']:.1f} ms, "
-                  f"max {r['max_ms']:.1f} ms over {r['drops']} drops (target median < 50 ms){steal.stop()}")
+            print(
+                f"(d) drop a workflow file -> first SPAWN: median {r['median_ms']:.1f} ms, p90 {r['p90_ms']:.1f} ms, "
+                f"max {r['max_ms']:.1f} ms over {r['drops']} drops (target median < 50 ms){steal.stop()}"
+            )
             r["steal"] = steal.share
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -63,8 +63,9 @@ def main() -> int:
         log_path = base / "daemon.log"
         with log_path.open("wb") as log:
             argv = daemon_argv(root, "--log-level", "info", *args.daemon_arg)
-            proc = subprocess.Popen(argv, env=daemon_env(), stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv, env=daemon_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         p = psutil.Process(proc.pid)
         t0 = time.monotonic()
         try:
@@ -89,16 +90,26 @@ def main() -> int:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
     res = {
-        "workflows": args.workflows, "claims": args.claims, "ready_s": ready_s, "startup_cpu_s": startup_cpu,
-        "idle_window_s": window, "idle_cpu_s": idle_cpu, "peak_rss_mb": hwm_kb / 1024, "rss_mb": rss_kb / 1024,
+        "workflows": args.workflows,
+        "claims": args.claims,
+        "ready_s": ready_s,
+        "startup_cpu_s": startup_cpu,
+        "idle_window_s": window,
+        "idle_cpu_s": idle_cpu,
+        "peak_rss_mb": hwm_kb / 1024,
+        "rss_mb": rss_kb / 1024,
         "log_lines": wakeups,
     }
     print(f"idle brain: {args.workflows} workflows (half run, half drafts), {args.claims} open claims")
     print(f"start-up: ready in {ready_s:.2f} s, {startup_cpu:.2f} s CPU until the idle window")
-    print(f"idle {window:.1f} s: {idle_cpu:.3f} s CPU ({'ok' if idle_cpu < 0.3 * window / 30 else 'OVER'} target "
-          f"< 0.3 s per 30 s)")
-    print(f"peak RSS {hwm_kb / 1024:.1f} MB, RSS now {rss_kb / 1024:.1f} MB "
-          f"({'ok' if hwm_kb / 1024 < 80 else 'OVER'} target < 80 MB)")
+    print(
+        f"idle {window:.1f} s: {idle_cpu:.3f} s CPU ({'ok' if idle_cpu < 0.3 * window / 30 else 'OVER'} target "
+        f"< 0.3 s per 30 s)"
+    )
+    print(
+        f"peak RSS {hwm_kb / 1024:.1f} MB, RSS now {rss_kb / 1024:.1f} MB "
+        f"({'ok' if hwm_kb / 1024 < 80 else 'OVER'} target < 80 MB)"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return 0

@@ -119,8 +119,10 @@ def main() -> None:
         bare, amb, ratios = uncontended(root, args.rounds, args.per_round, args.durable)
         print(f"uncontended  bare O_EXCL+unlink: {bare:9.0f} cycles/s")
         print(f"uncontended  ambient acquire+release{' (durable)' if args.durable else ''}: {amb:9.0f} cycles/s")
-        print(f"uncontended  ratio ambient/bare: {amb / bare:.2f} (median of rounds {statistics.median(ratios):.2f}, "
-              f"target >= 0.5)")
+        print(
+            f"uncontended  ratio ambient/bare: {amb / bare:.2f} (median of rounds {statistics.median(ratios):.2f}, "
+            f"target >= 0.5)"
+        )
         cbare, camb = contended(root, args.procs, args.seconds)
         print(f"{args.procs}-way        bare O_EXCL+unlink: {cbare:9.0f} cycles/s")
         print(f"{args.procs}-way        ambient acquire+release: {camb:9.0f} cycles/s")

@@ -58,8 +58,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 
 def stub_agent_md(name: str, stub_args: Sequence[str] = (), *, timeout_s: float = 60, kill_grace_s: float = 2) -> str:
     """An agent file whose command runner is :mod:`ambient.stub_agent` with ``stub_args``."""
-    return command_agent_md(name, ["{{python}}", "-m", "ambient.stub_agent", *stub_args], timeout_s=timeout_s,
-                            kill_grace_s=kill_grace_s)
+    return command_agent_md(
+        name, ["{{python}}", "-m", "ambient.stub_agent", *stub_args], timeout_s=timeout_s, kill_grace_s=kill_grace_s
+    )
 
 
 def command_agent_md(name: str, argv: Sequence[str], *, timeout_s: float = 60, kill_grace_s: float = 2) -> str:
@@ -295,12 +296,20 @@ def _clean_env(extra: Mapping[str, str] | None) -> dict[str, str]:
     return env
 
 
-def ambient_cli(brain: Path, *args: str, timeout: float = 30, env: Mapping[str, str] | None = None,
-                ) -> subprocess.CompletedProcess[str]:
+def ambient_cli(
+    brain: Path,
+    *args: str,
+    timeout: float = 30,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m ambient --brain BRAIN ARGS...`` to completion."""
     return subprocess.run(
         [PY, "-m", "ambient", "--brain", str(brain), *args],
-        capture_output=True, text=True, timeout=timeout, env=_clean_env(env), check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_clean_env(env),
+        check=False,
     )
 
 
@@ -315,8 +324,9 @@ def is_spawner(proc: psutil.Process) -> bool:
 class DaemonProcess:
     """``ambient run`` as a subprocess in its own session; JSON log lines collected in a file."""
 
-    def __init__(self, brain: BrainPaths, *args: str, env: Mapping[str, str] | None = None,
-                 log_name: str = "daemon") -> None:
+    def __init__(
+        self, brain: BrainPaths, *args: str, env: Mapping[str, str] | None = None, log_name: str = "daemon"
+    ) -> None:
         self.paths = brain
         self.args = args
         self.env = _clean_env(env)
@@ -333,7 +343,11 @@ class DaemonProcess:
         argv = [PY, "-m", "ambient", "run", "--brain", str(self.paths.root), "--log-format", "json", *self.args]
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
                 start_new_session=True,
             )
         self.started_at = time.monotonic()
@@ -367,8 +381,11 @@ class DaemonProcess:
 
     def wait_logged(self, event: str, timeout: float = 15, count: int = 1, **match: Any) -> list[dict[str, Any]]:
         """Wait until ``count`` records of ``event`` (matching ``match``) were logged."""
-        return wait_for(lambda: len(self.logged(event, **match)) >= count and self.logged(event, **match),
-                        timeout, f"{count} log line(s) {event} {match or ''}; tail: {self.tail()}")
+        return wait_for(
+            lambda: len(self.logged(event, **match)) >= count and self.logged(event, **match),
+            timeout,
+            f"{count} log line(s) {event} {match or ''}; tail: {self.tail()}",
+        )
 
     def wait_ready(self, timeout: float = 15) -> None:
         """Wait for the ``daemon_ready`` log line (the daemon also sends READY=1 then)."""
@@ -430,8 +447,12 @@ def alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def running(brain: BrainPaths, *args: str, env: Mapping[str, str] | None = None, ready: bool = True,
-            ) -> Iterator[DaemonProcess]:
+def running(
+    brain: BrainPaths,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    ready: bool = True,
+) -> Iterator[DaemonProcess]:
     """A started daemon (ready unless ``ready=False``), always killed with its agents at the end."""
     d = DaemonProcess(brain, *args, env=env).start()
     try:

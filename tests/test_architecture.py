@@ -9,9 +9,28 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "ambient"
-CORE = ["errors", "problems", "packet", "matrix", "zones", "claims", "preflight", "workflow", "templating",
-        "planner", "runstate", "plans", "records", "learning", "settings", "redact", "yamltext", "pathrules",
-        "replay", "slots"]
+CORE = [
+    "errors",
+    "problems",
+    "packet",
+    "matrix",
+    "zones",
+    "claims",
+    "preflight",
+    "workflow",
+    "templating",
+    "planner",
+    "runstate",
+    "plans",
+    "records",
+    "learning",
+    "settings",
+    "redact",
+    "yamltext",
+    "pathrules",
+    "replay",
+    "slots",
+]
 IO_MODULES = {"os", "io", "asyncio", "subprocess", "time", "socket", "shutil", "fcntl", "signal"}
 
 
@@ -29,8 +48,11 @@ def _imports(path: Path) -> list[str]:
 def test_core_modules_do_no_io(name: str) -> None:
     """A core module imports only the stdlib (no I/O modules), pydantic/yaml and other core modules."""
     core = {f"ambient.{c}" for c in CORE}
-    bad = [m for m in _imports(SRC / f"{name}.py")
-           if m.split(".")[0] in IO_MODULES or (m.startswith("ambient.") and m not in core)]
+    bad = [
+        m
+        for m in _imports(SRC / f"{name}.py")
+        if m.split(".")[0] in IO_MODULES or (m.startswith("ambient.") and m not in core)
+    ]
     assert bad == [], f"{name}.py imports {bad}"
 
 

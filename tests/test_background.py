@@ -92,7 +92,10 @@ def test_the_daemon_runs_its_claims_and_live_writers_in_the_background(tmp_path:
         (paths.root / "workflows" / "w.yml").write_text(foreach_workflow("w", ["a", "b", "c"], agent="stub"))
         wait_for(lambda: len(events(paths, "w", "finished_run")) == 1, 30, "the run finished")
         base = os.getpriority(os.PRIO_PROCESS, d.pid)
-        nices = wait_for(lambda: (n := _thread_nices(d.pid)).count(min(19, base + BACKGROUND_NICE)) == 2 and n,
-                         10, "both writer threads started")
+        nices = wait_for(
+            lambda: (n := _thread_nices(d.pid)).count(min(19, base + BACKGROUND_NICE)) == 2 and n,
+            10,
+            "both writer threads started",
+        )
         assert sorted(set(nices)) == sorted({base, min(19, base + BACKGROUND_NICE)})
         assert d.stop() == 0

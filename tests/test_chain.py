@@ -60,8 +60,15 @@ TESTS_OK = {"status": "ok", "tests": {"total": 3, "passed": 3, "failed": 0}}
 def _chain(root: Path, delegate: StepDelegate, steps=STEPS, mode: str | None = None, breaker=None):
     paths = BrainPaths(root)
     esc, claims, emitter = FakeEscalator(), FakeClaims(), FakeEmitter()
-    ports = Ports(delegate=delegate, escalator=esc, claims=claims, emitter=emitter,
-                  render_text=_render, render_path=_render, rng=random.Random(3))
+    ports = Ports(
+        delegate=delegate,
+        escalator=esc,
+        claims=claims,
+        emitter=emitter,
+        render_text=_render,
+        render_path=_render,
+        rng=random.Random(3),
+    )
     settings = ChainSettings(steps=steps, mode=mode, threshold=3, breaker=breaker)
 
     def factory(state: RunState, journal: Journal) -> RunExecutor:
@@ -109,8 +116,9 @@ async def test_reject_at_gate_aborts_with_abort_signal(tmp_path: Path) -> None:
 
 async def test_zero_failures_gate_blocks_on_failed_tests(tmp_path: Path) -> None:
     """gate 0-failures: failed tests route on_fail (default BLOCKED_ON) and wait for the person."""
-    delegate = StepDelegate({"1": [{"status": "ok", "tests": {"failed": 0}}],
-                             "2": [{"status": "ok", "tests": {"failed": 2}}, TESTS_OK]})
+    delegate = StepDelegate(
+        {"1": [{"status": "ok", "tests": {"failed": 0}}], "2": [{"status": "ok", "tests": {"failed": 2}}, TESTS_OK]}
+    )
     mgr, esc, emitter = _chain(tmp_path, delegate)
     _start(mgr)
     assert await async_wait_until(lambda: len(esc.requests) == 1 and mgr.idle, 5)
@@ -123,10 +131,8 @@ async def test_zero_failures_gate_blocks_on_failed_tests(tmp_path: Path) -> None
 
 async def test_breaker_trips_after_three_failures_and_never_restarts_alone(tmp_path: Path) -> None:
     """Three consecutive failures on a scope trip the breaker: CIRCUIT_BREAK, then wait; reset resumes."""
-    steps = [ChainStep(name="1", type="deploy", scope="vps/", agent="vps",
-                       on_fail=(ChainAction("goto", target="1"),))]
-    delegate = StepDelegate({"1": [{"status": "failed"}, {"status": "failed"}, {"status": "failed"},
-                                   {"status": "ok"}]})
+    steps = [ChainStep(name="1", type="deploy", scope="vps/", agent="vps", on_fail=(ChainAction("goto", target="1"),))]
+    delegate = StepDelegate({"1": [{"status": "failed"}, {"status": "failed"}, {"status": "failed"}, {"status": "ok"}]})
     breaker = Breaker()
     mgr, esc, emitter = _chain(tmp_path, delegate, steps=steps, breaker=breaker)
     run_id = _start(mgr, steps)
@@ -162,11 +168,21 @@ async def test_swarm_mode_gates_entry_and_final_result(tmp_path: Path) -> None:
 async def test_exit_triggers_spawn_notify_and_signal(tmp_path: Path) -> None:
     """on_done spawns a satellite (trigger → type:test scope:X), notify is information, signal is emitted."""
     steps = [
-        ChainStep(name="1", type="brain-write", agent="scribe",
-                  on_done=(ChainAction("notify", message="docs written"),
-                           ChainAction("spawn", step_type="search", scope="brain-engine/"))),
-        ChainStep(name="2", type="search", agent="scribe",
-                  on_done=(ChainAction("signal", signal="CHECKPOINT", target="pilote"), ChainAction("next"))),
+        ChainStep(
+            name="1",
+            type="brain-write",
+            agent="scribe",
+            on_done=(
+                ChainAction("notify", message="docs written"),
+                ChainAction("spawn", step_type="search", scope="brain-engine/"),
+            ),
+        ),
+        ChainStep(
+            name="2",
+            type="search",
+            agent="scribe",
+            on_done=(ChainAction("signal", signal="CHECKPOINT", target="pilote"), ChainAction("next")),
+        ),
     ]
     mgr, _esc, emitter = _chain(tmp_path, StepDelegate(), steps=steps)
     run_id = _start(mgr, steps)

@@ -176,7 +176,8 @@ def kill_record(paths: BrainPaths, wit: Path, mode: str, orphans: list[Orphan] |
     records = _journal(paths)
     state = fold(records) if records else None
     return Kill(
-        mode=mode, at=time.time(),
+        mode=mode,
+        at=time.time(),
         in_flight={i.name for i in state.in_flight()} if state else set(),
         done={i.name for i in state.items if i.status == "done"} if state else set(),
         witness_at_kill=Counter(w[0] for w in witness(wit)),
@@ -193,8 +194,9 @@ def wait_last(d: DaemonProcess, it: Iteration) -> None:
         it.last_log = d.tail(5)
 
 
-def run_iteration(base: Path, seed: int, mode: str, n_items: int, max_kills: int,
-                  window: tuple[float, float]) -> Iteration:
+def run_iteration(
+    base: Path, seed: int, mode: str, n_items: int, max_kills: int, window: tuple[float, float]
+) -> Iteration:
     """One brain, one fan-out, 1..max_kills kills at seeded random times, restarts until the run is done."""
     rng = random.Random(seed)
     root = base / f"it-{seed}-{mode}"
@@ -347,8 +349,9 @@ def figures(iterations: list[Iteration], seed: int) -> dict[str, Any]:
             nxt = next((t for t in finished_times if t >= start), None)
             if nxt is not None:
                 progress.append(nxt - start)
-        accepted = [(r["item"], int(r.get("attempt", 0)), _epoch(r["at"]))
-                    for r in records if r.get("ev") == "accepted"]
+        accepted = [
+            (r["item"], int(r.get("attempt", 0)), _epoch(r["at"])) for r in records if r.get("ev") == "accepted"
+        ]
         for k in it.kills:
             kills_in_flight += bool(k.in_flight)
             for o in k.orphans:
@@ -379,8 +382,9 @@ def figures(iterations: list[Iteration], seed: int) -> dict[str, Any]:
     }
 
 
-def _profile(base: Path, seed: int, modes: list[str], n_items: int, max_kills: int,
-             window: tuple[float, float]) -> tuple[list[Iteration], list[str], dict[str, Any]]:
+def _profile(
+    base: Path, seed: int, modes: list[str], n_items: int, max_kills: int, window: tuple[float, float]
+) -> tuple[list[Iteration], list[str], dict[str, Any]]:
     iterations: list[Iteration] = []
     violations: list[str] = []
     for n, mode in enumerate(modes):
@@ -402,8 +406,9 @@ def _seed() -> int:
 def test_kill9_mid_fanout_ci_profile(tmp_path: Path) -> None:
     """6 iterations (K1/K2), 30 items, 1-3 kill -9 each: every item completes exactly once, re-runs only in flight."""
     seed = _seed()
-    iterations, violations, figs = _profile(tmp_path, seed, ["K1", "K2"] * 3, n_items=30, max_kills=3,
-                                            window=(0.3, 2.2))
+    iterations, violations, figs = _profile(
+        tmp_path, seed, ["K1", "K2"] * 3, n_items=30, max_kills=3, window=(0.3, 2.2)
+    )
     assert violations == [], "\n".join(violations)
     assert figs["duplicate_completions"] == 0
     assert figs["kills"] >= 1, "no kill landed: the kill window misses the run"

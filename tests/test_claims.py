@@ -46,11 +46,22 @@ def family(**statuses: str) -> dict[str, Claim]:
 class TestModel:
     def test_spec_examples_load(self) -> None:
         """The four claim examples of spec/002 validate."""
-        pilote = mk("sess-20260316-2036-pilote-be5-wrap", type="pilote", scope="brain-engine/", handoff_level=0,
-                    story_angle="Pilote BE-5 wrap")
-        leaf = mk("sess-20260316-2145-brain-engine-code", satellite_type="code", satellite_level="leaf",
-                  parent_satellite=pilote.sess_id, on_done="trigger → type:test scope:brain-engine/",
-                  on_partial="signal → CHECKPOINT pilote", on_fail="signal → BLOCKED_ON pilote")
+        pilote = mk(
+            "sess-20260316-2036-pilote-be5-wrap",
+            type="pilote",
+            scope="brain-engine/",
+            handoff_level=0,
+            story_angle="Pilote BE-5 wrap",
+        )
+        leaf = mk(
+            "sess-20260316-2145-brain-engine-code",
+            satellite_type="code",
+            satellite_level="leaf",
+            parent_satellite=pilote.sess_id,
+            on_done="trigger → type:test scope:brain-engine/",
+            on_partial="signal → CHECKPOINT pilote",
+            on_fail="signal → BLOCKED_ON pilote",
+        )
         assert pilote.close_tier == 3 and leaf.close_tier == 2
         assert leaf.on_done == "trigger → type:test scope:brain-engine/"
 
@@ -76,9 +87,14 @@ class TestModel:
     def test_document_keeps_order_and_unknown_nested_keys(self) -> None:
         """to_document returns the user's keys in their order, including unknown keys inside result."""
         doc = {
-            "zzz": 1, "sess_id": "s", "type": "solo", "scope": "x/", "agent": "a", "status": "closed",
-            "opened_at": "2026-01-01T00:00", "result": {"status": "ok", "custom": [1, 2], "tests": {"failed": 0,
-                                                                                                   "flaky": 2}},
+            "zzz": 1,
+            "sess_id": "s",
+            "type": "solo",
+            "scope": "x/",
+            "agent": "a",
+            "status": "closed",
+            "opened_at": "2026-01-01T00:00",
+            "result": {"status": "ok", "custom": [1, 2], "tests": {"failed": 0, "flaky": 2}},
         }
         assert Claim.model_validate(doc).to_document() == doc
         assert list(Claim.model_validate(doc).to_document()) == list(doc)
@@ -88,8 +104,9 @@ class TestModel:
             st.text("abcdefghij_", min_size=1, max_size=8).filter(lambda k: k not in Claim.model_fields),
             st.recursive(
                 st.none() | st.booleans() | st.integers() | st.text(max_size=10),
-                lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text("xyz", max_size=3), inner,
-                                                                            max_size=3),
+                lambda inner: (
+                    st.lists(inner, max_size=3) | st.dictionaries(st.text("xyz", max_size=3), inner, max_size=3)
+                ),
                 max_leaves=6,
             ),
             max_size=5,
@@ -125,8 +142,14 @@ class TestInference:
 
     @pytest.mark.parametrize(
         ("scope", "zone"),
-        [("agents/", "kernel"), ("profil/capital.md", "personal"), ("todo/x.md", "project"),
-         ("brain-engine/", "project"), ("progression/", "personal"), ("KERNEL.md", "kernel")],
+        [
+            ("agents/", "kernel"),
+            ("profil/capital.md", "personal"),
+            ("todo/x.md", "project"),
+            ("brain-engine/", "project"),
+            ("progression/", "personal"),
+            ("KERNEL.md", "kernel"),
+        ],
     )
     def test_zone_from_scope(self, scope: str, zone: str) -> None:
         """zone is inferred from scope with the most specific rule (spec/002 v1.5)."""
@@ -243,8 +266,9 @@ class TestTransitions:
             apply(claims, "s", "close", None, NOW, result={"status": "ok", "tests": {"total": 5, "failed": 2}})
         out = apply(claims, "s", "close", None, NOW, result={"status": "partial"})
         assert out["s"].status == "closed" and out["s"].closed_at == "2026-03-16T21:00:00+00:00"
-        ok = apply(claims, "s", "close", None, NOW, result={"status": "ok", "tests": {"total": 5, "passed": 5,
-                                                                                       "failed": 0}})
+        ok = apply(
+            claims, "s", "close", None, NOW, result={"status": "ok", "tests": {"total": 5, "passed": 5, "failed": 0}}
+        )
         assert ok["s"].result is not None and ok["s"].result.shape == 2
 
     def test_close_tier3_waits_for_children_and_aggregates(self) -> None:
@@ -287,8 +311,11 @@ class TestStale:
 
     def test_last_gate_activity_restarts_the_ttl(self) -> None:
         """An approval renews the claim: the TTL counts from the last gate_history entry."""
-        claim = mk(opened_at="2026-03-16T10:00", ttl=60,
-                   gate_history=[{"at": "2026-03-16T20:30:00+00:00", "action": "approve"}])
+        claim = mk(
+            opened_at="2026-03-16T10:00",
+            ttl=60,
+            gate_history=[{"at": "2026-03-16T20:30:00+00:00", "action": "approve"}],
+        )
         assert mark_stale({"s": claim}, NOW) == {}
 
     @settings(max_examples=300, deadline=None)
@@ -296,8 +323,9 @@ class TestStale:
         status=st.sampled_from(["open", "closed", "waiting_human", "stale"]),
         ttl=st.sampled_from([None, 30, "2h", "45s", "x", 0]),
         opened=st.sampled_from(["2026-03-16T20:00", "2026-03-16T20:50:00+00:00", "not a time"]),
-        gates=st.lists(st.sampled_from([{"at": "2026-03-16T20:40:00+00:00"}, {"at": 5}, "note", {"action": "x"}]),
-                       max_size=3),
+        gates=st.lists(
+            st.sampled_from([{"at": "2026-03-16T20:40:00+00:00"}, {"at": 5}, "note", {"action": "x"}]), max_size=3
+        ),
         minutes=st.integers(0, 180),
         default=st.sampled_from([None, timedelta(minutes=10)]),
     )
@@ -314,8 +342,19 @@ class TestStale:
 
     @pytest.mark.parametrize(
         ("value", "minutes"),
-        [(30, 30), (1.5, 1.5), ("90", 90), ("30m", 30), ("4h", 240), ("2d", 2880), ("45s", 0.75), ("x", None),
-         ("-3", None), (0, None), (True, None)],
+        [
+            (30, 30),
+            (1.5, 1.5),
+            ("90", 90),
+            ("30m", 30),
+            ("4h", 240),
+            ("2d", 2880),
+            ("45s", 0.75),
+            ("x", None),
+            ("-3", None),
+            (0, None),
+            (True, None),
+        ],
     )
     def test_parse_ttl(self, value: Any, minutes: float | None) -> None:
         """TTL: minutes by default, or with a unit; nonsense is None."""
@@ -333,8 +372,19 @@ MATRIX = {
     "search": [False] * 6,
     "domain": [True, True, True, True, False, True],
 }
-scopes = st.sampled_from(["agents/", "agents/a.md", "agents/b.md", "agents/sub/c.md", "todo/", "todo/x.md", "README.md",
-                          "projets/p/", "projets/p/src/main.py"])
+scopes = st.sampled_from(
+    [
+        "agents/",
+        "agents/a.md",
+        "agents/b.md",
+        "agents/sub/c.md",
+        "todo/",
+        "todo/x.md",
+        "README.md",
+        "projets/p/",
+        "projets/p/src/main.py",
+    ]
+)
 
 
 class TestConflicts:
@@ -382,8 +432,7 @@ class TestConflicts:
         claims["p"] = mk("p", satellite_type="domain", satellite_level="domain")  # a coordinating grandparent
         assert [c.sess_id for c in C.find_conflicts(claims, incoming)] == ["l1", "x"]
         claims["d"] = mk("d", status="paused", satellite_type="domain", parent_satellite="p")
-        assert [c.sess_id for c in C.find_conflicts(claims, mk("new2", satellite_type="code"))] == ["d", "l1", "p",
-                                                                                                   "x"]
+        assert [c.sess_id for c in C.find_conflicts(claims, mk("new2", satellite_type="code"))] == ["d", "l1", "p", "x"]
 
 
 class GateMachine(RuleBasedStateMachine):

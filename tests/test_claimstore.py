@@ -81,7 +81,10 @@ class TestRoundTrip:
                 assert after[key] == value, key
         assert list(after)[: len(original)] == list(original)
         assert after["status"] == "closed" and after["result"] == {
-            "status": "partial", "files_modified": ["brain-engine/x.py"], "extra": 1}
+            "status": "partial",
+            "files_modified": ["brain-engine/x.py"],
+            "extra": 1,
+        }
         assert [e["action"] for e in after["gate_history"]] == ["gate", "approve", "close"]  # type: ignore[index]
 
     def test_corpus_claim_rewrite_keeps_every_field(self, brain: BrainPaths, corpus: Path) -> None:
@@ -106,16 +109,21 @@ class TestBadFiles:
         ("text", "line", "message"),
         [
             ("sess_id: a\ntype: solo\nscope: x/\nagent: a\nstatus: open\n", None, "opened_at"),
-            ("sess_id: a\ntype: solo\nscope: x/\nagent: a\nstatus: open\nopened_at: x\nresult: {files_modified: 3}\n",
-             7, "result"),
+            (
+                "sess_id: a\ntype: solo\nscope: x/\nagent: a\nstatus: open\nopened_at: x\n"
+                "result: {files_modified: 3}\n",
+                7,
+                "result",
+            ),
             ("sess_id: a\nsess_id: b\n", 2, "duplicate key"),
             ("sess_id: [unclosed\n", 2, "expected"),
             ("- just\n- a list\n", 1, "mapping"),
             ("a: &x 1\nb: *x\n", 2, "aliases"),
         ],
     )
-    def test_malformed_claim_is_reported_and_untouched(self, brain: BrainPaths, text: str, line: int | None,
-                                                       message: str) -> None:
+    def test_malformed_claim_is_reported_and_untouched(
+        self, brain: BrainPaths, text: str, line: int | None, message: str
+    ) -> None:
         """A bad claim becomes a file:line problem; load, transitions and writes never rewrite or delete it."""
         bad = write(brain, "bad.yml", text)
         write(brain, "good.yml", CUSTOM)
@@ -239,8 +247,9 @@ class TestFencing:
 
 class TestFaults:
     @pytest.mark.parametrize(("call", "code"), [("write", errno.ENOSPC), ("fsync", errno.EIO)])
-    def test_injected_io_errors_fail_loudly(self, brain: BrainPaths, monkeypatch: pytest.MonkeyPatch, call: str,
-                                            code: int) -> None:
+    def test_injected_io_errors_fail_loudly(
+        self, brain: BrainPaths, monkeypatch: pytest.MonkeyPatch, call: str, code: int
+    ) -> None:
         """R-02: ENOSPC from os.write or EIO from os.fsync raise; the old claim stays intact, no temp is left."""
         store = ClaimStore(brain)
         store.open(new_claim("s", "solo", "x/", "a", NOW, story_angle="old"))
@@ -318,7 +327,10 @@ def test_r02_kill_9_mid_write_never_tears(brain: BrainPaths) -> None:
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-c", KILL_DRIVER, str(brain.root), "50", "7"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -329,8 +341,9 @@ def test_r02_kill_9_mid_write_never_tears(brain: BrainPaths) -> None:
     for path in keep:
         path.write_text("keep me")
     # Crash leftovers: temp files, and a lock renamed aside by a takeover the kill interrupted (``.stale.``).
-    temps = {p for d in (brain.claims, brain.locks) for p in d.iterdir()
-             if ".tmp." in p.name or ".lock.stale." in p.name} - set(keep)
+    temps = {
+        p for d in (brain.claims, brain.locks) for p in d.iterdir() if ".tmp." in p.name or ".lock.stale." in p.name
+    } - set(keep)
     t1 = time.monotonic()
     removed = set(ClaimStore(brain).sweep())
     from ambient.locks import LockManager
@@ -344,10 +357,11 @@ def test_r02_kill_9_mid_write_never_tears(brain: BrainPaths) -> None:
     assert manager.check("agents/w.md").state in ("free", "dead")
     manager.close()
     claim_temps = sum(1 for p in temps if p.parent == brain.claims)
-    print(f"\nR-02: kills {report['kills']}, torn 0 (claims and locks), distinct versions seen {report['versions']}, "
-          f"temp files left {len(temps)} ({claim_temps} claim temps, {len(temps) - claim_temps} lock spares/temps) "
-          f"swept in {sweep_s * 1000:.1f} ms, total {time.monotonic() - t0:.1f} s")
-
+    print(
+        f"\nR-02: kills {report['kills']}, torn 0 (claims and locks), distinct versions seen {report['versions']}, "
+        f"temp files left {len(temps)} ({claim_temps} claim temps, {len(temps) - claim_temps} lock spares/temps) "
+        f"swept in {sweep_s * 1000:.1f} ms, total {time.monotonic() - t0:.1f} s"
+    )
 
 
 def test_write_claims_fsyncs_each_file_before_its_rename(brain: BrainPaths, monkeypatch: pytest.MonkeyPatch) -> None:

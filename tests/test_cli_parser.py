@@ -11,14 +11,17 @@ import pytest
 from ambient.cli import _command_word, main
 
 
-@pytest.mark.parametrize(("argv", "word"), [
-    (["send", "x.yml"], "send"),
-    (["--brain", "/b", "lock", "check", "f"], "lock"),
-    (["--brain=/b", "status"], "status"),
-    (["--version"], None),
-    (["--", "send"], None),
-    ([], None),
-])
+@pytest.mark.parametrize(
+    ("argv", "word"),
+    [
+        (["send", "x.yml"], "send"),
+        (["--brain", "/b", "lock", "check", "f"], "lock"),
+        (["--brain=/b", "status"], "status"),
+        (["--version"], None),
+        (["--", "send"], None),
+        ([], None),
+    ],
+)
 def test_the_command_word_skips_options_and_the_brain_value(argv: list[str], word: str | None) -> None:
     assert _command_word(argv) == word
 
@@ -30,15 +33,18 @@ def test_a_command_imports_its_own_module_only() -> None:
 
 
 def _modules_last_line(*argv: str) -> set[str]:
-    code = ("import sys\nfrom ambient.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            "print('MODULES', *sorted(m for m in sys.modules if m.startswith('ambient.cli.')))")
+    code = (
+        "import sys\nfrom ambient.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print('MODULES', *sorted(m for m in sys.modules if m.startswith('ambient.cli.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True).stdout
     (line,) = [ln for ln in out.splitlines() if ln.startswith("MODULES")]
     return set(line.split()[1:])
 
 
 def test_commands_registered_by_another_module_and_help_still_see_every_command(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert "ambient.cli.status" in _modules_last_line("runs", "--help")  # `runs` lives in status.py
     assert main(["sned"]) == 2
     err = capsys.readouterr().err
@@ -57,8 +63,14 @@ def test_a_reader_that_went_away_stops_the_command_quietly(tmp_path: Path, args:
     read_end, write_end = os.pipe()
     os.close(read_end)  # gone before the command writes anything: every write to the pipe fails
     try:
-        proc = subprocess.run([sys.executable, "-m", "ambient", "--brain", str(paths.root), *args],
-                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "ambient", "--brain", str(paths.root), *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     finally:
         os.close(write_end)
     assert proc.returncode == 141, proc.stderr

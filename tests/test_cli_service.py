@@ -112,8 +112,9 @@ def test_init_then_run_finishes_the_example(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "ambient"]
     init = subprocess.run([*cmd, "init", str(root)], env=env, capture_output=True, text=True, timeout=60)
     assert init.returncode == 0, init.stderr
-    run = subprocess.run([*cmd, "run", "--brain", str(root), "--until-idle"], env=env, capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run(
+        [*cmd, "run", "--brain", str(root), "--until-idle"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     records = [json.loads(line) for line in (root / ".ambient" / "runs.jsonl").read_text().splitlines()]
     assert [(r["workflow"], r["outcome"]) for r in records] == [("hello", "success")]
@@ -158,8 +159,9 @@ def test_config_template_lists_every_setting_with_its_default(capsys: pytest.Cap
 # ------------------------------------------------------------------------------------------ config show
 
 
-def test_config_show_redacts_env_and_file_urls(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_config_show_redacts_env_and_file_urls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A token in a tgram:// URL, given by the file or by AMBIENT_NOTIFY_URLS, never appears; sources are named."""
     root = tmp_path / "brain"
     (root / "profil").mkdir(parents=True)
@@ -197,8 +199,9 @@ def test_config_show_without_file_gives_defaults(tmp_path: Path, capsys: pytest.
     assert set(data["sources"].values()) == {"default"}
 
 
-def test_config_show_invalid_exits_2_with_file_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_config_show_invalid_exits_2_with_file_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A typo and a bad value are reported at their lines, a bad override by its variable; exit 2; no secret."""
     root = tmp_path / "brain"
     (root / "profil").mkdir(parents=True)
@@ -220,8 +223,9 @@ def test_config_show_invalid_exits_2_with_file_line(tmp_path: Path, capsys: pyte
     assert re.search(r"^profil/ambient\.yml:\d+: ", capsys.readouterr().err, re.M)
 
 
-def test_bad_override_is_blamed_on_its_variable(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_override_is_blamed_on_its_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`validate` names $AMBIENT_X for a bad override; a non-mapping section under an override is its file line."""
     root = tmp_path / "brain"
     assert main(["init", str(root)]) == 0
@@ -255,8 +259,9 @@ def test_doctor_healthy_example_brain(make_brain: Callable[..., Path], capsys: p
     assert out[-1].startswith("0 error(s), 1 warning(s)")
 
 
-def test_doctor_no_finding_while_daemon_holds_the_brain(make_brain: Callable[..., Path],
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_no_finding_while_daemon_holds_the_brain(
+    make_brain: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     """With the daemon's flock held and its pid recorded, the example brain is all clear."""
     root = make_brain()
     paths = BrainPaths(root)
@@ -278,35 +283,49 @@ def sick_brain(make_brain: Callable[..., Path]) -> Iterator[Path]:
     """The example brain with a dead holder's lock, a stale claim, a broken workflow and a failing notification."""
     root = make_brain()
     # A pid-bound lock whose process exited without releasing it.
-    code = ("import sys; from pathlib import Path; from ambient.locks import LockManager; "
-            "from ambient.paths import BrainPaths; "
-            "LockManager(BrainPaths(Path(sys.argv[1]))).acquire('projets/x.md', 'sess-gone', pid_bound=True)")
+    code = (
+        "import sys; from pathlib import Path; from ambient.locks import LockManager; "
+        "from ambient.paths import BrainPaths; "
+        "LockManager(BrainPaths(Path(sys.argv[1]))).acquire('projets/x.md', 'sess-gone', pid_bound=True)"
+    )
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     subprocess.run([sys.executable, "-c", code, str(root)], check=True, env=env, timeout=60)
     # A lock whose TTL passed long ago (as the source's file-lock.sh writes them).
     from ambient.locks import LockManager
 
     expired = LockManager(BrainPaths(root), check_filesystem=False).path_for("projets/y.md")
-    expired.write_text("file: projets/y.md\nholder: sess-late\nclaimed_at: 2020-01-01T00:00\n"
-                       "expires_at: 2020-01-01T01:00\nttl_min: 60\n")
+    expired.write_text(
+        "file: projets/y.md\nholder: sess-late\nclaimed_at: 2020-01-01T00:00\n"
+        "expires_at: 2020-01-01T01:00\nttl_min: 60\n"
+    )
     # A claim opened three days ago, never touched since (default TTL: stale_claim_hours = 24).
     opened = (datetime.now() - timedelta(days=3)).strftime("%Y-%m-%dT%H:%M")
     (root / "claims" / "sess-old.yml").write_text(
         f"sess_id: sess-old\ntype: solo\nscope: projets/old/\nagent: coder\nstatus: open\nopened_at: '{opened}'\n"
     )
     # A workflow that does not load.
-    (root / "workflows" / "broken.yml").write_text("workflow: broken\nfor_each:\n  spawn: deploy\n"
-                                                   "  scope:\n    files: ['projets/{{item}}.md']\n")
+    (root / "workflows" / "broken.yml").write_text(
+        "workflow: broken\nfor_each:\n  spawn: deploy\n  scope:\n    files: ['projets/{{item}}.md']\n"
+    )
     # An escalation two days old whose notification failed three times.
     from ambient.escalations import EscalationStore, new_escalation
 
     store = EscalationStore(BrainPaths(root))
     created = datetime.now().astimezone() - timedelta(days=2)
-    esc = store.create(new_escalation(workflow="deploy-batch", run_id="run-1", kind="fail", item="instance-07",
-                                      question="health check failed", now=created))
+    esc = store.create(
+        new_escalation(
+            workflow="deploy-batch",
+            run_id="run-1",
+            kind="fail",
+            item="instance-07",
+            question="health check failed",
+            now=created,
+        )
+    )
     for n in range(3):
-        store.record_attempt(esc.id, ok=False, error="tgram://12****: 401 Unauthorized",
-                             now=created + timedelta(minutes=n))
+        store.record_attempt(
+            esc.id, ok=False, error="tgram://12****: 401 Unauthorized", now=created + timedelta(minutes=n)
+        )
     yield root
 
 
@@ -343,8 +362,9 @@ def test_doctor_names_each_problem_with_its_fix(sick_brain: Path, capsys: pytest
     assert all(" | fix: " in line for line in lines[1:-1])
 
 
-def test_doctor_daemon_down_with_work_waiting_is_an_error(make_brain: Callable[..., Path],
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_daemon_down_with_work_waiting_is_an_error(
+    make_brain: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     """A packet in the inbox and no daemon: the daemon-down finding becomes an error naming the waiting work."""
     root = make_brain()
     paths = BrainPaths(root)
@@ -362,9 +382,9 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_doctor_notify_sends_a_test_only_when_asked(make_brain: Callable[..., Path],
-                                                  capsys: pytest.CaptureFixture[str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_doctor_notify_sends_a_test_only_when_asked(
+    make_brain: Callable[..., Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A URL nobody listens on: not tried by default; with --notify an error naming the masked URL."""
     root = make_brain()
     monkeypatch.setenv("AMBIENT_NOTIFY_URLS", f"json://127.0.0.1:{_closed_port()}/hook")
@@ -377,8 +397,9 @@ def test_doctor_notify_sends_a_test_only_when_asked(make_brain: Callable[..., Pa
     assert "ambient notify test" in bad["hint"]
 
 
-def test_doctor_reports_config_errors_at_their_line(make_brain: Callable[..., Path],
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_reports_config_errors_at_their_line(
+    make_brain: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     """An invalid profil/ambient.yml is an error at its line; the other checks still run on the defaults."""
     root = make_brain()
     (root / "profil" / "ambient.yml").write_text("tick_seconds: 30\nstale_claim_hours: never\n")
@@ -390,16 +411,18 @@ def test_doctor_reports_config_errors_at_their_line(make_brain: Callable[..., Pa
     assert _one(findings, "daemon", "down")
 
 
-def test_doctor_telegram_backlog_close_to_retention(make_brain: Callable[..., Path],
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_telegram_backlog_close_to_retention(
+    make_brain: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     """Telegram answers on, daemon down for 13 h with an escalation pending and a saved press: errors with hints."""
     from ambient.escalations import EscalationStore, new_escalation
 
     root = make_brain()
     (root / "profil" / "ambient.yml").write_text("telegram:\n  answers: true\n  chat_id: '42'\n")
     paths = BrainPaths(root)
-    EscalationStore(paths).create(new_escalation(workflow="w", run_id="r", kind="gate", question="deploy?",
-                                                 now=datetime.now().astimezone()))
+    EscalationStore(paths).create(
+        new_escalation(workflow="w", run_id="r", kind="gate", question="deploy?", now=datetime.now().astimezone())
+    )
     state = paths.state / "telegram.json"
     state.write_text(json.dumps({"offset": 7, "pending": [{"update_id": 6}]}))
     old = (datetime.now() - timedelta(hours=13)).timestamp()
@@ -417,12 +440,14 @@ def test_doctor_telegram_backlog_close_to_retention(make_brain: Callable[..., Pa
     assert "are lost" in _one(findings, "telegram", "have not been read for 30 h")["message"]
 
 
-def test_doctor_leftover_temp_file_and_not_a_brain(make_brain: Callable[..., Path], tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_leftover_temp_file_and_not_a_brain(
+    make_brain: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A dead writer's temp file is named (not removed); a folder that is no brain is an error with `init`."""
     root = make_brain()
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True, timeout=30
+    )
     leftover = root / "claims" / f".sess-x.yml.tmp.{proc.stdout.strip()}.0a1b2c3d"
     leftover.write_text("half")
     _, findings = _doctor(capsys, root)

@@ -85,8 +85,27 @@ class TestClaimCli:
         assert "close_tier 2, zone project" in capsys.readouterr().out
         assert run(brain, "claim", "close", "s1", "--status", "ok") == 2
         assert "tier 2" in capsys.readouterr().err
-        assert run(brain, "claim", "close", "s1", "--status", "ok", "--tests-total", "3", "--tests-passed", "3",
-                   "--tests-failed", "0", "--files", "brain-engine/a.py", "--commit", "abc123") == 0
+        assert (
+            run(
+                brain,
+                "claim",
+                "close",
+                "s1",
+                "--status",
+                "ok",
+                "--tests-total",
+                "3",
+                "--tests-passed",
+                "3",
+                "--tests-failed",
+                "0",
+                "--files",
+                "brain-engine/a.py",
+                "--commit",
+                "abc123",
+            )
+            == 0
+        )
         capsys.readouterr()
         assert run(brain, "claim", "show", "s1", "--json") == 0
         shown = json.loads(capsys.readouterr().out)
@@ -100,12 +119,31 @@ class TestClaimCli:
         extra = ("--scope", "be/t.py", "--satellite-type", "test")
         assert run(brain, "claim", "open", "--sess-id", "test", "--type", "satellite", "--agent", "t", *extra) == 1
         assert "must wait" in capsys.readouterr().err
-        assert run(brain, "claim", "open", "--sess-id", "srch", "--type", "satellite", "--agent", "t", "--scope",
-                   "be/", "--satellite-type", "search") == 0
-        assert run(brain, "claim", "open", "--sess-id", "test", "--type", "satellite", "--agent", "t", *extra,
-                   "--force") == 0
-        assert run(brain, "claim", "open", "--sess-id", "test", "--type", "solo", "--agent", "t", "--scope",
-                   "x/") == 2  # exists already
+        assert (
+            run(
+                brain,
+                "claim",
+                "open",
+                "--sess-id",
+                "srch",
+                "--type",
+                "satellite",
+                "--agent",
+                "t",
+                "--scope",
+                "be/",
+                "--satellite-type",
+                "search",
+            )
+            == 0
+        )
+        assert (
+            run(brain, "claim", "open", "--sess-id", "test", "--type", "satellite", "--agent", "t", *extra, "--force")
+            == 0
+        )
+        assert (
+            run(brain, "claim", "open", "--sess-id", "test", "--type", "solo", "--agent", "t", "--scope", "x/") == 2
+        )  # exists already
 
     def test_corpus_claim_is_listed(self, brain: Path, corpus: Path, capsys: Capture) -> None:
         """The real claims-init.yml lists with its unknown type and a warning, without being rewritten."""

@@ -32,8 +32,13 @@ def _brain(tmp_path: Path, *, keep: tuple[str, ...] = ()) -> Path:
 
 def _run(root: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMBIENT_")}
-    res = subprocess.run([sys.executable, "-m", "ambient", "run", "--brain", str(root), "--until-idle",
-                          "--log-format", "json"], capture_output=True, text=True, timeout=60, env=env)
+    res = subprocess.run(
+        [sys.executable, "-m", "ambient", "run", "--brain", str(root), "--until-idle", "--log-format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return res
 
@@ -112,8 +117,12 @@ def test_orchestrator_packets_in_and_out(tmp_path: Path, capsys: pytest.CaptureF
     (tmp_path / "feature-chain.yml").rename(root / "workflows" / "feature-chain.yml")
     _run(root)  # first sight: one run, waits at step 4's gate
     # ORCHESTRATE at step 3 with context (human → ambient, through the router)
-    orch = {"from": "human", "to": "ambient", "signal": "ORCHESTRATE",
-            "payload": {"context": {"workflow": "feature-chain", "step": "3", "context": {"ticket": "BE-7"}}}}
+    orch = {
+        "from": "human",
+        "to": "ambient",
+        "signal": "ORCHESTRATE",
+        "payload": {"context": {"workflow": "feature-chain", "step": "3", "context": {"ticket": "BE-7"}}},
+    }
     assert _send(root, orch, tmp_path, capsys) == 0
     _run(root)
     states = {s.trigger: s for s in _states(root)}
@@ -123,8 +132,12 @@ def test_orchestrator_packets_in_and_out(tmp_path: Path, capsys: pytest.CaptureF
     assert started.items[2].status == "done"
     # ABORT the first run (waiting at its gate)
     first = states["file"]
-    abort = {"from": "human", "to": "ambient", "signal": "ABORT",
-             "payload": {"context": {"workflow": first.run_id, "reason": "changed my mind"}}}
+    abort = {
+        "from": "human",
+        "to": "ambient",
+        "signal": "ABORT",
+        "payload": {"context": {"workflow": first.run_id, "reason": "changed my mind"}},
+    }
     assert _send(root, abort, tmp_path, capsys) == 0
     _run(root)
     assert {s.run_id: s for s in _states(root)}[first.run_id].outcome == "aborted"

@@ -136,16 +136,21 @@ def test_draft_never_runs_and_bad_workflows_are_reported_while_a_good_one_runs(t
 def test_sigterm_during_a_fanout_stops_cleanly_and_the_run_resumes(tmp_path: Path, notify: NotifySocket) -> None:
     """SIGTERM mid-fan-out: STOPPING=1 first, exit 0 in budget, items interrupted, nothing left, rerun on restart."""
     wit = tmp_path / "witness.log"
-    paths = make_brain(tmp_path / "brain", agents={
-        # Long enough that none ends before the SIGTERM on a loaded machine: the ten agents start, a SIGHUP reload
-        # happens, and under a parallel load (a soak beside the suite) that took more than the 2 s these slept.
-        "stub": stub_agent_md("stub", ["--sleep-ms", "6000-7000", "--witness", str(wit)]),
-        # Ignores SIGTERM: killed by SIGKILL after its 1 s grace, before its sleep ends.
-        "stubborn": stub_agent_md("stubborn", ["--sleep-ms", "7000-7500", "--witness", str(wit), "--ignore-term"],
-                                  kill_grace_s=1),
-    # The daemon-wide cap (default 4) lets both runs' five agents run at once; a short shutdown grace interrupts
-    # them (by default they get 10 s to finish their work).
-    }, config="concurrency: 10\nshutdown_grace_s: 0.2\n")
+    paths = make_brain(
+        tmp_path / "brain",
+        agents={
+            # Long enough that none ends before the SIGTERM on a loaded machine: the ten agents start, a SIGHUP reload
+            # happens, and under a parallel load (a soak beside the suite) that took more than the 2 s these slept.
+            "stub": stub_agent_md("stub", ["--sleep-ms", "6000-7000", "--witness", str(wit)]),
+            # Ignores SIGTERM: killed by SIGKILL after its 1 s grace, before its sleep ends.
+            "stubborn": stub_agent_md(
+                "stubborn", ["--sleep-ms", "7000-7500", "--witness", str(wit), "--ignore-term"], kill_grace_s=1
+            ),
+            # The daemon-wide cap (default 4) lets both runs' five agents run at once; a short shutdown grace interrupts
+            # them (by default they get 10 s to finish their work).
+        },
+        config="concurrency: 10\nshutdown_grace_s: 0.2\n",
+    )
     plan = {"slow": ["s0", "s1", "s2", "s3", "s4"], "stubborn": ["t0", "t1", "t2", "t3", "t4"]}
     items = sorted(plan["slow"] + plan["stubborn"])
 
@@ -183,7 +188,7 @@ def test_sigterm_during_a_fanout_stops_cleanly_and_the_run_resumes(tmp_path: Pat
             state = wait_for(lambda wf=wf: finished_run(paths, wf), 20, f"{wf} resumed and finished")
             assert state.outcome == "success"
         assert d2.stop() == 0
-    rerun = witness(wit)[len(killed_after_work):]
+    rerun = witness(wit)[len(killed_after_work) :]
     assert sorted(item for item, _, _ in rerun) == items  # each interrupted item ran again, once...
     assert {attempt for _, attempt, _ in rerun} == {1}  # ... as the same attempt: the same AMBIENT_KEY
     assert len(witness(wit)) == len(items) + len(killed_after_work)
@@ -299,10 +304,12 @@ def test_start_up_removes_locks_of_dead_holders_and_keeps_live_ones(tmp_path: Pa
 
     paths = _fast_brain(tmp_path)
     src = str(Path(__file__).resolve().parent.parent / "src")
-    code = (f"import sys, os; sys.path.insert(0, {src!r}); from pathlib import Path; "
-            "from ambient.locks import LockManager; from ambient.paths import BrainPaths; "
-            f"LockManager(BrainPaths(Path({str(paths.root)!r}))).acquire('projets/dead.md', 'sess-dead', "
-            "pid_bound=True); os._exit(0)")  # dies holding it
+    code = (
+        f"import sys, os; sys.path.insert(0, {src!r}); from pathlib import Path; "
+        "from ambient.locks import LockManager; from ambient.paths import BrainPaths; "
+        f"LockManager(BrainPaths(Path({str(paths.root)!r}))).acquire('projets/dead.md', 'sess-dead', "
+        "pid_bound=True); os._exit(0)"
+    )  # dies holding it
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
     LockManager(paths).acquire("projets/lease.md", "sess-person", pid_bound=False)
 
@@ -375,8 +382,16 @@ def test_sd_notify_ready_after_recovery_then_watchdog_pings_then_stopping(tmp_pa
         wait_for(lambda: sum(m.has("WATCHDOG", "1") for m in notify.messages) >= 10, 10, "10 watchdog pings")
         assert d.stop() == 0
     msgs = notify.messages
-    kinds = ["READY" if m.has("READY", "1") else "WATCHDOG" if m.has("WATCHDOG", "1") else
-             "STOPPING" if m.has("STOPPING", "1") else "other" for m in msgs]
+    kinds = [
+        "READY"
+        if m.has("READY", "1")
+        else "WATCHDOG"
+        if m.has("WATCHDOG", "1")
+        else "STOPPING"
+        if m.has("STOPPING", "1")
+        else "other"
+        for m in msgs
+    ]
     assert kinds[0] == "READY", kinds
     stop_at = kinds.index("STOPPING")
     assert "WATCHDOG" not in kinds[stop_at:]
@@ -387,8 +402,10 @@ def test_sd_notify_ready_after_recovery_then_watchdog_pings_then_stopping(tmp_pa
     assert max(gaps) <= usec / 2 / 1e6, f"largest gap {max(gaps):.3f} s"
     assert [r["outcome"] for r in run_records(paths)] == ["success"]
     assert len(witness(wit)) == len(items)  # killed before their witness line: each ran once, on restart
-    figure("watchdog pings / largest gap ms / median gap ms (WATCHDOG_USEC=400000)",
-           f"{len(pings)} / {max(gaps) * 1000:.1f} / {statistics.median(gaps) * 1000:.1f}")
+    figure(
+        "watchdog pings / largest gap ms / median gap ms (WATCHDOG_USEC=400000)",
+        f"{len(pings)} / {max(gaps) * 1000:.1f} / {statistics.median(gaps) * 1000:.1f}",
+    )
 
 
 # ---------------------------------------------------------------- 7. --until-idle on the example brain

@@ -61,8 +61,17 @@ class Recorder(BaseHTTPRequestHandler):
         if method == "sendMessage":
             with st["lock"]:
                 st["messages"].append(body)
-            self._reply(200, {"ok": True, "result": {"message_id": len(st["messages"]), "chat": {"id": body.get(
-                "chat_id")}, "text": body.get("text", "")}})
+            self._reply(
+                200,
+                {
+                    "ok": True,
+                    "result": {
+                        "message_id": len(st["messages"]),
+                        "chat": {"id": body.get("chat_id")},
+                        "text": body.get("text", ""),
+                    },
+                },
+            )
         elif method == "getUpdates":
             with st["lock"]:
                 updates = [u for u in st["updates"] if u["update_id"] >= int(body.get("offset") or 0)]
@@ -81,8 +90,15 @@ class Recorder(BaseHTTPRequestHandler):
 def http_server() -> Iterator[tuple[str, dict[str, Any]]]:
     """A local HTTP server on 127.0.0.1 recording every request."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    state: dict[str, Any] = {"lock": threading.Lock(), "posts": [], "messages": [], "updates": [], "calls": [],
-                             "fail_first": 0, "polled": threading.Event()}
+    state: dict[str, Any] = {
+        "lock": threading.Lock(),
+        "posts": [],
+        "messages": [],
+        "updates": [],
+        "calls": [],
+        "fail_first": 0,
+        "polled": threading.Event(),
+    }
     server.state = state  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -104,9 +120,23 @@ def _brain(tmp_path: Path, config: str) -> Path:
 
 def _run(root: Path, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ambient", "run", "--brain", str(root), "--until-idle", "--log-format", "json",
-         "--log-level", "debug"],
-        capture_output=True, text=True, timeout=timeout, env=env,
+        [
+            sys.executable,
+            "-m",
+            "ambient",
+            "run",
+            "--brain",
+            str(root),
+            "--until-idle",
+            "--log-format",
+            "json",
+            "--log-level",
+            "debug",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 
@@ -130,8 +160,9 @@ def _pending(root: Path) -> list[dict[str, Any]]:
     return [e.model_dump(mode="json") for e in EscalationStore(BrainPaths(root)).list(status="pending")]
 
 
-def test_fail_notify_decide_retry_completes(tmp_path: Path, http_server: tuple[str, dict[str, Any]],
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_fail_notify_decide_retry_completes(
+    tmp_path: Path, http_server: tuple[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
     """instance-07 fails → escalation notified to json:// (a 500, then retried) → decide retry → 10/10, 1 escalation."""
     addr, state = http_server
     state["fail_first"] = 1  # the first send fails: the outbox retries it with backoff
@@ -171,8 +202,10 @@ def test_telegram_button_press_decides_and_resumes(tmp_path: Path, http_server: 
     creds = tmp_path / "creds"
     creds.mkdir()
     (creds / "telegram-token").write_text(BOT_TOKEN)
-    cfg = (f"telegram:\n  answers: true\n  chat_id: '4242'\n  api_base: http://{addr}\n  poll_timeout_s: 0\n"
-           "notify:\n  retry_base_s: 0.05\n  retry_cap_s: 0.2\n")
+    cfg = (
+        f"telegram:\n  answers: true\n  chat_id: '4242'\n  api_base: http://{addr}\n  poll_timeout_s: 0\n"
+        "notify:\n  retry_base_s: 0.05\n  retry_cap_s: 0.2\n"
+    )
     root = _brain(tmp_path, cfg)
     env = _env(CREDENTIALS_DIRECTORY=str(creds))
     first = _run(root, env)
@@ -183,7 +216,11 @@ def test_telegram_button_press_decides_and_resumes(tmp_path: Path, http_server: 
     # The daemon stopped once idle; start it in the background and press the button while it polls.
     proc = subprocess.Popen(
         [sys.executable, "-m", "ambient", "run", "--brain", str(root), "--log-format", "json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
     )
     try:
         assert wait_until(lambda: bool(state["messages"]), 20), "no sendMessage reached the fake Bot API"
@@ -194,12 +231,28 @@ def test_telegram_button_press_decides_and_resumes(tmp_path: Path, http_server: 
         data = buttons[0]["callback_data"]
         forged = data.rsplit(":", 1)[0] + ":forgednonce0000000000"
         with state["lock"]:
-            state["updates"].extend([
-                {"update_id": 10, "callback_query": {"id": "q1", "data": forged, "from": {"id": 7, "first_name": "Eve"},
-                                                     "message": {"message_id": 1, "chat": {"id": 4242}, "text": "x"}}},
-                {"update_id": 11, "callback_query": {"id": "q2", "data": data, "from": {"id": 7, "first_name": "Ana"},
-                                                     "message": {"message_id": 1, "chat": {"id": 4242}, "text": "x"}}},
-            ])
+            state["updates"].extend(
+                [
+                    {
+                        "update_id": 10,
+                        "callback_query": {
+                            "id": "q1",
+                            "data": forged,
+                            "from": {"id": 7, "first_name": "Eve"},
+                            "message": {"message_id": 1, "chat": {"id": 4242}, "text": "x"},
+                        },
+                    },
+                    {
+                        "update_id": 11,
+                        "callback_query": {
+                            "id": "q2",
+                            "data": data,
+                            "from": {"id": 7, "first_name": "Ana"},
+                            "message": {"message_id": 1, "chat": {"id": 4242}, "text": "x"},
+                        },
+                    },
+                ]
+            )
         runs_log = BrainPaths(root).runs_log
         assert wait_until(lambda: runs_log.exists() and bool(read_jsonl(runs_log).records), 30)
         rec = read_jsonl(runs_log).records[0]

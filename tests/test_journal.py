@@ -253,10 +253,12 @@ async def test_resume_cuts_a_torn_tail_before_appending(tmp_path: Path) -> None:
     paths = BrainPaths(tmp_path)
     paths.run_journals.mkdir(parents=True)
     run_id = "sess-20261130-1200-w-beef"
-    head = _lines([
-        {"ev": "started", "run_id": run_id, "workflow": "w", "form": "for_each", "spec": {}, "items": ITEMS[:3]},
-        {"ev": "accepted", "item": ITEMS[0], "attempt": 1},
-    ])
+    head = _lines(
+        [
+            {"ev": "started", "run_id": run_id, "workflow": "w", "form": "for_each", "spec": {}, "items": ITEMS[:3]},
+            {"ev": "accepted", "item": ITEMS[0], "attempt": 1},
+        ]
+    )
     paths.run_journal(run_id).write_bytes(head + b'{"ev": "finished", "item": "instance-01", "torn-mark')
     mgr, _, _, _ = _manager(tmp_path, FakeDelegate())
     assert mgr.resume_all() == [run_id]
@@ -306,8 +308,9 @@ async def test_commit_does_not_queue_behind_the_default_thread_pool(tmp_path: Pa
         await asyncio.gather(*stuck)
 
 
-async def test_a_cancelled_committer_does_not_cancel_the_others(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_cancelled_committer_does_not_cancel_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Callers share a round: cancelling one leaves the round and the other callers alone; a later record gets
     its own round; a journal closed with a commit pending wakes it instead of hanging."""
     gate, entered = threading.Event(), threading.Event()
@@ -339,7 +342,8 @@ async def test_a_cancelled_committer_does_not_cancel_the_others(tmp_path: Path,
 
 
 async def test_a_round_writes_its_records_in_order_with_the_loops_own_flushes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A commit round writes its records in its thread; a flush on the loop before that thread runs writes them
     first, then its own: the file keeps the order of ``write`` calls, and nothing is written twice."""
     held: list[Any] = []
@@ -372,7 +376,8 @@ async def test_a_round_writes_its_records_in_order_with_the_loops_own_flushes(
 
 
 async def test_a_round_that_cannot_write_fails_its_committers_and_every_later_one(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A write error in the round's thread (disk full) fails the commit: its records are lost, and no later
     commit may report the journal durable."""
     j = Journal(tmp_path / "j.jsonl")
@@ -399,8 +404,9 @@ async def test_a_round_that_cannot_write_fails_its_committers_and_every_later_on
 
 
 _LINE = st.one_of(
-    st.dictionaries(st.sampled_from(["run_id", "ev", "n", "é"]), st.integers() | st.text(max_size=30), max_size=3)
-    .map(lambda d: json.dumps(d, ensure_ascii=False).encode()),
+    st.dictionaries(st.sampled_from(["run_id", "ev", "n", "é"]), st.integers() | st.text(max_size=30), max_size=3).map(
+        lambda d: json.dumps(d, ensure_ascii=False).encode()
+    ),
     st.just(b""),  # blank line
     st.just(b"{not json"),  # corrupt line
     st.just(b'xx{"ev": "only a suffix is a record"}'),  # corrupt, but a block may start inside it
@@ -415,8 +421,9 @@ _LINE = st.one_of(
     block=st.integers(min_value=1, max_value=64),
 )
 @settings(max_examples=300, deadline=None)
-def test_tail_jsonl_is_the_end_of_read_jsonl(tmp_path_factory: pytest.TempPathFactory, lines: list[bytes],
-                                             torn: bytes, count: int, block: int) -> None:
+def test_tail_jsonl_is_the_end_of_read_jsonl(
+    tmp_path_factory: pytest.TempPathFactory, lines: list[bytes], torn: bytes, count: int, block: int
+) -> None:
     path = tmp_path_factory.mktemp("tail") / "runs.jsonl"
     path.write_bytes(b"".join(line + b"\n" for line in lines) + torn)
     whole = read_jsonl(path).records
@@ -469,8 +476,18 @@ def test_runs_last_shows_the_newest(tmp_path: Path) -> None:
     log.parent.mkdir()
     with log.open("w") as fh:
         for i in range(30):
-            fh.write(json.dumps({"run_id": f"run-{i:02d}", "workflow": "w" if i % 2 else "v", "outcome": "success",
-                                 "completed_at": f"2026-12-01T10:{i:02d}:00", "steps": []}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "run_id": f"run-{i:02d}",
+                        "workflow": "w" if i % 2 else "v",
+                        "outcome": "success",
+                        "completed_at": f"2026-12-01T10:{i:02d}:00",
+                        "steps": [],
+                    }
+                )
+                + "\n"
+            )
     done = ambient_cli(tmp_path, "runs", "--last", "3")
     assert done.returncode == 0, done.stderr
     assert [line.split()[-1] for line in done.stdout.splitlines()] == ["run-27", "run-28", "run-29"]

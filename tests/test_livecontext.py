@@ -149,6 +149,7 @@ class TestThread:
 
     def test_batched_appends_equal_one_by_one(self, tmp_path: Path) -> None:
         """append_turns (the daemon's batch path) writes what append_turn would: same files, same rotations."""
+
         def turns() -> list[Turn]:
             out = []
             for i in range(40):
@@ -185,8 +186,9 @@ class TestThread:
         assert len(texts) < 60  # the oldest rotated file left
         assert (d / "handoff.md").exists()  # rewritten at rotation: the summary outlives the rotated turns
 
-    def test_a_rotation_rewrites_the_handoff_at_most_once_a_minute(self, tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_a_rotation_rewrites_the_handoff_at_most_once_a_minute(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """Rotations in a burst (a fan-out rotates every ~1,700 items) rewrite handoff.md once; one that comes
         HANDOFF_MAX_AGE_S after the last rewrite rewrites it again, and a CHECKPOINT always does."""
         live = LiveContext(BrainPaths(tmp_path), max_bytes=2048, keep=2)
@@ -296,8 +298,9 @@ class TestHandoff:
         blockers = summarise(turns).split("## Blockers")[1].split("##")[0]
         assert "(none)" in blockers
 
-    def test_handoff_without_file_is_summarised_once_and_kept(self, live: LiveContext,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_handoff_without_file_is_summarised_once_and_kept(
+        self, live: LiveContext, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """Before any HANDOFF or CHECKPOINT, handoff_for summarises the thread (never the transcript) and keeps
         the summary as handoff.md: the next reads parse no turn. An agent without a thread gets no folder."""
         live.append_turn(turn(text="secret transcript detail " * 400))
@@ -329,8 +332,9 @@ class TestHandoff:
         assert "review the lock design" in rebuilt and "review the lock design" not in first
         assert handoff.read_text() == rebuilt
 
-    def test_a_handoff_that_cannot_be_written_is_still_given(self, live: LiveContext,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_a_handoff_that_cannot_be_written_is_still_given(
+        self, live: LiveContext, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """handoff.md cannot be written (disk full): the agent still gets the summary, nothing is raised, and the
         next read tries again."""
         import errno
@@ -459,8 +463,9 @@ _json = st.recursive(
     session=st.one_of(st.none(), st.text(max_size=30)),
     source=st.text(min_size=1, max_size=250),
 )
-def test_turn_record_is_what_the_model_writes(signal: str, sender: str, receiver: str, payload: Any,
-                                              corr: str | None, session: str | None, source: str) -> None:
+def test_turn_record_is_what_the_model_writes(
+    signal: str, sender: str, receiver: str, payload: Any, corr: str | None, session: str | None, source: str
+) -> None:
     """The daemon's direct record and the Turn model agree on every packet: same thread, same turn."""
     from ambient.livecontext import turn_from_packet, turn_record
 
@@ -516,11 +521,21 @@ def _reference_bound(value: Any, depth: int = 4, max_str: int = 300, max_items: 
 
 
 _odd_json = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=400),
-              st.text(max_size=40).map(_Str), st.integers().map(_Int), st.characters(min_codepoint=0xD800,
-                                                                                        max_codepoint=0xDFFF)),
-    lambda inner: st.one_of(st.lists(inner, max_size=25), st.lists(inner, max_size=5).map(tuple),
-                            st.dictionaries(st.text(max_size=80), inner, max_size=25)),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_nan=False),
+        st.text(max_size=400),
+        st.text(max_size=40).map(_Str),
+        st.integers().map(_Int),
+        st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=25),
+        st.lists(inner, max_size=5).map(tuple),
+        st.dictionaries(st.text(max_size=80), inner, max_size=25),
+    ),
     max_leaves=60,
 )
 
@@ -584,8 +599,8 @@ def _tail_reference(data: bytes, limit: int) -> list[bytes]:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    lines=st.lists(st.sampled_from([b"", b" ", b"{\"a\":1}", b"x" * 40, b"torn{", b"\xff\xfe"]), max_size=40),
-    torn=st.sampled_from([b"", b"{\"cut", b"  "]),
+    lines=st.lists(st.sampled_from([b"", b" ", b'{"a":1}', b"x" * 40, b"torn{", b"\xff\xfe"]), max_size=40),
+    torn=st.sampled_from([b"", b'{"cut', b"  "]),
     limit=st.integers(0, 12),
     chunk=st.integers(1, 64),
 )

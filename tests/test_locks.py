@@ -139,8 +139,10 @@ class TestNames:
         with pytest.raises((UnsafePathError, InputError)):
             encode_path(file)
 
-    @given(st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40),
-           st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40))
+    @given(
+        st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40),
+        st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40),
+    )
     def test_distinct_paths_never_share_a_name(self, a: str, b: str) -> None:
         """Encoding is injective on normalised paths and every name decodes back to its path."""
         try:
@@ -189,8 +191,18 @@ class TestBasics:
         m = manager()
         g = m.acquire("agents/foo.md", "sess-a", ttl_s=60)
         text = m.path_for("agents/foo.md").read_text()
-        for key in ("file", "holder", "claimed_at", "expires_at", "ttl_min", "instance", "pid", "pid_start_time",
-                    "token", "host"):
+        for key in (
+            "file",
+            "holder",
+            "claimed_at",
+            "expires_at",
+            "ttl_min",
+            "instance",
+            "pid",
+            "pid_start_time",
+            "token",
+            "host",
+        ):
             assert f"\n{key}: " in "\n" + text
         assert "ttl_min: 1\n" in text
         g2 = m.acquire("agents/foo.md", "sess-a", ttl_s=600)
@@ -265,8 +277,9 @@ class TestBasics:
         with pytest.raises(LockBusyError):
             await a.acquire_async("y.md", "sess-a", wait=0.05)
 
-    async def test_async_paths_wait_for_a_busy_guard_off_the_loop(self, brain: BrainPaths,
-                                                                 manager: Callable[..., LockManager]) -> None:
+    async def test_async_paths_wait_for_a_busy_guard_off_the_loop(
+        self, brain: BrainPaths, manager: Callable[..., LockManager]
+    ) -> None:
         """Inline attempts need the guard at once; held by another process, they go to a thread, loop free."""
         import fcntl
 
@@ -299,9 +312,9 @@ class TestBasics:
             ticks.stop()
             os.close(fd)
 
-    async def test_loop_operations_of_one_iteration_share_one_flock(self, brain: BrainPaths,
-                                                                    manager: Callable[..., LockManager],
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    async def test_loop_operations_of_one_iteration_share_one_flock(
+        self, brain: BrainPaths, manager: Callable[..., LockManager], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """Lock operations run by the loop in one iteration take the guard's flock once; it is free again (for
         other processes) by the next iterations, and the token counter is re-read after it was let go."""
         import fcntl
@@ -335,8 +348,9 @@ class TestBasics:
         assert after.token > far > max(g.token for g in grants)
         await m.release_async(after)
 
-    async def test_a_hold_stores_the_token_counter_once(self, brain: BrainPaths, manager: Callable[..., LockManager],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    async def test_a_hold_stores_the_token_counter_once(
+        self, brain: BrainPaths, manager: Callable[..., LockManager], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """The grants of one hold of the guard write the token counter once, before the guard is let go: another
         process reading it under the guard then sees the newest token."""
         from ambient import locks as locks_mod
@@ -447,8 +461,9 @@ class TestBasics:
         with pytest.raises(UnsafePathError, match="symlink"):
             ClaimStore(BrainPaths(root))
 
-    def test_write_failure_publishes_nothing(self, manager: Callable[..., LockManager],
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_write_failure_publishes_nothing(
+        self, manager: Callable[..., LockManager], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """R-02: ENOSPC while writing a lock fails loudly and publishes nothing; the next acquire works."""
         m = manager()
 
@@ -462,8 +477,9 @@ class TestBasics:
         assert m.check("w.md").state == "free"
         assert m.acquire("w.md", "sess-a").holder == "sess-a"
 
-    def test_fsync_failure_in_durable_mode(self, manager: Callable[..., LockManager],
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_fsync_failure_in_durable_mode(
+        self, manager: Callable[..., LockManager], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """R-02: with durable=True an EIO from fsync fails the acquire (never retried) and publishes nothing."""
         m = manager(durable=True)
         m.release_grant(m.acquire("v.md", "sess-a"))  # durable path works
@@ -552,8 +568,10 @@ def test_r05_processes_never_overlap(brain: BrainPaths) -> None:
         assert tok_next > tok, "fencing tokens must increase with each grant"
     waits = sorted(w for *_, w in intervals)
     p50, p99 = waits[len(waits) // 2] / 1e6, waits[int(len(waits) * 0.99)] / 1e6
-    print(f"\nR-05: {procs}x{cycles} cycles in {elapsed:.2f}s = {len(intervals) / elapsed:.0f} acq/s, "
-          f"wait p50 {p50:.2f} ms p99 {p99:.2f} ms, overlaps 0")
+    print(
+        f"\nR-05: {procs}x{cycles} cycles in {elapsed:.2f}s = {len(intervals) / elapsed:.0f} acq/s, "
+        f"wait p50 {p50:.2f} ms p99 {p99:.2f} ms, overlaps 0"
+    )
 
 
 RACE_WORKER = r"""
@@ -601,8 +619,14 @@ def test_r05_race_for_one_expired_lock(brain: BrainPaths, manager: Callable[...,
             if r % 2:
                 foreign_lock(lock, expires=datetime.now(UTC) - timedelta(minutes=5))
             else:  # a live-looking lease, but its process is gone: provably dead on this host
-                foreign_lock(lock, expires=datetime.now(UTC) + timedelta(hours=1), extra=(
-                    f"pid: {dead_pid}\npid_start_time: {dead_start}\nhost: {socket.gethostname()}\npid_bound: true\n"))
+                foreign_lock(
+                    lock,
+                    expires=datetime.now(UTC) + timedelta(hours=1),
+                    extra=(
+                        f"pid: {dead_pid}\npid_start_time: {dead_start}\n"
+                        f"host: {socket.gethostname()}\npid_bound: true\n"
+                    ),
+                )
             (root / f"go-{r}").touch()
 
             def done(r: int = r) -> bool:
@@ -613,8 +637,12 @@ def test_r05_race_for_one_expired_lock(brain: BrainPaths, manager: Callable[...,
                 ) and all((root / f"race-{i}.txt").exists() for i in range(procs))
 
             assert wait_until(done, timeout=20), f"round {r}: workers did not answer"
-            rows = [line.split() for i in range(procs) for line in (root / f"race-{i}.txt").read_text().splitlines()
-                    if line.split()[0] == str(r)]
+            rows = [
+                line.split()
+                for i in range(procs)
+                for line in (root / f"race-{i}.txt").read_text().splitlines()
+                if line.split()[0] == str(r)
+            ]
             won = [row for row in rows if row[1] == "1"]
             assert len(won) == 1, f"round {r}: {len(won)} winners"
             assert won[0][3] == ("expired" if r % 2 else "dead")
@@ -643,8 +671,9 @@ time.sleep(60)
 
 
 @pytest.mark.parametrize("reap", [True, False], ids=["reaped", "zombie"])
-def test_r06a_killed_holder_is_reclaimed_at_once(brain: BrainPaths, manager: Callable[..., LockManager],
-                                                  reap: bool) -> None:
+def test_r06a_killed_holder_is_reclaimed_at_once(
+    brain: BrainPaths, manager: Callable[..., LockManager], reap: bool
+) -> None:
     """R-06a: a pid-bound holder killed with -9 (reaped or zombie) is provably dead: the lock is free at once."""
     holder = run_py(HOLDER, str(brain.root), "1", "60")
     token = int(holder.stdout.readline())  # type: ignore[union-attr]
@@ -745,8 +774,10 @@ def test_r06b_paused_holder_is_fenced(brain: BrainPaths, manager: Callable[..., 
     store.open(new_claim("sess-x", "satellite", "agents/", "a", datetime.now(UTC)))
     holder = run_py(STOPPED_HOLDER, str(brain.root))
     token, expires, t_acq = holder.stdout.readline().split()  # type: ignore[union-attr]
-    history = [Op("h", "acquire", int(token), float(t_acq), True, float(expires)),
-               Op("h", "write", int(token), float(t_acq), True)]
+    history = [
+        Op("h", "acquire", int(token), float(t_acq), True, float(expires)),
+        Op("h", "write", int(token), float(t_acq), True),
+    ]
     holder.send_signal(signal.SIGSTOP)
     try:
         m = manager(grace_s=0.2)
@@ -771,8 +802,10 @@ def test_r06b_paused_holder_is_fenced(brain: BrainPaths, manager: Callable[..., 
     m.release_grant(g)
     history.append(Op("g", "release", g.token, time.time(), True))
     check_history(history)
-    print(f"\nR-06b: holder stopped {outlived:.2f} s (TTL 0.8 s + grace 0.2 s); stale writes attempted 1, rejected 1, "
-          "overlaps outside an expired lease 0")
+    print(
+        f"\nR-06b: holder stopped {outlived:.2f} s (TTL 0.8 s + grace 0.2 s); stale writes attempted 1, rejected 1, "
+        "overlaps outside an expired lease 0"
+    )
 
 
 def test_r06c_release_spares_a_successor(manager: Callable[..., LockManager]) -> None:
@@ -923,8 +956,9 @@ class LockMachine(RuleBasedStateMachine):
         (self.root / "locks").mkdir()
         self.traveller = time_machine.travel(datetime(2026, 3, 16, 21, 0, tzinfo=UTC), tick=False)
         self.clock = self.traveller.start()
-        self.managers = {h: LockManager(BrainPaths(self.root), grace_s=self.GRACE, check_filesystem=False)
-                         for h in self.HOLDERS}
+        self.managers = {
+            h: LockManager(BrainPaths(self.root), grace_s=self.GRACE, check_filesystem=False) for h in self.HOLDERS
+        }
         self.model: dict[str, _Owner | None] = dict.fromkeys(self.PATHS)
         self.old_grants: list[LockGrant] = []
         self.last_token = 0
@@ -985,8 +1019,10 @@ class LockMachine(RuleBasedStateMachine):
             if owner is None:
                 assert status.state == "free"
             else:
-                assert status.info is not None and (status.info.holder, status.info.token) == (owner.holder,
-                                                                                            owner.token)
+                assert status.info is not None and (status.info.holder, status.info.token) == (
+                    owner.holder,
+                    owner.token,
+                )
                 assert status.state == ("expired" if self._expired(owner) else "held")
 
     def teardown(self) -> None:

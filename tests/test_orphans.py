@@ -31,8 +31,9 @@ def test_orphaned_agents_are_reaped_before_their_items_run_again(tmp_path: Path)
     try:
         first.wait_ready()
         drop(paths, "orphans.yml", foreach_workflow("orphans", ["a", "b"], agent="slow"))
-        spawned = wait_for(lambda: (e := events(paths, "orphans", "spawned")) and len(e) == 2 and e,
-                           20, "two agents spawned")
+        spawned = wait_for(
+            lambda: (e := events(paths, "orphans", "spawned")) and len(e) == 2 and e, 20, "two agents spawned"
+        )
         pids = [int(e["pid"]) for e in spawned]
         assert all(alive(p) for p in pids)
         os.kill(first.pid, signal.SIGKILL)  # K1: the daemon only; its agents keep running

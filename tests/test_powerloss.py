@@ -228,8 +228,11 @@ def run_iteration(base: Path, seed: int, n_items: int, max_cuts: int, window: tu
     t0 = time.monotonic()
     while True:
         log = base / f"ops-{seed}-{len(it.kills)}.jsonl"
-        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")])),
-               "AMBIENT_TEST_POWERLOSS_LOG": str(log), "AMBIENT_TEST_POWERLOSS_ROOT": str(root)}
+        env = {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")])),
+            "AMBIENT_TEST_POWERLOSS_LOG": str(log),
+            "AMBIENT_TEST_POWERLOSS_ROOT": str(root),
+        }
         before = snapshot(root)
         d = DaemonProcess(paths, "--until-idle", env=env).start()
         it.starts.append(time.time())
@@ -260,8 +263,9 @@ def run_iteration(base: Path, seed: int, n_items: int, max_cuts: int, window: tu
     return it
 
 
-def _profile(base: Path, seed: int, iterations: int, n_items: int, max_cuts: int,
-             window: tuple[float, float]) -> tuple[list[PowerIteration], list[str], dict[str, Any]]:
+def _profile(
+    base: Path, seed: int, iterations: int, n_items: int, max_cuts: int, window: tuple[float, float]
+) -> tuple[list[PowerIteration], list[str], dict[str, Any]]:
     its: list[PowerIteration] = []
     violations: list[str] = []
     for n in range(iterations):
@@ -347,8 +351,9 @@ def test_cut_after_finished_run_is_caught_up_at_restart(tmp_path: Path) -> None:
     """What the long profile found: a cut after ``finished_run`` was fsync'd, before the closed run claim (and the
     summary) were on disk. The next start writes them from the journal; a run whose views are current is left be."""
     wit = tmp_path / "witness.log"
-    paths = make_brain(tmp_path / "brain", example_agents=False,
-                       agents={"stub": stub_agent_md("stub", ["--witness", str(wit)])})
+    paths = make_brain(
+        tmp_path / "brain", example_agents=False, agents={"stub": stub_agent_md("stub", ["--witness", str(wit)])}
+    )
     (paths.workflows / f"{WORKFLOW}.yml").write_text(foreach_workflow(WORKFLOW, ["a", "b", "c"], concurrency=2))
     (paths.workflows / "other.yml").write_text(foreach_workflow("other", ["x"], concurrency=1))
     d = DaemonProcess(paths, "--until-idle").start()

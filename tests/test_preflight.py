@@ -22,8 +22,14 @@ NOW = datetime(2026, 3, 16, 21, 0, tzinfo=UTC)
 
 
 def mk(sid: str, status: str = "open", **fields: Any) -> Claim:
-    doc: dict[str, Any] = {"sess_id": sid, "type": "satellite", "scope": fields.pop("scope", "brain-engine/"),
-                           "agent": fields.pop("agent", "coder"), "status": status, "opened_at": "2026-03-16T20:00"}
+    doc: dict[str, Any] = {
+        "sess_id": sid,
+        "type": "satellite",
+        "scope": fields.pop("scope", "brain-engine/"),
+        "agent": fields.pop("agent", "coder"),
+        "status": status,
+        "opened_at": "2026-03-16T20:00",
+    }
     doc.update(fields)
     return Claim.model_validate(doc)
 
@@ -110,8 +116,10 @@ class TestChecks:
         assert codes(check(snap(mk("s", scope="profil/")), "s", "profil/capital.md")) == []
         kernel_only = {"coder": frozenset({"project"})}
         assert codes(check(snap(mk("s", scope="agents/"), agent_zones=kernel_only), "s", "agents/a.md")) == [5]
-        assert codes(check(snap(mk("s", scope="agents/"), agent_zones={"coder": frozenset({"*"})}), "s",
-                           "agents/a.md")) == []
+        assert (
+            codes(check(snap(mk("s", scope="agents/"), agent_zones={"coder": frozenset({"*"})}), "s", "agents/a.md"))
+            == []
+        )
 
     def test_6_theme_branch(self) -> None:
         """Code 6: the claim (or an ancestor) names a theme branch and the brain is elsewhere or unknown."""
@@ -234,15 +242,17 @@ class TestShell:
         assert codes(run_preflight(brain, "s", "brain-engine/b.py", snapshot=snapshot)) == []
         locks.close()
 
-    def test_run_preflight_reads_only_the_claim_and_its_ancestors(self, brain: BrainPaths,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_run_preflight_reads_only_the_claim_and_its_ancestors(
+        self, brain: BrainPaths, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """claims/ only grows: pre-flight parses the claim and its ancestors, not every file, and gives the same
         verdicts as a snapshot of every claim (paused parent, theme branch above, agent zones, missing claim)."""
         store = ClaimStore(brain)
         pilote = new_claim("sess-pilote", "pilote", "brain-engine/", "ambient", NOW, theme_branch="theme/be6")
         store.open(pilote)
-        store.open(new_claim("sess-coord", "coordinator", "brain-engine/", "ambient", NOW,
-                             parent_satellite="sess-pilote"))
+        store.open(
+            new_claim("sess-coord", "coordinator", "brain-engine/", "ambient", NOW, parent_satellite="sess-pilote")
+        )
         store.open(new_claim("sess-leaf", "satellite", "brain-engine/x/", "coder", NOW, parent_satellite="sess-coord"))
         for k in range(60):
             done = new_claim(f"sess-done-{k:03d}", "satellite", "brain-engine/x/", "tester", NOW)
@@ -258,8 +268,13 @@ class TestShell:
             return real_read(self, path)
 
         monkeypatch.setattr(ClaimStore, "read", counting)
-        cases = [("sess-leaf", "brain-engine/x/a.py"), ("sess-leaf", "brain-engine/y.py"), ("sess-coord", "k/a.md"),
-                 ("sess-missing", "brain-engine/x/a.py"), ("sess-done-007", "brain-engine/x/b.py")]
+        cases = [
+            ("sess-leaf", "brain-engine/x/a.py"),
+            ("sess-leaf", "brain-engine/y.py"),
+            ("sess-coord", "k/a.md"),
+            ("sess-missing", "brain-engine/x/a.py"),
+            ("sess-done-007", "brain-engine/x/b.py"),
+        ]
         for sess, file in cases:
             parsed.clear()
             lean = run_preflight(brain, sess, file)
@@ -269,8 +284,10 @@ class TestShell:
             assert lean == full and lean, (sess, file)  # every case has something to report
         store.transition("sess-coord", "pause", now=NOW)
         paused = run_preflight(brain, "sess-leaf", "brain-engine/x/a.py")
-        assert [p.message for p in paused][1:] == ["claim sess-leaf sits under sess-coord, which is paused",
-                                                   "claim sess-leaf works on theme/be6, but the brain is on main"]
+        assert [p.message for p in paused][1:] == [
+            "claim sess-leaf sits under sess-coord, which is paused",
+            "claim sess-leaf works on theme/be6, but the brain is on main",
+        ]
         assert paused == run_preflight(brain, "sess-leaf", "brain-engine/x/a.py", snapshot=build_snapshot(brain))
 
     def test_symlink_out_of_the_brain_fails_scope(self, brain: BrainPaths, tmp_path: Path) -> None:

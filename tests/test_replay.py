@@ -50,8 +50,9 @@ class ScriptedAgent:
         if failed is not None:
             output["tests"] = {"total": 2, "passed": 2 - failed, "failed": failed}
         if reply == "escalate":
-            return AttemptResult(result="escalate", question="which one?", options=["left", "right"],
-                                 signal_in="ESCALATE")
+            return AttemptResult(
+                result="escalate", question="which one?", options=["left", "right"], signal_in="ESCALATE"
+            )
         if reply == "blocked":
             return AttemptResult(result="blocked", error="missing key", signal_in="BLOCKED_ON")
         if reply == "error":
@@ -85,8 +86,15 @@ class Person:
 
 def _executor_factory(spec: WorkflowSpec, root: Path, agent: ScriptedAgent, person: Person):
     paths = BrainPaths(root)
-    ports = Ports(delegate=agent, escalator=person, claims=FakeClaims(), emitter=FakeEmitter(),
-                  render_text=_render, render_path=_render, rng=random.Random(0))
+    ports = Ports(
+        delegate=agent,
+        escalator=person,
+        claims=FakeClaims(),
+        emitter=FakeEmitter(),
+        render_text=_render,
+        render_path=_render,
+        rng=random.Random(0),
+    )
     template = item_template(spec)
 
     def factory(state: RunState, journal: Journal) -> RunExecutor:
@@ -94,8 +102,9 @@ def _executor_factory(spec: WorkflowSpec, root: Path, agent: ScriptedAgent, pers
             return RunExecutor(state, fanout(spec), template, ports, journal, paths)
         assert isinstance(spec, ChainWorkflow)
         chain = ChainSettings(steps=chain_steps(spec), mode=spec.mode, threshold=3)
-        return ChainExecutor(state, FanOut(concurrency=1, retry=retry_policy(spec.retry)), template, ports,
-                             journal, paths, chain)
+        return ChainExecutor(
+            state, FanOut(concurrency=1, retry=retry_policy(spec.retry)), template, ports, journal, paths, chain
+        )
 
     return factory
 
@@ -104,14 +113,21 @@ async def _run(spec: WorkflowSpec, root: Path, agent: ScriptedAgent, person: Per
     """Run the workflow to its end, the person deciding each escalation; the run's record."""
     mgr = RunManager(BrainPaths(root), _executor_factory(spec, root, agent, person))
     mgr.slots.resize(8)
-    run_id = mgr.start(workflow=spec.name, form=spec.form, spec=spec.model_dump(mode="json"), spec_hash=None,
-                       items=items_of(spec), mode=spec.mode)
+    run_id = mgr.start(
+        workflow=spec.name,
+        form=spec.form,
+        spec=spec.model_dump(mode="json"),
+        spec_hash=None,
+        items=items_of(spec),
+        mode=spec.mode,
+    )
     task = mgr.tasks[run_id]
     ex = mgr.executors[run_id]
     decisions = 0
     while not task.done():
-        assert await async_wait_until(lambda: task.done() or (mgr.idle and bool(ex.state.escalations)), 10), \
+        assert await async_wait_until(lambda: task.done() or (mgr.idle and bool(ex.state.escalations)), 10), (
             "the run neither ends nor waits on the person"
+        )
         if task.done():
             break
         for esc_id in list(ex.state.escalations):
@@ -128,11 +144,22 @@ def _abort_option(req: EscalationRequest) -> tuple[str, str, str]:
     return next(o for o in req.options if o[2] in ("abort", "reject"))
 
 
-REPLIES = st.tuples(st.sampled_from(["success", "success", "fail", "error", "unrecoverable", "escalate", "blocked"]),
-                    st.sampled_from(["ok", "ok", "partial", "failed", None]), st.sampled_from([None, 0, 1]))
-RETRY = st.one_of(st.none(), st.fixed_dictionaries({"attempts": st.integers(1, 3), "backoff": st.just("1ms"),
-                                                     "max_backoff": st.just("2ms"),
-                                                     "on": st.sampled_from([["error"], ["fail"], ["error", "fail"]])}))
+REPLIES = st.tuples(
+    st.sampled_from(["success", "success", "fail", "error", "unrecoverable", "escalate", "blocked"]),
+    st.sampled_from(["ok", "ok", "partial", "failed", None]),
+    st.sampled_from([None, 0, 1]),
+)
+RETRY = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {
+            "attempts": st.integers(1, 3),
+            "backoff": st.just("1ms"),
+            "max_backoff": st.just("2ms"),
+            "on": st.sampled_from([["error"], ["fail"], ["error", "fail"]]),
+        }
+    ),
+)
 
 
 @st.composite
@@ -156,14 +183,20 @@ def for_each_specs(draw: st.DrawFn) -> ForEachWorkflow:
 def chain_specs(draw: st.DrawFn) -> ChainWorkflow:
     steps = []
     for n in range(1, draw(st.integers(1, 3)) + 1):
-        step: dict[str, Any] = {"step": n, "type": draw(st.sampled_from(["code", "test", "brain-write", "deploy"])),
-                                "scope": f"work/{n}/", "agents": ["agent"]}
+        step: dict[str, Any] = {
+            "step": n,
+            "type": draw(st.sampled_from(["code", "test", "brain-write", "deploy"])),
+            "scope": f"work/{n}/",
+            "agents": ["agent"],
+        }
         gate = draw(st.sampled_from([None, None, "human", "0-failures", "never"]))
         if gate:
             step["gate"] = gate
-        for field, choices in (("on_done", [None, 'notify:"done"', "gate:human", "abort", "trigger:next"]),
-                               ("on_partial", [None, "gate:human", 'notify:"partial"']),
-                               ("on_fail", [None, "abort", "signal:BLOCKED_ON", 'notify:"failed"', "gate:human"])):
+        for field, choices in (
+            ("on_done", [None, 'notify:"done"', "gate:human", "abort", "trigger:next"]),
+            ("on_partial", [None, "gate:human", 'notify:"partial"']),
+            ("on_fail", [None, "abort", "signal:BLOCKED_ON", 'notify:"failed"', "gate:human"]),
+        ):
             value = draw(st.sampled_from(choices))
             if value:
                 step[field] = value
@@ -172,8 +205,12 @@ def chain_specs(draw: st.DrawFn) -> ChainWorkflow:
             if step_retry:
                 step["retry"] = step_retry
         steps.append(step)
-    doc: dict[str, Any] = {"name": "chain", "mode": draw(st.sampled_from(["assisted", "manual", "swarm"])),
-                           "swarm_ready": True, "chain": steps}
+    doc: dict[str, Any] = {
+        "name": "chain",
+        "mode": draw(st.sampled_from(["assisted", "manual", "swarm"])),
+        "swarm_ready": True,
+        "chain": steps,
+    }
     retry = draw(RETRY)
     if retry:
         doc["retry"] = retry
@@ -183,11 +220,17 @@ def chain_specs(draw: st.DrawFn) -> ChainWorkflow:
 
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(spec=st.one_of(for_each_specs(), chain_specs()), script=st.lists(REPLIES, max_size=12),
-       picks=st.lists(st.integers(0, 5), max_size=12))
+@given(
+    spec=st.one_of(for_each_specs(), chain_specs()),
+    script=st.lists(REPLIES, max_size=12),
+    picks=st.lists(st.integers(0, 5), max_size=12),
+)
 def test_a_workflow_replayed_over_its_own_records_meets_the_same_escalations(
-        tmp_path_factory: pytest.TempPathFactory, spec: WorkflowSpec, script: list[tuple[str, str | None, int | None]],
-        picks: list[int]) -> None:
+    tmp_path_factory: pytest.TempPathFactory,
+    spec: WorkflowSpec,
+    script: list[tuple[str, str | None, int | None]],
+    picks: list[int],
+) -> None:
     """Issue 23.11: replaying an unchanged workflow over its own records reproduces them: the same escalations,
     no step routed differently (retries, gates, close tiers, questions and exit triggers included)."""
     root = tmp_path_factory.mktemp("brain")
@@ -199,22 +242,33 @@ def test_a_workflow_replayed_over_its_own_records_meets_the_same_escalations(
 
 def test_retries_are_not_escalations() -> None:
     """An error the retry policy retries is no escalation (a replay that ignored retry: predicted one per error)."""
-    spec = parse_workflow({"workflow": "w", "retry": {"attempts": 3, "on": ["error"]},
-                           "for_each": {"items": ["a"], "spawn": "x"}})
+    spec = parse_workflow(
+        {"workflow": "w", "retry": {"attempts": 3, "on": ["error"]}, "for_each": {"items": ["a"], "spawn": "x"}}
+    )
     steps = [{"item": "a", "result": "error"}, {"item": "a", "result": "error"}, {"item": "a", "result": "success"}]
     assert [f.action for f in fates(spec, steps)[0]] == ["retry", "retry", "next"]
 
 
 def test_a_chain_steps_validated_close_needs_the_person_without_tests() -> None:
     """A code step that returns no tests asks the person (close tier 2); with green tests it goes on."""
-    spec = parse_workflow({"name": "c", "chain": [{"step": 1, "type": "code", "scope": "a/", "agents": ["x"]},
-                                                   {"step": 2, "type": "deploy", "scope": "b/", "agents": ["y"],
-                                                    "gate": "human"}]})
-    no_tests = [{"item": "1", "result": "success", "reply": "success", "status": "ok"},
-                {"item": "2", "result": "success", "reply": "success"}]
+    spec = parse_workflow(
+        {
+            "name": "c",
+            "chain": [
+                {"step": 1, "type": "code", "scope": "a/", "agents": ["x"]},
+                {"step": 2, "type": "deploy", "scope": "b/", "agents": ["y"], "gate": "human"},
+            ],
+        }
+    )
+    no_tests = [
+        {"item": "1", "result": "success", "reply": "success", "status": "ok"},
+        {"item": "2", "result": "success", "reply": "success"},
+    ]
     green = [{"item": "1", "result": "success", "reply": "success", "tests": {"failed": 0}}, no_tests[1]]
     assert [(f.action, f.kind, f.gated) for f in fates(spec, no_tests)[0]] == [
-        ("escalate", "gate", False), ("next", None, True)]
+        ("escalate", "gate", False),
+        ("next", None, True),
+    ]
     assert sum(f.escalations for f in fates(spec, green)[0]) == 1  # only the human gate before step 2
 
 
@@ -229,10 +283,16 @@ def test_older_records_are_read_from_their_signals() -> None:
 def test_a_changed_workflow_reports_what_it_would_do_differently() -> None:
     """A workflow that now goes on after a failure reports the recorded escalation as routed differently."""
     then = parse_workflow({"workflow": "w", "for_each": {"items": ["a", "b"], "spawn": "x"}})
-    now = parse_workflow({"workflow": "w", "for_each": {"items": ["a", "b"], "spawn": "x",
-                                                        "on_return": {"fail": "→ next_item"}}})
-    record = {"run_id": "r1", "workflow": "w", "started_at": "2026-03-01T10:00:00+00:00", "escalations": 1,
-              "steps": [{"item": "a", "result": "success"}, {"item": "b", "result": "fail", "error": "no"}]}
+    now = parse_workflow(
+        {"workflow": "w", "for_each": {"items": ["a", "b"], "spawn": "x", "on_return": {"fail": "→ next_item"}}}
+    )
+    record = {
+        "run_id": "r1",
+        "workflow": "w",
+        "started_at": "2026-03-01T10:00:00+00:00",
+        "escalations": 1,
+        "steps": [{"item": "a", "result": "success"}, {"item": "b", "result": "fail", "error": "no"}],
+    }
     report = replay([record], now, [], workflow="w", pinned=lambda _run_id: then)
     assert (report.recorded_escalations, report.would_escalate, report.routed_differently) == (1, 0, 1)
     [moved] = report.items

@@ -256,7 +256,6 @@ class TestRejections:
         assert out.decision is not None and out.decision.rule == "zone.receiver"
         assert "personal" in out.reason
 
-
     def test_folder_verdicts_are_reused_then_checked_again(
         self, brain: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -280,8 +279,13 @@ class TestRejections:
         monkeypatch.setattr(os, "access", counting_access)
         plain: dict[str, float] = {}
         assert _symlink_free(root, "projets/a/x1.md", plain, 10.0)
-        assert seen == [f"access {root}/projets", f"lstat {root}/projets", f"access {root}/projets/a",
-                        f"lstat {root}/projets/a", f"access {root}/projets/a/x1.md"]
+        assert seen == [
+            f"access {root}/projets",
+            f"lstat {root}/projets",
+            f"access {root}/projets/a",
+            f"lstat {root}/projets/a",
+            f"access {root}/projets/a/x1.md",
+        ]
         assert plain == {"projets/": 11.0, "projets/a/": 11.0}
         seen.clear()
         assert _symlink_free(root, "projets/a/x2.md", plain, 10.5)
@@ -390,8 +394,12 @@ class TestIdentity:
         path = paths.channels / f"{token_digest(second.token)}.json"
         assert path.stat().st_ino == inode  # the same file, rewritten
         # Shorter than the first token's record: cut to size, no tail of the old one.
-        assert json.loads(path.read_text()) == {"principal": "coder", "spawn": "run-1/b/1", "issued_at": None,
-                                                "digest": token_digest(second.token)}
+        assert json.loads(path.read_text()) == {
+            "principal": "coder",
+            "spawn": "run-1/b/1",
+            "issued_at": None,
+            "digest": token_digest(second.token),
+        }
         assert oct(path.stat().st_mode & 0o777) == "0o600"
         assert ChannelRegistry(paths).authenticate(second.token) == Channel("coder", second.token)
         assert ChannelRegistry(paths).authenticate(first.token) is None
@@ -455,7 +463,8 @@ class TestIdentity:
             reg.mint("../evil")
 
     def test_while_the_daemon_serves_its_socket_tokens_live_in_memory_only(
-            self, brain: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self, brain: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """``files = False`` (the daemon's send socket answers agents): publish writes nothing, the token is live
         in this process, and revoking it touches no file. A token published before the switch keeps its file
         until it is revoked, and a rename that fails still leaves it void here."""

@@ -491,8 +491,9 @@ class TestRun:
         assert res.status == "success" and seen[1][0] == res.pid
 
     @pytest.mark.parametrize("pidfd", [True, False], ids=["popen-pidfd", "asyncio-subprocess"])
-    async def test_before_start_runs_first(self, make_req: Callable[..., RunRequest], tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch, pidfd: bool) -> None:
+    async def test_before_start_runs_first(
+        self, make_req: Callable[..., RunRequest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pidfd: bool
+    ) -> None:
         """``before_start`` runs before the agent starts (the agent reads what it wrote); if it fails, no agent
         starts and the result is a spawn_failed error naming the problem. Both ways of starting agents."""
         from ambient.runners import command as command_mod
@@ -734,8 +735,9 @@ class TestKilling:
         runner.reopen()
         assert (await runner.run(make_req(), stub("ok"))).status == "success"
 
-    async def test_agent_started_during_terminate_all(self, make_req: Callable[..., RunRequest],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    async def test_agent_started_during_terminate_all(
+        self, make_req: Callable[..., RunRequest], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """An agent whose start overlaps terminate_all is killed as well, not left running (asyncio's subprocess
         start awaits; a Popen start on the loop cannot overlap anything)."""
         from ambient.runners import command as command_mod
@@ -769,13 +771,13 @@ class TestKilling:
         assert reaped(res.pid or 0)
 
 
-
 class TestSpawning:
     """Agents start with ``Popen`` on the loop and are waited for through a pidfd; without pidfds, through
     asyncio's subprocess support."""
 
-    async def test_without_pidfds_agents_start_through_asyncio(self, make_req: Callable[..., RunRequest],
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    async def test_without_pidfds_agents_start_through_asyncio(
+        self, make_req: Callable[..., RunRequest], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """Where pidfds are missing (other kernels), the runner uses asyncio's subprocesses: same results."""
         from ambient.runners import command as command_mod
 

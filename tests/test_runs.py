@@ -90,10 +90,22 @@ class FakeEmitter:
 def _manager(root: Path, delegate: FakeDelegate, plan: FanOut | None = None):
     paths = BrainPaths(root)
     esc, claims, emitter = FakeEscalator(), FakeClaims(), FakeEmitter()
-    ports = Ports(delegate=delegate, escalator=esc, claims=claims, emitter=emitter,
-                  render_text=_render, render_path=_render, rng=random.Random(1))
-    template = ItemTemplate(agent="deploy", files=("vps/{{item}}.yml",), zone="project",
-                            complete_to="orchestrator", complete_result="{{success_count}}/{{total}} deployed")
+    ports = Ports(
+        delegate=delegate,
+        escalator=esc,
+        claims=claims,
+        emitter=emitter,
+        render_text=_render,
+        render_path=_render,
+        rng=random.Random(1),
+    )
+    template = ItemTemplate(
+        agent="deploy",
+        files=("vps/{{item}}.yml",),
+        zone="project",
+        complete_to="orchestrator",
+        complete_result="{{success_count}}/{{total}} deployed",
+    )
 
     def factory(state: RunState, journal: Journal) -> RunExecutor:
         return RunExecutor(state, plan or FanOut(concurrency=3), template, ports, journal, paths)
@@ -204,7 +216,8 @@ async def test_shutdown_records_interrupted_items(tmp_path: Path) -> None:
 
 
 async def test_a_stop_while_the_end_of_a_run_is_committed_still_writes_its_summary(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SIGTERM between a run's ``finished_run`` record and its fsync: runs.jsonl gets the summary at once."""
     mgr, _, claims, _ = _manager(tmp_path, FakeDelegate())
     reached, never = asyncio.Event(), asyncio.Event()
@@ -322,13 +335,21 @@ _STATUSES = ["pending", "running", "retry_wait", "done", "failed", "escalated", 
     running=st.integers(min_value=0, max_value=8),
     cursor=st.integers(min_value=0, max_value=40),
 )
-def test_ready_items_from_a_cursor_is_the_full_scan(statuses: list[str], waits: list[str | None], concurrency: int,
-                                                    running: int, cursor: int) -> None:
+def test_ready_items_from_a_cursor_is_the_full_scan(
+    statuses: list[str], waits: list[str | None], concurrency: int, running: int, cursor: int
+) -> None:
     """The executor's shortcut (cursor from first_open, aborted from its counts) picks what a full scan picks."""
     from ambient.planner import first_open, ready_items
 
-    items = [ItemState(name=f"i{k}", index=k, status=s,  # type: ignore[arg-type]
-                       not_before=waits[k] if k < len(waits) else None) for k, s in enumerate(statuses)]
+    items = [
+        ItemState(
+            name=f"i{k}",
+            index=k,
+            status=s,  # type: ignore[arg-type]
+            not_before=waits[k] if k < len(waits) else None,
+        )
+        for k, s in enumerate(statuses)
+    ]
     state = RunState(run_id="r", workflow="w", form="for_each", spec_hash=None, spec={}, items=items)
     plan = FanOut(concurrency=concurrency)
     now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -359,8 +380,16 @@ def test_a_finished_runs_views_are_current_by_time_or_within_a_tick_by_content(
     by what it says: a fresh CI clone found a current run taken as behind and caught up."""
     manager, *_ = _manager(tmp_path, FakeDelegate())
     (tmp_path / "claims").mkdir()
-    state = RunState(run_id="sess-20261201-0140-other-312c", workflow="other", form="for_each", spec_hash=None,
-                     spec={}, items=[], finished_at="2026-12-01T01:40:03.527+00:00", outcome="success")
+    state = RunState(
+        run_id="sess-20261201-0140-other-312c",
+        workflow="other",
+        form="for_each",
+        spec_hash=None,
+        spec={},
+        items=[],
+        finished_at="2026-12-01T01:40:03.527+00:00",
+        outcome="success",
+    )
     claim = tmp_path / "claims" / f"{state.run_id}.yml"
     claim.write_text(f"sess_id: {state.run_id}\nstatus: {status}\n")
     at = datetime.fromisoformat(state.finished_at or "").timestamp() + offset_s
@@ -368,8 +397,9 @@ def test_a_finished_runs_views_are_current_by_time_or_within_a_tick_by_content(
     assert manager._views_current(state) is current
 
 
-async def test_start_up_glances_at_finished_runs_instead_of_folding_them(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_start_up_glances_at_finished_runs_instead_of_folding_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """resume_all walks every run journal ever written: a finished run whose views are written is known from its
     first and last lines (workflow, finished_at) and not read whole; a run whose views are behind, or whose last
     line is torn, is still read, folded and caught up."""
@@ -378,8 +408,9 @@ async def test_start_up_glances_at_finished_runs_instead_of_folding_them(tmp_pat
     mgr, *_ = _manager(tmp_path, FakeDelegate())
     ids = {}
     for wf in ("deploy-batch", "docs-refresh", "w"):
-        ids[wf] = mgr.start(workflow=wf, form="for_each", spec={"note": 'a "quoted" \\ value'}, spec_hash=None,
-                            items=ITEMS[:2])
+        ids[wf] = mgr.start(
+            workflow=wf, form="for_each", spec={"note": 'a "quoted" \\ value'}, spec_hash=None, items=ITEMS[:2]
+        )
         await asyncio.wait_for(mgr.tasks[ids[wf]], 5)
     paths = BrainPaths(tmp_path)
     paths.claims.mkdir(exist_ok=True)

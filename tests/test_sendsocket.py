@@ -25,20 +25,30 @@ from ambient.router import ChannelRegistry, read_audit
 from tests.e2e_helpers import DaemonProcess, make_brain, running, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
-SPAWN = {"from": "human", "to": "deploy", "signal": "SPAWN",
-         "scope": {"zone": "project", "files": ["infrastructure/vps/a.yml"]}}
+SPAWN = {
+    "from": "human",
+    "to": "deploy",
+    "signal": "SPAWN",
+    "scope": {"zone": "project", "files": ["infrastructure/vps/a.yml"]},
+}
 
 
-def send(brain: BrainPaths, body: dict[str, Any] | bytes, *args: str, token: str | None = None
-         ) -> subprocess.CompletedProcess[str]:
+def send(
+    brain: BrainPaths, body: dict[str, Any] | bytes, *args: str, token: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMBIENT_")}
     env["PYTHONPATH"] = str(REPO / "src")
     if token is not None:
         env[router.TOKEN_ENV] = token
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return subprocess.run([sys.executable, "-m", "ambient", "--brain", str(brain.root), "send", *args, "-"],
-                          input=data.decode(errors="surrogateescape"), env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "ambient", "--brain", str(brain.root), "send", *args, "-"],
+        input=data.decode(errors="surrogateescape"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def audit(brain: BrainPaths) -> list[dict[str, Any]]:
@@ -60,7 +70,8 @@ def test_constants_match_the_modules_they_stand_for() -> None:
 
 class TestThroughTheDaemon:
     def test_a_packet_is_routed_recorded_and_delivered_by_the_daemon(
-            self, daemon: tuple[BrainPaths, DaemonProcess]) -> None:
+        self, daemon: tuple[BrainPaths, DaemonProcess]
+    ) -> None:
         paths, d = daemon
         sock = sendsocket.socket_path(paths.state)
         assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
@@ -73,14 +84,17 @@ class TestThroughTheDaemon:
         # The daemon's inbox evaluator consumes what it delivered, as it does what the command writes itself.
         wait_for(lambda: (paths.inbox / "done" / f"{pid}.json").exists(), 15, "the packet consumed")
         # The SPAWN also runs its agent (a one-item run: its own packets follow); the person's packet is delivered.
-        wait_for(lambda: [r["status"] for r in audit(paths) if r.get("id") == pid and r["status"] != "allowed"] == [
-            "delivered"], 15,
-                 "the audit record")
+        wait_for(
+            lambda: (
+                [r["status"] for r in audit(paths) if r.get("id") == pid and r["status"] != "allowed"] == ["delivered"]
+            ),
+            15,
+            "the audit record",
+        )
         assert d.stop() == 0
         assert not sock.exists()  # gone with the daemon: the next command routes by itself
 
-    def test_identity_comes_from_the_token_the_command_presents(
-            self, daemon: tuple[BrainPaths, DaemonProcess]) -> None:
+    def test_identity_comes_from_the_token_the_command_presents(self, daemon: tuple[BrainPaths, DaemonProcess]) -> None:
         paths, d = daemon
         token = ChannelRegistry(paths).issue("vps").token or ""  # after start-up, which revokes every token
         ok = {"from": "vps", "to": "ambient", "signal": "ESCALATE", "payload": {"options": ["retry", "skip"]}}
@@ -97,7 +111,11 @@ class TestThroughTheDaemon:
         decided = lambda: [(r["status"], r["channel"]) for r in audit(paths) if r["status"] != "allowed"]  # noqa: E731
         wait_for(lambda: len(decided()) == 4, 15, "four audit records")
         assert decided() == [
-            ("delivered", "vps"), ("denied", "vps"), ("denied", "unauthenticated"), ("invalid", "human")]
+            ("delivered", "vps"),
+            ("denied", "vps"),
+            ("denied", "unauthenticated"),
+            ("invalid", "human"),
+        ]
         assert token not in paths.audit.read_text() and token not in "\n".join(d.lines())
 
 
@@ -172,8 +190,14 @@ class TestServer:
             answer = await asyncio.to_thread(sendsocket.ask_daemon, tmp_path, b"from: human", "tok")
             assert answer == {"status": "delivered", "id": "pkt_1", "reason": ""}
             too_big = json.dumps({"token": None, "size": sendsocket.MAX_PACKET_BYTES + 2}).encode() + b"\n"
-            for bad in (b"not json\n", b'["a list"]\n', b'{"size": "3"}\n', b'{"size": 5, "token": 7}\nabcde',
-                        too_big, b'{"size": 10, "token": null}\nshort'):
+            for bad in (
+                b"not json\n",
+                b'["a list"]\n',
+                b'{"size": "3"}\n',
+                b'{"size": 5, "token": 7}\nabcde',
+                too_big,
+                b'{"size": 10, "token": null}\nshort',
+            ):
                 assert await asyncio.to_thread(raw_request, bad) == b""
             assert seen == [(b"from: human", "tok")]
         finally:

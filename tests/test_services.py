@@ -46,8 +46,9 @@ def test_digest_batches_information_until_its_period(tmp_path: Path) -> None:
     assert json.loads((paths.state / "digest.json").read_text())["last_sent"].startswith("2026-12-01")
 
 
-async def test_handoff_is_shared_by_a_runs_items_and_a_rewrite_is_seen(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_handoff_is_shared_by_a_runs_items_and_a_rewrite_is_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One handoff per (agent, run), not one per item; a rewritten handoff.md reaches the next attempts once the
     short recheck interval has passed (it is not stat'ed for every item)."""
     from ambient import services
@@ -67,8 +68,16 @@ async def test_handoff_is_shared_by_a_runs_items_and_a_rewrite_is_seen(tmp_path:
     delegate = AgentDelegate(None, None, None, None, None, live)  # type: ignore[arg-type]
 
     def attempt(k: int) -> Attempt:
-        return Attempt(run_id="run-1", workflow="w", item=f"i{k}", index=k, attempt=1, key=f"run-1/i{k}/1",
-                       agent="coder", sender="ambient")
+        return Attempt(
+            run_id="run-1",
+            workflow="w",
+            item=f"i{k}",
+            index=k,
+            attempt=1,
+            key=f"run-1/i{k}/1",
+            agent="coder",
+            sender="ambient",
+        )
 
     monkeypatch.setattr(services, "HANDOFF_RECHECK_S", 3600.0)
     first = [await delegate._handoff(attempt(k)) for k in range(5)]
@@ -82,8 +91,9 @@ async def test_handoff_is_shared_by_a_runs_items_and_a_rewrite_is_seen(tmp_path:
     assert len(calls) == 2
 
 
-async def test_a_short_items_claim_is_written_once_and_a_long_items_in_time(tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_short_items_claim_is_written_once_and_a_long_items_in_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """for_each item claims: an item that finishes soon after it started is written once, in its final state; an
     item still running after ``OPEN_DELAY_S`` gets its open claim then; finished ones follow within
     ``FLUSH_DELAY_S``; nothing is lost at ``flush``."""
@@ -153,8 +163,9 @@ class _Runners:
         return AgentResult(status="success", output={})
 
 
-async def test_a_command_agents_token_file_is_gone_when_its_attempt_returns(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_command_agents_token_file_is_gone_when_its_attempt_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The token is live for other processes while the agent runs, and its file is renamed aside by the time the
     delegate returns (on the loop, no thread hop: bench/README item 31). A rename that fails leaves the token
     void in the daemon all the same, and says so in the log."""
@@ -173,8 +184,9 @@ async def test_a_command_agents_token_file_is_gone_when_its_attempt_returns(tmp_
     runners = _Runners(paths)
     ref = SimpleNamespace(brain=SimpleNamespace(paths=paths))
     delegate = AgentDelegate(ref, SimpleNamespace(registry=registry), runners, None, None)  # type: ignore[arg-type]
-    a = Attempt(run_id="run-1", workflow="w", item="i1", index=0, attempt=1, key="run-1/i1/1", agent="coder",
-                sender="ambient")
+    a = Attempt(
+        run_id="run-1", workflow="w", item="i1", index=0, attempt=1, key="run-1/i1/1", agent="coder", sender="ambient"
+    )
     spawn = make_packet("ambient", "coder", "SPAWN", now=datetime.now(UTC), session_id="run-1")
     cfg = SimpleNamespace(kind="command")
 

@@ -76,8 +76,13 @@ def test_a_larger_limit_wakes_the_queue_at_once() -> None:
 
 
 @settings(max_examples=300)
-@given(st.lists(st.tuples(st.sampled_from(["take", "give", "forget", "resize"]), st.integers(0, 3),
-                          st.integers(1, 6)), max_size=80), st.integers(1, 5))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["take", "give", "forget", "resize"]), st.integers(0, 3), st.integers(1, 6)),
+        max_size=80,
+    ),
+    st.integers(1, 5),
+)
 def test_never_over_the_limit_and_no_slot_idle_while_a_run_waits(ops: list[tuple[str, int, int]], limit: int) -> None:
     """Whatever the order of takes, gives, forgets and resizes: at most ``limit`` run, and a free slot never sits
     unused while a run waits for one (it is either taken or set aside for a waiter)."""

@@ -57,8 +57,9 @@ def _sample(pid: int, t: float, at_rest: bool) -> Sample:
                 spawner_fds = child.num_fds()
         except psutil.NoSuchProcess:
             continue  # an agent that ended and was reaped between the listing and the look
-    return Sample(t, proc.memory_info().rss, proc.num_fds(), proc.num_threads(), frozenset(zombies), at_rest,
-                  spawner_fds)
+    return Sample(
+        t, proc.memory_info().rss, proc.num_fds(), proc.num_threads(), frozenset(zombies), at_rest, spawner_fds
+    )
 
 
 def _summaries(runs_log: Path) -> int:
@@ -126,13 +127,17 @@ def test_soak(tmp_path: Path, request: pytest.FixtureRequest) -> None:
         "runs": runs,
         "runs_per_hour": round(runs / elapsed_h),
         "items_per_hour": round(runs * ITEMS / elapsed_h),
-        "rss_mb_by_tenth": [round(max(s.rss for s in samples if k / 10 * span <= s.t <= (k + 1) / 10 * span) / 2**20, 1)
-                            for k in range(10) if any(k / 10 * span <= s.t <= (k + 1) / 10 * span for s in samples)],
+        "rss_mb_by_tenth": [
+            round(max(s.rss for s in samples if k / 10 * span <= s.t <= (k + 1) / 10 * span) / 2**20, 1)
+            for k in range(10)
+            if any(k / 10 * span <= s.t <= (k + 1) / 10 * span for s in samples)
+        ],
         "rss_growth_after_warmup_pct": round(100 * (rss_end - rss_warm) / rss_warm, 1),
         "fds_at_rest_before_late": (max(rest_before), min(rest_late)),
         "spawner_fds_at_rest_before_late": (
             max([s.spawner_fds for s in before if s.at_rest] or [s.spawner_fds for s in before]),
-            min([s.spawner_fds for s in late if s.at_rest] or [s.spawner_fds for s in late])),
+            min([s.spawner_fds for s in late if s.at_rest] or [s.spawner_fds for s in late]),
+        ),
         "threads_max_before_late": (max(s.threads for s in before), max(s.threads for s in late)),
         "zombies_seen": sum(len(s.zombies) for s in samples),
         # A zombie still there SAMPLE_S later was never reaped: a leak (one seen once is an agent being reaped).

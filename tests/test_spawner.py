@@ -38,18 +38,27 @@ async def spawner() -> AsyncIterator[Spawner]:
     s.close()
 
 
-async def run(spawner: Spawner, argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
-              stdin: bytes = b"", out_cap: int = 1 << 20) -> tuple[int, str]:
+async def run(
+    spawner: Spawner,
+    argv: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    stdin: bytes = b"",
+    out_cap: int = 1 << 20,
+) -> tuple[int, str]:
     """Start ``argv`` through ``spawner`` and wait for it: (exit code, stdout)."""
-    agent = await spawner.spawn(argv, env if env is not None else {"PATH": os.defpath}, cwd or Path.cwd(), stdin,
-                                out_cap, 4096)
+    agent = await spawner.spawn(
+        argv, env if env is not None else {"PATH": os.defpath}, cwd or Path.cwd(), stdin, out_cap, 4096
+    )
     assert await agent.until(lambda: agent.closed, asyncio.get_running_loop().time() + 30)
     return await agent.wait(), agent.stdout.decode()
 
 
 async def sleeper(spawner: Spawner, marker: str) -> SpawnedAgent:
-    return await spawner.spawn([PY, "-c", "import time; time.sleep(60)", marker], {"PATH": os.defpath}, Path.cwd(),
-                               b"", 1024, 1024)
+    return await spawner.spawn(
+        [PY, "-c", "import time; time.sleep(60)", marker], {"PATH": os.defpath}, Path.cwd(), b"", 1024, 1024
+    )
 
 
 def children_with(marker: str) -> list[psutil.Process]:
@@ -74,7 +83,8 @@ class TestStart:
         assert code == -signal.SIGKILL
 
     async def test_agent_gets_only_its_stdio_its_own_session_and_default_signals(
-            self, spawner: Spawner, tmp_path: Path) -> None:
+        self, spawner: Spawner, tmp_path: Path
+    ) -> None:
         code = (
             "import os, json\n"
             "fds = []\n"
@@ -106,9 +116,11 @@ class TestStart:
 
     async def test_argv_elements_stay_whole_and_env_is_exactly_what_was_given(self, spawner: Spawner) -> None:
         hostile = "a b; rm -rf / $(id) `id` \"' \\ é ✓"
-        rc, out = await run(spawner, [PY, "-c", "import os, sys, json; print(json.dumps([sys.argv[1:], "
-                                                 "dict(os.environ)]))", hostile, ""],
-                            env={"ONLY": "this", "PATH": os.defpath})
+        rc, out = await run(
+            spawner,
+            [PY, "-c", "import os, sys, json; print(json.dumps([sys.argv[1:], dict(os.environ)]))", hostile, ""],
+            env={"ONLY": "this", "PATH": os.defpath},
+        )
         assert rc == 0
         argv, env = json.loads(out)
         assert argv == [hostile, ""]
@@ -140,18 +152,26 @@ class TestStart:
 
     async def test_a_request_over_the_inline_limit_travels_in_a_memfd(self, spawner: Spawner) -> None:
         big = "x" * (INLINE_MAX * 3)
-        rc, out = await run(spawner, [PY, "-c", "import os; print(len(os.environ['BIG']))"],
-                            env={"BIG": big, "PATH": os.defpath})
+        rc, out = await run(
+            spawner, [PY, "-c", "import os; print(len(os.environ['BIG']))"], env={"BIG": big, "PATH": os.defpath}
+        )
         assert (rc, out) == (0, f"{len(big)}\n")
 
     async def test_stdin_holds_the_packet_and_output_comes_back_whole_or_capped(self, spawner: Spawner) -> None:
         assert await run(spawner, [PY, "-c", "import sys; print(sys.stdin.read()[::-1])"], stdin=b"packet") == (
-            0, "tekcap\n")
+            0,
+            "tekcap\n",
+        )
         big = INLINE_MAX * 4  # the report is larger than a datagram: it comes in a memfd
         assert await run(spawner, [PY, "-c", f"import sys; sys.stdout.write('z' * {big})"]) == (0, "z" * big)
-        agent = await spawner.spawn([PY, "-c", "import sys; sys.stdout.write('o' * 100_000); "
-                                              "sys.stderr.write('e' * 5000 + 'END')"],
-                                    {"PATH": os.defpath}, Path.cwd(), b"", 1000, 100)
+        agent = await spawner.spawn(
+            [PY, "-c", "import sys; sys.stdout.write('o' * 100_000); sys.stderr.write('e' * 5000 + 'END')"],
+            {"PATH": os.defpath},
+            Path.cwd(),
+            b"",
+            1000,
+            100,
+        )
         assert await agent.until(lambda: agent.closed, asyncio.get_running_loop().time() + 30)
         assert agent.over and len(agent.stdout) <= 1000  # past the cap: reported, the rest discarded
         assert agent.stderr_tail == b"e" * 97 + b"END"  # the last 100 bytes
@@ -172,8 +192,14 @@ class TestStart:
         """Recorded for reconciliation after a crash, which compares them with /proc to 50 ms."""
         from ambient.locks import process_start_time
 
-        agents = await asyncio.gather(*(spawner.spawn([PY, "-c", "import time; time.sleep(5)"], {"PATH": os.defpath},
-                                                      Path.cwd(), b"", 1024, 1024) for _ in range(20)))
+        agents = await asyncio.gather(
+            *(
+                spawner.spawn(
+                    [PY, "-c", "import time; time.sleep(5)"], {"PATH": os.defpath}, Path.cwd(), b"", 1024, 1024
+                )
+                for _ in range(20)
+            )
+        )
         try:
             for agent in agents:
                 from_proc = process_start_time(agent.pid)
@@ -203,8 +229,7 @@ class TestFailures:
             await task
         assert await async_wait_until(lambda: not children_with(marker))
 
-    async def test_a_killed_spawner_ends_its_agents_and_the_next_start_brings_a_new_one(
-            self, spawner: Spawner) -> None:
+    async def test_a_killed_spawner_ends_its_agents_and_the_next_start_brings_a_new_one(self, spawner: Spawner) -> None:
         marker = f"orphaned-agent-{os.getpid()}-{time.monotonic_ns()}"
         agent = await sleeper(spawner, marker)
         first = the_spawner_process()
@@ -244,19 +269,30 @@ class TestThroughTheRunner:
 
     @staticmethod
     def request(brain: Path) -> RunRequest:
-        return RunRequest(packet={"from": "a", "to": "b", "signal": "SPAWN"}, agent="b", run_id="run-1",
-                          item="i", attempt=1, key=idempotency_key("run-1", "i", 1), channel_token="t",
-                          brain=brain)
+        return RunRequest(
+            packet={"from": "a", "to": "b", "signal": "SPAWN"},
+            agent="b",
+            run_id="run-1",
+            item="i",
+            attempt=1,
+            key=idempotency_key("run-1", "i", 1),
+            channel_token="t",
+            brain=brain,
+        )
 
     @pytest.mark.parametrize("python", [None, "/bin/false"])
-    async def test_agent_result_with_a_working_or_a_broken_spawner(self, tmp_path: Path, python: str | None
-                                                                   ) -> None:
+    async def test_agent_result_with_a_working_or_a_broken_spawner(self, tmp_path: Path, python: str | None) -> None:
         spawner = Spawner(python=python)
         seen: list[Any] = []
         runner = CommandRunner(spawner=spawner, on_spawn=lambda req, pid, started: seen.append((pid, started)))
-        cfg = CommandRunnerConfig(kind="command", argv=[PY, "-c",
-                                                        "import json, sys; d = json.load(sys.stdin); "
-                                                        "print(json.dumps({'status': 'success', 'output': d}))"])
+        cfg = CommandRunnerConfig(
+            kind="command",
+            argv=[
+                PY,
+                "-c",
+                "import json, sys; d = json.load(sys.stdin); print(json.dumps({'status': 'success', 'output': d}))",
+            ],
+        )
         try:
             res = await runner.run(self.request(tmp_path), cfg)
         finally:
@@ -269,8 +305,9 @@ class TestThroughTheRunner:
     async def test_a_timeout_kills_the_group_of_a_spawned_agent(self, tmp_path: Path) -> None:
         runner = CommandRunner(spawner=Spawner())
         marker = f"slow-agent-{os.getpid()}-{time.monotonic_ns()}"
-        cfg = CommandRunnerConfig(kind="command", argv=[PY, "-c", "import time; time.sleep(60)", marker],
-                                  timeout_s=0.5, kill_grace_s=0.2)
+        cfg = CommandRunnerConfig(
+            kind="command", argv=[PY, "-c", "import time; time.sleep(60)", marker], timeout_s=0.5, kill_grace_s=0.2
+        )
         try:
             res = await runner.run(self.request(tmp_path), cfg)
         finally:
@@ -279,10 +316,12 @@ class TestThroughTheRunner:
         assert not children_with(marker)
 
 
-@given(st.lists(st.tuples(st.booleans(), st.binary(max_size=40)), max_size=30), st.integers(1, 100),
-       st.integers(0, 100))
+@given(
+    st.lists(st.tuples(st.booleans(), st.binary(max_size=40)), max_size=30), st.integers(1, 100), st.integers(0, 100)
+)
 def test_output_caps_keep_the_head_of_stdout_and_the_tail_of_stderr(
-        chunks: list[tuple[bool, bytes]], out_cap: int, err_tail: int) -> None:
+    chunks: list[tuple[bool, bytes]], out_cap: int, err_tail: int
+) -> None:
     """The one rule of both readers (the spawner's and the runner's own pipes), as they apply it."""
     out, err, over = bytearray(), bytearray(), False
     for from_err, data in chunks:

@@ -47,13 +47,15 @@ def _count_calls(store: ClaimStore, name: str, monkeypatch: pytest.MonkeyPatch) 
     return calls
 
 
-async def test_claims_written_by_ambient_are_not_parsed_again(store: ClaimStore,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_claims_written_by_ambient_are_not_parsed_again(
+    store: ClaimStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Item claims ambient wrote are judged from memory; a claim a person wrote is parsed; both go stale."""
     for k in range(5):
         store.write_claim(new_claim(f"sess-item-{k}", "satellite", f"projects/x/{k}.md", "coder", NOW), durable=False)
-    store.write_claim(new_claim("sess-old-item", "satellite", "projects/x/old.md", "coder", NOW - timedelta(days=3)),
-                      durable=False)
+    store.write_claim(
+        new_claim("sess-old-item", "satellite", "projects/x/old.md", "coder", NOW - timedelta(days=3)), durable=False
+    )
     by_hand = new_claim("sess-by-hand", "satellite", "projects/y.md", "person", NOW - timedelta(days=2))
     (store.dir / "sess-by-hand.yml").write_text(dump_yaml(by_hand.to_document()))
 
@@ -100,8 +102,9 @@ def _past(ns: int) -> None:
         assert time.monotonic() < deadline
 
 
-def test_closed_claims_are_not_remembered_and_changes_are_still_seen(store: ClaimStore,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_closed_claims_are_not_remembered_and_changes_are_still_seen(
+    store: ClaimStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """R-12: only open claims stay in memory (a soak writes 9 claim files per run); a closed claim a person
     reopens in place with its old mtime, or one moved in with an old mtime, is seen through its ctime; when the
     clock goes back, every file is looked at again."""
@@ -186,18 +189,23 @@ def test_a_full_look_parses_no_closed_claim(store: ClaimStore, monkeypatch: pyte
     old = NOW - timedelta(days=3)
     for k in range(50):  # closed claims a previous daemon wrote: this store does not know them
         claim = new_claim(f"sess-done-{k:02d}", "satellite", f"projects/d/{k}.md", "coder", old)
-        (store.dir / f"sess-done-{k:02d}.yml").write_text(dump_yaml(claim.model_copy(update={"status": "closed"})
-                                                                    .to_document()))
+        (store.dir / f"sess-done-{k:02d}.yml").write_text(
+            dump_yaml(claim.model_copy(update={"status": "closed"}).to_document())
+        )
     tricky = {
         # closed, with "status: open" inside an indented block scalar: still closed
-        "sess-tricky-a.yml": dump_yaml(new_claim("sess-tricky-a", "satellite", "a.md", "p", old)
-                                       .model_copy(update={"status": "closed"}).to_document())
+        "sess-tricky-a.yml": dump_yaml(
+            new_claim("sess-tricky-a", "satellite", "a.md", "p", old)
+            .model_copy(update={"status": "closed"})
+            .to_document()
+        )
         + "notes: |\n  status: open\n",
         # open, quoted
-        "sess-tricky-b.yml": dump_yaml(new_claim("sess-tricky-b", "satellite", "b.md", "p", old).to_document())
-        .replace("status: open", 'status: "open"'),
+        "sess-tricky-b.yml": dump_yaml(new_claim("sess-tricky-b", "satellite", "b.md", "p", old).to_document()).replace(
+            "status: open", 'status: "open"'
+        ),
         # open, in flow style: no status line at column 0, so parsed
-        "sess-tricky-c.yml": '{sess_id: sess-tricky-c, type: satellite, scope: c.md, agent: p, status: open, '
+        "sess-tricky-c.yml": "{sess_id: sess-tricky-c, type: satellite, scope: c.md, agent: p, status: open, "
         f'opened_at: "{old.strftime("%Y-%m-%dT%H:%M")}"}}\n',
     }
     for name, text in tricky.items():
@@ -235,4 +243,3 @@ def test_not_open_reads_only_what_is_certain(tmp_path: Path, text: bytes, closed
     link = tmp_path / "link.yml"
     link.symlink_to(path)
     assert _not_open(str(link)) is False  # never follows a symlink
-

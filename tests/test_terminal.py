@@ -29,9 +29,7 @@ HOSTILE = "boom \x1b[2J\x1b]0;owned\x07 \u202eevil\u202c \x9b31m \r overwritten 
 def test_printable_escapes_what_a_terminal_acts_on() -> None:
     shown = printable(HOSTILE)
     assert UNSAFE.search(shown) is None
-    assert shown == (
-        "boom \\x1b[2J\\x1b]0;owned\\x07 \\u202eevil\\u202c \\x9b31m \\x0d overwritten \\x00 end"
-    )
+    assert shown == ("boom \\x1b[2J\\x1b]0;owned\\x07 \\u202eevil\\u202c \\x9b31m \\x0d overwritten \\x00 end")
 
 
 def test_printable_keeps_plain_text_as_it_is() -> None:
@@ -73,9 +71,7 @@ _HOSTILE_AGENT = (
     f"print(json.dumps({{'signal': 'ESCALATE', 'question': {HOSTILE!r}, 'options': ['retry', 'skip']}}))\n"
 )
 _FAILING_AGENT = (
-    "import json, sys\n"
-    "json.load(sys.stdin)\n"
-    f"print(json.dumps({{'status': 'failed', 'error': {HOSTILE!r}}}))\n"
+    f"import json, sys\njson.load(sys.stdin)\nprint(json.dumps({{'status': 'failed', 'error': {HOSTILE!r}}}))\n"
 )
 
 
@@ -93,8 +89,15 @@ def test_cli_never_prints_an_agents_control_characters(tmp_path) -> None:  # typ
     with running(paths, "--until-idle", ready=False) as daemon:
         assert daemon.wait(timeout=60) == 0
     shown = []
-    commands = (("status",), ("status", "fail"), ("status", "ask"), ("escalations",), ("runs",), ("thread", "asker"),
-                ("thread", "failer"))
+    commands = (
+        ("status",),
+        ("status", "fail"),
+        ("status", "ask"),
+        ("escalations",),
+        ("runs",),
+        ("thread", "asker"),
+        ("thread", "failer"),
+    )
     for args in commands:
         done = ambient_cli(paths.root, *args)
         assert done.returncode == 0, (args, done.stderr)

@@ -42,8 +42,11 @@ async def test_ignored_changes_wake_nothing(tmp_path: Path) -> None:
     batches: list[list[Path]] = []
     stop = asyncio.Event()
     ready = asyncio.Event()
-    task = asyncio.ensure_future(watch_brain(paths, lambda ch: batches.append(list(ch)), stop, ready=ready,
-                                             ignore=lambda p: p.endswith("own.yml")))
+    task = asyncio.ensure_future(
+        watch_brain(
+            paths, lambda ch: batches.append(list(ch)), stop, ready=ready, ignore=lambda p: p.endswith("own.yml")
+        )
+    )
     try:
         await asyncio.wait_for(ready.wait(), 10)
         (paths.claims / "own.yml").write_text("sess_id: own\n")

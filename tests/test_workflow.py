@@ -786,8 +786,10 @@ def test_a_reload_parses_only_the_files_that_changed(tmp_path: Path, monkeypatch
 
     paths = BrainPaths(tmp_path)
     paths.workflows.mkdir(parents=True)
-    good = ("name: w{k}\nfor_each:\n  items: [a, b]\n  spawn: coder\n"
-            "  scope:\n    zone: project\n    files: [\"projects/{{{{item}}}}.md\"]\n")
+    good = (
+        "name: w{k}\nfor_each:\n  items: [a, b]\n  spawn: coder\n"
+        '  scope:\n    zone: project\n    files: ["projects/{{{{item}}}}.md"]\n'
+    )
     for k in range(3):
         (paths.workflows / f"w{k}.yml").write_text(good.format(k=k))
     (paths.workflows / "bad.yml").write_text("name: bad\nfor_each:\n  items: [a]\n  spawn: coder\n  concurrency: -2\n")
@@ -817,8 +819,9 @@ def test_a_reload_parses_only_the_files_that_changed(tmp_path: Path, monkeypatch
     assert load_workflows(paths)[1] == first_problems
 
 
-def test_a_reload_renders_no_item_again_but_asks_the_matrix_each_time(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reload_renders_no_item_again_but_asks_the_matrix_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Checking a for_each renders every item's scope; a reload of unchanged bytes renders none (a 1,000-item file
     cost ~10 ms per reload), while the SPAWN it stands for is put to the matrix at every load: a decision that
     changed between loads is seen, and a changed file is rendered again."""
@@ -826,8 +829,10 @@ def test_a_reload_renders_no_item_again_but_asks_the_matrix_each_time(tmp_path: 
 
     paths = BrainPaths(tmp_path)
     paths.workflows.mkdir(parents=True)
-    text = ("name: big\nfor_each:\n  items: [{items}]\n  spawn: coder\n"
-            "  scope:\n    zone: project\n    files: [\"projects/{{{{item}}}}.md\"]\n")
+    text = (
+        "name: big\nfor_each:\n  items: [{items}]\n  spawn: coder\n"
+        '  scope:\n    zone: project\n    files: ["projects/{{{{item}}}}.md"]\n'
+    )
     (paths.workflows / "big.yml").write_text(text.format(items=", ".join(f"i{n}" for n in range(50))))
     renders: list[str] = []
     real = templating.render_path
@@ -854,8 +859,9 @@ def test_a_reload_renders_no_item_again_but_asks_the_matrix_each_time(tmp_path: 
     again, problems = load_workflows(paths, may_spawn=may_spawn)
     assert len(renders) == rendered  # nothing rendered again
     assert asked == [("coder", "project")] * 2 and "big" not in again
-    assert [p.message for p in problems] == ["'ambient' may not SPAWN 'coder' in zone project: coder is not allowed "
-                                             "in project"]
+    assert [p.message for p in problems] == [
+        "'ambient' may not SPAWN 'coder' in zone project: coder is not allowed in project"
+    ]
     (paths.workflows / "big.yml").write_text(text.format(items="i0, i1, i2"))
     verdict[0] = None
     changed, _ = load_workflows(paths, may_spawn=may_spawn)

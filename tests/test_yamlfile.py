@@ -224,13 +224,47 @@ class TestReading:
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-_keys = st.one_of(st.sampled_from(["status", "yes", "on", "null", "sess_id", "1", "a b", "x:y", "-", "_k"]),
-                  st.text(min_size=1, max_size=12))
+_keys = st.one_of(
+    st.sampled_from(["status", "yes", "on", "null", "sess_id", "1", "a b", "x:y", "-", "_k"]),
+    st.text(min_size=1, max_size=12),
+)
 _scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**63),
-    st.sampled_from(["2026-11-30T14:07", "yes", "No", "~", "null", "0x1F", "1e3", ".inf", "- a", "a: b", "#x",
-                     "'q'", '"d"', "{a}", "[b]", "&x", "*y", "!t", "%p", "@z", "`w", "a #b", " lead", "trail ",
-                     "projects/x/item-00001.md", "run-20261130--item.7", "multi\nline", "tab\there", "é ü 漢"]),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63),
+    st.sampled_from(
+        [
+            "2026-11-30T14:07",
+            "yes",
+            "No",
+            "~",
+            "null",
+            "0x1F",
+            "1e3",
+            ".inf",
+            "- a",
+            "a: b",
+            "#x",
+            "'q'",
+            '"d"',
+            "{a}",
+            "[b]",
+            "&x",
+            "*y",
+            "!t",
+            "%p",
+            "@z",
+            "`w",
+            "a #b",
+            " lead",
+            "trail ",
+            "projects/x/item-00001.md",
+            "run-20261130--item.7",
+            "multi\nline",
+            "tab\there",
+            "é ü 漢",
+        ]
+    ),
     st.text(max_size=20),
 )
 _docs = st.recursive(
@@ -257,8 +291,17 @@ def test_dump_yaml_fast_path_quotes_what_yaml_would_reinterpret() -> None:
     """Dates, booleans, numbers and indicators are quoted; paths and ids stay plain."""
     from ambient.yamltext import dump_yaml
 
-    text = dump_yaml({"opened_at": "2026-11-30T14:07", "flag": "yes", "count": "12", "scope": "projects/a-1.md",
-                      "angle": "deploy: item-1", "result": {"status": "ok"}, "list": ["a", "on"]})
+    text = dump_yaml(
+        {
+            "opened_at": "2026-11-30T14:07",
+            "flag": "yes",
+            "count": "12",
+            "scope": "projects/a-1.md",
+            "angle": "deploy: item-1",
+            "result": {"status": "ok"},
+            "list": ["a", "on"],
+        }
+    )
     assert text == (
         'opened_at: "2026-11-30T14:07"\nflag: "yes"\ncount: "12"\nscope: projects/a-1.md\n'
         'angle: "deploy: item-1"\nresult:\n  status: ok\nlist:\n- a\n- "on"\n'

@@ -108,9 +108,15 @@ def unknown_principals(agents: Mapping[str, AgentSpec], known: Iterable[str], pa
                 continue
             close = difflib.get_close_matches(value, names, n=1, cutoff=0.75)
             hint = f"; did you mean {close[0]!r}?" if close else " (no agent file has that name)"
-            problems.append(Problem(file=_rel(paths, spec.path), line=line,
-                                    message=f"{spec.name}: brain.ipc.{key} names {value!r}, which is no principal, so "
-                                            f"it grants nothing{hint}", severity="warning"))
+            problems.append(
+                Problem(
+                    file=_rel(paths, spec.path),
+                    line=line,
+                    message=f"{spec.name}: brain.ipc.{key} names {value!r}, which is no principal, so "
+                    f"it grants nothing{hint}",
+                    severity="warning",
+                )
+            )
     return problems
 
 

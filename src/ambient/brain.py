@@ -142,7 +142,10 @@ def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | 
     problems += runner_problems
     agent_exists, may_spawn = spawn_checks(bm)
     workflows, wf_problems = load_workflows(
-        paths, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=bm.zone_rules,
+        paths,
+        agent_exists=agent_exists,
+        may_spawn=may_spawn,
+        zone_rules=bm.zone_rules,
         default_agents=settings.default_agents,
     )
     problems += wf_problems
@@ -152,8 +155,16 @@ def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | 
         for name, old in previous.workflows.items():
             if name not in workflows and old.source in broken:
                 workflows[name] = old
-    return Brain(paths=paths, settings=settings, matrix=bm, workflows=workflows, runners=runners,
-                 problems=problems, settings_ok=settings_ok, settings_file=source)
+    return Brain(
+        paths=paths,
+        settings=settings,
+        matrix=bm,
+        workflows=workflows,
+        runners=runners,
+        problems=problems,
+        settings_ok=settings_ok,
+        settings_file=source,
+    )
 
 
 def reload_workflows(previous: Brain) -> Brain:
@@ -164,7 +175,10 @@ def reload_workflows(previous: Brain) -> Brain:
     bm = previous.matrix
     agent_exists, may_spawn = spawn_checks(bm)
     workflows, wf_problems = load_workflows(
-        previous.paths, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=bm.zone_rules,
+        previous.paths,
+        agent_exists=agent_exists,
+        may_spawn=may_spawn,
+        zone_rules=bm.zone_rules,
         default_agents=previous.settings.default_agents,
     )
     broken = {p.file for p in wf_problems if p.severity == "error"}
@@ -173,6 +187,13 @@ def reload_workflows(previous: Brain) -> Brain:
             workflows[name] = old
     wf_files = {w.source for w in previous.workflows.values()} | {p.file for p in wf_problems}
     kept = [p for p in previous.problems if p.file not in wf_files and not p.file.startswith("workflows/")]
-    return Brain(paths=previous.paths, settings=previous.settings, matrix=bm, workflows=workflows,
-                 runners=previous.runners, problems=kept + wf_problems, settings_ok=previous.settings_ok,
-                 settings_file=previous.settings_file)
+    return Brain(
+        paths=previous.paths,
+        settings=previous.settings,
+        matrix=bm,
+        workflows=workflows,
+        runners=previous.runners,
+        problems=kept + wf_problems,
+        settings_ok=previous.settings_ok,
+        settings_file=previous.settings_file,
+    )

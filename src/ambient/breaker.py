@@ -266,8 +266,9 @@ def run_preflight(
     A path that exists is resolved first, so a symlink leading out of the brain fails the scope
     check instead of reaching the file behind it (and a symlink inside is checked where it leads).
     """
-    snap = snapshot or build_snapshot(paths, threshold=threshold, agent_zones=agent_zones, zone_rules=zone_rules,
-                                      for_claim=sess_id)
+    snap = snapshot or build_snapshot(
+        paths, threshold=threshold, agent_zones=agent_zones, zone_rules=zone_rules, for_claim=sess_id
+    )
     try:
         check_relative(file)
     except UnsafePathError:

@@ -126,8 +126,14 @@ class ChainExecutor(RunExecutor):
         step = self.steps[item.index]
         prior = self._prior_output(item.index)
         # The step's templates ({{workflow}}, {{prior.result.status}}...) with the values validation allows.
-        values = step_values(workflow=self.state.workflow, step=step.name, run_id=self.state.run_id, prior=prior,
-                             branch=self.chain.branch or "", pilote=self.chain.pilote or "")
+        values = step_values(
+            workflow=self.state.workflow,
+            step=step.name,
+            run_id=self.state.run_id,
+            prior=prior,
+            branch=self.chain.branch or "",
+            pilote=self.chain.pilote or "",
+        )
         context: dict[str, Any] = {
             "step": step.name,
             "type": step.type,
@@ -169,8 +175,14 @@ class ChainExecutor(RunExecutor):
         target = to if to and to not in ("pilote", "pilot", "supervisor") else self.chain.supervisor
         await self.ports.emitter.emit(signal, target, payload, self.state)
 
-    async def _ask(self, item: ItemState | None, kind: str, question: str,
-                   options: Sequence[tuple[str, str, str]], scope: str | None = None) -> str:
+    async def _ask(
+        self,
+        item: ItemState | None,
+        kind: str,
+        question: str,
+        options: Sequence[tuple[str, str, str]],
+        scope: str | None = None,
+    ) -> str:
         req = EscalationRequest(
             run_id=self.state.run_id,
             workflow=self.state.workflow,
@@ -225,10 +237,15 @@ class ChainExecutor(RunExecutor):
                     continue
             reason = gate_before(step, idx, len(self.steps), self.chain.mode)
             if reason and item.gate != "passed":
-                esc = await self._ask(item, "gate", f"{reason}. Run step {step.name} ({step.type}) now?",
-                                      [(k, label, k) for k, label in GATE_OPTIONS])
-                self.event("gate", item=item.name, state="pending", escalation=esc, before=True,
-                           agent=self._agent_for(step))
+                esc = await self._ask(
+                    item,
+                    "gate",
+                    f"{reason}. Run step {step.name} ({step.type}) now?",
+                    [(k, label, k) for k, label in GATE_OPTIONS],
+                )
+                self.event(
+                    "gate", item=item.name, state="pending", escalation=esc, before=True, agent=self._agent_for(step)
+                )
                 await self._signal("GATE_PENDING", None, {"context": {"step": step.name, "message": reason}})
                 await self.journal.commit()
                 self.ports.claims.item_changed(self.state, item)
@@ -292,10 +309,19 @@ class ChainExecutor(RunExecutor):
             return
         verdict = judge_step(step, res.output, res.result)
         recorded = "success" if verdict.status != "failed" else ("error" if res.result == "error" else "fail")
-        self.event("finished", item=item.name, attempt=attempt, agent=self._agent_for(step),
-                   key=self._key(item, attempt), result=recorded, output=res.output,
-                   error=verdict.reason or res.error, duration_ms=res.duration_ms, signal_in=res.signal_in,
-                   reply=res.reply)
+        self.event(
+            "finished",
+            item=item.name,
+            attempt=attempt,
+            agent=self._agent_for(step),
+            key=self._key(item, attempt),
+            result=recorded,
+            output=res.output,
+            error=verdict.reason or res.error,
+            duration_ms=res.duration_ms,
+            signal_in=res.signal_in,
+            reply=res.reply,
+        )
         scope = step.scope or step.name
         if verdict.status == "failed":
             # Retries first (the step's policy, else the chain's), then the breaker, then the exit trigger.
@@ -318,11 +344,23 @@ class ChainExecutor(RunExecutor):
             if self.chain.breaker is not None:
                 self.chain.breaker.success(scope)
             self.event("breaker", scope=scope, fails=0, tripped=False)
-        await self._signal("STEP_DONE", None, {"context": {"step": step.name, "result": {
-            "status": verdict.status, "reason": verdict.reason, "output": _brief(res.output)}}})
+        await self._signal(
+            "STEP_DONE",
+            None,
+            {
+                "context": {
+                    "step": step.name,
+                    "result": {"status": verdict.status, "reason": verdict.reason, "output": _brief(res.output)},
+                }
+            },
+        )
         if verdict.needs_human:
-            esc = await self._ask(item, "gate", f"step {step.name} ({step.type}) closed without tests: accept it?",
-                                  [(k, label, k) for k, label in GATE_OPTIONS])
+            esc = await self._ask(
+                item,
+                "gate",
+                f"step {step.name} ({step.type}) closed without tests: accept it?",
+                [(k, label, k) for k, label in GATE_OPTIONS],
+            )
             self.event("gate", item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
             await self.journal.commit()
             self.ports.claims.item_changed(self.state, item)
@@ -336,9 +374,19 @@ class ChainExecutor(RunExecutor):
         answer runs the step again with it in ``payload.context.decision``. A question is not a failure: the
         breaker does not count it."""
         agent = self._agent_for(step)
-        self.event("finished", item=item.name, attempt=attempt, agent=agent, key=self._key(item, attempt),
-                   result="fail", output=res.output, error=res.error, duration_ms=res.duration_ms,
-                   signal_in=res.signal_in, reply=res.reply)
+        self.event(
+            "finished",
+            item=item.name,
+            attempt=attempt,
+            agent=agent,
+            key=self._key(item, attempt),
+            result="fail",
+            output=res.output,
+            error=res.error,
+            duration_ms=res.duration_ms,
+            signal_in=res.signal_in,
+            reply=res.reply,
+        )
         question = res.question or f"{agent} asks a decision about step {step.name}"
         esc = await self._ask(item, "question", question, question_options(res.options or ["continue"]))
         self.event("escalated", item=item.name, escalation=esc, kind="question", agent=agent)
@@ -348,7 +396,8 @@ class ChainExecutor(RunExecutor):
     async def _trip(self, item: ItemState, step: ChainStep, scope: str, fails: int) -> None:
         await self._signal("CIRCUIT_BREAK", None, {"context": {"step": step.name, "fails": fails}})
         esc = await self._ask(
-            item, "circuit_break",
+            item,
+            "circuit_break",
             f"circuit breaker: {fails} consecutive failures on {scope} (step {step.name}). Inspect, then decide.",
             [("reset", "Reset the breaker and run the step again", "reset"), ("abort", "Abort the chain", "abort")],
             scope=scope,
@@ -357,8 +406,9 @@ class ChainExecutor(RunExecutor):
         await self.journal.commit()
         self.ports.claims.item_changed(self.state, item)
 
-    async def _route_exit(self, item: ItemState, step: ChainStep, status: StepStatus,
-                          actions: Sequence[ChainAction], reason: str | None) -> None:
+    async def _route_exit(
+        self, item: ItemState, step: ChainStep, status: StepStatus, actions: Sequence[ChainAction], reason: str | None
+    ) -> None:
         """Carry out the exit trigger as :func:`ambient.planner.exit_route` reads it (validation reads it so too)."""
         idx = item.index
         route = exit_route(actions, status, terminal=step.gate == "never")
@@ -369,8 +419,11 @@ class ChainExecutor(RunExecutor):
             elif effect.kind == "start":
                 await self._start_other(effect)
             else:
-                await self._signal(effect.signal or "BLOCKED_ON", effect.target,
-                                   {"context": {"step": step.name, "status": status, "reason": reason}})
+                await self._signal(
+                    effect.signal or "BLOCKED_ON",
+                    effect.target,
+                    {"context": {"step": step.name, "status": status, "reason": reason}},
+                )
         action = route.action
         if route.kind == "end":
             self.event("cursor", index=len(self.steps))  # gate: never — the chain ends with this step
@@ -381,35 +434,63 @@ class ChainExecutor(RunExecutor):
             if name in self._by_name:
                 name = f"{name}#{len(self.state.items)}"
             self.event("added", item=name)
-            self.steps.append(ChainStep(name=name, type=action.step_type or "code", scope=action.scope,
-                                        agent=self.chain.default_agents.get(action.step_type or "code"),
-                                        retry=self.plan.retry))
+            self.steps.append(
+                ChainStep(
+                    name=name,
+                    type=action.step_type or "code",
+                    scope=action.scope,
+                    agent=self.chain.default_agents.get(action.step_type or "code"),
+                    retry=self.plan.retry,
+                )
+            )
             self.event("cursor", index=len(self.state.items) - 1)
         elif route.kind == "gate":
             message = action.message if action is not None else None
-            esc = await self._ask(item, "gate", message or f"step {step.name} {status}: continue?",
-                                  [(k, label, k) for k, label in GATE_OPTIONS])
+            esc = await self._ask(
+                item,
+                "gate",
+                message or f"step {step.name} {status}: continue?",
+                [(k, label, k) for k, label in GATE_OPTIONS],
+            )
             self.event("gate", item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
-            await self._signal("GATE_PENDING", None, {"context": {"step": step.name,
-                                                                  "message": message or "continue?"}})
+            await self._signal(
+                "GATE_PENDING", None, {"context": {"step": step.name, "message": message or "continue?"}}
+            )
         elif route.kind == "abort":
-            self.event("decided", item=item.name, escalation="", option="abort", action="abort",
-                       by="workflow", channel="trigger")
+            self.event(
+                "decided",
+                item=item.name,
+                escalation="",
+                option="abort",
+                action="abort",
+                by="workflow",
+                channel="trigger",
+            )
         else:  # blocked: the person retries, skips or aborts
-            esc = await self._ask(item, "blocked", f"step {step.name} failed: {reason or 'no detail'}",
-                                  [("retry", "Run the step again", "retry"),
-                                   ("skip", "Skip the step and go on", "skip"),
-                                   ("abort", "Abort the chain", "abort")])
+            esc = await self._ask(
+                item,
+                "blocked",
+                f"step {step.name} failed: {reason or 'no detail'}",
+                [
+                    ("retry", "Run the step again", "retry"),
+                    ("skip", "Skip the step and go on", "skip"),
+                    ("abort", "Abort the chain", "abort"),
+                ],
+            )
             self.event("escalated", item=item.name, escalation=esc, kind="blocked", agent=self._agent_for(step))
 
     async def _start_other(self, action: ChainAction) -> None:
         """``trigger:<workflow>/<step>``: a run of that workflow starts at that step, with this run's context."""
         started = None
         if self.chain.start_workflow is not None and action.workflow:
-            started = self.chain.start_workflow(action.workflow, action.target, dict(self.state.context),
-                                                f"trigger:{self.state.run_id}")
-        text = (f"started {action.workflow} at step {action.target}: {started}" if started else
-                f"could not start {action.workflow} at step {action.target} (no such workflow is loaded)")
+            started = self.chain.start_workflow(
+                action.workflow, action.target, dict(self.state.context), f"trigger:{self.state.run_id}"
+            )
+        text = (
+            f"started {action.workflow} at step {action.target}: {started}"
+            if started
+            else f"could not start {action.workflow} at step {action.target} (no such workflow is loaded)"
+        )
         self.event("note", text=text)
 
     async def _final_gate(self) -> bool:
@@ -419,8 +500,12 @@ class ChainExecutor(RunExecutor):
                 await self._abort("final result rejected")
                 return True
             if self.state.final_gate != "pending":
-                esc = await self._ask(None, "gate", "swarm mode: the chain is done. Accept the final result?",
-                                      [(k, label, k) for k, label in GATE_OPTIONS])
+                esc = await self._ask(
+                    None,
+                    "gate",
+                    "swarm mode: the chain is done. Accept the final result?",
+                    [(k, label, k) for k, label in GATE_OPTIONS],
+                )
                 self.event("final_gate", state="pending", escalation=esc)
                 await self.journal.commit()
             return False
@@ -430,8 +515,11 @@ class ChainExecutor(RunExecutor):
                 self.event("note", text=f"theme branch not merged: {problem}")
                 await self._signal("BLOCKED_ON", None, {"context": {"branch": self.chain.branch, "reason": problem}})
         done = sum(1 for i in self.state.items if i.status == "done")
-        await self._signal("DONE", None, {"context": {"workflow": self.state.workflow,
-                                                      "summary": f"{done}/{len(self.state.items)} steps done"}})
+        await self._signal(
+            "DONE",
+            None,
+            {"context": {"workflow": self.state.workflow, "summary": f"{done}/{len(self.state.items)} steps done"}},
+        )
         await self._finish()
         return True
 
@@ -439,13 +527,33 @@ class ChainExecutor(RunExecutor):
         await self._signal("ABORT", None, {"context": {"workflow": self.state.workflow, "reason": why}})
         await self._finish()
 
-    def decide(self, escalation: str, option: str, action: str, *, by: str, channel: str,
-               latency_s: float | None, note: str | None = None, rule: str | None = None,
-               answer: str | None = None) -> bool:
+    def decide(
+        self,
+        escalation: str,
+        option: str,
+        action: str,
+        *,
+        by: str,
+        channel: str,
+        latency_s: float | None,
+        note: str | None = None,
+        rule: str | None = None,
+        answer: str | None = None,
+    ) -> bool:
         if escalation == self.state.final_escalation and escalation in self.state.escalations:
             self.state.escalations.pop(escalation, None)
-            self.event("decided", escalation=escalation, option=option, action=action, by=by, channel=channel,
-                       latency_s=latency_s, note=note, auto=rule is not None, rule=rule)
+            self.event(
+                "decided",
+                escalation=escalation,
+                option=option,
+                action=action,
+                by=by,
+                channel=channel,
+                latency_s=latency_s,
+                note=note,
+                auto=rule is not None,
+                rule=rule,
+            )
             self.event("final_gate", state="passed" if action in ("approve", "continue") else "rejected")
             self.journal.sync()
             self.poke()
@@ -458,8 +566,9 @@ class ChainExecutor(RunExecutor):
                 self.chain.breaker.reset(scope)
             self.event("breaker", scope=scope, fails=0, tripped=False)
             action = "retry"
-        return super().decide(escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note,
-                              rule=rule, answer=answer)
+        return super().decide(
+            escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note, rule=rule, answer=answer
+        )
 
     @property
     def busy(self) -> bool:

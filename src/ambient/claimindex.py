@@ -128,8 +128,11 @@ def _read(store: ClaimStore, name: str, sig: _Sig, rel: str) -> list[Any]:
     except InputError as exc:  # always about this file (unreadable, too big, not a mapping, ...)
         return [list(sig), None, [[exc.line, exc.message, "error"]]]
     facts = ClaimFacts.of(claim)
-    return [list(sig), [facts.sess_id, facts.fence, facts.status, facts.ttl, list(facts.times)],
-            [_problem_row(p) for p in warnings]]
+    return [
+        list(sig),
+        [facts.sess_id, facts.fence, facts.status, facts.ttl, list(facts.times)],
+        [_problem_row(p) for p in warnings],
+    ]
 
 
 def _problem_row(p: Problem) -> list[Any]:
@@ -196,7 +199,10 @@ def _well_formed(record: Any) -> bool:
     if not (isinstance(sig, list) and len(sig) == 4 and all(isinstance(n, int) for n in sig)):
         return False
     if facts is not None and not (
-        isinstance(facts, list) and len(facts) == 5 and isinstance(facts[0], str) and isinstance(facts[2], str)
+        isinstance(facts, list)
+        and len(facts) == 5
+        and isinstance(facts[0], str)
+        and isinstance(facts[2], str)
         and isinstance(facts[4], list)
     ):
         return False

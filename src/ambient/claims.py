@@ -461,7 +461,10 @@ def _result_model(result: ClaimResult | Mapping[str, Any] | None, sess_id: str) 
 
 
 def _close(
-    claims: Mapping[str, Claim], claim: Claim, result: ClaimResult | Mapping[str, Any] | None, message: str | None,
+    claims: Mapping[str, Claim],
+    claim: Claim,
+    result: ClaimResult | Mapping[str, Any] | None,
+    message: str | None,
     now: datetime,
 ) -> Claim:
     sid = claim.sess_id
@@ -540,9 +543,7 @@ def apply(
         changed[sess_id] = _close(claims, claim, result, message, now)
     elif action in ("gate", "approve", "reject"):
         assert target is not None
-        changed[sess_id] = _rebuild(
-            claim, {"status": target}, entry=_entry(action, claim.status, target, message, now)
-        )
+        changed[sess_id] = _rebuild(claim, {"status": target}, entry=_entry(action, claim.status, target, message, now))
     elif action == "pause":
         changed[sess_id] = _rebuild(
             claim,
@@ -602,9 +603,7 @@ def _resumed(claim: Claim, message: str | None, now: datetime, cascade: str | No
     )
 
 
-def mark_stale(
-    claims: Mapping[str, Claim], now: datetime, default_ttl: timedelta | None = None
-) -> dict[str, Claim]:
+def mark_stale(claims: Mapping[str, Claim], now: datetime, default_ttl: timedelta | None = None) -> dict[str, Claim]:
     """Open claims whose TTL has run out since their last activity become ``stale`` (spec/002).
 
     The TTL is the claim's ``ttl`` or ``default_ttl``; a claim with neither, or without a
@@ -632,9 +631,7 @@ def _fmt_delta(delta: timedelta) -> str:
     return f"{minutes:g} min" if minutes < 120 else f"{minutes / 60:g} h"
 
 
-def new_claim(
-    sess_id: str, claim_type: str, scope: str, agent: str, now: datetime, **fields: Any
-) -> Claim:
+def new_claim(sess_id: str, claim_type: str, scope: str, agent: str, now: datetime, **fields: Any) -> Claim:
     """A fresh open claim in the schema's key order, ``opened_at`` set from ``now``."""
     return Claim.model_validate(new_claim_doc(sess_id, claim_type, scope, agent, now, **fields))
 

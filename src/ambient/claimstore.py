@@ -435,8 +435,12 @@ class ClaimStore:
                 fsync_dir(self.dir)
         return failed
 
-    def _write_round(self, entries: Sequence[tuple[Claim, Mapping[str, Any] | None]], durable: bool,
-                     failed: builtins.list[tuple[str, Exception]]) -> bool:
+    def _write_round(
+        self,
+        entries: Sequence[tuple[Claim, Mapping[str, Any] | None]],
+        durable: bool,
+        failed: builtins.list[tuple[str, Exception]],
+    ) -> bool:
         staged: builtins.list[tuple[Claim, Staged]] = []
         try:
             for claim, doc in entries:
@@ -490,8 +494,15 @@ class ClaimStore:
             self.dir.mkdir(parents=True, exist_ok=True)
         return path, self._fenced(claim, current_fence, token, path)
 
-    def _write_claim_locked(self, claim: Claim, *, durable: bool, token: int | None, made_dir: bool = False,
-                            doc: Mapping[str, Any] | None = None) -> Path:
+    def _write_claim_locked(
+        self,
+        claim: Claim,
+        *,
+        durable: bool,
+        token: int | None,
+        made_dir: bool = False,
+        doc: Mapping[str, Any] | None = None,
+    ) -> Path:
         path, out = self._target_locked(claim, token=token, made_dir=made_dir)
         self._write(path, out, durable=durable, doc=doc if out is claim else None)
         return path

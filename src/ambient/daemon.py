@@ -113,7 +113,8 @@ class SingleInstance:
             os.close(fd)
             pid = running_pid(self.paths)
             raise AlreadyRunningError(
-                f"ambient is already running on {self.paths.root}" + (f" (pid {pid})" if pid else "")
+                f"ambient is already running on {self.paths.root}"
+                + (f" (pid {pid})" if pid else "")
                 + "; stop it first (systemctl stop ambient, or kill -TERM the pid)"
             ) from None
         self.fd = fd
@@ -124,8 +125,11 @@ class SingleInstance:
         """Say in ``daemon.json`` which ``profil/ambient.yml`` the daemon runs with (its sha256 and its values,
         secrets masked): ``ambient doctor`` compares them with the file to tell a daemon that did not reload."""
         found = brain.settings_file
-        self.info["settings"] = {"applied_at": now.isoformat(), "digest": found.digest if found else None,
-                                 "file": found.own if found else None}
+        self.info["settings"] = {
+            "applied_at": now.isoformat(),
+            "digest": found.digest if found else None,
+            "file": found.own if found else None,
+        }
         atomic_write(self.info_path, json.dumps(self.info) + "\n")
 
     def release(self) -> None:
@@ -236,8 +240,9 @@ class WorkflowEvaluator:
         due = await self._reload_due(tick)
         if d.reload_requested or due:
             self._pending_since = None
-            only_wf = not tick.timed and all(p.parent == d.paths.workflows for p in tick.changes
-                                             if any(p.is_relative_to(x) for x in self._dirs))
+            only_wf = not tick.timed and all(
+                p.parent == d.paths.workflows for p in tick.changes if any(p.is_relative_to(x) for x in self._dirs)
+            )
             await d.reload(only_workflows=only_wf)
             # Changes seen while the reload ran belong to the same burst: coalesce them (not "isolated").
             self._last_change = max(self._last_change, asyncio.get_running_loop().time())
@@ -324,8 +329,15 @@ class StaleClaimsEvaluator:
             self._last_full_ns = look_ns
         return due
 
-    def _look(self, entries: Iterable[os.DirEntry[str]], now: datetime, tz: tzinfo, default: timedelta,
-              since: float, seen: dict[str, tuple[tuple[int, int, int], datetime]]) -> bool:
+    def _look(
+        self,
+        entries: Iterable[os.DirEntry[str]],
+        now: datetime,
+        tz: tzinfo,
+        default: timedelta,
+        since: float,
+        seen: dict[str, tuple[tuple[int, int, int], datetime]],
+    ) -> bool:
         # One entry at a time, not a list of them: claims/ only grows (9 files a run in R-12's soak), and a list
         # of every entry with its stat held ~0.9 KB a file at once each tick (3.7 MB at 4,000 files). Peaks like
         # that, freed again, leave the allocator's arenas a little larger each time (R-12).
@@ -444,8 +456,14 @@ class Daemon:
         self._report(brain)
         self.ref = BrainRef(brain)
         s = brain.settings
-        self.router = Router(brain.matrix.matrix, zone_rules=brain.matrix.zone_rules, audit=Journal(p.audit),
-                             brain_root=p.root, registry=ChannelRegistry(p), clock=self.clock)
+        self.router = Router(
+            brain.matrix.matrix,
+            zone_rules=brain.matrix.zone_rules,
+            audit=Journal(p.audit),
+            brain_root=p.root,
+            registry=ChannelRegistry(p),
+            clock=self.clock,
+        )
         self.router.registry.revoke_all()  # type: ignore[union-attr] # tokens of a previous life are void
         self.live = LiveContext(p)
         self._live_queue: list[Packet] = []
@@ -455,10 +473,25 @@ class Daemon:
         self.locks = LockManager(p)
         self.escalations = EscalationStore(p, clock=self.clock)
         self.outbox = Outbox.for_brain(p)
-        self.notify = NotifyService(self.outbox, self.escalations, self.clock, self.secrets, env, p.state,
-                                    self._on_press, self._spawn, self.stop)
-        self.escalator = StoreEscalator(self.escalations, self.outbox, self.clock, self.notify.wake,
-                                        buttons=s.telegram.answers, results=s.notify.results)
+        self.notify = NotifyService(
+            self.outbox,
+            self.escalations,
+            self.clock,
+            self.secrets,
+            env,
+            p.state,
+            self._on_press,
+            self._spawn,
+            self.stop,
+        )
+        self.escalator = StoreEscalator(
+            self.escalations,
+            self.outbox,
+            self.clock,
+            self.notify.wake,
+            buttons=s.telegram.answers,
+            results=s.notify.results,
+        )
         self.escalator.learner = Learner(p, self.clock)
         self.digest = Digest(p, self.outbox, self.clock, s.notify.digest_hours, enabled=False)  # see _apply_settings
         self.escalator.on_answered = lambda path: self.engine.wake([path])
@@ -467,12 +500,17 @@ class Daemon:
         if spawner is not None and any(cfg.kind == "command" for cfg in self.ref.brain.runners.values()):
             spawner.start()  # not at the first agent: its interpreter's start-up would be spent inside a run
         self.runners = Runners(
-            command=CommandRunner(on_spawn=lambda req, pid, started: self.manager.record_spawn(
-                req.run_id, req.item, req.attempt, pid, started), spawner=spawner),
+            command=CommandRunner(
+                on_spawn=lambda req, pid, started: self.manager.record_spawn(
+                    req.run_id, req.item, req.attempt, pid, started
+                ),
+                spawner=spawner,
+            ),
             assisted=self.assisted,
         )
-        self.delegate = AgentDelegate(self.ref, self.router, self.runners, self.locks, self.clock, self.live,
-                                      secrets=self.secrets)
+        self.delegate = AgentDelegate(
+            self.ref, self.router, self.runners, self.locks, self.clock, self.live, secrets=self.secrets
+        )
         self.claims_view = ClaimsWriter(self.claims, self.clock)
         self.emitter = RouterEmitter(self.router, self.clock, sender=s.default_sender)
         self.breaker = Breaker(p, threshold=s.breaker_threshold)
@@ -484,8 +522,14 @@ class Daemon:
         self.engine = TriggerEngine(
             [
                 self.workflows_eval,
-                EscalationEvaluator(self.escalations, self.manager, self.escalator, self.clock,
-                                    wake=lambda: self.engine.wake(), respawn=self._respawn),
+                EscalationEvaluator(
+                    self.escalations,
+                    self.manager,
+                    self.escalator,
+                    self.clock,
+                    wake=lambda: self.engine.wake(),
+                    respawn=self._respawn,
+                ),
                 InboxEvaluator(p, self.router, self._on_packet),
                 self.stale_claims,
                 HeapTrimEvaluator(),
@@ -507,9 +551,15 @@ class Daemon:
     def _executor(self, state: RunState, journal: Journal) -> RunExecutor:
         spec = parse_workflow(state.spec)
         brain = self.ref.brain
-        ports = Ports(delegate=self.delegate, escalator=self.escalator, claims=self.claims_view,
-                      emitter=self.emitter, render_text=render,
-                      render_path=lambda t, v: render_path(t, v, brain.matrix.zone_rules).path, clock=self.clock)
+        ports = Ports(
+            delegate=self.delegate,
+            escalator=self.escalator,
+            claims=self.claims_view,
+            emitter=self.emitter,
+            render_text=render,
+            render_path=lambda t, v: render_path(t, v, brain.matrix.zone_rules).path,
+            clock=self.clock,
+        )
         template = item_template(spec)
         if isinstance(spec, ForEachWorkflow):
             return RunExecutor(state, fanout(spec), template, ports, journal, self.paths)
@@ -517,24 +567,42 @@ class Daemon:
         plan = FanOut(concurrency=1, retry=fanout_retry(spec))
         defaults = brain.settings.default_agents
         settings = ChainSettings(
-            steps=chain_steps(spec, defaults), supervisor=spec.supervisor, mode=state.mode or spec.mode,
-            branch=spec.branch, pilote=spec.pilote,
+            steps=chain_steps(spec, defaults),
+            supervisor=spec.supervisor,
+            mode=state.mode or spec.mode,
+            branch=spec.branch,
+            pilote=spec.pilote,
             default_agents={t: spec.agent_for_type(t, defaults) for t in SATELLITE_TYPES},
-            threshold=brain.settings.breaker_threshold, breaker=self.breaker,
-            branches=GitBranches(self.paths.root) if spec.branch else None, start_workflow=self._start_by_trigger,
+            threshold=brain.settings.breaker_threshold,
+            breaker=self.breaker,
+            branches=GitBranches(self.paths.root) if spec.branch else None,
+            start_workflow=self._start_by_trigger,
         )
         return ChainExecutor(state, plan, template, ports, journal, self.paths, settings)
 
     # -- runs
 
-    def start_run(self, wf: LoadedWorkflow, *, trigger: str, context: Mapping[str, Any] | None = None,
-                  mode: str | None = None, at_step: str | None = None) -> str:
+    def start_run(
+        self,
+        wf: LoadedWorkflow,
+        *,
+        trigger: str,
+        context: Mapping[str, Any] | None = None,
+        mode: str | None = None,
+        at_step: str | None = None,
+    ) -> str:
         """Start a run pinned to this version of the workflow (its spec and hash are in the journal)."""
         spec = wf.spec
         items = items_of(spec)
         run_id = self.manager.start(
-            workflow=spec.name, form=spec.form, spec=spec.model_dump(mode="json"), spec_hash=wf.spec_hash,
-            items=items, mode=mode or spec.mode, trigger=trigger, context=context,
+            workflow=spec.name,
+            form=spec.form,
+            spec=spec.model_dump(mode="json"),
+            spec_hash=wf.spec_hash,
+            items=items,
+            mode=mode or spec.mode,
+            trigger=trigger,
+            context=context,
         )
         if at_step is not None and isinstance(spec, ChainWorkflow):
             ex = self.manager.executors[run_id]
@@ -545,8 +613,9 @@ class Daemon:
                 for earlier in spec.chain[:idx]:  # not run: skipped, so the run's outcome counts only what ran
                     ex.event("skipped", item=earlier.key, before_start=True)
                 ex.event("cursor", index=idx)
-        self._progress(f"run started: {spec.name} ({len(items)} {'items' if spec.form == 'for_each' else 'steps'})"
-                       f" — {run_id}")
+        self._progress(
+            f"run started: {spec.name} ({len(items)} {'items' if spec.form == 'for_each' else 'steps'}) — {run_id}"
+        )
         return run_id
 
     def _start_by_trigger(self, name: str, step: str | None, context: Mapping[str, Any], trigger: str) -> str | None:
@@ -562,8 +631,10 @@ class Daemon:
         return any(ex.state.workflow == workflow for ex in self.manager.executors.values())
 
     async def _run_finished(self, state: RunState) -> None:
-        self._progress(f"run finished: {state.workflow} → {state.outcome} "
-                       f"({state.success_count}/{len(state.items)} done, {state.escalation_count} escalation(s))")
+        self._progress(
+            f"run finished: {state.workflow} → {state.outcome} "
+            f"({state.success_count}/{len(state.items)} done, {state.escalation_count} escalation(s))"
+        )
         await self.escalator.run_finished(state)
         self.engine.wake()
 
@@ -582,8 +653,12 @@ class Daemon:
             extra = ctx.get("context")
             step = ctx.get("step")
             self.workflows_eval.mark_started(name, wf.spec_hash, self.clock.now())
-            self.start_run(wf, trigger=f"orchestrate:{pkt.from_}", context=extra if isinstance(extra, dict) else None,
-                           at_step=str(step) if step is not None else None)
+            self.start_run(
+                wf,
+                trigger=f"orchestrate:{pkt.from_}",
+                context=extra if isinstance(extra, dict) else None,
+                at_step=str(step) if step is not None else None,
+            )
         elif sig == "ABORT":
             name = str(ctx.get("workflow"))
             for ex in list(self.manager.executors.values()):
@@ -613,24 +688,51 @@ class Daemon:
         """A SPAWN handed in by ``ambient send`` runs its agent: a one-item run ``spawn-<agent>``, seen in ``status``
         and ``runs`` like any other, its SPAWN sent from the packet's sender (the matrix decides it again), the
         packet's files locked, its ``payload.context`` handed to the agent, its questions escalated to the sender."""
-        return self._start_one(pkt.to, pkt.from_, list(pkt.scope.files), pkt.scope.zone,
-                               dict(pkt.payload.context or {}), item=pkt.id, trigger=f"send:{pkt.from_}")
+        return self._start_one(
+            pkt.to,
+            pkt.from_,
+            list(pkt.scope.files),
+            pkt.scope.zone,
+            dict(pkt.payload.context or {}),
+            item=pkt.id,
+            trigger=f"send:{pkt.from_}",
+        )
 
-    def _start_one(self, agent: str, sender: str, files: list[str], zone: str | None, context: dict[str, Any], *,
-                   item: str, trigger: str) -> str | None:
+    def _start_one(
+        self,
+        agent: str,
+        sender: str,
+        files: list[str],
+        zone: str | None,
+        context: dict[str, Any],
+        *,
+        item: str,
+        trigger: str,
+    ) -> str | None:
         if any("{{" in f for f in files):
             log.warning("spawn_refused", agent=agent, item=item, reason="a file of the SPAWN contains '{{'")
             return None
-        doc = {"workflow": f"spawn-{agent}", "description": f"a SPAWN of {agent} sent by {sender}",
-               "sender": sender, "supervisor": sender,
-               "for_each": {"items": [item], "spawn": agent, "scope": {"zone": zone, "files": files}}}
+        doc = {
+            "workflow": f"spawn-{agent}",
+            "description": f"a SPAWN of {agent} sent by {sender}",
+            "sender": sender,
+            "supervisor": sender,
+            "for_each": {"items": [item], "spawn": agent, "scope": {"zone": zone, "files": files}},
+        }
         try:
             spec = parse_workflow(doc)
         except AmbientError as exc:
             log.warning("spawn_refused", agent=agent, item=item, reason=str(exc))
             return None
-        run_id = self.manager.start(workflow=spec.name, form=spec.form, spec=spec.model_dump(mode="json"),
-                                    spec_hash=None, items=[item], trigger=trigger, context=context)
+        run_id = self.manager.start(
+            workflow=spec.name,
+            form=spec.form,
+            spec=spec.model_dump(mode="json"),
+            spec_hash=None,
+            items=[item],
+            trigger=trigger,
+            context=context,
+        )
         self._progress(f"run started: {spec.name} (a SPAWN from {sender}) — {run_id}")
         return run_id
 
@@ -641,9 +743,15 @@ class Daemon:
         ctx = pkt.payload.context or {}
         question = str(ctx.get("question") or f"{pkt.from_} asks a decision")
         req = EscalationRequest(
-            run_id=pkt.session_id or f"send-{pkt.id}", workflow=f"spawn-{pkt.from_}", item=None, agent=pkt.from_,
-            kind="question", question=question[:2000], options=[(o, o, ANSWER) for o in pkt.payload.options],
-            dedupe_key=f"send/{pkt.id}", respawn=pkt.from_,
+            run_id=pkt.session_id or f"send-{pkt.id}",
+            workflow=f"spawn-{pkt.from_}",
+            item=None,
+            agent=pkt.from_,
+            kind="question",
+            question=question[:2000],
+            options=[(o, o, ANSWER) for o in pkt.payload.options],
+            dedupe_key=f"send/{pkt.id}",
+            respawn=pkt.from_,
         )
         await self.escalator.escalate(req)
 
@@ -652,9 +760,15 @@ class Daemon:
         option = esc.decided_option
         answer = option.label if option is not None else str(esc.decision)
         assert esc.respawn is not None
-        self._start_one(esc.respawn, "human", [], None,
-                        {"decision": answer, "question": esc.question, "escalation": esc.id},
-                        item=esc.id, trigger=f"decision:{esc.id}")
+        self._start_one(
+            esc.respawn,
+            "human",
+            [],
+            None,
+            {"decision": answer, "question": esc.question, "escalation": esc.id},
+            item=esc.id,
+            trigger=f"decision:{esc.id}",
+        )
 
     async def _route_sent(self, raw: bytes, token: str | None) -> dict[str, Any]:
         """A packet ``ambient send`` handed over the send socket: routed as the command would route it itself."""
@@ -728,8 +842,14 @@ class Daemon:
         changed = settings_changes(old, new.settings)
         await self._apply_settings(new.settings)
         # Every reload is logged (not only SIGHUP's), so a reload storm from rapid saves is visible.
-        log.info("reloaded", trigger="sighup" if sighup else "files", workflows=len(new.workflows),
-                 problems=len(new.problems), tick_seconds=new.settings.tick_seconds, settings_changed=changed)
+        log.info(
+            "reloaded",
+            trigger="sighup" if sighup else "files",
+            workflows=len(new.workflows),
+            problems=len(new.problems),
+            tick_seconds=new.settings.tick_seconds,
+            settings_changed=changed,
+        )
         if sighup:
             systemd.ready(self._status_line())
 
@@ -751,8 +871,9 @@ class Daemon:
             from ambient.logs import configure_logging
 
             fmt = self.options.log_format or s.log_format
-            configure_logging((self.options.log_level or s.log_level).upper(),
-                              json=None if fmt == "auto" else fmt == "json")
+            configure_logging(
+                (self.options.log_level or s.log_level).upper(), json=None if fmt == "auto" else fmt == "json"
+            )
         await self.notify.configure(s)
         self.escalator.buttons = s.telegram.answers
         self.escalator.results = s.notify.results
@@ -776,13 +897,27 @@ class Daemon:
     async def serve(self) -> int:
         """Run until SIGTERM/SIGINT (or idle with ``until_idle``); return the exit code."""
         check_local_filesystem(self.paths.root)
-        for d in (self.paths.claims, self.paths.locks, self.paths.workflows, self.paths.state, self.paths.inbox,
-                  self.paths.escalations, self.paths.run_journals):
+        for d in (
+            self.paths.claims,
+            self.paths.locks,
+            self.paths.workflows,
+            self.paths.state,
+            self.paths.inbox,
+            self.paths.escalations,
+            self.paths.run_journals,
+        ):
             d.mkdir(parents=True, exist_ok=True)
         self._instance.acquire(self.clock.now())
         try:
-            for d in (self.paths.claims, self.paths.locks, self.paths.state, self.paths.inbox,
-                      self.paths.escalations, self.paths.run_journals, self.paths.channels):
+            for d in (
+                self.paths.claims,
+                self.paths.locks,
+                self.paths.state,
+                self.paths.inbox,
+                self.paths.escalations,
+                self.paths.run_journals,
+                self.paths.channels,
+            ):
                 sweep_tmp(d)
             self._build()
             loop = asyncio.get_running_loop()
@@ -795,8 +930,12 @@ class Daemon:
             # release a crash or a power cut lost (R-03: the unlink after the last fsync) would stay otherwise.
             cleaned = await asyncio.to_thread(self.locks.cleanup)
             if cleaned:
-                log.info("locks_cleaned", count=len(cleaned), files=[c.file for c in cleaned[:20]],
-                         states=sorted({c.state for c in cleaned}))
+                log.info(
+                    "locks_cleaned",
+                    count=len(cleaned),
+                    files=[c.file for c in cleaned[:20]],
+                    states=sorted({c.state for c in cleaned}),
+                )
             resumed = self.manager.resume_all()
             if resumed:
                 self._progress(f"resumed {len(resumed)} unfinished run(s) from disk")
@@ -810,8 +949,9 @@ class Daemon:
                 def own_claim(path: str) -> bool:
                     return path.startswith(claims_dir) and self.claims.is_own_write(path)
 
-                self._spawn(watch_brain(self.paths, self._on_files, self.stop, ready=watching, ignore=own_claim),
-                            "watch")
+                self._spawn(
+                    watch_brain(self.paths, self._on_files, self.stop, ready=watching, ignore=own_claim), "watch"
+                )
                 # READY=1 promises running watchers (RELIABILITY §2.4): without this wait a workflow dropped
                 # just after READY was missed until the next timed tick (30 s by default). A watcher that
                 # fails to start sets ``stop`` (see _task_done), which ends the wait too.
@@ -829,8 +969,9 @@ class Daemon:
             self.started = True
             self.engine.wake()
             systemd.ready(self._status_line())
-            log.info("daemon_ready", brain=str(self.paths.root), resumed=len(resumed), pid=os.getpid(),
-                     frozen_objects=frozen)
+            log.info(
+                "daemon_ready", brain=str(self.paths.root), resumed=len(resumed), pid=os.getpid(), frozen_objects=frozen
+            )
             await self.stop.wait()
             await self._shutdown()
             # Non-zero after a task failure so that systemd's Restart=on-failure restarts us (it exited 0, e2e test).
@@ -850,8 +991,9 @@ class Daemon:
         if not nonce_matches(esc.nonce, nonce):
             return PressResult("invalid", "This button is not valid any more.")
         try:
-            done = await asyncio.to_thread(self.escalations.answer, esc_id, str(index + 1), by=user.name,
-                                           channel="telegram")
+            done = await asyncio.to_thread(
+                self.escalations.answer, esc_id, str(index + 1), by=user.name, channel="telegram"
+            )
         except AlreadyAnsweredError as exc:
             prev = exc.escalation
             if prev.status == "cancelled":
@@ -910,8 +1052,11 @@ class Daemon:
         with contextlib.suppress(OSError):
             self.locks.close()
         self.router.close()
-        append_line(self.paths.state / "daemon-events.jsonl",
-                    {"ev": "stopped", "at": self.clock.now().isoformat(), "pid": os.getpid()}, durable=True)
+        append_line(
+            self.paths.state / "daemon-events.jsonl",
+            {"ev": "stopped", "at": self.clock.now().isoformat(), "pid": os.getpid()},
+            durable=True,
+        )
         log.info("daemon_stopped")
 
 

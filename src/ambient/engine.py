@@ -104,8 +104,9 @@ class TriggerEngine:
         try:
             while not stop.is_set():
                 waker = asyncio.ensure_future(self._wake.wait())
-                done, _ = await asyncio.wait({waker, stopper}, timeout=self.tick_seconds,
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {waker, stopper}, timeout=self.tick_seconds, return_when=asyncio.FIRST_COMPLETED
+                )
                 waker.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await waker

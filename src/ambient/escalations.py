@@ -450,8 +450,13 @@ def due_notifications(escs: Iterable[Escalation], now: datetime) -> list[Escalat
 
 def next_timer(escs: Iterable[Escalation]) -> datetime | None:
     """The earliest deadline or reminder still to fire among pending escalations (notifications have the outbox)."""
-    times = [t for e in escs if e.status == "pending"
-             for t in (e.deadline, None if e.reminded else e.remind_at) if t is not None]
+    times = [
+        t
+        for e in escs
+        if e.status == "pending"
+        for t in (e.deadline, None if e.reminded else e.remind_at)
+        if t is not None
+    ]
     return min(times, default=None)
 
 
@@ -681,8 +686,11 @@ class EscalationStore:
 
     def pending_breaks(self, scope: str) -> builtins.list[Escalation]:
         """The pending circuit-break escalations of a scope (``ambient preflight reset`` answers them)."""
-        return [e for e in self._scan().escalations
-                if e.status == "pending" and e.kind == "circuit_break" and e.scope == scope]
+        return [
+            e
+            for e in self._scan().escalations
+            if e.status == "pending" and e.kind == "circuit_break" and e.scope == scope
+        ]
 
     def cancel_run(self, run_id: str, reason: str, now: datetime | None = None) -> builtins.list[Escalation]:
         """Withdraw every escalation of a run still pending (its run ended: an abort cascades, spec/002); an answer

@@ -28,8 +28,13 @@ class GitBranches:
         if git is None:
             return 127, "git is not installed"
         proc = await asyncio.create_subprocess_exec(  # fixed argv, no shell
-            git, "-C", str(self.root), *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+            git,
+            "-C",
+            str(self.root),
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
         )
         out, _ = await proc.communicate()
         return proc.returncode or 0, out.decode(errors="replace").strip()

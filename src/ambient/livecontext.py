@@ -631,8 +631,9 @@ class LiveContext:
         failed: Exception | None = None
         for agent, group in groups.items():
             try:
-                self._append_lines(agent, [_line(r) for r in group],
-                                   any(r.get("signal") in HANDOFF_SIGNALS for r in group))
+                self._append_lines(
+                    agent, [_line(r) for r in group], any(r.get("signal") in HANDOFF_SIGNALS for r in group)
+                )
             except (OSError, InputError) as exc:  # one broken thread must not lose the others' turns
                 failed = failed or exc
         if failed is not None:

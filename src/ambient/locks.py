@@ -610,8 +610,19 @@ def parse_lock(raw: bytes, source: str) -> LockInfo:
     start = _num("pid_start_time", (int, float))
     ttl_min = _num("ttl_min", (int, float))
     bound = data.get("pid_bound", False)
-    known = {"file", "holder", "claimed_at", "expires_at", "ttl_min", "token", "instance", "pid", "pid_start_time",
-             "host", "pid_bound"}
+    known = {
+        "file",
+        "holder",
+        "claimed_at",
+        "expires_at",
+        "ttl_min",
+        "token",
+        "instance",
+        "pid",
+        "pid_start_time",
+        "host",
+        "pid_bound",
+    }
     return LockInfo(
         file=file_,
         holder=holder,
@@ -891,7 +902,14 @@ class LockManager:
                 )
             self._replace(loc, grant.holder, grant.token, now, ttl, grant.pid_bound)
         return LockGrant(
-            loc.rel, grant.holder, grant.token, now + ttl, ttl, loc.s, self.instance, refreshed=True,
+            loc.rel,
+            grant.holder,
+            grant.token,
+            now + ttl,
+            ttl,
+            loc.s,
+            self.instance,
+            refreshed=True,
             pid_bound=grant.pid_bound,
         )
 
@@ -961,9 +979,7 @@ class LockManager:
         self.release(grant.file, grant.holder, token=grant.token)
 
     @contextlib.contextmanager
-    def hold(
-        self, file: str, holder: str, *, ttl_s: float = DEFAULT_TTL_S, wait: float = 0.0
-    ) -> Iterator[LockGrant]:
+    def hold(self, file: str, holder: str, *, ttl_s: float = DEFAULT_TTL_S, wait: float = 0.0) -> Iterator[LockGrant]:
         """``with manager.hold(path, sess_id) as grant:`` acquire, then release at the end of the block.
 
         A lease lost meanwhile is logged at release, not raised: writes under it were fenced already.
@@ -1085,8 +1101,9 @@ class LockManager:
         self._loop_hold = False
         self._guard.__exit__()
 
-    def _attempt_locked(self, gfd: int, loc: _Loc, holder: str, ttl_s: float, pid_bound: bool
-                        ) -> LockGrant | LockStatus:
+    def _attempt_locked(
+        self, gfd: int, loc: _Loc, holder: str, ttl_s: float, pid_bound: bool
+    ) -> LockGrant | LockStatus:
         status: LockStatus | None = None
         for _ in range(3):
             now = time.time()
@@ -1105,7 +1122,14 @@ class LockManager:
                         problem=took.problem,
                     )
                 return LockGrant(
-                    loc.rel, holder, token, now + ttl_s, ttl_s, loc.s, self.instance, took_over=took,
+                    loc.rel,
+                    holder,
+                    token,
+                    now + ttl_s,
+                    ttl_s,
+                    loc.s,
+                    self.instance,
+                    took_over=took,
                     pid_bound=pid_bound,
                 )
             status = self._inspect(loc, now)
@@ -1119,7 +1143,14 @@ class LockManager:
                     self._store_token(gfd, token)
                 self._replace(loc, holder, kept, now, ttl_s, pid_bound)
                 return LockGrant(
-                    loc.rel, holder, kept, now + ttl_s, ttl_s, loc.s, self.instance, refreshed=True,
+                    loc.rel,
+                    holder,
+                    kept,
+                    now + ttl_s,
+                    ttl_s,
+                    loc.s,
+                    self.instance,
+                    refreshed=True,
                     pid_bound=pid_bound,
                 )
             if not status.takeable:
@@ -1141,7 +1172,7 @@ class LockManager:
             self._tails[(pid, pid_bound)] = parts
         claimed, expires = _local_iso(now), _local_iso(now + ttl_s)
         return (
-            f"file: {_q(rel)}\nholder: {_q(holder)}\nclaimed_at: \"{claimed}\"\nexpires_at: \"{expires}\"\n"
+            f'file: {_q(rel)}\nholder: {_q(holder)}\nclaimed_at: "{claimed}"\nexpires_at: "{expires}"\n'
             f"ttl_min: {_ttl_min(ttl_s)}\n{parts[0]}token: {token}\n{parts[1]}"
         ).encode()
 
@@ -1317,8 +1348,9 @@ class LockManager:
         if not stat.S_ISREG(st.st_mode):
             problem = f"{source} is {_file_kind(st.st_mode)}; a lock must be a regular file (never followed)"
             if stat.S_ISDIR(st.st_mode):
-                return LockStatus(rel, path, "malformed", problem=problem + "; remove it by hand", judged_at=now,
-                                  ident=ident)
+                return LockStatus(
+                    rel, path, "malformed", problem=problem + "; remove it by hand", judged_at=now, ident=ident
+                )
             return self._malformed(loc, problem, st.st_mtime, now, None, ident)
         try:
             fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -1333,8 +1365,12 @@ class LockManager:
                 return self._malformed(loc, f"{source} is {_file_kind(fst.st_mode)}", fst.st_mtime, now, None, ident)
             if fst.st_size > MAX_LOCK_BYTES:
                 return self._malformed(
-                    loc, f"{source} is {fst.st_size} bytes; a lock file is at most {MAX_LOCK_BYTES}",
-                    fst.st_mtime, now, None, ident,
+                    loc,
+                    f"{source} is {fst.st_size} bytes; a lock file is at most {MAX_LOCK_BYTES}",
+                    fst.st_mtime,
+                    now,
+                    None,
+                    ident,
                 )
             raw = os.read(fd, MAX_LOCK_BYTES + 1)
         finally:
@@ -1350,8 +1386,7 @@ class LockManager:
             # read the next grant's content. Look again; the name is then gone (or shows its own lock).
             if again:
                 return self._inspect(loc, now, again=False)
-            return self._malformed(loc, f"{source} names another file ({info.file!r})", fst.st_mtime, now, raw,
-                                   ident)
+            return self._malformed(loc, f"{source} names another file ({info.file!r})", fst.st_mtime, now, raw, ident)
         if now > info.expires + self.grace_s:
             state: LockState = "expired"
         elif self._holder_dead(info):
@@ -1361,7 +1396,12 @@ class LockManager:
         return LockStatus(rel, path, state, info=info, judged_at=now, raw=raw, ident=ident)
 
     def _malformed(
-        self, loc: _Loc, problem: str, mtime: float, now: float, raw: bytes | None,
+        self,
+        loc: _Loc,
+        problem: str,
+        mtime: float,
+        now: float,
+        raw: bytes | None,
         ident: tuple[int, int, int] | None,
     ) -> LockStatus:
         state: LockState = "stale" if now - mtime > self.malformed_grace_s else "malformed"

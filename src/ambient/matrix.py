@@ -333,8 +333,9 @@ class AccessMatrix:
         self._zcache: dict[tuple[str, str, Signal, frozenset[str]], Decision] = {}
 
     @classmethod
-    def build(cls, agent_gates: Mapping[str, IpcGate | None] | None = None,
-              scopes: Mapping[str, str] | None = None) -> AccessMatrix:
+    def build(
+        cls, agent_gates: Mapping[str, IpcGate | None] | None = None, scopes: Mapping[str, str] | None = None
+    ) -> AccessMatrix:
         """Kernel principals, kernel defaults, then each agent's declared gate (None = no declaration).
 
         A declared gate replaces the kernel default of the same name; reserved names are never overridden.
@@ -476,11 +477,21 @@ def _gate_check(matrix: AccessMatrix, from_: str, to: str, signal: Signal) -> De
         # 5. direction (ADR-026): SPAWN goes parent → child; RETURN, ERROR go child → parent, ESCALATE and
         # BLOCKED_ON agent → pilot. Who reports to whom is what the gates name (see reports_to).
         if signal is Signal.SPAWN and reports_to(matrix, from_, to):
-            return _deny("direction.spawn", f"{from_} reports to {to} (its sends_to names {to}): SPAWN goes parent "
-                         f"→ child (ADR-026), so {to} may SPAWN {from_}, not the other way", sender.source, passed)
+            return _deny(
+                "direction.spawn",
+                f"{from_} reports to {to} (its sends_to names {to}): SPAWN goes parent "
+                f"→ child (ADR-026), so {to} may SPAWN {from_}, not the other way",
+                sender.source,
+                passed,
+            )
         if signal in UPWARD_SIGNALS and reports_to(matrix, to, from_):
-            return _deny("direction.upward", f"{to} reports to {from_} (its sends_to names {from_}): {signal} goes "
-                         f"child → parent or pilot (ADR-026); {from_} SPAWNs {to} instead", receiver.source, passed)
+            return _deny(
+                "direction.upward",
+                f"{to} reports to {from_} (its sends_to names {from_}): {signal} goes "
+                f"child → parent or pilot (ADR-026); {from_} SPAWNs {to} instead",
+                receiver.source,
+                passed,
+            )
     return Decision(True, tuple(passed), "allow", sender.source)
 
 
@@ -490,8 +501,9 @@ def scribe_gate(scope: str | None) -> IpcGate:
     only: never everywhere (a gate-less scribe with ``scope: project`` is never SPAWNed on a personal path)."""
     base = KERNEL_DEFAULTS["scribe"]
     if scope in KERNEL_ZONES:
-        return base.model_copy(update={"zone_access": frozenset({scope}),
-                                       "source": f"{_ADR}, zones from its brain.scope: {scope}"})
+        return base.model_copy(
+            update={"zone_access": frozenset({scope}), "source": f"{_ADR}, zones from its brain.scope: {scope}"}
+        )
     return base
 
 

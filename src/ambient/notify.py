@@ -560,8 +560,12 @@ StillWanted = Callable[[Message], bool]
 OnAttempt = Callable[[Message, bool, str | None, datetime | None, dict[str, str]], None]
 
 
-def _due_wanted(outbox: Outbox, now: datetime, still_wanted: StillWanted | None, report: DrainReport,
-                ) -> list[OutboxEntry]:
+def _due_wanted(
+    outbox: Outbox,
+    now: datetime,
+    still_wanted: StillWanted | None,
+    report: DrainReport,
+) -> list[OutboxEntry]:
     """The entries due at ``now``; those no longer wanted are removed, never sent (blocking: run in a thread)."""
     due = outbox.due(now)
     if still_wanted is None:
@@ -683,8 +687,9 @@ async def run_outbox(
     while not stop.is_set():
         wake.clear()
         try:
-            report = await drain(outbox, notifier, clock.now(), policy=policy, rng=rng, still_wanted=still_wanted,
-                                 on_attempt=on_attempt)
+            report = await drain(
+                outbox, notifier, clock.now(), policy=policy, rng=rng, still_wanted=still_wanted, on_attempt=on_attempt
+            )
             next_due = report.next_due
         except (OSError, NotifyError) as exc:
             log.error("outbox_drain_failed", error=str(exc))

@@ -75,8 +75,9 @@ def telegram_token(settings: Settings, environ: Mapping[str, str]) -> str | None
     return token
 
 
-def build_notifiers(settings: Settings, environ: Mapping[str, str], registry: SecretRegistry, *,
-                    timeout: float = 30.0) -> Notifiers:
+def build_notifiers(
+    settings: Settings, environ: Mapping[str, str], registry: SecretRegistry, *, timeout: float = 30.0
+) -> Notifiers:
     """The notifiers of these settings; every secret met (URL tokens, the bot token) goes into ``registry``."""
     out = Notifiers()
     urls = [u.get_secret_value() for u in settings.notify.urls]
@@ -93,8 +94,10 @@ def build_notifiers(settings: Settings, environ: Mapping[str, str], registry: Se
 
         token = telegram_token(settings, environ)
         if token is None:
-            out.problems.append("telegram.answers is on but no bot token was found: set "
-                                "LoadCredential=telegram-token:... (systemd) or telegram.token_file")
+            out.problems.append(
+                "telegram.answers is on but no bot token was found: set "
+                "LoadCredential=telegram-token:... (systemd) or telegram.token_file"
+            )
         else:
             registry.add(token)
             try:
@@ -113,9 +116,18 @@ OnPress = Callable[[str, int, str, Any], Awaitable[Any]]
 class NotifyService:
     """The outbox sender and the Telegram answerer of one daemon, (re)started from the current settings."""
 
-    def __init__(self, outbox: Outbox, store: EscalationStore, clock: Clock, secrets: SecretRegistry,
-                 environ: Mapping[str, str], state_dir: Path, on_press: OnPress,
-                 spawn: Callable[[Any, str], asyncio.Task[Any]], stop: asyncio.Event) -> None:
+    def __init__(
+        self,
+        outbox: Outbox,
+        store: EscalationStore,
+        clock: Clock,
+        secrets: SecretRegistry,
+        environ: Mapping[str, str],
+        state_dir: Path,
+        on_press: OnPress,
+        spawn: Callable[[Any, str], asyncio.Task[Any]],
+        stop: asyncio.Event,
+    ) -> None:
         self.outbox = outbox
         self.store = store
         self.clock = clock
@@ -136,8 +148,9 @@ class NotifyService:
         """Whether anybody is told anything (a URL or the Telegram bot is configured)."""
         return self.notifier is not None
 
-    def record(self, message: Message, ok: bool, error: str | None, next_at: datetime | None,
-               refs: dict[str, str]) -> None:
+    def record(
+        self, message: Message, ok: bool, error: str | None, next_at: datetime | None, refs: dict[str, str]
+    ) -> None:
         """An attempt at an escalation's message goes into its file (``ambient status`` and ``doctor`` read it)."""
         if message.kind != "escalation" or not message.escalation_id:
             return
@@ -171,23 +184,37 @@ class NotifyService:
         if self.notifier is not None:
             ns = settings.notify
             policy = RetryPolicy(base=timedelta(seconds=ns.retry_base_s), cap=timedelta(seconds=ns.retry_cap_s))
-            self._tasks.append(self._spawn(run_outbox(self.outbox, self.notifier, clock=self.clock, stop=self.stop,
-                                                      wake=self.wake, policy=policy,
-                                                      still_wanted=self.still_wanted, on_attempt=self.record),
-                                           "outbox"))
+            self._tasks.append(
+                self._spawn(
+                    run_outbox(
+                        self.outbox,
+                        self.notifier,
+                        clock=self.clock,
+                        stop=self.stop,
+                        wake=self.wake,
+                        policy=policy,
+                        still_wanted=self.still_wanted,
+                        on_attempt=self.record,
+                    ),
+                    "outbox",
+                )
+            )
         if built.bot is not None and built.chat_id is not None:
             from ambient.telegram import TelegramAnswerer
             from ambient.telegram import TelegramSettings as AnswererSettings
 
             tg = settings.telegram
-            answerer = AnswererSettings(chat_id=built.chat_id, user_ids=tuple(tg.user_ids), api_base=tg.api_base,
-                                        poll_timeout=tg.poll_timeout_s)
+            answerer = AnswererSettings(
+                chat_id=built.chat_id, user_ids=tuple(tg.user_ids), api_base=tg.api_base, poll_timeout=tg.poll_timeout_s
+            )
             state = self.state_dir / "telegram.json"
-            self._tasks.append(self._spawn(TelegramAnswerer(built.bot, answerer, state, self.on_press)
-                                           .run(self.stop), "telegram"))
+            self._tasks.append(
+                self._spawn(TelegramAnswerer(built.bot, answerer, state, self.on_press).run(self.stop), "telegram")
+            )
         if not first:
-            log.info("notifications_reconfigured", sending=self.notifier is not None,
-                     telegram_answers=built.bot is not None)
+            log.info(
+                "notifications_reconfigured", sending=self.notifier is not None, telegram_answers=built.bot is not None
+            )
         self.wake.set()
         return True
 

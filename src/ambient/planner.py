@@ -99,8 +99,9 @@ def reaction_for(plan: FanOut, result: str) -> Reaction:
     return plan.on_return.get(result) or DEFAULT_ON_RETURN.get(result) or DEFAULT_ON_RETURN["error"]
 
 
-def after_attempt(plan: FanOut, item: ItemState, result: str, now: datetime, rng: random.Random, *,
-                  retryable: bool = True) -> ItemOutcome:
+def after_attempt(
+    plan: FanOut, item: ItemState, result: str, now: datetime, rng: random.Random, *, retryable: bool = True
+) -> ItemOutcome:
     """Route one attempt's result: success goes on; failures retry per policy, then react.
 
     ``retryable`` is False for an agent's own ERROR signal: it said the failure is unrecoverable, so running it
@@ -195,8 +196,10 @@ def question_options(proposed: Sequence[str]) -> list[tuple[str, str, str]]:
 
     One rule for for_each items and chain steps, so a person sees the same choices whichever form asked.
     """
-    return [(o, o, ANSWER) for o in proposed] + [("skip", "Skip it and go on", "skip"),
-                                                 ("abort", "Abort the whole run", "abort")]
+    return [(o, o, ANSWER) for o in proposed] + [
+        ("skip", "Skip it and go on", "skip"),
+        ("abort", "Abort the whole run", "abort"),
+    ]
 
 
 # ---------------------------------------------------------------- chains (spec/004 kernel-orchestrator)

@@ -7,6 +7,7 @@ from its pinned spec is translated exactly as it was when it started.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from ambient.planner import (
     DEFAULT_ON_RETURN,
@@ -46,8 +47,9 @@ def retry_policy(spec: SpecRetry | None) -> RetryPolicy:
     """The planner's retry policy from a workflow's (default: one attempt, no retry)."""
     if spec is None:
         return RetryPolicy()
-    return RetryPolicy(attempts=spec.attempts, base_s=spec.backoff, cap_s=spec.max_backoff, jitter=spec.jitter,
-                       on=frozenset(spec.on))
+    return RetryPolicy(
+        attempts=spec.attempts, base_s=spec.backoff, cap_s=spec.max_backoff, jitter=spec.jitter, on=frozenset(spec.on)
+    )
 
 
 def reaction(actions: Sequence[Action] | None, default: Reaction) -> Reaction:
@@ -101,27 +103,24 @@ def fanout(spec: ForEachWorkflow) -> FanOut:
 def item_template(spec: WorkflowSpec) -> ItemTemplate:
     """What each SPAWN of a run looks like before templating (the chain uses only its common parts)."""
     esc = spec.on_escalate
-    extra = tuple((o, o, "answer") for o in esc.options)
-    common = {
-        "sender": spec.sender,
-        "escalate_to": spec.supervisor,
-        "extra_options": extra,
-        "deadline_s": esc.timeout,
-        "on_timeout": esc.on_timeout if esc.timeout else None,
-        "remind_before_s": esc.remind_before,
-        "timeout_s": spec.timeout,
-    }
     oc = spec.on_complete
-    complete = {
-        "complete_signal": oc.signal if oc is not None else None,
-        "complete_to": (oc.to or spec.supervisor) if oc is not None else None,
-        "complete_result": _result_template(oc.payload) if oc is not None else None,
-    }
+    base = ItemTemplate(
+        agent="ambient",
+        sender=spec.sender,
+        escalate_to=spec.supervisor,
+        extra_options=tuple((o, o, "answer") for o in esc.options),
+        deadline_s=esc.timeout,
+        on_timeout=esc.on_timeout if esc.timeout else None,
+        remind_before_s=esc.remind_before,
+        timeout_s=spec.timeout,
+        complete_signal=oc.signal if oc is not None else None,
+        complete_to=(oc.to or spec.supervisor) if oc is not None else None,
+        complete_result=_result_template(oc.payload) if oc is not None else None,
+    )
     if isinstance(spec, ForEachWorkflow):
         fe = spec.for_each
-        return ItemTemplate(agent=fe.spawn, files=tuple(fe.scope.files), zone=fe.scope.zone, context=fe.context,
-                            **common, **complete)  # type: ignore[arg-type]
-    return ItemTemplate(agent="ambient", **common, **complete)  # type: ignore[arg-type]
+        return replace(base, agent=fe.spawn, files=tuple(fe.scope.files), zone=fe.scope.zone, context=fe.context)
+    return base
 
 
 def _result_template(payload: Mapping[str, object]) -> str | None:

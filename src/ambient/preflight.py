@@ -207,13 +207,17 @@ def check(snapshot: Snapshot, sess_id: str, file: str) -> list[PreflightProblem]
             if covers(locked, target):
                 if lock.holder is None:
                     problems.append(
-                        _problem(LOCKED, f"{target}: the lock of {lock.file} is unreadable ({lock.problem}); it counts "
-                                         "as held until it goes stale")
+                        _problem(
+                            LOCKED,
+                            f"{target}: the lock of {lock.file} is unreadable ({lock.problem}); it counts "
+                            "as held until it goes stale",
+                        )
                     )
                 else:
                     problems.append(
-                        _problem(LOCKED, f"{target} is locked by {lock.holder} (lock on {lock.file}) until "
-                                         f"{lock.expires_at}")
+                        _problem(
+                            LOCKED, f"{target} is locked by {lock.holder} (lock on {lock.file}) until {lock.expires_at}"
+                        )
                     )
 
     # 3 circuit breaker of the claim's scope
@@ -237,14 +241,20 @@ def check(snapshot: Snapshot, sess_id: str, file: str) -> list[PreflightProblem]
             )
         if claim.user_id is not None and fzone == zones.PERSONAL:
             problems.append(
-                _problem(ZONE, f"{target} is in zone personal; only the brain owner (no user_id) writes it, and "
-                               f"claim {sess_id} belongs to {claim.user_id}")
+                _problem(
+                    ZONE,
+                    f"{target} is in zone personal; only the brain owner (no user_id) writes it, and "
+                    f"claim {sess_id} belongs to {claim.user_id}",
+                )
             )
         allowed = snapshot.agent_zones.get(claim.agent)
         if allowed is not None and "*" not in allowed and fzone not in allowed:
             problems.append(
-                _problem(ZONE, f"{target} is in zone {fzone}; agent {claim.agent} may write "
-                               f"{', '.join(sorted(allowed)) or 'no zone'}")
+                _problem(
+                    ZONE,
+                    f"{target} is in zone {fzone}; agent {claim.agent} may write "
+                    f"{', '.join(sorted(allowed)) or 'no zone'}",
+                )
             )
 
     # 6 theme branch
@@ -253,8 +263,11 @@ def check(snapshot: Snapshot, sess_id: str, file: str) -> list[PreflightProblem]
         if expected is not None and snapshot.branch != expected:
             if snapshot.branch is None:
                 problems.append(
-                    _problem(BRANCH, f"claim {sess_id} works on {expected}, and the current git branch cannot be "
-                                     "told (no git repository, or a detached HEAD)")
+                    _problem(
+                        BRANCH,
+                        f"claim {sess_id} works on {expected}, and the current git branch cannot be "
+                        "told (no git repository, or a detached HEAD)",
+                    )
                 )
             else:
                 problems.append(

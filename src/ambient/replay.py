@@ -86,9 +86,16 @@ def retryable(step: Mapping[str, Any]) -> bool:
     return step.get("reply") != UNRECOVERABLE
 
 
-def fates(spec: WorkflowSpec | None, steps: Sequence[Mapping[str, Any]], *, gated: Sequence[str] = (),
-          reached_end: bool | None = None, decisions: Sequence[Mapping[str, Any]] = (), threshold: int = 3,
-          breaker: dict[str, int] | None = None) -> tuple[list[Fate], int]:
+def fates(
+    spec: WorkflowSpec | None,
+    steps: Sequence[Mapping[str, Any]],
+    *,
+    gated: Sequence[str] = (),
+    reached_end: bool | None = None,
+    decisions: Sequence[Mapping[str, Any]] = (),
+    threshold: int = 3,
+    breaker: dict[str, int] | None = None,
+) -> tuple[list[Fate], int]:
     """The fate of each recorded step of one run under ``spec`` (None: ADR-027's for_each defaults), and the
     escalations of the run that belong to no step: a human gate before a step that then never ran (``gated``:
     the steps the run's gates stopped before), a swarm chain's final gate (``reached_end``: the run went past its
@@ -100,8 +107,7 @@ def fates(spec: WorkflowSpec | None, steps: Sequence[Mapping[str, Any]], *, gate
     """
     answers = _Answers(decisions)
     if isinstance(spec, ChainWorkflow):
-        return _chain_fates(spec, steps, gated, reached_end, answers, threshold,
-                            breaker if breaker is not None else {})
+        return _chain_fates(spec, steps, gated, reached_end, answers, threshold, breaker if breaker is not None else {})
     plan = fanout(spec) if isinstance(spec, ForEachWorkflow) else FanOut(on_return=dict(DEFAULT_ON_RETURN))
     return _for_each_fates(plan, steps, answers), 0
 
@@ -159,15 +165,26 @@ def _kind(reply: str) -> str:
     return {"escalate": "question", "blocked": "blocked", "error": "error"}.get(reply, "fail")
 
 
-def _chain_fates(spec: ChainWorkflow, steps: Sequence[Mapping[str, Any]], gated_steps: Sequence[str],
-                 reached_end: bool | None, answers: _Answers, threshold: int,
-                 breaker: dict[str, int]) -> tuple[list[Fate], int]:
+def _chain_fates(
+    spec: ChainWorkflow,
+    steps: Sequence[Mapping[str, Any]],
+    gated_steps: Sequence[str],
+    reached_end: bool | None,
+    answers: _Answers,
+    threshold: int,
+    breaker: dict[str, int],
+) -> tuple[list[Fate], int]:
     chain = chain_steps(spec)
     index = {s.name: i for i, s in enumerate(chain)}
     ran = {str(s.get("item")) for s in steps}
     # A gate before a step that never ran (rejected, or the run ended while it waited) left no step behind.
-    extra = sum(1 for name in dict.fromkeys(gated_steps) if name not in ran and name in index
-                and gate_before(chain[index[name]], index[name], len(chain), spec.mode) is not None)
+    extra = sum(
+        1
+        for name in dict.fromkeys(gated_steps)
+        if name not in ran
+        and name in index
+        and gate_before(chain[index[name]], index[name], len(chain), spec.mode) is not None
+    )
     fails: dict[str, int] = {}
     passed: set[str] = set()  # steps whose gate before was answered in this run
     out: list[Fate] = []
@@ -194,8 +211,9 @@ def _chain_fates(spec: ChainWorkflow, steps: Sequence[Mapping[str, Any]], gated_
     return out, extra + int(gate_after_last(spec.mode) and end)
 
 
-def _step_fate(step: ChainStep, s: Mapping[str, Any], fails: dict[str, int], breaker: dict[str, int],
-               threshold: int) -> Fate:
+def _step_fate(
+    step: ChainStep, s: Mapping[str, Any], fails: dict[str, int], breaker: dict[str, int], threshold: int
+) -> Fate:
     """One chain step's attempt, decided as ChainExecutor._run_step decides it."""
     name, reply = step.name, reply_of(s)
     scope = step.scope or step.name
@@ -225,8 +243,7 @@ def _step_fate(step: ChainStep, s: Mapping[str, Any], fails: dict[str, int], bre
 def _satellite(name: str, spec: ChainWorkflow) -> ChainStep:
     """A step a trigger added (``code@scope``), or one the workflow no longer has: the chain's defaults."""
     kind, _, scope = name.partition("@")
-    return ChainStep(name=name, type=kind.split("#")[0] or "code", scope=scope or None,
-                     retry=retry_policy(spec.retry))
+    return ChainStep(name=name, type=kind.split("#")[0] or "code", scope=scope or None, retry=retry_policy(spec.retry))
 
 
 def _reached_end(chain: Sequence[ChainStep], steps: Sequence[Mapping[str, Any]], out: Sequence[Fate]) -> bool:
@@ -320,12 +337,24 @@ def replay(
         gated = [str(g) for g in rec.get("gated") or () if isinstance(g, str | int)]
         end = rec.get("reached_end") if isinstance(rec.get("reached_end"), bool) else None
         answered = [d for d in rec.get("decisions") or () if isinstance(d, Mapping)]
-        now, extra = fates(spec, raw_steps, gated=gated, reached_end=end, decisions=answered, threshold=threshold,
-                           breaker=breaker_now)
+        now, extra = fates(
+            spec, raw_steps, gated=gated, reached_end=end, decisions=answered, threshold=threshold, breaker=breaker_now
+        )
         old = pinned(run_id) if pinned is not None else None
         uncompared += old is None
-        then = (fates(old, raw_steps, gated=gated, reached_end=end, decisions=answered, threshold=threshold,
-                      breaker=breaker_then)[0] if old is not None else None)
+        then = (
+            fates(
+                old,
+                raw_steps,
+                gated=gated,
+                reached_end=end,
+                decisions=answered,
+                threshold=threshold,
+                breaker=breaker_then,
+            )[0]
+            if old is not None
+            else None
+        )
         escalate += extra
         for n, s in enumerate(raw_steps):
             steps += 1
@@ -338,9 +367,21 @@ def replay(
                 decided = may_auto_decide(rule, pol)
                 by_rule += decided
                 escalate += not decided
-                items.append(ReplayItem(run_id, started, item, agent, result, before, fate.action,
-                                        "rule" if decided else "escalate", rule.id if rule else None,
-                                        rule.option if rule else None, situation.signature))
+                items.append(
+                    ReplayItem(
+                        run_id,
+                        started,
+                        item,
+                        agent,
+                        result,
+                        before,
+                        fate.action,
+                        "rule" if decided else "escalate",
+                        rule.id if rule else None,
+                        rule.option if rule else None,
+                        situation.signature,
+                    )
+                )
             if fate.escalations:
                 continue
             if before is not None and before != fate.action:
@@ -348,5 +389,6 @@ def replay(
                 items.append(ReplayItem(run_id, started, item, agent, result, before, fate.action, "rerouted"))
             else:
                 same += 1
-    return ReplayReport(workflow, runs, steps, invalid, recorded_esc, escalate, by_rule, rerouted, same, items,
-                        uncompared)
+    return ReplayReport(
+        workflow, runs, steps, invalid, recorded_esc, escalate, by_rule, rerouted, same, items, uncompared
+    )

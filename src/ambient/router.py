@@ -158,8 +158,9 @@ class ChannelRegistry:
         publish()
         return channel
 
-    def mint(self, principal: str, *, spawn: str | None = None, now: datetime | None = None
-             ) -> tuple[Channel, Callable[[], None]]:
+    def mint(
+        self, principal: str, *, spawn: str | None = None, now: datetime | None = None
+    ) -> tuple[Channel, Callable[[], None]]:
         """Like :meth:`issue`, but the file other processes check the token against is written by ``publish()``.
 
         The token is live in this process at once; run ``publish`` (blocking, a few syscalls) just before the agent
@@ -173,8 +174,12 @@ class ChannelRegistry:
         # The digest inside the file binds its content to its name: a pooled file is rewritten for the next token
         # (see _reuse_spare), and a reader that opened it under a revoked token's name must not take the next
         # token's principal for its own.
-        record = {"principal": principal, "spawn": spawn, "issued_at": now.isoformat() if now else None,
-                  "digest": digest}
+        record = {
+            "principal": principal,
+            "spawn": spawn,
+            "issued_at": now.isoformat() if now else None,
+            "digest": digest,
+        }
         self._known[digest] = principal
 
         def publish() -> None:
@@ -326,8 +331,9 @@ class ChannelRegistry:
         return self.authenticate(token)
 
 
-def _symlink_free(root: str, rel: str, plain: dict[str, float] | None = None, now: float = 0.0,
-                  absent: dict[str, float] | None = None) -> bool:
+def _symlink_free(
+    root: str, rel: str, plain: dict[str, float] | None = None, now: float = 0.0, absent: dict[str, float] | None = None
+) -> bool:
     """No existing component of ``root/rel`` is a symlink (components past the first missing one cannot be).
 
     ``plain``: folders (``"a/b/"``) seen free of symlinks, with the monotonic time until which that verdict holds;

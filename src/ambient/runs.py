@@ -203,8 +203,10 @@ def _iso(dt: datetime) -> str:
 
 def run_record(state: RunState) -> RunRecord:
     """The ADR-027 summary record of a finished run."""
-    started = datetime.fromisoformat(state.started_at) if state.started_at else datetime.fromisoformat(
-        state.finished_at or "1970-01-01T00:00:00+00:00"
+    started = (
+        datetime.fromisoformat(state.started_at)
+        if state.started_at
+        else datetime.fromisoformat(state.finished_at or "1970-01-01T00:00:00+00:00")
     )
     return RunRecord(
         run_id=state.run_id,
@@ -377,8 +379,14 @@ class RunExecutor:
         counts = self._status_counts()
         # The cap counts agents (items accepted and not finished), not tasks: a task whose agent is done may
         # still wait for its fsync round (see _run_item). An item whose task has not ended is not started twice.
-        batch = ready_items(self.state, self.plan, now, counts.get("running", 0), start=self._open_from,
-                            aborted=self.state.aborted or counts.get("aborted", 0) > 0)
+        batch = ready_items(
+            self.state,
+            self.plan,
+            now,
+            counts.get("running", 0),
+            start=self._open_from,
+            aborted=self.state.aborted or counts.get("aborted", 0) > 0,
+        )
         return [it for it in batch if it.name not in self._tasks]
 
     def _ready_now(self) -> bool:
@@ -440,8 +448,13 @@ class RunExecutor:
         """Template variables for one item: only the workflow's own data (those of ``item_values``; a runner's argv
         may also name ``attempt``, the runner adds its own built-in names)."""
         counts = self._status_counts()
-        values = item_values(item=item.name, index=item.index + 1, total=counts["total"],
-                             workflow=self.state.workflow, run_id=self.state.run_id)
+        values = item_values(
+            item=item.name,
+            index=item.index + 1,
+            total=counts["total"],
+            workflow=self.state.workflow,
+            run_id=self.state.run_id,
+        )
         values["attempt"] = item.attempt
         return values
 
@@ -537,8 +550,9 @@ class RunExecutor:
         elif outcome.kind == "escalate":
             await self._escalate_item(item, res)
         elif outcome.kind == "failed" and "abort" in reaction.verbs:
-            self.event("decided", item=item.name, escalation="", option="abort", action="abort", by="workflow",
-                       channel="rule")
+            self.event(
+                "decided", item=item.name, escalation="", option="abort", action="abort", by="workflow", channel="rule"
+            )
 
     async def _escalate_item(self, item: ItemState, res: AttemptResult) -> None:
         if res.result == "escalate":
@@ -586,9 +600,19 @@ class RunExecutor:
             if item.status != was:
                 self.ports.claims.item_changed(self.state, item)
 
-    def decide(self, escalation: str, option: str, action: str, *, by: str, channel: str,
-               latency_s: float | None, note: str | None = None, rule: str | None = None,
-               answer: str | None = None) -> bool:
+    def decide(
+        self,
+        escalation: str,
+        option: str,
+        action: str,
+        *,
+        by: str,
+        channel: str,
+        latency_s: float | None,
+        note: str | None = None,
+        rule: str | None = None,
+        answer: str | None = None,
+    ) -> bool:
         """Apply the person's (or a rule's) decision; False if this run does not wait on it.
 
         ``answer``: the chosen option as the agent proposed it (its key is a slug of it), handed back to the agent.
@@ -598,8 +622,20 @@ class RunExecutor:
         item = self.state.escalations[escalation] or None
         extra = {"answer": answer} if answer is not None and action == ANSWER else {}
         before = self._statuses()
-        self.event("decided", item=item, escalation=escalation, option=option, action=action, by=by,
-                   channel=channel, latency_s=latency_s, note=note, auto=rule is not None, rule=rule, **extra)
+        self.event(
+            "decided",
+            item=item,
+            escalation=escalation,
+            option=option,
+            action=action,
+            by=by,
+            channel=channel,
+            latency_s=latency_s,
+            note=note,
+            auto=rule is not None,
+            rule=rule,
+            **extra,
+        )
         self.journal.sync()
         if action in ABORTING:
             self._stop_aborted(before)
@@ -615,10 +651,13 @@ class RunExecutor:
             items = self.state.items
             failed = [it for it in items if it.status in ("failed", "aborted")]
             variables = completion_values(
-                total=len(items), success=self.state.success_count, failed=len(failed),
+                total=len(items),
+                success=self.state.success_count,
+                failed=len(failed),
                 errors=sum(1 for it in failed if it.result == "error"),
                 skipped=sum(1 for it in items if it.status == "skipped"),
-                workflow=self.state.workflow, run_id=self.state.run_id,
+                workflow=self.state.workflow,
+                run_id=self.state.run_id,
             )
             result = self.ports.render_text(t.complete_result, variables) if t.complete_result else outcome
             await self.ports.emitter.emit(t.complete_signal, t.complete_to, {"result": result}, self.state)
@@ -781,8 +820,13 @@ class RunManager:
             for name in in_flight:
                 _reap_orphan(by_name[name], run_id)
                 # Running at the crash: the agent may or may not have finished; run it again (at least once).
-                ev = {"ev": "interrupted", "item": name, "attempt": by_name[name].attempt, "reason": "restart",
-                      "at": _iso(self.clock.now())}
+                ev = {
+                    "ev": "interrupted",
+                    "item": name,
+                    "attempt": by_name[name].attempt,
+                    "reason": "restart",
+                    "at": _iso(self.clock.now()),
+                }
                 journal.write(ev)
                 apply_event(state, by_name, ev)
             journal.sync()
@@ -794,8 +838,14 @@ class RunManager:
                 if it.attempt or it.status != "pending":
                     ex.ports.claims.item_changed(state, it)
             resumed.append(run_id)
-            log.info("run_resumed", run_id=run_id, workflow=state.workflow, in_flight=in_flight,
-                     done=state.success_count, total=len(state.items))
+            log.info(
+                "run_resumed",
+                run_id=run_id,
+                workflow=state.workflow,
+                in_flight=in_flight,
+                done=state.success_count,
+                total=len(state.items),
+            )
         if behind:
             self._catch_up(behind)
         return resumed
@@ -853,8 +903,12 @@ class RunManager:
                 continue
             finally:
                 journal.close()
-            log.info("run_views_caught_up", run_id=state.run_id, workflow=state.workflow,
-                     summary_appended=state.run_id not in summarized)
+            log.info(
+                "run_views_caught_up",
+                run_id=state.run_id,
+                workflow=state.workflow,
+                summary_appended=state.run_id not in summarized,
+            )
 
     def record_spawn(self, run_id: str, item: str, attempt: int, pid: int, started: float | None = None) -> None:
         """A command agent started: its pid and start time go to the run's journal (flushed, not fsync'd:
@@ -901,15 +955,26 @@ class RunManager:
                 return ex
         return None
 
-    def decide(self, escalation: str, option: str, action: str, *, by: str, channel: str,
-               latency_s: float | None = None, note: str | None = None, rule: str | None = None,
-               answer: str | None = None) -> bool:
+    def decide(
+        self,
+        escalation: str,
+        option: str,
+        action: str,
+        *,
+        by: str,
+        channel: str,
+        latency_s: float | None = None,
+        note: str | None = None,
+        rule: str | None = None,
+        answer: str | None = None,
+    ) -> bool:
         """Route a decision to the run that waits on it."""
         ex = self.find_escalation(escalation)
         if ex is None:
             return False
-        return ex.decide(escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note,
-                         rule=rule, answer=answer)
+        return ex.decide(
+            escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note, rule=rule, answer=answer
+        )
 
     @property
     def idle(self) -> bool:

@@ -77,8 +77,9 @@ def summary(outcome: Outcome) -> dict[str, Any]:
 # The client (``ambient send``)
 
 
-def ask_daemon(state_dir: Path, raw: bytes, token: str | None, *, timeout: float = ANSWER_TIMEOUT_S
-               ) -> dict[str, Any] | None:
+def ask_daemon(
+    state_dir: Path, raw: bytes, token: str | None, *, timeout: float = ANSWER_TIMEOUT_S
+) -> dict[str, Any] | None:
     """The daemon's answer for ``raw``, or None when no daemon listens (route it in this process then).
 
     Raises :class:`NoAnswer` when the daemon took the request but did not answer.
@@ -150,8 +151,7 @@ async def serve(state_dir: Path, route: Route, log: Any) -> asyncio.AbstractServ
         path.parent.chmod(0o700)  # the folder is the gate: whoever can reach the socket can send as `human`
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # left by a crash: this daemon holds the brain's single-instance lock
-        server = await asyncio.start_unix_server(
-            lambda r, w: _serve_one(r, w, route, log), path=str(path))
+        server = await asyncio.start_unix_server(lambda r, w: _serve_one(r, w, route, log), path=str(path))
     except OSError as exc:
         log.warning("send_socket_unavailable", reason=str(exc), path=str(path))
         return None
@@ -181,13 +181,22 @@ async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
             if not isinstance(header, dict):
                 return
             size, token = header.get("size"), header.get("token")
-            if not isinstance(size, int) or not 0 <= size <= MAX_PACKET_BYTES + 1 or not (
-                    token is None or isinstance(token, str)):
+            if (
+                not isinstance(size, int)
+                or not 0 <= size <= MAX_PACKET_BYTES + 1
+                or not (token is None or isinstance(token, str))
+            ):
                 return
             raw = await reader.readexactly(size)
             whole = header.get("whole")
-            if size == MAX_PACKET_BYTES + 1 and isinstance(whole, list) and len(whole) == 2 and isinstance(
-                    whole[0], int) and isinstance(whole[1], str) and len(whole[1]) == 64:
+            if (
+                size == MAX_PACKET_BYTES + 1
+                and isinstance(whole, list)
+                and len(whole) == 2
+                and isinstance(whole[0], int)
+                and isinstance(whole[1], str)
+                and len(whole[1]) == 64
+            ):
                 from ambient.router import CutInput
 
                 raw = CutInput(raw, whole[0], whole[1])

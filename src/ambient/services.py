@@ -55,8 +55,13 @@ log = structlog.get_logger(__name__)
 
 HANDOFF_RECHECK_S = 0.25
 
-_REPLY_SIGNAL = {"success": "RETURN", "fail": "RETURN", "error": "ERROR", "escalate": "ESCALATE",
-                 "blocked": "BLOCKED_ON"}
+_REPLY_SIGNAL = {
+    "success": "RETURN",
+    "fail": "RETURN",
+    "error": "ERROR",
+    "escalate": "ESCALATE",
+    "blocked": "BLOCKED_ON",
+}
 
 
 class BrainRef:
@@ -114,9 +119,17 @@ class Leases:
 class AgentDelegate:
     """One attempt end to end: pre-flight → locks → SPAWN → runner → reply → release."""
 
-    def __init__(self, ref: BrainRef, router: Router, runners: Runners, locks: LockManager, clock: Clock,
-                 live: LiveContext | None = None, lock_wait_s: float = 30.0,
-                 secrets: SecretRegistry | None = None) -> None:
+    def __init__(
+        self,
+        ref: BrainRef,
+        router: Router,
+        runners: Runners,
+        locks: LockManager,
+        clock: Clock,
+        live: LiveContext | None = None,
+        lock_wait_s: float = 30.0,
+        secrets: SecretRegistry | None = None,
+    ) -> None:
         self.ref = ref
         self.router = router
         self.runners = runners
@@ -135,9 +148,13 @@ class AgentDelegate:
         brain = self.ref.brain
         cfg = brain.runners.get(a.agent)
         if cfg is None:
-            return AttemptResult(result="error", error=(
-                f"agent {a.agent!r} has no runner: declare `ambient: runner:` in agents/{a.agent}.md "
-                f"or `runners: {a.agent}:` in profil/ambient.yml"))
+            return AttemptResult(
+                result="error",
+                error=(
+                    f"agent {a.agent!r} has no runner: declare `ambient: runner:` in agents/{a.agent}.md "
+                    f"or `runners: {a.agent}:` in profil/ambient.yml"
+                ),
+            )
         if a.timeout_s is not None and hasattr(cfg, "timeout_s"):
             cfg = cfg.model_copy(update={"timeout_s": a.timeout_s})  # validated field, same type
         if a.preflight and a.claim_id:
@@ -146,9 +163,18 @@ class AgentDelegate:
                 return AttemptResult(result="blocked", error=problem, duration_ms=_ms(started))
         try:
             spawn = make_packet(
-                a.sender, a.agent, "SPAWN", now=self.clock.now(), files=list(a.files), zone=a.zone,
-                context=dict(a.context), session_id=a.claim_id, key=a.key, correlation_id=a.key,
-                return_to=a.sender, packet_id=self.router.next_id(),
+                a.sender,
+                a.agent,
+                "SPAWN",
+                now=self.clock.now(),
+                files=list(a.files),
+                zone=a.zone,
+                context=dict(a.context),
+                session_id=a.claim_id,
+                key=a.key,
+                correlation_id=a.key,
+                return_to=a.sender,
+                packet_id=self.router.next_id(),
             )
         except PacketError as exc:
             return AttemptResult(result="error", error=f"SPAWN refused: {exc.message}")
@@ -160,10 +186,12 @@ class AgentDelegate:
             for f in a.files:
                 try:
                     grant = await self.locks.acquire_async(
-                        f, a.claim_id or a.key, ttl_s=brain.settings.lock_ttl_min * 60, wait=self.lock_wait_s)
+                        f, a.claim_id or a.key, ttl_s=brain.settings.lock_ttl_min * 60, wait=self.lock_wait_s
+                    )
                 except LockHeldError as exc:
-                    return AttemptResult(result="blocked", error=f"{f} is locked by another session: {exc}",
-                                         duration_ms=_ms(started))
+                    return AttemptResult(
+                        result="blocked", error=f"{f} is locked by another session: {exc}", duration_ms=_ms(started)
+                    )
                 grants.append(grant)
                 self.leases.hold(grant)
             res = await self._run(a, sent.packet, cfg)
@@ -184,10 +212,17 @@ class AgentDelegate:
             channel, publish = registry.mint(a.agent, spawn=a.key)
         handoff = await self._handoff(a) if self.live is not None else None
         req = RunRequest(
-            packet=packet.to_dict(), agent=a.agent, run_id=a.run_id, item=a.item, attempt=a.attempt, key=a.key,
+            packet=packet.to_dict(),
+            agent=a.agent,
+            run_id=a.run_id,
+            item=a.item,
+            attempt=a.attempt,
+            key=a.key,
             channel_token=channel.token if channel is not None and channel.token else "",
-            brain=self.ref.brain.paths.root, vars={k: str(v) for k, v in a.vars.items() if _scalar(v)},
-            handoff=handoff or None, before_start=publish,
+            brain=self.ref.brain.paths.root,
+            vars={k: str(v) for k, v in a.vars.items() if _scalar(v)},
+            handoff=handoff or None,
+            before_start=publish,
         )
         try:
             return await self.runners.run(req, cfg)
@@ -244,33 +279,70 @@ class AgentDelegate:
         now = self.clock.now()
         try:
             if signal == "RETURN":
-                reply = make_packet(a.agent, a.sender, signal, now=now, result=res.result or res.output or {},
-                                    session_id=a.claim_id, key=a.key, correlation_id=a.key,
-                                    packet_id=self.router.next_id())
+                reply = make_packet(
+                    a.agent,
+                    a.sender,
+                    signal,
+                    now=now,
+                    result=res.result or res.output or {},
+                    session_id=a.claim_id,
+                    key=a.key,
+                    correlation_id=a.key,
+                    packet_id=self.router.next_id(),
+                )
             elif signal == "ESCALATE":
                 opts = [o for o in (res.options or [])][:20] or ["continue"]
                 ctx = {"question": res.question} if res.question else None
-                reply = make_packet(a.agent, a.sender, signal, now=now, options=opts, context=ctx,
-                                    session_id=a.claim_id, key=a.key, correlation_id=a.key,
-                                    packet_id=self.router.next_id())
+                reply = make_packet(
+                    a.agent,
+                    a.sender,
+                    signal,
+                    now=now,
+                    options=opts,
+                    context=ctx,
+                    session_id=a.claim_id,
+                    key=a.key,
+                    correlation_id=a.key,
+                    packet_id=self.router.next_id(),
+                )
             else:
                 ctx = dict(res.context or {})
                 ctx.setdefault("error", res.error or res.reason or signal)
-                reply = make_packet(a.agent, a.sender, signal, now=now, context=ctx,
-                                    session_id=a.claim_id, key=a.key, correlation_id=a.key,
-                                    packet_id=self.router.next_id())
+                reply = make_packet(
+                    a.agent,
+                    a.sender,
+                    signal,
+                    now=now,
+                    context=ctx,
+                    session_id=a.claim_id,
+                    key=a.key,
+                    correlation_id=a.key,
+                    packet_id=self.router.next_id(),
+                )
         except PacketError as exc:
-            return AttemptResult(result="error", error=f"the agent's answer is not a valid packet: {exc.message}",
-                                 duration_ms=_ms(started))
+            return AttemptResult(
+                result="error",
+                error=f"the agent's answer is not a valid packet: {exc.message}",
+                duration_ms=_ms(started),
+            )
         back = await self.router.send(reply, Channel.internal(a.agent))
         if not back.ok:
-            return AttemptResult(result="error", error=f"the agent's {signal} was denied: {back.reason}",
-                                 duration_ms=_ms(started), signal_in=signal)
+            return AttemptResult(
+                result="error",
+                error=f"the agent's {signal} was denied: {back.reason}",
+                duration_ms=_ms(started),
+                signal_in=signal,
+            )
         output = res.result if res.result is not None else res.output  # the normalised result mapping
         error = res.error or (_detail(res.context) if res.status in ("blocked", "error") else None)
         return AttemptResult(
-            result=res.status, output=output, error=error, duration_ms=res.duration_ms or _ms(started),
-            signal_in=signal, question=res.question, options=list(res.options or []),
+            result=res.status,
+            output=output,
+            error=error,
+            duration_ms=res.duration_ms or _ms(started),
+            signal_in=signal,
+            question=res.question,
+            options=list(res.options or []),
             retryable=res.reason != "agent_error",  # the agent's own ERROR: unrecoverable (README), never retried
         )
 
@@ -288,8 +360,13 @@ class AgentDelegate:
             if not f:
                 continue
             found = await asyncio.to_thread(
-                run_preflight, brain.paths, a.claim_id or "", f, threshold=brain.settings.breaker_threshold + 1,
-                agent_zones=zones, zone_rules=brain.matrix.zone_rules,
+                run_preflight,
+                brain.paths,
+                a.claim_id or "",
+                f,
+                threshold=brain.settings.breaker_threshold + 1,
+                agent_zones=zones,
+                zone_rules=brain.matrix.zone_rules,
             )
             # The chain's own breaker decides on failures (it escalates); pre-flight checks the rest.
             problems += [p for p in found if getattr(p, "code", 0) != 3]
@@ -300,10 +377,16 @@ class AgentDelegate:
 
 def _masked(res: AgentResult, secrets: SecretRegistry | None) -> AgentResult:
     """The agent's answer with secrets masked in every piece of text it carries."""
-    return replace(res, output=redact(res.output, secrets), result=redact(res.result, secrets),
-                   context=redact(res.context, secrets), options=redact(res.options, secrets),
-                   question=redact(res.question, secrets), error=redact(res.error, secrets),
-                   stderr_tail=redact(res.stderr_tail, secrets))
+    return replace(
+        res,
+        output=redact(res.output, secrets),
+        result=redact(res.result, secrets),
+        context=redact(res.context, secrets),
+        options=redact(res.options, secrets),
+        question=redact(res.question, secrets),
+        error=redact(res.error, secrets),
+        stderr_tail=redact(res.stderr_tail, secrets),
+    )
 
 
 def _detail(context: Mapping[str, Any] | None) -> str | None:
@@ -325,8 +408,14 @@ def _scalar(v: Any) -> bool:
 # ---------------------------------------------------------------- escalations
 
 
-_SIGNAL_OF_KIND = {"fail": "FAIL", "error": "ERROR", "blocked": "BLOCKED_ON", "question": "ESCALATE",
-                   "gate": "GATE", "circuit_break": "CIRCUIT_BREAK"}
+_SIGNAL_OF_KIND = {
+    "fail": "FAIL",
+    "error": "ERROR",
+    "blocked": "BLOCKED_ON",
+    "question": "ESCALATE",
+    "gate": "GATE",
+    "circuit_break": "CIRCUIT_BREAK",
+}
 
 
 class Learner:
@@ -342,8 +431,9 @@ class Learner:
     def situation(esc: Escalation) -> Any:
         from ambient.learning import situation_for
 
-        return situation_for(esc.workflow, esc.agent or "-", _SIGNAL_OF_KIND.get(esc.kind, esc.kind.upper()),
-                             esc.question)
+        return situation_for(
+            esc.workflow, esc.agent or "-", _SIGNAL_OF_KIND.get(esc.kind, esc.kind.upper()), esc.question
+        )
 
     def observe(self, esc: Escalation) -> None:
         """Record a human decision as evidence (blocking: call through ``to_thread``)."""
@@ -355,8 +445,12 @@ class Learner:
         sit = self.situation(esc)
         now = self.clock.now()
         try:
-            update_rules(self.path, lambda b: b.with_rules(
-                observe(b.rules, sit, str(esc.decision), esc.run_id, now, promote_after=b.promote_after)))
+            update_rules(
+                self.path,
+                lambda b: b.with_rules(
+                    observe(b.rules, sit, str(esc.decision), esc.run_id, now, promote_after=b.promote_after)
+                ),
+            )
         except (AmbientError, OSError) as exc:
             log.warning("rules_not_updated", error=str(exc))
 
@@ -387,9 +481,15 @@ class Learner:
 class StoreEscalator:
     """Escalations persisted (fsync'd) before any notification; notifications go through the outbox."""
 
-    def __init__(self, store: EscalationStore, outbox: Outbox | None, clock: Clock,
-                 wake_outbox: asyncio.Event | None = None, buttons: bool = False,
-                 results: str = "failures") -> None:
+    def __init__(
+        self,
+        store: EscalationStore,
+        outbox: Outbox | None,
+        clock: Clock,
+        wake_outbox: asyncio.Event | None = None,
+        buttons: bool = False,
+        results: str = "failures",
+    ) -> None:
         self.store = store
         self.outbox = outbox
         self.clock = clock
@@ -414,9 +514,17 @@ class StoreEscalator:
             seen.add(k)
             options.append((k, label, action))
         esc = new_escalation(
-            workflow=req.workflow, run_id=req.run_id, kind=req.kind,  # type: ignore[arg-type]
-            question=req.question, now=now, options=options, item=req.item, step=req.step, agent=req.agent,
-            respawn=req.respawn, scope=req.scope,
+            workflow=req.workflow,
+            run_id=req.run_id,
+            kind=req.kind,  # type: ignore[arg-type]
+            question=req.question,
+            now=now,
+            options=options,
+            item=req.item,
+            step=req.step,
+            agent=req.agent,
+            respawn=req.respawn,
+            scope=req.scope,
             timeout=timedelta(seconds=req.deadline_s) if req.deadline_s else None,
             on_timeout=req.on_timeout,  # type: ignore[arg-type]
             remind_before=timedelta(seconds=req.remind_before_s) if req.remind_before_s else None,
@@ -445,8 +553,10 @@ class StoreEscalator:
             return False
         await asyncio.to_thread(self.learner.used, rule, esc.run_id)
         log.info("auto_decided", escalation=esc.id, rule=rule.id, option=rule.option)
-        await self.inform(f"{esc.workflow}: decided by a learned rule",
-                          auto_decision_notice(rule, run_id=esc.run_id, item=esc.item or esc.step))
+        await self.inform(
+            f"{esc.workflow}: decided by a learned rule",
+            auto_decision_notice(rule, run_id=esc.run_id, item=esc.item or esc.step),
+        )
         if self.on_answered is not None:
             self.on_answered(self.store.path_for(esc.id))
         return True
@@ -468,9 +578,17 @@ class StoreEscalator:
             return
         what = f"{esc.workflow}: {esc.where}" if esc.where else esc.workflow
         msg = escalation_message(
-            escalation_id=esc.id, what=what, question=esc.question, options=[o.key for o in esc.options],
-            nonce=esc.nonce, telegram_buttons=self.buttons, workflow=esc.workflow, item=esc.item, step=esc.step,
-            agent=esc.agent, deadline=esc.deadline.isoformat(timespec="minutes") if esc.deadline else None,
+            escalation_id=esc.id,
+            what=what,
+            question=esc.question,
+            options=[o.key for o in esc.options],
+            nonce=esc.nonce,
+            telegram_buttons=self.buttons,
+            workflow=esc.workflow,
+            item=esc.item,
+            step=esc.step,
+            agent=esc.agent,
+            deadline=esc.deadline.isoformat(timespec="minutes") if esc.deadline else None,
             reminder=reminder,
         )
         await asyncio.to_thread(self.outbox.put, msg, self.clock.now())
@@ -484,8 +602,9 @@ class StoreEscalator:
             return
         if self.outbox is None or not self.notifying:
             return
-        await asyncio.to_thread(self.outbox.put, Message(title=title[:200], body=body[:3500], kind="info"),
-                                self.clock.now())
+        await asyncio.to_thread(
+            self.outbox.put, Message(title=title[:200], body=body[:3500], kind="info"), self.clock.now()
+        )
         if self.wake_outbox is not None:
             self.wake_outbox.set()
 
@@ -496,8 +615,10 @@ class StoreEscalator:
         if self.results == "none" or (self.results == "failures" and state.outcome == "success"):
             return
         counts = state.counts()
-        body = (f"Run {state.run_id} finished: {state.outcome}. {counts.get('done', 0)}/{counts['total']} done, "
-                f"{state.escalation_count} escalation(s), {state.error_count} error(s).")
+        body = (
+            f"Run {state.run_id} finished: {state.outcome}. {counts.get('done', 0)}/{counts['total']} done, "
+            f"{state.escalation_count} escalation(s), {state.error_count} error(s)."
+        )
         await self.inform(f"{state.workflow}: {state.outcome}", body)
 
 
@@ -571,8 +692,16 @@ class Digest:
 # ---------------------------------------------------------------- claims
 
 
-_ITEM_STATUS = {"pending": "open", "running": "open", "retry_wait": "open", "done": "closed",
-                "failed": "failed", "escalated": "waiting_human", "skipped": "closed", "aborted": "failed"}
+_ITEM_STATUS = {
+    "pending": "open",
+    "running": "open",
+    "retry_wait": "open",
+    "done": "closed",
+    "failed": "failed",
+    "escalated": "waiting_human",
+    "skipped": "closed",
+    "aborted": "failed",
+}
 
 
 class ClaimsWriter:
@@ -704,18 +833,30 @@ class ClaimsWriter:
             status = "closed" if state.outcome in ("success", "partial") else "failed"
         elif state.escalations and not any(i.status in ("running", "pending", "retry_wait") for i in state.items):
             status = "waiting_human"
-        base = new_claim(state.run_id, "pilote", f"workflows/{state.workflow}", "ambient",
-                         _parse(state.started_at) or now).to_document()
+        base = new_claim(
+            state.run_id, "pilote", f"workflows/{state.workflow}", "ambient", _parse(state.started_at) or now
+        ).to_document()
         counts = state.counts()
-        base.update(status=status, workflow=state.workflow, story_angle=f"ambient run of {state.workflow}",
-                    ambient_run={"form": state.form, "spec_hash": state.spec_hash, "total": counts["total"],
-                                 "done": counts.get("done", 0), "escalations": state.escalation_count})
+        base.update(
+            status=status,
+            workflow=state.workflow,
+            story_angle=f"ambient run of {state.workflow}",
+            ambient_run={
+                "form": state.form,
+                "spec_hash": state.spec_hash,
+                "total": counts["total"],
+                "done": counts.get("done", 0),
+                "escalations": state.escalation_count,
+            },
+        )
         if state.mode:
             base["mode"] = state.mode
         if state.finished:
             base["closed_at"] = _fmt(_parse(state.finished_at) or now)
-            base["result"] = {"status": {"success": "ok", "partial": "partial"}.get(state.outcome or "", "failed"),
-                              "children": [item_claim_id(state.run_id, i, state.form) for i in state.items]}
+            base["result"] = {
+                "status": {"success": "ok", "partial": "partial"}.get(state.outcome or "", "failed"),
+                "children": [item_claim_id(state.run_id, i, state.form) for i in state.items],
+            }
         self._write(state.run_id, base)
         if state.finished:  # its claims will not change again: forget what was kept to compare them
             self._cache.pop(state.run_id, None)
@@ -759,9 +900,14 @@ class ClaimsWriter:
         base = new_claim_doc(sess, "satellite", spec_scope, _item_agent(state, item), now)
         if sess in self._cache:
             base.pop("opened_at", None)
-        base.update(status=_ITEM_STATUS.get(item.status, "open"), parent_satellite=state.run_id,
-                    workflow=state.workflow, story_angle=f"{state.workflow}: {item.name}",
-                    satellite_level="leaf", attempt=item.attempt)
+        base.update(
+            status=_ITEM_STATUS.get(item.status, "open"),
+            parent_satellite=state.run_id,
+            workflow=state.workflow,
+            story_angle=f"{state.workflow}: {item.name}",
+            satellite_level="leaf",
+            attempt=item.attempt,
+        )
         if state.form == "chain":
             base["workflow_step"] = item.name
             step_type = _step_type(state, item)
@@ -772,8 +918,9 @@ class ClaimsWriter:
         if item.status in ("done", "failed", "skipped", "aborted"):
             said = item.output.get("status") if isinstance(item.output, dict) else None
             done = "partial" if said == "partial" else "ok"  # the agent's own word: a partial result stays partial
-            result: dict[str, Any] = {"status": done if item.status == "done" else
-                                      ("partial" if item.status == "skipped" else "failed")}
+            result: dict[str, Any] = {
+                "status": done if item.status == "done" else ("partial" if item.status == "skipped" else "failed")
+            }
             if isinstance(item.output, dict) and isinstance(item.output.get("tests"), dict):
                 result["tests"] = item.output["tests"]
             if item.error:
@@ -794,8 +941,13 @@ def _item_scope(state: RunState, item: ItemState) -> str:
     if isinstance(files, list) and files and isinstance(files[0], str):
         from ambient.templating import render
 
-        values = {"item": item.name, "index": item.index + 1, "total": len(state.items),
-                  "workflow": state.workflow, "run_id": state.run_id}
+        values = {
+            "item": item.name,
+            "index": item.index + 1,
+            "total": len(state.items),
+            "workflow": state.workflow,
+            "run_id": state.run_id,
+        }
         try:
             return render(files[0], values)
         except InputError:
@@ -810,8 +962,14 @@ def _step_scope(state: RunState, item: ItemState, scope: str) -> str:
     if not has_variables(scope):
         return scope
     prior = next((it.output for it in reversed(state.items[: item.index]) if it.status == "done"), None)
-    values = step_values(workflow=state.workflow, step=item.name, run_id=state.run_id, prior=prior,
-                         branch=str(state.spec.get("branch") or ""), pilote=str(state.spec.get("pilote") or ""))
+    values = step_values(
+        workflow=state.workflow,
+        step=item.name,
+        run_id=state.run_id,
+        prior=prior,
+        branch=str(state.spec.get("branch") or ""),
+        pilote=str(state.spec.get("pilote") or ""),
+    )
     try:
         return render(scope, values)
     except InputError:
@@ -885,9 +1043,15 @@ class EscalationEvaluator:
 
     name = "escalations"
 
-    def __init__(self, store: EscalationStore, manager: RunManager, escalator: StoreEscalator, clock: Clock,
-                 wake: Callable[[], None] | None = None,
-                 respawn: Callable[[Escalation], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: EscalationStore,
+        manager: RunManager,
+        escalator: StoreEscalator,
+        clock: Clock,
+        wake: Callable[[], None] | None = None,
+        respawn: Callable[[Escalation], None] | None = None,
+    ) -> None:
         self.store = store
         self.manager = manager
         self.escalator = escalator
@@ -906,8 +1070,11 @@ class EscalationEvaluator:
         ended: set[str] = set()
         for esc in escs:
             if esc.status == "pending":
-                if esc.respawn is None and esc.run_id not in self.manager.executors and \
-                        self.manager.settled(esc.run_id):
+                if (
+                    esc.respawn is None
+                    and esc.run_id not in self.manager.executors
+                    and self.manager.settled(esc.run_id)
+                ):
                     ended.add(esc.run_id)  # its run ended without it (a crash between the two, an older ambient)
                 else:
                     await self._timers(esc, now)
@@ -935,12 +1102,29 @@ class EscalationEvaluator:
             if self.respawn is not None and action == ANSWER:
                 self.respawn(esc)
             return
-        ok = self.manager.decide(esc.id, key, action, by=by, channel=esc.channel or "cli",
-                                 latency_s=esc.latency_s, note=esc.note, rule=rule, answer=label)
+        ok = self.manager.decide(
+            esc.id,
+            key,
+            action,
+            by=by,
+            channel=esc.channel or "cli",
+            latency_s=esc.latency_s,
+            note=esc.note,
+            rule=rule,
+            answer=label,
+        )
         if ok:
             # A line about a run carries its workflow and run id (issue 7), like the executor's own lines.
-            log.info("decision_applied", escalation=esc.id, option=key, action=action, by=by,
-                     workflow=esc.workflow, run_id=esc.run_id, item=esc.item or esc.step)
+            log.info(
+                "decision_applied",
+                escalation=esc.id,
+                option=key,
+                action=action,
+                by=by,
+                workflow=esc.workflow,
+                run_id=esc.run_id,
+                item=esc.item or esc.step,
+            )
             self.applied.add(esc.id)
             if self.escalator.learner is not None and rule is None:
                 await asyncio.to_thread(self.escalator.learner.observe, esc)
@@ -965,8 +1149,14 @@ class EscalationEvaluator:
         if esc.deadline is not None and esc.deadline <= now:
             try:
                 after = await asyncio.to_thread(self.store.apply_timeout, esc.id, now)
-                log.info("escalation_timed_out", escalation=esc.id, on_timeout=esc.on_timeout,
-                         workflow=esc.workflow, run_id=esc.run_id, item=esc.item or esc.step)
+                log.info(
+                    "escalation_timed_out",
+                    escalation=esc.id,
+                    on_timeout=esc.on_timeout,
+                    workflow=esc.workflow,
+                    run_id=esc.run_id,
+                    item=esc.item or esc.step,
+                )
             except (AlreadyAnsweredError, InputError) as exc:
                 log.debug("escalation_timeout_skipped", escalation=esc.id, error=str(exc))
                 return
@@ -974,8 +1164,14 @@ class EscalationEvaluator:
                 await self.escalator.queue(after, reminder=True)
         elif esc.remind_at is not None and not esc.reminded and esc.remind_at <= now:
             updated = await asyncio.to_thread(self.store.mark_reminded, esc.id, now)
-            log.info("escalation_reminded", escalation=esc.id, workflow=esc.workflow, run_id=esc.run_id,
-                     item=esc.item or esc.step, deadline=esc.deadline.isoformat() if esc.deadline else None)
+            log.info(
+                "escalation_reminded",
+                escalation=esc.id,
+                workflow=esc.workflow,
+                run_id=esc.run_id,
+                item=esc.item or esc.step,
+                deadline=esc.deadline.isoformat() if esc.deadline else None,
+            )
             await self.escalator.queue(updated, reminder=True)
 
 

@@ -160,4 +160,3 @@ def _changed(a: Any, b: Any, prefix: str) -> list[str]:
             out += _changed(a.get(key), b.get(key), f"{prefix}{key}.")
         return out
     return [] if a == b else [prefix.rstrip(".")]
-

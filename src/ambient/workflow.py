@@ -1103,8 +1103,9 @@ def _known_keys(model: type[BaseModel], aliases: Iterable[str] = ()) -> list[str
     return [*model.model_fields, *aliases]
 
 
-def _typo_issues(extra: Mapping[str, Any] | None, known: Sequence[str], loc: tuple[str | int, ...], *,
-                 strict: str | None = None) -> list[Issue]:
+def _typo_issues(
+    extra: Mapping[str, Any] | None, known: Sequence[str], loc: tuple[str | int, ...], *, strict: str | None = None
+) -> list[Issue]:
     """Unknown keys: warnings for those that look like a known key or belong in another block (the top level keeps
     free keys such as ``note:``); with ``strict`` (the block's name), every unknown key is an error, since each key
     of that block changes how the work runs: ``gaet: human`` would run a deploy without its human gate."""
@@ -1120,8 +1121,13 @@ def _typo_issues(extra: Mapping[str, Any] | None, known: Sequence[str], loc: tup
             hint = candidates[close[0]] if close else None
         if strict is not None:
             guess = f"did you mean {hint!r}? " if hint else ""
-            out.append(Issue((*loc, key), f"unknown key {key!r} in {strict}: {guess}every key of {strict} changes "
-                             f"how it runs, so an unknown one is refused; its keys: {', '.join(known)}"))
+            out.append(
+                Issue(
+                    (*loc, key),
+                    f"unknown key {key!r} in {strict}: {guess}every key of {strict} changes "
+                    f"how it runs, so an unknown one is refused; its keys: {', '.join(known)}",
+                )
+            )
         elif hint is not None:
             out.append(
                 Issue((*loc, key), f"unknown key {key!r} is kept but not used; did you mean {hint!r}?", "warning")
@@ -1153,8 +1159,9 @@ def _vars_in(value: Any, allowed: frozenset[str], loc: tuple[str | int, ...], wh
 def item_values(spec: ForEachWorkflow, index: int, run_id: str = "run") -> dict[str, Any]:
     """The template variables of item ``index`` (``{{item}}``, ``{{index}}`` from 1, ``{{total}}``...)."""
     items = spec.for_each.items
-    return templating.item_values(item=items[index], index=index + 1, total=len(items), workflow=spec.name,
-                                  run_id=run_id)
+    return templating.item_values(
+        item=items[index], index=index + 1, total=len(items), workflow=spec.name, run_id=run_id
+    )
 
 
 class ItemScope(NamedTuple):
@@ -1186,8 +1193,14 @@ def item_context(spec: ForEachWorkflow, index: int, run_id: str = "run") -> dict
 
 def step_values(spec: ChainWorkflow, step: ChainStep, run_id: str = "run", prior: Any = None) -> dict[str, Any]:
     """The template variables of a chain step; ``prior`` is the previous step's output (``{{prior.result...}}``)."""
-    return templating.step_values(workflow=spec.name, step=step.key, run_id=run_id, prior=prior,
-                                  branch=spec.branch or "", pilote=spec.pilote or "")
+    return templating.step_values(
+        workflow=spec.name,
+        step=step.key,
+        run_id=run_id,
+        prior=prior,
+        branch=spec.branch or "",
+        pilote=spec.pilote or "",
+    )
 
 
 def _for_each_issues(spec: ForEachWorkflow, rules: tuple[ZoneRule, ...]) -> list[Issue]:

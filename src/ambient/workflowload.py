@@ -422,8 +422,9 @@ def load_many(
         loaded[wf.name] = wf
     good: dict[str, LoadedWorkflow] = {}
     for name, wf in loaded.items():
-        found = check_workflow(wf, agent_exists, may_spawn, zone_rules=rules, workflows=loaded,
-                               default_agents=default_agents)
+        found = check_workflow(
+            wf, agent_exists, may_spawn, zone_rules=rules, workflows=loaded, default_agents=default_agents
+        )
         problems += found
         if not any(p.severity == "error" for p in found):
             good[name] = wf
@@ -443,5 +444,6 @@ def load_workflows(
     A file with an error is left out whole; warnings do not keep a workflow out.
     """
     files = [(p, paths.rel(p)) for p in workflow_files(paths.workflows)]
-    return load_many(files, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=zone_rules,
-                     default_agents=default_agents)
+    return load_many(
+        files, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=zone_rules, default_agents=default_agents
+    )

@@ -7,7 +7,6 @@ rewritten by ambient keeps the user's ``opened_at: 2026-03-16T20:36`` text as it
 :mod:`ambient.yamlfile` adds the capped, no-follow file reading.
 """
 
-
 from __future__ import annotations
 
 import json

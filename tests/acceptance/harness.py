@@ -55,8 +55,11 @@ def wait(predicate: Callable[[], Any], what: str, timeout: float = WAIT_S, inter
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The caller's environment without anything of a surrounding ambient or systemd (as a fresh shell has)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AMBIENT_", "NOTIFY_SOCKET", "WATCHDOG_", "CREDENTIALS_DIRECTORY", "INVOCATION_ID"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AMBIENT_", "NOTIFY_SOCKET", "WATCHDOG_", "CREDENTIALS_DIRECTORY", "INVOCATION_ID"))
+    }
     env.update(extra or {})
     return env
 
@@ -81,16 +84,35 @@ class Result:
         return f"$ {' '.join(self.argv)}\n[rc {self.rc}]\n{self.out}{self.err}"
 
 
-def run(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
-        input: str | None = None, timeout: float = 120) -> Result:
+def run(
+    argv: Sequence[str],
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+    timeout: float = 120,
+) -> Result:
     """Run a command to completion."""
-    proc = subprocess.run(list(argv), cwd=cwd, env=clean_env(env), input=input, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    proc = subprocess.run(
+        list(argv),
+        cwd=cwd,
+        env=clean_env(env),
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     return Result(list(argv), proc.returncode, proc.stdout, proc.stderr)
 
 
-def ambient(*args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None, input: str | None = None,
-            timeout: float = 120) -> Result:
+def ambient(
+    *args: str,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+    timeout: float = 120,
+) -> Result:
     """``ambient ARGS...``."""
     return run([*AMBIENT, *args], cwd=cwd, env=env, input=input, timeout=timeout)
 
@@ -106,12 +128,30 @@ PROJECT_GATE = {
 }
 
 
-def agent_md(name: str, argv: Sequence[str], *, gate: Mapping[str, Any] | None = None, timeout_s: float = 60,
-             runner: Mapping[str, Any] | None = None, body: str = "", scope: str = "project") -> str:
+def agent_md(
+    name: str,
+    argv: Sequence[str],
+    *,
+    gate: Mapping[str, Any] | None = None,
+    timeout_s: float = 60,
+    runner: Mapping[str, Any] | None = None,
+    body: str = "",
+    scope: str = "project",
+) -> str:
     """An agent file: frontmatter with its IPC gate and a command runner, then its prompt."""
     ipc = dict(PROJECT_GATE if gate is None else gate)
-    lines = ["---", f"name: {name}", "type: agent", "status: active", f'description: "{name}, an acceptance agent"',
-             "brain:", "  version: 1", "  type: metier", f"  scope: {scope}", "  ipc:"]
+    lines = [
+        "---",
+        f"name: {name}",
+        "type: agent",
+        "status: active",
+        f'description: "{name}, an acceptance agent"',
+        "brain:",
+        "  version: 1",
+        "  type: metier",
+        f"  scope: {scope}",
+        "  ipc:",
+    ]
     lines += [f"    {key}: {json.dumps(value)}" for key, value in ipc.items()]
     run_cfg = {"kind": "command", "argv": list(argv), "timeout_s": timeout_s, **(runner or {})}
     lines += ["ambient:", "  runner:"] + [f"    {k}: {json.dumps(v)}" for k, v in run_cfg.items()]
@@ -177,11 +217,11 @@ class Brain:
 
     # -- commands
 
-    def cli(self, *args: str, env: Mapping[str, str] | None = None, input: str | None = None,
-            timeout: float = 120) -> Result:
+    def cli(
+        self, *args: str, env: Mapping[str, str] | None = None, input: str | None = None, timeout: float = 120
+    ) -> Result:
         """``ambient --brain ROOT ARGS...``."""
-        return ambient("--brain", str(self.root), *args, env={**self.env, **(env or {})}, input=input,
-                       timeout=timeout)
+        return ambient("--brain", str(self.root), *args, env={**self.env, **(env or {})}, input=input, timeout=timeout)
 
     def ok(self, *args: str, **kw: Any) -> Result:
         """A command that must succeed (exit 0)."""
@@ -217,26 +257,37 @@ class Brain:
 
     def outbox_empty(self) -> bool:
         """No notification left to send (what `ambient doctor` counts as "notification(s) to send")."""
-        return not any(p.suffix == ".json" and not p.name.startswith(".")
-                       for p in (self.root / ".ambient" / "outbox").glob("*.json"))
+        return not any(
+            p.suffix == ".json" and not p.name.startswith(".")
+            for p in (self.root / ".ambient" / "outbox").glob("*.json")
+        )
 
     # -- waiting on what a user sees
 
-    def wait_escalation(self, what: str = "an escalation", *, count: int = 1,
-                        where: Callable[[dict[str, Any]], bool] = lambda e: True,
-                        timeout: float = WAIT_S) -> list[dict[str, Any]]:
+    def wait_escalation(
+        self,
+        what: str = "an escalation",
+        *,
+        count: int = 1,
+        where: Callable[[dict[str, Any]], bool] = lambda e: True,
+        timeout: float = WAIT_S,
+    ) -> list[dict[str, Any]]:
         """Wait until ``count`` pending escalations match ``where``; return them."""
+
         def found() -> list[dict[str, Any]] | None:
             escs = [e for e in self.escalations() if where(e)]
             return escs if len(escs) >= count else None
+
         result: list[dict[str, Any]] = wait(found, what, timeout)
         return result
 
     def wait_finished(self, workflow: str, *, count: int = 1, timeout: float = WAIT_S) -> list[dict[str, Any]]:
         """Wait until ``count`` runs of ``workflow`` are recorded as finished; return their records."""
+
         def found() -> list[dict[str, Any]] | None:
             rows = self.finished(workflow)
             return rows if len(rows) >= count else None
+
         result: list[dict[str, Any]] = wait(found, f"{count} finished run(s) of {workflow}", timeout)
         return result
 
@@ -267,8 +318,14 @@ class Daemon:
     def start(self, *, ready: bool = True) -> Daemon:
         argv = [*AMBIENT, "--brain", str(self.brain.root), "run", "--log-format", "json", *self.args]
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=self.env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
         if ready:
             self.wait_log("daemon_ready")
         return self
@@ -296,10 +353,12 @@ class Daemon:
     def wait_log(self, event: str, *, count: int = 1, timeout: float = WAIT_S, **match: Any) -> list[dict[str, Any]]:
         def found() -> list[dict[str, Any]] | None:
             if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"the daemon exited ({self.proc.returncode}) while waiting for {event}:\n"
-                                     + self.tail())
+                raise AssertionError(
+                    f"the daemon exited ({self.proc.returncode}) while waiting for {event}:\n" + self.tail()
+                )
             hits = self.logged(event, **match)
             return hits if len(hits) >= count else None
+
         result: list[dict[str, Any]] = wait(found, f"{count} log line(s) {event} {match or ''}", timeout)
         return result
 
@@ -427,13 +486,20 @@ class FakeTelegram(LoopbackServer):
         prefix = f"/bot{self.token}/"
         if not path.startswith(prefix):
             return 401, {"ok": False, "error_code": 401, "description": "Unauthorized"}
-        method = path[len(prefix):]
+        method = path[len(prefix) :]
         with self.lock:
             self.calls.append((method, body))
             if method == "sendMessage":
                 self.messages.append(body)
-                return 200, {"ok": True, "result": {"message_id": len(self.messages), "date": int(time.time()),
-                                                    "chat": {"id": body.get("chat_id")}, "text": body.get("text")}}
+                return 200, {
+                    "ok": True,
+                    "result": {
+                        "message_id": len(self.messages),
+                        "date": int(time.time()),
+                        "chat": {"id": body.get("chat_id")},
+                        "text": body.get("text"),
+                    },
+                }
             if method == "getUpdates":
                 offset = int(body.get("offset") or 0)
                 return 200, {"ok": True, "result": [u for u in self.updates if u["update_id"] >= offset]}
@@ -447,14 +513,22 @@ class FakeTelegram(LoopbackServer):
             markup = json.loads(markup)
         return [b for row in markup.get("inline_keyboard", []) for b in row]
 
-    def press(self, button: Mapping[str, Any], *, chat_id: int, user_id: int = 7, name: str = "Ana",
-              message_id: int = 1) -> None:
+    def press(
+        self, button: Mapping[str, Any], *, chat_id: int, user_id: int = 7, name: str = "Ana", message_id: int = 1
+    ) -> None:
         """A person taps a button: the next getUpdates returns the callback query."""
         with self.lock:
-            self.updates.append({"update_id": self._next_update, "callback_query": {
-                "id": f"q{self._next_update}", "data": button["callback_data"],
-                "from": {"id": user_id, "first_name": name, "is_bot": False},
-                "message": {"message_id": message_id, "chat": {"id": chat_id}, "text": "…"}}})
+            self.updates.append(
+                {
+                    "update_id": self._next_update,
+                    "callback_query": {
+                        "id": f"q{self._next_update}",
+                        "data": button["callback_data"],
+                        "from": {"id": user_id, "first_name": name, "is_bot": False},
+                        "message": {"message_id": message_id, "chat": {"id": chat_id}, "text": "…"},
+                    },
+                }
+            )
             self._next_update += 1
 
     def sent_texts(self) -> list[str]:

@@ -19,13 +19,15 @@ from tests.acceptance.harness import PROJECT_GATE, Brain, agent_md, wait
 
 def for_each(name: str, agent: str, items: list[str], *, context: str = "", extra: str = "") -> str:
     """A for_each workflow of ``agent`` over ``items``, each item's scope ``work/<name>/<index>``."""
-    return (f"workflow: {name}\n"
-            "for_each:\n"
-            f"  items: {json.dumps(items)}\n"
-            f"  spawn: {agent}\n"
-            f"  scope: {{zone: project, files: [\"work/{name}/{{{{index}}}}.txt\"]}}\n"
-            + (f"  context: {context}\n" if context else "")
-            + extra)
+    return (
+        f"workflow: {name}\n"
+        "for_each:\n"
+        f"  items: {json.dumps(items)}\n"
+        f"  spawn: {agent}\n"
+        f'  scope: {{zone: project, files: ["work/{name}/{{{{index}}}}.txt"]}}\n'
+        + (f"  context: {context}\n" if context else "")
+        + extra
+    )
 
 
 RETRY_ON_ERROR = "retry: {attempts: 3, backoff: 0.1s, on: [error]}\n"
@@ -95,8 +97,11 @@ def spawner_pids(daemon_pid: int) -> list[int]:
     out = []
     for proc in Path("/proc").iterdir():
         try:
-            if (proc.name.isdigit() and int((proc / "stat").read_text().rsplit(") ", 1)[1].split()[1]) == daemon_pid
-                    and b"spawner_helper.py" in (proc / "cmdline").read_bytes()):
+            if (
+                proc.name.isdigit()
+                and int((proc / "stat").read_text().rsplit(") ", 1)[1].split()[1]) == daemon_pid
+                and b"spawner_helper.py" in (proc / "cmdline").read_bytes()
+            ):
                 out.append(int(proc.name))
         except (OSError, IndexError, ValueError):
             continue
@@ -130,8 +135,9 @@ def probed(brain: Brain, item: str) -> dict[str, Any]:
 def test_argv_is_never_a_shell_and_each_value_is_exactly_one_argument(brain: Brain) -> None:
     """command: argv, never a shell; each `{{name}}` value is exactly one argument (`-` values after a `--`)."""
     brain.write("bin/probe.py", textwrap.dedent(PROBE))
-    brain.write("agents/probe.md", agent_md("probe", ["{{python}}", "bin/probe.py", "--", "{{item}}",
-                                                      "n={{index}}/{{total}}"]))
+    brain.write(
+        "agents/probe.md", agent_md("probe", ["{{python}}", "bin/probe.py", "--", "{{item}}", "n={{index}}/{{total}}"])
+    )
     items = ["two words", "$(touch pwned); *", "-rf", "a'b\"c"]
     brain.workflow("argv", for_each("argv", "probe", items))
     brain.until_idle()
@@ -157,10 +163,13 @@ def test_a_value_starting_with_a_dash_is_refused_unless_after_a_literal_double_d
 
 def test_argv0_is_looked_up_in_the_agents_own_path(brain: Brain) -> None:
     """command: `argv[0]` is looked up in the agent's own PATH (its runner's `env:`)."""
-    brain.write("tools/deployer", "#!/bin/sh\ncat > /dev/null\necho '{\"status\": \"ok\", \"via\": \"own PATH\"}'\n",
-                mode=0o755)
-    brain.write("agents/pathy.md", agent_md("pathy", ["deployer"],
-                                            runner={"env": {"PATH": f"{brain.root / 'tools'}:/usr/bin:/bin"}}))
+    brain.write(
+        "tools/deployer", '#!/bin/sh\ncat > /dev/null\necho \'{"status": "ok", "via": "own PATH"}\'\n', mode=0o755
+    )
+    brain.write(
+        "agents/pathy.md",
+        agent_md("pathy", ["deployer"], runner={"env": {"PATH": f"{brain.root / 'tools'}:/usr/bin:/bin"}}),
+    )
     brain.workflow("lookup", for_each("lookup", "pathy", ["x"]))
     brain.until_idle()
     [record] = brain.finished("lookup")
@@ -177,20 +186,40 @@ def test_the_agent_gets_an_explicit_minimal_environment_and_no_secret(brain: Bra
     creds = tmp_path / "creds"
     creds.mkdir()
     brain.write("bin/probe.py", textwrap.dedent(PROBE))
-    brain.write("agents/probe.md", agent_md("probe", ["{{python}}", "bin/probe.py"],
-                                            runner={"env": {"DEPLOY_TARGET": "staging"}}))
+    brain.write(
+        "agents/probe.md",
+        agent_md("probe", ["{{python}}", "bin/probe.py"], runner={"env": {"DEPLOY_TARGET": "staging"}}),
+    )
     brain.workflow("envw", for_each("envw", "probe", ["one"]))
     daemon_env = {
-        "CANARY_SECRET": "s3cr3t-canary-value", "AWS_SECRET_ACCESS_KEY": "aws-canary",
+        "CANARY_SECRET": "s3cr3t-canary-value",
+        "AWS_SECRET_ACCESS_KEY": "aws-canary",
         "AMBIENT_NOTIFY_URLS": "json://127.0.0.1:9/hook?token=notify-canary",
-        "NOTIFY_SOCKET": str(tmp_path / "no-such-notify-socket"), "CREDENTIALS_DIRECTORY": str(creds),
-        "LC_ALL": "C.UTF-8", "TZ": "UTC", "LANG": "C.UTF-8", "HOME": str(tmp_path),
+        "NOTIFY_SOCKET": str(tmp_path / "no-such-notify-socket"),
+        "CREDENTIALS_DIRECTORY": str(creds),
+        "LC_ALL": "C.UTF-8",
+        "TZ": "UTC",
+        "LANG": "C.UTF-8",
+        "HOME": str(tmp_path),
     }
     with brain.daemon(env=daemon_env):
         [record] = brain.wait_finished("envw")
     env = probed(brain, "one")["env"]
-    expected = {"PATH", "HOME", "LANG", "LC_ALL", "TZ", "DEPLOY_TARGET", "AMBIENT_AGENT", "AMBIENT_RUN_ID",
-                "AMBIENT_ITEM", "AMBIENT_ATTEMPT", "AMBIENT_KEY", "AMBIENT_BRAIN", "AMBIENT_CHANNEL_TOKEN"}
+    expected = {
+        "PATH",
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "TZ",
+        "DEPLOY_TARGET",
+        "AMBIENT_AGENT",
+        "AMBIENT_RUN_ID",
+        "AMBIENT_ITEM",
+        "AMBIENT_ATTEMPT",
+        "AMBIENT_KEY",
+        "AMBIENT_BRAIN",
+        "AMBIENT_CHANNEL_TOKEN",
+    }
     assert set(env) - {"AMBIENT_PACKET", "AMBIENT_HANDOFF"} == expected, sorted(env)
     assert env["DEPLOY_TARGET"] == "staging" and env["TZ"] == "UTC" and env["LC_ALL"] == "C.UTF-8"
     assert env["HOME"] == str(tmp_path)
@@ -209,8 +238,15 @@ def test_the_spawn_packet_comes_on_stdin_and_in_ambient_packet_when_small(brain:
     brain.write("bin/probe.py", textwrap.dedent(PROBE))
     brain.write("agents/probe.md", agent_md("probe", ["{{python}}", "bin/probe.py"]))
     big = "x" * 40_000
-    brain.workflow("packet", for_each("packet", "probe", ["small", "large"],
-                                      context='{instance: "{{item}}", position: "{{index}}/{{total}}", blob: short}'))
+    brain.workflow(
+        "packet",
+        for_each(
+            "packet",
+            "probe",
+            ["small", "large"],
+            context='{instance: "{{item}}", position: "{{index}}/{{total}}", blob: short}',
+        ),
+    )
     brain.workflow("bigpacket", for_each("bigpacket", "probe", ["huge"], context=f"{{blob: {big}}}"))
     brain.until_idle()
     small = probed(brain, "small")
@@ -218,7 +254,10 @@ def test_the_spawn_packet_comes_on_stdin_and_in_ambient_packet_when_small(brain:
     assert packet["signal"] == "SPAWN" and packet["to"] == "probe", packet
     assert packet["scope"]["files"] == ["work/packet/1.txt"]
     assert {k: packet["payload"]["context"][k] for k in ("instance", "position", "blob")} == {
-        "instance": "small", "position": "1/2", "blob": "short"}
+        "instance": "small",
+        "position": "1/2",
+        "blob": "short",
+    }
     assert json.loads(small["env"]["AMBIENT_PACKET"]) == packet
     assert json.loads(probed(brain, "large")["stdin"])["scope"]["files"] == ["work/packet/2.txt"]
     huge = probed(brain, "huge")
@@ -296,7 +335,9 @@ def test_no_spawner_without_command_agents(brain: Brain) -> None:
 def test_a_killed_spawner_kills_its_agents_and_their_attempts_are_retried(brain: Brain) -> None:
     """If the spawner is killed, its agents are killed, their attempts end as errors (retried by policy), and the next
     agent brings a new spawner."""
-    brain.python_agent("holder", """
+    brain.python_agent(
+        "holder",
+        """
         import json, os, pathlib, sys, time
         sys.stdin.read()
         brain = pathlib.Path(os.environ["AMBIENT_BRAIN"])
@@ -304,7 +345,8 @@ def test_a_killed_spawner_kills_its_agents_and_their_attempts_are_retried(brain:
         while os.environ["AMBIENT_ATTEMPT"] == "1":
             time.sleep(0.05)
         print(json.dumps({"status": "ok"}))
-    """)
+    """,
+    )
     brain.workflow("held", for_each("held", "holder", ["one"], extra=RETRY_ON_ERROR))
     with brain.daemon() as daemon:
         wait(lambda: brain.path("pid-1").exists(), "the first attempt to start")
@@ -351,8 +393,22 @@ TABLE_AGENT = """
     elif item in answers:
         print(json.dumps(answers[item]))
 """
-TABLE_ITEMS = ["nothing", "ok", "partial", "failed", "return", "escalate", "error", "blocked", "exit-1", "exit-2",
-               "exit-255", "signal", "two-objects", "not-json"]
+TABLE_ITEMS = [
+    "nothing",
+    "ok",
+    "partial",
+    "failed",
+    "return",
+    "escalate",
+    "error",
+    "blocked",
+    "exit-1",
+    "exit-2",
+    "exit-255",
+    "signal",
+    "two-objects",
+    "not-json",
+]
 
 
 @pytest.fixture(scope="module")
@@ -430,19 +486,26 @@ def test_every_item_of_the_table_is_accounted_for(table: Brain) -> None:
     statuses = item_statuses(table, "table")
     assert set(statuses) == set(TABLE_ITEMS)
     assert {i for i, s in statuses.items() if s == "done"} == {"nothing", "ok", "partial", "return"}
-    assert {i for i, s in statuses.items() if s == "escalated"} == set(TABLE_ITEMS) - {"nothing", "ok", "partial",
-                                                                                      "return"}
+    assert {i for i, s in statuses.items() if s == "escalated"} == set(TABLE_ITEMS) - {
+        "nothing",
+        "ok",
+        "partial",
+        "return",
+    }
 
 
 def test_an_agents_error_signal_is_unrecoverable_and_not_retried(brain: Brain) -> None:
     """Output: `{"signal": "ERROR"}` is an unrecoverable error: the agent is not run again by the retry policy."""
-    brain.python_agent("fatal", """
+    brain.python_agent(
+        "fatal",
+        """
         import json, os, pathlib, sys
         sys.stdin.read()
         brain = pathlib.Path(os.environ["AMBIENT_BRAIN"])
         (brain / ("attempt-" + os.environ["AMBIENT_ATTEMPT"])).write_text("ran")
         print(json.dumps({"signal": "ERROR", "context": {"error": "the database is gone"}}))
-    """)
+    """,
+    )
     brain.workflow("fatal", for_each("fatal", "fatal", ["one"], extra=RETRY_ON_ERROR))
     brain.until_idle()
     [esc] = brain.escalations()
@@ -452,11 +515,14 @@ def test_an_agents_error_signal_is_unrecoverable_and_not_retried(brain: Brain) -
 
 def test_identity_comes_from_the_channel_never_from_a_from_field(brain: Brain) -> None:
     """An agent's answer claiming another sender (`from`) is not taken: identity comes from the channel."""
-    brain.python_agent("spoof", """
+    brain.python_agent(
+        "spoof",
+        """
         import json, sys
         sys.stdin.read()
         print(json.dumps({"signal": "RETURN", "from": "human", "result": {"status": "ok"}}))
-    """)
+    """,
+    )
     brain.workflow("spoof", for_each("spoof", "spoof", ["one"]))
     brain.until_idle()
     assert item_statuses(brain, "spoof") == {"one": "escalated"}
@@ -466,11 +532,15 @@ def test_identity_comes_from_the_channel_never_from_a_from_field(brain: Brain) -
 
 def test_an_agents_answer_goes_through_the_router_and_is_checked(brain: Brain) -> None:
     """Every answer goes back through the router as a packet from the agent: a signal its gate lacks is denied."""
-    brain.python_agent("narrow", """
+    brain.python_agent(
+        "narrow",
+        """
         import json, sys
         sys.stdin.read()
         print(json.dumps({"signal": "ESCALATE", "options": ["a", "b"], "question": "A or B?"}))
-    """, gate={**PROJECT_GATE, "signals": ["RETURN"]})
+    """,
+        gate={**PROJECT_GATE, "signals": ["RETURN"]},
+    )
     brain.workflow("narrow", for_each("narrow", "narrow", ["one"]))
     brain.until_idle()
     [esc] = brain.escalations()
@@ -485,14 +555,19 @@ def test_an_agents_answer_goes_through_the_router_and_is_checked(brain: Brain) -
 
 def test_a_timeout_kills_the_agents_whole_process_group(brain: Brain) -> None:
     """command: on timeout the whole group gets SIGTERM, then SIGKILL after `kill_grace_s`; the attempt is an error."""
-    brain.shell_agent("stuck", """
+    brain.shell_agent(
+        "stuck",
+        """
         cat > /dev/null
         trap '' TERM
         sleep 300 &
         echo $! > "$AMBIENT_BRAIN/child.pid"
         echo $$ > "$AMBIENT_BRAIN/leader.pid"
         wait
-    """, timeout_s=1, runner={"kill_grace_s": 0.3})
+    """,
+        timeout_s=1,
+        runner={"kill_grace_s": 0.3},
+    )
     brain.workflow("stuck", for_each("stuck", "stuck", ["one"]))
     brain.until_idle()
     [esc] = brain.escalations()
@@ -504,14 +579,18 @@ def test_a_timeout_kills_the_agents_whole_process_group(brain: Brain) -> None:
 
 def test_a_shutdown_gives_the_group_sigterm_then_sigkill_after_kill_grace_s(brain: Brain) -> None:
     """command: on shutdown the whole group gets SIGTERM, then SIGKILL after `kill_grace_s`."""
-    brain.shell_agent("stubborn", """
+    brain.shell_agent(
+        "stubborn",
+        """
         cat > /dev/null
         trap 'date +%s.%N >> "$AMBIENT_BRAIN/sigterm"' TERM
         sleep 300 &
         echo $! > "$AMBIENT_BRAIN/child.pid"
         echo $$ > "$AMBIENT_BRAIN/leader.pid"
         while true; do wait; done
-    """, runner={"kill_grace_s": 1.5})
+    """,
+        runner={"kill_grace_s": 1.5},
+    )
     brain.workflow("stubborn", for_each("stubborn", "stubborn", ["one"]))
     with brain.daemon() as daemon:
         wait(lambda: brain.path("child.pid").exists(), "the agent and its child to start")
@@ -527,11 +606,16 @@ def test_a_shutdown_gives_the_group_sigterm_then_sigkill_after_kill_grace_s(brai
 
 def test_output_over_max_output_bytes_kills_the_agent(brain: Brain) -> None:
     """command: output over `max_output_bytes` kills the agent's group; the attempt is an error."""
-    brain.shell_agent("chatty", """
+    brain.shell_agent(
+        "chatty",
+        """
         cat > /dev/null
         echo $$ > "$AMBIENT_BRAIN/chatty.pid"
         yes '{"status": "ok"}'
-    """, timeout_s=120, runner={"max_output_bytes": 4096, "kill_grace_s": 0.3})
+    """,
+        timeout_s=120,
+        runner={"max_output_bytes": 4096, "kill_grace_s": 0.3},
+    )
     brain.workflow("chatty", for_each("chatty", "chatty", ["one"]))
     brain.until_idle()
     [esc] = brain.escalations()
@@ -541,13 +625,18 @@ def test_output_over_max_output_bytes_kills_the_agent(brain: Brain) -> None:
 
 def test_the_default_output_cap_is_one_mib(brain: Brain) -> None:
     """command: `max_output_bytes` is 1 MiB by default."""
-    brain.python_agent("flood", """
+    brain.python_agent(
+        "flood",
+        """
         import sys, time
         sys.stdin.read()
         sys.stdout.write("x" * (1024 * 1024 + 1))
         sys.stdout.flush()
         time.sleep(300)
-    """, timeout_s=120, runner={"kill_grace_s": 0.3})
+    """,
+        timeout_s=120,
+        runner={"kill_grace_s": 0.3},
+    )
     brain.workflow("flood", for_each("flood", "flood", ["one"]))
     brain.until_idle()
     [esc] = brain.escalations()
@@ -560,8 +649,8 @@ def test_the_default_output_cap_is_one_mib(brain: Brain) -> None:
 def test_runners_in_the_config_run_an_agent_without_a_runner(brain: Brain) -> None:
     """`runners:` in profil/ambient.yml gives a runner to an agent whose frontmatter has none (its own one wins)."""
     brain.write("agents/plain.md", agent_without_runner("plain"))
-    brain.write("bin/plain.sh", "cat > /dev/null\necho '{\"status\": \"ok\", \"via\": \"runners\"}'\n")
-    brain.shell_agent("own", "cat > /dev/null\necho '{\"status\": \"ok\", \"via\": \"frontmatter\"}'\n")
+    brain.write("bin/plain.sh", 'cat > /dev/null\necho \'{"status": "ok", "via": "runners"}\'\n')
+    brain.shell_agent("own", 'cat > /dev/null\necho \'{"status": "ok", "via": "frontmatter"}\'\n')
     brain.config("""
         runners:
           plain: {kind: command, argv: ["bash", "bin/plain.sh"], timeout_s: 30}
@@ -581,11 +670,14 @@ def test_the_assisted_runner_waits_for_its_claim_to_be_closed(brain: Brain) -> N
     """assisted: ambient opens `claims/<step>-assisted.yml` with the brief and waits until `ambient claim close ID
     --status ok`."""
     brain.write("agents/helper.md", agent_with_runner("helper", {"kind": "assisted", "poll_s": 0.2}))
-    brain.workflow("handmade", """
+    brain.workflow(
+        "handmade",
+        """
         name: handmade
         chain:
           - {step: 1, type: brain-write, scope: docs/guide.md, agents: [helper], story_angle: "Write the guide"}
-    """)
+    """,
+    )
     with brain.daemon():
         claim = wait(lambda: list(brain.path("claims").glob("*-assisted.yml")), "the assisted claim")[0]
         assert claim.name.endswith("-step-1-assisted.yml"), claim.name
@@ -604,7 +696,8 @@ def test_the_callable_runner_runs_in_the_daemons_process(brain: Brain, tmp_path:
     """callable: `func(req)` (sync or async) in the daemon's process."""
     lib = tmp_path / "lib"
     lib.mkdir()
-    (lib / "inproc.py").write_text(textwrap.dedent("""
+    (lib / "inproc.py").write_text(
+        textwrap.dedent("""
         import asyncio, json, os, pathlib
 
         def sync_agent(req):
@@ -615,10 +708,10 @@ def test_the_callable_runner_runs_in_the_daemons_process(brain: Brain, tmp_path:
             await asyncio.sleep(0)
             pathlib.Path(req.brain, "async.pid").write_text(str(os.getpid()))
             return {"status": "ok", "item": req.item}
-    """))
+    """)
+    )
     brain.write("agents/syncer.md", agent_with_runner("syncer", {"kind": "callable", "target": "inproc:sync_agent"}))
-    brain.write("agents/asyncer.md", agent_with_runner("asyncer", {"kind": "callable",
-                                                                   "target": "inproc:async_agent"}))
+    brain.write("agents/asyncer.md", agent_with_runner("asyncer", {"kind": "callable", "target": "inproc:async_agent"}))
     brain.workflow("sync", for_each("sync", "syncer", ["s"]))
     brain.workflow("async", for_each("async", "asyncer", ["a"]))
     pythonpath = os.pathsep.join(p for p in (str(lib), os.environ.get("PYTHONPATH", "")) if p)

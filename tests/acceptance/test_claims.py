@@ -20,10 +20,12 @@ from tests.acceptance.harness import AMBIENT, Brain, clean_env, wait
 # ---------------------------------------------------------------- helpers
 
 
-def _open(brain: Brain, sess_id: str, scope: str, *args: str, agent: str = "coder",
-          claim_type: str = "satellite") -> None:
-    res = brain.ok("claim", "open", "--type", claim_type, "--scope", scope, "--agent", agent, "--sess-id", sess_id,
-                   *args)
+def _open(
+    brain: Brain, sess_id: str, scope: str, *args: str, agent: str = "coder", claim_type: str = "satellite"
+) -> None:
+    res = brain.ok(
+        "claim", "open", "--type", claim_type, "--scope", scope, "--agent", agent, "--sess-id", sess_id, *args
+    )
     assert res.out.strip() == sess_id, res
 
 
@@ -87,8 +89,13 @@ def _held_by_a_dead_process(brain: Brain, file: str) -> None:
 
 
 def _popen(brain: Brain, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([*AMBIENT, "--brain", str(brain.root), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=clean_env(brain.env))
+    return subprocess.Popen(
+        [*AMBIENT, "--brain", str(brain.root), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(brain.env),
+    )
 
 
 def _race(brain: Brain, *commands: tuple[str, ...]) -> list[int]:
@@ -126,8 +133,9 @@ def test_claim_open_show_list_close(brain: Brain) -> None:
     assert set(listed) == {sess_id, "sess-sat"}
     assert listed[sess_id]["type"] == "pilote"
 
-    closed = brain.ok("claim", "close", "sess-sat", "--status", "ok", "--files", "projets/feature/a.md",
-                      "--notes", "done")
+    closed = brain.ok(
+        "claim", "close", "sess-sat", "--status", "ok", "--files", "projets/feature/a.md", "--notes", "done"
+    )
     assert "closed" in closed.out, closed
     on_disk = _claim(brain, "sess-sat")
     assert on_disk["status"] == "closed"
@@ -144,7 +152,9 @@ def test_claim_open_show_list_close(brain: Brain) -> None:
 def test_unknown_keys_survive_a_rewrite_and_inferred_fields_are_never_written(brain: Brain) -> None:
     """Claims are read with every field kept: unknown keys and values survive a rewrite; close_tier and zone are
     inferred, never written."""
-    brain.write("claims/sess-custom.yml", f"""
+    brain.write(
+        "claims/sess-custom.yml",
+        f"""
         sess_id: sess-custom
         type: satellite
         scope: projets/y/a.md
@@ -154,7 +164,8 @@ def test_unknown_keys_survive_a_rewrite_and_inferred_fields_are_never_written(br
         x_team: blue
         x_meta: {{owner: ana, tags: [a, b], nested: {{level: 3}}}}
         satellite_type: code
-    """)
+    """,
+    )
     brain.ok("gate", "gate", "sess-custom", "please look")
     brain.ok("gate", "approve", "sess-custom")
     after = _claim(brain, "sess-custom")
@@ -182,8 +193,11 @@ def test_a_malformed_claim_is_reported_with_file_line_and_never_rewritten(brain:
     assert validated.rc == 1, validated
     assert "claims/sess-bad.yml:" in validated.text
 
-    for args in (("gate", "gate", "sess-bad"), ("gate", "abort", "sess-bad"),
-                 ("claim", "close", "sess-bad", "--status", "ok")):
+    for args in (
+        ("gate", "gate", "sess-bad"),
+        ("gate", "abort", "sess-bad"),
+        ("claim", "close", "sess-bad", "--status", "ok"),
+    ):
         res = brain.cli(*args)
         assert res.rc == 2, res
         assert "claims/sess-bad.yml:" in res.err, res
@@ -210,8 +224,11 @@ def test_gate_approve_and_reject_append_to_gate_history(brain: Brain) -> None:
     assert _status_of(brain, "sess-a") == "failed"
     history = _claim(brain, "sess-a")["gate_history"]
     assert [(h["action"], h["from"], h["to"]) for h in history] == [
-        ("gate", "open", "waiting_human"), ("approve", "waiting_human", "open"),
-        ("gate", "open", "waiting_human"), ("reject", "waiting_human", "failed")]
+        ("gate", "open", "waiting_human"),
+        ("approve", "waiting_human", "open"),
+        ("gate", "open", "waiting_human"),
+        ("reject", "waiting_human", "failed"),
+    ]
     assert history[0]["message"] == "is this right?"
     assert history[3]["message"] == "no"
     status = brain.ok("gate", "status", "sess-a", "--json").json()
@@ -240,17 +257,27 @@ def test_pause_cascades_and_resume_restores_only_what_it_paused(brain: Brain) ->
     _open(brain, "sess-p", "projets/p/", claim_type="pilote")
     for child in ("sess-c1", "sess-c2", "sess-c3", "sess-c4"):
         _open(brain, child, f"projets/p/{child}.md", "--parent", "sess-p")
-    brain.ok("gate", "gate", "sess-c2")           # waiting for a person
-    brain.ok("gate", "pause", "sess-c3")          # paused on its own
+    brain.ok("gate", "gate", "sess-c2")  # waiting for a person
+    brain.ok("gate", "pause", "sess-c3")  # paused on its own
     brain.ok("claim", "close", "sess-c4", "--status", "ok")
 
     brain.ok("gate", "pause", "sess-p", "hold everything")
     assert {s: _status_of(brain, s) for s in ("sess-p", "sess-c1", "sess-c2", "sess-c3", "sess-c4")} == {
-        "sess-p": "paused", "sess-c1": "paused", "sess-c2": "paused", "sess-c3": "paused", "sess-c4": "closed"}
+        "sess-p": "paused",
+        "sess-c1": "paused",
+        "sess-c2": "paused",
+        "sess-c3": "paused",
+        "sess-c4": "closed",
+    }
 
     brain.ok("gate", "resume", "sess-p")
     assert {s: _status_of(brain, s) for s in ("sess-p", "sess-c1", "sess-c2", "sess-c3", "sess-c4")} == {
-        "sess-p": "open", "sess-c1": "open", "sess-c2": "waiting_human", "sess-c3": "paused", "sess-c4": "closed"}
+        "sess-p": "open",
+        "sess-c1": "open",
+        "sess-c2": "waiting_human",
+        "sess-c3": "paused",
+        "sess-c4": "closed",
+    }
     c1 = _claim(brain, "sess-c1")["gate_history"]
     assert [h["action"] for h in c1] == ["pause", "resume"]
     assert all(h.get("cascade") == "sess-p" for h in c1)
@@ -271,9 +298,16 @@ def test_abort_cascades_to_every_non_terminal_descendant(brain: Brain) -> None:
 
     res = brain.ok("gate", "abort", "sess-p", "stop it")
     assert "cascade" in res.out
-    assert {s: _status_of(brain, s) for s in ("sess-p", "sess-c1", "sess-c2", "sess-g1", "sess-done", "sess-other")} \
-        == {"sess-p": "failed", "sess-c1": "failed", "sess-c2": "failed", "sess-g1": "failed", "sess-done": "closed",
-            "sess-other": "open"}
+    assert {
+        s: _status_of(brain, s) for s in ("sess-p", "sess-c1", "sess-c2", "sess-g1", "sess-done", "sess-other")
+    } == {
+        "sess-p": "failed",
+        "sess-c1": "failed",
+        "sess-c2": "failed",
+        "sess-g1": "failed",
+        "sess-done": "closed",
+        "sess-other": "open",
+    }
     last = _claim(brain, "sess-g1")["gate_history"][-1]
     assert (last["action"], last["from"], last["to"]) == ("abort", "paused", "failed")
 
@@ -289,16 +323,23 @@ def test_an_open_claim_past_its_ttl_becomes_stale(brain: Brain) -> None:
         "sess-waiting": ("waiting_human", _ago(days=3), "ttl: 30m"),
     }
     for sid, (status, opened, extra) in claims.items():
-        brain.write(f"claims/{sid}.yml", f"sess_id: {sid}\ntype: satellite\nscope: projets/{sid}/\nagent: coder\n"
-                                         f"status: {status}\nopened_at: '{opened}'\n{extra}\n")
+        brain.write(
+            f"claims/{sid}.yml",
+            f"sess_id: {sid}\ntype: satellite\nscope: projets/{sid}/\nagent: coder\n"
+            f"status: {status}\nopened_at: '{opened}'\n{extra}\n",
+        )
     with brain.daemon():
-        wait(lambda: _status_of(brain, "sess-old-ttl") == "stale" and _status_of(brain, "sess-old-default") == "stale",
-             "the two old open claims to become stale")
+        wait(
+            lambda: _status_of(brain, "sess-old-ttl") == "stale" and _status_of(brain, "sess-old-default") == "stale",
+            "the two old open claims to become stale",
+        )
     assert _status_of(brain, "sess-fresh") == "open"
     assert _status_of(brain, "sess-waiting") == "waiting_human"
     assert _claim(brain, "sess-old-ttl")["gate_history"][-1]["to"] == "stale"
     assert [r["sess_id"] for r in brain.ok("claim", "list", "--status", "stale", "--json").json()] == [
-        "sess-old-default", "sess-old-ttl"]
+        "sess-old-default",
+        "sess-old-ttl",
+    ]
 
 
 def test_status_reads_claims_and_sees_every_change(brain: Brain) -> None:
@@ -326,26 +367,34 @@ def test_status_reads_claims_and_sees_every_change(brain: Brain) -> None:
     _open(brain, "sess-4", "projets/sess-4/")
     assert brain.status()["claims"]["open"] == 2
     assert [r["sess_id"] for r in brain.ok("claim", "list", "--status", "open", "--json").json()] == [
-        "sess-1", "sess-4"]
+        "sess-1",
+        "sess-4",
+    ]
 
 
 def test_for_each_items_and_chain_steps_each_have_a_claim(brain: Brain) -> None:
     """Each for_each item and each chain step has its own claim, a child of its run's claim, closed with its result."""
     for name in ("worker", "coder", "tester"):
         brain.python_agent(name, OK_AGENT)
-    brain.workflow("fan", """
+    brain.workflow(
+        "fan",
+        """
         workflow: fan
         for_each:
           items: [a, b, c]
           spawn: worker
           scope: {zone: project, files: ["workspace/fan/{{item}}.md"]}
-    """)
-    brain.workflow("ch", """
+    """,
+    )
+    brain.workflow(
+        "ch",
+        """
         name: ch
         chain:
           - {step: 1, type: brain-write, scope: projets/ch/, agents: [coder]}
           - {step: 2, type: brain-write, scope: projets/ch/README.md, agents: [tester]}
-    """)
+    """,
+    )
     brain.until_idle()
     [fan] = brain.finished("fan")
     [ch] = brain.finished("ch")
@@ -354,7 +403,10 @@ def test_for_each_items_and_chain_steps_each_have_a_claim(brain: Brain) -> None:
     fan_children = {sid: c for sid, c in claims.items() if c.get("parent_satellite") == fan["run_id"]}
     assert fan["run_id"] in claims
     assert sorted(c["scope"] for c in fan_children.values()) == [
-        "workspace/fan/a.md", "workspace/fan/b.md", "workspace/fan/c.md"]
+        "workspace/fan/a.md",
+        "workspace/fan/b.md",
+        "workspace/fan/c.md",
+    ]
     assert all(c["agent"] == "worker" and c["status"] == "closed" for c in fan_children.values())
     for sid in fan_children:
         assert _claim(brain, sid)["result"]["status"] == "ok"
@@ -362,32 +414,43 @@ def test_for_each_items_and_chain_steps_each_have_a_claim(brain: Brain) -> None:
     ch_children = {sid: c for sid, c in claims.items() if c.get("parent_satellite") == ch["run_id"]}
     assert ch["run_id"] in claims
     assert sorted((str(c["workflow_step"]), c["agent"], c["scope"]) for c in ch_children.values()) == [
-        ("1", "coder", "projets/ch/"), ("2", "tester", "projets/ch/README.md")]
+        ("1", "coder", "projets/ch/"),
+        ("2", "tester", "projets/ch/README.md"),
+    ]
     assert all(c["status"] == "closed" for c in ch_children.values())
     assert claims[fan["run_id"]]["status"] == claims[ch["run_id"]]["status"] == "closed"
 
 
 def test_status_of_a_waiting_run_shows_its_items_from_their_claims(brain: Brain) -> None:
     """`ambient status WORKFLOW` shows the fan-out item by item; the waiting item's claim waits for the person."""
-    brain.python_agent("worker", """
+    brain.python_agent(
+        "worker",
+        """
         import json, os, sys
         json.load(sys.stdin)
         sys.exit(1 if os.environ["AMBIENT_ITEM"] == "b" else 0)
-    """)
-    brain.workflow("fan", """
+    """,
+    )
+    brain.workflow(
+        "fan",
+        """
         workflow: fan
         for_each:
           items: [a, b]
           spawn: worker
           scope: {zone: project, files: ["workspace/fan/{{item}}.md"]}
-    """)
+    """,
+    )
     brain.until_idle()
     [run] = brain.ok("status", "fan", "--json").json()["runs"]
     items = {it["name"]: it for it in run["items"]}
     assert items["a"]["status"] == "done", items
     assert items["b"]["status"] == "escalated" and items["b"]["escalation"], items
-    item_claims = {c["scope"]: c["status"] for c in brain.ok("claim", "list", "--json").json()
-                   if c.get("parent_satellite") == run["run_id"]}
+    item_claims = {
+        c["scope"]: c["status"]
+        for c in brain.ok("claim", "list", "--json").json()
+        if c.get("parent_satellite") == run["run_id"]
+    }
     assert item_claims == {"workspace/fan/a.md": "closed", "workspace/fan/b.md": "waiting_human"}
 
 
@@ -495,7 +558,9 @@ def test_a_dead_holder_is_detected_by_pid_and_start_time(brain: Brain, tmp_path:
     """A lock held for an agent by a daemon killed with -9 is dead (free at once to a contender); a lock whose pid is
     alive but whose process started at another time (a recycled pid) is dead too."""
     go = tmp_path / "go"
-    brain.python_agent("slow", f"""
+    brain.python_agent(
+        "slow",
+        f"""
         import json, pathlib, sys, time
         json.load(sys.stdin)
         pathlib.Path({str(tmp_path / "started")!r}).write_text("x")
@@ -503,27 +568,40 @@ def test_a_dead_holder_is_detected_by_pid_and_start_time(brain: Brain, tmp_path:
         while not pathlib.Path({str(go)!r}).exists() and time.monotonic() < end:
             time.sleep(0.05)
         print(json.dumps({{"status": "ok"}}))
-    """)
-    brain.workflow("hold", """
+    """,
+    )
+    brain.workflow(
+        "hold",
+        """
         workflow: hold
         for_each:
           items: [a, b]
           spawn: slow
           concurrency: 2
           scope: {zone: project, files: ["workspace/hold/{{item}}.md"]}
-    """)
+    """,
+    )
     try:
         with brain.daemon() as daemon:
-            wait(lambda: _lock_state(brain, "workspace/hold/a.md") == "held"
-                 and _lock_state(brain, "workspace/hold/b.md") == "held", "both item locks held")
+            wait(
+                lambda: (
+                    _lock_state(brain, "workspace/hold/a.md") == "held"
+                    and _lock_state(brain, "workspace/hold/b.md") == "held"
+                ),
+                "both item locks held",
+            )
             assert brain.cli("lock", "check", "workspace/hold/a.md").rc == 1
             assert brain.cli("lock", "acquire", "workspace/hold/a.md", "intruder").rc == 1
 
             # the same live pid, another start time: what a recycled pid looks like
             path = brain.path("locks/workspace%2Fhold%2Fb.md.lock")
             lines = path.read_text().splitlines()
-            lines = [f"pid_start_time: {float(line.split(':', 1)[1]) - 1000:.2f}" if line.startswith("pid_start_time:")
-                     else line for line in lines]
+            lines = [
+                f"pid_start_time: {float(line.split(':', 1)[1]) - 1000:.2f}"
+                if line.startswith("pid_start_time:")
+                else line
+                for line in lines
+            ]
             path.write_text("\n".join(lines) + "\n")
             assert _lock_state(brain, "workspace/hold/b.md") == "dead"
             assert brain.cli("lock", "check", "workspace/hold/b.md").rc == 0
@@ -550,9 +628,11 @@ def test_lock_cleanup_removes_expired_and_dead_locks_only(brain: Brain) -> None:
     assert states == {"projets/held.md": "held", "projets/dead.md": "dead", "projets/expired.md": "expired"}
     brain.ok("lock", "cleanup")
     assert {row["file"]: row["state"] for row in brain.ok("lock", "list", "--json").json()} == {
-        "projets/held.md": "held"}
+        "projets/held.md": "held"
+    }
     assert sorted(p.name for p in brain.path("locks").iterdir() if not p.name.startswith(".")) == [
-        "projets%2Fheld.md.lock"]
+        "projets%2Fheld.md.lock"
+    ]
 
 
 def test_a_symlinked_lock_is_never_followed(brain: Brain, tmp_path: Path) -> None:
@@ -607,8 +687,9 @@ def test_preflight_check_exit_codes(brain: Brain) -> None:
 def test_preflight_branch_check_passes_on_the_theme_branch(brain: Brain) -> None:
     """Pre-flight's branch check (6) passes when the brain's git repository is on the claim's theme branch."""
     _open(brain, "sess-branch", "projets/z/", "--theme-branch", "theme/z")
-    git = subprocess.run(["git", "init", "-q", "-b", "theme/z", str(brain.root)], capture_output=True, text=True,
-                         check=False)
+    git = subprocess.run(
+        ["git", "init", "-q", "-b", "theme/z", str(brain.root)], capture_output=True, text=True, check=False
+    )
     if git.returncode != 0:
         pytest.skip(f"git init failed: {git.stderr}")
     assert brain.cli("preflight", "check", "sess-branch", "projets/z/a.md").rc == 0
@@ -637,8 +718,11 @@ def test_doctor_and_validate_read_claims_and_change_nothing(brain: Brain) -> Non
     """`ambient doctor` and `ambient validate` use the claims index but never write it: they change nothing; `ambient
     status` rebuilds a missing index."""
     _open(brain, "sess-1", "projets/a/")
-    brain.write("claims/sess-old.yml", f"sess_id: sess-old\ntype: satellite\nscope: projets/o/\nagent: coder\n"
-                                       f"status: open\nopened_at: '{_ago(hours=30)}'\n")
+    brain.write(
+        "claims/sess-old.yml",
+        f"sess_id: sess-old\ntype: satellite\nscope: projets/o/\nagent: coder\n"
+        f"status: open\nopened_at: '{_ago(hours=30)}'\n",
+    )
     brain.write("claims/sess-bad.yml", "sess_id: [broken\n")
     index = brain.path(".ambient/claims-index.json")
     brain.status()
@@ -658,13 +742,16 @@ def test_runs_last_n_shows_the_newest_runs(brain: Brain) -> None:
     """`ambient runs --last N` shows the newest N finished runs (runs.jsonl read from its end)."""
     brain.python_agent("worker", OK_AGENT)
     for name in ("one", "two", "three"):
-        brain.workflow(name, f"""
+        brain.workflow(
+            name,
+            f"""
             workflow: {name}
             for_each:
               items: [a]
               spawn: worker
               scope: {{zone: project, files: ["workspace/{name}/{{{{item}}}}.md"]}}
-        """)
+        """,
+        )
     brain.until_idle()
     everything = brain.runs()["finished"]
     assert len(everything) == 3
@@ -674,15 +761,21 @@ def test_runs_last_n_shows_the_newest_runs(brain: Brain) -> None:
 
 def test_an_items_claim_keeps_a_partial_result(brain: Brain) -> None:
     """An item whose agent answers `{"status": "partial"}` closes its claim with result.status partial."""
-    brain.python_agent("halfway", """
+    brain.python_agent(
+        "halfway",
+        """
         import json, sys
         json.load(sys.stdin)
         print(json.dumps({"status": "partial", "note": "two of three pages"}))
-    """)
-    brain.workflow("pages", """
+    """,
+    )
+    brain.workflow(
+        "pages",
+        """
         workflow: pages
         for_each: {items: [one], spawn: halfway}
-    """)
+    """,
+    )
     brain.until_idle()
     [claim] = [yaml.safe_load(p.read_text()) for p in brain.path("claims").glob("*-item-001.yml")]
     assert claim["status"] == "closed" and claim["result"]["status"] == "partial", claim

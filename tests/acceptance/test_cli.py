@@ -30,13 +30,16 @@ OK_AGENT = """
 
 
 def _fanout(brain: Brain, name: str, items: list[str], agent: str = "deploy") -> None:
-    brain.workflow(name, f"""
+    brain.workflow(
+        name,
+        f"""
         workflow: {name}
         for_each:
           items: [{", ".join(items)}]
           spawn: {agent}
           scope: {{zone: project, files: ["infrastructure/{{{{item}}}}.yml"]}}
-    """)
+    """,
+    )
 
 
 def _commands_of_the_readme() -> list[list[str]]:
@@ -67,9 +70,30 @@ def test_every_command_of_the_reference_exists_with_help() -> None:
     """Every command listed in the CLI reference exists, and `--help` works everywhere (exit 0, its usage)."""
     commands = _commands_of_the_readme()
     names = {c[0] for c in commands}
-    assert {"run", "demo", "init", "validate", "status", "runs", "start", "escalations", "decide", "notify", "config",
-            "doctor", "matrix", "send", "claim", "gate", "lock", "preflight", "stats", "rules", "replay",
-            "thread"} <= names, names
+    assert {
+        "run",
+        "demo",
+        "init",
+        "validate",
+        "status",
+        "runs",
+        "start",
+        "escalations",
+        "decide",
+        "notify",
+        "config",
+        "doctor",
+        "matrix",
+        "send",
+        "claim",
+        "gate",
+        "lock",
+        "preflight",
+        "stats",
+        "rules",
+        "replay",
+        "thread",
+    } <= names, names
     assert ["lock", "acquire"] in commands and ["gate", "approve"] in commands
     top = ambient("--help")
     assert top.rc == 0 and "usage: ambient" in top.out
@@ -82,8 +106,9 @@ def test_every_command_of_the_reference_exists_with_help() -> None:
             assert f"usage: ambient {' '.join(words)}" in res.out, res
 
 
-def test_the_brain_is_the_current_directory_or_brain_before_or_after_or_the_environment(brain: Brain,
-                                                                                        tmp_path: Path) -> None:
+def test_the_brain_is_the_current_directory_or_brain_before_or_after_or_the_environment(
+    brain: Brain, tmp_path: Path
+) -> None:
     """Every command acts on the brain in the current directory, or `--brain DIR` (before or after the command),
     or `$AMBIENT_BRAIN`."""
     elsewhere = tmp_path / "elsewhere"
@@ -108,19 +133,22 @@ def test_the_brain_is_the_current_directory_or_brain_before_or_after_or_the_envi
     assert "ship" in listing.out and "success" in listing.out, listing
 
 
-@pytest.mark.parametrize("args", [
-    ["no-such-command"],
-    ["status", "--no-such-option"],
-    ["decide"],
-    ["runs", "--last", "many"],
-    ["stats", "--since", "the day before yesterday"],
-    ["decide", "esc-nosuch", "retry"],
-    ["start", "ship", "--context", "not json"],
-    ["matrix", "explain", "ambient", "deploy", "NO_SUCH_SIGNAL"],
-    ["lock", "acquire", "../outside.yml", "me"],
-    ["validate", "workflows/missing.yml"],
-    ["rules", "accept", "r-nosuchrule"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["no-such-command"],
+        ["status", "--no-such-option"],
+        ["decide"],
+        ["runs", "--last", "many"],
+        ["stats", "--since", "the day before yesterday"],
+        ["decide", "esc-nosuch", "retry"],
+        ["start", "ship", "--context", "not json"],
+        ["matrix", "explain", "ambient", "deploy", "NO_SUCH_SIGNAL"],
+        ["lock", "acquire", "../outside.yml", "me"],
+        ["validate", "workflows/missing.yml"],
+        ["rules", "accept", "r-nosuchrule"],
+    ],
+)
 def test_bad_usage_or_bad_input_exits_2(brain: Brain, args: list[str]) -> None:
     """Exit code 2 = bad usage or bad input, said on stderr, never a traceback."""
     brain.python_agent("deploy", OK_AGENT)
@@ -164,8 +192,11 @@ def test_init_scaffolds_a_working_brain(tmp_path: Path) -> None:
 
 
 def _tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_init_never_overwrites(example_brain: Brain) -> None:
@@ -190,8 +221,11 @@ def test_validate_prints_file_line_message_and_exits_1(brain: Brain) -> None:
     _fanout(brain, "ship", ["web"])
     clean = brain.cli("validate")
     assert clean.rc == 0, clean
-    brain.write("workflows/broken.yml", "workflow: broken\nfor_each:\n  items: [a]\n  spawn: nobody\n"
-                "  scope: {zone: project, files: [\"x/{{item}}.md\"]}\n")
+    brain.write(
+        "workflows/broken.yml",
+        "workflow: broken\nfor_each:\n  items: [a]\n  spawn: nobody\n"
+        '  scope: {zone: project, files: ["x/{{item}}.md"]}\n',
+    )
     res = brain.cli("validate")
     assert res.rc == 1, res
     assert re.search(r"^workflows/broken\.yml:4: .*nobody", res.out, re.M), res
@@ -203,8 +237,12 @@ def test_validate_prints_file_line_message_and_exits_1(brain: Brain) -> None:
 
 def test_validate_strict_counts_warnings(brain: Brain) -> None:
     """`ambient validate --strict`: a warning is a problem too (exit 1); without it, exit 0."""
-    gate = {"receives_from": ["ambient"], "sends_to": ["ambient"], "zone_access": ["project", "reference"],
-            "signals": ["RETURN"]}
+    gate = {
+        "receives_from": ["ambient"],
+        "sends_to": ["ambient"],
+        "zone_access": ["project", "reference"],
+        "signals": ["RETURN"],
+    }
     brain.python_agent("librarian", OK_AGENT, gate=gate)
     res = brain.cli("validate")
     assert res.rc == 0, res
@@ -303,8 +341,9 @@ def test_doctor_writes_nothing(brain: Brain) -> None:
     assert "daemon" in checks, report
     for finding in report["findings"]:
         assert {"severity", "check", "message", "hint"} <= set(finding)
-    assert any("claims/broken.yml" in str(f.get("file")) or "claims/broken.yml" in f["message"]
-               for f in report["findings"]), report
+    assert any(
+        "claims/broken.yml" in str(f.get("file")) or "claims/broken.yml" in f["message"] for f in report["findings"]
+    ), report
     assert "fix:" in text.out
     assert checked.rc == 1 and "claims/broken.yml:" in checked.out
 
@@ -344,8 +383,14 @@ def test_escalations_into_a_closed_pipe_ends_quietly(brain: Brain) -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)  # `head` has already exited
     try:
-        proc = subprocess.run([*AMBIENT, "--brain", str(brain.root), "escalations"], stdout=write_end,
-                              stderr=subprocess.PIPE, env=clean_env(), timeout=60, check=False)
+        proc = subprocess.run(
+            [*AMBIENT, "--brain", str(brain.root), "escalations"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=clean_env(),
+            timeout=60,
+            check=False,
+        )
     finally:
         os.close(write_end)
     assert proc.returncode == 141, proc
@@ -358,9 +403,18 @@ def test_escalations_piped_into_head_prints_the_first_lines(brain: Brain) -> Non
     _fanout(brain, "rollout", [f"eu-{n}" for n in range(1, 40)])
     brain.until_idle()
     wait(lambda: len(brain.escalations()) == 39, "39 escalations")
-    res = subprocess.run(["bash", "-c", f"{' '.join(AMBIENT)} --brain {brain.root} escalations | head -n 2; "
-                          "echo \"rc=${PIPESTATUS[0]}\""], capture_output=True, text=True, env=clean_env(),
-                         timeout=60, check=False)
+    res = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'{" ".join(AMBIENT)} --brain {brain.root} escalations | head -n 2; echo "rc=${{PIPESTATUS[0]}}"',
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=60,
+        check=False,
+    )
     lines = res.stdout.splitlines()
     assert len(lines) == 3 and lines[0].startswith("esc-"), res
     assert lines[-1] in ("rc=0", "rc=141"), res
@@ -387,8 +441,12 @@ def test_demo_runs_the_daemon_on_a_fresh_copy_of_the_example_brain_then_the_stat
 
 def test_status_watch_refreshes_until_interrupted(brain: Brain) -> None:
     """`ambient status --watch`: the status again and again until interrupted (Ctrl-C ends it with 0)."""
-    with subprocess.Popen([*AMBIENT, "--brain", str(brain.root), "status", "--watch"], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, env=clean_env()) as proc:
+    with subprocess.Popen(
+        [*AMBIENT, "--brain", str(brain.root), "status", "--watch"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    ) as proc:
         assert proc.stdout is not None
         seen = b""
         try:
@@ -407,7 +465,9 @@ def test_status_watch_refreshes_until_interrupted(brain: Brain) -> None:
 
 def test_start_runs_a_workflow_now_and_a_chain_from_a_step(brain: Brain) -> None:
     """`ambient start WORKFLOW [--step N]`: a run now (even of a draft); a chain from step N."""
-    brain.python_agent("writer", """
+    brain.python_agent(
+        "writer",
+        """
         import json, os, pathlib, sys
         json.load(sys.stdin)
         work = pathlib.Path(os.environ["AMBIENT_BRAIN"], "workspace")
@@ -415,15 +475,19 @@ def test_start_runs_a_workflow_now_and_a_chain_from_a_step(brain: Brain) -> None
         with open(work / "steps.log", "a") as f:
             f.write(os.environ["AMBIENT_ITEM"] + "\\n")
         print(json.dumps({"status": "ok"}))
-    """)
-    brain.workflow("docs", """
+    """,
+    )
+    brain.workflow(
+        "docs",
+        """
         name: docs
         status: draft
         chain:
           - {step: 1, type: brain-write, scope: projets/docs/a.md, agents: [writer]}
           - {step: 2, type: brain-write, scope: projets/docs/b.md, agents: [writer]}
           - {step: 3, type: brain-write, scope: projets/docs/c.md, agents: [writer]}
-    """)
+    """,
+    )
     with brain.daemon():
         assert brain.ok("start", "docs", "--step", "2").rc == 0
         brain.wait_finished("docs")
@@ -436,8 +500,12 @@ def test_start_runs_a_workflow_now_and_a_chain_from_a_step(brain: Brain) -> None
 
 def test_doctor_strict_counts_warnings(example_brain: Brain) -> None:
     """`ambient doctor --strict`: a warning makes it exit 1; without --strict warnings are allowed (exit 0)."""
-    gate = {"receives_from": ["ambient"], "sends_to": ["ambient"], "zone_access": ["project", "reference"],
-            "signals": ["RETURN"]}
+    gate = {
+        "receives_from": ["ambient"],
+        "sends_to": ["ambient"],
+        "zone_access": ["project", "reference"],
+        "signals": ["RETURN"],
+    }
     example_brain.python_agent("librarian", OK_AGENT, gate=gate)
     with example_brain.daemon():
         example_brain.wait_finished("hello")

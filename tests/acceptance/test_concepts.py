@@ -41,13 +41,15 @@ WORKER = """
 def fan_out(name: str, items: list[str], *, extra: str = "", **context: str) -> str:
     """A for_each workflow of the worker over ``items``, its context given as strings."""
     ctx = ", ".join(f"{k}: {json.dumps(v)}" for k, v in {"item": "{{item}}", **context}.items())
-    return (f"workflow: {name}\n"
-            "for_each:\n"
-            f"  items: {json.dumps(items)}\n"
-            "  spawn: worker\n"
-            "  scope: {zone: project, files: [\"work/{{item}}.log\"]}\n"
-            f"  context: {{{ctx}}}\n"
-            f"{extra}")
+    return (
+        f"workflow: {name}\n"
+        "for_each:\n"
+        f"  items: {json.dumps(items)}\n"
+        "  spawn: worker\n"
+        '  scope: {zone: project, files: ["work/{{item}}.log"]}\n'
+        f"  context: {{{ctx}}}\n"
+        f"{extra}"
+    )
 
 
 def starts(brain: Brain, item: str) -> list[dict[str, Any]]:
@@ -195,21 +197,27 @@ def test_a_running_item_holds_the_lock_on_its_scope_and_has_its_claim(brain: Bra
 
 def test_blocked_on_waits_for_you_and_resumes_once_unblocked(brain: Brain) -> None:
     """blocked → `BLOCKED_ON` → you unblock → ambient resumes."""
-    brain.python_agent("needy", """
+    brain.python_agent(
+        "needy",
+        """
         import json, os, pathlib, sys
         json.load(sys.stdin)
         if not pathlib.Path(os.environ["AMBIENT_BRAIN"], "ssh-key").exists():
             print(json.dumps({"signal": "BLOCKED_ON", "context": {"missing": "ssh-key"}}))
         else:
             print(json.dumps({"status": "ok"}))
-    """)
-    brain.workflow("needs", """
+    """,
+    )
+    brain.workflow(
+        "needs",
+        """
         workflow: needs
         for_each:
           items: [vps-1]
           spawn: needy
           scope: {zone: project, files: ["work/{{item}}.log"]}
-    """)
+    """,
+    )
     with brain.daemon():
         [esc] = brain.wait_escalation("the BLOCKED_ON")
         assert esc["kind"] == "blocked" and esc["item"] == "vps-1", esc
@@ -275,7 +283,8 @@ def test_editing_a_workflow_never_disturbs_a_running_run(brain: Brain) -> None:
 
 
 def test_a_workflow_that_fails_validation_is_reported_at_its_line_and_the_previous_version_keeps_serving(
-        brain: Brain) -> None:
+    brain: Brain,
+) -> None:
     """A file that fails validation is reported with file:line and never half-loaded; a previous good version keeps
     serving."""
     brain.python_agent("worker", WORKER)
@@ -322,8 +331,12 @@ def test_a_workflow_broken_from_the_start_never_runs(brain: Brain) -> None:
 def test_each_spawn_carries_the_idempotency_key_run_item_attempt(brain: Brain) -> None:
     """Each SPAWN carries an idempotency key `run/item/attempt` in AMBIENT_KEY."""
     brain.python_agent("worker", WORKER)
-    brain.workflow("keys", fan_out("keys", ["steady", "flaky"], crash_first="flaky",
-                                   extra="retry: {attempts: 2, backoff: 0.1s, on: [error]}\n"))
+    brain.workflow(
+        "keys",
+        fan_out(
+            "keys", ["steady", "flaky"], crash_first="flaky", extra="retry: {attempts: 2, backoff: 0.1s, on: [error]}\n"
+        ),
+    )
     brain.until_idle()
     [record] = brain.finished("keys")
     run_id = record["run_id"]
@@ -349,8 +362,13 @@ def test_kill_9_mid_run_then_start_again_resumes_without_redoing_completed_items
     with brain.daemon() as first:
         [esc] = brain.wait_escalation("the broken item's escalation")
         wait(lambda: starts(brain, "hold"), "the held agent to start")
-        wait(lambda: {k: v for k, v in item_status(brain, "durable").items() if k.startswith("quick")}
-             == {"quick-1": "done", "quick-2": "done"}, "the quick items to be done")
+        wait(
+            lambda: (
+                {k: v for k, v in item_status(brain, "durable").items() if k.startswith("quick")}
+                == {"quick-1": "done", "quick-2": "done"}
+            ),
+            "the quick items to be done",
+        )
         run_id = esc["run_id"]
         kill_9(first)
     assert [e["id"] for e in brain.escalations()] == [esc["id"]]  # still pending, daemon down
@@ -406,13 +424,16 @@ def test_kill_9_mid_chain_then_start_again_resumes_at_the_running_step(brain: Br
     """Durable by design, for a chain: after kill -9 and a start, the done step is not run again, the running one is
     run again, and the chain goes on to its end."""
     brain.shell_agent("stepper", CHAIN_AGENT)
-    brain.workflow("steps", """
+    brain.workflow(
+        "steps",
+        """
         name: steps
         chain:
           - {step: 1, type: brain-write, scope: work/one.md, agents: [stepper]}
           - {step: 2, type: brain-write, scope: work/two.md, agents: [stepper]}
           - {step: 3, type: brain-write, scope: work/three.md, agents: [stepper]}
-    """)
+    """,
+    )
 
     def log(step: str) -> list[str]:
         path = brain.path(f"work/step-{step}.log")

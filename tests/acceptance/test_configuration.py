@@ -55,19 +55,28 @@ def _leaves(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _workflow(brain: Brain, name: str, agent: str = "ok", items: str = "[a]") -> None:
-    brain.workflow(name, f"""
+    brain.workflow(
+        name,
+        f"""
         workflow: {name}
         for_each:
           items: {items}
           spawn: {agent}
           scope: {{zone: project, files: ["workspace/{name}/{{{{item}}}}.md"]}}
-    """)
+    """,
+    )
 
 
 def _run_idle(brain: Brain, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`ambient run --until-idle` with its output in a pipe (not a terminal), as under systemd."""
-    return subprocess.run([*AMBIENT, "--brain", str(brain.root), "run", "--until-idle", *args], capture_output=True,
-                          text=True, env=clean_env(env), timeout=120, check=False)
+    return subprocess.run(
+        [*AMBIENT, "--brain", str(brain.root), "run", "--until-idle", *args],
+        capture_output=True,
+        text=True,
+        env=clean_env(env),
+        timeout=120,
+        check=False,
+    )
 
 
 def _json_lines(text: str) -> list[dict[str, Any]]:
@@ -125,7 +134,9 @@ def test_config_show_prints_effective_values_with_their_source_and_masks_secrets
     notification URLs masked."""
     secret = "s3cretPassw0rd"
     token = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
-    brain.config(f'tick_seconds: 5\nnotify:\n  urls: ["json://ops:{secret}@127.0.0.1:9/hook", "tgram://{token}/123456789"]\n')
+    brain.config(
+        f'tick_seconds: 5\nnotify:\n  urls: ["json://ops:{secret}@127.0.0.1:9/hook", "tgram://{token}/123456789"]\n'
+    )
     env = {"AMBIENT_LOG_LEVEL": "debug"}
     text = brain.ok("config", "show", env=env).out
     rows = {line.split()[0]: line for line in text.splitlines() if line and not line.startswith("#")}
@@ -173,8 +184,10 @@ def test_the_environment_tick_seconds_wins_over_the_file(brain: Brain) -> None:
     """`AMBIENT_TICK_SECONDS` wins over the file's tick_seconds."""
     brain.config("tick_seconds: 3600\n")
     brain.python_agent("ok", OK_AGENT)
-    assert brain.ok("config", "show", "--json", env={"AMBIENT_TICK_SECONDS": "0.3"}).json()["settings"][
-        "tick_seconds"] == 0.3
+    assert (
+        brain.ok("config", "show", "--json", env={"AMBIENT_TICK_SECONDS": "0.3"}).json()["settings"]["tick_seconds"]
+        == 0.3
+    )
     with brain.daemon("--no-watch", env={"AMBIENT_TICK_SECONDS": "0.3"}):
         _workflow(brain, "found")
         brain.wait_finished("found", timeout=10)
@@ -296,8 +309,13 @@ def test_a_broken_file_at_reload_keeps_the_previous_version_and_says_why(brain: 
         assert "profil/ambient.yml:2" in problem["problem"] and "log_levl" in problem["problem"], problem
         daemon.wait_log("config_invalid_kept_previous")
         brain.config("tick_seconds: [\n")
-        wait(lambda: any("profil/ambient.yml" in str(r.get("problem")) and "YAML" in str(r.get("problem"))
-                         for r in daemon.logged("brain_problem")), "the YAML error in the log")
+        wait(
+            lambda: any(
+                "profil/ambient.yml" in str(r.get("problem")) and "YAML" in str(r.get("problem"))
+                for r in daemon.logged("brain_problem")
+            ),
+            "the YAML error in the log",
+        )
         daemon.wait_log("config_invalid_kept_previous", count=2)
         reloads = daemon.wait_log("reloaded", count=2)
         assert all(r["tick_seconds"] == 7 for r in reloads), reloads
@@ -310,11 +328,14 @@ def test_breaker_threshold_trips_the_circuit_breaker(brain: Brain) -> None:
     """`breaker_threshold`: consecutive failures on one scope that trip the circuit breaker (1: the first one)."""
     brain.config("breaker_threshold: 1\n")
     brain.python_agent("coder", FAILING_AGENT)
-    brain.workflow("feature", """
+    brain.workflow(
+        "feature",
+        """
         name: feature
         chain:
           - {step: 1, type: brain-write, scope: projets/feature/, agents: [coder]}
-    """)
+    """,
+    )
     brain.until_idle()
     [esc] = brain.escalations()
     assert esc["kind"] == "circuit_break", esc
@@ -324,7 +345,9 @@ def test_breaker_threshold_trips_the_circuit_breaker(brain: Brain) -> None:
 def test_lock_ttl_min_is_the_ttl_of_the_locks_a_step_takes(brain: Brain) -> None:
     """`lock_ttl_min`: the TTL of the locks a step takes on its scope."""
     brain.config("lock_ttl_min: 7\n")
-    brain.python_agent("coder", """
+    brain.python_agent(
+        "coder",
+        """
         import json, os, pathlib, sys, time
         json.load(sys.stdin)
         work = pathlib.Path(os.environ["AMBIENT_BRAIN"], "workspace")
@@ -334,12 +357,16 @@ def test_lock_ttl_min_is_the_ttl_of_the_locks_a_step_takes(brain: Brain) -> None
         while not (work / "go").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         print(json.dumps({"status": "ok"}))
-    """)
-    brain.workflow("feature", """
+    """,
+    )
+    brain.workflow(
+        "feature",
+        """
         name: feature
         chain:
           - {step: 1, type: brain-write, scope: projets/feature/, agents: [coder]}
-    """)
+    """,
+    )
     with brain.daemon():
         try:
             wait(lambda: brain.path("workspace/started").exists(), "the step's agent to run")

@@ -45,12 +45,23 @@ OK = """
 """
 
 
-def _rollout(brain: Brain, name: str = "rollout", items: tuple[str, ...] = ("eu-1",), agent: str = "deploy",
-             extra: str = "", on_fail: str | None = None) -> None:
+def _rollout(
+    brain: Brain,
+    name: str = "rollout",
+    items: tuple[str, ...] = ("eu-1",),
+    agent: str = "deploy",
+    extra: str = "",
+    on_fail: str | None = None,
+) -> None:
     """Drop a for_each of AGENT over ITEMS (each on infrastructure/<name>/<item>.yml); EXTRA: top-level lines."""
-    lines = [f"workflow: {name}", "for_each:", f"  items: [{', '.join(items)}]", f"  spawn: {agent}",
-             f"  concurrency: {len(items)}",
-             '  scope: {zone: project, files: ["infrastructure/' + name + '/{{item}}.yml"]}']
+    lines = [
+        f"workflow: {name}",
+        "for_each:",
+        f"  items: [{', '.join(items)}]",
+        f"  spawn: {agent}",
+        f"  concurrency: {len(items)}",
+        '  scope: {zone: project, files: ["infrastructure/' + name + '/{{item}}.yml"]}',
+    ]
     if on_fail is not None:
         lines += ["  on_return:", f"    fail: {on_fail}"]
     brain.write(f"workflows/{name}.yml", "\n".join(lines) + "\n" + extra)
@@ -132,11 +143,14 @@ def test_a_failed_item_becomes_an_escalation_file_with_the_documented_fields(bra
 
 def test_a_blocked_on_that_needs_you_becomes_an_escalation(brain: Brain) -> None:
     """A BLOCKED_ON that needs the person becomes an escalation file too."""
-    brain.python_agent("blocker", """
+    brain.python_agent(
+        "blocker",
+        """
         import json, sys
         json.load(sys.stdin)
         print(json.dumps({"signal": "BLOCKED_ON", "context": {"missing": "the VPN key"}}))
-    """)
+    """,
+    )
     _rollout(brain, name="blk", agent="blocker", items=("x",))
     brain.until_idle()
     [esc] = brain.escalations()
@@ -148,11 +162,14 @@ def test_a_blocked_on_that_needs_you_becomes_an_escalation(brain: Brain) -> None
 
 def test_a_blocked_on_escalation_says_what_is_missing(brain: Brain) -> None:
     """blocked → BLOCKED_ON → you unblock: the person is told what the agent is blocked on."""
-    brain.python_agent("blocker", """
+    brain.python_agent(
+        "blocker",
+        """
         import json, sys
         json.load(sys.stdin)
         print(json.dumps({"signal": "BLOCKED_ON", "context": {"missing": "the VPN key"}}))
-    """)
+    """,
+    )
     _rollout(brain, name="blk", agent="blocker", items=("x",))
     brain.until_idle()
     [esc] = brain.escalations()
@@ -162,12 +179,15 @@ def test_a_blocked_on_escalation_says_what_is_missing(brain: Brain) -> None:
 
 def test_an_escalate_with_a_long_option_becomes_an_escalation(brain: Brain) -> None:
     """Every ESCALATE becomes an escalation, also one whose options are long (the packet bound is 512 characters)."""
-    brain.python_agent("asker", """
+    brain.python_agent(
+        "asker",
+        """
         import json, sys
         json.load(sys.stdin)
         print(json.dumps({"signal": "ESCALATE", "question": "Which plan?",
                           "options": ["keep the current plan: " + "a" * 280, "switch"]}))
-    """)
+    """,
+    )
     _rollout(brain, name="ask", agent="asker", items=("x",))
     brain.until_idle()
     [esc] = brain.escalations()
@@ -178,11 +198,14 @@ def test_an_escalate_with_a_long_option_becomes_an_escalation(brain: Brain) -> N
 def test_a_chain_steps_escalation_holds_its_step(brain: Brain) -> None:
     """An escalation holds the item *or step* it is about: a failed chain step's escalation names its step."""
     brain.python_agent("failer", FAILING)
-    brain.workflow("ch", """
+    brain.workflow(
+        "ch",
+        """
         name: ch
         chain:
           - {step: 1, type: brain-write, scope: workspace/ch/a.md, agents: [failer]}
-    """)
+    """,
+    )
     brain.until_idle()
     [esc] = brain.escalations()
     assert esc["workflow"] == "ch"
@@ -259,8 +282,13 @@ def test_decide_exit_codes_and_a_refused_answer_changes_nothing(brain: Brain) ->
     brain.until_idle()
     [esc] = brain.escalations()
     before = _tree_digest(brain.root)
-    for esc_id, option in ((esc["id"], "bogus"), (esc["id"], "4"), (esc["id"], "0"), ("esc-nobody", "1"),
-                           ("nobody", "retry")):
+    for esc_id, option in (
+        (esc["id"], "bogus"),
+        (esc["id"], "4"),
+        (esc["id"], "0"),
+        ("esc-nobody", "1"),
+        ("nobody", "retry"),
+    ):
         res = brain.decide(esc_id, option)
         assert res.rc == 2, res
     assert _tree_digest(brain.root) == before
@@ -385,7 +413,7 @@ def _notify(brain: Brain, *urls: str, extra: str = "") -> None:
 
 
 def test_an_escalation_is_notified_at_once_after_its_file_is_written(brain: Brain) -> None:
-    """"Needs you" is sent at once, with the question, the options and the command to answer, and only once the
+    """ "Needs you" is sent at once, with the question, the options and the command to answer, and only once the
     escalation file is on disk."""
     with _WitnessHook(brain) as hook:
         _notify(brain, hook.url)
@@ -461,8 +489,10 @@ def test_a_failed_send_is_retried_with_backoff_across_restarts(brain: Brain, web
     assert brain.decide(escs[0]["id"], "skip").rc == 0  # answerable while its notification waits
 
     with brain.daemon():
-        wait(lambda: any(e["attempts"] > before.get(e["id"], 0) for e in _outbox(brain)),
-             "an attempt after the restart that continues the count")
+        wait(
+            lambda: any(e["attempts"] > before.get(e["id"], 0) for e in _outbox(brain)),
+            "an attempt after the restart that continues the count",
+        )
         webhook.fail_next = 0
         wait(lambda: escs[1]["id"] in _refs(webhook.texts()), "the waiting escalation's notification")
         wait(brain.outbox_empty, "the outbox to empty")
@@ -477,8 +507,9 @@ def test_the_default_backoff_starts_at_5_seconds(brain: Brain, webhook: Webhook)
     _rollout(brain)
     with brain.daemon():
         brain.wait_escalation()
-        [entry] = wait(lambda: [e for e in _outbox(brain) if e["attempts"] >= 1 and e.get("last_attempt_at")],
-                       "a failed attempt")
+        [entry] = wait(
+            lambda: [e for e in _outbox(brain) if e["attempts"] >= 1 and e.get("last_attempt_at")], "a failed attempt"
+        )
     delay = _when(entry["next_at"]) - _when(entry["last_attempt_at"])
     assert 0 <= delay <= 5.05, entry
     assert entry["last_error"]
@@ -499,8 +530,13 @@ def test_secrets_in_notification_urls_never_show(brain: Brain, webhook: Webhook)
         [esc] = brain.wait_escalation()
         wait(lambda: esc["id"] in _refs(webhook.texts()), "the escalation's notification")
         daemon.wait_log("notify_failed")
-        for args in (("status",), ("status", "--json"), ("config", "show", "--json"),
-                     ("escalations", "--all", "--json"), ("doctor",)):
+        for args in (
+            ("status",),
+            ("status", "--json"),
+            ("config", "show", "--json"),
+            ("escalations", "--all", "--json"),
+            ("doctor",),
+        ):
             outputs.append(brain.cli(*args).text)
         log = daemon.log_path.read_text()
     webhook.fail_next = 1
@@ -586,8 +622,9 @@ def _telegram_brain(brain: Brain, bot: _PollingTelegram, tmp_path: Path, user_id
     (creds / "telegram-token").write_text(bot.token + "\n")
     brain.env["CREDENTIALS_DIRECTORY"] = str(creds)
     users = f", user_ids: [{user_ids}]" if user_ids else ""
-    brain.config(f'telegram: {{answers: true, chat_id: "{CHAT}", api_base: "{bot.api_base}", poll_timeout_s: 1'
-                 f"{users}}}\n")
+    brain.config(
+        f'telegram: {{answers: true, chat_id: "{CHAT}", api_base: "{bot.api_base}", poll_timeout_s: 1{users}}}\n'
+    )
 
 
 def _message_for(bot: _PollingTelegram, esc_id: str) -> tuple[int, dict[str, Any]]:
@@ -597,6 +634,7 @@ def _message_for(bot: _PollingTelegram, esc_id: str) -> tuple[int, dict[str, Any
                 if f"Ref: {esc_id}" in str(msg.get("text", "")):
                     return n, msg
         return None
+
     result: tuple[int, dict[str, Any]] = wait(found, f"the Telegram message of {esc_id}")
     return result
 
@@ -635,8 +673,9 @@ def test_telegram_buttons_decide_and_the_run_resumes(brain: Brain, bot: _Polling
         assert bot.token not in brain.cli(*args).text
 
 
-def test_telegram_a_press_after_a_cli_answer_is_told_it_was_decided(brain: Brain, bot: _PollingTelegram,
-                                                                      tmp_path: Path) -> None:
+def test_telegram_a_press_after_a_cli_answer_is_told_it_was_decided(
+    brain: Brain, bot: _PollingTelegram, tmp_path: Path
+) -> None:
     """A press on an escalation answered from the CLI changes nothing and is told it was already decided."""
     _telegram_brain(brain, bot, tmp_path)
     brain.python_agent("deploy", FAILING)
@@ -668,11 +707,11 @@ def test_telegram_forged_and_stale_buttons_do_nothing(brain: Brain, bot: _Pollin
         esc_part, index, nonce = real["callback_data"].split(":")
         forged_nonce = ("A" if nonce[0] != "A" else "B") + nonce[1:]
         presses = [
-            {"callback_data": f"{esc_part}:{index}:{forged_nonce}"},                  # forged token
-            {"callback_data": f"{esc_part}:{index}"},                                 # no token
-            {"callback_data": f"esc-zzzzzz:{index}:{nonce}"},                         # another escalation's name
+            {"callback_data": f"{esc_part}:{index}:{forged_nonce}"},  # forged token
+            {"callback_data": f"{esc_part}:{index}"},  # no token
+            {"callback_data": f"esc-zzzzzz:{index}:{nonce}"},  # another escalation's name
             {"callback_data": bot.buttons(first_msg)[1]["callback_data"].replace(first["id"], second["id"])},
-            bot.buttons(first_msg)[1],                                                # stale: the first one's skip
+            bot.buttons(first_msg)[1],  # stale: the first one's skip
         ]
         for press in presses:
             bot.press(press, chat_id=CHAT, message_id=second_id)
@@ -687,8 +726,9 @@ def test_telegram_forged_and_stale_buttons_do_nothing(brain: Brain, bot: _Pollin
     assert first_id != second_id
 
 
-def test_telegram_presses_from_another_chat_or_user_are_ignored(brain: Brain, bot: _PollingTelegram,
-                                                                tmp_path: Path) -> None:
+def test_telegram_presses_from_another_chat_or_user_are_ignored(
+    brain: Brain, bot: _PollingTelegram, tmp_path: Path
+) -> None:
     """Presses count only from the configured chat, and from the users in `user_ids` when set."""
     _telegram_brain(brain, bot, tmp_path, user_ids="7")
     brain.python_agent("deploy", FLAKY)
@@ -707,8 +747,9 @@ def test_telegram_presses_from_another_chat_or_user_are_ignored(brain: Brain, bo
 
 
 @pytest.mark.slow
-def test_telegram_a_press_is_neither_lost_nor_applied_twice_across_restarts(brain: Brain, bot: _PollingTelegram,
-                                                                             tmp_path: Path) -> None:
+def test_telegram_a_press_is_neither_lost_nor_applied_twice_across_restarts(
+    brain: Brain, bot: _PollingTelegram, tmp_path: Path
+) -> None:
     """The update offset is persisted before acting: a press made while the daemon is down is applied when it comes
     back, and a restart does not apply (or answer) a press twice."""
     _telegram_brain(brain, bot, tmp_path)
@@ -733,17 +774,21 @@ def test_telegram_a_press_is_neither_lost_nor_applied_twice_across_restarts(brai
     assert len(brain.finished("rollout")) == 1
 
 
-def test_agent_text_is_sent_as_plain_text_within_telegrams_4096_characters(brain: Brain, bot: _PollingTelegram,
-                                                                           tmp_path: Path) -> None:
+def test_agent_text_is_sent_as_plain_text_within_telegrams_4096_characters(
+    brain: Brain, bot: _PollingTelegram, tmp_path: Path
+) -> None:
     """Agent text is sent as plain text (never HTML) and cut to Telegram's 4096 characters."""
     _telegram_brain(brain, bot, tmp_path)
-    brain.python_agent("asker", """
+    brain.python_agent(
+        "asker",
+        """
         import json, sys
         json.load(sys.stdin)
         question = "<b>Deploy</b> & <a href='https://example.invalid'>roll back</a>? " + "detail " * 270
         print(json.dumps({"signal": "ESCALATE", "question": question,
                           "options": [f"<i>plan-{n}</i> " + "o" * 150 for n in range(16)]}))
-    """)
+    """,
+    )
     _rollout(brain, name="ask", agent="asker", items=("x",))
     with brain.daemon():
         [esc] = brain.wait_escalation()
@@ -761,7 +806,9 @@ def test_agent_text_is_sent_as_plain_text_within_telegrams_4096_characters(brain
 def test_an_escalate_sent_with_ambient_send_becomes_an_escalation(brain: Brain, tmp_path: Path) -> None:
     """Every ESCALATE becomes an escalation file, also one an agent hands to the daemon with `ambient send`."""
     env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
-    brain.python_agent("asker", """
+    brain.python_agent(
+        "asker",
+        """
         import json, subprocess, sys
         json.load(sys.stdin)
         packet = {"from": "asker", "to": "human", "signal": "ESCALATE",
@@ -769,7 +816,9 @@ def test_an_escalate_sent_with_ambient_send_becomes_an_escalation(brain: Brain, 
         res = subprocess.run([sys.executable, "-m", "ambient", "send", "-"], input=json.dumps(packet), text=True,
                              capture_output=True)
         print(json.dumps({"status": "ok" if res.returncode == 0 else "failed"}))
-    """, runner={"env": env})
+    """,
+        runner={"env": env},
+    )
     _rollout(brain, name="ask", agent="asker", items=("x",))
     with brain.daemon():
         [record] = brain.wait_finished("ask")

@@ -65,8 +65,12 @@ def _agent(brain: Brain, name: str, gate: dict[str, Any]) -> None:
     brain.python_agent(name, AGENT_OK, gate=gate)
 
 
-PROJECT = {"receives_from": ["orchestrator", "human", "ambient"], "sends_to": ["orchestrator", "human", "ambient"],
-           "zone_access": ["project"], "signals": ["RETURN", "ERROR", "ESCALATE", "BLOCKED_ON"]}
+PROJECT = {
+    "receives_from": ["orchestrator", "human", "ambient"],
+    "sends_to": ["orchestrator", "human", "ambient"],
+    "zone_access": ["project"],
+    "signals": ["RETURN", "ERROR", "ESCALATE", "BLOCKED_ON"],
+}
 
 
 # ---------------------------------------------------------------- ambient send
@@ -77,8 +81,16 @@ def _exit_codes(brain: Brain) -> None:
     assert delivered.rc == 0, delivered
     pkt_id = delivered.json()["id"]
     assert delivered.json()["status"] == "delivered"
-    denied = _send(brain, {"from": "human", "to": "worker", "signal": "SPAWN", "scope": {"zone": "personal"},
-                           "payload": {"context": {"x": 1}}})
+    denied = _send(
+        brain,
+        {
+            "from": "human",
+            "to": "worker",
+            "signal": "SPAWN",
+            "scope": {"zone": "personal"},
+            "payload": {"context": {"x": 1}},
+        },
+    )
     assert denied.rc == 1, denied
     assert denied.json()["status"] == "denied" and denied.json()["rule"], denied
     invalid = _send(brain, {"from": "human", "to": "worker", "signal": "RETURN", "payload": {"context": {"x": 1}}})
@@ -129,11 +141,24 @@ def test_rejected_packets_are_audited_by_size_and_sha256_never_content(brain: Br
     """Rejected packets are recorded in .ambient/audit.jsonl by size and sha256, never by content."""
     _agent(brain, "worker", PROJECT)
     canary = "Canary-9f3e1c7d-payload"
-    denied_raw = json.dumps({"from": "human", "to": "worker", "signal": "SPAWN", "scope": {"zone": "personal"},
-                             "payload": {"context": {"secret": canary}}})
-    invalid_raw = json.dumps({"from": "human", "to": "worker", "signal": "RETURN",
-                              "payload": {"context": {"secret": canary}, "result": {"note": canary}}})
-    yaml_raw = f"from: human\nto: bsi\nsignal: CHECKPOINT\npayload:\n  context: {{x: \"{canary} [unclosed\n"
+    denied_raw = json.dumps(
+        {
+            "from": "human",
+            "to": "worker",
+            "signal": "SPAWN",
+            "scope": {"zone": "personal"},
+            "payload": {"context": {"secret": canary}},
+        }
+    )
+    invalid_raw = json.dumps(
+        {
+            "from": "human",
+            "to": "worker",
+            "signal": "RETURN",
+            "payload": {"context": {"secret": canary}, "result": {"note": canary}},
+        }
+    )
+    yaml_raw = f'from: human\nto: bsi\nsignal: CHECKPOINT\npayload:\n  context: {{x: "{canary} [unclosed\n'
     proc = brain.daemon().start() if daemon else None
     try:
         assert _send(brain, denied_raw).rc == 1
@@ -153,8 +178,14 @@ def test_rejected_packets_are_audited_by_size_and_sha256_never_content(brain: Br
 
 def test_an_oversized_packet_is_audited_by_its_own_size_and_sha256(brain: Brain) -> None:
     """A packet rejected for its size is recorded by its size and sha256 too."""
-    raw = json.dumps({"from": "human", "to": "bsi", "signal": "CHECKPOINT",
-                      "payload": {"context": {k: "x" * 60_000 for k in "abcde"}}})
+    raw = json.dumps(
+        {
+            "from": "human",
+            "to": "bsi",
+            "signal": "CHECKPOINT",
+            "payload": {"context": {k: "x" * 60_000 for k in "abcde"}},
+        }
+    )
     assert _send(brain, raw).rc == 2
     [rec] = [r for r in _audit(brain) if r["status"] == "invalid"]
     assert rec["size"] == len(raw.encode())
@@ -163,32 +194,53 @@ def test_an_oversized_packet_is_audited_by_its_own_size_and_sha256(brain: Brain)
 
 SIGNAL_RULES = [
     ({"to": "worker", "signal": "RETURN", "payload": {"context": {"x": 1}}}, ["RETURN", "payload.context"]),
-    ({"to": "worker", "signal": "RETURN", "scope": {"files": ["a.md"]}, "payload": {"result": {"status": "ok"}}},
-     ["RETURN", "scope.files"]),
+    (
+        {"to": "worker", "signal": "RETURN", "scope": {"files": ["a.md"]}, "payload": {"result": {"status": "ok"}}},
+        ["RETURN", "scope.files"],
+    ),
     ({"to": "worker", "signal": "SPAWN", "payload": {"result": {"status": "ok"}}}, ["SPAWN", "payload.result"]),
     ({"to": "worker", "signal": "BLOCKED_ON", "payload": {}}, ["BLOCKED_ON", "payload.context"]),
     ({"to": "worker", "signal": "ERROR", "payload": {"options": ["a"]}}, ["ERROR", "payload.options"]),
     ({"to": "worker", "signal": "ESCALATE", "payload": {"options": []}}, ["ESCALATE", "payload.options"]),
-    ({"to": "worker", "signal": "ESCALATE", "payload": {"options": ["a"], "context": {"question": "q", "why": 1}}},
-     ["ESCALATE", "payload.context.why"]),
+    (
+        {"to": "worker", "signal": "ESCALATE", "payload": {"options": ["a"], "context": {"question": "q", "why": 1}}},
+        ["ESCALATE", "payload.context.why"],
+    ),
     ({"to": "worker", "signal": "CHECKPOINT", "payload": {"context": {"x": 1}}}, ["CHECKPOINT", "bsi"]),
-    ({"to": "worker", "signal": "HANDOFF", "session_id": "s1", "payload": {"context": {"x": 1}, "decision": {"d": 1}}},
-     ["HANDOFF", "from"]),
-    ({"to": "human", "signal": "HANDOFF", "payload": {"context": {"x": 1}, "decision": {"d": 1}}},
-     ["HANDOFF", "session_id"]),
-    ({"to": "ambient", "signal": "ORCHESTRATE", "payload": {"context": {"step": 1}}},
-     ["ORCHESTRATE", "payload.context.workflow"]),
-    ({"to": "ambient", "signal": "ABORT", "payload": {"context": {"workflow": "w", "reason": "r", "extra": 1}}},
-     ["ABORT", "payload.context.extra"]),
-    ({"to": "broadcast", "signal": "DONE", "payload": {"context": {"workflow": "w", "summary": "s"}}},
-     ["broadcast", "NOTIFY", "DONE"]),
+    (
+        {
+            "to": "worker",
+            "signal": "HANDOFF",
+            "session_id": "s1",
+            "payload": {"context": {"x": 1}, "decision": {"d": 1}},
+        },
+        ["HANDOFF", "from"],
+    ),
+    (
+        {"to": "human", "signal": "HANDOFF", "payload": {"context": {"x": 1}, "decision": {"d": 1}}},
+        ["HANDOFF", "session_id"],
+    ),
+    (
+        {"to": "ambient", "signal": "ORCHESTRATE", "payload": {"context": {"step": 1}}},
+        ["ORCHESTRATE", "payload.context.workflow"],
+    ),
+    (
+        {"to": "ambient", "signal": "ABORT", "payload": {"context": {"workflow": "w", "reason": "r", "extra": 1}}},
+        ["ABORT", "payload.context.extra"],
+    ),
+    (
+        {"to": "broadcast", "signal": "DONE", "payload": {"context": {"workflow": "w", "summary": "s"}}},
+        ["broadcast", "NOTIFY", "DONE"],
+    ),
 ]
 
 
-@pytest.mark.parametrize(("packet", "named"), SIGNAL_RULES, ids=[f"{p['signal']}-{i}" for i, (p, _) in
-                                                                  enumerate(SIGNAL_RULES)])
-def test_payload_rules_per_signal_are_rejected_with_the_field_named(brain: Brain, packet: dict[str, Any],
-                                                                    named: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("packet", "named"), SIGNAL_RULES, ids=[f"{p['signal']}-{i}" for i, (p, _) in enumerate(SIGNAL_RULES)]
+)
+def test_payload_rules_per_signal_are_rejected_with_the_field_named(
+    brain: Brain, packet: dict[str, Any], named: list[str]
+) -> None:
     """Each signal carries only its payload (ADR-026); a packet breaking the rule is rejected (exit 2) with the
     signal, the field and what is allowed."""
     _agent(brain, "worker", PROJECT)
@@ -201,31 +253,50 @@ def test_payload_rules_per_signal_are_rejected_with_the_field_named(brain: Brain
 
 def test_the_packets_the_signal_rules_allow_are_delivered(brain: Brain) -> None:
     """CHECKPOINT to bsi, HANDOFF to the sender itself with a session_id, NOTIFY to broadcast are delivered."""
-    for packet in (CHECKPOINT,
-                   {"from": "human", "to": "human", "signal": "HANDOFF", "session_id": "s1",
-                    "payload": {"context": {"x": 1}, "decision": {"d": 1}}},
-                   {"from": "human", "to": "broadcast", "signal": "NOTIFY", "payload": {"context": {"message": "hi"}}}):
+    for packet in (
+        CHECKPOINT,
+        {
+            "from": "human",
+            "to": "human",
+            "signal": "HANDOFF",
+            "session_id": "s1",
+            "payload": {"context": {"x": 1}, "decision": {"d": 1}},
+        },
+        {"from": "human", "to": "broadcast", "signal": "NOTIFY", "payload": {"context": {"message": "hi"}}},
+    ):
         res = _send(brain, packet)
         assert res.rc == 0, res
 
 
 def _file_packet(n: int) -> dict[str, Any]:
-    return {"from": "human", "to": "worker", "signal": "SPAWN",
-            "scope": {"zone": "project", "files": [f"workspace/f{i}.md" for i in range(n)]},
-            "payload": {"context": {"x": 1}}}
+    return {
+        "from": "human",
+        "to": "worker",
+        "signal": "SPAWN",
+        "scope": {"zone": "project", "files": [f"workspace/f{i}.md" for i in range(n)]},
+        "payload": {"context": {"x": 1}},
+    }
 
 
 def test_bounds_per_packet_string_files_and_options(brain: Brain) -> None:
     """Bounds: 256 KiB per packet, 64 KiB per string, 256 files, 16 options; at the bound a packet passes."""
     _agent(brain, "worker", PROJECT)
-    big = {"from": "human", "to": "bsi", "signal": "CHECKPOINT",
-           "payload": {"context": {k: "x" * 60_000 for k in "abcde"}}}
+    big = {
+        "from": "human",
+        "to": "bsi",
+        "signal": "CHECKPOINT",
+        "payload": {"context": {k: "x" * 60_000 for k in "abcde"}},
+    }
     assert len(json.dumps(big)) > 256 * 1024
     res = _send(brain, big)
     assert res.rc == 2 and "262144" in res.json()["reason"], res
 
-    long_string = {"from": "human", "to": "bsi", "signal": "CHECKPOINT",
-                   "payload": {"context": {"a": "x" * (64 * 1024 + 1)}}}
+    long_string = {
+        "from": "human",
+        "to": "bsi",
+        "signal": "CHECKPOINT",
+        "payload": {"context": {"a": "x" * (64 * 1024 + 1)}},
+    }
     res = _send(brain, long_string)
     assert res.rc == 2 and "payload.context" in res.json()["reason"], res
     long_string["payload"]["context"]["a"] = "x" * (64 * 1024)
@@ -236,8 +307,12 @@ def test_bounds_per_packet_string_files_and_options(brain: Brain) -> None:
     assert _send(brain, _file_packet(256)).rc == 0
 
     # To ambient: an ESCALATE goes up (agent → pilot), never down to an agent that reports to the sender.
-    options = {"from": "human", "to": "ambient", "signal": "ESCALATE",
-               "payload": {"options": [f"o{i}" for i in range(17)]}}
+    options = {
+        "from": "human",
+        "to": "ambient",
+        "signal": "ESCALATE",
+        "payload": {"options": [f"o{i}" for i in range(17)]},
+    }
     res = _send(brain, options)
     assert res.rc == 2 and "payload.options" in res.json()["reason"], res
     options["payload"]["options"] = options["payload"]["options"][:16]
@@ -286,7 +361,8 @@ def test_an_agent_without_a_gate_sends_and_receives_nothing(brain: Brain) -> Non
 
 
 def test_a_gate_naming_orchestrator_admits_ambient_and_a_declared_gate_replaces_the_kernel_default(
-        brain: Brain) -> None:
+    brain: Brain,
+) -> None:
     """`ambient` acts as the orchestrator (a list naming `orchestrator` admits it); an agent that declares `brain.ipc`
     gets exactly that entry, not the kernel default of its name."""
     _agent(brain, "worker", {**PROJECT, "receives_from": ["orchestrator"], "sends_to": ["orchestrator"]})
@@ -295,17 +371,26 @@ def test_a_gate_naming_orchestrator_admits_ambient_and_a_declared_gate_replaces_
     assert _explain(brain, "human", "worker", "SPAWN", "--zone", "project").rc == 1
 
     assert _explain(brain, "debug", "orchestrator", "RETURN").rc == 0  # the kernel default of ADR-026
-    _agent(brain, "debug", {"receives_from": ["human"], "sends_to": ["human"], "zone_access": ["project"],
-                            "signals": ["RETURN"]})
+    _agent(
+        brain,
+        "debug",
+        {"receives_from": ["human"], "sends_to": ["human"], "zone_access": ["project"], "signals": ["RETURN"]},
+    )
     assert _explain(brain, "debug", "orchestrator", "RETURN").rc == 1
     assert _explain(brain, "debug", "human", "RETURN").rc == 0
     assert "debug  [agents/debug.md:" in brain.ok("matrix").out
 
 
 ZONES = [
-    ("agents/x.md", "kernel"), ("profil/ambient.yml", "kernel"), ("scripts/run.sh", "kernel"),
-    ("KERNEL.md", "kernel"), ("profil/capital.md", "personal"), ("profil/objectifs.md", "personal"),
-    ("progression/week-1.md", "personal"), ("MYSECRETS", "personal"), ("workspace/a.md", "project"),
+    ("agents/x.md", "kernel"),
+    ("profil/ambient.yml", "kernel"),
+    ("scripts/run.sh", "kernel"),
+    ("KERNEL.md", "kernel"),
+    ("profil/capital.md", "personal"),
+    ("profil/objectifs.md", "personal"),
+    ("progression/week-1.md", "personal"),
+    ("MYSECRETS", "personal"),
+    ("workspace/a.md", "project"),
     ("infrastructure/vps/x.yml", "project"),
 ]
 
@@ -331,8 +416,16 @@ def test_a_path_leaving_the_brain_root_is_refused_never_zoned(brain: Brain, tmp_
     for path in ("../x.md", "/etc/passwd", "escape/x.md"):
         res = _explain(brain, "ambient", "worker", "SPAWN", "--file", path)
         assert res.rc == 2, res
-        sent = _send(brain, {"from": "human", "to": "worker", "signal": "SPAWN", "scope": {"files": [path]},
-                             "payload": {"context": {"x": 1}}})
+        sent = _send(
+            brain,
+            {
+                "from": "human",
+                "to": "worker",
+                "signal": "SPAWN",
+                "scope": {"files": [path]},
+                "payload": {"context": {"x": 1}},
+            },
+        )
         assert sent.rc in (1, 2), sent
         assert sent.json()["status"] in ("denied", "invalid")
     assert list(outside.iterdir()) == []
@@ -361,14 +454,17 @@ def test_unknown_zones_are_kept_with_a_warning_and_mapped_in_zones_yml(brain: Br
 
 def test_the_routing_table_only_narrows(example_brain: Brain) -> None:
     """profil/routing.yml narrows the matrix: a routed sender may send only what its entries carry."""
-    _routing(example_brain, """
+    _routing(
+        example_brain,
+        """
         version: 1
         default: matrix
         routes:
           - from: hello
             to: [human]
             signals: [RETURN]
-    """)
+    """,
+    )
     assert example_brain.cli("validate").rc == 0
     allowed = _explain(example_brain, "hello", "human", "RETURN")
     assert allowed.rc == 0 and "profil/routing.yml:4" in allowed.out, allowed
@@ -380,7 +476,9 @@ def test_the_routing_table_only_narrows(example_brain: Brain) -> None:
 
 def test_a_widening_route_is_an_error_with_file_line_and_is_not_applied(example_brain: Brain) -> None:
     """A routing entry that would widen the matrix is an error at load (file:line), not applied; the others are."""
-    _routing(example_brain, """
+    _routing(
+        example_brain,
+        """
         version: 1
         default: matrix
         routes:
@@ -393,7 +491,8 @@ def test_a_widening_route_is_an_error_with_file_line_and_is_not_applied(example_
           - from: hello
             to: [human]
             zones: [personal]
-    """)
+    """,
+    )
     res = example_brain.cli("validate")
     assert res.rc == 1, res
     assert "profil/routing.yml:7:" in res.text and "profil/routing.yml:10:" in res.text, res
@@ -410,13 +509,16 @@ def test_default_deny_lets_senders_without_routes_send_nothing(brain: Brain) -> 
     _agent(brain, "routed", PROJECT)
     _agent(brain, "unrouted", PROJECT)
     assert _explain(brain, "unrouted", "human", "RETURN").rc == 0
-    _routing(brain, """
+    _routing(
+        brain,
+        """
         version: 1
         default: deny
         routes:
           - from: routed
             to: [human]
-    """)
+    """,
+    )
     assert _explain(brain, "routed", "human", "RETURN").rc == 0
     denied = _explain(brain, "unrouted", "human", "RETURN")
     assert denied.rc == 1 and "deny" in denied.out, denied
@@ -459,19 +561,23 @@ def test_identity_comes_from_the_channel(brain: Brain, tmp_path: Path) -> None:
     brain.python_agent("talker", TALKER, runner={"env": env})
     brain.python_agent("mute", AGENT_OK)
 
-    as_hello = _send(brain, {"from": "talker", "to": "human", "signal": "ERROR",
-                             "payload": {"context": {"error": "x"}}})
+    as_hello = _send(
+        brain, {"from": "talker", "to": "human", "signal": "ERROR", "payload": {"context": {"error": "x"}}}
+    )
     assert as_hello.rc == 1, as_hello
     assert as_hello.json()["rule"] == "identity"
     assert _audited(brain, status="denied", channel="human", rule="identity")
 
-    brain.workflow("talk", """
+    brain.workflow(
+        "talk",
+        """
         workflow: talk
         for_each:
           items: [one]
           spawn: talker
           scope: {zone: project, files: ["workspace/talk/{{item}}.md"]}
-    """)
+    """,
+    )
     daemon = brain.daemon().start()
     try:
         [record] = brain.wait_finished("talk")
@@ -494,7 +600,6 @@ def test_identity_comes_from_the_channel(brain: Brain, tmp_path: Path) -> None:
     assert _audited(brain, channel="unauthenticated", sha256=hashlib.sha256(raw.encode()).hexdigest())
     leaked = [str(p) for p in brain.root.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
     assert leaked == []
-
 
 
 CHANNEL_PEEK = """
@@ -520,13 +625,16 @@ def test_a_brain_path_too_long_for_a_socket_keeps_each_token_as_a_file_of_its_sh
     if os.environ.get("PYTHONPATH"):  # the agent's `python -m ambient` is then the ambient under test too
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     brain.python_agent("peeker", CHANNEL_PEEK, runner={"env": env})
-    brain.workflow("peek", """
+    brain.workflow(
+        "peek",
+        """
         workflow: peek
         for_each:
           items: [one]
           spawn: peeker
           scope: {zone: project, files: ["workspace/peek/{{item}}.md"]}
-    """)
+    """,
+    )
     with brain.daemon():
         [record] = brain.wait_finished("peek")
     assert record["outcome"] == "success"
@@ -544,8 +652,16 @@ def test_direction_a_leaf_never_spawns_its_orchestrator_and_results_flow_up(exam
     """Issue 23.12, ADR-026's directions: SPAWN goes parent → child, RETURN/ERROR child → parent, ESCALATE and
     BLOCKED_ON agent → pilot; `matrix explain` says so with the rule."""
     brain = example_brain
-    brain.python_agent("leaf", "print('{}')\n", gate={"receives_from": ["orchestrator"], "sends_to": ["orchestrator"],
-                                                      "zone_access": ["project"], "signals": ["SPAWN", "RETURN"]})
+    brain.python_agent(
+        "leaf",
+        "print('{}')\n",
+        gate={
+            "receives_from": ["orchestrator"],
+            "sends_to": ["orchestrator"],
+            "zone_access": ["project"],
+            "signals": ["SPAWN", "RETURN"],
+        },
+    )
     up = brain.cli("matrix", "explain", "leaf", "orchestrator", "RETURN")
     assert up.rc == 0, up
     spawn_up = brain.cli("matrix", "explain", "leaf", "orchestrator", "SPAWN")
@@ -559,12 +675,18 @@ def test_direction_a_leaf_never_spawns_its_orchestrator_and_results_flow_up(exam
 def test_a_gate_less_scribe_works_in_its_declared_scope_only(brain: Brain) -> None:
     """Issue 23.12: the kernel scribe's zones are "as declared by scope" (ADR-026): a scribe without a gate and with
     `brain.scope: project` is never SPAWNed on a personal path."""
-    brain.write("agents/scribe.md", "---\nname: scribe\nbrain: {version: 1, scope: project}\nambient:\n"
-                                    "  runner: {kind: command, argv: [\"true\"]}\n---\n# scribe\n")
-    brain.workflow("secrets", """
+    brain.write(
+        "agents/scribe.md",
+        "---\nname: scribe\nbrain: {version: 1, scope: project}\nambient:\n"
+        '  runner: {kind: command, argv: ["true"]}\n---\n# scribe\n',
+    )
+    brain.workflow(
+        "secrets",
+        """
         workflow: secrets
         for_each: {items: [x], spawn: scribe, scope: {files: [MYSECRETS]}}
-    """)
+    """,
+    )
     res = brain.cli("validate")
     assert res.rc == 1 and "may not SPAWN 'scribe'" in res.out and "personal" in res.out, res
     assert brain.cli("matrix", "explain", "ambient", "scribe", "SPAWN", "--file", "projets/a/README.md").rc == 0

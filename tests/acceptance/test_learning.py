@@ -139,13 +139,16 @@ def test_every_finished_run_is_appended_in_the_adr027_shape(brain: Brain) -> Non
     brain.python_agent("writer", SWITCH_AGENT)
     brain.write("workspace/bad.fail", "fail\n")
     brain.write("workspace/boom.fail", "error\n")
-    brain.workflow("pages", """
+    brain.workflow(
+        "pages",
+        """
         workflow: pages
         for_each:
           items: [good, bad, boom]
           spawn: writer
           scope: {zone: project, files: ["workspace/pages/{{item}}.md"]}
-    """)
+    """,
+    )
     with brain.daemon():
         escs = brain.wait_escalation("the failed and the broken item", count=2)
         for esc in escs:
@@ -185,13 +188,16 @@ def test_every_finished_run_is_appended_in_the_adr027_shape(brain: Brain) -> Non
 
 def _two_good_runs(brain: Brain) -> None:
     brain.python_agent("writer", SWITCH_AGENT)
-    brain.workflow("pages", """
+    brain.workflow(
+        "pages",
+        """
         workflow: pages
         for_each:
           items: [a, b]
           spawn: writer
           scope: {zone: project, files: ["workspace/pages/{{item}}.md"]}
-    """)
+    """,
+    )
     brain.until_idle()
     brain.ok("start", "pages")
     brain.until_idle()
@@ -234,13 +240,16 @@ def test_stats_per_workflow_and_the_workflow_filter(brain: Brain) -> None:
     """`ambient stats [--workflow W] [--json]`: runs, success rate, durations, escalations per run, decisions."""
     brain.python_agent("writer", SWITCH_AGENT)
     brain.python_agent("flaky", FLAKY_AGENT)
-    brain.workflow("pages", """
+    brain.workflow(
+        "pages",
+        """
         workflow: pages
         for_each:
           items: [a, b]
           spawn: writer
           scope: {zone: project, files: ["workspace/pages/{{item}}.md"]}
-    """)
+    """,
+    )
     brain.workflow("nightly", NIGHTLY)
     with brain.daemon():
         _answered_run(brain, "skip", start=False)
@@ -291,13 +300,16 @@ def _shifted(record: dict[str, Any], weeks: int, n: int) -> dict[str, Any]:
 def test_stats_since_and_the_weekly_escalation_rate_with_its_trend(brain: Brain) -> None:
     """The headline: escalations per run, per ISO week, with its trend; `--since` keeps only the later runs."""
     brain.python_agent("writer", SWITCH_AGENT)
-    brain.workflow("deploy", """
+    brain.workflow(
+        "deploy",
+        """
         workflow: deploy
         for_each:
           items: [web]
           spawn: writer
           scope: {zone: project, files: ["workspace/deploy/{{item}}.md"]}
-    """)
+    """,
+    )
     brain.write("workspace/web.fail", "fail\n")
     with brain.daemon():
         escalated = _answered_run(brain, "skip", workflow="deploy", start=False)
@@ -336,7 +348,9 @@ def test_stats_since_and_the_weekly_escalation_rate_with_its_trend(brain: Brain)
 
 def test_recurring_errors_are_grouped_after_normalising(brain: Brain) -> None:
     """Recurring errors: messages that differ only by numbers, ids, paths or quoted values are one signature."""
-    brain.python_agent("sync", """
+    brain.python_agent(
+        "sync",
+        """
         import os, sys
         n = {"a": 1, "b": 2, "c": 3, "d": 4}[os.environ["AMBIENT_ITEM"]]
         if n == 4:
@@ -345,14 +359,18 @@ def test_recurring_errors_are_grouped_after_normalising(brain: Brain) -> None:
             print(f"upload of '/srv/data/{n}{n}/report-{n * 7}.csv' to 10.0.0.{n} failed after {n * 11}s "
                   f"(request {n}f{n}e9c0{n}d2, job \\"batch {n}\\")", file=sys.stderr)
         sys.exit(1)
-    """)
-    brain.workflow("sync", """
+    """,
+    )
+    brain.workflow(
+        "sync",
+        """
         workflow: sync
         for_each:
           items: [a, b, c, d]
           spawn: sync
           scope: {zone: project, files: ["workspace/sync/{{item}}.md"]}
-    """)
+    """,
+    )
     with brain.daemon():
         for esc in brain.wait_escalation("four failed uploads", count=4):
             assert brain.decide(esc["id"], "skip").rc == 0
@@ -407,8 +425,10 @@ def _auto_decided(brain: Brain, webhook: Webhook, rule_id: str) -> None:
     assert rule_id in decision["by"], decision
     answered = [e for e in brain.escalations(all=True) if e["run_id"] == record["run_id"]]
     assert [(e["status"], e["decision"], e["channel"]) for e in answered] == [("answered", "skip", "rule")], answered
-    wait(lambda: any("learned rule" in t and rule_id in t for t in webhook.texts()),
-         "the automatic decision sent as information")
+    wait(
+        lambda: any("learned rule" in t and rule_id in t for t in webhook.texts()),
+        "the automatic decision sent as information",
+    )
     [rule] = _rules(brain)["rules"]
     assert rule["uses"] == 1
     assert brain.ok("stats", "--json").json()["workflows"][0]["auto_decisions"] == 1
@@ -506,14 +526,17 @@ def test_thread_shows_the_agents_live_thread_and_partial_views(brain: Brain) -> 
     """`ambient thread AGENT [--requester R] [--correlation C]`: every delivered packet is a turn; filtered views
     say they are partial."""
     brain.python_agent("echo", ECHO_AGENT)
-    brain.workflow("notes", """
+    brain.workflow(
+        "notes",
+        """
         workflow: notes
         for_each:
           items: [alpha, beta]
           spawn: echo
           scope: {zone: project, files: ["workspace/notes/{{item}}.md"]}
           context: {brief: "note about {{item}}"}
-    """)
+    """,
+    )
     brain.until_idle()
     [record] = brain.finished("notes")
     run_id = record["run_id"]
@@ -558,14 +581,17 @@ def test_agents_get_a_bounded_handoff_never_the_transcript(brain: Brain) -> None
     """Agents get handoff.md in AMBIENT_HANDOFF: at most 4096 characters with stable rubrics, not the transcript."""
     brain.python_agent("vendor", BLOCKED_AGENT)
     items = [f"shop-{n}" for n in range(1, 9)]
-    brain.workflow("vendors", f"""
+    brain.workflow(
+        "vendors",
+        f"""
         workflow: vendors
         for_each:
           items: [{", ".join(items)}]
           spawn: vendor
           scope: {{zone: project, files: ["workspace/vendors/{{{{item}}}}.md"]}}
           context: {{brief: "{{{{item}}}} {"b" * 3000}"}}
-    """)
+    """,
+    )
     with brain.daemon():
         first_run = brain.wait_escalation("the first run's blocked items", count=8)[0]["run_id"]
         brain.ok("start", "vendors")
@@ -587,10 +613,15 @@ def test_agents_get_a_bounded_handoff_never_the_transcript(brain: Brain) -> None
 
 def test_a_handoff_packet_reaches_the_agents_next_handoff(brain: Brain) -> None:
     """handoff.md is rewritten after HANDOFF packets: an agent's HANDOFF decision is in its next AMBIENT_HANDOFF."""
-    gate = {"receives_from": ["orchestrator", "human", "ambient", "scribe2"],
-            "sends_to": ["orchestrator", "human", "ambient", "scribe2"],
-            "zone_access": ["project"], "signals": ["RETURN", "ERROR", "ESCALATE", "BLOCKED_ON", "HANDOFF"]}
-    brain.python_agent("scribe2", """
+    gate = {
+        "receives_from": ["orchestrator", "human", "ambient", "scribe2"],
+        "sends_to": ["orchestrator", "human", "ambient", "scribe2"],
+        "zone_access": ["project"],
+        "signals": ["RETURN", "ERROR", "ESCALATE", "BLOCKED_ON", "HANDOFF"],
+    }
+    brain.python_agent(
+        "scribe2",
+        """
         import json, os, pathlib, subprocess, sys
         json.load(sys.stdin)
         brain = pathlib.Path(os.environ["AMBIENT_BRAIN"])
@@ -603,14 +634,19 @@ def test_a_handoff_packet_reaches_the_agents_next_handoff(brain: Brain) -> None:
                               capture_output=True)
         (out / (os.environ["AMBIENT_RUN_ID"] + ".sent")).write_text(str(sent.returncode) + sent.stdout + sent.stderr)
         print(json.dumps({"status": "ok"}))
-    """, gate=gate)
-    brain.workflow("glossary", """
+    """,
+        gate=gate,
+    )
+    brain.workflow(
+        "glossary",
+        """
         workflow: glossary
         for_each:
           items: [terms]
           spawn: scribe2
           scope: {zone: project, files: ["workspace/glossary/{{item}}.md"]}
-    """)
+    """,
+    )
     with brain.daemon():
         first = brain.wait_finished("glossary")[0]["run_id"]
         sent = brain.read(f"workspace/handoffs/{first}.sent")
@@ -619,4 +655,3 @@ def test_a_handoff_packet_reaches_the_agents_next_handoff(brain: Brain) -> None:
         second = brain.wait_finished("glossary", count=2)[-1]["run_id"]
     assert "HANDOFF" in brain.ok("thread", "scribe2").out
     assert "use British spelling" in brain.read(f"workspace/handoffs/{second}")
-

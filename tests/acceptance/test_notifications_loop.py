@@ -15,13 +15,16 @@ FAILING_AGENT = """
 
 def _failing_run(brain: Brain, name: str, items: list[str], extra: str = "") -> None:
     brain.python_agent("broken", FAILING_AGENT)
-    brain.workflow(name, f"""
+    brain.workflow(
+        name,
+        f"""
 workflow: {name}
 for_each:
   items: {items}
   spawn: broken
   scope: {{zone: project, files: ["workspace/{name}/{{{{item}}}}.md"]}}
-{extra}""")
+{extra}""",
+    )
 
 
 def test_remind_before_sends_a_reminder_before_the_deadline(brain: Brain, webhook: Webhook) -> None:
@@ -31,8 +34,7 @@ def test_remind_before_sends_a_reminder_before_the_deadline(brain: Brain, webhoo
     with brain.daemon():
         [esc] = brain.wait_escalation()
         assert esc["remind_at"] is not None and esc["deadline"] is not None, esc
-        reminder = wait(lambda: [t for t in webhook.texts() if t.startswith("Reminder")],
-                        "the reminder at the webhook")
+        reminder = wait(lambda: [t for t in webhook.texts() if t.startswith("Reminder")], "the reminder at the webhook")
         assert f"Ref: {esc['id']}" in reminder[0]
         assert brain.escalations()[0]["reminded"] is True
     first = [t for t in webhook.texts() if t.startswith("Decision needed") and esc["id"] in t]
@@ -71,8 +73,9 @@ def test_a_new_url_receives_only_what_is_pending_now(brain: Brain, webhook: Webh
     assert all(f"Ref: {escs[k]['id']}" not in sent[0] for k in ("a", "b"))
 
 
-def test_notify_test_covers_the_telegram_answers_bot(brain: Brain, webhook: Webhook, telegram: FakeTelegram,
-                                                     tmp_path: Path) -> None:
+def test_notify_test_covers_the_telegram_answers_bot(
+    brain: Brain, webhook: Webhook, telegram: FakeTelegram, tmp_path: Path
+) -> None:
     """`ambient notify test` sends through every channel the daemon uses: the URLs and the Telegram answers bot."""
     creds = tmp_path / "creds"
     creds.mkdir()

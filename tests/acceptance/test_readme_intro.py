@@ -69,7 +69,7 @@ def test_demo_prints_the_status_the_escalations_with_their_command_and_where_the
 
 
 def test_demo_prints_the_answer_lines_with_its_own_paths_and_ids(tmp_path: Path) -> None:
-    """"The demo prints these lines with its own paths and ids": escalations, decide ID retry, decide ID approve,
+    """ "The demo prints these lines with its own paths and ids": escalations, decide ID retry, decide ID approve,
     run --until-idle, runs."""
     brain, res = demo(tmp_path)
     escs = {e["workflow"]: e["id"] for e in brain.escalations()}
@@ -86,7 +86,7 @@ def test_demo_prints_the_answer_lines_with_its_own_paths_and_ids(tmp_path: Path)
 
 
 def test_answer_and_let_it_finish(tmp_path: Path) -> None:
-    """"Answer and let it finish": escalations, decide retry, decide approve, run --until-idle (10/10 deployed,
+    """ "Answer and let it finish": escalations, decide retry, decide approve, run --until-idle (10/10 deployed,
     chain done), runs."""
     brain, _ = demo(tmp_path)
     listing = brain.ok("escalations")

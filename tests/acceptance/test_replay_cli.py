@@ -33,13 +33,16 @@ def _counts(text: str) -> tuple[int, int]:
 def test_replay_of_an_unchanged_for_each_counts_retries_as_retries(brain: Brain) -> None:
     """A run whose errors were retried by its `retry:` policy escalated nothing; replay says 0 -> 0."""
     brain.python_agent("flaky", FLAKY_AGENT)
-    brain.workflow("sync", """
+    brain.workflow(
+        "sync",
+        """
         workflow: sync
         for_each:
           items: [a, b, c]
           spawn: flaky
         retry: {attempts: 3, backoff: 10ms, max_backoff: 20ms, on: [error]}
-    """)
+    """,
+    )
     brain.until_idle()
     [record] = brain.finished("sync")
     assert record["outcome"] == "success" and record["escalations"] == 0
@@ -51,12 +54,15 @@ def test_replay_of_an_unchanged_for_each_counts_retries_as_retries(brain: Brain)
 def test_replay_of_an_unchanged_chain_counts_its_gates_and_close_tiers(brain: Brain) -> None:
     """A chain's human gate and a code step closed without tests reach the person; replay counts both."""
     brain.python_agent("worker", STEP_AGENT)
-    brain.workflow("ship", """
+    brain.workflow(
+        "ship",
+        """
         name: ship
         chain:
           - {step: 1, type: code, scope: projets/app/, agents: [worker]}
           - {step: 2, type: deploy, scope: infrastructure/app/, agents: [worker], gate: human}
-    """)
+    """,
+    )
     brain.until_idle()
     for _ in range(2):  # the close tier of step 1, then the gate of step 2
         [esc] = brain.escalations()
@@ -93,11 +99,14 @@ def test_stats_counts_each_escalation_for_the_agent_it_names(brain: Brain) -> No
     brain.python_agent("failer", "import sys\nsys.exit(1)\n")
     brain.python_agent("worker", STEP_AGENT)
     brain.workflow("fails", "workflow: fails\nfor_each: {items: [a], spawn: failer}\n")
-    brain.workflow("gated", """
+    brain.workflow(
+        "gated",
+        """
         name: gated
         chain:
           - {step: 1, type: deploy, scope: infrastructure/x/, agents: [worker], gate: human}
-    """)
+    """,
+    )
     brain.until_idle()
     for esc in brain.escalations():
         assert brain.decide(esc["id"], "abort" if esc["workflow"] == "fails" else "reject").rc == 0

@@ -52,14 +52,17 @@ WAITING_AGENT = """
 
 
 def _fanout(brain: Brain, name: str, agent: str, items: list[str], extra: str = "") -> None:
-    brain.workflow(name, f"""
+    brain.workflow(
+        name,
+        f"""
         workflow: {name}
         for_each:
           items: [{", ".join(items)}]
           spawn: {agent}
           scope: {{zone: project, files: ["infrastructure/{{{{item}}}}.yml"]}}
         {extra}
-    """)
+    """,
+    )
 
 
 def _starts(brain: Brain) -> list[tuple[str, int, int]]:
@@ -138,8 +141,9 @@ def test_the_user_unit_verifies(tmp_path: Path) -> None:
     unit.parent.mkdir()
     unit.write_text((UNITS / "ambient-user.service").read_text())
     env = {**os.environ, "HOME": str(home), "XDG_RUNTIME_DIR": str(runtime)}
-    res = subprocess.run([ANALYZE, "--user", "verify", str(unit)], capture_output=True, text=True, timeout=60,
-                         env=env, check=False)
+    res = subprocess.run(
+        [ANALYZE, "--user", "verify", str(unit)], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
     if "Failed to initialize manager" in res.stderr:
         pytest.skip(f"systemd-analyze cannot simulate a user manager here: {res.stderr.strip()[:200]}")
     ours = [line for line in (res.stdout + res.stderr).splitlines() if "ambient" in line]
@@ -151,8 +155,9 @@ def test_the_system_unit_scores_1_7_in_systemd_analyze_security(tmp_path: Path) 
     """The shipped unit scores 1.7 in `systemd-analyze security`."""
     assert ANALYZE is not None
     unit = _installed_system_unit(tmp_path)
-    res = subprocess.run([ANALYZE, "security", "--offline=true", str(unit)], capture_output=True, text=True,
-                         timeout=60, check=False)
+    res = subprocess.run(
+        [ANALYZE, "security", "--offline=true", str(unit)], capture_output=True, text=True, timeout=60, check=False
+    )
     match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", res.stdout)
     assert match is not None, res.stdout[-600:] + res.stderr
     assert float(match.group(1)) <= 1.7, match.group(0)
@@ -224,14 +229,17 @@ class NotifySocket:
 def test_type_notify_ready_reload_watchdog_and_stopping(brain: Brain) -> None:
     """Type=notify: READY=1 once state is recovered and watchers run, RELOADING=1 + MONOTONIC_USEC then READY=1
     around a reload, WATCHDOG=1 pings from the loop, STOPPING=1 on shutdown; agents never see NOTIFY_SOCKET."""
-    brain.python_agent("spy", """
+    brain.python_agent(
+        "spy",
+        """
         import json, os, pathlib, sys
         json.load(sys.stdin)
         out = pathlib.Path(os.environ["AMBIENT_BRAIN"], "workspace")
         out.mkdir(exist_ok=True)
         (out / "env.json").write_text(json.dumps(sorted(os.environ)))
         print(json.dumps({"status": "ok"}))
-    """)
+    """,
+    )
     ns = NotifySocket()
     try:
         daemon = brain.daemon(env={"NOTIFY_SOCKET": ns.path, "WATCHDOG_USEC": "1000000"}).start(ready=False)
@@ -301,7 +309,8 @@ def test_sigterm_with_running_agents_exits_0_and_their_items_run_again_at_the_ne
 # ---------------------------------------------------------------- hostile input
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)
+)
 DEEP = "x: " + "[" * 5000 + "]" * 5000 + "\n"
 
 
@@ -315,8 +324,11 @@ def test_hostile_yaml_in_workflows_is_a_file_line_problem_and_never_stops_the_da
     brain.python_agent("ok", OK_AGENT)
     hostile = {
         "bomb": ("workflow: bomb\n" + BOMB, r"workflows/bomb\.yml:\d+: .*alias"),
-        "dup": ("workflow: dup\nfor_each:\n  items: [a]\n  spawn: ok\n  spawn: ok\n"
-                "  scope: {zone: project, files: [\"x/{{item}}.md\"]}\n", r"workflows/dup\.yml:5: .*duplicate"),
+        "dup": (
+            "workflow: dup\nfor_each:\n  items: [a]\n  spawn: ok\n  spawn: ok\n"
+            '  scope: {zone: project, files: ["x/{{item}}.md"]}\n',
+            r"workflows/dup\.yml:5: .*duplicate",
+        ),
         "deep": ("workflow: deep\n" + DEEP, r"workflows/deep\.yml:\d+: .*nesting"),
         "huge": (_huge("workflow: huge\n"), r"workflows/huge\.yml:(\d+:)? .*(limit|bytes)"),
     }
@@ -324,8 +336,10 @@ def test_hostile_yaml_in_workflows_is_a_file_line_problem_and_never_stops_the_da
         for name, (text, _) in hostile.items():
             brain.write(f"workflows/{name}.yml", text)
         for name, (_, pattern) in hostile.items():
-            wait(lambda p=pattern: any(re.match(p, str(r.get("problem"))) for r in daemon.logged("brain_problem")),
-                 f"the problem of {name}.yml in the log")
+            wait(
+                lambda p=pattern: any(re.match(p, str(r.get("problem"))) for r in daemon.logged("brain_problem")),
+                f"the problem of {name}.yml in the log",
+            )
         _fanout(brain, "after", "ok", ["a"])
         brain.wait_finished("after")
         assert daemon.proc is not None and daemon.proc.poll() is None
@@ -346,9 +360,13 @@ def test_hostile_yaml_in_claims_and_agents_is_a_file_line_problem_and_never_stop
     brain.write("agents/twice.md", "---\nname: twice\nname: again\ntype: agent\n---\n# twice\n")
     res = brain.cli("validate")
     assert res.rc == 1, res
-    for pattern in (r"claims/bomb\.yml:\d+: .*alias", r"claims/dup\.yml:3: .*duplicate",
-                    r"claims/deep\.yml:\d+: .*nesting", r"claims/huge\.yml:(\d+:)? .*(limit|bytes)",
-                    r"agents/twice\.md:3: .*duplicate"):
+    for pattern in (
+        r"claims/bomb\.yml:\d+: .*alias",
+        r"claims/dup\.yml:3: .*duplicate",
+        r"claims/deep\.yml:\d+: .*nesting",
+        r"claims/huge\.yml:(\d+:)? .*(limit|bytes)",
+        r"agents/twice\.md:3: .*duplicate",
+    ):
         assert re.search("^" + pattern, res.out, re.M), (pattern, res.out)
     with brain.daemon() as daemon:
         _fanout(brain, "after", "ok", ["a"])
@@ -368,11 +386,14 @@ EVIL = "disk \x1b[31mFULL\x1b[0m on \u202egnp.exe\u202c see \x9b2J"
 def test_agent_text_never_drives_the_terminal(brain: Brain) -> None:
     """Agent text is shown with control, C1 and bidi characters escaped (`\\x1b`, `\\u202e`) by the CLI and the
     console logs; `--json` keeps the values, as JSON escapes."""
-    brain.python_agent("evil", f"""
+    brain.python_agent(
+        "evil",
+        f"""
         import sys
         print({EVIL!r}, file=sys.stderr)
         sys.exit(3)
-    """)
+    """,
+    )
     _fanout(brain, "evil", "evil", ["a"])
     console = brain.cli("run", "--until-idle", "--log-format", "console")
     assert console.rc == 0, console
@@ -410,14 +431,17 @@ def test_the_bot_token_never_reaches_logs_records_or_agents(brain: Brain, tmp_pa
     creds.mkdir(mode=0o700)
     (creds / "telegram-token").write_text(TOKEN)
     env = {"CREDENTIALS_DIRECTORY": str(creds)}
-    brain.python_agent("spy", """
+    brain.python_agent(
+        "spy",
+        """
         import json, os, pathlib, sys
         out = pathlib.Path(os.environ["AMBIENT_BRAIN"], "workspace")
         out.mkdir(exist_ok=True)
         (out / "env.json").write_text(json.dumps(dict(os.environ)))
         print("the instance is down", file=sys.stderr)
         sys.exit(1)
-    """)
+    """,
+    )
     _fanout(brain, "spy", "spy", ["a"])
     with Webhook() as hook:
         hook.fail_next = 10_000
@@ -430,9 +454,20 @@ def test_the_bot_token_never_reaches_logs_records_or_agents(brain: Brain, tmp_pa
         with brain.daemon(env=env) as daemon:
             brain.wait_escalation("the failed item")
             daemon.wait_log("notify_failed", count=3)
-            outputs = [brain.cli(*args, env=env).text for args in
-                       (["status"], ["status", "--json"], ["escalations"], ["escalations", "--json"],
-                        ["config", "show"], ["doctor"], ["doctor", "--json"], ["runs"], ["validate"])]
+            outputs = [
+                brain.cli(*args, env=env).text
+                for args in (
+                    ["status"],
+                    ["status", "--json"],
+                    ["escalations"],
+                    ["escalations", "--json"],
+                    ["config", "show"],
+                    ["doctor"],
+                    ["doctor", "--json"],
+                    ["runs"],
+                    ["validate"],
+                )
+            ]
         log = daemon.log_path.read_text()
     assert "notify_failed" in log
     agent_env = json.loads(brain.read("workspace/env.json"))
@@ -444,11 +479,14 @@ def test_the_bot_token_never_reaches_logs_records_or_agents(brain: Brain, tmp_pa
 
 def test_a_bot_token_in_agent_text_is_masked_in_records_and_errors(brain: Brain) -> None:
     """Tokens are masked in logs, errors, records and `ambient status`: also when an agent's error carries one."""
-    brain.python_agent("leaky", f"""
+    brain.python_agent(
+        "leaky",
+        f"""
         import sys
         print("POST https://api.telegram.org/bot{TOKEN}/sendMessage failed", file=sys.stderr)
         sys.exit(1)
-    """)
+    """,
+    )
     _fanout(brain, "leaky", "leaky", ["a"])
     res = brain.cli("run", "--until-idle", "--log-format", "json")
     assert TOKEN.split(":")[1] not in brain.ok("status").out  # status masks it
@@ -462,14 +500,19 @@ def test_a_bot_token_in_agent_text_is_masked_in_records_and_errors(brain: Brain)
 
 
 def test_a_workflow_that_does_not_start(brain: Brain) -> None:
-    """"A workflow does not start": `ambient validate` gives file:line; it runs by itself only the first time its
+    """ "A workflow does not start": `ambient validate` gives file:line; it runs by itself only the first time its
     file is seen, then `ambient start NAME`."""
     brain.python_agent("ok", OK_AGENT)
     with brain.daemon() as daemon:
-        brain.write("workflows/ship.yml", "workflow: ship\nfor_each:\n  items: [a]\n  spawn: okk\n"
-                    "  scope: {zone: project, files: [\"x/{{item}}.md\"]}\n")
-        wait(lambda: any("workflows/ship.yml:4" in str(r.get("problem")) for r in daemon.logged("brain_problem")),
-             "the problem in the log")
+        brain.write(
+            "workflows/ship.yml",
+            "workflow: ship\nfor_each:\n  items: [a]\n  spawn: okk\n"
+            '  scope: {zone: project, files: ["x/{{item}}.md"]}\n',
+        )
+        wait(
+            lambda: any("workflows/ship.yml:4" in str(r.get("problem")) for r in daemon.logged("brain_problem")),
+            "the problem in the log",
+        )
         res = brain.cli("validate")
         assert res.rc == 1 and re.search(r"^workflows/ship\.yml:4: .*okk", res.out, re.M), res
         assert brain.finished("ship") == [] and brain.status()["runs"] == []
@@ -484,12 +527,15 @@ def test_a_workflow_that_does_not_start(brain: Brain) -> None:
 
 
 def test_an_escalation_that_was_never_notified(brain: Brain) -> None:
-    """"An escalation was never notified": `ambient status` says so; `ambient doctor` lists notifications that keep
+    """ "An escalation was never notified": `ambient status` says so; `ambient doctor` lists notifications that keep
     failing; the escalation stays answerable meanwhile and is delivered once the URL works."""
-    brain.python_agent("deploy", """
+    brain.python_agent(
+        "deploy",
+        """
         import sys
         sys.exit(1)
-    """)
+    """,
+    )
     _fanout(brain, "rollout", "deploy", ["eu-1"])
     with Webhook() as hook:
         hook.fail_next = 10_000
@@ -559,7 +605,7 @@ def _killed_mid_fanout(brain: Brain) -> tuple[Daemon, list[int]]:
 
 
 def test_a_lock_whose_holder_died_is_free_to_a_contender_and_cleaned_up(brain: Brain) -> None:
-    """"A lock stays held": `ambient lock check FILE`; a lock whose holder died on this host is free at once to a
+    """ "A lock stays held": `ambient lock check FILE`; a lock whose holder died on this host is free at once to a
     contender; `ambient lock cleanup` removes it."""
     with _released_agents(brain):
         daemon, _ = _killed_mid_fanout(brain)
@@ -596,7 +642,9 @@ def test_a_dead_holders_lock_is_removed_when_the_daemon_starts(brain: Brain) -> 
 
 def _tripped_chain(brain: Brain) -> dict[str, Any]:
     """A chain whose step failed three times in a row (answered `retry` twice): its CIRCUIT_BREAK escalation."""
-    brain.python_agent("coder", """
+    brain.python_agent(
+        "coder",
+        """
         import json, os, pathlib, sys
         json.load(sys.stdin)
         if pathlib.Path(os.environ["AMBIENT_BRAIN"], "workspace", "fixed").exists():
@@ -604,12 +652,16 @@ def _tripped_chain(brain: Brain) -> dict[str, Any]:
             sys.exit(0)
         print("3 tests failed", file=sys.stderr)
         sys.exit(1)
-    """)
-    brain.workflow("feature", """
+    """,
+    )
+    brain.workflow(
+        "feature",
+        """
         name: feature
         chain:
           - {step: 1, type: brain-write, scope: projets/feature/, agents: [coder]}
-    """)
+    """,
+    )
     for _ in range(2):
         [esc] = brain.wait_escalation("the failed step", where=lambda e: e["kind"] != "circuit_break")
         assert brain.decide(esc["id"], "retry").rc == 0
@@ -624,7 +676,7 @@ def _tripped_chain(brain: Brain) -> dict[str, Any]:
 
 
 def test_a_circuit_break_answered_with_reset(brain: Brain) -> None:
-    """"The chain stopped with CIRCUIT_BREAK": inspect, then answer the escalation with `reset`: the chain goes on."""
+    """ "The chain stopped with CIRCUIT_BREAK": inspect, then answer the escalation with `reset`: the chain goes on."""
     with brain.daemon():
         brk = _tripped_chain(brain)
         brain.write("workspace/fixed", "")
@@ -635,7 +687,7 @@ def test_a_circuit_break_answered_with_reset(brain: Brain) -> None:
 
 
 def test_a_circuit_break_reset_with_preflight_reset(brain: Brain) -> None:
-    """"The chain stopped with CIRCUIT_BREAK": … or `ambient preflight reset SCOPE`: the chain goes on."""
+    """ "The chain stopped with CIRCUIT_BREAK": … or `ambient preflight reset SCOPE`: the chain goes on."""
     with brain.daemon():
         _tripped_chain(brain)
         brain.write("workspace/fixed", "")
@@ -647,8 +699,13 @@ def test_a_circuit_break_reset_with_preflight_reset(brain: Brain) -> None:
 def _on_a_terminal(brain: Brain, *args: str) -> str:
     """`ambient run --until-idle ARGS` with a terminal as its output; what the terminal showed."""
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([*AMBIENT, "--brain", str(brain.root), "run", "--until-idle", *args], stdout=follower,
-                            stderr=follower, stdin=subprocess.DEVNULL, env=clean_env())
+    proc = subprocess.Popen(
+        [*AMBIENT, "--brain", str(brain.root), "run", "--until-idle", *args],
+        stdout=follower,
+        stderr=follower,
+        stdin=subprocess.DEVNULL,
+        env=clean_env(),
+    )
     os.close(follower)
     chunks = []
     while True:
@@ -665,7 +722,7 @@ def _on_a_terminal(brain: Brain, *args: str) -> str:
 
 
 def test_log_format_console_on_a_terminal_json_under_systemd(brain: Brain) -> None:
-    """"JSON logs on a terminal / console logs under systemd": auto is console on a terminal and JSON lines
+    """ "JSON logs on a terminal / console logs under systemd": auto is console on a terminal and JSON lines
     otherwise; `--log-format console|json` chooses."""
     brain.python_agent("ok", OK_AGENT)
     _fanout(brain, "hello", "ok", ["a"])

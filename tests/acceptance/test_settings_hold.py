@@ -40,13 +40,16 @@ COUNTING_AGENT = """
 def _fan_out(brain: Brain, name: str, items: int, concurrency: int | None) -> None:
     own = f"\n  concurrency: {concurrency}" if concurrency is not None else ""
     names = ", ".join(f"{name}-{i}" for i in range(items))
-    brain.workflow(name, f"""
+    brain.workflow(
+        name,
+        f"""
 workflow: {name}
 for_each:
   items: [{names}]
   spawn: counter{own}
   scope: {{zone: project, files: ["workspace/{name}/{{{{item}}}}.md"]}}
-""")
+""",
+    )
 
 
 def test_concurrency_caps_every_run_together(brain: Brain) -> None:
@@ -81,13 +84,16 @@ def test_the_environment_override_caps_too(brain: Brain) -> None:
 
 
 def _escalate(brain: Brain, name: str) -> None:
-    brain.workflow(name, f"""
+    brain.workflow(
+        name,
+        f"""
 workflow: {name}
 for_each:
   items: [one]
   spawn: broken
   scope: {{zone: project, files: ["workspace/{name}.md"]}}
-""")
+""",
+    )
 
 
 def test_sighup_reloads_notify_urls(brain: Brain) -> None:
@@ -119,8 +125,10 @@ def test_editing_the_config_file_reloads_it(brain: Brain, webhook: Webhook) -> N
         brain.config(f'notify:\n  urls: ["{webhook.url}"]\n')
         daemon.wait_log("reloaded", settings_changed=["notify.urls"])
         _escalate(brain, "late")
-        wait(lambda: any("Decision needed" in t and "late" in t for t in webhook.texts()),
-             "the escalation at the URL added while the daemon runs")
+        wait(
+            lambda: any("Decision needed" in t and "late" in t for t in webhook.texts()),
+            "the escalation at the URL added while the daemon runs",
+        )
 
 
 # Works for a while (until released, or 1.5 s), noting when it started, got SIGTERM and finished.
@@ -143,10 +151,13 @@ def test_shutdown_grace_lets_running_agents_finish(brain: Brain) -> None:
     it is enough, and the run ends with its result recorded."""
     brain.config("shutdown_grace_s: 20\n")
     brain.python_agent("patient", PATIENT_AGENT)
-    brain.workflow("steady", """
+    brain.workflow(
+        "steady",
+        """
         workflow: steady
         for_each: {items: [one], spawn: patient}
-    """)
+    """,
+    )
     with brain.daemon() as daemon:
         wait(lambda: brain.path("started").exists(), "the agent to start")
         assert daemon.stop() == 0
@@ -159,10 +170,13 @@ def test_shutdown_grace_then_sigterm_for_those_still_running(brain: Brain) -> No
     """`shutdown_grace_s` shorter than the work: the agent then gets SIGTERM; its item runs again at the next start."""
     brain.config("shutdown_grace_s: 0.2\n")
     brain.python_agent("patient", PATIENT_AGENT)
-    brain.workflow("steady", """
+    brain.workflow(
+        "steady",
+        """
         workflow: steady
         for_each: {items: [one], spawn: patient}
-    """)
+    """,
+    )
     with brain.daemon() as daemon:
         wait(lambda: brain.path("started").exists(), "the agent to start")
         assert daemon.stop() == 0
@@ -178,7 +192,9 @@ def test_a_long_agent_keeps_its_scope_lock_past_the_ttl(brain: Brain) -> None:
     """Issue 23.15: the lock a step takes on its scope (lock_ttl_min) is renewed while its agent runs: a contender
     finds it held after the first TTL, and it is free once the agent is done."""
     brain.config("lock_ttl_min: 0.02\n")  # 1.2 s; an expired lock is taken over 5 s (its grace) after that
-    brain.python_agent("slow", """
+    brain.python_agent(
+        "slow",
+        """
         import json, os, pathlib, sys, time
         json.load(sys.stdin)
         base = pathlib.Path(os.environ["AMBIENT_BRAIN"])
@@ -186,11 +202,15 @@ def test_a_long_agent_keeps_its_scope_lock_past_the_ttl(brain: Brain) -> None:
         while not (base / "release").exists():
             time.sleep(0.05)
         print(json.dumps({"status": "ok"}))
-    """)
-    brain.workflow("long", """
+    """,
+    )
+    brain.workflow(
+        "long",
+        """
         workflow: long
         for_each: {items: [a], spawn: slow, scope: {files: ["projets/long/{{item}}.md"]}}
-    """)
+    """,
+    )
     with brain.daemon():
         wait(lambda: brain.path("started").exists(), "the agent to start")
         started = float(brain.read("started"))

@@ -27,13 +27,16 @@ def test_an_agents_escalate_in_a_for_each_resumes_with_the_decision(brain: Brain
     """Issue 23.1: the agent asks, the person answers with `ambient decide`, the agent runs again with the answer
     in payload.context.decision and the run finishes."""
     brain.python_agent("colour", COLOUR_AGENT)
-    brain.workflow("paint", """
+    brain.workflow(
+        "paint",
+        """
         workflow: paint
         for_each:
           items: [wall, door]
           spawn: colour
           scope: {zone: project, files: ["workspace/paint/{{item}}.md"]}
-    """)
+    """,
+    )
     with brain.daemon():
         escs = brain.wait_escalation("the agent's two questions", count=2)
         assert {e["question"] for e in escs} == {"Which colour?"}
@@ -52,13 +55,16 @@ def test_an_agents_escalate_in_a_for_each_resumes_with_the_decision(brain: Brain
 def test_until_idle_resumes_an_answered_escalation(brain: Brain) -> None:
     """Issue 23.1, the other way a person runs it: `run --until-idle`, decide, `run --until-idle` again."""
     brain.python_agent("colour", COLOUR_AGENT)
-    brain.workflow("paint", """
+    brain.workflow(
+        "paint",
+        """
         workflow: paint
         for_each:
           items: [wall]
           spawn: colour
           scope: {zone: project, files: ["workspace/paint/{{item}}.md"]}
-    """)
+    """,
+    )
     brain.until_idle()
     [esc] = brain.escalations()
     assert brain.decide(esc["id"], "blue").rc == 0
@@ -71,17 +77,23 @@ def test_until_idle_resumes_an_answered_escalation(brain: Brain) -> None:
 def test_a_chain_steps_escalate_shows_its_question_and_options_and_hands_back_the_answer(brain: Brain) -> None:
     """Issue 23.2: a chain step's ESCALATE reaches the person as the agent's question with its own options."""
     brain.python_agent("colour", COLOUR_AGENT)
-    brain.python_agent("finisher", """
+    brain.python_agent(
+        "finisher",
+        """
         import json, sys
         json.load(sys.stdin)
         print(json.dumps({"status": "ok"}))
-    """)
-    brain.workflow("decorate", """
+    """,
+    )
+    brain.workflow(
+        "decorate",
+        """
         name: decorate
         chain:
           - {step: 1, type: brain-write, scope: workspace/paint/hall.md, agents: [colour]}
           - {step: 2, type: brain-write, scope: workspace/paint/done.md, agents: [finisher]}
-    """)
+    """,
+    )
     with brain.daemon():
         [esc] = brain.wait_escalation("the step's question")
         assert esc["question"] == "Which colour?", esc
@@ -120,14 +132,17 @@ def test_abort_on_one_item_cancels_its_siblings_escalations(brain: Brain, webhoo
           retry_cap_s: 0.5
     """)
     brain.python_agent("deploy", FAILING_AGENT)
-    brain.workflow("rollout", """
+    brain.workflow(
+        "rollout",
+        """
         workflow: rollout
         for_each:
           items: [eu-1, eu-2, eu-3]
           spawn: deploy
           concurrency: 3
           scope: {zone: project, files: ["infrastructure/{{item}}.yml"]}
-    """)
+    """,
+    )
     with brain.daemon():
         escs = brain.wait_escalation("three failed items", count=3)
         run_id = escs[0]["run_id"]
@@ -142,8 +157,10 @@ def test_abort_on_one_item_cancels_its_siblings_escalations(brain: Brain, webhoo
             late = brain.decide(sib["id"], "retry")
             assert late.rc == 1, late
             assert "cancelled" in late.err, late
-        wait(lambda: "waiting_human" not in _claim_statuses(brain, run_id).values(),
-             "the item claims to leave waiting_human")
+        wait(
+            lambda: "waiting_human" not in _claim_statuses(brain, run_id).values(),
+            "the item claims to leave waiting_human",
+        )
         webhook.fail_next = 0  # the phone is back: only what is still pending may reach it
         wait(brain.outbox_empty, "the queued notifications to be sent or dropped")
     sent = "\n".join(webhook.texts())
@@ -173,13 +190,16 @@ def test_start_context_reaches_for_each_items(brain: Brain) -> None:
     """Issue 23.8: `ambient start W --context JSON` hands the context to every for_each item (the run's context
     wins over the workflow's own for_each.context)."""
     brain.python_agent("reader", CONTEXT_AGENT)
-    brain.workflow("report", """
+    brain.workflow(
+        "report",
+        """
         workflow: report
         for_each:
           items: [north]
           spawn: reader
           context: {colour: grey, region: "{{item}}"}
-    """)
+    """,
+    )
     with brain.daemon():
         brain.wait_finished("report")
         res = brain.cli("start", "report", "--context", '{"colour": "red", "urgent": true}')
@@ -193,9 +213,15 @@ def test_start_context_reaches_for_each_items(brain: Brain) -> None:
 def test_send_a_spawn_runs_the_agent_as_a_one_item_run(brain: Brain) -> None:
     """Issue 23.9: a SPAWN the person sends with `ambient send` runs the agent, seen in `status` and `runs`."""
     brain.python_agent("reader", CONTEXT_AGENT)
-    packet = json.dumps({"from": "human", "to": "reader", "signal": "SPAWN",
-                         "scope": {"zone": "project", "files": ["workspace/notes.md"]},
-                         "payload": {"context": {"task": "summarise"}}})
+    packet = json.dumps(
+        {
+            "from": "human",
+            "to": "reader",
+            "signal": "SPAWN",
+            "scope": {"zone": "project", "files": ["workspace/notes.md"]},
+            "payload": {"context": {"task": "summarise"}},
+        }
+    )
     with brain.daemon():
         res = brain.cli("send", "-", input=packet)
         assert res.rc == 0, res
@@ -234,13 +260,16 @@ def test_validate_and_the_daemon_agree_on_which_steps_run(brain: Brain) -> None:
     """Issue 23.10: after a step whose on_done only notifies, the next step is reached: `validate` and `doctor` say
     nothing about it, and the daemon runs it."""
     brain.python_agent("worker", OK_AGENT)
-    brain.workflow("release", """
+    brain.workflow(
+        "release",
+        """
         name: release
         chain:
           - {step: 1, type: brain-write, scope: workspace/a.md, agents: [worker]}
           - {step: 2, type: brain-write, scope: workspace/b.md, agents: [worker], on_done: 'notify:"b written"'}
           - {step: 3, type: brain-write, scope: workspace/c.md, agents: [worker]}
-    """)
+    """,
+    )
     res = brain.cli("validate")
     assert res.rc == 0 and "never reached" not in res.text, res
     assert "never reached" not in brain.cli("doctor").text
@@ -251,19 +280,25 @@ def test_validate_and_the_daemon_agree_on_which_steps_run(brain: Brain) -> None:
 def test_a_trigger_naming_another_workflow_starts_a_run_of_it(brain: Brain) -> None:
     """`trigger:<workflow>/<step>` in a chain starts a run of that workflow at that step; the chain goes on."""
     brain.python_agent("worker", OK_AGENT)
-    brain.workflow("ship", """
+    brain.workflow(
+        "ship",
+        """
         name: ship
         chain:
           - {step: 1, type: brain-write, scope: workspace/s1.md, agents: [worker]}
           - {step: 2, type: brain-write, scope: workspace/s2.md, agents: [worker]}
-    """)
+    """,
+    )
     brain.until_idle()  # its own first run: steps 1 and 2
-    brain.workflow("build", """
+    brain.workflow(
+        "build",
+        """
         name: build
         chain:
           - {step: 1, type: brain-write, scope: workspace/build.md, agents: [worker], on_done: "trigger:ship/2"}
           - {step: 2, type: brain-write, scope: workspace/build2.md, agents: [worker]}
-    """)
+    """,
+    )
     brain.until_idle()
     steps = brain.read("workspace/steps.log").split()
     assert steps[:2] == ["ship:1", "ship:2"]
@@ -274,12 +309,15 @@ def test_a_trigger_naming_another_workflow_starts_a_run_of_it(brain: Brain) -> N
 def test_start_at_a_step_that_does_not_exist_is_refused(brain: Brain) -> None:
     """`ambient start W --step N` names a step of W, or is refused (exit 2) with the steps it has."""
     brain.python_agent("worker", OK_AGENT)
-    brain.workflow("release", """
+    brain.workflow(
+        "release",
+        """
         name: release
         status: draft
         chain:
           - {step: 1, type: brain-write, scope: workspace/a.md, agents: [worker]}
-    """)
+    """,
+    )
     res = brain.cli("start", "release", "--step", "9")
     assert res.rc == 2 and "has no step '9'" in res.err and "1" in res.err, res
 
@@ -287,11 +325,14 @@ def test_start_at_a_step_that_does_not_exist_is_refused(brain: Brain) -> None:
 def test_start_of_a_workflow_that_does_not_load_is_refused(brain: Brain) -> None:
     """`ambient start W` for a file that does not load says why (exit 2), instead of a request dropped unseen."""
     brain.python_agent("worker", OK_AGENT)
-    brain.workflow("broken", """
+    brain.workflow(
+        "broken",
+        """
         name: broken
         chain:
           - {step: 1, type: brain-write, scope: workspace/a.md, agents: [worker], timeout: whenever}
-    """)
+    """,
+    )
     res = brain.cli("start", "broken")
     assert res.rc == 2 and "does not load" in res.err and "workflows/broken.yml:" in res.err, res
     assert not any((brain.root / ".ambient" / "inbox").glob("*.json"))
@@ -300,18 +341,24 @@ def test_start_of_a_workflow_that_does_not_load_is_refused(brain: Brain) -> None
 def test_runs_counts_items_not_attempts(brain: Brain) -> None:
     """`ambient runs` says how many items were done out of the run's, whatever their attempts (a retried item
     is one item: 3/3, never 3/4)."""
-    brain.python_agent("flaky", """
+    brain.python_agent(
+        "flaky",
+        """
         import json, os, sys
         json.load(sys.stdin)
         if os.environ["AMBIENT_ITEM"] == "b" and os.environ["AMBIENT_ATTEMPT"] == "1":
             sys.exit(3)
         print(json.dumps({"status": "ok"}))
-    """)
-    brain.workflow("batch", """
+    """,
+    )
+    brain.workflow(
+        "batch",
+        """
         workflow: batch
         for_each: {items: [a, b, c], spawn: flaky}
         retry: {attempts: 2, backoff: 10ms, max_backoff: 20ms, on: [error]}
-    """)
+    """,
+    )
     brain.until_idle()
     line = next(line for line in brain.ok("runs").out.splitlines() if "batch" in line)
     assert "3/3 items done" in line, line
@@ -328,11 +375,14 @@ def test_a_typo_in_a_required_key_says_which_it_misspells(brain: Brain) -> None:
 def test_an_unknown_key_on_a_step_is_an_error_and_the_chain_never_runs(brain: Brain) -> None:
     """Issue 23.14: `gaet: human` on a deploy step is refused (a deploy would run without its human gate)."""
     brain.python_agent("worker", OK_AGENT)
-    brain.workflow("deploy", """
+    brain.workflow(
+        "deploy",
+        """
         name: deploy
         chain:
           - {step: 1, type: deploy, scope: infrastructure/app/, agents: [worker], gaet: human}
-    """)
+    """,
+    )
     res = brain.cli("validate")
     assert res.rc == 1 and "unknown key 'gaet' in step 1: did you mean 'gate'?" in res.out, res
     brain.until_idle()
@@ -342,21 +392,27 @@ def test_an_unknown_key_on_a_step_is_an_error_and_the_chain_never_runs(brain: Br
 def test_every_template_variable_validate_allows_renders(brain: Brain) -> None:
     """Issue 23.15: `{{error_count}}` (any variable validate allows in on_complete) renders at the run's end; it
     used to pass validate and then crash the run's end at every start."""
-    brain.python_agent("mixed", """
+    brain.python_agent(
+        "mixed",
+        """
         import json, os, sys
         json.load(sys.stdin)
         if os.environ["AMBIENT_ITEM"] == "b":
             sys.exit(3)
         print(json.dumps({"status": "ok"}))
-    """)
-    brain.workflow("tally", """
+    """,
+    )
+    brain.workflow(
+        "tally",
+        """
         workflow: tally
         for_each: {items: [a, b, c], spawn: mixed}
         on_complete:
           signal: RETURN
           to: orchestrator
           payload: {result: "{{success_count}}/{{total}} {{fail_count}} {{error_count}} {{skipped_count}}"}
-    """)
+    """,
+    )
     assert brain.cli("validate").rc == 0
     brain.until_idle()
     [esc] = brain.escalations()
@@ -364,14 +420,17 @@ def test_every_template_variable_validate_allows_renders(brain: Brain) -> None:
     brain.until_idle()
     [record] = brain.finished("tally")
     assert record["outcome"] == "aborted"
-    brain.workflow("tally2", """
+    brain.workflow(
+        "tally2",
+        """
         workflow: tally2
         for_each: {items: [a, b, c], spawn: mixed, on_return: {error: → next_item}}
         on_complete:
           signal: RETURN
           to: orchestrator
           payload: {result: "{{success_count}}/{{total}} ok, {{fail_count}} failed, {{error_count}} by errors"}
-    """)
+    """,
+    )
     brain.until_idle()
     [record] = brain.finished("tally2")
     assert record["outcome"] == "partial", record
@@ -381,12 +440,16 @@ def test_every_template_variable_validate_allows_renders(brain: Brain) -> None:
 
 def test_a_chain_steps_scope_template_is_rendered(brain: Brain) -> None:
     """A chain step's `scope: workspace/{{workflow}}/...` reaches its agent rendered, as validate promised."""
-    brain.python_agent("writer", COLOUR_AGENT.replace('if "decision" not in ctx:', 'if False:').replace(
-        'ctx["decision"]', '"written"'))
-    brain.workflow("tmpl", """
+    brain.python_agent(
+        "writer", COLOUR_AGENT.replace('if "decision" not in ctx:', "if False:").replace('ctx["decision"]', '"written"')
+    )
+    brain.workflow(
+        "tmpl",
+        """
         name: tmpl
         chain:
           - {step: 1, type: brain-write, scope: "workspace/{{workflow}}/notes.md", agents: [writer]}
-    """)
+    """,
+    )
     brain.until_idle()
     assert brain.read("workspace/tmpl/notes.md") == "written\n"

@@ -41,7 +41,7 @@ class _Recorder:
         full = os.path.abspath(p)
         if full == self.root:
             return "."
-        return full[len(self.prefix):] if full.startswith(self.prefix) else None
+        return full[len(self.prefix) :] if full.startswith(self.prefix) else None
 
     def log(self, rec: dict[str, Any]) -> int:
         with self.lock:
@@ -50,7 +50,7 @@ class _Recorder:
             line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
             view = memoryview(line)
             while view:
-                view = view[self.real["write"](self.log_fd, view):]
+                view = view[self.real["write"](self.log_fd, view) :]
             return self.seq
 
     def last_seq(self) -> int:
@@ -73,8 +73,25 @@ def install(log_path: str, root: str) -> None:
     if getattr(os, "_powerloss_installed", False):
         return
     rec = _Recorder(log_path, root)
-    names = ("open", "close", "write", "pwrite", "ftruncate", "fsync", "fdatasync", "rename", "replace", "link",
-             "unlink", "remove", "mkdir", "rmdir", "fstat", "lseek", "lstat")
+    names = (
+        "open",
+        "close",
+        "write",
+        "pwrite",
+        "ftruncate",
+        "fsync",
+        "fdatasync",
+        "rename",
+        "replace",
+        "link",
+        "unlink",
+        "remove",
+        "mkdir",
+        "rmdir",
+        "fstat",
+        "lseek",
+        "lstat",
+    )
     real = rec.real
     for n in names:
         real[n] = getattr(os, n)
@@ -149,6 +166,7 @@ def install(log_path: str, root: str) -> None:
             a, b = rec.rel(src, kwargs.get("src_dir_fd")), rec.rel(dst, kwargs.get("dst_dir_fd"))
             if a is not None and b is not None:
                 rec.log({"op": op, "src": a, "dst": b})
+
         return wrapper
 
     def _one(name: str, op: str) -> Any:
@@ -157,6 +175,7 @@ def install(log_path: str, root: str) -> None:
             rel = rec.rel(path, kwargs.get("dir_fd"))
             if rel is not None:
                 rec.log({"op": op, "path": rel})
+
         return wrapper
 
     os.open = w_open  # type: ignore[assignment]

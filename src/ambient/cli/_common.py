@@ -82,4 +82,3 @@ def quiet_logs(level: int = 30) -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
     )
-

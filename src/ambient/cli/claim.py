@@ -139,8 +139,19 @@ def _cmd_open(args: argparse.Namespace) -> int:
     fields = {
         k: getattr(args, k)
         for k in (
-            "satellite_type", "satellite_level", "parent_satellite", "story_angle", "workflow", "workflow_step",
-            "mode", "theme_branch", "user_id", "ttl", "on_done", "on_partial", "on_fail",
+            "satellite_type",
+            "satellite_level",
+            "parent_satellite",
+            "story_angle",
+            "workflow",
+            "workflow_step",
+            "mode",
+            "theme_branch",
+            "user_id",
+            "ttl",
+            "on_done",
+            "on_partial",
+            "on_fail",
         )
     }
     claim = new_claim(sess_id, args.type, args.scope, args.agent, now, **fields)

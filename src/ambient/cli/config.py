@@ -43,8 +43,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
     )
     show.add_argument("--json", action="store_true", help="print JSON: settings, sources, file, environment")
-    add_command(actions, "template", _template,
-                help="print a profil/ambient.yml listing every setting, commented out with its default")
+    add_command(
+        actions,
+        "template",
+        _template,
+        help="print a profil/ambient.yml listing every setting, commented out with its default",
+    )
 
 
 @dataclass
@@ -187,8 +191,16 @@ def _show(args: argparse.Namespace) -> int:
         )
     settings = cfg.redacted()
     if args.json:
-        out_json({"brain": str(root), "file": cfg.file, "file_exists": cfg.exists,
-                  "environment": sorted(cfg.environment), "settings": settings, "sources": cfg.sources})
+        out_json(
+            {
+                "brain": str(root),
+                "file": cfg.file,
+                "file_exists": cfg.exists,
+                "environment": sorted(cfg.environment),
+                "settings": settings,
+                "sources": cfg.sources,
+            }
+        )
         return EXIT_OK
     env = ", ".join(sorted(cfg.environment)) or "none"
     out(f"# effective settings of {root}")

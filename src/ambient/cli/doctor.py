@@ -60,10 +60,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.add_argument("--strict", action="store_true", help="warnings count as problems too (exit 1)")
-    p.add_argument("--notify", action="store_true",
-                   help="also send a test message to each notification URL and report those that fail")
-    p.add_argument("--timeout", type=float, default=20.0, metavar="SECONDS",
-                   help="per-URL time limit of --notify (default 20)")
+    p.add_argument(
+        "--notify",
+        action="store_true",
+        help="also send a test message to each notification URL and report those that fail",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=20.0, metavar="SECONDS", help="per-URL time limit of --notify (default 20)"
+    )
 
 
 @dataclass(frozen=True)
@@ -122,8 +126,7 @@ def _capped(findings: list[Finding], what: str) -> list[Finding]:
         return findings
     rest = findings[MAX_LINES:]
     worst = min((f.severity for f in rest), key=_ORDER.__getitem__)
-    return [*findings[:MAX_LINES],
-            Finding(worst, rest[0].check, f"... and {len(rest)} more {what}", rest[0].hint)]
+    return [*findings[:MAX_LINES], Finding(worst, rest[0].check, f"... and {len(rest)} more {what}", rest[0].hint)]
 
 
 def _mtime(path: Path) -> float | None:
@@ -148,8 +151,14 @@ def check_filesystem(paths: BrainPaths) -> list[Finding]:
         try:
             check_local_filesystem(where)
         except UnsupportedFilesystemError as exc:
-            found.append(Finding("error", "filesystem", str(exc),
-                                 "move the brain (or its .ambient/) to a local filesystem: ext4, xfs, btrfs, tmpfs"))
+            found.append(
+                Finding(
+                    "error",
+                    "filesystem",
+                    str(exc),
+                    "move the brain (or its .ambient/) to a local filesystem: ext4, xfs, btrfs, tmpfs",
+                )
+            )
     return found
 
 
@@ -163,18 +172,27 @@ def check_config(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Setting
         if p.file.startswith("$"):
             hint = f"fix or unset {p.file[1:]} (`ambient config show` prints the effective settings)"
         else:
-            hint = ("fix the file (`ambient config template` lists every setting with its default); until then "
-                    "`ambient run` uses the defaults and a reload keeps the previous settings")
+            hint = (
+                "fix the file (`ambient config template` lists every setting with its default); until then "
+                "`ambient run` uses the defaults and a reload keeps the previous settings"
+            )
         found.append(Finding("error", "config", p.message, hint, p.file, p.line))
     return cfg.settings, found
 
 
 _LOAD_HINTS: tuple[tuple[str, str, str], ...] = (
-    ("workflows/", "workflows", "fix the workflow (`ambient validate` lists every problem); the daemon does not run "
-                                "a file that does not load (a reload keeps its last good version)"),
+    (
+        "workflows/",
+        "workflows",
+        "fix the workflow (`ambient validate` lists every problem); the daemon does not run "
+        "a file that does not load (a reload keeps its last good version)",
+    ),
     ("agents/", "agents", "fix the agent's frontmatter; `ambient validate` lists every problem"),
-    ("profil/routing.yml", "routing", "fix the route; a route that does not load is not applied "
-                                      "(`ambient matrix` shows the effective access matrix)"),
+    (
+        "profil/routing.yml",
+        "routing",
+        "fix the route; a route that does not load is not applied (`ambient matrix` shows the effective access matrix)",
+    ),
     ("profil/zones.yml", "zones", "fix the zone rule; `ambient validate` lists every problem"),
 )
 
@@ -216,24 +234,47 @@ def _check_programs(paths: BrainPaths, brain: Any) -> list[Finding]:
         spec = brain.matrix.agents.get(name)
         file = paths.rel(spec.path) if spec is not None else paths.rel(paths.config)
         line = spec.runner_line if spec is not None else None
-        cwd = paths.root if cfg.cwd is None else (paths.root / cfg.cwd if not cfg.cwd.startswith("/") else
-                                                   Path(cfg.cwd))
+        cwd = (
+            paths.root if cfg.cwd is None else (paths.root / cfg.cwd if not cfg.cwd.startswith("/") else Path(cfg.cwd))
+        )
         prog = cfg.argv[0]
         if prog == "{{python}}":
             script = cfg.argv[1] if len(cfg.argv) > 1 else ""
             if script.endswith(".py") and "{{" not in script and not (cwd / script).is_file():
-                found.append(Finding("error", "runners", f"agent {name}: script {script} not found in {cwd}",
-                                     "fix ambient.runner.argv (paths are relative to the brain, or to runner cwd)",
-                                     file, line))
+                found.append(
+                    Finding(
+                        "error",
+                        "runners",
+                        f"agent {name}: script {script} not found in {cwd}",
+                        "fix ambient.runner.argv (paths are relative to the brain, or to runner cwd)",
+                        file,
+                        line,
+                    )
+                )
         elif "/" in prog:
             target = cwd / prog
             if not (target.is_file() and os.access(target, os.X_OK)):
-                found.append(Finding("error", "runners", f"agent {name}: program {prog} is missing or not executable",
-                                     "fix ambient.runner.argv[0] or install the program (chmod +x)", file, line))
+                found.append(
+                    Finding(
+                        "error",
+                        "runners",
+                        f"agent {name}: program {prog} is missing or not executable",
+                        "fix ambient.runner.argv[0] or install the program (chmod +x)",
+                        file,
+                        line,
+                    )
+                )
         elif shutil.which(prog) is None:
-            found.append(Finding("warning", "runners", f"agent {name}: program {prog!r} is not on this PATH",
-                                 "install it, or give its full path (the daemon's PATH under systemd may differ)",
-                                 file, line))
+            found.append(
+                Finding(
+                    "warning",
+                    "runners",
+                    f"agent {name}: program {prog!r} is not on this PATH",
+                    "install it, or give its full path (the daemon's PATH under systemd may differ)",
+                    file,
+                    line,
+                )
+            )
     return found
 
 
@@ -247,9 +288,18 @@ def check_claims(paths: BrainPaths, settings: Settings, now: datetime) -> list[F
         return []
     store = ClaimStore(paths, check_filesystem=False)
     seen = census(store, save=False)  # the index is used, not written; the stale candidates are read in full
-    found = [Finding("warning", "claims", p.message,
-                     "fix the file (ambient skips it and never rewrites it); `ambient validate` shows every problem",
-                     p.file, p.line) for p in seen.problems if p.severity == "error"]
+    found = [
+        Finding(
+            "warning",
+            "claims",
+            p.message,
+            "fix the file (ambient skips it and never rewrites it); `ambient validate` shows every problem",
+            p.file,
+            p.line,
+        )
+        for p in seen.problems
+        if p.severity == "error"
+    ]
     local = now.astimezone()  # naive claim times are local time
     tz = local.tzinfo
     assert tz is not None  # astimezone() always sets one
@@ -267,20 +317,32 @@ def check_claims(paths: BrainPaths, settings: Settings, now: datetime) -> list[F
         if run is not None:  # ambient's own mirror of a run that resumes: closing it by hand would lie
             hint = f"it mirrors run {run}, which resumes when the daemon starts: start the daemon, do not close it"
         else:
-            hint = (f"if its agent is gone, close it: `ambient claim close {sid} --status failed --message "
-                    "abandoned`; a running daemon marks it stale at its next tick")
-        rows.append(Finding(
-            "warning", "claims",
-            f"claim {sid} (agent {claim.agent}, scope {claim.scope}) is open with no activity for "
-            f"{_ago(local - last)}, past its TTL ({_ago(ttl)})",
-            hint, paths.rel(candidates[sid][0]),
-        ))
+            hint = (
+                f"if its agent is gone, close it: `ambient claim close {sid} --status failed --message "
+                "abandoned`; a running daemon marks it stale at its next tick"
+            )
+        rows.append(
+            Finding(
+                "warning",
+                "claims",
+                f"claim {sid} (agent {claim.agent}, scope {claim.scope}) is open with no activity for "
+                f"{_ago(local - last)}, past its TTL ({_ago(ttl)})",
+                hint,
+                paths.rel(candidates[sid][0]),
+            )
+        )
     found += _capped(rows, "stale claims")
     already = sorted(sid for sid, f in seen.facts.items() if f.status == rules.STALE)
     if already:
         names = ", ".join(already[:5]) + (f" and {len(already) - 5} more" if len(already) > 5 else "")
-        found.append(Finding("info", "claims", f"{len(already)} claim(s) marked stale (they block nobody): {names}",
-                             "close each once its work is settled: `ambient claim close SESS_ID --status ...`"))
+        found.append(
+            Finding(
+                "info",
+                "claims",
+                f"{len(already)} claim(s) marked stale (they block nobody): {names}",
+                "close each once its work is settled: `ambient claim close SESS_ID --status ...`",
+            )
+        )
     return found
 
 
@@ -299,19 +361,46 @@ def check_locks(paths: BrainPaths) -> list[Finding]:
         if info is not None:
             holder = f"holder {info.holder}" + (f" (pid {info.pid} on {info.host})" if info.pid else "")
         if st.state == "dead":
-            rows.append(Finding("warning", "locks", f"lock on {st.file}: {holder} is dead",
-                                "`ambient lock cleanup` removes it (the next acquire would take it over)", where))
+            rows.append(
+                Finding(
+                    "warning",
+                    "locks",
+                    f"lock on {st.file}: {holder} is dead",
+                    "`ambient lock cleanup` removes it (the next acquire would take it over)",
+                    where,
+                )
+            )
         elif st.state == "expired":
-            rows.append(Finding("warning", "locks", f"lock on {st.file}: {holder}, TTL passed at "
-                                f"{info.expires_at if info else '?'}",
-                                "`ambient lock cleanup` removes it (the next acquire would take it over)", where))
+            rows.append(
+                Finding(
+                    "warning",
+                    "locks",
+                    f"lock on {st.file}: {holder}, TTL passed at {info.expires_at if info else '?'}",
+                    "`ambient lock cleanup` removes it (the next acquire would take it over)",
+                    where,
+                )
+            )
         elif st.state == "stale":
-            rows.append(Finding("warning", "locks", f"lock on {st.file} is unreadable: {st.problem}",
-                                "`ambient lock cleanup` removes it", where))
+            rows.append(
+                Finding(
+                    "warning",
+                    "locks",
+                    f"lock on {st.file} is unreadable: {st.problem}",
+                    "`ambient lock cleanup` removes it",
+                    where,
+                )
+            )
         elif st.state == "malformed":
-            rows.append(Finding("warning", "locks", f"lock on {st.file} is unreadable and counts as held for "
-                                f"{manager.malformed_grace_s:g} s: {st.problem}",
-                                "if no process is writing it, `ambient lock cleanup` removes it once stale", where))
+            rows.append(
+                Finding(
+                    "warning",
+                    "locks",
+                    f"lock on {st.file} is unreadable and counts as held for "
+                    f"{manager.malformed_grace_s:g} s: {st.problem}",
+                    "if no process is writing it, `ambient lock cleanup` removes it once stale",
+                    where,
+                )
+            )
     return _capped(rows, "stale locks")
 
 
@@ -381,15 +470,28 @@ def check_daemon_settings(paths: BrainPaths, pid: int | None) -> list[Finding]:
         return []
     who = f"the daemon (pid {pid})" if pid else "the daemon"
     if now.settings is None:
-        return [Finding("warning", "config", f"{who} runs with the last profil/ambient.yml that loaded; the file "
-                        "does not load now (see above)", "fix the file: the daemon applies it when it changes")]
+        return [
+            Finding(
+                "warning",
+                "config",
+                f"{who} runs with the last profil/ambient.yml that loaded; the file does not load now (see above)",
+                "fix the file: the daemon applies it when it changes",
+            )
+        ]
     keys = changed_keys(running.get("file") or {}, now.own or {})
     what = ", ".join(keys) if keys else "notify.urls (its URLs are masked here) or a comment"
     reload = f"`kill -HUP {pid}`" if pid else "`kill -HUP <pid>`"
-    return [Finding("warning", "config", f"{who} runs with other settings than profil/ambient.yml: {what} changed "
-                    f"since it read the file at {running.get('applied_at', '?')}",
-                    f"reload it: `systemctl reload ambient` or {reload} (it reloads by itself when the file "
-                    "changes, unless started with --no-watch)", paths.rel(paths.config))]
+    return [
+        Finding(
+            "warning",
+            "config",
+            f"{who} runs with other settings than profil/ambient.yml: {what} changed "
+            f"since it read the file at {running.get('applied_at', '?')}",
+            f"reload it: `systemctl reload ambient` or {reload} (it reloads by itself when the file "
+            "changes, unless started with --no-watch)",
+            paths.rel(paths.config),
+        )
+    ]
 
 
 def check_daemon(paths: BrainPaths, now: datetime) -> tuple[bool, int | None, list[Finding]]:
@@ -403,8 +505,10 @@ def check_daemon(paths: BrainPaths, now: datetime) -> tuple[bool, int | None, li
     stopped = _last_stop(paths)
     since = f" (stopped {_ago(now - stopped)} ago)" if stopped is not None else ""
     message = f"the daemon is down{since}" + (f"; waiting on it: {', '.join(waiting)}" if waiting else "")
-    hint = (f"start it: `systemctl --user start ambient` (system unit: `sudo systemctl start ambient`), or in a "
-            f"terminal `ambient run --brain {paths.root}`; `journalctl -u ambient` says why it stopped")
+    hint = (
+        f"start it: `systemctl --user start ambient` (system unit: `sudo systemctl start ambient`), or in a "
+        f"terminal `ambient run --brain {paths.root}`; `journalctl -u ambient` says why it stopped"
+    )
     return False, None, [Finding("error" if waiting else "warning", "daemon", message, hint)]
 
 
@@ -415,50 +519,90 @@ def check_escalations(paths: BrainPaths, settings: Settings, now: datetime) -> l
     if not paths.escalations.is_dir():
         return []
     scan = EscalationStore(paths).scan()
-    found = [Finding("error", "escalations", p.message,
-                     "fix or restore the file (ambient never rewrites it); `ambient escalations` lists the others",
-                     p.file, p.line) for p in scan.problems]
+    found = [
+        Finding(
+            "error",
+            "escalations",
+            p.message,
+            "fix or restore the file (ambient never rewrites it); `ambient escalations` lists the others",
+            p.file,
+            p.line,
+        )
+        for p in scan.problems
+    ]
     pending = [e for e in scan.escalations if e.status == "pending"]
     outbox = _outbox_entries(paths)
     failing, waiting = [], []
     for esc in pending:
         entry = outbox.get(f"escalation-{esc.id}")
         tries = max(esc.notify.count, entry.attempts if entry is not None else 0)
-        last_error = entry.last_error if entry is not None and entry.last_error else next(
-            (a.error for a in reversed(esc.notify.attempts) if a.error), None)
+        last_error = (
+            entry.last_error
+            if entry is not None and entry.last_error
+            else next((a.error for a in reversed(esc.notify.attempts) if a.error), None)
+        )
         answer = f"`ambient decide {esc.id} {'|'.join(o.key for o in esc.options)}`"
         where = paths.rel(paths.escalations / f"{esc.id}.yml")
         if esc.notify.delivered_at is None and tries >= FAILING_ATTEMPTS:
-            failing.append(Finding(
-                "error", "escalations",
-                f"notification of {esc.id} ({esc.where}) failed {tries} times"
-                + (f", last: {last_error}" if last_error else ""),
-                f"check the URLs with `ambient notify test` (or `ambient doctor --notify`); answer meanwhile: {answer}",
-                where))
+            failing.append(
+                Finding(
+                    "error",
+                    "escalations",
+                    f"notification of {esc.id} ({esc.where}) failed {tries} times"
+                    + (f", last: {last_error}" if last_error else ""),
+                    "check the URLs with `ambient notify test` (or `ambient doctor --notify`); "
+                    f"answer meanwhile: {answer}",
+                    where,
+                )
+            )
         age = now - esc.created_at
         if age >= LONG_PENDING:
-            late = f", past its deadline {esc.deadline.isoformat(timespec='minutes')}" \
-                if esc.deadline is not None and esc.deadline < now else ""
-            waiting.append(Finding("warning", "escalations",
-                                   f"{esc.id} ({esc.where}) has waited on you for {_ago(age)}{late}", answer, where))
+            late = (
+                f", past its deadline {esc.deadline.isoformat(timespec='minutes')}"
+                if esc.deadline is not None and esc.deadline < now
+                else ""
+            )
+            waiting.append(
+                Finding(
+                    "warning",
+                    "escalations",
+                    f"{esc.id} ({esc.where}) has waited on you for {_ago(age)}{late}",
+                    answer,
+                    where,
+                )
+            )
     found += _capped(failing, "failing notifications") + _capped(waiting, "escalations waiting")
     for entry in outbox.values():
         if entry.message.kind != "escalation" and entry.attempts >= FAILING_ATTEMPTS:
-            found.append(Finding("warning", "notify",
-                                 f"notification {entry.id} ({entry.message.title[:60]}) failed {entry.attempts} times"
-                                 + (f", last: {entry.last_error[:200]}" if entry.last_error else ""),
-                                 "check the URLs with `ambient notify test`; it is given up after 24 h"))
+            found.append(
+                Finding(
+                    "warning",
+                    "notify",
+                    f"notification {entry.id} ({entry.message.title[:60]}) failed {entry.attempts} times"
+                    + (f", last: {entry.last_error[:200]}" if entry.last_error else ""),
+                    "check the URLs with `ambient notify test`; it is given up after 24 h",
+                )
+            )
     parked = paths.state / "outbox" / "expired"
     gave_up = len(list(parked.glob("*.json"))) if parked.is_dir() else 0
     if gave_up:
-        found.append(Finding("warning", "notify", f"{gave_up} notification(s) were given up after 24 h of failures",
-                             f"check the URLs with `ambient notify test`; read then delete {paths.rel(parked)}/"))
+        found.append(
+            Finding(
+                "warning",
+                "notify",
+                f"{gave_up} notification(s) were given up after 24 h of failures",
+                f"check the URLs with `ambient notify test`; read then delete {paths.rel(parked)}/",
+            )
+        )
     if pending and not settings.notify.urls and not (settings.telegram.answers and settings.telegram.chat_id):
-        found.append(Finding("warning", "notify",
-                             f"{len(pending)} escalation(s) wait on you and no notification URL is configured: "
-                             "nobody is told",
-                             "set notify.urls in profil/ambient.yml (or $AMBIENT_NOTIFY_URLS); `ambient escalations` "
-                             "lists them"))
+        found.append(
+            Finding(
+                "warning",
+                "notify",
+                f"{len(pending)} escalation(s) wait on you and no notification URL is configured: nobody is told",
+                "set notify.urls in profil/ambient.yml (or $AMBIENT_NOTIFY_URLS); `ambient escalations` lists them",
+            )
+        )
     return found
 
 
@@ -500,10 +644,20 @@ def check_notify_urls(paths: BrainPaths, environ: Mapping[str, str], timeout: fl
     except InputError as exc:
         return [Finding("error", "notify", exc.message, "fix the notification configuration", exc.file, exc.line)]
     if not urls:
-        return [Finding("warning", "notify", "no notification URL is configured: escalations reach nobody",
-                        "set notify.urls in profil/ambient.yml or $AMBIENT_NOTIFY_URLS")]
-    message = Message(title="ambient doctor: test notification", kind="info", dedupe_id="doctor-test",
-                      body=f"Test message from `ambient doctor` on {socket.gethostname()}: this URL works.")
+        return [
+            Finding(
+                "warning",
+                "notify",
+                "no notification URL is configured: escalations reach nobody",
+                "set notify.urls in profil/ambient.yml or $AMBIENT_NOTIFY_URLS",
+            )
+        ]
+    message = Message(
+        title="ambient doctor: test notification",
+        kind="info",
+        dedupe_id="doctor-test",
+        body=f"Test message from `ambient doctor` on {socket.gethostname()}: this URL works.",
+    )
     quiet_logs(logging.ERROR)  # the findings say everything; the notifier's own lines would repeat them
     try:
         report = asyncio.run(AppriseNotifier(urls, timeout=timeout, registry=registry).send(message))
@@ -514,9 +668,15 @@ def check_notify_urls(paths: BrainPaths, environ: Mapping[str, str], timeout: fl
         if r.ok:
             found.append(Finding("info", "notify", f"notification URL {r.display} works (a test message was sent)"))
         else:
-            found.append(Finding(
-                "error", "notify", f"notification URL {r.display} does not work: {r.detail or 'refused'}",
-                "check the URL (apprise syntax), its token and the network; `ambient notify test --url URL` tries one"))
+            found.append(
+                Finding(
+                    "error",
+                    "notify",
+                    f"notification URL {r.display} does not work: {r.detail or 'refused'}",
+                    "check the URL (apprise syntax), its token and the network; "
+                    "`ambient notify test --url URL` tries one",
+                )
+            )
     return found
 
 
@@ -532,13 +692,25 @@ def check_telegram(paths: BrainPaths, settings: Settings, up: bool, now: datetim
         return []
     found: list[Finding] = []
     if tg.answers and not tg.chat_id:
-        found.append(Finding("error", "telegram", "telegram.answers is on but telegram.chat_id is not set",
-                             "set telegram.chat_id in profil/ambient.yml (the chat that receives escalations)",
-                             paths.rel(paths.config)))
+        found.append(
+            Finding(
+                "error",
+                "telegram",
+                "telegram.answers is on but telegram.chat_id is not set",
+                "set telegram.chat_id in profil/ambient.yml (the chat that receives escalations)",
+                paths.rel(paths.config),
+            )
+        )
     if tg.token_file and not os.access(tg.token_file, os.R_OK):
-        found.append(Finding("error", "telegram", f"telegram.token_file {tg.token_file} cannot be read",
-                             "fix the path or its permissions, or use LoadCredential=telegram-token:... under systemd",
-                             paths.rel(paths.config)))
+        found.append(
+            Finding(
+                "error",
+                "telegram",
+                f"telegram.token_file {tg.token_file} cannot be read",
+                "fix the path or its permissions, or use LoadCredential=telegram-token:... under systemd",
+                paths.rel(paths.config),
+            )
+        )
     if up:
         return found
     pending_presses = 0
@@ -547,12 +719,25 @@ def check_telegram(paths: BrainPaths, settings: Settings, up: bool, now: datetim
             data = json.loads(read_capped(state_path, 4 * 1024 * 1024))
             pending_presses = len(data.get("pending") or []) if isinstance(data, dict) else 0
         except (OSError, ValueError):
-            found.append(Finding("warning", "telegram", "the Telegram state file cannot be read",
-                                 "the daemon starts over from Telegram's unconfirmed updates", paths.rel(state_path)))
+            found.append(
+                Finding(
+                    "warning",
+                    "telegram",
+                    "the Telegram state file cannot be read",
+                    "the daemon starts over from Telegram's unconfirmed updates",
+                    paths.rel(state_path),
+                )
+            )
     if pending_presses:
-        found.append(Finding("warning", "telegram",
-                             f"{pending_presses} Telegram button press(es) were received but not acted upon",
-                             "start the daemon: it applies them first", paths.rel(state_path)))
+        found.append(
+            Finding(
+                "warning",
+                "telegram",
+                f"{pending_presses} Telegram button press(es) were received but not acted upon",
+                "start the daemon: it applies them first",
+                paths.rel(state_path),
+            )
+        )
     if not tg.answers:
         return found
     seen = [t for t in (_mtime(state_path), _mtime(paths.state / "daemon.json")) if t is not None]
@@ -563,18 +748,27 @@ def check_telegram(paths: BrainPaths, settings: Settings, up: bool, now: datetim
     unread = now - last
     waiting = bool(paths.escalations.is_dir() and EscalationStore(paths).list(status="pending"))
     if unread >= TELEGRAM_RETENTION:
-        found.append(Finding(
-            "error", "telegram",
-            f"Telegram button presses have not been read for {_ago(unread)}: the Bot API keeps them 24 h, so presses "
-            f"made before {(now - TELEGRAM_RETENTION).isoformat(timespec='minutes')} are lost",
-            "start the daemon; answer the escalations with `ambient decide ID OPTION` (a lost press is not applied)"))
+        found.append(
+            Finding(
+                "error",
+                "telegram",
+                f"Telegram button presses have not been read for {_ago(unread)}: the Bot API keeps them 24 h, "
+                f"so presses made before {(now - TELEGRAM_RETENTION).isoformat(timespec='minutes')} are lost",
+                "start the daemon; answer the escalations with `ambient decide ID OPTION` "
+                "(a lost press is not applied)",
+            )
+        )
     elif unread >= TELEGRAM_CLOSE:
         lost_at = (last + TELEGRAM_RETENTION).isoformat(timespec="minutes")
-        found.append(Finding(
-            "error" if waiting else "warning", "telegram",
-            f"Telegram button presses have not been read for {_ago(unread)}: the Bot API drops them after 24 h, the "
-            f"first at {lost_at} (in {_ago(last + TELEGRAM_RETENTION - now)})",
-            "start the daemon before then; or answer with `ambient decide ID OPTION`"))
+        found.append(
+            Finding(
+                "error" if waiting else "warning",
+                "telegram",
+                f"Telegram button presses have not been read for {_ago(unread)}: the Bot API drops them "
+                f"after 24 h, the first at {lost_at} (in {_ago(last + TELEGRAM_RETENTION - now)})",
+                "start the daemon before then; or answer with `ambient decide ID OPTION`",
+            )
+        )
     return found
 
 
@@ -582,8 +776,20 @@ def check_tmp(paths: BrainPaths) -> list[Finding]:
     """Temp files of interrupted writes whose writer is dead (only named, never removed here)."""
     from ambient.locks import process_start_time
 
-    dirs = [paths.root, paths.agents, paths.claims, paths.locks, paths.profil, paths.workflows, paths.state,
-            paths.inbox, paths.escalations, paths.run_journals, paths.channels, paths.state / "outbox"]
+    dirs = [
+        paths.root,
+        paths.agents,
+        paths.claims,
+        paths.locks,
+        paths.profil,
+        paths.workflows,
+        paths.state,
+        paths.inbox,
+        paths.escalations,
+        paths.run_journals,
+        paths.channels,
+        paths.state / "outbox",
+    ]
     left: list[str] = []
     for d in dirs:
         try:
@@ -600,16 +806,23 @@ def check_tmp(paths: BrainPaths) -> list[Finding]:
     if not left:
         return []
     shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
-    return [Finding("warning", "tmp", f"{len(left)} temp file(s) left by interrupted writes: {shown}",
-                    "harmless: `ambient run` removes them at start (`ambient lock cleanup` in locks/); they are never "
-                    "a real file, so deleting them by hand is safe too")]
+    return [
+        Finding(
+            "warning",
+            "tmp",
+            f"{len(left)} temp file(s) left by interrupted writes: {shown}",
+            "harmless: `ambient run` removes them at start (`ambient lock cleanup` in locks/); they are never "
+            "a real file, so deleting them by hand is safe too",
+        )
+    ]
 
 
 # ------------------------------------------------------------------------------------------ the whole check
 
 
-def diagnose(root: Path, environ: Mapping[str, str], *, now: datetime | None = None, notify: bool = False,
-             timeout: float = 20.0) -> Report:
+def diagnose(
+    root: Path, environ: Mapping[str, str], *, now: datetime | None = None, notify: bool = False, timeout: float = 20.0
+) -> Report:
     """Run every check on the brain at ``root``; a check that breaks becomes a finding, never a crash."""
     from ambient.errors import AmbientError
     from ambient.paths import BrainPaths
@@ -620,9 +833,14 @@ def diagnose(root: Path, environ: Mapping[str, str], *, now: datetime | None = N
     when = now or datetime.now().astimezone()
     report = Report(brain=str(root))
     if not any(d.is_dir() for d in (paths.agents, paths.workflows, paths.profil)):
-        report.findings.append(Finding("error", "brain", f"{root} does not look like a brain "
-                                       "(no agents/, workflows/ or profil/)",
-                                       f"create one with `ambient init {root}`, or pass --brain DIR"))
+        report.findings.append(
+            Finding(
+                "error",
+                "brain",
+                f"{root} does not look like a brain (no agents/, workflows/ or profil/)",
+                f"create one with `ambient init {root}`, or pass --brain DIR",
+            )
+        )
         return report
 
     def run(name: str, check: Callable[[], Iterable[Finding]]) -> None:
@@ -630,8 +848,14 @@ def diagnose(root: Path, environ: Mapping[str, str], *, now: datetime | None = N
         try:
             report.findings.extend(check())
         except (AmbientError, OSError, ValueError) as exc:
-            report.findings.append(Finding("error", name, f"could not be checked: {exc}",
-                                           "fix what the message names, then run `ambient doctor` again"))
+            report.findings.append(
+                Finding(
+                    "error",
+                    name,
+                    f"could not be checked: {exc}",
+                    "fix what the message names, then run `ambient doctor` again",
+                )
+            )
 
     settings: list[Settings] = []
 
@@ -671,10 +895,16 @@ def _doctor(args: argparse.Namespace) -> int:
     report = diagnose(root, os.environ, notify=args.notify, timeout=args.timeout)
     ok = report.ok(strict=args.strict)
     if args.json:
-        out_json({"brain": report.brain, "ok": ok,
-                  "daemon": {"up": report.daemon_up, "pid": report.daemon_pid},
-                  "counts": {s: report.count(s) for s in ("error", "warning", "info")},
-                  "checked": report.checked, "findings": [asdict(f) for f in report.findings]})
+        out_json(
+            {
+                "brain": report.brain,
+                "ok": ok,
+                "daemon": {"up": report.daemon_up, "pid": report.daemon_pid},
+                "counts": {s: report.count(s) for s in ("error", "warning", "info")},
+                "checked": report.checked,
+                "findings": [asdict(f) for f in report.findings],
+            }
+        )
         return EXIT_OK if ok else EXIT_NO
     daemon = f"up (pid {report.daemon_pid})" if report.daemon_up else "down"
     out(f"ambient doctor: {report.brain} (daemon {daemon})")

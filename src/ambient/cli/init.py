@@ -29,8 +29,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
     )
     p.add_argument("dir", nargs="?", metavar="DIR", help="where to create the brain (created if missing)")
-    p.add_argument("--no-example", action="store_true",
-                   help="only folders, profil/ambient.yml and .gitignore (to add ambient to an existing brain)")
+    p.add_argument(
+        "--no-example",
+        action="store_true",
+        help="only folders, profil/ambient.yml and .gitignore (to add ambient to an existing brain)",
+    )
 
 
 def _create_new(path: Path, text: str, mode: int) -> None:

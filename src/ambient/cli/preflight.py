@@ -99,8 +99,9 @@ def _cmd_breaker(args: argparse.Namespace) -> int:
         store = EscalationStore(paths)
         for esc in store.pending_breaks(scope):
             try:
-                store.answer(esc.id, "reset", by=os.environ.get("USER") or "human", channel="cli",
-                             note="ambient preflight reset")
+                store.answer(
+                    esc.id, "reset", by=os.environ.get("USER") or "human", channel="cli", note="ambient preflight reset"
+                )
             except AlreadyAnsweredError:
                 continue
             out(f"{esc.id}: answered reset ({esc.where}); the daemon runs the step again")

@@ -82,8 +82,14 @@ def _replay(args: argparse.Namespace) -> int:
     settings, _ = load_settings(paths, os.environ)
     res = ReadResult()
     report = replay(
-        iter_jsonl(paths.runs_log, res), spec, book.rules, workflow=args.workflow, policy=book.policy, since=since,
-        pinned=pinned_specs(paths), threshold=settings.breaker_threshold if settings else 3,
+        iter_jsonl(paths.runs_log, res),
+        spec,
+        book.rules,
+        workflow=args.workflow,
+        policy=book.policy,
+        since=since,
+        pinned=pinned_specs(paths),
+        threshold=settings.breaker_threshold if settings else 3,
     )
     if args.json:
         data = report.to_json()
@@ -113,8 +119,10 @@ def render(report: ReplayReport, *, source: str, rules: int, limit: int = 20) ->
         f"{report.routed_differently:,} step(s) routed differently; {report.unchanged:,} unchanged"
     )
     if report.uncompared:
-        lines.append(f"({report.uncompared:,} run(s) without their journal in .ambient/runs/: the spec they ran with "
-                     "is unknown, so their steps are not compared for rerouting)")
+        lines.append(
+            f"({report.uncompared:,} run(s) without their journal in .ambient/runs/: the spec they ran with "
+            "is unknown, so their steps are not compared for rerouting)"
+        )
     for change, title in (
         ("escalate", "Would be escalated to you"),
         ("rule", "Would be decided by a rule"),

@@ -14,12 +14,19 @@ from ambient.cli._common import EXIT_OK, EXIT_USAGE, add_command, brain_dir, fai
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add_command(sub, "run", _run, "run the daemon on the brain (foreground; use systemd to keep it running)")
-    p.add_argument("--until-idle", action="store_true",
-                   help="exit once nothing can move without you (all runs done or waiting on an escalation)")
+    p.add_argument(
+        "--until-idle",
+        action="store_true",
+        help="exit once nothing can move without you (all runs done or waiting on an escalation)",
+    )
     p.add_argument("--no-watch", action="store_true", help="do not watch files; rely on the tick interval")
     p.add_argument("--log-level", default=None, help="debug|info|warning|error (default: profil/ambient.yml)")
-    p.add_argument("--log-format", choices=("auto", "json", "console"), default=None,
-                   help="JSON lines or console (default: console on a terminal, JSON otherwise)")
+    p.add_argument(
+        "--log-format",
+        choices=("auto", "json", "console"),
+        default=None,
+        help="JSON lines or console (default: console on a terminal, JSON otherwise)",
+    )
     d = add_command(sub, "demo", _demo, "run the daemon on a fresh copy of the example brain and show the result")
     d.add_argument("--dir", default=None, help="where to put the copy (default: a new temporary directory)")
 
@@ -35,8 +42,15 @@ def _log_setup(args: argparse.Namespace, root: Path) -> None:
     configure_logging(level.upper(), json=None if fmt == "auto" else fmt == "json")
 
 
-def _serve(root: Path, *, until_idle: bool, watch: bool, progress: bool, log_level: str | None = None,
-           log_format: str | None = None) -> int:
+def _serve(
+    root: Path,
+    *,
+    until_idle: bool,
+    watch: bool,
+    progress: bool,
+    log_level: str | None = None,
+    log_format: str | None = None,
+) -> int:
     import asyncio
 
     from ambient.daemon import Daemon, DaemonOptions
@@ -45,8 +59,13 @@ def _serve(root: Path, *, until_idle: bool, watch: bool, progress: bool, log_lev
     def show(line: str) -> None:
         say(f"{line}")
 
-    options = DaemonOptions(until_idle=until_idle, watch=watch, progress=show if progress else None,
-                            log_level=log_level, log_format=log_format)
+    options = DaemonOptions(
+        until_idle=until_idle,
+        watch=watch,
+        progress=show if progress else None,
+        log_level=log_level,
+        log_format=log_format,
+    )
     use_pidfd_watcher()
     return asyncio.run(Daemon(root, options).serve())
 
@@ -61,11 +80,19 @@ def _run(args: argparse.Namespace) -> int:
         return fail(f"{root} is not a directory; run `ambient init {root}` to create a brain there")
     if not any((root / mark).exists() for mark in BRAIN_MARKS):
         # The daemon would scaffold claims/, locks/... into whatever directory it was started in.
-        return fail(f"{root} is not a brain (no {', '.join(BRAIN_MARKS)}); run `ambient init {root}` to make one "
-                    "there, or give the brain with --brain DIR")
+        return fail(
+            f"{root} is not a brain (no {', '.join(BRAIN_MARKS)}); run `ambient init {root}` to make one "
+            "there, or give the brain with --brain DIR"
+        )
     _log_setup(args, root)
-    return _serve(root, until_idle=args.until_idle, watch=not args.no_watch, progress=sys.stderr.isatty(),
-                  log_level=args.log_level, log_format=args.log_format)
+    return _serve(
+        root,
+        until_idle=args.until_idle,
+        watch=not args.no_watch,
+        progress=sys.stderr.isatty(),
+        log_level=args.log_level,
+        log_format=args.log_format,
+    )
 
 
 def example_brain() -> Path | None:

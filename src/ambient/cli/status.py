@@ -75,27 +75,61 @@ def collect(root: Path) -> dict[str, Any]:
     runs = []
     for s in active:
         counts = s.counts()
-        runs.append({
-            "run_id": s.run_id, "workflow": s.workflow, "form": s.form, "started_at": s.started_at,
-            "done": counts.get("done", 0), "total": counts["total"], "running": counts.get("running", 0),
-            "waiting": len(s.escalations), "failed": counts.get("failed", 0),
-            "items": [{"name": i.name, "status": i.status, "attempt": i.attempt, "error": i.error,
-                       "escalation": i.escalation, "gate": i.gate} for i in s.items],
-            "cursor": s.cursor if s.form == "chain" else None, "breaker": s.breaker, "tripped": sorted(s.tripped),
-        })
+        runs.append(
+            {
+                "run_id": s.run_id,
+                "workflow": s.workflow,
+                "form": s.form,
+                "started_at": s.started_at,
+                "done": counts.get("done", 0),
+                "total": counts["total"],
+                "running": counts.get("running", 0),
+                "waiting": len(s.escalations),
+                "failed": counts.get("failed", 0),
+                "items": [
+                    {
+                        "name": i.name,
+                        "status": i.status,
+                        "attempt": i.attempt,
+                        "error": i.error,
+                        "escalation": i.escalation,
+                        "gate": i.gate,
+                    }
+                    for i in s.items
+                ],
+                "cursor": s.cursor if s.form == "chain" else None,
+                "breaker": s.breaker,
+                "tripped": sorted(s.tripped),
+            }
+        )
     pending = []
     store = EscalationStore(paths)
     for e in store.list(status="pending"):
-        pending.append({"id": e.id, "workflow": e.workflow, "where": e.where, "kind": e.kind,
-                        "question": redact_text(e.question), "options": [o.key for o in e.options],
-                        "created_at": e.created_at.isoformat(), "notified": e.notify.delivered_at is not None,
-                        "attempts": e.notify.count})
+        pending.append(
+            {
+                "id": e.id,
+                "workflow": e.workflow,
+                "where": e.where,
+                "kind": e.kind,
+                "question": redact_text(e.question),
+                "options": [o.key for o in e.options],
+                "created_at": e.created_at.isoformat(),
+                "notified": e.notify.delivered_at is not None,
+                "attempts": e.notify.count,
+            }
+        )
     locks = []
     try:
         for st in LockManager(paths, check_filesystem=False).list():
             if st.state != "free":
-                locks.append({"file": st.file, "state": st.state, "holder": st.info.holder if st.info else None,
-                              "expires_at": st.info.expires_at if st.info else None})
+                locks.append(
+                    {
+                        "file": st.file,
+                        "state": st.state,
+                        "holder": st.info.holder if st.info else None,
+                        "expires_at": st.info.expires_at if st.info else None,
+                    }
+                )
     except OSError:
         pass
     claims = census(ClaimStore(paths, check_filesystem=False))  # only changed files are parsed (claimindex)
@@ -104,8 +138,14 @@ def collect(root: Path) -> dict[str, Any]:
     for rec in records:
         for step in rec.get("steps", []):
             if step.get("error"):
-                errors.append({"workflow": rec.get("workflow"), "item": step.get("item"),
-                               "error": redact_text(str(step.get("error")))[:200], "at": step.get("at")})
+                errors.append(
+                    {
+                        "workflow": rec.get("workflow"),
+                        "item": step.get("item"),
+                        "error": redact_text(str(step.get("error")))[:200],
+                        "at": step.get("at"),
+                    }
+                )
     for s in active:
         for i in s.items:
             if i.error and i.status in ("failed", "escalated", "retry_wait"):
@@ -116,19 +156,33 @@ def collect(root: Path) -> dict[str, Any]:
     settings, _ = load_settings(paths, os.environ)
     notify_on = bool(settings and (settings.notify.urls or settings.telegram.answers))
     return {
-        "brain": str(root), "daemon": {"up": up, "pid": running_pid(paths) if up else None},
+        "brain": str(root),
+        "daemon": {"up": up, "pid": running_pid(paths) if up else None},
         "notifications": notify_on,
-        "runs": runs, "escalations": pending, "locks": locks,
-        "claims": {"open": claims.count("open", "waiting_human", "paused"),
-                   "problems": [str(p) for p in claims.problems]},
+        "runs": runs,
+        "escalations": pending,
+        "locks": locks,
+        "claims": {
+            "open": claims.count("open", "waiting_human", "paused"),
+            "problems": [str(p) for p in claims.problems],
+        },
         "errors": errors[-10:],
-        "recent": [{"run_id": r.get("run_id"), "workflow": r.get("workflow"), "outcome": r.get("outcome"),
-                    "escalations": r.get("escalations"), "completed_at": r.get("completed_at")} for r in finished],
+        "recent": [
+            {
+                "run_id": r.get("run_id"),
+                "workflow": r.get("workflow"),
+                "outcome": r.get("outcome"),
+                "escalations": r.get("escalations"),
+                "completed_at": r.get("completed_at"),
+            }
+            for r in finished
+        ],
     }
 
 
-def print_status(root: Path, *, verbose: bool = False, workflow: str | None = None,
-                 write: Callable[[str], None] = out) -> dict[str, Any]:
+def print_status(
+    root: Path, *, verbose: bool = False, workflow: str | None = None, write: Callable[[str], None] = out
+) -> dict[str, Any]:
     """Print the status of the brain at ``root`` in readable form; return the data."""
     data = collect(root)
     d = data["daemon"]
@@ -142,8 +196,10 @@ def print_status(root: Path, *, verbose: bool = False, workflow: str | None = No
     write(f"Runs in progress: {len(runs)}")
     for r in runs:
         bar = _bar(r["done"], r["total"])
-        write(f"  {r['workflow']:<20} {bar} {r['done']}/{r['total']} done, {r['running']} running, "
-              f"{r['waiting']} waiting on you  {r['run_id']}")
+        write(
+            f"  {r['workflow']:<20} {bar} {r['done']}/{r['total']} done, {r['running']} running, "
+            f"{r['waiting']} waiting on you  {r['run_id']}"
+        )
         if verbose or workflow:
             for n, i in enumerate(r["items"]):
                 extra = f"  escalation {i['escalation']}" if i["escalation"] else ""
@@ -167,8 +223,10 @@ def print_status(root: Path, *, verbose: bool = False, workflow: str | None = No
     write(f"Locks held: {len(data['locks'])}")
     for lk in data["locks"]:
         write(f"  {lk['file']}  {lk['state']}  holder={lk['holder']}  expires={lk['expires_at']}")
-    write(f"Open claims: {data['claims']['open']}" + (f" ({len(data['claims']['problems'])} unreadable)"
-                                                       if data["claims"]["problems"] else ""))
+    write(
+        f"Open claims: {data['claims']['open']}"
+        + (f" ({len(data['claims']['problems'])} unreadable)" if data["claims"]["problems"] else "")
+    )
     errors = [e for e in data["errors"] if workflow is None or e["workflow"] == workflow]
     if errors:
         write("Last errors:")
@@ -239,16 +297,18 @@ def _runs(args: argparse.Namespace) -> int:
         torn = res.torn_tail
         rows = [r for r in res.records if args.workflow is None or r.get("workflow") == args.workflow]
         if args.last is not None:
-            rows = rows[-args.last:] if args.last > 0 else []
+            rows = rows[-args.last :] if args.last > 0 else []
     active = [s for s in _fold_runs(root) if not s.finished and (args.workflow is None or s.workflow == args.workflow)]
     if args.json:
         out_json({"finished": rows, "active": [{"run_id": s.run_id, "workflow": s.workflow} for s in active]})
         return EXIT_OK
     for r in rows:
         done, total, unit = _done_of(r)
-        out(f"{r.get('completed_at', '')[:19]:<19}  {r.get('workflow', ''):<20} {r.get('outcome', ''):<9} "
+        out(
+            f"{r.get('completed_at', '')[:19]:<19}  {r.get('workflow', ''):<20} {r.get('outcome', ''):<9} "
             f"{done}/{total} {unit} done  escalations={r.get('escalations', 0)} errors={r.get('errors', 0)}  "
-            f"{r.get('run_id')}")
+            f"{r.get('run_id')}"
+        )
     for s in active:
         out(f"{'(running)':<19}  {s.workflow:<20} {'running':<9} {s.success_count}/{len(s.items)} done  {s.run_id}")
     if torn:
@@ -297,8 +357,11 @@ def _start(args: argparse.Namespace) -> int:
     if loaded is None:
         mine = [p for p in brain.errors if p.file.startswith("workflows/") and Path(p.file).stem == args.workflow]
         if mine:
-            return fail(f"{args.workflow} does not load, so it cannot start: "
-                        + "; ".join(str(p) for p in mine[:3]) + " (`ambient validate` lists every problem)")
+            return fail(
+                f"{args.workflow} does not load, so it cannot start: "
+                + "; ".join(str(p) for p in mine[:3])
+                + " (`ambient validate` lists every problem)"
+            )
         return fail(f"no workflow named {args.workflow!r} in {paths.workflows}")
     spec = loaded.spec
     if args.step:

@@ -84,10 +84,17 @@ class AssistedRunner:
         scope_files = (req.packet.get("scope") or {}).get("files") or []
         brief = context if isinstance(context, dict) else {}
         claim = new_claim(
-            sess, "satellite", scope_files[0] if scope_files else req.item, req.agent, self.clock.now(),
+            sess,
+            "satellite",
+            scope_files[0] if scope_files else req.item,
+            req.agent,
+            self.clock.now(),
             story_angle=str(brief.get("story_angle") or f"{req.agent}: {req.item}"),
             parent_satellite=str(req.packet.get("session_id") or req.run_id),
-            assisted={"key": req.key, "brief": brief,
-                      "how": "close this claim with `ambient claim close` and a result: {status: ok|partial|failed}"},
+            assisted={
+                "key": req.key,
+                "brief": brief,
+                "how": "close this claim with `ambient claim close` and a result: {status: ok|partial|failed}",
+            },
         )
         self.store.open(claim)

@@ -343,7 +343,8 @@ class _Pipes(Waiter):
                 self.wake()
                 return
             if (fd == self._err_fd or not self.over) and not keep_output(
-                    self._out, self._err, data, fd == self._err_fd, self._out_cap, self._err_tail):
+                self._out, self._err, data, fd == self._err_fd, self._out_cap, self._err_tail
+            ):
                 self.over = True
                 self.wake()
 
@@ -480,8 +481,15 @@ def _before_start(req: RunRequest) -> None:
             raise _SetupError(str(exc)) from exc
 
 
-async def _start(req: RunRequest, argv: list[str], packet: bytes, env: dict[str, str], cwd: Path,
-                 cfg: CommandRunnerConfig, spawner: Spawner | None = None) -> tuple[_Proc, _Output]:
+async def _start(
+    req: RunRequest,
+    argv: list[str],
+    packet: bytes,
+    env: dict[str, str],
+    cwd: Path,
+    cfg: CommandRunnerConfig,
+    spawner: Spawner | None = None,
+) -> tuple[_Proc, _Output]:
     """Start an agent in its own session (its group can be killed whole): (process, its output being read).
 
     Through ``spawner`` when there is one (not given up on), within ``cfg.timeout_s``; it then reads the output
@@ -506,7 +514,13 @@ async def _start(req: RunRequest, argv: list[str], packet: bytes, env: dict[str,
         with _child_stdio(packet) as (stdin_fd, out_w, err_w, out_r, err_r):
             # S603 reviewed: as in _spawn.
             proc: _Proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=stdin_fd, stdout=out_w, stderr=err_w, env=env, cwd=cwd, start_new_session=True,
+                *argv,
+                stdin=stdin_fd,
+                stdout=out_w,
+                stderr=err_w,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
                 close_fds=True,
             )
     else:
@@ -523,8 +537,16 @@ def _spawn(argv: list[str], packet: bytes, env: dict[str, str], cwd: Path) -> tu
     started = start_time_now()
     with _child_stdio(packet) as (stdin_fd, out_w, err_w, out_r, err_r):
         # An argv list from a validated config, each template value one element; no shell (S-07).
-        popen = subprocess.Popen(argv, stdin=stdin_fd, stdout=out_w, stderr=err_w, env=env, cwd=cwd,  # noqa: S603
-                                 start_new_session=True, close_fds=True)
+        popen = subprocess.Popen(  # noqa: S603
+            argv,
+            stdin=stdin_fd,
+            stdout=out_w,
+            stderr=err_w,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+        )
         try:
             pidfd = os.pidfd_open(popen.pid)  # our unreaped child: valid even if it has exited already
         except BaseException:
@@ -570,8 +592,9 @@ class CommandRunner:
     loop (a vfork: the loop waits until the child has exec'd). Call :meth:`close` at the end.
     """
 
-    def __init__(self, *, on_spawn: SpawnHook | None = None, python: str | None = None,
-                 spawner: Spawner | None = None) -> None:
+    def __init__(
+        self, *, on_spawn: SpawnHook | None = None, python: str | None = None, spawner: Spawner | None = None
+    ) -> None:
         self._live: dict[int, _Live] = {}
         self._closing = False
         self._on_spawn = on_spawn

@@ -114,8 +114,13 @@ class SpawnedAgent(Waiter):
 
 def available() -> bool:
     """Whether agents can start through a spawner here (Linux: posix_spawn, pidfds, an interpreter to run it)."""
-    return (sys.platform == "linux" and hasattr(os, "posix_spawn") and hasattr(os, "pidfd_open")
-            and hasattr(os, "memfd_create") and bool(sys.executable))
+    return (
+        sys.platform == "linux"
+        and hasattr(os, "posix_spawn")
+        and hasattr(os, "pidfd_open")
+        and hasattr(os, "memfd_create")
+        and bool(sys.executable)
+    )
 
 
 class Spawner:
@@ -148,8 +153,9 @@ class Spawner:
         with contextlib.suppress(SpawnerLost):
             self._ensure(asyncio.get_running_loop())
 
-    async def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, stdin: bytes, out_cap: int,
-                    err_tail: int) -> SpawnedAgent:
+    async def spawn(
+        self, argv: list[str], env: dict[str, str], cwd: Path, stdin: bytes, out_cap: int, err_tail: int
+    ) -> SpawnedAgent:
         """Start an agent reading ``stdin``; returns once it runs. Raises OSError if it cannot start.
 
         The spawner keeps the first ``out_cap`` bytes of its stdout and the last ``err_tail`` of its stderr (see
@@ -163,9 +169,18 @@ class Spawner:
         rid = self._next_id
         # As os.fsencode does, without its per-call checks (bench: ~20 strings per agent).
         enc, errors = _FS_ENCODING
-        message = marshal.dumps((_helper.SPAWN, rid, [a.encode(enc, errors) for a in argv],
-                                 {k.encode(enc, errors): v.encode(enc, errors) for k, v in env.items()},
-                                 os.fsencode(cwd), stdin, out_cap, err_tail))
+        message = marshal.dumps(
+            (
+                _helper.SPAWN,
+                rid,
+                [a.encode(enc, errors) for a in argv],
+                {k.encode(enc, errors): v.encode(enc, errors) for k, v in env.items()},
+                os.fsencode(cwd),
+                stdin,
+                out_cap,
+                err_tail,
+            )
+        )
         fds: list[int] = []
         if len(message) > INLINE_MAX:
             big = os.memfd_create("ambient-spawn-request", os.MFD_CLOEXEC)
@@ -200,15 +215,17 @@ class Spawner:
             # site (-I -S): nothing of the daemon's environment reaches it, and it starts in a few ms.
             self._proc = subprocess.Popen(  # noqa: S603
                 [self._python, "-I", "-S", str(_HELPER), str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env={},
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env={},
                 close_fds=True,
             )
         except OSError as exc:
             ours.close()
             self.broken = True
             log.error("spawner_start_failed", error=str(exc))
-            raise SpawnerLost(exc.errno or errno.ECHILD, f"the spawner process could not be started: {exc}") \
-                from exc
+            raise SpawnerLost(exc.errno or errno.ECHILD, f"the spawner process could not be started: {exc}") from exc
         finally:
             theirs.close()
         ours.setblocking(False)

@@ -73,8 +73,9 @@ def _spawn(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]) -> int:
     last = OSError(errno.ENOENT, os.strerror(errno.ENOENT))
     for exe in _executables(argv[0], env):
         try:
-            return os.posix_spawn(exe, argv, env, file_actions=actions, setsid=True, setsigmask=(),
-                                  setsigdef=_DEFAULT_SIGNALS)
+            return os.posix_spawn(
+                exe, argv, env, file_actions=actions, setsid=True, setsigmask=(), setsigdef=_DEFAULT_SIGNALS
+            )
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR) and saved is None:
                 saved = exc
@@ -113,7 +114,7 @@ def _memfd(name: str, data: bytes) -> int:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.lseek(fd, 0, os.SEEK_SET)
     except BaseException:
         os.close(fd)
@@ -124,8 +125,7 @@ def _memfd(name: str, data: bytes) -> int:
 class _Agent:
     """One running agent: its pidfd, its output pipes (-1 once at EOF) and what was read from them."""
 
-    __slots__ = ("code", "err", "err_buf", "out", "out_buf", "out_cap", "over", "pid", "pidfd", "released",
-                 "tail")
+    __slots__ = ("code", "err", "err_buf", "out", "out_buf", "out_cap", "over", "pid", "pidfd", "released", "tail")
 
     def __init__(self, pid: int, pidfd: int, out: int, err: int, out_cap: int, tail: int) -> None:
         self.pid, self.pidfd, self.out, self.err = pid, pidfd, out, err
@@ -163,7 +163,8 @@ class _Spawner:
         while True:
             try:
                 data, ancillary, _flags, _addr = self.sock.recvmsg(
-                    _MAX_MESSAGE, _CMSG_SPACE, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+                    _MAX_MESSAGE, _CMSG_SPACE, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
+                )
             except (BlockingIOError, InterruptedError):
                 return True
             except ConnectionError:
@@ -204,8 +205,9 @@ class _Spawner:
         except Exception as exc:  # noqa: BLE001 - a bad request fails that agent, not the spawner
             self._send((FAILED, rid, errno.EINVAL, f"bad spawn request: {exc!r}"))
 
-    def _start(self, rid: int, argv: list[bytes], env: dict[bytes, bytes], stdin: bytes, out_cap: int,
-               tail: int) -> None:
+    def _start(
+        self, rid: int, argv: list[bytes], env: dict[bytes, bytes], stdin: bytes, out_cap: int, tail: int
+    ) -> None:
         mine: list[int] = []  # our ends, closed if the start fails
         theirs: list[int] = []  # the agent's ends, closed once it has its own copies
         try:
@@ -249,7 +251,8 @@ class _Spawner:
                 self._eof(agent, fd)
                 return
             if (fd == agent.err or not agent.over) and not keep_output(
-                    agent.out_buf, agent.err_buf, data, fd == agent.err, agent.out_cap, agent.tail):
+                agent.out_buf, agent.err_buf, data, fd == agent.err, agent.out_cap, agent.tail
+            ):
                 agent.over = True
                 self._send((OVER, agent.pid))
 
@@ -293,15 +296,15 @@ class _Spawner:
         agent.released = True
         if agent.code is not None:
             del self.agents[agent.pid]
-        report = marshal.dumps((DONE, agent.pid, agent.code, bytes(agent.out_buf), bytes(agent.err_buf),
-                                agent.over))
+        report = marshal.dumps((DONE, agent.pid, agent.code, bytes(agent.out_buf), bytes(agent.err_buf), agent.over))
         if len(report) <= INLINE_MAX:
             self.sock.send(report)
             return
         fd = _memfd("ambient-agent-output", report)  # a large report: the tuple travels in a memfd
         try:
-            self.sock.sendmsg([marshal.dumps((DONE, agent.pid))],
-                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+            self.sock.sendmsg(
+                [marshal.dumps((DONE, agent.pid))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+            )
         finally:
             os.close(fd)
 
