@@ -71,6 +71,7 @@ from ambient.services import (
     StoreEscalator,
 )
 from ambient.settings import Settings, settings_changes
+from ambient.signals import SignalTrap
 from ambient.templating import render, render_path
 from ambient.watch import watch_brain
 from ambient.workflow import SATELLITE_TYPES, ChainWorkflow, ForEachWorkflow, parse_workflow
@@ -90,6 +91,7 @@ class DaemonOptions:
     progress: Callable[[str], None] | None = None  # live progress lines (a terminal)
     log_level: str | None = None  # --log-level: wins over the file's at every reload
     log_format: str | None = None  # --log-format: idem
+    exits_after: bool = False  # the process ends when serve() returns (the CLI): stop signals stay ignored till then
 
 
 class SingleInstance:
@@ -908,6 +910,7 @@ class Daemon:
         ):
             d.mkdir(parents=True, exist_ok=True)
         self._instance.acquire(self.clock.now())
+        trap: SignalTrap | None = None
         try:
             for d in (
                 self.paths.claims,
@@ -920,10 +923,11 @@ class Daemon:
             ):
                 sweep_tmp(d)
             self._build()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self._on_stop_signal, sig)
-            loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+            stop, hup = self._on_stop_signal, self._on_hup
+            trap = SignalTrap(
+                asyncio.get_running_loop(), {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGHUP: hup}
+            )
+            trap.install()
             await self._apply_settings(self.ref.brain.settings)  # before any run resumes or starts
             # Locks of holders that are provably gone (a dead pid on this host), expired, or malformed past their
             # grace: the reconciliation walks them too. A lock whose item will run again is taken anew; one whose
@@ -977,6 +981,8 @@ class Daemon:
             # Non-zero after a task failure so that systemd's Restart=on-failure restarts us (it exited 0, e2e test).
             return 1 if self._failed_task else 0
         finally:
+            if trap is not None:
+                trap.close(keep_ignoring=self.options.exits_after)
             self._instance.release()
 
     async def _on_press(self, esc_id: str, index: int, nonce: str, user: Any) -> Any:
@@ -1022,7 +1028,7 @@ class Daemon:
         systemd.stopping("stopping: draining agents")
         self.stop.set()
 
-    def _on_hup(self) -> None:
+    def _on_hup(self, sig: signal.Signals = signal.SIGHUP) -> None:
         self.reload_requested = True
         self.engine.wake()
 

@@ -306,6 +306,24 @@ def test_sigterm_with_running_agents_exits_0_and_their_items_run_again_at_the_ne
     assert sorted(item for item, _, _ in starts) == ["eu-1", "eu-1", "eu-2", "eu-2", "eu-3", "eu-3"], starts
 
 
+def test_sigterm_again_while_it_stops_still_ends_in_a_clean_exit_0(brain: Brain) -> None:
+    """A stop under way finishes cleanly however many SIGTERMs arrive meanwhile (an impatient operator, a
+    supervisor repeating its signal): exit 0, not death by the signal once the event loop has closed."""
+    brain.python_agent("deploy", WAITING_AGENT)
+    _fanout(brain, "rollout", "deploy", ["eu-1"])
+    with _released_agents(brain), brain.daemon("--log-level", "debug") as daemon:
+        wait(lambda: len(_starts(brain)) == 1, "the agent running")
+        assert daemon.proc is not None
+        for _ in range(100_000):  # bounded: the daemon ends within shutdown_grace_s + the agent's kill grace
+            if daemon.proc.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError):
+                daemon.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.001)
+        assert daemon.stop() == 0
+    assert "daemon_stopped" in daemon.log_path.read_text()
+
+
 # ---------------------------------------------------------------- hostile input
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(

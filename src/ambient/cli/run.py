@@ -65,6 +65,7 @@ def _serve(
         progress=show if progress else None,
         log_level=log_level,
         log_format=log_format,
+        exits_after=True,
     )
     use_pidfd_watcher()
     return asyncio.run(Daemon(root, options).serve())
