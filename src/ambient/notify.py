@@ -142,12 +142,14 @@ def format_escalation(
     telegram_buttons: bool = False,
     limit: int = TELEGRAM_MAX_CHARS,
     reminder: bool = False,
+    prediction: str | None = None,
 ) -> tuple[str, str]:
     """Title and body of an escalation, readable on a phone.
 
     What happened, where (workflow / item / step / agent), the question (agent text, plain and cut in
     the middle of the message so the options and answer instructions always survive), the options
-    numbered, and exactly how to answer. Every field is treated as untrusted plain text.
+    numbered, what a learned rule in shadow would choose (``prediction``: you still decide), and exactly how to
+    answer. Every field is treated as untrusted plain text.
     """
     if not options:
         raise ValueError("an escalation needs at least one option")
@@ -160,7 +162,10 @@ def format_escalation(
         if value
     ]
     head = "\n".join(where)
-    tail_lines = ["Options:", *(f"{i}. {o}" for i, o in enumerate(opts, 1)), "", "To answer, run:"]
+    tail_lines = ["Options:", *(f"{i}. {o}" for i, o in enumerate(opts, 1)), ""]
+    if prediction:
+        tail_lines += [f"{clean_text(prediction).strip()[:300]}.", ""]
+    tail_lines.append("To answer, run:")
     tail_lines.append(f"  {answer_command(escalation_id, 'OPTION')}")
     tail_lines.append(f"  e.g. {answer_command(escalation_id, opts[0])}")
     if telegram_buttons:
@@ -192,6 +197,7 @@ def escalation_message(
     agent: str | None = None,
     deadline: str | None = None,
     reminder: bool = False,
+    prediction: str | None = None,
 ) -> Message:
     """A ready :class:`Message` for an escalation: :func:`format_escalation` text plus answer data.
 
@@ -209,6 +215,7 @@ def escalation_message(
         deadline=deadline,
         telegram_buttons=telegram_buttons,
         reminder=reminder,
+        prediction=prediction,
     )
     return Message(
         title=title,

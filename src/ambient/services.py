@@ -278,47 +278,29 @@ class AgentDelegate:
         signal = _REPLY_SIGNAL[res.status]
         now = self.clock.now()
         try:
+            fields: dict[str, Any]
             if signal == "RETURN":
-                reply = make_packet(
-                    a.agent,
-                    a.sender,
-                    signal,
-                    now=now,
-                    result=res.result or res.output or {},
-                    session_id=a.claim_id,
-                    key=a.key,
-                    correlation_id=a.key,
-                    packet_id=self.router.next_id(),
-                )
+                fields = {"result": res.result or res.output or {}}
             elif signal == "ESCALATE":
-                opts = [o for o in (res.options or [])][:20] or ["continue"]
-                ctx = {"question": res.question} if res.question else None
-                reply = make_packet(
-                    a.agent,
-                    a.sender,
-                    signal,
-                    now=now,
-                    options=opts,
-                    context=ctx,
-                    session_id=a.claim_id,
-                    key=a.key,
-                    correlation_id=a.key,
-                    packet_id=self.router.next_id(),
-                )
+                fields = {
+                    "options": list(res.options or [])[:20] or ["continue"],
+                    "context": {"question": res.question} if res.question else None,
+                }
             else:
                 ctx = dict(res.context or {})
                 ctx.setdefault("error", res.error or res.reason or signal)
-                reply = make_packet(
-                    a.agent,
-                    a.sender,
-                    signal,
-                    now=now,
-                    context=ctx,
-                    session_id=a.claim_id,
-                    key=a.key,
-                    correlation_id=a.key,
-                    packet_id=self.router.next_id(),
-                )
+                fields = {"context": ctx}
+            reply = make_packet(
+                a.agent,
+                a.sender,
+                signal,
+                now=now,
+                session_id=a.claim_id,
+                key=a.key,
+                correlation_id=a.key,
+                packet_id=self.router.next_id(),
+                **fields,
+            )
         except PacketError as exc:
             return AttemptResult(
                 result="error",
@@ -466,6 +448,20 @@ class Learner:
         options = [o.key for o in esc.options]
         return rule if may_auto_decide(rule, book.policy, options=options) else None
 
+    def prediction_for(self, esc: Escalation) -> str | None:
+        """What a learned rule that does not decide alone would choose, for the message (you still decide)."""
+        from ambient.learning import may_auto_decide, predict, shadow_hint
+        from ambient.rulestore import load_rules
+
+        if not self.path.exists():
+            return None
+        book, _ = load_rules(self.path)
+        rule = predict(book.rules, self.situation(esc))
+        options = [o.key for o in esc.options]
+        if rule is None or rule.option not in options or may_auto_decide(rule, book.policy, options=options):
+            return None
+        return shadow_hint(rule, book.policy)
+
     def used(self, rule: Any, run_id: str) -> None:
         """Count an automatic decision (blocking)."""
         from ambient.learning import record_use
@@ -577,6 +573,12 @@ class StoreEscalator:
         if self.outbox is None:
             return
         what = f"{esc.workflow}: {esc.where}" if esc.where else esc.workflow
+        prediction = None
+        if self.learner is not None:
+            try:
+                prediction = await asyncio.to_thread(self.learner.prediction_for, esc)
+            except (AmbientError, OSError) as exc:  # a broken rules file never keeps a question from you
+                log.warning("prediction_failed", escalation=esc.id, error=str(exc))
         msg = escalation_message(
             escalation_id=esc.id,
             what=what,
@@ -590,6 +592,7 @@ class StoreEscalator:
             agent=esc.agent,
             deadline=esc.deadline.isoformat(timespec="minutes") if esc.deadline else None,
             reminder=reminder,
+            prediction=prediction,
         )
         await asyncio.to_thread(self.outbox.put, msg, self.clock.now())
         if self.wake_outbox is not None:

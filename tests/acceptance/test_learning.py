@@ -416,6 +416,25 @@ def test_an_answer_becomes_a_shadow_rule_and_matching_answers_are_agreements(bra
     assert rule["id"] in listing and "shadow" in listing
 
 
+def test_a_shadow_rules_prediction_is_shown_in_the_next_question(brain: Brain, webhook: Webhook) -> None:
+    """Shadow "only predicts": the next escalation's message says what the rule would choose, and you decide."""
+    _learning_brain(brain, webhook)
+    with brain.daemon():
+        first = wait(lambda: [t for t in webhook.texts() if "Decision needed" in t], "the first question")
+        assert not any("would choose" in t for t in first), first  # no rule yet
+        _answered_run(brain, "skip", start=False)
+        [rule] = _rules(brain)["rules"]
+        brain.ok("start", "nightly")
+        [esc] = brain.wait_escalation("the second run's escalation")
+        message = wait(
+            lambda: [t for t in webhook.texts() if esc["id"] in t and "Decision needed" in t], "the second question"
+        )[0]
+        assert f"learned rule {rule['id']} would choose 'skip' (in shadow, 0/3 agreements)" in message, message
+        assert brain.escalations()[0]["status"] == "pending"  # a prediction never decides
+        assert brain.decide(esc["id"], "skip").rc == 0
+        brain.wait_finished("nightly", count=2)
+
+
 def _auto_decided(brain: Brain, webhook: Webhook, rule_id: str) -> None:
     """The next run is decided by the rule alone: recorded in the run, sent as information, counted as a use."""
     record = _auto_run(brain)
