@@ -21,7 +21,7 @@ from ambient.paths import BrainPaths
 from ambient.problems import Problem
 from ambient.routing import BrainMatrix, build_matrix
 from ambient.runners.base import RunnerConfig, RunnerConfigError, parse_runner_config
-from ambient.settings import Settings, settings_from
+from ambient.settings import Settings, settings_from, settings_salvaged
 from ambient.workflowload import AgentExists, LoadedWorkflow, MaySpawn, load_workflows
 from ambient.yamlfile import MAX_CONFIG_BYTES, LineMap, decode, expect_mapping, parse_yaml, problems_from_validation
 
@@ -54,6 +54,7 @@ class SettingsFile:
     problems: list[Problem]
     digest: str | None = None
     own: dict[str, Any] | None = None
+    salvaged: Settings | None = None  # when they do not validate: every key that does (settings_salvaged)
 
 
 def read_settings(paths: BrainPaths, environ: Mapping[str, str]) -> SettingsFile:
@@ -76,7 +77,8 @@ def read_settings(paths: BrainPaths, environ: Mapping[str, str]) -> SettingsFile
     try:
         settings = settings_from(data, environ)
     except ValidationError as exc:
-        return SettingsFile(None, problems_from_validation(exc, file=source, lines=lines or LineMap()), digest)
+        problems = problems_from_validation(exc, file=source, lines=lines or LineMap())
+        return SettingsFile(None, problems, digest, salvaged=settings_salvaged(data, environ))
     try:
         own: dict[str, Any] | None = settings_from(data, {}).redacted()
     except ValidationError:  # a value only the environment makes valid: nothing of the file's own to show
@@ -128,14 +130,17 @@ def runner_configs(matrix: BrainMatrix, settings: Settings) -> tuple[dict[str, R
 
 
 def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | None = None) -> Brain:
-    """Load the whole brain. Invalid settings fall back to the previous snapshot's (or the defaults)."""
+    """Load the whole brain. Invalid settings fall back to the previous snapshot's; without one (a daemon starting,
+    a command), to every key of the file that is valid, the others at their defaults."""
     found = read_settings(paths, environ)
     settings, problems = found.settings, list(found.problems)
     settings_ok = settings is not None
     source: SettingsFile | None = found
     if settings is None:
-        settings = previous.settings if previous is not None else settings_from({}, {})
-        source = previous.settings_file if previous is not None else None
+        if previous is not None:
+            settings, source = previous.settings, previous.settings_file
+        else:
+            settings, source = found.salvaged or settings_from({}, {}), None
     bm = build_matrix(paths)
     problems += bm.problems
     runners, runner_problems = runner_configs(bm, settings)

@@ -182,6 +182,7 @@ class ChainExecutor(RunExecutor):
         question: str,
         options: Sequence[tuple[str, str, str]],
         scope: str | None = None,
+        detail: str | None = None,
     ) -> str:
         req = EscalationRequest(
             run_id=self.state.run_id,
@@ -197,6 +198,7 @@ class ChainExecutor(RunExecutor):
             on_timeout=self.template.on_timeout,
             remind_before_s=self.template.remind_before_s,
             scope=scope,
+            detail=detail,
         )
         return await self.ports.escalator.escalate(req)
 
@@ -386,9 +388,11 @@ class ChainExecutor(RunExecutor):
             duration_ms=res.duration_ms,
             signal_in=res.signal_in,
             reply=res.reply,
+            question=res.question,
         )
         question = res.question or f"{agent} asks a decision about step {step.name}"
-        esc = await self._ask(item, "question", question, question_options(res.options or ["continue"]))
+        options = question_options(res.options or ["continue"])
+        esc = await self._ask(item, "question", question, options, detail=res.question or "")
         self.event("escalated", item=item.name, escalation=esc, kind="question", agent=agent)
         await self.journal.commit()
         self.ports.claims.item_changed(self.state, item)
@@ -476,6 +480,7 @@ class ChainExecutor(RunExecutor):
                     ("skip", "Skip the step and go on", "skip"),
                     ("abort", "Abort the chain", "abort"),
                 ],
+                detail=reason or "",
             )
             self.event("escalated", item=item.name, escalation=esc, kind="blocked", agent=self._agent_for(step))
 

@@ -123,15 +123,18 @@ class SingleInstance:
         self.info = {"pid": os.getpid(), "started_at": now.isoformat(), "version": __version__}
         atomic_write(self.info_path, json.dumps(self.info) + "\n")
 
-    def record_settings(self, brain: Brain, now: datetime) -> None:
-        """Say in ``daemon.json`` which ``profil/ambient.yml`` the daemon runs with (its sha256 and its values,
-        secrets masked): ``ambient doctor`` compares them with the file to tell a daemon that did not reload."""
+    def record_loaded(self, brain: Brain, now: datetime) -> None:
+        """Say in ``daemon.json`` what the daemon runs with: ``profil/ambient.yml`` (its sha256 and values, secrets
+        masked; ``ambient doctor`` compares them with the file to tell a daemon that did not reload) and each
+        workflow's sha256 (a file that no longer loads keeps its previous version here, which ``ambient start``
+        then starts)."""
         found = brain.settings_file
         self.info["settings"] = {
             "applied_at": now.isoformat(),
             "digest": found.digest if found else None,
             "file": found.own if found else None,
         }
+        self.info["workflows"] = {name: wf.spec_hash for name, wf in sorted(brain.workflows.items())}
         atomic_write(self.info_path, json.dumps(self.info) + "\n")
 
     def release(self) -> None:
@@ -456,6 +459,8 @@ class Daemon:
         env = self.options.environ
         brain = load_brain(p, env)
         self._report(brain)
+        if not brain.settings_ok:  # no previous version to keep: every valid key of the file, the rest defaults
+            log.error("config_invalid_valid_keys_used", file=p.rel(p.config))
         self.ref = BrainRef(brain)
         s = brain.settings
         self.router = Router(
@@ -883,7 +888,7 @@ class Daemon:
         self.digest.hours = s.notify.digest_hours
         self.digest.enabled = s.notify.digest and self.notify.active
         self.escalator.digest = self.digest if self.digest.enabled else None
-        await asyncio.to_thread(self._instance.record_settings, self.ref.brain, self.clock.now())
+        await asyncio.to_thread(self._instance.record_loaded, self.ref.brain, self.clock.now())
 
     def _status_line(self) -> str:
         runs = self.manager.active_runs()

@@ -159,6 +159,7 @@ class Escalation(BaseModel):
     # An agent's ESCALATE sent with `ambient send`, outside any run: the answer SPAWNs this agent again with it.
     respawn: str | None = None
     scope: str | None = None  # a circuit breaker's scope (`ambient preflight reset SCOPE` answers it)
+    detail: str | None = None  # the agent's own words (its question or error): what a learned rule matches
     dedupe_key: str = Field(min_length=1)
     nonce: str = Field(min_length=16, description="unguessable token carried by Telegram buttons")
     notify: NotifyState = Field(default_factory=NotifyState)
@@ -278,6 +279,7 @@ def new_escalation(
     extra: Mapping[str, Any] | None = None,
     respawn: str | None = None,
     scope: str | None = None,
+    detail: str | None = None,
 ) -> Escalation:
     """Build a pending escalation; deadlines become absolute timestamps from ``now``.
 
@@ -303,6 +305,7 @@ def new_escalation(
         agent=agent,
         respawn=respawn,
         scope=scope,
+        detail=detail[:MAX_QUESTION_CHARS] if detail else detail,
         kind=kind,
         question=text,
         options=[o.model_dump() for o in opts],

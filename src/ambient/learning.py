@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ambient.errors import InputError
-from ambient.records import RunRecord
+from ambient.records import RunRecord, is_failure
 
 # --------------------------------------------------------------------------------------------
 # Error signatures
@@ -106,9 +106,11 @@ class WorkflowStats:
     duration_p95_ms: float | None
     escalations: int
     errors: int
+    failures: int  # business failures (exit 1, status failed): errors are exit 2+, ERROR, bad output
     escalation_rate: float | None
-    decisions: int
+    decisions: int  # the person's and learned rules' (auto_decisions); a deadline that passed is none
     auto_decisions: int
+    timeouts: int  # escalations whose deadline decided (on_timeout)
     decision_p50_s: float | None
     decision_p95_s: float | None
     weeks: list[WeekStats]
@@ -126,6 +128,7 @@ class AgentStats:
     duration_p95_ms: float | None
     escalations: int
     errors: int
+    failures: int
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,18 @@ def jsonable(value: Any) -> Any:
 
 
 class _WorkflowAcc:
-    __slots__ = ("auto", "durations", "errors", "escalations", "finished", "latencies", "runs", "successes")
+    __slots__ = (
+        "auto",
+        "durations",
+        "errors",
+        "escalations",
+        "failures",
+        "finished",
+        "latencies",
+        "runs",
+        "successes",
+        "timeouts",
+    )
 
     def __init__(self) -> None:
         self.runs = 0
@@ -181,15 +195,18 @@ class _WorkflowAcc:
         self.successes = 0
         self.escalations = 0
         self.errors = 0
+        self.failures = 0
         self.auto = 0
+        self.timeouts = 0
         self.durations: list[float] = []
         self.latencies: list[float] = []
 
 
 class _AgentAcc:
-    __slots__ = ("durations", "errors", "escalations", "judged", "steps", "successes")
+    __slots__ = ("durations", "errors", "escalations", "failures", "judged", "steps", "successes")
 
     def __init__(self) -> None:
+        self.failures = 0
         self.steps = 0
         self.judged = 0  # steps with a verdict (success, fail, error)
         self.successes = 0
@@ -350,6 +367,7 @@ class StatsBuilder:
                     error,
                     signal_in == "ESCALATE" or s.get("escalation") is not None,
                     result == "error" or signal_in == "ERROR",
+                    is_failure(s),
                 )
             )
             if agent == only:
@@ -361,10 +379,13 @@ class StatsBuilder:
         if not involved:
             return
         latencies = []
-        auto = 0
+        auto = timeouts = 0
         for d in rec.get("decisions") or ():
             if d.get("auto"):
                 auto += 1
+                continue
+            if d.get("channel") == "timeout":  # a deadline that passed: nobody decided, and took no time to
+                timeouts += 1
                 continue
             lat = d.get("latency_s")
             if lat is not None:
@@ -397,6 +418,7 @@ class StatsBuilder:
         acc.escalations += escalations
         acc.errors += errors
         acc.auto += auto
+        acc.timeouts += timeouts
         if latencies:
             acc.latencies.extend(latencies)
 
@@ -417,7 +439,9 @@ class StatsBuilder:
 
         agents = self._agents
         by_step = asked is None  # older records: an escalation is known only from the step that asked it
-        for agent, result, duration, error, escalated, errored in steps:
+        for agent, result, duration, error, escalated, errored, failed in steps:
+            if failed:
+                acc.failures += 1
             if only is not None and agent != only:
                 continue
             ag = agents.get(agent)
@@ -433,6 +457,8 @@ class StatsBuilder:
                 ag.escalations += 1
             if errored:
                 ag.errors += 1
+            if failed:
+                ag.failures += 1
             if error:
                 self._signature(error, workflow, agent, when)
         for agent in asked or ():  # each escalation counts for the agent it names (failures and gates included)
@@ -481,7 +507,9 @@ class StatsBuilder:
             acc.successes += o.successes
             acc.escalations += o.escalations
             acc.errors += o.errors
+            acc.failures += o.failures
             acc.auto += o.auto
+            acc.timeouts += o.timeouts
             acc.durations.extend(o.durations)
             acc.latencies.extend(o.latencies)
         for name, a in other._agents.items():
@@ -491,6 +519,7 @@ class StatsBuilder:
             ag.successes += a.successes
             ag.escalations += a.escalations
             ag.errors += a.errors
+            ag.failures += a.failures
             ag.durations.extend(a.durations)
         for key, w in other._weeks.items():
             wk = self._weeks.setdefault(key, _WeekAcc())
@@ -527,9 +556,11 @@ class StatsBuilder:
                     duration_p95_ms=percentile(acc.durations, 95),
                     escalations=acc.escalations,
                     errors=acc.errors,
+                    failures=acc.failures,
                     escalation_rate=acc.escalations / acc.runs if acc.runs else None,
                     decisions=len(acc.latencies) + acc.auto,
                     auto_decisions=acc.auto,
+                    timeouts=acc.timeouts,
                     decision_p50_s=percentile(acc.latencies, 50),
                     decision_p95_s=percentile(acc.latencies, 95),
                     weeks=weeks,
@@ -549,6 +580,7 @@ class StatsBuilder:
                     duration_p95_ms=percentile(ag.durations, 95),
                     escalations=ag.escalations,
                     errors=ag.errors,
+                    failures=ag.failures,
                 )
             )
         merged: dict[str, _WeekAcc] = {}
@@ -685,18 +717,52 @@ def situation_for(workflow: str, agent: str, signal: str, text: str | None) -> S
     return Situation(workflow=workflow, agent=agent, signal=signal.upper(), signature=normalise_message(text or ""))
 
 
-def situation_from_step(workflow: str, step: Mapping[str, Any]) -> Situation:
-    """The situation of a step record that escalated (the engine and replay must agree on it).
+#: The signal a situation names for each kind of escalation: the agent's own, or what ambient saw.
+SIGNAL_OF_KIND: dict[str, str] = {
+    "fail": "FAIL",
+    "error": "ERROR",
+    "blocked": "BLOCKED_ON",
+    "question": "ESCALATE",
+    "gate": "GATE",
+    "circuit_break": "CIRCUIT_BREAK",
+}
 
-    The signal is the agent's own signal (ESCALATE, BLOCKED_ON, ERROR) or, for a RETURN, its
-    result in capitals (FAIL, ERROR); the text is the step's ``error``, else its ``question`` extra.
+
+def situation_of(workflow: str, agent: str | None, kind: str, *, detail: str | None, step: str | None) -> Situation:
+    """The situation of an escalation, the one rule the daemon's learner and replay both follow.
+
+    Who asked, why (its kind) and the agent's own words (``detail``: its question, or its error), never ambient's
+    wording around them, which names the item: a rule learned on one item then serves the others. A gate or a
+    circuit breaker has no words of an agent: its step stands for them.
     """
+    text = step if kind in ("gate", "circuit_break") else detail
+    return situation_for(workflow, agent or "-", SIGNAL_OF_KIND.get(kind, kind.upper()), text)
+
+
+def kind_of_step(step: Mapping[str, Any]) -> str:
+    """Why a recorded step would reach the person on its own: the agent's signal, else its result."""
     signal_in = step.get("signal_in")
-    result = str(step.get("result", ""))
-    own = isinstance(signal_in, str) and signal_in not in ("RETURN", "")
-    signal = str(signal_in) if own else (result.upper() or "RETURN")
-    text = step.get("error") or step.get("question")
-    return situation_for(workflow, str(step.get("agent", "")), signal, text if isinstance(text, str) else None)
+    if signal_in == "ESCALATE":
+        return "question"
+    if signal_in == "BLOCKED_ON":
+        return "blocked"
+    if signal_in == "ERROR" or step.get("result") == "error":
+        return "error"
+    return "fail"
+
+
+def situation_from_step(workflow: str, step: Mapping[str, Any], kind: str | None = None) -> Situation:
+    """The situation of a recorded step that escalated as ``kind`` (default: :func:`kind_of_step`); its words are
+    the step's ``question`` for a question, else its ``error``."""
+    k = kind or kind_of_step(step)
+    words = step.get("question") if k == "question" else step.get("error")
+    return situation_of(
+        workflow,
+        str(step.get("agent", "")),
+        k,
+        detail=words if isinstance(words, str) else None,
+        step=str(step.get("item", "")),
+    )
 
 
 class Disagreement(BaseModel):

@@ -15,12 +15,24 @@ One summary line per finished run is appended to ``.ambient/runs.jsonl``::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 StepResult = Literal["success", "fail", "error", "skipped", "interrupted"]
+
+
+def is_failure(step: Mapping[str, Any]) -> bool:
+    """Whether a recorded step is a business failure (exit 1, ``status: failed``): not an error (exit 2+, the
+    agent's ERROR, output off the protocol), not the agent's question (also recorded as ``fail``). Records older
+    than ``reply`` are read from their result and signal."""
+    if "reply" in step:
+        return bool(step["reply"] == "fail")
+    return step.get("result") == "fail" and step.get("signal_in") in (None, "RETURN")
+
+
 Outcome = Literal["success", "partial", "failed", "aborted", "running"]
 
 

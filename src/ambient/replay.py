@@ -21,14 +21,17 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from ambient.learning import (
+    SIGNAL_OF_KIND,
     Policy,
     Rule,
+    Situation,
     is_int,
     jsonable,
     may_auto_decide,
     parse_time,
     predict,
     situation_from_step,
+    situation_of,
 )
 from ambient.planner import (
     DEFAULT_ON_RETURN,
@@ -95,11 +98,11 @@ def fates(
     decisions: Sequence[Mapping[str, Any]] = (),
     threshold: int = 3,
     breaker: dict[str, int] | None = None,
-) -> tuple[list[Fate], int]:
+) -> tuple[list[Fate], list[str]]:
     """The fate of each recorded step of one run under ``spec`` (None: ADR-027's for_each defaults), and the
-    escalations of the run that belong to no step: a human gate before a step that then never ran (``gated``:
-    the steps the run's gates stopped before), a swarm chain's final gate (``reached_end``: the run went past its
-    last step; None: guessed from the steps).
+    escalations of the run that belong to no recorded step, by the step they ask about: a human gate before a step
+    that then never ran (``gated``: the steps the run's gates stopped before), a swarm chain's final gate (``""``;
+    ``reached_end``: the run went past its last step; None: guessed from the steps).
 
     ``decisions``: the run's, in order; what the person answered changes what comes next (``retry`` counts the
     failures of an item from zero again, ``approve`` does not). ``breaker``: consecutive failures per scope,
@@ -109,7 +112,7 @@ def fates(
     if isinstance(spec, ChainWorkflow):
         return _chain_fates(spec, steps, gated, reached_end, answers, threshold, breaker if breaker is not None else {})
     plan = fanout(spec) if isinstance(spec, ForEachWorkflow) else FanOut(on_return=dict(DEFAULT_ON_RETURN))
-    return _for_each_fates(plan, steps, answers), 0
+    return _for_each_fates(plan, steps, answers), []
 
 
 class _Answers:
@@ -173,18 +176,18 @@ def _chain_fates(
     answers: _Answers,
     threshold: int,
     breaker: dict[str, int],
-) -> tuple[list[Fate], int]:
+) -> tuple[list[Fate], list[str]]:
     chain = chain_steps(spec)
     index = {s.name: i for i, s in enumerate(chain)}
     ran = {str(s.get("item")) for s in steps}
     # A gate before a step that never ran (rejected, or the run ended while it waited) left no step behind.
-    extra = sum(
-        1
+    extra = [
+        name
         for name in dict.fromkeys(gated_steps)
         if name not in ran
         and name in index
         and gate_before(chain[index[name]], index[name], len(chain), spec.mode) is not None
-    )
+    ]
     fails: dict[str, int] = {}
     passed: set[str] = set()  # steps whose gate before was answered in this run
     out: list[Fate] = []
@@ -208,7 +211,7 @@ def _chain_fates(
             if answer == "reset":
                 breaker[scope] = 0
     end = reached_end if reached_end is not None else _reached_end(chain, steps, out)
-    return out, extra + int(gate_after_last(spec.mode) and end)
+    return out, extra + ([""] if gate_after_last(spec.mode) and end else [])
 
 
 def _step_fate(
@@ -240,6 +243,18 @@ def _step_fate(
     return Fate({"abort": "abort", "end": "stop"}.get(route.kind, "next"))
 
 
+def _agent_of(spec: WorkflowSpec | None, step: str) -> str:
+    """The agent of a chain's step by name ("-" for the chain's final gate, or a step it no longer has)."""
+    if isinstance(spec, ChainWorkflow):
+        for s in chain_steps(spec):
+            if s.name == step:
+                return s.agent or "-"
+    return "-"
+
+
+_KIND_OF_SIGNAL = {signal: kind for kind, signal in SIGNAL_OF_KIND.items()}
+
+
 def _satellite(name: str, spec: ChainWorkflow) -> ChainStep:
     """A step a trigger added (``code@scope``), or one the workflow no longer has: the chain's defaults."""
     kind, _, scope = name.partition("@")
@@ -269,7 +284,8 @@ class ReplayItem:
     change: ReplayChange  # escalate: the person decides; rule: a rule decides; rerouted: another action
     rule_id: str | None = None
     option: str | None = None  # the rule's option (deciding, or only suggesting in shadow)
-    signature: str | None = None
+    signature: str | None = None  # the agent's words, normalised (a gate's: its step)
+    kind: str | None = None  # why it reaches the person: question, fail, error, blocked, gate, circuit_break
 
 
 @dataclass(frozen=True)
@@ -355,40 +371,54 @@ def replay(
             if old is not None
             else None
         )
-        escalate += extra
+        asked: list[tuple[str, str, str, str | None, Situation]] = []  # item, agent, result, then, situation
+        for name in extra:  # a gate before a step that never ran, a swarm chain's final gate: no recorded step
+            agent = _agent_of(spec, name)
+            asked.append(
+                (
+                    name or "(final result)",
+                    agent,
+                    "not run",
+                    None,
+                    situation_of(workflow, agent, "gate", detail=None, step=name),
+                )
+            )
         for n, s in enumerate(raw_steps):
             steps += 1
             fate = now[n]
             before = then[n].action if then is not None else None
             item, result, agent = str(s.get("item", "")), str(s["result"]), str(s.get("agent", ""))
-            for _ in range(fate.escalations):
-                situation = situation_from_step(workflow, s)
-                rule = predict(rules, situation)
-                decided = may_auto_decide(rule, pol)
-                by_rule += decided
-                escalate += not decided
-                items.append(
-                    ReplayItem(
-                        run_id,
-                        started,
-                        item,
-                        agent,
-                        result,
-                        before,
-                        fate.action,
-                        "rule" if decided else "escalate",
-                        rule.id if rule else None,
-                        rule.option if rule else None,
-                        situation.signature,
-                    )
-                )
-            if fate.escalations:
+            kinds = (["gate"] if fate.gated else []) + ([fate.kind or "fail"] if fate.action == "escalate" else [])
+            for kind in kinds:
+                asked.append((item, agent, result, before, situation_from_step(workflow, s, kind)))
+            if kinds:
                 continue
             if before is not None and before != fate.action:
                 rerouted += 1
                 items.append(ReplayItem(run_id, started, item, agent, result, before, fate.action, "rerouted"))
             else:
                 same += 1
+        for item, agent, result, before, situation in asked:
+            rule = predict(rules, situation)
+            decided = may_auto_decide(rule, pol)
+            by_rule += decided
+            escalate += not decided
+            items.append(
+                ReplayItem(
+                    run_id,
+                    started,
+                    item,
+                    agent,
+                    result,
+                    before,
+                    "escalate",
+                    "rule" if decided else "escalate",
+                    rule.id if rule else None,
+                    rule.option if rule else None,
+                    situation.signature,
+                    _KIND_OF_SIGNAL.get(situation.signal, situation.signal.lower()),
+                )
+            )
     return ReplayReport(
         workflow, runs, steps, invalid, recorded_esc, escalate, by_rule, rerouted, same, items, uncompared
     )

@@ -52,6 +52,7 @@ from ambient.runstate import (
     ItemState,
     RunState,
     apply_event,
+    ended_because,
     fold,
     next_attempt,
     outcome_of,
@@ -135,6 +136,7 @@ class EscalationRequest:
     step: str | None = None  # a chain's step (then ``item`` is None)
     scope: str | None = None  # a circuit breaker's scope
     respawn: str | None = None  # an agent's own ESCALATE outside a run: SPAWN it again with the answer
+    detail: str | None = None  # the agent's own words (its question, its error); None: none of an agent's
 
 
 class Escalator(Protocol):
@@ -528,6 +530,7 @@ class RunExecutor:
             duration_ms=res.duration_ms,
             signal_in=res.signal_in,
             reply=res.reply,
+            question=res.question,
         )
         await self._route(item, res)
         # The agent is done: its slot is free now, so the next item's ``accepted`` joins this fsync round
@@ -559,12 +562,14 @@ class RunExecutor:
             options = question_options(res.options or ["continue"])  # what the agent's ESCALATE packet carried
             kind = "question"
             question = res.question or f"{self.template.agent} asks a decision about {item.name}"
+            detail = res.question or ""
         else:
             options = [(k, label, k) for k, label in ITEM_OPTIONS]
             options += list(self.template.extra_options)
             kind = "blocked" if res.result == "blocked" else ("error" if res.result == "error" else "fail")
             what = {"fail": "failed", "error": "hit an error", "blocked": "is blocked"}[kind]
             question = f"{self.template.agent} {what} on {item.name}" + (f": {res.error}" if res.error else "")
+            detail = res.error or ""
         req = EscalationRequest(
             run_id=self.state.run_id,
             workflow=self.state.workflow,
@@ -577,6 +582,7 @@ class RunExecutor:
             deadline_s=self.template.deadline_s,
             on_timeout=self.template.on_timeout,
             remind_before_s=self.template.remind_before_s,
+            detail=detail,
         )
         esc_id = await self.ports.escalator.escalate(req)
         self.event("escalated", item=item.name, escalation=esc_id, kind=kind, agent=self.template.agent)
@@ -930,6 +936,15 @@ class RunManager:
                 started = None
         ex.event("spawned", item=item, attempt=attempt, pid=pid, started=started)
         ex.journal.flush()
+
+    def ended_reason(self, run_id: str) -> str:
+        """Why a settled run waits on nobody (:func:`ended_because`, from its journal): what the escalations it left
+        behind say once cancelled (blocking: call through ``to_thread``)."""
+        try:
+            state = fold(read_jsonl(self.paths.run_journal(run_id)).records)
+        except (OSError, ValueError, KeyError):
+            return "its run is no longer running"
+        return ended_because(state) if state.finished else "its run is no longer running"
 
     def settled(self, run_id: str) -> bool:
         """Whether nothing will ever resume a run: it is not running here, and its journal is finished or gone.

@@ -8,7 +8,8 @@ Events (one JSON object per line, ``ev`` names the kind)::
 
     started     run_id workflow form spec_hash spec items mode trigger context at
     accepted    item attempt key at              (on disk before the agent starts)
-    finished    item attempt result output error duration_ms signal_in reply at   (reply: what the agent answered)
+    finished    item attempt result output error duration_ms signal_in reply question at   (reply: what the agent
+                answered; question: its own, when it asked one)
     retry       item attempt not_before at        (a failure that the retry policy retries)
     escalated   item escalation kind agent at
     decided     escalation option action by channel latency_s [answer] at
@@ -193,6 +194,8 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
             # what ambient.replay needs to decide the step again with a workflow as it is now.
             if ev.get("reply"):
                 step["reply"] = ev["reply"]
+            if ev.get("question"):  # an agent's own question: the words a learned rule matches (learning.situation_of)
+                step["question"] = ev["question"]
             if isinstance(item.output, dict):
                 for key in ("status", "tests"):
                     if item.output.get(key) is not None:

@@ -55,14 +55,6 @@ log = structlog.get_logger(__name__)
 
 HANDOFF_RECHECK_S = 0.25
 
-_REPLY_SIGNAL = {
-    "success": "RETURN",
-    "fail": "RETURN",
-    "error": "ERROR",
-    "escalate": "ESCALATE",
-    "blocked": "BLOCKED_ON",
-}
-
 
 class BrainRef:
     """The current brain snapshot, swapped whole on reload (SIGHUP or a changed file)."""
@@ -275,12 +267,15 @@ class AgentDelegate:
         Agent text is untrusted and may quote a secret (a bot token in a failing request's URL, on stderr): it is
         masked here, before the journal, the escalation file, the outbox or a notification ever hold it."""
         res = _masked(res, self.secrets)
-        signal = _REPLY_SIGNAL[res.status]
+        signal = res.signal
         now = self.clock.now()
         try:
             fields: dict[str, Any]
             if signal == "RETURN":
-                fields = {"result": res.result or res.output or {}}
+                result = dict(res.result or res.output or {})
+                if res.status == "fail" and not result:  # exit 1, nothing on stdout: the thread shows why all the same
+                    result = {"status": "failed", "error": res.error or "the agent exited with code 1"}
+                fields = {"result": result}
             elif signal == "ESCALATE":
                 fields = {
                     "options": list(res.options or [])[:20] or ["continue"],
@@ -390,16 +385,6 @@ def _scalar(v: Any) -> bool:
 # ---------------------------------------------------------------- escalations
 
 
-_SIGNAL_OF_KIND = {
-    "fail": "FAIL",
-    "error": "ERROR",
-    "blocked": "BLOCKED_ON",
-    "question": "ESCALATE",
-    "gate": "GATE",
-    "circuit_break": "CIRCUIT_BREAK",
-}
-
-
 class Learner:
     """The learning loop's hands: learn from the person's answers, decide where a rule may (opt-in)."""
 
@@ -411,11 +396,11 @@ class Learner:
 
     @staticmethod
     def situation(esc: Escalation) -> Any:
-        from ambient.learning import situation_for
+        from ambient.learning import situation_of
 
-        return situation_for(
-            esc.workflow, esc.agent or "-", _SIGNAL_OF_KIND.get(esc.kind, esc.kind.upper()), esc.question
-        )
+        # An escalation written before its ``detail`` was kept: its question is the closest there is.
+        detail = esc.detail if esc.detail is not None else esc.question
+        return situation_of(esc.workflow, esc.agent, esc.kind, detail=detail, step=esc.step or esc.item)
 
     def observe(self, esc: Escalation) -> None:
         """Record a human decision as evidence (blocking: call through ``to_thread``)."""
@@ -521,6 +506,7 @@ class StoreEscalator:
             agent=req.agent,
             respawn=req.respawn,
             scope=req.scope,
+            detail=req.detail,
             timeout=timedelta(seconds=req.deadline_s) if req.deadline_s else None,
             on_timeout=req.on_timeout,  # type: ignore[arg-type]
             remind_before=timedelta(seconds=req.remind_before_s) if req.remind_before_s else None,
@@ -1086,7 +1072,8 @@ class EscalationEvaluator:
                 continue
             await self._apply(esc)
         for run_id in sorted(ended):
-            await self.escalator.cancel_leftovers(run_id, "its run is no longer running")
+            why = await asyncio.to_thread(self.manager.ended_reason, run_id)
+            await self.escalator.cancel_leftovers(run_id, why)
         self._arm(next_timer(e for e in escs if e.run_id not in ended))
 
     async def _apply(self, esc: Escalation) -> None:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from ambient.workflow import SATELLITE_TYPES
 
@@ -131,6 +131,41 @@ def merge_environ(data: Mapping[str, Any], environ: Mapping[str, str]) -> dict[s
 def settings_from(data: Mapping[str, Any] | None, environ: Mapping[str, str]) -> Settings:
     """Validate settings from file data and environment (raises pydantic ValidationError)."""
     return Settings.model_validate(merge_environ(data or {}, environ))
+
+
+def settings_salvaged(data: Mapping[str, Any] | None, environ: Mapping[str, str]) -> Settings:
+    """Settings from a file that does not validate, keeping every key that does: each key a problem names (an
+    unknown key, a bad value) falls back to its default.
+
+    A daemon starting with no previous good version to keep uses this: on bare defaults a typo (``concurency: 3``)
+    silently cost it the file's notification URLs, and every question waited unseen. The problems are still
+    reported, with their lines, as errors.
+    """
+    merged: dict[str, Any] = merge_environ(data or {}, environ)
+    for _ in range(8):  # each round drops what the last one named; a few rounds settle any file
+        try:
+            return Settings.model_validate(merged)
+        except ValidationError as exc:
+            kept = _without(merged, [tuple(e["loc"]) for e in exc.errors()])
+            if kept == merged:
+                break
+            merged = kept
+    return Settings()
+
+
+def _without(data: dict[str, Any], locs: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """``data`` without the keys at ``locs`` (two levels deep at most: ``notify.urls``, not one URL of it)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for loc in locs:
+        keys = [k for k in loc[:2] if isinstance(k, str)]
+        if not keys:
+            continue
+        node: Any = out
+        for key in keys[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(keys[-1], None)
+    return out
 
 
 def settings_changes(old: Settings, new: Settings) -> list[str]:

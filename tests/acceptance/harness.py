@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 #: How long a wait may take before the test fails; generous, since CI shares 2 cores with other work.
 WAIT_S = 30.0
@@ -35,6 +35,19 @@ def _ambient_argv() -> list[str]:
 
 
 AMBIENT = _ambient_argv()
+
+
+def for_each(name: str, agent: str, items: list[str], *, context: str = "", extra: str = "") -> str:
+    """A for_each workflow of ``agent`` over ``items``, each item's scope ``work/<name>/<index>``."""
+    return (
+        f"workflow: {name}\n"
+        "for_each:\n"
+        f"  items: {json.dumps(items)}\n"
+        f"  spawn: {agent}\n"
+        f'  scope: {{zone: project, files: ["work/{name}/{{{{index}}}}.txt"]}}\n'
+        + (f"  context: {context}\n" if context else "")
+        + extra
+    )
 
 
 class WaitTimeout(AssertionError):
@@ -198,12 +211,12 @@ class Brain:
         (self.root / rel).unlink()
 
     def config(self, text: str) -> Path:
-        """Replace ``profil/ambient.yml``."""
-        return self.write("profil/ambient.yml", textwrap.dedent(text))
+        """Replace ``profil/ambient.yml`` (a leading blank line dropped, so line numbers are the text's own)."""
+        return self.write("profil/ambient.yml", textwrap.dedent(text).lstrip("\n"))
 
     def workflow(self, name: str, text: str) -> Path:
-        """Drop ``workflows/<name>.yml`` (the daemon starts it when it first sees it)."""
-        return self.write(f"workflows/{name}.yml", textwrap.dedent(text))
+        """Drop ``workflows/<name>.yml`` (the daemon starts it when it first sees it; a leading blank line dropped)."""
+        return self.write(f"workflows/{name}.yml", textwrap.dedent(text).lstrip("\n"))
 
     def python_agent(self, name: str, code: str, **kw: Any) -> Path:
         """A Python agent: ``bin/<name>.py`` run by the command runner with the daemon's interpreter."""
@@ -429,7 +442,7 @@ class LoopbackServer:
     def address(self) -> str:
         return f"127.0.0.1:{self._server.server_address[1]}"
 
-    def __enter__(self) -> LoopbackServer:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -477,6 +490,9 @@ class FakeTelegram(LoopbackServer):
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.updates: list[dict[str, Any]] = []
         self._next_update = 1
+        self._pressed = threading.Condition(self.lock)
+        # a long poll cut by a daemon's stop is no test failure: keep socketserver's traceback out of the output
+        self._server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
 
     @property
     def api_base(self) -> str:
@@ -500,8 +516,12 @@ class FakeTelegram(LoopbackServer):
                         "text": body.get("text"),
                     },
                 }
-            if method == "getUpdates":
+            if method == "getUpdates":  # a long poll: held until a press, at most 0.5 s (tests stay quick)
                 offset = int(body.get("offset") or 0)
+                self._pressed.wait_for(
+                    lambda: any(u["update_id"] >= offset for u in self.updates),
+                    timeout=min(float(body.get("timeout") or 0), 0.5),
+                )
                 return 200, {"ok": True, "result": [u for u in self.updates if u["update_id"] >= offset]}
             if method == "getMe":
                 return 200, {"ok": True, "result": {"id": 1, "is_bot": True, "username": "ambient_test_bot"}}
@@ -530,6 +550,26 @@ class FakeTelegram(LoopbackServer):
                 }
             )
             self._next_update += 1
+            self._pressed.notify_all()
+
+    def answers(self) -> dict[str, list[str]]:
+        """answerCallbackQuery texts, by callback query id."""
+        with self.lock:
+            out: dict[str, list[str]] = {}
+            for method, body in self.calls:
+                if method == "answerCallbackQuery":
+                    out.setdefault(str(body.get("callback_query_id")), []).append(str(body.get("text", "")))
+            return out
+
+    def last_query(self) -> str:
+        """The id of the newest callback query (a press)."""
+        with self.lock:
+            return f"q{self.updates[-1]['update_id']}"
+
+    def edits(self) -> list[str]:
+        """editMessageText texts, in order."""
+        with self.lock:
+            return [str(body.get("text", "")) for method, body in self.calls if method == "editMessageText"]
 
     def sent_texts(self) -> list[str]:
         with self.lock:

@@ -12,22 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.harness import PROJECT_GATE, Brain, agent_md, wait
+from tests.acceptance.harness import PROJECT_GATE, Brain, agent_md, for_each, wait
 
 # ---------------------------------------------------------------- helpers
-
-
-def for_each(name: str, agent: str, items: list[str], *, context: str = "", extra: str = "") -> str:
-    """A for_each workflow of ``agent`` over ``items``, each item's scope ``work/<name>/<index>``."""
-    return (
-        f"workflow: {name}\n"
-        "for_each:\n"
-        f"  items: {json.dumps(items)}\n"
-        f"  spawn: {agent}\n"
-        f'  scope: {{zone: project, files: ["work/{name}/{{{{index}}}}.txt"]}}\n'
-        + (f"  context: {context}\n" if context else "")
-        + extra
-    )
 
 
 RETRY_ON_ERROR = "retry: {attempts: 3, backoff: 0.1s, on: [error]}\n"

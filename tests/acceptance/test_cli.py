@@ -267,8 +267,8 @@ def test_status_shows_the_daemon_runs_and_escalations(brain: Brain) -> None:
         assert f"Daemon: up (pid {daemon.pid})" in text, text
         assert re.search(r"rollout .* 0/2 done", text), text
         assert "Escalations waiting on you: 2" in text
-        for esc in escs:
-            assert f"ambient decide {esc['id']}" in text
+        for esc in escs:  # the exact line to answer it: this brain named, as status was asked with --brain
+            assert f"ambient --brain {brain.root} decide {esc['id']} <option>" in text, text
         one = brain.ok("status", "rollout").out
         assert re.search(r"^\s+eu-1\s+\S+\s+escalation esc-", one, re.M), one
         assert re.search(r"^\s+eu-2\s+", one, re.M), one

@@ -300,7 +300,8 @@ def test_a_workflow_that_fails_validation_is_reported_at_its_line_and_the_previo
         res = brain.cli("validate")
         assert res.rc == 1, res
         assert "workflows/served.yml:7:" in res.out, res
-        brain.ok("start", "served")
+        started = brain.ok("start", "served")  # the version the daemon serves starts, and you are told so
+        assert "workflows/served.yml:7" in started.err and f"loaded before (sha256 {v1_hash[:12]})" in started.err
         runs = brain.wait_finished("served", count=2)
     assert [r["spec_hash"] for r in runs] == [v1_hash, v1_hash]
     assert all(r["outcome"] == "success" for r in runs), runs

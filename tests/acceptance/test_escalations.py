@@ -341,6 +341,21 @@ def test_on_timeout_applies_at_the_deadline_and_a_late_answer_is_refused(brain: 
     assert _tree_digest(brain.root) == before
 
 
+def test_an_abort_at_a_deadline_cancels_the_siblings_saying_why(brain: Brain) -> None:
+    """`on_timeout: abort` ends the run as your `abort` would: a sibling still waiting is cancelled, and says the
+    run was aborted, by whom and on which item."""
+    brain.shell_agent("deploy", 'cat > /dev/null\n[ "$AMBIENT_ITEM" = eu-2 ] && sleep 1\nexit 1\n')
+    _rollout(brain, items=("eu-1", "eu-2"), extra="on_escalate: {timeout: 2s, on_timeout: abort}\n")
+    with brain.daemon():
+        [record] = brain.wait_finished("rollout")
+    assert record["outcome"] == "aborted", record
+    by_item = {e["item"]: e for e in _all(brain).values()}
+    assert (by_item["eu-1"]["status"], by_item["eu-1"]["by"]) == ("expired", "timeout"), by_item
+    assert by_item["eu-2"]["status"] == "cancelled", by_item
+    late = brain.decide(by_item["eu-2"]["id"], "retry")
+    assert late.rc == 1 and "the run was aborted: abort on eu-1 by timeout" in late.err, late
+
+
 def test_on_timeout_approve_gives_a_failed_items_escalation_an_end(brain: Brain) -> None:
     """`on_timeout: approve` gives a failed item's escalation an end: at the deadline the run goes on without you."""
     brain.config("tick_seconds: 0.2\n")
@@ -573,50 +588,13 @@ def test_notify_urls_from_the_environment_replace_the_files_and_notify_test_says
 CHAT = 4242
 
 
-class _PollingTelegram(FakeTelegram):
-    """The fake Bot API, with getUpdates holding the request briefly when nothing is new, as a long poll does."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        # a poll cut by a daemon's stop is no test failure: keep socketserver's traceback out of the output
-        self._server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
-
-    def handle(self, path: str, body: Any) -> tuple[int, Any]:
-        if path.endswith("/getUpdates"):
-            offset = int(body.get("offset") or 0)
-            end = time.monotonic() + min(float(body.get("timeout") or 0), 0.5)
-            while time.monotonic() < end:
-                with self.lock:
-                    if any(u["update_id"] >= offset for u in self.updates):
-                        break
-                time.sleep(0.02)
-        return super().handle(path, body)
-
-    def answers(self) -> dict[str, list[str]]:
-        """answerCallbackQuery texts, by callback query id."""
-        with self.lock:
-            out: dict[str, list[str]] = {}
-            for method, body in self.calls:
-                if method == "answerCallbackQuery":
-                    out.setdefault(str(body.get("callback_query_id")), []).append(str(body.get("text", "")))
-            return out
-
-    def edits(self) -> list[str]:
-        with self.lock:
-            return [str(body.get("text", "")) for method, body in self.calls if method == "editMessageText"]
-
-    def last_query(self) -> str:
-        with self.lock:
-            return f"q{self.updates[-1]['update_id']}"
-
-
 @pytest.fixture
-def bot() -> Iterator[_PollingTelegram]:
-    with _PollingTelegram() as fake:
+def bot() -> Iterator[FakeTelegram]:
+    with FakeTelegram() as fake:
         yield fake
 
 
-def _telegram_brain(brain: Brain, bot: _PollingTelegram, tmp_path: Path, user_ids: str = "") -> None:
+def _telegram_brain(brain: Brain, bot: FakeTelegram, tmp_path: Path, user_ids: str = "") -> None:
     creds = tmp_path / "credentials"
     creds.mkdir()
     (creds / "telegram-token").write_text(bot.token + "\n")
@@ -627,7 +605,7 @@ def _telegram_brain(brain: Brain, bot: _PollingTelegram, tmp_path: Path, user_id
     )
 
 
-def _message_for(bot: _PollingTelegram, esc_id: str) -> tuple[int, dict[str, Any]]:
+def _message_for(bot: FakeTelegram, esc_id: str) -> tuple[int, dict[str, Any]]:
     def found() -> tuple[int, dict[str, Any]] | None:
         with bot.lock:
             for n, msg in enumerate(bot.messages, start=1):
@@ -639,7 +617,7 @@ def _message_for(bot: _PollingTelegram, esc_id: str) -> tuple[int, dict[str, Any
     return result
 
 
-def test_telegram_buttons_decide_and_the_run_resumes(brain: Brain, bot: _PollingTelegram, tmp_path: Path) -> None:
+def test_telegram_buttons_decide_and_the_run_resumes(brain: Brain, bot: FakeTelegram, tmp_path: Path) -> None:
     """Each escalation arrives on Telegram with one button per option; a press decides, the run resumes, the message is
     edited to "✅ <option> — chosen by <name>", and a second press is told it was already decided."""
     _telegram_brain(brain, bot, tmp_path)
@@ -674,7 +652,7 @@ def test_telegram_buttons_decide_and_the_run_resumes(brain: Brain, bot: _Polling
 
 
 def test_telegram_a_press_after_a_cli_answer_is_told_it_was_decided(
-    brain: Brain, bot: _PollingTelegram, tmp_path: Path
+    brain: Brain, bot: FakeTelegram, tmp_path: Path
 ) -> None:
     """A press on an escalation answered from the CLI changes nothing and is told it was already decided."""
     _telegram_brain(brain, bot, tmp_path)
@@ -691,7 +669,7 @@ def test_telegram_a_press_after_a_cli_answer_is_told_it_was_decided(
         assert _all(brain)[esc["id"]]["decision"] == "skip"
 
 
-def test_telegram_forged_and_stale_buttons_do_nothing(brain: Brain, bot: _PollingTelegram, tmp_path: Path) -> None:
+def test_telegram_forged_and_stale_buttons_do_nothing(brain: Brain, bot: FakeTelegram, tmp_path: Path) -> None:
     """Each button carries an unguessable token tied to its escalation: a forged button, or a stale one from an earlier
     escalation, does nothing."""
     _telegram_brain(brain, bot, tmp_path)
@@ -727,7 +705,7 @@ def test_telegram_forged_and_stale_buttons_do_nothing(brain: Brain, bot: _Pollin
 
 
 def test_telegram_presses_from_another_chat_or_user_are_ignored(
-    brain: Brain, bot: _PollingTelegram, tmp_path: Path
+    brain: Brain, bot: FakeTelegram, tmp_path: Path
 ) -> None:
     """Presses count only from the configured chat, and from the users in `user_ids` when set."""
     _telegram_brain(brain, bot, tmp_path, user_ids="7")
@@ -748,7 +726,7 @@ def test_telegram_presses_from_another_chat_or_user_are_ignored(
 
 @pytest.mark.slow
 def test_telegram_a_press_is_neither_lost_nor_applied_twice_across_restarts(
-    brain: Brain, bot: _PollingTelegram, tmp_path: Path
+    brain: Brain, bot: FakeTelegram, tmp_path: Path
 ) -> None:
     """The update offset is persisted before acting: a press made while the daemon is down is applied when it comes
     back, and a restart does not apply (or answer) a press twice."""
@@ -775,7 +753,7 @@ def test_telegram_a_press_is_neither_lost_nor_applied_twice_across_restarts(
 
 
 def test_agent_text_is_sent_as_plain_text_within_telegrams_4096_characters(
-    brain: Brain, bot: _PollingTelegram, tmp_path: Path
+    brain: Brain, bot: FakeTelegram, tmp_path: Path
 ) -> None:
     """Agent text is sent as plain text (never HTML) and cut to Telegram's 4096 characters."""
     _telegram_brain(brain, bot, tmp_path)

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tests.acceptance.harness import Brain, Webhook, wait
+from tests.acceptance.harness import Brain, Webhook, for_each, wait
 
 # Fails like a flaky network: the numbers change with every run, the situation stays the same.
 FLAKY_AGENT = """
@@ -297,6 +297,26 @@ def _shifted(record: dict[str, Any], weeks: int, n: int) -> dict[str, Any]:
     return rec
 
 
+def test_runs_and_stats_tell_failures_from_errors_and_timeouts_from_decisions(brain: Brain) -> None:
+    """A business failure (exit 1) is counted as FAILED, an error (exit 3) as ERRORS, in `runs` and `stats` alike;
+    a deadline that passed (on_timeout) is no decision of yours and takes no time to decide."""
+    brain.shell_agent("mixed", 'cat > /dev/null\n[ "$AMBIENT_ITEM" = a ] && exit 1\nexit 3\n')
+    brain.workflow(
+        "mixed", for_each("mixed", "mixed", ["a", "b"], extra="on_escalate: {timeout: 1s, on_timeout: approve}\n")
+    )
+    with brain.daemon():
+        [record] = brain.wait_finished("mixed")
+    assert record["escalations"] == 2, record
+    [line] = [row for row in brain.ok("runs").out.splitlines() if " mixed " in row]
+    assert "failed=1 errors=1" in line, line
+    [wf] = brain.ok("stats", "--json").json()["workflows"]
+    assert (wf["failures"], wf["errors"], wf["decisions"], wf["timeouts"]) == (1, 1, 0, 2), wf
+    assert wf["decision_p50_s"] is None, wf
+    [agent] = brain.ok("stats", "--json").json()["agents"]
+    assert (agent["failures"], agent["errors"]) == (1, 1), agent
+    assert re.search(r"^mixed\s.*\s1\s+1\s+0\s+0\s", brain.ok("stats").out, re.M), brain.ok("stats").out
+
+
 def test_stats_since_and_the_weekly_escalation_rate_with_its_trend(brain: Brain) -> None:
     """The headline: escalations per run, per ISO week, with its trend; `--since` keeps only the later runs."""
     brain.python_agent("writer", SWITCH_AGENT)
@@ -384,7 +404,7 @@ def test_recurring_errors_are_grouped_after_normalising(brain: Brain) -> None:
     assert "/srv/data" not in grouped and "batch" not in grouped
     assert "disk quota exceeded" in counts[0][1]
     text = brain.ok("stats").out
-    assert "Recurring errors" in text
+    assert "Recurring failures and errors" in text
     assert re.search(r"^\s*3\s.*upload of", text, re.M), text
     top = brain.ok("stats", "--errors", "1").out
     assert "upload of" in top and "disk quota" not in top, top
@@ -581,6 +601,17 @@ def test_thread_shows_the_agents_live_thread_and_partial_views(brain: Brain) -> 
     assert by_ambient["partial"] is True and len(by_ambient["turns"]) == 4
     nobody = brain.ok("thread", "echo", "--requester", "human", "--json").json()
     assert nobody["partial"] is True and nobody["turns"] == []
+
+
+def test_a_business_failure_is_a_failed_return_in_the_thread_with_its_reason(brain: Brain) -> None:
+    """Exit 1 (a business failure) with nothing on stdout is a RETURN that says failed and why, never an empty one."""
+    brain.shell_agent("deny", 'cat > /dev/null\necho "quota exceeded for $AMBIENT_ITEM" >&2\nexit 1\n')
+    brain.workflow("quota", for_each("quota", "deny", ["eu-1"]))
+    brain.until_idle()
+    [turn] = [t for t in brain.ok("thread", "deny", "--json").json()["turns"] if t["signal"] == "RETURN"]
+    result = turn["payload"]["result"]
+    assert result["status"] == "failed" and "quota exceeded for eu-1" in result["error"], turn
+    assert "failed" in brain.ok("thread", "deny").out
 
 
 BLOCKED_AGENT = """

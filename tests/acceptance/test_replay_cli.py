@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from tests.acceptance.harness import Brain
+from tests.acceptance.harness import Brain, for_each
 
 # Crashes on its first attempt of each item (the retry policy runs it again), succeeds after.
 FLAKY_AGENT = """
@@ -92,6 +92,59 @@ def test_replay_says_what_a_changed_workflow_would_do(brain: Brain) -> None:
     assert _counts(brain.ok("replay", "ship").out) == (1, 1)
     brain.workflow("ship", gated.replace(", gate: human", ""))
     assert _counts(brain.ok("replay", "ship").out) == (1, 0)
+
+
+ASKING_AGENT = """
+    import json, os, sys
+    packet = json.load(sys.stdin)
+    decision = packet["payload"].get("context", {}).get("decision")
+    if decision is None:
+        print(json.dumps({"signal": "ESCALATE", "options": ["blue", "green"],
+                          "question": "Which colour for " + os.environ["AMBIENT_ITEM"] + "?"}))
+    else:
+        print(json.dumps({"status": "ok"}))
+"""
+
+
+def test_replay_lists_each_question_with_its_words_and_why_it_reaches_you(brain: Brain) -> None:
+    """An agent's question is listed as its question, with its words; a failure as failed, with the agent's."""
+    brain.python_agent("painter", ASKING_AGENT)
+    brain.shell_agent("deny", 'cat > /dev/null\necho "quota exceeded" >&2\nexit 1\n')
+    brain.workflow("paint", for_each("paint", "painter", ["door-7"]))
+    brain.workflow("quota", for_each("quota", "deny", ["eu-1"]))
+    brain.until_idle()
+    for esc in brain.escalations():
+        assert brain.decide(esc["id"], "green" if esc["workflow"] == "paint" else "skip").rc == 0
+    brain.until_idle()
+    paint = brain.ok("replay", "paint").out
+    assert re.search(r"door-7 \(painter, its question\): Which colour for door-<n>\?", paint), paint
+    quota = brain.ok("replay", "quota").out
+    assert re.search(r"eu-1 \(deny, failed\): agent exited with code <n>: quota exceeded", quota), quota
+    [item] = json.loads(brain.ok("replay", "paint", "--json").out)["items"]
+    assert (item["kind"], item["change"]) == ("question", "escalate"), item
+
+
+def test_replay_lists_a_gate_that_stopped_a_run_before_its_step(brain: Brain) -> None:
+    """A human gate rejected before its step ran counts, and is listed, like every escalation replay counts."""
+    brain.python_agent("worker", STEP_AGENT)
+    brain.workflow(
+        "ship",
+        """
+        name: ship
+        chain:
+          - {step: 1, type: brain-write, scope: projets/app/README.md, agents: [worker]}
+          - {step: 2, type: deploy, scope: infrastructure/app/, agents: [worker], gate: human}
+    """,
+    )
+    brain.until_idle()
+    [esc] = brain.escalations()
+    assert brain.decide(esc["id"], "reject").rc == 0
+    brain.until_idle()
+    out = brain.ok("replay", "ship").out
+    assert _counts(out) == (1, 1), out
+    assert "Would be escalated to you (1)" in out, out
+    # the rule your answer made is the one the live gate would meet (one rule of situations): it suggests reject
+    assert re.search(r" 2 \(worker, human gate\); rule r-\w+ suggests 'reject'$", out, re.M), out
 
 
 def test_stats_counts_each_escalation_for_the_agent_it_names(brain: Brain) -> None:

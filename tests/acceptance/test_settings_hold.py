@@ -131,6 +131,20 @@ def test_editing_the_config_file_reloads_it(brain: Brain, webhook: Webhook) -> N
         )
 
 
+def test_a_daemon_started_with_a_typo_in_its_config_keeps_every_valid_key(brain: Brain, webhook: Webhook) -> None:
+    """A typo (`concurency: 3`) is an error at its line, and the daemon starts with every other key of the file:
+    its notification URL still carries your questions (on bare defaults they waited unseen)."""
+    brain.python_agent("broken", FAILING_AGENT)
+    brain.config(f'notify:\n  urls: ["{webhook.url}"]\nconcurency: 3\n')
+    _escalate(brain, "typo")
+    res = brain.until_idle()
+    assert "profil/ambient.yml:3" in res.err and "concurency" in res.err, res
+    wait(lambda: any("Decision needed" in t and "typo" in t for t in webhook.texts()), "the question at the URL")
+    doctor = brain.cli("doctor")
+    assert "profil/ambient.yml:3" in doctor.text and "keys that are valid" in doctor.text, doctor
+    assert "nobody is told" not in doctor.text and "reach nobody" not in doctor.text, doctor
+
+
 # Works for a while (until released, or 1.5 s), noting when it started, got SIGTERM and finished.
 PATIENT_AGENT = """
     import json, os, pathlib, signal, sys, time

@@ -61,6 +61,7 @@ class EffectiveConfig:
     problems: list[Problem] = field(default_factory=list)
     environment: dict[str, Loc] = field(default_factory=dict)  # AMBIENT_* variable in force → setting it sets
     sources: dict[str, str] = field(default_factory=dict)  # dotted key → "default" | "<file>:<line>" | "$VAR"
+    salvaged: Settings | None = None  # when invalid: what `ambient run` starts with (every key that is valid)
 
     def redacted(self) -> dict[str, Any]:
         """The settings as JSON-ready data, secrets masked (empty when invalid)."""
@@ -98,7 +99,7 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
     from ambient.errors import InputError
     from ambient.problems import Problem
     from ambient.redact import redact_text
-    from ambient.settings import Settings, merge_environ
+    from ambient.settings import Settings, merge_environ, settings_salvaged
     from ambient.yamlfile import MAX_CONFIG_BYTES, LineMap, expect_mapping, load_file
 
     source = paths.rel(paths.config)
@@ -134,6 +135,7 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
                 result.problems.append(Problem(file=f"${var}", message=message))
             else:
                 result.problems.append(Problem(file=source, line=lines.line_for(loc), message=message))
+        result.salvaged = settings_salvaged(data, environ)
         return result
     for key, _ in flatten(result.redacted()):
         loc = tuple(key.split("."))
@@ -186,7 +188,8 @@ def _show(args: argparse.Namespace) -> int:
             print(printable(str(problem)), file=sys.stderr)
         return fail(
             f"the configuration is invalid ({len(cfg.problems)} problem(s) above); until it is fixed `ambient run` "
-            "starts with the defaults and a reload keeps the previous settings",
+            "starts with the keys that are valid (the others at their defaults) and a reload keeps the previous "
+            "settings",
             EXIT_USAGE,
         )
     settings = cfg.redacted()

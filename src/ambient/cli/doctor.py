@@ -174,10 +174,11 @@ def check_config(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Setting
         else:
             hint = (
                 "fix the file (`ambient config template` lists every setting with its default); until then "
-                "`ambient run` uses the defaults and a reload keeps the previous settings"
+                "`ambient run` starts with the keys that are valid (the others at their defaults) and a reload "
+                "keeps the previous settings"
             )
         found.append(Finding("error", "config", p.message, hint, p.file, p.line))
-    return cfg.settings, found
+    return cfg.settings or cfg.salvaged, found
 
 
 _LOAD_HINTS: tuple[tuple[str, str, str], ...] = (

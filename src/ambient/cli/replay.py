@@ -141,10 +141,24 @@ def render(report: ReplayReport, *, source: str, rules: int, limit: int = 20) ->
 
 
 def _item(i: ReplayItem) -> str:
-    base = f"  {i.started_at.strftime('%Y-%m-%d')} {i.run_id} {i.item} ({i.agent}, {i.result})"
+    """One line: when, which run and item, its agent, then why it reaches you (a question, a failure, a gate...)
+    with the agent's words, or how it is routed now."""
+    head = f"  {i.started_at.strftime('%Y-%m-%d')} {i.run_id} {i.item} ({i.agent}"
     if i.change == "rerouted":
-        return f"{base}: {i.recorded} -> {i.now}"
+        return f"{head}, {i.result}): {i.recorded} -> {i.now}"
+    base = f"{head}, {_KIND_SHOWN.get(i.kind or '', i.kind or i.result)})"
     if i.change == "rule":
         return f"{base}: rule {i.rule_id} decides {i.option!r}"
+    words = "" if i.kind in ("gate", "circuit_break") else f": {i.signature}"
     hint = f"; rule {i.rule_id} suggests {i.option!r}" if i.rule_id else ""
-    return f"{base}: {i.signature}{hint}"
+    return f"{base}{words}{hint}"
+
+
+_KIND_SHOWN = {
+    "question": "its question",
+    "fail": "failed",
+    "error": "error",
+    "blocked": "blocked",
+    "gate": "human gate",
+    "circuit_break": "circuit breaker",
+}

@@ -277,6 +277,7 @@ def render(stats: Stats, *, weeks: int = 8, errors: int = 10, source: str = "run
             fmt_duration_ms(w.duration_p95_ms),
             f"{w.escalations:,}",
             "-" if w.escalation_rate is None else f"{w.escalation_rate:.3f}",
+            f"{w.failures:,}",
             f"{w.errors:,}",
             f"{w.decisions:,}",
             f"{w.auto_decisions:,}",
@@ -285,8 +286,8 @@ def render(stats: Stats, *, weeks: int = 8, errors: int = 10, source: str = "run
         ]
         for w in stats.workflows
     ]
-    header = ["WORKFLOW", "RUNS", "SUCCESS", "P50", "P95", "ESC", "ESC/RUN", "ERRORS", "DECIDED", "AUTO"]
-    lines += _table([*header, "TTD P50", "TTD P95"], rows, set(range(1, 12)))
+    header = ["WORKFLOW", "RUNS", "SUCCESS", "P50", "P95", "ESC", "ESC/RUN", "FAILED", "ERRORS", "DECIDED", "AUTO"]
+    lines += _table([*header, "TTD P50", "TTD P95"], rows, set(range(1, 13)))
     lines.append("")
     lines.append("Agents")
     rows = [
@@ -297,11 +298,12 @@ def render(stats: Stats, *, weeks: int = 8, errors: int = 10, source: str = "run
             fmt_duration_ms(a.duration_p50_ms),
             fmt_duration_ms(a.duration_p95_ms),
             f"{a.escalations:,}",
+            f"{a.failures:,}",
             f"{a.errors:,}",
         ]
         for a in stats.agents
     ]
-    lines += _table(["AGENT", "STEPS", "SUCCESS", "P50", "P95", "ESC", "ERRORS"], rows, set(range(1, 7)))
+    lines += _table(["AGENT", "STEPS", "SUCCESS", "P50", "P95", "ESC", "FAILED", "ERRORS"], rows, set(range(1, 8)))
     lines.append("")
     shown = [w.week for w in stats.weeks][-weeks:]
     lines.append(f"Escalations per run, by ISO week (last {len(shown)}; '.' = no runs that week)")
@@ -313,10 +315,12 @@ def render(stats: Stats, *, weeks: int = 8, errors: int = 10, source: str = "run
     lines += _table(["WORKFLOW", *shown, "TREND"], rows, set(range(1, len(shown) + 1)))
     lines.append("")
     lines.append("TREND is fitted over every week selected (--since narrows it). TTD = time you took to decide")
-    lines.append("an escalation; DECIDED counts every decision, AUTO those taken by a learned rule.")
+    lines.append("an escalation; DECIDED counts every decision, AUTO those taken by a learned rule (a deadline that")
+    lines.append("passed decided nothing: `timeouts` in --json). FAILED: business failures (exit 1, status failed);")
+    lines.append("ERRORS: exit 2+, the agent's ERROR, output that is not its protocol.")
     if errors and stats.errors:
         lines.append("")
-        lines.append("Recurring errors (numbers, ids, paths and quoted values normalised)")
+        lines.append("Recurring failures and errors (numbers, ids, paths and quoted values normalised)")
         rows = [
             [
                 f"{e.count:,}",

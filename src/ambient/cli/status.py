@@ -13,10 +13,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json, say
 from ambient.terminal import printable
+
+if TYPE_CHECKING:
+    from ambient.paths import BrainPaths
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -229,7 +232,7 @@ def print_status(
     )
     errors = [e for e in data["errors"] if workflow is None or e["workflow"] == workflow]
     if errors:
-        write("Last errors:")
+        write("Last failures and errors:")
         for e in errors[-5:]:
             write(f"  {e['workflow']}/{e['item']}: {_clip(e['error'], 200)}")
     return data
@@ -302,12 +305,15 @@ def _runs(args: argparse.Namespace) -> int:
     if args.json:
         out_json({"finished": rows, "active": [{"run_id": s.run_id, "workflow": s.workflow} for s in active]})
         return EXIT_OK
+    from ambient.records import is_failure
+
     for r in rows:
         done, total, unit = _done_of(r)
+        failed = sum(1 for s in r.get("steps") or () if isinstance(s, dict) and is_failure(s))
         out(
             f"{r.get('completed_at', '')[:19]:<19}  {r.get('workflow', ''):<20} {r.get('outcome', ''):<9} "
-            f"{done}/{total} {unit} done  escalations={r.get('escalations', 0)} errors={r.get('errors', 0)}  "
-            f"{r.get('run_id')}"
+            f"{done}/{total} {unit} done  escalations={r.get('escalations', 0)} failed={failed} "
+            f"errors={r.get('errors', 0)}  {r.get('run_id')}"
         )
     for s in active:
         out(f"{'(running)':<19}  {s.workflow:<20} {'running':<9} {s.success_count}/{len(s.items)} done  {s.run_id}")
@@ -328,6 +334,20 @@ def _done_of(record: dict[str, Any]) -> tuple[int, int, str]:
     for step in record.get("steps", []):
         last[str(step.get("item"))] = step.get("result")
     return sum(1 for r in last.values() if r == "success"), len(last), unit
+
+
+def _served_version(paths: BrainPaths, workflow: str) -> str | None:
+    """The sha256 of the version of ``workflow`` the running daemon serves (None: no daemon, or it has none)."""
+    from ambient.daemon import daemon_up
+
+    if not daemon_up(paths):
+        return None
+    try:
+        served = json.loads((paths.state / "daemon.json").read_text()).get("workflows") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    sha = served.get(workflow) if isinstance(served, dict) else None
+    return sha if isinstance(sha, str) else None
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -356,20 +376,25 @@ def _start(args: argparse.Namespace) -> int:
     loaded = brain.workflows.get(args.workflow)
     if loaded is None:
         mine = [p for p in brain.errors if p.file.startswith("workflows/") and Path(p.file).stem == args.workflow]
-        if mine:
+        if not mine:
+            return fail(f"no workflow named {args.workflow!r} in {paths.workflows}")
+        problems = "; ".join(str(p) for p in mine[:3])
+        serving = _served_version(paths, args.workflow)
+        if serving is None:
             return fail(
-                f"{args.workflow} does not load, so it cannot start: "
-                + "; ".join(str(p) for p in mine[:3])
-                + " (`ambient validate` lists every problem)"
+                f"{args.workflow} does not load, so it cannot start: {problems} "
+                "(`ambient validate` lists every problem)"
             )
-        return fail(f"no workflow named {args.workflow!r} in {paths.workflows}")
-    spec = loaded.spec
-    if args.step:
-        if not isinstance(spec, ChainWorkflow):
-            return fail(f"--step is for chains; {args.workflow} is a for_each")
-        steps = [s.key for s in spec.chain]
-        if str(args.step) not in steps:
-            return fail(f"{args.workflow} has no step {args.step!r}; its steps: {', '.join(steps)}")
+        # The running daemon keeps serving the version it loaded before the file broke (README, Concepts).
+        say(f"warning: {problems}; the running daemon starts the version it loaded before (sha256 {serving[:12]})")
+    else:
+        spec = loaded.spec
+        if args.step:
+            if not isinstance(spec, ChainWorkflow):
+                return fail(f"--step is for chains; {args.workflow} is a for_each")
+            steps = [s.key for s in spec.chain]
+            if str(args.step) not in steps:
+                return fail(f"{args.workflow} has no step {args.step!r}; its steps: {', '.join(steps)}")
     pkt = make_packet("human", "ambient", "ORCHESTRATE", now=utcnow(), context=ctx)
     router = Router(brain.matrix.matrix, zone_rules=brain.matrix.zone_rules, brain_root=paths.root)
     outcome = router.check(pkt, "human")
