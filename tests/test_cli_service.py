@@ -212,7 +212,7 @@ def test_config_show_invalid_exits_2_with_file_line(
     assert main(["config", "show", "--brain", str(root)]) == 2
     text = capsys.readouterr()
     err = text.err.splitlines()
-    assert "profil/ambient.yml:2: concurency: Extra inputs are not permitted (got 3)" in err
+    assert "profil/ambient.yml:2: concurency: unknown key; did you mean 'concurrency'? (got 3)" in err
     assert any(line.startswith("profil/ambient.yml:5: notify.retry_base_s: ") for line in err)
     assert any(line.startswith("$AMBIENT_LOG_LEVEL: log_level: ") for line in err)
     assert "the configuration is invalid" in err[-1]

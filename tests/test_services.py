@@ -41,9 +41,11 @@ def test_digest_batches_information_until_its_period(tmp_path: Path) -> None:
     assert digest.send_if_due() is True
     (entry,) = outbox.entries()
     assert entry.message.kind == "digest" and "10/10 done" in entry.message.body
-    assert "2 update(s)" in entry.message.title
+    assert entry.message.title == "ambient digest of the last 24 h: 2 update(s)"
     assert not (paths.state / "digest.jsonl").exists() and (paths.state / "digest.sent.jsonl").exists()
     assert json.loads((paths.state / "digest.json").read_text())["last_sent"].startswith("2026-12-01")
+    clock.t += timedelta(hours=25)  # a period without a result or an automatic decision sends nothing
+    assert digest.send_if_due() is False and len(outbox.entries()) == 1
 
 
 async def test_handoff_is_shared_by_a_runs_items_and_a_rewrite_is_seen(

@@ -43,3 +43,8 @@ def test_any_mapping_gives_settings_and_valid_ones_are_unchanged(data: dict[str,
     except ValueError:
         return
     assert s == valid
+
+
+def test_a_bad_environment_value_gives_the_files_own_back() -> None:
+    """AMBIENT_CONCURRENCY=abc is dropped, not the file's valid `concurrency: 1` with it."""
+    assert settings_salvaged({"concurrency": 1}, {"AMBIENT_CONCURRENCY": "abc"}).concurrency == 1

@@ -172,7 +172,8 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 
 def test_brain_without_workflows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """An empty brain is valid: ok, 0 workflows."""
+    """A brain without workflows is valid: ok, 0 workflows (a directory with none of a brain's folders is not)."""
+    (tmp_path / "agents").mkdir()
     assert main(["validate", "--brain", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "ok: 0 workflow(s) (0 draft), 0 warning(s)"
 

@@ -8,6 +8,7 @@ kept raw for the runners module to validate.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -65,6 +66,7 @@ def load_agent(path: Path, *, source: str) -> tuple[AgentSpec | None, list[Probl
     name, line = _name(data, lines, path, source, problems)
     if name is None:
         return None, problems
+    problems += _misspelt_blocks(data, lines, source)
     ipc, ipc_line = _gate(data, lines, name, source, problems)
     gate_names = _gate_names(data, lines) if ipc is not None else ()
     runner, runner_line = _runner(data, lines, source, problems)
@@ -183,6 +185,46 @@ def _gate(
             )
         )
     return gate, ipc_line
+
+
+#: The frontmatter blocks ambient reads; the rest of a frontmatter is the brain's own, kept and never judged.
+_BLOCKS = ("name", "brain", "ambient")
+#: The keys of the ``ambient:`` block (ambient's own: an unknown one is a mistake, not a key of the brain's).
+_AMBIENT_KEYS = ("runner",)
+
+
+def _misspelt_blocks(data: Mapping[str, Any], lines: LineMap, source: str) -> list[Problem]:
+    """``brian:`` beside no ``brain:`` (the agent would silently get no gate), ``ambient: {runer: ...}`` (no
+    runner): named at their line with the key they look like. Other keys of a frontmatter are the brain's own."""
+    found: list[Problem] = []
+    for key in data:
+        if not isinstance(key, str) or key in _BLOCKS:
+            continue
+        close = difflib.get_close_matches(key, [b for b in _BLOCKS if b not in data], n=1, cutoff=0.8)
+        if close:
+            found.append(
+                Problem(
+                    file=source,
+                    line=lines.line_for((key,)),
+                    message=f"unknown key {key!r}; did you mean {close[0]!r}? (without it, ambient reads no "
+                    f"{close[0]} block for this agent)",
+                    severity="warning",
+                )
+            )
+    amb = data.get("ambient")
+    for key in amb if isinstance(amb, dict) else ():
+        if key in _AMBIENT_KEYS:
+            continue
+        close = difflib.get_close_matches(str(key), _AMBIENT_KEYS, n=1, cutoff=0.6)
+        guess = f"did you mean {close[0]!r}? " if close else ""
+        found.append(
+            Problem(
+                file=source,
+                line=lines.line_for(("ambient", key)),
+                message=f"ambient.{key}: unknown key; {guess}the ambient block holds only: {', '.join(_AMBIENT_KEYS)}",
+            )
+        )
+    return found
 
 
 def _runner(

@@ -7,6 +7,7 @@ ambient's own configuration keeps the previous snapshot (see :func:`load_brain`)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from ambient.paths import BrainPaths
 from ambient.problems import Problem
 from ambient.routing import BrainMatrix, build_matrix
 from ambient.runners.base import RunnerConfig, RunnerConfigError, parse_runner_config
-from ambient.settings import Settings, settings_from, settings_salvaged
+from ambient.settings import Settings, env_paths, settings_from, settings_salvaged
 from ambient.workflowload import AgentExists, LoadedWorkflow, MaySpawn, load_workflows
 from ambient.yamlfile import MAX_CONFIG_BYTES, LineMap, decode, expect_mapping, parse_yaml, problems_from_validation
 
@@ -55,6 +56,7 @@ class SettingsFile:
     digest: str | None = None
     own: dict[str, Any] | None = None
     salvaged: Settings | None = None  # when they do not validate: every key that does (settings_salvaged)
+    lines: LineMap | None = None  # where each key is in the file
 
 
 def read_settings(paths: BrainPaths, environ: Mapping[str, str]) -> SettingsFile:
@@ -77,13 +79,28 @@ def read_settings(paths: BrainPaths, environ: Mapping[str, str]) -> SettingsFile
     try:
         settings = settings_from(data, environ)
     except ValidationError as exc:
-        problems = problems_from_validation(exc, file=source, lines=lines or LineMap())
-        return SettingsFile(None, problems, digest, salvaged=settings_salvaged(data, environ))
+        problems = settings_problems(exc, source=source, lines=lines or LineMap(), environ=environ)
+        own_salvaged = settings_salvaged(data, {}).redacted()  # what a daemon starting on this file records
+        return SettingsFile(
+            None, problems, digest, own_salvaged, salvaged=settings_salvaged(data, environ), lines=lines
+        )
     try:
         own: dict[str, Any] | None = settings_from(data, {}).redacted()
     except ValidationError:  # a value only the environment makes valid: nothing of the file's own to show
         own = None
-    return SettingsFile(settings, [], digest, own)
+    return SettingsFile(settings, [], digest, own, lines=lines)
+
+
+def settings_problems(
+    exc: ValidationError, *, source: str, lines: LineMap, environ: Mapping[str, str]
+) -> list[Problem]:
+    """The settings' validation errors, the one way every command and the daemon say them: at the file's line with
+    the key a typo looks like, or naming the ``AMBIENT_*`` variable at fault; secrets masked (an input may be a URL
+    holding a token)."""
+    from ambient.redact import redact_text
+
+    found = problems_from_validation(exc, file=source, lines=lines, model=Settings, env=env_paths(environ))
+    return [p.model_copy(update={"message": redact_text(p.message)}) for p in found]
 
 
 def load_settings(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Settings | None, list[Problem]]:
@@ -108,25 +125,78 @@ def spawn_checks(matrix: BrainMatrix) -> tuple[AgentExists, MaySpawn]:
     return agent_exists, may_spawn
 
 
-def runner_configs(matrix: BrainMatrix, settings: Settings) -> tuple[dict[str, RunnerConfig], list[Problem]]:
-    """Runner per agent: ``ambient.runner`` in its frontmatter, else ``runners.<agent>`` in profil/ambient.yml."""
+def runner_configs(
+    matrix: BrainMatrix, settings: Settings, paths: BrainPaths | None = None, lines: LineMap | None = None
+) -> tuple[dict[str, RunnerConfig], list[Problem]]:
+    """Runner per agent: ``ambient.runner`` in its frontmatter, else ``runners.<agent>`` in profil/ambient.yml.
+
+    Each one is checked, with its file and line (``lines``: the settings file's), also a ``runners:`` entry that
+    an agent's own runner overrides (a warning says it is not used)."""
     out: dict[str, RunnerConfig] = {}
     problems: list[Problem] = []
-    sources: dict[str, tuple[Mapping[str, Any], str, int | None]] = {}
+    config = paths.rel(paths.config) if paths is not None else "profil/ambient.yml"
+    own = {name for name, spec in matrix.agents.items() if spec.runner is not None}
     for name, conf in settings.runners.items():
-        sources[name] = (conf, "profil/ambient.yml", None)
+        line = lines.line_for(("runners", name)) if lines is not None else None
+        parsed = _runner_config(name, conf, config, line, problems)
+        if name in own:
+            problems.append(
+                Problem(
+                    file=config,
+                    line=line,
+                    message=f"runners.{name} is not used: the agent's file has its own ambient.runner, which wins",
+                    severity="warning",
+                )
+            )
+        elif parsed is not None:
+            out[name] = parsed
     for name, spec in matrix.agents.items():
         if spec.runner is not None:
-            sources[name] = (spec.runner, str(spec.path.name), spec.runner_line)
-    for name, (mapping, file, line) in sources.items():
-        try:
-            out[name] = parse_runner_config(mapping, file=file)
-        except RunnerConfigError as exc:
-            for p in exc.problems:
-                problems.append(Problem(file=file, line=line or p.line, message=f"runner of {name}: {p.message}"))
-        except InputError as exc:
-            problems.append(Problem(file=file, line=line, message=f"runner of {name}: {exc.message}"))
+            file = paths.rel(spec.path) if paths is not None else spec.path.name
+            parsed = _runner_config(name, spec.runner, file, spec.runner_line, problems)
+            if parsed is not None:
+                out[name] = parsed
     return out, problems
+
+
+def _runner_config(
+    name: str, mapping: Mapping[str, Any], file: str, line: int | None, problems: list[Problem]
+) -> RunnerConfig | None:
+    try:
+        return parse_runner_config(mapping, file=file)
+    except RunnerConfigError as exc:
+        for p in exc.problems:
+            problems.append(Problem(file=file, line=line or p.line, message=f"runner of {name}: {p.message}"))
+    except InputError as exc:
+        problems.append(Problem(file=file, line=line, message=f"runner of {name}: {exc.message}"))
+    return None
+
+
+def settings_checks(settings: Settings, bm: BrainMatrix, paths: BrainPaths, lines: LineMap | None) -> list[Problem]:
+    """What valid settings still get wrong against this brain: a ``default_sender:`` that is no principal (every
+    packet a workflow sends from it is denied at run time), Telegram answers without the chat they post to."""
+    import difflib
+
+    at = functools.partial(_config_problem, paths, lines)
+    found: list[Problem] = []
+    known = sorted({*bm.matrix.principals(), *bm.agents})
+    name = settings.default_sender
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]!r}?" if close else "use ambient (the default), human or an agent's name"
+        found.append(
+            at(("default_sender",), f"{name!r} is no principal, so every packet a workflow sends is denied; {hint}")
+        )
+    if settings.telegram.answers and not settings.telegram.chat_id:
+        found.append(
+            at(("telegram", "answers"), "Telegram answers are on but telegram.chat_id is not set: nothing is sent")
+        )
+    return found
+
+
+def _config_problem(paths: BrainPaths, lines: LineMap | None, loc: tuple[str, ...], message: str) -> Problem:
+    line = lines.line_for(loc) if lines is not None else None
+    return Problem(file=paths.rel(paths.config), line=line, message=f"{'.'.join(loc)}: {message}")
 
 
 def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | None = None) -> Brain:
@@ -140,10 +210,11 @@ def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | 
         if previous is not None:
             settings, source = previous.settings, previous.settings_file
         else:
-            settings, source = found.salvaged or settings_from({}, {}), None
+            settings = found.salvaged or settings_from({}, {})  # source: this file, its digest and salvaged values
     bm = build_matrix(paths)
     problems += bm.problems
-    runners, runner_problems = runner_configs(bm, settings)
+    problems += settings_checks(settings, bm, paths, found.lines)
+    runners, runner_problems = runner_configs(bm, settings, paths, found.lines)
     problems += runner_problems
     agent_exists, may_spawn = spawn_checks(bm)
     workflows, wf_problems = load_workflows(

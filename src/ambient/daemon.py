@@ -57,7 +57,7 @@ from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
 from ambient.runners.spawner import Spawner
 from ambient.runners.spawner import available as spawner_available
-from ambient.runs import EscalationRequest, Ports, RunExecutor, RunManager
+from ambient.runs import EscalationRequest, Ports, RunExecutor, RunManager, new_run_id
 from ambient.runstate import RunState
 from ambient.services import (
     AgentDelegate,
@@ -141,6 +141,11 @@ class SingleInstance:
         if self.fd is not None:
             os.close(self.fd)  # closing drops the flock
             self.fd = None
+
+
+def respawn_run_id(esc: Escalation) -> str:
+    """The run an answer to an agent's own ESCALATE (sent outside any run) starts: the same for the same answer."""
+    return new_run_id(f"spawn-{esc.respawn}", esc.answered_at or esc.created_at, esc.id.removeprefix("esc-"))
 
 
 def daemon_up(paths: BrainPaths) -> bool:
@@ -500,7 +505,9 @@ class Daemon:
             results=s.notify.results,
         )
         self.escalator.learner = Learner(p, self.clock)
-        self.digest = Digest(p, self.outbox, self.clock, s.notify.digest_hours, enabled=False)  # see _apply_settings
+        self.digest = Digest(  # enabled by _apply_settings
+            p, self.outbox, self.clock, s.notify.digest_hours, enabled=False, wake_outbox=self.notify.wake
+        )
         self.escalator.on_answered = lambda path: self.engine.wake([path])
         self.assisted = AssistedRunner(self.claims, self.clock)
         spawner = Spawner() if spawner_available() else None
@@ -715,6 +722,7 @@ class Daemon:
         *,
         item: str,
         trigger: str,
+        run_id: str | None = None,
     ) -> str | None:
         if any("{{" in f for f in files):
             log.warning("spawn_refused", agent=agent, item=item, reason="a file of the SPAWN contains '{{'")
@@ -739,6 +747,7 @@ class Daemon:
             items=[item],
             trigger=trigger,
             context=context,
+            run_id=run_id,
         )
         self._progress(f"run started: {spec.name} (a SPAWN from {sender}) — {run_id}")
         return run_id
@@ -767,6 +776,11 @@ class Daemon:
         option = esc.decided_option
         answer = option.label if option is not None else str(esc.decision)
         assert esc.respawn is not None
+        # One run per answer, whatever restarts come: its id comes from the escalation, and a journal under that id
+        # means the answer was acted on already (every start re-reads the answered escalations).
+        run_id = respawn_run_id(esc)
+        if self.paths.run_journal(run_id).exists():
+            return
         self._start_one(
             esc.respawn,
             "human",
@@ -775,6 +789,7 @@ class Daemon:
             {"decision": answer, "question": esc.question, "escalation": esc.id},
             item=esc.id,
             trigger=f"decision:{esc.id}",
+            run_id=run_id,
         )
 
     async def _route_sent(self, raw: bytes, token: str | None) -> dict[str, Any]:
@@ -1009,7 +1024,9 @@ class Daemon:
             prev = exc.escalation
             if prev.status == "cancelled":
                 return PressResult("already_decided", f"No longer needed: {prev.note or 'cancelled'}")
-            return PressResult("already_decided", f"Already decided: {prev.decision} by {prev.by}")
+            when = prev.answered_at or prev.timed_out_at or self.clock.now()
+            line = decision_text(prev.decision or "", prev.by or "?", when)  # as the deciding press showed it
+            return PressResult("already_decided", f"Already decided: {prev.decision} by {prev.by}", line)
         self.engine.wake([self.paths.escalations / f"{esc_id}.yml"])
         return PressResult("decided", decision_text(done.decision or "", user, self.clock.now()))
 

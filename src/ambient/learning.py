@@ -670,8 +670,8 @@ def summarise(
 
 
 def weekly_digest(stats: Stats, *, weeks: int = 4) -> str:
-    """A short plain-text digest of the escalation rate, for the weekly notification."""
-    lines = [f"ambient weekly digest: {stats.runs} runs"]
+    """A short plain-text summary of the escalation rate by ISO week, for the digest."""
+    lines = [f"Escalations per run by week ({stats.runs} runs recorded):"]
     for wf in stats.workflows:
         recent = wf.weeks[-weeks:]
         series = ", ".join(f"{w.week} {w.rate:.2f}" for w in recent) or "no runs"

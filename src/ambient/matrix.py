@@ -39,6 +39,7 @@ Deliberate decisions:
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -173,10 +174,12 @@ def _zones(items: list[tuple[int, Any]], issues: list[GateIssue]) -> list[str]:
             out.append(item)
         elif isinstance(item, str) and _ZONE_RE.match(item):
             out.append(item)
+            close = difflib.get_close_matches(item, sorted(KERNEL_ZONES), n=1, cutoff=0.75)
+            guess = f"did you mean {close[0]!r}? " if close else ""
             issues.append(
                 GateIssue(
                     ("zone_access", i),
-                    f"zone {item!r} is not a kernel zone (kernel, project, personal); it grants only packets "
+                    f"zone {item!r} is not a kernel zone (kernel, project, personal); {guess}it grants only packets "
                     f"and files in zone {item!r}",
                 )
             )

@@ -181,10 +181,11 @@ class Ports:
 # ---------------------------------------------------------------- helpers
 
 
-def new_run_id(workflow: str, now: datetime) -> str:
-    """A BSI-style session id for a run: ``sess-YYYYMMDD-HHMM-<workflow>-<hex>``."""
+def new_run_id(workflow: str, now: datetime, suffix: str | None = None) -> str:
+    """A BSI-style session id for a run: ``sess-YYYYMMDD-HHMM-<workflow>-<hex>`` (``suffix`` instead of the random
+    hex: an id derived from what the run acts on)."""
     slug = "".join(c if c.isalnum() or c == "-" else "-" for c in workflow.lower()).strip("-")[:40] or "run"
-    return f"sess-{now:%Y%m%d-%H%M}-{slug}-{secrets.token_hex(2)}"
+    return f"sess-{now:%Y%m%d-%H%M}-{slug}-{suffix or secrets.token_hex(2)}"
 
 
 def item_claim_id(run_id: str, item: ItemState, form: str) -> str:
@@ -733,10 +734,12 @@ class RunManager:
         mode: str | None = None,
         trigger: str = "file",
         context: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
     ) -> str:
-        """Start a run: its ``started`` event (with the pinned spec) is on disk before anything runs."""
+        """Start a run: its ``started`` event (with the pinned spec) is on disk before anything runs. ``run_id``: one
+        the caller derived from what it acts on, so that acting twice (after a restart) finds the run it started."""
         now = self.clock.now()
-        run_id = new_run_id(workflow, now)
+        run_id = run_id or new_run_id(workflow, now)
         journal = Journal(self.paths.run_journal(run_id))
         record = {
             "ev": "started",

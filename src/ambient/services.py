@@ -621,11 +621,21 @@ class Digest:
 
     name = "digest"
 
-    def __init__(self, paths: Any, outbox: Outbox, clock: Clock, hours: float, *, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        paths: Any,
+        outbox: Outbox,
+        clock: Clock,
+        hours: float,
+        *,
+        enabled: bool = True,
+        wake_outbox: asyncio.Event | None = None,
+    ) -> None:
         self.paths = paths
         self.outbox = outbox
         self.clock = clock
         self.hours = hours
+        self.wake_outbox = wake_outbox  # a queued digest goes out at once, like any message (it sat in the outbox)
         self.enabled = enabled  # notify.digest, and somebody to send it to (set again at each reload)
         self.file = paths.state / "digest.jsonl"
         self.mark = paths.state / "digest.json"
@@ -651,7 +661,8 @@ class Digest:
         return now - last >= timedelta(hours=self.hours)
 
     def send_if_due(self) -> bool:
-        """Blocking: compose and queue the digest when its period has passed and something waits."""
+        """Blocking: compose and queue the digest when its period has passed and something waits (a period without
+        a result or an automatic decision sends nothing)."""
         from ambient.fsutil import atomic_write
         from ambient.journal import read_jsonl
         from ambient.learning import summarise, weekly_digest
@@ -660,13 +671,15 @@ class Digest:
         if not self.due(now):
             return False
         lines = read_jsonl(self.file).records if self.file.exists() else []
-        runs = read_jsonl(self.paths.runs_log).records if self.paths.runs_log.exists() else []
-        body = [weekly_digest(summarise(runs))] if runs else []
-        body += [f"- {r.get('title')}: {r.get('body')}" for r in lines[-50:]]
-        if len(lines) > 50:
-            body.append(f"(and {len(lines) - 50} earlier lines in .ambient/digest.sent.jsonl)")
-        if body:
-            title = f"ambient digest: {len(lines)} update(s)"
+        body: list[str] = []
+        if lines:
+            runs = read_jsonl(self.paths.runs_log).records if self.paths.runs_log.exists() else []
+            body = [f"- {r.get('title')}: {r.get('body')}" for r in lines[-50:]]
+            if len(lines) > 50:
+                body.insert(0, f"(the {len(lines) - 50} earlier lines are in .ambient/digest.sent.jsonl)")
+            if runs:
+                body += ["", weekly_digest(summarise(runs))]
+            title = f"ambient digest of the last {_period(self.hours)}: {len(lines)} update(s)"
             self.outbox.put(Message(title=title, body="\n".join(body)[:3800], kind="digest"), now)
         if self.file.exists():
             self.file.replace(self.paths.state / "digest.sent.jsonl")
@@ -674,8 +687,19 @@ class Digest:
         return bool(body)
 
     async def evaluate(self, tick: Tick) -> None:
-        if tick.timed and self.enabled:
-            await asyncio.to_thread(self.send_if_due)
+        if tick.timed and self.enabled and await asyncio.to_thread(self.send_if_due) and self.wake_outbox is not None:
+            self.wake_outbox.set()
+
+
+def _period(hours: float) -> str:
+    """``24`` → ``24 h``, ``168`` → ``7 days``, ``0.25`` → ``15 min``, ``0.001`` → ``3.6 s``."""
+    if hours >= 48 and hours % 24 == 0:
+        return f"{hours / 24:g} days"
+    if hours >= 1:
+        return f"{hours:g} h"
+    if hours * 60 >= 1:
+        return f"{hours * 60:g} min"
+    return f"{hours * 3600:g} s"
 
 
 # ---------------------------------------------------------------- claims

@@ -56,6 +56,12 @@ class TelegramSettings(_Strict):
     token_file: str | None = None  # default: $CREDENTIALS_DIRECTORY/telegram-token
     poll_timeout_s: int = Field(default=25, ge=0, le=50)
 
+    @field_validator("chat_id", mode="before")
+    @classmethod
+    def _chat_id_as_written(cls, value: Any) -> Any:
+        """``chat_id: 123456789`` unquoted is the chat it names (YAML reads a number; Telegram takes either)."""
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
 
 class Settings(_Strict):
     """Every knob of the daemon, with defaults that work."""
@@ -108,6 +114,11 @@ _ENV: dict[str, tuple[str, ...]] = {
 }
 
 
+def env_paths(environ: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """The ``AMBIENT_*`` variables set in ``environ`` and the setting each one sets."""
+    return {var: path for var, path in _ENV.items() if var in environ}
+
+
 def merge_environ(data: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
     """The file's mapping with ``AMBIENT_*`` overrides applied (environment wins)."""
     out: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
@@ -141,12 +152,21 @@ def settings_salvaged(data: Mapping[str, Any] | None, environ: Mapping[str, str]
     silently cost it the file's notification URLs, and every question waited unseen. The problems are still
     reported, with their lines, as errors.
     """
-    merged: dict[str, Any] = merge_environ(data or {}, environ)
+    file = dict(data or {})
+    env = dict(environ)
+    merged: dict[str, Any] = merge_environ(file, env)
     for _ in range(8):  # each round drops what the last one named; a few rounds settle any file
         try:
             return Settings.model_validate(merged)
         except ValidationError as exc:
-            kept = _without(merged, [tuple(e["loc"]) for e in exc.errors()])
+            locs = [tuple(e["loc"]) for e in exc.errors()]
+            bad_vars = {v for v, path in env_paths(env).items() if any(loc[: len(path)] == path for loc in locs)}
+            if bad_vars:  # a variable's bad value: the file's own value stands again
+                env = {k: v for k, v in env.items() if k not in bad_vars}
+                kept = merge_environ(file, env)
+            else:
+                file = _without(file, locs)
+                kept = merge_environ(file, env)
             if kept == merged:
                 break
             merged = kept

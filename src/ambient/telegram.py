@@ -129,12 +129,14 @@ class PressResult:
     """What the decision callback made of a press.
 
     ``decided``: the decision was recorded; the message is edited to ``text`` and loses its buttons.
-    ``already_decided``: nothing changed; the message is edited to show ``text`` (the earlier decision).
+    ``already_decided``: nothing changed; the presser is told ``text``, and the message is edited to show ``line``
+    (the earlier decision, as its own press showed it), else ``text``.
     ``invalid``: forged/stale nonce, unknown escalation or option; only the presser sees ``text``.
     """
 
     status: Literal["decided", "already_decided", "invalid"]
     text: str
+    line: str | None = None
 
 
 # on_press(escalation_id, option_index, nonce, user) -> PressResult (or a str, meaning "decided"); sync or async.
@@ -150,6 +152,16 @@ def decision_text(option: str, user: TelegramUser | str, when: datetime, *, verb
 # --------------------------------------------------------------------------------------------- Bot API
 
 
+def token_problem(token: str) -> str | None:
+    """Why ``token`` cannot be a bot token (None: it looks like one of BotFather's). Never says the token."""
+    if re.fullmatch(r"\d+:[A-Za-z0-9_-]{20,}", token.strip()):
+        return None
+    return (
+        "the Telegram bot token is malformed; expected '<digits>:<20 or more letters, digits, _ or ->' "
+        "(BotFather's look like 123456789:AAE… with 35 characters after the colon)"
+    )
+
+
 class BotApi:
     """The few Bot API methods ambient uses, on an ``httpx.AsyncClient``."""
 
@@ -162,8 +174,9 @@ class BotApi:
         timeout: float = 10.0,
         registry: SecretRegistry | None = None,
     ) -> None:
-        if not re.fullmatch(r"\d+:[A-Za-z0-9_-]{20,}", token.strip()):
-            raise NotifyError("the Telegram bot token is malformed; expected '<digits>:<letters, digits, _ and ->'")
+        problem = token_problem(token)
+        if problem is not None:
+            raise NotifyError(problem)
         self._token = token.strip()
         self._base = api_base.rstrip("/")
         self._timeout = timeout
@@ -418,10 +431,13 @@ class TelegramAnswerer:
         if result.status == "invalid":
             return
         original = str(message.get("text", ""))
-        room = TELEGRAM_MAX_CHARS - len(result.text) - 2
+        line = result.line or result.text
+        if line in original:  # the message shows it already (a second press on a decided message)
+            return
+        room = TELEGRAM_MAX_CHARS - len(line) - 2
         try:
             await self.api.edit_message_text(
-                message["chat"]["id"], int(message["message_id"]), f"{cut_text(original, room)}\n\n{result.text}"
+                message["chat"]["id"], int(message["message_id"]), f"{cut_text(original, room)}\n\n{line}"
             )
         except (TelegramError, KeyError, TypeError, ValueError) as exc:
             log.info("telegram_edit_failed", error=str(exc))

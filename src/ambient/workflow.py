@@ -1135,6 +1135,23 @@ def _typo_issues(
     return out
 
 
+def raw_key_issues(data: Mapping[str, Any]) -> list[Issue]:
+    """The unknown keys of ``for_each:`` and of each chain step, read from the document itself: a file whose schema
+    fails elsewhere (``type: tset``) has its misspelt keys (``gaet: human``) named at once, not after the first fix.
+    """
+    out: list[Issue] = []
+    fe = data.get("for_each")
+    if isinstance(fe, Mapping):
+        extra = {k: v for k, v in fe.items() if k not in ForEach.model_fields}
+        out += _typo_issues(extra, _known_keys(ForEach), ("for_each",), strict="for_each")
+    chain = data.get("chain")
+    for i, step in enumerate(chain if isinstance(chain, list) else ()):
+        if isinstance(step, Mapping):
+            extra = {k: v for k, v in step.items() if k not in ChainStep.model_fields}
+            out += _typo_issues(extra, _known_keys(ChainStep), ("chain", i), strict=f"step {step.get('step', i + 1)}")
+    return out
+
+
 def _check_vars(text: str, allowed: frozenset[str], loc: tuple[str | int, ...], where: str) -> list[Issue]:
     try:
         unknown = sorted(templating.roots(text) - allowed)

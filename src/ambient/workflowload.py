@@ -31,6 +31,7 @@ from ambient.workflow import (
     format_action,
     item_values,
     parse_workflow,
+    raw_key_issues,
     spec_hash,
     step_values,
 )
@@ -184,9 +185,14 @@ def _parse_workflow_bytes(
     try:
         spec = parse_workflow(data)
     except WorkflowError as exc:
-        if exc.validation is not None:
-            return None, problems_from_validation(exc.validation, file=source, lines=lines)
-        return None, [_problem(source, lines, exc.loc, exc.message)]
+        found = (
+            problems_from_validation(exc.validation, file=source, lines=lines)
+            if exc.validation is not None
+            else [_problem(source, lines, exc.loc, exc.message)]
+        )
+        if isinstance(data, dict):
+            found += [_problem(source, lines, i.loc, i.message, i.severity) for i in raw_key_issues(data)]
+        return None, found
     problems = [_problem(source, lines, i.loc, i.message, i.severity) for i in workflow_issues(spec, zone_rules)]
     if any(p.severity == "error" for p in problems):
         return None, problems

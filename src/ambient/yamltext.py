@@ -9,6 +9,7 @@ rewritten by ambient keeps the user's ``opened_at: 2026-03-16T20:36`` text as it
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ambient.errors import YamlError
 from ambient.problems import Problem
@@ -282,8 +283,20 @@ def _emit_mapping(data: dict[Any, Any], indent: str, out: list[str], depth: int)
     return True
 
 
-def problems_from_validation(exc: ValidationError, *, file: str, lines: LineMap) -> list[Problem]:
-    """Turn pydantic errors into ``file:line: field: message`` problems."""
+def problems_from_validation(
+    exc: ValidationError,
+    *,
+    file: str,
+    lines: LineMap,
+    model: type[BaseModel] | None = None,
+    env: Mapping[str, tuple[str, ...]] | None = None,
+) -> list[Problem]:
+    """Turn pydantic errors into ``file:line: field: message`` problems.
+
+    ``model``: the validated model, so that an unknown key is named with the key it looks like. ``env``: the
+    ``AMBIENT_*`` variables in force and the setting each one sets: an error in a value one of them gave is that
+    variable's (``$AMBIENT_CONCURRENCY: ...``), not the file's.
+    """
     out: list[Problem] = []
     for err in exc.errors(include_url=False):
         loc = tuple(p for p in err["loc"] if isinstance(p, str | int))
@@ -299,14 +312,36 @@ def problems_from_validation(exc: ValidationError, *, file: str, lines: LineMap)
             if typo is not None:  # `spwan: deploy` beside a missing `spawn`: say so, at the misspelled key's line
                 got = f" (is {typo!r} a misspelling of {loc[-1]!r}?)"
                 line = lines.line_for((*loc[:-1], typo))
-        out.append(Problem(file=file, line=line, message=f"{where}: {msg}{got}"))
+        if err["type"] == "extra_forbidden" and model is not None and loc:
+            known = _fields_at(model, loc[:-1])
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75) if known else []
+            msg = (
+                f"unknown key; did you mean {close[0]!r}?"
+                if close
+                else f"unknown key; the keys here: {', '.join(known)}"
+            )
+        var = next((v for v, path in (env or {}).items() if loc[: len(path)] == path), None)
+        if var is not None:
+            out.append(Problem(file=f"${var}", message=f"{where}: {msg}{got}"))
+        else:
+            out.append(Problem(file=file, line=line, message=f"{where}: {msg}{got}"))
     return out
+
+
+def _fields_at(model: type[BaseModel], prefix: tuple[str | int, ...]) -> list[str]:
+    """The keys a model accepts at ``prefix`` (through nested models; [] where a free mapping is)."""
+    current: Any = model
+    for part in prefix:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)) or str(part) not in current.model_fields:
+            return []
+        current = current.model_fields[str(part)].annotation
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
 
 
 def _misspelled(missing: str, mapping: Mapping[Any, Any]) -> str | None:
     """The key of ``mapping`` that looks like the ``missing`` one (a typo of a required key), if any."""
-    import difflib
-
     keys = [k for k in mapping if isinstance(k, str) and k != missing]
     close = difflib.get_close_matches(missing, keys, n=1, cutoff=0.75)
     return close[0] if close else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import textwrap
 import time
@@ -708,3 +709,29 @@ def test_the_callable_runner_runs_in_the_daemons_process(brain: Brain, tmp_path:
             assert record["outcome"] == "success", record
         assert int(brain.read("sync.pid")) == daemon.pid
         assert int(brain.read("async.pid")) == daemon.pid
+
+
+def test_typos_in_the_blocks_ambient_reads_are_named_at_their_line(brain: Brain) -> None:
+    """`brian:` beside no `brain:` (no gate would be read) and `ambient: {runer: ...}` (no runner) are named with
+    the key they look like, at their line; the rest of a frontmatter is the brain's own and never judged."""
+    text = agent_md("typist", ["bash", "bin/typist.sh"]).replace("brain:\n", "brian:\n", 1)
+    brain.write("agents/typist.md", text.replace("  runner:\n", "  runer:\n", 1))
+    res = brain.cli("validate")
+    assert res.rc == 1, res
+    brian = text.splitlines().index("brian:") + 1
+    runer = text.splitlines().index("  runner:") + 1
+    assert f"agents/typist.md:{brian}: warning: unknown key 'brian'; did you mean 'brain'?" in res.out, res
+    assert f"agents/typist.md:{runer}: ambient.runer: unknown key; did you mean 'runner'?" in res.out, res
+
+
+def test_runner_problems_name_the_agent_file_and_the_settings_line(brain: Brain) -> None:
+    """A bad runner in profil/ambient.yml is reported at its line, also one an agent's own runner overrides (which
+    is said to be unused); an agent's bad runner names its file under agents/."""
+    brain.shell_agent("slow", "cat > /dev/null\necho '{}'\n", runner={"kind": "comand"})
+    brain.config("concurrency: 2\nrunners:\n  slow: {kind: comand}\n  ghost: {kind: command}\n")
+    res = brain.cli("validate")
+    assert res.rc == 1, res
+    assert re.search(r"^agents/slow\.md:\d+: runner of slow: ", res.out, re.M), res
+    assert re.search(r"^profil/ambient\.yml:3: runner of slow: ", res.out, re.M), res
+    assert "profil/ambient.yml:3: warning: runners.slow is not used" in res.out, res
+    assert re.search(r"^profil/ambient\.yml:4: runner of ghost: ", res.out, re.M), res

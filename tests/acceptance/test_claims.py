@@ -714,6 +714,14 @@ def test_preflight_breaker_fail_reset_status(brain: Brain) -> None:
     assert brain.cli("preflight", "check", "sess-a", "projets/a/x.md").rc == 0
 
 
+def test_preflight_trips_at_the_configured_breaker_threshold(brain: Brain) -> None:
+    """`breaker_threshold: 5` in profil/ambient.yml is the threshold of `ambient preflight` too (no flag needed)."""
+    brain.config("breaker_threshold: 5\n")
+    _open(brain, "sess-a", "projets/a/")
+    assert [brain.cli("preflight", "fail", "sess-a").rc for _ in range(5)] == [0, 0, 0, 0, 3]
+    assert [brain.cli("preflight", "fail", "projets/b/", "--threshold", "2").rc for _ in range(2)] == [0, 3]
+
+
 def test_doctor_and_validate_read_claims_and_change_nothing(brain: Brain) -> None:
     """`ambient doctor` and `ambient validate` use the claims index but never write it: they change nothing; `ambient
     status` rebuilds a missing index."""

@@ -522,3 +522,20 @@ def test_run_refuses_a_directory_that_is_not_a_brain(tmp_path: Path) -> None:
     res = ambient("run", "--until-idle", cwd=empty)
     assert res.rc == 2 and str(empty) in res.err and "ambient init" in res.err, res
     assert list(empty.iterdir()) == []
+
+
+def test_commands_refuse_a_directory_that_is_not_a_brain(tmp_path: Path) -> None:
+    """`validate`, `status` and `runs` in a directory that is no brain say so (exit 2), as `run` does, instead of
+    "ok: 0 workflow(s)"."""
+    for args in (("validate",), ("status",), ("runs",), ("run", "--until-idle")):
+        res = ambient("--brain", str(tmp_path), *args)
+        assert res.rc == 2 and "is not a brain" in res.err, res
+
+
+def test_runs_refuses_an_unknown_workflow_and_a_last_below_one(brain: Brain) -> None:
+    """`runs nosuch` is exit 2 like `status nosuch`; `--last` counts from 1."""
+    res = brain.cli("runs", "nosuch")
+    assert res.rc == 2 and "no workflow named 'nosuch'" in res.err, res
+    for n in ("0", "-1"):
+        res = brain.cli("runs", "--last", n)
+        assert res.rc == 2 and "--last must be 1 or more" in res.err, res

@@ -379,3 +379,10 @@ def test_lock_ttl_min_is_the_ttl_of_the_locks_a_step_takes(brain: Brain) -> None
     assert info["ttl_min"] == 7, info
     claimed, expires = (datetime.fromisoformat(info[k]) for k in ("claimed_at", "expires_at"))
     assert expires - claimed == timedelta(minutes=7)
+
+
+def test_an_unquoted_chat_id_is_the_chat_it_names(brain: Brain) -> None:
+    """`chat_id: 123456789` (YAML reads a number) is taken as written, not refused as "not a valid string"."""
+    brain.config("telegram: {chat_id: -100123456}\n")
+    shown = brain.ok("config", "show", "--json").json()
+    assert shown["settings"]["telegram"]["chat_id"] == "-100123456", shown

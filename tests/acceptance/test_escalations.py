@@ -643,6 +643,9 @@ def test_telegram_buttons_decide_and_the_run_resumes(brain: Brain, bot: FakeTele
         wait(lambda: bot.answers().get(second), "the answer to the second press")
         assert "already decided" in bot.answers()[second][0].lower()
         assert _all(brain)[esc["id"]]["decision"] == "retry"
+        # the presser's (stale) view is brought back to the decision as its own press showed it, not replaced
+        wait(lambda: len(bot.edits()) == 2, "the stale message brought up to date")
+        assert "✅ retry — chosen by Ana" in bot.edits()[-1] and "Already decided" not in bot.edits()[-1]
         log = daemon.log_path.read_text()
     assert bot.token not in log
     leaked = [str(p) for p in brain.root.rglob("*") if p.is_file() and bot.token.encode() in p.read_bytes()]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.harness import Brain, Result, wait
+from tests.acceptance.harness import PROJECT_GATE, Brain, Result, agent_md, wait
 
 # ---------------------------------------------------------------- helpers
 
@@ -703,3 +703,12 @@ def test_validate_names_an_unknown_principal_in_a_gate_with_a_suggestion(example
     assert f"agents/hello.md:{at}:" in res.out and "'orchestrater'" in res.out, res
     assert "did you mean 'orchestrator'?" in res.out, res
     assert "'orchestrater'" in example_brain.cli("doctor").out
+
+
+def test_a_misspelt_zone_is_named_with_the_zone_it_looks_like(brain: Brain) -> None:
+    """`zone_access: [projet]` is kept (zones beyond the kernel's are allowed) and warned about with `project`."""
+    gate = {**PROJECT_GATE, "zone_access": ["projet"]}
+    brain.write("agents/zoned.md", agent_md("zoned", ["bash", "bin/zoned.sh"], gate=gate))
+    res = brain.cli("validate")
+    assert "agents/zoned.md:" in res.out and "zone 'projet' is not a kernel zone" in res.out, res
+    assert "did you mean 'project'?" in res.out, res

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tests.acceptance.harness import Brain, FakeTelegram, Webhook, wait
@@ -25,6 +26,31 @@ for_each:
   scope: {{zone: project, files: ["workspace/{name}/{{{{item}}}}.md"]}}
 {extra}""",
     )
+
+
+def test_a_digest_batches_results_and_goes_out_while_the_daemon_runs(brain: Brain, webhook: Webhook) -> None:
+    """`notify.digest`: finished runs are not sent one by one but as one message every `digest_hours`, sent while
+    the daemon runs (it waited in the outbox for the next escalation or start)."""
+    brain.config(
+        f"""
+        tick_seconds: 0.2
+        notify:
+          urls: ["{webhook.url}"]
+          results: all
+          digest: true
+          digest_hours: 0.001
+        """
+    )
+    brain.python_agent("fine", "import json, sys\njson.load(sys.stdin)\nprint(json.dumps({'status': 'ok'}))\n")
+    brain.workflow(
+        "tidy", "workflow: tidy\nfor_each:\n  items: [a]\n  spawn: fine\n  scope: {zone: project, files: [w/a.md]}\n"
+    )
+    with brain.daemon():
+        brain.wait_finished("tidy")
+        [digest] = wait(lambda: [t for t in webhook.texts() if t.startswith("ambient digest")], "the digest")
+    assert digest.startswith("ambient digest of the last 3.6 s: 1 update(s)"), digest
+    assert "tidy" in digest, digest
+    assert not [t for t in webhook.texts() if t.startswith("tidy")], webhook.texts()  # never sent on its own
 
 
 def test_remind_before_sends_a_reminder_before_the_deadline(brain: Brain, webhook: Webhook) -> None:
@@ -105,3 +131,25 @@ def test_notify_test_says_when_the_telegram_bot_cannot_be_reached(brain: Brain, 
     assert res.rc == 1, res
     assert "FAIL" in res.out and "telegram" in res.out, res
     assert token not in res.text
+
+
+def test_a_malformed_bot_token_fails_its_channel_only_and_doctor_says_so(
+    brain: Brain, webhook: Webhook, tmp_path: Path
+) -> None:
+    """A bot token that cannot be one (the placeholder of examples/systemd) fails the Telegram channel with the rule
+    it breaks; `notify test` still tries the URLs; `doctor` reports it instead of Telegram staying silently off."""
+    token = tmp_path / "telegram-token"
+    token.write_text("123456:ABC-your-bot-token\n")
+    brain.config(f"""
+        notify:
+          urls: ["{webhook.url}"]
+        telegram: {{answers: true, chat_id: "4242", token_file: "{token}"}}
+    """)
+    res = brain.cli("notify", "test")
+    assert res.rc == 1, res
+    assert re.search(r"^ok +json://", res.out, re.M) and len(webhook.posts) == 1, res
+    assert "FAIL  the Telegram bot token is malformed" in res.out and "20 or more" in res.out, res
+    assert "1 of 2 notification channel(s) worked" in res.out, res
+    doctor = brain.cli("doctor")
+    assert "telegram.answers is on but the Telegram bot token is malformed" in doctor.text, doctor
+    assert "ABC-your-bot-token" not in res.text + doctor.text

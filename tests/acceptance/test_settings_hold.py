@@ -83,6 +83,52 @@ def test_the_environment_override_caps_too(brain: Brain) -> None:
     assert brain.read("count/peak.txt") == "1"
 
 
+def test_a_bad_environment_override_is_the_variables_fault_and_the_file_still_holds(brain: Brain) -> None:
+    """A bad AMBIENT_CONCURRENCY is reported as the variable's (not the file's line), and the file's valid
+    `concurrency: 1` holds instead of a default; `config show` says the same."""
+    brain.config("concurrency: 1\n")
+    brain.python_agent("counter", COUNTING_AGENT)
+    _fan_out(brain, "batch", 3, concurrency=None)
+    res = brain.cli("run", "--until-idle", "--log-format", "json", env={"AMBIENT_CONCURRENCY": "abc"})
+    assert res.rc == 0, res
+    assert "$AMBIENT_CONCURRENCY: concurrency:" in res.err and "profil/ambient.yml:1" not in res.err, res.err
+    assert brain.read("count/peak.txt") == "1"
+    shown = brain.cli("config", "show", env={"AMBIENT_CONCURRENCY": "abc"})
+    assert shown.rc == 2 and "$AMBIENT_CONCURRENCY: concurrency:" in shown.err, shown
+
+
+def test_a_misspelt_setting_is_named_with_the_one_it_looks_like(brain: Brain) -> None:
+    """`concurency: 3` is an error at its line that names `concurrency`, in `validate` and `config show` alike."""
+    brain.config("tick_seconds: 5\nconcurency: 3\n")
+    for res in (brain.cli("validate"), brain.cli("config", "show")):
+        assert res.rc != 0, res
+        assert "profil/ambient.yml:2: concurency: unknown key; did you mean 'concurrency'?" in res.text, res
+
+
+def test_validate_reads_default_agents_as_the_daemon_does(brain: Brain) -> None:
+    """`default_agents:` of profil/ambient.yml names the agent of a step that names none, for `validate` too."""
+    brain.config("default_agents: {search: finder}\n")
+    brain.python_agent("finder", "import json, sys\njson.load(sys.stdin)\nprint(json.dumps({'status': 'ok'}))\n")
+    brain.workflow("look", "name: look\nchain:\n  - {step: 1, type: search, scope: projets/d/}\n")
+    res = brain.cli("validate", "--strict")
+    assert res.rc == 0 and "scout" not in res.text, res
+    brain.until_idle()
+    assert [r["outcome"] for r in brain.finished("look")] == ["success"]
+
+
+def test_settings_that_cannot_work_in_this_brain_are_named_by_validate_and_doctor(brain: Brain) -> None:
+    """A `default_sender:` nobody holds (every packet a workflow sends would be denied) and Telegram answers without
+    a chat are errors at their lines, in `validate` and `doctor` alike."""
+    brain.config("default_sender: ambiant\ntelegram: {answers: true}\n")
+    for res in (brain.cli("validate"), brain.cli("doctor")):
+        assert res.rc == 1, res
+        assert "profil/ambient.yml:1: default_sender: 'ambiant' is no principal" in res.text, res
+        assert "did you mean 'ambient'?" in res.text, res
+        assert "profil/ambient.yml:2: telegram.answers: Telegram answers are on but telegram.chat_id is not set" in (
+            res.text
+        ), res
+
+
 def _escalate(brain: Brain, name: str) -> None:
     brain.workflow(
         name,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import yaml
 
@@ -244,6 +245,42 @@ def test_a_spawn_sent_without_a_daemon_runs_when_it_starts(brain: Brain) -> None
     assert _seen(brain)[0]["n"] == 1
 
 
+# Sent a SPAWN, it asks the person with `ambient send` (outside any run); run again with the answer, it notes it.
+SENDING_ASKER = """
+    import json, os, pathlib, subprocess, sys
+    packet = json.load(sys.stdin)
+    decision = packet["payload"].get("context", {}).get("decision")
+    if decision is None:
+        ask = {"from": "asker", "to": "human", "signal": "ESCALATE",
+               "payload": {"options": ["yes", "no"], "context": {"question": "Publish the report?"}}}
+        subprocess.run([sys.executable, "-m", "ambient", "send", "-"], input=json.dumps(ask), text=True, check=True,
+                       capture_output=True)
+    else:
+        with open(pathlib.Path(os.environ["AMBIENT_BRAIN"], "decisions.log"), "a") as log:
+            log.write(decision + " " + os.environ["AMBIENT_KEY"] + "\\n")
+    print(json.dumps({"status": "ok"}))
+"""
+
+
+def test_an_answer_to_a_sent_escalate_runs_the_agent_once_whatever_restarts_follow(brain: Brain) -> None:
+    """Your answer to an ESCALATE an agent sent outside any run runs that agent again once, not at every start."""
+    env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+    brain.python_agent("asker", SENDING_ASKER, runner={"env": env})
+    spawn = json.dumps({"from": "human", "to": "asker", "signal": "SPAWN", "payload": {"context": {}}})
+    assert brain.cli("send", "-", input=spawn).rc == 0
+    brain.until_idle()
+    [esc] = brain.escalations()
+    assert brain.decide(esc["id"], "yes").rc == 0
+    brain.until_idle()
+    [line] = brain.read("decisions.log").splitlines()
+    assert line.startswith("yes "), line
+    for _ in range(2):  # two restarts: each reads the answered escalation again
+        brain.until_idle()
+    assert brain.read("decisions.log").splitlines() == [line]
+    assert len(brain.finished("spawn-asker")) == 2  # the SPAWN you sent, and the one your answer made
+    assert len(brain.escalations(all=True)) == 1
+
+
 OK_AGENT = """
     import json, os, pathlib, sys
     packet = json.load(sys.stdin)
@@ -387,6 +424,21 @@ def test_an_unknown_key_on_a_step_is_an_error_and_the_chain_never_runs(brain: Br
     assert res.rc == 1 and "unknown key 'gaet' in step 1: did you mean 'gate'?" in res.out, res
     brain.until_idle()
     assert brain.finished("deploy") == [] and not brain.path("workspace/steps.log").exists()
+
+
+def test_validate_names_every_problem_of_a_step_at_once(brain: Brain) -> None:
+    """A misspelt type and a misspelt key on one step are both named in the first `validate`, not one per fix."""
+    brain.workflow(
+        "deploy",
+        """
+        name: deploy
+        chain:
+          - {step: 1, type: tset, scope: infrastructure/app/, gaet: human}
+    """,
+    )
+    res = brain.cli("validate")
+    assert res.rc == 1, res
+    assert "chain.0.type:" in res.out and "unknown key 'gaet' in step 1: did you mean 'gate'?" in res.out, res
 
 
 def test_every_template_variable_validate_allows_renders(brain: Brain) -> None:

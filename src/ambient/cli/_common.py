@@ -51,6 +51,22 @@ def brain_dir(args: argparse.Namespace) -> Path:
     return Path(raw).absolute()
 
 
+#: What makes a directory a brain: one of these (``ambient init`` writes profil/ambient.yml).
+BRAIN_MARKS = ("profil/ambient.yml", "agents", "workflows", ".ambient")
+
+
+def not_a_brain(root: Path) -> str | None:
+    """Why ``root`` is not a brain a command may act on (None: it is one)."""
+    if not root.is_dir():
+        return f"{root} is not a directory; run `ambient init {root}` to create a brain there"
+    if not any((root / mark).exists() for mark in BRAIN_MARKS):
+        return (
+            f"{root} is not a brain (no {', '.join(BRAIN_MARKS)}); run `ambient init {root}` to make one "
+            "there, or give the brain with --brain DIR"
+        )
+    return None
+
+
 def fail(message: str, code: int = EXIT_USAGE) -> int:
     """Print an error on stderr and return ``code``."""
     say(f"error: {message}")

@@ -68,22 +68,6 @@ class EffectiveConfig:
         return redacted_settings(self.settings) if self.settings is not None else {}
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Loc]:
-    """Which setting each ``AMBIENT_*`` variable in ``environ`` overrides (asked of settings.merge_environ)."""
-    from ambient.settings import merge_environ
-
-    found: dict[str, Loc] = {}
-    for var in sorted(v for v in environ if v.startswith("AMBIENT_")):
-        probe: Any = merge_environ({}, {var: environ[var]})
-        loc: list[str] = []
-        while isinstance(probe, dict) and len(probe) == 1:
-            key, probe = next(iter(probe.items()))
-            loc.append(str(key))
-        if loc:
-            found[var] = tuple(loc)
-    return found
-
-
 def _has(data: Any, loc: Loc) -> bool:
     for key in loc:
         if not isinstance(data, dict) or key not in data:
@@ -96,15 +80,15 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
     """Load ``profil/ambient.yml`` with ``environ`` applied; problems name the file line or the variable at fault."""
     from pydantic import ValidationError
 
+    from ambient.brain import settings_problems
     from ambient.errors import InputError
     from ambient.problems import Problem
-    from ambient.redact import redact_text
-    from ambient.settings import Settings, merge_environ, settings_salvaged
+    from ambient.settings import Settings, env_paths, merge_environ, settings_salvaged
     from ambient.yamlfile import MAX_CONFIG_BYTES, LineMap, expect_mapping, load_file
 
     source = paths.rel(paths.config)
     exists = os.path.lexists(paths.config)
-    env = _env_overrides(environ)
+    env = env_paths(environ)
     result = EffectiveConfig(file=source, exists=exists, settings=None, environment=env)
     data: Any = {}
     lines = LineMap()
@@ -124,17 +108,7 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
     try:
         result.settings = Settings.model_validate(merged)
     except ValidationError as exc:
-        for err in exc.errors(include_url=False):
-            loc = tuple(str(p) for p in err["loc"] if isinstance(p, str | int))
-            where = ".".join(loc) or "(document)"
-            inp = err.get("input")
-            got = f" (got {inp!r})" if isinstance(inp, str | int | float) and len(str(inp)) < 60 else ""
-            message = redact_text(f"{where}: {err['msg']}{got}")  # an input may be a URL holding a token
-            var = next((v for v, path in env.items() if loc[: len(path)] == path), None)
-            if var is not None:
-                result.problems.append(Problem(file=f"${var}", message=message))
-            else:
-                result.problems.append(Problem(file=source, line=lines.line_for(loc), message=message))
+        result.problems += settings_problems(exc, source=source, lines=lines, environ=environ)
         result.salvaged = settings_salvaged(data, environ)
         return result
     for key, _ in flatten(result.redacted()):

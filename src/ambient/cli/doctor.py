@@ -198,25 +198,29 @@ _LOAD_HINTS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _load_hint(file: str) -> tuple[str, str]:
+def _load_hint(file: str, message: str = "") -> tuple[str, str]:
     for prefix, check, hint in _LOAD_HINTS:
         if file.startswith(prefix):
             return check, hint
+    if file.endswith("ambient.yml") and not message.startswith("runner of "):
+        return "config", "fix the setting (`ambient config template` lists every setting with its meaning)"
     return "runners", "fix the agent's `ambient.runner` (or `runners:` in profil/ambient.yml); `ambient validate`"
 
 
 def check_brain(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Any, list[Finding]]:
     """Agents, zones, routing, runners and workflows as the daemon loads them."""
-    from ambient.brain import load_brain
+    from ambient.brain import load_brain, read_settings
 
     brain = load_brain(paths, environ)
-    config = paths.rel(paths.config)
+    reported = {str(p) for p in read_settings(paths, environ).problems}  # by check_config already
     found = []
     for p in brain.problems:
-        if p.file == config and not p.message.startswith("runner of "):
-            continue  # reported by check_config, blamed on the right variable
-        check, hint = _load_hint(p.file)
+        if str(p) in reported:
+            continue
+        check, hint = _load_hint(p.file, p.message)
         severity: Severity = "error" if p.severity == "error" else "warning"
+        if severity == "warning":  # it loads all the same: say what it is, not that it does not run
+            hint = "a warning: the file loads and runs; `ambient validate --strict` treats warnings as errors"
         found.append(Finding(severity, check, p.message, hint, p.file, p.line))
     found += _check_programs(paths, brain)
     return brain, found
@@ -681,10 +685,15 @@ def check_notify_urls(paths: BrainPaths, environ: Mapping[str, str], timeout: fl
     return found
 
 
-def check_telegram(paths: BrainPaths, settings: Settings, up: bool, now: datetime) -> list[Finding]:
-    """Telegram answers: presses saved but not acted upon, and a backlog close to the Bot API's 24-hour retention."""
+def check_telegram(
+    paths: BrainPaths, settings: Settings, up: bool, now: datetime, environ: Mapping[str, str] | None = None
+) -> list[Finding]:
+    """Telegram answers: a bot ambient cannot build (no token, a malformed one), presses saved but not acted upon,
+    and a backlog close to the Bot API's 24-hour retention."""
     from ambient.escalations import EscalationStore
     from ambient.fsutil import read_capped
+    from ambient.notifyservice import telegram_token
+    from ambient.telegram import token_problem
 
     tg = settings.telegram
     state_path = paths.state / "telegram.json"
@@ -692,13 +701,15 @@ def check_telegram(paths: BrainPaths, settings: Settings, up: bool, now: datetim
     if not tg.answers and not exists:
         return []
     found: list[Finding] = []
-    if tg.answers and not tg.chat_id:
+    token = telegram_token(settings, environ or {}) if tg.answers and tg.chat_id else None
+    why = "no bot token was found" if token is None else token_problem(token)
+    if tg.answers and tg.chat_id and why is not None and not (tg.token_file and not os.access(tg.token_file, os.R_OK)):
         found.append(
             Finding(
                 "error",
                 "telegram",
-                "telegram.answers is on but telegram.chat_id is not set",
-                "set telegram.chat_id in profil/ambient.yml (the chat that receives escalations)",
+                f"telegram.answers is on but {why}: nothing is sent to Telegram",
+                "put the bot token in LoadCredential=telegram-token:... (systemd) or in telegram.token_file",
                 paths.rel(paths.config),
             )
         )
@@ -880,7 +891,7 @@ def diagnose(
     run("escalations", lambda: check_escalations(paths, effective, when))
     if notify:
         run("notify", lambda: check_notify_urls(paths, environ, timeout))
-    run("telegram", lambda: check_telegram(paths, effective, up, when))
+    run("telegram", lambda: check_telegram(paths, effective, up, when, environ))
     run("tmp", lambda: check_tmp(paths))
     # Last line of defence: a token inside a path, an argv or a notifier's error never reaches the output.
     report.findings = [replace(f, message=redact_text(f.message), hint=redact_text(f.hint)) for f in report.findings]

@@ -55,6 +55,7 @@ def _test(args: argparse.Namespace) -> int:
     quiet_logs(logging.ERROR)  # the report below says everything: the notifier's own lines would repeat it
     registry = SecretRegistry()
     notifier: Notifier | None
+    broken: list[str] = []
     if args.url:
         urls = expand_urls(args.url, os.environ, registry, source="--url")
         notifier = AppriseNotifier(urls, timeout=args.timeout, registry=registry)
@@ -64,9 +65,12 @@ def _test(args: argparse.Namespace) -> int:
             return fail("; ".join(str(p) for p in problems))
         # The channels the daemon sends through, built by the same code: the URLs and the Telegram answers bot.
         built = build_notifiers(settings, os.environ, registry, timeout=args.timeout)
-        for problem in built.problems:
-            return fail(problem)
+        broken = built.problems  # a channel that cannot be built fails here; the others are still tried
         notifier = built.notifier()
+        if notifier is None and broken:
+            for problem in broken:
+                out(f"FAIL  {problem}")
+            return EXIT_NO
     if notifier is None:
         return fail(
             "no notification URL configured; set notify.urls in profil/ambient.yml or $AMBIENT_NOTIFY_URLS "
@@ -82,12 +86,17 @@ def _test(args: argparse.Namespace) -> int:
         report = asyncio.run(notifier.send(message))
     except DeliveryError as exc:
         report = exc.report
-    results = report.results
+    results = [(r.display, r.ok, r.detail) for r in report.results] + [(p, False, "") for p in broken]
     if args.json:
-        out_json({"ok": report.ok, "results": [{"url": r.display, "ok": r.ok, "detail": r.detail} for r in results]})
+        out_json(
+            {
+                "ok": report.ok and not broken,
+                "results": [{"url": url, "ok": ok, "detail": detail} for url, ok, detail in results],
+            }
+        )
     else:
-        for r in results:
-            out(f"{'ok  ' if r.ok else 'FAIL'}  {r.display}" + (f"  ({r.detail})" if r.detail else ""))
-        worked = sum(r.ok for r in results)
+        for url, ok, detail in results:
+            out(f"{'ok  ' if ok else 'FAIL'}  {url}" + (f"  ({detail})" if detail else ""))
+        worked = sum(ok for _, ok, _ in results)
         out(f"{worked} of {len(results)} notification channel(s) worked")
-    return EXIT_OK if report.ok and results else EXIT_NO
+    return EXIT_OK if report.ok and results and not broken else EXIT_NO

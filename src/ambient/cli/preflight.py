@@ -34,7 +34,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     c.add_argument("sess_id", metavar="SESS_ID")
     c.add_argument("file", metavar="FILE", help="path relative to the brain root")
-    c.add_argument("--threshold", type=int, default=3, metavar="N", help="fails that trip a breaker (default 3)")
+    c.add_argument(
+        "--threshold", type=int, metavar="N", help="fails that trip a breaker (default: breaker_threshold, 3)"
+    )
     c.add_argument("--json", action="store_true", help="print the problems as JSON")
 
     for name, helptext in (
@@ -44,7 +46,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ):
         b = add_command(actions, name, _cmd_breaker, help=helptext)
         b.add_argument("target", metavar="TARGET", help="a sess_id (its claim's scope) or a scope")
-        b.add_argument("--threshold", type=int, default=3, metavar="N", help="fails that trip a breaker (default 3)")
+        b.add_argument(
+            "--threshold", type=int, metavar="N", help="fails that trip a breaker (default: breaker_threshold, 3)"
+        )
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -56,7 +60,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if file.startswith("/"):
         with contextlib.suppress(ValueError):  # outside the brain: the scope check says so
             file = str(Path(file).relative_to(root))
-    problems = run_preflight(BrainPaths(root), args.sess_id, file, threshold=args.threshold)
+    paths = BrainPaths(root)
+    problems = run_preflight(paths, args.sess_id, file, threshold=_threshold(args, paths))
     if args.json:
         out_json([p.model_dump() for p in problems])
     elif not problems:
@@ -65,6 +70,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
         for problem in problems:
             out(str(problem))
     return exit_code(problems)
+
+
+def _threshold(args: argparse.Namespace, paths: BrainPaths) -> int:
+    """``--threshold``, else ``breaker_threshold`` of profil/ambient.yml: the daemon's breaker and this one agree."""
+    if args.threshold is not None:
+        return int(args.threshold)
+    from ambient.brain import read_settings
+
+    found = read_settings(paths, os.environ)
+    settings = found.settings or found.salvaged
+    return settings.breaker_threshold if settings is not None else 3
 
 
 def _scope_of(paths: BrainPaths, target: str) -> str:
@@ -84,7 +100,8 @@ def _cmd_breaker(args: argparse.Namespace) -> int:
 
     paths = BrainPaths(brain_dir(args))
     scope = _scope_of(paths, args.target)
-    breaker = Breaker(paths, threshold=args.threshold)
+    threshold = _threshold(args, paths)
+    breaker = Breaker(paths, threshold=threshold)
     if args.preflight_action == "fail":
         fails = breaker.fail(scope)
         tripped = breaker.tripped(scope)
@@ -107,7 +124,7 @@ def _cmd_breaker(args: argparse.Namespace) -> int:
             out(f"{esc.id}: answered reset ({esc.where}); the daemon runs the step again")
         return EXIT_OK
     state = breaker.status(scope)
-    tripped = state.is_tripped(args.threshold)
+    tripped = state.is_tripped(threshold)
     since = f" since {state.tripped_at}" if state.tripped_at else ""
     out(f"{scope}: {state.fails} consecutive failure(s), {'TRIPPED' + since if tripped else 'closed'}")
     return _TRIPPED_EXIT if tripped else EXIT_OK

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ambient.cli._common import EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, say
+from ambient.cli._common import EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, not_a_brain, out, say
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,20 +71,11 @@ def _serve(
     return asyncio.run(Daemon(root, options).serve())
 
 
-#: What makes a directory a brain: one of these (``ambient init`` writes profil/ambient.yml).
-BRAIN_MARKS = ("profil/ambient.yml", "agents", "workflows", ".ambient")
-
-
 def _run(args: argparse.Namespace) -> int:
     root = brain_dir(args)
-    if not root.is_dir():
-        return fail(f"{root} is not a directory; run `ambient init {root}` to create a brain there")
-    if not any((root / mark).exists() for mark in BRAIN_MARKS):
-        # The daemon would scaffold claims/, locks/... into whatever directory it was started in.
-        return fail(
-            f"{root} is not a brain (no {', '.join(BRAIN_MARKS)}); run `ambient init {root}` to make one "
-            "there, or give the brain with --brain DIR"
-        )
+    why = not_a_brain(root)  # the daemon would scaffold claims/, locks/... into whatever directory it was given
+    if why is not None:
+        return fail(why)
     _log_setup(args, root)
     return _serve(
         root,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json, say
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, not_a_brain, out, out_json, say
 from ambient.terminal import printable
 
 if TYPE_CHECKING:
@@ -264,8 +264,9 @@ def _clip(text: str, limit: int) -> str:
 
 def _status(args: argparse.Namespace) -> int:
     root = brain_dir(args)
-    if not root.is_dir():
-        return fail(f"{root} is not a directory")
+    why = not_a_brain(root)
+    if why is not None:
+        return fail(why)
     if args.workflow and not _known_workflow(root, args.workflow):
         return fail(f"no workflow named {args.workflow!r}: no file in {root / 'workflows'} and no run recorded")
     if args.json:
@@ -292,16 +293,23 @@ def _runs(args: argparse.Namespace) -> int:
 
     root = brain_dir(args)
     paths = BrainPaths(root)
+    why = not_a_brain(root)
+    if why is not None:
+        return fail(why)
+    if args.last is not None and args.last < 1:
+        return fail(f"--last must be 1 or more (got {args.last})")
     torn = False
     if args.last is not None and args.workflow is None:  # a month of fan-outs makes runs.jsonl hundreds of MB
-        rows = tail_jsonl(paths.runs_log, max(0, args.last))
+        rows = tail_jsonl(paths.runs_log, args.last)
     else:
         res = read_jsonl(paths.runs_log)
         torn = res.torn_tail
         rows = [r for r in res.records if args.workflow is None or r.get("workflow") == args.workflow]
         if args.last is not None:
-            rows = rows[-args.last :] if args.last > 0 else []
+            rows = rows[-args.last :]
     active = [s for s in _fold_runs(root) if not s.finished and (args.workflow is None or s.workflow == args.workflow)]
+    if args.workflow and not rows and not active and not _known_workflow(root, args.workflow):
+        return fail(f"no workflow named {args.workflow!r}: no file in {root / 'workflows'} and no run recorded")
     if args.json:
         out_json({"finished": rows, "active": [{"run_id": s.run_id, "workflow": s.workflow} for s in active]})
         return EXIT_OK
@@ -320,7 +328,7 @@ def _runs(args: argparse.Namespace) -> int:
     if torn:
         out("(the last record was torn by a crash and is ignored)")
     if not rows and not active:
-        out("no runs recorded yet")
+        out(f"no runs of {args.workflow} recorded yet" if args.workflow else "no runs recorded yet")
     return EXIT_OK
 
 

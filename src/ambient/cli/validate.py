@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out
+from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, not_a_brain, out
 
 if TYPE_CHECKING:
     from ambient.paths import BrainPaths
@@ -42,16 +42,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _other_checks(paths: BrainPaths, bm: BrainMatrix) -> list[Problem]:
     """Problems of the configuration, agents, zones, routing, runners and claims (read-only: nothing is swept)."""
-    from ambient.brain import runner_configs
+    from ambient.brain import read_settings, runner_configs, settings_checks
     from ambient.claimindex import census
     from ambient.claimstore import ClaimStore
-    from ambient.cli.config import effective_config
     from ambient.settings import settings_from
 
-    # effective_config rather than brain.load_settings: it blames a bad AMBIENT_* override on its variable.
-    config = effective_config(paths, os.environ)
-    problems = config.problems + bm.problems
-    _, runner_problems = runner_configs(bm, config.settings or settings_from({}, {}))
+    found = read_settings(paths, os.environ)
+    settings = found.settings or found.salvaged or settings_from({}, {})  # what `ambient run` starts with
+    problems = found.problems + bm.problems + settings_checks(settings, bm, paths, found.lines)
+    _, runner_problems = runner_configs(bm, settings, paths, found.lines)
     problems += runner_problems
     if paths.claims.is_dir():  # the census: the same reader's verdicts, only changed files parsed again
         problems += census(ClaimStore(paths, check_filesystem=False), save=False).problems
@@ -75,7 +74,7 @@ def _files_of(args: list[str]) -> list[tuple[Path, str]] | str:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from ambient.brain import spawn_checks
+    from ambient.brain import read_settings, spawn_checks
     from ambient.paths import BrainPaths
     from ambient.routing import build_matrix
     from ambient.workflowload import load_many, load_workflows
@@ -83,19 +82,29 @@ def _validate(args: argparse.Namespace) -> int:
 
     root = brain_dir(args)
     paths = BrainPaths(root)
-    if not args.paths and not root.is_dir():
-        return fail(f"{root} is not a directory; run in a brain or pass --brain DIR", EXIT_USAGE)
+    why = None if args.paths else not_a_brain(root)
+    if why is not None:
+        return fail(why, EXIT_USAGE)
     bm = build_matrix(paths) if root.is_dir() else None
     rules = bm.zone_rules if bm is not None else DEFAULT_RULES
     # A folder of workflows alone (no agents/) cannot say which agents exist: both checks are skipped.
     agent_exists, may_spawn = spawn_checks(bm) if bm is not None and paths.agents.is_dir() else (None, None)
+    # The step types' agents as the daemon takes them (`default_agents:` of profil/ambient.yml, even a file that
+    # does not validate as a whole: the daemon keeps its valid keys).
+    found = read_settings(paths, os.environ) if root.is_dir() else None
+    settings = (found.settings or found.salvaged) if found is not None else None
+    defaults = settings.default_agents if settings is not None else None
     if args.paths:
         files = _files_of(args.paths)
         if isinstance(files, str):
             return fail(files, EXIT_USAGE)
-        workflows, problems = load_many(files, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=rules)
+        workflows, problems = load_many(
+            files, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=rules, default_agents=defaults
+        )
     else:
-        workflows, problems = load_workflows(paths, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=rules)
+        workflows, problems = load_workflows(
+            paths, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=rules, default_agents=defaults
+        )
         if bm is not None:
             problems += _other_checks(paths, bm)
     for problem in problems:
