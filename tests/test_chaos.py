@@ -195,16 +195,31 @@ def wait_last(d: DaemonProcess, it: Iteration) -> None:
 
 
 def run_iteration(
-    base: Path, seed: int, mode: str, n_items: int, max_kills: int, window: tuple[float, float]
+    base: Path,
+    seed: int,
+    mode: str,
+    n_items: int,
+    max_kills: int,
+    window: tuple[float, float],
+    *,
+    sleep_ms: str = "10-200",
+    concurrency: int = 4,
 ) -> Iteration:
-    """One brain, one fan-out, 1..max_kills kills at seeded random times, restarts until the run is done."""
+    """One brain, one fan-out, 1..max_kills kills at seeded random times, restarts until the run is done.
+
+    Every agent holds its item's overlap witness (``--overlap-dir``): two agents of one item at once, across
+    kills and restarts, leave a line in ``overlaps.log`` (issue 24, 1).
+    """
     rng = random.Random(seed)
     root = base / f"it-{seed}-{mode}"
     wit = base / f"witness-{seed}-{mode}.log"
-    stub = stub_agent_md("stub", ["--witness", str(wit), "--seed", str(seed)], kill_grace_s=1)
-    paths = make_brain(root, example_agents=False, agents={"stub": stub})
+    lockdir = base / f"overlap-{seed}-{mode}"
+    lockdir.mkdir()
+    stub_args = ["--witness", str(wit), "--seed", str(seed), "--sleep-ms", sleep_ms, "--overlap-dir", str(lockdir)]
+    stub = stub_agent_md("stub", stub_args, kill_grace_s=1)
+    paths = make_brain(root, example_agents=False, agents={"stub": stub}, config=f"concurrency: {concurrency}\n")
     items = [f"item-{i:03d}" for i in range(n_items)]
-    (paths.workflows / f"{WORKFLOW}.yml").write_text(foreach_workflow(WORKFLOW, items, concurrency=4))
+    (paths.workflows / f"{WORKFLOW}.yml").write_text(foreach_workflow(WORKFLOW, items, concurrency=concurrency))
     it = Iteration(seed, mode, n_items, root)
     planned = rng.randint(1, max_kills)
     watchers: list[threading.Thread] = []
@@ -280,6 +295,9 @@ def check_iteration(it: Iteration) -> list[str]:
         for name in k.done:
             if runs_per_item[name] != k.witness_at_kill[name]:
                 bad.append(f"{tag} {name} was done before a kill and ran again")
+    overlap_log = it.root.parent / f"overlap-{it.seed}-{it.mode}" / "overlaps.log"
+    if overlap_log.exists() and overlap_log.read_text():
+        bad.append(f"{tag} two agents of one item ran at once: {overlap_log.read_text().splitlines()[:5]}")
     # One summary record.
     summaries = [r for r in read_jsonl(paths.runs_log).records if r.get("run_id") == state.run_id]
     if len(summaries) != 1:
@@ -336,9 +354,12 @@ def figures(iterations: list[Iteration], seed: int) -> dict[str, Any]:
     orphans = 0
     overlaps = 0
     kills_in_flight = 0
+    witnessed = 0
     for it in iterations:
         paths = BrainPaths(it.root)
         records = _journal(paths)
+        overlap_log = it.root.parent / f"overlap-{it.seed}-{it.mode}" / "overlaps.log"
+        witnessed += len(overlap_log.read_text().splitlines()) if overlap_log.exists() else 0
         wit = Counter(w[0] for w in witness(it.root.parent / f"witness-{it.seed}-{it.mode}.log"))
         reruns += sum(1 for v in wit.values() if v > 1)
         max_reruns = max([max_reruns, *(v - 1 for v in wit.values())])
@@ -379,16 +400,23 @@ def figures(iterations: list[Iteration], seed: int) -> dict[str, Any]:
         "total_s": round(sum(it.total_s for it in iterations), 1),
         "orphans_K1": orphans,
         "orphans_running_when_item_rerun": overlaps,
+        "overlaps_witnessed": witnessed,
     }
 
 
 def _profile(
-    base: Path, seed: int, modes: list[str], n_items: int, max_kills: int, window: tuple[float, float]
+    base: Path,
+    seed: int,
+    modes: list[str],
+    n_items: int,
+    max_kills: int,
+    window: tuple[float, float],
+    **options: Any,
 ) -> tuple[list[Iteration], list[str], dict[str, Any]]:
     iterations: list[Iteration] = []
     violations: list[str] = []
     for n, mode in enumerate(modes):
-        it = run_iteration(base, seed + n, mode, n_items, max_kills, window)
+        it = run_iteration(base, seed + n, mode, n_items, max_kills, window, **options)
         iterations.append(it)
         violations += check_iteration(it)
     figs = figures(iterations, seed)
@@ -413,6 +441,20 @@ def test_kill9_mid_fanout_ci_profile(tmp_path: Path) -> None:
     assert figs["duplicate_completions"] == 0
     assert figs["kills"] >= 1, "no kill landed: the kill window misses the run"
     assert all(it.final_rc == 0 for it in iterations)
+
+
+@pytest.mark.slow
+def test_kill9_of_the_daemon_alone_with_agents_outliving_it_never_runs_an_item_twice_at_once(tmp_path: Path) -> None:
+    """Issue 24, 1: agents of 0.5-3 s, 12 at once, the daemon alone killed 1-3 times as the fan-out starts: the
+    restarts find every agent still running (started or queued at the kill) and stop it before its item runs
+    again. The overlap witness stays empty."""
+    seed = _seed()
+    _, violations, figs = _profile(
+        tmp_path, seed, ["K1"] * 3, n_items=24, max_kills=3, window=(0.2, 1.5), sleep_ms="500-3000", concurrency=12
+    )
+    assert violations == [], "\n".join(violations)
+    assert figs["overlaps_witnessed"] == 0
+    assert figs["kills"] >= 3 and figs["orphans_K1"] >= 1, figs
 
 
 def test_kill_between_run_start_and_seen_record_runs_the_workflow_once(tmp_path: Path) -> None:
@@ -454,3 +496,15 @@ def test_kill9_mid_fanout_long_profile(tmp_path: Path, request: pytest.FixtureRe
     _, violations, figs = _profile(tmp_path, seed, ["K1", "K2"] * 25, n_items=100, max_kills=3, window=(0.3, 5.0))
     assert violations == [], "\n".join(violations)
     assert figs["duplicate_completions"] == 0
+    _, violations, figs = _profile(
+        tmp_path / "outliving",
+        seed + 1000,
+        ["K1"] * 20,
+        n_items=60,
+        max_kills=4,
+        window=(0.2, 3.0),
+        sleep_ms="500-6000",
+        concurrency=16,
+    )
+    assert violations == [], "\n".join(violations)
+    assert figs["overlaps_witnessed"] == 0

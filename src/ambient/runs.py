@@ -802,6 +802,7 @@ class RunManager:
         if not directory.is_dir():
             return resumed
         behind: list[tuple[RunState, Path]] = []
+        unfinished: list[tuple[RunState, Path]] = []
         for path in sorted(directory.glob("*.jsonl")):
             run_id = path.stem
             if run_id in self.executors:
@@ -823,11 +824,14 @@ class RunManager:
                 if not self._views_current(state):
                     behind.append((state, path))
                 continue
+            unfinished.append((state, path))
+        _stop_orphans(self.paths.root, [state for state, _ in unfinished])
+        for state, path in unfinished:
+            run_id = state.run_id
             in_flight = [it.name for it in state.in_flight()]
             journal = Journal(path)
             by_name = {it.name: it for it in state.items}
             for name in in_flight:
-                _reap_orphan(by_name[name], run_id)
                 # Running at the crash: the agent may or may not have finished; run it again (at least once).
                 ev = {
                     "ev": "interrupted",
@@ -1024,39 +1028,22 @@ class RunManager:
                 ex.journal.close()
 
 
-def _reap_orphan(item: ItemState, run_id: str, grace: float = 5.0) -> None:
-    """An agent left running by a crash of the daemon (kill -9 outside systemd) is stopped before its item
-    runs again, so the same item never runs twice at once. Identified by pid *and* start time (RELIABILITY
-    §1.2 rule 2): a recycled pid is somebody else's process and is left alone."""
-    if item.pid is None:
-        return
-    import os
-    import signal
-    import time
+def _stop_orphans(brain: Path, states: Sequence[RunState]) -> None:
+    """Agents a crash of the daemon left running (kill -9 outside systemd) are stopped before their items run
+    again, so the same item never runs twice at once: those the journal names (pid *and* start time: a recycled
+    pid is somebody else's process) and those whose pid never reached it, found by their environment."""
+    from ambient import orphans
 
-    import psutil
-
-    try:
-        proc = psutil.Process(item.pid)
-        same = item.pid_started is None or abs(proc.create_time() - item.pid_started) < 0.5
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+    if not states:
         return
-    if not same or proc.status() == psutil.STATUS_ZOMBIE:
-        return
-    log.warning("orphan_agent_reaped", run_id=run_id, item=item.name, pid=item.pid)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(item.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            try:
-                if psutil.Process(item.pid).status() == psutil.STATUS_ZOMBIE:
-                    return
-            except psutil.NoSuchProcess:
-                return
-            time.sleep(0.02)  # bounded wait for a process we signalled (start-up, before the loop runs)
+    found = [
+        o
+        for state in states
+        for it in state.in_flight()
+        if (o := orphans.by_journal(state.run_id, it.name, it.pid, it.pid_started)) is not None
+    ]
+    found += orphans.by_environment(brain, [state.run_id for state in states])
+    orphans.stop(found)
 
 
 _COARSE_CLOCK_S = 0.02  # file times lag the clock by up to a kernel tick; twice the longest (HZ=100)

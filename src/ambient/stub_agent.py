@@ -53,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ambient.stub_agent", description=__doc__)
     p.add_argument("--mode", choices=MODES, default="ok", help="behaviour (default ok)")
     p.add_argument("--witness", help="append item,attempt,key to this file (O_APPEND, fsync) before answering")
+    p.add_argument(
+        "--overlap-dir",
+        help="hold a flock on DIR/<item>.lock while running; a second agent of the item running meanwhile appends "
+        "item,attempt,pid to DIR/overlaps.log (the lock dies with its holder, kill -9 included)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the sleep (mixed with item and attempt)")
     p.add_argument("--sleep-ms", type=_parse_range, default=None, help="sleep range A-B ms (default 10-200)")
     p.add_argument("--fail-items", default="", help="comma-separated items that answer status failed")
@@ -109,6 +114,22 @@ def _append_durably(path: str, line: str) -> None:
         os.close(fd)
 
 
+_HELD: list[int] = []  # the overlap witness's descriptor, kept open until the process ends
+
+
+def _hold_item_lock(directory: Path, item: str, attempt: str) -> None:
+    """The overlap witness: two agents of one item running at once, even across a kill -9 of the daemon, show
+    as a line of ``overlaps.log`` (RELIABILITY: never twice at once). The lock is only released by our death."""
+    import fcntl
+
+    fd = os.open(directory / f"{item}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    _HELD.append(fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _append_durably(str(directory / "overlaps.log"), f"{item},{attempt},{os.getpid()}\n")
+
+
 def _answer(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -146,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     packet = _read_packet()
     item, attempt, key = _identity(packet)
+    if args.overlap_dir:
+        _hold_item_lock(Path(args.overlap_dir), item, attempt)
     low, high = args.sleep_ms or ((300, 800) if args.mode == "slow" else (10, 200))
     time.sleep(sleep_seconds(args.seed, item, attempt, low, high))
     if args.witness:

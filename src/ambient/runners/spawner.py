@@ -14,11 +14,12 @@ in a fan-out their creation, reads and closing were about half of what a command
 
 The agent is the spawner's child, not the daemon's, and nothing else changes: it still runs in its own session,
 the daemon still decides and signals its process group directly (timeouts, output caps, shutdown), still records
-its pid and start time for the reconciliation after a crash. If the daemon dies, the spawner reads EOF and exits;
-its agents are then orphans, exactly as the daemon's own children would be. If the spawner dies (someone killed it), the
-exit codes of the running agents are lost: the daemon kills their groups, their attempts end as errors (and are
-retried by policy), and the next start brings a new spawner up. A spawner that cannot even start is given up on
-for good and agents start through ``Popen`` again (``broken``).
+its pid and start time for the reconciliation after a crash. If the daemon dies, the spawner starts none of the
+requests still queued (``daemon_gone`` in the helper), reads EOF and exits; its agents are then orphans, exactly
+as the daemon's own children would be, stopped by the next start (:mod:`ambient.orphans`). If the spawner dies
+(someone killed it), the exit codes of the running agents are lost: the daemon kills their groups, their
+attempts end as errors (and are retried by policy), and the next start brings a new spawner up. A spawner that
+cannot even start is given up on for good and agents start through ``Popen`` again (``broken``).
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ import contextlib
 import errno
 import marshal
 import os
+import select
 import selectors
 import signal
 import socket
@@ -122,6 +123,10 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
+class _DaemonGone(Exception):
+    """The daemon died with requests still queued: start none of them, exit."""
+
+
 class _Agent:
     """One running agent: its pidfd, its output pipes (-1 once at EOF) and what was read from them."""
 
@@ -144,6 +149,19 @@ class _Spawner:
         self.selector.register(sock, selectors.EVENT_READ, None)
         self.cwd = os.getcwdb()  # noqa: PTH109 - bytes, compared with the requests' cwd
         self.agents: dict[int, _Agent] = {}
+        self.daemon = os.getppid()
+        self.hangup = select.poll()
+        self.hangup.register(sock, 0)  # POLLHUP and POLLERR are always reported
+
+    def daemon_gone(self) -> bool:
+        """Whether the daemon that asked for agents has closed its end or died.
+
+        Requests it queued before it died are still in the socket: starting them would run agents that no
+        journal knows of, beside the ones its successor starts for the same items (issue 24, 1). POLLHUP is set
+        as soon as the daemon's end closes, queued data or not; the parent check catches a daemon that died
+        while the socket was passed on.
+        """
+        return bool(self.hangup.poll(0)) or os.getppid() != self.daemon
 
     def serve(self) -> None:
         while True:
@@ -177,12 +195,16 @@ class _Spawner:
                     fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
             try:
                 self._request(data, list(fds))
+            except _DaemonGone:
+                return False
             finally:
                 for fd in fds:
                     os.close(fd)
 
     def _request(self, data: bytes, fds: list[int]) -> None:
         request: Any = marshal.loads(data)  # noqa: S302 - from the daemon that started us, over a private pair
+        if request[0] == SPAWN and self.daemon_gone():
+            raise _DaemonGone
         if request[0] == RELEASE:
             agent = self.agents.get(request[1])
             if agent is not None and not agent.released:
@@ -200,6 +222,8 @@ class _Spawner:
                 os.chdir(cwd)
                 self.cwd = cwd
             self._start(rid, argv, env, stdin, out_cap, tail)
+        except _DaemonGone:
+            raise
         except OSError as exc:
             self._send((FAILED, rid, exc.errno or errno.EIO, exc.strerror or str(exc)))
         except Exception as exc:  # noqa: BLE001 - a bad request fails that agent, not the spawner
@@ -218,6 +242,8 @@ class _Spawner:
                 mine.append(r)
                 theirs.append(w)
             started = time.clock_gettime(time.CLOCK_BOOTTIME)  # the frame of /proc's start times
+            if self.daemon_gone():  # checked again right before the start: the pipes took time
+                raise _DaemonGone
             pid = _spawn(argv, env, theirs)
         except BaseException:
             for fd in mine:
