@@ -499,13 +499,29 @@ def check_daemon_settings(paths: BrainPaths, pid: int | None) -> list[Finding]:
     ]
 
 
+def check_troubles(paths: BrainPaths, up: bool) -> list[Finding]:
+    """What the running daemon ran out of (descriptors, memory, processes: its health file) and a full disk
+    (seen from here: the file cannot be rewritten then). Errors: work is held up until they end."""
+    from ambient.troubles import disk_full, read_health
+
+    found = [
+        Finding("error", "resources", c.message, f"since {c.since:%Y-%m-%d %H:%M:%S}, seen {c.count} time(s)")
+        for c in (read_health(paths).conditions.values() if up else [])
+        if c.kind != "disk"
+    ]
+    full = disk_full(paths.state if paths.state.is_dir() else paths.root)
+    if full is not None:
+        found.append(Finding("error", "resources", full, "the daemon holds its runs still and goes on by itself"))
+    return found
+
+
 def check_daemon(paths: BrainPaths, now: datetime) -> tuple[bool, int | None, list[Finding]]:
     """Is a daemon holding the brain? Down is a warning, an error when work waits on it."""
     from ambient.daemon import daemon_up, running_pid
 
     if daemon_up(paths):
         pid = running_pid(paths)
-        return True, pid, check_daemon_settings(paths, pid)
+        return True, pid, check_daemon_settings(paths, pid) + check_troubles(paths, True)
     waiting = _work_waiting(paths)
     stopped = _last_stop(paths)
     since = f" (stopped {_ago(now - stopped)} ago)" if stopped is not None else ""
@@ -514,7 +530,11 @@ def check_daemon(paths: BrainPaths, now: datetime) -> tuple[bool, int | None, li
         f"start it: `systemctl --user start ambient` (system unit: `sudo systemctl start ambient`), or in a "
         f"terminal `ambient run --brain {paths.root}`; `journalctl -u ambient` says why it stopped"
     )
-    return False, None, [Finding("error" if waiting else "warning", "daemon", message, hint)]
+    return (
+        False,
+        None,
+        [Finding("error" if waiting else "warning", "daemon", message, hint), *check_troubles(paths, False)],
+    )
 
 
 def check_escalations(paths: BrainPaths, settings: Settings, now: datetime) -> list[Finding]:

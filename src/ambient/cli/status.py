@@ -161,6 +161,7 @@ def collect(root: Path) -> dict[str, Any]:
     return {
         "brain": str(root),
         "daemon": {"up": up, "pid": running_pid(paths) if up else None},
+        "troubles": _troubles(paths, up),
         "notifications": notify_on,
         "runs": runs,
         "escalations": pending,
@@ -183,6 +184,17 @@ def collect(root: Path) -> dict[str, Any]:
     }
 
 
+def _troubles(paths: BrainPaths, up: bool) -> list[str]:
+    """The daemon's own troubles (what it ran out of, :mod:`ambient.health`) and a full disk, seen from here."""
+    from ambient.troubles import disk_full, read_health
+
+    found = [c.message for c in read_health(paths).conditions.values()] if up else []
+    full = disk_full(paths.state if paths.state.is_dir() else paths.root)
+    if full is not None and not any(m.startswith("disk full") for m in found):
+        found.append(full)
+    return found
+
+
 def print_status(
     root: Path, *, verbose: bool = False, workflow: str | None = None, write: Callable[[str], None] = out
 ) -> dict[str, Any]:
@@ -190,6 +202,8 @@ def print_status(
     data = collect(root)
     d = data["daemon"]
     write(f"Daemon: {'up (pid ' + str(d['pid']) + ')' if d['up'] else 'down'}   brain: {data['brain']}")
+    for trouble in data["troubles"]:
+        write(f"  TROUBLE: {trouble}")
     recent = [r for r in data["recent"] if workflow is None or r["workflow"] == workflow]
     if recent:
         write("Finished runs:")
