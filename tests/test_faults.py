@@ -9,17 +9,26 @@ overlap in time are seen whatever the journal says.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
 import signal
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psutil
 
+from ambient.escalations import new_escalation, timeout_decision
 from ambient.journal import read_jsonl
 from ambient.paths import BrainPaths
+from ambient.planner import question_options
+from ambient.runstate import aborts_run
 from tests.e2e_helpers import (
     DaemonProcess,
     alive,
+    command_agent_md,
     drop,
     events,
     finished_run,
@@ -140,3 +149,223 @@ def test_an_agent_whose_pid_never_reached_the_journal_is_stopped_before_its_item
     assert overlaps(lockdir) == []
     state = finished_run(paths, "lost")
     assert state is not None and state.outcome == "success"
+
+
+# ---- issue 24, 5
+
+
+def _cli(paths: BrainPaths, *args: str) -> subprocess.CompletedProcess[str]:
+    """``ambient --brain ROOT ARGS`` as a person types it."""
+    return subprocess.run(
+        [sys.executable, "-m", "ambient", "--brain", str(paths.root), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (what a crashed daemon leaves in ``daemon.json``)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_the_losing_daemon_names_the_pid_that_holds_the_brain(tmp_path: Path) -> None:
+    """Issue 24, 5: a daemon that loses the start race names the daemon that holds the brain, not the pid a crashed
+    one left in ``daemon.json``. The window of the race (the lock taken, ``daemon.json`` not yet rewritten) is held
+    open: this process holds the instance lock while ``daemon.json`` still names a dead daemon."""
+    paths = make_brain(tmp_path / "brain", example_agents=False, agents={"stub": stub_agent_md("stub")})
+    stale = _dead_pid()
+    paths.state.mkdir(parents=True, exist_ok=True)
+    (paths.state / "daemon.json").write_text(json.dumps({"pid": stale, "started_at": "2026-01-01T00:00:00+00:00"}))
+    fd = os.open(paths.daemon_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        loser = DaemonProcess(paths).start()
+        try:
+            assert loser.wait(30) != 0, loser.tail()
+        finally:
+            loser.kill()
+    finally:
+        os.close(fd)
+    said = "\n".join(loser.lines())
+    assert "already running" in said, said
+    assert f"pid {os.getpid()}" in said and f"pid {stale}" not in said, said
+
+
+def test_two_daemons_started_at_once_the_loser_names_the_winner(tmp_path: Path) -> None:
+    """Issue 24, 5: the real race, after a crash left a stale ``daemon.json``: two daemons started together, exactly
+    one runs and the other names its pid."""
+    paths = make_brain(tmp_path / "brain", example_agents=False, agents={"stub": stub_agent_md("stub")})
+    paths.state.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        (paths.state / "daemon.json").write_text(json.dumps({"pid": _dead_pid()}))
+        pair = [DaemonProcess(paths).start(), DaemonProcess(paths).start()]
+        try:
+            loser = wait_for(lambda: next((d for d in pair if d.proc and d.proc.poll() is not None), None), 30, "loser")
+            winner = pair[1] if loser is pair[0] else pair[0]
+            winner.wait_ready(30)
+            said = "\n".join(loser.lines())
+            assert "already running" in said and f"pid {winner.pid})" in said, said
+            assert winner.stop() == 0
+        finally:
+            for d in pair:
+                d.kill()
+
+
+def _asking_brain(root: Path, asks: str) -> BrainPaths:
+    """A brain whose agent ``asker`` asks the person (its own ESCALATE) on item ``asks`` and succeeds on the others."""
+    script = root.parent / "asker.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "json.load(sys.stdin)\n"
+        f"if os.environ.get('AMBIENT_ITEM') == {asks!r}:\n"
+        "    print(json.dumps({'signal': 'ESCALATE', 'question': 'Ship the risky one?', 'options': ['yes', 'no']}))\n"
+        "else:\n"
+        "    print(json.dumps({'signal': 'RETURN', 'result': {'status': 'ok'}}))\n"
+    )
+    agent = command_agent_md("asker", ["{{python}}", str(script)])
+    return make_brain(root, example_agents=False, agents={"asker": agent})
+
+
+def test_on_timeout_reject_of_an_agents_question_rejects_that_item_only(tmp_path: Path) -> None:
+    """Issue 24, 5: ``on_timeout: reject`` on an agent's own question in a for_each rejects the item that asked (it
+    fails), never the whole run: the other items run to their end and nothing is aborted."""
+    paths = _asking_brain(tmp_path / "brain", "b")
+    timeout = "on_escalate: {timeout: 1s, on_timeout: reject}\n"
+    wf = foreach_workflow("ask", ["a", "b", "c", "d"], agent="asker", concurrency=1, extra=timeout)
+    drop(paths, "ask.yml", wf)
+    d = DaemonProcess(paths).start()
+    try:
+        state = wait_for(lambda: finished_run(paths, "ask"), 30, "the run to end once the deadline passed")
+        assert d.stop() == 0, d.tail()
+    finally:
+        d.kill()
+    statuses = {it.name: it.status for it in state.items}
+    assert statuses == {"a": "done", "b": "failed", "c": "done", "d": "done"}, statuses
+    assert state.outcome != "aborted" and not state.aborted
+    [decided] = events(paths, "ask", "decided")
+    assert (decided["item"], decided["action"], decided["by"]) == ("b", "reject", "timeout")
+
+
+def _only_escalation(paths: BrainPaths) -> Path:
+    found = sorted(paths.escalations.glob("esc-*.yml"))
+    return found[0] if len(found) == 1 else None  # type: ignore[return-value]
+
+
+def test_a_zero_byte_escalation_file_is_rebuilt_from_the_journal(tmp_path: Path) -> None:
+    """Issue 24, 5: an escalation file emptied by a crash no longer leaves its run waiting on a question nobody can
+    see: the journal keeps the question and options, the daemon rebuilds the file at start and says so, and the
+    person answers it as any other (``ambient escalations``, ``ambient decide``); ``doctor`` explains the empty file
+    while the daemon is down."""
+    paths = _asking_brain(tmp_path / "brain", "b")
+    drop(paths, "ask.yml", foreach_workflow("ask", ["a", "b"], agent="asker", concurrency=1))
+    first = DaemonProcess(paths, "--until-idle").start()
+    try:
+        assert first.wait(60) == 0, first.tail()
+    finally:
+        first.kill()
+    esc_file = wait_for(lambda: _only_escalation(paths), 5, "the escalation file")
+    esc_id = esc_file.stem
+    esc_file.write_bytes(b"")  # what a crash between create and fsync can leave (ext4 data=writeback, XFS)
+    doctor = _cli(paths, "doctor")
+    assert f".ambient/escalations/{esc_id}.yml:1:" in doctor.stdout, doctor.stdout
+    assert "rebuilt from" in doctor.stdout, doctor.stdout
+
+    second = DaemonProcess(paths).start()
+    try:
+        second.wait_ready()
+        [rebuilt] = second.wait_logged("escalation_rebuilt", escalation=esc_id)
+        assert rebuilt["reason"] == "empty" and rebuilt["run_id"] == events(paths, "ask", "started")[0]["run_id"]
+        listed = json.loads(_cli(paths, "escalations", "--json").stdout)
+        [esc] = [e for e in listed if e["id"] == esc_id]
+        assert esc["question"] == "Ship the risky one?" and esc["item"] == "b" and esc["status"] == "pending"
+        assert [o["key"] for o in esc["options"]] == ["yes", "no", "skip", "abort"]
+        assert _cli(paths, "decide", esc_id, "skip").returncode == 0
+        wait_for(lambda: finished_run(paths, "ask"), 30, "the run to finish once answered")
+    finally:
+        second.stop()
+        second.kill()
+    state = finished_run(paths, "ask")
+    assert state is not None and {it.name: it.status for it in state.items} == {"a": "done", "b": "skipped"}
+    assert _cli(paths, "doctor").stdout.count(esc_id) == 0
+
+
+def test_a_torn_journal_tail_is_reported_with_its_file_and_line(tmp_path: Path) -> None:
+    """Issue 24, 5: a run journal torn by a crash mid-append is reported as ``file:line`` (the line cut), like every
+    other problem with a file."""
+    slow = stub_agent_md("stub", ["--sleep-ms", "60000-60000"])
+    paths = make_brain(tmp_path / "brain", example_agents=False, agents={"stub": slow})
+    first = DaemonProcess(paths).start()
+    try:
+        first.wait_ready()
+        drop(paths, "torn.yml", foreach_workflow("torn", ["a"], concurrency=1))
+        wait_for(lambda: events(paths, "torn", "spawned"), 20, "the agent spawned")
+        first.agent_pids()
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
+    finally:
+        first.kill()
+    journal = next(paths.run_journals.glob("*.jsonl"))
+    lines = journal.read_bytes().count(b"\n")
+    with journal.open("ab") as fh:
+        fh.write(b'{"ev":"finished","item":"a","resu')
+    (paths.agents / "stub.md").write_text(stub_agent_md("stub", ["--sleep-ms", "1-5"]))
+    second = DaemonProcess(paths, "--until-idle").start()
+    try:
+        assert second.wait(60) == 0, second.tail()
+    finally:
+        second.kill()
+    [cut] = second.logged("journal_torn_tail_cut")
+    assert cut["problem"].startswith(f"{paths.rel(journal)}:{lines + 1}: "), cut
+
+
+def test_a_junk_lock_is_reported_with_its_file_and_line(tmp_path: Path) -> None:
+    """Issue 24, 5: a junk lock file (text, binary, empty, keys missing) is reported as ``file:line`` by
+    ``ambient lock list`` and ``ambient doctor``."""
+    paths = make_brain(tmp_path / "brain", example_agents=False)
+    junk = {
+        "text.lock": b"junk",
+        "binary.lock": bytes(range(256))[::-1],
+        "empty.lock": b"",
+        "keys.lock": b"holder: me\nfile: keys\nexpires_at: soon\n",
+    }
+    for name, raw in junk.items():
+        (paths.locks / name).write_bytes(raw)
+    listed = _cli(paths, "lock", "list")
+    doctor = _cli(paths, "doctor")
+    for name in junk:
+        line = 3 if name == "keys.lock" else 1  # expires_at is on line 3
+        assert f"{paths.locks / name}:{line}: " in listed.stdout + listed.stderr, (name, listed)
+        assert f"locks/{name}:{line}: " in doctor.stdout, (name, doctor.stdout)
+
+
+def test_reject_at_a_deadline_is_the_items_own_on_a_for_each_question() -> None:
+    """Issue 24, 5 (the pure rules): at the deadline, ``reject`` of an agent's question about a for_each item decides
+    ``reject`` (that item fails), not the ``abort`` option offered beside the answers; a chain step's question and a
+    failed item keep ``reject`` → ``abort``, which ends the run."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def expired(**where: str) -> str | None:
+        kind = "question" if "fail" not in where else "fail"
+        esc = new_escalation(
+            workflow="w",
+            run_id="r",
+            kind=kind,
+            question="?",
+            now=t0,
+            options=question_options(["yes", "no"]) if kind == "question" else None,
+            timeout=timedelta(seconds=1),
+            on_timeout="reject",
+            **{k: v for k, v in where.items() if k != "fail"},
+        )
+        out = timeout_decision(esc, t0 + timedelta(seconds=1))
+        return out.decided_action if out is not None else None
+
+    assert expired(item="b") == "reject"
+    assert expired(step="deploy") == "abort"
+    assert expired(item="b", fail="yes") == "abort"
+    assert not aborts_run("for_each", "reject", "b") and aborts_run("for_each", "abort", "b")
+    assert aborts_run("chain", "reject", "deploy") and aborts_run("for_each", "reject", None)

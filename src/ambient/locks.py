@@ -474,6 +474,7 @@ class LockStatus:
     judged_at: float = 0.0
     raw: bytes | None = field(default=None, repr=False)
     ident: tuple[int, int, int] | None = field(default=None, repr=False)  # (dev, ino, file type)
+    line: int | None = None  # of the problem in the file, when its content is what is wrong
 
     @property
     def takeable(self) -> bool:
@@ -555,7 +556,7 @@ def _parse_yaml(raw: bytes, source: str) -> dict[str, Any]:
 
     data, _ = parse_yaml(decode(raw, source=source), source=source)
     if not isinstance(data, dict):
-        raise InputError("is not a YAML mapping of lock keys (file, holder, expires_at, ...)", file=source)
+        raise InputError("is not a YAML mapping of lock keys (file, holder, expires_at, ...)", file=source, line=1)
     return data
 
 
@@ -573,36 +574,50 @@ def _epoch(text: str) -> float | None:
     return dt.timestamp()
 
 
+def _key_line(text: str, key: str) -> int:
+    """The line on which ``key`` is set (1 when it cannot be told): where a bad value is reported."""
+    m = re.search(rf"^[ \t{{]*[\"']?{re.escape(key)}[\"']?[ \t]*:", text, re.MULTILINE)
+    return text.count("\n", 0, m.start()) + 1 if m else 1
+
+
 def parse_lock(raw: bytes, source: str) -> LockInfo:
-    """Parse and check a lock file's bytes; raises InputError saying what is wrong."""
+    """Parse and check a lock file's bytes; raises InputError saying what is wrong, at ``file:line`` (line 1 for the
+    file as a whole: empty, not text, not a mapping, keys missing), as every other problem with a file is told."""
     if not raw.strip():
-        raise InputError("is empty (a crash mid-write, or another tool); expected lock keys", file=source)
+        raise InputError("is empty (a crash mid-write, or another tool); expected lock keys", file=source, line=1)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise InputError("is not UTF-8 text", file=source) from None
+        raise InputError("is not UTF-8 text", file=source, line=1) from None
     data = _parse_fast(text)
     if data is None:
         data = _parse_yaml(raw, source)
     missing = [k for k in ("file", "holder", "expires_at") if k not in data]
     if missing:
         expected = "expected file, holder, claimed_at, expires_at, ttl_min"
-        raise InputError(f"lacks {', '.join(missing)}; {expected}", file=source)
+        raise InputError(f"lacks {', '.join(missing)}; {expected}", file=source, line=1)
     file_, holder, expires_at = data["file"], data["holder"], data["expires_at"]
     if not isinstance(file_, str) or not isinstance(holder, str) or not holder:
-        raise InputError("file and holder must be text", file=source)
+        bad = "file" if not isinstance(file_, str) else "holder"
+        raise InputError("file and holder must be text", file=source, line=_key_line(text, bad))
     if not isinstance(expires_at, str):
-        raise InputError(f"expires_at must be an ISO date-time, got {expires_at!r}", file=source)
+        raise InputError(
+            f"expires_at must be an ISO date-time, got {expires_at!r}", file=source, line=_key_line(text, "expires_at")
+        )
     expires = _epoch(expires_at)
     if expires is None:
-        raise InputError(f"expires_at {expires_at!r} is not an ISO date-time (YYYY-MM-DDTHH:MM)", file=source)
+        raise InputError(
+            f"expires_at {expires_at!r} is not an ISO date-time (YYYY-MM-DDTHH:MM)",
+            file=source,
+            line=_key_line(text, "expires_at"),
+        )
 
     def _num(key: str, kinds: tuple[type, ...]) -> Any:
         value = data.get(key)
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, kinds):
-            raise InputError(f"{key} must be a number, got {value!r}", file=source)
+            raise InputError(f"{key} must be a number, got {value!r}", file=source, line=_key_line(text, key))
         return value
 
     token = _num("token", (int,))
@@ -1380,7 +1395,7 @@ class LockManager:
         try:
             info = parse_lock(raw, source)
         except InputError as exc:
-            return self._malformed(loc, str(exc), fst.st_mtime, now, raw, ident)
+            return self._malformed(loc, str(exc), fst.st_mtime, now, raw, ident, exc.line)
         if info.instance is not None and info.file != rel:
             # Spare inodes are recycled: a reader that opened this name just before its release can
             # read the next grant's content. Look again; the name is then gone (or shows its own lock).
@@ -1403,9 +1418,10 @@ class LockManager:
         now: float,
         raw: bytes | None,
         ident: tuple[int, int, int] | None,
+        line: int | None = None,
     ) -> LockStatus:
         state: LockState = "stale" if now - mtime > self.malformed_grace_s else "malformed"
-        return LockStatus(loc.rel, loc.path, state, problem=problem, judged_at=now, raw=raw, ident=ident)
+        return LockStatus(loc.rel, loc.path, state, problem=problem, judged_at=now, raw=raw, ident=ident, line=line)
 
     @staticmethod
     def _holder_dead(info: LockInfo) -> bool:

@@ -11,6 +11,8 @@ Events (one JSON object per line, ``ev`` names the kind)::
     finished    item attempt result output error duration_ms signal_in reply question at   (reply: what the agent
                 answered; question: its own, when it asked one)
     retry       item attempt not_before at        (a failure that the retry policy retries)
+    asked       escalation request at             (what the escalation asks: question, options, deadline... so its
+                                                  file can be rebuilt if lost; comes before escalated/gate)
     escalated   item escalation kind agent at
     decided     escalation option action by channel latency_s [answer] at
                                                   (abort/reject cascade: every unfinished item is aborted)
@@ -97,6 +99,7 @@ class RunState:
     aborted: bool = False  # an abort (decision, exit trigger, ABORT packet) ended the run, whatever its items did
     gated: list[str] = field(default_factory=list)  # chains: steps a human gate asked about before they ran
     asked: list[dict[str, Any]] = field(default_factory=list)  # every escalation: escalation, item, kind, agent
+    requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # pending escalation id → its asked request
 
     @property
     def finished(self) -> bool:
@@ -207,6 +210,8 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
     elif kind == "retry" and item is not None:
         item.status = "retry_wait"
         item.not_before = ev.get("not_before")
+    elif kind == "asked" and isinstance(ev.get("request"), dict):
+        state.requests[str(ev.get("escalation"))] = {**ev["request"], "at": ev.get("at")}
     elif kind == "escalated":
         esc = str(ev.get("escalation"))
         state.escalation_count += 1
@@ -220,6 +225,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
     elif kind == "decided":
         esc = str(ev.get("escalation"))
         state.escalations.pop(esc, None)
+        state.requests.pop(esc, None)
         state.decisions.append({k: v for k, v in ev.items() if k != "ev"})
         target = by_name.get(str(ev.get("item"))) if ev.get("item") is not None else None
         action = ev.get("action")
@@ -230,11 +236,13 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
                 target.fails = 0
             elif action == "skip":
                 target.status = "skipped"
+            elif action == "reject" and not aborts_run(state.form, action, target.name):
+                target.status = "failed"  # a for_each item rejected (DESIGN: reject → failed); its siblings go on
             elif action in ("approve", "continue"):
                 target.gate = "passed" if target.gate == "pending" else target.gate
                 if target.status == "escalated":
                     target.status = "pending" if target.result != "success" else "done"
-        if action in ABORTING:
+        if aborts_run(state.form, action, ev.get("item")):
             if target is not None and target.status not in ("done", "skipped"):
                 target.status = "aborted"
             _abort_unfinished(state)
@@ -303,6 +311,15 @@ def _asked(state: RunState, ev: Mapping[str, Any], kind: str) -> None:
     state.asked.append(entry)
 
 
+def aborts_run(form: str, action: Any, item: Any) -> bool:
+    """Whether a decision ends the whole run (spec/002: an abort cascades to every unfinished item). ``reject`` does,
+    except on a for_each item: there it rejects that item only, which fails, and its siblings go on; an
+    ``on_timeout: reject`` of one agent's question must not abort the whole fan-out (issue 24, 5)."""
+    if action == "reject" and form == "for_each" and item:
+        return False
+    return action in ABORTING
+
+
 def _abort_unfinished(state: RunState) -> None:
     """An abort cascades (spec/002): every item not finished is aborted and nothing waits on the person any more."""
     state.aborted = True
@@ -311,12 +328,13 @@ def _abort_unfinished(state: RunState) -> None:
             it.status = "aborted"
             it.escalation = None
     state.escalations.clear()
+    state.requests.clear()
 
 
 def ended_because(state: RunState) -> str:
     """Why a finished run waits on nobody any more: said by the escalations it leaves behind, once cancelled."""
     for d in reversed(state.decisions):
-        if d.get("action") in ABORTING:
+        if aborts_run(state.form, d.get("action"), d.get("item")):
             where = f" on {d['item']}" if d.get("item") else ""
             return f"the run was aborted: {d.get('option')}{where} by {d.get('by') or 'ambient'}"
     return f"the run ended ({state.outcome or 'unfinished'})"
