@@ -375,11 +375,11 @@ async def test_a_round_writes_its_records_in_order_with_the_loops_own_flushes(
     j.close()
 
 
-async def test_a_round_that_cannot_write_fails_its_committers_and_every_later_one(
+async def test_a_round_that_cannot_write_fails_its_committers_and_keeps_their_records_for_the_next(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A write error in the round's thread (disk full) fails the commit: its records are lost, and no later
-    commit may report the journal durable."""
+    """A write error in the round's thread (disk full) fails the commit, but nothing is lost: the records stay
+    in memory, in order, and the next commit once space is back writes them all (issue 24, 3)."""
     j = Journal(tmp_path / "j.jsonl")
     real_write = os.write
     failing = [OSError(errno.ENOSPC, "No space left on device")]
@@ -393,11 +393,43 @@ async def test_a_round_that_cannot_write_fails_its_committers_and_every_later_on
     j.write({"i": 1})
     with pytest.raises(OSError, match="No space"):
         await asyncio.wait_for(j.commit(), 10)
+    assert read_jsonl(j.path).records == []
     j.write({"i": 2})
-    with pytest.raises(OSError):
+    await asyncio.wait_for(j.commit(), 10)
+    assert [r["i"] for r in read_jsonl(j.path).records] == [1, 2]
+    j.close()
+
+
+async def test_a_write_torn_by_a_full_disk_is_cut_before_the_next_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short write then ENOSPC leaves half a record: it is cut off at once, so the next record does not glue
+    onto it in the middle of the journal; the whole records of that write stay, the rest is written later."""
+    j = Journal(tmp_path / "j.jsonl")
+    real_write = os.write
+    calls = {"n": 0}
+
+    def short_then_full(fd: int, data: Any) -> int:
+        if fd == j._fd and calls["n"] < 2:
+            calls["n"] += 1
+            if calls["n"] == 1:  # the first record and half of the second reach the disk
+                first = bytes(data).index(b"\n") + 1
+                return real_write(fd, bytes(data)[: first + 5])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(journal_mod.os, "write", short_then_full)
+    j.write({"i": 1})
+    j.write({"i": 2})
+    with pytest.raises(OSError, match="No space"):
         await asyncio.wait_for(j.commit(), 10)
-    with pytest.raises(OSError):
-        j.close()
+    raw = j.path.read_bytes()
+    assert raw.endswith(b"\n") and [r["i"] for r in read_jsonl(j.path).records] == [1]
+    j.write({"i": 3})
+    await asyncio.wait_for(j.commit(), 10)
+    res = read_jsonl(j.path)
+    assert [r["i"] for r in res.records] == [1, 2, 3] and not res.torn_tail and res.bad_lines == []
+    j.close()
 
 
 # ---------------------------------------------------------------- tail_jsonl: the newest records, read from the end

@@ -200,7 +200,9 @@ class ChainExecutor(RunExecutor):
             scope=scope,
             detail=detail,
         )
-        return await self.ports.escalator.escalate(req)
+        esc = await self.durably(lambda: self.ports.escalator.escalate(req))
+        self.event("asked", escalation=esc, request=req.record())  # rebuilt from it if its file is lost
+        return esc
 
     # -- the loop
 
@@ -249,7 +251,7 @@ class ChainExecutor(RunExecutor):
                     "gate", item=item.name, state="pending", escalation=esc, before=True, agent=self._agent_for(step)
                 )
                 await self._signal("GATE_PENDING", None, {"context": {"step": step.name, "message": reason}})
-                await self.journal.commit()
+                await self.commit()
                 self.ports.claims.item_changed(self.state, item)
                 continue
             await self._run_step(item, step)
@@ -295,13 +297,13 @@ class ChainExecutor(RunExecutor):
             return
         attempt = next_attempt(item)
         self.event("accepted", item=item.name, attempt=attempt, key=self._key(item, attempt))
-        await self.journal.commit()
+        await self.commit()
         self.ports.claims.item_changed(self.state, item)
         self._stepping = True
         with structlog.contextvars.bound_contextvars(step=step.name, attempt=attempt):
             try:
-                res = await self.ports.delegate.attempt(self.build_attempt(item, attempt))
-            except Exception as exc:  # noqa: BLE001 - a step that cannot start fails, the daemon goes on
+                res = await self.carry_out(self.build_attempt(item, attempt))
+            except Exception as exc:  # noqa: BLE001 - a step whose SPAWN cannot be built fails, the daemon goes on
                 res = AttemptResult(result="error", error=str(exc))
             finally:
                 self._stepping = False
@@ -331,7 +333,7 @@ class ChainExecutor(RunExecutor):
                 delay = step.retry.delay(item.fails, self.ports.rng)
                 not_before = self.ports.clock.now() + timedelta(seconds=delay)
                 self.event("retry", item=item.name, attempt=attempt, not_before=not_before.isoformat())
-                await self.journal.commit()
+                await self.commit()
                 return
             if self.chain.breaker is not None:
                 fails = self.chain.breaker.fail(scope)
@@ -364,11 +366,11 @@ class ChainExecutor(RunExecutor):
                 [(k, label, k) for k, label in GATE_OPTIONS],
             )
             self.event("gate", item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
-            await self.journal.commit()
+            await self.commit()
             self.ports.claims.item_changed(self.state, item)
             return
         await self._route_exit(item, step, verdict.status, verdict.actions, verdict.reason or res.error)
-        await self.journal.commit()
+        await self.commit()
         self.ports.claims.item_changed(self.state, item)
 
     async def _agent_asks(self, item: ItemState, step: ChainStep, attempt: int, res: AttemptResult) -> None:
@@ -394,7 +396,7 @@ class ChainExecutor(RunExecutor):
         options = question_options(res.options or ["continue"])
         esc = await self._ask(item, "question", question, options, detail=res.question or "")
         self.event("escalated", item=item.name, escalation=esc, kind="question", agent=agent)
-        await self.journal.commit()
+        await self.commit()
         self.ports.claims.item_changed(self.state, item)
 
     async def _trip(self, item: ItemState, step: ChainStep, scope: str, fails: int) -> None:
@@ -407,7 +409,7 @@ class ChainExecutor(RunExecutor):
             scope=scope,
         )
         self.event("escalated", item=item.name, escalation=esc, kind="circuit_break", agent=self._agent_for(step))
-        await self.journal.commit()
+        await self.commit()
         self.ports.claims.item_changed(self.state, item)
 
     async def _route_exit(
@@ -512,7 +514,7 @@ class ChainExecutor(RunExecutor):
                     [(k, label, k) for k, label in GATE_OPTIONS],
                 )
                 self.event("final_gate", state="pending", escalation=esc)
-                await self.journal.commit()
+                await self.commit()
             return False
         if self.chain.branch and self.chain.branches is not None:
             problem = await self.chain.branches.merge(self.chain.branch)

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, tzinfo
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,12 @@ from ambient.errors import AlreadyRunningError, AmbientError
 from ambient.escalations import Escalation, EscalationStore
 from ambient.fsutil import TMP_MARK, atomic_write, check_local_filesystem, sweep_tmp
 from ambient.gitbranch import GitBranches
+from ambient.health import describe, resource_of
 from ambient.heap import HeapTrimEvaluator
 from ambient.journal import Journal, append_line
 from ambient.livecontext import LiveContext, turn_record
 from ambient.locks import LockManager
-from ambient.notify import Outbox
+from ambient.notify import Message, Outbox
 from ambient.notifyservice import NotifyService
 from ambient.packet import Packet
 from ambient.paths import BrainPaths
@@ -73,12 +75,15 @@ from ambient.services import (
 from ambient.settings import Settings, settings_changes
 from ambient.signals import SignalTrap
 from ambient.templating import render, render_path
+from ambient.troubles import Troubles
 from ambient.watch import watch_brain
 from ambient.workflow import SATELLITE_TYPES, ChainWorkflow, ForEachWorkflow, parse_workflow
 from ambient.workflowload import LoadedWorkflow
 from ambient.yamlfile import MAX_CLAIM_BYTES
 
 log = structlog.get_logger(__name__)
+#: After a write the disk had no room for (or a descriptor shortage), the engine looks again this soon.
+_HELD_UP_RETRY_S = 2.0
 
 
 @dataclass
@@ -101,6 +106,7 @@ class SingleInstance:
         self.paths = paths
         self.fd: int | None = None
         self.info: dict[str, Any] = {}
+        self.unwritten = False  # daemon.json could not be written (a full disk): written again once there is room
 
     @property
     def info_path(self) -> Path:
@@ -113,7 +119,7 @@ class SingleInstance:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            pid = running_pid(self.paths)
+            pid = lock_holder(self.paths.daemon_lock) or running_pid(self.paths, alive=True)
             raise AlreadyRunningError(
                 f"ambient is already running on {self.paths.root}"
                 + (f" (pid {pid})" if pid else "")
@@ -121,7 +127,7 @@ class SingleInstance:
             ) from None
         self.fd = fd
         self.info = {"pid": os.getpid(), "started_at": now.isoformat(), "version": __version__}
-        atomic_write(self.info_path, json.dumps(self.info) + "\n")
+        self._write_info()
 
     def record_loaded(self, brain: Brain, now: datetime) -> None:
         """Say in ``daemon.json`` what the daemon runs with: ``profil/ambient.yml`` (its sha256 and values, secrets
@@ -135,7 +141,24 @@ class SingleInstance:
             "file": found.own if found else None,
         }
         self.info["workflows"] = {name: wf.spec_hash for name, wf in sorted(brain.workflows.items())}
-        atomic_write(self.info_path, json.dumps(self.info) + "\n")
+        self._write_info()
+
+    def _write_info(self) -> None:
+        """``daemon.json``: what the CLI reads of the running daemon. A full disk does not keep the daemon from
+        starting (a restart loop under systemd, issue 24, 3): the flock says it runs, the file follows later."""
+        try:
+            atomic_write(self.info_path, json.dumps(self.info) + "\n")
+        except OSError as exc:
+            if resource_of(exc) is None:
+                raise
+            self.unwritten = True
+            log.warning("daemon_info_not_written", path=str(self.info_path), error=str(exc))
+        else:
+            self.unwritten = False
+
+    def write_if_unwritten(self) -> None:
+        if self.unwritten and self.fd is not None:
+            self._write_info()
 
     def release(self) -> None:
         if self.fd is not None:
@@ -162,13 +185,64 @@ def daemon_up(paths: BrainPaths) -> bool:
     return False
 
 
-def running_pid(paths: BrainPaths) -> int | None:
-    """The pid the running daemon wrote, if readable."""
+def raise_descriptor_limit(want: int = 1 << 16) -> int:
+    """Raise the soft limit on open files towards the hard one (to ``want``): a fan-out holds a few descriptors
+    per agent, and 1024 (the usual soft default) ran out under load where the hard limit allowed far more
+    (issue 24, 4). Returns the soft limit in force; logs when it stays low."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    if soft != resource.RLIM_INFINITY and soft < 256:
+        log.warning(
+            "descriptor_limit_low",
+            limit=soft,
+            hint="raise LimitNOFILE= in the systemd unit (or `ulimit -n`): agents need a few descriptors each",
+        )
+    return int(soft)
+
+
+def running_pid(paths: BrainPaths, *, alive: bool = False) -> int | None:
+    """The pid the running daemon wrote, if readable (and, with ``alive``, only if that process exists)."""
     try:
         data = json.loads((paths.state / "daemon.json").read_text())
-        return int(data["pid"])
+        pid = int(data["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if alive:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except OSError:
+            pass  # another user's process: it exists
+    return pid
+
+
+def lock_holder(path: Path) -> int | None:
+    """The pid holding an exclusive ``flock`` on ``path``, from Linux's ``/proc/locks`` (None elsewhere or unknown).
+
+    A daemon that loses the start race names the winner from this: ``daemon.json`` is written only once the lock is
+    taken, so in between it still names the previous daemon, possibly long dead (issue 24, 5)."""
+    try:
+        st = path.stat()
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        # "1: FLOCK  ADVISORY  WRITE 26824 fe:00:2146670 0 EOF" (a waiter's line has "->" in second place)
+        parts = line.split()
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[3] == "WRITE" and parts[5] == ident:
+            with contextlib.suppress(ValueError):
+                pid = int(parts[4])
+                if pid > 0:
+                    return pid
+    return None
 
 
 class WorkflowEvaluator:
@@ -262,22 +336,24 @@ class WorkflowEvaluator:
             entry = self.seen.get(name)
             if entry is None:
                 # A workflow seen for the first time runs once: dropping a file is how a person asks.
-                self.seen[name] = {"first_hash": wf.spec_hash, "last_started": tick.now.isoformat(), "runs": 1}
                 # Crash order (R-01): the run's ``started`` is fsync'd before workflows.json says "seen", so a kill
                 # in between cannot lose the run (saving first did: the workflow never ran). A journal already on
                 # disk for it means a kill came right after the start: that run is resumed, not started twice.
-                if name not in d.manager.journaled:
-                    d.start_run(wf, trigger="file")
-                await asyncio.to_thread(self._save)
+                # A start the disk had no room for is not "seen": it is tried again once there is room.
+                if name not in d.manager.journaled and not d.tried(partial(d.start_run, wf, trigger="file")):
+                    continue
+                self.seen[name] = {"first_hash": wf.spec_hash, "last_started": tick.now.isoformat(), "runs": 1}
+                await d.save_or_wait(self._save)
                 continue
             sched = wf.spec.schedule
             if sched is not None and not d.has_active_run(name):
                 last = datetime.fromisoformat(str(entry.get("last_started")))
                 if tick.now >= last + timedelta(seconds=sched.every):
+                    if not d.tried(partial(d.start_run, wf, trigger="schedule")):
+                        continue
                     entry["last_started"] = tick.now.isoformat()
                     entry["runs"] = int(entry.get("runs", 0)) + 1
-                    await asyncio.to_thread(self._save)
-                    d.start_run(wf, trigger="schedule")
+                    await d.save_or_wait(self._save)
 
     def mark_started(self, name: str, spec_hash: str, now: datetime) -> None:
         entry = self.seen.setdefault(name, {"first_hash": spec_hash, "runs": 0})
@@ -427,6 +503,8 @@ class IdleEvaluator:
         d = self.d
         if not (d.options.until_idle and d.started and d.manager.idle) or any(d.paths.inbox.glob("*.json")):
             return
+        if "disk" in d.troubles.health.conditions:
+            return  # work held up by a full disk is not done: it goes on once there is room
         if d.notify.active:
             # Notifications are part of the work: wait for those due soon (a first try, a quick retry).
             soon = d.clock.now() + timedelta(seconds=2)
@@ -505,6 +583,7 @@ class Daemon:
             results=s.notify.results,
         )
         self.escalator.learner = Learner(p, self.clock)
+        self.troubles = Troubles(p, self.clock, inform=self._tell_trouble)
         self.digest = Digest(  # enabled by _apply_settings
             p, self.outbox, self.clock, s.notify.digest_hours, enabled=False, wake_outbox=self.notify.wake
         )
@@ -573,6 +652,7 @@ class Daemon:
             render_text=render,
             render_path=lambda t, v: render_path(t, v, brain.matrix.zone_rules).path,
             clock=self.clock,
+            health=self.troubles,
         )
         template = item_template(spec)
         if isinstance(spec, ForEachWorkflow):
@@ -593,6 +673,63 @@ class Daemon:
             start_workflow=self._start_by_trigger,
         )
         return ChainExecutor(state, plan, template, ports, journal, self.paths, settings)
+
+    # -- the daemon's own troubles
+
+    async def _tell_trouble(self, title: str, body: str) -> None:
+        """A trouble of the daemon's, to the person now: through the outbox like any message, or, when the outbox
+        is on the full disk too, straight to the notifiers (one try: the log and ``status`` say it anyway)."""
+        try:
+            await self.escalator.inform(title, body, urgent=True)
+            return
+        except OSError as exc:
+            if resource_of(exc) is None:
+                raise
+        notifier = self.notify.notifier
+        if notifier is not None:
+            try:
+                await notifier.send(Message(title=title[:200], body=body[:3500], kind="info"))
+            except Exception as exc:  # noqa: BLE001 - best effort: the log line and status carry the same words
+                log.warning("daemon_trouble_not_notified", error=str(exc))
+
+    def _recovered(self, kind: str) -> None:
+        """A shortage is over: what it kept from disk (views, not history) is written now."""
+        self._instance.write_if_unwritten()
+        self.claims_view.retry_unwritten()
+
+    def held_up(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the daemon ran out of something (a full disk, descriptors): then it is told once
+        (log, status, doctor, a notification), the engine looks again shortly, and the caller leaves the work for
+        then instead of failing it (issue 24, 3)."""
+        kind = resource_of(exc)
+        if kind is None:
+            return False
+        where = getattr(exc, "filename", None)
+        place = str(Path(where).parent) if isinstance(where, str) else str(self.paths.state)
+        self.troubles.trouble(kind, describe(kind, getattr(exc, "strerror", None) or str(exc), place))
+        log.warning("waiting_for_resources", resource=kind, error=str(exc))
+        asyncio.get_running_loop().call_later(_HELD_UP_RETRY_S, self.engine.wake)
+        return True
+
+    def tried(self, job: Callable[[], object]) -> bool:
+        """Run ``job``; False when it could not for want of a resource (:meth:`held_up`), other errors raised."""
+        try:
+            job()
+        except OSError as exc:
+            if not self.held_up(exc):
+                raise
+            return False
+        self.troubles.recovered(["disk"])
+        return True
+
+    async def save_or_wait(self, save: Callable[[], None]) -> None:
+        """A small state file (workflows.json): written, or left for the next save when the disk is full (what it
+        records is in memory, and the runs it guards have their journals on disk already)."""
+        try:
+            await asyncio.to_thread(save)
+        except OSError as exc:
+            if not self.held_up(exc):
+                raise
 
     # -- runs
 
@@ -919,6 +1056,7 @@ class Daemon:
     async def serve(self) -> int:
         """Run until SIGTERM/SIGINT (or idle with ``until_idle``); return the exit code."""
         check_local_filesystem(self.paths.root)
+        raise_descriptor_limit()
         for d in (
             self.paths.claims,
             self.paths.locks,
@@ -943,6 +1081,8 @@ class Daemon:
             ):
                 sweep_tmp(d)
             self._build()
+            self.troubles.on_recovered = self._recovered
+            self.troubles.start()
             stop, hup = self._on_stop_signal, self._on_hup
             trap = SignalTrap(
                 asyncio.get_running_loop(), {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGHUP: hup}

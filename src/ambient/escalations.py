@@ -330,6 +330,45 @@ def _as_option(value: Option | Mapping[str, Any] | tuple[str, str, str]) -> Opti
     return Option.model_validate(value)
 
 
+def offered_options(raw: Iterable[Sequence[str]]) -> list[tuple[str, str, str]]:
+    """(key, label, action) as an escalation offers them: an agent's proposed answer (action ``answer``) gets a key
+    slugged from its text; a key already offered is dropped (an agent that proposes ``skip`` beside ours)."""
+    options: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    for key, label, action in raw:
+        k = key if action != "answer" else slug_key(key)
+        if k not in seen:
+            seen.add(k)
+            options.append((k, label, action))
+    return options
+
+
+def rebuild(esc_id: str, *, workflow: str, run_id: str, request: Mapping[str, Any]) -> Escalation:
+    """A pending escalation built again from what its run's journal kept of it (an ``asked`` event's request and its
+    ``at``), for a file lost or emptied by a crash. Its deadline is counted from when the journal recorded the
+    question (within milliseconds of the original); it gets a new nonce and is notified again."""
+    at = datetime.fromisoformat(str(request["at"]))
+    deadline_s, remind_s = request.get("deadline_s"), request.get("remind_before_s")
+    esc = new_escalation(
+        workflow=workflow,
+        run_id=run_id,
+        kind=request["kind"],
+        question=str(request["question"]),
+        now=at,
+        options=offered_options(request["options"]),
+        item=request.get("item"),
+        step=request.get("step"),
+        agent=request.get("agent"),
+        scope=request.get("scope"),
+        detail=request.get("detail", request["question"]),
+        timeout=timedelta(seconds=float(deadline_s)) if deadline_s else None,
+        on_timeout=request.get("on_timeout"),
+        remind_before=timedelta(seconds=float(remind_s)) if remind_s else None,
+        dedupe_key=request.get("dedupe_key"),
+    )
+    return _evolve(esc, id=normalize_id(esc_id))
+
+
 def render_options(esc: Escalation) -> list[str]:
     """The options numbered from 1, one per line: ``1) retry  Run it again``."""
     width = max(len(o.key) for o in esc.options)
@@ -387,7 +426,8 @@ def timeout_decision(esc: Escalation, now: datetime) -> Escalation | None:
     """What the deadline decides, or None when it is not due (or the escalation is not pending).
 
     ``approve``/``reject``/``abort`` pick the offered option with that action (approve falls back
-    to ``continue``, then ``skip``; reject to ``abort``; with none offered the action itself is the decision) and
+    to ``continue``, then ``skip``; reject to ``abort``, except on an agent's question about a for_each item, where
+    it rejects that item only; with none offered the action itself is the decision) and
     set status ``expired`` with channel ``timeout``. ``escalate`` keeps it pending without an end
     and re-arms the notification, so the person is told again.
     """
@@ -405,7 +445,13 @@ def timeout_decision(esc: Escalation, now: datetime) -> Escalation | None:
             notify=esc.notify.model_dump() | {"next_at": now, "delivered_at": None},
         )
     decision: str = action
-    for wanted in _TIMEOUT_ACTIONS[action]:
+    wanted_actions = _TIMEOUT_ACTIONS[action]
+    if action == "reject" and esc.kind == "question" and esc.item is not None:
+        # An agent's own question in a for_each: reject that item (it fails), not the whole run through the
+        # "abort" option offered beside the agent's answers (issue 24, 5). A chain's step has no item: its reject
+        # still ends the chain.
+        wanted_actions = ("reject",)
+    for wanted in wanted_actions:
         match = next((o for o in esc.options if o.action == wanted), None)
         if match is not None:
             decision = match.key
@@ -707,6 +753,27 @@ class EscalationStore:
                     self._write(new)
                     done.append(new)
         return done
+
+    def restore(self, esc: Escalation) -> str | None:
+        """Write ``esc`` (see :func:`rebuild`) if its file is missing, empty or unreadable, and say which; None, nothing
+        written, if a readable file is there (it may have appeared meanwhile). An unreadable file is kept beside,
+        as ``<id>.yml.unreadable`` (a person may have written something in it)."""
+        with self._guard():
+            path = self.path_for(esc.id)
+            try:
+                size = os.lstat(path).st_size
+            except FileNotFoundError:
+                reason = "missing"
+            else:
+                try:
+                    self._read(path)
+                    return None
+                except (InputError, OSError):
+                    reason = "empty" if size == 0 else "unreadable"
+                if reason == "unreadable":
+                    os.replace(path, path.with_name(path.name + ".unreadable"))
+            self._write(esc)
+            return reason
 
     def is_pending(self, esc_id: str) -> bool:
         """Whether an escalation still waits on the person (an unknown or unreadable one does not)."""

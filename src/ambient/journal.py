@@ -53,6 +53,14 @@ def _fsync_pool() -> Any:
     return _FSYNC_POOL[0]
 
 
+class Unwritten(OSError):
+    """A write to a journal failed (a full disk); ``rest``: the bytes kept in memory to be written again."""
+
+    def __init__(self, cause: OSError, path: str, rest: bytes) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause), path)
+        self.rest = rest
+
+
 class Journal:
     """One JSONL file opened for appending. Not thread-safe; use it from one event loop or thread."""
 
@@ -77,10 +85,16 @@ class Journal:
         self._buf += _dumps(record)
         self._written += 1
         if not self._buffered or len(self._buf) >= _FLUSH_AT:
-            self.flush()
+            try:
+                self.flush()
+            except Unwritten:
+                if not self._buffered:
+                    raise
+                # A full disk: the records wait in memory for the next commit, which says so to its caller.
 
     def flush(self) -> None:
-        """Write buffered lines to the file (whole lines only), without fsync."""
+        """Write buffered lines to the file (whole lines only), without fsync. A write that fails (a full disk)
+        raises :class:`Unwritten` and keeps what did not reach the file for the next try, in order."""
         if not self._buf and not self._pending:
             return
         with self._io:
@@ -88,16 +102,39 @@ class Journal:
             if self._buf:
                 data = bytes(self._buf)
                 self._buf.clear()
-                self._write(data)
+                try:
+                    self._write(data)
+                except Unwritten as exc:
+                    self._buf[:0] = exc.rest
+                    raise
 
     def _write_pending(self) -> None:
         # Holding self._io.
         data, self._pending = self._pending, b""
         if data:
-            self._write(data)
+            try:
+                self._write(data)
+            except Unwritten as exc:
+                self._pending = exc.rest + self._pending
+                raise
 
     def _write(self, data: bytes) -> None:
-        write_all(self._fd, data)
+        """Append whole lines. When a write fails half-way (ENOSPC after a short write), the torn line is cut
+        off the file before anything else is appended: a record glued onto a fragment is lost with it, in the
+        middle of a journal where no start-up repair looks (issue 24, 3). The lines that did reach the file
+        stay; the rest is raised back to the caller."""
+        view = memoryview(data)
+        done = 0
+        try:
+            while done < len(data):
+                done += os.write(self._fd, view[done:])
+        except OSError as exc:
+            whole = data.rfind(b"\n", 0, done) + 1
+            torn = done - whole
+            if torn:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - torn)
+            raise Unwritten(exc, str(self.path), data[whole:]) from exc
 
     def sync(self) -> None:
         """Flush and fsync: everything written so far survives a power cut. A failed fsync raises."""
@@ -163,11 +200,7 @@ class Journal:
         failure: OSError | None = None
         try:
             with self._io:
-                try:
-                    self._write_pending()
-                except OSError as exc:  # records lost: later commits must not report them durable
-                    self._failed = exc
-                    raise
+                self._write_pending()  # a failed write keeps its records pending: the next round tries again
             self._fsync()
         except OSError as exc:
             failure = exc

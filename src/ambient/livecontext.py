@@ -685,7 +685,12 @@ class LiveContext:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 data = b"\n" + data  # a torn last line (crash mid-append) stays alone on its line
-            write_all(fd, data)
+            try:
+                write_all(fd, data)
+            except OSError:  # a full disk: no fragment is left for the next append to be glued onto
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                raise
             if self.durable:
                 os.fsync(fd)
         finally:

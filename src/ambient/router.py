@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from ambient.clock import Clock, SystemClock
 from ambient.errors import InputError, PacketError, UnsafePathError
 from ambient.fsutil import atomic_write, iter_files, read_capped, resolve_in_brain, write_all, write_new
-from ambient.journal import Journal, iter_jsonl
+from ambient.journal import Journal, Unwritten, iter_jsonl
 from ambient.matrix import AMBIENT, HUMAN, AccessMatrix, Decision
 from ambient.packet import (
     BROADCAST,
@@ -737,10 +737,12 @@ class Router:
         return rec
 
     def flush(self) -> None:
-        """Write the pending group and the buffered audit lines to the file (no fsync); call it each tick."""
+        """Write the pending group and the buffered audit lines to the file (no fsync); call it each tick. On a full
+        disk the lines stay in memory, in order, for the next flush (issue 24, 3): the audit is not worth a stop."""
         self._write_batch()
         if self.audit is not None:
-            self.audit.flush()
+            with contextlib.suppress(Unwritten):
+                self.audit.flush()
 
     async def commit(self) -> None:
         """Make every audit record so far durable (group-committed fsync)."""

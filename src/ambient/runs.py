@@ -25,12 +25,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import structlog
 
 from ambient.clock import Clock, SystemClock
-from ambient.journal import Journal, append_line, read_jsonl
+from ambient.health import describe, resource_of
+from ambient.journal import Journal, Unwritten, append_line, read_jsonl
 from ambient.paths import BrainPaths
 from ambient.planner import (
     ANSWER,
@@ -51,6 +52,7 @@ from ambient.runstate import (
     UNRECOVERABLE,
     ItemState,
     RunState,
+    aborts_run,
     apply_event,
     ended_because,
     fold,
@@ -104,6 +106,7 @@ class AttemptResult:
     question: str | None = None
     options: list[str] = field(default_factory=list)
     retryable: bool = True  # False for the agent's own ERROR signal: "unrecoverable", never retried
+    trouble: str | None = None  # ambient itself failed (a resource it ran out of, see ambient.health): not the agent
 
     @property
     def reply(self) -> str:
@@ -138,6 +141,18 @@ class EscalationRequest:
     respawn: str | None = None  # an agent's own ESCALATE outside a run: SPAWN it again with the answer
     detail: str | None = None  # the agent's own words (its question, its error); None: none of an agent's
 
+    def record(self) -> dict[str, Any]:
+        """What the run journal keeps of it (an ``asked`` event): enough to rebuild the escalation file if it is
+        lost or emptied by a crash (:func:`ambient.escalations.rebuild`), so the run never waits on a question
+        nobody can see (issue 24, 5). The run's id and workflow are the journal's own."""
+        out: dict[str, Any] = {"kind": self.kind, "question": self.question, "options": [list(o) for o in self.options]}
+        for key in ("item", "step", "agent", "scope", "dedupe_key", "deadline_s", "on_timeout", "remind_before_s"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.detail and self.detail != self.question:
+            out["detail"] = self.detail
+        return out
+
 
 class Escalator(Protocol):
     """Persists an escalation before any notification; returns its id."""
@@ -164,6 +179,14 @@ class Emitter(Protocol):
 Renderer = Callable[[str, Mapping[str, Any]], str]
 
 
+class HealthView(Protocol):
+    """Where the daemon's own troubles go (``status``, ``doctor``, one notification): not the agent's failures."""
+
+    def trouble(self, kind: str, message: str) -> None: ...
+
+    def recovered(self, kinds: Sequence[str]) -> None: ...
+
+
 @dataclass
 class Ports:
     """Everything an executor needs from the world."""
@@ -176,6 +199,7 @@ class Ports:
     render_path: Renderer
     clock: Clock = field(default_factory=SystemClock)
     rng: random.Random = field(default_factory=random.Random)
+    health: HealthView | None = None
 
 
 # ---------------------------------------------------------------- helpers
@@ -193,6 +217,23 @@ def item_claim_id(run_id: str, item: ItemState, form: str) -> str:
     if form == "chain":
         return f"{run_id}-step-{item.name}"
     return f"{run_id}-item-{item.index + 1:03d}"
+
+
+T = TypeVar("T")
+_RETRY_FIRST_S = 0.5  # a write that failed for want of space or descriptors is tried again after this, doubling
+_RETRY_MAX_S = 15.0
+
+#: The troubles an agent that started and answered shows are over (a full disk ends when writes succeed again).
+_RECOVERED_BY_AN_AGENT = ("descriptors", "memory", "processes")
+
+
+def daemon_failure(exc: BaseException) -> AttemptResult:
+    """An attempt that ambient itself failed to carry out (an exception, not an answer): an ``error`` that names
+    the daemon's resource when it ran out of one, so nobody blames the agent; retried by the workflow's policy."""
+    kind = resource_of(exc, spawning=True)
+    if kind is not None:
+        return AttemptResult(result="error", error=describe(kind, str(exc)), trouble=kind)
+    return AttemptResult(result="error", error=f"ambient failed to carry out the attempt (not the agent): {exc!r}")
 
 
 def _step_result(status: AttemptStatus) -> str:
@@ -297,8 +338,11 @@ class RunExecutor:
 
     @property
     def waiting(self) -> bool:
-        """Parked: no agent runs and nothing moves until the person decides (or a retry timer fires)."""
-        return self._parked and not self._tasks and not self.state.finished
+        """Parked: no agent runs and nothing moves until the person decides (or a retry timer fires). An item
+        still "running" with no task behind it is not waiting on the person: never called idle."""
+        return (
+            self._parked and not self._tasks and not self.state.finished and not self._status_counts().get("running", 0)
+        )
 
     async def _wait_wake(self, delay: float | None) -> None:
         """Sleep until poked (a task ended, a decision arrived, a slot was freed) or ``timeout``; parked when
@@ -413,6 +457,36 @@ class RunExecutor:
         self._holding.update(it.name for it in batch)
         return batch
 
+    async def commit(self) -> None:
+        """The journal's records on disk, waiting out a full disk (see :meth:`durably`)."""
+        await self.durably(self.journal.commit)
+
+    async def durably(self, op: Callable[[], Awaitable[T]]) -> T:
+        """``op``, again and again while it fails for want of a resource of the daemon's (a full disk, no
+        descriptor left): the run holds still, starting nothing, and goes on by itself once it succeeds (issue
+        24, 3-4). The trouble goes to the daemon's health (status, doctor, one notification) and ends with it.
+        Other errors are raised. Cancelled by a stop like any wait."""
+        delay = _RETRY_FIRST_S
+        kind: str | None = None
+        while True:
+            try:
+                result = await op()
+            except OSError as exc:
+                kind = resource_of(exc)
+                if kind is None:
+                    raise
+                where = exc.filename if isinstance(exc.filename, str) else str(self.journal.path.parent)
+                message = describe(kind, exc.strerror or str(exc), str(Path(where).parent))
+                log.warning("waiting_for_resources", resource=kind, error=str(exc), retry_in_s=delay)
+                if self.ports.health is not None:
+                    self.ports.health.trouble(kind, message)
+                await asyncio.sleep(delay)  # a timer of the daemon's own, not a test's: the disk frees when it will
+                delay = min(delay * 2, _RETRY_MAX_S)
+                continue
+            if kind is not None and self.ports.health is not None:
+                self.ports.health.recovered([kind])
+            return result
+
     def _release(self, name: str) -> None:
         """The item's agent is done (or will never run): its slot goes back, once."""
         if self.on_agent_end is not None:
@@ -429,7 +503,7 @@ class RunExecutor:
             attempt = next_attempt(item)
             self.event("accepted", item=item.name, attempt=attempt, key=self._key(item, attempt))
             starts.append((item, attempt))
-        await self.journal.commit()
+        await self.commit()
         for item, attempt in starts:
             self.ports.claims.item_changed(self.state, item)
             task = asyncio.create_task(self._run_item(item, attempt), name=f"item:{item.name}")
@@ -440,9 +514,22 @@ class RunExecutor:
         name = task.get_name().removeprefix("item:")
         self._tasks.pop(name, None)
         self._release(name)  # a task cancelled or crashed before its agent was done
-        if not task.cancelled() and task.exception() is not None:
-            log.error("item_task_crashed", item=name, error=repr(task.exception()))
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            log.error("item_task_crashed", item=name, error=repr(exc), exc_info=exc)
+            self._settle(name, exc)
         self.poke()  # not parked any more: the loop has a result to route (an idle check must not stop us)
+
+    def _settle(self, name: str, exc: BaseException) -> None:
+        """An item whose task died before its result was written would stay "running" for ever: holding the
+        run's concurrency, never retried, and the run looking idle (issue 24, 4). It gets ambient's error as its
+        result, routed like any other (retried by the workflow's policy, then escalated)."""
+        item = self._by_name.get(name)
+        if item is None or item.status != "running" or self._closing:
+            return
+        task = asyncio.create_task(self._record(item, item.attempt, daemon_failure(exc)), name=f"item:{name}")
+        self._tasks[name] = task
+        task.add_done_callback(self._task_done)
 
     def _key(self, item: ItemState, attempt: int) -> str:
         return f"{self.state.run_id}/{item.name}/{attempt}"
@@ -516,9 +603,29 @@ class RunExecutor:
             res = AttemptResult(result="error", error=f"cannot build the SPAWN: {exc}")
         else:
             try:
-                res = await self.ports.delegate.attempt(a)
+                res = await self.carry_out(a)
             finally:
                 self._release(item.name)  # the agent is done: another run's agent may start now
+        await self._record(item, attempt, res)
+
+    async def carry_out(self, a: Attempt) -> AttemptResult:
+        """The attempt through the delegate; an exception is ambient's failure, not the agent's: an ``error``
+        result (retried by the workflow's policy), and a resource the daemon ran out of goes to its health."""
+        try:
+            res = await self.ports.delegate.attempt(a)
+        except Exception as exc:  # ambient failed, not the agent: recorded, retried by the workflow's policy
+            res = daemon_failure(exc)
+            log.error("attempt_crashed", item=a.item, attempt=a.attempt, error=res.error, exc_info=exc)
+        health = self.ports.health
+        if health is not None:
+            if res.trouble is not None:
+                health.trouble(res.trouble, res.error or res.trouble)
+            elif res.result != "error":
+                health.recovered(_RECOVERED_BY_AN_AGENT)
+        return res
+
+    async def _record(self, item: ItemState, attempt: int, res: AttemptResult) -> None:
+        """The attempt's result to the journal, routed (retry, escalate, next), committed, then the item's claim."""
         self.event(
             "finished",
             item=item.name,
@@ -537,7 +644,7 @@ class RunExecutor:
         # The agent is done: its slot is free now, so the next item's ``accepted`` joins this fsync round
         # instead of waiting for it (bench/fanout.py (b): two fsync rounds in a row per slot before).
         self.poke()
-        await self.journal.commit()
+        await self.commit()
         self.ports.claims.item_changed(self.state, item)
 
     async def _route(self, item: ItemState, res: AttemptResult) -> None:
@@ -569,7 +676,8 @@ class RunExecutor:
             options += list(self.template.extra_options)
             kind = "blocked" if res.result == "blocked" else ("error" if res.result == "error" else "fail")
             what = {"fail": "failed", "error": "hit an error", "blocked": "is blocked"}[kind]
-            question = f"{self.template.agent} {what} on {item.name}" + (f": {res.error}" if res.error else "")
+            who = "ambient" if res.trouble else self.template.agent  # the daemon's own failure: not the agent's
+            question = f"{who} {what} on {item.name}" + (f": {res.error}" if res.error else "")
             detail = res.error or ""
         req = EscalationRequest(
             run_id=self.state.run_id,
@@ -585,7 +693,8 @@ class RunExecutor:
             remind_before_s=self.template.remind_before_s,
             detail=detail,
         )
-        esc_id = await self.ports.escalator.escalate(req)
+        esc_id = await self.durably(lambda: self.ports.escalator.escalate(req))
+        self.event("asked", escalation=esc_id, request=req.record())
         self.event("escalated", item=item.name, escalation=esc_id, kind=kind, agent=self.template.agent)
 
     def abort(self, *, by: str, reason: str) -> None:
@@ -644,7 +753,7 @@ class RunExecutor:
             **extra,
         )
         self.journal.sync()
-        if action in ABORTING:
+        if aborts_run(self.state.form, action, item):
             self._stop_aborted(before)
         elif item is not None:
             self.ports.claims.item_changed(self.state, self._by_name[item])
@@ -670,7 +779,7 @@ class RunExecutor:
             await self.ports.emitter.emit(t.complete_signal, t.complete_to, {"result": result}, self.state)
         self.event("finished_run", outcome=outcome)
         try:
-            await self.journal.commit()
+            await self.commit()
         except asyncio.CancelledError:
             # A stop came while the record was being committed: the run is over all the same, so its summary
             # and closed claim go out now (the journal synced first) rather than wait for the next start's
@@ -678,6 +787,9 @@ class RunExecutor:
             self.journal.sync()
             self._summarize(outcome)
             raise
+        await self.durably(lambda: self._summarize_now(outcome))
+
+    async def _summarize_now(self, outcome: str) -> None:
         self._summarize(outcome)
 
     def _summarize(self, outcome: str) -> None:
@@ -755,7 +867,17 @@ class RunManager:
             "at": _iso(now),
         }
         journal.write(record)
-        journal.sync()
+        try:
+            journal.sync()
+        except OSError:
+            # No room for the run (a full disk): no journal is left behind, so the next try starts it afresh.
+            path = journal.path
+            with contextlib.suppress(OSError):
+                journal.close()
+            with contextlib.suppress(OSError):
+                if path.stat().st_size == 0:
+                    path.unlink()
+            raise
         state = fold([record])
         self.journaled.add(workflow)
         self._launch(state, journal)
@@ -813,7 +935,7 @@ class RunManager:
                 continue
             res = read_jsonl(path)
             if res.torn_tail:
-                _truncate_torn_tail(path)
+                _truncate_torn_tail(path, self.paths.rel(path))
             try:
                 state = fold(res.records)
             except (ValueError, KeyError) as exc:
@@ -842,7 +964,12 @@ class RunManager:
                 }
                 journal.write(ev)
                 apply_event(state, by_name, ev)
-            journal.sync()
+            try:
+                journal.sync()
+            except Unwritten as exc:
+                # A full disk: the records wait in memory, ahead of the ``accepted`` of any new attempt, which
+                # is committed before its agent starts (RunExecutor.durably waits for space).
+                log.warning("waiting_for_resources", resource=resource_of(exc), error=str(exc), run_id=run_id)
             self._launch(state, journal)
             # Item claims are views written after the journal (for_each ones coalesced): a kill can leave them
             # behind it, so every item already touched is written again from the journal (no ghost "open" claim).
@@ -903,7 +1030,13 @@ class RunManager:
         summarized = {r.get("run_id") for r in read_jsonl(self.paths.runs_log).records}
         for state, path in behind:
             if state.run_id not in summarized:
-                append_line(self.paths.runs_log, run_record(state).to_json_dict(), durable=True)
+                try:
+                    append_line(self.paths.runs_log, run_record(state).to_json_dict(), durable=True)
+                except OSError as exc:  # a full disk: the next start catches up (the journal says it finished)
+                    if resource_of(exc) is None:
+                        raise
+                    log.warning("waiting_for_resources", resource=resource_of(exc), error=str(exc))
+                    continue
             journal = Journal(path)
             try:
                 views = self.factory(state, journal).ports.claims
@@ -1095,8 +1228,9 @@ def finished_glance(path: Path) -> tuple[str, str] | None:
     return (workflow, last["at"]) if isinstance(workflow, str) else None
 
 
-def _truncate_torn_tail(path: Path) -> None:
-    """Cut a torn last line (crash mid-append) so new events start on a line of their own."""
+def _truncate_torn_tail(path: Path, source: str) -> None:
+    """Cut a torn last line (crash mid-append) so new events start on a line of their own; reported as
+    ``file:line`` (``source`` names the file), like every other problem with a file."""
     data = path.read_bytes()
     cut = data.rfind(b"\n") + 1
     if cut < len(data):
@@ -1106,7 +1240,9 @@ def _truncate_torn_tail(path: Path) -> None:
             os.fsync(fd)  # the cut is what the next appends start from: on disk before they come
         finally:
             os.close(fd)
-        log.warning("journal_torn_tail_cut", path=str(path), bytes=len(data) - cut)
+        line = data.count(b"\n", 0, cut) + 1
+        problem = f"{source}:{line}: torn last line (a crash mid-append): {len(data) - cut} byte(s) cut"
+        log.warning("journal_torn_tail_cut", path=str(path), line=line, bytes=len(data) - cut, problem=problem)
 
 
 __all__ = [

@@ -33,8 +33,10 @@ from ambient.escalations import (
     EscalationStore,
     new_escalation,
     next_timer,
-    slug_key,
+    offered_options,
+    rebuild,
 )
+from ambient.health import resource_of
 from ambient.livecontext import HANDOFF_NAME
 from ambient.notify import Message, Outbox, escalation_message
 from ambient.packet import Packet, make_packet
@@ -187,6 +189,13 @@ class AgentDelegate:
                 grants.append(grant)
                 self.leases.hold(grant)
             res = await self._run(a, sent.packet, cfg)
+            if res.reason == "daemon_resources":  # ambient's own failure: no ERROR packet in the agent's name
+                return AttemptResult(
+                    result="error",
+                    error=res.error,
+                    duration_ms=_ms(started),
+                    trouble=str((res.context or {}).get("resource") or "") or None,
+                )
         finally:
             for g in grants:
                 try:
@@ -486,14 +495,7 @@ class StoreEscalator:
 
     async def escalate(self, req: EscalationRequest) -> str:
         now = self.clock.now()
-        options: list[tuple[str, str, str]] = []
-        seen: set[str] = set()
-        for key, label, action in req.options:
-            k = key if action != "answer" else slug_key(key)
-            if k in seen:
-                continue
-            seen.add(k)
-            options.append((k, label, action))
+        options = offered_options(req.options)
         esc = new_escalation(
             workflow=req.workflow,
             run_id=req.run_id,
@@ -584,9 +586,10 @@ class StoreEscalator:
         if self.wake_outbox is not None:
             self.wake_outbox.set()
 
-    async def inform(self, title: str, body: str) -> None:
-        """A "for your information" message: silent, never a decision (batched when a digest is on)."""
-        if self.digest is not None:
+    async def inform(self, title: str, body: str, *, urgent: bool = False) -> None:
+        """A "for your information" message: silent, never a decision (batched when a digest is on, unless
+        ``urgent``: the daemon's own troubles, which the person must hear of now)."""
+        if self.digest is not None and not urgent:
             await asyncio.to_thread(self.digest.add, title, body)
             return
         if self.outbox is None or not self.notifying:
@@ -749,6 +752,9 @@ class ClaimsWriter:
         # on slow disks, and it must not stall the event loop. Below the loop's priority: see ambient.background.
         self._writer = background_executor("claims")
         self._inflight: Future[None] | None = None
+        # Claims a full disk kept from being written, by sess_id: the writer thread's own (no lock needed);
+        # written again at the end of the shortage (retry_unwritten), unless a newer version made it first.
+        self._unwritten: dict[str, tuple[Claim, dict[str, Any]]] = {}
 
     def flush(self, *, wait: bool = False) -> None:
         """Write every pending item claim (a run's end, shutdown with ``wait``)."""
@@ -802,15 +808,40 @@ class ClaimsWriter:
             failed = self.store.write_claims(claims, durable=True)
         except (AmbientError, OSError) as exc:  # the guard or the folder itself: nothing of the batch was written
             log.warning("claim_write_failed", claims=len(claims), error=str(exc))
-            return
-        for sess_id, error in failed:
-            log.warning("claim_write_failed", claim=sess_id, error=str(error))
+            failed = [(claim.sess_id, exc) for claim, _doc in claims]
+        else:
+            for sess_id, error in failed:
+                log.warning("claim_write_failed", claim=sess_id, error=str(error))
+        self._note_unwritten(claims, failed)
 
     def _store(self, claim: Claim) -> None:
         try:
             self.store.write_claim(claim, durable=True)
         except (AmbientError, OSError) as exc:  # a claim the person broke or replaced: report, go on
             log.warning("claim_write_failed", claim=claim.sess_id, error=str(exc))
+            self._note_unwritten([(claim, claim.to_document())], [(claim.sess_id, exc)])
+        else:
+            self._unwritten.pop(claim.sess_id, None)
+
+    def _note_unwritten(self, claims: list[tuple[Claim, dict[str, Any]]], failed: Iterable[tuple[str, Any]]) -> None:
+        """In the writer thread: remember the claims a full disk (or no descriptor) kept from disk, forget those
+        written since."""
+        short = {sess_id for sess_id, error in failed if isinstance(error, BaseException) and resource_of(error)}
+        for claim, doc in claims:
+            if claim.sess_id in short:
+                self._unwritten[claim.sess_id] = (claim, doc)
+            else:
+                self._unwritten.pop(claim.sess_id, None)
+
+    def retry_unwritten(self) -> None:
+        """The shortage is over: write the claims it kept from disk (in the writer thread, after what is queued)."""
+        self._writer.submit(self._retry)
+
+    def _retry(self) -> None:
+        claims, self._unwritten = list(self._unwritten.values()), {}
+        if claims:
+            log.info("claims_rewritten", count=len(claims))
+            self._write_many(claims)
 
     def _prepare(self, sess_id: str, base: dict[str, Any]) -> Claim | None:
         # Performance (bench/fanout.py): the last document is kept and compared as a dict, and only a changed one
@@ -1079,6 +1110,7 @@ class EscalationEvaluator:
         if not tick.touched(self.store.paths.escalations) and not self._timers_due(tick.now):
             return
         escs = await asyncio.to_thread(self.store.list)
+        escs += await self._rebuild_lost({e.id for e in escs})
         now = self.clock.now()
         ended: set[str] = set()
         for esc in escs:
@@ -1099,6 +1131,35 @@ class EscalationEvaluator:
             why = await asyncio.to_thread(self.manager.ended_reason, run_id)
             await self.escalator.cancel_leftovers(run_id, why)
         self._arm(next_timer(e for e in escs if e.run_id not in ended))
+
+    async def _rebuild_lost(self, listed: set[str]) -> list[Escalation]:
+        """The escalations a run waits on whose file is missing, empty or unreadable, written again from what the
+        run's journal kept (issue 24, 5): otherwise the run waits for good on a question nobody can see."""
+        rebuilt: list[Escalation] = []
+        for ex in list(self.manager.executors.values()):
+            state = ex.state
+            for esc_id in [e for e in state.escalations if e not in listed and e in state.requests]:
+                try:
+                    esc = rebuild(esc_id, workflow=state.workflow, run_id=state.run_id, request=state.requests[esc_id])
+                    reason = await asyncio.to_thread(self.store.restore, esc)
+                except (AmbientError, OSError, ValueError, KeyError, TypeError) as exc:
+                    log.error("escalation_not_rebuilt", escalation=esc_id, run_id=state.run_id, error=str(exc))
+                    continue
+                if reason is None:
+                    continue  # written meanwhile: the next listing has it
+                log.warning(
+                    "escalation_rebuilt",
+                    escalation=esc_id,
+                    reason=reason,
+                    file=self.store.paths.rel(self.store.path_for(esc_id)),
+                    journal=self.store.paths.rel(self.store.paths.run_journals / f"{state.run_id}.jsonl"),
+                    workflow=state.workflow,
+                    run_id=state.run_id,
+                    item=esc.item or esc.step,
+                )
+                await self.escalator.queue(esc)
+                rebuilt.append(esc)
+        return rebuilt
 
     async def _apply(self, esc: Escalation) -> None:
         option = esc.decided_option

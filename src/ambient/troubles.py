@@ -48,6 +48,7 @@ class Troubles:
         self.inform = inform
         self.health = Health()
         self._written_at = 0.0
+        self.on_recovered: Callable[[str], None] | None = None  # e.g. rewrite what a full disk kept unwritten
 
     def start(self) -> None:
         """A new daemon starts healthy: the last one's troubles are not ours."""
@@ -71,6 +72,8 @@ class Troubles:
                 if cond is not None:
                     log.info("daemon_trouble_over", kind=kind, since=cond.since.isoformat(), seen=cond.count)
                     ended = True
+                    if self.on_recovered is not None:
+                        self.on_recovered(kind)
         if ended:
             self._write()
 

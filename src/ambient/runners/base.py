@@ -48,6 +48,7 @@ Reason = Literal[
     "bad_output",  # exit 0 but stdout is not a valid agent answer (see the protocol)
     "sender_mismatch",  # the answer claims to come from someone else than the spawned agent (S-05)
     "spawn_failed",  # the program could not be started (not found, not executable, bad cwd)
+    "daemon_resources",  # ambient itself ran out of something starting it (descriptors, memory): not the agent
     "bad_request",  # the request could not be turned into a process (template, NUL, packet too big, import)
     "exception",  # a callable agent raised
 ]

@@ -27,6 +27,7 @@ import structlog
 
 from ambient.errors import InputError
 from ambient.fsutil import resolve_in_brain, write_all
+from ambient.health import describe, resource_of
 from ambient.locks import start_time_now
 from ambient.runners.base import (
     MAX_ENV_PACKET_BYTES,
@@ -657,9 +658,16 @@ class CommandRunner:
             proc, output = await _start(req, argv, packet_json.encode(), env, cwd, cfg, self._spawner)
         except _SetupError as exc:
             return error_result("spawn_failed", _redact(f"cannot prepare the agent's start: {exc}", req))
-        except _StdinError as exc:
-            return error_result("spawn_failed", exc.strerror or str(exc))
         except OSError as exc:
+            # Descriptors, memory, processes: the daemon's (or its spawner's) own limits, not the agent's fault.
+            kind = resource_of(exc, spawning=True)
+            if kind is not None:
+                detail = f"starting {req.agent!r}: {exc.strerror or exc}"
+                return error_result(
+                    "daemon_resources", describe(kind, detail), context={"resource": kind}, duration_ms=_ms(started)
+                )
+            if isinstance(exc, _StdinError):
+                return error_result("spawn_failed", exc.strerror or str(exc))
             return error_result(
                 "spawn_failed", f"cannot start {argv[0]!r}: {exc.strerror or exc}", duration_ms=_ms(started)
             )
