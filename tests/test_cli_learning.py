@@ -103,6 +103,7 @@ class TestStats:
 
     def test_empty_brain_and_bad_since(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """No history is a friendly message; a bad --since is a usage error (exit 2)."""
+        (tmp_path / "agents").mkdir()  # a brain without history
         assert main(["stats", "--brain", str(tmp_path)]) == 0
         assert "No runs recorded yet" in capsys.readouterr().out
         assert main(["stats", "--brain", str(tmp_path), "--since", "someday"]) == 2
@@ -122,6 +123,7 @@ def _learned(brain: Path, agreements: int) -> str:
 class TestRules:
     def test_list_empty(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """Without rules the list says how rules appear and that auto-decisions are off."""
+        (tmp_path / "agents").mkdir()  # a brain without rules
         assert main(["rules", "--brain", str(tmp_path)]) == 0
         out = capsys.readouterr().out
         assert "automatic decisions: off" in out and "No learned rules yet" in out

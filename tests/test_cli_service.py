@@ -192,6 +192,7 @@ def test_config_show_redacts_env_and_file_urls(
 
 def test_config_show_without_file_gives_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """No profil/ambient.yml: the defaults, each marked as such."""
+    (tmp_path / "agents").mkdir()  # a brain without its configuration file
     assert main(["config", "show", "--brain", str(tmp_path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["file_exists"] is False
@@ -199,27 +200,28 @@ def test_config_show_without_file_gives_defaults(tmp_path: Path, capsys: pytest.
     assert set(data["sources"].values()) == {"default"}
 
 
-def test_config_show_invalid_exits_2_with_file_line(
+def test_config_show_invalid_exits_1_with_file_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A typo and a bad value are reported at their lines, a bad override by its variable; exit 2; no secret."""
+    """A typo and a bad value are reported at their lines, a bad override by its variable; exit 1 (as `validate`);
+    no secret."""
     root = tmp_path / "brain"
     (root / "profil").mkdir(parents=True)
     (root / "profil" / "ambient.yml").write_text(
         f"tick_seconds: 30\nconcurency: 3\nnotify:\n  urls: ['{TOKEN_URL}']\n  retry_base_s: -1\n"
     )
     monkeypatch.setenv("AMBIENT_LOG_LEVEL", "loud")
-    assert main(["config", "show", "--brain", str(root)]) == 2
+    assert main(["config", "show", "--brain", str(root)]) == 1
     text = capsys.readouterr()
     err = text.err.splitlines()
     assert "profil/ambient.yml:2: concurency: unknown key; did you mean 'concurrency'? (got 3)" in err
     assert any(line.startswith("profil/ambient.yml:5: notify.retry_base_s: ") for line in err)
     assert any(line.startswith("$AMBIENT_LOG_LEVEL: log_level: ") for line in err)
-    assert "the configuration is invalid" in err[-1]
+    assert "is invalid (3 problem(s) on stderr)" in text.out
     assert CANARY not in text.out + text.err
     (root / "profil" / "ambient.yml").write_text("notify: [\n")
     monkeypatch.delenv("AMBIENT_LOG_LEVEL")
-    assert main(["config", "show", "--brain", str(root)]) == 2
+    assert main(["config", "show", "--brain", str(root)]) == 1
     assert re.search(r"^profil/ambient\.yml:\d+: ", capsys.readouterr().err, re.M)
 
 
@@ -235,7 +237,7 @@ def test_bad_override_is_blamed_on_its_variable(
     monkeypatch.delenv("AMBIENT_CONCURRENCY")
     (root / "profil" / "ambient.yml").write_text("log_level: info\nnotify: none\n")
     monkeypatch.setenv("AMBIENT_NOTIFY_URLS", TOKEN_URL)
-    assert main(["config", "show", "--brain", str(root)]) == 2
+    assert main(["config", "show", "--brain", str(root)]) == 1
     err = capsys.readouterr().err
     assert "profil/ambient.yml:2: notify: Input should be a valid dictionary" in err
     assert CANARY not in err
@@ -443,7 +445,8 @@ def test_doctor_telegram_backlog_close_to_retention(
 def test_doctor_leftover_temp_file_and_not_a_brain(
     make_brain: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A dead writer's temp file is named (not removed); a folder that is no brain is an error with `init`."""
+    """A dead writer's temp file is named (not removed); a folder that is no brain is refused with `init` (exit 2),
+    as every command refuses it."""
     root = make_brain()
     proc = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True, timeout=30
@@ -455,6 +458,7 @@ def test_doctor_leftover_temp_file_and_not_a_brain(
     assert leftover.exists()
     empty = tmp_path / "empty"
     empty.mkdir()
-    code, findings = _doctor(capsys, empty)
-    assert code == 1 and "ambient init" in _one(findings, "brain", "does not look like a brain")["hint"]
+    assert main(["doctor", "--brain", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a brain" in err and "ambient init" in err
     assert main(["doctor", "--brain", str(tmp_path / "missing")]) == 2

@@ -164,6 +164,7 @@ def test_matrix_denial_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture
 
 def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A path that does not exist, a bad option, or a brain that is not a directory: exit 2."""
+    (tmp_path / "agents").mkdir()
     assert main(["validate", "--brain", str(tmp_path), str(tmp_path / "nope.yml")]) == 2
     assert "no such file or directory" in capsys.readouterr().err
     assert main(["validate", "--no-such-option"]) == 2

@@ -19,11 +19,11 @@ from ambient.errors import InputError
 from ambient.fsutil import read_capped
 from ambient.matrix import decide
 from ambient.paths import BrainPaths
-from ambient.problems import Problem
+from ambient.problems import Problem, Severity
 from ambient.routing import BrainMatrix, build_matrix
 from ambient.runners.base import RunnerConfig, RunnerConfigError, parse_runner_config
 from ambient.settings import Settings, env_paths, settings_from, settings_salvaged
-from ambient.workflowload import AgentExists, LoadedWorkflow, MaySpawn, load_workflows
+from ambient.workflowload import AgentExists, KnownAgents, LoadedWorkflow, MaySpawn, load_workflows
 from ambient.yamlfile import MAX_CONFIG_BYTES, LineMap, decode, expect_mapping, parse_yaml, problems_from_validation
 
 
@@ -113,8 +113,10 @@ def spawn_checks(matrix: BrainMatrix) -> tuple[AgentExists, MaySpawn]:
     """The callbacks workflow validation uses: does an agent exist, may a sender SPAWN it here."""
     agents = matrix.agents
 
-    def agent_exists(name: str) -> bool:
+    def exists(name: str) -> bool:
         return name in agents or matrix.matrix.gate(name) is not None
+
+    agent_exists = KnownAgents(agents, exists)
 
     def may_spawn(sender: str, agent: str, zone: str | None, files: Sequence[str]) -> str | None:
         decision = decide(matrix.matrix, sender, agent, "SPAWN", zone, files, matrix.zone_rules)
@@ -157,6 +159,42 @@ def runner_configs(
             if parsed is not None:
                 out[name] = parsed
     return out, problems
+
+
+def program_problems(paths: BrainPaths, matrix: BrainMatrix, runners: Mapping[str, RunnerConfig]) -> list[Problem]:
+    """Command runners whose program (or ``{{python}}`` script) is not there, so every spawn of the agent would fail:
+    the one check ``ambient validate`` and ``ambient doctor`` both report (errors; a bare program name not on this
+    PATH is a warning, since the daemon's PATH under systemd may differ)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from ambient.runners.base import CommandRunnerConfig
+
+    found: list[Problem] = []
+    for name, cfg in sorted(runners.items()):
+        if not isinstance(cfg, CommandRunnerConfig):
+            continue
+        spec = matrix.agents.get(name)
+        file = paths.rel(spec.path) if spec is not None else paths.rel(paths.config)
+        line = spec.runner_line if spec is not None else None
+        cwd = paths.root if cfg.cwd is None else paths.root / cfg.cwd if not cfg.cwd.startswith("/") else Path(cfg.cwd)
+        prog = cfg.argv[0]
+        message = None
+        severity: Severity = "error"
+        if prog == "{{python}}":
+            script = cfg.argv[1] if len(cfg.argv) > 1 else ""
+            if script.endswith(".py") and "{{" not in script and not (cwd / script).is_file():
+                message = f"agent {name}: script {script} not found in {cwd}"
+        elif "/" in prog:
+            target = cwd / prog
+            if not (target.is_file() and os.access(target, os.X_OK)):
+                message = f"agent {name}: program {prog} is missing or not executable"
+        elif shutil.which(prog) is None:
+            message, severity = f"agent {name}: program {prog!r} is not on this PATH", "warning"
+        if message is not None:
+            found.append(Problem(file=file, line=line, message=message, severity=severity))
+    return found
 
 
 def _runner_config(

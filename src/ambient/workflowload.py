@@ -41,6 +41,29 @@ from ambient.zones import DEFAULT_RULES, ZoneRule
 WORKFLOW_SUFFIXES = (".yml", ".yaml")
 
 AgentExists = Callable[[str], bool]
+
+
+class KnownAgents:
+    """The brain's agents as an :data:`AgentExists` check, with the names a misspelt agent is matched against
+    (``did you mean 'checker'?``, as key typos are)."""
+
+    def __init__(self, names: Iterable[str], exists: Callable[[str], bool]) -> None:
+        self.names = sorted(names)
+        self._exists = exists
+
+    def __call__(self, name: str) -> bool:
+        return self._exists(name)
+
+
+def _did_you_mean(name: str, agent_exists: AgentExists) -> str:
+    """``; did you mean 'x'?`` when ``agent_exists`` knows the names and one is close to ``name``."""
+    import difflib
+
+    names = agent_exists.names if isinstance(agent_exists, KnownAgents) else []
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 # may_spawn(sender, agent, zone, files) -> None when allowed, else the reason of the denial.
 MaySpawn = Callable[[str, str, str | None, Sequence[str]], str | None]
 
@@ -380,7 +403,7 @@ def check_workflow(
         for loc, agent, message in _agents_named(wf, default_agents):
             if not agent_exists(agent):
                 missing.add(agent)
-                found.append((loc, message))
+                found.append((loc, message + _did_you_mean(agent, agent_exists)))
     if may_spawn is not None:
         sender = wf.spec.sender
         for loc, agent, zone, files in _scope_for_check(wf, rules, default_agents):

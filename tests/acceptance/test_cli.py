@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.harness import AMBIENT, Brain, ambient, clean_env, wait
+from tests.acceptance.harness import AMBIENT, Brain, agent_md, ambient, clean_env, wait
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -252,6 +252,52 @@ def test_validate_strict_counts_warnings(brain: Brain) -> None:
     assert "agents/librarian.md:" in strict.out
 
 
+def test_validate_checks_a_path_as_what_it_is_by_where_it_lives(example_brain: Brain) -> None:
+    """Issue 23 (last trial): `ambient validate PATH` checks an agent as an agent, profil/ambient.yml as the
+    configuration, the routing table as one, a claim as a claim, a directory as everything of its kind in it, with
+    the checks of the whole brain; anything else is exit 2 saying what validate checks."""
+    brain = example_brain
+    brain.python_agent("checker", OK_AGENT)
+    for path in ("agents/checker.md", "agents", "profil/ambient.yml", "profil/routing.yml", "profil", "workflows"):
+        res = ambient("validate", path, cwd=brain.root)
+        assert res.rc == 0 and res.out.startswith("ok: "), res
+        assert "another document" not in res.out and "neither a for_each" not in res.out, res
+    assert "2 agent file(s)" in ambient("validate", "agents", cwd=brain.root).out
+    brain.write("agents/broken.md", "---\nname: broken\nbrain: [unclosed\n---\n# broken\n")
+    brain.write("profil/ambient.yml", "concurency: 2\n")
+    brain.write("claims/sess-broken.yml", "sess_id: [\n")
+    for path, where in (
+        ("agents/broken.md", "agents/broken.md:"),
+        ("agents", "agents/broken.md:"),
+        ("profil/ambient.yml", "profil/ambient.yml:1: "),
+        ("claims/sess-broken.yml", "claims/sess-broken.yml:"),
+        ("claims", "claims/sess-broken.yml:"),
+    ):
+        res = ambient("validate", path, cwd=brain.root)
+        assert res.rc == 1 and re.search(rf"^{re.escape(where)}", res.out, re.M), res
+    one = ambient("validate", "agents/checker.md", cwd=brain.root)
+    assert one.rc == 0 and "broken" not in one.out and "concurency" not in one.out, one
+    brain.write("bin/tool.py", "print('hi')\n")
+    for path in ("bin/tool.py", "bin"):
+        res = ambient("validate", path, cwd=brain.root)
+        assert res.rc == 2 and "validate checks workflows/*.yml, agents/*.md" in res.err, res
+
+
+def test_validate_and_doctor_report_a_missing_agent_script_alike(brain: Brain) -> None:
+    """Issue 23 (last trial): an agent whose runner names a script that is not there fails every spawn: `validate`
+    reports it as an error at the agent's file and line, as `doctor` does (one check, both commands)."""
+    brain.write("agents/ghost.md", agent_md("ghost", ["{{python}}", "bin/does_not_exist.py"]))
+    checked = brain.cli("validate")
+    assert checked.rc == 1, checked
+    [line] = [row for row in checked.out.splitlines() if "does_not_exist.py" in row]
+    assert re.match(r"^agents/ghost\.md:\d+: agent ghost: script bin/does_not_exist\.py not found", line), checked
+    assert ambient("validate", "agents/ghost.md", cwd=brain.root).rc == 1
+    report = brain.cli("doctor", "--json").json()
+    [finding] = [f for f in report["findings"] if "does_not_exist.py" in f["message"]]
+    assert finding["severity"] == "error"
+    assert line.startswith(f"{finding['file']}:{finding['line']}: {finding['message']}"), (line, finding)
+
+
 # ---------------------------------------------------------------- status, runs
 
 
@@ -281,6 +327,62 @@ def test_status_shows_the_daemon_runs_and_escalations(brain: Brain) -> None:
     down = brain.ok("status")
     assert "Daemon: down" in down.out
     assert brain.status()["daemon"]["up"] is False
+
+
+def test_status_of_one_workflow_shows_only_its_escalations_each_named_once(brain: Brain) -> None:
+    """Issue 23 (last trial): `ambient status WORKFLOW` lists that workflow's escalations only (as it lists its runs
+    only), and an escalation's line names its workflow once (`esc-…  rollout / eu-1: …`)."""
+    brain.python_agent("deploy", FAILING_AGENT)
+    _fanout(brain, "rollout", ["eu-1"])
+    _fanout(brain, "other", ["x-1"])
+    brain.until_idle()
+    escs = {e["workflow"]: e["id"] for e in brain.escalations()}
+    assert set(escs) == {"rollout", "other"}, escs
+    everything = brain.ok("status").out
+    assert "Escalations waiting on you: 2" in everything, everything
+    assert re.search(rf"^  {escs['rollout']}  rollout / eu-1: ", everything, re.M), everything
+    assert "rollout rollout" not in everything, everything
+    one = brain.ok("status", "rollout").out
+    assert "Escalations waiting on you: 1" in one and escs["rollout"] in one, one
+    assert escs["other"] not in one and "x-1" not in one, one
+
+
+def test_status_shows_an_items_error_once_with_its_attempts(brain: Brain) -> None:
+    """Issue 23 (last trial): "Last failures and errors" names a failing item once, with how many attempts failed,
+    not once per attempt."""
+    brain.python_agent("deploy", FAILING_AGENT)
+    _fanout(brain, "rollout", ["eu-1"])
+    brain.write(
+        "workflows/rollout.yml",
+        brain.read("workflows/rollout.yml") + "retry: {attempts: 3, backoff: 0.01, on: [fail]}\n",
+    )
+    brain.until_idle()
+    [esc] = brain.escalations()
+    assert brain.decide(esc["id"], "skip").rc == 0
+    brain.until_idle()
+    text = brain.ok("status").out
+    errors = text.split("Last failures and errors:", 1)[1].splitlines()[1:]
+    assert [row for row in errors if "eu-1" in row] == [
+        "  rollout/eu-1 (3 attempts): agent exited with code 1: eu-1 is down"
+    ], text
+
+
+def test_status_names_workflow_files_that_do_not_load(brain: Brain) -> None:
+    """Issue 23 (last trial): `ambient status` says how many workflow files do not load, which, and to run
+    `ambient validate`; a brain whose workflows all load says nothing of it."""
+    brain.python_agent("deploy", OK_AGENT)
+    _fanout(brain, "ship", ["web"])
+    assert "do not load" not in brain.ok("status").out
+    brain.write("workflows/broken.yml", "workflow: broken\nfor_each: {items: [a]}\n")
+    brain.write("workflows/typo.yml", "workflow: typo\nfor_each:\n  items: [a]\n  spawn: nobody\n")
+    text = brain.ok("status").out
+    assert re.search(
+        r"^Workflow files that do not load: 2 \(workflows/broken\.yml, workflows/typo\.yml\); "
+        rf"`ambient --brain {re.escape(str(brain.root))} validate` says why$",
+        text,
+        re.M,
+    ), text
+    assert brain.status()["broken_workflows"] == ["workflows/broken.yml", "workflows/typo.yml"]
 
 
 def test_runs_lists_recorded_runs_and_last_n(brain: Brain) -> None:
@@ -539,3 +641,74 @@ def test_runs_refuses_an_unknown_workflow_and_a_last_below_one(brain: Brain) -> 
     for n in ("0", "-1"):
         res = brain.cli("runs", "--last", n)
         assert res.rc == 2 and "--last must be 1 or more" in res.err, res
+
+
+#: Every command that reads or writes a brain, as a person would type it (only `init`, `demo`, `config template`,
+#: `--help` and `--version` need none).
+BRAIN_COMMANDS: list[tuple[str, ...]] = [
+    ("decide", "esc-abcdef", "1"),
+    ("escalations",),
+    ("status",),
+    ("runs",),
+    ("start", "hello"),
+    ("validate",),
+    ("doctor",),
+    ("run", "--until-idle"),
+    ("stats",),
+    ("rules",),
+    ("rules", "accept", "r-abc"),
+    ("replay", "hello"),
+    ("config", "show"),
+    ("notify", "test"),
+    ("lock", "list"),
+    ("lock", "acquire", "foo.txt", "me"),
+    ("lock", "cleanup"),
+    ("thread", "deploy"),
+    ("claim", "list"),
+    ("claim", "open", "--type", "code", "--scope", "x/", "--agent", "coder"),
+    ("gate", "approve", "sess-abc"),
+    ("preflight", "status", "x/"),
+    ("matrix",),
+    ("matrix", "explain", "ambient", "deploy", "SPAWN"),
+    ("send", "-"),
+]
+
+
+@pytest.mark.parametrize("args", BRAIN_COMMANDS, ids=[" ".join(a) for a in BRAIN_COMMANDS])
+def test_every_brain_command_refuses_a_directory_that_is_not_a_brain_and_writes_nothing(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Issue 23 (last trial): a command that needs a brain refuses an empty or missing directory with exit 2 and
+    one message, and creates nothing there (a refused `decide` used to leave `.ambient/`, which made the directory
+    look like a brain to the next command)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    packet = '{"from": "human", "to": "ambient", "signal": "NOTIFY", "payload": {"context": {"text": "hi"}}}'
+    here = ambient(*args, cwd=empty, input=packet)
+    assert here.rc == 2 and f"{empty} is not a brain" in here.err and "ambient init" in here.err, here
+    assert list(empty.iterdir()) == [], here
+    missing = tmp_path / "nonexistent"
+    there = ambient("--brain", str(missing), *args, cwd=empty, input=packet)
+    assert there.rc == 2 and f"{missing} is not a directory" in there.err, there
+    assert not missing.exists() and list(empty.iterdir()) == [], there
+
+
+def test_a_refused_decide_leaves_no_brain_behind_and_init_still_makes_one(tmp_path: Path) -> None:
+    """After a refused `decide` in a plain directory, `status` and `run` still refuse it; `init` makes a brain of
+    an empty directory and of one that does not exist yet."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert ambient("decide", "esc-abcdef", "1", cwd=plain).rc == 2
+    for args in (("status",), ("run", "--until-idle")):
+        res = ambient(*args, cwd=plain)
+        assert res.rc == 2 and "is not a brain" in res.err, res
+    assert list(plain.iterdir()) == []
+    made = ambient("init", "--no-example", cwd=plain)
+    assert made.rc == 0 and (plain / "profil" / "ambient.yml").is_file(), made
+    assert ambient("status", cwd=plain).rc == 0
+    before = _tree(plain)
+    assert ambient("decide", "esc-abcdef", "1", cwd=plain).rc == 2
+    assert _tree(plain) == before and not (plain / ".ambient" / "escalations").exists()
+    new = tmp_path / "new" / "brain"
+    assert ambient("init", str(new)).rc == 0 and (new / "profil" / "ambient.yml").is_file()
+    assert ambient("--brain", str(new), "validate").rc == 0

@@ -122,7 +122,7 @@ def test_a_typo_is_an_error_with_its_line(brain: Brain) -> None:
     assert re.search(r"^profil/ambient\.yml:4: .*retry_bse_s", res.out, re.M), res
     assert re.search(r"^profil/ambient\.yml:5: .*log_level", res.out, re.M), res
     shown = brain.cli("config", "show")
-    assert shown.rc == 2, shown
+    assert shown.rc == 1, shown
     assert "profil/ambient.yml:4:" in shown.err and "retry_bse_s" in shown.err, shown
     doctor = brain.cli("doctor", "--json")
     assert doctor.rc == 1
@@ -154,6 +154,32 @@ def test_config_show_prints_effective_values_with_their_source_and_masks_secrets
     assert shown["sources"]["breaker_threshold"] == "default"
     assert shown["settings"]["tick_seconds"] == 5
     assert len(shown["settings"]["notify"]["urls"]) == 2
+
+
+def test_config_show_of_an_invalid_file_shows_what_the_daemon_runs_with(brain: Brain, webhook: Webhook) -> None:
+    """Issue 23 (last trial): with an invalid profil/ambient.yml, `config show` prints the problems, then the
+    settings a daemon starting on it uses (every valid key of the file, the others at their defaults), labelled
+    as such; exit 1, as `validate` exits on the same file."""
+    brain.config(f'tick_seconds: 7\nconcurency: 2\nlog_level: loud\nnotify:\n  urls: ["{webhook.url}"]\n')
+    assert brain.cli("validate").rc == 1
+    shown = brain.cli("config", "show")
+    assert shown.rc == 1, shown
+    assert "profil/ambient.yml:2:" in shown.err and "concurency" in shown.err, shown
+    assert "profil/ambient.yml:3:" in shown.err and "log_level" in shown.err, shown
+    assert "the configuration is invalid" not in shown.text, shown
+    assert re.search(r"^# profil/ambient\.yml is invalid .*the valid keys", shown.out, re.M), shown
+    rows = {line.split()[0]: line for line in shown.out.splitlines() if line and not line.startswith("#")}
+    assert re.search(r"7(\.0)?\s+profil/ambient\.yml:1$", rows["tick_seconds"]), rows
+    assert rows["concurrency"].endswith("default"), rows
+    assert '"info"' in rows["log_level"] and "profil/ambient.yml:3 is invalid" in rows["log_level"], rows
+    assert rows["notify.urls"].endswith("profil/ambient.yml:5"), rows
+    data = brain.cli("config", "show", "--json")
+    assert data.rc == 1, data
+    report = data.json()
+    assert report["valid"] is False and report["settings"]["tick_seconds"] == 7, report
+    assert any("concurency" in p for p in report["problems"]), report
+    brain.config("tick_seconds: 7\n")
+    assert brain.ok("config", "show", "--json").json()["valid"] is True
 
 
 def test_config_template_is_the_commented_file(tmp_path: Path) -> None:
@@ -477,7 +503,8 @@ def test_a_bad_environment_override_is_the_variables_fault_and_the_file_still_ho
     assert "$AMBIENT_CONCURRENCY: concurrency:" in res.err and "profil/ambient.yml:1" not in res.err, res.err
     assert brain.read("count/peak.txt") == "1"
     shown = brain.cli("config", "show", env={"AMBIENT_CONCURRENCY": "abc"})
-    assert shown.rc == 2 and "$AMBIENT_CONCURRENCY: concurrency:" in shown.err, shown
+    assert shown.rc == 1 and "$AMBIENT_CONCURRENCY: concurrency:" in shown.err, shown
+    assert re.search(r"^concurrency\s+1\s+profil/ambient\.yml:1$", shown.out, re.M), shown
 
 
 def test_a_misspelt_setting_is_named_with_the_one_it_looks_like(brain: Brain) -> None:

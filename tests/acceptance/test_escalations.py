@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.acceptance.harness import Brain, FakeTelegram, Webhook, wait
+from tests.acceptance.harness import Brain, FakeTelegram, Webhook, ambient, wait
 
 # ---------------------------------------------------------------- agents and workflows
 
@@ -236,7 +236,7 @@ def test_escalations_lists_what_waits_and_all_shows_the_answered(brain: Brain) -
     for esc in escs:
         assert esc["id"] in res.out
     assert "1) retry" in res.out and "2) skip" in res.out and "3) abort" in res.out
-    assert f"ambient decide {escs[0]['id']}" in res.out
+    assert f"ambient --brain {brain.root} decide {escs[0]['id']}" in res.out  # asked with --brain: it is named
     assert "the instance is down" in res.out
 
     brain.decide(escs[0]["id"], "skip")
@@ -250,6 +250,20 @@ def test_escalations_lists_what_waits_and_all_shows_the_answered(brain: Brain) -
     brain.decide(escs[1]["id"], "skip")
     assert "No pending escalations" in brain.ok("escalations").out
     assert brain.escalations() == []
+
+
+def test_escalations_names_the_brain_in_the_command_to_answer_as_status_does(brain: Brain) -> None:
+    """Issue 23 (last trial): `ambient --brain DIR escalations` prints `answer: ambient --brain DIR decide …`, the
+    command to copy from any directory, as `ambient status` does; in the brain itself, `ambient decide …`."""
+    brain.python_agent("deploy", FAILING)
+    _rollout(brain)
+    brain.until_idle()
+    [esc] = brain.escalations()
+    named = brain.ok("escalations").out
+    assert f"answer: ambient --brain {brain.root} decide {esc['id']} <number or name>" in named, named
+    assert f"ambient --brain {brain.root} decide {esc['id']} <option>" in brain.ok("status").out
+    here = ambient("escalations", cwd=brain.root)
+    assert f"answer: ambient decide {esc['id']} <number or name>" in here.out, here
 
 
 def test_decide_by_number_or_name_with_or_without_the_prefix(brain: Brain) -> None:

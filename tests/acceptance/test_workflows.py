@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import yaml
 
@@ -22,6 +23,36 @@ COLOUR_AGENT = """
     target.write_text(ctx["decision"] + "\\n")
     print(json.dumps({"status": "ok", "colour": ctx["decision"]}))
 """
+
+
+FOR_EACH = """workflow: {name}
+for_each:
+  items: {items}
+  spawn: {agent}
+  scope: {{zone: project, files: ["workspace/{name}/{{{{item}}}}.md"]}}
+"""
+
+OK_AGENT = """
+    import json, sys
+    json.load(sys.stdin)
+    print(json.dumps({"status": "ok"}))
+"""
+
+# Fails the items whose name starts with "bad" (a business failure: exit 1), succeeds on the others.
+SOME_FAIL_AGENT = """
+    import json, os, sys
+    json.load(sys.stdin)
+    if os.environ["AMBIENT_ITEM"].startswith("bad"):
+        sys.exit(1)
+    print(json.dumps({"status": "ok"}))
+"""
+
+# Keeps every SPAWN packet it is handed, one JSON line each, in workspace/packets.jsonl.
+SAVE_PACKET = (
+    'packet = json.load(sys.stdin); pathlib.Path(os.environ["AMBIENT_BRAIN"], "workspace").mkdir(exist_ok=True); '
+    'open(pathlib.Path(os.environ["AMBIENT_BRAIN"], "workspace", "packets.jsonl"), "a")'
+    '.write(json.dumps(packet) + "\\n")'
+)
 
 
 def test_an_agents_escalate_in_a_for_each_resumes_with_the_decision(brain: Brain) -> None:
@@ -505,3 +536,47 @@ def test_a_chain_steps_scope_template_is_rendered(brain: Brain) -> None:
     )
     brain.until_idle()
     assert brain.read("workspace/tmpl/notes.md") == "written\n"
+
+
+def test_a_spawn_naming_a_missing_agent_says_which_agent_it_looks_like(brain: Brain) -> None:
+    """Issue 23 (last trial): a misspelt agent in `spawn:` gets the same did-you-mean as a misspelt key."""
+    brain.python_agent("checker", OK_AGENT)
+    brain.workflow("checks", FOR_EACH.format(name="checks", agent="chekcer", items="[a]"))
+    res = brain.cli("validate")
+    assert res.rc == 1, res
+    assert (
+        "workflows/checks.yml:4: spawn: agent 'chekcer' does not exist in agents/; did you mean 'checker'?"
+        in res.out.splitlines()
+    ), res
+
+
+def test_skip_counts_as_not_done_in_the_runs_outcome(brain: Brain) -> None:
+    """README (Workflows): a skipped item is not done: skipping the only item ends the run `failed` 0/1, skipping
+    one of several that otherwise succeed ends it `partial`."""
+    brain.python_agent("flaky", SOME_FAIL_AGENT)
+    brain.workflow("alone", FOR_EACH.format(name="alone", agent="flaky", items="[bad-1]"))
+    brain.workflow("some", FOR_EACH.format(name="some", agent="flaky", items="[ok-1, bad-2]"))
+    brain.until_idle()
+    for esc in brain.escalations():
+        assert brain.decide(esc["id"], "skip").rc == 0
+    brain.until_idle()
+    [alone] = brain.finished("alone")
+    [some] = brain.finished("some")
+    assert (alone["outcome"], alone["done"], alone["total"]) == ("failed", 0, 1), alone
+    assert (some["outcome"], some["done"], some["total"]) == ("partial", 1, 2), some
+    assert re.search(r"alone\s+failed\s+0/1 items done", brain.ok("runs", "alone").out)
+
+
+def test_every_spawn_payload_carries_decision_null_beside_the_context(brain: Brain) -> None:
+    """README (Workflows): a first run's SPAWN has `payload.decision: null` (a field of every packet) and no
+    `payload.context.decision`; the answer to a question arrives in `payload.context.decision`."""
+    brain.python_agent("colour", COLOUR_AGENT.replace("packet = json.load(sys.stdin)", SAVE_PACKET))
+    brain.workflow("paint", FOR_EACH.format(name="paint", agent="colour", items="[wall]"))
+    brain.until_idle()
+    [esc] = brain.escalations()
+    assert brain.decide(esc["id"], "blue").rc == 0
+    brain.until_idle()
+    first, again = (json.loads(line) for line in brain.read("workspace/packets.jsonl").splitlines())
+    assert "decision" in first["payload"] and first["payload"]["decision"] is None, first
+    assert "decision" not in first["payload"]["context"], first
+    assert again["payload"]["context"]["decision"] == "blue", again

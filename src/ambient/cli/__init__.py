@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from ambient import __version__
-from ambient.cli._common import EXIT_USAGE, CommandFunc, add_brain_option, fail, quiet_logs
+from ambient.cli._common import EXIT_USAGE, CommandFunc, add_brain_option, fail, quiet_logs, refused_brain
 from ambient.errors import AmbientError, InputError
 
 #: Commands that run the daemon and set up its logging themselves.
@@ -100,6 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return EXIT_USAGE
+    why = refused_brain(args)
+    if why is not None:
+        return fail(why)
     if args.command not in _DAEMON_COMMANDS:
         quiet_logs()
     try:

@@ -36,12 +36,17 @@ def add_command(
     func: CommandFunc | None,
     help: str,
     description: str | None = None,
+    *,
+    needs_brain: bool = True,
 ) -> argparse.ArgumentParser:
-    """Add a subcommand carrying the ``--brain`` option and its handler."""
+    """Add a subcommand carrying the ``--brain`` option and its handler. ``needs_brain=False``: the command acts on
+    no brain (``init``, ``demo``, ``config template``), so :func:`refused_brain` does not refuse its directory."""
     p = sub.add_parser(name, help=help, description=description or help)
     add_brain_option(p)
     if func is not None:
         p.set_defaults(func=func)
+    if not needs_brain:
+        p.set_defaults(needs_brain=False)
     return p
 
 
@@ -49,6 +54,13 @@ def brain_dir(args: argparse.Namespace) -> Path:
     """The brain this command acts on: ``--brain``, else ``$AMBIENT_BRAIN``, else the current directory."""
     raw = getattr(args, "brain", None) or os.environ.get("AMBIENT_BRAIN") or "."
     return Path(raw).absolute()
+
+
+def ambient_command(root: Path, *words: str) -> str:
+    """``ambient [--brain ROOT] WORDS``: a command to copy and run from any directory, the brain named unless it is
+    the current directory (every hint that tells the person what to type next)."""
+    where = "" if root == Path.cwd() else f"--brain {root} "
+    return f"ambient {where}{' '.join(words)}"
 
 
 #: What makes a directory a brain: one of these (``ambient init`` writes profil/ambient.yml).
@@ -65,6 +77,15 @@ def not_a_brain(root: Path) -> str | None:
             "there, or give the brain with --brain DIR"
         )
     return None
+
+
+def refused_brain(args: argparse.Namespace) -> str | None:
+    """Why the command of ``args`` may not run: the one rule for every command that reads or writes a brain, checked
+    by ``main`` before any handler, so that no command creates a file in a directory that is not a brain (None: it
+    may run)."""
+    if not getattr(args, "needs_brain", True):
+        return None
+    return not_a_brain(brain_dir(args))
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> int:

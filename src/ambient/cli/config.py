@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ambient.cli._common import EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, out_json
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, out, out_json
 from ambient.terminal import printable
 
 if TYPE_CHECKING:
@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Print the settings ambient runs with: profil/ambient.yml, then AMBIENT_* environment overrides, then "
             "defaults, with the source of each value. Notification URLs and runner environment values are masked. "
-            "Exit 2 with file:line problems when the configuration is invalid."
+            "When the file is invalid: its file:line problems on stderr, then the settings a daemon starting on it "
+            "uses (every valid key, the others at their defaults), and exit 1, as `ambient validate`."
         ),
     )
     show.add_argument("--json", action="store_true", help="print JSON: settings, sources, file, environment")
@@ -48,6 +49,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "template",
         _template,
         help="print a profil/ambient.yml listing every setting, commented out with its default",
+        needs_brain=False,
     )
 
 
@@ -64,8 +66,9 @@ class EffectiveConfig:
     salvaged: Settings | None = None  # when invalid: what `ambient run` starts with (every key that is valid)
 
     def redacted(self) -> dict[str, Any]:
-        """The settings as JSON-ready data, secrets masked (empty when invalid)."""
-        return redacted_settings(self.settings) if self.settings is not None else {}
+        """The settings as JSON-ready data, secrets masked; when invalid, the salvaged ones (empty if none)."""
+        used = self.settings or self.salvaged
+        return redacted_settings(used) if used is not None else {}
 
 
 def _has(data: Any, loc: Loc) -> bool:
@@ -110,14 +113,20 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
     except ValidationError as exc:
         result.problems += settings_problems(exc, source=source, lines=lines, environ=environ)
         result.salvaged = settings_salvaged(data, environ)
-        return result
+    # Where each value comes from; with problems, a value they name is the default (or the file's, for a bad
+    # variable): settings_salvaged drops exactly those.
+    bad_lines = {p.line for p in result.problems if p.file == source and p.line is not None}
+    bad_vars = {p.file[1:] for p in result.problems if p.file.startswith("$")}
     for key, _ in flatten(result.redacted()):
         loc = tuple(key.split("."))
-        var = next((v for v, path in env.items() if loc[: len(path)] == path), None)
+        var = next((v for v, path in env.items() if loc[: len(path)] == path and v not in bad_vars), None)
+        line = lines.line_for(loc) if _has(data, loc) else None
         if var is not None:
             result.sources[key] = f"${var}"
+        elif _has(data, loc) and line in bad_lines:
+            result.sources[key] = f"default ({source}:{line} is invalid)"
         elif _has(data, loc):
-            result.sources[key] = f"{source}:{lines.line_for(loc)}"
+            result.sources[key] = f"{source}:{line}"
         else:
             result.sources[key] = "default"
     return result
@@ -153,41 +162,44 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 def _show(args: argparse.Namespace) -> int:
     from ambient.paths import BrainPaths
 
-    root = brain_dir(args)
-    if not root.is_dir():
-        return fail(f"{root} is not a directory; run in a brain or pass --brain DIR")
+    root = brain_dir(args)  # a brain: main() refused anything else
     cfg = effective_config(BrainPaths(root), os.environ)
-    if cfg.settings is None:
-        for problem in cfg.problems:
-            print(printable(str(problem)), file=sys.stderr)
-        return fail(
-            f"the configuration is invalid ({len(cfg.problems)} problem(s) above); until it is fixed `ambient run` "
-            "starts with the keys that are valid (the others at their defaults) and a reload keeps the previous "
-            "settings",
-            EXIT_USAGE,
-        )
-    settings = cfg.redacted()
+    for problem in cfg.problems:  # first, on stderr: the file is invalid, and where
+        print(printable(str(problem)), file=sys.stderr)
+    code = EXIT_OK if not cfg.problems else EXIT_NO  # as `ambient validate` on the same file
+    settings = cfg.redacted()  # an invalid file: what a daemon starting on it uses (its valid keys kept)
     if args.json:
         out_json(
             {
                 "brain": str(root),
                 "file": cfg.file,
                 "file_exists": cfg.exists,
+                "valid": not cfg.problems,
+                "problems": [str(p) for p in cfg.problems],
                 "environment": sorted(cfg.environment),
                 "settings": settings,
                 "sources": cfg.sources,
             }
         )
-        return EXIT_OK
+        return code
+    if not settings:  # the file cannot be read as YAML at all: nothing of it is used
+        out(f"# {cfg.file} cannot be read ({len(cfg.problems)} problem(s) on stderr): `ambient run` starts on defaults")
+        return code
     env = ", ".join(sorted(cfg.environment)) or "none"
     out(f"# effective settings of {root}")
     out(f"# file: {cfg.file}{'' if cfg.exists else ' (absent: defaults)'}; environment overrides: {env}")
+    if cfg.problems:
+        out(
+            f"# {cfg.file} is invalid ({len(cfg.problems)} problem(s) on stderr): below, what `ambient run` starts "
+            "with, the valid keys of the file and the others at their defaults (a running daemon keeps its previous "
+            "settings until the file is fixed)"
+        )
     rows = [(key, json.dumps(_as_written(value), ensure_ascii=False)) for key, value in flatten(settings)]
     key_w = max(len(k) for k, _ in rows)
     val_w = min(max(len(v) for _, v in rows), 40)
     for key, value in rows:
         out(f"{key:<{key_w}}  {value:<{val_w}}  {cfg.sources.get(key, 'default')}")
-    return EXIT_OK
+    return code
 
 
 def _as_written(value: object) -> object:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json, say
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, ambient_command, brain_dir, fail, out, out_json, say
 from ambient.clock import utcnow
 from ambient.paths import BrainPaths
 
@@ -61,11 +62,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for i, esc in enumerate(escs):
         if i:
             out()
-        _print_one(esc, now)
+        _print_one(esc, now, store.paths.root)
     return EXIT_OK
 
 
-def _print_one(esc: Escalation, now: datetime) -> None:
+def _print_one(esc: Escalation, now: datetime, root: Path) -> None:
     from ambient.escalations import render_options
 
     who = f", agent {esc.agent}" if esc.agent else ""
@@ -82,7 +83,7 @@ def _print_one(esc: Escalation, now: datetime) -> None:
     if esc.deadline is not None:
         then = f", then {esc.on_timeout}" if esc.on_timeout else ""
         out(f"  deadline: {esc.deadline.isoformat(timespec='seconds')} ({_until(now, esc.deadline)}{then})")
-    out(f"  answer: ambient decide {esc.id} <number or name> [--note TEXT]")
+    out(f"  answer: {ambient_command(root, 'decide', esc.id, '<number or name>', '[--note TEXT]')}")
 
 
 def _cmd_decide(args: argparse.Namespace) -> int:
@@ -90,6 +91,7 @@ def _cmd_decide(args: argparse.Namespace) -> int:
 
     store = _store(args)
     by = os.environ.get("USER") or "human"
+    store.get(args.id)  # an unknown id is refused (exit 2) before the store's guard: a refused answer writes nothing
     try:
         esc = store.answer(args.id, args.option, by=by, channel="cli", note=args.note)
     except AlreadyAnsweredError as exc:

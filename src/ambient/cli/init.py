@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "commented with its default, profil/routing.yml, and an example agent and workflow that run at once. "
             "Existing folders are fine; an existing file is never overwritten (exit 2, nothing written)."
         ),
+        needs_brain=False,
     )
     p.add_argument("dir", nargs="?", metavar="DIR", help="where to create the brain (created if missing)")
     p.add_argument(

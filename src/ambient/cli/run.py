@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ambient.cli._common import EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, not_a_brain, out, say
+from ambient.cli._common import EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, say
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,7 +27,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="JSON lines or console (default: console on a terminal, JSON otherwise)",
     )
-    d = add_command(sub, "demo", _demo, "run the daemon on a fresh copy of the example brain and show the result")
+    d = add_command(
+        sub, "demo", _demo, "run the daemon on a fresh copy of the example brain and show the result", needs_brain=False
+    )
     d.add_argument("--dir", default=None, help="where to put the copy (default: a new temporary directory)")
 
 
@@ -72,10 +74,7 @@ def _serve(
 
 
 def _run(args: argparse.Namespace) -> int:
-    root = brain_dir(args)
-    why = not_a_brain(root)  # the daemon would scaffold claims/, locks/... into whatever directory it was given
-    if why is not None:
-        return fail(why)
+    root = brain_dir(args)  # a brain: main() refused anything else (the daemon would scaffold claims/, locks/... there)
     _log_setup(args, root)
     return _serve(
         root,

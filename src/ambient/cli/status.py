@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, not_a_brain, out, out_json, say
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, ambient_command, brain_dir, fail, out, out_json, say
 from ambient.terminal import printable
 
 if TYPE_CHECKING:
@@ -61,8 +61,9 @@ def _fold_runs(root: Path) -> list[Any]:
     return states
 
 
-def collect(root: Path) -> dict[str, Any]:
-    """Everything ``ambient status`` shows, as plain data."""
+def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
+    """Everything ``ambient status`` shows, as plain data; with ``workflow``, what is of that workflow only (runs,
+    escalations, errors, finished runs, files that do not load)."""
     from ambient.claimindex import census
     from ambient.claimstore import ClaimStore
     from ambient.daemon import daemon_up, running_pid
@@ -74,7 +75,7 @@ def collect(root: Path) -> dict[str, Any]:
 
     paths = BrainPaths(root)
     up = daemon_up(paths)
-    active = [s for s in _fold_runs(root) if not s.finished]
+    active = [s for s in _fold_runs(root) if not s.finished and workflow in (None, s.workflow)]
     runs = []
     for s in active:
         counts = s.counts()
@@ -108,6 +109,8 @@ def collect(root: Path) -> dict[str, Any]:
     pending = []
     store = EscalationStore(paths)
     for e in store.list(status="pending"):
+        if workflow not in (None, e.workflow):
+            continue
         pending.append(
             {
                 "id": e.id,
@@ -136,28 +139,39 @@ def collect(root: Path) -> dict[str, Any]:
     except OSError:
         pass
     claims = census(ClaimStore(paths, check_filesystem=False))  # only changed files are parsed (claimindex)
-    errors: list[dict[str, Any]] = []
+    # One entry per item of a run, its last error and how many attempts failed (a record has a step per attempt).
+    errors: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def failed(run_id: Any, wf: Any, item: Any, error: str, attempts: int, at: Any = None) -> None:
+        key = (str(run_id), str(item))
+        seen = errors.pop(key, None)
+        count = attempts if seen is None else max(attempts, seen["attempts"] + 1)
+        errors[key] = {"workflow": wf, "item": item, "run_id": run_id, "error": redact_text(error)[:200]}
+        errors[key].update(attempts=count, at=at)
+
     records = tail_jsonl(paths.runs_log, 50)  # the newest runs only: the file keeps every run ever made
+    records = [r for r in records if workflow in (None, r.get("workflow"))]
     for rec in records:
         for step in rec.get("steps", []):
             if step.get("error"):
-                errors.append(
-                    {
-                        "workflow": rec.get("workflow"),
-                        "item": step.get("item"),
-                        "error": redact_text(str(step.get("error")))[:200],
-                        "at": step.get("at"),
-                    }
-                )
+                failed(rec.get("run_id"), rec.get("workflow"), step.get("item"), str(step["error"]), 1, step.get("at"))
     for s in active:
         for i in s.items:
             if i.error and i.status in ("failed", "escalated", "retry_wait"):
-                errors.append({"workflow": s.workflow, "item": i.name, "error": redact_text(i.error)[:200]})
-    finished = [r for r in records][-10:]
-    from ambient.brain import load_settings
+                failed(s.run_id, s.workflow, i.name, i.error, max(i.attempt, 1))
+    finished = records[-10:]
+    from ambient.brain import load_brain
 
-    settings, _ = load_settings(paths, os.environ)
-    notify_on = bool(settings and (settings.notify.urls or settings.telegram.answers))
+    brain = load_brain(paths, os.environ)  # as the daemon loads it: which workflow files it cannot run
+    settings = brain.settings
+    notify_on = bool(settings.notify.urls or settings.telegram.answers)
+    broken = sorted(
+        {
+            p.file
+            for p in brain.errors
+            if p.file.startswith("workflows/") and workflow in (None, Path(p.file).stem, *_names_in(brain, p.file))
+        }
+    )
     return {
         "brain": str(root),
         "daemon": {"up": up, "pid": running_pid(paths) if up else None},
@@ -170,7 +184,8 @@ def collect(root: Path) -> dict[str, Any]:
             "open": claims.count("open", "waiting_human", "paused"),
             "problems": [str(p) for p in claims.problems],
         },
-        "errors": errors[-10:],
+        "errors": list(errors.values())[-10:],
+        "broken_workflows": broken,
         "recent": [
             {
                 "run_id": r.get("run_id"),
@@ -195,21 +210,26 @@ def _troubles(paths: BrainPaths, up: bool) -> list[str]:
     return found
 
 
+def _names_in(brain: Any, file: str) -> list[str]:
+    """The workflow names a file serves (a previous good version the daemon keeps may carry another name)."""
+    return [name for name, wf in brain.workflows.items() if wf.source == file]
+
+
 def print_status(
     root: Path, *, verbose: bool = False, workflow: str | None = None, write: Callable[[str], None] = out
 ) -> dict[str, Any]:
     """Print the status of the brain at ``root`` in readable form; return the data."""
-    data = collect(root)
+    data = collect(root, workflow)
     d = data["daemon"]
     write(f"Daemon: {'up (pid ' + str(d['pid']) + ')' if d['up'] else 'down'}   brain: {data['brain']}")
     for trouble in data["troubles"]:
         write(f"  TROUBLE: {trouble}")
-    recent = [r for r in data["recent"] if workflow is None or r["workflow"] == workflow]
+    recent = data["recent"]
     if recent:
         write("Finished runs:")
         for r in recent:
             write(f"  {r['workflow']:<20} {r['outcome']:<9} escalations={r['escalations']}  {r['run_id']}")
-    runs = [r for r in data["runs"] if workflow is None or r["workflow"] == workflow]
+    runs = data["runs"]
     write(f"Runs in progress: {len(runs)}")
     for r in runs:
         bar = _bar(r["done"], r["total"])
@@ -228,15 +248,14 @@ def print_status(
     write(f"Escalations waiting on you: {len(data['escalations'])}")
     for e in data["escalations"]:
         opts = " | ".join(f"{n}. {o}" for n, o in enumerate(e["options"], 1))
-        write(f"  {e['id']}  {e['workflow']} {e['where']}: {_clip(e['question'], 100)}")
+        write(f"  {e['id']}  {e['where']}: {_clip(e['question'], 100)}")  # where: `workflow / item`
         write(f"      options: {opts}")
         note = ""
         if not data["notifications"]:
             note = "   (no notification URL configured: see README, Notifications)"
         elif not e["notified"]:
             note = f"   (notification not delivered yet, {e['attempts']} attempt(s))"
-        where = "" if root == Path.cwd() else f"--brain {root} "  # the exact command, from any directory
-        write(f"      answer:  ambient {where}decide {e['id']} <option>{note}")
+        write(f"      answer:  {ambient_command(root, 'decide', e['id'], '<option>')}{note}")
     write(f"Locks held: {len(data['locks'])}")
     for lk in data["locks"]:
         write(f"  {lk['file']}  {lk['state']}  holder={lk['holder']}  expires={lk['expires_at']}")
@@ -244,11 +263,18 @@ def print_status(
         f"Open claims: {data['claims']['open']}"
         + (f" ({len(data['claims']['problems'])} unreadable)" if data["claims"]["problems"] else "")
     )
-    errors = [e for e in data["errors"] if workflow is None or e["workflow"] == workflow]
+    errors = data["errors"]
     if errors:
         write("Last failures and errors:")
         for e in errors[-5:]:
-            write(f"  {e['workflow']}/{e['item']}: {_clip(e['error'], 200)}")
+            tries = f" ({e['attempts']} attempts)" if e["attempts"] > 1 else ""
+            write(f"  {e['workflow']}/{e['item']}{tries}: {_clip(e['error'], 200)}")
+    broken = data["broken_workflows"]
+    if broken:
+        write(
+            f"Workflow files that do not load: {len(broken)} ({', '.join(broken)}); "
+            f"`{ambient_command(root, 'validate')}` says why"
+        )
     return data
 
 
@@ -278,13 +304,10 @@ def _clip(text: str, limit: int) -> str:
 
 def _status(args: argparse.Namespace) -> int:
     root = brain_dir(args)
-    why = not_a_brain(root)
-    if why is not None:
-        return fail(why)
     if args.workflow and not _known_workflow(root, args.workflow):
         return fail(f"no workflow named {args.workflow!r}: no file in {root / 'workflows'} and no run recorded")
     if args.json:
-        out_json(collect(root))
+        out_json(collect(root, args.workflow))
         return EXIT_OK
     if args.watch:
         try:
@@ -307,9 +330,6 @@ def _runs(args: argparse.Namespace) -> int:
 
     root = brain_dir(args)
     paths = BrainPaths(root)
-    why = not_a_brain(root)
-    if why is not None:
-        return fail(why)
     if args.last is not None and args.last < 1:
         return fail(f"--last must be 1 or more (got {args.last})")
     torn = False

@@ -2,22 +2,42 @@
 
 Exit 0 when clean, 1 when a problem was found, 2 on bad usage. Workflows are checked in full with
 the same callbacks the daemon uses (:func:`ambient.brain.spawn_checks`); without PATH, the
-configuration, agents, zones, routing table, runners and claims are checked too. Read-only.
+configuration, agents, zones, routing table, runners and claims are checked too. A PATH is checked as
+what it is by where it lives in the brain (``agents/*.md`` as an agent...): the whole-brain checks,
+their problems kept for the files named. Read-only.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, not_a_brain, out
+from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out
 
 if TYPE_CHECKING:
     from ambient.paths import BrainPaths
     from ambient.problems import Problem
     from ambient.routing import BrainMatrix
+
+#: Where each kind of file lives in a brain: (kind, place relative to the root, the suffixes of its files when the
+#: place is a directory).
+PLACES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("workflow", "workflows", (".yml", ".yaml")),
+    ("agent", "agents", (".md",)),
+    ("claim", "claims", (".yml", ".yaml")),
+    ("config", "profil/ambient.yml", ()),
+    ("routing", "profil/routing.yml", ()),
+    ("zones", "profil/zones.yml", ()),
+)
+
+WHAT_VALIDATE_CHECKS = (
+    "validate checks workflows/*.yml, agents/*.md, claims/*.yml, profil/ambient.yml, profil/routing.yml and "
+    "profil/zones.yml of the brain (a directory: those in it; the brain itself: all of them), and workflow files "
+    "outside the brain"
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,21 +48,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         _validate,
         help="check workflows (and config, agents, zones, routing, claims); print every problem as file:line: message",
         description=(
-            "Check the brain's workflow files, or the files and directories named, beyond their schema: "
-            "agents exist and may be spawned, trigger targets exist, no loops, no path leaving the brain. "
-            "Without PATH, profil/ambient.yml, agents, zones, the routing table, runners and claims are checked "
-            "too. Exit 0 when clean, 1 when a problem is found, 2 on bad usage."
+            "Check the brain's files beyond their schema: workflows (agents exist and may be spawned, trigger "
+            "targets exist, no loops, no path leaving the brain), profil/ambient.yml, agents and their runners, "
+            "zones, the routing table and claims. A PATH is checked as what it is by where it lives (agents/*.md "
+            "as an agent, profil/ambient.yml as the configuration, claims/*.yml as a claim, workflows/*.yml or a "
+            "file outside the brain as a workflow; a directory: everything of its kind). Exit 0 when clean, 1 when "
+            "a problem is found, 2 on bad usage."
         ),
     )
     p.add_argument(
-        "paths", nargs="*", metavar="PATH", help="workflow files or directories (default: the brain's workflows/)"
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="files or directories of the brain, each checked as what it is by where it lives (default: everything)",
     )
     p.add_argument("--strict", action="store_true", help="count warnings as problems (exit 1)")
 
 
-def _other_checks(paths: BrainPaths, bm: BrainMatrix) -> list[Problem]:
-    """Problems of the configuration, agents, zones, routing, runners and claims (read-only: nothing is swept)."""
-    from ambient.brain import read_settings, runner_configs, settings_checks
+def _other_checks(paths: BrainPaths, bm: BrainMatrix, *, claims: bool = True) -> list[Problem]:
+    """Problems of the configuration, agents, zones, routing, runners (and their programs) and claims (read-only:
+    nothing is swept)."""
+    from ambient.brain import program_problems, read_settings, runner_configs, settings_checks
     from ambient.claimindex import census
     from ambient.claimstore import ClaimStore
     from ambient.settings import settings_from
@@ -50,27 +76,95 @@ def _other_checks(paths: BrainPaths, bm: BrainMatrix) -> list[Problem]:
     found = read_settings(paths, os.environ)
     settings = found.settings or found.salvaged or settings_from({}, {})  # what `ambient run` starts with
     problems = found.problems + bm.problems + settings_checks(settings, bm, paths, found.lines)
-    _, runner_problems = runner_configs(bm, settings, paths, found.lines)
-    problems += runner_problems
-    if paths.claims.is_dir():  # the census: the same reader's verdicts, only changed files parsed again
+    runners, runner_problems = runner_configs(bm, settings, paths, found.lines)
+    problems += runner_problems + program_problems(paths, bm, runners)
+    if claims and paths.claims.is_dir():  # the census: the same reader's verdicts, only changed files parsed again
         problems += census(ClaimStore(paths, check_filesystem=False), save=False).problems
     return problems
 
 
-def _files_of(args: list[str]) -> list[tuple[Path, str]] | str:
-    """(path, name) of every workflow file named, or the message of a bad argument."""
+@dataclass
+class Selection:
+    """What the PATHs name: workflow files (path, name as given), the brain's other files by brain-relative name,
+    and how many files of each kind."""
+
+    workflows: list[tuple[Path, str]] = field(default_factory=list)
+    others: set[str] = field(default_factory=set)
+    counts: dict[str, int] = field(default_factory=dict)
+    whole: bool = False
+
+    def add(self, kind: str, path: Path, name: str) -> None:
+        if kind == "workflow":
+            self.workflows.append((path, name))
+        else:
+            self.others.add(name)
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+
+
+def _files_in(kind: str, directory: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    """The files of ``kind`` in a directory, as the loaders of the whole brain list them."""
+    from ambient.fsutil import iter_files
     from ambient.workflowload import workflow_files
 
-    files: list[tuple[Path, str]] = []
-    for raw in args:
+    if kind == "workflow":
+        return workflow_files(directory)
+    return [p for p in iter_files(directory, suffixes) if not (kind == "agent" and p.name.startswith("_"))]
+
+
+def _select(raws: list[str], paths: BrainPaths) -> Selection | str:
+    """What each PATH is by where it lives, or the message of a PATH that is none of what validate checks."""
+    from ambient.workflowload import workflow_files
+
+    root = paths.root.resolve()
+    sel = Selection()
+    for raw in raws:
         path = Path(raw)
-        if path.is_dir():
-            files += [(f, str(f)) for f in workflow_files(path)]
-        elif path.exists() or path.is_symlink():
-            files.append((path, raw))
-        else:
+        if not os.path.lexists(path) and not path.is_absolute() and os.path.lexists(root / raw):
+            path = root / raw  # brain-relative, as `ambient --brain DIR validate agents/x.md` from elsewhere means
+        if not os.path.lexists(path):
             return f"{raw}: no such file or directory"
-    return files
+        plain = Path(os.path.normpath(path.absolute()))
+        where = plain.parent.resolve() / plain.name  # a symlink is named, not followed
+        if not where.is_relative_to(root):  # a workflow written elsewhere, before it is dropped into workflows/
+            if where.is_dir():
+                for f in workflow_files(where):
+                    sel.add("workflow", f, str(f))
+            elif where.suffix in (".yml", ".yaml"):
+                sel.add("workflow", path, raw)
+            else:
+                return f"{raw}: not a workflow file; {WHAT_VALIDATE_CHECKS}"
+            continue
+        rel = where.relative_to(root)
+        if rel == Path():
+            sel.whole = True
+            continue
+        matched = False
+        for kind, place, suffixes in PLACES:
+            if rel == Path(place) and suffixes and where.is_dir():
+                for f in _files_in(kind, where, suffixes):
+                    sel.add(kind, f, str(f) if kind == "workflow" else paths.rel(f))
+                sel.counts.setdefault(kind, 0)
+            elif rel == Path(place) and not suffixes and not where.is_dir():
+                sel.add(kind, where, place)
+            elif rel.parent == Path(place) and suffixes and where.name.endswith(suffixes) and not where.is_dir():
+                sel.add(kind, path, raw if kind == "workflow" else str(rel))
+            elif rel == Path("profil") and not suffixes and os.path.lexists(root / place):
+                sel.add(kind, root / place, place)
+            else:
+                continue
+            matched = True
+        if not matched:
+            return f"{raw}: none of what validate checks; {WHAT_VALIDATE_CHECKS}"
+    return sel
+
+
+def _checked(sel: Selection, workflows: int, drafts: int) -> str:
+    """What was checked, for the summary line: ``2 workflow(s) (0 draft), 1 agent file(s), profil/ambient.yml``."""
+    parts = [f"{workflows} workflow(s) ({drafts} draft)"] if "workflow" in sel.counts or not sel.counts else []
+    for kind, place, suffixes in PLACES[1:]:
+        if kind in sel.counts:
+            parts.append(f"{sel.counts[kind]} {kind} file(s)" if suffixes else place)
+    return ", ".join(parts)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -78,35 +172,40 @@ def _validate(args: argparse.Namespace) -> int:
     from ambient.paths import BrainPaths
     from ambient.routing import build_matrix
     from ambient.workflowload import load_many, load_workflows
-    from ambient.zones import DEFAULT_RULES
 
-    root = brain_dir(args)
+    root = brain_dir(args)  # a brain: main() refused anything else
     paths = BrainPaths(root)
-    why = None if args.paths else not_a_brain(root)
-    if why is not None:
-        return fail(why, EXIT_USAGE)
-    bm = build_matrix(paths) if root.is_dir() else None
-    rules = bm.zone_rules if bm is not None else DEFAULT_RULES
+    sel = _select(args.paths, paths) if args.paths else Selection(whole=True)
+    if isinstance(sel, str):
+        return fail(sel, EXIT_USAGE)
+    bm = build_matrix(paths)
     # A folder of workflows alone (no agents/) cannot say which agents exist: both checks are skipped.
-    agent_exists, may_spawn = spawn_checks(bm) if bm is not None and paths.agents.is_dir() else (None, None)
+    agent_exists, may_spawn = spawn_checks(bm) if paths.agents.is_dir() else (None, None)
     # The step types' agents as the daemon takes them (`default_agents:` of profil/ambient.yml, even a file that
     # does not validate as a whole: the daemon keeps its valid keys).
-    found = read_settings(paths, os.environ) if root.is_dir() else None
-    settings = (found.settings or found.salvaged) if found is not None else None
+    found = read_settings(paths, os.environ)
+    settings = found.settings or found.salvaged
     defaults = settings.default_agents if settings is not None else None
-    if args.paths:
-        files = _files_of(args.paths)
-        if isinstance(files, str):
-            return fail(files, EXIT_USAGE)
-        workflows, problems = load_many(
-            files, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=rules, default_agents=defaults
-        )
-    else:
+    if sel.whole:
         workflows, problems = load_workflows(
-            paths, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=rules, default_agents=defaults
+            paths, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=bm.zone_rules, default_agents=defaults
         )
-        if bm is not None:
-            problems += _other_checks(paths, bm)
+        problems += _other_checks(paths, bm)
+    else:
+        workflows, problems = load_many(
+            sel.workflows,
+            agent_exists=agent_exists,
+            may_spawn=may_spawn,
+            zone_rules=bm.zone_rules,
+            default_agents=defaults,
+        )
+        if sel.others:  # the whole brain's checks, the same rule as without PATH, kept for the files named
+            config = "profil/ambient.yml" in sel.others
+            problems += [
+                p
+                for p in _other_checks(paths, bm, claims="claim" in sel.counts)
+                if p.file in sel.others or (config and p.file.startswith("$"))
+            ]
     for problem in problems:
         out(str(problem))
     errors = sum(1 for p in problems if p.severity == "error")
@@ -116,5 +215,5 @@ def _validate(args: argparse.Namespace) -> int:
         files_hit = len({p.file for p in problems})
         out(f"{errors} error(s), {warnings} warning(s) in {files_hit} file(s)")
         return EXIT_NO
-    out(f"ok: {len(workflows)} workflow(s) ({drafts} draft), {warnings} warning(s)")
+    out(f"ok: {_checked(sel, len(workflows), drafts)}, {warnings} warning(s)")
     return EXIT_OK
