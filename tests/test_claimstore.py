@@ -232,17 +232,25 @@ class TestFencing:
         store.transition("s", "gate", now=NOW)  # a person's gate command carries no token: allowed
         assert store.get("s").fence == 6
 
-    def test_write_claim_never_lowers_the_fence(self, brain: BrainPaths) -> None:
-        """A claim written from an old in-memory copy keeps the fence already on disk."""
+    def test_a_blind_write_from_a_stale_copy_is_refused_once_a_newer_holder_fenced_the_claim(
+        self, brain: BrainPaths
+    ) -> None:
+        """Issue 24, 2: a claim written without a token from an old in-memory copy is made under the fence its
+        writer last wrote: it passed a file a newer token had fenced since (the daemon woken past its lease
+        overwrote the result a newer holder had closed). Its own rewrites still keep the fence, never lower it."""
         store = ClaimStore(brain)
         stale_copy = new_claim("s", "solo", "x/", "a", NOW)
         store.write_claim(stale_copy, token=10)
+        store.write_claim(stale_copy.model_copy(update={"story_angle": "mine"}), durable=False)
+        assert store.get("s").fence == 10  # its own rewrite without a token: the fence stays
         other = ClaimStore(brain)
         other.update("s", {"story_angle": "x"}, token=12)
-        store.write_claim(stale_copy, durable=False)
-        assert store.get("s").fence == 12
+        with pytest.raises(FencingError, match="older than 12"):
+            store.write_claim(stale_copy, durable=False)
         with pytest.raises(FencingError):
             store.write_claim(stale_copy, token=11)
+        assert store.get("s").story_angle == "x" and store.get("s").fence == 12
+        store.write_claim(stale_copy, token=12, durable=False)  # under the current token it may write again
 
 
 class TestFaults:

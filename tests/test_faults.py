@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psutil
+import yaml
 
 from ambient.escalations import new_escalation, timeout_decision
 from ambient.journal import read_jsonl
@@ -28,6 +29,7 @@ from ambient.runstate import aborts_run
 from tests.e2e_helpers import (
     DaemonProcess,
     alive,
+    ambient_cli,
     command_agent_md,
     drop,
     events,
@@ -37,6 +39,7 @@ from tests.e2e_helpers import (
     make_brain,
     stub_agent_md,
     wait_for,
+    witness,
 )
 
 
@@ -369,3 +372,62 @@ def test_reject_at_a_deadline_is_the_items_own_on_a_for_each_question() -> None:
     assert expired(item="b", fail="yes") == "abort"
     assert not aborts_run("for_each", "reject", "b") and aborts_run("for_each", "abort", "b")
     assert aborts_run("chain", "reject", "deploy") and aborts_run("for_each", "reject", None)
+
+
+# ---- issue 24, 2: fencing
+
+
+def test_a_daemon_held_up_past_its_lease_stops_its_agent_voids_its_result_and_cannot_overwrite_the_claim(
+    tmp_path: Path,
+) -> None:
+    """Issue 24, 2, as the fault harness drove it: SIGSTOP the daemon past its scope lease, another holder takes
+    the lock and closes the item's claim under its newer token, SIGCONT. The daemon notices the lost lease, stops
+    its agent (which never reaches its answer), counts the attempt as void, and its claim write is refused: the
+    newer holder's close stays on disk."""
+    wit = tmp_path / "witness.log"
+    stub = stub_agent_md("stub", ["--witness", str(wit), "--sleep-ms", "60000-60000"], timeout_s=300)
+    paths = make_brain(
+        tmp_path / "brain", example_agents=False, agents={"stub": stub}, config="lock_ttl_min: 0.02\n"
+    )  # a 1.2 s lease; taken over 5 s (the grace) after it expires
+    d = DaemonProcess(paths).start()
+    try:
+        d.wait_ready()
+        drop(paths, "fence.yml", foreach_workflow("fence", ["a"], concurrency=1, files="projets/fence/{{item}}.md"))
+        [spawned] = wait_for(lambda: events(paths, "fence", "spawned"), 20, "the agent to start")
+        agent = int(spawned["pid"])
+        run_id = next(paths.run_journals.glob("*.jsonl")).stem
+        wait_for(lambda: (paths.claims / f"{run_id}-item-001.yml").exists(), 20, "the item's claim")
+        os.kill(d.pid, signal.SIGSTOP)
+        try:
+            taken = wait_for(
+                lambda: (
+                    (r := ambient_cli(paths.root, "lock", "acquire", "projets/fence/a.md", "sess-other"))
+                    and r.returncode == 0
+                    and r
+                ),
+                30,
+                "the lock to expire and go to another holder",
+                interval=0.2,
+            )
+            token = int(taken.stdout.rsplit("token ", 1)[1].rstrip(")\n"))
+            closed = ambient_cli(
+                paths.root, "claim", "close", f"{run_id}-item-001", "--status", "partial", "--token", str(token)
+            )
+            assert closed.returncode == 0, closed.stderr
+        finally:
+            os.kill(d.pid, signal.SIGCONT)
+        d.wait_logged("attempt_void_lease_lost", timeout=30)
+        wait_for(lambda: not alive(agent), 30, "the stale agent to be stopped")
+        wait_for(
+            lambda: any("lease" in str(e.get("error")) for e in events(paths, "fence", "finished")),
+            30,
+            "the void attempt in the journal",
+        )
+        d.wait_logged("claim_write_failed", timeout=30)
+    finally:
+        d.stop()
+        d.kill()
+    assert witness(wit) == [], "the stale agent reached its answer"
+    claim = yaml.safe_load((paths.claims / f"{run_id}-item-001.yml").read_text())
+    assert claim["status"] == "closed" and claim["fence"] == token and claim["result"]["status"] == "partial"
+    assert any("older than" in str(r.get("error")) for r in d.logged("claim_write_failed"))

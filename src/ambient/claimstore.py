@@ -97,6 +97,10 @@ class ClaimStore:
         # signature still matches need not be parsed again (the fence check, the stale-claims scan).
         self._known: dict[str, tuple[tuple[int, int, int], ClaimFacts]] = {}
         self._known_lock = threading.Lock()
+        # The fence of each fenced claim this store wrote (never evicted: fences come only with tokens, rare). A
+        # write without a token is made under it; what it read does not count (a stale view must not learn the
+        # newer holder's fence from a scan and then pass it: issue 24, 2).
+        self._fences: dict[str, int] = {}
 
     # -- reading
 
@@ -273,13 +277,27 @@ class ClaimStore:
         st = atomic_write(path, dump_yaml(dict(doc) if doc is not None else claim.to_document()), durable=durable)
         # Our file's stat, taken before the rename: one that replaced it since is not mistaken for ours.
         self._remember(path, (st.st_ino, st.st_size, st.st_mtime_ns), claim)
+        self._wrote_fence(claim)
+
+    def _wrote_fence(self, claim: Claim) -> None:
+        if claim.fence is not None:
+            self._fences[claim.sess_id] = max(claim.fence, self._fences.get(claim.sess_id, claim.fence))
 
     def _fenced(self, claim: Claim, current_fence: int | None, token: int | None, path: Path) -> Claim:
-        """The claim to write with ``fence`` = the highest token accepted; FencingError for an older token."""
-        if token is not None and current_fence is not None and token < current_fence:
+        """The claim to write with ``fence`` = the highest token accepted; FencingError for an older token.
+
+        A write without a token is made under the fence its claim carries (the one its writer last saw): a
+        blind write from a stale view (the daemon woken past its lease) must not pass a file a newer holder has
+        fenced since (issue 24, 2). A transition re-reads the file first, so it carries the current fence.
+        """
+        made_under = token
+        if made_under is None:
+            mine = (f for f in (claim.fence, self._fences.get(claim.sess_id)) if f is not None)
+            made_under = max(mine, default=None)
+        if current_fence is not None and (made_under is None or made_under < current_fence):
             raise FencingError(
-                f"{self._rel(path)}: write refused: fencing token {token} is older than {current_fence}, the last "
-                f"accepted for claim {claim.sess_id}; this holder's lock expired and was taken over"
+                f"{self._rel(path)}: write refused: fencing token {made_under} is older than {current_fence}, the "
+                f"last accepted for claim {claim.sess_id}; this holder's lock expired and was taken over"
             )
         best = max((t for t in (current_fence, claim.fence, token) if t is not None), default=None)
         if best is None or best == claim.fence:
@@ -471,6 +489,7 @@ class ClaimStore:
                 continue
             # Our file's stat, taken before the rename: one that replaced it since is not mistaken for ours.
             self._remember(st.target, (st.stat.st_ino, st.stat.st_size, st.stat.st_mtime_ns), claim)
+            self._wrote_fence(claim)
             wrote = True
         return wrote
 

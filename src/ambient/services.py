@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -77,16 +77,41 @@ class Leases:
         self.locks = locks
         self.clock = clock
         self._held: dict[tuple[str, int], LockGrant] = {}
+        self._on_lost: dict[tuple[str, int], Callable[[str], None]] = {}
         self._task: asyncio.Task[None] | None = None
 
-    def hold(self, grant: LockGrant) -> None:
-        self._held[(grant.file, grant.token)] = grant
+    def hold(self, grant: LockGrant, on_lost: Callable[[str], None] | None = None) -> None:
+        """Renew ``grant`` while its agent runs; ``on_lost(file)`` if another holder took it over meanwhile."""
+        key = (grant.file, grant.token)
+        self._held[key] = grant
+        if on_lost is not None:
+            self._on_lost[key] = on_lost
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._renew(), name="leases")
 
+    def current(self, grant: LockGrant) -> LockGrant:
+        """The grant as last renewed."""
+        return self._held.get((grant.file, grant.token), grant)
+
     def drop(self, grant: LockGrant) -> LockGrant:
         """Stop renewing; the grant as last renewed (its release must name the same token, which renewal keeps)."""
+        self._on_lost.pop((grant.file, grant.token), None)
         return self._held.pop((grant.file, grant.token), grant)
+
+    async def still_held(self, grant: LockGrant) -> bool:
+        """Whether a lease is still ours at the end of its attempt. Only a lease past its expiry by our clock can
+        have been taken over (a contender waits for expiry and grace), so only such a one is looked at: renewed if
+        nobody took it (nothing happened meanwhile), lost if somebody did (a daemon held up past its lease)."""
+        current = self.current(grant)
+        if self.clock() < current.expires:
+            return True
+        try:
+            renewed = await asyncio.to_thread(self.locks.renew, current)
+        except (AmbientError, OSError):
+            return False
+        if (grant.file, grant.token) in self._held:
+            self._held[(grant.file, grant.token)] = renewed
+        return True
 
     def _due(self, grant: LockGrant) -> float:
         return grant.expires - grant.ttl_s * 2 / 3  # renewed once a third of the lease has gone by
@@ -104,10 +129,46 @@ class Leases:
                 except (AmbientError, OSError) as exc:  # the lease is lost (taken over, released): stop renewing it
                     log.warning("lock_lease_lost", file=grant.file, holder=grant.holder, error=str(exc))
                     self._held.pop(key, None)
+                    lost = self._on_lost.pop(key, None)
+                    if lost is not None:
+                        lost(grant.file)  # its agent is stopped: what it does now is no longer under a lease
                     continue
                 if key in self._held:  # not dropped while renewing
                     self._held[key] = renewed
                 log.debug("lock_lease_renewed", file=grant.file, holder=grant.holder)
+
+
+class _LeaseGuard:
+    """One attempt's agent, stopped when a lease of its scope is lost while it runs (issue 24, 2): the lease
+    renewal's callback cancels the attempt's own task while (and only while) the agent runs; the runner kills the
+    agent's process group on cancellation, and the attempt goes on to give a void result. No task of its own:
+    a fan-out makes one of these per item."""
+
+    __slots__ = ("lost_files", "running", "task")
+
+    def __init__(self) -> None:
+        self.lost_files: list[str] = []
+        self.task: asyncio.Task[Any] | None = None
+        self.running = False
+
+    def lost(self, file: str) -> None:
+        self.lost_files.append(file)
+        if self.running and self.task is not None:
+            self.task.cancel()
+
+    async def run(self, work: Awaitable[AgentResult]) -> AgentResult | None:
+        self.task = asyncio.current_task()
+        self.running = True
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if not self.lost_files or self.task is None:
+                raise
+            if self.task.uncancel() > 0:  # a stop cancelled it too: that one wins
+                raise
+            return None  # only our own cancel: the attempt goes on, with a void result
+        finally:
+            self.running = False
 
 
 class AgentDelegate:
@@ -176,6 +237,7 @@ class AgentDelegate:
         if not sent.ok or sent.packet is None:
             return AttemptResult(result="error", error=f"SPAWN denied by the router: {sent.reason}")
         grants: list[LockGrant] = []
+        guard = _LeaseGuard()
         try:
             for f in a.files:
                 try:
@@ -187,8 +249,25 @@ class AgentDelegate:
                         result="blocked", error=f"{f} is locked by another session: {exc}", duration_ms=_ms(started)
                     )
                 grants.append(grant)
-                self.leases.hold(grant)
-            res = await self._run(a, sent.packet, cfg)
+                self.leases.hold(grant, guard.lost)
+            ran = await guard.run(self._run(a, sent.packet, cfg))
+            for g in grants:
+                if not guard.lost_files and not await self.leases.still_held(g):
+                    guard.lost_files.append(g.file)
+            if guard.lost_files or ran is None:
+                # A holder that outlived its lease cannot write (README, Locks): the agent was stopped (or had
+                # ended), and what it returned counts for nothing; the item is retried or escalated by policy.
+                log.warning("attempt_void_lease_lost", item=a.item, attempt=a.attempt, files=guard.lost_files)
+                return AttemptResult(
+                    result="error",
+                    error=(
+                        f"the lease on {', '.join(guard.lost_files)} was lost while the agent ran (ambient was held "
+                        "up past lock_ttl_min and another holder took the lock): the agent was stopped and its "
+                        "result is void"
+                    ),
+                    duration_ms=_ms(started),
+                )
+            res = ran
             if res.reason == "daemon_resources":  # ambient's own failure: no ERROR packet in the agent's name
                 return AttemptResult(
                     result="error",

@@ -227,59 +227,17 @@ def check_brain(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Any, lis
 
 
 def _check_programs(paths: BrainPaths, brain: Any) -> list[Finding]:
-    """Command runners whose program (or ``{{python}}`` script) is not there: every spawn would fail."""
-    import shutil
-
-    from ambient.runners.base import CommandRunnerConfig
+    """Command runners whose program (or ``{{python}}`` script) is not there (:func:`ambient.brain.program_problems`,
+    the check ``ambient validate`` reports too), with how to fix each."""
+    from ambient.brain import program_problems
 
     found = []
-    for name, cfg in sorted(brain.runners.items()):
-        if not isinstance(cfg, CommandRunnerConfig):
-            continue
-        spec = brain.matrix.agents.get(name)
-        file = paths.rel(spec.path) if spec is not None else paths.rel(paths.config)
-        line = spec.runner_line if spec is not None else None
-        cwd = (
-            paths.root if cfg.cwd is None else (paths.root / cfg.cwd if not cfg.cwd.startswith("/") else Path(cfg.cwd))
-        )
-        prog = cfg.argv[0]
-        if prog == "{{python}}":
-            script = cfg.argv[1] if len(cfg.argv) > 1 else ""
-            if script.endswith(".py") and "{{" not in script and not (cwd / script).is_file():
-                found.append(
-                    Finding(
-                        "error",
-                        "runners",
-                        f"agent {name}: script {script} not found in {cwd}",
-                        "fix ambient.runner.argv (paths are relative to the brain, or to runner cwd)",
-                        file,
-                        line,
-                    )
-                )
-        elif "/" in prog:
-            target = cwd / prog
-            if not (target.is_file() and os.access(target, os.X_OK)):
-                found.append(
-                    Finding(
-                        "error",
-                        "runners",
-                        f"agent {name}: program {prog} is missing or not executable",
-                        "fix ambient.runner.argv[0] or install the program (chmod +x)",
-                        file,
-                        line,
-                    )
-                )
-        elif shutil.which(prog) is None:
-            found.append(
-                Finding(
-                    "warning",
-                    "runners",
-                    f"agent {name}: program {prog!r} is not on this PATH",
-                    "install it, or give its full path (the daemon's PATH under systemd may differ)",
-                    file,
-                    line,
-                )
-            )
+    for p in program_problems(paths, brain.matrix, brain.runners):
+        if p.severity == "warning":
+            hint = "install it, or give its full path (the daemon's PATH under systemd may differ)"
+        else:
+            hint = "fix ambient.runner.argv (paths are relative to the brain, or to runner cwd), or install the program"
+        found.append(Finding(p.severity, "runners", p.message, hint, p.file, p.line))
     return found
 
 
@@ -393,6 +351,7 @@ def check_locks(paths: BrainPaths) -> list[Finding]:
                     f"lock on {st.file} is unreadable: {st.problem}",
                     "`ambient lock cleanup` removes it",
                     where,
+                    st.line,
                 )
             )
         elif st.state == "malformed":
@@ -404,6 +363,7 @@ def check_locks(paths: BrainPaths) -> list[Finding]:
                     f"{manager.malformed_grace_s:g} s: {st.problem}",
                     "if no process is writing it, `ambient lock cleanup` removes it once stale",
                     where,
+                    st.line,
                 )
             )
     return _capped(rows, "stale locks")
@@ -424,6 +384,24 @@ def _unfinished_runs(paths: BrainPaths) -> list[str]:
             if not state.finished:
                 runs.append(state.run_id)
     return runs
+
+
+def _questions_kept(paths: BrainPaths) -> dict[str, str]:
+    """Escalations an unfinished run waits on whose question its journal keeps (id → journal): the daemon rebuilds
+    their file if it is lost or unreadable."""
+    from ambient.journal import read_jsonl
+    from ambient.runstate import fold
+
+    kept: dict[str, str] = {}
+    if paths.run_journals.is_dir():
+        for path in sorted(paths.run_journals.glob("*.jsonl")):
+            try:
+                state = fold(read_jsonl(path).records)
+            except (ValueError, KeyError, OSError):
+                continue
+            if not state.finished:
+                kept.update((e, paths.rel(path)) for e in state.escalations if e in state.requests)
+    return kept
 
 
 def _work_waiting(paths: BrainPaths) -> list[str]:
@@ -544,17 +522,17 @@ def check_escalations(paths: BrainPaths, settings: Settings, now: datetime) -> l
     if not paths.escalations.is_dir():
         return []
     scan = EscalationStore(paths).scan()
-    found = [
-        Finding(
-            "error",
-            "escalations",
-            p.message,
-            "fix or restore the file (ambient never rewrites it); `ambient escalations` lists the others",
-            p.file,
-            p.line,
-        )
-        for p in scan.problems
-    ]
+    kept = _questions_kept(paths) if scan.problems else {}
+    found = []
+    for p in scan.problems:
+        journal = kept.get(Path(p.file).stem)
+        if journal is None:
+            hint = "fix or restore the file (ambient never rewrites it); `ambient escalations` lists the others"
+            found.append(Finding("error", "escalations", p.message, hint, p.file, p.line))
+        else:  # a run waits on it: the daemon writes it again from the run's journal (issue 24, 5)
+            message = f"{p.message}; its run waits on it: rebuilt from {journal} when the daemon starts or reloads"
+            hint = "start the daemon (or `systemctl reload ambient`); a file not empty is kept as <id>.yml.unreadable"
+            found.append(Finding("error", "escalations", message, hint, p.file, p.line))
     pending = [e for e in scan.escalations if e.status == "pending"]
     outbox = _outbox_entries(paths)
     failing, waiting = [], []
