@@ -45,9 +45,9 @@ T0 = datetime(2026, 3, 16, 20, 36, tzinfo=UTC)
 
 @pytest.fixture
 def brain(tmp_path: Path) -> Path:
-    """An empty brain root."""
+    """An empty brain root (its agents/ folder is what makes the CLI take it for a brain)."""
     root = tmp_path / "brain"
-    root.mkdir()
+    (root / "agents").mkdir(parents=True)
     return root
 
 
@@ -476,7 +476,7 @@ class TestCli:
         assert "Item instance-03 failed: exit code 1" in text
         assert "1) retry  Run it again" in text and "3) abort  Abort the run" in text
         assert "deadline: 2036-03-13T20:36:00+00:00" in text and "then reject" in text
-        assert f"answer: ambient decide {a.id}" in text
+        assert f"answer: ambient --brain {store.paths.root} decide {a.id}" in text
         assert b.id not in text
         assert main(["escalations", "--all", "--brain", str(store.paths.root)]) == 0
         assert "answered: approve by me via cli" in capsys.readouterr().out

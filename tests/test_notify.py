@@ -564,6 +564,7 @@ class TestCli:
 
     def test_notify_test_all_ok(self, fake: FakeServer, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
         """With --url and a working endpoint it exits 0; --json gives machine-readable results."""
+        (tmp_path / "agents").mkdir()  # a brain, however empty
         code = main(["notify", "test", "--brain", str(tmp_path), "--json", "--url", f"json://127.0.0.1:{fake.port}/t"])
         data = json.loads(capsys.readouterr().out)
         assert code == 0 and data["ok"] and data["results"][0]["ok"]
@@ -574,5 +575,6 @@ class TestCli:
     ) -> None:
         """No configured URL: exit 2 with a message saying where to configure them."""
         monkeypatch.delenv("AMBIENT_NOTIFY_URLS", raising=False)
+        (tmp_path / "agents").mkdir()  # a brain, however empty
         assert main(["notify", "test", "--brain", str(tmp_path)]) == 2
         assert "notify.urls" in capsys.readouterr().err

@@ -472,6 +472,49 @@ def test_validate_names_every_problem_of_a_step_at_once(brain: Brain) -> None:
     assert "chain.0.type:" in res.out and "unknown key 'gaet' in step 1: did you mean 'gate'?" in res.out, res
 
 
+def test_a_chain_steps_own_timeout_and_retry_are_honoured(brain: Brain) -> None:
+    """Issue 23.15: a step's own `retry:` runs it again (an error on its first attempt, then done), and its own
+    `timeout:` stops a step whose agent would sleep a minute (the run would hang past the 40 s allowed here)."""
+    brain.python_agent(
+        "flaky",
+        """
+        import json, os, sys
+        json.load(sys.stdin)
+        if os.environ["AMBIENT_ATTEMPT"] == "1":
+            sys.exit(3)
+        print(json.dumps({"status": "ok"}))
+    """,
+    )
+    brain.python_agent(
+        "sleepy",
+        """
+        import json, sys, time
+        json.load(sys.stdin)
+        time.sleep(60)
+        print(json.dumps({"status": "ok"}))
+    """,
+    )
+    brain.workflow(
+        "steps",
+        """
+        name: steps
+        chain:
+          - step: 1
+            type: brain-write
+            scope: workspace/a.md
+            agents: [flaky]
+            retry: {attempts: 2, backoff: 10ms, max_backoff: 20ms, on: [error]}
+          - {step: 2, type: brain-write, scope: workspace/b.md, agents: [sleepy], timeout: 1s}
+    """,
+    )
+    brain.until_idle(timeout=40)
+    [esc] = brain.escalations()
+    assert esc["step"] == "2" and "timed out after 1 s" in esc["question"], esc
+    [run] = brain.status()["runs"]
+    steps = {i["name"]: i for i in run["items"]}
+    assert steps["1"]["status"] == "done" and steps["1"]["attempt"] == 2, steps["1"]
+
+
 def test_every_template_variable_validate_allows_renders(brain: Brain) -> None:
     """Issue 23.15: `{{error_count}}` (any variable validate allows in on_complete) renders at the run's end; it
     used to pass validate and then crash the run's end at every start."""
