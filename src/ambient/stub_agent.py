@@ -68,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--flood-bytes", type=int, default=1 << 30, help="bytes written by flood mode (default 1 GiB)")
     p.add_argument("--children", type=int, default=2, help="grandchildren started by fork/orphan modes")
     p.add_argument("--pid-file", help="fork/orphan modes append each grandchild's pid here")
+    p.add_argument("--setsid", action="store_true", help="fork/orphan modes: grandchildren leave our group (setsid)")
     p.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (hang/fork: forces SIGKILL)")
     p.add_argument("args", nargs="*", help="extra arguments, echoed by dump-env (put them after --)")
     return p
@@ -140,13 +141,15 @@ def _sleep_forever() -> None:
         time.sleep(3600)
 
 
-def _start_grandchildren(count: int, pid_file: str | None) -> None:
+def _start_grandchildren(count: int, pid_file: str | None, escape: bool = False) -> None:
     """Fork ``count`` children that sleep forever; the last one (of several) through a double fork, so it is an
     orphan reparented to init that still belongs to our process group. Every pid is recorded before returning."""
     for index in range(count):
         double = count > 1 and index == count - 1
         pid = os.fork()
         if pid == 0:
+            if escape:
+                os.setsid()  # its own session and group: a kill of our group no longer reaches it
             if double:
                 inner = os.fork()
                 if inner != 0:
@@ -216,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif mode == "dump-env":
         _answer({"signal": "RETURN", "result": {**base, **_dump(packet, args.args)}})
     elif mode in ("fork", "orphan"):
-        _start_grandchildren(args.children, args.pid_file)
+        _start_grandchildren(args.children, args.pid_file, args.setsid)
         if mode == "fork":
             _sleep_forever()
         _answer({"signal": "RETURN", "result": base})  # exits, leaving children that hold stdout open

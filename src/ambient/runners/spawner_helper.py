@@ -25,7 +25,9 @@ glibc programs install their own handlers for them when they need them), an empt
 looked up in the agent's own ``PATH`` when it has no slash. The spawner ignores the terminal's and the service
 manager's stop signals: the daemon stops it by closing the socket, once its agents are gone, so that their exit
 codes still reach it while it drains them. Killing agents (timeouts, output caps, shutdown) stays the daemon's
-job: it signals their process groups itself.
+job: it signals their process groups itself. What escapes a group (a ``setsid()`` child, a double fork) is
+reparented to the spawner, a child subreaper, which ends it once its agent has ended (``sweep``), and ends every
+such stray when the daemon stops it.
 """
 
 from __future__ import annotations
@@ -142,6 +144,45 @@ class _Agent:
         self.code: int | None = None
 
 
+_PR_SET_CHILD_SUBREAPER = 36
+_SWEEP_S = 1.0  # how often strays are looked for (an agent's end looks at once)
+
+
+def _become_subreaper() -> bool:
+    """Descendants an agent orphans (a ``setsid()`` child, a double fork) are reparented to us, not to init, so we
+    can end them with their agent (issue 25, 4). Linux only; False where it cannot be."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _children() -> list[int]:
+    """Our children now (the kernel's list; empty where it does not keep one)."""
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children", "rb") as f:  # noqa: PTH123 - one read, stdlib only
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _agent_key(pid: int) -> bytes | None:
+    """The AMBIENT_KEY a process inherited from its agent (None: unreadable or none)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:  # noqa: PTH123 - stdlib only
+            env = f.read()
+    except OSError:
+        return None
+    for entry in env.split(b"\0"):
+        if entry.startswith(b"AMBIENT_KEY="):
+            return entry[len(b"AMBIENT_KEY=") :]
+    return None
+
+
 class _Spawner:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -152,6 +193,9 @@ class _Spawner:
         self.daemon = os.getppid()
         self.hangup = select.poll()
         self.hangup.register(sock, 0)  # POLLHUP and POLLERR are always reported
+        self.keys: dict[int, bytes] = {}  # live agent pid → its AMBIENT_KEY (inherited by all it starts)
+        self.subreaper = _become_subreaper()
+        self.swept = time.monotonic()
 
     def daemon_gone(self) -> bool:
         """Whether the daemon that asked for agents has closed its end or died.
@@ -164,17 +208,44 @@ class _Spawner:
         return bool(self.hangup.poll(0)) or os.getppid() != self.daemon
 
     def serve(self) -> None:
-        while True:
-            for key, _ in self.selector.select():
-                if key.data is None:
-                    if not self._requests():
-                        return
-                    continue
-                agent, what = key.data
-                if what == 0:
-                    self._reap(agent)
-                else:
-                    self._read(agent, key.fd)
+        try:
+            while True:
+                for key, _ in self.selector.select(_SWEEP_S if self.subreaper else None):
+                    if key.data is None:
+                        if not self._requests():
+                            return
+                        continue
+                    agent, what = key.data
+                    if what == 0:
+                        self._reap(agent)
+                    else:
+                        self._read(agent, key.fd)
+                if self.subreaper and time.monotonic() - self.swept >= _SWEEP_S:
+                    self.sweep()
+        finally:
+            if self.subreaper and os.getppid() == self.daemon:  # a stop, not the daemon's death: nothing stays
+                self.sweep(everything=True)
+
+    def sweep(self, *, everything: bool = False) -> None:
+        """End the strays: processes an agent left behind (reparented to us) whose agent has ended, or all of
+        them when the daemon stops. They are killed with their process group (a ``setsid()`` child leads one)
+        and reaped. Strays of an agent still running are its own business until it ends. A daemon that dies
+        leaves them running, like its agents: the next start stops them (ambient.orphans)."""
+        self.swept = time.monotonic()
+        live = set(self.keys.values())
+        for pid in _children():
+            if pid in self.agents:
+                continue
+            key = None if everything else _agent_key(pid)
+            if key is None or key not in live:
+                with contextlib.suppress(OSError):
+                    group = os.getpgid(pid)
+                    if group not in (os.getpgrp(), 0, 1):
+                        os.killpg(group, signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)  # a zombie now or at a later sweep
 
     def _requests(self) -> bool:
         """Handle every request waiting; False once the daemon has closed its end."""
@@ -263,6 +334,7 @@ class _Spawner:
             raise
         agent = _Agent(pid, pidfd, mine[0], mine[1], out_cap, tail)
         self.agents[pid] = agent
+        self.keys[pid] = env.get(b"AMBIENT_KEY", b"%d" % pid)
         self._send((STARTED, rid, pid, started))
         self.selector.register(pidfd, selectors.EVENT_READ, (agent, 0))
         self.selector.register(mine[0], selectors.EVENT_READ, (agent, 1))
@@ -302,7 +374,10 @@ class _Spawner:
             return
         self.selector.unregister(agent.pidfd)
         os.close(agent.pidfd)
+        self.keys.pop(agent.pid, None)
         self._exited(agent, os.waitstatus_to_exitcode(status))
+        if self.subreaper:
+            self.sweep()  # what it left behind goes with it
 
     def _exited(self, agent: _Agent, code: int) -> None:
         agent.code = code
