@@ -30,6 +30,7 @@ CORE = [
     "pathrules",
     "replay",
     "slots",
+    "terminal",
 ]
 IO_MODULES = {"os", "io", "asyncio", "subprocess", "time", "socket", "shutil", "fcntl", "signal"}
 

@@ -80,11 +80,16 @@ def by_environment(brain: Path, run_ids: Iterable[str]) -> list[Orphan]:
 
 
 def by_journal(run_id: str, item: str, pid: int | None, started: float | None) -> Orphan | None:
-    """The agent a ``spawned`` record names, if that very process (pid *and* start time) still runs."""
-    if pid is None:
+    """The agent a ``spawned`` record names, if that very process (pid *and* start time) still runs.
+
+    A pid without a recorded start time cannot be told from a recycled one (or from any process an edited journal
+    names), so it is never signalled; nor is a pid of 1 or less (init, a group, every process). A real agent
+    whose record lacks its start time is still found, by its environment (:func:`by_environment`).
+    """
+    if pid is None or pid <= 1 or started is None:
         return None
     now_start = process_start_time(pid)
-    if now_start is None or (started is not None and abs(now_start - started) > _START_TOLERANCE_S):
+    if now_start is None or abs(now_start - started) > _START_TOLERANCE_S:
         return None
     return Orphan(pid, run_id, item, "journal")
 
@@ -103,7 +108,7 @@ def stop(orphans: Iterable[Orphan], grace_s: float = 5.0) -> list[Orphan]:
 
     Blocking (start-up, before the loop runs): the items must not run again while one of these still runs.
     """
-    unique = {o.pid: o for o in orphans}
+    unique = {o.pid: o for o in orphans if o.pid > 1}  # never a group, init, or "every process"
     if not unique:
         return []
     started = {pid: process_start_time(pid) for pid in unique}

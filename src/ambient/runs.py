@@ -45,11 +45,13 @@ from ambient.planner import (
     question_options,
     ready_items,
 )
+from ambient.problems import Problem
 from ambient.records import DecisionRecord, RunRecord, StepRecord
 from ambient.runstate import (
     ABORTING,
     TERMINAL_ITEM,
     UNRECOVERABLE,
+    HistoryError,
     ItemState,
     RunState,
     aborts_run,
@@ -925,6 +927,7 @@ class RunManager:
             return resumed
         behind: list[tuple[RunState, Path]] = []
         unfinished: list[tuple[RunState, Path]] = []
+        unreadable: list[str] = []
         for path in sorted(directory.glob("*.jsonl")):
             run_id = path.stem
             if run_id in self.executors:
@@ -938,8 +941,17 @@ class RunManager:
                 _truncate_torn_tail(path, self.paths.rel(path))
             try:
                 state = fold(res.records)
-            except (ValueError, KeyError) as exc:
-                log.error("run_history_unreadable", run_id=run_id, error=str(exc))
+            except (ValueError, KeyError, TypeError) as exc:
+                # A problem of this run only (an edited journal): reported at file:line, not resumed, its workflow
+                # not started again as if never seen; its agents, if any still run, are found by their environment.
+                problem = journal_problem(path, self.paths.rel(path), exc)
+                log.error(
+                    "run_history_unreadable", run_id=run_id, file=problem.file, line=problem.line, error=problem.message
+                )
+                first = res.records[0] if res.records else {}
+                if isinstance(first.get("workflow"), str):
+                    self.journaled.add(first["workflow"])
+                unreadable.append(run_id)
                 continue
             self.journaled.add(state.workflow)
             if state.finished:
@@ -947,7 +959,7 @@ class RunManager:
                     behind.append((state, path))
                 continue
             unfinished.append((state, path))
-        _stop_orphans(self.paths.root, [state for state, _ in unfinished])
+        _stop_orphans(self.paths.root, [state for state, _ in unfinished], unreadable)
         for state, path in unfinished:
             run_id = state.run_id
             in_flight = [it.name for it in state.in_flight()]
@@ -1161,13 +1173,14 @@ class RunManager:
                 ex.journal.close()
 
 
-def _stop_orphans(brain: Path, states: Sequence[RunState]) -> None:
+def _stop_orphans(brain: Path, states: Sequence[RunState], unreadable: Sequence[str] = ()) -> None:
     """Agents a crash of the daemon left running (kill -9 outside systemd) are stopped before their items run
     again, so the same item never runs twice at once: those the journal names (pid *and* start time: a recycled
-    pid is somebody else's process) and those whose pid never reached it, found by their environment."""
+    pid is somebody else's process) and those whose pid never reached it, found by their environment. The agents
+    of a run whose journal does not fold (``unreadable`` run ids) are found by their environment alone."""
     from ambient import orphans
 
-    if not states:
+    if not states and not unreadable:
         return
     found = [
         o
@@ -1175,7 +1188,7 @@ def _stop_orphans(brain: Path, states: Sequence[RunState]) -> None:
         for it in state.in_flight()
         if (o := orphans.by_journal(state.run_id, it.name, it.pid, it.pid_started)) is not None
     ]
-    found += orphans.by_environment(brain, [state.run_id for state in states])
+    found += orphans.by_environment(brain, [*(state.run_id for state in states), *unreadable])
     orphans.stop(found)
 
 
@@ -1198,6 +1211,55 @@ def _claim_closed(path: Path) -> bool:
 # The head of a run journal as Journal writes it (compact JSON, keys in this order); anything else is folded.
 _STARTED_HEAD = re.compile(rb'\{"ev":"started","run_id":"[^"\\]*","workflow":("(?:[^"\\]|\\.)*")')
 _GLANCE_BYTES = 4096
+
+
+def journal_problem(path: Path, source: str, exc: Exception) -> Problem:
+    """Why and where a run journal does not fold: ``file:line`` of the record that fails (:class:`HistoryError`
+    gives its index among the records; lines that are blank or not JSON are not records)."""
+    line = None
+    index = exc.index if isinstance(exc, HistoryError) else None
+    if index is not None:
+        seen = -1
+        try:
+            with path.open("rb") as fh:
+                for lineno, raw in enumerate(fh, 1):
+                    if raw.strip() and raw.endswith(b"\n") and isinstance(_json_or_none(raw), dict):
+                        seen += 1
+                        if seen == index:
+                            line = lineno
+                            break
+        except OSError:
+            pass
+    why = exc.message if isinstance(exc, HistoryError) else f"{type(exc).__name__}: {exc}"
+    return Problem(
+        file=source,
+        line=line,
+        message=f"run journal does not load ({why}); this run is not resumed",
+    )
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def journal_problems(paths: BrainPaths) -> list[Problem]:
+    """The run journals that do not fold, each a ``file:line`` problem (``ambient doctor``, ``ambient status``)."""
+    found: list[Problem] = []
+    if not paths.run_journals.is_dir():
+        return found
+    for path in sorted(paths.run_journals.glob("*.jsonl")):
+        if finished_glance(path) is not None:
+            continue
+        try:
+            fold(read_jsonl(path).records)
+        except OSError:
+            continue
+        except (ValueError, KeyError, TypeError) as exc:
+            found.append(journal_problem(path, paths.rel(path), exc))
+    return found
 
 
 def finished_glance(path: Path) -> tuple[str, str] | None:

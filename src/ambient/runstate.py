@@ -129,7 +129,17 @@ class RunState:
 
 
 class HistoryError(ValueError):
-    """A run history that does not start with a ``started`` event."""
+    """A run history that cannot be folded: no ``started`` event first, or a value of the wrong type or range.
+
+    The journal is a file a person (or an attacker) can edit: a value that fails its check is a problem of that run
+    (``index``: the 0-based record it is in, mapped to a line by :func:`ambient.runs.journal_problem`), never an
+    exception that stops the daemon.
+    """
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.index = index
 
 
 def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
@@ -137,23 +147,67 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
     it = iter(events)
     first = next(it, None)
     if first is None or first.get("ev") != "started":
-        raise HistoryError("a run history must start with a 'started' event")
-    state = RunState(
-        run_id=str(first["run_id"]),
-        workflow=str(first["workflow"]),
+        raise HistoryError("a run history must start with a 'started' event", 0)
+    try:
+        state = _started(first)
+    except HistoryError as exc:
+        raise HistoryError(exc.message, 0) from None
+    by_name = {i.name: i for i in state.items}
+    for index, ev in enumerate(it, 1):
+        try:
+            apply_event(state, by_name, ev)
+        except HistoryError as exc:
+            raise HistoryError(exc.message, index) from None
+    return state
+
+
+def _started(first: Mapping[str, Any]) -> RunState:
+    for key in ("run_id", "workflow"):
+        if not isinstance(first.get(key), str) or not first[key]:
+            raise HistoryError(f"started record: {key} must be a name, got {first.get(key)!r:.60}")
+    items = first.get("items") or []
+    if not isinstance(items, list) or not all(isinstance(n, str | int) and not isinstance(n, bool) for n in items):
+        raise HistoryError(f"started record: items must be a list of names, got {items!r:.60}")
+    for key in ("spec", "context"):
+        if first.get(key) is not None and not isinstance(first[key], dict):
+            raise HistoryError(f"started record: {key} must be an object, got {first[key]!r:.60}")
+    return RunState(
+        run_id=first["run_id"],
+        workflow=first["workflow"],
         form=str(first.get("form", "for_each")),
         spec_hash=first.get("spec_hash"),
         spec=dict(first.get("spec") or {}),
-        items=[ItemState(name=str(n), index=i) for i, n in enumerate(first.get("items") or [])],
+        items=[ItemState(name=str(n), index=i) for i, n in enumerate(items)],
         mode=first.get("mode"),
         trigger=first.get("trigger"),
         context=dict(first.get("context") or {}),
         started_at=first.get("at"),
     )
-    by_name = {i.name: i for i in state.items}
-    for ev in it:
-        apply_event(state, by_name, ev)
-    return state
+
+
+def _int(ev: Mapping[str, Any], key: str, default: int, minimum: int = 0, *, nullable: bool = False) -> int:
+    """``ev[key]`` as checked by the fold: an integer (not a bool) of at least ``minimum``; ``default`` if absent
+    (or null, when ``nullable``)."""
+    value = ev.get(key)
+    if key not in ev or (value is None and nullable):
+        return default
+    if type(value) is not int or value < minimum:
+        raise HistoryError(f"{ev.get('ev')} record: {key} must be an integer of at least {minimum}, got {value!r:.40}")
+    return value
+
+
+def _pid(ev: Mapping[str, Any]) -> int | None:
+    """A ``spawned`` pid: an integer above 1 (0, 1 and negative pids name a group, init or every process)."""
+    return None if ev.get("pid") is None else _int(ev, "pid", 0, minimum=2)
+
+
+def _start_time(ev: Mapping[str, Any]) -> float | None:
+    value = ev.get("started")
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise HistoryError(f"{ev.get('ev')} record: started must be a start time in seconds, got {value!r:.40}")
+    return float(value)
 
 
 def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str, Any]) -> None:
@@ -162,14 +216,14 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
     item = by_name.get(str(ev.get("item"))) if "item" in ev else None
     if kind == "accepted" and item is not None:
         item.status = "running"
-        item.attempt = max(item.attempt, int(ev.get("attempt", item.attempt + 1)))
+        item.attempt = max(item.attempt, _int(ev, "attempt", item.attempt + 1, minimum=1))
         item.not_before = None
     elif kind == "finished" and item is not None:
         result = str(ev.get("result"))
         item.result = result
         item.output = ev.get("output")
         item.error = ev.get("error")
-        item.duration_ms = int(ev.get("duration_ms") or 0)
+        item.duration_ms = _int(ev, "duration_ms", 0, nullable=True)
         if result == "success":
             item.status = "done"
             item.fails = 0
@@ -188,7 +242,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
                 "signal_in": ev.get("signal_in"),
                 "result": result,
                 "duration_ms": item.duration_ms,
-                "attempt": int(ev.get("attempt", item.attempt)),
+                "attempt": _int(ev, "attempt", item.attempt),
                 "key": ev.get("key"),
                 "error": item.error,
                 "at": ev.get("at"),
@@ -205,8 +259,8 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
                         step[key] = item.output[key]
             state.steps.append(step)
     elif kind == "spawned" and item is not None:
-        item.pid = int(ev["pid"]) if ev.get("pid") is not None else None
-        item.pid_started = float(ev["started"]) if ev.get("started") is not None else None
+        item.pid = _pid(ev)
+        item.pid_started = _start_time(ev)
     elif kind == "retry" and item is not None:
         item.status = "retry_wait"
         item.not_before = ev.get("not_before")
@@ -267,13 +321,13 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
             item.status = "aborted"
     elif kind == "breaker":
         scope = str(ev.get("scope"))
-        state.breaker[scope] = int(ev.get("fails", 0))
+        state.breaker[scope] = _int(ev, "fails", 0)
         if ev.get("tripped"):
             state.tripped.add(scope)
         else:
             state.tripped.discard(scope)
     elif kind == "cursor":
-        state.cursor = int(ev.get("index", state.cursor))
+        state.cursor = _int(ev, "index", state.cursor)
     elif kind == "added":
         name = str(ev.get("item"))
         if name not in by_name:

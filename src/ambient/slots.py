@@ -2,7 +2,8 @@
 
 What a person protecting a machine or an API quota expects from one number: however many runs are going, at most
 ``concurrency`` agents run at once. A for_each's own ``concurrency:`` caps that run further; a for_each without one
-may use every free slot. No I/O: bookkeeping and callbacks, driven by the executors on the event loop.
+may use every free slot. No I/O: bookkeeping and callbacks, driven by the executors on the event loop, and what the
+cap costs the service (:func:`unit_limits`; :mod:`ambient.limits` compares it with the limits in force).
 
 Fairness: a run that finds no slot free queues with how many it lacks. A freed slot is not left for whoever asks
 first (the run whose agent just ended would always win it back): it is set aside for the waiting run that holds
@@ -13,6 +14,21 @@ cannot starve a run that came after it: they end up sharing the slots.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+
+#: What ``concurrency`` agents at once cost the service (README, Running as a service: the unit's ``TasksMax=`` and
+#: ``LimitNOFILE=`` are :func:`unit_limits` of the cap's maximum, 256). Tasks count threads and processes of the
+#: whole unit: an agent with its children (a shell, a tool, a runtime's threads), and the daemon's own (event loop,
+#: writer threads, the to_thread pool, the spawner). Descriptors are the daemon's: per agent its pipes, pidfd, lock
+#: and claim files, its send-socket connection; its own are journals, watches, sockets and logs.
+AGENT_TASKS = 15
+DAEMON_TASKS = 256
+AGENT_FDS = 8
+DAEMON_FDS = 1024
+
+
+def unit_limits(concurrency: int) -> tuple[int, int]:
+    """(tasks, descriptors) the service needs for ``concurrency`` agents at once, the daemon's own included."""
+    return concurrency * AGENT_TASKS + DAEMON_TASKS, concurrency * AGENT_FDS + DAEMON_FDS
 
 
 class AgentSlots:

@@ -45,3 +45,28 @@ def printable_json(text: str) -> str:
     if _UNSAFE.search(text) is None:
         return text
     return _UNSAFE.sub(_escape_json, text)
+
+
+#: What :func:`one_line` escapes: what :func:`printable` does, and newlines and tabs too.
+_LINE_BREAKING: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def one_line(text: str) -> str:
+    """``text`` for a one-line view (``status``, ``runs``, ``escalations``...: one entry per line): every character
+    :func:`printable` escapes, and newline and tab as well, so a name from a file cannot forge a line of its own."""
+    if _LINE_BREAKING.search(text) is None:
+        return text
+    return _LINE_BREAKING.sub(_escape_short, text)
+
+
+_SHORT: Final = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _escape_short(match: re.Match[str]) -> str:
+    return _SHORT.get(match.group()) or _escape(match)
+
+
+def control_character(text: str) -> str | None:
+    """The first character of ``text`` :func:`one_line` would escape, as its escape (``\\n``), or None."""
+    found = _LINE_BREAKING.search(text)
+    return None if found is None else _escape_short(found)

@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 from ambient import templating
 from ambient.errors import InputError
 from ambient.problems import Severity
+from ambient.terminal import control_character, one_line
 from ambient.zones import DEFAULT_RULES, ZoneRule, normalize
 
 # ---------------------------------------------------------------------------------------------
@@ -46,7 +47,13 @@ ResultStatus = Literal["ok", "partial", "failed"]
 SATELLITE_TYPES: Final[tuple[str, ...]] = ("code", "brain-write", "test", "deploy", "search", "domain")
 DEFAULT_MODE: Final[Mode] = "assisted"
 MAX_CONCURRENCY: Final = 256
-MAX_ITEMS: Final = 100_000
+#: Items of one for_each (README, Workflows): one agent, one claim and one journal line each; a longer list is
+#: refused at file:line. 10,000 keeps a file's parse under ~0.5 s and ~20 MB (a 1 MiB list of 350k items took 8 s
+#: and 340 MB, issue 25, 10); split a longer list over several workflows.
+MAX_ITEMS: Final = 10_000
+#: Values (keys, items, scalars) one workflow file may hold: every item plus room for the rest. Counted from the YAML
+#: events before any node is built, so a file past it costs what reading this many values costs, no more.
+MAX_WORKFLOW_VALUES: Final = 2 * MAX_ITEMS
 MAX_ACTION_TEXT: Final = 2000
 MAX_MESSAGE: Final = 1000
 
@@ -888,6 +895,12 @@ def _item_text(value: Any) -> Any:
         )
     if isinstance(value, int | float):
         return str(value)
+    if isinstance(value, str) and (bad := control_character(value)) is not None:
+        # An item names files, a claim, AMBIENT_ITEM and a line of every one-line view: it stays on one line.
+        raise _custom(
+            "item",
+            f"item '{one_line(value)[:60]}' contains the control character {bad}; an item is a one-line name",
+        )
     return value
 
 

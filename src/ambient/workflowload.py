@@ -22,6 +22,8 @@ from ambient.paths import BrainPaths
 from ambient.plans import workflow_issues
 from ambient.problems import Problem, Severity
 from ambient.workflow import (
+    MAX_ITEMS,
+    MAX_WORKFLOW_VALUES,
     ChainWorkflow,
     ForEachWorkflow,
     SpawnAction,
@@ -190,11 +192,43 @@ def load_workflow_bytes(
     return loaded, problems
 
 
+def _too_many_values(text: str, limit: int = MAX_WORKFLOW_VALUES) -> int | None:
+    """The line where a document passes ``limit`` values, read as YAML events (no node is built: memory stays
+    flat), stopping there; None when it holds fewer, or when it does not parse (the full parse says why).
+
+    A file cannot hold more values than it has characters, so one of ``limit`` characters or fewer is not read.
+    """
+    if len(text) <= limit:
+        return None
+    counted = (yaml.ScalarEvent, yaml.SequenceStartEvent, yaml.MappingStartEvent, yaml.AliasEvent)
+    loader = yaml.SafeLoader(text)  # events only: the scanner and parser, pure Python, iterative (no recursion)
+    values = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()  # type: ignore[no-untyped-call]
+            if isinstance(event, counted):
+                values += 1
+                if values > limit:
+                    return int(event.start_mark.line) + 1 if event.start_mark is not None else None
+    except yaml.YAMLError:
+        return None
+    finally:
+        loader.dispose()
+    return None
+
+
 def _parse_workflow_bytes(
     raw: bytes, digest: str, *, source: str, path: Path | None, zone_rules: tuple[ZoneRule, ...]
 ) -> tuple[LoadedWorkflow | None, list[Problem]]:
     try:
         text = decode(raw, source=source)
+        too_many = _too_many_values(text)
+        if too_many is not None:
+            message = (
+                f"has more than {MAX_WORKFLOW_VALUES} values; a for_each lists at most {MAX_ITEMS} items "
+                "(split the list over several workflows)"
+            )
+            return None, [Problem(file=source, line=too_many, message=message)]
         data, lines = parse_yaml(text, source=source)
     except YamlError as exc:
         hint = _yaml_hint(exc, raw.decode("utf-8", "replace"))

@@ -369,6 +369,24 @@ def check_locks(paths: BrainPaths) -> list[Finding]:
     return _capped(rows, "stale locks")
 
 
+def check_runs(paths: BrainPaths) -> list[Finding]:
+    """Run journals that do not fold (an edited value, a wrong type): each is that run's problem, at file:line."""
+    from ambient.runs import journal_problems
+
+    rows = [
+        Finding(
+            "error",
+            "runs",
+            p.message,
+            "mend or remove that record (the daemon resumes the run at its next start), or move the journal away",
+            p.file,
+            p.line,
+        )
+        for p in journal_problems(paths)
+    ]
+    return _capped(rows, "run journals that do not load")
+
+
 def _unfinished_runs(paths: BrainPaths) -> list[str]:
     """Ids of the runs whose journal has no end: they resume when the daemon starts."""
     from ambient.journal import read_jsonl
@@ -886,6 +904,7 @@ def diagnose(
     up = report.daemon_up
     run("claims", lambda: check_claims(paths, effective, when))
     run("locks", lambda: check_locks(paths))
+    run("runs", lambda: check_runs(paths))
     run("escalations", lambda: check_escalations(paths, effective, when))
     if notify:
         run("notify", lambda: check_notify_urls(paths, environ, timeout))

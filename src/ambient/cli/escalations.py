@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, ambient_command, brain_dir, fail, out, out_json, say
 from ambient.clock import utcnow
 from ambient.paths import BrainPaths
+from ambient.terminal import one_line
 
 if TYPE_CHECKING:  # imported in the handlers: every `ambient` command builds the parser, few need these
     from ambient.escalations import Escalation, EscalationStore
@@ -70,16 +71,17 @@ def _print_one(esc: Escalation, now: datetime, root: Path) -> None:
     from ambient.escalations import render_options
 
     who = f", agent {esc.agent}" if esc.agent else ""
-    out(f"{esc.id}  {esc.where}  ({esc.kind}{who}, {_ago(now, esc.created_at)})")
+    # Every field comes from a file an agent's words reach: each line is made one line (ambient.terminal.one_line).
+    out(one_line(f"{esc.id}  {esc.where}  ({esc.kind}{who}, {_ago(now, esc.created_at)})"))
     for line in esc.question.strip().splitlines() or [""]:
-        out(f"    {line}")
+        out(one_line(f"    {line}"))
     if esc.status != "pending":
         by = "timeout" if esc.channel == "timeout" else f"{esc.by} via {esc.channel}"
         settled = f"  {esc.status}: {esc.decision or '-'} by {by}" if esc.decision else f"  {esc.status}"
-        out(settled + (f" ({esc.note})" if esc.note else ""))
+        out(one_line(settled + (f" ({esc.note})" if esc.note else "")))
         return
     for line in render_options(esc):
-        out(f"  {line}")
+        out(one_line(f"  {line}"))
     if esc.deadline is not None:
         then = f", then {esc.on_timeout}" if esc.on_timeout else ""
         out(f"  deadline: {esc.deadline.isoformat(timespec='seconds')} ({_until(now, esc.deadline)}{then})")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, ambient_command, brain_dir, fail, out, out_json, say
-from ambient.terminal import printable
+from ambient.terminal import one_line, printable
 
 if TYPE_CHECKING:
     from ambient.paths import BrainPaths
@@ -37,15 +37,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--context", help="JSON object passed to the run as context")
 
 
-def _fold_runs(root: Path) -> list[Any]:
-    """The runs in progress, folded from their journals.
+def _fold_runs(root: Path, problems: list[str] | None = None) -> list[Any]:
+    """The runs in progress, folded from their journals; a journal that does not fold is added to ``problems`` as
+    ``file:line: why`` (an edited record: that run's problem, shown, never a crash of the view).
 
     A finished run is known from its journal's first and last lines (``finished_glance``) and not folded: the brain
     keeps every run's journal, and folding them all made status slower with each run ever made.
     """
     from ambient.journal import read_jsonl
     from ambient.paths import BrainPaths
-    from ambient.runs import finished_glance
+    from ambient.runs import finished_glance, journal_problem
     from ambient.runstate import fold
 
     paths = BrainPaths(root)
@@ -56,8 +57,11 @@ def _fold_runs(root: Path) -> list[Any]:
                 continue
             try:
                 states.append(fold(read_jsonl(path).records))
-            except (ValueError, KeyError):
+            except OSError:
                 continue
+            except (ValueError, KeyError, TypeError) as exc:
+                if problems is not None:
+                    problems.append(str(journal_problem(path, paths.rel(path), exc)))
     return states
 
 
@@ -75,7 +79,8 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
 
     paths = BrainPaths(root)
     up = daemon_up(paths)
-    active = [s for s in _fold_runs(root) if not s.finished and workflow in (None, s.workflow)]
+    unreadable: list[str] = []
+    active = [s for s in _fold_runs(root, unreadable) if not s.finished and workflow in (None, s.workflow)]
     runs = []
     for s in active:
         counts = s.counts()
@@ -186,6 +191,7 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
         },
         "errors": list(errors.values())[-10:],
         "broken_workflows": broken,
+        "unreadable_runs": unreadable,
         "recent": [
             {
                 "run_id": r.get("run_id"),
@@ -218,8 +224,14 @@ def _names_in(brain: Any, file: str) -> list[str]:
 def print_status(
     root: Path, *, verbose: bool = False, workflow: str | None = None, write: Callable[[str], None] = out
 ) -> dict[str, Any]:
-    """Print the status of the brain at ``root`` in readable form; return the data."""
+    """Print the status of the brain at ``root`` in readable form, one line per entry; return the data."""
     data = collect(root, workflow)
+    shown = write
+
+    def line(text: str) -> None:  # names and errors come from files: none may break its line (issue 25, 11)
+        shown(one_line(text))
+
+    write = line
     d = data["daemon"]
     write(f"Daemon: {'up (pid ' + str(d['pid']) + ')' if d['up'] else 'down'}   brain: {data['brain']}")
     for trouble in data["troubles"]:
@@ -231,6 +243,8 @@ def print_status(
             write(f"  {r['workflow']:<20} {r['outcome']:<9} escalations={r['escalations']}  {r['run_id']}")
     runs = data["runs"]
     write(f"Runs in progress: {len(runs)}")
+    for problem in data["unreadable_runs"]:
+        write(f"  NOT RESUMED: {problem}")
     for r in runs:
         bar = _bar(r["done"], r["total"])
         write(
@@ -353,12 +367,18 @@ def _runs(args: argparse.Namespace) -> int:
         done, total, unit = _done_of(r)
         failed = sum(1 for s in r.get("steps") or () if isinstance(s, dict) and is_failure(s))
         out(
-            f"{r.get('completed_at', '')[:19]:<19}  {r.get('workflow', ''):<20} {r.get('outcome', ''):<9} "
-            f"{done}/{total} {unit} done  escalations={r.get('escalations', 0)} failed={failed} "
-            f"errors={r.get('errors', 0)}  {r.get('run_id')}"
+            one_line(
+                f"{str(r.get('completed_at', ''))[:19]:<19}  {r.get('workflow', '')!s:<20} {r.get('outcome', '')!s:<9} "
+                f"{done}/{total} {unit} done  escalations={r.get('escalations', 0)} failed={failed} "
+                f"errors={r.get('errors', 0)}  {r.get('run_id')}"
+            )
         )
     for s in active:
-        out(f"{'(running)':<19}  {s.workflow:<20} {'running':<9} {s.success_count}/{len(s.items)} done  {s.run_id}")
+        out(
+            one_line(
+                f"{'(running)':<19}  {s.workflow:<20} {'running':<9} {s.success_count}/{len(s.items)} done  {s.run_id}"
+            )
+        )
     if torn:
         out("(the last record was torn by a crash and is ignored)")
     if not rows and not active:
