@@ -18,7 +18,7 @@ from ambient.claims import Claim
 from ambient.claimstore import ClaimStore
 from ambient.clock import Clock, SystemClock
 from ambient.errors import InputError, UnsafePathError
-from ambient.fsutil import atomic_write, check_relative, read_capped, resolve_in_brain
+from ambient.fsutil import PRIVATE_FILE, atomic_write, check_relative, private_dir, read_capped, resolve_in_brain
 from ambient.locks import FileGuard, LockManager
 from ambient.paths import BrainPaths
 from ambient.preflight import (
@@ -79,8 +79,8 @@ class Breaker:
 
     def _save(self, states: Mapping[str, BreakerState]) -> None:
         doc: dict[str, Any] = {"version": 1, "scopes": {k: v.model_dump() for k, v in sorted(states.items())}}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path, json.dumps(doc, indent=2) + "\n")
+        private_dir(self.path.parent)
+        atomic_write(self.path, json.dumps(doc, indent=2) + "\n", mode=PRIVATE_FILE)
 
     def status(self, scope: str) -> BreakerState:
         """The breaker of ``scope`` (a fresh one if it never failed)."""

@@ -31,7 +31,7 @@ from ambient import __version__
 from ambient.claims import Claim, ClaimFacts
 from ambient.claimstore import SUFFIXES, ClaimFileError, ClaimStore
 from ambient.errors import AmbientError, InputError
-from ambient.fsutil import atomic_write
+from ambient.fsutil import PRIVATE_FILE, atomic_write
 from ambient.problems import Problem
 
 INDEX_NAME: Final = "claims-index.json"
@@ -214,4 +214,4 @@ def _save_index(path: Path, files: dict[str, list[Any]]) -> None:
     # Derived data, not fsync'd: rebuilt if a power cut loses it. A read-only .ambient/: the next census parses
     # again, nothing else is lost.
     with contextlib.suppress(OSError):
-        atomic_write(path, text, durable=False)
+        atomic_write(path, text, durable=False, mode=PRIVATE_FILE)

@@ -26,7 +26,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 
 from ambient.clock import Clock, SystemClock
 from ambient.errors import InputError, StateError
-from ambient.fsutil import atomic_write, fsync_dir, iter_files
+from ambient.fsutil import atomic_write, iter_files, private_dir
 from ambient.paths import BrainPaths
 from ambient.problems import Problem
 from ambient.yamlfile import KiB, dump_yaml, expect_mapping, load_file, problems_from_validation
@@ -825,12 +825,7 @@ class EscalationStore:
             os.close(fd)  # closing releases the flock
 
     def _ensure_dir(self) -> None:
-        if self.dir.is_dir():
-            return
-        created = [p for p in (self.paths.state, self.dir) if not p.exists()]
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for p in created:  # the new directory entries must survive a power cut too
-            fsync_dir(p.parent)
+        private_dir(self.dir)  # a real folder (0700), never a symlink; a created one is fsync'd into its parent
 
     def _write(self, esc: Escalation) -> None:
         # 0600: the nonce in the file is what makes a Telegram button trustworthy.

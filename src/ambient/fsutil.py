@@ -4,23 +4,41 @@ Guarantees (RELIABILITY §1.3): a reader sees either the old or the new content 
 torn one; the content is durable (fsync of file then directory) before the call returns; a failed
 fsync is raised, never retried. Leftover ``.<name>.tmp.<pid>.<hex>`` files from a crash are swept at
 start-up by :func:`sweep_tmp`, and nothing else is ever deleted there.
+
+ambient's private state (``.ambient/``: journals, audit, agent threads, escalations...) follows one rule,
+:func:`private_dir`: each of its folders is a real folder (never a symlink, which would let a same-user agent
+redirect ambient's writes and reads elsewhere), created 0700, and each file ambient writes there is 0600
+(:data:`PRIVATE_FILE`), opened without following a final symlink (:func:`open_private`), so that no other
+local user reads agent conversations.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+import structlog
 
 from ambient.errors import InputError, UnsafePathError, UnsupportedFilesystemError
 from ambient.pathrules import normalize
+from ambient.paths import STATE_DIRNAME, STATE_FILES
+
+if TYPE_CHECKING:
+    from ambient.paths import BrainPaths
+
+log = structlog.get_logger(__name__)
 
 TMP_MARK = ".tmp."
+PRIVATE_DIR: int = 0o700  # every folder of .ambient/
+PRIVATE_FILE: int = 0o600  # every file ambient writes under .ambient/
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # Filesystems whose locking or rename semantics cannot be trusted (RELIABILITY §1.2 rule 7).
 _UNTRUSTED_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse", "9p", "afs", "ceph", "glusterfs")
@@ -275,3 +293,122 @@ def check_local_filesystem(path: Path) -> None:
             f"{path} is on a {fstype} filesystem; ambient keeps locks and claims only on a local filesystem "
             "(ext4, xfs, btrfs, tmpfs...). Move the brain or its state to a local disk."
         )
+
+
+# ---------------------------------------------------------------- private state (.ambient/)
+
+
+def _not_a_folder(where: Path, parent_fd: int, name: str) -> UnsafePathError:
+    """The error for a state folder that is a symlink or not a folder: the path, what it is, what is expected."""
+    try:
+        st = os.lstat(name, dir_fd=parent_fd)
+    except OSError:
+        what = "cannot be opened as a folder"
+    else:
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                what = f"is a symlink (to {os.readlink(name, dir_fd=parent_fd)})"
+            except OSError:
+                what = "is a symlink"
+        else:
+            what = "is not a folder"
+    return UnsafePathError(
+        f"{what}; ambient's private state (.ambient/ and its folders) must be real folders, never followed "
+        "through a symlink: remove it (ambient creates the folder again, mode 0700)",
+        file=str(where),
+    )
+
+
+def private_dir(path: Path) -> Path:
+    """Create or check ``path``, a folder of ambient's private state: the one rule for every folder ambient writes.
+
+    From the ``.ambient`` folder on ``path`` (``path`` itself when it has none) down to ``path``, each folder is
+    opened with ``O_NOFOLLOW|O_DIRECTORY`` relative to its parent's descriptor: a symlink or a non-folder raises
+    :class:`UnsafePathError` naming it (a same-user agent could otherwise send ambient's writes, and the person's
+    answers, anywhere); a missing one is created 0700 (its parent fsync'd); one open to other users (an older
+    ambient made ``.ambient/`` 0755) is narrowed to 0700, logged. What lies above ``.ambient`` (the brain root,
+    which may well be a symlink) is followed as usual. Returns ``path``.
+    """
+    parts = path.parts
+    top = len(parts) - 1
+    if STATE_DIRNAME in parts:
+        top = len(parts) - 1 - parts[::-1].index(STATE_DIRNAME)
+    base = Path(*parts[:top]) if top else Path()
+    try:
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:  # the folders above the state are the person's: made as mkdir -p would
+        base.mkdir(parents=True, exist_ok=True)
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        where = base
+        for name in parts[top:]:
+            where = where / name
+            child = _enter_private(fd, name, where)
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+    return path
+
+
+def _enter_private(parent_fd: int, name: str, where: Path) -> int:
+    """Open (creating it if missing) the private folder ``name`` under ``parent_fd``; its descriptor."""
+    try:
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        except FileNotFoundError:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, PRIVATE_DIR, dir_fd=parent_fd)
+                os.fsync(parent_fd)  # the new entry survives a power cut
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW on a symlink, or a file in the way
+            raise _not_a_folder(where, parent_fd, name) from None
+        raise
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode & 0o077:
+            os.fchmod(fd, PRIVATE_DIR)
+            log.warning("state_folder_narrowed", folder=str(where), was=f"{mode:o}", now=f"{PRIVATE_DIR:o}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_private(path: Path, flags: int) -> int:
+    """``os.open`` of a file of ambient's private state: created 0600, a final symlink refused with a clear error.
+
+    ``O_NOFOLLOW`` and ``O_CLOEXEC`` are added to ``flags``. The folder holding ``path`` is
+    :func:`private_dir`'s to check.
+    """
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePathError(
+                "is a symlink; ambient never writes its private state through a symlink: remove it "
+                "(ambient creates the file again, mode 0600)",
+                file=str(path),
+            ) from None
+        raise
+
+
+def check_state(paths: BrainPaths) -> None:
+    """At daemon start: every folder of ``.ambient/`` through :func:`private_dir` (created 0700 if missing), and no
+    symlink nor other non-file among the files at its top (``audit.jsonl``, ``daemon.lock``...), each refused with
+    :class:`UnsafePathError` naming it, before anything is opened."""
+    for d in paths.state_dirs:
+        private_dir(d)
+    with os.scandir(paths.state) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.is_symlink():
+                raise UnsafePathError(
+                    f"is a symlink (to {Path(entry.path).readlink()}); ambient never follows a symlink in its private "
+                    "state .ambient/: remove it (ambient creates what it needs again)",
+                    file=entry.path,
+                )
+            if entry.name in STATE_FILES and not entry.is_file(follow_symlinks=False):
+                raise UnsafePathError(
+                    "is not a regular file; expected ambient's own file here: remove it", file=entry.path
+                )

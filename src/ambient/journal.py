@@ -4,7 +4,8 @@ Each record is one line written with ``O_APPEND``, so concurrent appenders never
 within a line. Lines are buffered and written in batches; :meth:`Journal.sync` and
 :meth:`Journal.commit` make everything written so far durable with one fsync (group commit:
 many completions, one fsync). A crash can leave a torn last line: :func:`read_jsonl` skips it
-and reports it; a past line is never rewritten.
+and reports it; a past line is never rewritten. Journals are ambient's private state: a file is created 0600 and
+never opened through a symlink, its folder goes through :func:`ambient.fsutil.private_dir` (a real folder, 0700).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ambient.fsutil import write_all
+from ambient.fsutil import open_private, private_dir, write_all
 
 if TYPE_CHECKING:
     import asyncio
@@ -66,8 +67,8 @@ class Journal:
 
     def __init__(self, path: Path, *, buffered: bool = True) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        private_dir(path.parent)
+        self._fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         self._buffered = buffered
         self._buf = bytearray()
         self._written = 0  # generation counters for group commit
@@ -250,8 +251,8 @@ def append_line(path: Path, record: Mapping[str, Any], *, durable: bool = True) 
     fragment it would be unreadable too (a torn runs.jsonl lost the next run's record). A write that fails
     half-way (a full disk) is cut back the same way, so no later record is glued to it.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    private_dir(path.parent)
+    fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
     try:
         size = _cut_torn_tail(fd, path)
         try:

@@ -4,6 +4,10 @@
 attribution; pair and correlation views are filtered projections of it. ``handoff.md`` is a
 summary with stable rubrics, bounded to 4096 characters, from the pure :func:`summarise`; it is
 what runners give an agent, never the raw transcript.
+
+Threads are agent conversations, private state: ``live/<agent>/`` goes through :func:`ambient.fsutil.private_dir`
+before each write (a real folder, 0700: a symlink swapped in is refused for that thread only, the others go on)
+and every file is 0600, never opened through a symlink.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError, field_validator
 
 from ambient.errors import InputError, UnsafePathError
-from ambient.fsutil import atomic_write, fsync_dir, read_capped, write_all
+from ambient.fsutil import PRIVATE_FILE, atomic_write, fsync_dir, open_private, private_dir, read_capped, write_all
 from ambient.journal import ReadResult, iter_jsonl
 from ambient.paths import BrainPaths
 
@@ -592,7 +596,7 @@ class LiveContext:
 
     @contextlib.contextmanager
     def _locked(self, directory: Path) -> Iterator[None]:
-        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = open_private(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -644,9 +648,7 @@ class LiveContext:
         self._append_lines(agent, lines, any(t.signal in HANDOFF_SIGNALS for t in group))
 
     def _append_lines(self, agent: str, lines: Sequence[bytes], handoff: bool) -> None:
-        d = self.thread_dir(agent)
-        if not d.is_dir():
-            d.mkdir(parents=True, exist_ok=True)
+        d = private_dir(self.thread_dir(agent))
         with self._locked(d):
             log = d / LOG_NAME
             try:
@@ -680,7 +682,7 @@ class LiveContext:
         return turn
 
     def _append(self, log: Path, data: bytes) -> None:
-        fd = os.open(log, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = open_private(log, os.O_RDWR | os.O_CREAT | os.O_APPEND)
         try:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -776,13 +778,12 @@ class LiveContext:
 
     def _write_handoff(self, agent: str) -> str:
         text = summarise(self.recent_turns(agent), agent=agent)
-        atomic_write(self.thread_dir(agent) / HANDOFF_NAME, text)
+        atomic_write(self.thread_dir(agent) / HANDOFF_NAME, text, mode=PRIVATE_FILE)
         return text
 
     def refresh_handoff(self, agent: str) -> str:
         """Rewrite ``handoff.md`` from the thread now, and return it."""
-        d = self.thread_dir(agent)
-        d.mkdir(parents=True, exist_ok=True)
+        d = private_dir(self.thread_dir(agent))
         with self._locked(d):
             return self._write_handoff(agent)
 
@@ -794,8 +795,15 @@ class LiveContext:
         written and turns came since. Summarising on every read instead (the file was only written by those
         turns) parsed the newest 2,000 turns each time: ~160 ms of CPU and 4.6 MB at once for every run's first
         spawn of an agent (R-12's soak: most of the daemon's time, and its RSS ratcheting up).
+        A thread folder that is a symlink is neither read nor written: the agent gets an empty handoff (logged).
         """
         d = self.thread_dir(agent)
+        if d.is_symlink():
+            try:
+                private_dir(d)
+            except InputError as exc:
+                log.warning("thread_refused", agent=agent, error=str(exc))
+                return summarise([], agent=agent)
         path = d / HANDOFF_NAME
         try:
             raw = read_capped(path, 64 * 1024)
@@ -820,10 +828,9 @@ class LiveContext:
     def _rebuild_handoff(self, agent: str) -> str:
         """The summary, kept as ``handoff.md`` when it can be: an agent is not refused its handoff because the
         file could not be written (disk full, a read-only copy of the brain)."""
-        d = self.thread_dir(agent)
         try:
-            with self._locked(d):
+            with self._locked(private_dir(self.thread_dir(agent))):
                 return self._write_handoff(agent)
-        except OSError as exc:
+        except (OSError, InputError) as exc:
             log.warning("handoff_not_written", agent=agent, error=str(exc))
             return summarise(self.recent_turns(agent), agent=agent)

@@ -70,7 +70,15 @@ from typing import Any, Final, Literal
 from urllib.parse import quote, unquote
 
 from ambient.errors import InputError, LockError, LockHeldError, LockNotHeldError, UnsafePathError
-from ambient.fsutil import TMP_MARK, check_local_filesystem, check_relative, fsync_dir, tmp_name
+from ambient.fsutil import (
+    TMP_MARK,
+    check_local_filesystem,
+    check_relative,
+    fsync_dir,
+    open_private,
+    private_dir,
+    tmp_name,
+)
 from ambient.paths import BrainPaths
 
 LOCK_SUFFIX: Final = ".lock"
@@ -299,8 +307,8 @@ class FileGuard:
 
     def _open(self) -> int:
         if self._fd is None or self._pid != os.getpid():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            private_dir(self.path.parent)  # the guards live in .ambient/
+            self._fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
             self._pid = os.getpid()
         return self._fd
 

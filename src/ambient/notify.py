@@ -23,7 +23,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ambient.errors import InputError, NotifyError
-from ambient.fsutil import atomic_write, fsync_dir, read_capped, sweep_tmp
+from ambient.fsutil import atomic_write, fsync_dir, private_dir, read_capped, sweep_tmp
 from ambient.redact import SecretRegistry, redact_text, redact_url
 
 if TYPE_CHECKING:
@@ -472,7 +472,7 @@ class Outbox:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
+        private_dir(directory)
         sweep_tmp(directory)
 
     @classmethod
@@ -524,7 +524,7 @@ class Outbox:
         """Move an entry that will not be retried any more to ``expired/`` (kept for inspection)."""
         src = self._path(entry_id)
         dest_dir = self.directory / "expired"
-        dest_dir.mkdir(exist_ok=True)
+        private_dir(dest_dir)
         src.replace(dest_dir / src.name)
         fsync_dir(dest_dir)
         fsync_dir(self.directory)

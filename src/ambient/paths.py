@@ -21,6 +21,10 @@ ambient's own state (``.ambient/``, add it to ``.gitignore``)::
     escalations/*.yml    escalations waiting for (or answered by) the person
     channels/            hashed per-spawn tokens: which agent a channel belongs to
     live/<agent>/        per-agent live context (log.jsonl, handoff.md)
+    outbox/              notifications waiting to be delivered
+
+Private: every folder of ``.ambient/`` is a real folder (never a symlink) of mode 0700, every file ambient writes
+there 0600; :func:`ambient.fsutil.private_dir` is the one rule that creates or checks them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STATE_DIRNAME = ".ambient"
+#: Files at the top of ``.ambient/`` that must be regular files when they exist (checked at daemon start).
+STATE_FILES = frozenset({"audit.jsonl", "runs.jsonl", "daemon.lock", "daemon.json", "daemon-events.jsonl"})
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,12 @@ class BrainPaths:
     @property
     def live(self) -> Path:
         return self.state / "live"
+
+    @property
+    def state_dirs(self) -> tuple[Path, ...]:
+        """Every fixed folder of ``.ambient/`` (``live/<agent>/`` are made as threads start), the state first."""
+        s = self.state
+        return (s, self.run_journals, self.inbox, self.escalations, self.channels, self.live, s / "outbox", s / "run")
 
     def rel(self, path: Path) -> str:
         """``path`` relative to the brain root, for messages."""

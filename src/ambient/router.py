@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from ambient.clock import Clock, SystemClock
 from ambient.errors import InputError, PacketError, UnsafePathError
-from ambient.fsutil import atomic_write, iter_files, read_capped, resolve_in_brain, write_all, write_new
+from ambient.fsutil import atomic_write, iter_files, private_dir, read_capped, resolve_in_brain, write_all, write_new
 from ambient.journal import Journal, Unwritten, iter_jsonl
 from ambient.matrix import AMBIENT, HUMAN, AccessMatrix, Decision
 from ambient.packet import (
@@ -195,7 +195,7 @@ class ChannelRegistry:
             try:
                 write_new(path, text, mode=0o600)
             except FileNotFoundError:  # first token, or the directory was removed
-                self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                private_dir(self.dir)
                 write_new(path, text, mode=0o600)
 
         return Channel(principal, token), publish
@@ -770,7 +770,7 @@ _UNSAFE_PATH: Final = Decision(False, ("a scope file resolves outside the brain 
 
 def write_inbox(paths: BrainPaths, packet: Packet) -> Path:
     """Write an authorized packet atomically as ``.ambient/inbox/<id>.json`` for the daemon."""
-    paths.inbox.mkdir(parents=True, exist_ok=True)
+    private_dir(paths.inbox)
     target = paths.inbox / f"{packet.id}.json"
     atomic_write(target, packet.to_json(), mode=0o600)
     return target

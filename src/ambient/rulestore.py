@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ambient.errors import InputError, YamlError
-from ambient.fsutil import atomic_write
+from ambient.fsutil import PRIVATE_FILE, atomic_write, open_private, private_dir
 from ambient.learning import Rule, RuleBook
 from ambient.paths import BrainPaths
 from ambient.problems import Problem
@@ -104,15 +104,15 @@ def dump_rules(book: RuleBook) -> str:
 
 def save_rules(path: Path, book: RuleBook) -> None:
     """Write the rule book atomically and durably (a decision learned is not lost in a crash)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, dump_rules(book))
+    private_dir(path.parent)
+    atomic_write(path, dump_rules(book), mode=PRIVATE_FILE)
 
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     # A guard file beside rules.yml, never unlinked (unlinking a flocked file splits waiters).
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_name(LOCK_FILENAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    private_dir(path.parent)
+    fd = open_private(path.with_name(LOCK_FILENAME), os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -736,16 +736,17 @@ class Digest:
     def due(self, now: datetime) -> bool:
         last = self._last_sent()
         if last is None:
-            from ambient.fsutil import atomic_write
+            from ambient.fsutil import PRIVATE_FILE, atomic_write
 
-            atomic_write(self.mark, json.dumps({"last_sent": now.isoformat()}) + "\n")  # the first period starts
+            mark = json.dumps({"last_sent": now.isoformat()}) + "\n"
+            atomic_write(self.mark, mark, mode=PRIVATE_FILE)  # the first period starts
             return False
         return now - last >= timedelta(hours=self.hours)
 
     def send_if_due(self) -> bool:
         """Blocking: compose and queue the digest when its period has passed and something waits (a period without
         a result or an automatic decision sends nothing)."""
-        from ambient.fsutil import atomic_write
+        from ambient.fsutil import PRIVATE_FILE, atomic_write
         from ambient.journal import read_jsonl
         from ambient.learning import summarise, weekly_digest
 
@@ -765,7 +766,7 @@ class Digest:
             self.outbox.put(Message(title=title, body="\n".join(body)[:3800], kind="digest"), now)
         if self.file.exists():
             self.file.replace(self.paths.state / "digest.sent.jsonl")
-        atomic_write(self.mark, json.dumps({"last_sent": now.isoformat()}) + "\n")
+        atomic_write(self.mark, json.dumps({"last_sent": now.isoformat()}) + "\n", mode=PRIVATE_FILE)
         return bool(body)
 
     async def evaluate(self, tick: Tick) -> None:

@@ -19,7 +19,7 @@ import structlog
 from pydantic import ValidationError
 
 from ambient.clock import Clock
-from ambient.fsutil import atomic_write
+from ambient.fsutil import PRIVATE_FILE, atomic_write
 from ambient.health import Health, Resource, cleared, describe, noted
 from ambient.paths import BrainPaths
 
@@ -94,7 +94,9 @@ class Troubles:
     def _write(self) -> None:
         self._written_at = time.monotonic()
         with contextlib.suppress(OSError):  # a full disk: status and doctor look at the disk themselves
-            atomic_write(health_file(self.paths), self.health.model_dump_json(indent=1) + "\n", durable=False)
+            atomic_write(
+                health_file(self.paths), self.health.model_dump_json(indent=1) + "\n", durable=False, mode=PRIVATE_FILE
+            )
 
 
 def read_health(paths: BrainPaths) -> Health:

@@ -83,9 +83,11 @@ def _route_here(paths: BrainPaths, raw: bytes, token: str | None) -> dict[str, A
     """Route in this process, as the daemon would: the same router, audit record and inbox delivery."""
     import asyncio
 
+    from ambient.fsutil import private_dir
     from ambient.router import Router, inbox_handler
     from ambient.sendsocket import summary
 
+    private_dir(paths.inbox)  # a link there is refused by name (exit 2) before anything is routed or audited
     router, problems = Router.for_brain(paths, buffered=True)
     try:
         for problem in problems:
