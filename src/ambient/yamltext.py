@@ -2,8 +2,12 @@
 
 Hostile-input safe (RELIABILITY S-03): pure-Python SafeLoader only (the C loader segfaults on deep
 nesting), aliases refused (no alias bombs), duplicate keys refused (PyYAML silently keeps the last
-one), nesting bounded, and every error carries file and line. Timestamps stay strings, so a claim
-rewritten by ambient keeps the user's ``opened_at: 2026-03-16T20:36`` text as it was.
+one), merge keys (``<<:``) included, nesting bounded, and every error carries file and line. Timestamps stay
+strings, so a claim rewritten by ambient keeps the user's ``opened_at: 2026-03-16T20:36`` text as it was.
+Explicit tags (issue 25): a value its tag cannot read (``!!int x``, ``!!bool maybe``), an integer past
+Python's 4,300-digit limit, or a tag that makes something else than text, numbers, booleans, null, lists
+and mappings (``!!binary``, ``!!set``, ``!!omap``, ``!!pairs``) is a :class:`YamlError` at the node's line:
+every reader catches that one error, and nothing else escapes the loader.
 :mod:`ambient.yamlfile` adds the capped, no-follow file reading.
 """
 
@@ -23,6 +27,12 @@ from ambient.errors import YamlError
 from ambient.problems import Problem
 
 MAX_DEPTH = 64
+MAX_INT_DIGITS = 4300  # Python's own limit for int <-> str: a longer integer could not even be printed
+_INT_LIMIT = 10**MAX_INT_DIGITS
+_MAX_INT_TEXT = 4 * MAX_INT_DIGITS  # longer text is refused unread (0b..., 1:59:59:... cost quadratic time)
+_YAML_TAG = "tag:yaml.org,2002:"
+_MERGE_TAG, _VALUE_TAG, _STR_TAG = f"{_YAML_TAG}merge", f"{_YAML_TAG}value", f"{_YAML_TAG}str"
+_MERGE_OR_VALUE = frozenset({_MERGE_TAG, _VALUE_TAG})
 KiB = 1024
 MiB = 1024 * KiB
 # Size caps per kind of file (checked before parsing).
@@ -80,6 +90,119 @@ class _SafeLoader(
         finally:
             self._depth -= 1
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """A constructor's own exception (ValueError, KeyError...) becomes a YamlError at this node's line."""
+        try:
+            return super().construct_object(node, deep=deep)
+        except (YamlError, yaml.YAMLError, RecursionError):
+            raise
+        except Exception:  # noqa: BLE001 - whatever a constructor raises, the document is at fault
+            raise YamlError(_unreadable(node), line=node.start_mark.line + 1) from None
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """Merge keys flattened, then every key once: a merge cannot give a key that is also given otherwise."""
+        if not isinstance(node, yaml.MappingNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"expected a mapping node, but found {node.id}", node.start_mark
+            )
+        self.flatten_mapping(node)
+        mapping: dict[Any, Any] = {}
+        first: dict[Any, yaml.Node] = {}
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                seen = key in first
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark, "found unhashable key", key_node.start_mark
+                ) from None
+            if seen:
+                # Merged pairs come first whatever their place: report the later of the two in the text.
+                a, b = sorted((first[key].start_mark.index, key_node.start_mark.index))
+                lines = {m.index: m.line + 1 for m in (first[key].start_mark, key_node.start_mark)}
+                raise YamlError(
+                    f"duplicate key {_shown(key)} (first at line {lines[a]}); each key may appear once, "
+                    "merges (<<) included",
+                    line=lines[b],
+                )
+            first[key] = key_node
+            mapping[key] = self.construct_object(value_node, deep=deep)
+        return mapping
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        """PyYAML's merge, minus its silent drop of a key merged twice: every merged pair is kept, for the check."""
+        if not any(k.tag in _MERGE_OR_VALUE for k, _ in node.value):
+            return
+        merged: list[tuple[yaml.Node, yaml.Node]] = []
+        own: list[tuple[yaml.Node, yaml.Node]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag != _MERGE_TAG:
+                if key_node.tag == _VALUE_TAG:
+                    key_node.tag = _STR_TAG
+                own.append((key_node, value_node))
+                continue
+            subs = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for sub in subs:
+                if not isinstance(sub, yaml.MappingNode):
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"expected a mapping or list of mappings for merging, but found {sub.id}",
+                        sub.start_mark,
+                    )
+                self.flatten_mapping(sub)
+                merged.extend(sub.value)
+        node.value = merged + own
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        """An integer Python can print: at most ``MAX_INT_DIGITS`` digits, refused before any costly conversion."""
+        text = str(node.value).replace("_", "").lstrip("+-")
+        if len(text) > _MAX_INT_TEXT or (text.isdigit() and len(text) > MAX_INT_DIGITS):
+            raise YamlError(_too_long(), line=node.start_mark.line + 1)
+        value = super().construct_yaml_int(node)
+        if abs(value) >= _INT_LIMIT:
+            raise YamlError(_too_long(), line=node.start_mark.line + 1)
+        return value
+
+    def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> str:  # type: ignore[override]
+        """``!!timestamp``: checked to be one, then kept as the user's text (as implicit timestamps are)."""
+        super().construct_yaml_timestamp(node)
+        return str(self.construct_scalar(node))
+
+    def refuse_tag(self, node: yaml.Node) -> Any:
+        """Tags whose values no reader expects (bytes, sets, ordered pairs): refused, not handed on."""
+        raise YamlError(
+            f"the tag {_short_tag(node.tag)} is not accepted in a brain file; use plain text, numbers, booleans, "
+            "null, lists and mappings",
+            line=node.start_mark.line + 1,
+        )
+
+
+_SafeLoader.add_constructor(f"{_YAML_TAG}int", _SafeLoader.construct_yaml_int)  # type: ignore[type-var]
+_SafeLoader.add_constructor(f"{_YAML_TAG}timestamp", _SafeLoader.construct_yaml_timestamp)  # type: ignore[type-var]
+for _tag in ("binary", "set", "omap", "pairs"):
+    _SafeLoader.add_constructor(f"{_YAML_TAG}{_tag}", _SafeLoader.refuse_tag)  # type: ignore[type-var]
+
+
+def _short_tag(tag: str) -> str:
+    return "!!" + tag[len(_YAML_TAG) :] if tag.startswith(_YAML_TAG) else tag
+
+
+def _shown(value: object, limit: int = 40) -> str:
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**limit else "a long integer"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _too_long() -> str:
+    return f"integer with more than {MAX_INT_DIGITS} digits; quote it if it is text"
+
+
+def _unreadable(node: yaml.Node) -> str:
+    tag = _short_tag(node.tag)
+    if isinstance(node, yaml.ScalarNode):
+        return f"{_shown(node.value)} is not a valid {tag}; fix the value or remove the tag"
+    return f"this {getattr(node, 'id', 'node')} cannot be read as {tag}; fix it or remove the tag"
+
 
 # The C emitter is six times faster than the pure-Python one (a claim is rewritten twice per item) and
 # only emits our own data; it is the C *loader* that must never see hostile input (RELIABILITY S-03).
@@ -123,6 +246,11 @@ def _walk(node: yaml.Node, path: Loc, out: dict[Loc, int]) -> None:
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:  # merged keys are this mapping's: their lines at its path
+                merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                for sub in merged:
+                    if isinstance(sub, yaml.MappingNode):
+                        _walk(sub, path, out)
             if isinstance(key_node, yaml.ScalarNode):
                 key = key_node.value
                 line = key_node.start_mark.line + 1
@@ -171,6 +299,8 @@ def parse_yaml(text: str, *, source: str = "<string>", line_offset: int = 0) -> 
         raise YamlError(f"malformed YAML: {exc}", file=source) from None
     except RecursionError:
         raise YamlError(f"nesting deeper than {MAX_DEPTH} levels", file=source) from None
+    except Exception as exc:  # noqa: BLE001 - the last net: a hostile document is a problem, never a crash
+        raise YamlError(f"cannot be read as YAML ({type(exc).__name__})", file=source) from None
     finally:
         if loader is not None:
             loader.dispose()
