@@ -56,15 +56,26 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 # ---------------------------------------------------------------- brains
 
 
-def stub_agent_md(name: str, stub_args: Sequence[str] = (), *, timeout_s: float = 60, kill_grace_s: float = 2) -> str:
+def stub_agent_md(
+    name: str, stub_args: Sequence[str] = (), *, timeout_s: float = 60, kill_grace_s: float = 2, confine: bool = False
+) -> str:
     """An agent file whose command runner is :mod:`ambient.stub_agent` with ``stub_args``."""
     return command_agent_md(
-        name, ["{{python}}", "-m", "ambient.stub_agent", *stub_args], timeout_s=timeout_s, kill_grace_s=kill_grace_s
+        name,
+        ["{{python}}", "-m", "ambient.stub_agent", *stub_args],
+        timeout_s=timeout_s,
+        kill_grace_s=kill_grace_s,
+        confine=confine,
     )
 
 
-def command_agent_md(name: str, argv: Sequence[str], *, timeout_s: float = 60, kill_grace_s: float = 2) -> str:
-    """An agent file (a project agent that talks with the orchestrator) run by the command runner with ``argv``."""
+def command_agent_md(
+    name: str, argv: Sequence[str], *, timeout_s: float = 60, kill_grace_s: float = 2, confine: bool = False
+) -> str:
+    """An agent file (a project agent that talks with the orchestrator) run by the command runner with ``argv``.
+
+    Unconfined unless asked: these fault tests' agents write their witnesses outside the brain (the acceptance
+    tests run agents confined, as a user's are; tests/test_containment.py attacks the confinement itself)."""
     return (
         "---\n"
         f"name: {name}\n"
@@ -86,6 +97,7 @@ def command_agent_md(name: str, argv: Sequence[str], *, timeout_s: float = 60, k
         f"    argv: {json.dumps(list(argv))}\n"
         f"    timeout_s: {timeout_s}\n"
         f"    kill_grace_s: {kill_grace_s}\n"
+        f"    confine: {'true' if confine else 'false'}\n"
         "---\n"
         f"# Agent: {name}\n\nA test agent.\n"
     )
@@ -301,10 +313,12 @@ def ambient_cli(
     *args: str,
     timeout: float = 30,
     env: Mapping[str, str] | None = None,
+    input_text: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m ambient --brain BRAIN ARGS...`` to completion."""
+    """Run ``python -m ambient --brain BRAIN ARGS...`` to completion (``input_text`` on its stdin)."""
     return subprocess.run(
         [PY, "-m", "ambient", "--brain", str(brain), *args],
+        input=input_text,
         capture_output=True,
         text=True,
         timeout=timeout,

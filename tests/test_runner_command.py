@@ -87,16 +87,17 @@ def make_req(brain: Path) -> Callable[..., RunRequest]:
 
 
 def stub(mode: str, *args: str, **cfg: Any) -> CommandRunnerConfig:
-    """A command runner config running the stub agent in ``mode`` without its sleep."""
-    raw = {"kind": "command", "argv": [*STUB, "--mode", mode, "--sleep-ms", "0-0", *args], **cfg}
+    """A command runner config running the stub agent in ``mode`` without its sleep (unconfined unless asked:
+    these tests write witnesses outside any brain; tests/test_containment.py runs agents confined)."""
+    raw = {"kind": "command", "argv": [*STUB, "--mode", mode, "--sleep-ms", "0-0", *args], "confine": False, **cfg}
     result = parse_runner_config(raw)
     assert isinstance(result, CommandRunnerConfig)
     return result
 
 
 def script(code: str, **cfg: Any) -> CommandRunnerConfig:
-    """A command runner config running inline Python."""
-    result = parse_runner_config({"kind": "command", "argv": ["{{python}}", "-c", code], **cfg})
+    """A command runner config running inline Python (unconfined unless asked, as :func:`stub`)."""
+    result = parse_runner_config({"kind": "command", "argv": ["{{python}}", "-c", code], "confine": False, **cfg})
     assert isinstance(result, CommandRunnerConfig)
     return result
 
@@ -507,7 +508,7 @@ class TestRun:
         def write_answer() -> None:
             answer.write_text('{"written_by": "before_start"}')
 
-        cfg = parse_runner_config({"kind": "command", "argv": ["/bin/cat", str(answer)]})
+        cfg = parse_runner_config({"kind": "command", "argv": ["/bin/cat", str(answer)], "confine": False})
         res = await CommandRunner().run(make_req(before_start=write_answer), cfg)
         assert res.status == "success" and res.result == {"written_by": "before_start"}
 

@@ -166,7 +166,7 @@ class TestServer:
     async def test_requests_it_cannot_take_are_dropped(self, tmp_path: Path) -> None:
         seen: list[tuple[bytes, str | None]] = []
 
-        async def route(raw: bytes, token: str | None) -> dict[str, Any]:
+        async def route(raw: bytes, token: str | None, peer: int | None) -> dict[str, Any]:
             seen.append((raw, token))
             return {"status": "delivered", "id": "pkt_1", "reason": ""}
 

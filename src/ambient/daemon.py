@@ -30,7 +30,7 @@ from typing import Any
 
 import structlog
 
-from ambient import __version__, sendsocket, systemd
+from ambient import __version__, envblock, sendsocket, systemd
 from ambient.background import background_executor
 from ambient.brain import Brain, load_brain, reload_workflows
 from ambient.breaker import Breaker
@@ -40,11 +40,22 @@ from ambient.clock import Clock, SystemClock
 from ambient.engine import Tick, TriggerEngine
 from ambient.errors import AlreadyRunningError, AmbientError
 from ambient.escalations import Escalation, EscalationStore
-from ambient.fsutil import TMP_MARK, atomic_write, check_local_filesystem, sweep_tmp
+from ambient.fsutil import (
+    PRIVATE_FILE,
+    TMP_MARK,
+    atomic_write,
+    check_local_filesystem,
+    check_state,
+    open_private,
+    private_dir,
+    sweep_tmp,
+)
 from ambient.gitbranch import GitBranches
 from ambient.health import describe, resource_of
 from ambient.heap import HeapTrimEvaluator
 from ambient.journal import Journal, append_line
+from ambient.limits import limits_short
+from ambient.lineage import descends_from
 from ambient.livecontext import LiveContext, turn_record
 from ambient.locks import LockManager
 from ambient.notify import Message, Outbox
@@ -113,8 +124,8 @@ class SingleInstance:
         return self.paths.state / "daemon.json"
 
     def acquire(self, now: datetime) -> None:
-        self.paths.state.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.paths.daemon_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        private_dir(self.paths.state)
+        fd = open_private(self.paths.daemon_lock, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -147,7 +158,7 @@ class SingleInstance:
         """``daemon.json``: what the CLI reads of the running daemon. A full disk does not keep the daemon from
         starting (a restart loop under systemd, issue 24, 3): the flock says it runs, the file follows later."""
         try:
-            atomic_write(self.info_path, json.dumps(self.info) + "\n")
+            atomic_write(self.info_path, json.dumps(self.info) + "\n", mode=PRIVATE_FILE)
         except OSError as exc:
             if resource_of(exc) is None:
                 raise
@@ -317,7 +328,7 @@ class WorkflowEvaluator:
             return {}
 
     def _save(self) -> None:
-        atomic_write(self.path, json.dumps(self.seen, indent=1, sort_keys=True) + "\n")
+        atomic_write(self.path, json.dumps(self.seen, indent=1, sort_keys=True) + "\n", mode=PRIVATE_FILE)
 
     async def evaluate(self, tick: Tick) -> None:
         d = self.d
@@ -929,10 +940,16 @@ class Daemon:
             run_id=run_id,
         )
 
-    async def _route_sent(self, raw: bytes, token: str | None) -> dict[str, Any]:
-        """A packet ``ambient send`` handed over the send socket: routed as the command would route it itself."""
+    async def _route_sent(self, raw: bytes, token: str | None, peer: int | None = None) -> dict[str, Any]:
+        """A packet ``ambient send`` handed over the send socket: routed as the command would route it itself.
+
+        No token is the person, unless the peer is one of the daemon's agents (its descendant, see
+        :mod:`ambient.lineage`): an agent that unset its token is nobody the router vouches for (issue 25, 1)."""
         registry = self.router.registry
         channel = registry.channel_for(token) if registry is not None else Channel.human()
+        if not token and peer is not None and descends_from(peer, os.getpid()) is not False:
+            channel = Channel("unauthenticated")
+            log.warning("send_without_token_from_an_agent", peer=peer)
         outcome = await self.router.send(raw, channel, deliver=self._to_inbox)
         answer = sendsocket.summary(outcome)
         log.info("packet_sent", via="socket", status=answer["status"], packet=answer["id"], to=answer["to"])
@@ -1020,6 +1037,8 @@ class Daemon:
         """
         self.engine.tick_seconds = s.tick_seconds  # read by the engine itself (a changed value was ignored: R-08)
         self.manager.slots.resize(s.concurrency)
+        if short := limits_short(s.concurrency):  # agents would fail to start (EMFILE, EAGAIN) short of the cap
+            log.warning("limits_below_concurrency", concurrency=s.concurrency, **short)
         self.stale_claims.hours = s.stale_claim_hours
         self.breaker.threshold = s.breaker_threshold
         for ex in self.manager.executors.values():
@@ -1057,16 +1076,10 @@ class Daemon:
         """Run until SIGTERM/SIGINT (or idle with ``until_idle``); return the exit code."""
         check_local_filesystem(self.paths.root)
         raise_descriptor_limit()
-        for d in (
-            self.paths.claims,
-            self.paths.locks,
-            self.paths.workflows,
-            self.paths.state,
-            self.paths.inbox,
-            self.paths.escalations,
-            self.paths.run_journals,
-        ):
+        envblock.scrub()  # secrets out of /proc/<pid>/environ: the settings keep their copy (issue 25, 2)
+        for d in (self.paths.claims, self.paths.locks, self.paths.workflows):
             d.mkdir(parents=True, exist_ok=True)
+        check_state(self.paths)  # .ambient/: real folders, 0700, no link anywhere; else exit 2 naming it
         self._instance.acquire(self.clock.now())
         trap: SignalTrap | None = None
         try:

@@ -43,11 +43,16 @@ SOCKET_NAME: Final = "send.sock"
 _MAX_HEADER: Final = 4096
 _MAX_PATH: Final = 107  # sun_path is 108 bytes with its NUL
 READ_TIMEOUT_S: Final = 10.0
+#: How long the daemon gives a client to send its whole request, and how many it serves at once: an idle
+#: connection flood must not take the daemon's descriptors (issue 25, 6); ``ambient send`` needs milliseconds.
+SERVE_TIMEOUT_S: Final = 2.0
+MAX_CLIENTS: Final = 32
 #: How long a client waits for the answer (the daemon routes a packet in well under a millisecond when idle).
 ANSWER_TIMEOUT_S: Final = 60.0
 
-#: ``route(raw, token) -> summary``: the daemon's routing of one sent packet.
-Route = Callable[[bytes, "str | None"], Awaitable[dict[str, Any]]]
+#: ``route(raw, token, peer_pid) -> summary``: the daemon's routing of one sent packet (the peer's pid from the
+#: kernel, None where it cannot be known).
+Route = Callable[[bytes, "str | None", "int | None"], Awaitable[dict[str, Any]]]
 
 
 class NoAnswer(OSError):
@@ -147,11 +152,26 @@ async def serve(state_dir: Path, route: Route, log: Any) -> asyncio.AbstractServ
         log.info("send_socket_unavailable", reason="path too long for a unix socket", path=str(path))
         return None
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.parent.chmod(0o700)  # the folder is the gate: whoever can reach the socket can send as `human`
+        from ambient.fsutil import private_dir
+
+        # The folder is the gate (0700; a link there refused by name): whoever can reach the socket can send.
+        private_dir(path.parent)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # left by a crash: this daemon holds the brain's single-instance lock
-        server = await asyncio.start_unix_server(lambda r, w: _serve_one(r, w, route, log), path=str(path))
+        clients = [0]
+
+        async def serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if clients[0] >= MAX_CLIENTS:  # a flood: closed at once, the daemon's descriptors are its own
+                writer.close()
+                log.warning("send_socket_busy", clients=clients[0])
+                return
+            clients[0] += 1
+            try:
+                await _serve_one(reader, writer, route, log)
+            finally:
+                clients[0] -= 1
+
+        server = await asyncio.start_unix_server(serve_one, path=str(path))
     except OSError as exc:
         log.warning("send_socket_unavailable", reason=str(exc), path=str(path))
         return None
@@ -172,10 +192,11 @@ async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     import asyncio
 
     try:
-        if not _same_user(writer):
+        peer = _peer(writer)
+        if peer is not None and peer[1] != os.getuid():
             log.warning("send_socket_refused", reason="peer of another user")
             return
-        async with asyncio.timeout(READ_TIMEOUT_S):
+        async with asyncio.timeout(SERVE_TIMEOUT_S):
             line = await reader.readuntil(b"\n")
             header = json.loads(line) if len(line) <= _MAX_HEADER else None
             if not isinstance(header, dict):
@@ -200,7 +221,7 @@ async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                 from ambient.router import CutInput
 
                 raw = CutInput(raw, whole[0], whole[1])
-        answer = await route(raw, token)
+        answer = await route(raw, token, peer[0] if peer is not None else None)
         writer.write(json.dumps(answer).encode() + b"\n")
         await writer.drain()
     except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, OSError) as exc:
@@ -211,10 +232,11 @@ async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
             await writer.wait_closed()
 
 
-def _same_user(writer: asyncio.StreamWriter) -> bool:
+def _peer(writer: asyncio.StreamWriter) -> tuple[int, int] | None:
+    """The peer's (pid, uid) from the kernel; None where it cannot say (not Linux: the 0700 folder is the gate)."""
     sock = writer.get_extra_info("socket")
     if sock is None or not hasattr(socket, "SO_PEERCRED"):
-        return True  # not Linux: the 0700 folder is the gate
+        return None
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return bool(uid == os.getuid())
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return int(pid), int(uid)

@@ -151,7 +151,11 @@ def agent_md(
     body: str = "",
     scope: str = "project",
 ) -> str:
-    """An agent file: frontmatter with its IPC gate and a command runner, then its prompt."""
+    """An agent file: frontmatter with its IPC gate and a command runner, then its prompt.
+
+    ``confine: false`` unless ``runner`` says otherwise: these agents are probes that leave what they saw in the
+    brain, outside any scope (README: the way out for such an agent). Confined agents, the default a user gets,
+    are driven by tests/acceptance/test_agents.py's confinement tests and tests/test_containment.py."""
     ipc = dict(PROJECT_GATE if gate is None else gate)
     lines = [
         "---",
@@ -166,7 +170,7 @@ def agent_md(
         "  ipc:",
     ]
     lines += [f"    {key}: {json.dumps(value)}" for key, value in ipc.items()]
-    run_cfg = {"kind": "command", "argv": list(argv), "timeout_s": timeout_s, **(runner or {})}
+    run_cfg = {"kind": "command", "argv": list(argv), "timeout_s": timeout_s, "confine": False, **(runner or {})}
     lines += ["ambient:", "  runner:"] + [f"    {k}: {json.dumps(v)}" for k, v in run_cfg.items()]
     lines += ["---", f"# Agent: {name}", "", body or "An agent written for an acceptance test.", ""]
     return "\n".join(lines)

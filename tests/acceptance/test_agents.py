@@ -735,3 +735,47 @@ def test_runner_problems_name_the_agent_file_and_the_settings_line(brain: Brain)
     assert re.search(r"^profil/ambient\.yml:3: runner of slow: ", res.out, re.M), res
     assert "profil/ambient.yml:3: warning: runners.slow is not used" in res.out, res
     assert re.search(r"^profil/ambient\.yml:4: runner of ghost: ", res.out, re.M), res
+
+
+def test_an_agent_writes_its_scope_and_nothing_else_of_the_brain(brain: Brain) -> None:
+    """README, Agents are confined: an agent as a user writes it (no `confine:` key) writes its scope; its write
+    to a file of the brain outside it fails (Permission denied, its error as the person sees it), and so does a
+    read of ambient's own state. `ambient doctor` says agents are confined."""
+    brain.write("notes.md", "the person's notes\n")
+    brain.write(
+        "bin/greedy.py",
+        textwrap.dedent(
+            """
+            import json, os, sys
+            from pathlib import Path
+            json.load(sys.stdin)
+            root = Path(os.environ["AMBIENT_BRAIN"])
+            (root / "projets" / "greedy" / "a.md").write_text("in scope")
+            said = []
+            for what, act in (("state", lambda: list((root / ".ambient").iterdir())),
+                              ("notes", lambda: (root / "notes.md").write_text("taken"))):
+                try:
+                    act()
+                except OSError as exc:
+                    said.append(f"{what}: {exc.strerror}")
+            print("; ".join(said), file=sys.stderr)  # the last line of stderr is what the person is shown
+            sys.exit(3)
+            """
+        ),
+    )
+    agent = agent_md("greedy", ["{{python}}", "bin/greedy.py"]).replace("    confine: false\n", "")
+    assert "confine" not in agent
+    brain.write("agents/greedy.md", agent)
+    brain.workflow(
+        "greedy",
+        """
+        workflow: greedy
+        for_each: {items: [a], spawn: greedy, scope: {files: ["projets/greedy/{{item}}.md"]}}
+    """,
+    )
+    brain.until_idle()
+    assert brain.read("projets/greedy/a.md") == "in scope"
+    assert brain.read("notes.md") == "the person's notes\n"
+    [esc] = brain.escalations()
+    assert "state: Permission denied" in esc["question"] and "notes: Permission denied" in esc["question"], esc
+    assert "agents are confined" in brain.cli("doctor").out

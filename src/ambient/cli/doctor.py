@@ -495,6 +495,30 @@ def check_daemon_settings(paths: BrainPaths, pid: int | None) -> list[Finding]:
     ]
 
 
+def check_confinement() -> list[Finding]:
+    """Whether agents run confined on this machine (Landlock), and what that means when they do not."""
+    from ambient.runners.command import landlock_abi
+
+    version = landlock_abi()
+    if version > 0:
+        return [
+            Finding(
+                "info",
+                "confinement",
+                f"agents are confined (Landlock ABI {version}): they read the brain and write only their scope",
+                "an agent with `ambient.runner.confine: false` runs unconfined",
+            )
+        ]
+    return [
+        Finding(
+            "warning",
+            "confinement",
+            "agents run unconfined: this kernel has no Landlock (Linux 5.13+ with landlock in its LSM list)",
+            "an agent can then do whatever your user can; run agents as another user (README, Security)",
+        )
+    ]
+
+
 def check_troubles(paths: BrainPaths, up: bool) -> list[Finding]:
     """What the running daemon ran out of (descriptors, memory, processes: its health file) and a full disk
     (seen from here: the file cannot be rewritten then). Errors: work is held up until they end."""
@@ -910,6 +934,7 @@ def diagnose(
         run("notify", lambda: check_notify_urls(paths, environ, timeout))
     run("telegram", lambda: check_telegram(paths, effective, up, when, environ))
     run("tmp", lambda: check_tmp(paths))
+    run("confinement", check_confinement)
     # Last line of defence: a token inside a path, an argv or a notifier's error never reaches the output.
     report.findings = [replace(f, message=redact_text(f.message), hint=redact_text(f.hint)) for f in report.findings]
     report.findings.sort(key=lambda f: _ORDER[f.severity])  # stable: checks keep their order within a severity

@@ -175,6 +175,8 @@ class CommandRunnerConfig(_RunnerModel):
     env: dict[str, str] = Field(default_factory=dict, max_length=128)
     cwd: str | None = None
     kill_grace_s: float = Field(default=5.0, ge=0, le=300)
+    #: Landlock: read the brain and the system, write only the SPAWN's scope (ambient.runners.confinement).
+    confine: bool = True
 
     @field_validator("argv")
     @classmethod

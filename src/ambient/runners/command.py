@@ -13,6 +13,7 @@ import errno
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from ambient.errors import InputError
 from ambient.fsutil import resolve_in_brain, write_all
 from ambient.health import describe, resource_of
 from ambient.locks import start_time_now
+from ambient.runners import confinement
 from ambient.runners.base import (
     MAX_ENV_PACKET_BYTES,
     MAX_PACKET_BYTES,
@@ -499,9 +501,12 @@ async def _start(
     """
     _before_start(req)
     if spawner is not None and not spawner.broken:
+        confine = _confinement(req, cfg, argv, env)
         try:
             async with asyncio.timeout(cfg.timeout_s):
-                agent = await spawner.spawn(argv, env, cwd, packet, cfg.max_output_bytes, cfg.stderr_tail_bytes)
+                agent = await spawner.spawn(
+                    argv, env, cwd, packet, cfg.max_output_bytes, cfg.stderr_tail_bytes, confine
+                )
         except TimeoutError:
             msg = f"not started within {cfg.timeout_s:g} s (the spawner is stuck)"
             raise OSError(errno.ETIMEDOUT, msg) from None
@@ -531,6 +536,38 @@ async def _start(
     except BaseException:
         signal_group(proc.pid, signal.SIGKILL)
         raise
+
+
+def _confinement(
+    req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: dict[str, str]
+) -> tuple[list[bytes], list[bytes], int] | None:
+    """The Landlock paths of this agent (None: it runs unconfined: ``confine: false``, or no Landlock here).
+
+    Its private temp dir is made here and named in its environment (TMPDIR); it is removed with the agent's
+    process group at the end (:func:`_drop_tmp`)."""
+    version = landlock_abi()
+    if not cfg.confine or version <= 0:
+        return None
+    tmp = Path(tempfile.mkdtemp(prefix=f"ambient-{req.agent[:32]}-"))
+    env["TMPDIR"] = env["TMP"] = env["TEMP"] = str(tmp)
+    scope = req.packet.get("scope") if isinstance(req.packet, dict) else None
+    files = [str(f) for f in (scope or {}).get("files") or [] if isinstance(f, str)]
+    return confinement.policy(req.brain, files, tmp, argv[0]).as_request(version)
+
+
+def _drop_tmp(env: dict[str, str]) -> None:
+    """The private temp dir a confined agent had (nothing else reads it)."""
+    tmp = env.get("TMPDIR", "")
+    if tmp and Path(tmp).name.startswith("ambient-") and Path(tmp).parent == Path(tempfile.gettempdir()):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@functools.cache
+def landlock_abi() -> int:
+    """Landlock's ABI on this kernel (0: agents cannot be confined here), asked once."""
+    from ambient.runners import landlock
+
+    return landlock.abi()
 
 
 def _spawn(argv: list[str], packet: bytes, env: dict[str, str], cwd: Path) -> tuple[_Child, int, int]:
@@ -654,6 +691,21 @@ class CommandRunner:
             cwd = _cwd(req, cfg)
         except (TemplateError, InputError) as exc:
             return error_result("bad_request", _redact(str(exc), req))
+        try:
+            return await self._run_started(req, cfg, argv, packet_json, env, cwd, started)
+        finally:
+            _drop_tmp(env)
+
+    async def _run_started(
+        self,
+        req: RunRequest,
+        cfg: CommandRunnerConfig,
+        argv: list[str],
+        packet_json: str,
+        env: dict[str, str],
+        cwd: Path,
+        started: float,
+    ) -> AgentResult:
         try:
             proc, output = await _start(req, argv, packet_json.encode(), env, cwd, cfg, self._spawner)
         except _SetupError as exc:

@@ -155,7 +155,14 @@ class Spawner:
             self._ensure(asyncio.get_running_loop())
 
     async def spawn(
-        self, argv: list[str], env: dict[str, str], cwd: Path, stdin: bytes, out_cap: int, err_tail: int
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        stdin: bytes,
+        out_cap: int,
+        err_tail: int,
+        confine: tuple[list[bytes], list[bytes], int] | None = None,
     ) -> SpawnedAgent:
         """Start an agent reading ``stdin``; returns once it runs. Raises OSError if it cannot start.
 
@@ -180,6 +187,7 @@ class Spawner:
                 stdin,
                 out_cap,
                 err_tail,
+                *((confine,) if confine is not None else ()),  # Landlock's paths: the spawner forks, confines, execs
             )
         )
         fds: list[int] = []

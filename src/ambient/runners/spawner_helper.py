@@ -86,6 +86,65 @@ def _spawn(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]) -> int:
     raise saved or last
 
 
+def _spawn_confined(
+    argv: list[bytes], env: dict[bytes, bytes], stdio: list[int], confine: tuple[list[bytes], list[bytes], int]
+) -> int:
+    """Start one agent under Landlock: fork, confine the child (ambient.runners.landlock), exec. posix_spawn runs
+    no code between the two, so this path forks (the spawner is small and single-threaded: a fork is cheap and
+    safe). An exec or confinement that fails comes back through a close-on-exec pipe, as OSError."""
+    if _LANDLOCK not in sys.modules:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: PTH100, PTH120 - stdlib only, -I -S
+    import landlock  # type: ignore[import-not-found,unused-ignore]  # ambient/runners/landlock.py, a sibling
+
+    read, write, version = confine
+    exes = _executables(argv[0], env)
+    r, w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # the child: nothing here may return into the spawner's loop
+        code, message = errno.EIO, "confinement failed"
+        try:
+            os.close(r)
+            os.setsid()
+            for target, fd in enumerate(stdio):
+                os.dup2(fd, target)
+            for sig in _DEFAULT_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            landlock.confine(read, write, version)
+            last: OSError = OSError(errno.ENOENT, os.strerror(errno.ENOENT))
+            for exe in exes:
+                try:
+                    os.execve(exe, argv, env)  # noqa: S606 - the agent's argv, as posix_spawn takes it
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                        last = exc
+                        break
+                    last = exc
+            code, message = last.errno or errno.EIO, last.strerror or str(last)
+        except OSError as exc:
+            code, message = exc.errno or errno.EIO, f"cannot confine the agent: {exc.strerror or exc}"
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, then this child ends
+            message = f"cannot confine the agent: {exc!r}"
+        with contextlib.suppress(OSError):
+            os.write(w, b"%d:%s" % (code, message.encode(errors="replace")))
+        os._exit(127)
+    os.close(w)
+    try:
+        report = b""
+        while chunk := os.read(r, 4096):
+            report += chunk
+    finally:
+        os.close(r)
+    if report:
+        os.waitpid(pid, 0)
+        number, _, text = report.partition(b":")
+        raise OSError(int(number), text.decode(errors="replace"))
+    return pid
+
+
+_LANDLOCK = "landlock"
+
+
 def read_some(fd: int) -> bytes | None:
     """One read of an agent's pipe: None when it would block, b"" at EOF (a failed read counts as EOF)."""
     try:
@@ -288,11 +347,11 @@ class _Spawner:
                 if size > _MAX_LARGE:
                     raise ValueError(f"request of {size} bytes")
                 request = marshal.loads(os.pread(fds[0], size, 0))  # noqa: S302 - as above
-            _op, _rid, argv, env, cwd, stdin, out_cap, tail = request
+            _op, _rid, argv, env, cwd, stdin, out_cap, tail, *more = request
             if cwd != self.cwd:
                 os.chdir(cwd)
                 self.cwd = cwd
-            self._start(rid, argv, env, stdin, out_cap, tail)
+            self._start(rid, argv, env, stdin, out_cap, tail, more[0] if more else None)
         except _DaemonGone:
             raise
         except OSError as exc:
@@ -301,7 +360,14 @@ class _Spawner:
             self._send((FAILED, rid, errno.EINVAL, f"bad spawn request: {exc!r}"))
 
     def _start(
-        self, rid: int, argv: list[bytes], env: dict[bytes, bytes], stdin: bytes, out_cap: int, tail: int
+        self,
+        rid: int,
+        argv: list[bytes],
+        env: dict[bytes, bytes],
+        stdin: bytes,
+        out_cap: int,
+        tail: int,
+        confine: Any = None,
     ) -> None:
         mine: list[int] = []  # our ends, closed if the start fails
         theirs: list[int] = []  # the agent's ends, closed once it has its own copies
@@ -315,7 +381,7 @@ class _Spawner:
             started = time.clock_gettime(time.CLOCK_BOOTTIME)  # the frame of /proc's start times
             if self.daemon_gone():  # checked again right before the start: the pipes took time
                 raise _DaemonGone
-            pid = _spawn(argv, env, theirs)
+            pid = _spawn(argv, env, theirs) if confine is None else _spawn_confined(argv, env, theirs, confine)
         except BaseException:
             for fd in mine:
                 os.close(fd)

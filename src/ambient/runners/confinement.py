@@ -1,0 +1,122 @@
+"""What a confined agent may touch: read the brain and the system, write only its SPAWN's scope and a temp dir.
+
+An agent is code ambient does not trust, running as ambient's own Unix user (issue 25). Under Landlock (see
+:mod:`ambient.runners.landlock`, applied by the spawner in the agent's process just before it execs) it gets:
+
+- read and execute: the system (``/usr``, ``/bin``, ``/lib*``, ``/etc``, ``/opt``, ``/proc``, ``/sys``,
+  ``/dev``, ``/run``), the interpreter running ambient (its prefixes and import path), the agent's own program,
+  and the brain, except what
+  is the daemon's or the person's alone: ``.ambient/`` (journals, escalations, the inbox, tokens: so an agent can
+  neither answer an escalation nor drop a packet in the person's name), ``profil/ambient.yml`` and the files of
+  ``profil/`` that hold secrets (names with token, secret, credential, password; ``*.key``, ``*.pem``);
+- write: the SPAWN's scope (a file that does not exist yet: its folder, made if missing), ``claims/`` and
+  ``locks/`` (the kernel's mutex and the claims agents write under a token), a private temp dir (``TMPDIR``),
+  ``/dev/null``.
+
+Not handled: the network (agents call model APIs). Beyond files, a confined agent cannot signal, ptrace or read
+the memory of the daemon (Landlock's scoping). ``ambient.runner.confine: false`` runs an agent unconfined.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ambient.paths import STATE_DIRNAME
+
+#: Not /run: systemd keeps services' credentials there (/run/credentials); only its resolver's files (DNS).
+SYSTEM_READ = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/etc",
+    "/opt",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/run/systemd/resolve",
+)
+DEVICES_WRITE = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty")
+_SECRET_WORDS = ("token", "secret", "credential", "password")
+_SECRET_SUFFIXES = (".key", ".pem")
+#: Brain folders every agent may write (claims and locks are written under a fencing token).
+SHARED_WRITE = ("claims", "locks")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The paths a confined agent may read (and execute) and write, as the spawner hands them to Landlock."""
+
+    read: tuple[str, ...]
+    write: tuple[str, ...]
+
+    def as_request(self, abi: int) -> tuple[list[bytes], list[bytes], int]:
+        return [os.fsencode(p) for p in self.read], [os.fsencode(p) for p in self.write], abi
+
+
+def secret_name(name: str) -> bool:
+    """Whether a file of ``profil/`` holds secrets an agent never reads."""
+    low = name.lower()
+    return low == "ambient.yml" or any(w in low for w in _SECRET_WORDS) or low.endswith(_SECRET_SUFFIXES)
+
+
+def brain_read(brain: Path) -> list[str]:
+    """The brain's entries an agent may read: all but ``.ambient/`` and the secrets of ``profil/``."""
+    out: list[str] = []
+    try:
+        entries = sorted(os.scandir(brain), key=lambda e: e.name)
+    except OSError:
+        return out
+    for entry in entries:
+        if entry.name == STATE_DIRNAME:
+            continue
+        if entry.name == "profil" and entry.is_dir(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                out += [e.path for e in os.scandir(entry.path) if not secret_name(e.name)]
+            continue
+        out.append(entry.path)
+    return out
+
+
+def interpreter_read(brain: Path) -> list[str]:
+    """Where the interpreter running ambient lives (``{{python}}`` agents run it, with its packages), but never a
+    folder holding the brain (``python -m`` puts its working folder on the import path: the brain itself)."""
+    found = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(Path(sys.executable).parent)}
+    found.update(p for p in sys.path if p.startswith("/"))  # an editable install's source folder, .pth entries
+    root = brain.resolve()
+    return sorted(p for p in found if p and not root.is_relative_to(Path(p).resolve()))
+
+
+def scope_write(brain: Path, files: Iterable[str]) -> list[str]:
+    """Where the scope lets the agent write: each path of the scope as it is, or, not there yet, its folder
+    (made now, so the agent can create the file)."""
+    out: list[str] = []
+    root = brain.resolve()
+    for rel in files:
+        target = (root / rel).resolve()
+        if not target.is_relative_to(root) or target == root or STATE_DIRNAME in target.relative_to(root).parts:
+            continue  # never outside the brain, never the whole brain, never the daemon's state
+        if not target.exists():
+            target = target.parent
+            try:
+                target.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                continue
+        out.append(str(target))
+    return out
+
+
+def policy(brain: Path, files: Sequence[str], tmp: Path, program: str) -> Policy:
+    """The policy of one agent: see the module's docstring."""
+    read = [*SYSTEM_READ, *interpreter_read(brain), *brain_read(brain)]
+    if program.startswith("/"):
+        read.append(program)
+    write = [*scope_write(brain, files), *(str(brain / d) for d in SHARED_WRITE), str(tmp), *DEVICES_WRITE]
+    return Policy(tuple(dict.fromkeys(read)), tuple(dict.fromkeys(write)))

@@ -1,0 +1,138 @@
+"""Landlock, the kernel's unprivileged confinement, for one agent (standard library only: the spawner loads it).
+
+A process restricts itself (and everything it starts) to the filesystem rights a ruleset grants; no root is
+needed, only ``no_new_privs``. The spawner calls :func:`confine` in the forked child, just before ``execve``: the
+agent starts confined, and neither it nor anything it starts can widen the ruleset. Beyond files, a confined
+process cannot ptrace (nor read ``/proc/<pid>/environ`` or ``mem`` of) a process outside its domain, such as the
+daemon, and from ABI 6 on cannot signal one either.
+
+Rights handled (denied unless a rule grants them under some path): every filesystem right the running kernel
+knows. Granted: read (and execute) under ``read`` paths, everything under ``write`` paths. Network rights are not
+handled: agents may talk to model APIs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import platform
+from collections.abc import Iterable
+
+_SYSCALLS = {  # x86_64 and aarch64 (and every arch since 5.13) share these numbers
+    "create_ruleset": 444,
+    "add_rule": 445,
+    "restrict_self": 446,
+}
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+
+# Filesystem rights, by the ABI that introduced them.
+EXECUTE = 1 << 0
+WRITE_FILE = 1 << 1
+READ_FILE = 1 << 2
+READ_DIR = 1 << 3
+REMOVE_DIR = 1 << 4
+REMOVE_FILE = 1 << 5
+MAKE_CHAR = 1 << 6
+MAKE_DIR = 1 << 7
+MAKE_REG = 1 << 8
+MAKE_SOCK = 1 << 9
+MAKE_FIFO = 1 << 10
+MAKE_BLOCK = 1 << 11
+MAKE_SYM = 1 << 12
+REFER = 1 << 13  # ABI 2
+TRUNCATE = 1 << 14  # ABI 3
+IOCTL_DEV = 1 << 15  # ABI 5
+_FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1, 5: (1 << 16) - 1}
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
+SCOPE_SIGNAL = 1 << 1  # ABI 6
+
+READ = EXECUTE | READ_FILE | READ_DIR
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = (
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    )
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+
+
+_LIBC: list[ctypes.CDLL] = []
+
+
+def _libc() -> ctypes.CDLL:
+    if not _LIBC:
+        _LIBC.append(ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True))
+    return _LIBC[0]
+
+
+def _syscall(name: str, *args: object) -> int:
+    result: int = _libc().syscall(_SYSCALLS[name], *args)
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"landlock_{name}: {os.strerror(code)}")
+    return result
+
+
+def abi() -> int:
+    """The Landlock ABI version of the running kernel; 0 when Landlock is absent or disabled."""
+    if platform.system() != "Linux":
+        return 0
+    try:
+        return _syscall("create_ruleset", None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    except OSError:
+        return 0
+
+
+def fs_rights(version: int) -> int:
+    """Every filesystem right ABI ``version`` knows."""
+    return _FS_BY_ABI.get(version, (1 << 16) - 1)
+
+
+def confine(read: Iterable[bytes], write: Iterable[bytes], version: int) -> None:
+    """Restrict this process (and what it execs and forks) to reading ``read`` and writing ``write`` paths.
+
+    Paths that do not exist are skipped. Raises OSError when the kernel refuses (the caller must not run the
+    agent unconfined then). Call it in the child, after fork, before exec.
+    """
+    handled = fs_rights(version)
+    attr = _RulesetAttr(handled, 0, (SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET) if version >= 6 else 0)
+    size = ctypes.sizeof(_RulesetAttr) if version >= 6 else 8  # older kernels know only the first field
+    ruleset = _syscall("create_ruleset", ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    try:
+        for paths, rights in ((read, READ), (write, handled)):
+            for path in paths:
+                _allow(ruleset, path, rights & handled)
+        if _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(code)}")
+        _syscall("restrict_self", ctypes.c_int(ruleset), ctypes.c_uint32(0))
+    finally:
+        os.close(ruleset)
+
+
+def _allow(ruleset: int, path: bytes, rights: int) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP):
+            return
+        raise
+    try:
+        if not os.path.isdir(path):  # noqa: PTH112 - bytes, as the request carries them
+            rights &= EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV  # the rights a file can take
+        rule = _PathBeneathAttr(rights, fd)
+        _syscall(
+            "add_rule", ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)
+        )
+    finally:
+        os.close(fd)
