@@ -668,15 +668,21 @@ def test_garbage_never_raises(s10_brain: S10, raw: Any) -> None:
 
 
 def test_inbox_round_trip(brain: Path) -> None:
-    """write_inbox writes <id>.json atomically; read_inbox validates again and reports bad files."""
+    """write_inbox writes <id>.<seal>.json atomically; read_inbox validates again, reports bad files, and says
+    which packets carry a valid seal (a copy under another name, or with a byte changed, does not)."""
     paths = BrainPaths(brain)
     p = make_packet("human", "deploy", "SPAWN", now=NOW, zone="project")
     path = write_inbox(paths, p)
-    assert path.name == f"{p.id}.json"
+    assert path.name.startswith(f"{p.id}.") and path.name.endswith(".json")
     (paths.inbox / "bad.json").write_text('{"from": "x"}')
-    got = dict(read_inbox(paths))
-    assert got[path] == p
-    assert "Field required" in str(got[paths.inbox / "bad.json"])
+    forged = paths.inbox / f"{p.id}.json"
+    forged.write_bytes(path.read_bytes())
+    tampered = paths.inbox / path.name.replace(p.id, p.id + "x")
+    tampered.write_bytes(path.read_bytes().replace(b"deploy", b"deplox"))
+    got = {f: (pkt, sealed) for f, pkt, sealed in read_inbox(paths)}
+    assert got[path] == (p, True)
+    assert got[forged] == (p, False) and got[tampered][1] is False
+    assert "Field required" in str(got[paths.inbox / "bad.json"][0])
 
 
 async def test_inbox_handler(brain: Path) -> None:
@@ -684,7 +690,7 @@ async def test_inbox_handler(brain: Path) -> None:
     paths = BrainPaths(brain)
     p = make_packet("human", "deploy", "SPAWN", now=NOW)
     await inbox_handler(paths)(p)
-    assert (paths.inbox / f"{p.id}.json").exists()
+    assert len(list(paths.inbox.glob(f"{p.id}.*.json"))) == 1
 
 
 class TestSendCli:
@@ -698,7 +704,8 @@ class TestSendCli:
         outtext = capsys.readouterr().out
         pid = outtext.split()[1].rstrip(":")
         assert outtext.startswith("delivered pkt_")
-        assert json.loads((BrainPaths(brain).inbox / f"{pid}.json").read_text())["to"] == "deploy"
+        [delivered] = BrainPaths(brain).inbox.glob(f"{pid}.*.json")
+        assert json.loads(delivered.read_text())["to"] == "deploy"
         assert list(read_audit(BrainPaths(brain).audit))[-1]["status"] == "delivered"
 
     def test_denied_and_invalid(self, brain: Path, capsys: pytest.CaptureFixture[str]) -> None:

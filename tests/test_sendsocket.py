@@ -82,7 +82,7 @@ class TestThroughTheDaemon:
         (logged,) = d.wait_logged("packet_sent", via="socket")
         assert logged["packet"] == pid and logged["status"] == "delivered"
         # The daemon's inbox evaluator consumes what it delivered, as it does what the command writes itself.
-        wait_for(lambda: (paths.inbox / "done" / f"{pid}.json").exists(), 15, "the packet consumed")
+        wait_for(lambda: list((paths.inbox / "done").glob(f"{pid}.*.json")), 15, "the packet consumed")
         # The SPAWN also runs its agent (a one-item run: its own packets follow); the person's packet is delivered.
         wait_for(
             lambda: (

@@ -1345,11 +1345,16 @@ class InboxEvaluator:
         if not tick.touched(self.paths.inbox):
             return
         items = await asyncio.to_thread(lambda: list(read_inbox(self.paths)))
-        for path, pkt in items:
+        for path, pkt, sealed in items:
             try:
                 if isinstance(pkt, Packet):
-                    # Re-check under the daemon's matrix: the inbox is a file drop, not a trust anchor.
-                    out = self.router.check(pkt, Channel.internal(pkt.from_))
+                    # Re-check under the daemon's matrix: the inbox is a file drop, not a trust anchor. Its ``from``
+                    # is believed only under the seal of whoever routed it (router.inbox_key), never for a file
+                    # dropped there by hand or by an agent.
+                    channel = Channel.internal(pkt.from_) if sealed else Channel("unauthenticated")
+                    out = self.router.check(pkt, channel)
+                    if not sealed:
+                        log.warning("inbox_packet_unsealed", packet=pkt.id, file=path.name, claimed=pkt.from_)
                     if out.ok:
                         await self.on_packet(pkt)
                     else:
