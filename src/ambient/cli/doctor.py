@@ -387,38 +387,34 @@ def check_runs(paths: BrainPaths) -> list[Finding]:
     return _capped(rows, "run journals that do not load")
 
 
-def _unfinished_runs(paths: BrainPaths) -> list[str]:
-    """Ids of the runs whose journal has no end: they resume when the daemon starts."""
+def _unfinished(paths: BrainPaths) -> list[tuple[Path, Any]]:
+    """Each run journal with no end, and its folded state (journals that do not fold are left to check_runs)."""
     from ambient.journal import read_jsonl
     from ambient.runstate import fold
 
-    runs = []
+    found = []
     if paths.run_journals.is_dir():
         for path in sorted(paths.run_journals.glob("*.jsonl")):
             try:
                 state = fold(read_jsonl(path).records)
-            except (ValueError, KeyError, OSError):
+            except (ValueError, KeyError, TypeError, OSError):
                 continue
             if not state.finished:
-                runs.append(state.run_id)
-    return runs
+                found.append((path, state))
+    return found
+
+
+def _unfinished_runs(paths: BrainPaths) -> list[str]:
+    """Ids of the runs whose journal has no end: they resume when the daemon starts."""
+    return [state.run_id for _, state in _unfinished(paths)]
 
 
 def _questions_kept(paths: BrainPaths) -> dict[str, str]:
     """Escalations an unfinished run waits on whose question its journal keeps (id → journal): the daemon rebuilds
     their file if it is lost or unreadable."""
-    from ambient.journal import read_jsonl
-    from ambient.runstate import fold
-
     kept: dict[str, str] = {}
-    if paths.run_journals.is_dir():
-        for path in sorted(paths.run_journals.glob("*.jsonl")):
-            try:
-                state = fold(read_jsonl(path).records)
-            except (ValueError, KeyError, OSError):
-                continue
-            if not state.finished:
-                kept.update((e, paths.rel(path)) for e in state.escalations if e in state.requests)
+    for path, state in _unfinished(paths):
+        kept.update((e, paths.rel(path)) for e in state.escalations if e in state.requests)
     return kept
 
 
