@@ -177,6 +177,8 @@ class CommandRunnerConfig(_RunnerModel):
     kill_grace_s: float = Field(default=5.0, ge=0, le=300)
     #: Landlock: read the brain and the system, write only the SPAWN's scope (ambient.runners.confinement).
     confine: bool = True
+    #: Run the agent as this Unix user (ambient must run as root): a same-user agent can do what ambient can.
+    user: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[a-z_][a-z0-9_-]*\$?$")
 
     @field_validator("argv")
     @classmethod

@@ -501,11 +501,13 @@ async def _start(
     """
     _before_start(req)
     if spawner is not None and not spawner.broken:
-        confine = _confinement(req, cfg, argv, env)
+        jail = {**_user(cfg, env), **(_confinement(req, cfg, argv, env) or {})}
+        if "uid" in jail and env.get("TMPDIR"):
+            os.chown(env["TMPDIR"], jail["uid"], jail["gid"])  # its private temp dir is its own
         try:
             async with asyncio.timeout(cfg.timeout_s):
                 agent = await spawner.spawn(
-                    argv, env, cwd, packet, cfg.max_output_bytes, cfg.stderr_tail_bytes, confine
+                    argv, env, cwd, packet, cfg.max_output_bytes, cfg.stderr_tail_bytes, jail or None
                 )
         except TimeoutError:
             msg = f"not started within {cfg.timeout_s:g} s (the spawner is stuck)"
@@ -516,6 +518,8 @@ async def _start(
             # The spawner never came up (it never answered): this agent and the next ones start through Popen.
         else:
             return agent, agent
+    if cfg.user is not None:
+        raise OSError(errno.EPERM, f"cannot run the agent as {cfg.user!r}: that needs ambient's spawner (Linux)")
     if not waits_by_pidfd():
         with _child_stdio(packet) as (stdin_fd, out_w, err_w, out_r, err_r):
             # S603 reviewed: as in _spawn.
@@ -538,9 +542,26 @@ async def _start(
         raise
 
 
+def _user(cfg: CommandRunnerConfig, env: dict[str, str]) -> dict[str, Any]:
+    """The uid and gid of ``cfg.user`` (and its HOME and USER in ``env``); nothing when none is asked. OSError
+    when it cannot be: no such user, or ambient is not root (only root can start a process as another user)."""
+    if cfg.user is None:
+        return {}
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(cfg.user)
+    except KeyError:
+        raise OSError(errno.EINVAL, f"no Unix user {cfg.user!r} (ambient.runner.user)") from None
+    if entry.pw_uid != os.geteuid() and os.geteuid() != 0:
+        raise OSError(errno.EPERM, f"cannot run the agent as {cfg.user!r}: ambient is not root")
+    env["HOME"], env["USER"], env["LOGNAME"] = entry.pw_dir, entry.pw_name, entry.pw_name
+    return {"uid": entry.pw_uid, "gid": entry.pw_gid}
+
+
 def _confinement(
     req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: dict[str, str]
-) -> tuple[list[bytes], list[bytes], int] | None:
+) -> dict[str, Any] | None:
     """The Landlock paths of this agent (None: it runs unconfined: ``confine: false``, or no Landlock here).
 
     Its private temp dir is made here and named in its environment (TMPDIR); it is removed with the agent's

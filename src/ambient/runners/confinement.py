@@ -25,6 +25,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ambient.paths import STATE_DIRNAME
 
@@ -57,8 +58,9 @@ class Policy:
     read: tuple[str, ...]
     write: tuple[str, ...]
 
-    def as_request(self, abi: int) -> tuple[list[bytes], list[bytes], int]:
-        return [os.fsencode(p) for p in self.read], [os.fsencode(p) for p in self.write], abi
+    def as_request(self, abi: int) -> dict[str, Any]:
+        """The spawner's ``jail`` entries for Landlock."""
+        return {"read": [os.fsencode(p) for p in self.read], "write": [os.fsencode(p) for p in self.write], "abi": abi}
 
 
 def secret_name(name: str) -> bool:

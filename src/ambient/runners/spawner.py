@@ -162,7 +162,7 @@ class Spawner:
         stdin: bytes,
         out_cap: int,
         err_tail: int,
-        confine: tuple[list[bytes], list[bytes], int] | None = None,
+        jail: dict[str, Any] | None = None,
     ) -> SpawnedAgent:
         """Start an agent reading ``stdin``; returns once it runs. Raises OSError if it cannot start.
 
@@ -187,7 +187,7 @@ class Spawner:
                 stdin,
                 out_cap,
                 err_tail,
-                *((confine,) if confine is not None else ()),  # Landlock's paths: the spawner forks, confines, execs
+                *((jail,) if jail else ()),  # its user, Landlock's paths: the spawner forks, confines, execs
             )
         )
         fds: list[int] = []

@@ -86,17 +86,16 @@ def _spawn(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]) -> int:
     raise saved or last
 
 
-def _spawn_confined(
-    argv: list[bytes], env: dict[bytes, bytes], stdio: list[int], confine: tuple[list[bytes], list[bytes], int]
-) -> int:
-    """Start one agent under Landlock: fork, confine the child (ambient.runners.landlock), exec. posix_spawn runs
-    no code between the two, so this path forks (the spawner is small and single-threaded: a fork is cheap and
-    safe). An exec or confinement that fails comes back through a close-on-exec pipe, as OSError."""
-    if _LANDLOCK not in sys.modules:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: PTH100, PTH120 - stdlib only, -I -S
-    import landlock  # type: ignore[import-not-found,unused-ignore]  # ambient/runners/landlock.py, a sibling
-
-    read, write, version = confine
+def _spawn_confined(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int], jail: dict[str, Any]) -> int:
+    """Start one agent confined: fork, then in the child take the agent's own user if asked (``uid``/``gid``:
+    the daemon runs as root), confine it under Landlock if asked (``read``/``write``/``abi``, see
+    ambient.runners.landlock), and exec. posix_spawn runs no code between the two, so this path forks (the
+    spawner is small and single-threaded: a fork is cheap and safe). An exec or confinement that fails comes back
+    through a close-on-exec pipe, as OSError."""
+    if jail.get("abi"):
+        if _LANDLOCK not in sys.modules:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: PTH100, PTH120 - stdlib, -I -S
+        import landlock  # type: ignore[import-not-found,unused-ignore]  # ambient/runners/landlock.py, a sibling
     exes = _executables(argv[0], env)
     r, w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
@@ -110,7 +109,12 @@ def _spawn_confined(
             for sig in _DEFAULT_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            landlock.confine(read, write, version)
+            if "uid" in jail:  # its own user: groups first, while still allowed to change them
+                os.setgroups([])
+                os.setgid(jail["gid"])
+                os.setuid(jail["uid"])
+            if jail.get("abi"):
+                landlock.confine(jail["read"], jail["write"], jail["abi"])
             last: OSError = OSError(errno.ENOENT, os.strerror(errno.ENOENT))
             for exe in exes:
                 try:
