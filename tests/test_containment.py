@@ -360,3 +360,50 @@ def test_an_agent_runs_as_its_own_unix_user_when_the_daemon_may(tmp_path: Path) 
     assert other["result"] == "success" and other["output"]["uid"] == 65534, other
     [ghost] = [e for e in events(paths, "ghost", "finished") if e.get("item") == "a"]
     assert ghost["result"] == "error" and "no Unix user 'no-such-user-here'" in ghost["error"], ghost
+
+
+_ANSWERER = """
+import json, os, subprocess, sys
+json.load(sys.stdin)
+env = {k: v for k, v in os.environ.items() if k != "AMBIENT_CHANNEL_TOKEN"}
+ids = sys.argv[1:]
+tries = [subprocess.run([sys.executable, "-m", "ambient", "decide", i, "skip"], capture_output=True, text=True,
+                        env=env) for i in ids]
+print(json.dumps({"status": "ok", "rcs": [t.returncode for t in tries], "said": [t.stderr[-300:] for t in tries]}))
+"""
+
+
+def test_an_agent_cannot_answer_an_escalation_in_the_persons_name(tmp_path: Path) -> None:
+    """Issue 25, 1: `ambient decide` run from inside an agent answered escalations "by human via cli". An item
+    fails and waits on the person; a confined agent then runs `ambient decide <id> skip` without its token: the
+    answer is refused (it cannot reach ambient's state), and the escalation still waits on the person."""
+    import json
+
+    from tests.e2e_helpers import ambient_cli, command_agent_md
+
+    paths = make_brain(tmp_path / "brain", example_agents=False)
+    (paths.agents / "stub.md").write_text(stub_agent_md("stub", ["--mode", "fail"]))
+    d = DaemonProcess(paths).start()
+    try:
+        d.wait_ready()
+        drop(paths, "failing.yml", foreach_workflow("failing", ["x"]))
+        pending = wait_for(
+            lambda: (r := ambient_cli(paths.root, "escalations", "--json")).returncode == 0 and json.loads(r.stdout),
+            30,
+            "the failed item's escalation",
+        )
+        ids = [e["id"] for e in pending]
+        (paths.root / "bin").mkdir(exist_ok=True)
+        (paths.root / "bin" / "answerer.py").write_text(_ANSWERER)
+        argv = ["{{python}}", "bin/answerer.py", *ids]
+        (paths.agents / "answerer.md").write_text(command_agent_md("answerer", argv, confine=True))
+        drop(paths, "answer.yml", foreach_workflow("answer", ["a"], agent="answerer", files=None))
+        wait_for(lambda: finished_run(paths, "answer") is not None, 60, "the answerer's run")
+        still = json.loads(ambient_cli(paths.root, "escalations", "--json").stdout)
+    finally:
+        d.stop()
+        d.kill()
+    [done] = [e for e in events(paths, "answer", "finished") if e.get("item") == "a"]
+    assert all(rc != 0 for rc in done["output"]["rcs"]), done["output"]
+    assert [e["id"] for e in still] == ids, "an agent answered an escalation"
+    assert finished_run(paths, "failing") is None

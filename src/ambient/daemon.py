@@ -68,6 +68,7 @@ from ambient.redact import SecretRegistry
 from ambient.router import Channel, ChannelRegistry, Router, write_inbox
 from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
+from ambient.runners.command import landlock_abi
 from ambient.runners.spawner import Spawner
 from ambient.runners.spawner import available as spawner_available
 from ambient.runs import EscalationRequest, Ports, RunExecutor, RunManager, new_run_id
@@ -601,8 +602,15 @@ class Daemon:
         self.escalator.on_answered = lambda path: self.engine.wake([path])
         self.assisted = AssistedRunner(self.claims, self.clock)
         spawner = Spawner() if spawner_available() else None
-        if spawner is not None and any(cfg.kind == "command" for cfg in self.ref.brain.runners.values()):
+        commands = [cfg for cfg in self.ref.brain.runners.values() if cfg.kind == "command"]
+        if spawner is not None and commands:
             spawner.start()  # not at the first agent: its interpreter's start-up would be spent inside a run
+        if any(getattr(cfg, "confine", False) for cfg in commands) and (spawner is None or landlock_abi() <= 0):
+            log.warning(
+                "agents_unconfined",
+                reason="no Landlock on this kernel" if spawner is not None else "no spawner on this system",
+                hint="agents can do whatever ambient's user can: run them as another user (README)",
+            )
         self.runners = Runners(
             command=CommandRunner(
                 on_spawn=lambda req, pid, started: self.manager.record_spawn(
