@@ -211,6 +211,7 @@ class TestThread:
     def test_full_thread(self, brain: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """The default view is the whole shared thread."""
         self._fill(brain)
+        capsys.readouterr()  # what the setup logged (a state folder narrowed) is not the command's output
         assert main(["thread", "qa", "--brain", str(brain)]) == 0
         out = capsys.readouterr().out
         assert out.startswith("thread qa: 3 turn(s) shown of 3") and "shared by every requester" in out
@@ -219,6 +220,7 @@ class TestThread:
     def test_pair_view_says_partial(self, brain: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """--requester shows a pair view labelled partial."""
         self._fill(brain)
+        capsys.readouterr()  # what the setup logged (a state folder narrowed) is not the command's output
         assert main(["thread", "qa", "--requester", "architect", "--brain", str(brain)]) == 0
         out = capsys.readouterr().out
         assert out.startswith("PARTIAL thread qa: 2 turn(s) shown of 3")
@@ -227,6 +229,7 @@ class TestThread:
     def test_correlation_json_and_handoff(self, brain: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """--correlation --json is a partial projection; --handoff prints the bounded summary."""
         self._fill(brain)
+        capsys.readouterr()  # what the setup logged (a state folder narrowed) is not the command's output
         assert main(["thread", "qa", "--correlation", "s1", "--json", "--brain", str(brain)]) == 0
         data = json.loads(capsys.readouterr().out)
         assert data["partial"] is True and [t["requester"] for t in data["turns"]] == ["main"]

@@ -369,7 +369,7 @@ def _enter_private(parent_fd: int, name: str, where: Path) -> int:
         mode = stat.S_IMODE(os.fstat(fd).st_mode)
         if mode & 0o077:
             os.fchmod(fd, PRIVATE_DIR)
-            log.warning("state_folder_narrowed", folder=str(where), was=f"{mode:o}", now=f"{PRIVATE_DIR:o}")
+            log.info("state_folder_narrowed", folder=str(where), was=f"{mode:o}", now=f"{PRIVATE_DIR:o}")
     except BaseException:
         os.close(fd)
         raise
