@@ -970,3 +970,19 @@ def test_a_malformed_bot_token_fails_its_channel_only_and_doctor_says_so(
     doctor = brain.cli("doctor")
     assert "telegram.answers is on but the Telegram bot token is malformed" in doctor.text, doctor
     assert "ABC-your-bot-token" not in res.text + doctor.text
+
+
+def test_doctor_counts_no_message_about_an_answered_escalation_as_waiting(brain: Brain) -> None:
+    """The demo's path: an item fails and waits on the person (its message queued), the person answers with the
+    daemon down, `run --until-idle` finishes. `ambient doctor` then had the daemon down as an error, "waiting on
+    it: 2 notification(s) to send", for messages that will never be sent: an answered escalation's is dropped."""
+    brain.python_agent("deploy", FAILING)
+    _rollout(brain)
+    brain.until_idle()
+    [esc] = brain.escalations()
+    assert "notification(s) to send" in brain.cli("doctor").out  # its message does wait on the daemon now
+    brain.ok("decide", esc["id"], "skip")
+    brain.until_idle()
+    res = brain.cli("doctor")
+    assert "notification(s) to send" not in res.out, res.out
+    assert res.rc == 0, res.out

@@ -423,7 +423,7 @@ def _work_waiting(paths: BrainPaths) -> list[str]:
     runs = len(_unfinished_runs(paths))
     packets = len(list(paths.inbox.glob("*.json"))) if paths.inbox.is_dir() else 0
     outbox = paths.state / "outbox"
-    notes = len([p for p in outbox.glob("*.json") if not p.name.startswith(".")]) if outbox.is_dir() else 0
+    notes = len([p for p in outbox.glob("*.json") if _still_to_send(paths, p)]) if outbox.is_dir() else 0
     parts = []
     if runs:
         parts.append(f"{runs} run(s) in progress")
@@ -432,6 +432,22 @@ def _work_waiting(paths: BrainPaths) -> list[str]:
     if notes:
         parts.append(f"{notes} notification(s) to send")
     return parts
+
+
+def _still_to_send(paths: BrainPaths, entry: Path) -> bool:
+    """An outbox entry the daemon will still send: a message about an escalation answered (or cancelled) since is
+    dropped unsent (issue 23, 7), so it waits on nobody."""
+    if entry.name.startswith("."):
+        return False
+    name = entry.name.removesuffix(".json")
+    if not name.startswith("escalation-"):
+        return True
+    from ambient.escalations import EscalationStore
+
+    try:
+        return EscalationStore(paths).is_pending(name.removeprefix("escalation-"))
+    except Exception:  # noqa: BLE001 - an unreadable escalation: doctor's escalations check reports it
+        return True
 
 
 def _last_stop(paths: BrainPaths) -> datetime | None:
