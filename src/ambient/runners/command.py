@@ -559,6 +559,11 @@ def _user(cfg: CommandRunnerConfig, env: dict[str, str]) -> dict[str, Any]:
     return {"uid": entry.pw_uid, "gid": entry.pw_gid}
 
 
+#: How the spawner's child says a confined agent could not be started (runners/spawner_helper.py).
+_NOT_STARTED = 127
+_NOT_STARTED_SAYS = ("ambient: cannot start ", "ambient: cannot confine ")
+
+
 def _confinement(
     req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: dict[str, str]
 ) -> dict[str, Any] | None:
@@ -870,6 +875,9 @@ class CommandRunner:
             name = _signal_name(-rc)
             message = f"agent died from signal {name}" + (f": {last}" if last else "")
             return error_result("signal", message, **facts)
+        if rc == _NOT_STARTED and last.startswith(_NOT_STARTED_SAYS):
+            # A confined start that failed in the spawner's child (no program, a confinement refused): said there.
+            return error_result("spawn_failed", last.removeprefix("ambient: "), **facts)
         message = f"agent exited with code {rc}" + (f": {last}" if last else "")
         return error_result("exit_code", message, **facts)
 

@@ -20,6 +20,7 @@ the memory of the daemon (Landlock's scoping). ``ambient.runner.confine: false``
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -69,8 +70,26 @@ def secret_name(name: str) -> bool:
     return low == "ambient.yml" or any(w in low for w in _SECRET_WORDS) or low.endswith(_SECRET_SUFFIXES)
 
 
+_BRAIN_READ: dict[str, tuple[tuple[int, int], list[str]]] = {}
+
+
 def brain_read(brain: Path) -> list[str]:
-    """The brain's entries an agent may read: all but ``.ambient/`` and the secrets of ``profil/``."""
+    """The brain's entries an agent may read: all but ``.ambient/`` and the secrets of ``profil/`` (kept while the
+    brain's folder and ``profil/`` are unchanged: a fan-out starts many agents on one brain)."""
+    try:
+        profil = brain / "profil"
+        key = (brain.stat().st_mtime_ns, profil.stat().st_mtime_ns if profil.is_dir() else 0)
+    except OSError:
+        key = (0, 0)
+    hit = _BRAIN_READ.get(str(brain))
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    out = _brain_read(brain)
+    _BRAIN_READ[str(brain)] = (key, out)
+    return out
+
+
+def _brain_read(brain: Path) -> list[str]:
     out: list[str] = []
     try:
         entries = sorted(os.scandir(brain), key=lambda e: e.name)
@@ -87,6 +106,7 @@ def brain_read(brain: Path) -> list[str]:
     return out
 
 
+@functools.cache
 def interpreter_read(brain: Path) -> list[str]:
     """Where the interpreter running ambient lives (``{{python}}`` agents run it, with its packages), but never a
     folder holding the brain (``python -m`` puts its working folder on the import path: the brain itself)."""

@@ -14,7 +14,6 @@ handled: agents may talk to model APIs.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import platform
@@ -70,8 +69,10 @@ _LIBC: list[ctypes.CDLL] = []
 
 
 def _libc() -> ctypes.CDLL:
+    """The C library, through the running program's own symbols (``find_library`` runs ldconfig: milliseconds,
+    paid by every forked child when it was not loaded before the fork)."""
     if not _LIBC:
-        _LIBC.append(ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True))
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
     return _LIBC[0]
 
 

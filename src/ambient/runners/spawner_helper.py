@@ -90,60 +90,50 @@ def _spawn_confined(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]
     """Start one agent confined: fork, then in the child take the agent's own user if asked (``uid``/``gid``:
     the daemon runs as root), confine it under Landlock if asked (``read``/``write``/``abi``, see
     ambient.runners.landlock), and exec. posix_spawn runs no code between the two, so this path forks (the
-    spawner is small and single-threaded: a fork is cheap and safe). An exec or confinement that fails comes back
-    through a close-on-exec pipe, as OSError."""
+    spawner is small and single-threaded: a fork is cheap and safe) and returns at once, without waiting for the
+    exec: the next agent's start overlaps this one's (bench/fanout.py (b)). A confinement or exec that fails is
+    said on the agent's stderr, and the agent exits 127, as a shell says a command it cannot run."""
     if jail.get("abi"):
         if _LANDLOCK not in sys.modules:
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: PTH100, PTH120 - stdlib, -I -S
         import landlock  # type: ignore[import-not-found,unused-ignore]  # ambient/runners/landlock.py, a sibling
+
+        landlock.abi()  # loads the C library here, once: every child forked after inherits it
     exes = _executables(argv[0], env)
-    r, w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
-    if pid == 0:  # the child: nothing here may return into the spawner's loop
-        code, message = errno.EIO, "confinement failed"
-        try:
-            os.close(r)
-            os.setsid()
-            for target, fd in enumerate(stdio):
-                os.dup2(fd, target)
-            for sig in _DEFAULT_SIGNALS:
-                signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            if "uid" in jail:  # its own user: groups first, while still allowed to change them
-                os.setgroups([])
-                os.setgid(jail["gid"])
-                os.setuid(jail["uid"])
-            if jail.get("abi"):
-                landlock.confine(jail["read"], jail["write"], jail["abi"])
-            last: OSError = OSError(errno.ENOENT, os.strerror(errno.ENOENT))
-            for exe in exes:
-                try:
-                    os.execve(exe, argv, env)  # noqa: S606 - the agent's argv, as posix_spawn takes it
-                except OSError as exc:
-                    if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
-                        last = exc
-                        break
-                    last = exc
-            code, message = last.errno or errno.EIO, last.strerror or str(last)
-        except OSError as exc:
-            code, message = exc.errno or errno.EIO, f"cannot confine the agent: {exc.strerror or exc}"
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent, then this child ends
-            message = f"cannot confine the agent: {exc!r}"
-        with contextlib.suppress(OSError):
-            os.write(w, b"%d:%s" % (code, message.encode(errors="replace")))
-        os._exit(127)
-    os.close(w)
+    if pid:
+        return pid
+    # The child: nothing here may return into the spawner's loop.
+    message = "confinement failed"
     try:
-        report = b""
-        while chunk := os.read(r, 4096):
-            report += chunk
-    finally:
-        os.close(r)
-    if report:
-        os.waitpid(pid, 0)
-        number, _, text = report.partition(b":")
-        raise OSError(int(number), text.decode(errors="replace"))
-    return pid
+        os.setsid()
+        for target, fd in enumerate(stdio):
+            os.dup2(fd, target)
+        for sig in _DEFAULT_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        if "uid" in jail:  # its own user: groups first, while still allowed to change them
+            os.setgroups([])
+            os.setgid(jail["gid"])
+            os.setuid(jail["uid"])
+        if jail.get("abi"):
+            landlock.confine(jail["read"], jail["write"], jail["abi"])
+        last: OSError = OSError(errno.ENOENT, os.strerror(errno.ENOENT))
+        for exe in exes:
+            try:
+                os.execve(exe, argv, env)  # noqa: S606 - the agent's argv, as posix_spawn takes it
+            except OSError as exc:
+                last = exc
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    break
+        message = f"cannot start {argv[0].decode(errors='replace')!r}: {last.strerror or last}"
+    except OSError as exc:
+        message = f"cannot confine the agent: {exc.strerror or exc}"
+    except BaseException as exc:  # noqa: BLE001 - said on its stderr, then this child ends
+        message = f"cannot confine the agent: {exc!r}"
+    with contextlib.suppress(OSError):
+        os.write(2, f"ambient: {message}\n".encode(errors="replace"))
+    os._exit(127)
 
 
 _LANDLOCK = "landlock"
