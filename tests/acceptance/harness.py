@@ -8,6 +8,7 @@ a deadline; nothing sleeps for an event.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import os
@@ -433,7 +434,7 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_POST
 
 
-class LoopbackServer:
+class LoopbackServer(abc.ABC):
     """An HTTP server on 127.0.0.1 in a thread; subclasses say what each request gets."""
 
     def __init__(self) -> None:
@@ -454,8 +455,9 @@ class LoopbackServer:
         self._server.shutdown()
         self._server.server_close()
 
+    @abc.abstractmethod
     def handle(self, path: str, body: Any) -> tuple[int, Any]:
-        raise NotImplementedError
+        """The answer (status, JSON body) of this server to a POST: each server (webhook, Bot API) says its own."""
 
 
 class Webhook(LoopbackServer):
