@@ -109,6 +109,11 @@ class AttemptResult:
     options: list[str] = field(default_factory=list)
     retryable: bool = True  # False for the agent's own ERROR signal: "unrecoverable", never retried
     trouble: str | None = None  # ambient itself failed (a resource it ran out of, see ambient.health): not the agent
+    usage: dict[str, Any] | None = None  # an AI agent's model, tokens, cost, turns, session (Usage.to_record)
+    permission: dict[str, Any] | None = None  # the tool call an ESCALATE asks the person about (runners.permissions)
+    #: The run must hold before any further spawn: ``provider_refused`` (the model API refused the key). The item goes
+    #: back to pending without spending an attempt, and the person gets one escalation for the run.
+    hold: str | None = None
 
     @property
     def reply(self) -> str:

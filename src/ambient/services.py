@@ -303,6 +303,7 @@ class AgentDelegate:
             vars={k: str(v) for k, v in a.vars.items() if _scalar(v)},
             handoff=handoff or None,
             before_start=publish,
+            prompt_file=spec.path if (spec := self.ref.brain.matrix.agents.get(a.agent)) is not None else None,
         )
         try:
             return await self.runners.run(req, cfg)
@@ -409,6 +410,9 @@ class AgentDelegate:
             question=res.question,
             options=list(res.options or []),
             retryable=res.reason != "agent_error",  # the agent's own ERROR: unrecoverable (README), never retried
+            usage=res.usage.to_record() if res.usage is not None else None,
+            permission=res.permission,
+            hold="provider_refused" if res.reason == "provider_refused" else None,
         )
 
     async def _preflight(self, a: Attempt) -> str | None:

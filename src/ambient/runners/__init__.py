@@ -1,7 +1,8 @@
 """Agent runners: how an agent carries out a SPAWN (DESIGN §5), configured per agent by ``kind``.
 
 ``command`` runs a program (argv, no shell), ``callable`` a Python function, ``assisted`` waits for a person or an
-external tool to close a claim. :class:`Runners` holds one runner per kind for the daemon and drains them on stop.
+external tool to close a claim, ``claude`` runs the agent's prompt on Claude Code (the ``claude`` extra), ``llm`` makes
+one model call (the ``llm`` extra). :class:`Runners` holds one runner per kind for the daemon and drains them on stop.
 The agent protocol (what an agent receives and may answer) is :func:`ambient.runners.base.interpret_output`.
 """
 
@@ -11,9 +12,12 @@ from ambient.errors import RunnerError
 from ambient.runners.base import (
     AgentResult,
     AgentStatus,
+    AnyRunnerConfig,
     AssistedRunnerConfig,
     CallableRunnerConfig,
+    ClaudeRunnerConfig,
     CommandRunnerConfig,
+    LlmRunnerConfig,
     Reason,
     ResultStatus,
     Runner,
@@ -21,6 +25,7 @@ from ambient.runners.base import (
     RunnerConfigError,
     RunRequest,
     TemplateError,
+    Usage,
     error_result,
     idempotency_key,
     interpret_output,
@@ -34,12 +39,15 @@ from ambient.runners.command import CommandRunner, group_alive, signal_group, te
 __all__ = [
     "AgentResult",
     "AgentStatus",
+    "AnyRunnerConfig",
     "AssistedRunnerConfig",
     "CallableRunner",
     "CallableRunnerConfig",
+    "ClaudeRunnerConfig",
     "CommandRunner",
     "CommandRunnerConfig",
     "ImportFromStringError",
+    "LlmRunnerConfig",
     "Reason",
     "ResultStatus",
     "RunRequest",
@@ -48,6 +56,7 @@ __all__ = [
     "RunnerConfigError",
     "Runners",
     "TemplateError",
+    "Usage",
     "error_result",
     "group_alive",
     "idempotency_key",
@@ -64,8 +73,9 @@ __all__ = [
 class Runners:
     """One runner per kind, owned by the daemon: ``get(cfg)`` picks the runner, ``terminate_all`` drains them.
 
-    The assisted runner lives on top of the claim store, so the daemon passes it in; without one, an agent
-    configured as ``assisted`` cannot be run (``get`` raises :class:`RunnerError`).
+    The assisted runner lives on top of the claim store, and the AI runners (``claude``, ``llm``) on the daemon's
+    state and live threads, so the daemon passes them in; a kind without its runner cannot be run (``get`` raises
+    :class:`RunnerError`).
     """
 
     def __init__(
@@ -74,25 +84,28 @@ class Runners:
         command: CommandRunner | None = None,
         callable_runner: CallableRunner | None = None,
         assisted: Runner | None = None,
+        claude: Runner | None = None,
+        llm: Runner | None = None,
     ) -> None:
         self.command = command or CommandRunner()
         self.callable = callable_runner or CallableRunner()
         self.assisted = assisted
+        self.claude = claude
+        self.llm = llm
 
-    def get(self, cfg: CommandRunnerConfig | CallableRunnerConfig | AssistedRunnerConfig) -> Runner:
+    def get(self, cfg: AnyRunnerConfig) -> Runner:
         """The runner for ``cfg.kind``."""
         if isinstance(cfg, CommandRunnerConfig):
             return self.command
         if isinstance(cfg, CallableRunnerConfig):
             return self.callable
-        if self.assisted is None:
-            msg = "no assisted runner is configured in this daemon"
+        runner = {"assisted": self.assisted, "claude": self.claude, "llm": self.llm}[cfg.kind]
+        if runner is None:
+            msg = f"no {cfg.kind} runner is configured in this daemon"
             raise RunnerError(msg)
-        return self.assisted
+        return runner
 
-    async def run(
-        self, req: RunRequest, cfg: CommandRunnerConfig | CallableRunnerConfig | AssistedRunnerConfig
-    ) -> AgentResult:
+    async def run(self, req: RunRequest, cfg: AnyRunnerConfig) -> AgentResult:
         """Shortcut for ``self.get(cfg).run(req, cfg)``."""
         return await self.get(cfg).run(req, cfg)
 

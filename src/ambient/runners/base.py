@@ -51,6 +51,9 @@ Reason = Literal[
     "daemon_resources",  # ambient itself ran out of something starting it (descriptors, memory): not the agent
     "bad_request",  # the request could not be turned into a process (template, NUL, packet too big, import)
     "exception",  # a callable agent raised
+    "provider_refused",  # the model provider refused the key (401/403): the person must act, no retry helps
+    "provider_failed",  # the model provider kept failing (429/5xx after retries, unreachable)
+    "budget",  # the agent's own max_budget_usd or max_turns ended it
 ]
 
 _SIGNAL_OF_STATUS: dict[str, str] = {
@@ -164,6 +167,21 @@ class _RunnerModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    """A runner's ``env:``: plain names, none of ambient's or the loader's own, no NUL, bounded values."""
+    for name, value in env.items():
+        if not _ENV_NAME.match(name):
+            msg = f"env name {name!r} is not a valid variable name (letters, digits, '_')"
+            raise ValueError(msg)
+        if name in _RESERVED_ENV_NAMES or name.startswith(_RESERVED_ENV_PREFIXES):
+            msg = f"env name {name!r} is reserved (AMBIENT_*, NOTIFY_SOCKET, WATCHDOG_*, LISTEN_*, LD_*, ...)"
+            raise ValueError(msg)
+        if "\x00" in value or len(value) > 32 * KiB:
+            msg = f"env value of {name!r} contains a NUL byte or is over 32 KiB"
+            raise ValueError(msg)
+    return env
+
+
 class CommandRunnerConfig(_RunnerModel):
     """Run the agent as a program: argv (never a shell), packet on stdin, answer as JSON on stdout."""
 
@@ -201,17 +219,7 @@ class CommandRunnerConfig(_RunnerModel):
     @field_validator("env")
     @classmethod
     def _check_env(cls, env: dict[str, str]) -> dict[str, str]:
-        for name, value in env.items():
-            if not _ENV_NAME.match(name):
-                msg = f"env name {name!r} is not a valid variable name (letters, digits, '_')"
-                raise ValueError(msg)
-            if name in _RESERVED_ENV_NAMES or name.startswith(_RESERVED_ENV_PREFIXES):
-                msg = f"env name {name!r} is reserved (AMBIENT_*, NOTIFY_SOCKET, WATCHDOG_*, LISTEN_*, LD_*, ...)"
-                raise ValueError(msg)
-            if "\x00" in value or len(value) > 32 * KiB:
-                msg = f"env value of {name!r} contains a NUL byte or is over 32 KiB"
-                raise ValueError(msg)
-        return env
+        return check_env(env)
 
     @field_validator("cwd")
     @classmethod
@@ -251,16 +259,89 @@ class AssistedRunnerConfig(_RunnerModel):
     timeout_s: float = Field(default=86_400.0, gt=0, le=30 * 86_400)
 
 
-RunnerConfig = Annotated[
-    CommandRunnerConfig | CallableRunnerConfig | AssistedRunnerConfig,
-    Field(discriminator="kind"),
-]
+#: A tool pattern as Claude Code writes it: ``Read``, ``Bash``, ``Bash(pytest:*)``, ``mcp__server__tool``.
+_TOOL_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*(\(.{1,500}\))?$"
+
+
+class ClaudeRunnerConfig(_RunnerModel):
+    """Run the agent on Claude Code (the ``claude-agent-sdk`` extra): its markdown body is the system prompt.
+
+    ``allowed_tools`` is ambient's allowlist, checked by ambient in ``can_use_tool`` (never handed to Claude Code as
+    auto-approvals, which would skip the scope check): ``Bash(pytest:*)`` lets Bash run commands starting with
+    ``pytest`` without asking the person. ``permission_mode`` is ``default`` or ``plan``: the modes that accept
+    edits or bypass permissions would let tool calls past the access matrix.
+    """
+
+    kind: Literal["claude"]
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    system_prompt: Literal["append", "replace"] = "append"
+    max_turns: int | None = Field(default=None, ge=1, le=10_000)
+    max_budget_usd: float | None = Field(default=None, gt=0, le=100_000)
+    allowed_tools: list[Annotated[str, Field(pattern=_TOOL_PATTERN)]] = Field(default_factory=list, max_length=256)
+    disallowed_tools: list[Annotated[str, Field(pattern=_TOOL_PATTERN)]] = Field(default_factory=list, max_length=256)
+    permission_mode: Literal["default", "plan"] = "default"
+    workdir: str | None = None
+    env: dict[str, str] = Field(default_factory=dict, max_length=128)
+    timeout_s: float = Field(default=1800.0, gt=0, le=7 * 86_400)
+    base_url: str | None = Field(default=None, pattern=r"^https?://", max_length=2000)
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, env: dict[str, str]) -> dict[str, str]:
+        return check_env(env)
+
+    @field_validator("workdir")
+    @classmethod
+    def _check_workdir(cls, workdir: str | None) -> str | None:
+        if workdir is None:
+            return None
+        from ambient.fsutil import check_relative  # a pure string check
+
+        try:
+            check_relative(workdir)
+        except InputError as exc:
+            raise ValueError(f"{exc.message} (workdir is relative to the brain's root)") from None
+        return workdir
+
+
+class Price(_RunnerModel):
+    """US dollars per million tokens, for a model the built-in table does not know."""
+
+    input: float = Field(ge=0, le=10_000)
+    output: float = Field(ge=0, le=10_000)
+    cache_read: float | None = Field(default=None, ge=0, le=10_000)
+    cache_write: float | None = Field(default=None, ge=0, le=10_000)
+
+
+class LlmRunnerConfig(_RunnerModel):
+    """One model call, no tools: the agent body as system prompt, the SPAWN as the user message.
+
+    ``provider: openai`` speaks the Chat Completions API at ``base_url`` (OpenAI, Ollama, vLLM, llama.cpp server,
+    LM Studio, OpenRouter); ``anthropic`` the Messages API. The key comes from ``api_key_env`` (default
+    ``ANTHROPIC_API_KEY`` / ``OPENAI_API_KEY``) in the daemon's environment or a file of that name, lower-cased, in
+    ``$CREDENTIALS_DIRECTORY``.
+    """
+
+    kind: Literal["llm"]
+    provider: Literal["anthropic", "openai"] = "anthropic"
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    base_url: str | None = Field(default=None, pattern=r"^https?://", max_length=2000)
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)
+    max_tokens: int = Field(default=4096, ge=1, le=1_000_000)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+    max_retries: int = Field(default=4, ge=0, le=20)
+    price: Price | None = None
+
+
+AnyRunnerConfig = (
+    CommandRunnerConfig | CallableRunnerConfig | AssistedRunnerConfig | ClaudeRunnerConfig | LlmRunnerConfig
+)
+RunnerConfig = Annotated[AnyRunnerConfig, Field(discriminator="kind")]
 """Per-agent runner configuration, discriminated by ``kind``."""
 
-_RUNNER_ADAPTER: TypeAdapter[CommandRunnerConfig | CallableRunnerConfig | AssistedRunnerConfig] = TypeAdapter(
-    RunnerConfig
-)
-_KINDS = ("command", "callable", "assisted")
+_RUNNER_ADAPTER: TypeAdapter[AnyRunnerConfig] = TypeAdapter(RunnerConfig)
+_KINDS = ("command", "callable", "assisted", "claude", "llm")
 
 
 def parse_runner_config(
@@ -269,7 +350,7 @@ def parse_runner_config(
     file: str = "<runner>",
     lines: LineMap | None = None,
     prefix: Sequence[str | int] = (),
-) -> CommandRunnerConfig | CallableRunnerConfig | AssistedRunnerConfig:
+) -> AnyRunnerConfig:
     """Validate a runner mapping; raise :class:`RunnerConfigError` naming file, line, field and expectation.
 
     ``prefix`` is where the mapping sits in its document (e.g. ``("ambient", "runner")`` in a frontmatter),
@@ -282,7 +363,7 @@ def parse_runner_config(
         problem = Problem(
             file=file,
             line=lines.line_for(where),
-            message=f"{label}: expected a mapping with 'kind: command|callable|assisted', got {type(raw).__name__}",
+            message=f"{label}: expected a mapping with 'kind: {'|'.join(_KINDS)}', got {type(raw).__name__}",
         )
         raise RunnerConfigError([problem])
     try:
@@ -349,6 +430,7 @@ class RunRequest:
     vars: Mapping[str, str] = field(default_factory=dict)
     handoff: str | None = None
     before_start: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    prompt_file: Path | None = None  # agents/<name>.md: an AI runner's system prompt is its body
 
     def template_values(self, python: str) -> dict[str, str]:
         """The values argv templates may use (``python`` is the daemon's interpreter path)."""
@@ -369,6 +451,32 @@ class RunRequest:
         if self.handoff is None:
             return None
         return self.handoff[:MAX_HANDOFF_CHARS]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What one AI agent execution consumed: the figures run records and ``ambient stats`` carry.
+
+    ``cost_usd`` is None when nobody knows the price (a model outside the built-in table with no ``price:``).
+    """
+
+    model: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float | None = None
+    turns: int = 0
+    session_id: str | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        """JSON-ready, zero and unknown figures left out."""
+        out: dict[str, Any] = {}
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if value not in (None, 0):
+                out[name] = value
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +504,9 @@ class AgentResult:
     killed: bool = False
     reason: Reason | None = None
     pid: int | None = None
+    usage: Usage | None = None  # an AI agent's tokens, cost, turns and session
+    #: A tool call the agent waits on the person for (``ambient.runners.permissions``): its ESCALATE is about that.
+    permission: dict[str, Any] | None = None
 
     @property
     def signal(self) -> str:
@@ -420,6 +531,8 @@ class AgentResult:
                 out[name] = value
         if self.killed:
             out["killed"] = True
+        if self.usage is not None:
+            out["usage"] = self.usage.to_record()
         return out
 
 
@@ -432,10 +545,8 @@ class Runner(Protocol):
     """Carries out one SPAWN. ``run`` never raises for agent failures (they become results); it re-raises
     ``CancelledError`` after cleaning up (killing the agent's processes)."""
 
-    async def run(
-        self, req: RunRequest, cfg: CommandRunnerConfig | CallableRunnerConfig | AssistedRunnerConfig
-    ) -> AgentResult:
-        """Run the agent for ``req`` as configured by ``cfg`` and return what came back."""
+    async def run(self, req: RunRequest, cfg: Any) -> AgentResult:
+        """Run the agent for ``req`` as configured by ``cfg`` (its own kind's config) and return what came back."""
         ...
 
 

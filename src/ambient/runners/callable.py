@@ -18,9 +18,8 @@ import structlog
 from ambient.errors import RunnerError
 from ambient.runners.base import (
     AgentResult,
-    AssistedRunnerConfig,
+    AnyRunnerConfig,
     CallableRunnerConfig,
-    CommandRunnerConfig,
     RunRequest,
     error_result,
     interpret_output,
@@ -86,9 +85,7 @@ class CallableRunner:
             self._cache[target] = func
         return func
 
-    async def run(
-        self, req: RunRequest, cfg: CommandRunnerConfig | CallableRunnerConfig | AssistedRunnerConfig
-    ) -> AgentResult:
+    async def run(self, req: RunRequest, cfg: AnyRunnerConfig) -> AgentResult:
         """Call the agent function for ``req``; exceptions and timeouts become ``error`` results."""
         if not isinstance(cfg, CallableRunnerConfig):
             msg = f"CallableRunner cannot run a {cfg.kind!r} runner config"

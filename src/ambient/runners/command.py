@@ -35,8 +35,7 @@ from ambient.runners.base import (
     MAX_ENV_PACKET_BYTES,
     MAX_PACKET_BYTES,
     AgentResult,
-    AssistedRunnerConfig,
-    CallableRunnerConfig,
+    AnyRunnerConfig,
     CommandRunnerConfig,
     Reason,
     RunRequest,
@@ -697,9 +696,7 @@ class CommandRunner:
         """Accept new agents again after :meth:`terminate_all` (tests, or a daemon that keeps running)."""
         self._closing = False
 
-    async def run(
-        self, req: RunRequest, cfg: CommandRunnerConfig | CallableRunnerConfig | AssistedRunnerConfig
-    ) -> AgentResult:
+    async def run(self, req: RunRequest, cfg: AnyRunnerConfig) -> AgentResult:
         """Run the command agent of ``req``; never raises for agent failures; re-raises cancellation.
 
         ``req.before_start`` runs just before the agent starts (not at all if the request is refused first).
