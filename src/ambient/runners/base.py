@@ -541,6 +541,12 @@ def error_result(reason: Reason, message: str, **extra: Any) -> AgentResult:
     return AgentResult(status="error", reason=reason, error=message, **extra)
 
 
+#: What an AI runner reports as its agent works, for the live thread and ``ambient status``: ``(request, kind, text)``
+#: with kind ``assistant`` (a message of the model), ``tool_call`` (``Bash: pytest -q``), ``tool_result`` or
+#: ``denied`` (a tool call refused by the permissions). Called on the event loop; it must not block.
+Watch = Callable[["RunRequest", str, str], None]
+
+
 class Runner(Protocol):
     """Carries out one SPAWN. ``run`` never raises for agent failures (they become results); it re-raises
     ``CancelledError`` after cleaning up (killing the agent's processes)."""
