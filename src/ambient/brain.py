@@ -130,17 +130,23 @@ def spawn_checks(matrix: BrainMatrix) -> tuple[AgentExists, MaySpawn]:
 def runner_configs(
     matrix: BrainMatrix, settings: Settings, paths: BrainPaths | None = None, lines: LineMap | None = None
 ) -> tuple[dict[str, RunnerConfig], list[Problem]]:
-    """Runner per agent: ``ambient.runner`` in its frontmatter, else ``runners.<agent>`` in profil/ambient.yml.
+    """Runner per agent: ``ambient.runner`` in its frontmatter, else ``runners.<agent>`` in profil/ambient.yml, else
+    ``runners.default`` (e.g. ``{kind: claude}``: every agent of the brain runs on its prompt, unedited).
 
     Each one is checked, with its file and line (``lines``: the settings file's), also a ``runners:`` entry that
-    an agent's own runner overrides (a warning says it is not used)."""
+    an agent's own runner overrides (a warning says it is not used). ``default`` is that key's meaning in
+    ``runners:``, never an agent's name there."""
     out: dict[str, RunnerConfig] = {}
     problems: list[Problem] = []
     config = paths.rel(paths.config) if paths is not None else "profil/ambient.yml"
     own = {name for name, spec in matrix.agents.items() if spec.runner is not None}
+    default: RunnerConfig | None = None
     for name, conf in settings.runners.items():
         line = lines.line_for(("runners", name)) if lines is not None else None
         parsed = _runner_config(name, conf, config, line, problems)
+        if name == DEFAULT_RUNNER:
+            default = parsed
+            continue
         if name in own:
             problems.append(
                 Problem(
@@ -158,7 +164,42 @@ def runner_configs(
             parsed = _runner_config(name, spec.runner, file, spec.runner_line, problems)
             if parsed is not None:
                 out[name] = parsed
+    if default is not None:
+        for name in matrix.agents:
+            out.setdefault(name, default)
     return out, problems
+
+
+#: The key of ``runners:`` that gives every agent without a runner of its own one.
+DEFAULT_RUNNER = "default"
+
+
+def extra_problems(
+    paths: BrainPaths, matrix: BrainMatrix, runners: Mapping[str, RunnerConfig], settings: Settings
+) -> list[Problem]:
+    """AI runners whose optional extra is not installed: one error per agent that names the kind itself, one for
+    ``runners.default`` (not one per agent it covers). ``ambient validate``, ``doctor`` and the daemon say it."""
+    from ambient.runners.extras import missing_extra
+
+    found: list[Problem] = []
+    default = settings.runners.get(DEFAULT_RUNNER)
+    default_kind = default.get("kind") if isinstance(default, Mapping) else None
+    said_default = False
+    for name, cfg in sorted(runners.items()):
+        hint = missing_extra(cfg)
+        if hint is None:
+            continue
+        spec = matrix.agents.get(name)
+        own = spec is not None and spec.runner is not None
+        if not own and name not in settings.runners and default_kind == cfg.kind:
+            if not said_default:
+                said_default = True
+                found.append(Problem(file=paths.rel(paths.config), message=f"runners.default: {hint}"))
+            continue
+        file = paths.rel(spec.path) if own and spec is not None else paths.rel(paths.config)
+        line = spec.runner_line if own and spec is not None else None
+        found.append(Problem(file=file, line=line, message=f"agent {name}: {hint}"))
+    return found
 
 
 def program_problems(paths: BrainPaths, matrix: BrainMatrix, runners: Mapping[str, RunnerConfig]) -> list[Problem]:
@@ -253,7 +294,7 @@ def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | 
     problems += bm.problems
     problems += settings_checks(settings, bm, paths, found.lines)
     runners, runner_problems = runner_configs(bm, settings, paths, found.lines)
-    problems += runner_problems
+    problems += runner_problems + extra_problems(paths, bm, runners, settings)
     agent_exists, may_spawn = spawn_checks(bm)
     workflows, wf_problems = load_workflows(
         paths,

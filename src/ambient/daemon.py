@@ -64,10 +64,12 @@ from ambient.packet import Packet
 from ambient.paths import BrainPaths
 from ambient.planner import ANSWER, FanOut
 from ambient.plans import chain_steps, fanout, item_template, items_of
-from ambient.redact import SecretRegistry
+from ambient.redact import SecretRegistry, redact_text
 from ambient.router import Channel, ChannelRegistry, Router, write_inbox
 from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
+from ambient.runners.base import RunRequest
+from ambient.runners.claude import MODEL_KEYS, ClaudeRunner, credential
 from ambient.runners.command import landlock_abi
 from ambient.runners.spawner import Spawner
 from ambient.runners.spawner import available as spawner_available
@@ -569,6 +571,7 @@ class Daemon:
         self.router.registry.revoke_all()  # type: ignore[union-attr] # tokens of a previous life are void
         self.live = LiveContext(p)
         self._live_queue: list[Packet] = []
+        self._runner_turns: list[dict[str, Any]] = []  # AI agents' turns (see _watch)
         self._live_writer = background_executor("live")  # turns no agent waits for: see ambient.background
         self.router.set_default(self._deliver)
         self.claims = ClaimStore(p, clock=self.clock)
@@ -611,6 +614,10 @@ class Daemon:
                 reason="no Landlock on this kernel" if spawner is not None else "no spawner on this system",
                 hint="agents can do whatever ambient's user can: run them as another user (README)",
             )
+        for name in MODEL_KEYS:  # a model's key is masked wherever an agent's words could quote it
+            value = credential(name, env)
+            if value:
+                self.secrets.add(value)
         self.runners = Runners(
             command=CommandRunner(
                 on_spawn=lambda req, pid, started: self.manager.record_spawn(
@@ -619,6 +626,8 @@ class Daemon:
                 spawner=spawner,
             ),
             assisted=self.assisted,
+            claude=ClaudeRunner(p, environ=env, watch=self._watch),
+            llm=_llm_runner(env, self._watch),
         )
         self.delegate = AgentDelegate(
             self.ref, self.router, self.runners, self.locks, self.clock, self.live, secrets=self.secrets
@@ -976,14 +985,31 @@ class Daemon:
                 await asyncio.wait_for(self.stop.wait(), 0.25)
             await self._flush_live_once()
 
+    def _watch(self, req: RunRequest, kind: str, text: str) -> None:
+        """An AI agent's turn (a message, a tool call, its result, a denial) for its live thread, batched like the
+        packets' turns; secrets masked before anything is kept."""
+        self._runner_turns.append(
+            {
+                "ts": self.clock.now().isoformat(),
+                "target": req.agent,
+                "requester": req.agent,
+                "correlation_id": req.key,
+                "role": "agent",
+                "source": "runner",
+                "signal": kind.upper(),
+                "text": redact_text(text, self.secrets),
+            }
+        )
+
     async def _flush_live_once(self) -> None:
         self.router.flush()  # the audit log is buffered by the router; push it out with the live threads
         batch, self._live_queue = self._live_queue, []
-        if not batch:
+        turns, self._runner_turns = self._runner_turns, []
+        if not batch and not turns:
             return
 
         def write() -> None:
-            records = []
+            records: list[dict[str, Any]] = list(turns)
             for pkt in batch:
                 try:
                     rec = turn_record(pkt.wire_view(), ts=pkt.ts, correlation_id=pkt.correlation_id)
@@ -1283,3 +1309,10 @@ def _freeze_startup_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def _llm_runner(environ: Mapping[str, str], watch: Callable[[RunRequest, str, str], None]) -> Any:
+    """The ``llm`` runner (its SDKs are imported only when an agent runs)."""
+    from ambient.runners.llm import LlmRunner
+
+    return LlmRunner(environ=environ, watch=watch)

@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _other_checks(paths: BrainPaths, bm: BrainMatrix, *, claims: bool = True) -> list[Problem]:
     """Problems of the configuration, agents, zones, routing, runners (and their programs) and claims (read-only:
     nothing is swept)."""
-    from ambient.brain import program_problems, read_settings, runner_configs, settings_checks
+    from ambient.brain import extra_problems, program_problems, read_settings, runner_configs, settings_checks
     from ambient.claimindex import census
     from ambient.claimstore import ClaimStore
     from ambient.settings import settings_from
@@ -77,7 +77,7 @@ def _other_checks(paths: BrainPaths, bm: BrainMatrix, *, claims: bool = True) ->
     settings = found.settings or found.salvaged or settings_from({}, {})  # what `ambient run` starts with
     problems = found.problems + bm.problems + settings_checks(settings, bm, paths, found.lines)
     runners, runner_problems = runner_configs(bm, settings, paths, found.lines)
-    problems += runner_problems + program_problems(paths, bm, runners)
+    problems += runner_problems + program_problems(paths, bm, runners) + extra_problems(paths, bm, runners, settings)
     if claims and paths.claims.is_dir():  # the census: the same reader's verdicts, only changed files parsed again
         problems += census(ClaimStore(paths, check_filesystem=False), save=False).problems
     return problems

@@ -95,7 +95,7 @@ def system_prompt(prompt: AgentPrompt) -> str:
     return f"{body}\n\n{CONTRACT}"
 
 
-def render_brief(req: RunRequest, *, permission_note: str | None = None) -> str:
+def render_brief(req: RunRequest, *, note: str | None = None) -> str:
     """The user message of a SPAWN: what this item is, in a model's reading order. Same request, same bytes."""
     packet = req.packet
     payload = packet.get("payload") or {}
@@ -123,8 +123,8 @@ def render_brief(req: RunRequest, *, permission_note: str | None = None) -> str:
         lines += ["", "## Context", text]
     if decision is not None:
         lines += ["", "## The person's answer to your question", str(decision)]
-    if permission_note:
-        lines += ["", "## About your last tool call", permission_note]
+    if note:
+        lines += ["", "## Note from ambient", note]
     handoff = req.handoff
     if handoff:
         lines += ["", "## Handoff (what came before)", handoff[:MAX_HANDOFF_CHARS]]

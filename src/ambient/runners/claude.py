@@ -1,0 +1,526 @@
+"""``kind: claude``: the agent's prompt runs on Claude Code, through the Claude Agent SDK (the ``claude`` extra).
+
+One SPAWN is one Claude Code session (or the resumption of one):
+
+- the system prompt is Claude Code's preset with the agent's markdown body and ambient's answer contract appended
+  (``system_prompt: replace``: body and contract alone); the user prompt is the brief (:mod:`ambient.runners.prompt`);
+- every tool call goes through ``can_use_tool`` and :func:`ambient.runners.permissions.check_tool`: allowed, denied
+  (the agent is told why; the live thread records it) or a question for the person. A question ends the session at
+  once (the tool call is interrupted) and the item answers ESCALATE with ``allow | allow always | deny``; the answer
+  comes back as ``payload.context.decision`` and the session is *resumed*: the call the person allowed goes through
+  (a grant matched exactly), a denial is said to the agent, which ends as it chooses. Nothing waits in memory, so an
+  answer given after a restart, a day later, resumes the same way;
+- the session id is on disk as soon as Claude Code announces it (``.ambient/claude/items/``): a retry or an item
+  interrupted by a restart resumes the session when its transcript is still there, else starts afresh;
+- Claude Code's own state lives under ``.ambient/claude/`` (``CLAUDE_CONFIG_DIR``, ``HOME``, ``TMPDIR``), never in
+  the person's home; the CLI is started through :mod:`ambient.runners.claude_launch` (clean environment, dies with
+  the daemon);
+- each assistant message, tool call and tool result is reported to ``watch`` (the agent's live thread); the final
+  answer maps onto RETURN / ESCALATE / BLOCKED_ON / ERROR (:mod:`ambient.runners.answer`) with its usage and cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ambient.errors import AmbientError, InputError
+from ambient.fsutil import atomic_write, read_capped
+from ambient.paths import BrainPaths
+from ambient.runners import permissions
+from ambient.runners.answer import final_answer
+from ambient.runners.base import (
+    AgentResult,
+    ClaudeRunnerConfig,
+    RunRequest,
+    Usage,
+    Watch,
+    error_result,
+)
+from ambient.runners.prompt import AgentPrompt, read_agent_prompt, render_brief, system_prompt
+
+log = structlog.get_logger(__name__)
+
+#: The extra that brings the SDK (and, in its wheel, the Claude Code CLI).
+EXTRA_HINT = "pip install 'ambient[claude]'"
+#: What Claude Code is told when ambient stops a tool call to ask the person.
+WAITING = "ambient stopped this tool call to ask the person; you will be resumed with their answer."
+#: Environment names of the model's credentials, passed to the CLI when the daemon has them.
+KEY_NAMES = ("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_AUTH_TOKEN")
+#: Every model key ambient may hand an AI runner: masked in whatever agents say (the daemon registers them).
+MODEL_KEYS = (*KEY_NAMES, "OPENAI_API_KEY")
+#: Other variables of the daemon's environment the CLI may use (routing, not secrets of the person).
+PASSED = ("ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX")
+_MAX_STATE_BYTES = 256 * 1024
+_WATCH_CHARS = 1000
+
+
+def sdk_available() -> bool:
+    """Whether the ``claude`` extra is installed (the SDK imports)."""
+    try:
+        import claude_agent_sdk  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def bundled_cli() -> Path | None:
+    """The Claude Code CLI shipped in the SDK's wheel, else ``claude`` on PATH, else None."""
+    try:
+        import claude_agent_sdk
+    except ImportError:
+        return None
+    bundled = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+    if bundled.is_file():
+        return bundled
+    import shutil
+
+    found = shutil.which("claude")
+    return Path(found) if found else None
+
+
+def credential(name: str, environ: Mapping[str, str]) -> str | None:
+    """``name`` from the environment, else the file of that name, lower-cased, in ``$CREDENTIALS_DIRECTORY``."""
+    value = environ.get(name)
+    if value:
+        return value
+    creds = environ.get("CREDENTIALS_DIRECTORY")
+    if creds:
+        with contextlib.suppress(OSError):
+            text = (Path(creds) / name.lower()).read_text(encoding="utf-8").strip()
+            return text or None
+    return None
+
+
+@dataclass
+class ItemSession:
+    """What survives of an item's Claude session between attempts: its id, the tool call waiting on the person,
+    and what the person allowed for this item (grants matched exactly)."""
+
+    session_id: str | None = None
+    pending: dict[str, Any] | None = None
+    granted: list[str] = field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {"session_id": self.session_id, "pending": self.pending, "granted": self.granted}, sort_keys=True
+        ).encode()
+
+
+class SessionStore:
+    """``.ambient/claude/items/<digest>.json`` per (run, item), and ``grants.json`` for ``allow always``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.items = root / "items"
+
+    def _path(self, run_id: str, item: str) -> Path:
+        digest = hashlib.sha256(f"{run_id}\x1f{item}".encode()).hexdigest()[:32]
+        return self.items / f"{digest}.json"
+
+    def load(self, run_id: str, item: str) -> ItemSession:
+        try:
+            data = json.loads(read_capped(self._path(run_id, item), _MAX_STATE_BYTES))
+        except (OSError, ValueError, AmbientError):
+            return ItemSession()
+        if not isinstance(data, dict):
+            return ItemSession()
+        sid = data.get("session_id")
+        pending = data.get("pending")
+        granted = data.get("granted")
+        return ItemSession(
+            session_id=sid if isinstance(sid, str) else None,
+            pending=pending if isinstance(pending, dict) else None,
+            granted=[g for g in granted if isinstance(g, str)] if isinstance(granted, list) else [],
+        )
+
+    def save(self, run_id: str, item: str, state: ItemSession) -> None:
+        """Durable before ambient acts on it: a question is asked only once its tool call is on disk."""
+        self.items.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(self._path(run_id, item), state.to_json(), mode=0o600)
+
+    def grants(self, agent: str) -> frozenset[str]:
+        """What the person allowed ``agent`` for good (``allow always``)."""
+        data = self._grants()
+        found = data.get(agent)
+        return frozenset(g for g in found if isinstance(g, str)) if isinstance(found, list) else frozenset()
+
+    def grant_always(self, agent: str, signature: str) -> None:
+        data = self._grants()
+        mine = [g for g in data.get(agent, []) if isinstance(g, str)]
+        if signature not in mine:
+            mine.append(signature)
+        data[agent] = mine
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(self.root / "grants.json", json.dumps(data, indent=2, sort_keys=True).encode(), mode=0o600)
+
+    def _grants(self) -> dict[str, Any]:
+        try:
+            data = json.loads(read_capped(self.root / "grants.json", _MAX_STATE_BYTES))
+        except (OSError, ValueError, AmbientError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+
+def transcript_exists(config_dir: Path, session_id: str) -> bool:
+    """Whether Claude Code still has the session's transcript (``projects/<cwd>/<id>.jsonl``) to resume from."""
+    if not session_id or "/" in session_id or session_id.startswith("."):
+        return False
+    with contextlib.suppress(OSError):
+        return any((d / f"{session_id}.jsonl").is_file() for d in (config_dir / "projects").iterdir())
+    return False
+
+
+@dataclass
+class _Attempt:
+    """One session's running facts, filled as its messages arrive."""
+
+    req: RunRequest
+    ctx: permissions.ToolContext
+    asked: permissions.Verdict | None = None
+    asked_call: dict[str, Any] | None = None
+    denied: list[str] = field(default_factory=list)
+    session_id: str | None = None
+    model: str | None = None
+    texts: list[str] = field(default_factory=list)
+    tool: str | None = None
+
+
+class ClaudeRunner:
+    """Carries out SPAWNs of ``kind: claude`` agents (see the module docstring)."""
+
+    def __init__(
+        self,
+        paths: BrainPaths,
+        *,
+        environ: Mapping[str, str] | None = None,
+        watch: Watch | None = None,
+    ) -> None:
+        self.paths = paths
+        self.environ = dict(os.environ if environ is None else environ)
+        self.watch = watch
+        self.home = paths.state / "claude"
+        self.config_dir = self.home / "config"
+        self.sessions = SessionStore(self.home)
+        #: Per running SPAWN key: (the tool in use, since when) for ``ambient status``.
+        self.current: dict[str, tuple[str, float]] = {}
+
+    # -- the run
+
+    async def run(self, req: RunRequest, cfg: ClaudeRunnerConfig) -> AgentResult:
+        started = time.monotonic()
+        try:
+            import claude_agent_sdk  # noqa: F401
+        except ImportError:
+            return error_result("spawn_failed", f"kind: claude needs the Claude Agent SDK: {EXTRA_HINT}")
+        cli = bundled_cli()
+        if cli is None:
+            return error_result("spawn_failed", "the Claude Code CLI is not found (the SDK's wheel bundles it)")
+        try:
+            prompt = read_agent_prompt(req.prompt_file) if req.prompt_file is not None else AgentPrompt(body="")
+        except (OSError, InputError) as exc:
+            return error_result("bad_request", f"cannot read the agent's prompt: {exc}")
+        try:
+            res = await asyncio.wait_for(self._session(req, cfg, prompt, cli), cfg.timeout_s)
+        except TimeoutError:
+            res = error_result("timeout", f"the agent ran over its timeout_s of {cfg.timeout_s:g} s", killed=True)
+        finally:
+            self.current.pop(req.key, None)
+        return replace(res, duration_ms=int((time.monotonic() - started) * 1000))
+
+    async def _session(self, req: RunRequest, cfg: ClaudeRunnerConfig, prompt: AgentPrompt, cli: Path) -> AgentResult:
+        from claude_agent_sdk import (
+            AssistantMessage,
+            ClaudeSDKError,
+            ResultMessage,
+            SystemMessage,
+            UserMessage,
+            query,
+        )
+
+        state = await asyncio.to_thread(self.sessions.load, req.run_id, req.item)
+        pending_before = state.pending
+        note = self._take_answer(req, state)
+        if state.pending != pending_before:  # the answer is applied: on disk before the session acts on it
+            await asyncio.to_thread(self.sessions.save, req.run_id, req.item, state)
+        resume = state.session_id if state.session_id and transcript_exists(self.config_dir, state.session_id) else None
+        if resume is None and state.session_id is not None:
+            note = (note or "") + " (your previous session could not be resumed; start the task again)"
+        elif resume is not None and note is None:
+            note = "You were interrupted (a retry or a restart of ambient); continue the task where you left off."
+        granted = frozenset(state.granted) | await asyncio.to_thread(self.sessions.grants, req.agent)
+        workdir = (self.paths.root / cfg.workdir) if cfg.workdir else self.paths.root
+        scope = tuple((req.packet.get("scope") or {}).get("files") or ())
+        ctx = permissions.ToolContext(
+            agent=req.agent,
+            brain=self.paths.root.resolve(),
+            workdir=workdir.resolve(),
+            scope=scope,
+            allowed=tuple(cfg.allowed_tools),
+            granted=granted,
+        )
+        run = _Attempt(req=req, ctx=ctx)
+        options = self._options(req, cfg, prompt, cli, workdir, run, resume)
+        brief = render_brief(req, note=note)
+        result: Any = None
+        try:
+            async for message in query(prompt=_one_message(brief), options=options):
+                if isinstance(message, SystemMessage) and message.subtype == "init":
+                    sid = message.data.get("session_id")
+                    if isinstance(sid, str):
+                        run.session_id = sid
+                    if isinstance(sid, str) and sid != state.session_id:
+                        state.session_id = sid
+                        await asyncio.to_thread(self.sessions.save, req.run_id, req.item, state)
+                elif isinstance(message, AssistantMessage):
+                    self._on_assistant(run, message)
+                elif isinstance(message, UserMessage):
+                    self._on_user(run, message)
+                elif isinstance(message, ResultMessage):
+                    result = message
+        except ClaudeSDKError as exc:
+            if run.asked is None:
+                return error_result("agent_error", f"Claude Code failed: {str(exc)[:500]}")
+        usage = _usage(result, run)
+        if run.asked is not None and run.asked_call is not None:
+            return self._question(run, state, usage)
+        state.pending = None
+        await asyncio.to_thread(self.sessions.save, req.run_id, req.item, state)
+        if result is None:
+            return error_result("agent_error", "Claude Code ended without a result", usage=usage)
+        if result.is_error:
+            return self._failed(result, usage)
+        text = result.result if isinstance(result.result, str) else "\n".join(run.texts)
+        answer = final_answer(result.structured_output, text, agent=req.agent)
+        return replace(answer, usage=usage)
+
+    def _options(
+        self,
+        req: RunRequest,
+        cfg: ClaudeRunnerConfig,
+        prompt: AgentPrompt,
+        cli: Path,
+        workdir: Path,
+        run: _Attempt,
+        resume: str | None,
+    ) -> Any:
+        from claude_agent_sdk import ClaudeAgentOptions, HookMatcher
+
+        text = system_prompt(prompt)
+        system: Any = (
+            text if cfg.system_prompt == "replace" else {"type": "preset", "preset": "claude_code", "append": text}
+        )
+        return ClaudeAgentOptions(
+            system_prompt=system,
+            model=cfg.model or prompt.model,
+            tools=list(prompt.tools) if prompt.tools is not None else None,
+            disallowed_tools=list(cfg.disallowed_tools),
+            permission_mode=cfg.permission_mode,
+            max_turns=cfg.max_turns,
+            max_budget_usd=cfg.max_budget_usd,
+            cwd=str(workdir),
+            cli_path=str(self._launcher()),
+            env=self._env(req, cfg, cli),
+            setting_sources=[],
+            can_use_tool=lambda name, tool_input, _context: self._can_use_tool(run, name, tool_input),
+            # Claude Code lets some calls through without asking (a Read inside its working folder: .ambient/ too);
+            # this hook sends every call to can_use_tool. A hook that fails blocks the call (fail closed).
+            hooks={"PreToolUse": [HookMatcher(matcher=None, hooks=[_ask_every_time], on_failure="block")]},
+            resume=resume,
+            stderr=lambda line: None,
+        )
+
+    def _env(self, req: RunRequest, cfg: ClaudeRunnerConfig, cli: Path) -> dict[str, str]:
+        """What the CLI gets (the launcher drops the rest of the daemon's environment): its state under
+        ``.ambient/claude``, the model's credentials and routing, the runner's ``env``, the orphan markers."""
+        tmp = self.home / "tmp"
+        for d in (self.config_dir, self.home / "home", tmp):
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        env: dict[str, str] = {
+            "CLAUDE_CONFIG_DIR": str(self.config_dir),
+            "HOME": str(self.home / "home"),
+            "TMPDIR": str(tmp),
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "AMBIENT_BRAIN": str(req.brain),
+            "AMBIENT_RUN_ID": req.run_id,
+            "AMBIENT_AGENT": req.agent,
+            "AMBIENT_ITEM": req.item,
+        }
+        for name in (*PASSED, *KEY_NAMES):
+            value = credential(name, self.environ) if name in KEY_NAMES else self.environ.get(name)
+            if value:
+                env[name] = value
+        if cfg.base_url:
+            env["ANTHROPIC_BASE_URL"] = cfg.base_url
+        env.update(cfg.env)
+        env["AMBIENT_CLAUDE_KEEP"] = ",".join(sorted(env))
+        env["AMBIENT_CLAUDE_CLI"] = str(cli)
+        env["AMBIENT_CLAUDE_PARENT"] = str(os.getpid())
+        return env
+
+    def _launcher(self) -> Path:
+        """``.ambient/claude/launch``: this interpreter running :mod:`ambient.runners.claude_launch`."""
+        path = self.home / "launch"
+        text = f"#!{sys.executable}\nfrom ambient.runners.claude_launch import main\n\nmain()\n"
+        try:
+            if path.read_text(encoding="utf-8") == text:
+                return path
+        except OSError:
+            pass
+        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(path, text, mode=0o700)
+        return path
+
+    # -- permissions
+
+    async def _can_use_tool(self, run: _Attempt, name: str, tool_input: dict[str, Any]) -> Any:
+        from claude_agent_sdk import PermissionResultAllow, PermissionResultDeny
+
+        if run.asked is not None:  # one question at a time: the session is ending
+            return PermissionResultDeny(message=WAITING, interrupt=True)
+        verdict = permissions.check_tool(name, tool_input, run.ctx, resolve=_resolve)
+        if verdict.action == "allow":
+            return PermissionResultAllow()
+        if verdict.action == "deny":
+            run.denied.append(verdict.reason)
+            self._tell(run.req, "denied", verdict.reason)
+            log.info("tool_denied", agent=run.req.agent, item=run.req.item, tool=name, reason=verdict.reason)
+            return PermissionResultDeny(message=verdict.reason)
+        run.asked = verdict
+        run.asked_call = {"tool": name, "input": tool_input}
+        self._tell(run.req, "denied", f"waiting for the person: {verdict.question}")
+        return PermissionResultDeny(message=WAITING, interrupt=True)
+
+    def _take_answer(self, req: RunRequest, state: ItemSession) -> str | None:
+        """The person's answer to the pending tool call, applied: a grant, or the words the agent reads."""
+        pending = state.pending
+        if pending is None:
+            return None
+        context = (req.packet.get("payload") or {}).get("context") or {}
+        decision = context.get("decision")
+        if not isinstance(decision, str):
+            return None  # resumed without an answer (a restart): the question is still open elsewhere
+        sig = str(pending.get("signature", ""))
+        what = pending.get("question") or sig
+        answer = permissions.answer_of(decision)
+        state.pending = None
+        if answer == "deny":
+            return f"{permissions.DENIED_BY_PERSON} (it was: {what})"
+        if answer == "always":
+            self.sessions.grant_always(req.agent, sig)
+        elif sig not in state.granted:
+            state.granted.append(sig)
+        return f"The person allowed your tool call ({sig}). Make it again now and go on with the task."
+
+    def _question(self, run: _Attempt, state: ItemSession, usage: Usage | None) -> AgentResult:
+        verdict, call = run.asked, run.asked_call
+        assert verdict is not None and call is not None
+        state.pending = {**call, "signature": verdict.signature, "question": verdict.question}
+        self.sessions.save(run.req.run_id, run.req.item, state)
+        return AgentResult(
+            status="escalate",
+            options=list(permissions.OPTIONS),
+            question=verdict.question,
+            usage=usage,
+            permission={
+                "tool": call["tool"],
+                "signature": verdict.signature,
+                "session_id": state.session_id,
+            },
+        )
+
+    # -- messages
+
+    def _on_assistant(self, run: _Attempt, message: Any) -> None:
+        from claude_agent_sdk import TextBlock, ToolUseBlock
+
+        run.model = getattr(message, "model", None) or run.model
+        for block in message.content:
+            if isinstance(block, TextBlock) and block.text.strip():
+                run.texts.append(block.text)
+                self._tell(run.req, "assistant", block.text)
+            elif isinstance(block, ToolUseBlock):
+                summary = permissions.signature(block.name, block.input)
+                run.tool = block.name
+                self.current[run.req.key] = (summary, time.time())
+                self._tell(run.req, "tool_call", summary)
+
+    def _on_user(self, run: _Attempt, message: Any) -> None:
+        from claude_agent_sdk import ToolResultBlock
+
+        content = message.content if isinstance(message.content, list) else []
+        for block in content:
+            if isinstance(block, ToolResultBlock):
+                text = _result_text(block.content)
+                self._tell(run.req, "tool_result", ("error: " if block.is_error else "") + text)
+                self.current.pop(run.req.key, None)
+
+    def _tell(self, req: RunRequest, kind: str, text: str) -> None:
+        if self.watch is None:
+            return
+        try:
+            self.watch(req, kind, text[:_WATCH_CHARS])
+        except Exception as exc:  # noqa: BLE001 - a live-thread failure never fails the agent
+            log.warning("watch_failed", error=str(exc))
+
+    def _failed(self, result: Any, usage: Usage | None) -> AgentResult:
+        subtype = str(result.subtype or "")
+        words = str(result.result or subtype or "Claude Code reported an error")[:500]
+        if "max_turns" in subtype or "budget" in subtype:
+            return error_result("budget", f"the agent stopped at its limit ({subtype}): {words}", usage=usage)
+        return error_result("agent_error", f"Claude Code ended with an error ({subtype}): {words}", usage=usage)
+
+
+async def _ask_every_time(_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
+    """PreToolUse: no call is decided by Claude Code itself; each one goes to ``can_use_tool``."""
+    return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "ask"}}
+
+
+async def _one_message(text: str) -> AsyncIterator[dict[str, Any]]:
+    """The prompt as the SDK's streaming input (``can_use_tool`` needs it): one user message."""
+    yield {"type": "user", "message": {"role": "user", "content": text}, "parent_tool_use_id": None}
+
+
+def _resolve(path: str, base: Path) -> Path:
+    """A tool's path made absolute and resolved through symlinks (a link in the brain pointing out is out)."""
+    return Path(os.path.realpath(permissions.normal_path(path, base)))
+
+
+def _result_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [str(c.get("text", "")) for c in content if isinstance(c, dict)]
+        return " ".join(p for p in parts if p)
+    return ""
+
+
+def _usage(result: Any, run: _Attempt) -> Usage | None:
+    if result is None:
+        return Usage(model=run.model, session_id=run.session_id) if run.model else None
+    u = result.usage if isinstance(result.usage, dict) else {}
+    model = run.model
+    if isinstance(result.model_usage, dict) and result.model_usage:
+        model = next(iter(result.model_usage))
+    return Usage(
+        model=model,
+        input_tokens=int(u.get("input_tokens") or 0),
+        output_tokens=int(u.get("output_tokens") or 0),
+        cache_read_tokens=int(u.get("cache_read_input_tokens") or 0),
+        cache_write_tokens=int(u.get("cache_creation_input_tokens") or 0),
+        cost_usd=float(result.total_cost_usd) if result.total_cost_usd is not None else None,
+        turns=int(result.num_turns or 0),
+        session_id=result.session_id or run.session_id,
+    )

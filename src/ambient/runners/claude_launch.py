@@ -1,0 +1,61 @@
+"""The program ambient hands the Claude Agent SDK as ``cli_path``: it cleans the environment, ties the CLI's life to
+the daemon's, then execs the real Claude Code CLI.
+
+Why a launcher: the SDK starts the CLI with the daemon's whole environment (``os.environ`` merged under
+``options.env``), which may hold the person's secrets (a bot token, notification URLs); and a CLI left behind by a
+daemon killed with SIGKILL would go on spending tokens. Here, before the exec:
+
+- only the variables named in ``AMBIENT_CLAUDE_KEEP`` (what the runner set on purpose) and a few basics survive;
+- ``PR_SET_PDEATHSIG`` makes the kernel kill the CLI when the daemon's thread that started it dies (and the
+  ``AMBIENT_BRAIN``/``AMBIENT_RUN_ID`` it keeps let the next start's orphan sweep find anything it started).
+
+Stdlib only, imported by nothing else: it runs in a fresh interpreter per agent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+#: Always kept (when set): what any program needs to run and read text.
+BASICS = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM")
+_PR_SET_PDEATHSIG = 1
+
+
+def clean_env(environ: dict[str, str]) -> dict[str, str]:
+    """The CLI's environment: the basics and the names listed in ``AMBIENT_CLAUDE_KEEP``, nothing else."""
+    keep = {n for n in environ.get("AMBIENT_CLAUDE_KEEP", "").split(",") if n}
+    return {k: v for k, v in environ.items() if k in BASICS or k in keep}
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the orphan sweep at the next start is what remains
+        return
+    if os.getppid() != parent:  # the daemon died before the prctl: nobody is left to wait for us
+        os._exit(1)
+
+
+def main() -> None:
+    """Exec the real CLI (``AMBIENT_CLAUDE_CLI``) with the same arguments and a clean environment."""
+    cli = os.environ.get("AMBIENT_CLAUDE_CLI", "")
+    if not cli:
+        sys.stderr.write("ambient: AMBIENT_CLAUDE_CLI is not set; this launcher is started by ambient only\n")
+        sys.exit(127)
+    parent = int(os.environ.get("AMBIENT_CLAUDE_PARENT", "0") or 0)
+    if parent:
+        _die_with_parent(parent)
+    env = clean_env(dict(os.environ))
+    try:
+        os.execve(cli, [cli, *sys.argv[1:]], env)  # noqa: S606 - the CLI itself, argv as the SDK built it
+    except OSError as exc:
+        sys.stderr.write(f"ambient: cannot start Claude Code at {cli}: {exc.strerror}\n")
+        sys.exit(127)
+
+
+if __name__ == "__main__":
+    main()
