@@ -69,7 +69,7 @@ from ambient.router import Channel, ChannelRegistry, Router, write_inbox
 from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
 from ambient.runners.base import RunRequest
-from ambient.runners.claude import MODEL_KEYS, ClaudeRunner, credential
+from ambient.runners.claude import MODEL_KEYS, NOW_FILE, ClaudeRunner, credential
 from ambient.runners.command import landlock_abi
 from ambient.runners.spawner import Spawner
 from ambient.runners.spawner import available as spawner_available
@@ -88,6 +88,7 @@ from ambient.services import (
 )
 from ambient.settings import Settings, settings_changes
 from ambient.signals import SignalTrap
+from ambient.spend import SpendMeter, limits_of
 from ambient.templating import render, render_path
 from ambient.troubles import Troubles
 from ambient.watch import watch_brain
@@ -572,6 +573,7 @@ class Daemon:
         self.live = LiveContext(p)
         self._live_queue: list[Packet] = []
         self._runner_turns: list[dict[str, Any]] = []  # AI agents' turns (see _watch)
+        self._now_written: list[dict[str, Any]] | None = None
         self._live_writer = background_executor("live")  # turns no agent waits for: see ambient.background
         self.router.set_default(self._deliver)
         self.claims = ClaimStore(p, clock=self.clock)
@@ -618,6 +620,7 @@ class Daemon:
             value = credential(name, env)
             if value:
                 self.secrets.add(value)
+        self.claude = ClaudeRunner(p, environ=env, watch=self._watch)
         self.runners = Runners(
             command=CommandRunner(
                 on_spawn=lambda req, pid, started: self.manager.record_spawn(
@@ -626,7 +629,7 @@ class Daemon:
                 spawner=spawner,
             ),
             assisted=self.assisted,
-            claude=ClaudeRunner(p, environ=env, watch=self._watch),
+            claude=self.claude,
             llm=_llm_runner(env, self._watch),
         )
         self.delegate = AgentDelegate(
@@ -635,6 +638,7 @@ class Daemon:
         self.claims_view = ClaimsWriter(self.claims, self.clock)
         self.emitter = RouterEmitter(self.router, self.clock, sender=s.default_sender)
         self.breaker = Breaker(p, threshold=s.breaker_threshold)
+        self.spend = SpendMeter(lambda: limits_of(self.ref.brain.settings))  # budgets: today's spend, all runs
         self.manager = RunManager(p, self._executor, self.clock)
         self.manager.on_finished.append(self._run_finished)
         self.manager.on_park.append(lambda: self.engine.wake())
@@ -681,6 +685,7 @@ class Daemon:
             render_path=lambda t, v: render_path(t, v, brain.matrix.zone_rules).path,
             clock=self.clock,
             health=self.troubles,
+            budget=self.spend,
         )
         template = item_template(spec)
         if isinstance(spec, ForEachWorkflow):
@@ -985,6 +990,18 @@ class Daemon:
                 await asyncio.wait_for(self.stop.wait(), 0.25)
             await self._flush_live_once()
 
+    def _write_now(self) -> None:
+        """``.ambient/now.json``: the tool each AI agent is using right now (``ambient status`` shows it), written
+        when it changes; a view, not durable."""
+        current = sorted(self.claude.current.values(), key=lambda c: (c["run_id"], c["item"]))
+        if current == self._now_written:
+            return
+        self._now_written = current
+        try:
+            atomic_write(self.paths.state / NOW_FILE, json.dumps(current).encode(), mode=0o600, durable=False)
+        except OSError as exc:
+            log.warning("now_view_failed", error=str(exc))
+
     def _watch(self, req: RunRequest, kind: str, text: str) -> None:
         """An AI agent's turn (a message, a tool call, its result, a denial) for its live thread, batched like the
         packets' turns; secrets masked before anything is kept."""
@@ -1003,6 +1020,7 @@ class Daemon:
 
     async def _flush_live_once(self) -> None:
         self.router.flush()  # the audit log is buffered by the router; push it out with the live threads
+        self._write_now()
         batch, self._live_queue = self._live_queue, []
         turns, self._runner_turns = self._runner_turns, []
         if not batch and not turns:
@@ -1147,7 +1165,10 @@ class Daemon:
                     files=[c.file for c in cleaned[:20]],
                     states=sorted({c.state for c in cleaned}),
                 )
+            await asyncio.to_thread(self.spend.seed_records, self.paths.runs_log, self.clock.now())
             resumed = self.manager.resume_all()
+            for state in self.manager.active_runs():  # resumed, not started yet: what they spent today
+                self.spend.seed_state(state, self.clock.now())
             if resumed:
                 self._progress(f"resumed {len(resumed)} unfinished run(s) from disk")
             frozen = _freeze_startup_heap()

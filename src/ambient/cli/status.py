@@ -65,6 +65,25 @@ def _fold_runs(root: Path, problems: list[str] | None = None) -> list[Any]:
     return states
 
 
+def _doing_now(paths: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """What each running AI agent is doing (the daemon's ``.ambient/now.json``): (run, item) → tool, seconds."""
+    import json
+    import time
+
+    from ambient.runners.claude import NOW_FILE
+
+    try:
+        rows = json.loads((paths.state / NOW_FILE).read_bytes()[:1_000_000])
+    except (OSError, ValueError):
+        return {}
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, dict) and isinstance(row.get("since"), int | float):
+            key = (str(row.get("run_id")), str(row.get("item")))
+            out[key] = {"tool": str(row.get("tool", "")), "for_s": max(0, int(time.time() - row["since"]))}
+    return out
+
+
 def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
     """Everything ``ambient status`` shows, as plain data; with ``workflow``, what is of that workflow only (runs,
     escalations, errors, finished runs, files that do not load)."""
@@ -79,6 +98,7 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
 
     paths = BrainPaths(root)
     up = daemon_up(paths)
+    doing = _doing_now(paths) if up else {}
     unreadable: list[str] = []
     active = [s for s in _fold_runs(root, unreadable) if not s.finished and workflow in (None, s.workflow)]
     runs = []
@@ -103,12 +123,15 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
                         "error": i.error,
                         "escalation": i.escalation,
                         "gate": i.gate,
+                        "now": doing.get((s.run_id, i.name)) if i.status == "running" else None,
                     }
                     for i in s.items
                 ],
                 "cursor": s.cursor if s.form == "chain" else None,
                 "breaker": s.breaker,
                 "tripped": sorted(s.tripped),
+                **s.usage.to_record(),  # cost_usd, tokens, turns, models (AI agents only)
+                "held": sorted(s.holds),  # per_run | daily | provider: no new agent starts
             }
         )
     pending = []
@@ -199,6 +222,7 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
                 "outcome": r.get("outcome"),
                 "escalations": r.get("escalations"),
                 "completed_at": r.get("completed_at"),
+                **{k: r[k] for k in ("cost_usd", "cost_unknown") if r.get(k) is not None},
             }
             for r in finished
         ],
@@ -240,7 +264,9 @@ def print_status(
     if recent:
         write("Finished runs:")
         for r in recent:
-            write(f"  {r['workflow']:<20} {r['outcome']:<9} escalations={r['escalations']}  {r['run_id']}")
+            write(
+                f"  {r['workflow']:<20} {r['outcome']:<9} escalations={r['escalations']}{cost_text(r)}  {r['run_id']}"
+            )
     runs = data["runs"]
     write(f"Runs in progress: {len(runs)}")
     for problem in data["unreadable_runs"]:
@@ -249,14 +275,20 @@ def print_status(
         bar = _bar(r["done"], r["total"])
         write(
             f"  {r['workflow']:<20} {bar} {r['done']}/{r['total']} done, {r['running']} running, "
-            f"{r['waiting']} waiting on you  {r['run_id']}"
+            f"{r['waiting']} waiting on you{cost_text(r)}{_held_text(r)}  {r['run_id']}"
         )
+        if not (verbose or workflow):
+            for i in r["items"]:
+                if i.get("now"):
+                    write(f"      {i['name']}: now {_clip(i['now']['tool'], 80)} ({i['now']['for_s']} s)")
         if verbose or workflow:
             for n, i in enumerate(r["items"]):
                 extra = f"  escalation {i['escalation']}" if i["escalation"] else ""
                 err = f"  ({_clip(i['error'], 80)})" if i["error"] and i["status"] != "done" else ""
                 here = " <-" if r["form"] == "chain" and r["cursor"] == n else ""
                 write(f"      {i['name']:<24} {i['status']:<11}{extra}{err}{here}")
+                if i.get("now"):
+                    write(f"          now: {_clip(i['now']['tool'], 90)} ({i['now']['for_s']} s)")
             if r["tripped"]:
                 write(f"      circuit breaker TRIPPED on {', '.join(r['tripped'])} (ambient preflight reset SCOPE)")
     write(f"Escalations waiting on you: {len(data['escalations'])}")
@@ -303,6 +335,25 @@ def _known_workflow(root: Path, name: str) -> bool:
 
     journals = root / ".ambient" / "runs"
     return journals.is_dir() and any((read_first(p) or {}).get("workflow") == name for p in journals.glob("*.jsonl"))
+
+
+def cost_text(record: dict[str, Any]) -> str:
+    """`` cost=$1.20`` for a run whose AI agents reported usage (``+?``: some of unknown cost), else nothing."""
+    from ambient.budget import fmt_usd
+
+    cost = record.get("cost_usd")
+    if not isinstance(cost, int | float) or isinstance(cost, bool):
+        return ""
+    unknown = record.get("cost_unknown")
+    return f" cost={fmt_usd(float(cost))}" + ("+?" if isinstance(unknown, int) and unknown else "")
+
+
+_HELD = {"per_run": "its budget", "daily": "the daily budget", "provider": "the provider refused the key"}
+
+
+def _held_text(run: dict[str, Any]) -> str:
+    held = [_HELD.get(h, h) for h in run.get("held") or ()]
+    return f" HELD: {', '.join(held)}" if held else ""
 
 
 def _bar(done: int, total: int, width: int = 20) -> str:
@@ -359,7 +410,12 @@ def _runs(args: argparse.Namespace) -> int:
     if args.workflow and not rows and not active and not _known_workflow(root, args.workflow):
         return fail(f"no workflow named {args.workflow!r}: no file in {root / 'workflows'} and no run recorded")
     if args.json:
-        out_json({"finished": rows, "active": [{"run_id": s.run_id, "workflow": s.workflow} for s in active]})
+        out_json(
+            {
+                "finished": rows,
+                "active": [{"run_id": s.run_id, "workflow": s.workflow, **s.usage.to_record()} for s in active],
+            }
+        )
         return EXIT_OK
     from ambient.records import is_failure
 
@@ -370,13 +426,15 @@ def _runs(args: argparse.Namespace) -> int:
             one_line(
                 f"{str(r.get('completed_at', ''))[:19]:<19}  {r.get('workflow', '')!s:<20} {r.get('outcome', '')!s:<9} "
                 f"{done}/{total} {unit} done  escalations={r.get('escalations', 0)} failed={failed} "
-                f"errors={r.get('errors', 0)}  {r.get('run_id')}"
+                f"errors={r.get('errors', 0)}{cost_text(r)}  {r.get('run_id')}"
             )
         )
     for s in active:
+        cost = cost_text(s.usage.to_record())
         out(
             one_line(
-                f"{'(running)':<19}  {s.workflow:<20} {'running':<9} {s.success_count}/{len(s.items)} done  {s.run_id}"
+                f"{'(running)':<19}  {s.workflow:<20} {'running':<9} {s.success_count}/{len(s.items)} done{cost}"
+                f"  {s.run_id}"
             )
         )
     if torn:

@@ -28,10 +28,10 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -63,6 +63,8 @@ MODEL_KEYS = (*KEY_NAMES, "OPENAI_API_KEY")
 #: Other variables of the daemon's environment the CLI may use (routing, not secrets of the person).
 PASSED = ("ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX")
 _MAX_STATE_BYTES = 256 * 1024
+#: Under the state folder: what each AI agent is doing now (written by the daemon, read by ``ambient status``).
+NOW_FILE = "now.json"
 _WATCH_CHARS = 1000
 
 
@@ -213,8 +215,8 @@ class ClaudeRunner:
         self.home = paths.state / "claude"
         self.config_dir = self.home / "config"
         self.sessions = SessionStore(self.home)
-        #: Per running SPAWN key: (the tool in use, since when) for ``ambient status``.
-        self.current: dict[str, tuple[str, float]] = {}
+        #: Per running SPAWN key: the tool call in progress (run, item, agent, tool, since) for ``ambient status``.
+        self.current: dict[str, dict[str, Any]] = {}
 
     # -- the run
 
@@ -240,14 +242,7 @@ class ClaudeRunner:
         return replace(res, duration_ms=int((time.monotonic() - started) * 1000))
 
     async def _session(self, req: RunRequest, cfg: ClaudeRunnerConfig, prompt: AgentPrompt, cli: Path) -> AgentResult:
-        from claude_agent_sdk import (
-            AssistantMessage,
-            ClaudeSDKError,
-            ResultMessage,
-            SystemMessage,
-            UserMessage,
-            query,
-        )
+        from claude_agent_sdk import ClaudeSDKError, ResultMessage, query
 
         state = await asyncio.to_thread(self.sessions.load, req.run_id, req.item)
         pending_before = state.pending
@@ -274,24 +269,22 @@ class ClaudeRunner:
         options = self._options(req, cfg, prompt, cli, workdir, run, resume)
         brief = render_brief(req, note=note)
         result: Any = None
+        refused: str | None = None
         try:
-            async for message in query(prompt=_one_message(brief), options=options):
-                if isinstance(message, SystemMessage) and message.subtype == "init":
-                    sid = message.data.get("session_id")
-                    if isinstance(sid, str):
-                        run.session_id = sid
-                    if isinstance(sid, str) and sid != state.session_id:
-                        state.session_id = sid
-                        await asyncio.to_thread(self.sessions.save, req.run_id, req.item, state)
-                elif isinstance(message, AssistantMessage):
-                    self._on_assistant(run, message)
-                elif isinstance(message, UserMessage):
-                    self._on_user(run, message)
-                elif isinstance(message, ResultMessage):
-                    result = message
+            session = cast("AsyncGenerator[Any, None]", query(prompt=_one_message(brief), options=options))
+            async with contextlib.aclosing(session) as messages:
+                async for message in messages:
+                    refused = _refusal(message)
+                    if refused is not None:
+                        break  # closing the query stops the CLI: a refused key is never retried (no storm)
+                    await self._on_message(message, run, state)
+                    if isinstance(message, ResultMessage):
+                        result = message
         except ClaudeSDKError as exc:
             if run.asked is None:
                 return error_result("agent_error", f"Claude Code failed: {str(exc)[:500]}")
+        if refused is not None:
+            return error_result("provider_refused", refused)
         usage = _usage(result, run)
         if run.asked is not None and run.asked_call is not None:
             return self._question(run, state, usage)
@@ -443,6 +436,26 @@ class ClaudeRunner:
 
     # -- messages
 
+    async def _on_message(self, message: Any, run: _Attempt, state: ItemSession) -> None:
+        """One message of the session: its id goes to disk at once, the rest to the live thread."""
+        from claude_agent_sdk import AssistantMessage, SystemMessage, UserMessage
+
+        if isinstance(message, SystemMessage):
+            if message.subtype == "init":
+                sid = message.data.get("session_id")
+                if isinstance(sid, str):
+                    run.session_id = sid
+                    if sid != state.session_id:
+                        state.session_id = sid
+                        await asyncio.to_thread(self.sessions.save, run.req.run_id, run.req.item, state)
+            elif message.subtype == "api_retry":
+                data = message.data
+                self._tell(run.req, "note", f"the model API failed ({data.get('error_status')}); Claude Code retries")
+        elif isinstance(message, AssistantMessage):
+            self._on_assistant(run, message)
+        elif isinstance(message, UserMessage):
+            self._on_user(run, message)
+
     def _on_assistant(self, run: _Attempt, message: Any) -> None:
         from claude_agent_sdk import TextBlock, ToolUseBlock
 
@@ -454,7 +467,13 @@ class ClaudeRunner:
             elif isinstance(block, ToolUseBlock):
                 summary = permissions.signature(block.name, block.input)
                 run.tool = block.name
-                self.current[run.req.key] = (summary, time.time())
+                self.current[run.req.key] = {
+                    "run_id": run.req.run_id,
+                    "item": run.req.item,
+                    "agent": run.req.agent,
+                    "tool": summary[:200],
+                    "since": time.time(),
+                }
                 self._tell(run.req, "tool_call", summary)
 
     def _on_user(self, run: _Attempt, message: Any) -> None:
@@ -481,6 +500,24 @@ class ClaudeRunner:
         if "max_turns" in subtype or "budget" in subtype:
             return error_result("budget", f"the agent stopped at its limit ({subtype}): {words}", usage=usage)
         return error_result("agent_error", f"Claude Code ended with an error ({subtype}): {words}", usage=usage)
+
+
+def _refusal(message: Any) -> str | None:
+    """What to tell the person when the model API refuses the key (Claude Code would retry a 401 ten times over
+    minutes), else None."""
+    from claude_agent_sdk import AssistantMessage, SystemMessage
+
+    status: Any = None
+    if isinstance(message, SystemMessage) and message.subtype == "api_retry":
+        status = message.data.get("error_status")
+    elif isinstance(message, AssistantMessage) and message.error in ("authentication_failed", "billing_error"):
+        status = message.error
+    if status not in (401, 403, "authentication_failed", "billing_error"):
+        return None
+    return (
+        f"the key for provider anthropic is refused ({status}): check ANTHROPIC_API_KEY (or CLAUDE_CODE_OAUTH_TOKEN) "
+        "in the daemon's environment or $CREDENTIALS_DIRECTORY, then retry"
+    )
 
 
 async def _ask_every_time(_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
