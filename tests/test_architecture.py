@@ -31,6 +31,7 @@ CORE = [
     "replay",
     "slots",
     "terminal",
+    "budget",
 ]
 IO_MODULES = {"os", "io", "asyncio", "subprocess", "time", "socket", "shutil", "fcntl", "signal"}
 

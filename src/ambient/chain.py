@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from ambient.budget import permission_signature
 from ambient.journal import Journal
 from ambient.paths import BrainPaths
 from ambient.planner import (
@@ -254,6 +255,13 @@ class ChainExecutor(RunExecutor):
                 await self.commit()
                 self.ports.claims.item_changed(self.state, item)
                 continue
+            if await self._held(self.ports.clock.now()):  # a budget reached, the provider refused the key
+                self._wake.clear()
+                now = self.ports.clock.now()
+                if self._hold_state(now) == "held":  # checked after the clear: an answer meanwhile is not missed
+                    wake_at = self._hold_wakeup(None)
+                    await self._wait_wake(max(0.0, (wake_at - now).total_seconds()) if wake_at else None)
+                continue
             await self._run_step(item, step)
         return self.state
 
@@ -308,6 +316,10 @@ class ChainExecutor(RunExecutor):
             finally:
                 self._stepping = False
                 self._release(item.name)
+        if self._hold_result(item, attempt, res, agent=self._agent_for(step)):  # the step runs again once answered
+            await self.commit()
+            self.ports.claims.item_changed(self.state, item)
+            return
         if res.result == "escalate":
             await self._agent_asks(item, step, attempt, res)
             return
@@ -325,7 +337,9 @@ class ChainExecutor(RunExecutor):
             duration_ms=res.duration_ms,
             signal_in=res.signal_in,
             reply=res.reply,
+            **self._usage_fields(res),
         )
+        self._spent(res)
         scope = step.scope or step.name
         if verdict.status == "failed":
             # Retries first (the step's policy, else the chain's), then the breaker, then the exit trigger.
@@ -391,11 +405,20 @@ class ChainExecutor(RunExecutor):
             signal_in=res.signal_in,
             reply=res.reply,
             question=res.question,
+            **self._usage_fields(res),
         )
-        question = res.question or f"{agent} asks a decision about step {step.name}"
-        options = question_options(res.options or ["continue"])
-        esc = await self._ask(item, "question", question, options, detail=res.question or "")
-        self.event("escalated", item=item.name, escalation=esc, kind="question", agent=agent)
+        self._spent(res)
+        signature = permission_signature(res.permission)
+        if signature is not None:  # a tool call the agent waits on the person for (RunExecutor._escalate_item)
+            kind, detail = "permission", signature
+            question = res.question or f"{agent} wants to run {signature} in step {step.name}"
+            options = question_options(res.options or ["allow", "deny"])
+        else:
+            kind, detail = "question", res.question or ""
+            question = res.question or f"{agent} asks a decision about step {step.name}"
+            options = question_options(res.options or ["continue"])
+        esc = await self._ask(item, kind, question, options, detail=detail)
+        self.event("escalated", item=item.name, escalation=esc, kind=kind, agent=agent)
         await self.commit()
         self.ports.claims.item_changed(self.state, item)
 

@@ -31,7 +31,9 @@ from ambient.paths import BrainPaths
 from ambient.problems import Problem
 from ambient.yamlfile import KiB, dump_yaml, expect_mapping, load_file, problems_from_validation
 
-Kind = Literal["fail", "error", "blocked", "gate", "circuit_break", "question"]
+#: permission: a tool call an AI agent waits on the person for; budget: a run reached a budget (ambient.budget);
+#: provider: the model provider refused the key (the run holds).
+Kind = Literal["fail", "error", "blocked", "gate", "circuit_break", "question", "permission", "budget", "provider"]
 Status = Literal["pending", "answered", "expired", "cancelled"]
 Channel = Literal["cli", "telegram", "rule", "timeout"]
 OnTimeout = Literal["reject", "approve", "escalate", "abort"]
@@ -241,6 +243,9 @@ def default_options(kind: Kind) -> list[Option]:
         "gate": [("approve", "Approve"), ("reject", "Reject")],
         "circuit_break": [("retry", "Reset the breaker and run again"), ("abort", "Abort the run")],
         "question": [],
+        "permission": [],
+        "budget": [("raise", "Allow more"), ("wait", "Keep the run held"), ("abort", "Abort the run")],
+        "provider": [("retry", "Run it again"), ("abort", "Abort the run")],
     }
     return [Option(key=k, label=label, action=k) for k, label in table[kind]]
 
@@ -446,7 +451,7 @@ def timeout_decision(esc: Escalation, now: datetime) -> Escalation | None:
         )
     decision: str = action
     wanted_actions = _TIMEOUT_ACTIONS[action]
-    if action == "reject" and esc.kind == "question" and esc.item is not None:
+    if action == "reject" and esc.kind in ("question", "permission") and esc.item is not None:
         # An agent's own question in a for_each: reject that item (it fails), not the whole run through the
         # "abort" option offered beside the agent's answers (issue 24, 5). A chain's step has no item: its reject
         # still ends the chain.

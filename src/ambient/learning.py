@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ambient.budget import UsageTotals, bound_signature
 from ambient.errors import InputError
 from ambient.records import RunRecord, is_failure
 
@@ -75,6 +76,37 @@ def percentile(sorted_values: Sequence[float], pct: float) -> float | None:
 
 
 @dataclass(frozen=True)
+class CostStats:
+    """What AI agents consumed (steps that reported usage). ``unknown_cost`` steps had no price: their tokens are
+    counted, their cost is not, and ``cost_usd`` is then a lower bound (never those steps counted as free)."""
+
+    cost_usd: float
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    turns: int
+    steps: int
+    unknown_cost: int
+
+
+def cost_of(total: UsageTotals | None) -> CostStats | None:
+    """The figures of a total, or None when no step reported usage."""
+    if total is None or not total.attempts:
+        return None
+    return CostStats(
+        round(total.cost_usd, 6),
+        total.input_tokens,
+        total.output_tokens,
+        total.cache_read_tokens,
+        total.cache_write_tokens,
+        total.turns,
+        total.attempts,
+        total.unknown_cost,
+    )
+
+
+@dataclass(frozen=True)
 class WeekStats:
     """Escalations of one ISO week (``2026-W11``): the headline measure of the loop."""
 
@@ -83,6 +115,7 @@ class WeekStats:
     escalations: int
     rate: float  # escalations per run
     decision_p50_s: float | None  # median time the person took to decide
+    cost: CostStats | None = None  # what the week's AI agents consumed (runs started that week)
 
 
 @dataclass(frozen=True)
@@ -115,6 +148,7 @@ class WorkflowStats:
     decision_p95_s: float | None
     weeks: list[WeekStats]
     trend: Trend
+    cost: CostStats | None = None  # None: no step of its runs reported usage (command agents)
 
 
 @dataclass(frozen=True)
@@ -129,6 +163,7 @@ class AgentStats:
     escalations: int
     errors: int
     failures: int
+    cost: CostStats | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +193,7 @@ class Stats:
     errors: list[ErrorSignature]
     weeks: list[WeekStats]  # all workflows together
     trend: Trend
+    cost: CostStats | None = None  # every run selected together
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (datetimes as ISO 8601)."""
@@ -187,9 +223,11 @@ class _WorkflowAcc:
         "runs",
         "successes",
         "timeouts",
+        "usage",
     )
 
     def __init__(self) -> None:
+        self.usage: UsageTotals | None = None
         self.runs = 0
         self.finished = 0
         self.successes = 0
@@ -203,9 +241,10 @@ class _WorkflowAcc:
 
 
 class _AgentAcc:
-    __slots__ = ("durations", "errors", "escalations", "failures", "judged", "steps", "successes")
+    __slots__ = ("durations", "errors", "escalations", "failures", "judged", "steps", "successes", "usage")
 
     def __init__(self) -> None:
+        self.usage: UsageTotals | None = None
         self.failures = 0
         self.steps = 0
         self.judged = 0  # steps with a verdict (success, fail, error)
@@ -216,9 +255,10 @@ class _AgentAcc:
 
 
 class _WeekAcc:
-    __slots__ = ("escalations", "latencies", "runs")
+    __slots__ = ("escalations", "latencies", "runs", "usage")
 
     def __init__(self) -> None:
+        self.usage: UsageTotals | None = None
         self.runs = 0
         self.escalations = 0
         self.latencies: list[float] = []
@@ -359,6 +399,7 @@ class StatsBuilder:
                 raise TypeError("step")
             if error is not None and type(error) is not str:
                 raise TypeError("step.error")
+            usage = s.get("usage")
             steps.append(
                 (
                     agent,
@@ -368,6 +409,7 @@ class StatsBuilder:
                     signal_in == "ESCALATE" or s.get("escalation") is not None,
                     result == "error" or signal_in == "ERROR",
                     is_failure(s),
+                    usage if type(usage) is dict and usage else None,
                 )
             )
             if agent == only:
@@ -439,14 +481,25 @@ class StatsBuilder:
 
         agents = self._agents
         by_step = asked is None  # older records: an escalation is known only from the step that asked it
-        for agent, result, duration, error, escalated, errored, failed in steps:
+        for agent, result, duration, error, escalated, errored, failed, usage in steps:
             if failed:
                 acc.failures += 1
+            if usage is not None:  # the run's cost: its workflow's and its week's (every agent's steps)
+                if acc.usage is None:
+                    acc.usage = UsageTotals()
+                acc.usage.add(usage)
+                if wk.usage is None:
+                    wk.usage = UsageTotals()
+                wk.usage.add(usage)
             if only is not None and agent != only:
                 continue
             ag = agents.get(agent)
             if ag is None:
                 ag = agents[agent] = _AgentAcc()
+            if usage is not None:
+                if ag.usage is None:
+                    ag.usage = UsageTotals()
+                ag.usage.add(usage)
             ag.steps += 1
             if result in _VERDICTS:
                 ag.judged += 1
@@ -512,6 +565,7 @@ class StatsBuilder:
             acc.timeouts += o.timeouts
             acc.durations.extend(o.durations)
             acc.latencies.extend(o.latencies)
+            acc.usage = _merged(acc.usage, o.usage)
         for name, a in other._agents.items():
             ag = self._agents.setdefault(name, _AgentAcc())
             ag.steps += a.steps
@@ -521,11 +575,13 @@ class StatsBuilder:
             ag.errors += a.errors
             ag.failures += a.failures
             ag.durations.extend(a.durations)
+            ag.usage = _merged(ag.usage, a.usage)
         for key, w in other._weeks.items():
             wk = self._weeks.setdefault(key, _WeekAcc())
             wk.runs += w.runs
             wk.escalations += w.escalations
             wk.latencies.extend(w.latencies)
+            wk.usage = _merged(wk.usage, w.usage)
         for sig, o_sig in other._sigs.items():
             mine = self._sigs.get(sig)
             if mine is None:
@@ -565,6 +621,7 @@ class StatsBuilder:
                     decision_p95_s=percentile(acc.latencies, 95),
                     weeks=weeks,
                     trend=trend_of(weeks),
+                    cost=cost_of(acc.usage),
                 )
             )
         agents: list[AgentStats] = []
@@ -581,6 +638,7 @@ class StatsBuilder:
                     escalations=ag.escalations,
                     errors=ag.errors,
                     failures=ag.failures,
+                    cost=cost_of(ag.usage),
                 )
             )
         merged: dict[str, _WeekAcc] = {}
@@ -591,7 +649,11 @@ class StatsBuilder:
             m.runs += a.runs
             m.escalations += a.escalations
             m.latencies.extend(a.latencies)
+            m.usage = _merged(m.usage, a.usage)
         all_weeks = _weeks_of(merged)
+        everything: UsageTotals | None = None
+        for acc in self._wf.values():
+            everything = _merged(everything, acc.usage)
         sigs = sorted(self._sigs.items(), key=lambda kv: (-kv[1].count, -kv[1].last.timestamp(), kv[0]))
         errors = [
             ErrorSignature(
@@ -616,7 +678,19 @@ class StatsBuilder:
             errors=errors,
             weeks=all_weeks,
             trend=trend_of(all_weeks),
+            cost=cost_of(everything),
         )
+
+
+def _merged(mine: UsageTotals | None, other: UsageTotals | None) -> UsageTotals | None:
+    """Two totals added up into a new one (None: neither has any)."""
+    if other is None:
+        return mine
+    out = UsageTotals()
+    if mine is not None:
+        out.merge(mine)
+    out.merge(other)
+    return out
 
 
 def _weeks_of(accs: Mapping[str, _WeekAcc]) -> list[WeekStats]:
@@ -624,9 +698,8 @@ def _weeks_of(accs: Mapping[str, _WeekAcc]) -> list[WeekStats]:
     for wk in sorted(accs):
         a = accs[wk]
         a.latencies.sort()
-        out.append(
-            WeekStats(wk, a.runs, a.escalations, a.escalations / a.runs if a.runs else 0.0, percentile(a.latencies, 50))
-        )
+        rate = a.escalations / a.runs if a.runs else 0.0
+        out.append(WeekStats(wk, a.runs, a.escalations, rate, percentile(a.latencies, 50), cost_of(a.usage)))
     return out
 
 
@@ -725,6 +798,9 @@ SIGNAL_OF_KIND: dict[str, str] = {
     "question": "ESCALATE",
     "gate": "GATE",
     "circuit_break": "CIRCUIT_BREAK",
+    "permission": "PERMISSION",
+    "budget": "BUDGET",
+    "provider": "PROVIDER",
 }
 
 
@@ -734,16 +810,24 @@ def situation_of(workflow: str, agent: str | None, kind: str, *, detail: str | N
     Who asked, why (its kind) and the agent's own words (``detail``: its question, or its error), never ambient's
     wording around them, which names the item: a rule learned on one item then serves the others. A gate or a
     circuit breaker has no words of an agent: its step stands for them.
+
+    A tool permission (``permission``) is matched on the exact call it asks about (``detail``: its signature,
+    ``Bash: pytest -q``), never normalised: ``rm -rf /`` and ``rm -rf build/`` would share a rule once numbers,
+    paths and quoted values were placeholders. The signature is bounded (:func:`ambient.budget.bound_signature`).
     """
+    if kind == "permission":
+        signature = bound_signature(detail) if detail else "(no call)"
+        return Situation(workflow=workflow, agent=agent or "-", signal=SIGNAL_OF_KIND[kind], signature=signature)
     text = step if kind in ("gate", "circuit_break") else detail
     return situation_for(workflow, agent or "-", SIGNAL_OF_KIND.get(kind, kind.upper()), text)
 
 
 def kind_of_step(step: Mapping[str, Any]) -> str:
-    """Why a recorded step would reach the person on its own: the agent's signal, else its result."""
+    """Why a recorded step would reach the person on its own: the agent's signal, else its result (an ESCALATE about
+    a tool call: ``permission``)."""
     signal_in = step.get("signal_in")
     if signal_in == "ESCALATE":
-        return "question"
+        return "permission" if step.get("permission_signature") else "question"
     if signal_in == "BLOCKED_ON":
         return "blocked"
     if signal_in == "ERROR" or step.get("result") == "error":
@@ -753,9 +837,15 @@ def kind_of_step(step: Mapping[str, Any]) -> str:
 
 def situation_from_step(workflow: str, step: Mapping[str, Any], kind: str | None = None) -> Situation:
     """The situation of a recorded step that escalated as ``kind`` (default: :func:`kind_of_step`); its words are
-    the step's ``question`` for a question, else its ``error``."""
+    the step's ``question`` for a question, its ``permission_signature`` for a tool permission (a question the
+    replay names so is one when the step carries a signature), else its ``error``."""
     k = kind or kind_of_step(step)
-    words = step.get("question") if k == "question" else step.get("error")
+    if k == "question" and step.get("permission_signature"):
+        k = "permission"
+    if k == "permission":
+        words = step.get("permission_signature")
+    else:
+        words = step.get("question") if k == "question" else step.get("error")
     return situation_of(
         workflow,
         str(step.get("agent", "")),

@@ -8,7 +8,15 @@ One summary line per finished run is appended to ``.ambient/runs.jsonl``::
                 "signal_in": "RETURN", "result": "success", "duration_ms": 1240,
                 "attempt": 1, "key": "run/item/attempt", "error": null}],
      "escalations": 1, "errors": 1, "decisions": [{"escalation": id, "option": "retry",
-                "by": "human", "channel": "cli", "latency_s": 12.5, "auto": false}]}
+                "by": "human", "channel": "cli", "latency_s": 12.5, "auto": false}],
+     "cost_usd": 0.42, "input_tokens": 1200, "output_tokens": 300, "cache_read_tokens": 9000,
+     "cache_write_tokens": 0, "turns": 7, "models": ["claude-sonnet-4-5"], "cost_unknown": 1}
+
+A step of an AI agent carries ``usage`` (model, tokens, ``cost_usd``, turns, session id: ``Usage.to_record()``) and
+the run its totals; ``cost_unknown`` counts the attempts without a price (their tokens are counted, their cost is
+not: the run's ``cost_usd`` is then a lower bound). Runs of command agents, and records written before ambient
+knew of costs, have none of these fields. A step whose agent asked for a tool permission carries its
+``permission_signature`` (``Bash: rm -rf build/``).
 
 ``result`` is one of ``success``, ``fail``, ``error``, ``skipped``, ``interrupted``.
 """
@@ -51,6 +59,8 @@ class StepRecord(BaseModel):
     key: str | None = None
     error: str | None = None
     at: datetime | None = None
+    usage: dict[str, Any] | None = None  # an AI agent's model, tokens, cost_usd, turns, session_id
+    permission_signature: str | None = None  # the tool call its ESCALATE asked the person about
 
 
 class DecisionRecord(BaseModel):
@@ -92,6 +102,15 @@ class RunRecord(BaseModel):
     form: Literal["for_each", "chain"] | None = None
     total: int | None = None  # items (for_each) or steps (chain) of the run, started or not
     done: int | None = None  # of them, done
+    # what the run's AI agents consumed (ambient.budget.UsageTotals.to_record): absent for runs without any
+    cost_usd: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    turns: int | None = None
+    models: list[str] | None = None
+    cost_unknown: int | None = None  # attempts whose cost is unknown: cost_usd is then a lower bound
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON-ready dict written as one line."""

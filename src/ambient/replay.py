@@ -146,7 +146,7 @@ def _for_each_fates(plan: FanOut, steps: Sequence[Mapping[str, Any]], answers: _
         outcome = after_attempt(plan, ItemState(name, 0, fails=count), reply, _NOW, rng, retryable=retryable(s))
         fails[name] = count
         if outcome.kind == "escalate":
-            out.append(Fate("escalate", _kind(reply)))
+            out.append(Fate("escalate", _kind(reply, s)))
             if answers.next(name) in _RESETS:
                 fails[name] = 0
         elif outcome.kind == "retry":
@@ -164,7 +164,11 @@ def _counted(step: Mapping[str, Any], fails: int) -> int:
     return 0 if step.get("result") == "success" else fails + 1
 
 
-def _kind(reply: str) -> str:
+def _kind(reply: str, step: Mapping[str, Any]) -> str:
+    """Why a step reached the person: an agent's ESCALATE about a tool call (its ``permission_signature`` recorded)
+    is a ``permission``, as RunExecutor._escalate_item names it; another is its ``question``."""
+    if reply == "escalate" and step.get("permission_signature"):
+        return "permission"
     return {"escalate": "question", "blocked": "blocked", "error": "error"}.get(reply, "fail")
 
 
@@ -222,7 +226,7 @@ def _step_fate(
     scope = step.scope or step.name
     fails[name] = _counted(s, fails.get(name, 0))
     if reply == "escalate":  # the agent's own question: not a failure (the breaker does not count it)
-        return Fate("escalate", "question")
+        return Fate("escalate", _kind(reply, s))
     output = {k: s[k] for k in ("status", "tests") if s.get(k) is not None}
     verdict = judge_step(step, output, reply)
     if verdict.status == "failed":

@@ -29,6 +29,21 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import structlog
 
+from ambient.budget import (
+    ESCALATION_KIND,
+    HOLD_DETAIL,
+    HOLD_OF_RESULT,
+    Breach,
+    Limits,
+    breach,
+    budget_question,
+    day_of,
+    hold_options,
+    hold_step,
+    next_day,
+    permission_signature,
+    provider_question,
+)
 from ambient.clock import Clock, SystemClock
 from ambient.health import describe, resource_of
 from ambient.journal import Journal, Unwritten, append_line, read_jsonl
@@ -186,6 +201,16 @@ class Emitter(Protocol):
 Renderer = Callable[[str, Mapping[str, Any]], str]
 
 
+class BudgetMeter(Protocol):
+    """The budgets as the settings say now, and today's spend of every run (:class:`ambient.spend.SpendMeter`)."""
+
+    def limits(self) -> Limits: ...
+
+    def spent(self, day: str) -> float: ...
+
+    def add(self, cost: float | None, at: datetime) -> None: ...
+
+
 class HealthView(Protocol):
     """Where the daemon's own troubles go (``status``, ``doctor``, one notification): not the agent's failures."""
 
@@ -207,6 +232,7 @@ class Ports:
     clock: Clock = field(default_factory=SystemClock)
     rng: random.Random = field(default_factory=random.Random)
     health: HealthView | None = None
+    budget: BudgetMeter | None = None  # None: no budget is checked (spend is still recorded)
 
 
 # ---------------------------------------------------------------- helpers
@@ -276,6 +302,7 @@ def run_record(state: RunState) -> RunRecord:
         form=state.form if state.form in ("for_each", "chain") else None,  # type: ignore[arg-type]
         total=len(state.items),
         done=state.success_count,
+        **state.usage.to_record(),
     )
 
 
@@ -409,7 +436,9 @@ class RunExecutor:
         while not self.state.finished:
             now = self.ports.clock.now()
             if not self._closing:
-                batch = self._with_slots(self._ready(now))
+                ready = self._ready(now)
+                held = bool(ready) and await self._held(now)
+                batch = self._with_slots([] if held else ready)
                 if batch:
                     await self._accept(batch)
             counts = self._status_counts()
@@ -422,9 +451,140 @@ class RunExecutor:
             if self._ready_now():
                 continue
             wake_at = next_wakeup(self.state) if counts.get("retry_wait") else None
+            wake_at = self._hold_wakeup(wake_at)
             timeout = max(0.0, (wake_at - now).total_seconds()) if wake_at else None
             await self._wait_wake(timeout)
         return self.state
+
+    # -- holds: budgets and the provider (ambient.budget holds the rules)
+
+    def _breach(self, today: str) -> Breach | None:
+        """The budget the run has reached today, or None (no meter: no budget)."""
+        meter = self.ports.budget
+        if meter is None:
+            return None
+        return breach(
+            meter.limits(),
+            run_spent=self.state.usage.cost_usd,
+            run_raised=self.state.raised_run_usd,
+            day_spent=meter.spent(today),
+            day_raised=self.state.raised_day_usd.get(today, 0.0),
+            day=today,
+        )
+
+    def _hold_state(self, now: datetime) -> Literal["free", "held", "act"]:
+        """Where the run stands with its holds, without acting: ``held`` (nothing to do but wait), ``act`` (a hold to
+        ask about or lift, a budget reached: :meth:`_held` must run), ``free``. Synchronous, so the loop checks it
+        again after clearing its wake-up: a decision that came meanwhile is never missed."""
+        today = day_of(now)
+        held = False
+        for hold in self.state.holds.values():
+            step = hold_step(hold, today)
+            if step != "held":
+                return "act"
+            held = True
+        if held:
+            return "held"
+        return "act" if self._breach(today) is not None else "free"
+
+    async def _held(self, now: datetime) -> bool:
+        """Whether no new agent of the run may start now: a hold (asked about once, kept until answered), or a
+        budget reached now (it becomes a hold). Called by the run's loop only, before an attempt starts."""
+        if not self.state.holds and self.ports.budget is None:
+            return False
+        today = day_of(now)
+        blocked = False
+        for kind in list(self.state.holds):
+            hold = self.state.holds[kind]
+            step = hold_step(hold, today)
+            if step == "lift":  # a daily hold answered wait: a new UTC day
+                self.event("unhold", hold=kind, reason=f"a new UTC day ({today})")
+                continue
+            if step == "ask":
+                await self._ask_hold(kind)
+            blocked = True
+        if blocked:
+            return True
+        reached = self._breach(today)
+        if reached is None:
+            return False
+        log.warning("run_over_budget", **reached.record())
+        self.event("hold", **reached.record())
+        await self._ask_hold(reached.which)
+        return True
+
+    async def _ask_hold(self, kind: str) -> None:
+        """One escalation for the run and its hold (the hold records it: never asked twice while pending)."""
+        hold = self.state.holds[kind]
+        esc_kind = ESCALATION_KIND.get(kind, kind)
+        question = provider_question(hold) if esc_kind == "provider" else budget_question(self.state.workflow, hold)
+        req = EscalationRequest(
+            run_id=self.state.run_id,
+            workflow=self.state.workflow,
+            item=None,
+            agent=hold.get("agent") if isinstance(hold.get("agent"), str) else None,
+            kind=esc_kind,
+            question=question,
+            options=hold_options(hold),
+            dedupe_key=f"{self.state.run_id}/-/{kind}/{'again' if hold.get('waited') else 'hold'}",
+            detail=HOLD_DETAIL.get(kind, kind),
+        )
+        esc_id = await self.durably(lambda: self.ports.escalator.escalate(req))
+        self.event("asked", escalation=esc_id, request=req.record())
+        self.event("escalated", escalation=esc_id, kind=esc_kind, hold=kind, agent=req.agent)
+        await self.commit()
+        self.ports.claims.run_changed(self.state)
+
+    def _hold_wakeup(self, wake_at: datetime | None) -> datetime | None:
+        """When a daily hold answered wait lifts (the next UTC day), if that is sooner than ``wake_at``."""
+        for hold in self.state.holds.values():
+            if hold.get("hold") == "daily" and hold.get("waited") and not hold.get("escalation"):
+                at = next_day(self.ports.clock.now())
+                wake_at = at if wake_at is None or at < wake_at else wake_at
+        return wake_at
+
+    def _hold_result(self, item: ItemState, attempt: int, res: AttemptResult, agent: str | None = None) -> bool:
+        """An attempt whose result holds the run (the provider refused the key): the item goes back to pending
+        under the same attempt number (none spent, no retry counted, no item escalation) and the run holds, once
+        however many items hit it. False for any other result."""
+        kind = HOLD_OF_RESULT.get(res.hold or "")
+        if kind is None:
+            return False
+        agent = agent or self.template.agent
+        self.event(
+            "finished",
+            item=item.name,
+            attempt=attempt,
+            agent=agent,
+            key=self._key(item, attempt),
+            result="interrupted",
+            error=res.error,
+            duration_ms=res.duration_ms,
+            hold=res.hold,
+            **({"usage": res.usage} if res.usage else {}),
+        )
+        self._spent(res)
+        if kind not in self.state.holds and not self.state.finished:
+            self.event("hold", hold=kind, error=(res.error or res.hold or "")[:1000], agent=agent)
+            log.warning("run_held", hold=kind, item=item.name, error=res.error)
+        return True
+
+    def _spent(self, res: AttemptResult) -> None:
+        """The attempt's cost to today's meter (the run's own total is the journal's, folded)."""
+        if res.usage and self.ports.budget is not None:
+            cost = res.usage.get("cost_usd")
+            if isinstance(cost, int | float) and not isinstance(cost, bool):
+                self.ports.budget.add(float(cost), self.ports.clock.now())
+
+    def _usage_fields(self, res: AttemptResult) -> dict[str, Any]:
+        """The ``finished`` event's fields about cost and permissions (absent when the attempt has none)."""
+        out: dict[str, Any] = {}
+        if res.usage:
+            out["usage"] = res.usage
+        signature = permission_signature(res.permission) if res.result == "escalate" else None
+        if signature is not None:
+            out["permission_signature"] = signature
+        return out
 
     def _ready(self, now: datetime) -> list[ItemState]:
         # Performance (bench/fanout.py): scanning every item on every step made a fan-out quadratic; the counts
@@ -446,7 +606,13 @@ class RunExecutor:
     def _ready_now(self) -> bool:
         if self._closing:
             return False
-        ready = bool(self._ready(self.ports.clock.now()))
+        now = self.ports.clock.now()
+        ready = bool(self._ready(now))
+        if ready and (self.state.holds or self.ports.budget is not None):
+            hold = self._hold_state(now)
+            if hold != "free":
+                self._short = False
+                return hold == "act"
         self._short = ready and self.slots is not None and not self.slots.available(self)
         return ready and not self._short
 
@@ -633,6 +799,11 @@ class RunExecutor:
 
     async def _record(self, item: ItemState, attempt: int, res: AttemptResult) -> None:
         """The attempt's result to the journal, routed (retry, escalate, next), committed, then the item's claim."""
+        if self._hold_result(item, attempt, res):
+            self.poke()
+            await self.commit()
+            self.ports.claims.item_changed(self.state, item)
+            return
         self.event(
             "finished",
             item=item.name,
@@ -646,7 +817,9 @@ class RunExecutor:
             signal_in=res.signal_in,
             reply=res.reply,
             question=res.question,
+            **self._usage_fields(res),
         )
+        self._spent(res)
         await self._route(item, res)
         # The agent is done: its slot is free now, so the next item's ``accepted`` joins this fsync round
         # instead of waiting for it (bench/fanout.py (b): two fsync rounds in a row per slot before).
@@ -673,7 +846,15 @@ class RunExecutor:
             )
 
     async def _escalate_item(self, item: ItemState, res: AttemptResult) -> None:
-        if res.result == "escalate":
+        signature = permission_signature(res.permission) if res.result == "escalate" else None
+        if signature is not None:
+            # A tool call the agent waits on the person for: its question and options as it gave them; a learned
+            # rule matches the exact call (learning.situation_of), never a normalised one.
+            options = question_options(res.options or ["allow", "deny"])
+            kind = "permission"
+            question = res.question or f"{self.template.agent} wants to run {signature} on {item.name}"
+            detail = signature
+        elif res.result == "escalate":
             options = question_options(res.options or ["continue"])  # what the agent's ESCALATE packet carried
             kind = "question"
             question = res.question or f"{self.template.agent} asks a decision about {item.name}"

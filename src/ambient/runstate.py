@@ -8,12 +8,17 @@ Events (one JSON object per line, ``ev`` names the kind)::
 
     started     run_id workflow form spec_hash spec items mode trigger context at
     accepted    item attempt key at              (on disk before the agent starts)
-    finished    item attempt result output error duration_ms signal_in reply question at   (reply: what the agent
-                answered; question: its own, when it asked one)
+    finished    item attempt result output error duration_ms signal_in reply question [usage] [permission_signature]
+                [hold] at         (reply: what the agent answered; question: its own, when it asked one; usage: an AI
+                                  agent's model, tokens, cost_usd, turns; permission_signature: the tool call its
+                                  ESCALATE asks about; hold: the attempt did not count, result interrupted)
     retry       item attempt not_before at        (a failure that the retry policy retries)
     asked       escalation request at             (what the escalation asks: question, options, deadline... so its
                                                   file can be rebuilt if lost; comes before escalated/gate)
-    escalated   item escalation kind agent at
+    escalated   item escalation kind agent [hold] at   (hold: the question of a run hold, item absent)
+    hold        hold (per_run|daily|provider) [spent limit budget day error] at
+                                                  (no new agent of the run starts until the hold is answered)
+    unhold      hold reason at                    (a daily hold answered wait: the UTC day changed)
     decided     escalation option action by channel latency_s [answer] at
                                                   (abort/reject cascade: every unfinished item is aborted)
     skipped     item [before_start] at            (before_start: a step before the one the run started at)
@@ -36,6 +41,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from ambient.budget import UsageTotals, answer_hold
 
 ItemStatus = Literal["pending", "running", "retry_wait", "done", "failed", "escalated", "skipped", "aborted"]
 TERMINAL_ITEM: frozenset[str] = frozenset({"done", "failed", "skipped", "aborted"})
@@ -66,6 +73,7 @@ class ItemState:
     duration_ms: int = 0
     pid: int | None = None  # the command agent of the current attempt (its process group id)
     pid_started: float | None = None  # that process's start time: a recycled pid is not our agent
+    usage: UsageTotals | None = None  # what the item's AI agent consumed, every attempt together
 
 
 @dataclass
@@ -100,6 +108,12 @@ class RunState:
     gated: list[str] = field(default_factory=list)  # chains: steps a human gate asked about before they ran
     asked: list[dict[str, Any]] = field(default_factory=list)  # every escalation: escalation, item, kind, agent
     requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # pending escalation id → its asked request
+    usage: UsageTotals = field(default_factory=UsageTotals)  # every attempt of the run together (ambient.budget)
+    #: Holds: no new agent starts while one is here (hold kind → its ``hold`` event's fields, ``escalation`` pending
+    #: or None, ``waited`` once answered wait); see ambient.budget.
+    holds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    raised_run_usd: float = 0.0  # what the person allowed the run to spend beyond per_run_usd
+    raised_day_usd: dict[str, float] = field(default_factory=dict)  # UTC day → allowed beyond daily_usd that day
 
     @property
     def finished(self) -> bool:
@@ -224,6 +238,12 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
         item.output = ev.get("output")
         item.error = ev.get("error")
         item.duration_ms = _int(ev, "duration_ms", 0, nullable=True)
+        usage = ev.get("usage")
+        if isinstance(usage, dict) and usage:
+            if item.usage is None:
+                item.usage = UsageTotals()
+            item.usage.add(usage)
+            state.usage.add(usage)
         if result == "success":
             item.status = "done"
             item.fails = 0
@@ -253,6 +273,11 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
                 step["reply"] = ev["reply"]
             if ev.get("question"):  # an agent's own question: the words a learned rule matches (learning.situation_of)
                 step["question"] = ev["question"]
+            if isinstance(usage, dict) and usage:
+                step["usage"] = dict(usage)
+            if isinstance(ev.get("permission_signature"), str) and ev["permission_signature"]:
+                # the exact tool call the agent asked about: a learned rule's situation as it is (learning)
+                step["permission_signature"] = ev["permission_signature"]
             if isinstance(item.output, dict):
                 for key in ("status", "tests"):
                     if item.output.get(key) is not None:
@@ -270,6 +295,9 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
         esc = str(ev.get("escalation"))
         state.escalation_count += 1
         _asked(state, ev, str(ev.get("kind") or ""))
+        hold = state.holds.get(str(ev.get("hold"))) if ev.get("hold") is not None else None
+        if hold is not None:
+            hold["escalation"] = esc
         if item is not None:
             item.status = "escalated"
             item.escalation = esc
@@ -283,6 +311,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
         state.decisions.append({k: v for k, v in ev.items() if k != "ev"})
         target = by_name.get(str(ev.get("item"))) if ev.get("item") is not None else None
         action = ev.get("action")
+        _answer_hold(state, esc, action)
         if target is not None and target.escalation == esc:
             target.escalation = None
             if action in ("retry", "answer"):  # answer: run again with the person's answer (an agent's question)
@@ -349,11 +378,34 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str,
                 _asked(state, ev, "gate")
     elif kind == "abort":
         _abort_unfinished(state)
+    elif kind == "hold":
+        name = str(ev.get("hold"))
+        fields = {k: v for k, v in ev.items() if k not in ("ev", "at")}
+        state.holds[name] = {**fields, "hold": name, "escalation": None, "waited": False, "at": ev.get("at")}
+    elif kind == "unhold":
+        state.holds.pop(str(ev.get("hold")), None)
     elif kind == "note":
         state.notes.append(str(ev.get("text", "")))
     elif kind == "finished_run":
         state.outcome = str(ev.get("outcome"))
         state.finished_at = ev.get("at")
+
+
+def _answer_hold(state: RunState, esc: str, action: Any) -> None:
+    """A decision on a hold's escalation: released (a raise allows more), kept waiting, or asked again."""
+    for name, hold in list(state.holds.items()):
+        if hold.get("escalation") != esc:
+            continue
+        ans = answer_hold(hold, str(action))
+        hold["escalation"] = None
+        if ans.release:
+            del state.holds[name]
+        elif ans.waited:
+            hold["waited"] = True
+        state.raised_run_usd += ans.raise_run_usd
+        if ans.raise_day is not None:
+            day, amount = ans.raise_day
+            state.raised_day_usd[day] = state.raised_day_usd.get(day, 0.0) + amount
 
 
 def _asked(state: RunState, ev: Mapping[str, Any], kind: str) -> None:
@@ -377,6 +429,7 @@ def aborts_run(form: str, action: Any, item: Any) -> bool:
 def _abort_unfinished(state: RunState) -> None:
     """An abort cascades (spec/002): every item not finished is aborted and nothing waits on the person any more."""
     state.aborted = True
+    state.holds.clear()
     for it in state.items:
         if it.status in ("pending", "retry_wait", "escalated", "running"):
             it.status = "aborted"

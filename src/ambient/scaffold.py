@@ -37,7 +37,8 @@ CONFIG_TEMPLATE: Final = """\
 #
 # Environment overrides win over this file (handy under systemd, Environment= lines):
 #   AMBIENT_TICK_SECONDS, AMBIENT_CONCURRENCY, AMBIENT_LOG_LEVEL, AMBIENT_LOG_FORMAT,
-#   AMBIENT_SHUTDOWN_GRACE, AMBIENT_NOTIFY_URLS (comma or space separated).
+#   AMBIENT_SHUTDOWN_GRACE, AMBIENT_NOTIFY_URLS (comma or space separated),
+#   AMBIENT_BUDGET_PER_RUN_USD, AMBIENT_BUDGET_DAILY_USD (a number, or none).
 # The daemon re-reads this file on SIGHUP (systemctl reload ambient); a broken file keeps the old settings.
 
 # Seconds between timed ticks (schedules, escalation deadlines, stale claims). File changes are
@@ -104,6 +105,13 @@ CONFIG_TEMPLATE: Final = """\
 #   runners:
 #     coder: {kind: command, argv: ["/usr/local/bin/my-coder"], timeout_s: 600}
 #runners: {}
+
+# What AI agents may spend, in US dollars (null: no limit). When a run's spend reaches per_run_usd, or the
+# spend of all runs today (the UTC day) reaches daily_usd, no new agent of that run starts and you get one
+# question: raise (allow more) | wait | abort. Agents already at work finish.
+#budget:
+#  per_run_usd: null
+#  daily_usd: null
 
 # The agent that runs a chain step without `agents:` (and a satellite started by `trigger → type:...`), by
 # step type; a workflow's own `default_agents:` wins, and without either: code → coder, test → tester,

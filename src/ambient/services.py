@@ -455,6 +455,7 @@ def _masked(res: AgentResult, secrets: SecretRegistry | None) -> AgentResult:
         question=redact(res.question, secrets),
         error=redact(res.error, secrets),
         stderr_tail=redact(res.stderr_tail, secrets),
+        permission=redact(res.permission, secrets),  # a command may carry a token: the journal keeps its signature
     )
 
 

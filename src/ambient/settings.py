@@ -6,14 +6,16 @@ notification URLs are secrets (``SecretStr``): they may carry bot tokens.
 
 Environment overrides (they win over the file):
 
-=========================  ==========================================
-``AMBIENT_TICK_SECONDS``   ``tick_seconds``
-``AMBIENT_CONCURRENCY``    ``concurrency``
-``AMBIENT_LOG_LEVEL``      ``log_level``
-``AMBIENT_LOG_FORMAT``     ``log_format`` (auto|json|console)
-``AMBIENT_NOTIFY_URLS``    ``notify.urls`` (comma or space separated)
-``AMBIENT_SHUTDOWN_GRACE`` ``shutdown_grace_s``
-=========================  ==========================================
+=============================  ==========================================
+``AMBIENT_TICK_SECONDS``       ``tick_seconds``
+``AMBIENT_CONCURRENCY``        ``concurrency``
+``AMBIENT_LOG_LEVEL``          ``log_level``
+``AMBIENT_LOG_FORMAT``         ``log_format`` (auto|json|console)
+``AMBIENT_NOTIFY_URLS``        ``notify.urls`` (comma or space separated)
+``AMBIENT_SHUTDOWN_GRACE``     ``shutdown_grace_s``
+``AMBIENT_BUDGET_PER_RUN_USD`` ``budget.per_run_usd`` (``none``: no budget)
+``AMBIENT_BUDGET_DAILY_USD``   ``budget.daily_usd`` (``none``: no budget)
+=============================  ==========================================
 """
 
 from __future__ import annotations
@@ -63,6 +65,22 @@ class TelegramSettings(_Strict):
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
+class BudgetSettings(_Strict):
+    """What AI agents may spend (``ambient.budget``): per run, and per UTC day across all runs; None: no budget.
+    Reaching one holds the run (no new agent starts) and asks the person: raise | wait | abort."""
+
+    per_run_usd: float | None = Field(default=None, gt=0, le=1_000_000)
+    daily_usd: float | None = Field(default=None, gt=0, le=1_000_000)
+
+    @field_validator("per_run_usd", "daily_usd", mode="before")
+    @classmethod
+    def _none_spelled(cls, value: Any) -> Any:
+        """``none`` or an empty value (from the environment) is no budget."""
+        if isinstance(value, str) and value.strip().lower() in ("", "none", "null", "off"):
+            return None
+        return value
+
+
 class Settings(_Strict):
     """Every knob of the daemon, with defaults that work."""
 
@@ -78,6 +96,7 @@ class Settings(_Strict):
     notify: NotifySettings = Field(default_factory=NotifySettings)
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     runners: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
     # step type → agent, for chain steps without agents: and satellites (a workflow's own default_agents: wins)
     default_agents: dict[str, str] = Field(default_factory=dict)
 
@@ -111,6 +130,8 @@ _ENV: dict[str, tuple[str, ...]] = {
     "AMBIENT_LOG_FORMAT": ("log_format",),
     "AMBIENT_SHUTDOWN_GRACE": ("shutdown_grace_s",),
     "AMBIENT_NOTIFY_URLS": ("notify", "urls"),
+    "AMBIENT_BUDGET_PER_RUN_USD": ("budget", "per_run_usd"),
+    "AMBIENT_BUDGET_DAILY_USD": ("budget", "daily_usd"),
 }
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # imported in the handlers, so that other commands start fast
     from pathlib import Path
 
     from ambient.journal import ReadResult
-    from ambient.learning import Stats, StatsBuilder, Trend, WeekStats
+    from ambient.learning import CostStats, Stats, StatsBuilder, Trend, WeekStats
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -318,6 +318,9 @@ def render(stats: Stats, *, weeks: int = 8, errors: int = 10, source: str = "run
     lines.append("an escalation; DECIDED counts every decision, AUTO those taken by a learned rule (a deadline that")
     lines.append("passed decided nothing: `timeouts` in --json). FAILED: business failures (exit 1, status failed);")
     lines.append("ERRORS: exit 2+, the agent's ERROR, output that is not its protocol.")
+    if stats.cost is not None:
+        lines.append("")
+        lines += render_cost(stats, weeks=weeks)
     if errors and stats.errors:
         lines.append("")
         lines.append("Recurring failures and errors (numbers, ids, paths and quoted values normalised)")
@@ -332,6 +335,55 @@ def render(stats: Stats, *, weeks: int = 8, errors: int = 10, source: str = "run
         ]
         lines += _table(["COUNT", "LAST SEEN", "WHERE", "SIGNATURE"], rows, {0})
     return "\n".join(lines)
+
+
+def fmt_tokens(n: int) -> str:
+    """``950``, ``12.4k``, ``3.1M``."""
+    if n < 1000:
+        return str(n)
+    if n < 1_000_000:
+        return f"{n / 1000:.1f}k"
+    return f"{n / 1_000_000:.1f}M"
+
+
+def _cost_cells(c: CostStats | None) -> list[str]:
+    if c is None:
+        return ["-"] * 7
+    unknown = c.unknown_cost == c.steps
+    cost = "?" if unknown else f"${c.cost_usd:,.2f}" + ("+?" if c.unknown_cost else "")
+    return [
+        cost,
+        fmt_tokens(c.input_tokens),
+        fmt_tokens(c.output_tokens),
+        fmt_tokens(c.cache_read_tokens),
+        fmt_tokens(c.cache_write_tokens),
+        f"{c.turns:,}",
+        f"{c.steps:,}",
+    ]
+
+
+def render_cost(stats: Stats, *, weeks: int = 8) -> list[str]:
+    """The cost section: per workflow, per agent and per ISO week (only what reported usage: AI agents)."""
+    head = ["COST", "INPUT", "OUTPUT", "CACHE RD", "CACHE WR", "TURNS", "STEPS"]
+    right = set(range(1, 8))
+    lines = ["Cost of AI agents (tokens in and out, cache read and written; '+?': some steps had no price)"]
+    rows = [[w.workflow, *_cost_cells(w.cost)] for w in stats.workflows if w.cost is not None]
+    if len(rows) > 1:
+        rows.append(["(all)", *_cost_cells(stats.cost)])
+    lines += _table(["WORKFLOW", *head], rows, right)
+    lines.append("")
+    rows = [[a.agent, *_cost_cells(a.cost)] for a in stats.agents if a.cost is not None]
+    lines += _table(["AGENT", *head], rows, right)
+    lines.append("")
+    rows = [[w.week, *_cost_cells(w.cost)] for w in stats.weeks[-weeks:] if w.cost is not None]
+    lines += _table(["WEEK", *head], rows, right)
+    unknown = stats.cost.unknown_cost if stats.cost is not None else 0
+    if unknown:
+        lines.append(
+            f"{unknown:,} step(s) of unknown cost (a model without a price): their tokens are counted, their cost"
+            " is not; the figures marked '+?' are lower bounds (`price:` in the runner sets one)."
+        )
+    return lines
 
 
 def _week_cells(weeks: list[WeekStats], shown: list[str]) -> list[str]:
