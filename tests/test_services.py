@@ -184,7 +184,7 @@ async def test_a_command_agents_token_file_is_gone_when_its_attempt_returns(
     paths.state.mkdir()
     registry = ChannelRegistry(paths)
     runners = _Runners(paths)
-    ref = SimpleNamespace(brain=SimpleNamespace(paths=paths))
+    ref = SimpleNamespace(brain=SimpleNamespace(paths=paths, matrix=SimpleNamespace(agents={})))
     delegate = AgentDelegate(ref, SimpleNamespace(registry=registry), runners, None, None)  # type: ignore[arg-type]
     a = Attempt(
         run_id="run-1", workflow="w", item="i1", index=0, attempt=1, key="run-1/i1/1", agent="coder", sender="ambient"

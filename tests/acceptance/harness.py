@@ -2,8 +2,10 @@
 that are real programs, the daemon as a real process, and loopback servers standing in for the outside world.
 
 Nothing here imports ambient: a test sees what a user sees (exit codes, output, files, JSON from ``--json``,
-the daemon's log lines, what reached a webhook or the fake Telegram Bot API). Every wait polls a condition with
-a deadline; nothing sleeps for an event.
+the daemon's log lines, what reached a webhook or the fake Telegram Bot API). The one exception is a test double
+standing in for the outside world: the fake model APIs of ``ambient.testing.fakeapi`` (the real Claude Code CLI and
+the official SDKs talk to them on 127.0.0.1), used by tests/acceptance/test_ai_agents.py. Every wait polls a
+condition with a deadline; nothing sleeps for an event.
 """
 
 from __future__ import annotations
@@ -175,6 +177,32 @@ def agent_md(
     lines += ["ambient:", "  runner:"] + [f"    {k}: {json.dumps(v)}" for k, v in run_cfg.items()]
     lines += ["---", f"# Agent: {name}", "", body or "An agent written for an acceptance test.", ""]
     return "\n".join(lines)
+
+
+def ai_agent_md(
+    name: str,
+    body: str,
+    *,
+    runner: Mapping[str, Any] | None = None,
+    gate: Mapping[str, Any] | None = None,
+    frontmatter: str = "",
+) -> str:
+    """An AI agent as a person writes one: frontmatter with its IPC gate (and ``ambient.runner`` when given: none
+    means the brain's ``runners.default``), then its prompt. For the fake model, the prompt may hold a playbook."""
+    ipc = dict(PROJECT_GATE if gate is None else gate)
+    lines = ["---", f"name: {name}", "type: agent", "brain:", "  version: 1", "  ipc:"]
+    lines += [f"    {key}: {json.dumps(value)}" for key, value in ipc.items()]
+    if frontmatter:
+        lines += frontmatter.strip("\n").splitlines()
+    if runner is not None:
+        lines += ["ambient:", "  runner:"] + [f"    {k}: {json.dumps(v)}" for k, v in runner.items()]
+    lines += ["---", textwrap.dedent(body).strip(), ""]
+    return "\n".join(lines)
+
+
+def playbook(*steps: Mapping[str, Any]) -> str:
+    """The fake model's script in an agent's prompt: tool calls, then the answer (see ambient.testing.fakeapi)."""
+    return "```fake-model\n" + "\n".join(json.dumps(s) for s in steps) + "\n```"
 
 
 # ---------------------------------------------------------------- a brain

@@ -223,6 +223,7 @@ def check_brain(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Any, lis
             hint = "a warning: the file loads and runs; `ambient validate --strict` treats warnings as errors"
         found.append(Finding(severity, check, p.message, hint, p.file, p.line))
     found += _check_programs(paths, brain)
+    found += check_ai_runners(brain.runners, environ)
     return brain, found
 
 
@@ -239,6 +240,59 @@ def _check_programs(paths: BrainPaths, brain: Any) -> list[Finding]:
             hint = "fix ambient.runner.argv (paths are relative to the brain, or to runner cwd), or install the program"
         found.append(Finding(p.severity, "runners", p.message, hint, p.file, p.line))
     return found
+
+
+def check_ai_runners(runners: Mapping[str, Any], environ: Mapping[str, str]) -> list[Finding]:
+    """AI agents: the Claude Code CLI is there, and the model's key is present in this environment or
+    ``$CREDENTIALS_DIRECTORY`` (named, never shown). A missing SDK is said by the brain check (``extra_problems``).
+    Under systemd the daemon's environment is the unit's: run doctor there (``systemd-run``) to check the same."""
+    from ambient.runners import claude
+    from ambient.runners.extras import key_name, missing_extra
+
+    found: list[Finding] = []
+    by_kind: dict[str, list[str]] = {}
+    for name, cfg in sorted(runners.items()):
+        if getattr(cfg, "kind", None) in ("claude", "llm") and missing_extra(cfg) is None:
+            by_kind.setdefault(cfg.kind if cfg.kind == "claude" else f"llm:{cfg.provider}", []).append(name)
+    if "claude" in by_kind:
+        agents = _agents(by_kind["claude"])
+        cli = claude.bundled_cli()
+        if cli is None:
+            found.append(
+                Finding("error", "ai", f"no Claude Code CLI for {agents}", "reinstall: pip install 'ambient[claude]'")
+            )
+        else:
+            found.append(Finding("info", "ai", f"Claude Code CLI: {cli}", "", None, None))
+        keys = [n for n in claude.KEY_NAMES if claude.credential(n, environ)]
+        if keys:
+            found.append(Finding("info", "ai", f"model key for {agents}: {keys[0]} is set", "", None, None))
+        else:
+            found.append(
+                Finding(
+                    "error",
+                    "ai",
+                    f"no model key for {agents}: none of {', '.join(claude.KEY_NAMES)} is set",
+                    "export ANTHROPIC_API_KEY in the daemon's environment, or put it in the file "
+                    "$CREDENTIALS_DIRECTORY/anthropic_api_key (systemd: LoadCredential=anthropic_api_key:/etc/...)",
+                )
+            )
+    for kind, names in sorted(by_kind.items()):
+        if not kind.startswith("llm:"):
+            continue
+        needed = sorted({v for n in names if (v := key_name(runners[n])) is not None})
+        for var in needed:
+            users = _agents([n for n in names if key_name(runners[n]) == var])
+            if claude.credential(var, environ):
+                found.append(Finding("info", "ai", f"model key for {users}: {var} is set", "", None, None))
+            else:
+                hint = f"export {var}, or put it in $CREDENTIALS_DIRECTORY/{var.lower()}"
+                found.append(Finding("error", "ai", f"no model key for {users}: {var} is not set", hint))
+    return found
+
+
+def _agents(names: list[str]) -> str:
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return f"agent{'s' if len(names) > 1 else ''} {shown}"
 
 
 def check_claims(paths: BrainPaths, settings: Settings, now: datetime) -> list[Finding]:

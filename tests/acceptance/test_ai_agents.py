@@ -1,0 +1,373 @@
+"""README, "Running AI agents": a brain's prompts run on the real Claude Code CLI (the SDK's bundled binary) against a
+fake Anthropic Messages API on 127.0.0.1, as a person drives them: files dropped, `ambient decide`, what `status`,
+`thread`, `runs`, `stats` and the files show.
+
+The fake model follows the playbook written in each agent's prompt (ambient.testing.fakeapi): it calls the tools the
+playbook lists, one per turn, then gives its answer; told "denied", it gives the playbook's ``on_deny`` answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.acceptance.harness import Brain, FakeTelegram, ai_agent_md, for_each, playbook, wait
+
+pytest.importorskip("claude_agent_sdk", reason="the claude extra (pip install 'ambient[claude]') is not installed")
+
+from ambient.testing.fakeapi import FakeAnthropic
+
+CLAUDE = {"kind": "claude", "timeout_s": 120}
+DONE = {"answer": {"signal": "RETURN", "result": {"status": "ok", "item": "$ITEM"}}}
+#: A long wait: each agent is a real Claude Code process (about a second each on CI's two cores).
+AI_WAIT = 120.0
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAnthropic]:
+    with FakeAnthropic() as fake:
+        yield fake
+
+
+@pytest.fixture
+def ai_brain(brain: Brain, api: FakeAnthropic) -> Brain:
+    """A fresh brain whose daemon reaches the fake model API with a key (as a person exports it)."""
+    brain.env.update({"ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "sk-ant-acceptance-key-0123456789"})
+    return brain
+
+
+def _items_asked(api: FakeAnthropic) -> set[str]:
+    """The items the model was asked about (ambient's brief says ``Item: <name>``)."""
+    found = set()
+    for rec in api.requests:
+        for message in (rec.body or {}).get("messages", [])[:1]:
+            content = message.get("content")
+            texts = [content] if isinstance(content, str) else [c.get("text", "") for c in content or []]
+            for text in texts:
+                for line in str(text).splitlines():
+                    if line.startswith("Item: "):
+                        found.add(line[6:].strip())
+    return found
+
+
+def _escalation(brain: Brain, kind: str) -> dict[str, Any]:
+    [esc] = brain.wait_escalation(f"a {kind} escalation", where=lambda e: e["kind"] == kind, timeout=AI_WAIT)
+    return esc
+
+
+def _keys(esc: dict[str, Any]) -> list[str]:
+    return [o["key"] for o in esc["options"]]
+
+
+def _thread(brain: Brain, agent: str) -> str:
+    return brain.ok("thread", agent).out
+
+
+def test_a_for_each_over_a_claude_agent_returns_and_records_its_cost(ai_brain: Brain, api: FakeAnthropic) -> None:
+    """Five items over one Claude agent: five RETURNs, the run recorded with its model, tokens and cost, `stats`
+    shows the cost, and the agent's live thread shows what it said."""
+    brain = ai_brain
+    brain.write("agents/writer.md", ai_agent_md("writer", "You write release notes.", runner=CLAUDE))
+    brain.workflow("notes", for_each("notes", "writer", ["a", "b", "c", "d", "e"]))
+    with brain.daemon():
+        [record] = brain.wait_finished("notes", timeout=AI_WAIT)
+    assert record["outcome"] == "success", record
+    assert len(record["steps"]) == 5
+    for step in record["steps"]:
+        assert step["result"] == "success"
+        assert step["usage"]["cost_usd"] > 0
+        assert step["usage"]["session_id"]
+        assert step["usage"]["model"]
+    assert record["cost_usd"] == pytest.approx(sum(s["usage"]["cost_usd"] for s in record["steps"]))
+    assert _items_asked(api) == {"a", "b", "c", "d", "e"}
+    stats = brain.ok("stats", "--json").json()
+    [wf] = stats["workflows"]
+    assert wf["cost_usd"] == pytest.approx(record["cost_usd"])
+    assert "$" in brain.ok("stats").out
+    assert '"signal": "RETURN"' in _thread(brain, "writer")
+
+
+def test_a_write_outside_the_scope_is_denied_without_asking_anyone(ai_brain: Brain) -> None:
+    """The agent tries to write outside its item's scope: denied at once, told why, nobody asked; the thread says
+    so and the file is not there."""
+    brain = ai_brain
+    body = "You file notes.\n\n" + playbook(
+        {"tool": "Write", "input": {"file_path": "elsewhere/$ITEM.md", "content": "sneaky"}},
+        DONE,
+        {"on_deny": {"signal": "RETURN", "result": {"status": "partial", "note": "could not write"}}},
+    )
+    brain.write("agents/filer.md", ai_agent_md("filer", body, runner=CLAUDE))
+    brain.workflow("filing", for_each("filing", "filer", ["x"]))
+    with brain.daemon():
+        [record] = brain.wait_finished("filing", timeout=AI_WAIT)
+    assert record["outcome"] == "success", record
+    assert record["escalations"] == 0
+    assert brain.escalations(all=True) == []
+    assert not brain.path("elsewhere/x.md").exists()
+    assert "outside this item's scope (work/filing/1.txt)" in _thread(brain, "filer")
+
+
+def _bash_agent(brain: Brain, command: str, **runner: Any) -> None:
+    body = "You build things.\n\n" + playbook(
+        {"tool": "Bash", "input": {"command": command}},
+        DONE,
+        {"on_deny": {"signal": "RETURN", "result": {"status": "partial", "note": "not built: the person said no"}}},
+    )
+    brain.write("agents/coder.md", ai_agent_md("coder", body, runner={**CLAUDE, **runner}))
+    brain.write("work/out/.keep", "")
+
+
+def test_a_bash_call_waits_for_the_person_and_runs_once_allowed(ai_brain: Brain, api: FakeAnthropic) -> None:
+    """Bash outside the agent's allowlist is a question: "coder wants to run `…` in …" with allow | allow always |
+    deny. `ambient decide <id> allow`: the session resumes, the command runs once, the item returns."""
+    brain = ai_brain
+    _bash_agent(brain, "echo built >> work/out/$ITEM.log")
+    brain.workflow("build", for_each("build", "coder", ["a"]))
+    with brain.daemon():
+        esc = _escalation(brain, "permission")
+        assert esc["question"] == "coder wants to run `echo built >> work/out/a.log` in the brain's root"
+        assert _keys(esc) == ["allow", "allow-always", "deny"]
+        assert not brain.path("work/out/a.log").exists()  # nothing ran while it waited
+        res = brain.decide(esc["id"], "allow")
+        assert res.rc == 0, res
+        [record] = brain.wait_finished("build", timeout=AI_WAIT)
+    assert record["outcome"] == "success", record
+    assert brain.read("work/out/a.log") == "built\n"
+    # The session was resumed, not started afresh: the last request carries the first session's tool call.
+    last = api.requests[-1].body or {}
+    assert any(
+        block.get("type") == "tool_use" and block.get("name") == "Bash"
+        for m in last.get("messages", [])
+        for block in (m.get("content") if isinstance(m.get("content"), list) else [])
+    )
+
+
+def test_a_denied_bash_call_is_told_to_the_agent_which_ends_as_it_chooses(ai_brain: Brain) -> None:
+    brain = ai_brain
+    _bash_agent(brain, "echo built >> work/out/$ITEM.log")
+    brain.workflow("build", for_each("build", "coder", ["a"]))
+    with brain.daemon():
+        esc = _escalation(brain, "permission")
+        assert brain.decide(esc["id"], "deny").rc == 0
+        [record] = brain.wait_finished("build", timeout=AI_WAIT)
+    assert record["outcome"] == "success", record
+    assert not brain.path("work/out/a.log").exists()
+    assert "not built: the person said no" in _thread(brain, "coder")
+
+
+def test_allow_always_stops_asking_for_that_command(ai_brain: Brain) -> None:
+    """`allow always`: the next run's same command runs without a question; another command still asks."""
+    brain = ai_brain
+    _bash_agent(brain, "echo built >> work/out/log")
+    brain.workflow("build", for_each("build", "coder", ["a"]))
+    with brain.daemon():
+        esc = _escalation(brain, "permission")
+        assert brain.decide(esc["id"], "allow-always").rc == 0
+        brain.wait_finished("build", timeout=AI_WAIT)
+        brain.ok("start", "build")
+        brain.wait_finished("build", count=2, timeout=AI_WAIT)
+    assert brain.read("work/out/log") == "built\nbuilt\n"
+    assert len(brain.escalations(all=True)) == 1
+
+
+def test_the_allowlist_lets_a_command_run_without_asking(ai_brain: Brain) -> None:
+    brain = ai_brain
+    _bash_agent(brain, "echo tested >> work/out/$ITEM.log", allowed_tools=["Bash(echo:*)"])
+    brain.workflow("build", for_each("build", "coder", ["a"]))
+    with brain.daemon():
+        [record] = brain.wait_finished("build", timeout=AI_WAIT)
+    assert record["escalations"] == 0
+    assert brain.read("work/out/a.log") == "tested\n"
+
+
+def test_a_permission_is_answered_by_a_telegram_button(ai_brain: Brain, telegram: FakeTelegram, tmp_path: Path) -> None:
+    """The question reaches Telegram with one button per answer; a press allows it and the agent goes on."""
+    brain = ai_brain
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "telegram-token").write_text(telegram.token + "\n")
+    brain.env["CREDENTIALS_DIRECTORY"] = str(creds)
+    brain.config(f'telegram: {{answers: true, chat_id: "4242", api_base: "{telegram.api_base}", poll_timeout_s: 1}}\n')
+    _bash_agent(brain, "echo built >> work/out/$ITEM.log")
+    brain.workflow("build", for_each("build", "coder", ["a"]))
+    with brain.daemon():
+        esc = _escalation(brain, "permission")
+
+        def message() -> tuple[int, dict[str, Any]] | None:
+            with telegram.lock:
+                for n, msg in enumerate(telegram.messages, start=1):
+                    if f"Ref: {esc['id']}" in str(msg.get("text", "")):
+                        return n, msg
+            return None
+
+        message_id, msg = wait(message, "the question on Telegram")
+        assert "coder wants to run `echo built >> work/out/a.log`" in msg["text"]
+        buttons = telegram.buttons(msg)
+        assert [b["text"] for b in buttons][:3] == ["allow", "allow always", "deny"] or len(buttons) == 3
+        telegram.press(buttons[0], chat_id=4242, message_id=message_id)
+        [record] = brain.wait_finished("build", timeout=AI_WAIT)
+    assert record["outcome"] == "success"
+    assert brain.read("work/out/a.log") == "built\n"
+
+
+@pytest.mark.slow
+def test_an_answer_after_a_kill_9_resumes_the_session_and_the_item_completes_once(
+    ai_brain: Brain, api: FakeAnthropic
+) -> None:
+    """kill -9 of the daemon while the agent waits on a permission; the person answers while it is down; at the
+    next start the session resumes and the command runs exactly once."""
+    brain = ai_brain
+    _bash_agent(brain, "echo built >> work/out/$ITEM.log")
+    brain.workflow("build", for_each("build", "coder", ["a"]))
+    daemon = brain.daemon().start()
+    try:
+        esc = _escalation(brain, "permission")
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.proc.wait(timeout=30)  # type: ignore[union-attr]
+        assert brain.decide(esc["id"], "allow").rc == 0
+    finally:
+        daemon.kill()
+    with brain.daemon():
+        [record] = brain.wait_finished("build", timeout=AI_WAIT)
+    assert record["outcome"] == "success", record
+    assert brain.read("work/out/a.log") == "built\n"
+
+
+def _ambient_processes(brain: Path) -> list[int]:
+    """Live processes started for this brain (their environment names it), the daemon's own excepted."""
+    found = []
+    marker = f"AMBIENT_BRAIN={brain}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in env.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_a_kill_9_mid_session_leaves_no_claude_behind_and_the_item_resumes(ai_brain: Brain) -> None:
+    """kill -9 of the daemon while a Claude agent runs a command: Claude Code dies with the daemon, what it had
+    started is swept at the next start, and the item resumes and completes once. `status` showed the command."""
+    brain = ai_brain
+    _bash_agent(brain, "sleep 2; echo once >> work/out/$ITEM.log", allowed_tools=["Bash"])
+    brain.workflow("slowbuild", for_each("slowbuild", "coder", ["a"]))
+    daemon = brain.daemon().start()
+    try:
+
+        def doing() -> str | None:
+            for run in brain.status()["runs"]:
+                for item in run["items"]:
+                    if item.get("now"):
+                        return str(item["now"]["tool"])
+            return None
+
+        assert wait(doing, "status to show the agent's command", timeout=AI_WAIT) == (
+            "Bash: sleep 2; echo once >> work/out/a.log"
+        )
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.proc.wait(timeout=30)  # type: ignore[union-attr]
+    finally:
+        daemon.kill()
+    with brain.daemon():
+        [record] = brain.wait_finished("slowbuild", timeout=AI_WAIT)
+        assert record["outcome"] == "success", record
+    wait(lambda: not _ambient_processes(brain.root), "no process of this brain left", timeout=30)
+    assert brain.read("work/out/a.log") == "once\n"
+
+
+def test_a_budget_reached_stops_new_spawns_and_asks_once(ai_brain: Brain, api: FakeAnthropic) -> None:
+    """`budget: {per_run_usd}`: once a run has spent it, no new agent starts and the person gets one escalation
+    (raise | wait | abort)."""
+    brain = ai_brain
+    brain.config("""
+        concurrency: 1
+        budget:
+          per_run_usd: 0.01
+    """)
+    brain.write("agents/writer.md", ai_agent_md("writer", "You write.", runner=CLAUDE))
+    brain.workflow("notes", for_each("notes", "writer", ["a", "b", "c"]))
+    with brain.daemon():
+        esc = _escalation(brain, "budget")
+        assert _keys(esc) == ["raise", "wait", "abort"]
+        assert "budget" in esc["question"]
+        asked = _items_asked(api)
+        assert len(asked) == 1, asked
+        assert len([e for e in brain.escalations() if e["kind"] == "budget"]) == 1
+        assert brain.decide(esc["id"], "abort").rc == 0
+        [record] = brain.wait_finished("notes", timeout=AI_WAIT)
+    assert record["outcome"] == "aborted"
+    assert len(_items_asked(api)) == 1
+
+
+def test_a_plain_text_answer_is_a_return_with_its_text(ai_brain: Brain) -> None:
+    brain = ai_brain
+    body = "You review.\n\n" + playbook({"text": "Looks good to me, nothing to change."})
+    brain.write("agents/reviewer.md", ai_agent_md("reviewer", body, runner=CLAUDE))
+    brain.workflow("review", for_each("review", "reviewer", ["pr-1"]))
+    with brain.daemon():
+        [record] = brain.wait_finished("review", timeout=AI_WAIT)
+    assert record["outcome"] == "success", record
+    assert "Looks good to me, nothing to change." in _thread(brain, "reviewer")
+
+
+def test_a_refused_key_asks_the_person_once_and_retry_goes_on(ai_brain: Brain, api: FakeAnthropic) -> None:
+    """A 401 from the model API: no retry storm, one escalation for the run; fixed and answered `retry`, the items
+    run."""
+    brain = ai_brain
+    api.fail(401)
+    brain.write("agents/writer.md", ai_agent_md("writer", "You write.", runner=CLAUDE))
+    brain.workflow("notes", for_each("notes", "writer", ["a", "b", "c"]))
+    with brain.daemon():
+        esc = _escalation(brain, "provider")
+        assert "refused" in esc["question"] and "401" in esc["question"]
+        assert _keys(esc) == ["retry", "abort"]
+        assert len(api.requests) <= 3  # at most one request per item: Claude Code's own retries were cut
+        assert len([e for e in brain.escalations() if e["kind"] == "provider"]) == 1
+        api.fail(None)
+        assert brain.decide(esc["id"], "retry").rc == 0
+        [record] = brain.wait_finished("notes", timeout=AI_WAIT)
+    assert record["outcome"] == "success", record
+    assert _items_asked(api) == {"a", "b", "c"}
+
+
+def test_the_corpus_brain_runs_every_agent_on_claude_by_default(
+    tmp_path: Path, api: FakeAnthropic, corpus: Path
+) -> None:
+    """The public brain's 56 agents, unedited, plus `runners: {default: {kind: claude}}`: it validates, and a
+    for_each over one of them runs against the model API."""
+    brain = Brain.init(tmp_path / "brain", "--no-example")
+    brain.env.update({"ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "sk-ant-acceptance-key-0123456789"})
+    for md in sorted((corpus / "agents").glob("*.md")):
+        shutil.copy(md, brain.path(f"agents/{md.name}"))
+    brain.config("""
+        runners:
+          default: {kind: claude, timeout_s: 120}
+    """)
+    brain.workflow(
+        "vps-check",
+        "workflow: vps-check\n"
+        "for_each:\n"
+        '  items: ["web-1", "web-2"]\n'
+        "  spawn: vps\n"
+        "  sender: orchestrator\n"
+        '  scope: {zone: project, files: ["projets/vps/{{item}}.md"]}\n',
+    )
+    res = brain.cli("validate")
+    assert res.rc == 0, res
+    with brain.daemon():
+        [record] = brain.wait_finished("vps-check", timeout=AI_WAIT)
+    assert record["outcome"] == "success", record
+    assert _items_asked(api) == {"web-1", "web-2"}
+    assert json.dumps(record).count('"agent": "vps"') == 2
