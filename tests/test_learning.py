@@ -35,6 +35,7 @@ from ambient.learning import (
     shadow_hint,
     situation_for,
     situation_from_step,
+    situation_of,
     summarise,
     trend_of,
     weekly_digest,
@@ -453,6 +454,18 @@ class TestRules:
         assert not may_auto_decide(rule, Policy(auto_decide=AutoDecide(workflows=["other"])))
         [accepted] = accept([rule], rule.id)
         assert may_auto_decide(accepted, Policy())
+
+    @pytest.mark.parametrize("kind", ["budget", "provider"])
+    def test_a_budget_or_a_refused_key_is_never_answered_alone(self, kind: str) -> None:
+        """A rule learns them and predicts the answer, but raising a budget or retrying a key stays the person's."""
+        sit = situation_of("deploy-batch", "deploy", kind, detail="per-run budget reached", step=None)
+        rules: list[Any] = []
+        for i in range(4):
+            rules = observe(rules, sit, "raise", f"run-{i}", T0 + timedelta(hours=i))
+        [rule] = rules
+        assert rule.state == "active" and predict(rules, sit) == rule
+        assert not may_auto_decide(rule, Policy(auto_decide=AutoDecide(global_=True)))
+        assert not may_auto_decide(accept(rules, rule.id)[0], Policy())
 
     def test_exclusion_wins_over_every_opt_in(self) -> None:
         """A workflow opted out is never decided alone, even with global opt-in or an accepted rule."""

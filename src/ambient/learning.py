@@ -1036,11 +1036,18 @@ def predict(rules: Sequence[Rule], situation: Situation) -> Rule | None:
     return rules[i]
 
 
+#: Situations a rule learns (and predicts in the question) but never answers alone: spending more money and a
+#: refused model key are the person's whatever they answered before (an auto-``raise`` would undo the budget).
+NEVER_ALONE = frozenset({"BUDGET", "PROVIDER"})
+
+
 def may_auto_decide(rule: Rule | None, policy: Policy, *, options: Sequence[str] | None = None) -> bool:
     """Whether ``rule`` may decide without the person: active, at least ``promote_after`` agreements,
     opted in (per rule, per workflow or globally, a workflow exclusion always wins), and its option
-    among the escalation's ``options`` when they are given."""
+    among the escalation's ``options`` when they are given; never a budget or a refused key (NEVER_ALONE)."""
     if rule is None or rule.state != "active" or rule.agreements < policy.promote_after:
+        return False
+    if rule.situation.signal in NEVER_ALONE:
         return False
     workflow = rule.situation.workflow
     if workflow in policy.auto_decide.exclude:
