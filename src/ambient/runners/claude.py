@@ -344,6 +344,8 @@ class ClaudeRunner:
             "CLAUDE_CONFIG_DIR": str(self.config_dir),
             "HOME": str(self.home / "home"),
             "TMPDIR": str(tmp),
+            "CLAUDE_CODE_TMPDIR": str(tmp),  # else /tmp/claude-<uid>/ and a socket in /tmp/cc-socks/
+            "XDG_RUNTIME_DIR": str(tmp),
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_AUTOUPDATER": "1",
             "AMBIENT_BRAIN": str(req.brain),
