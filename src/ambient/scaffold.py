@@ -104,6 +104,9 @@ CONFIG_TEMPLATE: Final = """\
 # Runners of agents that do not declare `ambient.runner` in their frontmatter, by agent name, e.g.
 #   runners:
 #     coder: {kind: command, argv: ["/usr/local/bin/my-coder"], timeout_s: 600}
+# `default` gives every other agent one: `default: {kind: claude}` runs each agent's prompt (its markdown
+# body) on Claude Code (pip install 'ambient[claude]', ANTHROPIC_API_KEY in the daemon's environment);
+# agents/_claude-agent.md is a commented example.
 #runners: {}
 
 # What AI agents may spend, in US dollars (null: no limit). When a run's spend reaches per_run_usd, or the
@@ -225,6 +228,41 @@ on_escalate:
 """
 
 
+CLAUDE_AGENT_TEMPLATE: Final = """\
+---
+# agents/_claude-agent.md: an AI agent, commented. A file whose name starts with '_' is a template ambient
+# skips; copy it to agents/<name>.md (and set `name:`) to make it an agent. Needs: pip install 'ambient[claude]'
+# and ANTHROPIC_API_KEY (or CLAUDE_CODE_OAUTH_TOKEN) in the daemon's environment; `ambient doctor` checks both.
+name: reviewer
+type: agent
+# Claude Code's subagent keys are honoured: the model (sonnet, opus, haiku or a full id) and the tools it has.
+model: sonnet
+tools: Read, Grep, Glob, Edit, Write, Bash
+brain:
+  version: 1
+  ipc:
+    receives_from: [ambient, human]
+    sends_to: [ambient, human]
+    zone_access: [project]
+    signals: [RETURN, ESCALATE, ERROR, BLOCKED_ON]
+ambient:
+  runner:
+    kind: claude
+    # Bash runs without asking only what this lists (`Bash(pytest:*)`: commands starting with `pytest`);
+    # any other command is a question to you: allow | allow always | deny. Writes outside the item's
+    # scope and reads outside the brain are refused without asking.
+    allowed_tools: ["Bash(pytest:*)", "Bash(git status)"]
+    max_turns: 30
+    max_budget_usd: 1.0       # this agent's own cap per item; budget: in profil/ambient.yml caps runs and days
+    timeout_s: 1800
+---
+You review the change named in your task and leave your notes in the scope file you are given.
+
+Read the files you need, run the tests if there are some, and say what you found. End with the JSON
+answer ambient describes (RETURN with your verdict; ESCALATE if a decision is the person's to take).
+"""
+
+
 def brain_files(*, example: bool = True) -> list[ScaffoldFile]:
     """The files of a new brain; without ``example``, only the configuration and ``.gitignore``."""
     files = [
@@ -237,5 +275,6 @@ def brain_files(*, example: bool = True) -> list[ScaffoldFile]:
             ScaffoldFile("agents/hello.md", AGENT_TEMPLATE),
             ScaffoldFile("bin/hello_agent.py", AGENT_SCRIPT, 0o755),
             ScaffoldFile("workflows/hello.yml", WORKFLOW_TEMPLATE),
+            ScaffoldFile("agents/_claude-agent.md", CLAUDE_AGENT_TEMPLATE),
         ]
     return files

@@ -85,11 +85,11 @@ def test_a_for_each_over_a_claude_agent_returns_and_records_its_cost(ai_brain: B
         assert step["usage"]["cost_usd"] > 0
         assert step["usage"]["session_id"]
         assert step["usage"]["model"]
-    assert record["cost_usd"] == pytest.approx(sum(s["usage"]["cost_usd"] for s in record["steps"]))
+    assert record["cost_usd"] == pytest.approx(sum(s["usage"]["cost_usd"] for s in record["steps"]), abs=1e-5)
     assert _items_asked(api) == {"a", "b", "c", "d", "e"}
     stats = brain.ok("stats", "--json").json()
     [wf] = stats["workflows"]
-    assert wf["cost_usd"] == pytest.approx(record["cost_usd"])
+    assert wf["cost_usd"] == pytest.approx(record["cost_usd"], abs=1e-5)
     assert "$" in brain.ok("stats").out
     assert '"signal": "RETURN"' in _thread(brain, "writer")
 
@@ -371,3 +371,18 @@ def test_the_corpus_brain_runs_every_agent_on_claude_by_default(
     assert record["outcome"] == "success", record
     assert _items_asked(api) == {"web-1", "web-2"}
     assert json.dumps(record).count('"agent": "vps"') == 2
+
+
+def test_init_offers_a_commented_claude_agent_that_validates_once_copied(example_brain: Brain) -> None:
+    """`ambient init` writes agents/_claude-agent.md (a template: skipped); copied to a name, it is a Claude agent
+    `ambient validate` accepts and `ambient doctor` checks for its CLI and key (named, never shown)."""
+    brain = example_brain
+    template = brain.read("agents/_claude-agent.md")
+    assert "kind: claude" in template and "allowed_tools" in template
+    brain.write("agents/reviewer.md", template)
+    assert brain.cli("validate").rc == 0
+    res = brain.cli("doctor", env={"ANTHROPIC_API_KEY": "sk-ant-secret-value-42"})
+    assert "ANTHROPIC_API_KEY is set" in res.out, res
+    assert "sk-ant-secret-value-42" not in res.text
+    res = brain.cli("doctor", env={"ANTHROPIC_API_KEY": ""})
+    assert res.rc == 1 and "no model key for agent reviewer" in res.out, res
