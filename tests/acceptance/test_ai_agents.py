@@ -89,7 +89,8 @@ def test_a_for_each_over_a_claude_agent_returns_and_records_its_cost(ai_brain: B
     assert _items_asked(api) == {"a", "b", "c", "d", "e"}
     stats = brain.ok("stats", "--json").json()
     [wf] = stats["workflows"]
-    assert wf["cost_usd"] == pytest.approx(record["cost_usd"], abs=1e-5)
+    assert wf["cost"]["cost_usd"] == pytest.approx(record["cost_usd"], abs=1e-5)
+    assert stats["cost"]["steps"] == 5
     assert "$" in brain.ok("stats").out
     assert '"signal": "RETURN"' in _thread(brain, "writer")
 
@@ -133,7 +134,7 @@ def test_a_bash_call_waits_for_the_person_and_runs_once_allowed(ai_brain: Brain,
     with brain.daemon():
         esc = _escalation(brain, "permission")
         assert esc["question"] == "coder wants to run `echo built >> work/out/a.log` in the brain's root"
-        assert _keys(esc) == ["allow", "allow-always", "deny"]
+        assert _keys(esc)[:3] == ["allow", "allow-always", "deny"]  # then the item's own: skip, abort
         assert not brain.path("work/out/a.log").exists()  # nothing ran while it waited
         res = brain.decide(esc["id"], "allow")
         assert res.rc == 0, res
@@ -179,12 +180,12 @@ def test_allow_always_stops_asking_for_that_command(ai_brain: Brain) -> None:
 
 def test_the_allowlist_lets_a_command_run_without_asking(ai_brain: Brain) -> None:
     brain = ai_brain
-    _bash_agent(brain, "echo tested >> work/out/$ITEM.log", allowed_tools=["Bash(echo:*)"])
+    _bash_agent(brain, "touch work/out/$ITEM.log", allowed_tools=["Bash(touch:*)"])
     brain.workflow("build", for_each("build", "coder", ["a"]))
     with brain.daemon():
         [record] = brain.wait_finished("build", timeout=AI_WAIT)
     assert record["escalations"] == 0
-    assert brain.read("work/out/a.log") == "tested\n"
+    assert brain.path("work/out/a.log").exists()
 
 
 def test_a_permission_is_answered_by_a_telegram_button(ai_brain: Brain, telegram: FakeTelegram, tmp_path: Path) -> None:
@@ -210,7 +211,7 @@ def test_a_permission_is_answered_by_a_telegram_button(ai_brain: Brain, telegram
         message_id, msg = wait(message, "the question on Telegram")
         assert "coder wants to run `echo built >> work/out/a.log`" in msg["text"]
         buttons = telegram.buttons(msg)
-        assert [b["text"] for b in buttons][:3] == ["allow", "allow always", "deny"] or len(buttons) == 3
+        assert [b["text"] for b in buttons][:3] == ["1. allow", "2. allow-always", "3. deny"]
         telegram.press(buttons[0], chat_id=4242, message_id=message_id)
         [record] = brain.wait_finished("build", timeout=AI_WAIT)
     assert record["outcome"] == "success"
@@ -358,10 +359,10 @@ def test_the_corpus_brain_runs_every_agent_on_claude_by_default(
     brain.workflow(
         "vps-check",
         "workflow: vps-check\n"
+        "sender: orchestrator\n"
         "for_each:\n"
         '  items: ["web-1", "web-2"]\n'
         "  spawn: vps\n"
-        "  sender: orchestrator\n"
         '  scope: {zone: project, files: ["projets/vps/{{item}}.md"]}\n',
     )
     res = brain.cli("validate")

@@ -72,6 +72,8 @@ _ITEM = re.compile(r"^Item:[ \t]*(.+?)[ \t]*$", re.MULTILINE)
 #: How a refused tool call reads: a ``can_use_tool`` deny message (ambient's say "denied"), Claude Code's own text for a
 #: deny with ``interrupt=True`` ("The user doesn't want to proceed with this tool use. The tool use was rejected").
 _DENIED = re.compile(r"\b(denied|rejected|refused|not allowed)\b|doesn't want to proceed", re.IGNORECASE)
+#: A call Claude Code cut off (its session ended before the result): a model checks and runs it again.
+_CUT_OFF = re.compile(r"Tool call interrupted")
 _MAX_BODY = 64 * 1024 * 1024
 _DELTA_CHARS = 24
 
@@ -183,15 +185,21 @@ def _refused(block: Mapping[str, Any]) -> bool:
     return bool(block.get("is_error")) and any(_DENIED.search(t) for t in _texts(block.get("content")))
 
 
+def _not_done(block: Mapping[str, Any]) -> bool:
+    return _refused(block) or any(_CUT_OFF.search(t) for t in _texts(block.get("content")))
+
+
 def _done_steps(messages: Sequence[Mapping[str, Any]]) -> int:
-    """The tool steps done: every ``tool_result`` but refused ones. A tool that ran and failed (``Exit code 1``, no
-    such tool) counts as done, as a model would move on; a refused one is asked again when the session resumes."""
+    """The tool steps done: every ``tool_result`` but refused and cut-off ones. A tool that ran and failed (``Exit code
+    1``, no such tool) counts as done, as a model would move on; a refused one is asked again when the session
+    resumes, and so is one whose session was killed before its result (Claude Code marks it "Tool call
+    interrupted")."""
     count = 0
     for message in messages:
         content = message.get("content")
         if isinstance(content, list):
             for block in content:
-                if isinstance(block, dict) and block.get("type") == "tool_result" and not _refused(block):
+                if isinstance(block, dict) and block.get("type") == "tool_result" and not _not_done(block):
                     count += 1
     return count
 
