@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from ambient.runners.base import AgentResult, LlmRunnerConfig, Price, RunRequest, Usage, parse_runner_config
+from ambient.runners.keys import credential
 from ambient.runners.llm import (
     ANTHROPIC_ALIASES,
     INSTALL_HINT,
     LlmRunner,
     _Reply,
-    read_credential,
     resolve_model,
 )
 from ambient.runners.pricing import PRICES, ModelPrice, cost_usd, model_price
@@ -149,11 +149,11 @@ def test_zero_usage_costs_zero() -> None:
 
 def test_credential_from_env_then_credentials_directory(tmp_path: Path) -> None:
     (tmp_path / "anthropic_api_key").write_text(" from-file-key-123 \n")
-    assert read_credential("ANTHROPIC_API_KEY", {"ANTHROPIC_API_KEY": "env-key-123"}) == "env-key-123"
+    assert credential("ANTHROPIC_API_KEY", {"ANTHROPIC_API_KEY": "env-key-123"}) == "env-key-123"
     env = {"CREDENTIALS_DIRECTORY": str(tmp_path)}
-    assert read_credential("ANTHROPIC_API_KEY", env) == "from-file-key-123"
-    assert read_credential("OPENAI_API_KEY", env) is None
-    assert read_credential("ANTHROPIC_API_KEY", {}) is None
+    assert credential("ANTHROPIC_API_KEY", env) == "from-file-key-123"
+    assert credential("OPENAI_API_KEY", env) is None
+    assert credential("ANTHROPIC_API_KEY", {}) is None
 
 
 def test_cut_answer_is_an_error() -> None:

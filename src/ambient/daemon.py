@@ -69,8 +69,9 @@ from ambient.router import Channel, ChannelRegistry, Router, write_inbox
 from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
 from ambient.runners.base import RunRequest
-from ambient.runners.claude import MODEL_KEYS, NOW_FILE, ClaudeRunner, credential
+from ambient.runners.claude import MODEL_KEYS, NOW_FILE, ClaudeRunner
 from ambient.runners.command import landlock_abi
+from ambient.runners.keys import credential
 from ambient.runners.spawner import Spawner
 from ambient.runners.spawner import available as spawner_available
 from ambient.runs import EscalationRequest, Ports, RunExecutor, RunManager, new_run_id

@@ -247,7 +247,8 @@ def check_ai_runners(runners: Mapping[str, Any], environ: Mapping[str, str]) -> 
     ``$CREDENTIALS_DIRECTORY`` (named, never shown). A missing SDK is said by the brain check (``extra_problems``).
     Under systemd the daemon's environment is the unit's: run doctor there (``systemd-run``) to check the same."""
     from ambient.runners import claude
-    from ambient.runners.extras import key_name, missing_extra
+    from ambient.runners.extras import missing_extra
+    from ambient.runners.keys import credential, key_name
 
     found: list[Finding] = []
     by_kind: dict[str, list[str]] = {}
@@ -263,7 +264,7 @@ def check_ai_runners(runners: Mapping[str, Any], environ: Mapping[str, str]) -> 
             )
         else:
             found.append(Finding("info", "ai", f"Claude Code CLI: {cli}", "", None, None))
-        keys = [n for n in claude.KEY_NAMES if claude.credential(n, environ)]
+        keys = [n for n in claude.KEY_NAMES if credential(n, environ)]
         if keys:
             found.append(Finding("info", "ai", f"model key for {agents}: {keys[0]} is set", "", None, None))
         else:
@@ -282,7 +283,7 @@ def check_ai_runners(runners: Mapping[str, Any], environ: Mapping[str, str]) -> 
         needed = sorted({v for n in names if (v := key_name(runners[n])) is not None})
         for var in needed:
             users = _agents([n for n in names if key_name(runners[n]) == var])
-            if claude.credential(var, environ):
+            if credential(var, environ):
                 found.append(Finding("info", "ai", f"model key for {users}: {var} is set", "", None, None))
             else:
                 hint = f"export {var}, or put it in $CREDENTIALS_DIRECTORY/{var.lower()}"

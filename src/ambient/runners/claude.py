@@ -48,7 +48,8 @@ from ambient.runners.base import (
     Watch,
     error_result,
 )
-from ambient.runners.prompt import AgentPrompt, read_agent_prompt, render_brief, system_prompt
+from ambient.runners.keys import credential
+from ambient.runners.prompt import ANSWER_SCHEMA, AgentPrompt, read_agent_prompt, render_brief, system_prompt
 
 log = structlog.get_logger(__name__)
 
@@ -90,19 +91,6 @@ def bundled_cli() -> Path | None:
 
     found = shutil.which("claude")
     return Path(found) if found else None
-
-
-def credential(name: str, environ: Mapping[str, str]) -> str | None:
-    """``name`` from the environment, else the file of that name, lower-cased, in ``$CREDENTIALS_DIRECTORY``."""
-    value = environ.get(name)
-    if value:
-        return value
-    creds = environ.get("CREDENTIALS_DIRECTORY")
-    if creds:
-        with contextlib.suppress(OSError):
-            text = (Path(creds) / name.lower()).read_text(encoding="utf-8").strip()
-            return text or None
-    return None
 
 
 @dataclass
@@ -331,6 +319,9 @@ class ClaudeRunner:
             # this hook sends every call to can_use_tool. A hook that fails blocks the call (fail closed).
             hooks={"PreToolUse": [HookMatcher(matcher=None, hooks=[_ask_every_time], on_failure="block")]},
             resume=resume,
+            # The answer as structured output (Claude Code offers a StructuredOutput tool, asks again once if the
+            # model writes text instead); the text's last JSON object, or the text itself, is the fallback.
+            output_format={"type": "json_schema", "schema": ANSWER_SCHEMA},
             stderr=lambda line: None,
         )
 

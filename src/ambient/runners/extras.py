@@ -35,19 +35,3 @@ def missing_extra(cfg: Any) -> str | None:
     module, extra = need
     what = "kind: claude" if kind == "claude" else f"kind: llm with provider {cfg.provider}"
     return f"{what} needs the {module} package, which is not installed: pip install 'ambient[{extra}]'"
-
-
-#: The environment variable (or credential file, lower-cased) of each provider's key, unless ``api_key_env`` says.
-DEFAULT_KEY = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
-
-
-def key_name(cfg: Any) -> str | None:
-    """The variable holding the key of an ``llm`` runner; None when it needs none (an OpenAI-compatible local
-    server at ``base_url`` without ``api_key_env``: Ollama, llama.cpp, vLLM take any key)."""
-    if getattr(cfg, "kind", None) != "llm":
-        return None
-    if cfg.api_key_env:
-        return str(cfg.api_key_env)
-    if cfg.provider == "openai" and cfg.base_url:
-        return None
-    return DEFAULT_KEY[cfg.provider]

@@ -50,12 +50,12 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from ambient.errors import AmbientError
 from ambient.runners.answer import final_answer
 from ambient.runners.base import AgentResult, LlmRunnerConfig, RunRequest, Usage, Watch, error_result
+from ambient.runners.keys import DEFAULT_KEY, credential
 from ambient.runners.pricing import cost_usd
 from ambient.runners.prompt import ANSWER_SCHEMA, AgentPrompt, read_agent_prompt, render_brief, system_prompt
 
@@ -69,7 +69,6 @@ ANTHROPIC_ALIASES: dict[str, str] = {
 }
 #: The model of an Anthropic agent that names none.
 ANTHROPIC_DEFAULT_MODEL = ANTHROPIC_ALIASES["sonnet"]
-DEFAULT_KEY_ENV: dict[str, str] = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 DEFAULT_BASE_URL: dict[str, str] = {"anthropic": "https://api.anthropic.com", "openai": "https://api.openai.com/v1"}
 BASE_URL_ENV: dict[str, str] = {"anthropic": "ANTHROPIC_BASE_URL", "openai": "OPENAI_BASE_URL"}
 #: Sent as the key to an OpenAI-compatible server at an explicit ``base_url`` when no key is configured.
@@ -127,20 +126,6 @@ def resolve_model(provider: str, configured: str | None, frontmatter: str | None
     if model is None or model in ANTHROPIC_ALIASES:
         return None
     return model
-
-
-def read_credential(name: str, environ: Mapping[str, str]) -> str | None:
-    """``name`` from ``environ``, else the file ``name.lower()`` in ``$CREDENTIALS_DIRECTORY`` (whitespace
-    stripped); None when neither holds a value."""
-    value = environ.get(name, "").strip()
-    if value:
-        return value
-    creds = environ.get("CREDENTIALS_DIRECTORY")
-    if creds:
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            text = (Path(creds) / name.lower()).read_text(encoding="utf-8").strip()
-            return text or None
-    return None
 
 
 def _mask(text: str, secret: str | None) -> str:
@@ -219,8 +204,8 @@ class LlmRunner:
         )
 
     def _key(self, cfg: LlmRunnerConfig, base_url: str | None) -> str:
-        name = cfg.api_key_env or DEFAULT_KEY_ENV[cfg.provider]
-        key = read_credential(name, self.environ)
+        name = cfg.api_key_env or DEFAULT_KEY[cfg.provider]
+        key = credential(name, self.environ)
         if key is not None:
             return key
         if cfg.provider == "openai" and base_url:
@@ -390,7 +375,7 @@ class LlmRunner:
         status = getattr(exc, "status_code", None)
         message = _mask(_cut(_provider_message(exc)), key)
         if isinstance(status, int) and status in (401, 403):
-            name = cfg.api_key_env or DEFAULT_KEY_ENV[provider]
+            name = cfg.api_key_env or DEFAULT_KEY[provider]
             return error_result(
                 "provider_refused",
                 f"the key for provider {provider} is refused ({status}): check {name} in the daemon's environment "

@@ -43,7 +43,10 @@ WRITE_TOOLS["NotebookEdit"] = "notebook_path"
 READ_TOOLS: dict[str, str] = {"Read": "file_path", "NotebookRead": "notebook_path", "Glob": "path", "Grep": "path"}
 READ_TOOLS["LS"] = "path"
 #: Tools with no effect outside the agent's own session: never a question.
-HARMLESS = frozenset({"TodoWrite", "ExitPlanMode", "Task", "Agent", "BashOutput", "KillShell", "KillBash"})
+#: ``StructuredOutput`` is how Claude Code hands back the answer ambient asked for (``output_format``).
+HARMLESS = frozenset(
+    {"TodoWrite", "ExitPlanMode", "Task", "Agent", "BashOutput", "KillShell", "KillBash", "StructuredOutput"}
+)
 #: Longest signature kept (a grant, a learned rule's situation).
 MAX_SIGNATURE = 500
 _SHELL_SYNTAX = re.compile(r"[;&|<>`\n\r]|\$\(|\$\{")
