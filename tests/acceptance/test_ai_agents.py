@@ -387,3 +387,112 @@ def test_init_offers_a_commented_claude_agent_that_validates_once_copied(example
     assert "sk-ant-secret-value-42" not in res.text
     res = brain.cli("doctor", env={"ANTHROPIC_API_KEY": ""})
     assert res.rc == 1 and "no model key for agent reviewer" in res.out, res
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_claude_agent_cleanly_and_the_next_start_resumes_it(ai_brain: Brain) -> None:
+    """systemctl stop while a Claude agent runs a command: the daemon exits, nothing of the agent is left
+    running, and the next start resumes the item, which completes once."""
+    brain = ai_brain
+    _bash_agent(brain, "sleep 3; echo once >> work/out/$ITEM.log", allowed_tools=["Bash"])
+    brain.workflow("slowbuild", for_each("slowbuild", "coder", ["a"]))
+    with brain.daemon() as daemon:
+        wait(lambda: _doing(brain), "the agent to run its command", timeout=AI_WAIT)
+        assert daemon.stop() == 0
+    assert _ambient_processes(brain.root) == []
+    with brain.daemon():
+        [record] = brain.wait_finished("slowbuild", timeout=AI_WAIT)
+    assert record["outcome"] == "success", record
+    assert brain.read("work/out/a.log") == "once\n"
+
+
+def _doing(brain: Brain) -> str | None:
+    """The tool a running item's agent is using now, as `ambient status --json` shows it."""
+    for run in brain.status()["runs"]:
+        for item in run["items"]:
+            if item.get("now"):
+                return str(item["now"]["tool"])
+    return None
+
+
+def test_a_claude_agent_over_its_timeout_is_stopped_and_leaves_nothing_running(ai_brain: Brain) -> None:
+    brain = ai_brain
+    _bash_agent(brain, "python3 -c 'import time; time.sleep(60)'", allowed_tools=["Bash"], timeout_s=3)
+    brain.workflow("stuck", for_each("stuck", "coder", ["a"], extra="  on_return:\n    error: [abort]\n"))
+    with brain.daemon():
+        [record] = brain.wait_finished("stuck", timeout=AI_WAIT)
+        assert record["steps"][0]["result"] == "error"
+        assert "timeout_s of 3 s" in record["steps"][0]["error"]
+        wait(lambda: not _ambient_processes(brain.root), "the agent's processes gone", timeout=30)
+
+
+@pytest.mark.slow
+def test_a_learned_rule_allows_a_command_you_always_allow(ai_brain: Brain) -> None:
+    """You allowed `echo built >> work/out/log` four times: the rule is active; opted in for the workflow, the
+    next time it is allowed without asking you (and you are told)."""
+    brain = ai_brain
+    _bash_agent(brain, "echo built >> work/out/log")
+    brain.workflow("build", for_each("build", "coder", ["a"]))
+    with brain.daemon():
+        for n in range(1, 5):
+            if n > 1:
+                brain.ok("start", "build")
+            esc = _escalation(brain, "permission")
+            assert brain.decide(esc["id"], "allow").rc == 0
+            brain.wait_finished("build", count=n, timeout=AI_WAIT)
+        [rule] = brain.ok("rules", "--json").json()["rules"]
+        assert (rule["state"], rule["option"]) == ("active", "allow"), rule
+        assert "Bash: echo built >> work/out/log" in json.dumps(rule)
+        brain.ok("rules", "optin", "--workflow", "build")
+        brain.ok("start", "build")
+        [record] = brain.wait_finished("build", count=5, timeout=AI_WAIT)[-1:]
+    assert record["outcome"] == "success", record
+    assert [d["auto"] for d in record["decisions"]] == [True]
+    assert brain.read("work/out/log") == "built\n" * 5
+    assert len(brain.escalations(all=True)) == 5  # four asked you, the fifth was answered by the rule
+
+
+# ---------------------------------------------------------------- kind: llm
+
+
+def test_an_llm_agent_answers_in_one_call_with_its_cost(ai_brain: Brain, api: FakeAnthropic) -> None:
+    """`kind: llm` over the Anthropic Messages API: one request per item, the answer on the contract, the cost
+    recorded, the agent's body as a cached system prefix identical for every item."""
+    brain = ai_brain
+    brain.write("agents/summary.md", ai_agent_md("summary", "You summarise.", runner={"kind": "llm", "model": "haiku"}))
+    brain.workflow("sum", for_each("sum", "summary", ["a", "b", "c"]))
+    with brain.daemon():
+        [record] = brain.wait_finished("sum", timeout=AI_WAIT)
+    assert record["outcome"] == "success", record
+    assert len(api.requests) == 3
+    assert all(s["usage"]["cost_usd"] > 0 for s in record["steps"])
+    systems = {json.dumps(r.body["system"]) for r in api.requests if r.body}
+    assert len(systems) == 1 and "cache_control" in next(iter(systems))
+
+
+def test_an_llm_agent_on_an_openai_compatible_server(ai_brain: Brain) -> None:
+    """`provider: openai` at a `base_url` (Ollama, vLLM, llama.cpp…): no key needed, the answer on the contract."""
+    from ambient.testing.fakeapi import FakeOpenAI
+
+    brain = ai_brain
+    with FakeOpenAI() as local:
+        runner = {"kind": "llm", "provider": "openai", "base_url": f"{local.url}/v1", "model": "llama3.1"}
+        brain.write("agents/tagger.md", ai_agent_md("tagger", "You tag.", runner=runner))
+        brain.workflow("tags", for_each("tags", "tagger", ["a", "b"]))
+        with brain.daemon():
+            [record] = brain.wait_finished("tags", timeout=AI_WAIT)
+        assert record["outcome"] == "success", record
+        assert len([r for r in local.requests if r.path.endswith("/chat/completions")]) == 2
+
+
+def test_an_llm_agent_with_a_refused_key_asks_once(ai_brain: Brain, api: FakeAnthropic) -> None:
+    brain = ai_brain
+    api.fail(401)
+    brain.write("agents/summary.md", ai_agent_md("summary", "You summarise.", runner={"kind": "llm"}))
+    brain.workflow("sum", for_each("sum", "summary", ["a", "b", "c", "d"]))
+    with brain.daemon():
+        esc = _escalation(brain, "provider")
+        assert "anthropic" in esc["question"] and "401" in esc["question"]
+        assert len(api.requests) <= 4
+        assert len(brain.escalations()) == 1
+        assert "sk-ant-acceptance-key" not in json.dumps(brain.escalations())
