@@ -28,10 +28,10 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import structlog
 
@@ -230,7 +230,7 @@ class ClaudeRunner:
         return replace(res, duration_ms=int((time.monotonic() - started) * 1000))
 
     async def _session(self, req: RunRequest, cfg: ClaudeRunnerConfig, prompt: AgentPrompt, cli: Path) -> AgentResult:
-        from claude_agent_sdk import ClaudeSDKError, ResultMessage, query
+        from claude_agent_sdk import ClaudeSDKClient, ClaudeSDKError, ResultMessage
 
         state = await asyncio.to_thread(self.sessions.load, req.run_id, req.item)
         pending_before = state.pending
@@ -259,12 +259,15 @@ class ClaudeRunner:
         result: Any = None
         refused: str | None = None
         try:
-            session = cast("AsyncGenerator[Any, None]", query(prompt=_one_message(brief), options=options))
-            async with contextlib.aclosing(session) as messages:
-                async for message in messages:
+            # A client, not query(): leaving its context closes the CLI and every stream of the session, also on a
+            # break (a refused key) or a cancellation (timeout, shutdown).
+            async with ClaudeSDKClient(options=options) as client:
+                await client.query(brief)
+                async for message in client.receive_response():
                     refused = _refusal(message)
-                    if refused is not None:
-                        break  # closing the query stops the CLI: a refused key is never retried (no storm)
+                    if refused is not None:  # a refused key is never retried (no storm): stop the turn, leave
+                        await client.interrupt()
+                        break
                     await self._on_message(message, run, state)
                     if isinstance(message, ResultMessage):
                         result = message
@@ -516,11 +519,6 @@ def _refusal(message: Any) -> str | None:
 async def _ask_every_time(_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
     """PreToolUse: no call is decided by Claude Code itself; each one goes to ``can_use_tool``."""
     return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "ask"}}
-
-
-async def _one_message(text: str) -> AsyncIterator[dict[str, Any]]:
-    """The prompt as the SDK's streaming input (``can_use_tool`` needs it): one user message."""
-    yield {"type": "user", "message": {"role": "user", "content": text}, "parent_tool_use_id": None}
 
 
 def _resolve(path: str, base: Path) -> Path:
