@@ -91,7 +91,7 @@ def test_questions_say_what_was_spent_against_what() -> None:
     assert "reached the daily budget: $50.20 of $50.00 today (UTC day 2026-03-18" in budget_question("w", daily)
     assert (
         provider_question({"error": "401 invalid x-api-key"})
-        == "the model provider refused the key: 401 invalid x-api-key"
+        == "the model provider cannot be used, so this run waits: 401 invalid x-api-key"
     )
 
 

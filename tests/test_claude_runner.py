@@ -141,3 +141,21 @@ async def test_a_refused_key_ends_at_the_first_request(tmp_path: Path, api: Fake
     assert (res.status, res.reason) == ("error", "provider_refused")
     assert "refused (401)" in str(res.error)
     assert len(api.requests) == 1
+
+
+async def test_an_api_that_cannot_be_reached_stops_the_session_in_seconds(tmp_path: Path, api: FakeAnthropic) -> None:
+    """Claude Code would retry a refused connection for about three minutes; the item stops after three tries and
+    says where it tried."""
+    brain = make_brain(tmp_path / "brain", DONE)
+    h = Harness(brain, api, environ={"ANTHROPIC_BASE_URL": "http://127.0.0.1:1"})
+    res = await h.run()
+    assert (res.status, res.reason) == ("error", "provider_unreachable")
+    assert "the model API at http://127.0.0.1:1 cannot be reached" in str(res.error)
+
+
+async def test_a_wrong_path_in_the_base_url_is_named(tmp_path: Path, api: FakeAnthropic) -> None:
+    brain = make_brain(tmp_path / "brain", DONE)
+    h = Harness(brain, api, environ={"ANTHROPIC_BASE_URL": f"{api.url}/bogus"})
+    res = await h.run()
+    assert (res.status, res.reason) == ("error", "provider_unreachable"), res
+    assert f"the model API at {api.url}/bogus answered 404" in str(res.error)

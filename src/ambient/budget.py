@@ -23,7 +23,9 @@ per_run    ``deploy-batch reached its budget: $2.10 of $2.00      raise: another
 daily      ``deploy-batch reached the daily budget: $50.20 of     raise: this run's cap for the day is lifted
            $50.00 today (UTC day 2026-03-18, all runs)``          by ``daily_usd``; wait: held until the UTC
                                                                   day changes, then it goes on by itself; abort
-provider   ``the model provider refused the key: <error>``        retry: the run goes on; abort
+provider   ``the model provider cannot be used, so this   retry: the run goes on; abort
+           run waits: <error>`` (a refused key, an API
+           that cannot be reached)
 =========  =====================================================  ==========================================
 
 The run journal keeps holds as events (``hold``, ``escalated`` with ``hold``, ``decided``, ``unhold``), so a held run
@@ -165,7 +167,7 @@ def next_day(at: datetime) -> datetime:
 HoldKind = Literal["per_run", "daily", "provider"]
 BUDGET_HOLDS: tuple[HoldKind, ...] = ("per_run", "daily")
 #: The hold a runner's result asks for (``AttemptResult.hold``) → the run's hold.
-HOLD_OF_RESULT: dict[str, HoldKind] = {"provider_refused": "provider"}
+HOLD_OF_RESULT: dict[str, HoldKind] = {"provider_refused": "provider", "provider_unreachable": "provider"}
 #: The escalation kind of each hold.
 ESCALATION_KIND: dict[str, str] = {"per_run": "budget", "daily": "budget", "provider": "provider"}
 
@@ -238,9 +240,9 @@ def budget_question(workflow: str, hold: Mapping[str, Any]) -> str:
 
 
 def provider_question(hold: Mapping[str, Any]) -> str:
-    """What the person is asked when the model provider refused the key."""
+    """What the person is asked when the model provider refused the key or cannot be reached (the error says which)."""
     error = str(hold.get("error") or "no detail").strip()
-    return f"the model provider refused the key: {error}"[:2000]
+    return f"the model provider cannot be used, so this run waits: {error}"[:2000]
 
 
 #: The words a learned rule matches for a hold (never the amounts, which change every time).
@@ -256,7 +258,7 @@ def hold_options(hold: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     kind = hold.get("hold")
     if kind == "provider":
         return [
-            ("retry", "The key is fixed: run the item again and go on", "retry"),
+            ("retry", "Fixed (the key, the address, the network): run the item again and go on", "retry"),
             ("abort", "Abort the run", "abort"),
         ]
     budget = fmt_usd(float(hold.get("budget") or 0))

@@ -145,7 +145,7 @@ class SingleInstance:
         self.info = {"pid": os.getpid(), "started_at": now.isoformat(), "version": __version__}
         self._write_info()
 
-    def record_loaded(self, brain: Brain, now: datetime) -> None:
+    def record_loaded(self, brain: Brain, now: datetime, model_keys: Iterable[str] = ()) -> None:
         """Say in ``daemon.json`` what the daemon runs with: ``profil/ambient.yml`` (its sha256 and values, secrets
         masked; ``ambient doctor`` compares them with the file to tell a daemon that did not reload) and each
         workflow's sha256 (a file that no longer loads keeps its previous version here, which ``ambient start``
@@ -157,6 +157,7 @@ class SingleInstance:
             "file": found.own if found else None,
         }
         self.info["workflows"] = {name: wf.spec_hash for name, wf in sorted(brain.workflows.items())}
+        self.info["model_keys"] = sorted(model_keys)  # names only: `ambient doctor` checks the daemon's, not its own
         self._write_info()
 
     def _write_info(self) -> None:
@@ -1112,7 +1113,8 @@ class Daemon:
         self.digest.hours = s.notify.digest_hours
         self.digest.enabled = s.notify.digest and self.notify.active
         self.escalator.digest = self.digest if self.digest.enabled else None
-        await asyncio.to_thread(self._instance.record_loaded, self.ref.brain, self.clock.now())
+        keys = [n for n in MODEL_KEYS if credential(n, self.options.environ)]
+        await asyncio.to_thread(self._instance.record_loaded, self.ref.brain, self.clock.now(), keys)
 
     def _status_line(self) -> str:
         runs = self.manager.active_runs()

@@ -32,7 +32,7 @@ from ambient.problems import Problem
 from ambient.yamlfile import KiB, dump_yaml, expect_mapping, load_file, problems_from_validation
 
 #: permission: a tool call an AI agent waits on the person for; budget: a run reached a budget (ambient.budget);
-#: provider: the model provider refused the key (the run holds).
+#: provider: the model provider refused the key or cannot be reached (the run holds).
 Kind = Literal["fail", "error", "blocked", "gate", "circuit_break", "question", "permission", "budget", "provider"]
 Status = Literal["pending", "answered", "expired", "cancelled"]
 Channel = Literal["cli", "telegram", "rule", "timeout"]

@@ -223,7 +223,7 @@ def check_brain(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Any, lis
             hint = "a warning: the file loads and runs; `ambient validate --strict` treats warnings as errors"
         found.append(Finding(severity, check, p.message, hint, p.file, p.line))
     found += _check_programs(paths, brain)
-    found += check_ai_runners(brain.runners, environ)
+    found += check_ai_runners(brain.runners, environ, daemon_keys=_daemon_keys(paths))
     return brain, found
 
 
@@ -242,10 +242,31 @@ def _check_programs(paths: BrainPaths, brain: Any) -> list[Finding]:
     return found
 
 
-def check_ai_runners(runners: Mapping[str, Any], environ: Mapping[str, str]) -> list[Finding]:
-    """AI agents: the Claude Code CLI is there, and the model's key is present in this environment or
-    ``$CREDENTIALS_DIRECTORY`` (named, never shown). A missing SDK is said by the brain check (``extra_problems``).
-    Under systemd the daemon's environment is the unit's: run doctor there (``systemd-run``) to check the same."""
+def _daemon_keys(paths: BrainPaths) -> set[str] | None:
+    """The model keys the running daemon has (names, from ``daemon.json``), or None when no daemon is up."""
+    from ambient.daemon import daemon_up
+
+    if not daemon_up(paths):
+        return None
+    try:
+        keys = json.loads((paths.state / "daemon.json").read_text()).get("model_keys")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return {str(k) for k in keys} if isinstance(keys, list) else None
+
+
+def check_ai_runners(
+    runners: Mapping[str, Any], environ: Mapping[str, str], *, daemon_keys: set[str] | None = None
+) -> list[Finding]:
+    """AI agents: the Claude Code CLI is there, and the model's key is present (named, never shown): in the running
+    daemon's environment when one is up (``daemon_keys``, what it recorded), else in this one or
+    ``$CREDENTIALS_DIRECTORY``, which is what ``ambient run`` from here would get. A missing SDK is said by the brain
+    check (``extra_problems``)."""
+
+    def has(name: str) -> bool:
+        return name in daemon_keys if daemon_keys is not None else credential(name, environ) is not None
+
+    where = "the running daemon's environment" if daemon_keys is not None else "this environment"
     from ambient.runners import claude
     from ambient.runners.extras import missing_extra
     from ambient.runners.keys import credential, key_name
@@ -264,15 +285,15 @@ def check_ai_runners(runners: Mapping[str, Any], environ: Mapping[str, str]) -> 
             )
         else:
             found.append(Finding("info", "ai", f"Claude Code CLI: {cli}", "", None, None))
-        keys = [n for n in claude.KEY_NAMES if credential(n, environ)]
+        keys = [n for n in claude.KEY_NAMES if has(n)]
         if keys:
-            found.append(Finding("info", "ai", f"model key for {agents}: {keys[0]} is set", "", None, None))
+            found.append(Finding("info", "ai", f"model key for {agents}: {keys[0]} is set in {where}", "", None, None))
         else:
             found.append(
                 Finding(
                     "error",
                     "ai",
-                    f"no model key for {agents}: none of {', '.join(claude.KEY_NAMES)} is set",
+                    f"no model key for {agents}: none of {', '.join(claude.KEY_NAMES)} is set in {where}",
                     "export ANTHROPIC_API_KEY in the daemon's environment, or put it in the file "
                     "$CREDENTIALS_DIRECTORY/anthropic_api_key (systemd: LoadCredential=anthropic_api_key:/etc/...)",
                 )
@@ -283,11 +304,11 @@ def check_ai_runners(runners: Mapping[str, Any], environ: Mapping[str, str]) -> 
         needed = sorted({v for n in names if (v := key_name(runners[n])) is not None})
         for var in needed:
             users = _agents([n for n in names if key_name(runners[n]) == var])
-            if credential(var, environ):
-                found.append(Finding("info", "ai", f"model key for {users}: {var} is set", "", None, None))
+            if has(var):
+                found.append(Finding("info", "ai", f"model key for {users}: {var} is set in {where}", "", None, None))
             else:
                 hint = f"export {var}, or put it in $CREDENTIALS_DIRECTORY/{var.lower()}"
-                found.append(Finding("error", "ai", f"no model key for {users}: {var} is not set", hint))
+                found.append(Finding("error", "ai", f"no model key for {users}: {var} is not set in {where}", hint))
     return found
 
 
@@ -572,7 +593,8 @@ def check_confinement() -> list[Finding]:
             Finding(
                 "info",
                 "confinement",
-                f"agents are confined (Landlock ABI {version}): they read the brain and write only their scope",
+                f"command agents are confined (Landlock ABI {version}): they read the brain and write only their "
+                "scope (Claude agents are held by ambient's judgement of each tool call instead)",
                 "an agent with `ambient.runner.confine: false` runs unconfined",
             )
         ]

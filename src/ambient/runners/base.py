@@ -52,7 +52,8 @@ Reason = Literal[
     "bad_request",  # the request could not be turned into a process (template, NUL, packet too big, import)
     "exception",  # a callable agent raised
     "provider_refused",  # the model provider refused the key (401/403): the person must act, no retry helps
-    "provider_failed",  # the model provider kept failing (429/5xx after retries, unreachable)
+    "provider_failed",  # the model provider kept failing (429/5xx after retries)
+    "provider_unreachable",  # the model API cannot be reached or is not one (connection refused, 404): the person acts
     "budget",  # the agent's own max_budget_usd or max_turns ended it
 ]
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib
 import json
 import os
 import sys
@@ -38,11 +39,12 @@ import structlog
 from ambient.errors import AmbientError, InputError
 from ambient.fsutil import atomic_write, read_capped
 from ambient.paths import BrainPaths
-from ambient.runners import permissions
+from ambient.runners import claude_launch, permissions
 from ambient.runners.answer import final_answer
 from ambient.runners.base import (
     AgentResult,
     ClaudeRunnerConfig,
+    Reason,
     RunRequest,
     Usage,
     Watch,
@@ -67,15 +69,6 @@ _MAX_STATE_BYTES = 256 * 1024
 #: Under the state folder: what each AI agent is doing now (written by the daemon, read by ``ambient status``).
 NOW_FILE = "now.json"
 _WATCH_CHARS = 1000
-
-
-def sdk_available() -> bool:
-    """Whether the ``claude`` extra is installed (the SDK imports)."""
-    try:
-        import claude_agent_sdk  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def bundled_cli() -> Path | None:
@@ -185,6 +178,8 @@ class _Attempt:
     model: str | None = None
     texts: list[str] = field(default_factory=list)
     tool: str | None = None
+    unreachable: int = 0  # connection failures in a row (see _refusal)
+    quiet: set[str] = field(default_factory=set)  # tool calls not shown in the thread (StructuredOutput)
 
 
 class ClaudeRunner:
@@ -210,8 +205,8 @@ class ClaudeRunner:
 
     async def run(self, req: RunRequest, cfg: ClaudeRunnerConfig) -> AgentResult:
         started = time.monotonic()
-        try:
-            import claude_agent_sdk  # noqa: F401
+        try:  # ~0.6 s of CPU the first time: in a thread, so no run waits on it
+            await asyncio.to_thread(importlib.import_module, "claude_agent_sdk")
         except ImportError:
             return error_result("spawn_failed", f"kind: claude needs the Claude Agent SDK: {EXTRA_HINT}")
         cli = bundled_cli()
@@ -257,14 +252,14 @@ class ClaudeRunner:
         options = self._options(req, cfg, prompt, cli, workdir, run, resume)
         brief = render_brief(req, note=note)
         result: Any = None
-        refused: str | None = None
+        refused: tuple[Reason, str] | None = None
         try:
             # A client, not query(): leaving its context closes the CLI and every stream of the session, also on a
             # break (a refused key) or a cancellation (timeout, shutdown).
             async with ClaudeSDKClient(options=options) as client:
                 await client.query(brief)
                 async for message in client.receive_response():
-                    refused = _refusal(message)
+                    refused = _refusal(message, run, self._api_url(cfg))
                     if refused is not None:  # a refused key is never retried (no storm): stop the turn, leave
                         await client.interrupt()
                         break
@@ -275,7 +270,7 @@ class ClaudeRunner:
             if run.asked is None:
                 return error_result("agent_error", f"Claude Code failed: {str(exc)[:500]}")
         if refused is not None:
-            return error_result("provider_refused", refused)
+            return error_result(refused[0], refused[1])
         usage = _usage(result, run)
         if run.asked is not None and run.asked_call is not None:
             return self._question(run, state, usage)
@@ -284,7 +279,7 @@ class ClaudeRunner:
         if result is None:
             return error_result("agent_error", "Claude Code ended without a result", usage=usage)
         if result.is_error:
-            return self._failed(result, usage)
+            return self._failed(result, usage, self._api_url(cfg))
         text = result.result if isinstance(result.result, str) else "\n".join(run.texts)
         answer = final_answer(result.structured_output, text, agent=req.agent)
         return replace(answer, usage=usage)
@@ -359,10 +354,16 @@ class ClaudeRunner:
         env["AMBIENT_CLAUDE_PARENT"] = str(os.getpid())
         return env
 
+    def _api_url(self, cfg: ClaudeRunnerConfig) -> str:
+        return cfg.base_url or self.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
+
     def _launcher(self) -> Path:
-        """``.ambient/claude/launch``: this interpreter running :mod:`ambient.runners.claude_launch`."""
+        """``.ambient/claude/launch``: :mod:`ambient.runners.claude_launch` as a script of its own, run by this
+        interpreter with ``-IS`` (no site, no ambient package: 13 ms of start-up instead of ~150 ms importing
+        pydantic and friends through ``ambient.runners``, per agent; bench/ai_agents.py)."""
         path = self.home / "launch"
-        text = f"#!{sys.executable}\nfrom ambient.runners.claude_launch import main\n\nmain()\n"
+        source = Path(claude_launch.__file__).read_text(encoding="utf-8")
+        text = f"#!{sys.executable} -IS\n{source}"
         try:
             if path.read_text(encoding="utf-8") == text:
                 return path
@@ -446,7 +447,8 @@ class ClaudeRunner:
                         await asyncio.to_thread(self.sessions.save, run.req.run_id, run.req.item, state)
             elif message.subtype == "api_retry":
                 data = message.data
-                self._tell(run.req, "note", f"the model API failed ({data.get('error_status')}); Claude Code retries")
+                why = data.get("error_status") or data.get("error") or "connection failed"
+                self._tell(run.req, "note", f"the model API failed ({why}); Claude Code retries")
         elif isinstance(message, AssistantMessage):
             self._on_assistant(run, message)
         elif isinstance(message, UserMessage):
@@ -460,6 +462,8 @@ class ClaudeRunner:
             if isinstance(block, TextBlock) and block.text.strip():
                 run.texts.append(block.text)
                 self._tell(run.req, "assistant", block.text)
+            elif isinstance(block, ToolUseBlock) and block.name == "StructuredOutput":
+                run.quiet.add(block.id)  # the answer itself: the RETURN turn says it
             elif isinstance(block, ToolUseBlock):
                 summary = permissions.signature(block.name, block.input)
                 run.tool = block.name
@@ -477,7 +481,7 @@ class ClaudeRunner:
 
         content = message.content if isinstance(message.content, list) else []
         for block in content:
-            if isinstance(block, ToolResultBlock):
+            if isinstance(block, ToolResultBlock) and block.tool_use_id not in run.quiet:
                 text = _result_text(block.content)
                 self._tell(run.req, "tool_result", ("error: " if block.is_error else "") + text)
                 self.current.pop(run.req.key, None)
@@ -490,27 +494,50 @@ class ClaudeRunner:
         except Exception as exc:  # noqa: BLE001 - a live-thread failure never fails the agent
             log.warning("watch_failed", error=str(exc))
 
-    def _failed(self, result: Any, usage: Usage | None) -> AgentResult:
+    def _failed(self, result: Any, usage: Usage | None, url: str) -> AgentResult:
         subtype = str(result.subtype or "")
         words = str(result.result or subtype or "Claude Code reported an error")[:500]
+        if getattr(result, "api_error_status", None) == 404:
+            return error_result(
+                "provider_unreachable",
+                f"the model API at {url} answered 404: check ANTHROPIC_BASE_URL (its path) and the model name "
+                f"({words})",
+                usage=usage,
+            )
+        if subtype in ("", "success"):
+            return error_result("agent_error", f"Claude Code ended with an error: {words}", usage=usage)
         if "max_turns" in subtype or "budget" in subtype:
             return error_result("budget", f"the agent stopped at its limit ({subtype}): {words}", usage=usage)
         return error_result("agent_error", f"Claude Code ended with an error ({subtype}): {words}", usage=usage)
 
 
-def _refusal(message: Any) -> str | None:
-    """What to tell the person when the model API refuses the key (Claude Code would retry a 401 ten times over
-    minutes), else None."""
+#: Connection failures in a row after which a session stops: Claude Code would go on for about three minutes.
+UNREACHABLE_AFTER = 3
+
+
+def _refusal(message: Any, run: _Attempt, url: str) -> tuple[Reason, str] | None:
+    """Why to stop the session now when the model API refuses the key (Claude Code retries a 401 ten times over
+    minutes) or cannot be reached (``UNREACHABLE_AFTER`` connection failures in a row), else None."""
     from claude_agent_sdk import AssistantMessage, SystemMessage
 
     status: Any = None
     if isinstance(message, SystemMessage) and message.subtype == "api_retry":
         status = message.data.get("error_status")
+        if status is None:
+            run.unreachable += 1
+            if run.unreachable >= UNREACHABLE_AFTER:
+                error = str(message.data.get("error") or "connection failed")
+                return "provider_unreachable", (
+                    f"the model API at {url} cannot be reached ({error}, {run.unreachable} tries): check "
+                    "ANTHROPIC_BASE_URL and the network, then retry"
+                )
+            return None
     elif isinstance(message, AssistantMessage) and message.error in ("authentication_failed", "billing_error"):
         status = message.error
+    run.unreachable = 0
     if status not in (401, 403, "authentication_failed", "billing_error"):
         return None
-    return (
+    return "provider_refused", (
         f"the key for provider anthropic is refused ({status}): check ANTHROPIC_API_KEY (or CLAUDE_CODE_OAUTH_TOKEN) "
         "in the daemon's environment or $CREDENTIALS_DIRECTORY, then retry"
     )

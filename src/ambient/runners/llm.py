@@ -381,6 +381,12 @@ class LlmRunner:
                 f"the key for provider {provider} is refused ({status}): check {name} in the daemon's environment "
                 f"or $CREDENTIALS_DIRECTORY/{name.lower()}, then retry ({message})",
             )
+        if status == 404:
+            return error_result(
+                "provider_unreachable",
+                f"provider {provider} answered 404 at {base_url_of(exc)}: check base_url (its path) and the model name "
+                f"({message})",
+            )
         if isinstance(status, int):
             retried = status in (408, 409, 429) or status >= 500
             after = f" after {cfg.max_retries} retries" if retried and cfg.max_retries else ""
@@ -393,7 +399,9 @@ class LlmRunner:
             )
         if kind == "APIConnectionError":
             return error_result(
-                "provider_failed", f"provider {provider} unreachable after {cfg.max_retries} retries: {message}"
+                "provider_unreachable",
+                f"provider {provider} unreachable at {base_url_of(exc)} after {cfg.max_retries} retries: {message}; "
+                "check base_url and the network, then retry",
             )
         if _is_sdk_error(exc):
             return error_result("provider_failed", f"provider {provider} call failed ({kind}): {message}")
@@ -435,3 +443,13 @@ def _provider_message(exc: BaseException) -> str:
 def _is_sdk_error(exc: BaseException) -> bool:
     module = type(exc).__module__
     return module.startswith(("anthropic", "openai", "httpx"))
+
+
+def base_url_of(exc: BaseException) -> str:
+    """The address an SDK error was about (its request's URL without the path's query), for the person."""
+    request = getattr(exc, "request", None)
+    url = getattr(request, "url", None)
+    if url is None:
+        return "its base_url"
+    text = str(url)
+    return text.split("?", 1)[0]
