@@ -130,9 +130,13 @@ def total_of(usages: Iterable[Mapping[str, Any] | None]) -> UsageTotals:
 
 
 def fmt_usd(amount: float) -> str:
-    """``$2.10``; amounts under a cent keep their figures (``$0.0042``)."""
-    if amount and abs(amount) < 0.01:
-        return f"${amount:.4f}"
+    """``$2.10``; amounts under a dollar keep four figures (``$0.0103``: a small budget's ``$0.01 of $0.01`` would
+    hide that it was passed)."""
+    if amount and abs(amount) < 1:
+        text = f"{amount:.4f}"
+        while text.endswith("0") and len(text.split(".")[1]) > 2:
+            text = text[:-1]
+        return f"${text}"
     return f"${amount:,.2f}"
 
 

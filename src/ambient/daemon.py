@@ -69,6 +69,7 @@ from ambient.router import Channel, ChannelRegistry, Router, write_inbox
 from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
 from ambient.runners.base import RunRequest
+from ambient.runners.claude import KEY_NAMES as CLAUDE_KEYS
 from ambient.runners.claude import MODEL_KEYS, NOW_FILE, ClaudeRunner
 from ambient.runners.command import landlock_abi
 from ambient.runners.keys import credential
@@ -622,6 +623,7 @@ class Daemon:
             value = credential(name, env)
             if value:
                 self.secrets.add(value)
+        self._warn_missing_keys(brain, env)
         self.claude = ClaudeRunner(p, environ=env, watch=self._watch)
         self.runners = Runners(
             command=CommandRunner(
@@ -666,6 +668,19 @@ class Daemon:
             tick_seconds=s.tick_seconds,
             clock=self.clock,
         )
+
+    def _warn_missing_keys(self, brain: Brain, env: Mapping[str, str]) -> None:
+        """At start, not at the first agent: AI agents whose model key this daemon does not have (names only)."""
+        from ambient.runners.keys import key_name
+
+        missing: dict[str, list[str]] = {}
+        for agent, cfg in sorted(brain.runners.items()):
+            if cfg.kind == "claude" and not any(credential(n, env) for n in CLAUDE_KEYS):
+                missing.setdefault(" or ".join(CLAUDE_KEYS), []).append(agent)
+            elif cfg.kind == "llm" and (var := key_name(cfg)) is not None and credential(var, env) is None:
+                missing.setdefault(var, []).append(agent)
+        for var, agents in missing.items():
+            log.warning("model_key_missing", key=var, agents=agents[:10], count=len(agents), hint="ambient doctor")
 
     def _report(self, brain: Brain) -> None:
         for p in brain.problems:

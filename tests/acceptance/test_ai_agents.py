@@ -496,3 +496,10 @@ def test_an_llm_agent_with_a_refused_key_asks_once(ai_brain: Brain, api: FakeAnt
         assert len(api.requests) <= 4
         assert len(brain.escalations()) == 1
         assert "sk-ant-acceptance-key" not in json.dumps(brain.escalations())
+
+
+def test_a_daemon_without_the_model_key_says_so_at_start(brain: Brain) -> None:
+    brain.write("agents/writer.md", ai_agent_md("writer", "You write.", runner=CLAUDE))
+    with brain.daemon(env={"ANTHROPIC_API_KEY": ""}) as daemon:
+        [line] = daemon.wait_log("model_key_missing")
+    assert line["agents"] == ["writer"] and "ANTHROPIC_API_KEY" in line["key"]
