@@ -163,6 +163,7 @@ def test_a_denied_bash_call_is_told_to_the_agent_which_ends_as_it_chooses(ai_bra
     assert "not built: the person said no" in _thread(brain, "coder")
 
 
+@pytest.mark.slow
 def test_allow_always_stops_asking_for_that_command(ai_brain: Brain) -> None:
     """`allow always`: the next run's same command runs without a question; another command still asks."""
     brain = ai_brain
@@ -188,6 +189,7 @@ def test_the_allowlist_lets_a_command_run_without_asking(ai_brain: Brain) -> Non
     assert brain.path("work/out/a.log").exists()
 
 
+@pytest.mark.slow
 def test_a_permission_is_answered_by_a_telegram_button(ai_brain: Brain, telegram: FakeTelegram, tmp_path: Path) -> None:
     """The question reaches Telegram with one button per answer; a press allows it and the agent goes on."""
     brain = ai_brain
@@ -343,6 +345,7 @@ def test_a_refused_key_asks_the_person_once_and_retry_goes_on(ai_brain: Brain, a
     assert _items_asked(api) == {"a", "b", "c"}
 
 
+@pytest.mark.slow
 def test_the_corpus_brain_runs_every_agent_on_claude_by_default(
     tmp_path: Path, api: FakeAnthropic, corpus: Path
 ) -> None:
@@ -415,6 +418,7 @@ def _doing(brain: Brain) -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_a_claude_agent_over_its_timeout_is_stopped_and_leaves_nothing_running(ai_brain: Brain) -> None:
     brain = ai_brain
     _bash_agent(brain, "python3 -c 'import time; time.sleep(60)'", allowed_tools=["Bash"], timeout_s=3)
