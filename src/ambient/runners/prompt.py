@@ -104,7 +104,10 @@ def render_brief(req: RunRequest, *, note: str | None = None) -> str:
     files: Sequence[str] = scope.get("files") or []
     zone = scope.get("zone")
     workflow = req.vars.get("workflow")
-    lines = ["# Your task"]
+    # A constant first line longer than 20 characters: Claude Code's first system block (a billing header) hashes
+    # characters of the first ~20 of the first user message, so the cacheable prefix stays one for every item
+    # (bench/README, AI agents).
+    lines = ["# Your task, given by ambient"]
     if workflow:
         lines.append(f"Workflow: {workflow}")
     lines.append(f"Item: {req.item}")
