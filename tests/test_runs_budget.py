@@ -216,7 +216,8 @@ async def test_provider_refusal_three_concurrent_items_one_escalation_attempts_u
     await asyncio.sleep(0.05)
     assert len(esc.requests) == 1 and len(delegate.calls) == 3  # one escalation; i4 did not start
     req = esc.requests[0]
-    assert req.kind == "provider" and req.question == "the model provider cannot be used, so this run waits: 401 invalid x-api-key"
+    assert req.kind == "provider"
+    assert req.question == "the model provider cannot be used, so this run waits: 401 invalid x-api-key"
     assert [o[0] for o in req.options] == ["retry", "abort"]
     state = _journal(tmp_path, run_id)
     assert [(i.status, i.attempt, i.fails) for i in state.items[:3]] == [("pending", 1, 0)] * 3
