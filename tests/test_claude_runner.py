@@ -159,3 +159,16 @@ async def test_a_wrong_path_in_the_base_url_is_named(tmp_path: Path, api: FakeAn
     res = await h.run()
     assert (res.status, res.reason) == ("error", "provider_unreachable"), res
     assert f"the model API at {api.url}/bogus answered 404" in str(res.error)
+
+
+async def test_the_frontmatters_model_and_tools_are_claude_codes(tmp_path: Path, api: FakeAnthropic) -> None:
+    """Claude Code's subagent keys: `model:` picks the model, `tools:` the tools it is offered."""
+    brain = make_brain(tmp_path / "brain", DONE)
+    md = brain / "agents" / "coder.md"
+    md.write_text(md.read_text().replace("name: coder\n", "name: coder\nmodel: haiku\ntools: Read, Grep\n"))
+    res = await Harness(brain, api).run()
+    assert res.status == "success", res
+    [main] = [r.body for r in api.requests if r.body and "How to answer (ambient)" in json.dumps(r.body["system"])]
+    assert "haiku" in main["model"]
+    offered = {t["name"] for t in main.get("tools", [])}
+    assert "Read" in offered and "Bash" not in offered and "Write" not in offered
