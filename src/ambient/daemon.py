@@ -1026,7 +1026,7 @@ class Daemon:
             {
                 "ts": self.clock.now().isoformat(),
                 "target": req.agent,
-                "requester": req.agent,
+                "requester": str(req.packet.get("from") or "ambient"),  # the SPAWN's sender: its conversation
                 "correlation_id": req.key,
                 "role": "agent",
                 "source": "runner",
