@@ -177,6 +177,13 @@ def test_allow_always_stops_asking_for_that_command(ai_brain: Brain) -> None:
         brain.wait_finished("build", count=2, timeout=AI_WAIT)
     assert brain.read("work/out/log") == "built\nbuilt\n"
     assert len(brain.escalations(all=True)) == 1
+    assert brain.ok("grants").out.strip() == "coder  Bash: echo built >> work/out/log"
+    assert brain.ok("grants", "--json").json() == {"coder": ["Bash: echo built >> work/out/log"]}
+    assert brain.cli("grants", "forget", "coder", "Bash: something else").rc == 1
+    assert "forgot 1 grant" in brain.ok("grants", "forget", "coder", "Bash: echo built >> work/out/log").out
+    with brain.daemon():
+        brain.ok("start", "build")
+        _escalation(brain, "permission")  # asked again
 
 
 def test_the_allowlist_lets_a_command_run_without_asking(ai_brain: Brain) -> None:

@@ -148,6 +148,24 @@ class SessionStore:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         atomic_write(self.root / "grants.json", json.dumps(data, indent=2, sort_keys=True).encode(), mode=0o600)
 
+    def all_grants(self) -> dict[str, list[str]]:
+        """Every ``allow always``, by agent."""
+        return {a: [g for g in v if isinstance(g, str)] for a, v in self._grants().items() if isinstance(v, list)}
+
+    def forget(self, agent: str, signature: str | None = None) -> int:
+        """Drop one grant of ``agent`` (or all of them): that call is a question again. How many were dropped."""
+        data = self.all_grants()
+        mine = data.get(agent, [])
+        kept = [g for g in mine if signature is not None and g != signature]
+        if len(kept) == len(mine):
+            return 0
+        if kept:
+            data[agent] = kept
+        else:
+            data.pop(agent, None)
+        atomic_write(self.root / "grants.json", json.dumps(data, indent=2, sort_keys=True).encode(), mode=0o600)
+        return len(mine) - len(kept)
+
     def _grants(self) -> dict[str, Any]:
         try:
             data = json.loads(read_capped(self.root / "grants.json", _MAX_STATE_BYTES))
