@@ -92,7 +92,9 @@ def test_a_for_each_over_a_claude_agent_returns_and_records_its_cost(ai_brain: B
     assert wf["cost"]["cost_usd"] == pytest.approx(record["cost_usd"], abs=1e-5)
     assert stats["cost"]["steps"] == 5
     assert "$" in brain.ok("stats").out
-    assert '"signal": "RETURN"' in _thread(brain, "writer")
+    thread = _thread(brain, "writer")
+    assert thread.count("RETURN     writer -> ambient") == 5, thread
+    assert "StructuredOutput" not in thread  # how the answer travelled is not a turn of its own
 
 
 def test_a_write_outside_the_scope_is_denied_without_asking_anyone(ai_brain: Brain) -> None:
