@@ -438,14 +438,14 @@ async def test_timeout_is_provider_failed(tmp_path: Path) -> None:
 
 
 @needs_anthropic
-async def test_unreachable_provider_is_provider_failed(tmp_path: Path) -> None:
+async def test_an_unreachable_provider_holds_the_run_naming_its_address(tmp_path: Path) -> None:
     with FakeAnthropic() as api:
         url = api.url  # a port nobody listens on once the fake is closed
     result = await LlmRunner(environ={"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": KEY}).run(
         request(tmp_path, None), cfg(max_retries=0)
     )
-    assert result.reason == "provider_failed"
-    assert "unreachable" in (result.error or "")
+    assert result.reason == "provider_unreachable"
+    assert f"unreachable at {url}/v1/messages" in (result.error or "")
     no_secret(result, KEY)
 
 
@@ -565,3 +565,14 @@ async def test_openai_missing_key_without_base_url(tmp_path: Path) -> None:
     result = await LlmRunner(environ={}).run(request(tmp_path, None), cfg(provider="openai", model="gpt-6-sol"))
     assert result.reason == "provider_refused"
     assert "OPENAI_API_KEY" in (result.error or "")
+
+
+@needs_anthropic
+async def test_a_wrong_path_in_the_base_url_is_named(tmp_path: Path) -> None:
+    with FakeAnthropic() as api:
+        result = await LlmRunner(environ={"ANTHROPIC_BASE_URL": f"{api.url}/bogus", "ANTHROPIC_API_KEY": KEY}).run(
+            request(tmp_path, None), cfg(max_retries=0)
+        )
+    assert result.reason == "provider_unreachable"
+    assert f"answered 404 at {api.url}/bogus/v1/messages" in (result.error or "")
+    no_secret(result, KEY)
