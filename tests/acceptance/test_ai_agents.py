@@ -435,7 +435,7 @@ def test_a_claude_agent_over_its_timeout_is_stopped_and_leaves_nothing_running(a
     with brain.daemon():
         [record] = brain.wait_finished("stuck", timeout=AI_WAIT)
         assert record["steps"][0]["result"] == "error"
-        assert "timeout_s of 3 s" in record["steps"][0]["error"]
+        assert "ran over its timeout of 3 s" in record["steps"][0]["error"]
         wait(lambda: not _ambient_processes(brain.root), "the agent's processes gone", timeout=30)
 
 

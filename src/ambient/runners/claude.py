@@ -237,7 +237,12 @@ class ClaudeRunner:
         try:
             res = await asyncio.wait_for(self._session(req, cfg, prompt, cli), cfg.timeout_s)
         except TimeoutError:
-            res = error_result("timeout", f"the agent ran over its timeout_s of {cfg.timeout_s:g} s", killed=True)
+            res = error_result(
+                "timeout",
+                f"the agent ran over its timeout of {cfg.timeout_s:g} s (the workflow's timeout:, else the runner's "
+                "timeout_s) and was stopped",
+                killed=True,
+            )
         finally:
             self.current.pop(req.key, None)
         return replace(res, duration_ms=int((time.monotonic() - started) * 1000))
@@ -252,7 +257,7 @@ class ClaudeRunner:
             await asyncio.to_thread(self.sessions.save, req.run_id, req.item, state)
         resume = state.session_id if state.session_id and transcript_exists(self.config_dir, state.session_id) else None
         if resume is None and state.session_id is not None:
-            note = (note or "") + " (your previous session could not be resumed; start the task again)"
+            note = f"{note or ''} (your previous session could not be resumed; start the task again)".strip()
         elif resume is not None and note is None:
             note = "You were interrupted (a retry or a restart of ambient); continue the task where you left off."
         granted = frozenset(state.granted) | await asyncio.to_thread(self.sessions.grants, req.agent)
