@@ -11,8 +11,8 @@ is compared with ``per_run_usd`` (plus what the person allowed more) and the spe
 records' timestamps and ``ambient stats`` count in, the day the providers' usage pages bill by, and one that no
 time-zone or daylight-saving change of the host moves; a daily hold answered ``wait`` lifts at 00:00 UTC.
 
-**Holds.** A run reaching a budget, or whose model provider refused the key, *holds*: no new agent of it starts
-(those already running finish), and the person gets one escalation for the run and that hold:
+**Holds.** A run reaching a budget, or whose model provider refused the key or cannot be reached, *holds*: no new
+agent of it starts (those already running finish), and the person gets one escalation for the run and that hold:
 
 =========  =====================================================  ==========================================
 hold       question                                               answers
@@ -253,7 +253,7 @@ def provider_question(hold: Mapping[str, Any]) -> str:
 HOLD_DETAIL: dict[str, str] = {
     "per_run": "per-run budget reached",
     "daily": "daily budget reached",
-    "provider": "the model provider refused the key",
+    "provider": "the model provider cannot be used",
 }
 
 

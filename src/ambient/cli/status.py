@@ -348,7 +348,7 @@ def cost_text(record: dict[str, Any]) -> str:
     return f" cost={fmt_usd(float(cost))}" + ("+?" if isinstance(unknown, int) and unknown else "")
 
 
-_HELD = {"per_run": "its budget", "daily": "the daily budget", "provider": "the provider refused the key"}
+_HELD = {"per_run": "its budget", "daily": "the daily budget", "provider": "the model provider cannot be used"}
 
 
 def _held_text(run: dict[str, Any]) -> str:

@@ -549,7 +549,8 @@ def _refusal(message: Any, run: _Attempt, url: str) -> tuple[Reason, str] | None
         if status is None:
             run.unreachable += 1
             if run.unreachable >= UNREACHABLE_AFTER:
-                error = str(message.data.get("error") or "connection failed")
+                said = str(message.data.get("error") or "")
+                error = "connection failed" if said in ("", "unknown") else said
                 return "provider_unreachable", (
                     f"the model API at {url} cannot be reached ({error}, {run.unreachable} tries): check "
                     "ANTHROPIC_BASE_URL and the network, then retry"
