@@ -787,3 +787,38 @@ def test_an_items_claim_keeps_a_partial_result(brain: Brain) -> None:
     brain.until_idle()
     [claim] = [yaml.safe_load(p.read_text()) for p in brain.path("claims").glob("*-item-001.yml")]
     assert claim["status"] == "closed" and claim["result"]["status"] == "partial", claim
+
+
+OK_STEP = """
+    import json, sys
+    json.load(sys.stdin)
+    print(json.dumps({"status": "ok"}))
+"""
+
+
+@pytest.mark.parametrize(("action", "outcome"), [("approve", "success"), ("reject", "aborted")])
+def test_gate_approve_on_a_chain_steps_claim_answers_its_run(brain: Brain, action: str, outcome: str) -> None:
+    """A chain's `gate: human` step waits as a claim in waiting_human and as a question: `ambient gate approve` on
+    that claim is the same answer as `ambient decide`, and the run goes on (it was: the claim opened, the run stayed
+    waiting)."""
+    brain.python_agent("worker", OK_STEP)
+    brain.workflow(
+        "ship",
+        """
+        name: ship
+        chain:
+          - {step: 1, type: brain-write, scope: projets/app/README.md, agents: [worker]}
+          - {step: 2, type: deploy, scope: infrastructure/app/, agents: [worker], gate: human}
+    """,
+    )
+    brain.until_idle()
+    [esc] = brain.escalations()
+    [run] = brain.status()["runs"]
+    claim = f"{run['run_id']}-step-2"
+    res = brain.ok("gate", action, claim, "from the gate command")
+    assert esc["id"] in res.out, res
+    brain.until_idle()
+    [record] = brain.finished("ship")
+    assert record["outcome"] == outcome, record
+    assert brain.escalations() == []
+    assert brain.cli("decide", esc["id"], "approve").rc == 1  # already answered

@@ -4,13 +4,17 @@ ACTION is gate (open → waiting_human), approve, reject, pause (cascades to ope
 children), resume (only what the pause cascaded), abort (cascades to every non-terminal child)
 or status. Each change is appended to ``gate_history``. An illegal transition changes nothing
 and exits 2 with the reason.
+
+A chain step's ``gate: human`` waits both as its claim (``waiting_human``) and as a question of its run: approve or
+reject on that claim answers the question, exactly as ``ambient decide`` would (the run then moves the claim), so
+the claim and the run never disagree.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from ambient.cli._common import EXIT_OK, add_command, brain_dir, out, out_json
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
 from ambient.paths import BrainPaths
 
 _ACTIONS = ("gate", "approve", "reject", "pause", "resume", "abort", "status")
@@ -53,6 +57,10 @@ def _cmd_gate(args: argparse.Namespace) -> int:
             else:
                 out(f"  {entry}")
         return EXIT_OK
+    if args.action in ("approve", "reject"):
+        answered = _answer_run_gate(args)
+        if answered is not None:
+            return answered
     changed = store.transition(args.sess_id, args.action, args.message, token=args.token)
     if args.json:
         out_json({sid: c.status for sid, c in changed.items()})
@@ -63,3 +71,25 @@ def _cmd_gate(args: argparse.Namespace) -> int:
         cascade = " (cascade)" if sid != args.sess_id else ""
         out(f"{sid}: {before} -> {claim.status}{cascade}")
     return EXIT_OK
+
+
+def _answer_run_gate(args: argparse.Namespace) -> int | None:
+    """The pending gate question of the run step this claim is, answered like ``ambient decide``; None when the
+    claim is no run's waiting gate (a gate a person or a script set on a claim of their own)."""
+    import os
+
+    from ambient.escalations import AlreadyAnsweredError, EscalationStore
+
+    store = EscalationStore(BrainPaths(brain_dir(args)))
+    for esc in store.list(status="pending"):
+        step = esc.step or esc.item
+        if esc.kind == "gate" and step is not None and f"{esc.run_id}-step-{step}" == args.sess_id:
+            try:
+                done = store.answer(
+                    esc.id, args.action, by=os.environ.get("USER") or "human", channel="cli", note=args.message
+                )
+            except AlreadyAnsweredError as exc:
+                return fail(str(exc), EXIT_NO)
+            out(f"{args.sess_id}: {done.decision} (the run's question {esc.id}, answered as `ambient decide` would)")
+            return EXIT_OK
+    return None
