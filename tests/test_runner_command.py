@@ -679,7 +679,7 @@ class TestKilling:
         self, make_req: Callable[..., RunRequest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """A child that left the group with setsid() and keeps stdout open: the run ends after the drain time
-        with what the agent wrote, and the pipes are let go (the escapee is not ambient's to kill)."""
+        with what the agent wrote, and the pipes are let go."""
         monkeypatch.setattr(command_module, "_DRAIN_S", 0.3)
         pid_file = tmp_path / "escapee"
         code = (
@@ -697,8 +697,10 @@ class TestKilling:
             res = await CommandRunner().run(make_req(), script(code, timeout_s=30))
             assert res.status == "success" and not res.killed, res
             assert res.output == {"status": "success", "output": {"answer": 42}}
-            escapee = int(pid_file.read_text())
-            assert psutil.pid_exists(escapee)  # another session: left alone
+            # Whether the escapee outlives the agent is not this test's: under the spawner (a child subreaper) it is
+            # adopted and swept soon after (README, agents are confined), a race with this line under load (CI:
+            # it was gone once). What matters here is that the result did not wait for its open stdout.
+            assert res.duration_ms < 10_000  # the drain (0.3 s), not the escapee's 60 s
         finally:
             if pid_file.exists() and pid_file.read_text():
                 with contextlib.suppress(ProcessLookupError):
