@@ -205,6 +205,14 @@ def playbook(*steps: Mapping[str, Any]) -> str:
     return "```fake-model\n" + "\n".join(json.dumps(s) for s in steps) + "\n```"
 
 
+#: An agent that reads its SPAWN and answers ok: the plainest real program an acceptance test needs.
+OK_AGENT = """
+    import json, sys
+    json.load(sys.stdin)
+    print(json.dumps({"status": "ok"}))
+"""
+
+
 # ---------------------------------------------------------------- a brain
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.acceptance.harness import AMBIENT, Brain, clean_env, wait
+from tests.acceptance.harness import AMBIENT, OK_AGENT, Brain, clean_env, wait
 
 # ---------------------------------------------------------------- helpers
 
@@ -105,12 +105,6 @@ def _race(brain: Brain, *commands: tuple[str, ...]) -> list[int]:
         proc.communicate(timeout=60)
     return [proc.returncode for proc in procs]
 
-
-OK_AGENT = """
-    import json, sys
-    json.load(sys.stdin)
-    print(json.dumps({"status": "ok"}))
-"""
 
 # ---------------------------------------------------------------- claims
 
@@ -789,19 +783,12 @@ def test_an_items_claim_keeps_a_partial_result(brain: Brain) -> None:
     assert claim["status"] == "closed" and claim["result"]["status"] == "partial", claim
 
 
-OK_STEP = """
-    import json, sys
-    json.load(sys.stdin)
-    print(json.dumps({"status": "ok"}))
-"""
-
-
 @pytest.mark.parametrize(("action", "outcome"), [("approve", "success"), ("reject", "aborted")])
 def test_gate_approve_on_a_chain_steps_claim_answers_its_run(brain: Brain, action: str, outcome: str) -> None:
     """A chain's `gate: human` step waits as a claim in waiting_human and as a question: `ambient gate approve` on
     that claim is the same answer as `ambient decide`, and the run goes on (it was: the claim opened, the run stayed
     waiting)."""
-    brain.python_agent("worker", OK_STEP)
+    brain.python_agent("worker", OK_AGENT)
     brain.workflow(
         "ship",
         """

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.harness import AMBIENT, Brain, agent_md, ambient, clean_env, wait
+from tests.acceptance.harness import AMBIENT, OK_AGENT, Brain, agent_md, ambient, clean_env, wait
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -20,12 +20,6 @@ FAILING_AGENT = """
     import os, sys
     print(f"{os.environ['AMBIENT_ITEM']} is down", file=sys.stderr)
     sys.exit(1)
-"""
-
-OK_AGENT = """
-    import json, sys
-    json.load(sys.stdin)
-    print(json.dumps({"status": "ok"}))
 """
 
 

@@ -13,15 +13,10 @@ from typing import Any
 
 import yaml
 
-from tests.acceptance.harness import AMBIENT, Brain, Webhook, ambient, clean_env, wait
+from tests.acceptance.harness import AMBIENT, OK_AGENT, Brain, Webhook, ambient, clean_env, wait
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
-OK_AGENT = """
-    import json, sys
-    json.load(sys.stdin)
-    print(json.dumps({"status": "ok"}))
-"""
 
 FAILING_AGENT = """
     import sys

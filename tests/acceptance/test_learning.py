@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tests.acceptance.harness import Brain, Webhook, for_each, wait
+from tests.acceptance.harness import OK_AGENT, Brain, Webhook, for_each, wait
 
 # Fails like a flaky network: the numbers change with every run, the situation stays the same.
 FLAKY_AGENT = """
@@ -719,11 +719,6 @@ CRASH_ONCE_AGENT = """
 """
 
 # A code step without tests (the person confirms it), then a deploy behind a human gate.
-STEP_AGENT = """
-    import json, sys
-    json.load(sys.stdin)
-    print(json.dumps({"status": "ok"}))
-"""
 
 
 def _counts(text: str) -> tuple[int, int]:
@@ -755,7 +750,7 @@ def test_replay_of_an_unchanged_for_each_counts_retries_as_retries(brain: Brain)
 
 def test_replay_of_an_unchanged_chain_counts_its_gates_and_close_tiers(brain: Brain) -> None:
     """A chain's human gate and a code step closed without tests reach the person; replay counts both."""
-    brain.python_agent("worker", STEP_AGENT)
+    brain.python_agent("worker", OK_AGENT)
     brain.workflow(
         "ship",
         """
@@ -779,7 +774,7 @@ def test_replay_of_an_unchanged_chain_counts_its_gates_and_close_tiers(brain: Br
 
 def test_replay_says_what_a_changed_workflow_would_do(brain: Brain) -> None:
     """Removing the gate: replay reports one escalation fewer for the same recorded run."""
-    brain.python_agent("worker", STEP_AGENT)
+    brain.python_agent("worker", OK_AGENT)
     gated = """
         name: ship
         chain:
@@ -828,7 +823,7 @@ def test_replay_lists_each_question_with_its_words_and_why_it_reaches_you(brain:
 
 def test_replay_lists_a_gate_that_stopped_a_run_before_its_step(brain: Brain) -> None:
     """A human gate rejected before its step ran counts, and is listed, like every escalation replay counts."""
-    brain.python_agent("worker", STEP_AGENT)
+    brain.python_agent("worker", OK_AGENT)
     brain.workflow(
         "ship",
         """
@@ -852,7 +847,7 @@ def test_replay_lists_a_gate_that_stopped_a_run_before_its_step(brain: Brain) ->
 def test_stats_counts_each_escalation_for_the_agent_it_names(brain: Brain) -> None:
     """Issue 23.14: an escalation counts for its workflow and for the agent named in it (a failure, a gate)."""
     brain.python_agent("failer", "import sys\nsys.exit(1)\n")
-    brain.python_agent("worker", STEP_AGENT)
+    brain.python_agent("worker", OK_AGENT)
     brain.workflow("fails", "workflow: fails\nfor_each: {items: [a], spawn: failer}\n")
     brain.workflow(
         "gated",

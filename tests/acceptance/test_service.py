@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.acceptance.harness import AMBIENT, Brain, Daemon, Webhook, ambient, clean_env, wait
+from tests.acceptance.harness import AMBIENT, OK_AGENT, Brain, Daemon, Webhook, ambient, clean_env, wait
 
 UNITS = Path(__file__).resolve().parents[2] / "examples" / "systemd"
 ANALYZE = shutil.which("systemd-analyze")
@@ -30,11 +30,6 @@ needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is n
 
 TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"  # Telegram's shape: bot id, colon, 35 characters
 
-OK_AGENT = """
-    import json, sys
-    json.load(sys.stdin)
-    print(json.dumps({"status": "ok"}))
-"""
 
 # Notes each start (item, attempt, pid) and waits until the brain holds workspace/go, then succeeds.
 WAITING_AGENT = """

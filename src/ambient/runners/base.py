@@ -168,6 +168,17 @@ class _RunnerModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def check_in_brain(rel: str, hint: str = "") -> str:
+    """A runner's folder relative to the brain's root, that stays inside it (``cwd``, ``workdir``)."""
+    from ambient.fsutil import check_relative  # a pure string check; fsutil is imported lazily to stay light
+
+    try:
+        check_relative(rel)
+    except InputError as exc:
+        raise ValueError(exc.message + hint) from None
+    return rel
+
+
 def check_env(env: dict[str, str]) -> dict[str, str]:
     """A runner's ``env:``: plain names, none of ambient's or the loader's own, no NUL, bounded values."""
     for name, value in env.items():
@@ -227,13 +238,7 @@ class CommandRunnerConfig(_RunnerModel):
     def _check_cwd(cls, cwd: str | None) -> str | None:
         if cwd is None or cwd.startswith("/"):
             return cwd
-        from ambient.fsutil import check_relative  # a pure string check; fsutil is imported lazily to stay light
-
-        try:
-            check_relative(cwd)
-        except InputError as exc:
-            raise ValueError(exc.message) from None
-        return cwd
+        return check_in_brain(cwd)
 
 
 class CallableRunnerConfig(_RunnerModel):
@@ -294,15 +299,7 @@ class ClaudeRunnerConfig(_RunnerModel):
     @field_validator("workdir")
     @classmethod
     def _check_workdir(cls, workdir: str | None) -> str | None:
-        if workdir is None:
-            return None
-        from ambient.fsutil import check_relative  # a pure string check
-
-        try:
-            check_relative(workdir)
-        except InputError as exc:
-            raise ValueError(f"{exc.message} (workdir is relative to the brain's root)") from None
-        return workdir
+        return None if workdir is None else check_in_brain(workdir, " (workdir is relative to the brain's root)")
 
 
 class Price(_RunnerModel):

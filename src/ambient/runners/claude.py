@@ -218,6 +218,7 @@ class ClaudeRunner:
         self.sessions = SessionStore(self.home)
         #: Per running SPAWN key: the tool call in progress (run, item, agent, tool, since) for ``ambient status``.
         self.current: dict[str, dict[str, Any]] = {}
+        self._launcher_ready = False
 
     # -- the run
 
@@ -383,17 +384,21 @@ class ClaudeRunner:
     def _launcher(self) -> Path:
         """``.ambient/claude/launch``: :mod:`ambient.runners.claude_launch` as a script of its own, run by this
         interpreter with ``-IS`` (no site, no ambient package: 13 ms of start-up instead of ~150 ms importing
-        pydantic and friends through ``ambient.runners``, per agent; bench/ai_agents.py)."""
+        pydantic and friends through ``ambient.runners``, per agent; bench/ai_agents.py). Checked once per daemon,
+        not per agent."""
         path = self.home / "launch"
+        if self._launcher_ready:
+            return path
         source = Path(claude_launch.__file__).read_text(encoding="utf-8")
         text = f"#!{sys.executable} -IS\n{source}"
         try:
-            if path.read_text(encoding="utf-8") == text:
-                return path
+            current = path.read_text(encoding="utf-8")
         except OSError:
-            pass
-        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write(path, text, mode=0o700)
+            current = None
+        if current != text:
+            self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+            atomic_write(path, text, mode=0o700)
+        self._launcher_ready = True
         return path
 
     # -- permissions

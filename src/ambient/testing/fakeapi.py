@@ -38,6 +38,7 @@ A reply is derived only from the request (a resumed session, which re-sends its 
 
 from __future__ import annotations
 
+import abc
 import argparse
 import hashlib
 import itertools
@@ -391,7 +392,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-class _FakeServer:
+class _FakeServer(abc.ABC):
     """The shared machinery: a loopback HTTP server in a daemon thread, the record of requests, injected failures."""
 
     provider: ClassVar[str] = ""
@@ -508,11 +509,13 @@ class _FakeServer:
         total = _tokens(prefixes[-1])
         return read, max(0, total - read)
 
+    @abc.abstractmethod
     def _error(self, status: int) -> tuple[int, Any, dict[str, str]]:
-        raise NotImplementedError
+        """The provider's error reply for ``status``: (status, JSON body, headers)."""
 
+    @abc.abstractmethod
     def _respond(self, handler: _Handler, rec: Recorded) -> None:
-        raise NotImplementedError
+        """Answer one recorded request in the provider's own format."""
 
 
 # ---------------------------------------------------------------------------------------------------- Anthropic
