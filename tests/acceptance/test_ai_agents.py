@@ -516,3 +516,27 @@ def test_a_daemon_without_the_model_key_says_so_at_start(brain: Brain) -> None:
     with brain.daemon(env={"ANTHROPIC_API_KEY": ""}) as daemon:
         [line] = daemon.wait_log("model_key_missing")
     assert line["agents"] == ["writer"] and "ANTHROPIC_API_KEY" in line["key"]
+
+
+def test_runner_keys_replace_prompt_workdir_and_a_key_from_credentials(
+    brain: Brain, api: FakeAnthropic, tmp_path: Path
+) -> None:
+    """`system_prompt: replace` sends the body and contract alone (no Claude Code preset); `workdir` is where its
+    commands run; the key may come from `$CREDENTIALS_DIRECTORY/anthropic_api_key` instead of the environment."""
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "anthropic_api_key").write_text("sk-ant-from-a-credential-file\n")
+    brain.env.update({"ANTHROPIC_BASE_URL": api.url, "CREDENTIALS_DIRECTORY": str(creds)})
+    brain.write("projets/app/.keep", "")
+    body = "ONLY THIS BODY.\n\n" + playbook({"tool": "Bash", "input": {"command": "pwd > where.txt"}}, DONE)
+    runner = {**CLAUDE, "system_prompt": "replace", "workdir": "projets/app", "allowed_tools": ["Bash"]}
+    brain.write("agents/builder.md", ai_agent_md("builder", body, runner=runner))
+    brain.workflow("b", for_each("b", "builder", ["a"]))
+    with brain.daemon(env={"ANTHROPIC_API_KEY": ""}):
+        [record] = brain.wait_finished("b", timeout=AI_WAIT)
+    assert record["outcome"] == "success", record
+    assert brain.read("projets/app/where.txt").strip() == str(brain.path("projets/app").resolve())
+    main = next(r for r in api.requests if r.body and "How to answer (ambient)" in json.dumps(r.body.get("system")))
+    system = json.dumps(main.body["system"])
+    assert "ONLY THIS BODY." in system and "You are Claude Code" not in system
+    assert "sk-ant-from-a-credential-file" in json.dumps(main.headers)
