@@ -66,8 +66,16 @@ def _keys(esc: dict[str, Any]) -> list[str]:
     return [o["key"] for o in esc["options"]]
 
 
-def _thread(brain: Brain, agent: str) -> str:
-    return brain.ok("thread", agent).out
+def _thread(brain: Brain, agent: str, shows: str, count: int = 1) -> str:
+    """``ambient thread <agent>`` once it shows ``shows`` (``count`` times): the daemon writes live turns in batches
+    a moment after they happen, so read it while the daemon runs."""
+
+    def shown() -> str | None:
+        out = brain.ok("thread", agent).out
+        return out if out.count(shows) >= count else None
+
+    found: str = wait(shown, f"{shows!r} x{count} in the thread of {agent}", timeout=AI_WAIT)
+    return found
 
 
 def test_a_for_each_over_a_claude_agent_returns_and_records_its_cost(ai_brain: Brain, api: FakeAnthropic) -> None:
@@ -78,6 +86,7 @@ def test_a_for_each_over_a_claude_agent_returns_and_records_its_cost(ai_brain: B
     brain.workflow("notes", for_each("notes", "writer", ["a", "b", "c", "d", "e"]))
     with brain.daemon():
         [record] = brain.wait_finished("notes", timeout=AI_WAIT)
+        thread = _thread(brain, "writer", "RETURN     writer -> ambient", count=5)
     assert record["outcome"] == "success", record
     assert len(record["steps"]) == 5
     for step in record["steps"]:
@@ -92,7 +101,6 @@ def test_a_for_each_over_a_claude_agent_returns_and_records_its_cost(ai_brain: B
     assert wf["cost"]["cost_usd"] == pytest.approx(record["cost_usd"], abs=1e-5)
     assert stats["cost"]["steps"] == 5
     assert "$" in brain.ok("stats").out
-    thread = _thread(brain, "writer")
     assert thread.count("RETURN     writer -> ambient") == 5, thread
     assert "StructuredOutput" not in thread  # how the answer travelled is not a turn of its own
 
@@ -110,11 +118,11 @@ def test_a_write_outside_the_scope_is_denied_without_asking_anyone(ai_brain: Bra
     brain.workflow("filing", for_each("filing", "filer", ["x"]))
     with brain.daemon():
         [record] = brain.wait_finished("filing", timeout=AI_WAIT)
+        _thread(brain, "filer", "outside this item's scope (work/filing/1.txt)")
     assert record["outcome"] == "success", record
     assert record["escalations"] == 0
     assert brain.escalations(all=True) == []
     assert not brain.path("elsewhere/x.md").exists()
-    assert "outside this item's scope (work/filing/1.txt)" in _thread(brain, "filer")
 
 
 def _bash_agent(brain: Brain, command: str, **runner: Any) -> None:
@@ -160,9 +168,9 @@ def test_a_denied_bash_call_is_told_to_the_agent_which_ends_as_it_chooses(ai_bra
         esc = _escalation(brain, "permission")
         assert brain.decide(esc["id"], "deny").rc == 0
         [record] = brain.wait_finished("build", timeout=AI_WAIT)
+        _thread(brain, "coder", "not built: the person said no")
     assert record["outcome"] == "success", record
     assert not brain.path("work/out/a.log").exists()
-    assert "not built: the person said no" in _thread(brain, "coder")
 
 
 @pytest.mark.slow
@@ -330,8 +338,8 @@ def test_a_plain_text_answer_is_a_return_with_its_text(ai_brain: Brain) -> None:
     brain.workflow("review", for_each("review", "reviewer", ["pr-1"]))
     with brain.daemon():
         [record] = brain.wait_finished("review", timeout=AI_WAIT)
+        _thread(brain, "reviewer", "Looks good to me, nothing to change.")
     assert record["outcome"] == "success", record
-    assert "Looks good to me, nothing to change." in _thread(brain, "reviewer")
 
 
 def test_a_refused_key_asks_the_person_once_and_retry_goes_on(ai_brain: Brain, api: FakeAnthropic) -> None:

@@ -86,6 +86,11 @@ def test_a_workflow_dropped_into_a_running_daemon_runs(brain: Brain) -> None:
     with brain.daemon():
         brain.workflow("refresh", fan_out("refresh", ["api", "web"]))
         [record] = brain.wait_finished("refresh")
+        # Live turns are written in batches a moment later: read the thread while the daemon runs.
+        turns = wait(
+            lambda: (t := brain.ok("thread", "worker", "--json", "--limit", "0").json()["turns"]) and len(t) >= 4 and t,
+            "the four turns in the worker's thread",
+        )
     assert record["outcome"] == "success", record
     assert {s["item"] for s in record["steps"]} == {"api", "web"}
     for item in ("api", "web"):
@@ -95,7 +100,6 @@ def test_a_workflow_dropped_into_a_running_daemon_runs(brain: Brain) -> None:
     assert len(claims) == 3, claims  # the run's claim and one per item
     events = [json.loads(line)["ev"] for line in brain.read(f".ambient/runs/{run_id}.jsonl").splitlines()]
     assert events[0] == "started" and events[-1] == "finished_run" and events.count("accepted") == 2, events
-    turns = brain.ok("thread", "worker", "--json", "--limit", "0").json()["turns"]
     delivered = sorted((t["signal"], t["correlation_id"]) for t in turns)  # every packet went through the router
     assert delivered == sorted((sig, f"{run_id}/{item}/1") for sig in ("SPAWN", "RETURN") for item in ("api", "web"))
 
