@@ -119,7 +119,7 @@ class ServingDaemon:
         The wait looks at runs.jsonl's size every 20 ms (a ``stat``: reading the journal meanwhile would take CPU
         from the run on a 2-core machine).
         """
-        from ambient.fsutil import atomic_write
+        from ambient.storage.fsutil import atomic_write
 
         runs_log = self.root / ".ambient" / "runs.jsonl"
         atomic_write(self.root / "workflows" / f"{name}.yml", workflow_text)

@@ -160,7 +160,7 @@ def bench_drop_latency(base: Path, drops: int) -> dict[str, Any]:
     root = new_brain(base, "drop", {"noop": NOOP})
     lat: list[float] = []
     with ServingDaemon(root, daemon_env([BENCH]), base / "drop-daemon.log"):
-        from ambient.fsutil import atomic_write
+        from ambient.storage.fsutil import atomic_write
 
         for k in range(drops):
             time.sleep(0.3)  # spaced drops: each is an isolated change (a burst is debounced on purpose, R-08)

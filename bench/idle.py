@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import TempDir, agent_md, daemon_argv, daemon_env, foreach_yaml, new_brain
 
-from ambient.claims import new_claim
-from ambient.yamlfile import dump_yaml
+from ambient.claims.claim import new_claim
+from ambient.storage.yamlfile import dump_yaml
 
 
 def make_idle_brain(base: Path, workflows: int, claims: int) -> Path:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from ambient.locks import LockManager
-from ambient.paths import BrainPaths
+from ambient.claims.locks import LockManager
+from ambient.storage.paths import BrainPaths
 
 
 def bare_cycles(lock: Path, n: int) -> None:

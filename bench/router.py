@@ -28,11 +28,11 @@ sys.path.insert(0, str(REPO / "src"))
 
 import structlog  # noqa: E402
 
-from ambient.journal import Journal  # noqa: E402
-from ambient.packet import Packet, new_packet_id  # noqa: E402
-from ambient.paths import BrainPaths  # noqa: E402
-from ambient.router import Router, read_audit  # noqa: E402
-from ambient.routing import build_matrix  # noqa: E402
+from ambient.kernel.packet import Packet, new_packet_id  # noqa: E402
+from ambient.kernel.router import Router, read_audit  # noqa: E402
+from ambient.kernel.routing_table import build_matrix  # noqa: E402
+from ambient.storage.journal import Journal  # noqa: E402
+from ambient.storage.paths import BrainPaths  # noqa: E402
 
 WORKERS = ["deploy", "coder", "tester", "vps", "scribe"]
 

@@ -66,6 +66,6 @@ def test_nothing_imports_daemon_or_cli() -> None:
         for m in _imports(path):
             if m.startswith("ambient.cli") and not (rel.startswith("cli/") or rel == "__main__.py"):
                 offenders.append((rel, m))
-            if m == "ambient.daemon" and not rel.startswith("cli/"):
+            if m == "ambient.service.daemon" and not rel.startswith("cli/"):
                 offenders.append((rel, m))
     assert offenders == []

@@ -158,7 +158,7 @@ def agent_md(
 
     ``confine: false`` unless ``runner`` says otherwise: these agents are probes that leave what they saw in the
     brain, outside any scope (README: the way out for such an agent). Confined agents, the default a user gets,
-    are driven by tests/acceptance/test_agents.py's confinement tests and tests/test_containment.py."""
+    are driven by tests/acceptance/test_agents.py's confinement tests and tests/attacks/test_containment.py."""
     ipc = dict(PROJECT_GATE if gate is None else gate)
     lines = [
         "---",

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from ambient import __version__
 from ambient.cli._common import EXIT_USAGE, CommandFunc, add_brain_option, fail, quiet_logs, refused_brain
-from ambient.errors import AmbientError, InputError
+from ambient.core.errors import AmbientError, InputError
 
 #: Commands that run the daemon and set up its logging themselves.
 _DAEMON_COMMANDS = frozenset({"run", "demo"})

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ambient.terminal import printable, printable_json
+from ambient.core.terminal import printable, printable_json
 
 EXIT_OK = 0
 EXIT_NO = 1  # a negative answer: denied, held by another, problems found
@@ -100,7 +100,7 @@ def say(message: str) -> None:
 
 
 def out(text: str = "") -> None:
-    """Print one line on stdout; what a terminal would act on is escaped (agent text: :mod:`ambient.terminal`)."""
+    """Print one line on stdout; what a terminal would act on is escaped (agent text: :mod:`ambient.core.terminal`)."""
     print(printable(text))
 
 

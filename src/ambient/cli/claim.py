@@ -10,11 +10,11 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, out, out_json, say
-from ambient.paths import BrainPaths
+from ambient.storage.paths import BrainPaths
 
 if TYPE_CHECKING:  # pydantic and YAML are imported in the handlers: `ambient --help` stays fast
-    from ambient.claims import Claim
-    from ambient.claimstore import ClaimStore
+    from ambient.claims.claim import Claim
+    from ambient.claims.store import ClaimStore
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,13 +67,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _store(args: argparse.Namespace) -> ClaimStore:
-    from ambient.claimstore import ClaimStore
+    from ambient.claims.store import ClaimStore
 
     return ClaimStore(BrainPaths(brain_dir(args)))
 
 
 def _inferred(claim: Claim) -> tuple[int, str]:
-    from ambient.errors import UnsafePathError
+    from ambient.core.errors import UnsafePathError
 
     try:
         zone = claim.zone
@@ -89,7 +89,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         loaded = store.load()
         problems, claims = loaded.problems, [c for _, c in sorted(loaded.claims.items())]
     else:  # a few statuses out of every claim ever: the census picks them, only their files are parsed
-        from ambient.claimindex import census, read_claims
+        from ambient.claims.index import census, read_claims
 
         seen = census(store)
         picked = read_claims(store, seen, sorted(s for s, f in seen.facts.items() if f.status in wanted))
@@ -114,7 +114,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from ambient.yamlfile import dump_yaml
+    from ambient.storage.yamlfile import dump_yaml
 
     store = _store(args)
     path = store.locate(args.sess_id)
@@ -131,7 +131,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_open(args: argparse.Namespace) -> int:
-    from ambient.claims import find_conflicts, make_sess_id, new_claim
+    from ambient.claims.claim import find_conflicts, make_sess_id, new_claim
 
     store = _store(args)
     now = store.now()

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, out, out_json
-from ambient.terminal import printable
+from ambient.core.terminal import printable
 
 if TYPE_CHECKING:
-    from ambient.paths import BrainPaths
-    from ambient.problems import Problem
-    from ambient.settings import Settings
+    from ambient.config.settings import Settings
+    from ambient.core.problems import Problem
+    from ambient.storage.paths import BrainPaths
 
 Loc = tuple[str, ...]
 _MASK = "****"
@@ -83,11 +83,11 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
     """Load ``profil/ambient.yml`` with ``environ`` applied; problems name the file line or the variable at fault."""
     from pydantic import ValidationError
 
-    from ambient.brain import settings_problems
-    from ambient.errors import InputError
-    from ambient.problems import Problem
-    from ambient.settings import Settings, env_paths, merge_environ, settings_salvaged
-    from ambient.yamlfile import MAX_CONFIG_BYTES, LineMap, expect_mapping, load_file
+    from ambient.config.brain import settings_problems
+    from ambient.config.settings import Settings, env_paths, merge_environ, settings_salvaged
+    from ambient.core.errors import InputError
+    from ambient.core.problems import Problem
+    from ambient.storage.yamlfile import MAX_CONFIG_BYTES, LineMap, expect_mapping, load_file
 
     source = paths.rel(paths.config)
     exists = os.path.lexists(paths.config)
@@ -134,7 +134,7 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
 
 def redacted_settings(settings: Settings) -> dict[str, Any]:
     """``Settings.redacted()`` plus runner environment values masked and token patterns redacted everywhere."""
-    from ambient.redact import redact
+    from ambient.core.redact import redact
 
     data = settings.redacted()
     for runner in data.get("runners", {}).values():
@@ -160,7 +160,7 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from ambient.paths import BrainPaths
+    from ambient.storage.paths import BrainPaths
 
     root = brain_dir(args)  # a brain: main() refused anything else
     cfg = effective_config(BrainPaths(root), os.environ)
@@ -208,7 +208,7 @@ def _as_written(value: object) -> object:
 
 
 def _template(args: argparse.Namespace) -> int:
-    from ambient.scaffold import CONFIG_TEMPLATE
+    from ambient.config.scaffold import CONFIG_TEMPLATE
 
     sys.stdout.write(CONFIG_TEMPLATE)
     return EXIT_OK

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json, quiet_logs
 
 if TYPE_CHECKING:
-    from ambient.paths import BrainPaths
-    from ambient.settings import Settings
+    from ambient.config.settings import Settings
+    from ambient.storage.paths import BrainPaths
 
 Severity = Literal["error", "warning", "info"]
 
@@ -141,8 +141,8 @@ def _mtime(path: Path) -> float | None:
 
 def check_filesystem(paths: BrainPaths) -> list[Finding]:
     """The brain and its state on a filesystem whose locks and renames can be trusted."""
-    from ambient.errors import UnsupportedFilesystemError
-    from ambient.fsutil import check_local_filesystem
+    from ambient.core.errors import UnsupportedFilesystemError
+    from ambient.storage.fsutil import check_local_filesystem
 
     found: list[Finding] = []
     for where in (paths.root, paths.state):
@@ -209,7 +209,7 @@ def _load_hint(file: str, message: str = "") -> tuple[str, str]:
 
 def check_brain(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Any, list[Finding]]:
     """Agents, zones, routing, runners and workflows as the daemon loads them."""
-    from ambient.brain import load_brain, read_settings
+    from ambient.config.brain import load_brain, read_settings
 
     brain = load_brain(paths, environ)
     reported = {str(p) for p in read_settings(paths, environ).problems}  # by check_config already
@@ -228,9 +228,10 @@ def check_brain(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Any, lis
 
 
 def _check_programs(paths: BrainPaths, brain: Any) -> list[Finding]:
-    """Command runners whose program (or ``{{python}}`` script) is not there (:func:`ambient.brain.program_problems`,
-    the check ``ambient validate`` reports too), with how to fix each."""
-    from ambient.brain import program_problems
+    """Command runners whose program (or ``{{python}}`` script) is not there
+    (:func:`~ambient.config.brain.program_problems`, the check ``ambient validate`` reports too), with how to fix
+    each."""
+    from ambient.config.brain import program_problems
 
     found = []
     for p in program_problems(paths, brain.matrix, brain.runners):
@@ -244,7 +245,7 @@ def _check_programs(paths: BrainPaths, brain: Any) -> list[Finding]:
 
 def _daemon_keys(paths: BrainPaths) -> set[str] | None:
     """The model keys the running daemon has (names, from ``daemon.json``), or None when no daemon is up."""
-    from ambient.daemon import daemon_up
+    from ambient.service.daemon import daemon_up
 
     if not daemon_up(paths):
         return None
@@ -319,9 +320,9 @@ def _agents(names: list[str]) -> str:
 
 def check_claims(paths: BrainPaths, settings: Settings, now: datetime) -> list[Finding]:
     """Unreadable claims, open claims past their TTL (stale) and claims already marked stale."""
-    from ambient import claims as rules
-    from ambient.claimindex import census, read_claims
-    from ambient.claimstore import ClaimStore
+    from ambient.claims import claim as rules
+    from ambient.claims.index import census, read_claims
+    from ambient.claims.store import ClaimStore
 
     if not paths.claims.is_dir():
         return []
@@ -387,7 +388,7 @@ def check_claims(paths: BrainPaths, settings: Settings, now: datetime) -> list[F
 
 def check_locks(paths: BrainPaths) -> list[Finding]:
     """Locks whose holder is dead, whose TTL passed, or that cannot be read."""
-    from ambient.locks import LockManager
+    from ambient.claims.locks import LockManager
 
     if not paths.locks.is_dir():
         return []
@@ -447,7 +448,7 @@ def check_locks(paths: BrainPaths) -> list[Finding]:
 
 def check_runs(paths: BrainPaths) -> list[Finding]:
     """Run journals that do not fold (an edited value, a wrong type): each is that run's problem, at file:line."""
-    from ambient.runs import journal_problems
+    from ambient.engine.runs import journal_problems
 
     rows = [
         Finding(
@@ -465,8 +466,8 @@ def check_runs(paths: BrainPaths) -> list[Finding]:
 
 def _unfinished(paths: BrainPaths) -> list[tuple[Path, Any]]:
     """Each run journal with no end, and its folded state (journals that do not fold are left to check_runs)."""
-    from ambient.journal import read_jsonl
-    from ambient.runstate import fold
+    from ambient.engine.runstate import fold
+    from ambient.storage.journal import read_jsonl
 
     found = []
     if paths.run_journals.is_dir():
@@ -518,7 +519,7 @@ def _still_to_send(paths: BrainPaths, entry: Path) -> bool:
     name = entry.name.removesuffix(".json")
     if not name.startswith("escalation-"):
         return True
-    from ambient.escalations import EscalationStore
+    from ambient.human.escalations import EscalationStore
 
     try:
         return EscalationStore(paths).is_pending(name.removeprefix("escalation-"))
@@ -528,7 +529,7 @@ def _still_to_send(paths: BrainPaths, entry: Path) -> bool:
 
 def _last_stop(paths: BrainPaths) -> datetime | None:
     """When the daemon last stopped cleanly (``.ambient/daemon-events.jsonl``)."""
-    from ambient.journal import read_jsonl
+    from ambient.storage.journal import read_jsonl
 
     events = paths.state / "daemon-events.jsonl"
     if not events.is_file():
@@ -545,8 +546,8 @@ def _last_stop(paths: BrainPaths) -> datetime | None:
 def check_daemon_settings(paths: BrainPaths, pid: int | None) -> list[Finding]:
     """A running daemon whose settings are not the file's: it did not reload (``--no-watch`` and no SIGHUP yet), or
     the file does not load now (the daemon keeps its last good settings; check_config says why)."""
-    from ambient.brain import read_settings
-    from ambient.settings import changed_keys
+    from ambient.config.brain import read_settings
+    from ambient.config.settings import changed_keys
 
     try:
         running = json.loads((paths.state / "daemon.json").read_text()).get("settings")
@@ -611,7 +612,7 @@ def check_confinement() -> list[Finding]:
 def check_troubles(paths: BrainPaths, up: bool) -> list[Finding]:
     """What the running daemon ran out of (descriptors, memory, processes: its health file) and a full disk
     (seen from here: the file cannot be rewritten then). Errors: work is held up until they end."""
-    from ambient.troubles import disk_full, read_health
+    from ambient.service.troubles import disk_full, read_health
 
     found = [
         Finding("error", "resources", c.message, f"since {c.since:%Y-%m-%d %H:%M:%S}, seen {c.count} time(s)")
@@ -626,7 +627,7 @@ def check_troubles(paths: BrainPaths, up: bool) -> list[Finding]:
 
 def check_daemon(paths: BrainPaths, now: datetime) -> tuple[bool, int | None, list[Finding]]:
     """Is a daemon holding the brain? Down is a warning, an error when work waits on it."""
-    from ambient.daemon import daemon_up, running_pid
+    from ambient.service.daemon import daemon_up, running_pid
 
     if daemon_up(paths):
         pid = running_pid(paths)
@@ -648,7 +649,7 @@ def check_daemon(paths: BrainPaths, now: datetime) -> tuple[bool, int | None, li
 
 def check_escalations(paths: BrainPaths, settings: Settings, now: datetime) -> list[Finding]:
     """Unreadable escalations, notifications that keep failing, escalations waiting for long, nobody notified."""
-    from ambient.escalations import EscalationStore
+    from ambient.human.escalations import EscalationStore
 
     if not paths.escalations.is_dir():
         return []
@@ -744,8 +745,8 @@ def _outbox_entries(paths: BrainPaths) -> dict[str, Any]:
     """Pending outbox entries by id, read without creating or sweeping anything."""
     from pydantic import ValidationError
 
-    from ambient.fsutil import read_capped
-    from ambient.notify import OutboxEntry
+    from ambient.human.notify import OutboxEntry
+    from ambient.storage.fsutil import read_capped
 
     directory = paths.state / "outbox"
     entries: dict[str, Any] = {}
@@ -768,9 +769,9 @@ def check_notify_urls(paths: BrainPaths, environ: Mapping[str, str], timeout: fl
     import logging
     import socket
 
-    from ambient.errors import InputError
-    from ambient.notify import AppriseNotifier, DeliveryError, Message, notify_urls_from
-    from ambient.redact import SecretRegistry
+    from ambient.core.errors import InputError
+    from ambient.core.redact import SecretRegistry
+    from ambient.human.notify import AppriseNotifier, DeliveryError, Message, notify_urls_from
 
     registry = SecretRegistry()
     try:
@@ -819,10 +820,10 @@ def check_telegram(
 ) -> list[Finding]:
     """Telegram answers: a bot ambient cannot build (no token, a malformed one), presses saved but not acted upon,
     and a backlog close to the Bot API's 24-hour retention."""
-    from ambient.escalations import EscalationStore
-    from ambient.fsutil import read_capped
-    from ambient.notifyservice import telegram_token
-    from ambient.telegram import token_problem
+    from ambient.human.escalations import EscalationStore
+    from ambient.human.telegram import token_problem
+    from ambient.service.notifications import telegram_token
+    from ambient.storage.fsutil import read_capped
 
     tg = settings.telegram
     state_path = paths.state / "telegram.json"
@@ -915,7 +916,7 @@ def check_telegram(
 
 def check_tmp(paths: BrainPaths) -> list[Finding]:
     """Temp files of interrupted writes whose writer is dead (only named, never removed here)."""
-    from ambient.locks import process_start_time
+    from ambient.claims.locks import process_start_time
 
     dirs = [
         paths.root,
@@ -965,10 +966,10 @@ def diagnose(
     root: Path, environ: Mapping[str, str], *, now: datetime | None = None, notify: bool = False, timeout: float = 20.0
 ) -> Report:
     """Run every check on the brain at ``root``; a check that breaks becomes a finding, never a crash."""
-    from ambient.errors import AmbientError
-    from ambient.paths import BrainPaths
-    from ambient.redact import redact_text
-    from ambient.settings import settings_from
+    from ambient.config.settings import settings_from
+    from ambient.core.errors import AmbientError
+    from ambient.core.redact import redact_text
+    from ambient.storage.paths import BrainPaths
 
     paths = BrainPaths(root)
     when = now or datetime.now().astimezone()

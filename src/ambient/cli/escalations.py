@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, ambient_command, brain_dir, fail, out, out_json, say
-from ambient.clock import utcnow
-from ambient.paths import BrainPaths
-from ambient.terminal import one_line
+from ambient.core.clock import utcnow
+from ambient.core.terminal import one_line
+from ambient.storage.paths import BrainPaths
 
 if TYPE_CHECKING:  # imported in the handlers: every `ambient` command builds the parser, few need these
-    from ambient.escalations import Escalation, EscalationStore
+    from ambient.human.escalations import Escalation, EscalationStore
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _store(args: argparse.Namespace) -> EscalationStore:
-    from ambient.escalations import EscalationStore
+    from ambient.human.escalations import EscalationStore
 
     return EscalationStore(BrainPaths(brain_dir(args)))
 
@@ -68,10 +68,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _print_one(esc: Escalation, now: datetime, root: Path) -> None:
-    from ambient.escalations import render_options
+    from ambient.human.escalations import render_options
 
     who = f", agent {esc.agent}" if esc.agent else ""
-    # Every field comes from a file an agent's words reach: each line is made one line (ambient.terminal.one_line).
+    # Every field comes from a file an agent's words reach: each line is made one line (ambient.core.terminal.one_line).
     out(one_line(f"{esc.id}  {esc.where}  ({esc.kind}{who}, {_ago(now, esc.created_at)})"))
     for line in esc.question.strip().splitlines() or [""]:
         out(one_line(f"    {line}"))
@@ -89,7 +89,7 @@ def _print_one(esc: Escalation, now: datetime, root: Path) -> None:
 
 
 def _cmd_decide(args: argparse.Namespace) -> int:
-    from ambient.escalations import AlreadyAnsweredError
+    from ambient.human.escalations import AlreadyAnsweredError
 
     store = _store(args)
     by = os.environ.get("USER") or "human"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
-from ambient.paths import BrainPaths
+from ambient.storage.paths import BrainPaths
 
 _ACTIONS = ("gate", "approve", "reject", "pause", "resume", "abort", "status")
 
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:
-    from ambient.claimstore import ClaimStore
+    from ambient.claims.store import ClaimStore
 
     store = ClaimStore(BrainPaths(brain_dir(args)))
     if args.action == "status":
@@ -78,7 +78,7 @@ def _answer_run_gate(args: argparse.Namespace) -> int | None:
     claim is no run's waiting gate (a gate a person or a script set on a claim of their own)."""
     import os
 
-    from ambient.escalations import AlreadyAnsweredError, EscalationStore
+    from ambient.human.escalations import AlreadyAnsweredError, EscalationStore
 
     store = EscalationStore(BrainPaths(brain_dir(args)))
     for esc in store.list(status="pending"):

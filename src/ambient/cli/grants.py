@@ -22,8 +22,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _store(args: argparse.Namespace) -> SessionStore:
-    from ambient.paths import BrainPaths
     from ambient.runners.claude import SessionStore
+    from ambient.storage.paths import BrainPaths
 
     return SessionStore(BrainPaths(brain_dir(args)).state / "claude")
 

@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _create_new(path: Path, text: str, mode: int) -> None:
     """Publish ``path`` whole (temp file, fsync, link); FileExistsError if it exists, even if it just appeared."""
-    from ambient.fsutil import fsync_dir, write_tmp
+    from ambient.storage.fsutil import fsync_dir, write_tmp
 
     tmp = write_tmp(path, text.encode(), mode)
     try:
@@ -51,14 +51,14 @@ def _create_new(path: Path, text: str, mode: int) -> None:
 
 def _only_example(existing: list[str], blocked: list[str]) -> bool:
     """Would ``--no-example`` avoid every conflict?"""
-    from ambient.scaffold import brain_files
+    from ambient.config.scaffold import brain_files
 
     minimal = {f.rel for f in brain_files(example=False)}
     return not blocked and not minimal.intersection(existing)
 
 
 def _init(args: argparse.Namespace) -> int:
-    from ambient.scaffold import DIRECTORIES, brain_files
+    from ambient.config.scaffold import DIRECTORIES, brain_files
 
     root = Path(args.dir).absolute() if args.dir else brain_dir(args)
     if root.exists() and not root.is_dir():

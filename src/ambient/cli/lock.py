@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, out_json, say
-from ambient.paths import BrainPaths
+from ambient.storage.paths import BrainPaths
 
 if TYPE_CHECKING:  # imported in the handlers only: this command runs around every write of a script
-    from ambient.locks import LockManager, LockStatus
+    from ambient.claims.locks import LockManager, LockStatus
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _manager(args: argparse.Namespace) -> LockManager:
-    from ambient.locks import LockManager
+    from ambient.claims.locks import LockManager
 
     return LockManager(BrainPaths(brain_dir(args)))
 
@@ -80,7 +80,7 @@ def _status_json(status: LockStatus) -> dict[str, object]:
 
 
 def _cmd_acquire(args: argparse.Namespace) -> int:
-    from ambient.locks import LockBusyError
+    from ambient.claims.locks import LockBusyError
 
     if not args.ttl > 0:
         return fail(f"--ttl must be a positive number of minutes, got {args.ttl}")
@@ -115,7 +115,7 @@ def _cmd_acquire(args: argparse.Namespace) -> int:
 
 
 def _cmd_release(args: argparse.Namespace) -> int:
-    from ambient.errors import LockNotHeldError
+    from ambient.core.errors import LockNotHeldError
 
     manager = _manager(args)
     try:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json, say
 
 if TYPE_CHECKING:
-    from ambient.routing import BrainMatrix
+    from ambient.kernel.routing_table import BrainMatrix
 
 # The models are imported inside the handlers: every `ambient` command imports this module.
 
@@ -42,8 +42,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _load(args: argparse.Namespace) -> BrainMatrix | None:
-    from ambient.paths import BrainPaths
-    from ambient.routing import build_matrix
+    from ambient.kernel.routing_table import build_matrix
+    from ambient.storage.paths import BrainPaths
 
     root = brain_dir(args)
     if not root.is_dir():
@@ -55,7 +55,7 @@ def _load(args: argparse.Namespace) -> BrainMatrix | None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from ambient.matrix import describe
+    from ambient.kernel.matrix import describe
 
     bm = _load(args)
     if bm is None:
@@ -85,10 +85,10 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from ambient.errors import UnsafePathError
-    from ambient.fsutil import check_relative, resolve_in_brain
-    from ambient.matrix import decide
-    from ambient.packet import ZONE_PATTERN, Signal
+    from ambient.core.errors import UnsafePathError
+    from ambient.kernel.matrix import decide
+    from ambient.kernel.packet import ZONE_PATTERN, Signal
+    from ambient.storage.fsutil import check_relative, resolve_in_brain
 
     if args.signal not in Signal.__members__:
         return fail(f"unknown signal {args.signal!r}; expected one of {', '.join(Signal)}")

@@ -46,11 +46,11 @@ def _test(args: argparse.Namespace) -> int:
     import logging
     import socket
 
-    from ambient.brain import load_settings
-    from ambient.notify import AppriseNotifier, DeliveryError, Message, Notifier, expand_urls
-    from ambient.notifyservice import build_notifiers
-    from ambient.paths import BrainPaths
-    from ambient.redact import SecretRegistry
+    from ambient.config.brain import load_settings
+    from ambient.core.redact import SecretRegistry
+    from ambient.human.notify import AppriseNotifier, DeliveryError, Message, Notifier, expand_urls
+    from ambient.service.notifications import build_notifiers
+    from ambient.storage.paths import BrainPaths
 
     quiet_logs(logging.ERROR)  # the report below says everything: the notifier's own lines would repeat it
     registry = SecretRegistry()

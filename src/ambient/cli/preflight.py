@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from ambient.cli._common import EXIT_OK, add_command, brain_dir, out, out_json
-from ambient.paths import BrainPaths
+from ambient.storage.paths import BrainPaths
 
 _TRIPPED_EXIT = 3
 
@@ -52,8 +52,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from ambient.breaker import run_preflight
-    from ambient.preflight import exit_code
+    from ambient.claims.breakers import run_preflight
+    from ambient.claims.preflight import exit_code
 
     root = brain_dir(args)
     file = args.file
@@ -76,7 +76,7 @@ def _threshold(args: argparse.Namespace, paths: BrainPaths) -> int:
     """``--threshold``, else ``breaker_threshold`` of profil/ambient.yml: the daemon's breaker and this one agree."""
     if args.threshold is not None:
         return int(args.threshold)
-    from ambient.brain import read_settings
+    from ambient.config.brain import read_settings
 
     found = read_settings(paths, os.environ)
     settings = found.settings or found.salvaged
@@ -84,8 +84,8 @@ def _threshold(args: argparse.Namespace, paths: BrainPaths) -> int:
 
 
 def _scope_of(paths: BrainPaths, target: str) -> str:
-    from ambient.claimstore import ClaimStore
-    from ambient.errors import InputError
+    from ambient.claims.store import ClaimStore
+    from ambient.core.errors import InputError
 
     if "/" in target or target.startswith("."):
         return target
@@ -96,7 +96,7 @@ def _scope_of(paths: BrainPaths, target: str) -> str:
 
 
 def _cmd_breaker(args: argparse.Namespace) -> int:
-    from ambient.breaker import Breaker
+    from ambient.claims.breakers import Breaker
 
     paths = BrainPaths(brain_dir(args))
     scope = _scope_of(paths, args.target)
@@ -111,7 +111,7 @@ def _cmd_breaker(args: argparse.Namespace) -> int:
         breaker.reset(scope)
         out(f"{scope}: breaker reset")
         # A chain stopped by this breaker waits on its CIRCUIT_BREAK escalation: resetting here is that answer.
-        from ambient.escalations import AlreadyAnsweredError, EscalationStore
+        from ambient.human.escalations import AlreadyAnsweredError, EscalationStore
 
         store = EscalationStore(paths)
         for esc in store.pending_breaks(scope):

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ambient.cli._common import EXIT_OK, add_command, brain_dir, out, out_json, say
-from ambient.errors import AmbientError
+from ambient.core.errors import AmbientError
 
 if TYPE_CHECKING:  # imported in the handler, so that other commands start fast
-    from ambient.paths import BrainPaths
-    from ambient.replay import ReplayItem, ReplayReport
-    from ambient.workflow import WorkflowSpec
+    from ambient.learning.replay import ReplayItem, ReplayReport
+    from ambient.storage.paths import BrainPaths
+    from ambient.workflows.spec import WorkflowSpec
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def current_spec(paths: BrainPaths, workflow: str) -> tuple[WorkflowSpec | None, str]:
     """The workflow as its file says today (loaded as the daemon loads it), and where it came from."""
-    from ambient.workflowload import load_workflows
+    from ambient.workflows.loading import load_workflows
 
     workflows, problems = load_workflows(paths)
     found = workflows.get(workflow)
@@ -47,8 +47,8 @@ def current_spec(paths: BrainPaths, workflow: str) -> tuple[WorkflowSpec | None,
 
 def pinned_specs(paths: BrainPaths) -> Callable[[str], WorkflowSpec | None]:
     """The spec each run was pinned to, from the first line of its journal (None when the journal is gone)."""
-    from ambient.journal import read_first
-    from ambient.workflow import parse_workflow
+    from ambient.storage.journal import read_first
+    from ambient.workflows.spec import parse_workflow
 
     def pinned(run_id: str) -> WorkflowSpec | None:
         try:
@@ -64,14 +64,14 @@ def pinned_specs(paths: BrainPaths) -> Callable[[str], WorkflowSpec | None]:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from ambient.brain import load_settings
     from ambient.cli.stats import read_note
-    from ambient.clock import utcnow
-    from ambient.journal import ReadResult, iter_jsonl
-    from ambient.learning import parse_since
-    from ambient.paths import BrainPaths
-    from ambient.replay import replay
-    from ambient.rulestore import load_rules, rules_path
+    from ambient.config.brain import load_settings
+    from ambient.core.clock import utcnow
+    from ambient.learning.replay import replay
+    from ambient.learning.rulestore import load_rules, rules_path
+    from ambient.learning.stats import parse_since
+    from ambient.storage.journal import ReadResult, iter_jsonl
+    from ambient.storage.paths import BrainPaths
 
     paths = BrainPaths(brain_dir(args))
     since = parse_since(args.since, utcnow()) if args.since else None

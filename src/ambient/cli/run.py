@@ -34,9 +34,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _log_setup(args: argparse.Namespace, root: Path) -> None:
-    from ambient.brain import load_settings
-    from ambient.logs import configure_logging
-    from ambient.paths import BrainPaths
+    from ambient.config.brain import load_settings
+    from ambient.service.logs import configure_logging
+    from ambient.storage.paths import BrainPaths
 
     settings, _ = load_settings(BrainPaths(root), os.environ)
     level = args.log_level or (settings.log_level if settings else "info")
@@ -55,8 +55,8 @@ def _serve(
 ) -> int:
     import asyncio
 
-    from ambient.daemon import Daemon, DaemonOptions
     from ambient.runners.command import use_pidfd_watcher
+    from ambient.service.daemon import Daemon, DaemonOptions
 
     def show(line: str) -> None:
         say(f"{line}")
@@ -106,7 +106,7 @@ def _demo(args: argparse.Namespace) -> int:
     shutil.copytree(src, root, dirs_exist_ok=True)
     out(f"== ambient demo: a fresh copy of the example brain in {root}")
     out("== running the daemon until it is idle (everything done, or waiting on you)...")
-    from ambient.logs import configure_logging
+    from ambient.service.logs import configure_logging
 
     configure_logging("WARNING", json=False)
     code = _serve(root, until_idle=True, watch=True, progress=True, log_level="warning", log_format="console")

@@ -1,7 +1,7 @@
 """``ambient send [FILE|-]``: hand a packet (YAML or JSON) to the brain's router, then to the daemon's inbox.
 
 Validate, authorize, record in the audit log, and deliver by writing ``.ambient/inbox/<id>.json``: done by the
-running daemon, over its send socket (:mod:`ambient.sendsocket`), else in this process.
+running daemon, over its send socket (:mod:`ambient.kernel.sendsocket`), else in this process.
 Identity: the token in ``AMBIENT_CHANNEL_TOKEN`` (handed to agents ambient spawned), else ``human``.
 Exit 0 delivered, 1 denied, 2 invalid (or the packet could not be delivered).
 """
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, out_json, say
 
 if TYPE_CHECKING:
-    from ambient.paths import BrainPaths
+    from ambient.storage.paths import BrainPaths
 
-# The router is imported only when no daemon answers (see ambient.sendsocket): it costs ~0.2 s of imports.
+# The router is imported only when no daemon answers (see ambient.kernel.sendsocket): it costs ~0.2 s of imports.
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,7 +40,7 @@ def _read(source: str, limit: int) -> bytes:
     size and sha256 of the whole, which the audit records."""
     import hashlib
 
-    from ambient.router import CutInput
+    from ambient.kernel.router import CutInput
 
     fh = sys.stdin.buffer if source == "-" else Path(source).open("rb")  # noqa: SIM115 - closed below
     try:
@@ -58,8 +58,8 @@ def _read(source: str, limit: int) -> bytes:
 
 
 def _send(args: argparse.Namespace) -> int:
-    from ambient.paths import BrainPaths
-    from ambient.sendsocket import MAX_PACKET_BYTES, TOKEN_ENV, NoAnswer, ask_daemon
+    from ambient.kernel.sendsocket import MAX_PACKET_BYTES, TOKEN_ENV, NoAnswer, ask_daemon
+    from ambient.storage.paths import BrainPaths
 
     root = brain_dir(args)
     if not root.is_dir():
@@ -83,9 +83,9 @@ def _route_here(paths: BrainPaths, raw: bytes, token: str | None) -> dict[str, A
     """Route in this process, as the daemon would: the same router, audit record and inbox delivery."""
     import asyncio
 
-    from ambient.fsutil import private_dir
-    from ambient.router import Router, inbox_handler
-    from ambient.sendsocket import summary
+    from ambient.kernel.router import Router, inbox_handler
+    from ambient.kernel.sendsocket import summary
+    from ambient.storage.fsutil import private_dir
 
     private_dir(paths.inbox)  # a link there is refused by name (exit 2) before anything is routed or audited
     router, problems = Router.for_brain(paths, buffered=True)

@@ -17,8 +17,8 @@ if TYPE_CHECKING:  # imported in the handlers, so that other commands start fast
     from datetime import datetime
     from pathlib import Path
 
-    from ambient.journal import ReadResult
-    from ambient.learning import CostStats, Stats, StatsBuilder, Trend, WeekStats
+    from ambient.learning.stats import CostStats, Stats, StatsBuilder, Trend, WeekStats
+    from ambient.storage.journal import ReadResult
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,8 +56,8 @@ def summarise_file(
     processes and merged (JSON parsing is the cost; 100,000 lines take well under 2 s). A torn
     last line and corrupt lines are skipped and reported in the :class:`ReadResult`.
     """
-    from ambient.journal import ReadResult
-    from ambient.learning import StatsBuilder
+    from ambient.learning.stats import StatsBuilder
+    from ambient.storage.journal import ReadResult
 
     filters = (workflow, agent, since)
     try:
@@ -116,7 +116,7 @@ def _summarise_range(
     job: tuple[Path, int, int, tuple[str | None, str | None, datetime | None]],
 ) -> tuple[StatsBuilder, int, list[int], bool]:
     """Summarise the lines in ``[start, end)``: (builder, lines seen, bad line numbers in the range, torn tail)."""
-    from ambient.learning import StatsBuilder
+    from ambient.learning.stats import StatsBuilder
 
     path, start, end, (workflow, agent, since) = job
     builder = StatsBuilder(workflow=workflow, agent=agent, since=since)
@@ -195,9 +195,9 @@ def read_note(path: Path, res: ReadResult, invalid: int = 0) -> str | None:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from ambient.clock import utcnow
-    from ambient.learning import parse_since
-    from ambient.paths import BrainPaths
+    from ambient.core.clock import utcnow
+    from ambient.learning.stats import parse_since
+    from ambient.storage.paths import BrainPaths
 
     paths = BrainPaths(brain_dir(args))
     since = parse_since(args.since, utcnow()) if args.since else None

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, ambient_command, brain_dir, fail, out, out_json, say
-from ambient.terminal import one_line, printable
+from ambient.core.terminal import one_line, printable
 
 if TYPE_CHECKING:
-    from ambient.paths import BrainPaths
+    from ambient.storage.paths import BrainPaths
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,10 +44,10 @@ def _fold_runs(root: Path, problems: list[str] | None = None) -> list[Any]:
     A finished run is known from its journal's first and last lines (``finished_glance``) and not folded: the brain
     keeps every run's journal, and folding them all made status slower with each run ever made.
     """
-    from ambient.journal import read_jsonl
-    from ambient.paths import BrainPaths
-    from ambient.runs import finished_glance, journal_problem
-    from ambient.runstate import fold
+    from ambient.engine.runs import finished_glance, journal_problem
+    from ambient.engine.runstate import fold
+    from ambient.storage.journal import read_jsonl
+    from ambient.storage.paths import BrainPaths
 
     paths = BrainPaths(root)
     states = []
@@ -87,14 +87,14 @@ def _doing_now(paths: Any) -> dict[tuple[str, str], dict[str, Any]]:
 def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
     """Everything ``ambient status`` shows, as plain data; with ``workflow``, what is of that workflow only (runs,
     escalations, errors, finished runs, files that do not load)."""
-    from ambient.claimindex import census
-    from ambient.claimstore import ClaimStore
-    from ambient.daemon import daemon_up, running_pid
-    from ambient.escalations import EscalationStore
-    from ambient.journal import tail_jsonl
-    from ambient.locks import LockManager
-    from ambient.paths import BrainPaths
-    from ambient.redact import redact_text
+    from ambient.claims.index import census
+    from ambient.claims.locks import LockManager
+    from ambient.claims.store import ClaimStore
+    from ambient.core.redact import redact_text
+    from ambient.human.escalations import EscalationStore
+    from ambient.service.daemon import daemon_up, running_pid
+    from ambient.storage.journal import tail_jsonl
+    from ambient.storage.paths import BrainPaths
 
     paths = BrainPaths(root)
     up = daemon_up(paths)
@@ -188,7 +188,7 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
             if i.error and i.status in ("failed", "escalated", "retry_wait"):
                 failed(s.run_id, s.workflow, i.name, i.error, max(i.attempt, 1))
     finished = records[-10:]
-    from ambient.brain import load_brain
+    from ambient.config.brain import load_brain
 
     brain = load_brain(paths, os.environ)  # as the daemon loads it: which workflow files it cannot run
     settings = brain.settings
@@ -230,8 +230,8 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
 
 
 def _troubles(paths: BrainPaths, up: bool) -> list[str]:
-    """The daemon's own troubles (what it ran out of, :mod:`ambient.health`) and a full disk, seen from here."""
-    from ambient.troubles import disk_full, read_health
+    """The daemon's own troubles (what it ran out of, :mod:`ambient.core.health`) and a full disk, seen from here."""
+    from ambient.service.troubles import disk_full, read_health
 
     found = [c.message for c in read_health(paths).conditions.values()] if up else []
     full = disk_full(paths.state if paths.state.is_dir() else paths.root)
@@ -326,12 +326,12 @@ def print_status(
 
 def _known_workflow(root: Path, name: str) -> bool:
     """A workflow file of that name (by file name or by its ``name:``), or a run of it in the journals."""
-    from ambient.workflowload import workflow_files
+    from ambient.workflows.loading import workflow_files
 
     workflows = root / "workflows"
     if any(p.stem == name for p in workflow_files(workflows)) if workflows.is_dir() else False:
         return True
-    from ambient.journal import read_first
+    from ambient.storage.journal import read_first
 
     journals = root / ".ambient" / "runs"
     return journals.is_dir() and any((read_first(p) or {}).get("workflow") == name for p in journals.glob("*.jsonl"))
@@ -339,7 +339,7 @@ def _known_workflow(root: Path, name: str) -> bool:
 
 def cost_text(record: dict[str, Any]) -> str:
     """`` cost=$1.20`` for a run whose AI agents reported usage (``+?``: some of unknown cost), else nothing."""
-    from ambient.budget import fmt_usd
+    from ambient.engine.budget import fmt_usd
 
     cost = record.get("cost_usd")
     if not isinstance(cost, int | float) or isinstance(cost, bool):
@@ -379,7 +379,7 @@ def _status(args: argparse.Namespace) -> int:
             while True:
                 lines: list[str] = []
                 print_status(root, verbose=True, workflow=args.workflow, write=lines.append)
-                # Our clear-screen sequence, then the lines escaped like out() does (agent text: ambient.terminal).
+                # Our clear-screen sequence, then the lines escaped like out() does (agent text: ambient.core.terminal).
                 sys.stdout.write("\x1b[2J\x1b[H" + printable("\n".join(lines)) + "\n")
                 sys.stdout.flush()
                 time.sleep(1.0)
@@ -390,8 +390,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from ambient.journal import read_jsonl, tail_jsonl
-    from ambient.paths import BrainPaths
+    from ambient.storage.journal import read_jsonl, tail_jsonl
+    from ambient.storage.paths import BrainPaths
 
     root = brain_dir(args)
     paths = BrainPaths(root)
@@ -417,7 +417,7 @@ def _runs(args: argparse.Namespace) -> int:
             }
         )
         return EXIT_OK
-    from ambient.records import is_failure
+    from ambient.engine.records import is_failure
 
     for r in rows:
         done, total, unit = _done_of(r)
@@ -458,7 +458,7 @@ def _done_of(record: dict[str, Any]) -> tuple[int, int, str]:
 
 def _served_version(paths: BrainPaths, workflow: str) -> str | None:
     """The sha256 of the version of ``workflow`` the running daemon serves (None: no daemon, or it has none)."""
-    from ambient.daemon import daemon_up
+    from ambient.service.daemon import daemon_up
 
     if not daemon_up(paths):
         return None
@@ -471,12 +471,12 @@ def _served_version(paths: BrainPaths, workflow: str) -> str | None:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from ambient.brain import load_brain
-    from ambient.clock import utcnow
-    from ambient.packet import make_packet
-    from ambient.paths import BrainPaths
-    from ambient.router import Router, write_inbox
-    from ambient.workflow import ChainWorkflow
+    from ambient.config.brain import load_brain
+    from ambient.core.clock import utcnow
+    from ambient.kernel.packet import make_packet
+    from ambient.kernel.router import Router, write_inbox
+    from ambient.storage.paths import BrainPaths
+    from ambient.workflows.spec import ChainWorkflow
 
     paths = BrainPaths(brain_dir(args))
     ctx: dict[str, Any] = {"workflow": args.workflow}

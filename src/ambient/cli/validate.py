@@ -1,7 +1,7 @@
 """``ambient validate [PATH...]``: every problem of the brain's files as ``file:line: message``.
 
 Exit 0 when clean, 1 when a problem was found, 2 on bad usage. Workflows are checked in full with
-the same callbacks the daemon uses (:func:`ambient.brain.spawn_checks`); without PATH, the
+the same callbacks the daemon uses (:func:`ambient.config.brain.spawn_checks`); without PATH, the
 configuration, agents, zones, routing table, runners and claims are checked too. A PATH is checked as
 what it is by where it lives in the brain (``agents/*.md`` as an agent...): the whole-brain checks,
 their problems kept for the files named. Read-only.
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out
 
 if TYPE_CHECKING:
-    from ambient.paths import BrainPaths
-    from ambient.problems import Problem
-    from ambient.routing import BrainMatrix
+    from ambient.core.problems import Problem
+    from ambient.kernel.routing_table import BrainMatrix
+    from ambient.storage.paths import BrainPaths
 
 #: Where each kind of file lives in a brain: (kind, place relative to the root, the suffixes of its files when the
 #: place is a directory).
@@ -68,10 +68,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _other_checks(paths: BrainPaths, bm: BrainMatrix, *, claims: bool = True) -> list[Problem]:
     """Problems of the configuration, agents, zones, routing, runners (and their programs) and claims (read-only:
     nothing is swept)."""
-    from ambient.brain import extra_problems, program_problems, read_settings, runner_configs, settings_checks
-    from ambient.claimindex import census
-    from ambient.claimstore import ClaimStore
-    from ambient.settings import settings_from
+    from ambient.claims.index import census
+    from ambient.claims.store import ClaimStore
+    from ambient.config.brain import extra_problems, program_problems, read_settings, runner_configs, settings_checks
+    from ambient.config.settings import settings_from
 
     found = read_settings(paths, os.environ)
     settings = found.settings or found.salvaged or settings_from({}, {})  # what `ambient run` starts with
@@ -103,8 +103,8 @@ class Selection:
 
 def _files_in(kind: str, directory: Path, suffixes: tuple[str, ...]) -> list[Path]:
     """The files of ``kind`` in a directory, as the loaders of the whole brain list them."""
-    from ambient.fsutil import iter_files
-    from ambient.workflowload import workflow_files
+    from ambient.storage.fsutil import iter_files
+    from ambient.workflows.loading import workflow_files
 
     if kind == "workflow":
         return workflow_files(directory)
@@ -113,7 +113,7 @@ def _files_in(kind: str, directory: Path, suffixes: tuple[str, ...]) -> list[Pat
 
 def _select(raws: list[str], paths: BrainPaths) -> Selection | str:
     """What each PATH is by where it lives, or the message of a PATH that is none of what validate checks."""
-    from ambient.workflowload import workflow_files
+    from ambient.workflows.loading import workflow_files
 
     root = paths.root.resolve()
     sel = Selection()
@@ -168,10 +168,10 @@ def _checked(sel: Selection, workflows: int, drafts: int) -> str:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from ambient.brain import read_settings, spawn_checks
-    from ambient.paths import BrainPaths
-    from ambient.routing import build_matrix
-    from ambient.workflowload import load_many, load_workflows
+    from ambient.config.brain import read_settings, spawn_checks
+    from ambient.kernel.routing_table import build_matrix
+    from ambient.storage.paths import BrainPaths
+    from ambient.workflows.loading import load_many, load_workflows
 
     root = brain_dir(args)  # a brain: main() refused anything else
     paths = BrainPaths(root)

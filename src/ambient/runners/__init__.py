@@ -8,7 +8,7 @@ The agent protocol (what an agent receives and may answer) is :func:`ambient.run
 
 from __future__ import annotations
 
-from ambient.errors import RunnerError
+from ambient.core.errors import RunnerError
 from ambient.runners.base import (
     AgentResult,
     AgentStatus,

@@ -15,10 +15,10 @@ from typing import Any
 
 import structlog
 
-from ambient.claims import Claim, new_claim
-from ambient.claimstore import ClaimStore
-from ambient.clock import Clock, SystemClock
-from ambient.errors import AmbientError, InputError
+from ambient.claims.claim import Claim, new_claim
+from ambient.claims.store import ClaimStore
+from ambient.core.clock import Clock, SystemClock
+from ambient.core.errors import AmbientError, InputError
 from ambient.runners.base import AgentResult, AssistedRunnerConfig, RunRequest, error_result, interpret_output
 
 log = structlog.get_logger(__name__)

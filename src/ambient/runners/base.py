@@ -14,9 +14,9 @@ from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from ambient.errors import InputError, RunnerError
-from ambient.problems import Problem
-from ambient.yamlfile import LineMap
+from ambient.core.errors import InputError, RunnerError
+from ambient.core.problems import Problem
+from ambient.storage.yamlfile import LineMap
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -170,7 +170,7 @@ class _RunnerModel(BaseModel):
 
 def check_in_brain(rel: str, hint: str = "") -> str:
     """A runner's folder relative to the brain's root, that stays inside it (``cwd``, ``workdir``)."""
-    from ambient.fsutil import check_relative  # a pure string check; fsutil is imported lazily to stay light
+    from ambient.storage.fsutil import check_relative  # a pure string check; fsutil is imported lazily to stay light
 
     try:
         check_relative(rel)

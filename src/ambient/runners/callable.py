@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from ambient.errors import RunnerError
+from ambient.core.errors import RunnerError
 from ambient.runners.base import (
     AgentResult,
     AnyRunnerConfig,

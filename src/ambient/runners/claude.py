@@ -36,9 +36,7 @@ from typing import Any
 
 import structlog
 
-from ambient.errors import AmbientError, InputError
-from ambient.fsutil import atomic_write, read_capped
-from ambient.paths import BrainPaths
+from ambient.core.errors import AmbientError, InputError
 from ambient.runners import claude_launch, permissions
 from ambient.runners.answer import final_answer
 from ambient.runners.base import (
@@ -52,6 +50,8 @@ from ambient.runners.base import (
 )
 from ambient.runners.keys import credential
 from ambient.runners.prompt import ANSWER_SCHEMA, AgentPrompt, read_agent_prompt, render_brief, system_prompt
+from ambient.storage.fsutil import atomic_write, read_capped
+from ambient.storage.paths import BrainPaths
 
 log = structlog.get_logger(__name__)
 

@@ -26,10 +26,9 @@ from typing import Any, Protocol
 
 import structlog
 
-from ambient.errors import InputError
-from ambient.fsutil import resolve_in_brain, write_all
-from ambient.health import describe, resource_of
-from ambient.locks import start_time_now
+from ambient.claims.locks import start_time_now
+from ambient.core.errors import InputError
+from ambient.core.health import describe, resource_of
 from ambient.runners import confinement
 from ambient.runners.base import (
     MAX_ENV_PACKET_BYTES,
@@ -47,6 +46,7 @@ from ambient.runners.base import (
 from ambient.runners.spawner import SpawnedAgent, Spawner, SpawnerLost
 from ambient.runners.spawner_helper import keep_output, read_some
 from ambient.runners.waiter import Waiter
+from ambient.storage.fsutil import resolve_in_brain, write_all
 
 log = structlog.get_logger(__name__)
 

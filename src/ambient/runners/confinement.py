@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ambient.paths import STATE_DIRNAME
+from ambient.storage.paths import STATE_DIRNAME
 
 #: Not /run: systemd keeps services' credentials there (/run/credentials); only its resolver's files (DNS).
 SYSTEM_READ = (

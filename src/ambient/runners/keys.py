@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ambient.errors import AmbientError
-from ambient.fsutil import read_capped
+from ambient.core.errors import AmbientError
+from ambient.storage.fsutil import read_capped
 
 #: A key file larger than this is not a key.
 MAX_KEY_BYTES = 64 * 1024

@@ -52,7 +52,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ambient.errors import AmbientError
+from ambient.core.errors import AmbientError
 from ambient.runners.answer import final_answer
 from ambient.runners.base import AgentResult, LlmRunnerConfig, RunRequest, Usage, Watch, error_result
 from ambient.runners.keys import DEFAULT_KEY, credential

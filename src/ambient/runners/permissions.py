@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from ambient.paths import STATE_DIRNAME
 from ambient.runners.confinement import secret_name
+from ambient.storage.paths import STATE_DIRNAME
 
 #: The answers a permission question offers, in this order.
 ALLOW = "allow"

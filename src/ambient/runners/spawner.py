@@ -16,7 +16,7 @@ The agent is the spawner's child, not the daemon's, and nothing else changes: it
 the daemon still decides and signals its process group directly (timeouts, output caps, shutdown), still records
 its pid and start time for the reconciliation after a crash. If the daemon dies, the spawner starts none of the
 requests still queued (``daemon_gone`` in the helper), reads EOF and exits; its agents are then orphans, exactly
-as the daemon's own children would be, stopped by the next start (:mod:`ambient.orphans`). If the spawner dies
+as the daemon's own children would be, stopped by the next start (:mod:`ambient.runners.orphans`). If the spawner dies
 (someone killed it), the exit codes of the running agents are lost: the daemon kills their groups, their
 attempts end as errors (and are retried by policy), and the next start brings a new spawner up. A spawner that
 cannot even start is given up on for good and agents start through ``Popen`` again (``broken``).
@@ -41,10 +41,10 @@ from typing import Any, Final
 
 import structlog
 
-from ambient.fsutil import write_all
-from ambient.locks import start_time_at
+from ambient.claims.locks import start_time_at
 from ambient.runners import spawner_helper as _helper
 from ambient.runners.waiter import Waiter
+from ambient.storage.fsutil import write_all
 
 log = structlog.get_logger("ambient.spawner")
 

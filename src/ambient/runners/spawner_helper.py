@@ -283,7 +283,7 @@ class _Spawner:
         """End the strays: processes an agent left behind (reparented to us) whose agent has ended, or all of
         them when the daemon stops. They are killed with their process group (a ``setsid()`` child leads one)
         and reaped. Strays of an agent still running are its own business until it ends. A daemon that dies
-        leaves them running, like its agents: the next start stops them (ambient.orphans)."""
+        leaves them running, like its agents: the next start stops them (ambient.runners.orphans)."""
         self.swept = time.monotonic()
         live = set(self.keys.values())
         for pid in _children():

@@ -1,0 +1,1 @@
+"""Configuration: ambient's settings, a brain loaded into one read-only snapshot, and what ``ambient init`` writes."""

@@ -1,0 +1,361 @@
+"""Loading a brain into one read-only snapshot: settings, agents, matrix, runners, workflows.
+
+One bad file becomes a :class:`~ambient.core.problems.Problem` (file:line), never a crash: the daemon
+runs with what loaded, ``ambient validate`` prints the problems, and a reload that breaks
+ambient's own configuration keeps the previous snapshot (see :func:`load_brain`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from ambient.config.settings import Settings, env_paths, settings_from, settings_salvaged
+from ambient.core.errors import InputError
+from ambient.core.problems import Problem, Severity
+from ambient.kernel.matrix import decide
+from ambient.kernel.routing_table import BrainMatrix, build_matrix
+from ambient.runners.base import RunnerConfig, RunnerConfigError, parse_runner_config
+from ambient.storage.fsutil import read_capped
+from ambient.storage.paths import BrainPaths
+from ambient.storage.yamlfile import (
+    MAX_CONFIG_BYTES,
+    LineMap,
+    decode,
+    expect_mapping,
+    parse_yaml,
+    problems_from_validation,
+)
+from ambient.workflows.loading import AgentExists, KnownAgents, LoadedWorkflow, MaySpawn, load_workflows
+
+
+@dataclass
+class Brain:
+    """Everything the daemon needs from the brain's files, loaded once per (re)load."""
+
+    paths: BrainPaths
+    settings: Settings
+    matrix: BrainMatrix
+    workflows: dict[str, LoadedWorkflow]
+    runners: dict[str, RunnerConfig]
+    problems: list[Problem] = field(default_factory=list)
+    settings_ok: bool = True
+    settings_file: SettingsFile | None = None  # the file the settings came from (the last good one)
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+
+@dataclass(frozen=True)
+class SettingsFile:
+    """What ``profil/ambient.yml`` gave: the settings (None when they do not validate), the problems, the sha256
+    of the bytes read (None without a file) and the file's own values, secrets masked (what a running daemon
+    records so that ``ambient doctor`` can tell when the file changed under it)."""
+
+    settings: Settings | None
+    problems: list[Problem]
+    digest: str | None = None
+    own: dict[str, Any] | None = None
+    salvaged: Settings | None = None  # when they do not validate: every key that does (settings_salvaged)
+    lines: LineMap | None = None  # where each key is in the file
+
+
+def read_settings(paths: BrainPaths, environ: Mapping[str, str]) -> SettingsFile:
+    """``profil/ambient.yml`` + environment → :class:`SettingsFile`."""
+    source = paths.rel(paths.config)
+    data: Any = None
+    lines = None
+    digest = None
+    if paths.config.is_file() or paths.config.is_symlink():
+        try:
+            raw = read_capped(paths.config, MAX_CONFIG_BYTES)
+            digest = hashlib.sha256(raw).hexdigest()
+            data, lines = parse_yaml(decode(raw, source=source), source=source)
+            if data is not None:
+                data = expect_mapping(data, source=source, what="the configuration")
+        except OSError as exc:
+            return SettingsFile(None, [Problem(file=source, message=f"cannot be read: {exc.strerror}")], digest)
+        except InputError as exc:
+            return SettingsFile(None, [Problem(file=exc.file or source, line=exc.line, message=exc.message)], digest)
+    try:
+        settings = settings_from(data, environ)
+    except ValidationError as exc:
+        problems = settings_problems(exc, source=source, lines=lines or LineMap(), environ=environ)
+        own_salvaged = settings_salvaged(data, {}).redacted()  # what a daemon starting on this file records
+        return SettingsFile(
+            None, problems, digest, own_salvaged, salvaged=settings_salvaged(data, environ), lines=lines
+        )
+    try:
+        own: dict[str, Any] | None = settings_from(data, {}).redacted()
+    except ValidationError:  # a value only the environment makes valid: nothing of the file's own to show
+        own = None
+    return SettingsFile(settings, [], digest, own, lines=lines)
+
+
+def settings_problems(
+    exc: ValidationError, *, source: str, lines: LineMap, environ: Mapping[str, str]
+) -> list[Problem]:
+    """The settings' validation errors, the one way every command and the daemon say them: at the file's line with
+    the key a typo looks like, or naming the ``AMBIENT_*`` variable at fault; secrets masked (an input may be a URL
+    holding a token)."""
+    from ambient.core.redact import redact_text
+
+    found = problems_from_validation(exc, file=source, lines=lines, model=Settings, env=env_paths(environ))
+    return [p.model_copy(update={"message": redact_text(p.message)}) for p in found]
+
+
+def load_settings(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Settings | None, list[Problem]]:
+    """``profil/ambient.yml`` + environment → Settings; None (with problems) when it does not validate."""
+    found = read_settings(paths, environ)
+    return found.settings, found.problems
+
+
+def spawn_checks(matrix: BrainMatrix) -> tuple[AgentExists, MaySpawn]:
+    """The callbacks workflow validation uses: does an agent exist, may a sender SPAWN it here."""
+    agents = matrix.agents
+
+    def exists(name: str) -> bool:
+        return name in agents or matrix.matrix.gate(name) is not None
+
+    agent_exists = KnownAgents(agents, exists)
+
+    def may_spawn(sender: str, agent: str, zone: str | None, files: Sequence[str]) -> str | None:
+        decision = decide(matrix.matrix, sender, agent, "SPAWN", zone, files, matrix.zone_rules)
+        if decision.allowed:
+            return None
+        return decision.reasons[-1] if decision.reasons else "denied by the access matrix"
+
+    return agent_exists, may_spawn
+
+
+def runner_configs(
+    matrix: BrainMatrix, settings: Settings, paths: BrainPaths | None = None, lines: LineMap | None = None
+) -> tuple[dict[str, RunnerConfig], list[Problem]]:
+    """Runner per agent: ``ambient.runner`` in its frontmatter, else ``runners.<agent>`` in profil/ambient.yml, else
+    ``runners.default`` (e.g. ``{kind: claude}``: every agent of the brain runs on its prompt, unedited).
+
+    Each one is checked, with its file and line (``lines``: the settings file's), also a ``runners:`` entry that
+    an agent's own runner overrides (a warning says it is not used). ``default`` is that key's meaning in
+    ``runners:``, never an agent's name there."""
+    out: dict[str, RunnerConfig] = {}
+    problems: list[Problem] = []
+    config = paths.rel(paths.config) if paths is not None else "profil/ambient.yml"
+    own = {name for name, spec in matrix.agents.items() if spec.runner is not None}
+    default: RunnerConfig | None = None
+    for name, conf in settings.runners.items():
+        line = lines.line_for(("runners", name)) if lines is not None else None
+        parsed = _runner_config(name, conf, config, line, problems)
+        if name == DEFAULT_RUNNER:
+            default = parsed
+            continue
+        if name in own:
+            problems.append(
+                Problem(
+                    file=config,
+                    line=line,
+                    message=f"runners.{name} is not used: the agent's file has its own ambient.runner, which wins",
+                    severity="warning",
+                )
+            )
+        elif parsed is not None:
+            out[name] = parsed
+    for name, spec in matrix.agents.items():
+        if spec.runner is not None:
+            file = paths.rel(spec.path) if paths is not None else spec.path.name
+            parsed = _runner_config(name, spec.runner, file, spec.runner_line, problems)
+            if parsed is not None:
+                out[name] = parsed
+    if default is not None:
+        for name in matrix.agents:
+            out.setdefault(name, default)
+    return out, problems
+
+
+#: The key of ``runners:`` that gives every agent without a runner of its own one.
+DEFAULT_RUNNER = "default"
+
+
+def extra_problems(
+    paths: BrainPaths, matrix: BrainMatrix, runners: Mapping[str, RunnerConfig], settings: Settings
+) -> list[Problem]:
+    """AI runners whose optional extra is not installed: one error per agent that names the kind itself, one for
+    ``runners.default`` (not one per agent it covers). ``ambient validate``, ``doctor`` and the daemon say it."""
+    from ambient.runners.extras import missing_extra
+
+    found: list[Problem] = []
+    default = settings.runners.get(DEFAULT_RUNNER)
+    default_kind = default.get("kind") if isinstance(default, Mapping) else None
+    said_default = False
+    for name, cfg in sorted(runners.items()):
+        hint = missing_extra(cfg)
+        if hint is None:
+            continue
+        spec = matrix.agents.get(name)
+        own = spec is not None and spec.runner is not None
+        if not own and name not in settings.runners and default_kind == cfg.kind:
+            if not said_default:
+                said_default = True
+                found.append(Problem(file=paths.rel(paths.config), message=f"runners.default: {hint}"))
+            continue
+        file = paths.rel(spec.path) if own and spec is not None else paths.rel(paths.config)
+        line = spec.runner_line if own and spec is not None else None
+        found.append(Problem(file=file, line=line, message=f"agent {name}: {hint}"))
+    return found
+
+
+def program_problems(paths: BrainPaths, matrix: BrainMatrix, runners: Mapping[str, RunnerConfig]) -> list[Problem]:
+    """Command runners whose program (or ``{{python}}`` script) is not there, so every spawn of the agent would fail:
+    the one check ``ambient validate`` and ``ambient doctor`` both report (errors; a bare program name not on this
+    PATH is a warning, since the daemon's PATH under systemd may differ)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from ambient.runners.base import CommandRunnerConfig
+
+    found: list[Problem] = []
+    for name, cfg in sorted(runners.items()):
+        if not isinstance(cfg, CommandRunnerConfig):
+            continue
+        spec = matrix.agents.get(name)
+        file = paths.rel(spec.path) if spec is not None else paths.rel(paths.config)
+        line = spec.runner_line if spec is not None else None
+        cwd = paths.root if cfg.cwd is None else paths.root / cfg.cwd if not cfg.cwd.startswith("/") else Path(cfg.cwd)
+        prog = cfg.argv[0]
+        message = None
+        severity: Severity = "error"
+        if prog == "{{python}}":
+            script = cfg.argv[1] if len(cfg.argv) > 1 else ""
+            if script.endswith(".py") and "{{" not in script and not (cwd / script).is_file():
+                message = f"agent {name}: script {script} not found in {cwd}"
+        elif "/" in prog:
+            target = cwd / prog
+            if not (target.is_file() and os.access(target, os.X_OK)):
+                message = f"agent {name}: program {prog} is missing or not executable"
+        elif shutil.which(prog) is None:
+            message, severity = f"agent {name}: program {prog!r} is not on this PATH", "warning"
+        if message is not None:
+            found.append(Problem(file=file, line=line, message=message, severity=severity))
+    return found
+
+
+def _runner_config(
+    name: str, mapping: Mapping[str, Any], file: str, line: int | None, problems: list[Problem]
+) -> RunnerConfig | None:
+    try:
+        return parse_runner_config(mapping, file=file)
+    except RunnerConfigError as exc:
+        for p in exc.problems:
+            problems.append(Problem(file=file, line=line or p.line, message=f"runner of {name}: {p.message}"))
+    except InputError as exc:
+        problems.append(Problem(file=file, line=line, message=f"runner of {name}: {exc.message}"))
+    return None
+
+
+def settings_checks(settings: Settings, bm: BrainMatrix, paths: BrainPaths, lines: LineMap | None) -> list[Problem]:
+    """What valid settings still get wrong against this brain: a ``default_sender:`` that is no principal (every
+    packet a workflow sends from it is denied at run time), Telegram answers without the chat they post to."""
+    import difflib
+
+    at = functools.partial(_config_problem, paths, lines)
+    found: list[Problem] = []
+    known = sorted({*bm.matrix.principals(), *bm.agents})
+    name = settings.default_sender
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]!r}?" if close else "use ambient (the default), human or an agent's name"
+        found.append(
+            at(("default_sender",), f"{name!r} is no principal, so every packet a workflow sends is denied; {hint}")
+        )
+    if settings.telegram.answers and not settings.telegram.chat_id:
+        found.append(
+            at(("telegram", "answers"), "Telegram answers are on but telegram.chat_id is not set: nothing is sent")
+        )
+    return found
+
+
+def _config_problem(paths: BrainPaths, lines: LineMap | None, loc: tuple[str, ...], message: str) -> Problem:
+    line = lines.line_for(loc) if lines is not None else None
+    return Problem(file=paths.rel(paths.config), line=line, message=f"{'.'.join(loc)}: {message}")
+
+
+def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | None = None) -> Brain:
+    """Load the whole brain. Invalid settings fall back to the previous snapshot's; without one (a daemon starting,
+    a command), to every key of the file that is valid, the others at their defaults."""
+    found = read_settings(paths, environ)
+    settings, problems = found.settings, list(found.problems)
+    settings_ok = settings is not None
+    source: SettingsFile | None = found
+    if settings is None:
+        if previous is not None:
+            settings, source = previous.settings, previous.settings_file
+        else:
+            settings = found.salvaged or settings_from({}, {})  # source: this file, its digest and salvaged values
+    bm = build_matrix(paths)
+    problems += bm.problems
+    problems += settings_checks(settings, bm, paths, found.lines)
+    runners, runner_problems = runner_configs(bm, settings, paths, found.lines)
+    problems += runner_problems + extra_problems(paths, bm, runners, settings)
+    agent_exists, may_spawn = spawn_checks(bm)
+    workflows, wf_problems = load_workflows(
+        paths,
+        agent_exists=agent_exists,
+        may_spawn=may_spawn,
+        zone_rules=bm.zone_rules,
+        default_agents=settings.default_agents,
+    )
+    problems += wf_problems
+    if previous is not None:
+        # A workflow whose file broke keeps its previous good version (issue 4): runs are not dropped.
+        broken = {p.file for p in wf_problems if p.severity == "error"}
+        for name, old in previous.workflows.items():
+            if name not in workflows and old.source in broken:
+                workflows[name] = old
+    return Brain(
+        paths=paths,
+        settings=settings,
+        matrix=bm,
+        workflows=workflows,
+        runners=runners,
+        problems=problems,
+        settings_ok=settings_ok,
+        settings_file=source,
+    )
+
+
+def reload_workflows(previous: Brain) -> Brain:
+    """Only ``workflows/`` changed: re-read the workflows against the loaded agents, matrix and settings.
+
+    A third of a full reload's cost: a dropped workflow file reaches its first SPAWN sooner.
+    """
+    bm = previous.matrix
+    agent_exists, may_spawn = spawn_checks(bm)
+    workflows, wf_problems = load_workflows(
+        previous.paths,
+        agent_exists=agent_exists,
+        may_spawn=may_spawn,
+        zone_rules=bm.zone_rules,
+        default_agents=previous.settings.default_agents,
+    )
+    broken = {p.file for p in wf_problems if p.severity == "error"}
+    for name, old in previous.workflows.items():
+        if name not in workflows and old.source in broken:
+            workflows[name] = old
+    wf_files = {w.source for w in previous.workflows.values()} | {p.file for p in wf_problems}
+    kept = [p for p in previous.problems if p.file not in wf_files and not p.file.startswith("workflows/")]
+    return Brain(
+        paths=previous.paths,
+        settings=previous.settings,
+        matrix=bm,
+        workflows=workflows,
+        runners=previous.runners,
+        problems=kept + wf_problems,
+        settings_ok=previous.settings_ok,
+        settings_file=previous.settings_file,
+    )

@@ -1,0 +1,238 @@
+"""ambient's own configuration (``profil/ambient.yml`` + ``AMBIENT_*`` environment overrides).
+
+Pure: built from the mappings the shell passes in (file contents, environ); reads nothing.
+A typo in the file is an error (``extra="forbid"``), defaults work without any file, and
+notification URLs are secrets (``SecretStr``): they may carry bot tokens.
+
+Environment overrides (they win over the file):
+
+=============================  ==========================================
+``AMBIENT_TICK_SECONDS``       ``tick_seconds``
+``AMBIENT_CONCURRENCY``        ``concurrency``
+``AMBIENT_LOG_LEVEL``          ``log_level``
+``AMBIENT_LOG_FORMAT``         ``log_format`` (auto|json|console)
+``AMBIENT_NOTIFY_URLS``        ``notify.urls`` (comma or space separated)
+``AMBIENT_SHUTDOWN_GRACE``     ``shutdown_grace_s``
+``AMBIENT_BUDGET_PER_RUN_USD`` ``budget.per_run_usd`` (``none``: no budget)
+``AMBIENT_BUDGET_DAILY_USD``   ``budget.daily_usd`` (``none``: no budget)
+=============================  ==========================================
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from ambient.workflows.spec import SATELLITE_TYPES
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["auto", "json", "console"]
+ResultNotify = Literal["none", "failures", "all"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NotifySettings(_Strict):
+    """Where escalations and results are sent (apprise URLs)."""
+
+    urls: list[SecretStr] = Field(default_factory=list)
+    results: ResultNotify = "failures"
+    digest: bool = False  # results and automatic decisions batched into one message per digest_hours
+    digest_hours: float = Field(default=24.0, gt=0)
+    retry_base_s: float = Field(default=5.0, gt=0)  # first retry within this; doubles each time
+    retry_cap_s: float = Field(default=900.0, gt=0)  # escalations are retried for ever, at most this apart
+
+
+class TelegramSettings(_Strict):
+    """Answering escalations from Telegram buttons (opt-in)."""
+
+    answers: bool = False
+    chat_id: str | None = None
+    user_ids: list[int] = Field(default_factory=list)
+    api_base: str = "https://api.telegram.org"
+    token_file: str | None = None  # default: $CREDENTIALS_DIRECTORY/telegram-token
+    poll_timeout_s: int = Field(default=25, ge=0, le=50)
+
+    @field_validator("chat_id", mode="before")
+    @classmethod
+    def _chat_id_as_written(cls, value: Any) -> Any:
+        """``chat_id: 123456789`` unquoted is the chat it names (YAML reads a number; Telegram takes either)."""
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+class BudgetSettings(_Strict):
+    """What AI agents may spend (``ambient.engine.budget``): per run, and per UTC day across all runs; None: no budget.
+    Reaching one holds the run (no new agent starts) and asks the person: raise | wait | abort."""
+
+    per_run_usd: float | None = Field(default=None, gt=0, le=1_000_000)
+    daily_usd: float | None = Field(default=None, gt=0, le=1_000_000)
+
+    @field_validator("per_run_usd", "daily_usd", mode="before")
+    @classmethod
+    def _none_spelled(cls, value: Any) -> Any:
+        """``none`` or an empty value (from the environment) is no budget."""
+        if isinstance(value, str) and value.strip().lower() in ("", "none", "null", "off"):
+            return None
+        return value
+
+
+class Settings(_Strict):
+    """Every knob of the daemon, with defaults that work."""
+
+    tick_seconds: float = Field(default=30.0, gt=0, le=86_400)
+    concurrency: int = Field(default=4, ge=1, le=256)
+    shutdown_grace_s: float = Field(default=10.0, ge=0, le=600)
+    lock_ttl_min: float = Field(default=60, gt=0)  # minutes; renewed while its agent runs (services.Leases)
+    stale_claim_hours: float = Field(default=24.0, gt=0)
+    breaker_threshold: int = Field(default=3, ge=1)
+    log_level: LogLevel = "info"
+    log_format: LogFormat = "auto"
+    default_sender: str = "ambient"
+    notify: NotifySettings = Field(default_factory=NotifySettings)
+    telegram: TelegramSettings = Field(default_factory=TelegramSettings)
+    runners: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    # step type → agent, for chain steps without agents: and satellites (a workflow's own default_agents: wins)
+    default_agents: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("default_agents")
+    @classmethod
+    def _step_types(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - set(SATELLITE_TYPES))
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not a step type; expected one of {', '.join(SATELLITE_TYPES)}")
+        return value
+
+    def redacted(self) -> dict[str, Any]:
+        """A JSON-ready dump with secrets masked, for ``ambient config show``."""
+        data = self.model_dump(mode="json")
+        data["notify"]["urls"] = [_mask_url(u.get_secret_value()) for u in self.notify.urls]
+        return data
+
+
+def _mask_url(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "****"
+    head = rest.split("/", 1)[0].split("@")[-1]
+    return f"{scheme}://{head[:2]}****" if head else f"{scheme}://****"
+
+
+_ENV: dict[str, tuple[str, ...]] = {
+    "AMBIENT_TICK_SECONDS": ("tick_seconds",),
+    "AMBIENT_CONCURRENCY": ("concurrency",),
+    "AMBIENT_LOG_LEVEL": ("log_level",),
+    "AMBIENT_LOG_FORMAT": ("log_format",),
+    "AMBIENT_SHUTDOWN_GRACE": ("shutdown_grace_s",),
+    "AMBIENT_NOTIFY_URLS": ("notify", "urls"),
+    "AMBIENT_BUDGET_PER_RUN_USD": ("budget", "per_run_usd"),
+    "AMBIENT_BUDGET_DAILY_USD": ("budget", "daily_usd"),
+}
+
+
+def env_paths(environ: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """The ``AMBIENT_*`` variables set in ``environ`` and the setting each one sets."""
+    return {var: path for var, path in _ENV.items() if var in environ}
+
+
+def merge_environ(data: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """The file's mapping with ``AMBIENT_*`` overrides applied (environment wins)."""
+    out: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
+    for var, path in _ENV.items():
+        if var not in environ:
+            continue
+        raw = environ[var]
+        value: Any = [u for u in re.split(r"[,\s]+", raw) if u] if path == ("notify", "urls") else raw
+        node: Any = out
+        for key in path[:-1]:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                node = None  # `notify: none` in the file: left as written, validation reports its line
+                break
+            node = child
+        if node is not None:
+            node[path[-1]] = value
+    return out
+
+
+def settings_from(data: Mapping[str, Any] | None, environ: Mapping[str, str]) -> Settings:
+    """Validate settings from file data and environment (raises pydantic ValidationError)."""
+    return Settings.model_validate(merge_environ(data or {}, environ))
+
+
+def settings_salvaged(data: Mapping[str, Any] | None, environ: Mapping[str, str]) -> Settings:
+    """Settings from a file that does not validate, keeping every key that does: each key a problem names (an
+    unknown key, a bad value) falls back to its default.
+
+    A daemon starting with no previous good version to keep uses this: on bare defaults a typo (``concurency: 3``)
+    silently cost it the file's notification URLs, and every question waited unseen. The problems are still
+    reported, with their lines, as errors.
+    """
+    file = dict(data or {})
+    env = dict(environ)
+    merged: dict[str, Any] = merge_environ(file, env)
+    for _ in range(8):  # each round drops what the last one named; a few rounds settle any file
+        try:
+            return Settings.model_validate(merged)
+        except ValidationError as exc:
+            locs = [tuple(e["loc"]) for e in exc.errors()]
+            bad_vars = {v for v, path in env_paths(env).items() if any(loc[: len(path)] == path for loc in locs)}
+            if bad_vars:  # a variable's bad value: the file's own value stands again
+                env = {k: v for k, v in env.items() if k not in bad_vars}
+                kept = merge_environ(file, env)
+            else:
+                file = _without(file, locs)
+                kept = merge_environ(file, env)
+            if kept == merged:
+                break
+            merged = kept
+    return Settings()
+
+
+def _without(data: dict[str, Any], locs: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """``data`` without the keys at ``locs`` (two levels deep at most: ``notify.urls``, not one URL of it)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for loc in locs:
+        keys = [k for k in loc[:2] if isinstance(k, str)]
+        if not keys:
+            continue
+        node: Any = out
+        for key in keys[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(keys[-1], None)
+    return out
+
+
+def settings_changes(old: Settings, new: Settings) -> list[str]:
+    """The dotted names of the settings that differ between two snapshots (secret values compared, never shown)."""
+    return changed_keys(_revealed(old.model_dump()), _revealed(new.model_dump()))
+
+
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The dotted names (two levels: ``notify.urls``, ``runners.coder``) whose values differ in two dumps."""
+    return _changed(dict(old), dict(new), "")
+
+
+def _revealed(value: Any) -> Any:
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, dict):
+        return {k: _revealed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_revealed(v) for v in value]
+    return value
+
+
+def _changed(a: Any, b: Any, prefix: str) -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict) and prefix.count(".") < 2:  # notify.urls, runners.coder
+        out: list[str] = []
+        for key in sorted(set(a) | set(b)):
+            out += _changed(a.get(key), b.get(key), f"{prefix}{key}.")
+        return out
+    return [] if a == b else [prefix.rstrip(".")]

@@ -1,0 +1,883 @@
+"""Escalations: the decisions that are the person's, persisted before anyone is notified (DESIGN §6).
+
+Pure rules (:func:`decide`, :func:`timeout_decision`, :func:`due_timeouts`, :func:`due_reminders`,
+:func:`find_pending`...) take ``now`` and return new models; :class:`EscalationStore` is the only
+writer of ``.ambient/escalations/<id>.yml`` and serialises every change under one ``flock`` guard, so
+the CLI and the daemon (Telegram) can never both answer the same escalation.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import fcntl
+import hashlib
+import hmac
+import os
+import re
+import secrets
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ambient.core.clock import Clock, SystemClock
+from ambient.core.errors import InputError, StateError
+from ambient.core.problems import Problem
+from ambient.storage.fsutil import atomic_write, iter_files, private_dir
+from ambient.storage.paths import BrainPaths
+from ambient.storage.yamlfile import KiB, dump_yaml, expect_mapping, load_file, problems_from_validation
+
+#: permission: a tool call an AI agent waits on the person for; budget: a run reached a budget (ambient.engine.budget);
+#: provider: the model provider refused the key or cannot be reached (the run holds).
+Kind = Literal["fail", "error", "blocked", "gate", "circuit_break", "question", "permission", "budget", "provider"]
+Status = Literal["pending", "answered", "expired", "cancelled"]
+Channel = Literal["cli", "telegram", "rule", "timeout"]
+OnTimeout = Literal["reject", "approve", "escalate", "abort"]
+
+#: Actions the engine carries out by itself; a workflow may declare options with other actions.
+ENGINE_ACTIONS = frozenset({"retry", "skip", "abort", "approve", "reject", "continue"})
+
+#: Size cap of one escalation file (checked before parsing, RELIABILITY S-03).
+MAX_ESCALATION_BYTES = 256 * KiB
+#: Agent text in a question is cut here so the file stays far below the cap.
+MAX_QUESTION_CHARS = 8000
+MAX_NOTE_CHARS = 2000
+#: Notification attempts kept in the file (the count keeps growing).
+MAX_ATTEMPTS_KEPT = 20
+MAX_ERROR_CHARS = 300
+
+ID_PREFIX = "esc-"
+_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")  # fits Telegram callback_data (telegram.py)
+_GENERATED_ID_RE = re.compile(r"^[a-z2-7]{6}$")
+# Same alphabet as workflow option names; an all-digit key is refused so "2" always means the 2nd option.
+_KEY_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
+_GUARD_NAME = "escalations.guard"
+
+# on_timeout → actions looked for among the offered options, in order (first offered wins).
+# approve: go on (a gate approved, a blocked item continued, a failed item skipped); reject: stop.
+_TIMEOUT_ACTIONS: dict[str, tuple[str, ...]] = {
+    "approve": ("approve", "continue", "skip"),
+    "reject": ("reject", "abort"),
+    "abort": ("abort",),
+}
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class UnknownEscalationError(InputError):
+    """No escalation has this id (CLI exit code 2)."""
+
+
+class InvalidOptionError(InputError):
+    """The answer names an option the escalation does not offer; the message lists those it does."""
+
+
+class AlreadyAnsweredError(StateError):
+    """The escalation is no longer pending (answered, expired or cancelled); nothing was changed."""
+
+    def __init__(self, message: str, *, escalation: Escalation) -> None:
+        super().__init__(message)
+        self.escalation = escalation
+
+
+# --------------------------------------------------------------------------- models
+
+
+class Option(BaseModel):
+    """One answer the person may give: typed by ``key`` or by its 1-based number in the list."""
+
+    model_config = ConfigDict(extra="allow")
+
+    key: str = Field(pattern=_KEY_RE, description="letters, digits, '_', '.', '-'; never only digits")
+    label: str = Field(min_length=1, max_length=512)  # an agent's option as it wrote it (packets allow 512)
+    action: str = Field(min_length=1, max_length=500, description="an ENGINE_ACTIONS name or a workflow action")
+
+    @field_validator("key")
+    @classmethod
+    def _not_a_number(cls, value: str) -> str:
+        if value.isdigit():
+            raise ValueError("key must not be only digits (a number means the option at that place in the list)")
+        return value
+
+    @field_validator("action")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        if "\n" in value or "\r" in value:
+            raise ValueError("must be one line")
+        return value
+
+
+class NotifyAttempt(BaseModel):
+    """One try at delivering the escalation to the configured notification URLs."""
+
+    model_config = ConfigDict(extra="allow")
+
+    at: AwareDatetime
+    ok: bool
+    error: str | None = None
+
+
+class NotifyState(BaseModel):
+    """Delivery state: the last attempts, when to try again, when it was delivered."""
+
+    model_config = ConfigDict(extra="allow")
+
+    attempts: list[NotifyAttempt] = Field(default_factory=list)
+    count: int = Field(default=0, ge=0, description="attempts made in total (the list keeps the last ones)")
+    next_at: AwareDatetime | None = None
+    delivered_at: AwareDatetime | None = None
+    refs: dict[str, str] = Field(default_factory=dict, description="delivery references, e.g. a Telegram message id")
+
+
+class Escalation(BaseModel):
+    """A decision that is the person's, as stored in ``.ambient/escalations/<id>.yml``.
+
+    People may read and edit these files, so unknown keys are kept (``extra="allow"``).
+    All timestamps are aware and absolute, so a restart neither resets nor loses a deadline.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(pattern=_ID_RE.pattern)
+    workflow: str = Field(min_length=1)
+    run_id: str = Field(min_length=1)
+    item: str | None = None
+    step: str | None = None
+    agent: str | None = None
+    kind: Kind
+    question: str
+    options: list[Option] = Field(min_length=1)
+    created_at: AwareDatetime
+    deadline: AwareDatetime | None = None
+    on_timeout: OnTimeout | None = None
+    remind_at: AwareDatetime | None = None
+    reminded: bool = False
+    timed_out_at: AwareDatetime | None = None
+    # An agent's ESCALATE sent with `ambient send`, outside any run: the answer SPAWNs this agent again with it.
+    respawn: str | None = None
+    scope: str | None = None  # a circuit breaker's scope (`ambient preflight reset SCOPE` answers it)
+    detail: str | None = None  # the agent's own words (its question or error): what a learned rule matches
+    dedupe_key: str = Field(min_length=1)
+    nonce: str = Field(min_length=16, description="unguessable token carried by Telegram buttons")
+    notify: NotifyState = Field(default_factory=NotifyState)
+    status: Status = "pending"
+    decision: str | None = None
+    by: str | None = None
+    channel: Channel | None = None
+    note: str | None = None
+    answered_at: AwareDatetime | None = None
+    latency_s: float | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Escalation:
+        keys = [o.key for o in self.options]
+        folded = [k.casefold() for k in keys]  # keys are typed in any case, so they must differ in more than case
+        dupes = sorted({k for k in keys if folded.count(k.casefold()) > 1})
+        if dupes:
+            raise ValueError(f"option keys must be unique; repeated: {', '.join(dupes)}")
+        if self.status in ("answered", "expired"):
+            if self.decision is None or self.answered_at is None or self.channel is None:
+                raise ValueError(f"status {self.status!r} needs decision, channel and answered_at")
+            allowed = set(keys) if self.status == "answered" else set(keys) | set(_TIMEOUT_ACTIONS)
+            if self.decision not in allowed:
+                raise ValueError(f"decision {self.decision!r} is not one of the options ({', '.join(keys)})")
+        return self
+
+    @property
+    def where(self) -> str:
+        """``workflow / item`` (or step), for messages."""
+        at = self.item or self.step
+        return f"{self.workflow} / {at}" if at else self.workflow
+
+    @property
+    def decided_option(self) -> Option | None:
+        """The option chosen, once decided (None for a timeout action that matched no option)."""
+        return next((o for o in self.options if o.key == self.decision), None)
+
+    @property
+    def decided_action(self) -> str | None:
+        """The action the engine must carry out, once decided."""
+        if self.decision is None:
+            return None
+        opt = self.decided_option
+        return opt.action if opt is not None else self.decision
+
+
+# --------------------------------------------------------------------------- pure rules
+
+
+def new_id() -> str:
+    """A short human-typable id: ``esc-`` and 6 lowercase base32 characters (30 random bits)."""
+    return ID_PREFIX + base64.b32encode(secrets.token_bytes(5)).decode("ascii").lower()[:6]
+
+
+def new_nonce() -> str:
+    """An unguessable token tying a Telegram button to one escalation."""
+    return secrets.token_urlsafe(16)
+
+
+def normalize_id(text: str) -> str:
+    """Canonical id from what a person typed: case-insensitive, ``esc-`` prefix optional.
+
+    Raises :class:`UnknownEscalationError` for text that cannot be an id (so it is never joined to a path).
+    """
+    raw = text.strip().lower()
+    if _GENERATED_ID_RE.match(raw):
+        raw = ID_PREFIX + raw
+    if not _ID_RE.match(raw):
+        raise UnknownEscalationError(f"{text!r} is not an escalation id; expected e.g. 'esc-k3x9qa'")
+    return raw
+
+
+def default_options(kind: Kind) -> list[Option]:
+    """The options the engine offers for each kind of escalation (a workflow may declare others)."""
+    table: dict[str, list[tuple[str, str]]] = {
+        "fail": [("retry", "Run it again"), ("skip", "Skip it and go on"), ("abort", "Abort the run")],
+        "error": [("retry", "Run it again"), ("skip", "Skip it and go on"), ("abort", "Abort the run")],
+        "blocked": [("continue", "Unblocked: go on"), ("skip", "Skip it and go on"), ("abort", "Abort the run")],
+        "gate": [("approve", "Approve"), ("reject", "Reject")],
+        "circuit_break": [("retry", "Reset the breaker and run again"), ("abort", "Abort the run")],
+        "question": [],
+        "permission": [],
+        "budget": [("raise", "Allow more"), ("wait", "Keep the run held"), ("abort", "Abort the run")],
+        "provider": [("retry", "Run it again"), ("abort", "Abort the run")],
+    }
+    return [Option(key=k, label=label, action=k) for k, label in table[kind]]
+
+
+def slug_key(text: str) -> str:
+    """An option key made from free text (an agent's proposed answer): ``"Yes, deploy!"`` → ``yes-deploy``."""
+    slug = re.sub(r"[^a-z0-9_.]+", "-", text.casefold()).strip("-.")[:32].strip("-.")
+    if not slug or slug.isdigit():
+        slug = f"opt-{slug}" if slug else "opt"
+    return slug
+
+
+def make_dedupe_key(
+    *, workflow: str, run_id: str, kind: Kind, item: str | None = None, step: str | None = None, question: str = ""
+) -> str:
+    """Same situation → same key: the run, the item or step and the kind (and the text, for questions)."""
+    parts = [workflow, run_id, item or "", step or "", kind, question if kind == "question" else ""]
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:24]
+
+
+def new_escalation(
+    *,
+    workflow: str,
+    run_id: str,
+    kind: Kind,
+    question: str,
+    now: datetime,
+    options: Sequence[Option | Mapping[str, Any] | tuple[str, str, str]] | None = None,
+    item: str | None = None,
+    step: str | None = None,
+    agent: str | None = None,
+    timeout: timedelta | None = None,
+    on_timeout: OnTimeout | None = None,
+    remind_before: timedelta | None = None,
+    dedupe_key: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+    respawn: str | None = None,
+    scope: str | None = None,
+    detail: str | None = None,
+) -> Escalation:
+    """Build a pending escalation; deadlines become absolute timestamps from ``now``.
+
+    ``timeout`` without ``on_timeout`` means ``escalate`` (never decide for the person by default).
+    ``remind_before`` sets a reminder that long before the deadline (ignored without a deadline).
+    """
+    _check_aware(now)
+    opts = [_as_option(o) for o in options or default_options(kind)]
+    if not opts:
+        raise InputError(f"an escalation of kind {kind!r} needs options; none were given")
+    text = question if len(question) <= MAX_QUESTION_CHARS else question[: MAX_QUESTION_CHARS - 1] + "…"
+    deadline = now + timeout if timeout is not None else None
+    remind_at = None
+    if deadline is not None and remind_before is not None and remind_before > timedelta(0):
+        remind_at = max(now, deadline - remind_before)
+    data: dict[str, Any] = dict(extra or {})
+    data.update(
+        id=new_id(),
+        workflow=workflow,
+        run_id=run_id,
+        item=item,
+        step=step,
+        agent=agent,
+        respawn=respawn,
+        scope=scope,
+        detail=detail[:MAX_QUESTION_CHARS] if detail else detail,
+        kind=kind,
+        question=text,
+        options=[o.model_dump() for o in opts],
+        created_at=now,
+        deadline=deadline,
+        on_timeout=(on_timeout or "escalate") if deadline is not None else None,
+        remind_at=remind_at,
+        dedupe_key=dedupe_key
+        or make_dedupe_key(workflow=workflow, run_id=run_id, kind=kind, item=item, step=step, question=question),
+        nonce=new_nonce(),
+        notify={"next_at": now},
+    )
+    return Escalation.model_validate(data)
+
+
+def _as_option(value: Option | Mapping[str, Any] | tuple[str, str, str]) -> Option:
+    if isinstance(value, Option):
+        return value
+    if isinstance(value, tuple):
+        key, label, action = value
+        return Option(key=key, label=label, action=action)
+    return Option.model_validate(value)
+
+
+def offered_options(raw: Iterable[Sequence[str]]) -> list[tuple[str, str, str]]:
+    """(key, label, action) as an escalation offers them: an agent's proposed answer (action ``answer``) gets a key
+    slugged from its text; a key already offered is dropped (an agent that proposes ``skip`` beside ours)."""
+    options: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    for key, label, action in raw:
+        k = key if action != "answer" else slug_key(key)
+        if k not in seen:
+            seen.add(k)
+            options.append((k, label, action))
+    return options
+
+
+def rebuild(esc_id: str, *, workflow: str, run_id: str, request: Mapping[str, Any]) -> Escalation:
+    """A pending escalation built again from what its run's journal kept of it (an ``asked`` event's request and its
+    ``at``), for a file lost or emptied by a crash. Its deadline is counted from when the journal recorded the
+    question (within milliseconds of the original); it gets a new nonce and is notified again."""
+    at = datetime.fromisoformat(str(request["at"]))
+    deadline_s, remind_s = request.get("deadline_s"), request.get("remind_before_s")
+    esc = new_escalation(
+        workflow=workflow,
+        run_id=run_id,
+        kind=request["kind"],
+        question=str(request["question"]),
+        now=at,
+        options=offered_options(request["options"]),
+        item=request.get("item"),
+        step=request.get("step"),
+        agent=request.get("agent"),
+        scope=request.get("scope"),
+        detail=request.get("detail", request["question"]),
+        timeout=timedelta(seconds=float(deadline_s)) if deadline_s else None,
+        on_timeout=request.get("on_timeout"),
+        remind_before=timedelta(seconds=float(remind_s)) if remind_s else None,
+        dedupe_key=request.get("dedupe_key"),
+    )
+    return _evolve(esc, id=normalize_id(esc_id))
+
+
+def render_options(esc: Escalation) -> list[str]:
+    """The options numbered from 1, one per line: ``1) retry  Run it again``."""
+    width = max(len(o.key) for o in esc.options)
+    return [f"{n}) {o.key.ljust(width)}  {o.label}" for n, o in enumerate(esc.options, start=1)]
+
+
+def option_for(esc: Escalation, choice: str) -> Option:
+    """The option named by ``choice``: its key (any case) or its 1-based number."""
+    raw = choice.strip()
+    if raw.isdigit():
+        n = int(raw)
+        if 1 <= n <= len(esc.options):
+            return esc.options[n - 1]
+    else:
+        for opt in esc.options:
+            if opt.key.casefold() == raw.casefold():
+                return opt
+    offered = ", ".join(f"{n}) {o.key} ({o.label})" for n, o in enumerate(esc.options, start=1))
+    raise InvalidOptionError(f"{esc.id} does not offer {choice!r}; answer with a name or number among: {offered}")
+
+
+def decide(
+    esc: Escalation,
+    option: str,
+    *,
+    by: str,
+    channel: Channel,
+    now: datetime,
+    note: str | None = None,
+) -> Escalation:
+    """Answer a pending escalation with an option (key or 1-based number); return the answered copy.
+
+    Raises :class:`AlreadyAnsweredError` when it is not pending and :class:`InvalidOptionError` when
+    the option is not offered; the escalation given is never changed.
+    """
+    _check_aware(now)
+    _check_pending(esc)
+    opt = option_for(esc, option)
+    who = by.strip() or "human"
+    if note is not None and len(note) > MAX_NOTE_CHARS:
+        raise InputError(f"the note is {len(note)} characters; at most {MAX_NOTE_CHARS} are kept")
+    return _evolve(
+        esc,
+        status="answered",
+        decision=opt.key,
+        by=who[:200],
+        channel=channel,
+        note=note or None,
+        answered_at=now,
+        latency_s=_latency(esc, now),
+    )
+
+
+def timeout_decision(esc: Escalation, now: datetime) -> Escalation | None:
+    """What the deadline decides, or None when it is not due (or the escalation is not pending).
+
+    ``approve``/``reject``/``abort`` pick the offered option with that action (approve falls back
+    to ``continue``, then ``skip``; reject to ``abort``, except on an agent's question about a for_each item, where
+    it rejects that item only; with none offered the action itself is the decision) and
+    set status ``expired`` with channel ``timeout``. ``escalate`` keeps it pending without an end
+    and re-arms the notification, so the person is told again.
+    """
+    _check_aware(now)
+    if esc.status != "pending" or esc.deadline is None or esc.deadline > now:
+        return None
+    action = esc.on_timeout or "escalate"
+    if action == "escalate":
+        return _evolve(
+            esc,
+            deadline=None,
+            on_timeout=None,
+            remind_at=None,
+            timed_out_at=now,
+            notify=esc.notify.model_dump() | {"next_at": now, "delivered_at": None},
+        )
+    decision: str = action
+    wanted_actions = _TIMEOUT_ACTIONS[action]
+    if action == "reject" and esc.kind in ("question", "permission") and esc.item is not None:
+        # An agent's own question in a for_each: reject that item (it fails), not the whole run through the
+        # "abort" option offered beside the agent's answers (issue 24, 5). A chain's step has no item: its reject
+        # still ends the chain.
+        wanted_actions = ("reject",)
+    for wanted in wanted_actions:
+        match = next((o for o in esc.options if o.action == wanted), None)
+        if match is not None:
+            decision = match.key
+            break
+    return _evolve(
+        esc,
+        status="expired",
+        decision=decision,
+        by="timeout",
+        channel="timeout",
+        timed_out_at=now,
+        answered_at=now,
+        latency_s=_latency(esc, now),
+    )
+
+
+def due_timeouts(escs: Iterable[Escalation], now: datetime) -> list[Escalation]:
+    """Pending escalations whose deadline has passed."""
+    return [e for e in escs if e.status == "pending" and e.deadline is not None and e.deadline <= now]
+
+
+def due_reminders(escs: Iterable[Escalation], now: datetime) -> list[Escalation]:
+    """Pending escalations whose reminder time has come, not yet reminded, deadline still ahead."""
+    return [
+        e
+        for e in escs
+        if e.status == "pending"
+        and not e.reminded
+        and e.remind_at is not None
+        and e.remind_at <= now
+        and (e.deadline is None or e.deadline > now)
+    ]
+
+
+def due_notifications(escs: Iterable[Escalation], now: datetime) -> list[Escalation]:
+    """Pending escalations not yet delivered whose next attempt is due."""
+    return [
+        e
+        for e in escs
+        if e.status == "pending"
+        and e.notify.delivered_at is None
+        and (e.notify.next_at is None or e.notify.next_at <= now)
+    ]
+
+
+def next_timer(escs: Iterable[Escalation]) -> datetime | None:
+    """The earliest deadline or reminder still to fire among pending escalations (notifications have the outbox)."""
+    times = [
+        t
+        for e in escs
+        if e.status == "pending"
+        for t in (e.deadline, None if e.reminded else e.remind_at)
+        if t is not None
+    ]
+    return min(times, default=None)
+
+
+def find_pending(escs: Iterable[Escalation], dedupe_key: str) -> Escalation | None:
+    """The pending escalation for this situation, if one exists (identical ones are not sent twice)."""
+    return next((e for e in escs if e.status == "pending" and e.dedupe_key == dedupe_key), None)
+
+
+def mark_reminded(esc: Escalation, now: datetime) -> Escalation:
+    """Record that the reminder is due: it is sent once, through the notification retry path."""
+    _check_aware(now)
+    return _evolve(esc, reminded=True, notify=esc.notify.model_dump() | {"next_at": now, "delivered_at": None})
+
+
+def with_attempt(
+    esc: Escalation,
+    *,
+    ok: bool,
+    now: datetime,
+    error: str | None = None,
+    next_at: datetime | None = None,
+    refs: Mapping[str, str] | None = None,
+) -> Escalation:
+    """Record one notification attempt. ``error`` must already be redacted (it is cut, not cleaned)."""
+    _check_aware(now)
+    attempt = {"at": now, "ok": ok, "error": None if error is None else error[:MAX_ERROR_CHARS]}
+    state = esc.notify
+    kept = [a.model_dump() for a in state.attempts][-(MAX_ATTEMPTS_KEPT - 1) :]
+    attempts = [*kept, attempt]
+    notify = state.model_dump() | {
+        "attempts": attempts,
+        "count": state.count + 1,
+        "next_at": None if ok else next_at,
+        "delivered_at": now if ok else state.delivered_at,
+        "refs": state.refs | dict(refs or {}),
+    }
+    return _evolve(esc, notify=notify)
+
+
+def cancel(esc: Escalation, *, reason: str, now: datetime) -> Escalation:
+    """Withdraw a pending escalation (its run ended another way); an answer is then refused."""
+    _check_aware(now)
+    _check_pending(esc)
+    return _evolve(esc, status="cancelled", note=reason[:MAX_NOTE_CHARS], answered_at=now, by="ambient")
+
+
+def describe_answer(esc: Escalation) -> str:
+    """One line saying how an escalation was settled (or that it is pending)."""
+    if esc.status == "pending":
+        return f"{esc.id} is pending"
+    when = esc.answered_at.isoformat(timespec="seconds") if esc.answered_at else "?"
+    if esc.status == "cancelled":
+        return f"{esc.id} was cancelled at {when}" + (f" ({esc.note})" if esc.note else "")
+    via = "by timeout" if esc.channel == "timeout" else f"by {esc.by} via {esc.channel}"
+    verb = "answered" if esc.status == "answered" else "decided"
+    return f"{esc.id} was already {verb}: {esc.decision} {via} at {when}"
+
+
+def _check_pending(esc: Escalation) -> None:
+    if esc.status != "pending":
+        raise AlreadyAnsweredError(describe_answer(esc) + "; nothing was changed", escalation=esc)
+
+
+def _check_aware(now: datetime) -> None:
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise ValueError("now must be an aware datetime (UTC)")
+
+
+def _latency(esc: Escalation, now: datetime) -> float:
+    return round(max(0.0, (now - esc.created_at).total_seconds()), 3)
+
+
+def _evolve(esc: Escalation, **changes: Any) -> Escalation:
+    # model_copy(update=) does not validate: rebuild so every transition is checked (STYLE rule).
+    return Escalation.model_validate(esc.model_dump() | changes)
+
+
+# --------------------------------------------------------------------------- store (shell)
+
+# Left out of the file while None, so a pending escalation reads short; extras are always kept.
+_OMIT_WHEN_NONE = (
+    "item",
+    "step",
+    "agent",
+    "respawn",
+    "scope",
+    "deadline",
+    "on_timeout",
+    "remind_at",
+    "timed_out_at",
+    "decision",
+    "by",
+    "channel",
+    "note",
+    "answered_at",
+    "latency_s",
+)
+
+
+def to_yaml(esc: Escalation) -> str:
+    """The file text: a comment saying how to answer, then the fields in schema order."""
+    data = esc.model_dump(mode="json")
+    for key in _OMIT_WHEN_NONE:
+        if data.get(key) is None:
+            data.pop(key, None)
+    if esc.status == "pending":
+        head = f"# ambient escalation (pending). Answer with: ambient decide {esc.id} <option name or number>\n"
+    else:
+        head = f"# ambient escalation ({esc.status}): {describe_answer(esc).replace(' already', '')}\n"
+    return head + dump_yaml(data)
+
+
+class EscalationScan(NamedTuple):
+    """Every readable escalation, and a :class:`Problem` for each file that is not."""
+
+    escalations: builtins.list[Escalation]
+    problems: builtins.list[Problem]
+
+
+#: How many escalation files a store remembers as parsed (see ``EscalationStore._scan``).
+PARSED_MAX = 4096
+
+
+class EscalationStore:
+    """Escalation files of one brain. Every change is an atomic, fsync'd rewrite under one guard.
+
+    Methods block (fsync, ``flock``): call them from the daemon through ``asyncio.to_thread``.
+    Malformed files are reported as problems and skipped, never deleted or rewritten.
+    """
+
+    def __init__(self, paths: BrainPaths, *, clock: Clock | None = None) -> None:
+        self.paths = paths
+        self.dir = paths.escalations
+        self.guard_path = paths.state / _GUARD_NAME
+        self._clock: Clock = clock or SystemClock()
+        # File name → (inode, size, mtime_ns, ctime_ns) and the escalation read from it: see _scan.
+        self._parsed: dict[str, tuple[tuple[int, int, int, int], Escalation]] = {}
+
+    def path_for(self, esc_id: str) -> Path:
+        """The file of an escalation (the id is checked, so it never escapes the directory)."""
+        return self.dir / f"{normalize_id(esc_id)}.yml"
+
+    def create(self, esc: Escalation) -> Escalation:
+        """Persist a new escalation durably (file and directory fsync'd) and return it.
+
+        If a pending escalation with the same ``dedupe_key`` exists, nothing is written and that
+        one is returned: compare ids (``store.create(e).id == e.id``) to know whether to notify.
+        """
+        with self._guard():
+            existing = find_pending(self._scan().escalations, esc.dedupe_key)
+            if existing is not None:
+                return existing
+            while self.path_for(esc.id).exists():  # 30 random bits: a collision is rare, never fatal
+                esc = _evolve(esc, id=new_id())
+            self._write(esc)
+            return esc
+
+    def get(self, esc_id: str) -> Escalation:
+        """One escalation; :class:`UnknownEscalationError` if absent, :class:`InputError` if malformed."""
+        path = self.path_for(esc_id)
+        if not path.is_file():
+            raise UnknownEscalationError(
+                f"no escalation {normalize_id(esc_id)!r} in {self.paths.rel(self.dir)}; "
+                "see the pending ones with: ambient escalations"
+            )
+        return self._read(path)
+
+    def find_by_nonce(self, nonce: str) -> Escalation | None:
+        """The escalation a Telegram button token belongs to (constant-time compare), or None."""
+        for esc in self._scan().escalations:
+            if hmac.compare_digest(esc.nonce.encode(), nonce.encode()):
+                return esc
+        return None
+
+    def answer(
+        self,
+        esc_id: str,
+        option: str,
+        *,
+        by: str,
+        channel: Channel,
+        note: str | None = None,
+        now: datetime | None = None,
+    ) -> Escalation:
+        """Decide an escalation (see :func:`decide`). Of two concurrent answers exactly one wins;
+        the other gets :class:`AlreadyAnsweredError`, and a refused answer leaves the file untouched."""
+        when = now or self._clock.now()
+        return self.update(esc_id, lambda e: decide(e, option, by=by, channel=channel, note=note, now=when))
+
+    def apply_timeout(self, esc_id: str, now: datetime | None = None) -> Escalation | None:
+        """Apply the deadline's decision if still due (None, nothing written, if answered meanwhile)."""
+        when = now or self._clock.now()
+        result: list[Escalation] = []
+
+        def change(esc: Escalation) -> Escalation | None:
+            new = timeout_decision(esc, when)
+            if new is not None:
+                result.append(new)
+            return new
+
+        self._modify(esc_id, change)
+        return result[0] if result else None
+
+    def mark_reminded(self, esc_id: str, now: datetime | None = None) -> Escalation:
+        """Record that the reminder went due (the notifier then sends it once)."""
+        when = now or self._clock.now()
+        return self.update(esc_id, lambda e: mark_reminded(e, when))
+
+    def record_attempt(
+        self,
+        esc_id: str,
+        ok: bool,
+        error: str | None = None,
+        next_at: datetime | None = None,
+        *,
+        now: datetime | None = None,
+        refs: Mapping[str, str] | None = None,
+    ) -> Escalation:
+        """Record a notification attempt (``error`` already redacted; ``next_at`` = next retry)."""
+        when = now or self._clock.now()
+        return self.update(esc_id, lambda e: with_attempt(e, ok=ok, now=when, error=error, next_at=next_at, refs=refs))
+
+    def cancel(self, esc_id: str, reason: str, now: datetime | None = None) -> Escalation:
+        """Withdraw a pending escalation; :class:`AlreadyAnsweredError` if it was settled first."""
+        when = now or self._clock.now()
+        return self.update(esc_id, lambda e: cancel(e, reason=reason, now=when))
+
+    def pending_breaks(self, scope: str) -> builtins.list[Escalation]:
+        """The pending circuit-break escalations of a scope (``ambient preflight reset`` answers them)."""
+        return [
+            e
+            for e in self._scan().escalations
+            if e.status == "pending" and e.kind == "circuit_break" and e.scope == scope
+        ]
+
+    def cancel_run(self, run_id: str, reason: str, now: datetime | None = None) -> builtins.list[Escalation]:
+        """Withdraw every escalation of a run still pending (its run ended: an abort cascades, spec/002); an answer
+        given to one of them later is refused (``decide`` exits 1 saying it was cancelled)."""
+        when = now or self._clock.now()
+        done: builtins.list[Escalation] = []
+        with self._guard():
+            for esc in self._scan().escalations:
+                if esc.run_id == run_id and esc.status == "pending":
+                    new = cancel(esc, reason=reason, now=when)
+                    self._write(new)
+                    done.append(new)
+        return done
+
+    def restore(self, esc: Escalation) -> str | None:
+        """Write ``esc`` (see :func:`rebuild`) if its file is missing, empty or unreadable, and say which; None, nothing
+        written, if a readable file is there (it may have appeared meanwhile). An unreadable file is kept beside,
+        as ``<id>.yml.unreadable`` (a person may have written something in it)."""
+        with self._guard():
+            path = self.path_for(esc.id)
+            try:
+                size = os.lstat(path).st_size
+            except FileNotFoundError:
+                reason = "missing"
+            else:
+                try:
+                    self._read(path)
+                    return None
+                except (InputError, OSError):
+                    reason = "empty" if size == 0 else "unreadable"
+                if reason == "unreadable":
+                    os.replace(path, path.with_name(path.name + ".unreadable"))
+            self._write(esc)
+            return reason
+
+    def is_pending(self, esc_id: str) -> bool:
+        """Whether an escalation still waits on the person (an unknown or unreadable one does not)."""
+        try:
+            return self.get(esc_id).status == "pending"
+        except InputError:
+            return False
+
+    def update(self, esc_id: str, change: Callable[[Escalation], Escalation]) -> Escalation:
+        """Atomic read-modify-write under the guard; an exception from ``change`` writes nothing."""
+        result = self._modify(esc_id, change)
+        assert result is not None
+        return result
+
+    def scan(self) -> EscalationScan:
+        """Read every escalation file; malformed ones become problems."""
+        return self._scan()
+
+    def problems(self) -> builtins.list[Problem]:
+        """The files that cannot be read as escalations (for ``ambient doctor`` / ``validate``)."""
+        return self._scan().problems
+
+    def list(self, status: Status | None = None) -> builtins.list[Escalation]:
+        """Escalations, oldest first, all or only those with ``status``; malformed files skipped."""
+        escs = self._scan().escalations
+        return [e for e in escs if status is None or e.status == status]
+
+    # -- internals
+
+    def _modify(self, esc_id: str, change: Callable[[Escalation], Escalation | None]) -> Escalation | None:
+        with self._guard():
+            current = self.get(esc_id)
+            new = change(current)
+            if new is not None:
+                if new.id != current.id:
+                    raise StateError(f"an update may not change the id of {current.id}")
+                self._write(new)
+            return new
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        # One guard file, never unlinked (unlinking a flocked file splits waiters across inodes).
+        self._ensure_dir()
+        fd = os.open(self.guard_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    def _ensure_dir(self) -> None:
+        private_dir(self.dir)  # a real folder (0700), never a symlink; a created one is fsync'd into its parent
+
+    def _write(self, esc: Escalation) -> None:
+        # 0600: the nonce in the file is what makes a Telegram button trustworthy.
+        atomic_write(self.path_for(esc.id), to_yaml(esc), mode=0o600, durable=True)
+
+    def _read(self, path: Path) -> Escalation:
+        source = self.paths.rel(path)
+        data, lines = load_file(path, max_bytes=MAX_ESCALATION_BYTES, source=source)
+        mapping = expect_mapping(data, source=source, what="an escalation")
+        try:
+            esc = Escalation.model_validate(mapping)
+        except ValidationError as exc:
+            found = problems_from_validation(exc, file=source, lines=lines)
+            detail = "; ".join(p.message for p in found)
+            raise InputError(f"is not a valid escalation: {detail}", file=source, line=found[0].line) from None
+        if path.stem != esc.id:
+            raise InputError(f"holds id {esc.id!r}; the file must be named {esc.id}.yml", file=source, line=1)
+        return esc
+
+    def _scan(self) -> EscalationScan:
+        """Every escalation file, each parsed again only if it changed since this store last read it.
+
+        Decided escalations stay in the folder for good, and the daemon lists them all at every tick (deadlines,
+        reminders, answers to apply): parsing each (2-3 ms with the safe YAML loader) made every tick cost more
+        with every escalation ever made. A file is known by (inode, size, mtime_ns, ctime_ns); callers get a copy
+        of what was read. At most ``PARSED_MAX`` files are remembered (a few KB each); the others are parsed.
+        """
+        escs: builtins.list[Escalation] = []
+        problems: builtins.list[Problem] = []
+        seen: dict[str, tuple[tuple[int, int, int, int], Escalation]] = {}
+        for path in iter_files(self.dir, (".yml",)):
+            source = self.paths.rel(path)
+            if not _ID_RE.match(path.stem):
+                problems.append(Problem(file=source, message="is not named <escalation id>.yml; skipped"))
+                continue
+            try:
+                st = os.lstat(path)
+                sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                hit = self._parsed.get(path.name)
+                esc = hit[1] if hit is not None and hit[0] == sig else self._read(path)
+                if len(seen) < PARSED_MAX:
+                    seen[path.name] = (sig, esc)
+                escs.append(esc.model_copy(deep=True))
+            except InputError as exc:
+                problems.append(Problem(file=exc.file or source, line=exc.line, message=exc.message))
+            except OSError as exc:
+                problems.append(Problem(file=source, message=f"cannot be read: {exc.strerror}"))
+        self._parsed = seen  # files gone or changed are forgotten with this
+        escs.sort(key=lambda e: (e.created_at, e.id))
+        return EscalationScan(escs, problems)

@@ -1,0 +1,120 @@
+"""The daemon's troubles as the person sees them: a log line, one notification, and ``.ambient/state/health.json``.
+
+The rules (which errors are the daemon's, what to say) are :mod:`ambient.core.health`; this is the thin shell around
+them. ``ambient status`` and ``ambient doctor`` read the file while the daemon runs (:func:`read_health`), and
+check the disk themselves (:func:`disk_full`), since a full disk is exactly when the file cannot be rewritten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import cast, get_args
+
+import structlog
+from pydantic import ValidationError
+
+from ambient.core.clock import Clock
+from ambient.core.health import Health, Resource, cleared, describe, noted
+from ambient.storage.fsutil import PRIVATE_FILE, atomic_write
+from ambient.storage.paths import BrainPaths
+
+log = structlog.get_logger("ambient.service.troubles")
+
+#: Free space under which the disk counts as full for ``status`` and ``doctor`` (a record, a claim, a journal
+#: round need a few KiB each).
+DISK_FULL_BYTES = 256 * 1024
+_RESOURCES = get_args(Resource)
+_REWRITE_EVERY_S = 5.0  # a trouble seen again and again rewrites the file at most this often
+
+Inform = Callable[[str, str], Awaitable[None]]
+
+
+def health_file(paths: BrainPaths) -> Path:
+    return paths.state / "health.json"
+
+
+class Troubles:
+    """What the daemon is short of now. ``trouble`` is called from the event loop (or a thread: it only logs and
+    writes a small file); a new trouble is told once, its end is logged."""
+
+    def __init__(self, paths: BrainPaths, clock: Clock, inform: Inform | None = None) -> None:
+        self.paths = paths
+        self.clock = clock
+        self.inform = inform
+        self.health = Health()
+        self._written_at = 0.0
+        self.on_recovered: Callable[[str], None] | None = None  # e.g. rewrite what a full disk kept unwritten
+
+    def start(self) -> None:
+        """A new daemon starts healthy: the last one's troubles are not ours."""
+        self._write()
+
+    def trouble(self, kind: str, message: str) -> None:
+        if kind not in _RESOURCES:
+            return
+        self.health, new = noted(self.health, cast(Resource, kind), message, self.clock.now())
+        if new:
+            log.error("daemon_trouble", kind=kind, message=message)
+            self._tell(f"ambient: {message.split(';')[0]}", message)
+        if new or time.monotonic() - self._written_at >= _REWRITE_EVERY_S:
+            self._write()
+
+    def recovered(self, kinds: Sequence[str]) -> None:
+        ended = False
+        for kind in kinds:
+            if kind in self.health.conditions:
+                self.health, cond = cleared(self.health, cast(Resource, kind))
+                if cond is not None:
+                    log.info("daemon_trouble_over", kind=kind, since=cond.since.isoformat(), seen=cond.count)
+                    ended = True
+                    if self.on_recovered is not None:
+                        self.on_recovered(kind)
+        if ended:
+            self._write()
+
+    def _tell(self, title: str, body: str) -> None:
+        if self.inform is None:
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop (a thread at shutdown): the log said it
+            task = asyncio.get_running_loop().create_task(self._inform(title, body))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _inform(self, title: str, body: str) -> None:
+        assert self.inform is not None
+        try:
+            await self.inform(title, body)
+        except OSError as exc:  # the outbox is on the full disk too: the log line and status say it
+            log.warning("daemon_trouble_not_notified", error=str(exc))
+
+    def _write(self) -> None:
+        self._written_at = time.monotonic()
+        with contextlib.suppress(OSError):  # a full disk: status and doctor look at the disk themselves
+            atomic_write(
+                health_file(self.paths), self.health.model_dump_json(indent=1) + "\n", durable=False, mode=PRIVATE_FILE
+            )
+
+
+def read_health(paths: BrainPaths) -> Health:
+    """The running daemon's troubles (empty when it wrote none or the file does not read)."""
+    try:
+        return Health.model_validate_json(health_file(paths).read_bytes())
+    except (OSError, ValidationError, ValueError):
+        return Health()
+
+
+def disk_full(path: Path) -> str | None:
+    """The "disk full" line when the filesystem holding ``path`` has less than :data:`DISK_FULL_BYTES` free for
+    ambient's user, else None."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if free >= DISK_FULL_BYTES:
+        return None
+    return describe("disk", f"{free // 1024} KiB left", str(path))

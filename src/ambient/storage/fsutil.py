@@ -1,0 +1,414 @@
+"""The only writer of bytes to a brain: atomic writes, capped no-follow reads, containment checks.
+
+Guarantees (RELIABILITY §1.3): a reader sees either the old or the new content of a file, never a
+torn one; the content is durable (fsync of file then directory) before the call returns; a failed
+fsync is raised, never retried. Leftover ``.<name>.tmp.<pid>.<hex>`` files from a crash are swept at
+start-up by :func:`sweep_tmp`, and nothing else is ever deleted there.
+
+ambient's private state (``.ambient/``: journals, audit, agent threads, escalations...) follows one rule,
+:func:`private_dir`: each of its folders is a real folder (never a symlink, which would let a same-user agent
+redirect ambient's writes and reads elsewhere), created 0700, and each file ambient writes there is 0600
+(:data:`PRIVATE_FILE`), opened without following a final symlink (:func:`open_private`), so that no other
+local user reads agent conversations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import structlog
+
+from ambient.core.errors import InputError, UnsafePathError, UnsupportedFilesystemError
+from ambient.core.pathrules import normalize
+from ambient.storage.paths import STATE_DIRNAME, STATE_FILES
+
+if TYPE_CHECKING:
+    from ambient.storage.paths import BrainPaths
+
+log = structlog.get_logger(__name__)
+
+TMP_MARK = ".tmp."
+PRIVATE_DIR: int = 0o700  # every folder of .ambient/
+PRIVATE_FILE: int = 0o600  # every file ambient writes under .ambient/
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+# Filesystems whose locking or rename semantics cannot be trusted (RELIABILITY §1.2 rule 7).
+_UNTRUSTED_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse", "9p", "afs", "ceph", "glusterfs")
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may write less than asked)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a directory entry (create, rename, unlink) durable."""
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+_TMP_SALT = secrets.token_hex(3)  # per process; O_EXCL catches the impossible clash anyway
+_TMP_SEQ = itertools.count()
+
+
+def tmp_name(path: Path) -> Path:
+    """A unique temp path beside ``path`` (same directory, so the rename stays on one filesystem)."""
+    # A counter, not os.urandom per write: urandom costs ~90 µs here and a fan-out writes thousands of claims.
+    return path.with_name(_tmp_leaf(path.name))
+
+
+def _tmp_leaf(name: str) -> str:
+    return f".{name}{TMP_MARK}{os.getpid()}.{_TMP_SALT}{next(_TMP_SEQ):x}"
+
+
+def _tmp_str(path: str) -> str:
+    head, sep, name = path.rpartition("/")
+    return head + sep + _tmp_leaf(name)
+
+
+def write_tmp(path: Path, data: bytes, mode: int = 0o644, *, sync: bool = True) -> Path:
+    """Write ``data`` to a fresh temp file beside ``path`` (fsync'd unless ``sync=False``); return its path."""
+    return Path(_write_tmp(path, data, mode, sync)[0])
+
+
+def _write_tmp(path: Path, data: bytes, mode: int, sync: bool) -> tuple[str, os.stat_result]:
+    staged = stage(path, data, mode=mode)
+    try:
+        if sync:
+            os.fsync(staged.fd)
+    except BaseException:
+        staged.discard()
+        raise
+    staged.close()
+    return staged.tmp, staged.stat
+
+
+class Staged(NamedTuple):
+    """A temp file written beside its target and still open: fsync it, then :meth:`commit` it into place.
+
+    For writers of many files (claims): write them all, fsync them back to back, then rename them, so that each
+    file is on disk before its name points at it without a wait between writes (a power cut leaves every file
+    old or new, never empty or torn; RELIABILITY R-03).
+    """
+
+    target: Path
+    tmp: str
+    fd: int
+    stat: os.stat_result  # of the temp file, taken before any rename
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def discard(self) -> None:
+        """Close and remove the temp file (the target is untouched)."""
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        _unlink_quietly(self.tmp)
+
+    def commit(self) -> None:
+        """Rename the (closed) temp file over the target; the temp file is removed if that fails."""
+        try:
+            os.replace(self.tmp, self.target)
+        except BaseException:
+            _unlink_quietly(self.tmp)
+            raise
+
+
+def stage(path: Path, data: bytes, *, mode: int = 0o644) -> Staged:
+    """Write ``data`` to a fresh temp file beside ``path`` and keep it open (see :class:`Staged`)."""
+    tmp = _tmp_str(str(path))  # a string: a fan-out writes a claim per item, and Path objects cost µs
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        write_all(fd, data)
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(tmp)
+        raise
+    return Staged(path, tmp, fd, st)
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # noqa: PTH108 - a string path on the hot path
+
+
+def atomic_write(path: Path, data: bytes | str, *, mode: int = 0o644, durable: bool = True) -> os.stat_result:
+    """Replace ``path`` with ``data`` atomically (temp + fsync + rename + fsync dir); returns the new file's stat.
+
+    Running readers see the old or the new content, never a torn file, whatever ``durable`` says; after a
+    power cut only a durable write promises that (without the fsync the new name may point at an empty or
+    garbled file). ``durable=False`` is for files nobody needs after a restart.
+    Many files at once: :func:`stage` them, fsync them back to back, then commit them.
+    The stat is of the file this call wrote (taken before the rename), whatever replaced it since.
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp, st = _write_tmp(path, raw, mode, durable)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+    return st
+
+
+def write_new(path: Path, data: bytes | str, *, mode: int = 0o600) -> None:
+    """Create ``path`` holding ``data``; raises FileExistsError if it exists. Not fsync'd, not renamed into place.
+
+    Only for a file no one can look for before this returns (a name derived from a secret that is handed out
+    afterwards): the rename of :func:`atomic_write` protects readers that could come earlier, and there are
+    none. One directory change instead of two (bench/fanout.py (b): a channel file per command agent).
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        write_all(fd, raw)
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+
+
+def sweep_tmp(directory: Path) -> list[Path]:
+    """Delete leftover temp files of :func:`atomic_write` in ``directory`` (not recursive).
+
+    Only names of the form ``.<name>.tmp.<pid>.<hex>`` are removed; targets are never touched.
+    """
+    removed: list[Path] = []
+    if not directory.is_dir():
+        return removed
+    for entry in os.scandir(directory):
+        name = entry.name
+        if name.startswith(".") and TMP_MARK in name and entry.is_file(follow_symlinks=False):
+            Path(entry.path).unlink(missing_ok=True)
+            removed.append(Path(entry.path))
+    return removed
+
+
+def read_capped(path: Path, max_bytes: int) -> bytes:
+    """Read a regular file without following a final symlink, refusing files over ``max_bytes``.
+
+    The size is checked with ``fstat`` on the open descriptor, before reading (RELIABILITY S-03).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == 40:  # ELOOP: the final component is a symlink
+            raise UnsafePathError("is a symlink; ambient never follows symlinks here", file=str(path)) from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError("is not a regular file", file=str(path))
+        if st.st_size > max_bytes:
+            raise InputError(f"is {st.st_size} bytes; the limit for this kind of file is {max_bytes}", file=str(path))
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > max_bytes:  # grew while we read it
+                raise InputError(f"is over the limit of {max_bytes} bytes", file=str(path))
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def check_relative(rel: str) -> str:
+    """Reject a brain-relative path that could escape before it is ever joined (S-01).
+
+    Returns the path normalised to POSIX form without ``.`` components or a trailing slash
+    (the rules are :func:`ambient.core.pathrules.normalize`'s: NUL, backslash, absolute, ``..``, long names).
+    """
+    return normalize(rel).rstrip("/")
+
+
+def resolve_in_brain(root: Path, rel: str) -> Path:
+    """Join ``rel`` under ``root`` and check that the real path stays inside (symlinks included)."""
+    clean = check_relative(rel)
+    real_root = root.resolve()
+    target = (real_root / clean).resolve() if clean else real_root
+    if target != real_root and not target.is_relative_to(real_root):
+        raise UnsafePathError(f"path {rel!r} resolves outside the brain root (through a symlink)")
+    return target
+
+
+def iter_files(directory: Path, suffixes: tuple[str, ...]) -> Iterator[Path]:
+    """Regular files (not symlinks, not hidden, not temp files) in ``directory`` with these suffixes, sorted."""
+    if not directory.is_dir():
+        return
+    names = sorted(os.listdir(directory))
+    for name in names:
+        if name.startswith(".") or not name.endswith(suffixes):
+            continue
+        p = directory / name
+        if p.is_symlink() or not p.is_file():
+            continue
+        yield p
+
+
+def filesystem_type(path: Path) -> str:
+    """The filesystem type of the mount holding ``path`` (from /proc/self/mountinfo), or ``unknown``."""
+    try:
+        real = str(path.resolve())
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return "unknown"
+    best, fstype = -1, "unknown"
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) < 5 or not right:
+            continue
+        mount = fields[4].replace("\\040", " ")
+        if (real == mount or real.startswith(mount.rstrip("/") + "/") or mount == "/") and len(mount) > best:
+            best, fstype = len(mount), right.split()[0]
+    return fstype
+
+
+def check_local_filesystem(path: Path) -> None:
+    """Refuse NFS/CIFS/FUSE state directories, whose locks and renames cannot be trusted."""
+    fstype = filesystem_type(path)
+    if fstype.split(".")[0] in _UNTRUSTED_FS or fstype.startswith("fuse"):
+        raise UnsupportedFilesystemError(
+            f"{path} is on a {fstype} filesystem; ambient keeps locks and claims only on a local filesystem "
+            "(ext4, xfs, btrfs, tmpfs...). Move the brain or its state to a local disk."
+        )
+
+
+# ---------------------------------------------------------------- private state (.ambient/)
+
+
+def _not_a_folder(where: Path, parent_fd: int, name: str) -> UnsafePathError:
+    """The error for a state folder that is a symlink or not a folder: the path, what it is, what is expected."""
+    try:
+        st = os.lstat(name, dir_fd=parent_fd)
+    except OSError:
+        what = "cannot be opened as a folder"
+    else:
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                what = f"is a symlink (to {os.readlink(name, dir_fd=parent_fd)})"
+            except OSError:
+                what = "is a symlink"
+        else:
+            what = "is not a folder"
+    return UnsafePathError(
+        f"{what}; ambient's private state (.ambient/ and its folders) must be real folders, never followed "
+        "through a symlink: remove it (ambient creates the folder again, mode 0700)",
+        file=str(where),
+    )
+
+
+def private_dir(path: Path) -> Path:
+    """Create or check ``path``, a folder of ambient's private state: the one rule for every folder ambient writes.
+
+    From the ``.ambient`` folder on ``path`` (``path`` itself when it has none) down to ``path``, each folder is
+    opened with ``O_NOFOLLOW|O_DIRECTORY`` relative to its parent's descriptor: a symlink or a non-folder raises
+    :class:`UnsafePathError` naming it (a same-user agent could otherwise send ambient's writes, and the person's
+    answers, anywhere); a missing one is created 0700 (its parent fsync'd); one open to other users (an older
+    ambient made ``.ambient/`` 0755) is narrowed to 0700, logged. What lies above ``.ambient`` (the brain root,
+    which may well be a symlink) is followed as usual. Returns ``path``.
+    """
+    parts = path.parts
+    top = len(parts) - 1
+    if STATE_DIRNAME in parts:
+        top = len(parts) - 1 - parts[::-1].index(STATE_DIRNAME)
+    base = Path(*parts[:top]) if top else Path()
+    try:
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:  # the folders above the state are the person's: made as mkdir -p would
+        base.mkdir(parents=True, exist_ok=True)
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        where = base
+        for name in parts[top:]:
+            where = where / name
+            child = _enter_private(fd, name, where)
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+    return path
+
+
+def _enter_private(parent_fd: int, name: str, where: Path) -> int:
+    """Open (creating it if missing) the private folder ``name`` under ``parent_fd``; its descriptor."""
+    try:
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        except FileNotFoundError:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, PRIVATE_DIR, dir_fd=parent_fd)
+                os.fsync(parent_fd)  # the new entry survives a power cut
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW on a symlink, or a file in the way
+            raise _not_a_folder(where, parent_fd, name) from None
+        raise
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode & 0o077:
+            os.fchmod(fd, PRIVATE_DIR)
+            log.info("state_folder_narrowed", folder=str(where), was=f"{mode:o}", now=f"{PRIVATE_DIR:o}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_private(path: Path, flags: int) -> int:
+    """``os.open`` of a file of ambient's private state: created 0600, a final symlink refused with a clear error.
+
+    ``O_NOFOLLOW`` and ``O_CLOEXEC`` are added to ``flags``. The folder holding ``path`` is
+    :func:`private_dir`'s to check.
+    """
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePathError(
+                "is a symlink; ambient never writes its private state through a symlink: remove it "
+                "(ambient creates the file again, mode 0600)",
+                file=str(path),
+            ) from None
+        raise
+
+
+def check_state(paths: BrainPaths) -> None:
+    """At daemon start: every folder of ``.ambient/`` through :func:`private_dir` (created 0700 if missing), and no
+    symlink nor other non-file among the files at its top (``audit.jsonl``, ``daemon.lock``...), each refused with
+    :class:`UnsafePathError` naming it, before anything is opened."""
+    for d in paths.state_dirs:
+        private_dir(d)
+    with os.scandir(paths.state) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.is_symlink():
+                raise UnsafePathError(
+                    f"is a symlink (to {Path(entry.path).readlink()}); ambient never follows a symlink in its private "
+                    "state .ambient/: remove it (ambient creates what it needs again)",
+                    file=entry.path,
+                )
+            if entry.name in STATE_FILES and not entry.is_file(follow_symlinks=False):
+                raise UnsafePathError(
+                    "is not a regular file; expected ambient's own file here: remove it", file=entry.path
+                )

@@ -1,0 +1,1 @@
+"""Hostile agents and hostile files, tried the way an attacker would."""

@@ -1,0 +1,1 @@
+"""End to end: the real daemon and real agent processes, driven in-process or as subprocesses."""

@@ -1,0 +1,402 @@
+"""Cost, budgets, holds and permission signatures: the pure rules (ambient.engine.budget), their fold, records, stats,
+settings and replay; the daily meter (ambient.engine.spend)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ambient.config.settings import Settings, settings_from
+from ambient.engine.budget import (
+    PERMISSION_SIGNATURE_MAX,
+    Limits,
+    UsageTotals,
+    answer_hold,
+    breach,
+    budget_question,
+    day_of,
+    fmt_cost,
+    hold_options,
+    hold_step,
+    next_day,
+    permission_signature,
+    provider_question,
+    total_of,
+)
+from ambient.engine.records import RunRecord
+from ambient.engine.runs import run_record
+from ambient.engine.runstate import fold
+from ambient.engine.spend import SpendMeter
+from ambient.learning.replay import fates, replay
+from ambient.learning.stats import StatsBuilder, kind_of_step, situation_from_step, situation_of
+
+U1 = {"model": "claude-sonnet-4-5", "input_tokens": 100, "output_tokens": 20, "cost_usd": 0.5, "turns": 3}
+U_UNKNOWN = {"model": "local-llama", "input_tokens": 1000, "output_tokens": 200, "turns": 1}
+
+
+# ---------------------------------------------------------------- usage
+
+
+def test_totals_count_unknown_costs_apart_never_as_zero() -> None:
+    t = total_of([U1, U_UNKNOWN, None, {}])
+    assert (t.attempts, t.unknown_cost, t.cost_usd, t.input_tokens, t.output_tokens, t.turns) == (
+        2,
+        1,
+        0.5,
+        1100,
+        220,
+        4,
+    )
+    assert t.models == ["claude-sonnet-4-5", "local-llama"]
+    rec = t.to_record()
+    assert rec["cost_usd"] == 0.5 and rec["cost_unknown"] == 1 and rec["input_tokens"] == 1100
+    assert fmt_cost(t) == "$0.50+?"
+    assert fmt_cost(total_of([U_UNKNOWN])) == "?"
+    assert fmt_cost(total_of([U1])) == "$0.50"
+    assert fmt_cost(UsageTotals()) is None and UsageTotals().to_record() == {}
+
+
+def test_totals_ignore_what_is_not_a_figure() -> None:
+    """A journal is a file anyone can edit: a negative, boolean or text figure counts as absent."""
+    t = total_of([{"cost_usd": -3, "input_tokens": True, "output_tokens": "12", "turns": float("nan")}])
+    assert (t.attempts, t.unknown_cost, t.cost_usd, t.input_tokens, t.output_tokens, t.turns) == (1, 1, 0, 0, 0, 0)
+
+
+# ---------------------------------------------------------------- budgets
+
+
+def test_breach_per_run_first_then_daily_and_raises_move_the_limits() -> None:
+    both = Limits(per_run_usd=2.0, daily_usd=10.0)
+    assert breach(both, run_spent=1.99, day_spent=9.99, day="2026-03-18") is None
+    b = breach(both, run_spent=2.0, day_spent=10.0, day="2026-03-18")  # reached at exactly the budget
+    assert b is not None and (b.which, b.limit, b.budget) == ("per_run", 2.0, 2.0)
+    assert breach(both, run_spent=2.1, run_raised=2.0, day_spent=1.0, day="d") is None
+    d = breach(both, run_spent=2.1, run_raised=2.0, day_spent=10.5, day="2026-03-18")
+    assert d is not None and (d.which, d.day, d.limit) == ("daily", "2026-03-18", 10.0)
+    assert breach(both, run_spent=0, day_spent=10.5, day_raised=10.0, day="d") is None
+    assert breach(Limits(), run_spent=1e9, day_spent=1e9, day="d") is None
+
+
+def test_questions_say_what_was_spent_against_what() -> None:
+    per_run = {"hold": "per_run", "spent": 2.1, "limit": 2.0, "budget": 2.0}
+    assert budget_question("deploy-batch", per_run).startswith(
+        "deploy-batch reached its budget: $2.10 of $2.00 per run"
+    )
+    daily = {"hold": "daily", "spent": 50.2, "limit": 50.0, "budget": 50.0, "day": "2026-03-18"}
+    assert "reached the daily budget: $50.20 of $50.00 today (UTC day 2026-03-18" in budget_question("w", daily)
+    assert (
+        provider_question({"error": "401 invalid x-api-key"})
+        == "the model provider cannot be used, so this run waits: 401 invalid x-api-key"
+    )
+
+
+def test_hold_options_and_answers() -> None:
+    per_run = {"hold": "per_run", "budget": 2.0, "day": None}
+    assert [o[0] for o in hold_options(per_run)] == ["raise", "wait", "abort"]
+    assert [o[0] for o in hold_options({**per_run, "waited": True})] == ["raise", "abort"]  # asked again: no wait
+    assert [o[0] for o in hold_options({"hold": "provider"})] == ["retry", "abort"]
+    assert answer_hold(per_run, "raise").raise_run_usd == 2.0
+    daily = {"hold": "daily", "budget": 5.0, "day": "2026-03-18"}
+    assert answer_hold(daily, "raise").raise_day == ("2026-03-18", 5.0)
+    assert answer_hold(daily, "wait").waited and not answer_hold(daily, "wait").release
+    assert answer_hold({"hold": "provider"}, "retry").release
+    assert not answer_hold({"hold": "provider"}, "nonsense").release
+
+
+def test_hold_steps() -> None:
+    assert hold_step({"hold": "per_run", "escalation": "esc-1"}, "2026-03-18") == "held"
+    assert hold_step({"hold": "per_run", "escalation": None}, "2026-03-18") == "ask"  # a crash before the question
+    assert hold_step({"hold": "per_run", "waited": True}, "2026-03-18") == "ask"  # wait: asked again, raise | abort
+    daily = {"hold": "daily", "waited": True, "day": "2026-03-18"}
+    assert hold_step(daily, "2026-03-18") == "held"
+    assert hold_step(daily, "2026-03-19") == "lift"
+
+
+def test_the_day_is_utc() -> None:
+    from datetime import timedelta, timezone
+
+    paris = timezone(timedelta(hours=1))
+    assert day_of(datetime(2026, 3, 19, 0, 30, tzinfo=paris)) == "2026-03-18"
+    assert next_day(datetime(2026, 3, 18, 23, 59, tzinfo=UTC)) == datetime(2026, 3, 19, tzinfo=UTC)
+
+
+# ---------------------------------------------------------------- permission signatures
+
+
+def test_permission_signatures_are_exact_and_bounded() -> None:
+    assert permission_signature({"tool": "Bash", "signature": "Bash: pytest -q"}) == "Bash: pytest -q"
+    assert permission_signature({"tool": "WebFetch"}) == "WebFetch"
+    assert permission_signature(None) is None and permission_signature({}) is None
+    head = "Bash: rm -rf " + "x" * 600
+    a, b = permission_signature({"signature": head + "a"}), permission_signature({"signature": head + "b"})
+    assert a is not None and b is not None and a != b and len(a) <= PERMISSION_SIGNATURE_MAX
+
+
+@given(st.text(min_size=1, max_size=30), st.text(min_size=1, max_size=30))
+def test_two_commands_never_share_a_permission_situation(x: str, y: str) -> None:
+    sx = situation_of("w", "coder", "permission", detail=f"Bash: {x}", step="i")
+    sy = situation_of("w", "coder", "permission", detail=f"Bash: {y}", step="i")
+    assert (sx.key == sy.key) == (x == y)
+    assert sx.signal == "PERMISSION"
+
+
+def test_permission_situation_is_verbatim_where_a_question_is_normalised() -> None:
+    safe = situation_of("w", "coder", "permission", detail="Bash: pytest -q", step="i")
+    risky = situation_of("w", "coder", "permission", detail="Bash: rm -rf /", step="i")
+    assert safe.signature == "Bash: pytest -q" and risky.signature == "Bash: rm -rf /"
+    q1 = situation_of("w", "coder", "question", detail="rm -rf /tmp/a", step="i")
+    q2 = situation_of("w", "coder", "question", detail="rm -rf /tmp/b", step="i")
+    assert q1 == q2  # a question is normalised (paths): what a permission must never be
+    p1 = situation_of("w", "coder", "permission", detail="Bash: rm -rf /tmp/a", step="i")
+    p2 = situation_of("w", "coder", "permission", detail="Bash: rm -rf /tmp/b", step="i")
+    assert p1 != p2
+
+
+# ---------------------------------------------------------------- the fold and the records
+
+T0 = "2026-03-18T10:00:00.000+00:00"
+
+
+def _journal(*events: dict[str, Any]) -> list[dict[str, Any]]:
+    start = {"ev": "started", "run_id": "r1", "workflow": "w", "form": "for_each", "items": ["a", "b"], "at": T0}
+    return [start, *events]
+
+
+def test_fold_keeps_usage_per_item_and_per_run() -> None:
+    state = fold(
+        _journal(
+            {"ev": "accepted", "item": "a", "attempt": 1},
+            {"ev": "finished", "item": "a", "attempt": 1, "result": "error", "agent": "c", "usage": U1, "at": T0},
+            {"ev": "accepted", "item": "a", "attempt": 2},
+            {"ev": "finished", "item": "a", "attempt": 2, "result": "success", "agent": "c", "usage": U1, "at": T0},
+            {"ev": "accepted", "item": "b", "attempt": 1},
+            {"ev": "finished", "item": "b", "attempt": 1, "result": "success", "agent": "c", "usage": U_UNKNOWN},
+        )
+    )
+    a = state.item("a")
+    assert a.usage is not None and a.usage.cost_usd == 1.0 and a.usage.attempts == 2
+    assert state.usage.cost_usd == 1.0 and state.usage.unknown_cost == 1 and state.usage.input_tokens == 1200
+    assert [s.get("usage") for s in state.steps] == [U1, U1, U_UNKNOWN]
+    state.outcome, state.finished_at = "success", T0
+    rec = run_record(state).to_json_dict()
+    assert (rec["cost_usd"], rec["cost_unknown"], rec["input_tokens"], rec["turns"]) == (1.0, 1, 1200, 7)
+    assert rec["models"] == ["claude-sonnet-4-5", "local-llama"] and rec["steps"][0]["usage"] == U1
+
+
+def test_old_records_without_cost_still_read() -> None:
+    old = {
+        "kind": "run",
+        "run_id": "r0",
+        "workflow": "w",
+        "started_at": T0,
+        "outcome": "success",
+        "steps": [{"item": "a", "agent": "x", "result": "success"}],
+    }
+    rec = RunRecord.model_validate(old)
+    assert rec.cost_usd is None and rec.steps[0].usage is None
+    assert "cost_usd" not in rec.to_json_dict()  # a run of command agents gains no field
+
+
+def test_fold_holds_raise_wait_and_abort() -> None:
+    hold = {"ev": "hold", "hold": "per_run", "spent": 2.1, "limit": 2.0, "budget": 2.0, "at": T0}
+    asked = {"ev": "escalated", "escalation": "esc-1", "kind": "budget", "hold": "per_run", "at": T0}
+    state = fold(_journal(hold, asked))
+    assert state.holds["per_run"]["escalation"] == "esc-1" and state.escalations == {"esc-1": ""}
+    raised = fold(_journal(hold, asked, {"ev": "decided", "escalation": "esc-1", "option": "raise", "action": "raise"}))
+    assert raised.holds == {} and raised.raised_run_usd == 2.0 and not raised.escalations
+    waited = fold(_journal(hold, asked, {"ev": "decided", "escalation": "esc-1", "option": "wait", "action": "wait"}))
+    assert waited.holds["per_run"]["waited"] and waited.holds["per_run"]["escalation"] is None
+    aborted = fold(
+        _journal(hold, asked, {"ev": "decided", "escalation": "esc-1", "option": "abort", "action": "abort"})
+    )
+    assert aborted.holds == {} and aborted.aborted
+    daily = {"ev": "hold", "hold": "daily", "spent": 5, "limit": 5, "budget": 5, "day": "2026-03-18"}
+    d_asked = {"ev": "escalated", "escalation": "esc-2", "kind": "budget", "hold": "daily"}
+    d = fold(_journal(daily, d_asked, {"ev": "decided", "escalation": "esc-2", "option": "raise", "action": "raise"}))
+    assert d.raised_day_usd == {"2026-03-18": 5}
+    lifted = fold(
+        _journal(
+            daily,
+            d_asked,
+            {"ev": "decided", "escalation": "esc-2", "action": "wait"},
+            {"ev": "unhold", "hold": "daily"},
+        )
+    )
+    assert lifted.holds == {}
+
+
+def test_a_held_attempt_is_not_spent() -> None:
+    state = fold(
+        _journal(
+            {"ev": "accepted", "item": "a", "attempt": 1},
+            {"ev": "finished", "item": "a", "attempt": 1, "result": "interrupted", "hold": "provider_refused"},
+        )
+    )
+    from ambient.engine.runstate import next_attempt
+
+    a = state.item("a")
+    assert a.status == "pending" and a.fails == 0 and next_attempt(a) == 1 and state.steps == []
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def _record(run_id: str, workflow: str, started: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "kind": "run",
+        "run_id": run_id,
+        "workflow": workflow,
+        "started_at": started,
+        "outcome": "success",
+        "steps": steps,
+    }
+
+
+def test_stats_cost_per_workflow_agent_and_week() -> None:
+    records = [
+        _record(
+            "r1",
+            "review",
+            "2026-03-16T10:00:00+00:00",
+            [{"item": "a", "agent": "critic", "result": "success", "usage": U1}],
+        ),
+        _record(
+            "r2",
+            "review",
+            "2026-03-24T10:00:00+00:00",
+            [
+                {"item": "a", "agent": "critic", "result": "success", "usage": U1},
+                {"item": "b", "agent": "local", "result": "success", "usage": U_UNKNOWN},
+            ],
+        ),
+        _record("r3", "deploy", "2026-03-24T10:00:00+00:00", [{"item": "a", "agent": "deploy", "result": "success"}]),
+    ]
+    stats = StatsBuilder().add_all(records).result()
+    by_wf = {w.workflow: w for w in stats.workflows}
+    assert by_wf["deploy"].cost is None  # command agents: no figure at all, not $0
+    review = by_wf["review"].cost
+    assert review is not None and (review.cost_usd, review.steps, review.unknown_cost) == (1.0, 3, 1)
+    by_agent = {a.agent: a.cost for a in stats.agents}
+    assert by_agent["critic"] is not None and by_agent["critic"].cost_usd == 1.0
+    assert (
+        by_agent["local"] is not None and by_agent["local"].unknown_cost == 1 and by_agent["local"].input_tokens == 1000
+    )
+    weeks = {w.week: w.cost for w in stats.weeks}
+    assert weeks["2026-W12"] is not None and weeks["2026-W12"].cost_usd == 0.5
+    assert weeks["2026-W13"] is not None and weeks["2026-W13"].unknown_cost == 1
+    assert stats.cost is not None and stats.cost.cost_usd == 1.0
+    assert stats.to_json()["workflows"][1]["cost"]["cost_usd"] == 1.0
+    # chunks summarised apart and merged give the same figures
+    left, right = StatsBuilder().add_all(records[:1]), StatsBuilder().add_all(records[1:])
+    assert left.merge(right).result() == stats
+
+    from ambient.cli.stats import render
+
+    text = render(stats)
+    assert "Cost of AI agents" in text and "$1.00+?" in text and "step(s) of unknown cost" in text
+
+
+# ---------------------------------------------------------------- replay and learning
+
+
+def test_replay_names_a_recorded_permission_step_as_the_daemon_did() -> None:
+    step = {
+        "item": "a",
+        "agent": "coder",
+        "result": "fail",
+        "reply": "escalate",
+        "signal_in": "ESCALATE",
+        "question": "coder wants to run `rm -rf build/`",
+        "permission_signature": "Bash: rm -rf build/",
+    }
+    assert kind_of_step(step) == "permission"
+    sit = situation_from_step("w", step)
+    assert (sit.signal, sit.signature) == ("PERMISSION", "Bash: rm -rf build/")
+    assert sit == situation_of("w", "coder", "permission", detail="Bash: rm -rf build/", step="a")
+    out, _ = fates(None, [step])
+    assert out[0].kind == "permission"
+    report = replay([_record("r1", "w", T0, [step])], None, [], workflow="w")
+    assert report.items[0].kind == "permission" and report.items[0].signature == "Bash: rm -rf build/"
+
+
+# ---------------------------------------------------------------- settings
+
+
+def test_budget_settings_validate_and_take_the_environment() -> None:
+    assert Settings().budget.per_run_usd is None and Settings().budget.daily_usd is None
+    s = settings_from({"budget": {"per_run_usd": 2, "daily_usd": 50.5}}, {})
+    assert (s.budget.per_run_usd, s.budget.daily_usd) == (2.0, 50.5)
+    env = settings_from(
+        {"budget": {"per_run_usd": 2}}, {"AMBIENT_BUDGET_PER_RUN_USD": "none", "AMBIENT_BUDGET_DAILY_USD": "7"}
+    )
+    assert (env.budget.per_run_usd, env.budget.daily_usd) == (None, 7.0)
+    import pytest
+    from pydantic import ValidationError
+
+    for bad in ({"per_run_usd": -1}, {"per_run_usd": "lots"}, {"dayly_usd": 3}):
+        with pytest.raises(ValidationError):
+            settings_from({"budget": bad}, {})
+
+
+def test_a_bad_budget_is_reported_at_its_line(tmp_path: Path) -> None:
+    from ambient.config.brain import load_settings
+    from ambient.storage.paths import BrainPaths
+
+    paths = BrainPaths(tmp_path)
+    paths.config.parent.mkdir(parents=True)
+    paths.config.write_text("concurrency: 2\nbudget:\n  per_run_usd: 2\n  daily_usd: -5\n")
+    settings, problems = load_settings(paths, {})
+    assert settings is None
+    assert [(p.line, "daily_usd" in p.message) for p in problems] == [(4, True)]
+
+
+# ---------------------------------------------------------------- the daily meter
+
+
+def test_meter_seeded_from_todays_records_and_rolling_over(tmp_path: Path) -> None:
+    now = datetime(2026, 3, 18, 12, 0, tzinfo=UTC)
+    log = tmp_path / "runs.jsonl"
+    lines = []
+    for i in range(100):  # yesterday's runs, far more than the scan looks at in a row
+        lines.append(
+            _record(
+                f"old{i}",
+                "w",
+                "2026-03-17T09:00:00+00:00",
+                [{"item": "a", "agent": "c", "result": "success", "usage": U1, "at": "2026-03-17T09:00:00+00:00"}],
+            )
+            | {"completed_at": "2026-03-17T09:01:00+00:00", "cost_usd": 0.5}
+        )
+    # a run started yesterday that finished today: only its steps of today count
+    lines.append(
+        _record(
+            "late",
+            "w",
+            "2026-03-17T23:50:00+00:00",
+            [
+                {"item": "a", "agent": "c", "result": "success", "usage": U1, "at": "2026-03-17T23:55:00+00:00"},
+                {"item": "b", "agent": "c", "result": "success", "usage": U1, "at": "2026-03-18T00:05:00+00:00"},
+            ],
+        )
+        | {"completed_at": "2026-03-18T00:05:00+00:00", "cost_usd": 1.0}
+    )
+    lines.append(
+        _record("cmd", "w", T0, [{"item": "a", "agent": "x", "result": "success", "at": T0}]) | {"completed_at": T0}
+    )
+    log.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"torn')
+    meter = SpendMeter(lambda: Limits(daily_usd=1.0))
+    meter.seed_records(log, now)
+    assert meter.spent("2026-03-18") == 0.5
+    meter.add(0.25, now)
+    meter.add(None, now)
+    assert meter.spent("2026-03-18") == 0.75 and meter.spent("2026-03-19") == 0.0
+    meter.add(2.0, datetime(2026, 3, 19, 0, 1, tzinfo=UTC))  # a new UTC day starts from zero
+    assert meter.spent("2026-03-19") == 2.0 and meter.spent("2026-03-18") == 0.0
+    assert meter.limits().daily_usd == 1.0
+    empty = SpendMeter()
+    assert empty.seed_records(tmp_path / "none.jsonl", now) == 0 and empty.limits() == Limits()

@@ -1,0 +1,174 @@
+"""The claude runner against the real Claude Code CLI and a fake Messages API on 127.0.0.1 (no daemon)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("claude_agent_sdk")
+
+from ambient.runners.base import AgentResult, ClaudeRunnerConfig, RunRequest
+from ambient.runners.claude import ClaudeRunner, transcript_exists
+from ambient.storage.paths import BrainPaths
+from ambient.testing.fakeapi import FakeAnthropic
+
+DONE = {"answer": {"signal": "RETURN", "result": {"status": "ok", "item": "$ITEM"}}}
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAnthropic]:
+    with FakeAnthropic() as fake:
+        yield fake
+
+
+def make_brain(root: Path, *steps: dict[str, Any]) -> Path:
+    (root / "agents").mkdir(parents=True)
+    (root / "work").mkdir()
+    lines = "\n".join(json.dumps(s) for s in steps)
+    (root / "agents" / "coder.md").write_text(f"---\nname: coder\n---\nYou code.\n\n```fake-model\n{lines}\n```\n")
+    return root
+
+
+class Harness:
+    def __init__(self, brain: Path, api: FakeAnthropic, environ: dict[str, str] | None = None) -> None:
+        self.brain = brain
+        self.turns: list[tuple[str, str]] = []
+        env = {"ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "sk-test", "PATH": "/usr/bin:/bin"}
+        self.runner = ClaudeRunner(
+            BrainPaths(brain), environ={**env, **(environ or {})}, watch=lambda r, k, t: self.turns.append((k, t))
+        )
+
+    async def run(self, item: str = "a", decision: str | None = None, **cfg: Any) -> AgentResult:
+        context: dict[str, Any] = {"item": item}
+        if decision is not None:
+            context["decision"] = decision
+        req = RunRequest(
+            packet={"payload": {"context": context}, "scope": {"files": [f"work/{item}.txt"]}},
+            agent="coder",
+            run_id="run-1",
+            item=item,
+            attempt=1,
+            key=f"run-1/{item}/1",
+            channel_token="",
+            brain=self.brain,
+            prompt_file=self.brain / "agents" / "coder.md",
+        )
+        return await self.runner.run(req, ClaudeRunnerConfig(kind="claude", timeout_s=60, **cfg))
+
+
+async def test_a_question_ends_the_session_and_the_answer_resumes_it(tmp_path: Path, api: FakeAnthropic) -> None:
+    brain = make_brain(tmp_path / "brain", {"tool": "Bash", "input": {"command": "echo hi > work/$ITEM.txt"}}, DONE)
+    h = Harness(brain, api)
+    asked = await h.run()
+    assert asked.status == "escalate"
+    assert asked.options == ["allow", "allow always", "deny"]
+    assert asked.permission is not None and asked.permission["signature"] == "Bash: echo hi > work/a.txt"
+    assert asked.usage is not None and asked.usage.session_id
+    assert not (brain / "work" / "a.txt").exists()
+    session = asked.usage.session_id
+    assert transcript_exists(brain / ".ambient" / "claude" / "config", session)
+    done = await h.run(decision="allow")
+    assert (done.status, done.result) == ("success", {"status": "ok", "item": "a"})
+    assert (brain / "work" / "a.txt").read_text() == "hi\n"
+    assert done.usage is not None and done.usage.session_id == session  # the same session, resumed
+    kinds = [k for k, _ in h.turns]
+    assert "tool_call" in kinds and "tool_result" in kinds
+
+
+async def test_allow_always_is_kept_for_the_agent(tmp_path: Path, api: FakeAnthropic) -> None:
+    brain = make_brain(tmp_path / "brain", {"tool": "Bash", "input": {"command": "echo hi >> work/log"}}, DONE)
+    h = Harness(brain, api)
+    assert (await h.run("a")).status == "escalate"
+    assert (await h.run("a", decision="allow always")).status == "success"
+    assert (await h.run("b")).status == "success"  # another item: no question
+    grants = json.loads((brain / ".ambient" / "claude" / "grants.json").read_text())
+    assert grants == {"coder": ["Bash: echo hi >> work/log"]}
+    assert (brain / "work" / "log").read_text() == "hi\nhi\n"
+
+
+async def test_a_denial_is_told_to_the_agent(tmp_path: Path, api: FakeAnthropic) -> None:
+    on_deny = {"on_deny": {"signal": "BLOCKED_ON", "context": {"missing": "permission to build"}}}
+    brain = make_brain(tmp_path / "brain", {"tool": "Bash", "input": {"command": "make"}}, DONE, on_deny)
+    h = Harness(brain, api)
+    assert (await h.run()).status == "escalate"
+    res = await h.run(decision="deny")
+    assert (res.status, res.context) == ("blocked", {"missing": "permission to build"})
+
+
+async def test_the_cli_gets_no_secret_of_the_daemon(
+    tmp_path: Path, api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK hands the CLI the daemon's whole environment; the launcher keeps only what ambient set."""
+    monkeypatch.setenv("AMBIENT_NOTIFY_URLS", "tgram://123:SECRET-in-url/42")
+    monkeypatch.setenv("MY_TELEGRAM_TOKEN", "123:SECRET-token")
+    brain = make_brain(tmp_path / "brain", {"tool": "Bash", "input": {"command": "env > work/env.txt"}}, DONE)
+    h = Harness(brain, api)
+    res = await h.run(allowed_tools=["Bash"])
+    assert res.status == "success", res
+    env = (brain / "work" / "env.txt").read_text()
+    assert "SECRET" not in env
+    assert "AMBIENT_RUN_ID=run-1" in env and "CLAUDE_CONFIG_DIR=" in env
+    assert f"HOME={brain}/.ambient/claude/home" in env
+
+
+async def test_reads_of_the_daemons_state_are_refused_even_inside_the_working_folder(
+    tmp_path: Path, api: FakeAnthropic
+) -> None:
+    """Claude Code reads inside its folder without asking; ambient makes it ask, and refuses .ambient/."""
+    brain = make_brain(tmp_path / "brain", {"tool": "Read", "input": {"file_path": "$BRAIN/.ambient/inbox.key"}}, DONE)
+    text = (brain / "agents" / "coder.md").read_text().replace("$BRAIN", str(brain))
+    (brain / "agents" / "coder.md").write_text(text)
+    (brain / ".ambient").mkdir()
+    (brain / ".ambient" / "inbox.key").write_text("TOPSECRET")
+    h = Harness(brain, api)
+    res = await h.run()
+    assert res.status == "success"
+    assert (
+        "denied",
+        "ambient denied Read: .ambient/inbox.key is off limits (.ambient/ is the daemon's state)",
+    ) in h.turns
+    assert "TOPSECRET" not in json.dumps([r.body for r in api.requests])
+
+
+async def test_a_refused_key_ends_at_the_first_request(tmp_path: Path, api: FakeAnthropic) -> None:
+    api.fail(401)
+    brain = make_brain(tmp_path / "brain", DONE)
+    res = await Harness(brain, api).run()
+    assert (res.status, res.reason) == ("error", "provider_refused")
+    assert "refused (401)" in str(res.error)
+    assert len(api.requests) == 1
+
+
+async def test_an_api_that_cannot_be_reached_stops_the_session_in_seconds(tmp_path: Path, api: FakeAnthropic) -> None:
+    """Claude Code would retry a refused connection for about three minutes; the item stops after three tries and
+    says where it tried."""
+    brain = make_brain(tmp_path / "brain", DONE)
+    h = Harness(brain, api, environ={"ANTHROPIC_BASE_URL": "http://127.0.0.1:1"})
+    res = await h.run()
+    assert (res.status, res.reason) == ("error", "provider_unreachable")
+    assert "the model API at http://127.0.0.1:1 cannot be reached" in str(res.error)
+
+
+async def test_a_wrong_path_in_the_base_url_is_named(tmp_path: Path, api: FakeAnthropic) -> None:
+    brain = make_brain(tmp_path / "brain", DONE)
+    h = Harness(brain, api, environ={"ANTHROPIC_BASE_URL": f"{api.url}/bogus"})
+    res = await h.run()
+    assert (res.status, res.reason) == ("error", "provider_unreachable"), res
+    assert f"the model API at {api.url}/bogus answered 404" in str(res.error)
+
+
+async def test_the_frontmatters_model_and_tools_are_claude_codes(tmp_path: Path, api: FakeAnthropic) -> None:
+    """Claude Code's subagent keys: `model:` picks the model, `tools:` the tools it is offered."""
+    brain = make_brain(tmp_path / "brain", DONE)
+    md = brain / "agents" / "coder.md"
+    md.write_text(md.read_text().replace("name: coder\n", "name: coder\nmodel: haiku\ntools: Read, Grep\n"))
+    res = await Harness(brain, api).run()
+    assert res.status == "success", res
+    [main] = [r.body for r in api.requests if r.body and "How to answer (ambient)" in json.dumps(r.body["system"])]
+    assert "haiku" in main["model"]
+    offered = {t["name"] for t in main.get("tools", [])}
+    assert "Read" in offered and "Bash" not in offered and "Write" not in offered

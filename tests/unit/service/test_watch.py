@@ -1,0 +1,60 @@
+"""File events → engine wake-ups: ambient's own claim writes wake nothing; a person's edits do."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ambient.claims.claim import new_claim
+from ambient.claims.store import ClaimStore
+from ambient.engine.tick import Tick
+from ambient.service.watch import watch_brain
+from ambient.storage.paths import BrainPaths
+from tests.conftest import async_wait_until
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def test_touched_matches_folders_not_name_prefixes(tmp_path: Path) -> None:
+    """``claims2/x`` is not under ``claims``; the folder itself and anything below it are."""
+    claims = tmp_path / "claims"
+    assert not Tick(1, NOW, frozenset({tmp_path / "claims2" / "x.yml"})).touched(claims)
+    assert Tick(1, NOW, frozenset({claims / "a" / "x.yml"})).touched(claims)
+    assert Tick(1, NOW, frozenset({claims})).touched(claims)
+    assert Tick(1, NOW).touched(claims)  # a timed tick looks at everything
+
+
+def test_own_write_is_known_until_someone_else_writes(tmp_path: Path) -> None:
+    """is_own_write: true for the version the store wrote, false once a person rewrites the file."""
+    (tmp_path / "claims").mkdir()
+    store = ClaimStore(BrainPaths(tmp_path))
+    path = store.write_claim(new_claim("sess-a", "satellite", "x.md", "coder", NOW), durable=False)
+    assert store.is_own_write(str(path))
+    path.write_text(path.read_text() + "note: edited by hand\n")
+    assert not store.is_own_write(str(path))
+    assert not store.is_own_write(str(tmp_path / "claims" / "never-written.yml"))
+
+
+async def test_ignored_changes_wake_nothing(tmp_path: Path) -> None:
+    """A batch of ignored changes calls nothing; other changes come through without them."""
+    paths = BrainPaths(tmp_path)
+    batches: list[list[Path]] = []
+    stop = asyncio.Event()
+    ready = asyncio.Event()
+    task = asyncio.ensure_future(
+        watch_brain(
+            paths, lambda ch: batches.append(list(ch)), stop, ready=ready, ignore=lambda p: p.endswith("own.yml")
+        )
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        (paths.claims / "own.yml").write_text("sess_id: own\n")
+        await asyncio.sleep(0)  # let the watcher see it first (no assertion depends on timing)
+        (paths.workflows / "new.yml").write_text("workflow: new\n")
+        assert await async_wait_until(lambda: any(p.name == "new.yml" for b in batches for p in b), timeout=10)
+        assert all(p.name != "own.yml" for b in batches for p in b)
+        assert all(b for b in batches)  # never called with nothing
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)

@@ -1,0 +1,202 @@
+"""fsutil: containment checks (S-01, S-02), atomic writes and the start-up sweep of their temp files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ambient.core.errors import InputError, UnsafePathError
+from ambient.storage.fsutil import (
+    TMP_MARK,
+    atomic_write,
+    check_local_filesystem,
+    check_relative,
+    filesystem_type,
+    iter_files,
+    read_capped,
+    resolve_in_brain,
+    sweep_tmp,
+    tmp_name,
+    write_new,
+)
+
+# S-01: what a templated {{item}} may try (RELIABILITY 1.6).
+TRAVERSALS = [
+    ("../../etc/passwd", "'..'"),
+    ("/etc/passwd", "absolute"),
+    ("a/../../b", "'..'"),
+    ("a/..", "'..'"),
+    ("..\\x", "backslash"),
+    ("x\x00y", "NUL"),
+    ("a/" + "n" * 300, "longer than 255 bytes"),
+    ("é" * 128, "longer than 255 bytes"),  # 256 bytes in UTF-8
+]
+
+
+class TestContainment:
+    @pytest.mark.parametrize(("rel", "why"), TRAVERSALS)
+    def test_check_relative_rejects(self, rel: str, why: str) -> None:
+        """Each traversal form is rejected before any join, with the reason."""
+        with pytest.raises(UnsafePathError, match=why):
+            check_relative(rel)
+
+    @pytest.mark.parametrize(("rel", "why"), TRAVERSALS)
+    def test_resolve_in_brain_rejects(self, tmp_path: Path, rel: str, why: str) -> None:
+        """resolve_in_brain applies the same checks (os.path.join would drop the root on '/etc/passwd')."""
+        with pytest.raises(UnsafePathError):
+            resolve_in_brain(tmp_path, rel)
+
+    @pytest.mark.parametrize(
+        ("rel", "clean"), [("./a//b/", "a/b"), ("%2e%2e/x", "%2e%2e/x"), ("a..b", "a..b"), ("", ""), (".", "")]
+    )
+    def test_check_relative_normalises(self, rel: str, clean: str) -> None:
+        """Harmless forms are normalised; %2e%2e is a literal name (nothing URL-decodes paths)."""
+        assert check_relative(rel) == clean
+
+    def test_resolve_inside(self, tmp_path: Path) -> None:
+        """A path inside the root resolves below it, existing or not; the root itself is allowed."""
+        root = tmp_path / "brain"
+        (root / "projets").mkdir(parents=True)
+        assert resolve_in_brain(root, "projets/new/file.md") == (root / "projets/new/file.md").resolve()
+        assert resolve_in_brain(root, "") == root.resolve()
+
+    def test_symlink_out_rejected(self, tmp_path: Path) -> None:
+        """A symlink inside the brain that points outside is rejected, for the link and anything below it (S-02)."""
+        root = tmp_path / "brain"
+        root.mkdir()
+        secret = tmp_path / "ssh"
+        secret.mkdir()
+        (root / "out").symlink_to(secret)
+        (root / "file").symlink_to(tmp_path / "elsewhere.txt")
+        for rel in ("out", "out/id_rsa", "file"):
+            with pytest.raises(UnsafePathError, match="outside the brain root"):
+                resolve_in_brain(root, rel)
+
+    def test_symlinked_parent_directory(self, tmp_path: Path) -> None:
+        """A parent directory swapped for a symlink to outside is caught too."""
+        root = tmp_path / "brain"
+        (root / "projets").mkdir(parents=True)
+        (root / "projets" / "app").symlink_to(tmp_path)
+        with pytest.raises(UnsafePathError):
+            resolve_in_brain(root, "projets/app/x")
+        # ...while a link that loops back inside the root is fine
+        assert resolve_in_brain(root, "projets/app/brain/x") == (root / "x").resolve()
+
+    def test_symlink_inside_allowed(self, tmp_path: Path) -> None:
+        """A symlink that stays inside resolves to its target."""
+        root = tmp_path / "brain"
+        (root / "profil").mkdir(parents=True)
+        (root / "profil" / "capital.md").write_text("x")
+        (root / "cap").symlink_to("profil/capital.md")
+        assert resolve_in_brain(root, "cap") == (root / "profil/capital.md").resolve()
+
+
+class TestAtomicWrite:
+    def test_write_replace_mode(self, tmp_path: Path) -> None:
+        """atomic_write creates or replaces the whole content, with the mode asked, leaving no temp file."""
+        f = tmp_path / "claim.yml"
+        atomic_write(f, "a: 1\n")
+        atomic_write(f, b"a: 2\n", mode=0o600)
+        assert f.read_text() == "a: 2\n"
+        assert f.stat().st_mode & 0o777 == 0o600
+        assert [p.name for p in tmp_path.iterdir()] == ["claim.yml"]
+
+    def test_new_file_mode(self, tmp_path: Path) -> None:
+        """A new file gets the requested mode (tokens, packets: 0600)."""
+        f = tmp_path / "secret.json"
+        atomic_write(f, "{}", mode=0o600)
+        assert f.stat().st_mode & 0o777 == 0o600
+
+    def test_not_durable_still_atomic(self, tmp_path: Path) -> None:
+        """durable=False still replaces atomically."""
+        f = tmp_path / "view.yml"
+        atomic_write(f, "x", durable=False)
+        assert f.read_text() == "x"
+
+    def test_failure_leaves_old_content(self, tmp_path: Path) -> None:
+        """A write whose rename fails leaves the old file intact and no temp file behind."""
+        target = tmp_path / "dir_target"
+        target.mkdir()
+        (target / "keep").write_text("x")
+        with pytest.raises(OSError):
+            atomic_write(target, "data")  # cannot replace a non-empty directory
+        assert (target / "keep").read_text() == "x"
+        assert not [p for p in tmp_path.iterdir() if TMP_MARK in p.name]
+
+    def test_sweep_removes_only_temp_files(self, tmp_path: Path) -> None:
+        """sweep_tmp deletes leftover .<name>.tmp.<pid>.<hex> files and nothing else."""
+        keep = [tmp_path / "a.yml", tmp_path / ".hidden", tmp_path / "b.tmp.yml"]
+        for p in keep:
+            p.write_text("x")
+        leftover = tmp_name(tmp_path / "a.yml")
+        leftover.write_text("torn")
+        (tmp_path / "sub").mkdir()
+        sub_left = tmp_name(tmp_path / "sub" / "c.yml")
+        sub_left.write_text("torn")
+        removed = sweep_tmp(tmp_path)
+        assert removed == [leftover]
+        assert all(p.exists() for p in keep) and sub_left.exists()
+        assert sweep_tmp(tmp_path / "missing") == []
+
+
+class TestWriteNew:
+    def test_creates_only_new_files_and_never_follows_a_symlink(self, tmp_path: Path) -> None:
+        """write_new creates a 0600 file; an existing file (or a symlink planted at the name) is refused and left
+        as it was."""
+        f = tmp_path / "token.json"
+        write_new(f, '{"principal": "deploy"}')
+        assert f.read_text() == '{"principal": "deploy"}' and f.stat().st_mode & 0o777 == 0o600
+        with pytest.raises(FileExistsError):
+            write_new(f, "other")
+        assert f.read_text() == '{"principal": "deploy"}'
+        target = tmp_path / "elsewhere"
+        (tmp_path / "planted.json").symlink_to(target)
+        with pytest.raises(FileExistsError):
+            write_new(tmp_path / "planted.json", "x")
+        assert not target.exists()
+
+
+class TestReading:
+    def test_read_capped(self, tmp_path: Path) -> None:
+        """Reads up to the cap; refuses bigger files, symlinks and non-regular files."""
+        f = tmp_path / "a"
+        f.write_bytes(b"12345")
+        assert read_capped(f, 5) == b"12345"
+        with pytest.raises(InputError, match="limit"):
+            read_capped(f, 4)
+        (tmp_path / "l").symlink_to(f)
+        with pytest.raises(UnsafePathError):
+            read_capped(tmp_path / "l", 10)
+        with pytest.raises(InputError, match="not a regular file"):
+            read_capped(tmp_path, 10)
+        with pytest.raises(FileNotFoundError):
+            read_capped(tmp_path / "none", 10)
+
+    def test_iter_files(self, tmp_path: Path) -> None:
+        """iter_files lists regular, visible files with the suffixes, sorted; no symlinks, no temp files."""
+        for name in ("b.md", "a.md", ".h.md", "c.txt"):
+            (tmp_path / name).write_text("x")
+        (tmp_path / "d.md").mkdir()
+        (tmp_path / "e.md").symlink_to(tmp_path / "a.md")
+        tmp_name(tmp_path / "f.md").write_text("x")
+        assert [p.name for p in iter_files(tmp_path, (".md",))] == ["a.md", "b.md"]
+        assert list(iter_files(tmp_path / "missing", (".md",))) == []
+
+    def test_filesystem_checks(self, tmp_path: Path) -> None:
+        """The tmp filesystem is named and accepted as local."""
+        assert filesystem_type(tmp_path) != ""
+        check_local_filesystem(tmp_path)
+
+
+def test_atomic_write_keeps_no_partial_file_on_concurrent_readers(tmp_path: Path) -> None:
+    """Readers between writes see one complete version or the other, never a mix."""
+    f = tmp_path / "x"
+    versions = [f"v{i}\n" * 2000 for i in range(20)]
+    seen: set[str] = set()
+    for v in versions:
+        atomic_write(f, v, durable=False)
+        seen.add(f.read_text())
+    assert seen <= set(versions)
+    assert os.listdir(tmp_path) == ["x"]
