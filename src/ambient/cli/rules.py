@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ambient.cli._common import EXIT_OK, add_command, brain_dir, out, out_json, say
 
 if TYPE_CHECKING:  # imported in the handlers, so that other commands start fast
-    from ambient.learning.stats import Rule, RuleBook
+    from ambient.learning.rules import Rule, RuleBook
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,7 +54,7 @@ def _path(args: argparse.Namespace) -> Path:
 
 
 def _row(rule: Rule, book: RuleBook) -> list[str]:
-    from ambient.learning.stats import may_auto_decide
+    from ambient.learning.rules import may_auto_decide
 
     s = rule.situation
     decides = "yes" if may_auto_decide(rule, book.policy) else "no"
@@ -73,8 +73,8 @@ def _row(rule: Rule, book: RuleBook) -> list[str]:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from ambient.learning.rules import find_rule, may_auto_decide
     from ambient.learning.rulestore import load_rules
-    from ambient.learning.stats import find_rule, may_auto_decide
 
     book, problems = load_rules(_path(args))
     for p in problems:
@@ -100,8 +100,8 @@ def _list(args: argparse.Namespace) -> int:
 
 def _accept(args: argparse.Namespace) -> int:
     from ambient.core.clock import utcnow
+    from ambient.learning.rules import accept, find_rule, may_auto_decide
     from ambient.learning.rulestore import update_rules
-    from ambient.learning.stats import accept, find_rule, may_auto_decide
 
     path = _path(args)
     now = utcnow()
@@ -125,8 +125,8 @@ def _accept(args: argparse.Namespace) -> int:
 
 def _forget(args: argparse.Namespace) -> int:
     from ambient.core.clock import utcnow
+    from ambient.learning.rules import find_rule, forget
     from ambient.learning.rulestore import update_rules
-    from ambient.learning.stats import find_rule, forget
 
     path = _path(args)
     now = utcnow()
@@ -137,8 +137,8 @@ def _forget(args: argparse.Namespace) -> int:
 
 
 def _set_optin(args: argparse.Namespace, on: bool) -> int:
+    from ambient.learning.rules import AutoDecide, may_auto_decide
     from ambient.learning.rulestore import update_rules
-    from ambient.learning.stats import AutoDecide, may_auto_decide
 
     path = _path(args)
 

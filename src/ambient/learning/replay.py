@@ -33,19 +33,17 @@ from ambient.engine.planner import (
 )
 from ambient.engine.records import RunRecord
 from ambient.engine.runstate import UNRECOVERABLE, ItemState
-from ambient.learning.stats import (
+from ambient.learning.rules import (
     SIGNAL_OF_KIND,
     Policy,
     Rule,
     Situation,
-    is_int,
-    jsonable,
     may_auto_decide,
-    parse_time,
     predict,
     situation_from_step,
     situation_of,
 )
+from ambient.learning.stats import is_int, jsonable, parse_time
 from ambient.workflows.spec import ChainWorkflow, ForEachWorkflow, WorkflowSpec
 
 ReplayChange = Literal["escalate", "rule", "rerouted"]

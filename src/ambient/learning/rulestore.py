@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from ambient.core.errors import InputError, YamlError
 from ambient.core.problems import Problem
-from ambient.learning.stats import Rule, RuleBook
+from ambient.learning.rules import Rule, RuleBook
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, open_private, private_dir
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import LineMap, dump_yaml, load_file, problems_from_validation

@@ -489,7 +489,7 @@ class Learner:
 
     @staticmethod
     def situation(esc: Escalation) -> Any:
-        from ambient.learning.stats import situation_of
+        from ambient.learning.rules import situation_of
 
         # An escalation written before its ``detail`` was kept: its question is the closest there is.
         detail = esc.detail if esc.detail is not None else esc.question
@@ -497,8 +497,8 @@ class Learner:
 
     def observe(self, esc: Escalation) -> None:
         """Record a human decision as evidence (blocking: call through ``to_thread``)."""
+        from ambient.learning.rules import observe
         from ambient.learning.rulestore import update_rules
-        from ambient.learning.stats import observe
 
         if esc.decision is None or esc.channel in ("rule", "timeout"):
             return
@@ -516,8 +516,8 @@ class Learner:
 
     def rule_for(self, esc: Escalation) -> Any:
         """The active, opted-in rule that may decide this escalation alone, or None."""
+        from ambient.learning.rules import may_auto_decide, predict
         from ambient.learning.rulestore import load_rules
-        from ambient.learning.stats import may_auto_decide, predict
 
         if not self.path.exists():
             return None
@@ -528,8 +528,8 @@ class Learner:
 
     def prediction_for(self, esc: Escalation) -> str | None:
         """What a learned rule that does not decide alone would choose, for the message (you still decide)."""
+        from ambient.learning.rules import may_auto_decide, predict, shadow_hint
         from ambient.learning.rulestore import load_rules
-        from ambient.learning.stats import may_auto_decide, predict, shadow_hint
 
         if not self.path.exists():
             return None
@@ -542,8 +542,8 @@ class Learner:
 
     def used(self, rule: Any, run_id: str) -> None:
         """Count an automatic decision (blocking)."""
+        from ambient.learning.rules import record_use
         from ambient.learning.rulestore import update_rules
-        from ambient.learning.stats import record_use
 
         now = self.clock.now()
         try:
@@ -612,7 +612,7 @@ class StoreEscalator:
         rule = await asyncio.to_thread(self.learner.rule_for, esc)
         if rule is None:
             return False
-        from ambient.learning.stats import auto_decision_notice
+        from ambient.learning.rules import auto_decision_notice
 
         try:
             await asyncio.to_thread(self.store.answer, esc.id, rule.option, by=f"rule:{rule.id}", channel="rule")

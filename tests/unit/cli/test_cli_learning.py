@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from ambient.cli import main
+from ambient.learning.rules import AutoDecide, RuleBook, observe, situation_from_step
 from ambient.learning.rulestore import load_rules, rules_path, save_rules
-from ambient.learning.stats import AutoDecide, RuleBook, observe, situation_from_step
 from ambient.live.context import LiveContext
 from ambient.storage.paths import BrainPaths
 

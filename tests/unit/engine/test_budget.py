@@ -33,7 +33,8 @@ from ambient.engine.runs import run_record
 from ambient.engine.runstate import fold
 from ambient.engine.spend import SpendMeter
 from ambient.learning.replay import fates, replay
-from ambient.learning.stats import StatsBuilder, kind_of_step, situation_from_step, situation_of
+from ambient.learning.rules import kind_of_step, situation_from_step, situation_of
+from ambient.learning.stats import StatsBuilder
 
 U1 = {"model": "claude-sonnet-4-5", "input_tokens": 100, "output_tokens": 20, "cost_usd": 0.5, "turns": 3}
 U_UNKNOWN = {"model": "local-llama", "input_tokens": 1000, "output_tokens": 200, "turns": 1}

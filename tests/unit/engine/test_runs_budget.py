@@ -278,7 +278,7 @@ async def test_permission_escalation_kind_options_and_what_replay_needs(tmp_path
     assert rec["asked"][0]["kind"] == "permission"
     assert rec["cost_usd"] == 0.2
 
-    from ambient.learning.stats import situation_from_step, situation_of
+    from ambient.learning.rules import situation_from_step, situation_of
 
     assert situation_from_step("w", rec["steps"][0]) == situation_of(
         "w", "coder", "permission", detail=req.detail, step="i1"

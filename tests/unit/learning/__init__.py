@@ -1,1 +1,1 @@
-"""Tests of ambient.learning.stats."""
+"""Tests of ambient.learning: statistics, learned rules, the rule store, replay."""

@@ -11,6 +11,7 @@ import asyncio
 import random
 import re
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,14 @@ from ambient.engine.planner import FanOut
 from ambient.engine.runs import Attempt, AttemptResult, EscalationRequest, Ports, RunExecutor, RunManager, run_record
 from ambient.engine.runstate import RunState
 from ambient.learning.replay import fates, replay, reply_of
+from ambient.learning.rules import observe, situation_from_step
 from ambient.storage.journal import Journal
 from ambient.storage.paths import BrainPaths
 from ambient.workflows.spec import ChainWorkflow, ForEachWorkflow, WorkflowSpec, parse_workflow
 from tests.conftest import async_wait_until
 from tests.unit.engine.test_runs import FakeClaims, FakeEmitter
+from tests.unit.learning.test_rules import OPTED
+from tests.unit.learning.test_stats import T0, run, step
 
 
 def _render(template: str, variables: Mapping[str, Any]) -> str:
@@ -297,3 +301,54 @@ def test_a_changed_workflow_reports_what_it_would_do_differently() -> None:
     assert (report.recorded_escalations, report.would_escalate, report.routed_differently) == (1, 0, 1)
     [moved] = report.items
     assert (moved.item, moved.recorded, moved.now, moved.change) == ("b", "escalate", "next", "rerouted")
+
+
+# --- hand-written records -----------------------------------------------------------------------------
+
+
+class TestReplay:
+    """Replay over hand-written records (the property test is above)."""
+
+    def _records(self) -> list[dict[str, Any]]:
+        return [
+            run(
+                "r1",
+                steps=[step("i1"), step("i2", result="fail", error="timeout after 30s on 'a.yml'")],
+                escalations=1,
+            ),
+            run(
+                "r2",
+                started=T0 + timedelta(days=3),
+                steps=[step("i1", result="error", error="disk full"), step("i2")],
+                escalations=1,
+            ),
+            run("r3", workflow="other", steps=[step("i1", result="fail")]),
+        ]
+
+    def test_default_routing_lists_escalations(self) -> None:
+        """Under the ADR-027 defaults every fail/error is escalated again; nothing is rerouted."""
+        report = replay(self._records(), None, [], workflow="deploy-batch")
+        assert (report.runs, report.steps, report.recorded_escalations) == (2, 4, 2)
+        assert (report.would_escalate, report.decided_by_rule, report.routed_differently) == (2, 0, 0)
+        assert report.unchanged == 2
+        assert {i.item for i in report.items} == {"i2", "i1"}
+
+    def test_opted_in_active_rule_decides(self) -> None:
+        """A step whose situation has an active, opted-in rule would be decided by it; a shadow rule only suggests."""
+        sit = situation_from_step("deploy-batch", self._records()[0]["steps"][1])
+        rules: list[Any] = []
+        for i in range(4):
+            rules = observe(rules, sit, "retry", f"h{i}", T0)
+        shadow = observe([], situation_from_step("deploy-batch", self._records()[1]["steps"][0]), "skip", "h", T0)
+        report = replay(self._records(), None, [*rules, *shadow], workflow="deploy-batch", policy=OPTED)
+        assert (report.would_escalate, report.decided_by_rule) == (1, 1)
+        by_change = {i.change: i for i in report.items}
+        assert by_change["rule"].rule_id == rules[0].id and by_change["rule"].option == "retry"
+        assert by_change["escalate"].rule_id == shadow[0].id and by_change["escalate"].option == "skip"
+
+    def test_since_and_invalid_records(self) -> None:
+        """--since drops older runs; broken records are counted, not fatal."""
+        recs = [*self._records(), {"kind": "run", "workflow": "deploy-batch", "started_at": 5}]
+        report = replay(recs, None, [], workflow="deploy-batch", since=T0 + timedelta(days=1))
+        assert (report.runs, report.invalid) == (1, 1)
+        assert report.to_json()["items"][0]["run_id"] == "r2"

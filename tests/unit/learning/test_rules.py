@@ -1,0 +1,188 @@
+"""Learned rules (ambient.learning.rules): situations, shadow → active → opt-in, demotion, the notices."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ambient.core.errors import InputError
+from ambient.learning.rules import (
+    AutoDecide,
+    Policy,
+    UnknownRuleError,
+    accept,
+    auto_decision_notice,
+    find_rule,
+    forget,
+    may_auto_decide,
+    observe,
+    predict,
+    record_use,
+    shadow_hint,
+    situation_for,
+    situation_from_step,
+    situation_of,
+)
+from tests.unit.learning.test_stats import T0, step
+
+SIT = situation_for("deploy-batch", "deploy", "FAIL", "timeout after 30s on 'vps/configs/instance-03.yml'")
+OPTED = Policy(auto_decide=AutoDecide(workflows=["deploy-batch"]))
+
+
+def learn(decisions: list[str], *, promote_after: int = 3) -> list[Any]:
+    """Rules after the person answered the same situation with these options in turn."""
+    rules: list[Any] = []
+    for i, option in enumerate(decisions):
+        rules = observe(rules, SIT, option, f"run-{i}", T0 + timedelta(hours=i), promote_after=promote_after)
+    return rules
+
+
+class TestRules:
+    def test_first_answer_creates_a_shadow_candidate(self) -> None:
+        """A first decision becomes a candidate rule in shadow with its evidence."""
+        [rule] = learn(["retry"])
+        assert (rule.state, rule.option, rule.agreements, rule.evidence) == ("shadow", "retry", 0, ["run-0"])
+        assert rule.id.startswith("r-") and predict([rule], SIT) == rule
+        assert not may_auto_decide(rule, Policy(auto_decide=AutoDecide(global_=True)))
+
+    def test_similar_situations_share_the_rule(self) -> None:
+        """Situations whose messages differ only by numbers or paths are the same situation."""
+        other = situation_for("deploy-batch", "deploy", "fail", "timeout after 45s on 'vps/configs/instance-07.yml'")
+        assert other == SIT
+        assert predict(learn(["retry"]), other) is not None
+
+    def test_agreements_promote_to_active_after_n(self) -> None:
+        """Each matching answer is an agreement; the rule becomes active at promote_after agreements."""
+        assert learn(["retry"] * 3)[0].state == "shadow"  # 2 agreements
+        [rule] = learn(["retry"] * 4)
+        assert (rule.state, rule.agreements) == ("active", 3)
+        assert learn(["retry"] * 2, promote_after=1)[0].state == "active"
+
+    def test_auto_decision_only_with_opt_in(self) -> None:
+        """An active rule decides alone only where the person opted in: workflow, global, or the rule itself."""
+        [rule] = learn(["retry"] * 4)
+        assert not may_auto_decide(rule, Policy())
+        assert may_auto_decide(rule, OPTED)
+        assert may_auto_decide(rule, Policy(auto_decide=AutoDecide(global_=True)))
+        assert not may_auto_decide(rule, Policy(auto_decide=AutoDecide(workflows=["other"])))
+        [accepted] = accept([rule], rule.id)
+        assert may_auto_decide(accepted, Policy())
+
+    @pytest.mark.parametrize("kind", ["budget", "provider"])
+    def test_a_budget_or_a_refused_key_is_never_answered_alone(self, kind: str) -> None:
+        """A rule learns them and predicts the answer, but raising a budget or retrying a key stays the person's."""
+        sit = situation_of("deploy-batch", "deploy", kind, detail="per-run budget reached", step=None)
+        rules: list[Any] = []
+        for i in range(4):
+            rules = observe(rules, sit, "raise", f"run-{i}", T0 + timedelta(hours=i))
+        [rule] = rules
+        assert rule.state == "active" and predict(rules, sit) == rule
+        assert not may_auto_decide(rule, Policy(auto_decide=AutoDecide(global_=True)))
+        assert not may_auto_decide(accept(rules, rule.id)[0], Policy())
+
+    def test_exclusion_wins_over_every_opt_in(self) -> None:
+        """A workflow opted out is never decided alone, even with global opt-in or an accepted rule."""
+        [rule] = accept(learn(["retry"] * 4), learn(["retry"])[0].id)
+        policy = Policy(auto_decide=AutoDecide(global_=True, exclude=["deploy-batch"]))
+        assert not may_auto_decide(rule, policy)
+
+    def test_threshold_and_options_are_checked_at_decision_time(self) -> None:
+        """A higher promote_after than the rule's agreements, or an option not offered, blocks the decision."""
+        [rule] = learn(["retry"] * 4)
+        assert not may_auto_decide(rule, Policy(promote_after=5, auto_decide=AutoDecide(global_=True)))
+        assert not may_auto_decide(rule, OPTED, options=["skip", "abort"])
+        assert may_auto_decide(rule, OPTED, options=["retry", "skip"])
+        assert not may_auto_decide(None, OPTED)
+
+    def test_accept_alone_never_skips_the_agreements(self) -> None:
+        """Accepting a shadow rule opts it in; it still waits for N agreements before deciding."""
+        rules = accept(learn(["retry"]), learn(["retry"])[0].id)
+        assert rules[0].opted_in and rules[0].state == "shadow"
+        assert not may_auto_decide(rules[0], Policy())
+        for i in range(3):
+            rules = observe(rules, SIT, "retry", f"later-{i}", T0)
+        assert may_auto_decide(rules[0], Policy())
+
+    def test_first_disagreement_demotes_and_is_recorded(self) -> None:
+        """A different answer demotes an active rule to shadow, resets agreements and withdraws its opt-in."""
+        rules = learn(["retry"] * 5)
+        rules = accept(rules, rules[0].id)
+        rules = observe(rules, SIT, "skip", "run-x", T0 + timedelta(days=1))
+        [rule] = rules
+        assert (rule.state, rule.agreements, rule.disagreements, rule.option) == ("shadow", 0, 1, "skip")
+        assert rule.opted_in is False
+        assert rule.last_disagreement is not None
+        assert (rule.last_disagreement.predicted, rule.last_disagreement.decided) == ("retry", "skip")
+        assert rule.last_disagreement.run_id == "run-x" and rule.evidence == ["run-x"]
+        assert not may_auto_decide(rule, OPTED)
+
+    def test_forget_and_accept_back(self) -> None:
+        """A forgotten rule neither predicts nor learns; accepting it brings it back with its agreements."""
+        rules = learn(["retry"] * 4)
+        rid = rules[0].id
+        rules = forget(rules, rid)
+        assert predict(rules, SIT) is None and not may_auto_decide(rules[0], OPTED)
+        assert observe(rules, SIT, "skip", "r", T0) == rules
+        rules = accept(rules, rid)
+        assert rules[0].state == "active" and may_auto_decide(rules[0], Policy())
+        shadow = accept(forget(learn(["retry"]), rid), rid)
+        assert shadow[0].state == "shadow"
+
+    def test_record_use_and_notice(self) -> None:
+        """An automatic decision counts a use, joins the evidence, and its notice says how to stop it."""
+        rules = learn(["retry"] * 4)
+        rules = record_use(rules, rules[0].id, "run-auto", T0)
+        assert rules[0].uses == 1 and rules[0].evidence[-1] == "run-auto"
+        text = auto_decision_notice(rules[0], run_id="run-auto", item="instance-03")
+        assert "'retry'" in text and rules[0].id in text and f"ambient rules forget {rules[0].id}" in text
+        assert "instance-03" in text
+        assert "would choose 'retry'" in shadow_hint(rules[0], Policy())
+
+    def test_evidence_is_bounded(self) -> None:
+        """Only the newest 20 run ids are kept as evidence."""
+        rule = learn(["retry"] * 30)[0]
+        assert len(rule.evidence) == 20 and rule.evidence[-1] == "run-29"
+
+    def test_find_rule_by_prefix(self) -> None:
+        """Ids can be given by a unique prefix; unknown or ambiguous ids are clear input errors."""
+        rules = learn(["retry"])
+        rules = observe(rules, situation_for("wf", "a", "ERROR", "other"), "skip", "r9", T0)
+        assert rules[0].id[:8] != rules[1].id[:8]
+        assert find_rule(rules, rules[1].id[:8]) == rules[1]
+        with pytest.raises(UnknownRuleError, match="no rule with id"):
+            find_rule(rules, "r-zzzz")
+        with pytest.raises(UnknownRuleError, match="ambiguous"):
+            find_rule(rules, "r-")
+        assert isinstance(UnknownRuleError("x"), InputError)
+
+    def test_rules_are_independent_per_situation(self) -> None:
+        """A decision in one situation never touches another situation's rule."""
+        other = situation_for("deploy-batch", "vps", "FAIL", "timeout after 3s on 'x'")
+        rules = learn(["retry"] * 4)
+        rules = observe(rules, other, "abort", "r", T0)
+        assert rules[0].state == "active" and rules[1].option == "abort" and len(rules) == 2
+
+    @settings(max_examples=200)
+    @given(st.lists(st.sampled_from(["retry", "skip", "abort"]), min_size=1, max_size=30), st.integers(1, 5))
+    def test_auto_decision_only_after_n_consecutive_agreements(self, decisions: list[str], n: int) -> None:
+        """Whatever the answers, a rule may decide alone only if the last N+1 answers were its option."""
+        rules = learn(decisions, promote_after=n)
+        [rule] = rules
+        assert rule.option == decisions[-1]
+        allowed = may_auto_decide(rule, Policy(promote_after=n, auto_decide=AutoDecide(global_=True)))
+        tail = decisions[-(n + 1) :]
+        assert allowed == (len(tail) == n + 1 and set(tail) == {rule.option})
+
+
+class TestSituations:
+    def test_situation_from_step_signals(self) -> None:
+        """A step's own signal wins; a RETURN uses its result; the text is the error, else the question."""
+        s1 = situation_from_step("wf", step("i", result="fail", error="boom 12"))
+        assert (s1.signal, s1.signature, s1.agent) == ("FAIL", "boom <n>", "deploy")
+        s2 = situation_from_step("wf", step("i", result="fail", signal_in="ESCALATE", question="Deploy 3 now?"))
+        assert (s2.signal, s2.signature) == ("ESCALATE", "Deploy <n> now?")
+        assert situation_from_step("wf", step("i", result="error", signal_in="ERROR")).signature == "(no message)"
