@@ -277,11 +277,6 @@ def infer_close_tier(claim_type: str, satellite_type: str | None, satellite_leve
     return 1
 
 
-def claim_zone(claim: Claim, rules: Iterable[zones.ZoneRule] = zones.DEFAULT_RULES) -> str:
-    """Zone of a claim's scope under a brain's rules (spec/002 v1.5); raises for an escaping scope."""
-    return zones.zone_of(claim.scope, rules)
-
-
 # -- time
 
 

@@ -529,7 +529,3 @@ class ClaimStore:
     def sweep(self) -> builtins.list[Path]:
         """Delete temp files left in claims/ by writers that died (only those; call at start-up)."""
         return sweep_stale_tmp(self.dir)
-
-    def close_store(self) -> None:
-        """Release the guard's descriptor."""
-        self._guard.close()

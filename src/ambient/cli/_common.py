@@ -17,7 +17,6 @@ EXIT_NO = 1  # a negative answer: denied, held by another, problems found
 EXIT_USAGE = 2  # bad usage or bad input
 
 CommandFunc = Callable[[argparse.Namespace], int]
-Subparsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def add_brain_option(parser: argparse.ArgumentParser) -> None:

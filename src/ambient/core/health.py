@@ -81,10 +81,6 @@ class Health(BaseModel):
 
     conditions: dict[str, Condition] = Field(default_factory=dict)
 
-    @property
-    def healthy(self) -> bool:
-        return not self.conditions
-
 
 def noted(health: Health, kind: Resource, message: str, now: datetime) -> tuple[Health, bool]:
     """``health`` with ``kind`` seen at ``now``; True when the condition is new (tell the person once)."""

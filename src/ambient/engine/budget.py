@@ -101,11 +101,6 @@ class UsageTotals:
             if m not in self.models and len(self.models) < _MODELS_MAX:
                 self.models.append(m)
 
-    @property
-    def tokens(self) -> int:
-        """Every token, read and written, cached or not."""
-        return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
-
     def to_record(self) -> dict[str, Any]:
         """The run record's figures (``cost_usd`` rounded to a millionth of a dollar; ``cost_unknown`` when some
         attempts had no price); empty when no attempt reported usage."""

@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from ambient.engine.runstate import TERMINAL_ITEM, ItemState, RunState
-
-Verb = Literal["next", "escalate", "error", "log", "abort", "retry", "notify", "signal"]
+from ambient.engine.runstate import ItemState, RunState
 
 
 @dataclass(frozen=True)
@@ -164,16 +162,6 @@ def next_wakeup(state: RunState) -> datetime | None:
     """The earliest retry time among waiting items (the executor sleeps until then)."""
     times = [datetime.fromisoformat(it.not_before) for it in state.items if it.status == "retry_wait" and it.not_before]
     return min(times) if times else None
-
-
-def is_complete(state: RunState) -> bool:
-    """Every item is terminal (done, failed without escalation, skipped or aborted)."""
-    return all(it.status in TERMINAL_ITEM for it in state.items)
-
-
-def waiting_on_human(state: RunState) -> bool:
-    """Nothing can move until the person decides."""
-    return bool(state.escalations) and not any(it.status in ("pending", "running", "retry_wait") for it in state.items)
 
 
 # Decision options offered for a failed item, and what each does (ESCALATE options).

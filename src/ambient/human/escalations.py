@@ -12,7 +12,6 @@ import base64
 import builtins
 import fcntl
 import hashlib
-import hmac
 import os
 import re
 import secrets
@@ -677,13 +676,6 @@ class EscalationStore:
                 "see the pending ones with: ambient escalations"
             )
         return self._read(path)
-
-    def find_by_nonce(self, nonce: str) -> Escalation | None:
-        """The escalation a Telegram button token belongs to (constant-time compare), or None."""
-        for esc in self._scan().escalations:
-            if hmac.compare_digest(esc.nonce.encode(), nonce.encode()):
-                return esc
-        return None
 
     def answer(
         self,

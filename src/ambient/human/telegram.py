@@ -81,17 +81,12 @@ class TelegramSettings(BaseModel):
 # --------------------------------------------------------------------------------------------- buttons
 
 
-def make_nonce() -> str:
-    """A fresh unguessable token for one escalation's buttons (128 bits, 22 characters)."""
-    return secrets.token_urlsafe(16)
-
-
 def callback_data(escalation_id: str, option_index: int, nonce: str) -> str:
     """``<escalation id>:<option index>:<nonce>``, checked against the 64-byte Bot API limit."""
     if not _ESCALATION_ID.fullmatch(escalation_id):
         raise ValueError(f"escalation id {escalation_id!r} must be 1-40 characters of A-Z a-z 0-9 . _ -")
     if not _NONCE.fullmatch(nonce):
-        raise ValueError("nonce must be 8-43 URL-safe base64 characters (see make_nonce())")
+        raise ValueError("nonce must be 8-43 URL-safe base64 characters (see ambient.human.escalations.new_nonce())")
     if not 0 <= option_index < 100:
         raise ValueError("option index must be between 0 and 99")
     data = f"{escalation_id}:{option_index}:{nonce}"

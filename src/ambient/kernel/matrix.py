@@ -56,7 +56,6 @@ from ambient.kernel.packet import (
     CLAIMS_STORE,
     NAME_PATTERN,
     ZONE_PATTERN,
-    Packet,
     Signal,
 )
 from ambient.kernel.zones import DEFAULT_RULES, KERNEL, KERNEL_ZONES, PERSONAL, PROJECT, ZoneRule, zones_below
@@ -622,26 +621,6 @@ def _decide_zones(matrix: AccessMatrix, from_: str, to: str, signal: Signal, zon
 
 def _fmt_zones(gate: IpcGate) -> str:
     return ", ".join(sorted(gate.zone_access)) or "no zone"
-
-
-def decide_packet(
-    matrix: AccessMatrix,
-    packet: Packet,
-    zone_rules: Iterable[ZoneRule] = DEFAULT_RULES,
-    *,
-    file_zones: Iterable[str] | None = None,
-) -> Decision:
-    """:func:`decide` for a validated packet."""
-    return decide(
-        matrix,
-        packet.from_,
-        packet.to,
-        packet.signal,
-        packet.scope.zone,
-        packet.scope.files,
-        zone_rules,
-        file_zones=file_zones,
-    )
 
 
 def apply_routing(matrix: AccessMatrix, table: RoutingTable) -> tuple[AccessMatrix, list[Problem]]:

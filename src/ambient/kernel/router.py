@@ -333,13 +333,6 @@ class ChannelRegistry:
             return Channel.human()
         return self.authenticate(token) or Channel("unauthenticated", token)
 
-    def channel_from_env(self, environ: Mapping[str, str]) -> Channel | None:
-        """The CLI's channel: the token in ``AMBIENT_CHANNEL_TOKEN`` if set (None if not live), else ``human``."""
-        token = environ.get(TOKEN_ENV)
-        if token is None or token == "":
-            return Channel.human()
-        return self.authenticate(token)
-
 
 def _symlink_free(
     root: str, rel: str, plain: dict[str, float] | None = None, now: float = 0.0, absent: dict[str, float] | None = None

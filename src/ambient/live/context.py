@@ -788,12 +788,6 @@ class LiveContext:
         atomic_write(self.thread_dir(agent) / HANDOFF_NAME, text, mode=PRIVATE_FILE)
         return text
 
-    def refresh_handoff(self, agent: str) -> str:
-        """Rewrite ``handoff.md`` from the thread now, and return it."""
-        d = private_dir(self.thread_dir(agent))
-        with self._locked(d):
-            return self._write_handoff(agent)
-
     def handoff_for(self, agent: str) -> str:
         """What a runner gives the agent: ``handoff.md``, at most 4096 characters. Never the raw transcript.
 

@@ -22,10 +22,6 @@ log = structlog.get_logger(__name__)
 _SEND_TIMEOUT_S = 0.5
 _MAX_STATUS_CHARS = 400
 
-#: Environment variables that belong to ambient's own service and must not reach agents.
-SERVICE_ONLY_ENV = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "CREDENTIALS_DIRECTORY"})
-_SERVICE_ONLY_PREFIXES = ("LISTEN_",)  # socket activation: LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES
-
 _failing = False  # log a run of send failures once, not at every watchdog ping
 
 
@@ -152,9 +148,3 @@ async def watchdog_task(stop_event: asyncio.Event, interval: float | None = None
             await asyncio.wait_for(stop_event.wait(), timeout=max(0.0, next_at - loop.time()))
         except TimeoutError:
             continue
-
-
-def scrubbed_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """A copy of ``environ`` without the service-only variables (notify socket, watchdog,
-    credentials directory, socket activation), for the environment of child processes."""
-    return {k: v for k, v in environ.items() if k not in SERVICE_ONLY_ENV and not k.startswith(_SERVICE_ONLY_PREFIXES)}

@@ -13,7 +13,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from ambient.claims import claim as C
 from ambient.claims.claim import Claim, apply, conflicts, mark_stale
 from ambient.core.errors import TransitionError, UnsafePathError
-from ambient.kernel.zones import ZoneRule
 
 NOW = datetime(2026, 3, 16, 21, 0, tzinfo=UTC)
 
@@ -155,10 +154,8 @@ class TestInference:
         """zone is inferred from scope with the most specific rule (spec/002 v1.5)."""
         assert mk(scope=scope).zone == zone
 
-    def test_zone_with_brain_rules_and_escaping_scope(self) -> None:
-        """A brain's own rules apply through claim_zone; an escaping scope raises and is warned about."""
-        claim = mk(scope="wiki/page.md")
-        assert C.claim_zone(claim, (ZoneRule(prefix="wiki/", zone="reference"),)) == "reference"
+    def test_escaping_scope(self) -> None:
+        """An escaping scope has no zone (it raises) and is warned about."""
         bad = mk(scope="../outside/")
         with pytest.raises(UnsafePathError):
             _ = bad.zone

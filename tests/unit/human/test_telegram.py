@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from ambient.core.errors import NotifyError
 from ambient.core.redact import SecretRegistry
+from ambient.human.escalations import new_nonce
 from ambient.human.notify import DeliveryError, Message, RetryPolicy, escalation_message
 from ambient.human.telegram import (
     CALLBACK_DATA_MAX_BYTES,
@@ -32,7 +33,6 @@ from ambient.human.telegram import (
     TelegramUser,
     callback_data,
     decision_text,
-    make_nonce,
     nonce_matches,
     parse_callback_data,
 )
@@ -154,7 +154,7 @@ class Book:
     """The decision side, as the escalation store would do it: checks the nonce, decides once."""
 
     def __init__(self) -> None:
-        self.nonce = make_nonce()
+        self.nonce = new_nonce()
         self.options = ["retry", "skip", "abort"]
         self.decided: tuple[str, str] | None = None
         self.calls: list[tuple[str, int, str, TelegramUser]] = []
@@ -187,7 +187,7 @@ def _answerer(bot: FakeBotApi, state: Path, on_press: OnPress, **kw: Any) -> Tel
 class TestCallbackData:
     def test_roundtrip_and_size(self) -> None:
         """callback_data carries escalation, option and nonce within 64 bytes, and parses back."""
-        nonce = make_nonce()
+        nonce = new_nonce()
         data = callback_data("e-abc123", 2, nonce)
         assert len(data.encode()) <= CALLBACK_DATA_MAX_BYTES
         assert parse_callback_data(data) == ("e-abc123", 2, nonce)
@@ -209,7 +209,7 @@ class TestCallbackData:
     @given(esc=st.from_regex(r"[A-Za-z0-9._-]{1,36}", fullmatch=True), index=st.integers(0, 99))
     def test_roundtrip_property(self, esc: str, index: int) -> None:
         """Every valid (id, index, nonce) fits 64 bytes and round-trips."""
-        nonce = make_nonce()
+        nonce = new_nonce()
         data = callback_data(esc, index, nonce)
         assert len(data.encode()) <= CALLBACK_DATA_MAX_BYTES and parse_callback_data(data) == (esc, index, nonce)
 
@@ -334,7 +334,7 @@ class TestAnswer:
     async def test_forged_nonce_changes_nothing(self, bot: FakeBotApi, tmp_path: Path) -> None:
         """A button with a forged nonce is answered 'not valid' and decides nothing."""
         book = Book()
-        bot.press(callback_data("e-abc123", 0, make_nonce()))
+        bot.press(callback_data("e-abc123", 0, new_nonce()))
         bot.press("garbage-data")
         answerer = _answerer(bot, tmp_path / "telegram.json", book)
         await answerer.poll_once()
@@ -385,14 +385,14 @@ class TestAnswer:
         def broken(esc: str, index: int, nonce: str, user: TelegramUser) -> str:
             raise OSError("disk full")
 
-        bot.press(callback_data("e-abc123", 0, make_nonce()))
+        bot.press(callback_data("e-abc123", 0, new_nonce()))
         answerer = _answerer(bot, tmp_path / "telegram.json", broken)
         assert await answerer.poll_once() == 1
         assert "Could not record" in bot.of("answerCallbackQuery")[0]["text"]
 
     async def test_sync_on_press_returning_text(self, bot: FakeBotApi, tmp_path: Path) -> None:
         """A plain function returning a string counts as 'decided' with that text."""
-        bot.press(callback_data("e-abc123", 0, make_nonce()), text="Q")
+        bot.press(callback_data("e-abc123", 0, new_nonce()), text="Q")
 
         def simple(esc: str, index: int, nonce: str, user: TelegramUser) -> str:
             return f"approved by {user.name}"

@@ -24,10 +24,9 @@ from ambient.kernel.matrix import (
     RoutingTable,
     apply_routing,
     decide,
-    decide_packet,
     describe,
 )
-from ambient.kernel.packet import Signal, make_packet
+from ambient.kernel.packet import Signal
 from ambient.kernel.zones import DEFAULT_RULES, ZoneRule, zones_below
 from tests.conftest import EXAMPLE_BRAIN
 
@@ -407,13 +406,6 @@ class TestExplain:
         assert "debug emits BLOCKED_ON, RETURN, SPAWN; ESCALATE is not one of them" in text
         ok = decide(kernel, "orchestrator", "debug", "SPAWN", "project")
         assert ok.allowed and len(ok.reasons) == 4
-
-    def test_decide_packet(self, kernel: AccessMatrix) -> None:
-        """decide_packet decides on a validated packet's fields."""
-        from datetime import UTC, datetime
-
-        pkt = make_packet("human", "debug", "SPAWN", now=datetime.now(UTC), files=["projets/a.py"], zone="project")
-        assert decide_packet(kernel, pkt).allowed
 
     def test_describe_rows(self, kernel: AccessMatrix) -> None:
         """describe lists every principal and the agents without a gate."""

@@ -500,14 +500,6 @@ class TestIdentity:
         assert ChannelRegistry(paths).authenticate(early.token) == early  # the file stayed...
         assert reg.authenticate(early.token) is None  # ...and this process goes on refusing it
 
-    def test_channel_from_env(self, brain: Path) -> None:
-        """The CLI is human without a token, the token's principal with a live one, nobody with a dead one."""
-        reg = ChannelRegistry(BrainPaths(brain))
-        ch = reg.issue("tester")
-        assert reg.channel_from_env({}) == Channel.human()
-        assert reg.channel_from_env({TOKEN_ENV: ch.token or ""}) == ch
-        assert reg.channel_from_env({TOKEN_ENV: "Z" * 43}) is None
-
     def test_channel_for_a_presented_token(self, brain: Path) -> None:
         """What `ambient send` runs as (in the command or in the daemon): a dead token is nobody's, and says so."""
         reg = ChannelRegistry(BrainPaths(brain))

@@ -374,12 +374,6 @@ class TestHandoff:
         active = summarise(turns).split("## Active requests (per requester)")[1].split("##")[0]
         assert "agent-29" in active and "and 18 more requesters" in active
 
-    def test_refresh_handoff(self, live: LiveContext) -> None:
-        """refresh_handoff rewrites handoff.md on demand."""
-        live.append_turn(turn(text="first"))
-        text = live.refresh_handoff("qa")
-        assert (live.paths.live / "qa" / "handoff.md").read_text() == text
-
 
 _ANY_TEXT = st.text(alphabet=st.characters(blacklist_categories=()), max_size=3000)
 _TURNS = st.lists(

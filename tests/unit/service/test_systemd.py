@@ -214,24 +214,6 @@ class TestWatchdog:
         assert manager.received == []
 
 
-def test_scrubbed_env_removes_service_only_variables() -> None:
-    """Children get neither the notify socket, the watchdog, the credentials nor socket activation."""
-    env = {
-        "PATH": "/usr/bin",
-        "HOME": "/var/lib/ambient",
-        "NOTIFY_SOCKET": "/run/systemd/notify",
-        "WATCHDOG_USEC": "30000000",
-        "WATCHDOG_PID": "42",
-        "CREDENTIALS_DIRECTORY": "/run/credentials/ambient.service",
-        "LISTEN_FDS": "1",
-        "LISTEN_PID": "42",
-        "LISTEN_FDNAMES": "x",
-        "INVOCATION_ID": "abc",
-    }
-    assert systemd.scrubbed_env(env) == {"PATH": "/usr/bin", "HOME": "/var/lib/ambient", "INVOCATION_ID": "abc"}
-    assert "NOTIFY_SOCKET" in env  # the input is not changed
-
-
 # --------------------------------------------------------------------------- shipped unit files (R-11)
 
 ANALYZE = shutil.which("systemd-analyze")
