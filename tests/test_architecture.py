@@ -133,9 +133,6 @@ KNOWN: Final[frozenset[tuple[str, ...]]] = frozenset(
     {
         # The spend ledger reads the budget settings: the settings model belongs below the engine.
         ("layer", "ambient.engine.spend", "ambient.config.settings"),
-        # Loading workflows checks them with the engine's compiler (workflow_issues): a check of the spec that
-        # belongs with the spec, or loading belongs above the engine.
-        ("layer", "ambient.workflows.loading", "ambient.engine.compile"),
         # The store counts through the census, the census reads the store's suffixes (hidden by a function-level
         # import in store.py).
         ("cycle", "ambient.claims.index", "ambient.claims.store"),

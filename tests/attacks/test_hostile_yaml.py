@@ -250,10 +250,10 @@ def test_fuzz_each_reader_gives_problems_not_exceptions(tmp_path: Path, reader: 
     from ambient.claims.locks import parse_lock
     from ambient.claims.store import ClaimStore
     from ambient.config.brain import read_settings
+    from ambient.config.workflows import load_workflow_bytes
     from ambient.core.errors import InputError
     from ambient.kernel.agents import load_agent
     from ambient.kernel.routing_table import load_routing, load_zone_rules
-    from ambient.workflows.loading import load_workflow_bytes
 
     paths = make_brain(tmp_path / "brain", example_agents=False)
 

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
+from ambient.config.workflows import load_workflow_bytes
 from ambient.engine.runstate import HistoryError, RunState, fold
 from ambient.human.escalations import EscalationStore, new_escalation
 from ambient.runners.orphans import by_journal
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
-from ambient.workflows.loading import load_workflow_bytes
 from tests.e2e.helpers import (
     PY,
     REPO,
@@ -227,7 +227,7 @@ def _huge_workflow(name: str = "big") -> bytes:
 _MEASURE = """
 import sys, time
 from pathlib import Path
-from ambient.workflows.loading import load_workflow
+from ambient.config.workflows import load_workflow
 t = time.monotonic()
 wf, problems = load_workflow(Path(sys.argv[1]), source="workflows/big.yml")
 took = time.monotonic() - t

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ambient.cli import main
-from ambient.workflows.loading import check_workflow, load_workflow
+from ambient.config.workflows import check_workflow, load_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 BAD = REPO / "examples" / "workflows-bad"

@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def current_spec(paths: BrainPaths, workflow: str) -> tuple[WorkflowSpec | None, str]:
     """The workflow as its file says today (loaded as the daemon loads it), and where it came from."""
-    from ambient.workflows.loading import load_workflows
+    from ambient.config.workflows import load_workflows
 
     workflows, problems = load_workflows(paths)
     found = workflows.get(workflow)

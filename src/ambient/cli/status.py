@@ -326,7 +326,7 @@ def print_status(
 
 def _known_workflow(root: Path, name: str) -> bool:
     """A workflow file of that name (by file name or by its ``name:``), or a run of it in the journals."""
-    from ambient.workflows.loading import workflow_files
+    from ambient.config.workflows import workflow_files
 
     workflows = root / "workflows"
     if any(p.stem == name for p in workflow_files(workflows)) if workflows.is_dir() else False:

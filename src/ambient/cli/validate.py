@@ -103,8 +103,8 @@ class Selection:
 
 def _files_in(kind: str, directory: Path, suffixes: tuple[str, ...]) -> list[Path]:
     """The files of ``kind`` in a directory, as the loaders of the whole brain list them."""
+    from ambient.config.workflows import workflow_files
     from ambient.storage.fsutil import iter_files
-    from ambient.workflows.loading import workflow_files
 
     if kind == "workflow":
         return workflow_files(directory)
@@ -113,7 +113,7 @@ def _files_in(kind: str, directory: Path, suffixes: tuple[str, ...]) -> list[Pat
 
 def _select(raws: list[str], paths: BrainPaths) -> Selection | str:
     """What each PATH is by where it lives, or the message of a PATH that is none of what validate checks."""
-    from ambient.workflows.loading import workflow_files
+    from ambient.config.workflows import workflow_files
 
     root = paths.root.resolve()
     sel = Selection()
@@ -169,9 +169,9 @@ def _checked(sel: Selection, workflows: int, drafts: int) -> str:
 
 def _validate(args: argparse.Namespace) -> int:
     from ambient.config.brain import read_settings, spawn_checks
+    from ambient.config.workflows import load_many, load_workflows
     from ambient.kernel.routing_table import build_matrix
     from ambient.storage.paths import BrainPaths
-    from ambient.workflows.loading import load_many, load_workflows
 
     root = brain_dir(args)  # a brain: main() refused anything else
     paths = BrainPaths(root)

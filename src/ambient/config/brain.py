@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ambient.config.settings import Settings, env_paths, settings_from, settings_salvaged
+from ambient.config.workflows import AgentExists, KnownAgents, LoadedWorkflow, MaySpawn, load_workflows
 from ambient.core.errors import InputError
 from ambient.core.problems import Problem, Severity
 from ambient.kernel.matrix import decide
@@ -31,7 +32,6 @@ from ambient.storage.yamlfile import (
     parse_yaml,
     problems_from_validation,
 )
-from ambient.workflows.loading import AgentExists, KnownAgents, LoadedWorkflow, MaySpawn, load_workflows
 
 
 @dataclass

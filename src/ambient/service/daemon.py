@@ -36,6 +36,7 @@ from ambient.claims.locks import LockManager
 from ambient.claims.store import ClaimStore
 from ambient.config.brain import Brain, load_brain, reload_workflows
 from ambient.config.settings import Settings, settings_changes
+from ambient.config.workflows import LoadedWorkflow
 from ambient.core.clock import Clock, SystemClock
 from ambient.core.errors import AlreadyRunningError, AmbientError
 from ambient.core.health import describe, resource_of
@@ -96,7 +97,6 @@ from ambient.storage.fsutil import (
 from ambient.storage.journal import Journal, append_line
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import MAX_CLAIM_BYTES
-from ambient.workflows.loading import LoadedWorkflow
 from ambient.workflows.spec import SATELLITE_TYPES, ChainWorkflow, ForEachWorkflow, parse_workflow
 from ambient.workflows.templating import render, render_path
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ambient.config.workflows import LoadedWorkflow, check_workflow, load_workflow, load_workflow_bytes, load_workflows
 from ambient.core.errors import InputError
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import parse_yaml
-from ambient.workflows.loading import LoadedWorkflow, check_workflow, load_workflow, load_workflow_bytes, load_workflows
 from ambient.workflows.spec import (
     DEFAULT_AGENT_BY_TYPE,
     AbortAction,
@@ -872,7 +872,7 @@ def test_a_reload_renders_no_item_again_but_asks_the_matrix_each_time(
 
 def test_the_parse_memo_is_bounded_in_entries_and_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Least recently used results go first, past MAX_ENTRIES or MAX_BYTES; a document over MAX_BYTES is not kept."""
-    from ambient.workflows.loading import _Parsed
+    from ambient.config.workflows import _Parsed
 
     memo = _Parsed()
     monkeypatch.setattr(_Parsed, "MAX_ENTRIES", 3)
