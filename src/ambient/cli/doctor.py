@@ -821,12 +821,12 @@ def check_telegram(
     """Telegram answers: a bot ambient cannot build (no token, a malformed one), presses saved but not acted upon,
     and a backlog close to the Bot API's 24-hour retention."""
     from ambient.human.escalations import EscalationStore
-    from ambient.human.telegram import token_problem
+    from ambient.human.telegram import STATE_FILE, token_problem
     from ambient.service.notifications import telegram_token
     from ambient.storage.fsutil import read_capped
 
     tg = settings.telegram
-    state_path = paths.state / "telegram.json"
+    state_path = paths.state / STATE_FILE
     exists = state_path.is_file()
     if not tg.answers and not exists:
         return []

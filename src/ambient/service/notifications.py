@@ -200,14 +200,14 @@ class NotifyService:
                 )
             )
         if built.bot is not None and built.chat_id is not None:
-            from ambient.human.telegram import TelegramAnswerer
+            from ambient.human.telegram import STATE_FILE, TelegramAnswerer
             from ambient.human.telegram import TelegramSettings as AnswererSettings
 
             tg = settings.telegram
             answerer = AnswererSettings(
                 chat_id=built.chat_id, user_ids=tuple(tg.user_ids), api_base=tg.api_base, poll_timeout=tg.poll_timeout_s
             )
-            state = self.state_dir / "telegram.json"
+            state = self.state_dir / STATE_FILE
             self._tasks.append(
                 self._spawn(TelegramAnswerer(built.bot, answerer, state, self.on_press).run(self.stop), "telegram")
             )
