@@ -7,12 +7,16 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from ambient.claims.claim import Claim
 from ambient.engine.chain import ChainExecutor, ChainSettings
 from ambient.engine.planner import ChainAction, ChainStep, FanOut, judge_step
 from ambient.engine.runs import Attempt, AttemptResult, ItemTemplate, Ports, RunExecutor, RunManager
 from ambient.engine.runstate import RunState
 from ambient.storage.journal import Journal, read_jsonl
 from ambient.storage.paths import BrainPaths
+from ambient.workflows.spec import SATELLITE_TYPES
 from tests.conftest import async_wait_until
 from tests.unit.engine.test_runs import FakeClaims, FakeEmitter, FakeEscalator, _render
 
@@ -225,3 +229,20 @@ def test_judge_step_close_tiers() -> None:
     assert v.status == "failed"
     assert judge_step(ChainStep(name="a", type="code"), {"status": "partial"}, "success").status == "partial"
     assert judge_step(ChainStep(name="a", type="domain", level="domain"), {"status": "ok"}, "success").status == "ok"
+
+
+@pytest.mark.parametrize("level", ["leaf", "domain"])
+@pytest.mark.parametrize("step_type", SATELLITE_TYPES)
+def test_a_step_closes_with_the_tier_of_its_claim(step_type: str, level: str) -> None:
+    """One home for the close tier (ambient.claims.claim.infer_close_tier): a step that says ok needs green tests or
+    a person exactly when its claim, a satellite of the step's type and level, is tier 2 (validated)."""
+    claim = Claim.model_validate(
+        {"sess_id": "s", "type": "satellite", "scope": "app/", "agent": "coder", "status": "open",
+         "opened_at": "2026-03-16T20:46", "satellite_type": step_type, "satellite_level": level}
+    )  # fmt: skip
+    verdict = judge_step(ChainStep(name="a", type=step_type, level=level), {"status": "ok"}, "success")
+    assert verdict.needs_human is (claim.close_tier == 2)
+    failed = judge_step(
+        ChainStep(name="a", type=step_type, level=level), {"status": "ok", "tests": {"failed": 1}}, "success"
+    )
+    assert (failed.status == "failed") is (claim.close_tier == 2)
