@@ -1,3 +1,7 @@
-"""Workflow files (DESIGN 5): specs, exit-trigger actions, checks, ``{{name}}`` templating and loading from disk.
-Parses and validates; executes nothing.
+"""Workflow files (DESIGN 5): parse and validate; execute nothing.
+
+``spec`` the models of both forms (for_each, chain) · ``actions`` exit-trigger actions, parsed from every spelling ·
+``fields`` the small value types both are written with (names, durations, scope paths) · ``checks`` the findings
+beyond the schema · ``templating`` ``{{name}}`` substitution and the names each place may use · ``loading`` files on
+disk into specs, every fault a ``file:line`` problem.
 """

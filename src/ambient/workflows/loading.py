@@ -23,21 +23,17 @@ from ambient.storage.fsutil import read_capped
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import MAX_WORKFLOW_BYTES, LineMap, decode, parse_yaml, problems_from_validation
 from ambient.workflows import templating
+from ambient.workflows.actions import SpawnAction, format_action
+from ambient.workflows.checks import cross_targets, item_values, raw_key_issues, step_values
+from ambient.workflows.fields import WorkflowError
 from ambient.workflows.spec import (
     MAX_ITEMS,
     MAX_WORKFLOW_VALUES,
     ChainWorkflow,
     ForEachWorkflow,
-    SpawnAction,
-    WorkflowError,
     WorkflowSpec,
-    cross_targets,
-    format_action,
-    item_values,
     parse_workflow,
-    raw_key_issues,
     spec_hash,
-    step_values,
 )
 
 WORKFLOW_SUFFIXES = (".yml", ".yaml")

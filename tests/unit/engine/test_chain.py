@@ -16,7 +16,7 @@ from ambient.engine.runs import Attempt, AttemptResult, ItemTemplate, Ports, Run
 from ambient.engine.runstate import RunState
 from ambient.storage.journal import Journal, read_jsonl
 from ambient.storage.paths import BrainPaths
-from ambient.workflows.spec import SATELLITE_TYPES
+from ambient.workflows.fields import SATELLITE_TYPES
 from tests.conftest import async_wait_until
 from tests.unit.engine.test_runs import FakeClaims, FakeEmitter, FakeEscalator, _render
 
