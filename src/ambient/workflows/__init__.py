@@ -2,6 +2,6 @@
 
 ``spec`` the models of both forms (for_each, chain) · ``actions`` exit-trigger actions, parsed from every spelling ·
 ``fields`` the small value types both are written with (names, durations, scope paths) · ``checks`` the findings
-beyond the schema · ``templating`` ``{{name}}`` substitution and the names each place may use · ``loading`` files on
-disk into specs, every fault a ``file:line`` problem.
+beyond the schema · ``variables`` which ``{{name}}`` each place may use, and their values · ``templating`` the
+substitution itself · ``loading`` files on disk into specs, every fault a ``file:line`` problem.
 """

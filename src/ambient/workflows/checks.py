@@ -1,9 +1,8 @@
 """Checks of a workflow spec beyond its schema (pure): :class:`Issue` findings at key paths.
 
-Step ids, trigger targets, template variables (against the names :mod:`ambient.workflows.templating` gives each
-place), scope paths rendered for every item (S-01), zones, and likely typos. The shell
-(:mod:`ambient.workflows.loading`) adds the agents, the access matrix and the lines; the routes between a chain's
-steps are :func:`ambient.engine.compile.route_issues`.
+Step ids, trigger targets, template variables (against :mod:`ambient.workflows.variables`), scope paths rendered
+for every item (S-01), zones, and likely typos. The shell (:mod:`ambient.workflows.loading`) adds the agents, the
+access matrix and the lines; the routes between a chain's steps are :func:`ambient.engine.compile.route_issues`.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from ambient.kernel.zones import DEFAULT_RULES, ZoneRule, normalize
 from ambient.workflows import templating
 from ambient.workflows.actions import Action, GotoAction, NextAction, SpawnAction, format_action
 from ambient.workflows.spec import MISPLACED_KEYS, ChainStep, ChainWorkflow, ForEach, ForEachWorkflow, WorkflowSpec
+from ambient.workflows.variables import COMPLETE_VARS, ITEM_VARS, STEP_VARS, spec_item_values
 
 
 class Issue(NamedTuple):
@@ -104,53 +104,6 @@ def _vars_in(value: Any, allowed: frozenset[str], loc: tuple[str | int, ...], wh
     return []
 
 
-def item_values(spec: ForEachWorkflow, index: int, run_id: str = "run") -> dict[str, Any]:
-    """The template variables of item ``index`` (``{{item}}``, ``{{index}}`` from 1, ``{{total}}``...)."""
-    items = spec.for_each.items
-    return templating.item_values(
-        item=items[index], index=index + 1, total=len(items), workflow=spec.name, run_id=run_id
-    )
-
-
-class ItemScope(NamedTuple):
-    """The SPAWN scope of one item: its zone (None: no zone, no files) and its rendered, normalised files."""
-
-    zone: str | None
-    files: tuple[str, ...]
-
-
-def item_scope(
-    spec: ForEachWorkflow, index: int, run_id: str = "run", zone_rules: Iterable[ZoneRule] = DEFAULT_RULES
-) -> ItemScope:
-    """Render the scope of item ``index``; raises UnsafePathError/TemplateError (an InputError) for a bad path.
-
-    The zone is ``scope.zone`` when declared, else the zone of the first file (the access matrix
-    checks the zone of every file anyway).
-    """
-    values = item_values(spec, index, run_id)
-    rendered = [templating.render_path(f, values, zone_rules) for f in spec.for_each.scope.files]
-    zone = spec.for_each.scope.zone or (rendered[0].zone if rendered else None)
-    return ItemScope(zone, tuple(r.path for r in rendered))
-
-
-def item_context(spec: ForEachWorkflow, index: int, run_id: str = "run") -> dict[str, Any]:
-    """The SPAWN ``payload.context`` of item ``index``: ``for_each.context`` with its strings rendered."""
-    rendered: dict[str, Any] = templating.render_value(spec.for_each.context, item_values(spec, index, run_id))
-    return rendered
-
-
-def step_values(spec: ChainWorkflow, step: ChainStep, run_id: str = "run", prior: Any = None) -> dict[str, Any]:
-    """The template variables of a chain step; ``prior`` is the previous step's output (``{{prior.result...}}``)."""
-    return templating.step_values(
-        workflow=spec.name,
-        step=step.key,
-        run_id=run_id,
-        prior=prior,
-        branch=spec.branch or "",
-        pilote=spec.pilote or "",
-    )
-
-
 def _for_each_issues(spec: ForEachWorkflow, rules: tuple[ZoneRule, ...]) -> list[Issue]:
     fe = spec.for_each
     out: list[Issue] = []
@@ -169,18 +122,18 @@ def _for_each_issues(spec: ForEachWorkflow, rules: tuple[ZoneRule, ...]) -> list
     template_ok = True
     for n, f in enumerate(fe.scope.files):
         loc = ("for_each", "scope", "files", n)
-        bad = _check_vars(f, templating.ITEM_VARS, loc, "a scope file")
+        bad = _check_vars(f, ITEM_VARS, loc, "a scope file")
         if not bad:
             # The template's own text first (every value a harmless name): `../{{item}}` is one fault, not N.
             try:
-                normalize(templating.render(f, dict.fromkeys(templating.ITEM_VARS, "x")))
+                normalize(templating.render(f, dict.fromkeys(ITEM_VARS, "x")))
             except InputError as exc:
                 bad = [Issue(loc, f"scope file {f!r} leaves the brain root whatever the item: {exc.message}")]
         out += bad
         template_ok = template_ok and not bad
     if template_ok:
         out += _render_items(spec, rules)
-    out += _vars_in(fe.context, templating.ITEM_VARS, ("for_each", "context"), "for_each.context")
+    out += _vars_in(fe.context, ITEM_VARS, ("for_each", "context"), "for_each.context")
     for outcome in ("success", "fail", "error", "escalate", "blocked"):
         for action in getattr(fe.on_return, outcome) or ():
             rloc = ("for_each", "on_return", outcome)
@@ -200,7 +153,7 @@ def _render_items(spec: ForEachWorkflow, rules: tuple[ZoneRule, ...]) -> list[Is
     out: list[Issue] = []
     bad = 0
     for i in range(len(fe.items)):
-        values = item_values(spec, i)
+        values = spec_item_values(spec, i)
         zones: set[str] = set()
         for n, template in enumerate(fe.scope.files):
             try:
@@ -239,7 +192,7 @@ def _chain_issues(spec: ChainWorkflow) -> list[Issue]:
         for field in ("scope", "story_angle", "input_contract"):
             value = getattr(step, field)
             if value:
-                out += _check_vars(value, templating.STEP_VARS, ("chain", i, field), field)
+                out += _check_vars(value, STEP_VARS, ("chain", i, field), field)
         if step.gate == "0-failures" and step.type != "test":
             out.append(
                 Issue(
@@ -269,7 +222,7 @@ def _chain_issues(spec: ChainWorkflow) -> list[Issue]:
                             )
                         )
                 elif isinstance(action, SpawnAction) and action.scope:
-                    out += _check_vars(action.scope, templating.STEP_VARS, ("chain", i, field), "a trigger scope")
+                    out += _check_vars(action.scope, STEP_VARS, ("chain", i, field), "a trigger scope")
         if step.gate == "never" and step.on_done and any(isinstance(a, NextAction | GotoAction) for a in step.on_done):
             out.append(
                 Issue(
@@ -297,7 +250,7 @@ def spec_issues(spec: WorkflowSpec, zone_rules: Iterable[ZoneRule] = DEFAULT_RUL
         if spec.mode == "swarm" and not spec.swarm_ready:
             out.append(Issue(("mode",), "mode: swarm on a workflow not marked swarm_ready: true", "warning"))
     if spec.on_complete is not None:
-        out += _vars_in(spec.on_complete.payload, templating.COMPLETE_VARS, ("on_complete", "payload"), "on_complete")
+        out += _vars_in(spec.on_complete.payload, COMPLETE_VARS, ("on_complete", "payload"), "on_complete")
     return out
 
 

@@ -24,7 +24,7 @@ from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import MAX_WORKFLOW_BYTES, LineMap, decode, parse_yaml, problems_from_validation
 from ambient.workflows import templating
 from ambient.workflows.actions import SpawnAction, format_action
-from ambient.workflows.checks import cross_targets, item_values, raw_key_issues, step_values
+from ambient.workflows.checks import cross_targets, raw_key_issues
 from ambient.workflows.fields import WorkflowError
 from ambient.workflows.spec import (
     MAX_ITEMS,
@@ -35,6 +35,7 @@ from ambient.workflows.spec import (
     parse_workflow,
     spec_hash,
 )
+from ambient.workflows.variables import spec_item_values, spec_step_values
 
 WORKFLOW_SUFFIXES = (".yml", ".yaml")
 
@@ -320,7 +321,7 @@ def _for_each_scopes(wf: LoadedWorkflow, spec: ForEachWorkflow, rules: tuple[Zon
     seen: set[frozenset[str]] = set()
     for i in range(len(fe.items)):
         try:
-            rendered = [templating.render_path(f, item_values(spec, i), rules) for f in fe.scope.files]
+            rendered = [templating.render_path(f, spec_item_values(spec, i), rules) for f in fe.scope.files]
         except InputError:
             continue  # already reported by workflow_issues
         zones = frozenset(r.zone for r in rendered)
@@ -345,7 +346,7 @@ def _scope_for_check(
         return _for_each_scopes(wf, spec, rules)
     out: list[_SpawnCheck] = []
     for i, step in enumerate(spec.chain):
-        values = step_values(spec, step)
+        values = spec_step_values(spec, step)
         try:
             scope = templating.render_path(step.scope, values, rules)
         except InputError:

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from ambient.core.errors import InputError
-from ambient.workflows.checks import ItemScope, item_context, item_scope, item_values, spec_issues, step_values
-from ambient.workflows.loading import load_workflow
-from ambient.workflows.spec import ChainWorkflow, ForEachWorkflow, parse_workflow
-from ambient.workflows.templating import COMPLETE_VARS, ITEM_VARS, STEP_VARS, completion_values, render
-from tests.unit.workflows.documents import EXAMPLES, chain_doc, for_each_doc, load_text, step_doc
+from ambient.workflows.checks import spec_issues
+from ambient.workflows.spec import parse_workflow
+from tests.unit.workflows.documents import chain_doc, for_each_doc, load_text, step_doc
 
 
 def _issues(data: dict[str, Any]) -> list[tuple[str, str]]:
@@ -119,35 +114,3 @@ def test_many_bad_items_are_summarised() -> None:
     fe = {**for_each_doc()["for_each"], "items": [f"../{i}" for i in range(100)]}
     issues = spec_issues(parse_workflow(for_each_doc(for_each=fe)))
     assert len(issues) == 6 and issues[-1].message == "and 95 more bad item paths"
-
-
-# --- helpers for the engine ------------------------------------------------------------------------
-
-
-def test_item_scope_and_context() -> None:
-    """item_scope renders the SPAWN scope of one item; item_context its payload.context."""
-    wf, _ = load_workflow(EXAMPLES / "deploy-batch.yml")
-    assert wf is not None and isinstance(wf.spec, ForEachWorkflow)
-    assert item_scope(wf.spec, 2) == ItemScope("project", ("infrastructure/vps/configs/instance-03.yml",))
-    assert item_context(wf.spec, 2) == {"instance": "instance-03", "position": "3/10"}
-    hostile = parse_workflow(
-        for_each_doc(for_each={**for_each_doc()["for_each"], "scope": {"files": ["x/{{run_id}}"]}})
-    )
-    assert isinstance(hostile, ForEachWorkflow)
-    with pytest.raises(InputError):
-        item_scope(hostile, 0, run_id="../../etc")
-
-
-def test_step_and_completion_values() -> None:
-    """step_values and completion_values give exactly the variables validation allows."""
-    wf, _ = load_workflow(EXAMPLES / "feature-chain.yml")
-    assert wf is not None and isinstance(wf.spec, ChainWorkflow)
-    values = step_values(wf.spec, wf.spec.chain[1], "r1", {"result": {"status": "ok"}})
-    assert set(values) == STEP_VARS
-    assert render("{{workflow}} {{step}} {{prior.result.status}}", values) == "feature-chain 2 ok"
-    done = completion_values(total=10, success=9, failed=1, errors=0, skipped=0, workflow="w", run_id="r")
-    assert set(done) == COMPLETE_VARS
-    fan = parse_workflow(for_each_doc())
-    assert isinstance(fan, ForEachWorkflow)
-    assert set(item_values(fan, 0)) == ITEM_VARS  # the values rendering uses are the names validation allows
-    assert render("{{success_count}}/{{total}}, {{fail_count}} failed", done) == "9/10, 1 failed"
