@@ -268,7 +268,8 @@ class Claim(_UserDoc):
 def infer_close_tier(claim_type: str, satellite_type: str | None, satellite_level: str | None) -> int:
     """Close tier (spec/002 v1.4): 3 if level domain or type pilote, 2 if leaf code/test, else 1.
 
-    A ``satellite_type: domain`` is a coordinator whatever its level says, so it is tier 3 too.
+    A ``satellite_type: domain`` is a coordinator whatever its level says, so it is tier 3 too. The one home of the
+    rule: :attr:`Claim.close_tier` and the chain executor's judgement of a step (``engine.planner.judge_step``).
     """
     if satellite_level == "domain" or claim_type == "pilote" or satellite_type == "domain":
         return 3

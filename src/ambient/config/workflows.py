@@ -23,22 +23,19 @@ from ambient.storage.fsutil import read_capped
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import MAX_WORKFLOW_BYTES, LineMap, decode, parse_yaml, problems_from_validation
 from ambient.workflows import templating
+from ambient.workflows.actions import SpawnAction, format_action
+from ambient.workflows.checks import cross_targets, raw_key_issues
+from ambient.workflows.fields import WorkflowError
 from ambient.workflows.spec import (
     MAX_ITEMS,
     MAX_WORKFLOW_VALUES,
     ChainWorkflow,
     ForEachWorkflow,
-    SpawnAction,
-    WorkflowError,
     WorkflowSpec,
-    cross_targets,
-    format_action,
-    item_values,
     parse_workflow,
-    raw_key_issues,
     spec_hash,
-    step_values,
 )
+from ambient.workflows.variables import spec_item_values, spec_step_values
 
 WORKFLOW_SUFFIXES = (".yml", ".yaml")
 
@@ -324,7 +321,7 @@ def _for_each_scopes(wf: LoadedWorkflow, spec: ForEachWorkflow, rules: tuple[Zon
     seen: set[frozenset[str]] = set()
     for i in range(len(fe.items)):
         try:
-            rendered = [templating.render_path(f, item_values(spec, i), rules) for f in fe.scope.files]
+            rendered = [templating.render_path(f, spec_item_values(spec, i), rules) for f in fe.scope.files]
         except InputError:
             continue  # already reported by workflow_issues
         zones = frozenset(r.zone for r in rendered)
@@ -349,7 +346,7 @@ def _scope_for_check(
         return _for_each_scopes(wf, spec, rules)
     out: list[_SpawnCheck] = []
     for i, step in enumerate(spec.chain):
-        values = step_values(spec, step)
+        values = spec_step_values(spec, step)
         try:
             scope = templating.render_path(step.scope, values, rules)
         except InputError:

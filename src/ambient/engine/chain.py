@@ -51,7 +51,7 @@ from ambient.engine.runs import (
 from ambient.engine.runstate import ItemState, RunState, next_attempt
 from ambient.storage.journal import Journal
 from ambient.storage.paths import BrainPaths
-from ambient.workflows.templating import step_values
+from ambient.workflows.variables import step_runner_values, step_values
 
 log = structlog.get_logger(__name__)
 
@@ -171,7 +171,7 @@ class ChainExecutor(RunExecutor):
             claim_id=item_claim_id(self.state.run_id, item, "chain"),
             preflight=True,
             timeout_s=step.timeout_s or self.template.timeout_s,
-            vars={"step": step.name, "workflow": self.state.workflow, "run_id": self.state.run_id},
+            vars=step_runner_values(values),
         )
 
     def _prior_output(self, index: int) -> Any:

@@ -22,24 +22,20 @@ from ambient.engine.planner import (
     exit_route,
 )
 from ambient.kernel.zones import DEFAULT_RULES, ZoneRule
-from ambient.workflows.spec import (
-    MAX_CONCURRENCY,
+from ambient.workflows.actions import (
     AbortAction,
     Action,
-    ChainWorkflow,
     EscalateAction,
-    ForEachWorkflow,
     GateAction,
     GotoAction,
-    Issue,
     LogAction,
     NextAction,
     NotifyAction,
     SignalAction,
     SpawnAction,
-    WorkflowSpec,
-    spec_issues,
 )
+from ambient.workflows.checks import Issue, spec_issues
+from ambient.workflows.spec import MAX_CONCURRENCY, ChainWorkflow, ForEachWorkflow, WorkflowSpec
 from ambient.workflows.spec import RetryPolicy as SpecRetry
 
 
@@ -184,7 +180,7 @@ def items_of(spec: WorkflowSpec) -> list[str]:
 
 def workflow_issues(spec: WorkflowSpec, zone_rules: Iterable[ZoneRule] = DEFAULT_RULES) -> list[Issue]:
     """Every finding about a spec beyond its schema (``ambient validate``, ``doctor`` and each load): those of
-    :func:`ambient.workflows.spec.spec_issues`, and for a chain without errors the routes between its steps."""
+    :func:`ambient.workflows.checks.spec_issues`, and for a chain without errors the routes between its steps."""
     out = spec_issues(spec, zone_rules)
     if isinstance(spec, ChainWorkflow) and all(i.severity == "warning" for i in out):
         out += route_issues(spec)

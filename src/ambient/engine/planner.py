@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from ambient.claims.claim import infer_close_tier
 from ambient.engine.runstate import ItemState, RunState
 
 
@@ -256,13 +257,6 @@ def tests_failed(output: Any) -> int | None:
         return None
 
 
-def close_tier(step_type: str, level: str, claim_type: str = "satellite") -> int:
-    """spec/002 v1.4: 1 atomic (leaf, not code/test), 2 validated (leaf code/test), 3 orchestrated."""
-    if level == "domain" or claim_type == "pilote" or step_type == "domain":
-        return 3
-    return 2 if step_type in ("code", "test") else 1
-
-
 @dataclass(frozen=True)
 class StepVerdict:
     """What a finished step leads to: its status after gates and tiers, and the actions to route."""
@@ -337,7 +331,8 @@ def judge_step(step: ChainStep, output: Any, result: str) -> StepVerdict:
         elif failed_tests > 0:
             status, reason = "failed", f"gate 0-failures: {failed_tests} test(s) failed"
     needs_human = False
-    if status == "ok" and close_tier(step.type, step.level) == 2:
+    # The close tier of the step's claim (a satellite of the step's type and level): one rule with the claims'.
+    if status == "ok" and infer_close_tier("satellite", step.type, step.level) == 2:
         if failed_tests is None:
             needs_human = step.gate != "0-failures"  # validated tier: tests green, or a person confirms
         elif failed_tests > 0:

@@ -77,7 +77,7 @@ from ambient.engine.runstate import (
 from ambient.engine.slots import AgentSlots
 from ambient.storage.journal import Journal, Unwritten, append_line, read_jsonl
 from ambient.storage.paths import BrainPaths
-from ambient.workflows.templating import completion_values, item_values
+from ambient.workflows.variables import completion_values, item_runner_values, item_values
 
 log = structlog.get_logger(__name__)
 
@@ -710,8 +710,7 @@ class RunExecutor:
         return f"{self.state.run_id}/{item.name}/{attempt}"
 
     def vars_for(self, item: ItemState) -> dict[str, Any]:
-        """Template variables for one item: only the workflow's own data (those of ``item_values``; a runner's argv
-        may also name ``attempt``, the runner adds its own built-in names)."""
+        """Template variables for one item: only the workflow's own data (:func:`item_runner_values`)."""
         counts = self._status_counts()
         values = item_values(
             item=item.name,
@@ -720,8 +719,7 @@ class RunExecutor:
             workflow=self.state.workflow,
             run_id=self.state.run_id,
         )
-        values["attempt"] = item.attempt
-        return values
+        return item_runner_values(values, item.attempt)
 
     def _render_context(self, value: Any, variables: Mapping[str, Any]) -> Any:
         if isinstance(value, str):

@@ -46,6 +46,8 @@ from ambient.kernel.router import Channel, Router, read_inbox
 from ambient.live.context import HANDOFF_NAME
 from ambient.runners import AgentResult, Runners, RunRequest
 from ambient.service.writer_threads import background_executor
+from ambient.workflows.templating import has_variables, render
+from ambient.workflows.variables import item_values, step_values
 
 if TYPE_CHECKING:
     from ambient.claims.locks import LockGrant, LockManager
@@ -1068,15 +1070,9 @@ def _item_scope(state: RunState, item: ItemState) -> str:
     fe = state.spec.get("for_each")
     files = fe.get("scope", {}).get("files") if isinstance(fe, dict) and isinstance(fe.get("scope"), dict) else None
     if isinstance(files, list) and files and isinstance(files[0], str):
-        from ambient.workflows.templating import render
-
-        values = {
-            "item": item.name,
-            "index": item.index + 1,
-            "total": len(state.items),
-            "workflow": state.workflow,
-            "run_id": state.run_id,
-        }
+        values = item_values(
+            item=item.name, index=item.index + 1, total=len(state.items), workflow=state.workflow, run_id=state.run_id
+        )
         try:
             return render(files[0], values)
         except InputError:
@@ -1086,8 +1082,6 @@ def _item_scope(state: RunState, item: ItemState) -> str:
 
 def _step_scope(state: RunState, item: ItemState, scope: str) -> str:
     """A step's scope as its SPAWN carries it: rendered as ChainExecutor renders it (pre-flight compares the two)."""
-    from ambient.workflows.templating import has_variables, render, step_values
-
     if not has_variables(scope):
         return scope
     prior = next((it.output for it in reversed(state.items[: item.index]) if it.status == "done"), None)

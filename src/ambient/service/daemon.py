@@ -97,7 +97,8 @@ from ambient.storage.fsutil import (
 from ambient.storage.journal import Journal, append_line
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import MAX_CLAIM_BYTES
-from ambient.workflows.spec import SATELLITE_TYPES, ChainWorkflow, ForEachWorkflow, parse_workflow
+from ambient.workflows.fields import SATELLITE_TYPES
+from ambient.workflows.spec import ChainWorkflow, ForEachWorkflow, parse_workflow
 from ambient.workflows.templating import render, render_path
 
 log = structlog.get_logger(__name__)

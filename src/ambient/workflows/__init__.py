@@ -1,3 +1,7 @@
-"""Workflow files (DESIGN 5): specs, exit-trigger actions, checks and ``{{name}}`` templating. Parses and validates
-a spec; executes nothing and reads no file (loading ``workflows/*.yml`` is :mod:`ambient.config.workflows`).
+"""Workflow files (DESIGN 5): parse and validate a spec; execute nothing, read no file.
+
+``spec`` the models of both forms (for_each, chain) · ``actions`` exit-trigger actions, parsed from every spelling ·
+``fields`` the small value types both are written with (names, durations, scope paths) · ``checks`` the findings
+beyond the schema · ``variables`` which ``{{name}}`` each place may use, and their values · ``templating`` the
+substitution itself. Loading ``workflows/*.yml`` from disk is :mod:`ambient.config.workflows`.
 """

@@ -1,7 +1,8 @@
 """``{{name}}`` substitution from a given mapping only: no expressions, no code, no second pass (DESIGN 5).
 
 Paths rendered here are normalised by :func:`ambient.kernel.zones.normalize` and refused when they would
-leave the brain root (RELIABILITY S-01); argv elements are rendered one value each (S-07).
+leave the brain root (RELIABILITY S-01); argv elements are rendered one value each (S-07). Which names each
+place of a workflow may use, and their values, is :mod:`ambient.workflows.variables`.
 """
 
 from __future__ import annotations
@@ -21,51 +22,6 @@ _OPEN = "{{"
 _CLOSE = "}}"
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 MAX_RENDERED = 64 * 1024  # a rendered string longer than this is refused (a runaway value)
-
-
-# The variables each place of a workflow may use: `ambient validate` checks templates against these tables and the
-# engine renders them with the values of the builders just below, which give exactly these names (a test holds
-# them to it): a template that passes validation always renders ({{error_count}} passed, then crashed a run's end).
-
-
-def item_values(*, item: str, index: int, total: int, workflow: str, run_id: str) -> dict[str, Any]:
-    """A for_each item's values (scope files, ``for_each.context``): ``index`` counts from 1."""
-    return {"item": item, "index": index, "total": total, "workflow": workflow, "run_id": run_id}
-
-
-def completion_values(
-    *, total: int, success: int, failed: int, errors: int, skipped: int, workflow: str, run_id: str
-) -> dict[str, Any]:
-    """A finished run's values (``on_complete``): items done, failed (errors included), failed by an error, skipped."""
-    return {
-        "total": total,
-        "success_count": success,
-        "fail_count": failed,
-        "error_count": errors,
-        "skipped_count": skipped,
-        "workflow": workflow,
-        "run_id": run_id,
-    }
-
-
-def step_values(*, workflow: str, step: str, run_id: str, prior: Any, branch: str, pilote: str) -> dict[str, Any]:
-    """A chain step's values (its scope, story_angle, input_contract, a trigger's scope); ``prior``: the output of
-    the last step done before it (``{{prior.result.status}}``)."""
-    return {
-        "workflow": workflow,
-        "step": step,
-        "run_id": run_id,
-        "prior": {} if prior is None else prior,
-        "branch": branch,
-        "pilote": pilote,
-    }
-
-
-ITEM_VARS: frozenset[str] = frozenset({"item", "index", "total", "workflow", "run_id"})
-COMPLETE_VARS: frozenset[str] = frozenset(
-    {"total", "success_count", "fail_count", "error_count", "skipped_count", "workflow", "run_id"}
-)
-STEP_VARS: frozenset[str] = frozenset({"workflow", "step", "run_id", "prior", "branch", "pilote"})
 
 
 class TemplateError(InputError):

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from ambient.claims.claim import Claim
 from ambient.engine.chain import ChainExecutor, ChainSettings
 from ambient.engine.planner import ChainAction, ChainStep, FanOut, judge_step
 from ambient.engine.runs import Attempt, AttemptResult, ItemTemplate, Ports, RunExecutor, RunManager
 from ambient.engine.runstate import RunState
 from ambient.storage.journal import Journal, read_jsonl
 from ambient.storage.paths import BrainPaths
+from ambient.workflows.fields import SATELLITE_TYPES
+from ambient.workflows.variables import STEP_VARS
 from tests.conftest import async_wait_until
 from tests.unit.engine.test_runs import FakeClaims, FakeEmitter, FakeEscalator, _render
 
@@ -57,7 +63,7 @@ STEPS = [
 TESTS_OK = {"status": "ok", "tests": {"total": 3, "passed": 3, "failed": 0}}
 
 
-def _chain(root: Path, delegate: StepDelegate, steps=STEPS, mode: str | None = None, breaker=None):
+def _chain(root: Path, delegate: StepDelegate, steps=STEPS, mode: str | None = None, breaker=None, render=_render):
     paths = BrainPaths(root)
     esc, claims, emitter = FakeEscalator(), FakeClaims(), FakeEmitter()
     ports = Ports(
@@ -65,8 +71,8 @@ def _chain(root: Path, delegate: StepDelegate, steps=STEPS, mode: str | None = N
         escalator=esc,
         claims=claims,
         emitter=emitter,
-        render_text=_render,
-        render_path=_render,
+        render_text=render,
+        render_path=render,
         rng=random.Random(3),
     )
     settings = ChainSettings(steps=steps, mode=mode, threshold=3, breaker=breaker)
@@ -225,3 +231,43 @@ def test_judge_step_close_tiers() -> None:
     assert v.status == "failed"
     assert judge_step(ChainStep(name="a", type="code"), {"status": "partial"}, "success").status == "partial"
     assert judge_step(ChainStep(name="a", type="domain", level="domain"), {"status": "ok"}, "success").status == "ok"
+
+
+async def test_a_step_renders_with_the_names_validation_allows(tmp_path: Path) -> None:
+    """One home for template variables (ambient.workflows.variables): a step's scope and story_angle are rendered
+    with exactly the names `ambient validate` allows in a step; its runner gets the step, the workflow and the run."""
+    seen: list[frozenset[str]] = []
+
+    def recording(template: str, variables: Mapping[str, Any]) -> str:
+        seen.append(frozenset(variables))
+        return template
+
+    steps = [
+        ChainStep(name="1", type="brain-write", scope="docs/{{workflow}}/", agent="scribe", story_angle="{{step}}"),
+        ChainStep(name="2", type="search", scope="docs/", agent="scout", story_angle="{{prior.status}}"),
+    ]
+    delegate = StepDelegate()
+    mgr, _, _ = _chain(tmp_path, delegate, steps, render=recording)
+    run_id = _start(mgr, steps)
+    state = await asyncio.wait_for(mgr.tasks[run_id], 5)
+    assert state.outcome == "success" and len(seen) == 4 and set(seen) == {STEP_VARS}  # 2 scopes, 2 angles
+    assert [dict(c.vars) for c in delegate.calls] == [
+        {"step": s.name, "workflow": "feature", "run_id": run_id} for s in steps
+    ]
+
+
+@pytest.mark.parametrize("level", ["leaf", "domain"])
+@pytest.mark.parametrize("step_type", SATELLITE_TYPES)
+def test_a_step_closes_with_the_tier_of_its_claim(step_type: str, level: str) -> None:
+    """One home for the close tier (ambient.claims.claim.infer_close_tier): a step that says ok needs green tests or
+    a person exactly when its claim, a satellite of the step's type and level, is tier 2 (validated)."""
+    claim = Claim.model_validate(
+        {"sess_id": "s", "type": "satellite", "scope": "app/", "agent": "coder", "status": "open",
+         "opened_at": "2026-03-16T20:46", "satellite_type": step_type, "satellite_level": level}
+    )  # fmt: skip
+    verdict = judge_step(ChainStep(name="a", type=step_type, level=level), {"status": "ok"}, "success")
+    assert verdict.needs_human is (claim.close_tier == 2)
+    failed = judge_step(
+        ChainStep(name="a", type=step_type, level=level), {"status": "ok", "tests": {"failed": 1}}, "success"
+    )
+    assert (failed.status == "failed") is (claim.close_tier == 2)

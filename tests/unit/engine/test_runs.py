@@ -28,6 +28,7 @@ from ambient.engine.runs import (
 from ambient.engine.runstate import ItemState, RunState, fold
 from ambient.storage.journal import Journal, read_jsonl
 from ambient.storage.paths import BrainPaths
+from ambient.workflows.variables import COMPLETE_VARS, ITEM_VARS
 from tests.conftest import async_wait_until
 
 
@@ -87,7 +88,7 @@ class FakeEmitter:
         return True
 
 
-def _manager(root: Path, delegate: FakeDelegate, plan: FanOut | None = None):
+def _manager(root: Path, delegate: FakeDelegate, plan: FanOut | None = None, render=_render, context=None):
     paths = BrainPaths(root)
     esc, claims, emitter = FakeEscalator(), FakeClaims(), FakeEmitter()
     ports = Ports(
@@ -95,14 +96,15 @@ def _manager(root: Path, delegate: FakeDelegate, plan: FanOut | None = None):
         escalator=esc,
         claims=claims,
         emitter=emitter,
-        render_text=_render,
-        render_path=_render,
+        render_text=render,
+        render_path=render,
         rng=random.Random(1),
     )
     template = ItemTemplate(
         agent="deploy",
         files=("vps/{{item}}.yml",),
         zone="project",
+        context=context or {},
         complete_to="orchestrator",
         complete_result="{{success_count}}/{{total}} deployed",
     )
@@ -129,6 +131,29 @@ async def test_fanout_runs_every_item_and_completes(tmp_path: Path) -> None:
     assert rec[0]["outcome"] == "success" and len(rec[0]["steps"]) == 10
     assert delegate.calls[0].files == ("vps/instance-01.yml",)
     assert delegate.calls[0].key == f"{run_id}/instance-01/1"
+
+
+async def test_items_and_completion_render_with_the_names_validation_allows(tmp_path: Path) -> None:
+    """One home for template variables (ambient.workflows.variables): an item's files and context are rendered with
+    the names `ambient validate` allows there, and ``attempt`` (the runner's argv may name it too); on_complete with
+    those allowed in on_complete."""
+    seen: dict[str, set[frozenset[str]]] = {}
+
+    def recording(template: str, variables: Mapping[str, Any]) -> str:
+        seen.setdefault(template, set()).add(frozenset(variables))
+        return _render(template, variables)
+
+    delegate = FakeDelegate()
+    mgr, *_ = _manager(tmp_path, delegate, render=recording, context={"where": "{{index}}/{{total}}"})
+    run_id = mgr.start(workflow="deploy-batch", form="for_each", spec={}, spec_hash="h", items=ITEMS[:2])
+    await asyncio.wait_for(mgr.tasks[run_id], 5)
+    item_names = {ITEM_VARS | {"attempt"}}
+    assert seen == {
+        "vps/{{item}}.yml": item_names,
+        "{{index}}/{{total}}": item_names,
+        "{{success_count}}/{{total}} deployed": {COMPLETE_VARS},
+    }
+    assert all(set(a.vars) == ITEM_VARS | {"attempt"} for a in delegate.calls)
 
 
 async def test_failed_item_escalates_and_retry_decision_completes(tmp_path: Path) -> None:

@@ -10,9 +10,6 @@ from hypothesis import strategies as st
 
 from ambient.core.errors import InputError, UnsafePathError
 from ambient.workflows.templating import (
-    COMPLETE_VARS,
-    ITEM_VARS,
-    STEP_VARS,
     RenderedPath,
     TemplateError,
     has_variables,
@@ -102,13 +99,6 @@ def test_variables_and_roots() -> None:
     assert variables(t) == {"item", "prior.result.status", "total"}
     assert roots(t) == {"item", "prior", "total"}
     assert has_variables(t) and not has_variables("plain")
-
-
-def test_variable_sets_per_place() -> None:
-    """The documented variable sets for items, completion and chain steps."""
-    assert {"item", "index", "total", "workflow", "run_id"} == ITEM_VARS
-    assert {"success_count", "fail_count", "total"} <= COMPLETE_VARS
-    assert {"workflow", "step", "run_id", "prior"} <= STEP_VARS
 
 
 def test_render_value_renders_strings_inside_data() -> None:
