@@ -162,8 +162,6 @@ Action: TypeAlias = Annotated[
     | LogAction,
     Field(discriminator="kind"),
 ]
-ACTION_KINDS: Final = ("next", "goto", "spawn", "signal", "escalate", "gate", "notify", "abort", "log")
-
 _EXPECTED = (
     "expected one of: trigger:next, trigger:<step>, trigger:<workflow>/<step>, "
     "trigger → type:<type> scope:<path>, signal:<TYPE> [recipient], signal → <TYPE> [recipient], "

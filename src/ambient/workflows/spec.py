@@ -55,8 +55,6 @@ Mode = Literal["manual", "assisted", "swarm"]
 Gate = Literal["0-failures", "human", "never"]
 OnTimeout = Literal["reject", "approve", "escalate", "abort"]
 RetryOutcome = Literal["error", "fail"]
-ResultStatus = Literal["ok", "partial", "failed"]
-
 DEFAULT_MODE: Final[Mode] = "assisted"
 MAX_CONCURRENCY: Final = 256
 #: Items of one for_each (README, Workflows): one agent, one claim and one journal line each; a longer list is
@@ -464,10 +462,6 @@ class ChainWorkflow(_WorkflowBase):
             if step.step == ref or step.key == str(ref):
                 return i
         raise KeyError(ref)
-
-    def step_named(self, ref: int | str) -> ChainStep:
-        """The step ``ref``; KeyError if there is none."""
-        return self.chain[self.index_of(ref)]
 
     def next_index(self, index: int) -> int | None:
         """The index after ``index``, or None at the end of the chain."""
