@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ambient.claims.claim import Claim
-from ambient.claims.locks import FileGuard, LockManager
+from ambient.claims.locks import LockManager
 from ambient.claims.preflight import (
     DEFAULT_THRESHOLD,
     SCOPE,
@@ -40,6 +40,7 @@ from ambient.storage.fsutil import (
     read_capped,
     resolve_in_brain,
 )
+from ambient.storage.guard import FileGuard
 from ambient.storage.paths import BrainPaths
 
 STATE_NAME = "breaker.json"

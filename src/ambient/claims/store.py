@@ -24,11 +24,11 @@ from pydantic import ValidationError
 
 from ambient.claims import claim as rules
 from ambient.claims.claim import Claim, ClaimFacts, ClaimResult, sess_id_ok
-from ambient.claims.locks import FileGuard, sweep_stale_tmp
 from ambient.core.clock import Clock, SystemClock
 from ambient.core.errors import AmbientError, FencingError, InputError, StateError, TransitionError, UnsafePathError
 from ambient.core.problems import Problem
-from ambient.storage.fsutil import Staged, atomic_write, check_local_filesystem, fsync_dir, stage
+from ambient.storage.fsutil import Staged, atomic_write, check_local_filesystem, fsync_dir, stage, sweep_stale_tmp
+from ambient.storage.guard import FileGuard
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import MAX_CLAIM_BYTES, dump_yaml, expect_mapping, load_file, problems_from_validation
 
