@@ -247,7 +247,7 @@ READER_KEYS = {
 def test_fuzz_each_reader_gives_problems_not_exceptions(tmp_path: Path, reader: str) -> None:
     """Past the loader, each reader of a brain file turns tagged, odd or merged values into problems (or its
     documented InputError), never another exception."""
-    from ambient.claims.locks import parse_lock
+    from ambient.claims.lockfile import parse_lock
     from ambient.claims.store import ClaimStore
     from ambient.config.brain import read_settings
     from ambient.config.workflows import load_workflow_bytes

@@ -33,7 +33,7 @@ from typing import Any
 import psutil
 import pytest
 
-from ambient.claims.locks import parse_lock
+from ambient.claims.lockfile import parse_lock
 from ambient.claims.store import ClaimStore
 from ambient.engine.runstate import fold
 from ambient.storage.fsutil import TMP_MARK

@@ -8,6 +8,10 @@ a brain keeps every claim it ever had: one fan-out of 1,000 items made status ta
 also names the code that judged them (ambient's version, and the size and mtime of the modules that read and
 validate claims): other code, other rules, so the index is discarded.
 
+The census reads files through the store (:class:`ClaimReader`, which :class:`ambient.claims.store.ClaimStore`
+is): the store remembers what it read, and the store's own stale-claims scan takes its candidates from here, so
+this module sits below the store and never imports it.
+
 The index is derived data, never a source of truth: nothing decides on it alone (marking claims stale takes its
 candidates from it and reads each again under the claims guard), a missing, torn or foreign index is rebuilt, and
 one that cannot be written (a read-only ``.ambient/``) only costs the speed. It is written atomically without
@@ -25,23 +29,42 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from types import ModuleType
+from typing import Any, Final, Protocol
 
 from ambient import __version__
+from ambient.claims import claim as _claim
+from ambient.claims import claimfile as _claimfile
 from ambient.claims.claim import Claim, ClaimFacts
-from ambient.claims.store import SUFFIXES, ClaimFileError, ClaimStore
+from ambient.claims.claimfile import ClaimFileError, is_claim_name
+from ambient.core import problems as _problems
 from ambient.core.errors import AmbientError, InputError
 from ambient.core.problems import Problem
+from ambient.storage import yamlfile as _yamlfile
+from ambient.storage import yamltext as _yamltext
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write
+from ambient.storage.paths import BrainPaths
 
 INDEX_NAME: Final = "claims-index.json"
 #: Bumped when what is kept changes (see also :func:`_code`).
 _FORMAT: Final = 1
 #: The modules whose code decides what a claim file yields (see :func:`_code`).
-_RULES: Final = ("claims", "claimstore", "problems", "yamlfile", "yamltext")
+_RULES: Final[tuple[ModuleType, ...]] = (_claim, _claimfile, _problems, _yamlfile, _yamltext)
 _MAX_INDEX_BYTES: Final = 256 * 1024 * 1024
 
 _Sig = tuple[int, int, int, int]
+
+
+class ClaimReader(Protocol):
+    """What the census needs of the claim store: where claims are, and its reader of one file."""
+
+    @property
+    def paths(self) -> BrainPaths: ...
+
+    @property
+    def dir(self) -> Path: ...
+
+    def read(self, path: Path) -> tuple[Claim, list[Problem]]: ...
 
 
 @dataclass
@@ -58,7 +81,7 @@ class ClaimCensus:
         return sum(1 for f in self.facts.values() if f.status in statuses)
 
 
-def census(store: ClaimStore, *, save: bool = True) -> ClaimCensus:
+def census(store: ClaimReader, *, save: bool = True) -> ClaimCensus:
     """Every claim file's facts or problems, parsing only files not in the index as they are now.
 
     Same verdicts as :meth:`ClaimStore.load` (the first file of a sess_id wins, the others are problems), from the
@@ -72,7 +95,7 @@ def census(store: ClaimStore, *, save: bool = True) -> ClaimCensus:
     new: dict[str, list[Any]] = {}
     out = ClaimCensus()
     try:
-        entries = sorted((e for e in os.scandir(store.dir) if _is_claim_name(e.name)), key=lambda e: e.name)
+        entries = sorted((e for e in os.scandir(store.dir) if is_claim_name(e.name)), key=lambda e: e.name)
     except FileNotFoundError:
         entries = []
     folder = paths.rel(store.dir)
@@ -96,7 +119,7 @@ def census(store: ClaimStore, *, save: bool = True) -> ClaimCensus:
     return out
 
 
-def read_claims(store: ClaimStore, seen: ClaimCensus, sess_ids: Iterable[str]) -> dict[str, tuple[Path, Claim]]:
+def read_claims(store: ClaimReader, seen: ClaimCensus, sess_ids: Iterable[str]) -> dict[str, tuple[Path, Claim]]:
     """The whole claims of ``sess_ids`` (file, claim), read now from the files the census found them in.
 
     For commands that need a few claims in full (the open ones, the stale ones): the census picks them from its
@@ -115,11 +138,7 @@ def read_claims(store: ClaimStore, seen: ClaimCensus, sess_ids: Iterable[str]) -
     return out
 
 
-def _is_claim_name(name: str) -> bool:
-    return not name.startswith(".") and name.endswith(SUFFIXES)
-
-
-def _read(store: ClaimStore, name: str, sig: _Sig, rel: str) -> list[Any]:
+def _read(store: ClaimReader, name: str, sig: _Sig, rel: str) -> list[Any]:
     """``[sig, facts, warnings]`` of a readable claim, ``[sig, None, problems]`` of an unusable one (JSON-ready)."""
     try:
         claim, warnings = store.read(store.dir / name)
@@ -162,10 +181,12 @@ def _code() -> str:
     """Which code judged the claims: ambient's version and the modules that read and validate them, by size and
     mtime (an upgrade or an edit of the rules changes it)."""
     h = hashlib.sha256(__version__.encode())
-    here = Path(__file__).parent
-    for name in _RULES:
+    for module in _RULES:
+        name, where = module.__name__.rpartition(".")[2], module.__file__
+        if where is None:
+            continue
         try:
-            st = (here / f"{name}.py").stat()
+            st = Path(where).stat()
         except OSError:
             continue
         h.update(f"{name}:{st.st_size}:{st.st_mtime_ns};".encode())

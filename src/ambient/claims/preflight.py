@@ -1,6 +1,6 @@
 """Pre-flight (DESIGN 4; spec/004 step 4; the original ``preflight-check``): may this claim write this file?
 
-Pure checks over an immutable :class:`Snapshot` that the shell builds (:mod:`ambient.claims.breakers`),
+Pure checks over an immutable :class:`Snapshot` that the shell builds (:mod:`ambient.claims.snapshot`),
 each failure a :class:`PreflightProblem` carrying the source's exit code: 1 scope, 2 locked,
 3 circuit breaker, 4 claim not open (or an ancestor paused/failed), 5 zone, 6 theme branch.
 Also the circuit breaker's state rules (3 consecutive failures on a scope by default).
@@ -46,7 +46,7 @@ class PreflightProblem(BaseModel):
 
 
 class LockView(BaseModel):
-    """What pre-flight needs of a lock (built by the shell from :class:`ambient.claims.locks.LockStatus`)."""
+    """What pre-flight needs of a lock (built by the shell from :class:`ambient.claims.lockstate.LockStatus`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -1,7 +1,7 @@
 """The claim store: ``claims/*.yml`` read and written safely, transitions from :mod:`ambient.claims.claim`.
 
-Reads never follow symlinks and cap the size; a malformed claim becomes a reported Problem
-(file:line: what is wrong) and is skipped, never rewritten or deleted. Writes are atomic
+Reads never follow symlinks and cap the size (:mod:`ambient.claims.claimfile`); a malformed claim becomes a
+reported Problem (file:line: what is wrong) and is skipped, never rewritten or deleted. Writes are atomic
 (temp + fsync + rename + fsync dir) and keep every key and value ambient does not know. Each
 read-modify-write runs under a short ``flock`` (``.ambient/claims.guard``); a write carrying a
 fencing token older than the claim's ``fence:`` (the last token accepted) is refused, so a
@@ -24,28 +24,19 @@ from pydantic import ValidationError
 
 from ambient.claims import claim as rules
 from ambient.claims.claim import Claim, ClaimFacts, ClaimResult, sess_id_ok
-from ambient.claims.locks import FileGuard, sweep_stale_tmp
+from ambient.claims.claimfile import SUFFIXES, ClaimFileError, is_claim_name, read_claim_file
+from ambient.claims.index import census, read_claims
 from ambient.core.clock import Clock, SystemClock
 from ambient.core.errors import AmbientError, FencingError, InputError, StateError, TransitionError, UnsafePathError
 from ambient.core.problems import Problem
-from ambient.storage.fsutil import Staged, atomic_write, check_local_filesystem, fsync_dir, stage
+from ambient.storage.fsutil import Staged, atomic_write, check_local_filesystem, fsync_dir, stage, sweep_stale_tmp
+from ambient.storage.guard import FileGuard
 from ambient.storage.paths import BrainPaths
-from ambient.storage.yamlfile import MAX_CLAIM_BYTES, dump_yaml, expect_mapping, load_file, problems_from_validation
+from ambient.storage.yamlfile import dump_yaml
 
 GUARD_NAME = "claims.guard"
-SUFFIXES = (".yml", ".yaml")
 KNOWN_MAX = 4096  # files whose last version this store keeps in memory (see _remember)
 STAGE_ROUND = 64  # claims written, then fsync'd, then renamed together (open temp files at most)
-
-
-class ClaimFileError(InputError):
-    """A claim file that cannot be used; ``problems`` lists every finding with its line."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        first = problems[0]
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        super().__init__(first.message + more, file=first.file, line=first.line)
-        self.problems = problems
 
 
 @dataclass(frozen=True)
@@ -116,26 +107,8 @@ class ClaimStore:
 
         Raises :class:`ClaimFileError` (or InputError) with file and line when it cannot be used.
         """
-        rel = self._rel(path)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            raise InputError("does not exist", file=rel) from None
-        if stat.S_ISLNK(st.st_mode):
-            raise UnsafePathError("is a symlink; ambient never follows symlinks in claims/ (ignored)", file=rel)
-        if not stat.S_ISREG(st.st_mode):
-            raise InputError("is not a regular file (ignored)", file=rel)
-        data, lines = load_file(path, max_bytes=MAX_CLAIM_BYTES, source=rel)
-        doc = expect_mapping(data, source=rel, what="a claim")
-        try:
-            claim = Claim.model_validate(doc)
-        except ValidationError as exc:
-            raise ClaimFileError(problems_from_validation(exc, file=rel, lines=lines)) from None
-        warnings = [
-            Problem(file=rel, line=lines.line_for(loc), message=msg, severity="warning")
-            for loc, msg in claim.warnings()
-        ]
-        self._remember(path, (st.st_ino, st.st_size, st.st_mtime_ns), claim, written=False)
+        claim, warnings, sig = read_claim_file(path, self._rel(path))
+        self._remember(path, sig, claim, written=False)
         return claim, warnings
 
     def _remember(self, path: Path, sig: tuple[int, int, int], claim: Claim, *, written: bool = True) -> None:
@@ -185,7 +158,7 @@ class ClaimStore:
         except FileNotFoundError:
             return out
         for name in names:
-            if name.startswith(".") or not name.endswith(SUFFIXES):
+            if not is_claim_name(name):
                 continue
             path = self.dir / name
             try:
@@ -403,8 +376,6 @@ class ClaimStore:
         looked are parsed), and each is read again under the guard before the rule decides: it loaded and parsed
         every claim of the brain under the guard (a minute at 20,000 claims, while no claim could be written).
         """
-        from ambient.claims.index import census, read_claims  # they import this module
-
         when = (now or self.now()).astimezone()
         tz = when.tzinfo
         assert tz is not None

@@ -916,7 +916,7 @@ def check_telegram(
 
 def check_tmp(paths: BrainPaths) -> list[Finding]:
     """Temp files of interrupted writes whose writer is dead (only named, never removed here)."""
-    from ambient.claims.locks import process_start_time
+    from ambient.core.process import process_start_time
 
     dirs = [
         paths.root,

@@ -15,7 +15,8 @@ from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain
 from ambient.storage.paths import BrainPaths
 
 if TYPE_CHECKING:  # imported in the handlers only: this command runs around every write of a script
-    from ambient.claims.locks import LockManager, LockStatus
+    from ambient.claims.locks import LockManager
+    from ambient.claims.lockstate import LockStatus
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

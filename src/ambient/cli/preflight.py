@@ -52,8 +52,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from ambient.claims.breakers import run_preflight
     from ambient.claims.preflight import exit_code
+    from ambient.claims.snapshot import run_preflight
 
     root = brain_dir(args)
     file = args.file

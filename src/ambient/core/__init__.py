@@ -1,3 +1,3 @@
-"""Foundation: errors, problem reports, the clock, redaction, terminal text, path rules. Imports nothing of ambient
-outside itself; every other package may use it.
+"""Foundation: errors, problem reports, the clock, redaction, terminal text, path rules, process identity (pid and
+start time). Imports nothing of ambient outside itself; every other package may use it.
 """

@@ -1266,7 +1266,7 @@ class RunManager:
         if started is None:
             # /proc/<pid>/stat directly (what psutil's create_time reads, to 10 ms): importing psutil here, on the
             # loop at the first spawn, stalled it ~130 ms and showed as a late watchdog ping (R-09 test).
-            from ambient.claims.locks import process_start_time
+            from ambient.core.process import process_start_time
 
             try:
                 started = process_start_time(pid)  # None when the agent is already gone: the pid alone is recorded

@@ -26,9 +26,9 @@ from typing import Any, Protocol
 
 import structlog
 
-from ambient.claims.locks import start_time_now
 from ambient.core.errors import InputError
 from ambient.core.health import describe, resource_of
+from ambient.core.process import start_time_now
 from ambient.runners import confinement
 from ambient.runners.base import (
     MAX_ENV_PACKET_BYTES,

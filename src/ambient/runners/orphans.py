@@ -25,7 +25,7 @@ from pathlib import Path
 
 import structlog
 
-from ambient.claims.locks import process_start_time
+from ambient.core.process import process_start_time
 
 log = structlog.get_logger("ambient.runners.orphans")
 

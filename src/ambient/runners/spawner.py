@@ -41,7 +41,7 @@ from typing import Any, Final
 
 import structlog
 
-from ambient.claims.locks import start_time_at
+from ambient.core.process import start_time_at
 from ambient.runners import spawner_helper as _helper
 from ambient.runners.waiter import Waiter
 from ambient.storage.fsutil import write_all

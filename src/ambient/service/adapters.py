@@ -418,8 +418,8 @@ class AgentDelegate:
         )
 
     async def _preflight(self, a: Attempt) -> str | None:
-        from ambient.claims.breakers import run_preflight
         from ambient.claims.preflight import exit_code
+        from ambient.claims.snapshot import run_preflight
 
         brain = self.ref.brain
         zones: dict[str, frozenset[str]] | None = None

@@ -1,3 +1,4 @@
-"""Storage: the only code that puts bytes on disk — the brain's layout (paths), atomic writes and capped reads
-(fsutil), YAML as text and as files, append-only JSON-lines journals.
+"""Storage: the only code that puts bytes on disk — the brain's layout (paths), atomic writes, capped reads and
+the sweep of temp files (fsutil), the flock guard that serialises read-modify-writes (guard), YAML as text and as
+files, append-only JSON-lines journals.
 """

@@ -3,7 +3,8 @@
 Guarantees (RELIABILITY §1.3): a reader sees either the old or the new content of a file, never a
 torn one; the content is durable (fsync of file then directory) before the call returns; a failed
 fsync is raised, never retried. Leftover ``.<name>.tmp.<pid>.<hex>`` files from a crash are swept at
-start-up by :func:`sweep_tmp`, and nothing else is ever deleted there.
+start-up by :func:`sweep_tmp` (or, where other processes write too, by :func:`sweep_stale_tmp`, which spares a
+live writer's), and nothing else is ever deleted there.
 
 ambient's private state (``.ambient/``: journals, audit, agent threads, escalations...) follows one rule,
 :func:`private_dir`: each of its folders is a real folder (never a symlink, which would let a same-user agent
@@ -18,8 +19,10 @@ import contextlib
 import errno
 import itertools
 import os
+import re
 import secrets
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -28,6 +31,7 @@ import structlog
 
 from ambient.core.errors import InputError, UnsafePathError, UnsupportedFilesystemError
 from ambient.core.pathrules import normalize
+from ambient.core.process import process_start_time
 from ambient.storage.paths import STATE_DIRNAME, STATE_FILES
 
 if TYPE_CHECKING:
@@ -197,6 +201,42 @@ def sweep_tmp(directory: Path) -> list[Path]:
         name = entry.name
         if name.startswith(".") and TMP_MARK in name and entry.is_file(follow_symlinks=False):
             Path(entry.path).unlink(missing_ok=True)
+            removed.append(Path(entry.path))
+    return removed
+
+
+_STALE_TMP_RE = re.compile(r"^\..+\.(?:tmp|stale)\.(\d+)\.[0-9a-f]+$")
+
+
+def sweep_stale_tmp(directory: Path, *, min_age_s: float = 600.0) -> list[Path]:
+    """Delete leftover ``.<name>.tmp.<pid>.<hex>`` / ``.stale.`` files whose writer is dead.
+
+    Only those names are touched, never a target file. A file whose pid is alive is kept unless
+    it is older than ``min_age_s`` (the pid was recycled): a sweep at start-up never pulls a temp
+    file from under a live writer (another CLI command, an agent).
+    """
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        m = _STALE_TMP_RE.match(entry.name)
+        if m is None:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        pid = int(m.group(1))
+        alive = pid == os.getpid() or process_start_time(pid) is not None
+        if alive and now - st.st_mtime < min_age_s:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            Path(entry.path).unlink()
             removed.append(Path(entry.path))
     return removed
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ambient.claims.claim import ClaimFacts
-from ambient.claims.index import INDEX_NAME, ClaimCensus, census
+from ambient.claims.index import _RULES, INDEX_NAME, ClaimCensus, census
 from ambient.claims.store import ClaimStore
 from ambient.storage.paths import BrainPaths
 from tests.e2e.helpers import ambient_cli
@@ -174,3 +174,11 @@ def test_doctor_and_validate_use_the_index_and_write_none(brain: BrainPaths) -> 
     before = index.read_bytes()
     done = ambient_cli(brain.root, "validate")
     assert "broken.yml" in done.stdout + done.stderr and index.read_bytes() == before
+
+
+def test_the_index_code_covers_the_modules_that_judge_claims() -> None:
+    """An index is trusted only by the code that wrote it: every module that reads or validates claims is found and
+    hashed (moving the modules into packages once left only ambient's version in the hash)."""
+    names = {m.__name__ for m in _RULES}
+    assert {"ambient.claims.claim", "ambient.claims.claimfile", "ambient.storage.yamltext"} <= names
+    assert all(m.__file__ and Path(m.__file__).is_file() for m in _RULES)

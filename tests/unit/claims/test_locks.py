@@ -25,16 +25,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from ambient.claims.claim import new_claim
-from ambient.claims.locks import (
-    GUARD_NAME,
-    LockBusyError,
-    LockGrant,
-    LockManager,
-    decode_name,
-    encode_path,
-    parse_lock,
-    sweep_stale_tmp,
-)
+from ambient.claims.lockfile import decode_name, encode_path, parse_lock
+from ambient.claims.locks import GUARD_NAME, LockBusyError, LockGrant, LockManager
 from ambient.claims.store import ClaimStore
 from ambient.core.errors import (
     FencingError,
@@ -44,6 +36,7 @@ from ambient.core.errors import (
     UnsupportedFilesystemError,
 )
 from ambient.storage import fsutil
+from ambient.storage.fsutil import sweep_stale_tmp
 from ambient.storage.paths import BrainPaths
 from tests.conftest import async_wait_until, wait_until
 
@@ -158,7 +151,7 @@ class TestNames:
     @given(holder=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=60))
     def test_our_format_parses_both_ways(self, holder: str, tmp_path_factory: pytest.TempPathFactory) -> None:
         """Any holder is refused or round-trips: the fast JSON-line form and the safe YAML reader agree."""
-        from ambient.claims.locks import _parse_fast, _parse_yaml, check_holder
+        from ambient.claims.lockfile import _parse_fast, _parse_yaml, check_holder
 
         try:
             check_holder(holder)
@@ -319,7 +312,7 @@ class TestBasics:
         other processes) by the next iterations, and the token counter is re-read after it was let go."""
         import fcntl
 
-        from ambient.claims import locks as locks_mod
+        from ambient.storage import guard as guard_mod
 
         m = manager()
         taken: list[int] = []
@@ -330,7 +323,7 @@ class TestBasics:
                 taken.append(fd)
             real_flock(fd, op)
 
-        monkeypatch.setattr(locks_mod.fcntl, "flock", counting)
+        monkeypatch.setattr(guard_mod.fcntl, "flock", counting)
         grants = [await m.acquire_async(f"batch/{k}.md", "sess-b") for k in range(10)]  # inline: no yield
         for g in grants:
             await m.release_async(g)
@@ -353,7 +346,7 @@ class TestBasics:
     ) -> None:
         """The grants of one hold of the guard write the token counter once, before the guard is let go: another
         process reading it under the guard then sees the newest token."""
-        from ambient.claims import locks as locks_mod
+        from ambient.storage import guard as guard_mod
 
         m = manager()
         guard_file = brain.state / GUARD_NAME
@@ -365,7 +358,7 @@ class TestBasics:
                 stores.append(bytes(data))
             return real_pwrite(fd, data, offset)
 
-        monkeypatch.setattr(locks_mod.os, "pwrite", counting)
+        monkeypatch.setattr(guard_mod.os, "pwrite", counting)
         grants = [await m.acquire_async(f"many/{k}.md", "sess-t") for k in range(10)]  # one loop iteration
         assert await async_wait_until(lambda: not m._loop_hold, timeout=5)
         assert len(stores) == 1 and int(stores[0]) == max(g.token for g in grants)
@@ -419,7 +412,7 @@ class TestBasics:
         """Each spare holds a descriptor: a quarter of the soft limit at most, 512 at most, 4 at least."""
         import resource
 
-        from ambient.claims.locks import spares_max
+        from ambient.claims.lockinodes import spares_max
 
         for soft, expected in ((1024, 256), (65536, 512), (8, 4), (resource.RLIM_INFINITY, 512)):
             monkeypatch.setattr(resource, "getrlimit", lambda _which, s=soft: (s, resource.RLIM_INFINITY))
@@ -594,7 +587,7 @@ with open(root / f"race-{idx}.txt", "a") as out:
 
 
 def _dead_pid() -> tuple[int, float | None]:
-    from ambient.claims.locks import process_start_time
+    from ambient.core.process import process_start_time
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     start = process_start_time(child.pid)

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from ambient.claims import preflight as P
-from ambient.claims.breakers import Breaker, agent_zone_access, build_snapshot, current_branch, run_preflight
+from ambient.claims.breakers import Breaker
 from ambient.claims.claim import Claim, new_claim
 from ambient.claims.locks import LockManager
 from ambient.claims.preflight import BreakerState, LockView, Snapshot, check, exit_code
+from ambient.claims.snapshot import agent_zone_access, build_snapshot, current_branch, run_preflight
 from ambient.claims.store import ClaimStore
 from ambient.core.errors import InputError
 from ambient.storage.paths import BrainPaths

@@ -465,7 +465,7 @@ class TestRun:
     async def test_on_spawn_hook(self, make_req: Callable[..., RunRequest]) -> None:
         """on_spawn gets the pid (= process group id) of each agent and its start time (from the boot clock, as
         /proc tells it to a tick: orphan checks compare them); a failing hook does not break the run."""
-        from ambient.claims.locks import process_start_time
+        from ambient.core.process import process_start_time
         from ambient.runners.command import waits_by_pidfd
 
         seen: list[tuple[int, float | None]] = []

@@ -190,7 +190,7 @@ class TestStart:
 
     async def test_start_times_are_the_agents_own_even_when_starts_queue(self, spawner: Spawner) -> None:
         """Recorded for reconciliation after a crash, which compares them with /proc to 50 ms."""
-        from ambient.claims.locks import process_start_time
+        from ambient.core.process import process_start_time
 
         agents = await asyncio.gather(
             *(
