@@ -137,9 +137,6 @@ KNOWN: Final[frozenset[tuple[str, ...]]] = frozenset(
     {
         # The spend ledger reads the budget settings: the settings model belongs below the engine.
         ("layer", "ambient.engine.spend", "ambient.config.settings"),
-        # The store counts through the census, the census reads the store's suffixes (hidden by a function-level
-        # import in store.py).
-        ("cycle", "ambient.claims.index", "ambient.claims.store"),
     }
 )
 
