@@ -1,5 +1,6 @@
-"""What a person has at hand, for acceptance tests: the ``ambient`` command, a brain from ``ambient init``, agents
-that are real programs, the daemon as a real process, and loopback servers standing in for the outside world.
+"""What a person has at hand, for acceptance tests: the ``ambient`` command and its documentation (README.md and
+docs/), a brain from ``ambient init``, agents that are real programs, the daemon as a real process, and loopback
+servers standing in for the outside world.
 
 Nothing here imports ambient: a test sees what a user sees (exit codes, output, files, JSON from ``--json``,
 the daemon's log lines, what reached a webhook or the fake Telegram Bot API). The one exception is a test double
@@ -14,6 +15,7 @@ import abc
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -38,6 +40,42 @@ def _ambient_argv() -> list[str]:
 
 
 AMBIENT = _ambient_argv()
+
+#: The repository root, and what a person reads: the README (the front door) and the reference pages of docs/.
+REPO = Path(__file__).resolve().parents[2]
+DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
+
+
+def docs_text() -> str:
+    """The README and every page of docs/ as one text: a promise is checked wherever the documentation keeps it."""
+    return "\n".join(path.read_text() for path in DOCS)
+
+
+def _headings(text: str) -> list[tuple[int, int, str]]:
+    """(line index, level, title) of each markdown heading, outside fenced code (a ``# comment`` in YAML is none)."""
+    found: list[tuple[int, int, str]] = []
+    fenced = False
+    for index, line in enumerate(text.splitlines()):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (match := re.match(r"(#{1,6}) (.+)", line)):
+            found.append((index, len(match[1]), match[2].strip()))
+    return found
+
+
+def docs_section(title: str) -> str:
+    """The section of the README or of a docs/ page whose heading is ``title`` (at any level), up to the next heading
+    of the same or a higher level. Exactly one heading in the documentation may carry that title."""
+    sections: list[str] = []
+    for path in DOCS:
+        lines = path.read_text().splitlines()
+        heads = _headings("\n".join(lines))
+        for n, (start, level, name) in enumerate(heads):
+            if name == title:
+                end = next((i for i, lvl, _ in heads[n + 1 :] if lvl <= level), len(lines))
+                sections.append("\n".join(lines[start + 1 : end]))
+    assert len(sections) == 1, f"{len(sections)} sections titled {title!r} in README.md and docs/"
+    return sections[0]
 
 
 def for_each(name: str, agent: str, items: list[str], *, context: str = "", extra: str = "") -> str:
@@ -157,8 +195,9 @@ def agent_md(
     """An agent file: frontmatter with its IPC gate and a command runner, then its prompt.
 
     ``confine: false`` unless ``runner`` says otherwise: these agents are probes that leave what they saw in the
-    brain, outside any scope (README: the way out for such an agent). Confined agents, the default a user gets,
-    are driven by tests/acceptance/test_agents.py's confinement tests and tests/attacks/test_containment.py."""
+    brain, outside any scope (docs/agents-and-runners.md: the way out for such an agent). Confined agents, the
+    default a user gets, are driven by tests/acceptance/test_agents.py's confinement tests and
+    tests/attacks/test_containment.py."""
     ipc = dict(PROJECT_GATE if gate is None else gate)
     lines = [
         "---",

@@ -1,4 +1,5 @@
-"""README, "Writing an agent": runners, argv, the agent's environment and process, its input and its output."""
+"""docs/agents-and-runners.md, "Writing an agent": runners, argv, the agent's environment and process, its input
+and its output."""
 
 from __future__ import annotations
 
@@ -288,7 +289,7 @@ def test_the_agent_runs_in_its_own_process_group_with_only_fds_0_to_2_and_defaul
 
 
 # glibc's two internal signals (SIGCANCEL 32, SIGSETXID 33): its posix_spawn leaves them ignored in the child, and
-# no program linked to glibc can use them (the README says so).
+# no program linked to glibc can use them (docs/agents-and-runners.md says so).
 GLIBC_INTERNAL = (1 << 31) | (1 << 32)
 
 
@@ -401,7 +402,7 @@ TABLE_ITEMS = [
 
 @pytest.fixture(scope="module")
 def table(tmp_path_factory: pytest.TempPathFactory) -> Brain:
-    """One run of an agent answering each row of the README's output table (and each exit), until idle."""
+    """One run of an agent answering each row of the documented output table (and each exit), until idle."""
     brain = Brain.init(tmp_path_factory.mktemp("table") / "brain", "--no-example")
     brain.python_agent("table", TABLE_AGENT)
     brain.workflow("table", for_each("table", "table", TABLE_ITEMS))
@@ -738,9 +739,9 @@ def test_runner_problems_name_the_agent_file_and_the_settings_line(brain: Brain)
 
 
 def test_an_agent_writes_its_scope_and_nothing_else_of_the_brain(brain: Brain) -> None:
-    """README, Agents are confined: an agent as a user writes it (no `confine:` key) writes its scope; its write
-    to a file of the brain outside it fails (Permission denied, its error as the person sees it), and so does a
-    read of ambient's own state. `ambient doctor` says agents are confined."""
+    """docs/agents-and-runners.md, agents are confined: an agent as a user writes it (no `confine:` key) writes its
+    scope; its write to a file of the brain outside it fails (Permission denied, its error as the person sees it), and
+    so does a read of ambient's own state. `ambient doctor` says agents are confined."""
     brain.write("notes.md", "the person's notes\n")
     brain.write(
         "bin/greedy.py",

@@ -1,6 +1,6 @@
-"""README, "Running AI agents": a brain's prompts run on the real Claude Code CLI (the SDK's bundled binary) against a
-fake Anthropic Messages API on 127.0.0.1, as a person drives them: files dropped, `ambient decide`, what `status`,
-`thread`, `runs`, `stats` and the files show.
+"""docs/agents-and-runners.md, "Running AI agents": a brain's prompts run on the real Claude Code CLI (the SDK's
+bundled binary) against a fake Anthropic Messages API on 127.0.0.1, as a person drives them: files dropped,
+`ambient decide`, what `status`, `thread`, `runs`, `stats` and the files show.
 
 The fake model follows the playbook written in each agent's prompt (ambient.testing.fakeapi): it calls the tools the
 playbook lists, one per turn, then gives its answer; told "denied", it gives the playbook's ``on_deny`` answer.

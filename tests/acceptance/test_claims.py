@@ -1,4 +1,4 @@
-"""README, "Claims, human gates, locks, pre-flight": `ambient claim|gate|lock|preflight|status` as a person uses them
+"""docs/claims-and-locks.md: `ambient claim|gate|lock|preflight|status` as a person uses them
 on a fresh brain, and the claims a running daemon leaves for each item and step."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""README, "CLI reference": every command as a person types it, on a brain made by `ambient init`."""
+"""docs/cli.md, "CLI reference": every command as a person types it, on a brain made by `ambient init`; every
+command the README and docs/ show exists, with the options shown beside it."""
 
 from __future__ import annotations
 
@@ -12,9 +13,18 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.harness import AMBIENT, OK_AGENT, Brain, agent_md, ambient, clean_env, wait
-
-README = Path(__file__).resolve().parents[2] / "README.md"
+from tests.acceptance.harness import (
+    AMBIENT,
+    OK_AGENT,
+    Brain,
+    Result,
+    agent_md,
+    ambient,
+    clean_env,
+    docs_section,
+    docs_text,
+    wait,
+)
 
 FAILING_AGENT = """
     import os, sys
@@ -36,34 +46,80 @@ def _fanout(brain: Brain, name: str, items: list[str], agent: str = "deploy") ->
     )
 
 
-def _commands_of_the_readme() -> list[list[str]]:
-    """Every `ambient WORD [SUBWORD]` the CLI reference table lists, and the subcommands named beside it."""
-    text = README.read_text()
-    section = text.split("## CLI reference", 1)[1].split("\n## ", 1)[0]
-    found: list[list[str]] = []
-    for cell in re.findall(r"`ambient ([a-z][^`]*)`", section):
-        words = []
-        for word in cell.split():
-            if not re.fullmatch(r"[a-z]+", word):
+#: Text in backticks that starts with "ambient " and quotes what ambient says, not a command to type.
+NOT_COMMANDS = frozenset({"ambient is already running on … (pid N)"})
+
+_INLINE = re.compile(r"`(ambient [a-z][^`]*)`")
+_TYPED = re.compile(r"^(?:\$ )?(?:\.venv/bin/)?(ambient .*)$")
+_FLAG = re.compile(r"(?:^|[\s\[])(--[a-z][a-z-]*)")
+
+
+def _typed_commands(text: str) -> list[str]:
+    """Every ``ambient …`` the documentation shows: lines of its code blocks (several on one line, or joined by
+    ``&&``; comments cut off) and inline code spans, as written."""
+    commands: list[str] = []
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif fenced:
+            typed = re.split(r"\s+#", line, maxsplit=1)[0]
+            for part in re.split(r"\s+&&\s+|\s{2,}(?=ambient\s)", typed):
+                if match := _TYPED.match(part.strip()):
+                    commands.append(match[1])
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    commands += [m for m in _INLINE.findall(prose) if m not in NOT_COMMANDS]
+    return commands
+
+
+def _documented_commands(text: str) -> dict[tuple[str, ...], set[str]]:
+    """Each command the documentation shows, by its words (``("lock", "acquire")``; alternatives ``a|b`` spelled
+    out), with the options shown with it."""
+    found: dict[tuple[str, ...], set[str]] = {}
+    for command in _typed_commands(text):
+        tokens = command.split()[1:]
+        if tokens[:1] == ["--brain"]:  # `ambient --brain DIR COMMAND`: the global option before the command
+            tokens = tokens[2:]
+        words: list[list[str]] = []
+        for token in tokens:
+            if not re.fullmatch(r"[a-z]+(\|[a-z]+)*", token):
                 break
-            words.append(word)
-        if words and words not in found:
-            found.append(words[:2] if words[0] in ("notify", "config", "matrix") else words[:1])
-    # The groups the table shows as `ambient claim …`: their subcommands, as the README spells them.
-    for line in re.findall(r"ambient (claim|gate|lock|preflight) ([a-z|]+)", text):
-        for sub in line[1].split("|"):
-            if [line[0], sub] not in found:
-                found.append([line[0], sub])
+            words.append(token.split("|"))
+        flags = {f for f in _FLAG.findall(" ".join(tokens)) if f != "--brain"}
+        for first in words[0] if words else []:
+            for second in words[1] if len(words) > 1 else [None]:
+                key = (first,) if second is None else (first, second)
+                found.setdefault(key, set()).update(flags)
     return found
+
+
+_HELP: dict[tuple[str, ...], Result] = {}
+
+
+def _help(*words: str) -> Result:
+    """`ambient WORDS --help`, run once per test session."""
+    if words not in _HELP:
+        _HELP[words] = ambient(*words, "--help")
+    return _HELP[words]
+
+
+def _is_group(word: str) -> bool:
+    """A command with subcommands of its own (`ambient lock acquire`), as its usage line shows."""
+    return re.search(r"(SUBCOMMAND|ACTION) \.\.\.", _help(word).out) is not None
 
 
 # ---------------------------------------------------------------- every command, --help, the brain
 
 
 def test_every_command_of_the_reference_exists_with_help() -> None:
-    """Every command listed in the CLI reference exists, and `--help` works everywhere (exit 0, its usage)."""
-    commands = _commands_of_the_readme()
-    names = {c[0] for c in commands}
+    """Every command the CLI reference lists, and every command shown anywhere in the README or docs/, exists with
+    the options shown beside it, and `--help` works everywhere (exit 0, its usage); the reference lists every
+    command `ambient --help` offers."""
+    top = ambient("--help")
+    assert top.rc == 0 and "usage: ambient" in top.out
+    offered = set(re.findall(r"^    ([a-z]+)\b", top.out, re.M))
+    reference = {words[0] for words in _documented_commands(docs_section("CLI reference"))}
+    assert offered <= reference, f"not in the CLI reference: {offered - reference}"
     assert {
         "run",
         "demo",
@@ -87,17 +143,21 @@ def test_every_command_of_the_reference_exists_with_help() -> None:
         "rules",
         "replay",
         "thread",
-    } <= names, names
-    assert ["lock", "acquire"] in commands and ["gate", "approve"] in commands
-    top = ambient("--help")
-    assert top.rc == 0 and "usage: ambient" in top.out
-    for words in commands:
-        res = ambient(*words, "--help")
-        assert res.rc == 0, res
-        if words[0] == "gate" and len(words) > 1:  # `ambient gate ACTION SESS_ID`: an argument listed in the help
-            assert "usage: ambient gate" in res.out and re.search(rf"\b{words[1]}\b", res.out), res
-        else:
-            assert f"usage: ambient {' '.join(words)}" in res.out, res
+        "grants",
+    } <= reference, reference
+    commands = _documented_commands(docs_text())
+    assert ("lock", "acquire") in commands and ("gate", "approve") in commands
+    for words, flags in commands.items():
+        if len(words) > 1 and not _is_group(words[0]):
+            if words[0] == "gate":  # `ambient gate ACTION SESS_ID`: an argument listed in the help
+                res = _help("gate")
+                assert res.rc == 0 and re.search(rf"\b{words[1]}\b", res.out), (words, res)
+            words = words[:1]  # `ambient thread coder`, `ambient status ship`: an argument, not a subcommand
+        res = _help(*words)
+        assert res.rc == 0, (words, res)
+        assert f"usage: ambient {' '.join(words)}" in res.out, res
+        missing = sorted(flag for flag in flags if not re.search(rf"(?<![\w-]){flag}(?![\w-])", res.out))
+        assert not missing, f"`ambient {' '.join(words)}` has no {missing}: {res.out}"
 
 
 def test_the_brain_is_the_current_directory_or_brain_before_or_after_or_the_environment(

@@ -1,4 +1,5 @@
-"""README, "Concepts": drop a workflow and it runs, when a workflow runs, pinned specs, validation, durability."""
+"""README "Concepts", docs/workflows.md "When a workflow runs", docs/reliability.md "Durable by design": drop a
+workflow and it runs, when a workflow runs, pinned specs, validation, durability."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""README, "Configuration": profil/ambient.yml, `ambient config`, the environment overrides, and what they change."""
+"""docs/configuration.md: profil/ambient.yml, `ambient config`, the environment overrides, and what they change."""
 
 from __future__ import annotations
 
@@ -13,10 +13,7 @@ from typing import Any
 
 import yaml
 
-from tests.acceptance.harness import AMBIENT, OK_AGENT, Brain, Webhook, ambient, clean_env, wait
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-
+from tests.acceptance.harness import AMBIENT, OK_AGENT, Brain, Webhook, ambient, clean_env, docs_section, wait
 
 FAILING_AGENT = """
     import sys
@@ -34,10 +31,9 @@ STUBBORN_AGENT = """
 """
 
 
-def _readme_block() -> str:
-    """The configuration block of the README's "Configuration" section, as printed there."""
-    section = README.read_text().split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
-    return section.split("```yaml\n", 1)[1].split("```", 1)[0]
+def _documented_block() -> str:
+    """The configuration block of the "Configuration" section (docs/configuration.md), as printed there."""
+    return docs_section("Configuration").split("```yaml\n", 1)[1].split("```", 1)[0]
 
 
 def _leaves(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -89,9 +85,9 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- the file
 
 
-def test_every_key_of_the_readme_block_is_accepted(brain: Brain) -> None:
-    """Every key of the README's configuration block is accepted, and `config show` reports it from the file."""
-    block = _readme_block()
+def test_every_key_of_the_documented_block_is_accepted(brain: Brain) -> None:
+    """Every key of the documented configuration block is accepted, and `config show` reports it from the file."""
+    block = _documented_block()
     brain.config(block)
     checked = brain.cli("validate")
     assert checked.rc == 0, checked
@@ -182,7 +178,7 @@ def test_config_template_is_the_commented_file(tmp_path: Path) -> None:
     template = ambient("config", "template", cwd=tmp_path)
     assert template.rc == 0, template
     assert yaml.safe_load(template.out) is None  # every setting commented out
-    for key in _leaves(yaml.safe_load(_readme_block())):
+    for key in _leaves(yaml.safe_load(_documented_block())):
         leaf = key.split(".")[-1]
         assert re.search(rf"^#\s*{leaf}:", template.out, re.M), key
     made = Brain.init(tmp_path / "brain", "--no-example")

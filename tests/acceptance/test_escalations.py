@@ -1,4 +1,4 @@
-"""README, "Escalations and notifications": what waits for the person, how it is answered (`ambient decide`, a
+"""docs/escalations-and-notifications.md: what waits for the person, how it is answered (`ambient decide`, a
 Telegram button), deadlines, and the notifications that reach a loopback webhook or a fake Telegram Bot API."""
 
 from __future__ import annotations

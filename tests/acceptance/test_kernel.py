@@ -1,4 +1,4 @@
-"""README, "The IPC kernel": packets through `ambient send`, the access matrix and `ambient matrix explain`, the
+"""docs/ipc-kernel.md: packets through `ambient send`, the access matrix and `ambient matrix explain`, the
 routing table, zones and identity, as a person (or an agent ambient spawned) meets them."""
 
 from __future__ import annotations

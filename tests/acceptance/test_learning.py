@@ -1,4 +1,4 @@
-"""README, "The learning loop": run records, `ambient stats`, learned rules and live threads, as a person meets them.
+"""docs/learning-loop.md: run records, `ambient stats`, learned rules and live threads, as a person meets them.
 
 Run history is made by running workflows with real agent scripts and answering their escalations with
 `ambient decide`. Only what a single afternoon cannot produce (runs of past weeks, for `--since` and the weekly
@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.acceptance.harness import OK_AGENT, Brain, Webhook, for_each, wait
+from tests.acceptance.harness import OK_AGENT, Brain, Webhook, docs_text, for_each, wait
 
 # Fails like a flaky network: the numbers change with every run, the situation stays the same.
 FLAKY_AGENT = """
@@ -272,10 +271,9 @@ def test_stats_per_workflow_and_the_workflow_filter(brain: Brain) -> None:
     assert [w["workflow"] for w in only["workflows"]] == ["nightly"]
     assert only["runs"] == 1
     text = brain.ok("stats", "--workflow", "pages").out
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    readme_header = next(line for line in readme.splitlines() if line.startswith("WORKFLOW ") and "ESC/RUN" in line)
+    [documented] = [line for line in docs_text().splitlines() if line.startswith("WORKFLOW ") and "ESC/RUN" in line]
     header = next(line for line in text.splitlines() if line.startswith("WORKFLOW ") and "ESC/RUN" in line)
-    assert header.split() == readme_header.split(), (header, readme_header)
+    assert header.split() == documented.split(), (header, documented)
     rows = [line.split() for line in text.splitlines() if line.startswith("pages ")]
     assert rows and rows[0][1] == "2", text
     assert "nightly" not in text

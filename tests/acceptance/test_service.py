@@ -1,4 +1,4 @@
-"""README, "Running as a service", "Reliability" and "Troubleshooting": the daemon as systemd and a person meet it."""
+"""docs/service.md, docs/reliability.md and docs/troubleshooting.md: the daemon as systemd and a person meet it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""README, "Workflows": for_each and chain runs as a person drives them, from the drop of a file to the answer."""
+"""docs/workflows.md: for_each and chain runs as a person drives them, from the drop of a file to the answer."""
 
 from __future__ import annotations
 
@@ -594,7 +594,7 @@ def test_a_spawn_naming_a_missing_agent_says_which_agent_it_looks_like(brain: Br
 
 
 def test_skip_counts_as_not_done_in_the_runs_outcome(brain: Brain) -> None:
-    """README (Workflows): a skipped item is not done: skipping the only item ends the run `failed` 0/1, skipping
+    """docs/workflows.md: a skipped item is not done: skipping the only item ends the run `failed` 0/1, skipping
     one of several that otherwise succeed ends it `partial`."""
     brain.python_agent("flaky", SOME_FAIL_AGENT)
     brain.workflow("alone", FOR_EACH.format(name="alone", agent="flaky", items="[bad-1]"))
@@ -611,7 +611,7 @@ def test_skip_counts_as_not_done_in_the_runs_outcome(brain: Brain) -> None:
 
 
 def test_every_spawn_payload_carries_decision_null_beside_the_context(brain: Brain) -> None:
-    """README (Workflows): a first run's SPAWN has `payload.decision: null` (a field of every packet) and no
+    """docs/workflows.md: a first run's SPAWN has `payload.decision: null` (a field of every packet) and no
     `payload.context.decision`; the answer to a question arrives in `payload.context.decision`."""
     brain.python_agent("colour", COLOUR_AGENT.replace("packet = json.load(sys.stdin)", SAVE_PACKET))
     brain.workflow("paint", FOR_EACH.format(name="paint", agent="colour", items="[wall]"))

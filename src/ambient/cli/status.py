@@ -505,7 +505,7 @@ def _start(args: argparse.Namespace) -> int:
                 f"{args.workflow} does not load, so it cannot start: {problems} "
                 "(`ambient validate` lists every problem)"
             )
-        # The running daemon keeps serving the version it loaded before the file broke (README, Concepts).
+        # The running daemon keeps serving the version it loaded before the file broke (docs/workflows.md).
         say(f"warning: {problems}; the running daemon starts the version it loaded before (sha256 {serving[:12]})")
     else:
         spec = loaded.spec

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
-#: What ``concurrency`` agents at once cost the service (README, Running as a service: the unit's ``TasksMax=`` and
+#: What ``concurrency`` agents at once cost the service (docs/service.md, limits: the unit's ``TasksMax=`` and
 #: ``LimitNOFILE=`` are :func:`unit_limits` of the cap's maximum, 256). Tasks count threads and processes of the
 #: whole unit: an agent with its children (a shell, a tool, a runtime's threads), and the daemon's own (event loop,
 #: writer threads, the to_thread pool, the spawner). Descriptors are the daemon's: per agent its pipes, pidfd, lock
