@@ -475,7 +475,7 @@ def test_json_logs_every_line_json_and_run_lines_carry_workflow_and_run_id(tmp_p
         assert isinstance(rec, dict) and {"event", "level", "timestamp"} <= set(rec), line
         records.append(rec)
     (ready,) = [r for r in records if r["event"] == "daemon_ready"]
-    assert ready["frozen_objects"] > 10_000  # start-up's heap is kept out of later collections (_freeze_startup_heap)
+    assert ready["frozen_objects"] > 10_000  # start-up's heap is kept out of later collections (freeze_startup_heap)
     about_run = [r for r in records if {"run_id", "item", "escalation"} & set(r)]
     events_seen = {r["event"] for r in about_run}
     assert {"run_started", "escalation_opened", "decision_applied", "run_finished"} <= events_seen

@@ -245,7 +245,7 @@ def _check_programs(paths: BrainPaths, brain: Any) -> list[Finding]:
 
 def _daemon_keys(paths: BrainPaths) -> set[str] | None:
     """The model keys the running daemon has (names, from ``daemon.json``), or None when no daemon is up."""
-    from ambient.service.daemon import daemon_up
+    from ambient.service.instance import daemon_up
 
     if not daemon_up(paths):
         return None
@@ -627,7 +627,7 @@ def check_troubles(paths: BrainPaths, up: bool) -> list[Finding]:
 
 def check_daemon(paths: BrainPaths, now: datetime) -> tuple[bool, int | None, list[Finding]]:
     """Is a daemon holding the brain? Down is a warning, an error when work waits on it."""
-    from ambient.service.daemon import daemon_up, running_pid
+    from ambient.service.instance import daemon_up, running_pid
 
     if daemon_up(paths):
         pid = running_pid(paths)

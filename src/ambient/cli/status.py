@@ -92,7 +92,7 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
     from ambient.claims.store import ClaimStore
     from ambient.core.redact import redact_text
     from ambient.human.escalations import EscalationStore
-    from ambient.service.daemon import daemon_up, running_pid
+    from ambient.service.instance import daemon_up, running_pid
     from ambient.storage.journal import tail_jsonl
     from ambient.storage.paths import BrainPaths
 
@@ -458,7 +458,7 @@ def _done_of(record: dict[str, Any]) -> tuple[int, int, str]:
 
 def _served_version(paths: BrainPaths, workflow: str) -> str | None:
     """The sha256 of the version of ``workflow`` the running daemon serves (None: no daemon, or it has none)."""
-    from ambient.service.daemon import daemon_up
+    from ambient.service.instance import daemon_up
 
     if not daemon_up(paths):
         return None

@@ -87,7 +87,7 @@ class Settings(_Strict):
     tick_seconds: float = Field(default=30.0, gt=0, le=86_400)
     concurrency: int = Field(default=4, ge=1, le=256)
     shutdown_grace_s: float = Field(default=10.0, ge=0, le=600)
-    lock_ttl_min: float = Field(default=60, gt=0)  # minutes; renewed while its agent runs (services.Leases)
+    lock_ttl_min: float = Field(default=60, gt=0)  # minutes; renewed while its agent runs (service.leases.Leases)
     stale_claim_hours: float = Field(default=24.0, gt=0)
     breaker_threshold: int = Field(default=3, ge=1)
     log_level: LogLevel = "info"

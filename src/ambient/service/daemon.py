@@ -13,97 +13,76 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import gc
-import json
 import os
-import re
 import signal
-import stat
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, tzinfo
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from ambient import __version__
 from ambient.claims.breakers import Breaker
 from ambient.claims.locks import LockManager
 from ambient.claims.store import ClaimStore
 from ambient.config.brain import Brain, load_brain, reload_workflows
 from ambient.config.settings import Settings, settings_changes
-from ambient.config.workflows import LoadedWorkflow
 from ambient.core.clock import Clock, SystemClock
-from ambient.core.errors import AlreadyRunningError, AmbientError
-from ambient.core.health import describe, resource_of
-from ambient.core.redact import SecretRegistry, redact_text
+from ambient.core.health import resource_of
+from ambient.core.redact import SecretRegistry
 from ambient.engine.chain import ChainExecutor, ChainSettings
-from ambient.engine.compile import chain_steps, fanout, item_template, items_of
-from ambient.engine.planner import ANSWER, FanOut
-from ambient.engine.runs import EscalationRequest, Ports, RunExecutor, RunManager, new_run_id
+from ambient.engine.compile import chain_steps, fanout, item_template, retry_policy
+from ambient.engine.planner import FanOut
+from ambient.engine.runs import Ports, RunExecutor, RunManager
 from ambient.engine.runstate import RunState
 from ambient.engine.spend import SpendMeter, limits_of
 from ambient.engine.themebranch import GitBranches
-from ambient.engine.tick import Tick, TriggerEngine
-from ambient.human.escalations import Escalation, EscalationStore
+from ambient.engine.tick import TriggerEngine
+from ambient.human.escalations import EscalationStore
 from ambient.human.notify import Message, Outbox
 from ambient.kernel import sendsocket
-from ambient.kernel.packet import Packet
-from ambient.kernel.router import Channel, ChannelRegistry, Router, write_inbox
-from ambient.live.context import LiveContext, turn_record
+from ambient.kernel.router import ChannelRegistry, Router
+from ambient.live.context import LiveContext
 from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
-from ambient.runners.base import RunRequest
 from ambient.runners.claude import KEY_NAMES as CLAUDE_KEYS
-from ambient.runners.claude import MODEL_KEYS, NOW_FILE, ClaudeRunner
+from ambient.runners.claude import MODEL_KEYS, ClaudeRunner
 from ambient.runners.command import landlock_abi
-from ambient.runners.keys import credential
+from ambient.runners.keys import credential, key_name
+from ambient.runners.llm import LlmRunner
 from ambient.runners.spawner import Spawner
 from ambient.runners.spawner import available as spawner_available
 from ambient.service import envblock, systemd
-from ambient.service.adapters import (
-    AgentDelegate,
-    BrainRef,
-    ClaimsWriter,
-    Digest,
+from ambient.service.adapters import AgentDelegate, BrainRef, RouterEmitter
+from ambient.service.claims_writer import ClaimsWriter
+from ambient.service.digest import Digest
+from ambient.service.escalator import Learner, StoreEscalator
+from ambient.service.evaluators import (
     EscalationEvaluator,
+    IdleEvaluator,
     InboxEvaluator,
-    Learner,
-    RouterEmitter,
-    StoreEscalator,
+    StaleClaimsEvaluator,
+    WorkflowEvaluator,
 )
-from ambient.service.heap import HeapTrimEvaluator
-from ambient.service.limits import limits_short
-from ambient.service.lineage import descends_from
+from ambient.service.heap import HeapTrimEvaluator, freeze_startup_heap
+from ambient.service.instance import SingleInstance
+from ambient.service.limits import limits_short, raise_descriptor_limit
+from ambient.service.live_turns import LiveTurns
+from ambient.service.logs import configure_logging
 from ambient.service.notifications import NotifyService
+from ambient.service.packets import PacketDesk
 from ambient.service.signals import SignalTrap
+from ambient.service.starts import RunStarts
 from ambient.service.troubles import Troubles
 from ambient.service.watch import watch_brain
-from ambient.service.writer_threads import background_executor
-from ambient.storage.fsutil import (
-    PRIVATE_FILE,
-    TMP_MARK,
-    atomic_write,
-    check_local_filesystem,
-    check_state,
-    open_private,
-    private_dir,
-    sweep_tmp,
-)
+from ambient.storage.fsutil import check_local_filesystem, check_state, sweep_tmp
 from ambient.storage.journal import Journal, append_line
 from ambient.storage.paths import BrainPaths
-from ambient.storage.yamlfile import MAX_CLAIM_BYTES
 from ambient.workflows.fields import SATELLITE_TYPES
 from ambient.workflows.spec import ChainWorkflow, ForEachWorkflow, parse_workflow
 from ambient.workflows.templating import render, render_path
 
 log = structlog.get_logger(__name__)
-#: After a write the disk had no room for (or a descriptor shortage), the engine looks again this soon.
-_HELD_UP_RETRY_S = 2.0
 
 
 @dataclass
@@ -117,424 +96,6 @@ class DaemonOptions:
     log_level: str | None = None  # --log-level: wins over the file's at every reload
     log_format: str | None = None  # --log-format: idem
     exits_after: bool = False  # the process ends when serve() returns (the CLI): stop signals stay ignored till then
-
-
-class SingleInstance:
-    """``flock`` on ``.ambient/daemon.lock`` for the daemon's lifetime; the kernel drops it if we die."""
-
-    def __init__(self, paths: BrainPaths) -> None:
-        self.paths = paths
-        self.fd: int | None = None
-        self.info: dict[str, Any] = {}
-        self.unwritten = False  # daemon.json could not be written (a full disk): written again once there is room
-
-    @property
-    def info_path(self) -> Path:
-        return self.paths.state / "daemon.json"
-
-    def acquire(self, now: datetime) -> None:
-        private_dir(self.paths.state)
-        fd = open_private(self.paths.daemon_lock, os.O_RDWR | os.O_CREAT)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            pid = lock_holder(self.paths.daemon_lock) or running_pid(self.paths, alive=True)
-            raise AlreadyRunningError(
-                f"ambient is already running on {self.paths.root}"
-                + (f" (pid {pid})" if pid else "")
-                + "; stop it first (systemctl stop ambient, or kill -TERM the pid)"
-            ) from None
-        self.fd = fd
-        self.info = {"pid": os.getpid(), "started_at": now.isoformat(), "version": __version__}
-        self._write_info()
-
-    def record_loaded(self, brain: Brain, now: datetime, model_keys: Iterable[str] = ()) -> None:
-        """Say in ``daemon.json`` what the daemon runs with: ``profil/ambient.yml`` (its sha256 and values, secrets
-        masked; ``ambient doctor`` compares them with the file to tell a daemon that did not reload) and each
-        workflow's sha256 (a file that no longer loads keeps its previous version here, which ``ambient start``
-        then starts)."""
-        found = brain.settings_file
-        self.info["settings"] = {
-            "applied_at": now.isoformat(),
-            "digest": found.digest if found else None,
-            "file": found.own if found else None,
-        }
-        self.info["workflows"] = {name: wf.spec_hash for name, wf in sorted(brain.workflows.items())}
-        self.info["model_keys"] = sorted(model_keys)  # names only: `ambient doctor` checks the daemon's, not its own
-        self._write_info()
-
-    def _write_info(self) -> None:
-        """``daemon.json``: what the CLI reads of the running daemon. A full disk does not keep the daemon from
-        starting (a restart loop under systemd, issue 24, 3): the flock says it runs, the file follows later."""
-        try:
-            atomic_write(self.info_path, json.dumps(self.info) + "\n", mode=PRIVATE_FILE)
-        except OSError as exc:
-            if resource_of(exc) is None:
-                raise
-            self.unwritten = True
-            log.warning("daemon_info_not_written", path=str(self.info_path), error=str(exc))
-        else:
-            self.unwritten = False
-
-    def write_if_unwritten(self) -> None:
-        if self.unwritten and self.fd is not None:
-            self._write_info()
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing drops the flock
-            self.fd = None
-
-
-def respawn_run_id(esc: Escalation) -> str:
-    """The run an answer to an agent's own ESCALATE (sent outside any run) starts: the same for the same answer."""
-    return new_run_id(f"spawn-{esc.respawn}", esc.answered_at or esc.created_at, esc.id.removeprefix("esc-"))
-
-
-def daemon_up(paths: BrainPaths) -> bool:
-    """True while a daemon holds the brain (a live flock, not a pid file that can go stale)."""
-    if not paths.daemon_lock.exists():
-        return False
-    fd = os.open(paths.daemon_lock, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-def raise_descriptor_limit(want: int = 1 << 16) -> int:
-    """Raise the soft limit on open files towards the hard one (to ``want``): a fan-out holds a few descriptors
-    per agent, and 1024 (the usual soft default) ran out under load where the hard limit allowed far more
-    (issue 24, 4). Returns the soft limit in force; logs when it stays low."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-    if soft != resource.RLIM_INFINITY and soft < 256:
-        log.warning(
-            "descriptor_limit_low",
-            limit=soft,
-            hint="raise LimitNOFILE= in the systemd unit (or `ulimit -n`): agents need a few descriptors each",
-        )
-    return int(soft)
-
-
-def running_pid(paths: BrainPaths, *, alive: bool = False) -> int | None:
-    """The pid the running daemon wrote, if readable (and, with ``alive``, only if that process exists)."""
-    try:
-        data = json.loads((paths.state / "daemon.json").read_text())
-        pid = int(data["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if alive:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except OSError:
-            pass  # another user's process: it exists
-    return pid
-
-
-def lock_holder(path: Path) -> int | None:
-    """The pid holding an exclusive ``flock`` on ``path``, from Linux's ``/proc/locks`` (None elsewhere or unknown).
-
-    A daemon that loses the start race names the winner from this: ``daemon.json`` is written only once the lock is
-    taken, so in between it still names the previous daemon, possibly long dead (issue 24, 5)."""
-    try:
-        st = path.stat()
-        table = Path("/proc/locks").read_text()
-    except OSError:
-        return None
-    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    for line in table.splitlines():
-        # "1: FLOCK  ADVISORY  WRITE 26824 fe:00:2146670 0 EOF" (a waiter's line has "->" in second place)
-        parts = line.split()
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[3] == "WRITE" and parts[5] == ident:
-            with contextlib.suppress(ValueError):
-                pid = int(parts[4])
-                if pid > 0:
-                    return pid
-    return None
-
-
-class WorkflowEvaluator:
-    """Reloads the brain when its files change, and starts runs: a new workflow file starts one run;
-    ``schedule: every`` starts the next when due. Seen workflows are remembered in ``.ambient/workflows.json``."""
-
-    name = "workflows"
-
-    #: Reload debounce (R-08: 50 rapid saves must not cause 50 reloads). A change after this long without
-    #: changes reloads at once (a dropped workflow starts promptly); changes closer together than this are
-    #: coalesced into one trailing reload once the files have been quiet this long...
-    RELOAD_QUIET_S = 0.1
-    #: ... or after this long of constant churn, so that a file rewritten forever still gets loaded.
-    RELOAD_MAX_WAIT_S = 2.0
-
-    def __init__(self, daemon: Daemon) -> None:
-        self.d = daemon
-        self.path = daemon.paths.state / "workflows.json"
-        self.seen: dict[str, dict[str, Any]] = self._load()
-        self._dirs = (daemon.paths.workflows, daemon.paths.agents, daemon.paths.profil)
-        self._fp = self._fingerprint()
-        self._last_change = float("-inf")
-        self._pending_since: float | None = None
-        self._timer: asyncio.TimerHandle | None = None
-
-    def _fingerprint(self) -> frozenset[tuple[str, int, int, int]]:
-        """A cheap listing (name, mtime, size, inode) of the files a reload reads."""
-        out: set[tuple[str, int, int, int]] = set()
-        for d in self._dirs:
-            with contextlib.suppress(OSError), os.scandir(d) as entries:
-                for e in entries:
-                    if e.name.startswith(".") or TMP_MARK in e.name:
-                        continue
-                    with contextlib.suppress(OSError):
-                        st = e.stat(follow_symlinks=False)
-                        out.add((e.path, st.st_mtime_ns, st.st_size, st.st_ino))
-        return frozenset(out)
-
-    async def _reload_due(self, tick: Tick) -> bool:
-        """Whether this tick reloads the brain (see RELOAD_QUIET_S); schedules the trailing reload."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if tick.timed:
-            # File events are hints (RELIABILITY §2.3): a timed tick compares the listing, which is also how
-            # ``--no-watch`` picks up new and edited files (it never reloaded before: e2e test).
-            fp = await asyncio.to_thread(self._fingerprint)
-            changed, self._fp = fp != self._fp, fp
-        else:
-            changed = any(tick.touched(p) for p in self._dirs)
-            if changed:
-                self._fp = await asyncio.to_thread(self._fingerprint)
-        if changed:
-            isolated = self._pending_since is None and now - self._last_change >= self.RELOAD_QUIET_S
-            self._last_change = now
-            if isolated:
-                return True
-            if self._pending_since is None:
-                self._pending_since = now
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = loop.call_later(self.RELOAD_QUIET_S + 0.01, self.d.engine.wake)
-            return False
-        return self._pending_since is not None and (
-            now - self._last_change >= self.RELOAD_QUIET_S or now - self._pending_since >= self.RELOAD_MAX_WAIT_S
-        )
-
-    def _load(self) -> dict[str, dict[str, Any]]:
-        try:
-            data = json.loads(self.path.read_text())
-            return {str(k): dict(v) for k, v in data.items()} if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            return {}
-
-    def _save(self) -> None:
-        atomic_write(self.path, json.dumps(self.seen, indent=1, sort_keys=True) + "\n", mode=PRIVATE_FILE)
-
-    async def evaluate(self, tick: Tick) -> None:
-        d = self.d
-        due = await self._reload_due(tick)
-        if d.reload_requested or due:
-            self._pending_since = None
-            only_wf = not tick.timed and all(
-                p.parent == d.paths.workflows for p in tick.changes if any(p.is_relative_to(x) for x in self._dirs)
-            )
-            await d.reload(only_workflows=only_wf)
-            # Changes seen while the reload ran belong to the same burst: coalesce them (not "isolated").
-            self._last_change = max(self._last_change, asyncio.get_running_loop().time())
-        for name, wf in sorted(d.ref.brain.workflows.items()):
-            if not wf.spec.runnable:
-                continue
-            entry = self.seen.get(name)
-            if entry is None:
-                # A workflow seen for the first time runs once: dropping a file is how a person asks.
-                # Crash order (R-01): the run's ``started`` is fsync'd before workflows.json says "seen", so a kill
-                # in between cannot lose the run (saving first did: the workflow never ran). A journal already on
-                # disk for it means a kill came right after the start: that run is resumed, not started twice.
-                # A start the disk had no room for is not "seen": it is tried again once there is room.
-                if name not in d.manager.journaled and not d.tried(partial(d.start_run, wf, trigger="file")):
-                    continue
-                self.seen[name] = {"first_hash": wf.spec_hash, "last_started": tick.now.isoformat(), "runs": 1}
-                await d.save_or_wait(self._save)
-                continue
-            sched = wf.spec.schedule
-            if sched is not None and not d.has_active_run(name):
-                last = datetime.fromisoformat(str(entry.get("last_started")))
-                if tick.now >= last + timedelta(seconds=sched.every):
-                    if not d.tried(partial(d.start_run, wf, trigger="schedule")):
-                        continue
-                    entry["last_started"] = tick.now.isoformat()
-                    entry["runs"] = int(entry.get("runs", 0)) + 1
-                    await d.save_or_wait(self._save)
-
-    def mark_started(self, name: str, spec_hash: str, now: datetime) -> None:
-        entry = self.seen.setdefault(name, {"first_hash": spec_hash, "runs": 0})
-        entry["last_started"] = now.isoformat()
-        entry["runs"] = int(entry.get("runs", 0)) + 1
-        self._save()
-
-
-class StaleClaimsEvaluator:
-    """Open claims past their TTL become ``stale`` (timed ticks only; only changed claim files are read)."""
-
-    name = "stale_claims"
-    FULL_SCAN_S = 600.0
-    CTIME_SLACK_NS = 2_000_000_000  # ctimes come from a coarse clock; a file written during a look counts as new
-
-    def __init__(self, store: ClaimStore, hours: float, clock: Clock) -> None:
-        self.store = store
-        self.hours = hours
-        self.clock = clock
-        # Idle cost (bench/idle.py): parsing 1,000 claims on every timed tick cost ~1 s of CPU per tick. A timed
-        # tick stats the files and parses only those that changed; mark_stale runs only when some claim is due.
-        # Only open claims are remembered (their file's inode, size and mtime and when they go stale): a file
-        # changed since the last look has a newer ctime (any write, rename or link sets it), so closed claims
-        # need no memory at all. R-12's soak writes 9 claim files per run: remembering every file grew the
-        # daemon ~3 KB a run. Every FULL_SCAN_S, and when the clock went back, every file is looked at again.
-        self._open: dict[str, tuple[tuple[int, int, int], datetime]] = {}
-        self._last_look_ns = 0  # wall clock at the start of the last look (ctimes are wall clock)
-        self._last_full_ns = 0
-        self._wall_ns: Callable[[], int] = time.time_ns
-
-    async def evaluate(self, tick: Tick) -> None:
-        if not tick.timed:
-            return
-        now = self.clock.now()
-        if not await asyncio.to_thread(self._any_due, now):
-            return
-        changed = await asyncio.to_thread(self.store.mark_stale, now=now, default_ttl=timedelta(hours=self.hours))
-        if changed:
-            log.info("claims_stale", count=len(changed))
-
-    def _any_due(self, now: datetime) -> bool:
-        """Whether an open claim may be past its TTL; reads only the claim files changed since the last look."""
-        tz = now.astimezone().tzinfo
-        assert tz is not None
-        default = timedelta(hours=self.hours)
-        look_ns = self._wall_ns()
-        full = look_ns < self._last_look_ns or look_ns - self._last_full_ns > self.FULL_SCAN_S * 1e9
-        since = 0 if full else self._last_look_ns - self.CTIME_SLACK_NS
-        seen: dict[str, tuple[tuple[int, int, int], datetime]] = {}
-        try:
-            entries = os.scandir(self.store.dir)
-        except FileNotFoundError:
-            entries = None
-        with entries if entries is not None else contextlib.nullcontext(()) as it:
-            due = self._look(it, now, tz, default, since, seen)
-        self._open = seen
-        self._last_look_ns = look_ns
-        if full:
-            self._last_full_ns = look_ns
-        return due
-
-    def _look(
-        self,
-        entries: Iterable[os.DirEntry[str]],
-        now: datetime,
-        tz: tzinfo,
-        default: timedelta,
-        since: float,
-        seen: dict[str, tuple[tuple[int, int, int], datetime]],
-    ) -> bool:
-        # One entry at a time, not a list of them: claims/ only grows (9 files a run in R-12's soak), and a list
-        # of every entry with its stat held ~0.9 KB a file at once each tick (3.7 MB at 4,000 files). Peaks like
-        # that, freed again, leave the allocator's arenas a little larger each time (R-12).
-        from ambient.claims.claim import ClaimFacts
-
-        due = False
-        for e in entries:
-            if e.name.startswith(".") or not e.name.endswith((".yml", ".yaml")):
-                continue
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            sig = (st.st_ino, st.st_size, st.st_mtime_ns)
-            hit = self._open.get(e.name)
-            if hit is not None and hit[0] == sig:
-                seen[e.name] = hit
-                due = due or now > hit[1]
-                continue
-            if hit is None and st.st_ctime_ns < since:
-                continue  # not open when last looked at, and unchanged since
-            # A claim ambient wrote itself (every item of a fan-out) is known without parsing it again: parsing
-            # 2,000 item claims after a run took ~3 s of CPU (bench/fanout.py, py-spy).
-            facts = self.store.known_facts(Path(e.path), sig)
-            if facts is None and stat.S_ISREG(st.st_mode) and _not_open(e.path):
-                continue  # closed (or another status) by its one top-level status line: no parse needed
-            if facts is None:
-                try:
-                    facts = ClaimFacts.of(self.store.read(Path(e.path))[0])
-                except (AmbientError, OSError):
-                    continue  # unreadable: mark_stale skips it too (ambient doctor reports it)
-            at = facts.stale_at(tz, default)
-            if at is not None:
-                seen[e.name] = (sig, at)
-                due = due or now > at
-        return due
-
-
-#: A top-level ``status:`` line of a block-mapping claim (column 0: a line inside a block or quoted scalar of a
-#: top-level key is indented), its value plain or quoted, an end-of-line comment allowed.
-_STATUS_LINE = re.compile(rb"""^status[ \t]*:[ \t]+(["']?)([A-Za-z_]+)\1[ \t]*(?:#[^\n]*)?\r?$""", re.MULTILINE)
-
-
-def _not_open(path: str) -> bool:
-    """Whether a claim file surely is not open, from its text: exactly one top-level ``status:`` line, not ``open``.
-
-    The full look every FULL_SCAN_S parsed every claim file the store had not written itself (2-3 ms each with the
-    safe loader): a brain keeps every claim, so a long-running daemon spent minutes of CPU on each full look
-    (R-12's soak writes 9 claim files a run). Anything unusual (no such line, two of them, flow style, unreadable)
-    answers False and the file is parsed as before.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        data = os.read(fd, MAX_CLAIM_BYTES + 1)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    if len(data) > MAX_CLAIM_BYTES:
-        return False
-    found = _STATUS_LINE.findall(data)
-    return len(found) == 1 and found[0][1] != b"open"
-
-
-class IdleEvaluator:
-    """``--until-idle``: stop once no agent runs and every run waits on the person (or is done)."""
-
-    name = "idle"
-
-    def __init__(self, daemon: Daemon) -> None:
-        self.d = daemon
-
-    async def evaluate(self, tick: Tick) -> None:
-        d = self.d
-        if not (d.options.until_idle and d.started and d.manager.idle) or any(d.paths.inbox.glob("*.json")):
-            return
-        if "disk" in d.troubles.health.conditions:
-            return  # work held up by a full disk is not done: it goes on once there is room
-        if d.notify.active:
-            # Notifications are part of the work: wait for those due soon (a first try, a quick retry).
-            soon = d.clock.now() + timedelta(seconds=2)
-            entries = await asyncio.to_thread(d.outbox.entries)
-            if any(e.next_at <= soon for e in entries):
-                asyncio.get_running_loop().call_later(0.2, d.engine.wake)
-                return
-        log.info("idle", runs=len(d.manager.executors))
-        d.stop.set()
 
 
 class Daemon:
@@ -551,10 +112,11 @@ class Daemon:
         self.started = False
         self.secrets = SecretRegistry()
         self._instance = SingleInstance(self.paths)
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._tasks: list[asyncio.Task[object]] = []
         self._problems_seen: set[str] = set()
         self._failed_task: str | None = None  # a daemon task that died: the exit code says so
         self._send_server: asyncio.AbstractServer | None = None
+        self._trap: SignalTrap | None = None
 
     # -- wiring
 
@@ -577,11 +139,10 @@ class Daemon:
         )
         self.router.registry.revoke_all()  # type: ignore[union-attr] # tokens of a previous life are void
         self.live = LiveContext(p)
-        self._live_queue: list[Packet] = []
-        self._runner_turns: list[dict[str, Any]] = []  # AI agents' turns (see _watch)
-        self._now_written: list[dict[str, Any]] | None = None
-        self._live_writer = background_executor("live")  # turns no agent waits for: see ambient.service.writer_threads
-        self.router.set_default(self._deliver)
+        self.live_turns = LiveTurns(
+            p, self.live, self.router, self.clock, self.secrets, current=lambda: self.claude.current.values()
+        )
+        self.router.set_default(self.live_turns.deliver)
         self.claims = ClaimStore(p, clock=self.clock)
         self.locks = LockManager(p)
         self.escalations = EscalationStore(p, clock=self.clock)
@@ -593,7 +154,7 @@ class Daemon:
             self.secrets,
             env,
             p.state,
-            self._on_press,
+            lambda esc_id, index, nonce, user: self.escalator.answer_press(esc_id, index, nonce, user),
             self._spawn,
             self.stop,
         )
@@ -606,7 +167,7 @@ class Daemon:
             results=s.notify.results,
         )
         self.escalator.learner = Learner(p, self.clock)
-        self.troubles = Troubles(p, self.clock, inform=self._tell_trouble)
+        self.troubles = Troubles(p, self.clock, inform=self._tell_trouble, retry=lambda: self.engine.wake())
         self.digest = Digest(  # enabled by _apply_settings
             p, self.outbox, self.clock, s.notify.digest_hours, enabled=False, wake_outbox=self.notify.wake
         )
@@ -627,7 +188,7 @@ class Daemon:
             if value:
                 self.secrets.add(value)
         self._warn_missing_keys(brain, env)
-        self.claude = ClaudeRunner(p, environ=env, watch=self._watch)
+        self.claude = ClaudeRunner(p, environ=env, watch=self.live_turns.watch)
         self.runners = Runners(
             command=CommandRunner(
                 on_spawn=lambda req, pid, started: self.manager.record_spawn(
@@ -637,7 +198,7 @@ class Daemon:
             ),
             assisted=self.assisted,
             claude=self.claude,
-            llm=_llm_runner(env, self._watch),
+            llm=LlmRunner(environ=env, watch=self.live_turns.watch),  # its SDKs are imported when an agent runs
         )
         self.delegate = AgentDelegate(
             self.ref, self.router, self.runners, self.locks, self.clock, self.live, secrets=self.secrets
@@ -650,6 +211,10 @@ class Daemon:
         self.manager.on_finished.append(self._run_finished)
         self.manager.on_park.append(lambda: self.engine.wake())
         self.workflows_eval = WorkflowEvaluator(self)
+        self.starts = RunStarts(p, self.ref, self.manager, self.clock, self._progress, self.workflows_eval.mark_started)
+        self.packets = PacketDesk(
+            p, self.ref, self.router, self.manager, self.starts, self.escalator, self.clock, self.live_turns.deliver
+        )
         self.stale_claims = StaleClaimsEvaluator(self.claims, s.stale_claim_hours, self.clock)
         self.engine = TriggerEngine(
             [
@@ -660,13 +225,13 @@ class Daemon:
                     self.escalator,
                     self.clock,
                     wake=lambda: self.engine.wake(),
-                    respawn=self._respawn,
+                    respawn=self.starts.respawn,
                 ),
-                InboxEvaluator(p, self.router, self._on_packet),
+                InboxEvaluator(p, self.router, self.packets.on_packet),
                 self.stale_claims,
                 HeapTrimEvaluator(),
                 self.digest,
-                IdleEvaluator(self),
+                IdleEvaluator(self, until_idle=self.options.until_idle),
             ],
             tick_seconds=s.tick_seconds,
             clock=self.clock,
@@ -674,8 +239,6 @@ class Daemon:
 
     def _warn_missing_keys(self, brain: Brain, env: Mapping[str, str]) -> None:
         """At start, not at the first agent: AI agents whose model key this daemon does not have (names only)."""
-        from ambient.runners.keys import key_name
-
         missing: dict[str, list[str]] = {}
         for agent, cfg in sorted(brain.runners.items()):
             if cfg.kind == "claude" and not any(credential(n, env) for n in CLAUDE_KEYS):
@@ -711,7 +274,7 @@ class Daemon:
         if isinstance(spec, ForEachWorkflow):
             return RunExecutor(state, fanout(spec), template, ports, journal, self.paths)
         assert isinstance(spec, ChainWorkflow)
-        plan = FanOut(concurrency=1, retry=fanout_retry(spec))
+        plan = FanOut(concurrency=1, retry=retry_policy(spec.retry))  # the chain's workflow-level retry
         defaults = brain.settings.default_agents
         settings = ChainSettings(
             steps=chain_steps(spec, defaults),
@@ -723,7 +286,7 @@ class Daemon:
             threshold=brain.settings.breaker_threshold,
             breaker=self.breaker,
             branches=GitBranches(self.paths.root) if spec.branch else None,
-            start_workflow=self._start_by_trigger,
+            start_workflow=self.starts.by_trigger,
         )
         return ChainExecutor(state, plan, template, ports, journal, self.paths, settings)
 
@@ -750,89 +313,7 @@ class Daemon:
         self._instance.write_if_unwritten()
         self.claims_view.retry_unwritten()
 
-    def held_up(self, exc: BaseException) -> bool:
-        """Whether ``exc`` says the daemon ran out of something (a full disk, descriptors): then it is told once
-        (log, status, doctor, a notification), the engine looks again shortly, and the caller leaves the work for
-        then instead of failing it (issue 24, 3)."""
-        kind = resource_of(exc)
-        if kind is None:
-            return False
-        where = getattr(exc, "filename", None)
-        place = str(Path(where).parent) if isinstance(where, str) else str(self.paths.state)
-        self.troubles.trouble(kind, describe(kind, getattr(exc, "strerror", None) or str(exc), place))
-        log.warning("waiting_for_resources", resource=kind, error=str(exc))
-        asyncio.get_running_loop().call_later(_HELD_UP_RETRY_S, self.engine.wake)
-        return True
-
-    def tried(self, job: Callable[[], object]) -> bool:
-        """Run ``job``; False when it could not for want of a resource (:meth:`held_up`), other errors raised."""
-        try:
-            job()
-        except OSError as exc:
-            if not self.held_up(exc):
-                raise
-            return False
-        self.troubles.recovered(["disk"])
-        return True
-
-    async def save_or_wait(self, save: Callable[[], None]) -> None:
-        """A small state file (workflows.json): written, or left for the next save when the disk is full (what it
-        records is in memory, and the runs it guards have their journals on disk already)."""
-        try:
-            await asyncio.to_thread(save)
-        except OSError as exc:
-            if not self.held_up(exc):
-                raise
-
     # -- runs
-
-    def start_run(
-        self,
-        wf: LoadedWorkflow,
-        *,
-        trigger: str,
-        context: Mapping[str, Any] | None = None,
-        mode: str | None = None,
-        at_step: str | None = None,
-    ) -> str:
-        """Start a run pinned to this version of the workflow (its spec and hash are in the journal)."""
-        spec = wf.spec
-        items = items_of(spec)
-        run_id = self.manager.start(
-            workflow=spec.name,
-            form=spec.form,
-            spec=spec.model_dump(mode="json"),
-            spec_hash=wf.spec_hash,
-            items=items,
-            mode=mode or spec.mode,
-            trigger=trigger,
-            context=context,
-        )
-        if at_step is not None and isinstance(spec, ChainWorkflow):
-            ex = self.manager.executors[run_id]
-            idx = next((i for i, s in enumerate(spec.chain) if s.key == str(at_step)), None)
-            if idx is None:
-                log.warning("start_step_unknown", workflow=spec.name, step=at_step, run_id=run_id)
-            elif idx:
-                for earlier in spec.chain[:idx]:  # not run: skipped, so the run's outcome counts only what ran
-                    ex.event("skipped", item=earlier.key, before_start=True)
-                ex.event("cursor", index=idx)
-        self._progress(
-            f"run started: {spec.name} ({len(items)} {'items' if spec.form == 'for_each' else 'steps'}) — {run_id}"
-        )
-        return run_id
-
-    def _start_by_trigger(self, name: str, step: str | None, context: Mapping[str, Any], trigger: str) -> str | None:
-        """A chain's ``trigger:<workflow>/<step>``: a run of that workflow, at that step."""
-        wf = self.ref.brain.workflows.get(name)
-        if wf is None or not wf.spec.runnable:
-            log.warning("trigger_unknown_workflow", workflow=name)
-            return None
-        self.workflows_eval.mark_started(name, wf.spec_hash, self.clock.now())
-        return self.start_run(wf, trigger=trigger, context=context, at_step=step)
-
-    def has_active_run(self, workflow: str) -> bool:
-        return any(ex.state.workflow == workflow for ex in self.manager.executors.values())
 
     async def _run_finished(self, state: RunState) -> None:
         self._progress(
@@ -841,227 +322,6 @@ class Daemon:
         )
         await self.escalator.run_finished(state)
         self.engine.wake()
-
-    async def _on_packet(self, pkt: Packet) -> None:
-        """A packet ``ambient send`` delivered (the inbox): a turn of its target's live thread (a HANDOFF or a
-        CHECKPOINT rewrites the handoff), then what it asks of ambient (the orchestrator interface of spec/004)."""
-        await self._deliver(pkt)
-        ctx = pkt.payload.context or {}
-        sig = str(pkt.signal)
-        if sig == "ORCHESTRATE":
-            name = str(ctx.get("workflow"))
-            wf = self.ref.brain.workflows.get(name)
-            if wf is None:
-                log.warning("orchestrate_unknown_workflow", workflow=name)
-                return
-            extra = ctx.get("context")
-            step = ctx.get("step")
-            self.workflows_eval.mark_started(name, wf.spec_hash, self.clock.now())
-            self.start_run(
-                wf,
-                trigger=f"orchestrate:{pkt.from_}",
-                context=extra if isinstance(extra, dict) else None,
-                at_step=str(step) if step is not None else None,
-            )
-        elif sig == "ABORT":
-            name = str(ctx.get("workflow"))
-            for ex in list(self.manager.executors.values()):
-                if ex.state.workflow == name or ex.state.run_id == name:
-                    ex.abort(by=pkt.from_, reason=str(ctx.get("reason", "")))
-        elif sig == "ADAPT":
-            name = str(ctx.get("workflow"))
-            changes = ctx.get("changes") if isinstance(ctx.get("changes"), dict) else {}
-            skip = changes.get("skip") if isinstance(changes, dict) else None
-            for ex in self.manager.executors.values():
-                if ex.state.workflow != name:
-                    continue
-                for item in ex.state.items:
-                    if isinstance(skip, list) and item.name in [str(s) for s in skip] and item.status == "pending":
-                        ex.event("skipped", item=item.name)
-                ex.event("note", text=f"ADAPT from {pkt.from_}: {json.dumps(changes)[:300]}")
-                ex.journal.sync()
-                ex.poke()
-        elif sig == "SPAWN" and (pkt.to in self.ref.brain.runners or pkt.to in self.ref.brain.matrix.agents):
-            self.start_spawn(pkt)
-        elif sig == "ESCALATE" and pkt.from_ not in ("human", "ambient"):
-            await self._escalate_sent(pkt)
-        else:
-            log.info("packet_received", signal=sig, sender=pkt.from_, to=pkt.to)
-
-    def start_spawn(self, pkt: Packet) -> str | None:
-        """A SPAWN handed in by ``ambient send`` runs its agent: a one-item run ``spawn-<agent>``, seen in ``status``
-        and ``runs`` like any other, its SPAWN sent from the packet's sender (the matrix decides it again), the
-        packet's files locked, its ``payload.context`` handed to the agent, its questions escalated to the sender."""
-        return self._start_one(
-            pkt.to,
-            pkt.from_,
-            list(pkt.scope.files),
-            pkt.scope.zone,
-            dict(pkt.payload.context or {}),
-            item=pkt.id,
-            trigger=f"send:{pkt.from_}",
-        )
-
-    def _start_one(
-        self,
-        agent: str,
-        sender: str,
-        files: list[str],
-        zone: str | None,
-        context: dict[str, Any],
-        *,
-        item: str,
-        trigger: str,
-        run_id: str | None = None,
-    ) -> str | None:
-        if any("{{" in f for f in files):
-            log.warning("spawn_refused", agent=agent, item=item, reason="a file of the SPAWN contains '{{'")
-            return None
-        doc = {
-            "workflow": f"spawn-{agent}",
-            "description": f"a SPAWN of {agent} sent by {sender}",
-            "sender": sender,
-            "supervisor": sender,
-            "for_each": {"items": [item], "spawn": agent, "scope": {"zone": zone, "files": files}},
-        }
-        try:
-            spec = parse_workflow(doc)
-        except AmbientError as exc:
-            log.warning("spawn_refused", agent=agent, item=item, reason=str(exc))
-            return None
-        run_id = self.manager.start(
-            workflow=spec.name,
-            form=spec.form,
-            spec=spec.model_dump(mode="json"),
-            spec_hash=None,
-            items=[item],
-            trigger=trigger,
-            context=context,
-            run_id=run_id,
-        )
-        self._progress(f"run started: {spec.name} (a SPAWN from {sender}) — {run_id}")
-        return run_id
-
-    async def _escalate_sent(self, pkt: Packet) -> None:
-        """An agent's ESCALATE handed in by ``ambient send``, outside any run: an escalation like any other (file,
-        notification, ``ambient decide``, Telegram); the answer SPAWNs the agent again with it in
-        ``payload.context.decision``, as a one-item run."""
-        ctx = pkt.payload.context or {}
-        question = str(ctx.get("question") or f"{pkt.from_} asks a decision")
-        req = EscalationRequest(
-            run_id=pkt.session_id or f"send-{pkt.id}",
-            workflow=f"spawn-{pkt.from_}",
-            item=None,
-            agent=pkt.from_,
-            kind="question",
-            question=question[:2000],
-            options=[(o, o, ANSWER) for o in pkt.payload.options],
-            dedupe_key=f"send/{pkt.id}",
-            respawn=pkt.from_,
-        )
-        await self.escalator.escalate(req)
-
-    def _respawn(self, esc: Escalation) -> None:
-        """The answer to an agent's own ESCALATE (see _escalate_sent): the agent runs again with it."""
-        option = esc.decided_option
-        answer = option.label if option is not None else str(esc.decision)
-        assert esc.respawn is not None
-        # One run per answer, whatever restarts come: its id comes from the escalation, and a journal under that id
-        # means the answer was acted on already (every start re-reads the answered escalations).
-        run_id = respawn_run_id(esc)
-        if self.paths.run_journal(run_id).exists():
-            return
-        self._start_one(
-            esc.respawn,
-            "human",
-            [],
-            None,
-            {"decision": answer, "question": esc.question, "escalation": esc.id},
-            item=esc.id,
-            trigger=f"decision:{esc.id}",
-            run_id=run_id,
-        )
-
-    async def _route_sent(self, raw: bytes, token: str | None, peer: int | None = None) -> dict[str, Any]:
-        """A packet ``ambient send`` handed over the send socket: routed as the command would route it itself.
-
-        No token is the person, unless the peer is one of the daemon's agents (its descendant, see
-        :mod:`~.lineage`): an agent that unset its token is nobody the router vouches for (issue 25, 1)."""
-        registry = self.router.registry
-        channel = registry.channel_for(token) if registry is not None else Channel.human()
-        if not token and peer is not None and descends_from(peer, os.getpid()) is not False:
-            channel = Channel("unauthenticated")
-            log.warning("send_without_token_from_an_agent", peer=peer)
-        outcome = await self.router.send(raw, channel, deliver=self._to_inbox)
-        answer = sendsocket.summary(outcome)
-        log.info("packet_sent", via="socket", status=answer["status"], packet=answer["id"], to=answer["to"])
-        return answer
-
-    async def _to_inbox(self, pkt: Packet) -> None:
-        await asyncio.to_thread(write_inbox, self.paths, pkt)
-
-    async def _deliver(self, pkt: Packet) -> None:
-        """Every delivered packet goes to its agent's live thread (batched off the loop)."""
-        self._live_queue.append(pkt)
-
-    async def _flush_live(self) -> None:
-        while not self.stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), 0.25)
-            await self._flush_live_once()
-
-    def _write_now(self) -> None:
-        """``.ambient/now.json``: the tool each AI agent is using right now (``ambient status`` shows it), written
-        when it changes; a view, not durable."""
-        current = sorted(self.claude.current.values(), key=lambda c: (c["run_id"], c["item"]))
-        if current == self._now_written:
-            return
-        self._now_written = current
-        try:
-            atomic_write(self.paths.state / NOW_FILE, json.dumps(current).encode(), mode=0o600, durable=False)
-        except OSError as exc:
-            log.warning("now_view_failed", error=str(exc))
-
-    def _watch(self, req: RunRequest, kind: str, text: str) -> None:
-        """An AI agent's turn (a message, a tool call, its result, a denial) for its live thread, batched like the
-        packets' turns; secrets masked before anything is kept."""
-        self._runner_turns.append(
-            {
-                "ts": self.clock.now().isoformat(),
-                "target": req.agent,
-                "requester": str(req.packet.get("from") or "ambient"),  # the SPAWN's sender: its conversation
-                "correlation_id": req.key,
-                "role": "agent",
-                "source": "runner",
-                "signal": kind.upper(),
-                "text": redact_text(text, self.secrets),
-            }
-        )
-
-    async def _flush_live_once(self) -> None:
-        self.router.flush()  # the audit log is buffered by the router; push it out with the live threads
-        self._write_now()
-        batch, self._live_queue = self._live_queue, []
-        turns, self._runner_turns = self._runner_turns, []
-        if not batch and not turns:
-            return
-
-        def write() -> None:
-            records: list[dict[str, Any]] = list(turns)
-            for pkt in batch:
-                try:
-                    rec = turn_record(pkt.wire_view(), ts=pkt.ts, correlation_id=pkt.correlation_id)
-                except (AmbientError, ValueError) as exc:
-                    log.warning("live_context_append_failed", error=str(exc))
-                    continue
-                if rec is not None:
-                    records.append(rec)
-            try:
-                self.live.append_records(records)
-            except (AmbientError, OSError) as exc:
-                log.warning("live_context_append_failed", error=str(exc))
-
-        await asyncio.get_running_loop().run_in_executor(self._live_writer, write)
 
     # -- lifecycle
 
@@ -1118,8 +378,6 @@ class Daemon:
                 ex.chain.threshold = s.breaker_threshold
         self.emitter.sender = s.default_sender
         if self.options.log_level is None or self.options.log_format is None:
-            from ambient.service.logs import configure_logging
-
             fmt = self.options.log_format or s.log_format
             configure_logging(
                 (self.options.log_level or s.log_level).upper(), json=None if fmt == "auto" else fmt == "json"
@@ -1139,14 +397,55 @@ class Daemon:
         waiting = sum(len(r.escalations) for r in runs)
         return f"{len(runs)} run(s) active, {waiting} escalation(s) waiting"
 
-    def _on_files(self, changed: Any) -> None:
+    def _on_files(self, changed: Iterable[Path]) -> None:
         changed = list(changed)
         if any(p.parent == self.paths.claims for p in changed):
             self.assisted.poke()
         self.engine.wake(changed)
 
+    # -- the daemon's run: startup, main loop, shutdown
+
     async def serve(self) -> int:
-        """Run until SIGTERM/SIGINT (or idle with ``until_idle``); return the exit code."""
+        """Run until SIGTERM/SIGINT (or idle with ``until_idle``); return the exit code.
+
+        Three phases, as uvicorn's ``Server.serve``: :meth:`startup` up to ``READY=1``, :meth:`main_loop` until the
+        stop, :meth:`shutdown`. Whatever happened, the signal handlers go and the single-instance lock is dropped.
+        """
+        try:
+            await self.startup()
+            await self.main_loop()
+            await self.shutdown()
+            # Non-zero after a task failure so that systemd's Restart=on-failure restarts us (it exited 0, e2e test).
+            return 1 if self._failed_task else 0
+        finally:
+            if self._trap is not None:
+                self._trap.close(keep_ignoring=self.options.exits_after)
+            self._instance.release()
+
+    async def startup(self) -> None:
+        """Everything up to ``READY=1``: the brain taken (:meth:`_take_brain`), the daemon built on it and its
+        signals trapped, its unfinished runs resumed (:meth:`_resume`), its tasks started (:meth:`_start_tasks`);
+        then systemd and the log are told it is ready."""
+        self._take_brain()
+        self._build()
+        self.troubles.on_recovered = self._recovered
+        self.troubles.start()
+        stop, hup = self._on_stop_signal, self._on_hup
+        self._trap = SignalTrap(
+            asyncio.get_running_loop(), {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGHUP: hup}
+        )
+        self._trap.install()
+        resumed = await self._resume()
+        frozen = freeze_startup_heap()
+        await self._start_tasks()
+        self.started = True
+        self.engine.wake()
+        systemd.ready(self._status_line())
+        log.info("daemon_ready", brain=str(self.paths.root), resumed=resumed, pid=os.getpid(), frozen_objects=frozen)
+
+    def _take_brain(self) -> None:
+        """Refuse an untrusted filesystem or state folder, take the single-instance lock, sweep crash leftovers (temp
+        files only)."""
         check_local_filesystem(self.paths.root)
         raise_descriptor_limit()
         envblock.scrub()  # secrets out of /proc/<pid>/environ: the settings keep their copy (issue 25, 2)
@@ -1154,118 +453,81 @@ class Daemon:
             d.mkdir(parents=True, exist_ok=True)
         check_state(self.paths)  # .ambient/: real folders, 0700, no link anywhere; else exit 2 naming it
         self._instance.acquire(self.clock.now())
-        trap: SignalTrap | None = None
-        try:
-            for d in (
-                self.paths.claims,
-                self.paths.locks,
-                self.paths.state,
-                self.paths.inbox,
-                self.paths.escalations,
-                self.paths.run_journals,
-                self.paths.channels,
-            ):
-                sweep_tmp(d)
-            self._build()
-            self.troubles.on_recovered = self._recovered
-            self.troubles.start()
-            stop, hup = self._on_stop_signal, self._on_hup
-            trap = SignalTrap(
-                asyncio.get_running_loop(), {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGHUP: hup}
-            )
-            trap.install()
-            await self._apply_settings(self.ref.brain.settings)  # before any run resumes or starts
-            # Locks of holders that are provably gone (a dead pid on this host), expired, or malformed past their
-            # grace: the reconciliation walks them too. A lock whose item will run again is taken anew; one whose
-            # release a crash or a power cut lost (R-03: the unlink after the last fsync) would stay otherwise.
-            cleaned = await asyncio.to_thread(self.locks.cleanup)
-            if cleaned:
-                log.info(
-                    "locks_cleaned",
-                    count=len(cleaned),
-                    files=[c.file for c in cleaned[:20]],
-                    states=sorted({c.state for c in cleaned}),
-                )
-            await asyncio.to_thread(self.spend.seed_records, self.paths.runs_log, self.clock.now())
-            resumed = self.manager.resume_all()
-            for state in self.manager.active_runs():  # resumed, not started yet: what they spent today
-                self.spend.seed_state(state, self.clock.now())
-            if resumed:
-                self._progress(f"resumed {len(resumed)} unfinished run(s) from disk")
-            frozen = _freeze_startup_heap()
-            self._spawn(self.engine.run(self.stop), "engine")
-            self._spawn(self._flush_live(), "live")
-            if self.options.watch:
-                watching = asyncio.Event()
-                claims_dir = str(self.paths.claims) + "/"
+        for d in (
+            self.paths.claims,
+            self.paths.locks,
+            self.paths.state,
+            self.paths.inbox,
+            self.paths.escalations,
+            self.paths.run_journals,
+            self.paths.channels,
+        ):
+            sweep_tmp(d)
 
-                def own_claim(path: str) -> bool:
-                    return path.startswith(claims_dir) and self.claims.is_own_write(path)
-
-                self._spawn(
-                    watch_brain(self.paths, self._on_files, self.stop, ready=watching, ignore=own_claim), "watch"
-                )
-                # READY=1 promises running watchers (RELIABILITY §2.4): without this wait a workflow dropped
-                # just after READY was missed until the next timed tick (30 s by default). A watcher that
-                # fails to start sets ``stop`` (see _task_done), which ends the wait too.
-                await _first_of(watching, self.stop)
-            self._send_server = await sendsocket.serve(self.paths.state, self._route_sent, log)
-            if self._send_server is not None and self.router.registry is not None:
-                # Agents' `ambient send` reach this router now, which knows their tokens: no token files from here
-                # on (ChannelRegistry). Those written for agents started before stay until they are revoked.
-                self.router.registry.files = False
-            # R-09 wants the gap between pings under WATCHDOG_USEC/2; pinging exactly every WATCHDOG_USEC/2 put half
-            # the gaps just over it (loop jitter, measured by the e2e test): ping twice as often as that. Nothing
-            # is awaited from here to READY=1: a first WATCHDOG=1 must not come before it (e2e test).
-            half = systemd.watchdog_interval()
-            self._spawn(systemd.watchdog_task(self.stop, interval=half / 2 if half else None), "watchdog")
-            self.started = True
-            self.engine.wake()
-            systemd.ready(self._status_line())
+    async def _resume(self) -> int:
+        """The reconciliation pass: the settings applied, dead locks removed, today's spend counted, every unfinished
+        run resumed from its journal (not started yet: the engine starts them). Returns how many were resumed."""
+        await self._apply_settings(self.ref.brain.settings)  # before any run resumes or starts
+        # Locks of holders that are provably gone (a dead pid on this host), expired, or malformed past their
+        # grace: the reconciliation walks them too. A lock whose item will run again is taken anew; one whose
+        # release a crash or a power cut lost (R-03: the unlink after the last fsync) would stay otherwise.
+        cleaned = await asyncio.to_thread(self.locks.cleanup)
+        if cleaned:
             log.info(
-                "daemon_ready", brain=str(self.paths.root), resumed=len(resumed), pid=os.getpid(), frozen_objects=frozen
+                "locks_cleaned",
+                count=len(cleaned),
+                files=[c.file for c in cleaned[:20]],
+                states=sorted({c.state for c in cleaned}),
             )
-            await self.stop.wait()
-            await self._shutdown()
-            # Non-zero after a task failure so that systemd's Restart=on-failure restarts us (it exited 0, e2e test).
-            return 1 if self._failed_task else 0
-        finally:
-            if trap is not None:
-                trap.close(keep_ignoring=self.options.exits_after)
-            self._instance.release()
+        await asyncio.to_thread(self.spend.seed_records, self.paths.runs_log, self.clock.now())
+        resumed = self.manager.resume_all()
+        for state in self.manager.active_runs():  # resumed, not started yet: what they spent today
+            self.spend.seed_state(state, self.clock.now())
+        if resumed:
+            self._progress(f"resumed {len(resumed)} unfinished run(s) from disk")
+        return len(resumed)
 
-    async def _on_press(self, esc_id: str, index: int, nonce: str, user: Any) -> Any:
-        """A Telegram button press: the same answer as ``ambient decide``, then the run resumes at once."""
-        from ambient.human.escalations import AlreadyAnsweredError
-        from ambient.human.telegram import PressResult, decision_text, nonce_matches
+    async def _start_tasks(self) -> None:
+        """The daemon's tasks: the engine's tick, the live threads' writer, the watcher (waited for: ``READY=1``
+        promises it), the send socket, the watchdog."""
+        self._spawn(self.engine.run(self.stop), "engine")
+        self._spawn(self.live_turns.run(self.stop), "live")
+        if self.options.watch:
+            watching = asyncio.Event()
+            claims_dir = str(self.paths.claims) + "/"
 
-        try:
-            esc = await asyncio.to_thread(self.escalations.get, esc_id)
-        except AmbientError:
-            return PressResult("invalid", "Unknown escalation.")
-        if not nonce_matches(esc.nonce, nonce):
-            return PressResult("invalid", "This button is not valid any more.")
-        try:
-            done = await asyncio.to_thread(
-                self.escalations.answer, esc_id, str(index + 1), by=user.name, channel="telegram"
-            )
-        except AlreadyAnsweredError as exc:
-            prev = exc.escalation
-            if prev.status == "cancelled":
-                return PressResult("already_decided", f"No longer needed: {prev.note or 'cancelled'}")
-            when = prev.answered_at or prev.timed_out_at or self.clock.now()
-            line = decision_text(prev.decision or "", prev.by or "?", when)  # as the deciding press showed it
-            return PressResult("already_decided", f"Already decided: {prev.decision} by {prev.by}", line)
-        self.engine.wake([self.paths.escalations / f"{esc_id}.yml"])
-        return PressResult("decided", decision_text(done.decision or "", user, self.clock.now()))
+            def own_claim(path: str) -> bool:
+                return path.startswith(claims_dir) and self.claims.is_own_write(path)
 
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+            self._spawn(watch_brain(self.paths, self._on_files, self.stop, ready=watching, ignore=own_claim), "watch")
+            # READY=1 promises running watchers (RELIABILITY §2.4): without this wait a workflow dropped
+            # just after READY was missed until the next timed tick (30 s by default). A watcher that
+            # fails to start sets ``stop`` (see _task_done), which ends the wait too.
+            await _first_of(watching, self.stop)
+        self._send_server = await sendsocket.serve(self.paths.state, self.packets.route_sent, log)
+        if self._send_server is not None and self.router.registry is not None:
+            # Agents' `ambient send` reach this router now, which knows their tokens: no token files from here
+            # on (ChannelRegistry). Those written for agents started before stay until they are revoked.
+            self.router.registry.files = False
+        # R-09 wants the gap between pings under WATCHDOG_USEC/2; pinging exactly every WATCHDOG_USEC/2 put half
+        # the gaps just over it (loop jitter, measured by the e2e test): ping twice as often as that. Nothing
+        # is awaited from here to READY=1: a first WATCHDOG=1 must not come before it (e2e test).
+        half = systemd.watchdog_interval()
+        self._spawn(systemd.watchdog_task(self.stop, interval=half / 2 if half else None), "watchdog")
+
+    async def main_loop(self) -> None:
+        """Wait for the stop: SIGTERM/SIGINT, ``--until-idle`` once nothing moves without the person, or a daemon
+        task that died. The work runs meanwhile in the tasks :meth:`startup` started (the engine's tick reloads on
+        SIGHUP and on changed files, starts and resumes runs; the outbox sends; the watchdog pings)."""
+        await self.stop.wait()
+
+    def _spawn(self, coro: Coroutine[Any, Any, object], name: str) -> asyncio.Task[object]:
         task = asyncio.create_task(coro, name=name)
         self._tasks.append(task)
         task.add_done_callback(self._task_done)
         return task
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
+    def _task_done(self, task: asyncio.Task[object]) -> None:
         if task.cancelled():
             return
         exc = task.exception()
@@ -1283,7 +545,10 @@ class Daemon:
         self.reload_requested = True
         self.engine.wake()
 
-    async def _shutdown(self) -> None:
+    async def shutdown(self) -> None:
+        """The staged shutdown: ``STOPPING=1``, running agents drained for ``shutdown_grace_s`` then their process
+        groups killed and recorded as interrupted; notifications and the send socket closed; the claims, the live
+        threads and the audit written out; the locks released; ``daemon-events.jsonl`` says it stopped."""
         systemd.stopping("stopping")
         grace = self.ref.brain.settings.shutdown_grace_s
         kill_grace = max((getattr(cfg, "kill_grace_s", 0.0) for cfg in self.ref.brain.runners.values()), default=0.0)
@@ -1302,8 +567,8 @@ class Daemon:
             if not t.done():
                 t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._flush_live_once()
-        self._live_writer.shutdown(wait=True)
+        await self.live_turns.flush()
+        self.live_turns.close()
         # Every agent is gone and its locks released: close the lock manager, which also removes its pooled
         # ``.spare.tmp.*`` files (a clean stop left them in locks/ until the next start's sweep; e2e test).
         with contextlib.suppress(OSError):
@@ -1328,33 +593,6 @@ async def _first_of(*events: asyncio.Event) -> None:
         await asyncio.gather(*waiters, return_exceptions=True)
 
 
-def fanout_retry(spec: ChainWorkflow) -> Any:
-    """The chain's workflow-level retry policy in the planner's terms."""
-    from ambient.engine.compile import retry_policy
-
-    return retry_policy(spec.retry)
-
-
 async def serve(root: Path, options: DaemonOptions | None = None) -> int:
     """Run a daemon on ``root`` until it stops; its exit code."""
     return await Daemon(root, options).serve()
-
-
-def _freeze_startup_heap() -> int:
-    """Keep what start-up built (modules, pydantic schemas, the loaded brain) out of every later collection.
-
-    Performance (bench/fanout.py): the cyclic collector's full collections walked that whole heap while a
-    fan-out ran, ~0.2 ms per item (three gen-2 passes of ~80 ms in a 2,000-item run, measured with
-    ``gc.callbacks``). Frozen objects are still freed by reference counting; only cycles among them would
-    stay, and start-up objects live as long as the daemon anyway.
-    """
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
-
-
-def _llm_runner(environ: Mapping[str, str], watch: Callable[[RunRequest, str, str], None]) -> Any:
-    """The ``llm`` runner (its SDKs are imported only when an agent runs)."""
-    from ambient.runners.llm import LlmRunner
-
-    return LlmRunner(environ=environ, watch=watch)

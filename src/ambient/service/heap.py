@@ -1,4 +1,5 @@
-"""Giving the memory the daemon freed back to the system (glibc's ``malloc_trim``).
+"""The daemon's heap: start-up's objects kept out of the cyclic collector (:func:`freeze_startup_heap`), and the
+memory the daemon freed given back to the system (glibc's ``malloc_trim``).
 
 A long-running daemon frees as much as it allocates, but glibc keeps freed heap pages resident inside its
 arenas (one per thread that allocated) until the top of a heap is free, which it rarely is: in R-12's soak,
@@ -14,6 +15,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import functools
+import gc
 import time
 from collections.abc import Callable
 
@@ -61,3 +63,16 @@ class HeapTrimEvaluator:
         self._last = now
         if await asyncio.to_thread(trim):
             self.trims += 1
+
+
+def freeze_startup_heap() -> int:
+    """Keep what start-up built (modules, pydantic schemas, the loaded brain) out of every later collection.
+
+    Performance (bench/fanout.py): the cyclic collector's full collections walked that whole heap while a
+    fan-out ran, ~0.2 ms per item (three gen-2 passes of ~80 ms in a 2,000-item run, measured with
+    ``gc.callbacks``). Frozen objects are still freed by reference counting; only cycles among them would
+    stay, and start-up objects live as long as the daemon anyway.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()

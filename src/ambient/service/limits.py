@@ -2,7 +2,8 @@
 (:func:`ambient.engine.slots.unit_limits`) and what this process has (its descriptor limit, its cgroup's ``pids.max``).
 
 Agents started past either limit fail with EMFILE or EAGAIN, blamed on nobody the person would look at; the daemon
-says so at start and at each reload instead (issue 25, 11).
+raises its descriptor limit at start (:func:`raise_descriptor_limit`) and says what is still short at start and at
+each reload (issue 25, 11).
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ import contextlib
 import resource
 from pathlib import Path
 
+import structlog
+
 from ambient.engine.slots import unit_limits
+
+log = structlog.get_logger(__name__)
 
 
 def _pids_max() -> int | None:
@@ -36,3 +41,22 @@ def limits_short(concurrency: int) -> dict[str, int]:
     if pids is not None and pids < tasks:
         short.update(tasks=pids, need_tasks=tasks)
     return short
+
+
+def raise_descriptor_limit(want: int = 1 << 16) -> int:
+    """Raise the soft limit on open files towards the hard one (to ``want``): a fan-out holds a few descriptors
+    per agent, and 1024 (the usual soft default) ran out under load where the hard limit allowed far more
+    (issue 24, 4). Returns the soft limit in force; logs when it stays low."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    if soft != resource.RLIM_INFINITY and soft < 256:
+        log.warning(
+            "descriptor_limit_low",
+            limit=soft,
+            hint="raise LimitNOFILE= in the systemd unit (or `ulimit -n`): agents need a few descriptors each",
+        )
+    return int(soft)

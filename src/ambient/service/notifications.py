@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -19,8 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from ambient.config.settings import NotifySettings, Settings, TelegramSettings
+from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, NotifyError
 from ambient.core.redact import SecretRegistry
+from ambient.human.escalations import EscalationStore
 from ambient.human.notify import (
     TOKEN_CREDENTIAL,
     AppriseNotifier,
@@ -34,11 +37,10 @@ from ambient.human.notify import (
     run_outbox,
 )
 
+# The Telegram module (httpx) is imported where a bot is built: ``ambient notify test`` and ``ambient doctor`` use
+# this module too, and pay for it only when Telegram answers are configured (the start-up time of a CLI command).
 if TYPE_CHECKING:
-    from ambient.config.settings import Settings
-    from ambient.core.clock import Clock
-    from ambient.human.escalations import EscalationStore
-    from ambient.human.telegram import BotApi
+    from ambient.human.telegram import BotApi, OnPress
 
 log = structlog.get_logger(__name__)
 
@@ -109,10 +111,6 @@ def build_notifiers(
     return out
 
 
-#: Answers a Telegram button press: (escalation id, option index, nonce, user) → what the presser is told.
-OnPress = Callable[[str, int, str, Any], Awaitable[Any]]
-
-
 class NotifyService:
     """The outbox sender and the Telegram answerer of one daemon, (re)started from the current settings."""
 
@@ -125,7 +123,7 @@ class NotifyService:
         environ: Mapping[str, str],
         state_dir: Path,
         on_press: OnPress,
-        spawn: Callable[[Any, str], asyncio.Task[Any]],
+        spawn: Callable[[Coroutine[Any, Any, object], str], asyncio.Task[object]],
         stop: asyncio.Event,
     ) -> None:
         self.outbox = outbox
@@ -139,8 +137,8 @@ class NotifyService:
         self.stop = stop
         self.wake = asyncio.Event()  # set after a message is queued: it goes out at once
         self.notifier: Notifier | None = None
-        self._config: tuple[Any, Any] | None = None
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._config: tuple[NotifySettings, TelegramSettings] | None = None
+        self._tasks: list[asyncio.Task[object]] = []
         self._bot: BotApi | None = None
 
     @property

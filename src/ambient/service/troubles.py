@@ -3,6 +3,8 @@
 The rules (which errors are the daemon's, what to say) are :mod:`ambient.core.health`; this is the thin shell around
 them. ``ambient status`` and ``ambient doctor`` read the file while the daemon runs (:func:`read_health`), and
 check the disk themselves (:func:`disk_full`), since a full disk is exactly when the file cannot be rewritten.
+:meth:`Troubles.held_up` guards the daemon's own writes: work a shortage holds up waits for the end of it, it does
+not fail.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import structlog
 from pydantic import ValidationError
 
 from ambient.core.clock import Clock
-from ambient.core.health import Health, Resource, cleared, describe, noted
+from ambient.core.health import Health, Resource, cleared, describe, noted, resource_of
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write
 from ambient.storage.paths import BrainPaths
 
@@ -30,6 +32,8 @@ log = structlog.get_logger("ambient.service.troubles")
 DISK_FULL_BYTES = 256 * 1024
 _RESOURCES = get_args(Resource)
 _REWRITE_EVERY_S = 5.0  # a trouble seen again and again rewrites the file at most this often
+#: After a write the disk had no room for (or a descriptor shortage), the engine looks again this soon.
+_HELD_UP_RETRY_S = 2.0
 
 Inform = Callable[[str, str], Awaitable[None]]
 
@@ -42,10 +46,17 @@ class Troubles:
     """What the daemon is short of now. ``trouble`` is called from the event loop (or a thread: it only logs and
     writes a small file); a new trouble is told once, its end is logged."""
 
-    def __init__(self, paths: BrainPaths, clock: Clock, inform: Inform | None = None) -> None:
+    def __init__(
+        self,
+        paths: BrainPaths,
+        clock: Clock,
+        inform: Inform | None = None,
+        retry: Callable[[], None] | None = None,
+    ) -> None:
         self.paths = paths
         self.clock = clock
         self.inform = inform
+        self.retry = retry  # wakes the engine: work held up by a shortage is looked at again (held_up)
         self.health = Health()
         self._written_at = 0.0
         self.on_recovered: Callable[[str], None] | None = None  # e.g. rewrite what a full disk kept unwritten
@@ -76,6 +87,41 @@ class Troubles:
                         self.on_recovered(kind)
         if ended:
             self._write()
+
+    def held_up(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the daemon ran out of something (a full disk, descriptors): then it is told once
+        (log, status, doctor, a notification), the engine looks again shortly, and the caller leaves the work for
+        then instead of failing it (issue 24, 3)."""
+        kind = resource_of(exc)
+        if kind is None:
+            return False
+        where = getattr(exc, "filename", None)
+        place = str(Path(where).parent) if isinstance(where, str) else str(self.paths.state)
+        self.trouble(kind, describe(kind, getattr(exc, "strerror", None) or str(exc), place))
+        log.warning("waiting_for_resources", resource=kind, error=str(exc))
+        if self.retry is not None:
+            asyncio.get_running_loop().call_later(_HELD_UP_RETRY_S, self.retry)
+        return True
+
+    def tried(self, job: Callable[[], object]) -> bool:
+        """Run ``job``; False when it could not for want of a resource (:meth:`held_up`), other errors raised."""
+        try:
+            job()
+        except OSError as exc:
+            if not self.held_up(exc):
+                raise
+            return False
+        self.recovered(["disk"])
+        return True
+
+    async def save_or_wait(self, save: Callable[[], None]) -> None:
+        """A small state file (workflows.json): written, or left for the next save when the disk is full (what it
+        records is in memory, and the runs it guards have their journals on disk already)."""
+        try:
+            await asyncio.to_thread(save)
+        except OSError as exc:
+            if not self.held_up(exc):
+                raise
 
     def _tell(self, title: str, body: str) -> None:
         if self.inform is None:

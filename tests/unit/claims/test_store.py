@@ -458,3 +458,15 @@ def test_what_the_store_keeps_per_claim_is_small(brain: BrainPaths) -> None:
         tracemalloc.stop()
     assert len(store._known) == 301
     assert kept / 300 < 1000, kept / 300  # ~0.7 KB; 2.9 KB with the models and Paths
+
+
+def test_batch_write_skips_a_broken_file_and_writes_the_others(brain: BrainPaths) -> None:
+    """write_claims (the writer thread's batch): a claim file a person broke is reported, kept, and not overwritten."""
+    store = ClaimStore(brain)
+    broken = store.dir / "sess-b.yml"
+    broken.write_text("sess_id: [unclosed\n")
+    batch = [new_claim(f"sess-{k}", "satellite", f"x/{k}.md", "coder", NOW) for k in ("a", "b", "c")]
+    failed = store.write_claims(batch, durable=False)
+    assert [sid for sid, _ in failed] == ["sess-b"]
+    assert broken.read_text() == "sess_id: [unclosed\n"
+    assert store.get("sess-a").scope == "x/a.md" and store.get("sess-c").scope == "x/c.md"

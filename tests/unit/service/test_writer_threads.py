@@ -57,7 +57,7 @@ def test_lowering_is_relative_and_capped() -> None:
 def test_the_claims_writer_thread_is_a_background_one(tmp_path: Path) -> None:
     from ambient.claims.store import ClaimStore
     from ambient.core.clock import SystemClock
-    from ambient.service.adapters import ClaimsWriter
+    from ambient.service.claims_writer import ClaimsWriter
     from ambient.storage.paths import BrainPaths
 
     paths = BrainPaths(tmp_path)

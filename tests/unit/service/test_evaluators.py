@@ -1,4 +1,4 @@
-"""The stale-claims evaluator of the daemon: open claims past their TTL become ``stale``, cheaply."""
+"""The tick's evaluators tested alone: the stale-claims one (open claims past their TTL become ``stale``, cheaply)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from ambient.claims.claim import new_claim
 from ambient.claims.store import ClaimStore
 from ambient.engine.tick import Tick
-from ambient.service.daemon import StaleClaimsEvaluator
+from ambient.service.evaluators import StaleClaimsEvaluator, _not_open
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamltext import dump_yaml
 
@@ -82,17 +82,6 @@ async def test_file_events_alone_do_not_scan(store: ClaimStore) -> None:
     assert store.get("sess-old").status == "open"
     await ev.evaluate(Tick(number=2, now=NOW))
     assert store.get("sess-old").status == "stale"
-
-
-def test_batch_write_skips_a_broken_file_and_writes_the_others(store: ClaimStore) -> None:
-    """write_claims (the writer thread's batch): a claim file a person broke is reported, kept, and not overwritten."""
-    broken = store.dir / "sess-b.yml"
-    broken.write_text("sess_id: [unclosed\n")
-    batch = [new_claim(f"sess-{k}", "satellite", f"x/{k}.md", "coder", NOW) for k in ("a", "b", "c")]
-    failed = store.write_claims(batch, durable=False)
-    assert [sid for sid, _ in failed] == ["sess-b"]
-    assert broken.read_text() == "sess_id: [unclosed\n"
-    assert store.get("sess-a").scope == "x/a.md" and store.get("sess-c").scope == "x/c.md"
 
 
 def _past(ns: int) -> None:
@@ -235,8 +224,6 @@ def test_a_full_look_parses_no_closed_claim(store: ClaimStore, monkeypatch: pyte
     ],
 )
 def test_not_open_reads_only_what_is_certain(tmp_path: Path, text: bytes, closed: bool) -> None:
-    from ambient.service.daemon import _not_open
-
     path = tmp_path / "c.yml"
     path.write_bytes(text)
     assert _not_open(str(path)) is closed
