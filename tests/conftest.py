@@ -25,6 +25,20 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_BRAIN = REPO / "examples" / "brain"
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "cortex-template"  # vendored from ../shared/corpus
 
+#: The suites of real processes (the daemon, the CLI, agents as subprocesses, kill -9, attacks): the slow lane
+#: whole. ``pytest -m "not slow"`` is the inner loop (tests/unit, a unit test over ~0.2 s marked slow by hand);
+#: CI runs everything.
+PROCESS_SUITES = ("acceptance", "e2e", "chaos", "attacks")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test of a process suite is ``slow``, without a marker to forget in each new file."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        rel = item.path.relative_to(tests).parts if item.path.is_relative_to(tests) else ()
+        if rel and rel[0] in PROCESS_SUITES:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(autouse=True)
 def _reset_structlog() -> None:

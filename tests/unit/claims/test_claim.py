@@ -111,6 +111,7 @@ class TestModel:
             max_size=5,
         )
     )
+    @pytest.mark.slow
     def test_unknown_keys_survive_a_transition(self, extra: dict[str, Any]) -> None:
         """Whatever unknown keys a claim carries, a transition keeps them and their values unchanged."""
         claim = Claim.model_validate({**mk().to_document(), **extra})
@@ -326,6 +327,7 @@ class TestStale:
         minutes=st.integers(0, 180),
         default=st.sampled_from([None, timedelta(minutes=10)]),
     )
+    @pytest.mark.slow
     def test_the_kept_facts_decide_staleness_as_the_rule_does(
         self, status: str, ttl: Any, opened: str, gates: list[Any], minutes: int, default: timedelta | None
     ) -> None:
@@ -482,7 +484,7 @@ class GateMachine(RuleBasedStateMachine):
                 assert claim.paused_by is None and claim.paused_from is None
 
 
-TestGateMachine = GateMachine.TestCase
+TestGateMachine = pytest.mark.slow(GateMachine.TestCase)
 TestGateMachine.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
 
 

@@ -137,6 +137,7 @@ def test_no_claims_folder(tmp_path: Path) -> None:
     assert got.facts == {} and got.problems == []
 
 
+@pytest.mark.slow
 def test_status_counts_open_claims_through_the_index(brain: BrainPaths) -> None:
     done = ambient_cli(brain.root, "status", "--json")
     assert done.returncode == 0, done.stderr
@@ -148,6 +149,7 @@ def test_status_counts_open_claims_through_the_index(brain: BrainPaths) -> None:
     assert any("broken.yml" in p for p in data["claims"]["problems"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("statuses", [("open",), ("open", "paused"), ("closed",), ("failed",)])
 def test_claim_list_by_status_reads_only_those_and_says_the_same(brain: BrainPaths, statuses: tuple[str, ...]) -> None:
     every = ambient_cli(brain.root, "claim", "list")  # the full path: every claim loaded
@@ -162,6 +164,7 @@ def test_claim_list_by_status_reads_only_those_and_says_the_same(brain: BrainPat
     assert [row["sess_id"] for row in as_json] == [line.split()[0] for line in want]
 
 
+@pytest.mark.slow
 def test_doctor_and_validate_use_the_index_and_write_none(brain: BrainPaths) -> None:
     index = brain.state / INDEX_NAME
     for sub in ("agents", "workflows", "locks", "profil"):  # a brain doctor recognises

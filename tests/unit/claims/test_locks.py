@@ -136,6 +136,7 @@ class TestNames:
         st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40),
         st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40),
     )
+    @pytest.mark.slow
     def test_distinct_paths_never_share_a_name(self, a: str, b: str) -> None:
         """Encoding is injective on normalised paths and every name decodes back to its path."""
         try:
@@ -205,6 +206,7 @@ class TestBasics:
         assert m.check("agents/foo.md").state == "free"
         assert [p.name for p in m.dir.iterdir() if not p.name.startswith(".spare")] == []
 
+    @pytest.mark.slow
     def test_other_holder_is_refused_then_waits(self, manager: Callable[..., LockManager]) -> None:
         """A second holder gets LockBusyError at once, and the lock after the first releases it while waiting."""
         a, b = manager(), manager()
@@ -255,6 +257,7 @@ class TestBasics:
             t.join()
         assert errors == [] and counter[0] == 480
 
+    @pytest.mark.slow
     async def test_async_acquire_does_not_block_the_loop(self, manager: Callable[..., LockManager]) -> None:
         """acquire_async waits in a thread: the loop keeps ticking, and the lock comes once released."""
         a, b = manager(), manager()
@@ -685,6 +688,7 @@ def test_r06a_killed_holder_is_reclaimed_at_once(
     print(f"\nR-06a ({'reaped' if reap else 'zombie'}): reclaimed {reclaim * 1000:.1f} ms after kill -9 (TTL 60 s)")
 
 
+@pytest.mark.slow
 def test_r06a_session_lock_waits_for_ttl_and_grace(brain: BrainPaths, manager: Callable[..., LockManager]) -> None:
     """R-06a: a session-bound lock (as the CLI takes) outlives its process until TTL + grace, then is taken over."""
     holder = run_py(HOLDER, str(brain.root), "0", "1.0")
@@ -761,6 +765,7 @@ except LockNotHeldError:
 """
 
 
+@pytest.mark.slow
 def test_r06b_paused_holder_is_fenced(brain: BrainPaths, manager: Callable[..., LockManager]) -> None:
     """R-06b: a SIGSTOP'd holder outlives its lease; after SIGCONT its write is fenced and its release refused."""
     store = ClaimStore(brain)
@@ -1025,5 +1030,5 @@ class LockMachine(RuleBasedStateMachine):
         self._rmtree(self.root, ignore_errors=True)
 
 
-TestLockMachine = LockMachine.TestCase
+TestLockMachine = pytest.mark.slow(LockMachine.TestCase)
 TestLockMachine.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)

@@ -243,6 +243,7 @@ class TestShell:
         assert codes(run_preflight(brain, "s", "brain-engine/b.py", snapshot=snapshot)) == []
         locks.close()
 
+    @pytest.mark.slow
     def test_run_preflight_reads_only_the_claim_and_its_ancestors(
         self, brain: BrainPaths, monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -329,6 +329,7 @@ print("\n" + json.dumps({"kills": kills, "torn": torn, "bad_locks": bad_locks, "
 """
 
 
+@pytest.mark.slow
 def test_r02_kill_9_mid_write_never_tears(brain: BrainPaths) -> None:
     """R-02: a claim+lock writer killed -9 fifty times leaves no torn claim or lock; the sweep removes only temps."""
     (brain.root / "locks").mkdir()
@@ -434,6 +435,7 @@ def test_what_the_store_remembers_is_bounded(brain: BrainPaths, monkeypatch: pyt
     assert store.get(first.sess_id).fence == 7  # the fence was read back from the file, never lowered
 
 
+@pytest.mark.slow
 def test_what_the_store_keeps_per_claim_is_small(brain: BrainPaths) -> None:
     """R-12: the store keeps a claim's facts, not its model (~3.4 KB): what stays in memory after writing 300
     claims, once the caller's claims are gone, is under 1 KB a claim (paths and signatures included)."""

@@ -26,6 +26,7 @@ def test_the_command_word_skips_options_and_the_brain_value(argv: list[str], wor
     assert _command_word(argv) == word
 
 
+@pytest.mark.slow
 def test_a_command_imports_its_own_module_only() -> None:
     loaded = _modules_last_line("lock", "--help")
     assert "ambient.cli.lock" in loaded
@@ -42,6 +43,7 @@ def _modules_last_line(*argv: str) -> set[str]:
     return set(line.split()[1:])
 
 
+@pytest.mark.slow
 def test_commands_registered_by_another_module_and_help_still_see_every_command(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -51,6 +53,7 @@ def test_commands_registered_by_another_module_and_help_still_see_every_command(
     assert "invalid choice: 'sned'" in err and "'send'" in err and "'demo'" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["status"], ["validate"], ["runs"]])
 def test_a_reader_that_went_away_stops_the_command_quietly(tmp_path: Path, args: list[str]) -> None:
     """``ambient status | head -1``: output into a pipe nobody reads any more ends the command with the shell's

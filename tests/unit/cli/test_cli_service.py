@@ -104,6 +104,7 @@ def test_init_twice_refuses_and_no_example_adds_only_config(tmp_path: Path, caps
     assert not (other / "agents" / "hello.md").exists()
 
 
+@pytest.mark.slow
 def test_init_then_run_finishes_the_example(tmp_path: Path) -> None:
     """`ambient init` then `ambient run --until-idle` (a real subprocess) runs the example workflow to success."""
     root = tmp_path / "brain"
@@ -331,6 +332,7 @@ def sick_brain(make_brain: Callable[..., Path]) -> Iterator[Path]:
     yield root
 
 
+@pytest.mark.slow
 def test_doctor_names_each_problem_with_its_fix(sick_brain: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Dead lock holder, stale claim, broken workflow, failing notification, daemon down: each with its hint."""
     before = _files(sick_brain)
@@ -384,6 +386,7 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_doctor_notify_sends_a_test_only_when_asked(
     make_brain: Callable[..., Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

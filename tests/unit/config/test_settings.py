@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -34,6 +35,7 @@ _keys = st.sampled_from(
 @given(
     st.dictionaries(_keys, st.one_of(_values, st.dictionaries(st.text(max_size=6), _values, max_size=3)), max_size=6)
 )
+@pytest.mark.slow
 def test_any_mapping_gives_settings_and_valid_ones_are_unchanged(data: dict[str, object]) -> None:
     """Whatever the file holds, salvage gives settings; a file that validates is taken as it is."""
     s = settings_salvaged(data, {})

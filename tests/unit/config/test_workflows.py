@@ -122,6 +122,7 @@ _YAML_VALUES = st.recursive(
 )  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(_YAML_VALUES)
 def test_loading_never_raises(data: Any) -> None:

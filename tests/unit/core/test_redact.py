@@ -124,6 +124,7 @@ class TestStructures:
 _secret = st.text(min_size=8, max_size=40).filter(lambda s: s.strip() == s)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(secret=_secret, before=st.text(max_size=60), after=st.text(max_size=60))
 def test_registered_secret_never_survives(secret: str, before: str, after: str) -> None:

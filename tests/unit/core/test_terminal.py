@@ -13,6 +13,7 @@ import json
 import logging
 import re
 
+import pytest
 import structlog
 from hypothesis import given
 from hypothesis import strategies as st
@@ -79,6 +80,7 @@ def _agent_md(name: str, code: str) -> str:
     return command_agent_md(name, ["{{python}}", "-c", code])
 
 
+@pytest.mark.slow
 def test_cli_never_prints_an_agents_control_characters(tmp_path) -> None:  # type: ignore[no-untyped-def]
     paths = make_brain(
         tmp_path / "brain",

@@ -201,6 +201,7 @@ class TestDecide:
         keys=st.lists(st.from_regex(r"[a-z][a-z0-9_-]{0,8}", fullmatch=True), min_size=1, max_size=8, unique=True),
         data=st.data(),
     )
+    @pytest.mark.slow
     def test_number_and_key_agree(self, keys: list[str], data: st.DataObject) -> None:
         """For any option list, answering with number n equals answering with the n-th key."""
         e = new_escalation(
@@ -289,6 +290,7 @@ _WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_two_processes_answering_at_once_exactly_one_wins(store: EscalationStore) -> None:
     """Two real processes answer the same escalations at the same instant: exactly one wins each time."""
     rounds = 15
@@ -409,6 +411,7 @@ class TestDeadlines:
 
 
 class TestStoreFiles:
+    @pytest.mark.slow
     def test_notification_attempts_are_recorded(self, store: EscalationStore) -> None:
         """Failed attempts keep the retry time and error; success sets delivered_at; the list is capped."""
         created = store.create(_fail())
@@ -510,6 +513,7 @@ class TestCli:
         assert store.get(a.id).by == "human"
 
 
+@pytest.mark.slow
 def test_listing_parses_only_changed_files(store: EscalationStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """The daemon lists every escalation at each tick, decided ones included (they stay for good): a file is
     parsed again only when it changed, and callers get copies of what was read."""

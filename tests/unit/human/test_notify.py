@@ -329,6 +329,7 @@ class TestApprise:
         with pytest.raises(DeliveryError, match="no notification URL"):
             await AppriseNotifier([]).send(_message())
 
+    @pytest.mark.slow
     async def test_hung_server_does_not_block_the_loop(self, fake: FakeServer) -> None:
         """A server that never answers gives a failure at the time limit while the loop keeps running."""
         ticks = 0

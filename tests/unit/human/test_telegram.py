@@ -206,6 +206,7 @@ class TestCallbackData:
         """Anything not shaped like our callback_data parses to None."""
         assert parse_callback_data(data) is None
 
+    @pytest.mark.slow
     @given(esc=st.from_regex(r"[A-Za-z0-9._-]{1,36}", fullmatch=True), index=st.integers(0, 99))
     def test_roundtrip_property(self, esc: str, index: int) -> None:
         """Every valid (id, index, nonce) fits 64 bytes and round-trips."""

@@ -554,6 +554,7 @@ def test_s10_example_brain_every_cell() -> None:
     assert cells > 10_000
 
 
+@pytest.mark.slow
 def test_s10_corpus_every_cell(corpus: Path) -> None:
     """S-10: every cell of the 56-agent corpus matrix matches the reference (no routing table there)."""
     assert _exhaustive(corpus, [None, "project"]) > 100_000

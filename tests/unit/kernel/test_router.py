@@ -586,6 +586,7 @@ def s10_brain(tmp_path_factory: pytest.TempPathFactory) -> S10:
 _SLOW_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]  # the conftest profile's, plus ours
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=_SLOW_OK)
 @given(data=st.data())
 def test_s10_delivered_iff_reference_allows(s10_brain: S10, data: st.DataObject) -> None:
@@ -647,6 +648,7 @@ JSONISH = st.recursive(
 KEYS = st.sampled_from(["from", "to", "signal", "scope", "payload", "id", "ts", "session_id", "x"])
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=_SLOW_OK)
 @given(raw=st.one_of(st.binary(max_size=300), st.text(max_size=300), st.dictionaries(KEYS, JSONISH, max_size=6)))
 def test_garbage_never_raises(s10_brain: S10, raw: Any) -> None:
@@ -735,6 +737,7 @@ class TestSendCli:
         assert main(["send", "--brain", str(tmp_path), str(tmp_path / "missing.json")]) == 2
         capsys.readouterr()
 
+    @pytest.mark.slow
     def test_spawned_agent_subprocess(self, brain: Path) -> None:
         """S-05 end to end: a spawned process with its token sends as its agent; claiming 'human' is refused."""
         ch = ChannelRegistry(BrainPaths(brain)).issue("vps")

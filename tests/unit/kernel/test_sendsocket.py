@@ -69,6 +69,7 @@ def test_constants_match_the_modules_they_stand_for() -> None:
 
 
 class TestThroughTheDaemon:
+    @pytest.mark.slow
     def test_a_packet_is_routed_recorded_and_delivered_by_the_daemon(
         self, daemon: tuple[BrainPaths, DaemonProcess]
     ) -> None:
@@ -94,6 +95,7 @@ class TestThroughTheDaemon:
         assert d.stop() == 0
         assert not sock.exists()  # gone with the daemon: the next command routes by itself
 
+    @pytest.mark.slow
     def test_identity_comes_from_the_token_the_command_presents(self, daemon: tuple[BrainPaths, DaemonProcess]) -> None:
         paths, d = daemon
         token = ChannelRegistry(paths).issue("vps").token or ""  # after start-up, which revokes every token
@@ -120,6 +122,7 @@ class TestThroughTheDaemon:
 
 
 class TestFallBack:
+    @pytest.mark.slow
     def test_without_a_daemon_or_with_a_dead_socket_the_command_routes_by_itself(self, tmp_path: Path) -> None:
         paths = make_brain(tmp_path / "brain")
         assert send(paths, SPAWN).returncode == 0
@@ -134,6 +137,7 @@ class TestFallBack:
         assert [r["status"] for r in audit(paths)] == ["delivered", "delivered"]
         assert len(list(paths.inbox.glob("*.json"))) == 2
 
+    @pytest.mark.slow
     def test_a_daemon_that_closes_without_answering_is_reported_not_retried(self, tmp_path: Path) -> None:
         paths = make_brain(tmp_path / "brain")
         sock = sendsocket.socket_path(paths.state)

@@ -99,6 +99,7 @@ SAFE_PART = st.text(
 ).filter(lambda p: p not in (".", ".."))
 
 
+@pytest.mark.slow
 @given(st.lists(SAFE_PART, min_size=1, max_size=6))
 def test_safe_paths_always_get_a_kernel_zone(parts: list[str]) -> None:
     """Any path of ordinary components is normalised to itself and lands in one of the three zones."""
@@ -109,6 +110,7 @@ def test_safe_paths_always_get_a_kernel_zone(parts: list[str]) -> None:
     assert zone_of(path) in (KERNEL, PROJECT, PERSONAL)
 
 
+@pytest.mark.slow
 @given(st.lists(SAFE_PART | st.just(".."), min_size=1, max_size=6).filter(lambda ps: ".." in ps))
 def test_dotdot_anywhere_is_rejected(parts: list[str]) -> None:
     """A '..' component anywhere is rejected, even when it would stay inside (a/b/../c)."""
@@ -141,6 +143,7 @@ def _scan_every_rule(path: str, rules: tuple[ZoneRule, ...]) -> str:
     return best.zone if best is not None else PROJECT
 
 
+@pytest.mark.slow
 @given(st.lists(st.builds(ZoneRule, prefix=_PREFIXES, zone=_ZONE_NAMES), max_size=8), _PATHS)
 @example([ZoneRule(prefix="a/", zone=KERNEL), ZoneRule(prefix="a/", zone=PERSONAL)], "a/b")
 @example([ZoneRule(prefix="a", zone=KERNEL), ZoneRule(prefix="a", zone=PERSONAL)], "a")

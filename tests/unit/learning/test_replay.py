@@ -229,6 +229,7 @@ def chain_specs(draw: st.DrawFn) -> ChainWorkflow:
     script=st.lists(REPLIES, max_size=12),
     picks=st.lists(st.integers(0, 5), max_size=12),
 )
+@pytest.mark.slow
 def test_a_workflow_replayed_over_its_own_records_meets_the_same_escalations(
     tmp_path_factory: pytest.TempPathFactory,
     spec: WorkflowSpec,

@@ -394,6 +394,7 @@ _TURNS = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(turns=_TURNS, agent=st.none() | st.text(max_size=500))
 def test_handoff_never_exceeds_4096_characters(turns: list[Turn], agent: str | None) -> None:
@@ -457,6 +458,7 @@ _json = st.recursive(
     session=st.one_of(st.none(), st.text(max_size=30)),
     source=st.text(min_size=1, max_size=250),
 )
+@pytest.mark.slow
 def test_turn_record_is_what_the_model_writes(
     signal: str, sender: str, receiver: str, payload: Any, corr: str | None, session: str | None, source: str
 ) -> None:
@@ -534,6 +536,7 @@ _odd_json = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(value=_odd_json)
 def test_bounding_takes_fast_paths_without_changing_the_result(value: Any) -> None:
@@ -598,6 +601,7 @@ def _tail_reference(data: bytes, limit: int) -> list[bytes]:
     limit=st.integers(0, 12),
     chunk=st.integers(1, 64),
 )
+@pytest.mark.slow
 def test_tail_lines_reads_from_the_end_as_the_whole_file_would(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lines: list[bytes], torn: bytes, limit: int, chunk: int
 ) -> None:

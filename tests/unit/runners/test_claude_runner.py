@@ -60,6 +60,7 @@ class Harness:
         return await self.runner.run(req, ClaudeRunnerConfig(kind="claude", timeout_s=60, **cfg))
 
 
+@pytest.mark.slow
 async def test_a_question_ends_the_session_and_the_answer_resumes_it(tmp_path: Path, api: FakeAnthropic) -> None:
     brain = make_brain(tmp_path / "brain", {"tool": "Bash", "input": {"command": "echo hi > work/$ITEM.txt"}}, DONE)
     h = Harness(brain, api)
@@ -79,6 +80,7 @@ async def test_a_question_ends_the_session_and_the_answer_resumes_it(tmp_path: P
     assert "tool_call" in kinds and "tool_result" in kinds
 
 
+@pytest.mark.slow
 async def test_allow_always_is_kept_for_the_agent(tmp_path: Path, api: FakeAnthropic) -> None:
     brain = make_brain(tmp_path / "brain", {"tool": "Bash", "input": {"command": "echo hi >> work/log"}}, DONE)
     h = Harness(brain, api)
@@ -90,6 +92,7 @@ async def test_allow_always_is_kept_for_the_agent(tmp_path: Path, api: FakeAnthr
     assert (brain / "work" / "log").read_text() == "hi\nhi\n"
 
 
+@pytest.mark.slow
 async def test_a_denial_is_told_to_the_agent(tmp_path: Path, api: FakeAnthropic) -> None:
     on_deny = {"on_deny": {"signal": "BLOCKED_ON", "context": {"missing": "permission to build"}}}
     brain = make_brain(tmp_path / "brain", {"tool": "Bash", "input": {"command": "make"}}, DONE, on_deny)
@@ -99,6 +102,7 @@ async def test_a_denial_is_told_to_the_agent(tmp_path: Path, api: FakeAnthropic)
     assert (res.status, res.context) == ("blocked", {"missing": "permission to build"})
 
 
+@pytest.mark.slow
 async def test_the_cli_gets_no_secret_of_the_daemon(
     tmp_path: Path, api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -115,6 +119,7 @@ async def test_the_cli_gets_no_secret_of_the_daemon(
     assert f"HOME={brain}/.ambient/claude/home" in env
 
 
+@pytest.mark.slow
 async def test_reads_of_the_daemons_state_are_refused_even_inside_the_working_folder(
     tmp_path: Path, api: FakeAnthropic
 ) -> None:
@@ -134,6 +139,7 @@ async def test_reads_of_the_daemons_state_are_refused_even_inside_the_working_fo
     assert "TOPSECRET" not in json.dumps([r.body for r in api.requests])
 
 
+@pytest.mark.slow
 async def test_a_refused_key_ends_at_the_first_request(tmp_path: Path, api: FakeAnthropic) -> None:
     api.fail(401)
     brain = make_brain(tmp_path / "brain", DONE)
@@ -143,6 +149,7 @@ async def test_a_refused_key_ends_at_the_first_request(tmp_path: Path, api: Fake
     assert len(api.requests) == 1
 
 
+@pytest.mark.slow
 async def test_an_api_that_cannot_be_reached_stops_the_session_in_seconds(tmp_path: Path, api: FakeAnthropic) -> None:
     """Claude Code would retry a refused connection for about three minutes; the item stops after three tries and
     says where it tried."""
@@ -153,6 +160,7 @@ async def test_an_api_that_cannot_be_reached_stops_the_session_in_seconds(tmp_pa
     assert "the model API at http://127.0.0.1:1 cannot be reached" in str(res.error)
 
 
+@pytest.mark.slow
 async def test_a_wrong_path_in_the_base_url_is_named(tmp_path: Path, api: FakeAnthropic) -> None:
     brain = make_brain(tmp_path / "brain", DONE)
     h = Harness(brain, api, environ={"ANTHROPIC_BASE_URL": f"{api.url}/bogus"})
@@ -161,6 +169,7 @@ async def test_a_wrong_path_in_the_base_url_is_named(tmp_path: Path, api: FakeAn
     assert f"the model API at {api.url}/bogus answered 404" in str(res.error)
 
 
+@pytest.mark.slow
 async def test_the_frontmatters_model_and_tools_are_claude_codes(tmp_path: Path, api: FakeAnthropic) -> None:
     """Claude Code's subagent keys: `model:` picks the model, `tools:` the tools it is offered."""
     brain = make_brain(tmp_path / "brain", DONE)

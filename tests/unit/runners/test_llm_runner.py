@@ -184,6 +184,7 @@ def anthropic_env(api: Any, **extra: str) -> dict[str, str]:
     return {"ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": KEY, **extra}
 
 
+@pytest.mark.slow
 @needs_anthropic
 async def test_anthropic_structured_return(tmp_path: Path) -> None:
     seen: list[tuple[str, str]] = []
@@ -268,6 +269,7 @@ async def test_frontmatter_model_alias_and_temperature(tmp_path: Path) -> None:
     assert result.usage.model == "claude-haiku-5-5"
 
 
+@pytest.mark.slow
 @needs_anthropic
 async def test_anthropic_refused_key_is_not_retried(tmp_path: Path) -> None:
     prompt = agent_file(tmp_path, playbook({"text": "ok"}))
@@ -323,6 +325,7 @@ async def test_bad_request_is_not_retried(tmp_path: Path) -> None:
     assert "answered 400:" in (result.error or "")
 
 
+@pytest.mark.slow
 @needs_anthropic
 async def test_fan_out_sends_a_byte_identical_cached_prefix(tmp_path: Path) -> None:
     prompt = agent_file(tmp_path, playbook({"answer": {"signal": "RETURN", "result": {"status": "ok", "i": "$ITEM"}}}))
@@ -425,6 +428,7 @@ async def test_unreadable_prompt_is_a_bad_request(tmp_path: Path) -> None:
     assert "missing.md" in (result.error or "")
 
 
+@pytest.mark.slow
 @needs_anthropic
 async def test_timeout_is_provider_failed(tmp_path: Path) -> None:
     with FakeAnthropic() as api:
@@ -467,6 +471,7 @@ def openai_cfg(api: Any, **kw: Any) -> LlmRunnerConfig:
     return cfg(provider="openai", model=kw.pop("model", "gpt-6-sol"), base_url=f"{api.url}/v1", **kw)
 
 
+@pytest.mark.slow
 @needs_openai
 async def test_openai_structured_return(tmp_path: Path) -> None:
     seen: list[str] = []

@@ -7,6 +7,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from ambient.storage.paths import BrainPaths
 from tests.e2e.helpers import (
     DaemonProcess,
@@ -22,6 +24,7 @@ from tests.e2e.helpers import (
 )
 
 
+@pytest.mark.slow
 def test_orphaned_agents_are_reaped_before_their_items_run_again(tmp_path: Path) -> None:
     """kill -9 of the daemon only: on restart the orphans are killed, then the items run again and finish."""
     wit = tmp_path / "witness.log"

@@ -147,6 +147,7 @@ async def test_agent_result_passes_through(agent_module: Callable[[str], str], r
     assert isinstance(res, AgentResult) and (res.status, res.error) == ("fail", "nope")
 
 
+@pytest.mark.slow
 async def test_timeout_cancels_coroutine(agent_module: Callable[[str], str], req: RunRequest) -> None:
     """A coroutine over its timeout is cancelled (its finally runs) and the result is a timeout error."""
     mod = agent_module(
@@ -165,6 +166,7 @@ async def test_timeout_cancels_coroutine(agent_module: Callable[[str], str], req
     assert EVENTS["cleaned"] is True
 
 
+@pytest.mark.slow
 async def test_timeout_of_sync_function(agent_module: Callable[[str], str], req: RunRequest) -> None:
     """A sync function over its timeout gives a timeout error; the loop is not blocked meanwhile."""
     release = threading.Event()

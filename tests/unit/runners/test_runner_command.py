@@ -257,6 +257,7 @@ class TestTemplating:
         assert render_argv(["prog", "--", "{{item}}"], {"item": value}) == ["prog", "--", value]
         assert render_argv(["prog", "--name={{item}}"], {"item": value}) == ["prog", f"--name={value}"]
 
+    @pytest.mark.slow
     @settings(max_examples=200, deadline=None)
     @given(st.lists(st.text(st.characters(codec="utf-8", exclude_characters="\x00")), max_size=5))
     def test_values_are_exact_single_elements(self, values: list[str]) -> None:
@@ -451,6 +452,7 @@ class TestRun:
         res = await runner.run(make_req(), stub("dump-env", cwd="work"))
         assert res.result is not None and res.result["cwd"] == str((brain / "work").resolve())
 
+    @pytest.mark.slow
     async def test_concurrent_agents(self, make_req: Callable[..., RunRequest], tmp_path: Path) -> None:
         """Eight agents at once each answer for their own item; the witness has one line each."""
         witness = tmp_path / "witness.log"
@@ -645,6 +647,7 @@ class TestKilling:
         assert rss_growth < 64 * 1024 * 1024
         assert reaped(res.pid or 0)
 
+    @pytest.mark.slow
     async def test_hang_killed_at_timeout_with_sigkill(self, make_req: Callable[..., RunRequest]) -> None:
         """An agent ignoring SIGTERM is SIGKILLed after the grace period."""
         res = await CommandRunner().run(make_req(), stub("hang", "--ignore-term", timeout_s=0.5, kill_grace_s=0.3))
@@ -652,6 +655,7 @@ class TestKilling:
         assert "timed out after 0.5 s" in (res.error or "")
         assert reaped(res.pid or 0)
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("ignore_term", [False, True])
     async def test_timeout_kills_grandchildren(
         self, make_req: Callable[..., RunRequest], tmp_path: Path, ignore_term: bool
@@ -668,6 +672,7 @@ class TestKilling:
         assert not group_alive(res.pid or 0)
         assert reaped(res.pid or 0) and no_zombie_children()
 
+    @pytest.mark.slow
     async def test_leftover_children_after_exit(self, make_req: Callable[..., RunRequest], tmp_path: Path) -> None:
         """An agent that answers and exits leaving children holding stdout: result kept, children killed."""
         pid_file = tmp_path / "pids"
@@ -675,6 +680,7 @@ class TestKilling:
         assert res.status == "success" and not res.killed
         assert len(pids_in(pid_file)) == 2 and all(gone(pid) for pid in pids_in(pid_file))
 
+    @pytest.mark.slow
     async def test_a_process_that_escaped_the_group_does_not_hold_the_result(
         self, make_req: Callable[..., RunRequest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -706,6 +712,7 @@ class TestKilling:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
+    @pytest.mark.slow
     async def test_cancel_kills_group_and_reraises(self, make_req: Callable[..., RunRequest], tmp_path: Path) -> None:
         """Cancelling the run (daemon shutdown) kills the agent's group, reaps it and re-raises."""
         pid_file = tmp_path / "pids"
@@ -763,6 +770,7 @@ class TestKilling:
         res = await asyncio.wait_for(task, 30)
         assert (res.reason, res.pid, res.killed) == ("shutdown", None, False)
 
+    @pytest.mark.slow
     async def test_stopped_agent_is_killed(self, make_req: Callable[..., RunRequest]) -> None:
         """A SIGSTOPped agent is still killed at timeout (SIGCONT follows SIGTERM)."""
         runner = CommandRunner()
@@ -778,6 +786,7 @@ class TestSpawning:
     """Agents start with ``Popen`` on the loop and are waited for through a pidfd; without pidfds, through
     asyncio's subprocess support."""
 
+    @pytest.mark.slow
     async def test_without_pidfds_agents_start_through_asyncio(
         self, make_req: Callable[..., RunRequest], monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -792,6 +801,7 @@ class TestSpawning:
         assert (slow.reason, slow.killed) == ("timeout", True) and gone(slow.pid or 0)
 
 
+@pytest.mark.slow
 def test_pidfd_watcher_on_311_waits_for_agents_without_threads(tmp_path: Path) -> None:
     """``ambient run`` waits for agents through pidfds on 3.11 (no thread per agent); agents still finish."""
     code = (

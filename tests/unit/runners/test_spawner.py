@@ -210,6 +210,7 @@ class TestStart:
                 os.killpg(agent.pid, signal.SIGKILL)
             await asyncio.gather(*(agent.wait() for agent in agents))
 
+    @pytest.mark.slow
     async def test_many_starts_at_once_queue_when_the_socket_is_full(self, spawner: Spawner) -> None:
         # 200 requests of ~20 KiB each are ~4 MiB: far more than the socket holds, so most wait in the outbox.
         filler = {"FILL": "y" * 20_000, "PATH": os.defpath}
@@ -302,6 +303,7 @@ class TestThroughTheRunner:
         assert len(seen) == 1 and seen[0][1] is not None
         assert spawner.broken is (python is not None)
 
+    @pytest.mark.slow
     async def test_a_timeout_kills_the_group_of_a_spawned_agent(self, tmp_path: Path) -> None:
         runner = CommandRunner(spawner=Spawner())
         marker = f"slow-agent-{os.getpid()}-{time.monotonic_ns()}"
@@ -347,6 +349,7 @@ def test_spawned_agent_reports_its_exit_once() -> None:
     assert asyncio.run(main()) == [4]
 
 
+@pytest.mark.slow
 def test_the_daemon_brings_its_spawner_up_at_start_only_for_a_brain_with_command_agents(tmp_path: Path) -> None:
     """Up before READY (its start-up is not spent inside the first run), gone with the daemon; none without
     command agents."""

@@ -22,6 +22,7 @@ class Clock:
         return 0.0
 
 
+@pytest.mark.slow
 async def test_a_short_items_claim_is_written_once_and_a_long_items_in_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

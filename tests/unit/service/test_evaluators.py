@@ -148,6 +148,7 @@ def test_closed_claims_are_not_remembered_and_changes_are_still_seen(
     assert len(asked) == 40 and all(name.startswith("sess-closed-") for name in asked)
 
 
+@pytest.mark.slow
 def test_a_look_at_a_large_claims_folder_holds_one_entry_at_a_time(store: ClaimStore) -> None:
     """R-12: claims/ only grows, and a tick's look must not hold every entry at once. A list of 4,000 entries
     with their stats held 3.7 MB at each tick; freed again, such peaks left the allocator a little larger each

@@ -177,6 +177,7 @@ class TestWatchdog:
         env = {k: (str(os.getpid()) if v == "<self>" else v) for k, v in env.items()}
         assert systemd.watchdog_interval(env) == expected
 
+    @pytest.mark.slow
     async def test_pings_from_the_loop_and_stop_while_it_is_blocked(
         self, manager: FakeManager, monkeypatch: pytest.MonkeyPatch
     ) -> None:

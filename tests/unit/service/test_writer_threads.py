@@ -81,6 +81,7 @@ def _thread_nices(pid: int) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 @linux_only
 def test_the_daemon_runs_its_claims_and_live_writers_in_the_background(tmp_path: Path) -> None:
     """In the real daemon, after a fan-out: the claims writer and the live-context writer, and only they, run

@@ -223,6 +223,7 @@ def _kill_appender(path: Path, pad: int, delay: float, *, split: bool = False) -
     return last, done
 
 
+@pytest.mark.slow
 def test_kill9_during_10k_appends_loses_no_fsynced_record(tmp_path: Path) -> None:
     """R-04: kill -9 at random points of 10k appends: every fsync'd record survives, ids unique, tail skipped."""
     rng = random.Random(SEED)
@@ -274,6 +275,7 @@ async def test_resume_cuts_a_torn_tail_before_appending(tmp_path: Path) -> None:
     assert [r["attempt"] for r in res.records if r.get("ev") == "accepted" and r["item"] == ITEMS[0]] == [1, 1]
 
 
+@pytest.mark.slow
 def test_appending_after_a_kill_keeps_every_line_whole(tmp_path: Path) -> None:
     """After a kill -9 (and the resume cut), a new Journal appends whole lines: no bad line, ids stay unique."""
     path = tmp_path / "j.jsonl"
@@ -452,6 +454,7 @@ _LINE = st.one_of(
     count=st.integers(min_value=0, max_value=45),
     block=st.integers(min_value=1, max_value=64),
 )
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 def test_tail_jsonl_is_the_end_of_read_jsonl(
     tmp_path_factory: pytest.TempPathFactory, lines: list[bytes], torn: bytes, count: int, block: int
@@ -501,6 +504,7 @@ def test_tail_jsonl_reads_only_the_end(tmp_path: Path) -> None:
     assert tail_jsonl(tmp_path / "missing.jsonl", 5) == []
 
 
+@pytest.mark.slow
 def test_runs_last_shows_the_newest(tmp_path: Path) -> None:
     from tests.e2e.helpers import ambient_cli
 

@@ -119,6 +119,7 @@ class TestHostile:
         assert e.line == 2 and e.message.endswith("expected valid YAML")
         assert err("a: 1\n b: 2\n").line == 2
 
+    @pytest.mark.slow
     def test_rss_stays_sane(self, tmp_path: Path) -> None:
         """In a fresh interpreter, every hostile document together keeps peak RSS well under 200 MB."""
         docs = {
@@ -274,6 +275,7 @@ _docs = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(_docs)
 def test_dump_yaml_round_trips_through_our_parser_and_pyyaml(doc: dict[str, object]) -> None:

@@ -245,6 +245,7 @@ def test_anthropic_side_requests_get_short_text(anthropic_mod: Any, api: FakeAnt
     assert api.requests[-1].path == "/v1/messages" and api.requests[-1].query == "beta=true"
 
 
+@pytest.mark.slow
 def test_anthropic_usage_and_prompt_cache(anthropic_mod: Any, api: FakeAnthropic) -> None:
     client = anthropic_mod.Anthropic(base_url=api.url, api_key="k", max_retries=0)
     system = [{"type": "text", "text": agent_system(ANSWER) + "x" * 4000, "cache_control": {"type": "ephemeral"}}]
@@ -270,6 +271,7 @@ def test_anthropic_usage_and_prompt_cache(anthropic_mod: Any, api: FakeAnthropic
     assert api.requests[-1].path == "/v1/messages/count_tokens"
 
 
+@pytest.mark.slow
 def test_anthropic_errors_map_onto_the_sdk_exceptions(anthropic_mod: Any, api: FakeAnthropic) -> None:
     client = anthropic_mod.Anthropic(base_url=api.url, api_key="k", max_retries=2)
     args: dict[str, Any] = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
@@ -357,6 +359,7 @@ def openai_mod() -> Any:
     return pytest.importorskip("openai")
 
 
+@pytest.mark.slow
 def test_openai_answers_from_the_playbook(openai_mod: Any) -> None:
     with FakeOpenAI() as oa:
         client = openai_mod.OpenAI(base_url=oa.url + "/v1", api_key="k", max_retries=0)
@@ -405,6 +408,7 @@ def test_openai_answers_from_the_playbook(openai_mod: Any) -> None:
         assert [r.path for r in oa.requests] == ["/v1/chat/completions"] * 4
 
 
+@pytest.mark.slow
 def test_openai_errors_and_retries(openai_mod: Any) -> None:
     with FakeOpenAI() as oa:
         client = openai_mod.OpenAI(base_url=oa.url + "/v1", api_key="k", max_retries=2)
@@ -423,6 +427,7 @@ def test_openai_errors_and_retries(openai_mod: Any) -> None:
 # -------------------------------------------------------------------------------------------- the command line
 
 
+@pytest.mark.slow
 def test_module_serves_until_sigterm(tmp_path: Path) -> None:
     port_file = tmp_path / "port"
     proc = subprocess.Popen(
@@ -451,6 +456,7 @@ def test_module_serves_until_sigterm(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------ the real Claude Code CLI
 
 
+@pytest.mark.slow
 async def test_claude_code_cli_runs_a_playbook_against_the_fake(tmp_path: Path) -> None:
     sdk = pytest.importorskip("claude_agent_sdk")
     brain, config = tmp_path / "brain", tmp_path / "config"

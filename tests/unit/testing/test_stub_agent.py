@@ -136,6 +136,7 @@ class TestModes:
         )
         assert proc.returncode == 0 and len(proc.stdout) == 3_000_000
 
+    @pytest.mark.slow
     def test_hang_writes_witness_before_answering(self, tmp_path: Path) -> None:
         """The witness line is durable before any answer: a hanging stub has written it and printed nothing."""
         witness = tmp_path / "w.log"
@@ -177,6 +178,7 @@ class TestModes:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
 
+    @pytest.mark.slow
     def test_concurrent_witness_lines_never_interleave(self, tmp_path: Path) -> None:
         """Eight stubs appending to one witness leave eight whole lines."""
         witness = tmp_path / "w.log"
@@ -208,6 +210,7 @@ class TestInputs:
 class TestSleep:
     """The seeded sleep."""
 
+    @pytest.mark.slow
     @given(st.integers(0, 2**32), st.text(max_size=20), st.integers(0, 500), st.integers(0, 500))
     def test_seeded_and_in_range(self, seed: int, item: str, a: int, b: int) -> None:
         """Same seed, item and attempt give the same sleep, always within the range."""

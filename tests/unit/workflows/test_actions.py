@@ -153,6 +153,7 @@ _WORDS = st.sampled_from(
 _SEPS = st.sampled_from([":", " ", " → ", "->", " + ", '"', "'", "", "  ", "→", "/", "\\", "\x00", "é"])
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None)
 @given(st.one_of(st.text(max_size=80), st.lists(st.one_of(_WORDS, _SEPS), max_size=12).map("".join)))
 def test_parse_actions_only_raises_action_error(text: str) -> None:
@@ -187,6 +188,7 @@ ACTIONS = st.one_of(
 )  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.lists(ACTIONS, min_size=1, max_size=4))
 def test_format_then_parse_is_identity(actions: list[Any]) -> None:

@@ -188,6 +188,7 @@ def test_render_argv_can_refuse_option_like_values() -> None:
     assert render_argv(["{{item}}"], {"item": "-rf"}) == ["-rf"]
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(item=st.text(max_size=300))
 def test_rendered_paths_never_escape_their_folder(item: str) -> None:
@@ -210,6 +211,7 @@ def test_rendered_paths_never_escape_their_folder(item: str) -> None:
 @given(
     item=st.text(alphabet=st.sampled_from("./\\%2e\x00a-_~ "), max_size=20), prefix=st.sampled_from(["", "x/", "a/b/"])
 )
+@pytest.mark.slow
 def test_rendered_paths_stay_in_the_brain_for_path_alphabets(item: str, prefix: str) -> None:
     """Property: with an alphabet of path syntax, a rendered path never climbs above the brain root."""
     try:
