@@ -472,33 +472,20 @@ def timeout_decision(esc: Escalation, now: datetime) -> Escalation | None:
     )
 
 
-def due_timeouts(escs: Iterable[Escalation], now: datetime) -> list[Escalation]:
-    """Pending escalations whose deadline has passed."""
-    return [e for e in escs if e.status == "pending" and e.deadline is not None and e.deadline <= now]
+def timeout_due(esc: Escalation, now: datetime) -> bool:
+    """A pending escalation whose deadline has passed: its ``on_timeout`` applies now."""
+    return esc.status == "pending" and esc.deadline is not None and esc.deadline <= now
 
 
-def due_reminders(escs: Iterable[Escalation], now: datetime) -> list[Escalation]:
-    """Pending escalations whose reminder time has come, not yet reminded, deadline still ahead."""
-    return [
-        e
-        for e in escs
-        if e.status == "pending"
-        and not e.reminded
-        and e.remind_at is not None
-        and e.remind_at <= now
-        and (e.deadline is None or e.deadline > now)
-    ]
-
-
-def due_notifications(escs: Iterable[Escalation], now: datetime) -> list[Escalation]:
-    """Pending escalations not yet delivered whose next attempt is due."""
-    return [
-        e
-        for e in escs
-        if e.status == "pending"
-        and e.notify.delivered_at is None
-        and (e.notify.next_at is None or e.notify.next_at <= now)
-    ]
+def reminder_due(esc: Escalation, now: datetime) -> bool:
+    """A pending escalation whose reminder time has come, not yet reminded, its deadline still ahead."""
+    return (
+        esc.status == "pending"
+        and not esc.reminded
+        and esc.remind_at is not None
+        and esc.remind_at <= now
+        and not timeout_due(esc, now)
+    )
 
 
 def next_timer(escs: Iterable[Escalation]) -> datetime | None:

@@ -37,6 +37,8 @@ from ambient.human.escalations import (
     EscalationStore,
     next_timer,
     rebuild,
+    reminder_due,
+    timeout_due,
 )
 from ambient.human.notify import Outbox
 from ambient.kernel.packet import Packet
@@ -360,7 +362,7 @@ class EscalationEvaluator:
             self._timer = asyncio.get_running_loop().call_later(delay + 0.01, self.wake)
 
     async def _timers(self, esc: Escalation, now: datetime) -> None:
-        if esc.deadline is not None and esc.deadline <= now:
+        if timeout_due(esc, now):
             try:
                 after = await asyncio.to_thread(self.store.apply_timeout, esc.id, now)
                 log.info(
@@ -376,7 +378,7 @@ class EscalationEvaluator:
                 return
             if after is not None and after.status == "pending":  # on_timeout: escalate: the person is told again
                 await self.escalator.queue(after, reminder=True)
-        elif esc.remind_at is not None and not esc.reminded and esc.remind_at <= now:
+        elif reminder_due(esc, now):
             updated = await asyncio.to_thread(self.store.mark_reminded, esc.id, now)
             log.info(
                 "escalation_reminded",

@@ -27,15 +27,14 @@ from ambient.human.escalations import (
     Option,
     UnknownEscalationError,
     decide,
-    due_notifications,
-    due_reminders,
-    due_timeouts,
     find_pending,
     new_escalation,
     next_timer,
     normalize_id,
+    reminder_due,
     slug_key,
     timeout_decision,
+    timeout_due,
     with_attempt,
 )
 from ambient.storage.paths import BrainPaths
@@ -347,13 +346,16 @@ class TestDeadlines:
         restarted = EscalationStore(BrainPaths(store.paths.root))
         escs = restarted.list()
         assert escs[0].deadline == T0 + timedelta(hours=1)
-        assert due_reminders(escs, T0 + timedelta(minutes=49)) == []
-        assert [e.id for e in due_reminders(escs, T0 + timedelta(minutes=50))] == [created.id]
-        assert due_timeouts(escs, T0 + timedelta(minutes=59)) == []
+        assert not reminder_due(escs[0], T0 + timedelta(minutes=49))
+        assert reminder_due(escs[0], T0 + timedelta(minutes=50))
+        assert not timeout_due(escs[0], T0 + timedelta(minutes=59))
+        assert timeout_due(escs[0], T0 + timedelta(hours=1))
+        assert not reminder_due(escs[0], T0 + timedelta(hours=1))  # the deadline wins: no reminder once it is due
         assert next_timer(escs) == T0 + timedelta(minutes=50)  # the reminder fires first, then the deadline
         reminded = restarted.mark_reminded(created.id, now=T0 + timedelta(minutes=50))
-        assert reminded.reminded and due_reminders(restarted.list(), T0 + timedelta(minutes=55)) == []
-        assert due_notifications(restarted.list(), T0 + timedelta(minutes=50)) != []  # the reminder goes out
+        [again] = restarted.list()
+        assert reminded.reminded and not reminder_due(again, T0 + timedelta(minutes=55))
+        assert again.notify.delivered_at is None and again.notify.next_at == T0 + timedelta(minutes=50)  # goes out
         expired = restarted.apply_timeout(created.id, now=T0 + timedelta(hours=1))
         assert expired is not None
         assert (expired.status, expired.decision, expired.channel, expired.by) == (
@@ -395,11 +397,11 @@ class TestDeadlines:
         """on_timeout escalate leaves it pending without an end and re-arms the notification."""
         e = _fail(timeout=timedelta(minutes=5))
         e = with_attempt(e, ok=True, now=T0)
-        assert due_notifications([e], T0 + timedelta(minutes=5)) == []
+        assert e.notify.delivered_at == T0  # delivered once
         out = timeout_decision(e, T0 + timedelta(minutes=5))
         assert out is not None and out.status == "pending" and out.deadline is None
         assert out.timed_out_at == T0 + timedelta(minutes=5)
-        assert due_notifications([out], T0 + timedelta(minutes=5)) == [out]
+        assert out.notify.delivered_at is None and out.notify.next_at == T0 + timedelta(minutes=5)  # told again
 
     def test_answer_beats_timeout(self, store: EscalationStore) -> None:
         """Once answered, a due timeout does nothing and writes nothing."""
