@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -116,14 +116,6 @@ class UsageTotals:
         return out
 
 
-def total_of(usages: Iterable[Mapping[str, Any] | None]) -> UsageTotals:
-    """The total of usage records."""
-    out = UsageTotals()
-    for u in usages:
-        out.add(u)
-    return out
-
-
 def fmt_usd(amount: float) -> str:
     """``$2.10``; amounts under a dollar keep four figures (``$0.0103``: a small budget's ``$0.01 of $0.01`` would
     hide that it was passed)."""
@@ -133,16 +125,6 @@ def fmt_usd(amount: float) -> str:
             text = text[:-1]
         return f"${text}"
     return f"${amount:,.2f}"
-
-
-def fmt_cost(total: UsageTotals | None) -> str | None:
-    """A run's cost in a few characters: ``$1.20``, ``$1.20+?`` (some attempts of unknown cost), ``?`` (none known);
-    None when no attempt reported usage (a run of command agents)."""
-    if total is None or not total.attempts:
-        return None
-    if total.unknown_cost == total.attempts:
-        return "?"
-    return fmt_usd(total.cost_usd) + ("+?" if total.unknown_cost else "")
 
 
 # ---------------------------------------------------------------- the day
