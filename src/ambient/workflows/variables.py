@@ -8,11 +8,8 @@ always renders ({{error_count}} once passed validation, then crashed a run's end
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Final, NamedTuple, TypedDict
+from typing import Any, Final, TypedDict
 
-from ambient.kernel.zones import DEFAULT_RULES, ZoneRule
-from ambient.workflows import templating
 from ambient.workflows.spec import ChainStep, ChainWorkflow, ForEachWorkflow
 
 
@@ -118,30 +115,3 @@ def spec_step_values(spec: ChainWorkflow, step: ChainStep, run_id: str = "run", 
         branch=spec.branch or "",
         pilote=spec.pilote or "",
     )
-
-
-class ItemScope(NamedTuple):
-    """The SPAWN scope of one item: its zone (None: no zone, no files) and its rendered, normalised files."""
-
-    zone: str | None
-    files: tuple[str, ...]
-
-
-def item_scope(
-    spec: ForEachWorkflow, index: int, run_id: str = "run", zone_rules: Iterable[ZoneRule] = DEFAULT_RULES
-) -> ItemScope:
-    """Render the scope of item ``index``; raises UnsafePathError/TemplateError (an InputError) for a bad path.
-
-    The zone is ``scope.zone`` when declared, else the zone of the first file (the access matrix
-    checks the zone of every file anyway).
-    """
-    values = spec_item_values(spec, index, run_id)
-    rendered = [templating.render_path(f, values, zone_rules) for f in spec.for_each.scope.files]
-    zone = spec.for_each.scope.zone or (rendered[0].zone if rendered else None)
-    return ItemScope(zone, tuple(r.path for r in rendered))
-
-
-def item_context(spec: ForEachWorkflow, index: int, run_id: str = "run") -> dict[str, Any]:
-    """The SPAWN ``payload.context`` of item ``index``: ``for_each.context`` with its strings rendered."""
-    rendered: dict[str, Any] = templating.render_value(spec.for_each.context, spec_item_values(spec, index, run_id))
-    return rendered

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
 from ambient.config.workflows import load_workflow
-from ambient.core.errors import InputError
 from ambient.workflows.checks import spec_issues
 from ambient.workflows.spec import ChainWorkflow, ForEachWorkflow, parse_workflow
 from ambient.workflows.templating import render
@@ -13,11 +10,8 @@ from ambient.workflows.variables import (
     COMPLETE_VARS,
     ITEM_VARS,
     STEP_VARS,
-    ItemScope,
     completion_values,
-    item_context,
     item_runner_values,
-    item_scope,
     item_values,
     spec_item_values,
     spec_step_values,
@@ -70,20 +64,6 @@ def test_what_an_attempt_hands_the_runner() -> None:
     assert item_runner_values(item, 3) == {**item, "attempt": 3}
     step = step_values(workflow="w", step="2", run_id="r", prior={"result": {}}, branch="b", pilote="p")
     assert step_runner_values(step) == {"step": "2", "workflow": "w", "run_id": "r"}
-
-
-def test_item_scope_and_context() -> None:
-    """item_scope renders the SPAWN scope of one item; item_context its payload.context."""
-    wf, _ = load_workflow(EXAMPLES / "deploy-batch.yml")
-    assert wf is not None and isinstance(wf.spec, ForEachWorkflow)
-    assert item_scope(wf.spec, 2) == ItemScope("project", ("infrastructure/vps/configs/instance-03.yml",))
-    assert item_context(wf.spec, 2) == {"instance": "instance-03", "position": "3/10"}
-    hostile = parse_workflow(
-        for_each_doc(for_each={**for_each_doc()["for_each"], "scope": {"files": ["x/{{run_id}}"]}})
-    )
-    assert isinstance(hostile, ForEachWorkflow)
-    with pytest.raises(InputError):
-        item_scope(hostile, 0, run_id="../../etc")
 
 
 def test_step_and_completion_values() -> None:
