@@ -45,7 +45,7 @@ from ambient.engine.compile import chain_steps, fanout, item_template, items_of
 from ambient.engine.planner import ANSWER, FanOut
 from ambient.engine.runs import EscalationRequest, Ports, RunExecutor, RunManager, new_run_id
 from ambient.engine.runstate import RunState
-from ambient.engine.spend import SpendMeter, limits_of
+from ambient.engine.spend import SpendMeter
 from ambient.engine.themebranch import GitBranches
 from ambient.engine.tick import Tick, TriggerEngine
 from ambient.human.escalations import Escalation, EscalationStore
@@ -644,7 +644,7 @@ class Daemon:
         self.claims_view = ClaimsWriter(self.claims, self.clock)
         self.emitter = RouterEmitter(self.router, self.clock, sender=s.default_sender)
         self.breaker = Breaker(p, threshold=s.breaker_threshold)
-        self.spend = SpendMeter(lambda: limits_of(self.ref.brain.settings))  # budgets: today's spend, all runs
+        self.spend = SpendMeter(lambda: self.ref.brain.settings.budget.limits())  # budgets: today's spend, all runs
         self.manager = RunManager(p, self._executor, self.clock)
         self.manager.on_finished.append(self._run_finished)
         self.manager.on_park.append(lambda: self.engine.wake())
