@@ -26,8 +26,10 @@ from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, InputError, LockHeldError, PacketError
 from ambient.core.health import resource_of
 from ambient.core.redact import SecretRegistry, redact
+from ambient.engine.manager import RunManager
 from ambient.engine.planner import ANSWER
-from ambient.engine.runs import Attempt, AttemptResult, EscalationRequest, RunManager, item_claim_id
+from ambient.engine.ports import Attempt, AttemptResult, EscalationRequest
+from ambient.engine.runs import item_claim_id
 from ambient.engine.runstate import ItemState, RunState, ended_because
 from ambient.engine.tick import Tick
 from ambient.human.escalations import (

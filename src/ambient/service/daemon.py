@@ -40,10 +40,14 @@ from ambient.core.clock import Clock, SystemClock
 from ambient.core.errors import AlreadyRunningError, AmbientError
 from ambient.core.health import describe, resource_of
 from ambient.core.redact import SecretRegistry, redact_text
+from ambient.engine import events
 from ambient.engine.chain import ChainExecutor, ChainSettings
 from ambient.engine.compile import chain_steps, fanout, item_template, items_of
+from ambient.engine.foreach import ForEachExecutor
+from ambient.engine.manager import RunManager
 from ambient.engine.planner import ANSWER, FanOut
-from ambient.engine.runs import EscalationRequest, Ports, RunExecutor, RunManager, new_run_id
+from ambient.engine.ports import EscalationRequest, Ports
+from ambient.engine.runs import RunExecutor, new_run_id
 from ambient.engine.runstate import RunState
 from ambient.engine.spend import SpendMeter
 from ambient.engine.themebranch import GitBranches
@@ -708,7 +712,7 @@ class Daemon:
         )
         template = item_template(spec)
         if isinstance(spec, ForEachWorkflow):
-            return RunExecutor(state, fanout(spec), template, ports, journal, self.paths)
+            return ForEachExecutor(state, fanout(spec), template, ports, journal, self.paths)
         assert isinstance(spec, ChainWorkflow)
         plan = FanOut(concurrency=1, retry=fanout_retry(spec))
         defaults = brain.settings.default_agents
@@ -814,8 +818,8 @@ class Daemon:
                 log.warning("start_step_unknown", workflow=spec.name, step=at_step, run_id=run_id)
             elif idx:
                 for earlier in spec.chain[:idx]:  # not run: skipped, so the run's outcome counts only what ran
-                    ex.event("skipped", item=earlier.key, before_start=True)
-                ex.event("cursor", index=idx)
+                    ex.event(events.skipped, item=earlier.key, before_start=True)
+                ex.event(events.cursor, index=idx)
         self._progress(
             f"run started: {spec.name} ({len(items)} {'items' if spec.form == 'for_each' else 'steps'}) — {run_id}"
         )
@@ -876,8 +880,8 @@ class Daemon:
                     continue
                 for item in ex.state.items:
                     if isinstance(skip, list) and item.name in [str(s) for s in skip] and item.status == "pending":
-                        ex.event("skipped", item=item.name)
-                ex.event("note", text=f"ADAPT from {pkt.from_}: {json.dumps(changes)[:300]}")
+                        ex.event(events.skipped, item=item.name)
+                ex.event(events.note, text=f"ADAPT from {pkt.from_}: {json.dumps(changes)[:300]}")
                 ex.journal.sync()
                 ex.poke()
         elif sig == "SPAWN" and (pkt.to in self.ref.brain.runners or pkt.to in self.ref.brain.matrix.agents):
