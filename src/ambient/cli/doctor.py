@@ -448,7 +448,7 @@ def check_locks(paths: BrainPaths) -> list[Finding]:
 
 def check_runs(paths: BrainPaths) -> list[Finding]:
     """Run journals that do not fold (an edited value, a wrong type): each is that run's problem, at file:line."""
-    from ambient.engine.runs import journal_problems
+    from ambient.engine.journals import journal_problems
 
     rows = [
         Finding(

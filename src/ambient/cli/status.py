@@ -44,7 +44,7 @@ def _fold_runs(root: Path, problems: list[str] | None = None) -> list[Any]:
     A finished run is known from its journal's first and last lines (``finished_glance``) and not folded: the brain
     keeps every run's journal, and folding them all made status slower with each run ever made.
     """
-    from ambient.engine.runs import finished_glance, journal_problem
+    from ambient.engine.journals import finished_glance, journal_problem
     from ambient.engine.runstate import fold
     from ambient.storage.journal import read_jsonl
     from ambient.storage.paths import BrainPaths

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from ambient.engine.budget import Limits
 from ambient.workflows.fields import SATELLITE_TYPES
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -79,6 +80,10 @@ class BudgetSettings(_Strict):
         if isinstance(value, str) and value.strip().lower() in ("", "none", "null", "off"):
             return None
         return value
+
+    def limits(self) -> Limits:
+        """The budgets as the engine checks them (:class:`ambient.engine.spend.SpendMeter` is given this)."""
+        return Limits(self.per_run_usd, self.daily_usd)
 
 
 class Settings(_Strict):

@@ -24,12 +24,15 @@ from typing import Any, Protocol
 
 import structlog
 
+from ambient.engine import events
 from ambient.engine.budget import permission_signature
+from ambient.engine.events import FinishedResult
 from ambient.engine.planner import (
     GATE_OPTIONS,
     ChainAction,
     ChainStep,
     FanOut,
+    ItemTemplate,
     StepStatus,
     breaker_update,
     exit_route,
@@ -39,15 +42,8 @@ from ambient.engine.planner import (
     next_index,
     question_options,
 )
-from ambient.engine.runs import (
-    Attempt,
-    AttemptResult,
-    EscalationRequest,
-    ItemTemplate,
-    Ports,
-    RunExecutor,
-    item_claim_id,
-)
+from ambient.engine.ports import Attempt, AttemptResult, EscalationRequest, Ports
+from ambient.engine.runs import RunExecutor, item_claim_id
 from ambient.engine.runstate import ItemState, RunState, next_attempt
 from ambient.storage.journal import Journal
 from ambient.storage.paths import BrainPaths
@@ -210,7 +206,7 @@ class ChainExecutor(RunExecutor):
             detail=detail,
         )
         esc = await self.durably(lambda: self.ports.escalator.escalate(req))
-        self.event("asked", escalation=esc, request=req.record())  # rebuilt from it if its file is lost
+        self.event(events.asked, escalation=esc, request=req.record())  # rebuilt from it if its file is lost
         return esc
 
     # -- the loop
@@ -219,7 +215,7 @@ class ChainExecutor(RunExecutor):
         if self.chain.branch and self.chain.branches is not None and self.state.cursor == 0 and not self.state.steps:
             problem = await self.chain.branches.open(self.chain.branch)
             if problem:
-                self.event("note", text=f"theme branch: {problem}")
+                self.event(events.note, text=f"theme branch: {problem}")
         while not self.state.finished:
             if self._closing:  # shutdown: no step starts; the run is cancelled once the running one ends
                 await self._park()
@@ -257,7 +253,12 @@ class ChainExecutor(RunExecutor):
                     [(k, label, k) for k, label in GATE_OPTIONS],
                 )
                 self.event(
-                    "gate", item=item.name, state="pending", escalation=esc, before=True, agent=self._agent_for(step)
+                    events.gate,
+                    item=item.name,
+                    state="pending",
+                    escalation=esc,
+                    before=True,
+                    agent=self._agent_for(step),
                 )
                 await self._signal("GATE_PENDING", None, {"context": {"step": step.name, "message": reason}})
                 await self.commit()
@@ -283,13 +284,13 @@ class ChainExecutor(RunExecutor):
         if idx >= self._declared and action.kind == "next":
             # A satellite started by a trigger: the chain goes on with its first declared step not yet run.
             rest = [i for i in range(self._declared) if self.state.items[i].status not in ("done", "skipped")]
-            self.event("cursor", index=rest[0] if rest else len(self.steps))
+            self.event(events.cursor, index=rest[0] if rest else len(self.steps))
             return
         nxt = next_index(self.steps[: self._declared], idx, action)
         target = len(self.steps) if nxt is None else nxt
         if nxt is not None and nxt <= idx:
-            self.event("reset", item=self.state.items[nxt].name)  # a loop back runs the step again
-        self.event("cursor", index=target)
+            self.event(events.reset, item=self.state.items[nxt].name)  # a loop back runs the step again
+        self.event(events.cursor, index=target)
 
     async def _slot(self, item: ItemState) -> bool:
         """Wait for one of the daemon-wide agent slots; False when the step no longer needs it (a decision came)."""
@@ -312,7 +313,7 @@ class ChainExecutor(RunExecutor):
         if not await self._slot(item):
             return
         attempt = next_attempt(item)
-        self.event("accepted", item=item.name, attempt=attempt, key=self._key(item, attempt))
+        self.event(events.accepted, item=item.name, attempt=attempt, key=self._key(item, attempt))
         await self.commit()
         self.ports.claims.item_changed(self.state, item)
         self._stepping = True
@@ -332,29 +333,25 @@ class ChainExecutor(RunExecutor):
             await self._agent_asks(item, step, attempt, res)
             return
         verdict = judge_step(step, res.output, res.result)
-        recorded = "success" if verdict.status != "failed" else ("error" if res.result == "error" else "fail")
-        self.event(
-            "finished",
-            item=item.name,
-            attempt=attempt,
-            agent=self._agent_for(step),
-            key=self._key(item, attempt),
-            result=recorded,
-            output=res.output,
-            error=verdict.reason or res.error,
-            duration_ms=res.duration_ms,
-            signal_in=res.signal_in,
-            reply=res.reply,
-            **self._usage_fields(res),
+        recorded: FinishedResult = (
+            "success" if verdict.status != "failed" else ("error" if res.result == "error" else "fail")
         )
-        self._spent(res)
+        self._attempt_finished(
+            item,
+            attempt,
+            res,
+            agent=self._agent_for(step),
+            result=recorded,
+            error=verdict.reason or res.error,
+            question=False,  # a step's own questions are _agent_asks's: this record never had the key
+        )
         scope = step.scope or step.name
         if verdict.status == "failed":
             # Retries first (the step's policy, else the chain's), then the breaker, then the exit trigger.
             if res.retryable and res.result in step.retry.on and item.fails < step.retry.attempts:
                 delay = step.retry.delay(item.fails, self.ports.rng)
                 not_before = self.ports.clock.now() + timedelta(seconds=delay)
-                self.event("retry", item=item.name, attempt=attempt, not_before=not_before.isoformat())
+                self.event(events.retry, item=item.name, attempt=attempt, not_before=not_before.isoformat())
                 await self.commit()
                 return
             if self.chain.breaker is not None:
@@ -362,14 +359,14 @@ class ChainExecutor(RunExecutor):
                 tripped = fails >= self.chain.threshold
             else:
                 fails, tripped = breaker_update(self.state.breaker.get(scope, 0), True, self.chain.threshold)
-            self.event("breaker", scope=scope, fails=fails, tripped=tripped)
+            self.event(events.breaker, scope=scope, fails=fails, tripped=tripped)
             if tripped:
                 await self._trip(item, step, scope, fails)
                 return
         else:
             if self.chain.breaker is not None:
                 self.chain.breaker.success(scope)
-            self.event("breaker", scope=scope, fails=0, tripped=False)
+            self.event(events.breaker, scope=scope, fails=0, tripped=False)
         await self._signal(
             "STEP_DONE",
             None,
@@ -387,7 +384,7 @@ class ChainExecutor(RunExecutor):
                 f"step {step.name} ({step.type}) closed without tests: accept it?",
                 [(k, label, k) for k, label in GATE_OPTIONS],
             )
-            self.event("gate", item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
+            self.event(events.gate, item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
             await self.commit()
             self.ports.claims.item_changed(self.state, item)
             return
@@ -400,22 +397,7 @@ class ChainExecutor(RunExecutor):
         answer runs the step again with it in ``payload.context.decision``. A question is not a failure: the
         breaker does not count it."""
         agent = self._agent_for(step)
-        self.event(
-            "finished",
-            item=item.name,
-            attempt=attempt,
-            agent=agent,
-            key=self._key(item, attempt),
-            result="fail",
-            output=res.output,
-            error=res.error,
-            duration_ms=res.duration_ms,
-            signal_in=res.signal_in,
-            reply=res.reply,
-            question=res.question,
-            **self._usage_fields(res),
-        )
-        self._spent(res)
+        self._attempt_finished(item, attempt, res, agent=agent, result="fail", error=res.error)
         signature = permission_signature(res.permission)
         if signature is not None:  # a tool call the agent waits on the person for (RunExecutor._escalate_item)
             kind, detail = "permission", signature
@@ -426,7 +408,7 @@ class ChainExecutor(RunExecutor):
             question = res.question or f"{agent} asks a decision about step {step.name}"
             options = question_options(res.options or ["continue"])
         esc = await self._ask(item, kind, question, options, detail=detail)
-        self.event("escalated", item=item.name, escalation=esc, kind=kind, agent=agent)
+        self.event(events.escalated, item=item.name, escalation=esc, kind=kind, agent=agent)
         await self.commit()
         self.ports.claims.item_changed(self.state, item)
 
@@ -439,7 +421,7 @@ class ChainExecutor(RunExecutor):
             [("reset", "Reset the breaker and run the step again", "reset"), ("abort", "Abort the chain", "abort")],
             scope=scope,
         )
-        self.event("escalated", item=item.name, escalation=esc, kind="circuit_break", agent=self._agent_for(step))
+        self.event(events.escalated, item=item.name, escalation=esc, kind="circuit_break", agent=self._agent_for(step))
         await self.commit()
         self.ports.claims.item_changed(self.state, item)
 
@@ -451,7 +433,7 @@ class ChainExecutor(RunExecutor):
         route = exit_route(actions, status, terminal=step.gate == "never")
         for effect in route.effects:
             if effect.kind == "notify":
-                self.event("note", text=effect.message or "")
+                self.event(events.note, text=effect.message or "")
                 await self.ports.escalator.inform(f"{self.state.workflow}: step {step.name}", effect.message or "")
             elif effect.kind == "start":
                 await self._start_other(effect)
@@ -463,14 +445,14 @@ class ChainExecutor(RunExecutor):
                 )
         action = route.action
         if route.kind == "end":
-            self.event("cursor", index=len(self.steps))  # gate: never — the chain ends with this step
+            self.event(events.cursor, index=len(self.steps))  # gate: never — the chain ends with this step
         elif route.kind in ("next", "goto"):
             self._advance(idx, action or ChainAction("next"))
         elif route.kind == "spawn" and action is not None:
             name = f"{action.step_type or 'code'}@{action.scope or step.scope or ''}"
             if name in self._by_name:
                 name = f"{name}#{len(self.state.items)}"
-            self.event("added", item=name)
+            self.event(events.added, item=name)
             self.steps.append(
                 ChainStep(
                     name=name,
@@ -480,7 +462,7 @@ class ChainExecutor(RunExecutor):
                     retry=self.plan.retry,
                 )
             )
-            self.event("cursor", index=len(self.state.items) - 1)
+            self.event(events.cursor, index=len(self.state.items) - 1)
         elif route.kind == "gate":
             message = action.message if action is not None else None
             esc = await self._ask(
@@ -489,13 +471,13 @@ class ChainExecutor(RunExecutor):
                 message or f"step {step.name} {status}: continue?",
                 [(k, label, k) for k, label in GATE_OPTIONS],
             )
-            self.event("gate", item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
+            self.event(events.gate, item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
             await self._signal(
                 "GATE_PENDING", None, {"context": {"step": step.name, "message": message or "continue?"}}
             )
         elif route.kind == "abort":
             self.event(
-                "decided",
+                events.decided,
                 item=item.name,
                 escalation="",
                 option="abort",
@@ -515,7 +497,7 @@ class ChainExecutor(RunExecutor):
                 ],
                 detail=reason or "",
             )
-            self.event("escalated", item=item.name, escalation=esc, kind="blocked", agent=self._agent_for(step))
+            self.event(events.escalated, item=item.name, escalation=esc, kind="blocked", agent=self._agent_for(step))
 
     async def _start_other(self, action: ChainAction) -> None:
         """``trigger:<workflow>/<step>``: a run of that workflow starts at that step, with this run's context."""
@@ -529,7 +511,7 @@ class ChainExecutor(RunExecutor):
             if started
             else f"could not start {action.workflow} at step {action.target} (no such workflow is loaded)"
         )
-        self.event("note", text=text)
+        self.event(events.note, text=text)
 
     async def _final_gate(self) -> bool:
         """True when the run finished; False when it waits on the final approval."""
@@ -544,13 +526,13 @@ class ChainExecutor(RunExecutor):
                     "swarm mode: the chain is done. Accept the final result?",
                     [(k, label, k) for k, label in GATE_OPTIONS],
                 )
-                self.event("final_gate", state="pending", escalation=esc)
+                self.event(events.final_gate, state="pending", escalation=esc)
                 await self.commit()
             return False
         if self.chain.branch and self.chain.branches is not None:
             problem = await self.chain.branches.merge(self.chain.branch)
             if problem:
-                self.event("note", text=f"theme branch not merged: {problem}")
+                self.event(events.note, text=f"theme branch not merged: {problem}")
                 await self._signal("BLOCKED_ON", None, {"context": {"branch": self.chain.branch, "reason": problem}})
         done = sum(1 for i in self.state.items if i.status == "done")
         await self._signal(
@@ -581,7 +563,7 @@ class ChainExecutor(RunExecutor):
         if escalation == self.state.final_escalation and escalation in self.state.escalations:
             self.state.escalations.pop(escalation, None)
             self.event(
-                "decided",
+                events.decided,
                 escalation=escalation,
                 option=option,
                 action=action,
@@ -592,7 +574,7 @@ class ChainExecutor(RunExecutor):
                 auto=rule is not None,
                 rule=rule,
             )
-            self.event("final_gate", state="passed" if action in ("approve", "continue") else "rejected")
+            self.event(events.final_gate, state="passed" if action in ("approve", "continue") else "rejected")
             self.journal.sync()
             self.poke()
             return True
@@ -602,7 +584,7 @@ class ChainExecutor(RunExecutor):
             scope = step.scope or step.name
             if self.chain.breaker is not None:
                 self.chain.breaker.reset(scope)
-            self.event("breaker", scope=scope, fails=0, tripped=False)
+            self.event(events.breaker, scope=scope, fails=0, tripped=False)
             action = "retry"
         return super().decide(
             escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note, rule=rule, answer=answer
@@ -615,7 +597,7 @@ class ChainExecutor(RunExecutor):
     async def _interrupt(self) -> None:
         for item in self.state.items:
             if item.status == "running":
-                self.event("interrupted", item=item.name, attempt=item.attempt)
+                self.event(events.interrupted, item=item.name, attempt=item.attempt)
                 self.ports.claims.item_changed(self.state, item)
         with contextlib.suppress(OSError):
             self.journal.sync()

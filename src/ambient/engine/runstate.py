@@ -4,45 +4,34 @@ The run journal is the source of truth, as Temporal's event history is: claims a
 and memory is a cache. After a crash the daemon folds the journal again; an item that was
 ``accepted`` but never ``finished`` was in flight, so it is run again (at most once per crash).
 
-Events (one JSON object per line, ``ev`` names the kind)::
-
-    started     run_id workflow form spec_hash spec items mode trigger context at
-    accepted    item attempt key at              (on disk before the agent starts)
-    finished    item attempt result output error duration_ms signal_in reply question [usage] [permission_signature]
-                [hold] at         (reply: what the agent answered; question: its own, when it asked one; usage: an AI
-                                  agent's model, tokens, cost_usd, turns; permission_signature: the tool call its
-                                  ESCALATE asks about; hold: the attempt did not count, result interrupted)
-    retry       item attempt not_before at        (a failure that the retry policy retries)
-    asked       escalation request at             (what the escalation asks: question, options, deadline... so its
-                                                  file can be rebuilt if lost; comes before escalated/gate)
-    escalated   item escalation kind agent [hold] at   (hold: the question of a run hold, item absent)
-    hold        hold (per_run|daily|provider) [spent limit budget day error] at
-                                                  (no new agent of the run starts until the hold is answered)
-    unhold      hold reason at                    (a daily hold answered wait: the UTC day changed)
-    decided     escalation option action by channel latency_s [answer] at
-                                                  (abort/reject cascade: every unfinished item is aborted)
-    skipped     item [before_start] at            (before_start: a step before the one the run started at)
-    interrupted item attempt at                   (graceful shutdown killed the agent)
-    spawned     item attempt pid started at       (a command agent's process: reaped if orphaned by a crash)
-    gate        item state (pending|passed|rejected) escalation [before] at  (chain human gates; before: the step
-                                                                      has not run yet)
-    breaker     scope fails tripped at
-    cursor      index                             (chains: the step to run next)
-    added       item                              (chains: a satellite started by a trigger)
-    reset       item                              (chains: a step run again by trigger:<step>)
-    final_gate  state escalation                  (swarm mode: the person gates the final result)
-    note        text at                           (notify: actions, information only)
-    abort       by reason at                      (ABORT packet: every unfinished item is aborted)
-    finished_run outcome at
+The events and their fields are :mod:`ambient.engine.events` (one type per event, :data:`~.events.RunEvent` their
+union): :func:`apply_event` applies one, the fold applies them all in order. A journal is a file a person can edit,
+so the fold takes each value with ``.get`` and checks the ones it relies on (:class:`HistoryError`); an event it does
+not know is ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ambient.engine.budget import UsageTotals, answer_hold
+from ambient.engine.events import (
+    Accepted,
+    Decided,
+    Decision,
+    Escalated,
+    FinalGate,
+    Finished,
+    Gate,
+    HeldRun,
+    Hold,
+    Outcome,
+    RunEvent,
+    Spawned,
+    Started,
+)
 
 ItemStatus = Literal["pending", "running", "retry_wait", "done", "failed", "escalated", "skipped", "aborted"]
 TERMINAL_ITEM: frozenset[str] = frozenset({"done", "failed", "skipped", "aborted"})
@@ -95,7 +84,7 @@ class RunState:
     escalations: dict[str, str] = field(default_factory=dict)  # escalation id → item
     escalation_count: int = 0
     error_count: int = 0
-    decisions: list[dict[str, Any]] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)  # StepRecord-shaped dicts
     notes: list[str] = field(default_factory=list)
     breaker: dict[str, int] = field(default_factory=dict)  # scope → consecutive fails
@@ -111,7 +100,7 @@ class RunState:
     usage: UsageTotals = field(default_factory=UsageTotals)  # every attempt of the run together (ambient.engine.budget)
     #: Holds: no new agent starts while one is here (hold kind → its ``hold`` event's fields, ``escalation`` pending
     #: or None, ``waited`` once answered wait); see ambient.engine.budget.
-    holds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    holds: dict[str, HeldRun] = field(default_factory=dict)
     raised_run_usd: float = 0.0  # what the person allowed the run to spend beyond per_run_usd
     raised_day_usd: dict[str, float] = field(default_factory=dict)  # UTC day → allowed beyond daily_usd that day
 
@@ -146,8 +135,8 @@ class HistoryError(ValueError):
     """A run history that cannot be folded: no ``started`` event first, or a value of the wrong type or range.
 
     The journal is a file a person (or an attacker) can edit: a value that fails its check is a problem of that run
-    (``index``: the 0-based record it is in, mapped to a line by :func:`ambient.engine.runs.journal_problem`), never an
-    exception that stops the daemon.
+    (``index``: the 0-based record it is in, mapped to a line by :func:`ambient.engine.journals.journal_problem`),
+    never an exception that stops the daemon.
     """
 
     def __init__(self, message: str, index: int | None = None) -> None:
@@ -157,66 +146,77 @@ class HistoryError(ValueError):
 
 
 def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
-    """Rebuild a run's state from its events, in order. Unknown events are ignored (forward compatible)."""
+    """Rebuild a run's state from its events, in order (records as read from its journal: typed as the writers
+    wrote them, each value checked where it is read). Unknown events are ignored (forward compatible)."""
     it = iter(events)
     first = next(it, None)
     if first is None or first.get("ev") != "started":
         raise HistoryError("a run history must start with a 'started' event", 0)
     try:
-        state = _started(first)
+        state = _started(cast(Started, first))
     except HistoryError as exc:
         raise HistoryError(exc.message, 0) from None
     by_name = {i.name: i for i in state.items}
     for index, ev in enumerate(it, 1):
         try:
-            apply_event(state, by_name, ev)
+            apply_event(state, by_name, cast(RunEvent, ev))
         except HistoryError as exc:
             raise HistoryError(exc.message, index) from None
     return state
 
 
-def _started(first: Mapping[str, Any]) -> RunState:
-    for key in ("run_id", "workflow"):
-        if not isinstance(first.get(key), str) or not first[key]:
-            raise HistoryError(f"started record: {key} must be a name, got {first.get(key)!r:.60}")
+def _name(value: object, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise HistoryError(f"started record: {key} must be a name, got {value!r:.60}")
+    return value
+
+
+def _started(first: Started) -> RunState:
+    run_id = _name(first.get("run_id"), "run_id")
+    workflow = _name(first.get("workflow"), "workflow")
     items = first.get("items") or []
     if not isinstance(items, list) or not all(isinstance(n, str | int) and not isinstance(n, bool) for n in items):
         raise HistoryError(f"started record: items must be a list of names, got {items!r:.60}")
-    for key in ("spec", "context"):
-        if first.get(key) is not None and not isinstance(first[key], dict):
-            raise HistoryError(f"started record: {key} must be an object, got {first[key]!r:.60}")
+    spec, context = first.get("spec"), first.get("context")
+    for key, value in (("spec", spec), ("context", context)):
+        if value is not None and not isinstance(value, dict):
+            raise HistoryError(f"started record: {key} must be an object, got {value!r:.60}")
     return RunState(
-        run_id=first["run_id"],
-        workflow=first["workflow"],
+        run_id=run_id,
+        workflow=workflow,
         form=str(first.get("form", "for_each")),
         spec_hash=first.get("spec_hash"),
-        spec=dict(first.get("spec") or {}),
+        spec=dict(spec or {}),
         items=[ItemState(name=str(n), index=i) for i, n in enumerate(items)],
         mode=first.get("mode"),
         trigger=first.get("trigger"),
-        context=dict(first.get("context") or {}),
+        context=dict(context or {}),
         started_at=first.get("at"),
     )
 
 
-def _int(ev: Mapping[str, Any], key: str, default: int, minimum: int = 0, *, nullable: bool = False) -> int:
+IntField = Literal["attempt", "duration_ms", "pid", "fails", "index"]
+
+
+def _int(ev: RunEvent, key: IntField, default: int, minimum: int = 0, *, nullable: bool = False) -> int:
     """``ev[key]`` as checked by the fold: an integer (not a bool) of at least ``minimum``; ``default`` if absent
     (or null, when ``nullable``)."""
-    value = ev.get(key)
-    if key not in ev or (value is None and nullable):
+    fields: Mapping[str, object] = ev
+    value = fields.get(key)
+    if key not in fields or (value is None and nullable):
         return default
     if type(value) is not int or value < minimum:
         raise HistoryError(f"{ev.get('ev')} record: {key} must be an integer of at least {minimum}, got {value!r:.40}")
     return value
 
 
-def _pid(ev: Mapping[str, Any]) -> int | None:
+def _pid(ev: Spawned) -> int | None:
     """A ``spawned`` pid: an integer above 1 (0, 1 and negative pids name a group, init or every process)."""
     return None if ev.get("pid") is None else _int(ev, "pid", 0, minimum=2)
 
 
-def _start_time(ev: Mapping[str, Any]) -> float | None:
-    value = ev.get("started")
+def _start_time(ev: Spawned) -> float | None:
+    value: object = ev.get("started")
     if value is None:
         return None
     if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
@@ -224,171 +224,215 @@ def _start_time(ev: Mapping[str, Any]) -> float | None:
     return float(value)
 
 
-def apply_event(state: RunState, by_name: dict[str, ItemState], ev: Mapping[str, Any]) -> None:
+def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) -> None:
     """Apply one event to ``state`` in place (the fold's step; also used live by the engine)."""
-    kind = ev.get("ev")
+    if "ev" not in ev:  # not an event (an edited journal): nothing to apply
+        return
     item = by_name.get(str(ev.get("item"))) if "item" in ev else None
-    if kind == "accepted" and item is not None:
-        item.status = "running"
-        item.attempt = max(item.attempt, _int(ev, "attempt", item.attempt + 1, minimum=1))
-        item.not_before = None
-    elif kind == "finished" and item is not None:
-        result = str(ev.get("result"))
-        item.result = result
-        item.output = ev.get("output")
-        item.error = ev.get("error")
-        item.duration_ms = _int(ev, "duration_ms", 0, nullable=True)
-        usage = ev.get("usage")
-        if isinstance(usage, dict) and usage:
-            if item.usage is None:
-                item.usage = UsageTotals()
-            item.usage.add(usage)
-            state.usage.add(usage)
-        if result == "success":
-            item.status = "done"
-            item.fails = 0
-        elif result == "interrupted":
-            item.status = "pending"
-        else:
-            item.fails += 1
-            item.status = "failed"
-            if result == "error":
-                state.error_count += 1
-        if result != "interrupted":
-            step = {
-                "item": item.name,
-                "agent": ev.get("agent", ""),
-                "signal_out": "SPAWN",
-                "signal_in": ev.get("signal_in"),
-                "result": result,
-                "duration_ms": item.duration_ms,
-                "attempt": _int(ev, "attempt", item.attempt),
-                "key": ev.get("key"),
-                "error": item.error,
-                "at": ev.get("at"),
-            }
-            # What the agent answered (success|fail|error|escalate|blocked) and its result's status and tests:
-            # what ambient.learning.replay needs to decide the step again with a workflow as it is now.
-            if ev.get("reply"):
-                step["reply"] = ev["reply"]
-            if ev.get("question"):  # an agent's own question: the words a learned rule matches (learning.situation_of)
-                step["question"] = ev["question"]
-            if isinstance(usage, dict) and usage:
-                step["usage"] = dict(usage)
-            if isinstance(ev.get("permission_signature"), str) and ev["permission_signature"]:
-                # the exact tool call the agent asked about: a learned rule's situation as it is (learning)
-                step["permission_signature"] = ev["permission_signature"]
-            if isinstance(item.output, dict):
-                for key in ("status", "tests"):
-                    if item.output.get(key) is not None:
-                        step[key] = item.output[key]
-            state.steps.append(step)
-    elif kind == "spawned" and item is not None:
-        item.pid = _pid(ev)
-        item.pid_started = _start_time(ev)
-    elif kind == "retry" and item is not None:
-        item.status = "retry_wait"
-        item.not_before = ev.get("not_before")
-    elif kind == "asked" and isinstance(ev.get("request"), dict):
-        state.requests[str(ev.get("escalation"))] = {**ev["request"], "at": ev.get("at")}
-    elif kind == "escalated":
-        esc = str(ev.get("escalation"))
-        state.escalation_count += 1
-        _asked(state, ev, str(ev.get("kind") or ""))
-        hold = state.holds.get(str(ev.get("hold"))) if ev.get("hold") is not None else None
-        if hold is not None:
-            hold["escalation"] = esc
-        if item is not None:
-            item.status = "escalated"
-            item.escalation = esc
-            state.escalations[esc] = item.name
-        else:
-            state.escalations[esc] = ""
-    elif kind == "decided":
-        esc = str(ev.get("escalation"))
-        state.escalations.pop(esc, None)
-        state.requests.pop(esc, None)
-        state.decisions.append({k: v for k, v in ev.items() if k != "ev"})
-        target = by_name.get(str(ev.get("item"))) if ev.get("item") is not None else None
-        action = ev.get("action")
-        _answer_hold(state, esc, action)
-        if target is not None and target.escalation == esc:
-            target.escalation = None
-            if action in ("retry", "answer"):  # answer: run again with the person's answer (an agent's question)
-                target.status = "pending"
-                target.fails = 0
-            elif action == "skip":
-                target.status = "skipped"
-            elif action == "reject" and not aborts_run(state.form, action, target.name):
-                target.status = "failed"  # a for_each item rejected (DESIGN: reject → failed); its siblings go on
-            elif action in ("approve", "continue"):
-                target.gate = "passed" if target.gate == "pending" else target.gate
-                if target.status == "escalated":
-                    target.status = "pending" if target.result != "success" else "done"
-        if aborts_run(state.form, action, ev.get("item")):
-            if target is not None and target.status not in ("done", "skipped"):
-                target.status = "aborted"
+    match ev["ev"]:
+        case "accepted":
+            if item is not None:
+                _accepted(item, ev)
+        case "finished":
+            if item is not None:
+                _finished(state, item, ev)
+        case "spawned":
+            if item is not None:
+                item.pid = _pid(ev)
+                item.pid_started = _start_time(ev)
+        case "retry":
+            if item is not None:
+                item.status = "retry_wait"
+                item.not_before = ev.get("not_before")
+        case "asked":
+            request = ev.get("request")
+            if isinstance(request, dict):
+                state.requests[str(ev.get("escalation"))] = {**request, "at": ev.get("at")}
+        case "escalated":
+            _escalated(state, item, ev)
+        case "decided":
+            _decided(state, by_name, ev)
+        case "skipped":
+            if item is not None:
+                item.status = "skipped"
+                item.result = NOT_RUN if ev.get("before_start") else "skipped"
+        case "interrupted":
+            if item is not None:
+                item.status = "pending"
+                item.result = "interrupted"
+        case "gate":
+            if item is not None:
+                _gate(state, item, ev)
+        case "breaker":
+            scope = str(ev.get("scope"))
+            state.breaker[scope] = _int(ev, "fails", 0)
+            if ev.get("tripped"):
+                state.tripped.add(scope)
+            else:
+                state.tripped.discard(scope)
+        case "cursor":
+            state.cursor = _int(ev, "index", state.cursor)
+        case "added":
+            name = str(ev.get("item"))
+            if name not in by_name:
+                new = ItemState(name=name, index=len(state.items))
+                state.items.append(new)
+                by_name[name] = new
+        case "reset":
+            if item is not None:
+                item.status = "pending"
+                item.gate = None
+                item.fails = 0
+                item.result = None
+        case "final_gate":
+            _final_gate(state, ev)
+        case "abort":
             _abort_unfinished(state)
-    elif kind == "skipped" and item is not None:
-        item.status = "skipped"
-        item.result = NOT_RUN if ev.get("before_start") else "skipped"
-    elif kind == "interrupted" and item is not None:
-        item.status = "pending"
-        item.result = "interrupted"
-    elif kind == "gate" and item is not None:
-        item.gate = str(ev.get("state"))
-        if item.gate == "pending" and ev.get("before"):
-            state.gated.append(item.name)
-        if item.gate == "pending":
-            item.status = "escalated"
-            item.escalation = ev.get("escalation")
-            if item.escalation:
-                state.escalations[str(item.escalation)] = item.name
-                state.escalation_count += 1
-                _asked(state, ev, "gate")
-        elif item.gate == "rejected":
-            item.status = "aborted"
-    elif kind == "breaker":
-        scope = str(ev.get("scope"))
-        state.breaker[scope] = _int(ev, "fails", 0)
-        if ev.get("tripped"):
-            state.tripped.add(scope)
-        else:
-            state.tripped.discard(scope)
-    elif kind == "cursor":
-        state.cursor = _int(ev, "index", state.cursor)
-    elif kind == "added":
-        name = str(ev.get("item"))
-        if name not in by_name:
-            new = ItemState(name=name, index=len(state.items))
-            state.items.append(new)
-            by_name[name] = new
-    elif kind == "reset" and item is not None:
-        item.status = "pending"
-        item.gate = None
+        case "hold":
+            _hold(state, ev)
+        case "unhold":
+            state.holds.pop(str(ev.get("hold")), None)
+        case "note":
+            state.notes.append(str(ev.get("text", "")))
+        case "finished_run":
+            state.outcome = str(ev.get("outcome"))
+            state.finished_at = ev.get("at")
+
+
+def _accepted(item: ItemState, ev: Accepted) -> None:
+    item.status = "running"
+    item.attempt = max(item.attempt, _int(ev, "attempt", item.attempt + 1, minimum=1))
+    item.not_before = None
+
+
+def _finished(state: RunState, item: ItemState, ev: Finished) -> None:
+    result = str(ev.get("result"))
+    item.result = result
+    item.output = ev.get("output")
+    item.error = ev.get("error")
+    item.duration_ms = _int(ev, "duration_ms", 0, nullable=True)
+    usage = ev.get("usage")
+    if isinstance(usage, dict) and usage:
+        if item.usage is None:
+            item.usage = UsageTotals()
+        item.usage.add(usage)
+        state.usage.add(usage)
+    if result == "success":
+        item.status = "done"
         item.fails = 0
-        item.result = None
-    elif kind == "final_gate":
-        state.final_gate = str(ev.get("state"))
-        if state.final_gate == "pending":
-            state.final_escalation = ev.get("escalation")
-            if state.final_escalation:
-                state.escalations[str(state.final_escalation)] = ""
-                state.escalation_count += 1
-                _asked(state, ev, "gate")
-    elif kind == "abort":
+    elif result == "interrupted":
+        item.status = "pending"
+    else:
+        item.fails += 1
+        item.status = "failed"
+        if result == "error":
+            state.error_count += 1
+    if result == "interrupted":
+        return
+    step: dict[str, Any] = {
+        "item": item.name,
+        "agent": ev.get("agent", ""),
+        "signal_out": "SPAWN",
+        "signal_in": ev.get("signal_in"),
+        "result": result,
+        "duration_ms": item.duration_ms,
+        "attempt": _int(ev, "attempt", item.attempt),
+        "key": ev.get("key"),
+        "error": item.error,
+        "at": ev.get("at"),
+    }
+    # What the agent answered (success|fail|error|escalate|blocked) and its result's status and tests:
+    # what ambient.learning.replay needs to decide the step again with a workflow as it is now.
+    reply = ev.get("reply")
+    if reply:
+        step["reply"] = reply
+    question = ev.get("question")
+    if question:  # an agent's own question: the words a learned rule matches (learning.situation_of)
+        step["question"] = question
+    if isinstance(usage, dict) and usage:
+        step["usage"] = dict(usage)
+    signature = ev.get("permission_signature")
+    if isinstance(signature, str) and signature:
+        # the exact tool call the agent asked about: a learned rule's situation as it is (learning)
+        step["permission_signature"] = signature
+    if isinstance(item.output, dict):
+        for key in ("status", "tests"):
+            if item.output.get(key) is not None:
+                step[key] = item.output[key]
+    state.steps.append(step)
+
+
+def _escalated(state: RunState, item: ItemState | None, ev: Escalated) -> None:
+    esc = str(ev.get("escalation"))
+    state.escalation_count += 1
+    _asked(state, ev, str(ev.get("kind") or ""))
+    hold = state.holds.get(str(ev.get("hold"))) if ev.get("hold") is not None else None
+    if hold is not None:
+        hold["escalation"] = esc
+    if item is not None:
+        item.status = "escalated"
+        item.escalation = esc
+        state.escalations[esc] = item.name
+    else:
+        state.escalations[esc] = ""
+
+
+def _decided(state: RunState, by_name: dict[str, ItemState], ev: Decided) -> None:
+    esc = str(ev.get("escalation"))
+    state.escalations.pop(esc, None)
+    state.requests.pop(esc, None)
+    state.decisions.append(cast(Decision, {k: v for k, v in ev.items() if k != "ev"}))
+    target = by_name.get(str(ev.get("item"))) if ev.get("item") is not None else None
+    action = ev.get("action")
+    _answer_hold(state, esc, action)
+    if target is not None and target.escalation == esc:
+        target.escalation = None
+        if action in ("retry", "answer"):  # answer: run again with the person's answer (an agent's question)
+            target.status = "pending"
+            target.fails = 0
+        elif action == "skip":
+            target.status = "skipped"
+        elif action == "reject" and not aborts_run(state.form, action, target.name):
+            target.status = "failed"  # a for_each item rejected (DESIGN: reject → failed); its siblings go on
+        elif action in ("approve", "continue"):
+            target.gate = "passed" if target.gate == "pending" else target.gate
+            if target.status == "escalated":
+                target.status = "pending" if target.result != "success" else "done"
+    if aborts_run(state.form, action, ev.get("item")):
+        if target is not None and target.status not in ("done", "skipped"):
+            target.status = "aborted"
         _abort_unfinished(state)
-    elif kind == "hold":
-        name = str(ev.get("hold"))
-        fields = {k: v for k, v in ev.items() if k not in ("ev", "at")}
-        state.holds[name] = {**fields, "hold": name, "escalation": None, "waited": False, "at": ev.get("at")}
-    elif kind == "unhold":
-        state.holds.pop(str(ev.get("hold")), None)
-    elif kind == "note":
-        state.notes.append(str(ev.get("text", "")))
-    elif kind == "finished_run":
-        state.outcome = str(ev.get("outcome"))
-        state.finished_at = ev.get("at")
+
+
+def _gate(state: RunState, item: ItemState, ev: Gate) -> None:
+    item.gate = str(ev.get("state"))
+    if item.gate == "pending" and ev.get("before"):
+        state.gated.append(item.name)
+    if item.gate == "pending":
+        item.status = "escalated"
+        item.escalation = ev.get("escalation")
+        if item.escalation:
+            state.escalations[str(item.escalation)] = item.name
+            state.escalation_count += 1
+            _asked(state, ev, "gate")
+    elif item.gate == "rejected":
+        item.status = "aborted"
+
+
+def _final_gate(state: RunState, ev: FinalGate) -> None:
+    state.final_gate = str(ev.get("state"))
+    if state.final_gate == "pending":
+        state.final_escalation = ev.get("escalation")
+        if state.final_escalation:
+            state.escalations[str(state.final_escalation)] = ""
+            state.escalation_count += 1
+            _asked(state, ev, "gate")
+
+
+def _hold(state: RunState, ev: Hold) -> None:
+    name = str(ev.get("hold"))
+    fields = {k: v for k, v in ev.items() if k not in ("ev", "at")}
+    state.holds[name] = cast(HeldRun, {**fields, "hold": name, "escalation": None, "waited": False, "at": ev.get("at")})
 
 
 def _answer_hold(state: RunState, esc: str, action: Any) -> None:
@@ -408,12 +452,14 @@ def _answer_hold(state: RunState, esc: str, action: Any) -> None:
             state.raised_day_usd[day] = state.raised_day_usd.get(day, 0.0) + amount
 
 
-def _asked(state: RunState, ev: Mapping[str, Any], kind: str) -> None:
+def _asked(state: RunState, ev: Escalated | Gate | FinalGate, kind: str) -> None:
     """One escalation of the run, with the agent it is about (per-agent statistics count these)."""
-    entry = {"escalation": ev.get("escalation"), "kind": kind}
-    for key in ("item", "agent"):
-        if ev.get(key) is not None:
-            entry[key] = ev[key]
+    entry: dict[str, Any] = {"escalation": ev.get("escalation"), "kind": kind}
+    item, agent = ev.get("item"), ev.get("agent")
+    if item is not None:
+        entry["item"] = item
+    if agent is not None:
+        entry["agent"] = agent
     state.asked.append(entry)
 
 
@@ -454,7 +500,7 @@ def next_attempt(item: ItemState) -> int:
     return item.attempt if item.result == "interrupted" and item.attempt else item.attempt + 1
 
 
-def outcome_of(state: RunState) -> str:
+def outcome_of(state: RunState) -> Outcome:
     """The outcome of a run whose items are all terminal."""
     statuses = [it.status for it in state.items if it.result != NOT_RUN]
     if state.aborted or any(s == "aborted" for s in statuses):

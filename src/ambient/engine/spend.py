@@ -14,7 +14,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ambient.config.settings import Settings
 from ambient.engine.budget import Limits, amount_of, day_of
 from ambient.engine.runstate import RunState
 
@@ -24,13 +23,9 @@ _OLD_IN_A_ROW = 64
 _BLOCK = 64 * 1024
 
 
-def limits_of(settings: Settings) -> Limits:
-    """The budgets of the settings (``budget:`` in ``profil/ambient.yml``)."""
-    return Limits(settings.budget.per_run_usd, settings.budget.daily_usd)
-
-
 class SpendMeter:
-    """The spend of the current UTC day, all runs together; ``limits`` gives the budgets as the settings say now."""
+    """The spend of the current UTC day, all runs together; ``limits`` gives the budgets as the settings say now (the
+    service layer passes it: the engine does not read the settings)."""
 
     def __init__(self, limits: Callable[[], Limits] | None = None) -> None:
         self._limits = limits or Limits

@@ -22,7 +22,7 @@ from ambient.config.brain import Brain
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, LockHeldError, PacketError
 from ambient.core.redact import SecretRegistry, redact
-from ambient.engine.runs import Attempt, AttemptResult
+from ambient.engine.ports import Attempt, AttemptResult
 from ambient.engine.runstate import RunState
 from ambient.kernel.packet import Packet, make_packet
 from ambient.kernel.router import Channel, Router

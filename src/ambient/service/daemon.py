@@ -32,10 +32,13 @@ from ambient.core.health import resource_of
 from ambient.core.redact import SecretRegistry
 from ambient.engine.chain import ChainExecutor, ChainSettings
 from ambient.engine.compile import chain_steps, fanout, item_template, retry_policy
+from ambient.engine.foreach import ForEachExecutor
+from ambient.engine.manager import RunManager
 from ambient.engine.planner import FanOut
-from ambient.engine.runs import Ports, RunExecutor, RunManager
+from ambient.engine.ports import Ports
+from ambient.engine.runs import RunExecutor
 from ambient.engine.runstate import RunState
-from ambient.engine.spend import SpendMeter, limits_of
+from ambient.engine.spend import SpendMeter
 from ambient.engine.themebranch import GitBranches
 from ambient.engine.tick import TriggerEngine
 from ambient.human.escalations import EscalationStore
@@ -206,7 +209,7 @@ class Daemon:
         self.claims_view = ClaimsWriter(self.claims, self.clock)
         self.emitter = RouterEmitter(self.router, self.clock, sender=s.default_sender)
         self.breaker = Breaker(p, threshold=s.breaker_threshold)
-        self.spend = SpendMeter(lambda: limits_of(self.ref.brain.settings))  # budgets: today's spend, all runs
+        self.spend = SpendMeter(lambda: self.ref.brain.settings.budget.limits())  # budgets: today's spend, all runs
         self.manager = RunManager(p, self._executor, self.clock)
         self.manager.on_finished.append(self._run_finished)
         self.manager.on_park.append(lambda: self.engine.wake())
@@ -272,7 +275,7 @@ class Daemon:
         )
         template = item_template(spec)
         if isinstance(spec, ForEachWorkflow):
-            return RunExecutor(state, fanout(spec), template, ports, journal, self.paths)
+            return ForEachExecutor(state, fanout(spec), template, ports, journal, self.paths)
         assert isinstance(spec, ChainWorkflow)
         plan = FanOut(concurrency=1, retry=retry_policy(spec.retry))  # the chain's workflow-level retry
         defaults = brain.settings.default_agents

@@ -15,7 +15,7 @@ import structlog
 
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError
-from ambient.engine.runs import EscalationRequest
+from ambient.engine.ports import EscalationRequest
 from ambient.engine.runstate import RunState, ended_because
 from ambient.human.escalations import (
     AlreadyAnsweredError,

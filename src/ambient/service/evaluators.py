@@ -27,8 +27,8 @@ from ambient.claims.statusline import surely_not_open
 from ambient.claims.store import ClaimStore
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, InputError
+from ambient.engine.manager import RunManager
 from ambient.engine.planner import ANSWER
-from ambient.engine.runs import RunManager
 from ambient.engine.tick import Tick, TriggerEngine
 from ambient.human.escalations import (
     ENGINE_ACTIONS,

@@ -15,8 +15,10 @@ from typing import Any
 import structlog
 
 from ambient.core.clock import Clock
+from ambient.engine import events
+from ambient.engine.manager import RunManager
 from ambient.engine.planner import ANSWER
-from ambient.engine.runs import EscalationRequest, RunManager
+from ambient.engine.ports import EscalationRequest
 from ambient.kernel import sendsocket
 from ambient.kernel.packet import Packet
 from ambient.kernel.router import Channel, Router, write_inbox
@@ -87,8 +89,8 @@ class PacketDesk:
                     continue
                 for item in ex.state.items:
                     if isinstance(skip, list) and item.name in [str(s) for s in skip] and item.status == "pending":
-                        ex.event("skipped", item=item.name)
-                ex.event("note", text=f"ADAPT from {pkt.from_}: {json.dumps(changes)[:300]}")
+                        ex.event(events.skipped, item=item.name)
+                ex.event(events.note, text=f"ADAPT from {pkt.from_}: {json.dumps(changes)[:300]}")
                 ex.journal.sync()
                 ex.poke()
         elif sig == "SPAWN" and (pkt.to in self.ref.brain.runners or pkt.to in self.ref.brain.matrix.agents):

@@ -14,8 +14,10 @@ import structlog
 from ambient.config.workflows import LoadedWorkflow
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError
+from ambient.engine import events
 from ambient.engine.compile import items_of
-from ambient.engine.runs import RunManager, new_run_id
+from ambient.engine.manager import RunManager
+from ambient.engine.runs import new_run_id
 from ambient.human.escalations import Escalation
 from ambient.kernel.packet import Packet
 from ambient.service.adapters import BrainRef
@@ -78,8 +80,8 @@ class RunStarts:
                 log.warning("start_step_unknown", workflow=spec.name, step=at_step, run_id=run_id)
             elif idx:
                 for earlier in spec.chain[:idx]:  # not run: skipped, so the run's outcome counts only what ran
-                    ex.event("skipped", item=earlier.key, before_start=True)
-                ex.event("cursor", index=idx)
+                    ex.event(events.skipped, item=earlier.key, before_start=True)
+                ex.event(events.cursor, index=idx)
         self.progress(
             f"run started: {spec.name} ({len(items)} {'items' if spec.form == 'for_each' else 'steps'}) — {run_id}"
         )

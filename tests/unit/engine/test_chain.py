@@ -12,8 +12,10 @@ import pytest
 
 from ambient.claims.claim import Claim
 from ambient.engine.chain import ChainExecutor, ChainSettings
-from ambient.engine.planner import ChainAction, ChainStep, FanOut, judge_step
-from ambient.engine.runs import Attempt, AttemptResult, ItemTemplate, Ports, RunExecutor, RunManager
+from ambient.engine.manager import RunManager
+from ambient.engine.planner import ChainAction, ChainStep, FanOut, ItemTemplate, judge_step
+from ambient.engine.ports import Attempt, AttemptResult, Ports
+from ambient.engine.runs import RunExecutor
 from ambient.engine.runstate import RunState
 from ambient.storage.journal import Journal, read_jsonl
 from ambient.storage.paths import BrainPaths

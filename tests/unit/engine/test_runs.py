@@ -15,16 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ambient.engine.planner import FanOut, RetryPolicy
-from ambient.engine.runs import (
-    Attempt,
-    AttemptResult,
-    EscalationRequest,
-    ItemTemplate,
-    Ports,
-    RunExecutor,
-    RunManager,
-)
+from ambient.engine.foreach import ForEachExecutor
+from ambient.engine.manager import RunManager
+from ambient.engine.planner import FanOut, ItemTemplate, RetryPolicy
+from ambient.engine.ports import Attempt, AttemptResult, EscalationRequest, Ports
+from ambient.engine.runs import RunExecutor
 from ambient.engine.runstate import ItemState, RunState, fold
 from ambient.storage.journal import Journal, read_jsonl
 from ambient.storage.paths import BrainPaths
@@ -110,7 +105,7 @@ def _manager(root: Path, delegate: FakeDelegate, plan: FanOut | None = None, ren
     )
 
     def factory(state: RunState, journal: Journal) -> RunExecutor:
-        return RunExecutor(state, plan or FanOut(concurrency=3), template, ports, journal, paths)
+        return ForEachExecutor(state, plan or FanOut(concurrency=3), template, ports, journal, paths)
 
     return RunManager(paths, factory), esc, claims, emitter
 
@@ -428,7 +423,8 @@ async def test_start_up_glances_at_finished_runs_instead_of_folding_them(
     """resume_all walks every run journal ever written: a finished run whose views are written is known from its
     first and last lines (workflow, finished_at) and not read whole; a run whose views are behind, or whose last
     line is torn, is still read, folded and caught up."""
-    import ambient.engine.runs as runs_mod
+    import ambient.engine.journals as journals_mod
+    import ambient.engine.manager as manager_mod
 
     mgr, *_ = _manager(tmp_path, FakeDelegate())
     ids = {}
@@ -448,16 +444,16 @@ async def test_start_up_glances_at_finished_runs_instead_of_folding_them(
     with paths.run_journal(ids["docs-refresh"]).open("a") as fh:
         fh.write('{"ev": "note", "te')  # a torn last line: the glance cannot tell, the journal is read
     folded: list[str] = []
-    real = runs_mod.read_jsonl
-    monkeypatch.setattr(runs_mod, "read_jsonl", lambda p: (folded.append(p.stem), real(p))[1])
+    real = manager_mod.read_jsonl
+    monkeypatch.setattr(manager_mod, "read_jsonl", lambda p: (folded.append(p.stem), real(p))[1])
     mgr2, *_ = _manager(tmp_path, FakeDelegate())
     assert mgr2.resume_all() == []
     journals = [name for name in folded if name.startswith("sess-")]  # runs.jsonl is read too, by the catch-up
     assert sorted(journals) == sorted([ids["w"], ids["docs-refresh"]])
     assert mgr2.journaled == {"deploy-batch", "docs-refresh", "w"}
     assert paths.run_journal(ids["docs-refresh"]).read_bytes().endswith(b"\n")  # the torn line was cut
-    assert runs_mod.finished_glance(paths.run_journal(ids["deploy-batch"])) is not None
-    assert runs_mod.finished_glance(paths.run_journal(ids["deploy-batch"]))[0] == "deploy-batch"  # type: ignore[index]
+    assert journals_mod.finished_glance(paths.run_journal(ids["deploy-batch"])) is not None
+    assert journals_mod.finished_glance(paths.run_journal(ids["deploy-batch"]))[0] == "deploy-batch"  # type: ignore[index]
 
 
 async def test_status_folds_only_the_runs_in_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,8 +12,11 @@ from typing import Any
 
 from ambient.engine.budget import Limits
 from ambient.engine.chain import ChainExecutor, ChainSettings
-from ambient.engine.planner import ChainStep, FanOut
-from ambient.engine.runs import Attempt, AttemptResult, ItemTemplate, Ports, RunExecutor, RunManager
+from ambient.engine.foreach import ForEachExecutor
+from ambient.engine.manager import RunManager
+from ambient.engine.planner import ChainStep, FanOut, ItemTemplate
+from ambient.engine.ports import Attempt, AttemptResult, Ports
+from ambient.engine.runs import RunExecutor
 from ambient.engine.runstate import RunState, fold
 from ambient.engine.spend import SpendMeter
 from ambient.storage.journal import Journal, read_jsonl
@@ -88,7 +91,7 @@ def _manager(
             return ChainExecutor(
                 state, FanOut(concurrency=1), template, ports, journal, paths, ChainSettings(steps=steps)
             )
-        return RunExecutor(state, FanOut(concurrency=concurrency), template, ports, journal, paths)
+        return ForEachExecutor(state, FanOut(concurrency=concurrency), template, ports, journal, paths)
 
     return RunManager(paths, factory, clock), esc
 

@@ -1,6 +1,6 @@
 """Replay (ambient.learning.replay): a workflow replayed over its own records meets exactly the escalations it met.
 
-The property test runs real executors (RunExecutor, ChainExecutor) with fake agents whose answers, and a person
+The property test runs real executors (ForEachExecutor, ChainExecutor) with fake agents whose answers, and a person
 whose decisions, hypothesis draws; the run's own record, replayed through the same workflow, must give the same
 number of escalations and route no step differently.
 """
@@ -21,8 +21,11 @@ from hypothesis import strategies as st
 
 from ambient.engine.chain import ChainExecutor, ChainSettings
 from ambient.engine.compile import chain_steps, fanout, item_template, items_of, retry_policy
+from ambient.engine.foreach import ForEachExecutor
+from ambient.engine.manager import RunManager
 from ambient.engine.planner import FanOut
-from ambient.engine.runs import Attempt, AttemptResult, EscalationRequest, Ports, RunExecutor, RunManager, run_record
+from ambient.engine.ports import Attempt, AttemptResult, EscalationRequest, Ports
+from ambient.engine.runs import RunExecutor, run_record
 from ambient.engine.runstate import RunState
 from ambient.learning.replay import fates, replay, reply_of
 from ambient.learning.rules import observe, situation_from_step
@@ -103,7 +106,7 @@ def _executor_factory(spec: WorkflowSpec, root: Path, agent: ScriptedAgent, pers
 
     def factory(state: RunState, journal: Journal) -> RunExecutor:
         if isinstance(spec, ForEachWorkflow):
-            return RunExecutor(state, fanout(spec), template, ports, journal, paths)
+            return ForEachExecutor(state, fanout(spec), template, ports, journal, paths)
         assert isinstance(spec, ChainWorkflow)
         chain = ChainSettings(steps=chain_steps(spec), mode=spec.mode, threshold=3)
         return ChainExecutor(

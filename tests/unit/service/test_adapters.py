@@ -16,7 +16,7 @@ async def test_handoff_is_shared_by_a_runs_items_and_a_rewrite_is_seen(
 ) -> None:
     """One handoff per (agent, run), not one per item; a rewritten handoff.md reaches the next attempts once the
     short recheck interval has passed (it is not stat'ed for every item)."""
-    from ambient.engine.runs import Attempt
+    from ambient.engine.ports import Attempt
     from ambient.live.context import HANDOFF_NAME, LiveContext
     from ambient.service import adapters
     from ambient.service.adapters import AgentDelegate
@@ -84,7 +84,7 @@ async def test_a_command_agents_token_file_is_gone_when_its_attempt_returns(
 
     from structlog.testing import capture_logs
 
-    from ambient.engine.runs import Attempt
+    from ambient.engine.ports import Attempt
     from ambient.kernel.packet import make_packet
     from ambient.kernel.router import ChannelRegistry
     from ambient.service.adapters import AgentDelegate
