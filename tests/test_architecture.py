@@ -90,6 +90,7 @@ PURE: Final = frozenset(
         "workflows.variables",
         "engine.planner",
         "engine.runstate",
+        "engine.events",
         "engine.compile",
         "engine.records",
         "engine.budget",
@@ -133,16 +134,6 @@ IO_MODULES: Final = frozenset(
 #: Third-party libraries a pure module may use: models and YAML text.
 PURE_LIBRARIES: Final = frozenset({"pydantic", "pydantic_core", "yaml"})
 
-#: Violations of the tree as it is, by key (:attr:`Violation.key`): being fixed in issue 27; must be empty.
-#: A key that no longer matches anything fails the test, so this list only shrinks.
-KNOWN: Final[frozenset[tuple[str, ...]]] = frozenset(
-    {
-        # The spend ledger reads the budget settings: the settings model belongs below the engine.
-        ("layer", "ambient.engine.spend", "ambient.config.settings"),
-    }
-)
-
-
 # ---------------------------------------------------------------------------------------------- the checker
 
 
@@ -171,7 +162,7 @@ class Violation:
     line: int
     text: str
     why: str
-    key: tuple[str, ...]  # stable across line moves, for KNOWN
+    key: tuple[str, ...]  # stable across line moves
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}: `{self.text}` breaks the {self.rule} rule: {self.why}"
@@ -489,15 +480,9 @@ def _report(violations: list[Violation]) -> str:
 
 @pytest.mark.parametrize("rule", ["layer", "leaf", "cycle", "pure"])
 def test_the_tree_keeps_the_contract(found: list[Violation], rule: str) -> None:
-    """No violation of the rule in src/ambient, apart from the known ones being fixed (KNOWN)."""
-    new = [v for v in found if v.rule == rule and v.key not in KNOWN]
+    """No violation of the rule in src/ambient: no allowlist, a wrong-way import fails here."""
+    new = [v for v in found if v.rule == rule]
     assert new == [], _report(new)
-
-
-def test_known_violations_are_still_there(found: list[Violation]) -> None:
-    """A fixed violation leaves KNOWN at once: the allowlist only shrinks."""
-    stale = KNOWN - {v.key for v in found}
-    assert stale == set(), f"fixed, remove from KNOWN: {sorted(stale)}"
 
 
 def test_every_package_has_a_rank() -> None:
