@@ -218,6 +218,7 @@ async def test_resume_after_crash_reruns_only_in_flight_items(tmp_path: Path) ->
     assert ran == [("instance-02", 1), ("instance-03", 1), ("instance-04", 1)]
 
 
+@pytest.mark.slow
 async def test_shutdown_records_interrupted_items(tmp_path: Path) -> None:
     """Cancelling a run records running items as interrupted; they run again on resume."""
     delegate = FakeDelegate()

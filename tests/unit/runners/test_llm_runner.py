@@ -219,6 +219,7 @@ async def test_anthropic_structured_return(tmp_path: Path) -> None:
     no_secret(result, KEY)
 
 
+@pytest.mark.slow
 @needs_anthropic
 async def test_anthropic_text_answer_falls_back_to_the_last_json(tmp_path: Path) -> None:
     answer = {"signal": "RETURN", "result": {"status": "partial", "n": 2}}
@@ -502,6 +503,7 @@ async def test_openai_structured_return(tmp_path: Path) -> None:
     no_secret(result, OKEY)
 
 
+@pytest.mark.slow
 @needs_openai
 async def test_openai_plain_text_and_escalate(tmp_path: Path) -> None:
     text_prompt = agent_file(tmp_path, playbook({"text": "All fine."}), name="a")
