@@ -88,6 +88,7 @@ PURE: Final = frozenset(
         "workflows.templating",
         "workflows.triggers",
         "workflows.variables",
+        "human.escalations",
         "engine.planner",
         "engine.runstate",
         "engine.compile",

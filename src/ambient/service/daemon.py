@@ -38,7 +38,7 @@ from ambient.engine.runstate import RunState
 from ambient.engine.spend import SpendMeter, limits_of
 from ambient.engine.themebranch import GitBranches
 from ambient.engine.tick import TriggerEngine
-from ambient.human.escalations import EscalationStore
+from ambient.human.escalation_store import EscalationStore
 from ambient.human.notify import Message, Outbox
 from ambient.kernel import sendsocket
 from ambient.kernel.router import ChannelRegistry, Router

@@ -30,11 +30,11 @@ from ambient.core.errors import AmbientError, InputError
 from ambient.engine.planner import ANSWER
 from ambient.engine.runs import RunManager
 from ambient.engine.tick import Tick, TriggerEngine
+from ambient.human.escalation_store import EscalationStore
 from ambient.human.escalations import (
     ENGINE_ACTIONS,
     AlreadyAnsweredError,
     Escalation,
-    EscalationStore,
     next_timer,
     rebuild,
     reminder_due,

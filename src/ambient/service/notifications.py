@@ -23,7 +23,7 @@ from ambient.config.settings import NotifySettings, Settings, TelegramSettings
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, NotifyError
 from ambient.core.redact import SecretRegistry
-from ambient.human.escalations import EscalationStore
+from ambient.human.escalation_store import EscalationStore
 from ambient.human.notify import (
     TOKEN_CREDENTIAL,
     AppriseNotifier,

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from ambient.cli import main
 from ambient.core.errors import InputError
 from ambient.human import escalations as esc_mod
+from ambient.human.escalation_store import EscalationStore
 from ambient.human.escalations import (
     AlreadyAnsweredError,
     Escalation,
-    EscalationStore,
     InvalidOptionError,
     Option,
     UnknownEscalationError,
@@ -270,7 +270,8 @@ _WORKER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from ambient.human.escalations import AlreadyAnsweredError, EscalationStore
+    from ambient.human.escalation_store import EscalationStore
+    from ambient.human.escalations import AlreadyAnsweredError
     from ambient.storage.paths import BrainPaths
 
     store = EscalationStore(BrainPaths(Path(sys.argv[1])))
