@@ -89,6 +89,7 @@ PURE: Final = frozenset(
         "workflows.triggers",
         "workflows.variables",
         "human.escalations",
+        "human.messages",
         "engine.planner",
         "engine.runstate",
         "engine.compile",

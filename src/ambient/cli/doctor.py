@@ -745,7 +745,7 @@ def _outbox_entries(paths: BrainPaths) -> dict[str, Any]:
     """Pending outbox entries by id, read without creating or sweeping anything."""
     from pydantic import ValidationError
 
-    from ambient.human.notify import OutboxEntry
+    from ambient.human.outbox import OutboxEntry
     from ambient.storage.fsutil import read_capped
 
     directory = paths.state / "outbox"
@@ -771,7 +771,8 @@ def check_notify_urls(paths: BrainPaths, environ: Mapping[str, str], timeout: fl
 
     from ambient.core.errors import InputError
     from ambient.core.redact import SecretRegistry
-    from ambient.human.notify import AppriseNotifier, DeliveryError, Message, notify_urls_from
+    from ambient.human.messages import Message
+    from ambient.human.notify import AppriseNotifier, DeliveryError, notify_urls_from
 
     registry = SecretRegistry()
     try:

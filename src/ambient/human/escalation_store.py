@@ -1,8 +1,8 @@
 """The escalation files of a brain (``.ambient/escalations/<id>.yml``): written, read, answered and restored.
 
-:class:`EscalationStore` is the only writer of those files and serialises every change under one ``flock`` guard,
-so the CLI and the daemon (Telegram) can never both answer the same escalation; each change is a rule of
-:mod:`ambient.human.escalations` applied to what is on disk, and written atomically and durably.
+An escalation is on disk (fsync'd) before anyone is notified (DESIGN §6). :class:`EscalationStore` is the only writer
+of those files and serialises every change under one ``flock`` guard, so the CLI and the daemon (Telegram) can never
+both answer the same escalation; each change is a rule of :mod:`ambient.human.escalations` applied to what is on disk.
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ from ambient.engine.spend import SpendMeter, limits_of
 from ambient.engine.themebranch import GitBranches
 from ambient.engine.tick import TriggerEngine
 from ambient.human.escalation_store import EscalationStore
-from ambient.human.notify import Message, Outbox
+from ambient.human.messages import Message
+from ambient.human.outbox import Outbox
 from ambient.kernel import sendsocket
 from ambient.kernel.router import ChannelRegistry, Router
 from ambient.live.context import LiveContext

@@ -40,7 +40,7 @@ from ambient.human.escalations import (
     reminder_due,
     timeout_due,
 )
-from ambient.human.notify import Outbox
+from ambient.human.outbox import Outbox
 from ambient.kernel.packet import Packet
 from ambient.kernel.router import Channel, Router, read_inbox
 from ambient.service.adapters import BrainRef

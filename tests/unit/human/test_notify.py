@@ -25,26 +25,24 @@ from ambient.cli import main
 from ambient.core.clock import SystemClock
 from ambient.core.errors import InputError
 from ambient.core.redact import SecretRegistry
-from ambient.human.notify import (
+from ambient.human.messages import (
     TELEGRAM_MAX_CHARS,
+    Message,
+    clean_text,
+    cut_text,
+    escalation_message,
+    format_escalation,
+    text_length,
+)
+from ambient.human.notify import (
     AppriseNotifier,
     CompositeNotifier,
     DeliveryError,
-    Message,
-    Outbox,
-    RetryPolicy,
     SendReport,
     TargetResult,
-    clean_text,
-    cut_text,
-    drain,
-    escalation_message,
-    format_escalation,
-    next_attempt_at,
     notify_urls_from,
-    run_outbox,
-    text_length,
 )
+from ambient.human.outbox import Outbox, RetryPolicy, drain, next_attempt_at, run_outbox
 from ambient.storage.paths import BrainPaths
 from tests.conftest import async_wait_until, debug_log_buffer
 
