@@ -88,6 +88,8 @@ PURE: Final = frozenset(
         "workflows.templating",
         "workflows.triggers",
         "workflows.variables",
+        "human.escalations",
+        "human.messages",
         "engine.planner",
         "engine.runstate",
         "engine.events",

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ambient.core.errors import YamlError
-from ambient.human.escalations import new_escalation, to_yaml
+from ambient.human.escalation_store import to_yaml
+from ambient.human.escalations import new_escalation
 from ambient.storage.fsutil import atomic_write
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamltext import MAX_DEPTH, parse_yaml

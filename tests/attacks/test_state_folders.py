@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ambient.human.escalations import EscalationStore, new_escalation
+from ambient.human.escalation_store import EscalationStore
+from ambient.human.escalations import new_escalation
 from ambient.storage.paths import BrainPaths
 from tests.e2e.helpers import PY, ambient_cli
 

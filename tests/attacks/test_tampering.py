@@ -22,7 +22,8 @@ import pytest
 
 from ambient.config.workflows import load_workflow_bytes
 from ambient.engine.runstate import HistoryError, RunState, fold
-from ambient.human.escalations import EscalationStore, new_escalation
+from ambient.human.escalation_store import EscalationStore
+from ambient.human.escalations import new_escalation
 from ambient.runners.orphans import by_journal
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths

@@ -44,7 +44,7 @@ def _run(root: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _pending(root: Path) -> list[Any]:
-    from ambient.human.escalations import EscalationStore
+    from ambient.human.escalation_store import EscalationStore
 
     return EscalationStore(BrainPaths(root)).list(status="pending")
 

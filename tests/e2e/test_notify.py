@@ -155,7 +155,7 @@ def _all_text(root: Path, *outputs: str) -> str:
 
 
 def _pending(root: Path) -> list[dict[str, Any]]:
-    from ambient.human.escalations import EscalationStore
+    from ambient.human.escalation_store import EscalationStore
 
     return [e.model_dump(mode="json") for e in EscalationStore(BrainPaths(root)).list(status="pending")]
 

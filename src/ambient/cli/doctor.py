@@ -519,7 +519,7 @@ def _still_to_send(paths: BrainPaths, entry: Path) -> bool:
     name = entry.name.removesuffix(".json")
     if not name.startswith("escalation-"):
         return True
-    from ambient.human.escalations import EscalationStore
+    from ambient.human.escalation_store import EscalationStore
 
     try:
         return EscalationStore(paths).is_pending(name.removeprefix("escalation-"))
@@ -649,7 +649,7 @@ def check_daemon(paths: BrainPaths, now: datetime) -> tuple[bool, int | None, li
 
 def check_escalations(paths: BrainPaths, settings: Settings, now: datetime) -> list[Finding]:
     """Unreadable escalations, notifications that keep failing, escalations waiting for long, nobody notified."""
-    from ambient.human.escalations import EscalationStore
+    from ambient.human.escalation_store import EscalationStore
 
     if not paths.escalations.is_dir():
         return []
@@ -745,7 +745,7 @@ def _outbox_entries(paths: BrainPaths) -> dict[str, Any]:
     """Pending outbox entries by id, read without creating or sweeping anything."""
     from pydantic import ValidationError
 
-    from ambient.human.notify import OutboxEntry
+    from ambient.human.outbox import OutboxEntry
     from ambient.storage.fsutil import read_capped
 
     directory = paths.state / "outbox"
@@ -771,7 +771,8 @@ def check_notify_urls(paths: BrainPaths, environ: Mapping[str, str], timeout: fl
 
     from ambient.core.errors import InputError
     from ambient.core.redact import SecretRegistry
-    from ambient.human.notify import AppriseNotifier, DeliveryError, Message, notify_urls_from
+    from ambient.human.messages import Message
+    from ambient.human.notify import AppriseNotifier, DeliveryError, notify_urls_from
 
     registry = SecretRegistry()
     try:
@@ -820,7 +821,7 @@ def check_telegram(
 ) -> list[Finding]:
     """Telegram answers: a bot ambient cannot build (no token, a malformed one), presses saved but not acted upon,
     and a backlog close to the Bot API's 24-hour retention."""
-    from ambient.human.escalations import EscalationStore
+    from ambient.human.escalation_store import EscalationStore
     from ambient.human.telegram import STATE_FILE, token_problem
     from ambient.service.notifications import telegram_token
     from ambient.storage.fsutil import read_capped

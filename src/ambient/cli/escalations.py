@@ -19,7 +19,8 @@ from ambient.core.terminal import one_line
 from ambient.storage.paths import BrainPaths
 
 if TYPE_CHECKING:  # imported in the handlers: every `ambient` command builds the parser, few need these
-    from ambient.human.escalations import Escalation, EscalationStore
+    from ambient.human.escalation_store import EscalationStore
+    from ambient.human.escalations import Escalation
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _store(args: argparse.Namespace) -> EscalationStore:
-    from ambient.human.escalations import EscalationStore
+    from ambient.human.escalation_store import EscalationStore
 
     return EscalationStore(BrainPaths(brain_dir(args)))
 

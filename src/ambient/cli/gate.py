@@ -78,7 +78,8 @@ def _answer_run_gate(args: argparse.Namespace) -> int | None:
     claim is no run's waiting gate (a gate a person or a script set on a claim of their own)."""
     import os
 
-    from ambient.human.escalations import AlreadyAnsweredError, EscalationStore
+    from ambient.human.escalation_store import EscalationStore
+    from ambient.human.escalations import AlreadyAnsweredError
 
     store = EscalationStore(BrainPaths(brain_dir(args)))
     for esc in store.list(status="pending"):

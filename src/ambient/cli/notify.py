@@ -48,7 +48,8 @@ def _test(args: argparse.Namespace) -> int:
 
     from ambient.config.brain import load_settings
     from ambient.core.redact import SecretRegistry
-    from ambient.human.notify import AppriseNotifier, DeliveryError, Message, Notifier, expand_urls
+    from ambient.human.messages import Message
+    from ambient.human.notify import AppriseNotifier, DeliveryError, Notifier, expand_urls
     from ambient.service.notifications import build_notifiers
     from ambient.storage.paths import BrainPaths
 

@@ -111,7 +111,8 @@ def _cmd_breaker(args: argparse.Namespace) -> int:
         breaker.reset(scope)
         out(f"{scope}: breaker reset")
         # A chain stopped by this breaker waits on its CIRCUIT_BREAK escalation: resetting here is that answer.
-        from ambient.human.escalations import AlreadyAnsweredError, EscalationStore
+        from ambient.human.escalation_store import EscalationStore
+        from ambient.human.escalations import AlreadyAnsweredError
 
         store = EscalationStore(paths)
         for esc in store.pending_breaks(scope):

@@ -91,7 +91,7 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
     from ambient.claims.locks import LockManager
     from ambient.claims.store import ClaimStore
     from ambient.core.redact import redact_text
-    from ambient.human.escalations import EscalationStore
+    from ambient.human.escalation_store import EscalationStore
     from ambient.service.instance import daemon_up, running_pid
     from ambient.storage.journal import tail_jsonl
     from ambient.storage.paths import BrainPaths

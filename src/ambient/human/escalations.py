@@ -1,34 +1,24 @@
-"""Escalations: the decisions that are the person's, persisted before anyone is notified (DESIGN §6).
+"""Escalations: the decisions that are the person's (DESIGN §6), as a model and the pure rules over it.
 
-Pure rules (:func:`decide`, :func:`timeout_decision`, :func:`due_timeouts`, :func:`due_reminders`,
-:func:`find_pending`...) take ``now`` and return new models; :class:`EscalationStore` is the only
-writer of ``.ambient/escalations/<id>.yml`` and serialises every change under one ``flock`` guard, so
-the CLI and the daemon (Telegram) can never both answer the same escalation.
+The rules (:func:`new_escalation`, :func:`decide`, :func:`timeout_decision`, :func:`timeout_due`,
+:func:`reminder_due`, :func:`next_timer`, :func:`find_pending`...) take ``now`` and return new models, never
+changing the one given, and do no I/O: the daemon, the CLI and the tests run them alike. The files of
+``.ambient/escalations/`` are :mod:`ambient.human.escalation_store`'s, which applies these rules under its lock.
 """
 
 from __future__ import annotations
 
 import base64
-import builtins
-import fcntl
 import hashlib
-import os
 import re
 import secrets
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ambient.core.clock import Clock, SystemClock
 from ambient.core.errors import InputError, StateError
-from ambient.core.problems import Problem
-from ambient.storage.fsutil import atomic_write, iter_files, private_dir
-from ambient.storage.paths import BrainPaths
-from ambient.storage.yamlfile import KiB, dump_yaml, expect_mapping, load_file, problems_from_validation
 
 #: permission: a tool call an AI agent waits on the person for; budget: a run reached a budget (ambient.engine.budget);
 #: provider: the model provider refused the key or cannot be reached (the run holds).
@@ -40,9 +30,7 @@ OnTimeout = Literal["reject", "approve", "escalate", "abort"]
 #: Actions the engine carries out by itself; a workflow may declare options with other actions.
 ENGINE_ACTIONS = frozenset({"retry", "skip", "abort", "approve", "reject", "continue"})
 
-#: Size cap of one escalation file (checked before parsing, RELIABILITY S-03).
-MAX_ESCALATION_BYTES = 256 * KiB
-#: Agent text in a question is cut here so the file stays far below the cap.
+#: Agent text in a question is cut here so the file stays far below its size cap (escalation_store).
 MAX_QUESTION_CHARS = 8000
 MAX_NOTE_CHARS = 2000
 #: Notification attempts kept in the file (the count keeps growing).
@@ -50,11 +38,11 @@ MAX_ATTEMPTS_KEPT = 20
 MAX_ERROR_CHARS = 300
 
 ID_PREFIX = "esc-"
-_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")  # fits Telegram callback_data (telegram.py)
+#: What an escalation id (and so its file's name) may be; fits Telegram callback_data (telegram.py).
+ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 _GENERATED_ID_RE = re.compile(r"^[a-z2-7]{6}$")
 # Same alphabet as workflow option names; an all-digit key is refused so "2" always means the 2nd option.
 _KEY_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
-_GUARD_NAME = "escalations.guard"
 
 # on_timeout → actions looked for among the offered options, in order (first offered wins).
 # approve: go on (a gate approved, a blocked item continued, a failed item skipped); reject: stop.
@@ -142,7 +130,7 @@ class Escalation(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    id: str = Field(pattern=_ID_RE.pattern)
+    id: str = Field(pattern=ID_RE.pattern)
     workflow: str = Field(min_length=1)
     run_id: str = Field(min_length=1)
     item: str | None = None
@@ -228,7 +216,7 @@ def normalize_id(text: str) -> str:
     raw = text.strip().lower()
     if _GENERATED_ID_RE.match(raw):
         raw = ID_PREFIX + raw
-    if not _ID_RE.match(raw):
+    if not ID_RE.match(raw):
         raise UnknownEscalationError(f"{text!r} is not an escalation id; expected e.g. 'esc-k3x9qa'")
     return raw
 
@@ -371,6 +359,11 @@ def rebuild(esc_id: str, *, workflow: str, run_id: str, request: Mapping[str, An
         dedupe_key=request.get("dedupe_key"),
     )
     return _evolve(esc, id=normalize_id(esc_id))
+
+
+def with_id(esc: Escalation, esc_id: str) -> Escalation:
+    """The same escalation under another id (the store's way out of the rare collision of two random ids)."""
+    return _evolve(esc, id=esc_id)
 
 
 def render_options(esc: Escalation) -> list[str]:
@@ -572,291 +565,3 @@ def _latency(esc: Escalation, now: datetime) -> float:
 def _evolve(esc: Escalation, **changes: Any) -> Escalation:
     # model_copy(update=) does not validate: rebuild so every transition is checked (STYLE rule).
     return Escalation.model_validate(esc.model_dump() | changes)
-
-
-# --------------------------------------------------------------------------- store (shell)
-
-# Left out of the file while None, so a pending escalation reads short; extras are always kept.
-_OMIT_WHEN_NONE = (
-    "item",
-    "step",
-    "agent",
-    "respawn",
-    "scope",
-    "deadline",
-    "on_timeout",
-    "remind_at",
-    "timed_out_at",
-    "decision",
-    "by",
-    "channel",
-    "note",
-    "answered_at",
-    "latency_s",
-)
-
-
-def to_yaml(esc: Escalation) -> str:
-    """The file text: a comment saying how to answer, then the fields in schema order."""
-    data = esc.model_dump(mode="json")
-    for key in _OMIT_WHEN_NONE:
-        if data.get(key) is None:
-            data.pop(key, None)
-    if esc.status == "pending":
-        head = f"# ambient escalation (pending). Answer with: ambient decide {esc.id} <option name or number>\n"
-    else:
-        head = f"# ambient escalation ({esc.status}): {describe_answer(esc).replace(' already', '')}\n"
-    return head + dump_yaml(data)
-
-
-class EscalationScan(NamedTuple):
-    """Every readable escalation, and a :class:`Problem` for each file that is not."""
-
-    escalations: builtins.list[Escalation]
-    problems: builtins.list[Problem]
-
-
-#: How many escalation files a store remembers as parsed (see ``EscalationStore._scan``).
-PARSED_MAX = 4096
-
-
-class EscalationStore:
-    """Escalation files of one brain. Every change is an atomic, fsync'd rewrite under one guard.
-
-    Methods block (fsync, ``flock``): call them from the daemon through ``asyncio.to_thread``.
-    Malformed files are reported as problems and skipped, never deleted or rewritten.
-    """
-
-    def __init__(self, paths: BrainPaths, *, clock: Clock | None = None) -> None:
-        self.paths = paths
-        self.dir = paths.escalations
-        self.guard_path = paths.state / _GUARD_NAME
-        self._clock: Clock = clock or SystemClock()
-        # File name → (inode, size, mtime_ns, ctime_ns) and the escalation read from it: see _scan.
-        self._parsed: dict[str, tuple[tuple[int, int, int, int], Escalation]] = {}
-
-    def path_for(self, esc_id: str) -> Path:
-        """The file of an escalation (the id is checked, so it never escapes the directory)."""
-        return self.dir / f"{normalize_id(esc_id)}.yml"
-
-    def create(self, esc: Escalation) -> Escalation:
-        """Persist a new escalation durably (file and directory fsync'd) and return it.
-
-        If a pending escalation with the same ``dedupe_key`` exists, nothing is written and that
-        one is returned: compare ids (``store.create(e).id == e.id``) to know whether to notify.
-        """
-        with self._guard():
-            existing = find_pending(self._scan().escalations, esc.dedupe_key)
-            if existing is not None:
-                return existing
-            while self.path_for(esc.id).exists():  # 30 random bits: a collision is rare, never fatal
-                esc = _evolve(esc, id=new_id())
-            self._write(esc)
-            return esc
-
-    def get(self, esc_id: str) -> Escalation:
-        """One escalation; :class:`UnknownEscalationError` if absent, :class:`InputError` if malformed."""
-        path = self.path_for(esc_id)
-        if not path.is_file():
-            raise UnknownEscalationError(
-                f"no escalation {normalize_id(esc_id)!r} in {self.paths.rel(self.dir)}; "
-                "see the pending ones with: ambient escalations"
-            )
-        return self._read(path)
-
-    def answer(
-        self,
-        esc_id: str,
-        option: str,
-        *,
-        by: str,
-        channel: Channel,
-        note: str | None = None,
-        now: datetime | None = None,
-    ) -> Escalation:
-        """Decide an escalation (see :func:`decide`). Of two concurrent answers exactly one wins;
-        the other gets :class:`AlreadyAnsweredError`, and a refused answer leaves the file untouched."""
-        when = now or self._clock.now()
-        return self.update(esc_id, lambda e: decide(e, option, by=by, channel=channel, note=note, now=when))
-
-    def apply_timeout(self, esc_id: str, now: datetime | None = None) -> Escalation | None:
-        """Apply the deadline's decision if still due (None, nothing written, if answered meanwhile)."""
-        when = now or self._clock.now()
-        result: list[Escalation] = []
-
-        def change(esc: Escalation) -> Escalation | None:
-            new = timeout_decision(esc, when)
-            if new is not None:
-                result.append(new)
-            return new
-
-        self._modify(esc_id, change)
-        return result[0] if result else None
-
-    def mark_reminded(self, esc_id: str, now: datetime | None = None) -> Escalation:
-        """Record that the reminder went due (the notifier then sends it once)."""
-        when = now or self._clock.now()
-        return self.update(esc_id, lambda e: mark_reminded(e, when))
-
-    def record_attempt(
-        self,
-        esc_id: str,
-        ok: bool,
-        error: str | None = None,
-        next_at: datetime | None = None,
-        *,
-        now: datetime | None = None,
-        refs: Mapping[str, str] | None = None,
-    ) -> Escalation:
-        """Record a notification attempt (``error`` already redacted; ``next_at`` = next retry)."""
-        when = now or self._clock.now()
-        return self.update(esc_id, lambda e: with_attempt(e, ok=ok, now=when, error=error, next_at=next_at, refs=refs))
-
-    def cancel(self, esc_id: str, reason: str, now: datetime | None = None) -> Escalation:
-        """Withdraw a pending escalation; :class:`AlreadyAnsweredError` if it was settled first."""
-        when = now or self._clock.now()
-        return self.update(esc_id, lambda e: cancel(e, reason=reason, now=when))
-
-    def pending_breaks(self, scope: str) -> builtins.list[Escalation]:
-        """The pending circuit-break escalations of a scope (``ambient preflight reset`` answers them)."""
-        return [
-            e
-            for e in self._scan().escalations
-            if e.status == "pending" and e.kind == "circuit_break" and e.scope == scope
-        ]
-
-    def cancel_run(self, run_id: str, reason: str, now: datetime | None = None) -> builtins.list[Escalation]:
-        """Withdraw every escalation of a run still pending (its run ended: an abort cascades, spec/002); an answer
-        given to one of them later is refused (``decide`` exits 1 saying it was cancelled)."""
-        when = now or self._clock.now()
-        done: builtins.list[Escalation] = []
-        with self._guard():
-            for esc in self._scan().escalations:
-                if esc.run_id == run_id and esc.status == "pending":
-                    new = cancel(esc, reason=reason, now=when)
-                    self._write(new)
-                    done.append(new)
-        return done
-
-    def restore(self, esc: Escalation) -> str | None:
-        """Write ``esc`` (see :func:`rebuild`) if its file is missing, empty or unreadable, and say which; None, nothing
-        written, if a readable file is there (it may have appeared meanwhile). An unreadable file is kept beside,
-        as ``<id>.yml.unreadable`` (a person may have written something in it)."""
-        with self._guard():
-            path = self.path_for(esc.id)
-            try:
-                size = os.lstat(path).st_size
-            except FileNotFoundError:
-                reason = "missing"
-            else:
-                try:
-                    self._read(path)
-                    return None
-                except (InputError, OSError):
-                    reason = "empty" if size == 0 else "unreadable"
-                if reason == "unreadable":
-                    os.replace(path, path.with_name(path.name + ".unreadable"))
-            self._write(esc)
-            return reason
-
-    def is_pending(self, esc_id: str) -> bool:
-        """Whether an escalation still waits on the person (an unknown or unreadable one does not)."""
-        try:
-            return self.get(esc_id).status == "pending"
-        except InputError:
-            return False
-
-    def update(self, esc_id: str, change: Callable[[Escalation], Escalation]) -> Escalation:
-        """Atomic read-modify-write under the guard; an exception from ``change`` writes nothing."""
-        result = self._modify(esc_id, change)
-        assert result is not None
-        return result
-
-    def scan(self) -> EscalationScan:
-        """Read every escalation file; malformed ones become problems."""
-        return self._scan()
-
-    def problems(self) -> builtins.list[Problem]:
-        """The files that cannot be read as escalations (for ``ambient doctor`` / ``validate``)."""
-        return self._scan().problems
-
-    def list(self, status: Status | None = None) -> builtins.list[Escalation]:
-        """Escalations, oldest first, all or only those with ``status``; malformed files skipped."""
-        escs = self._scan().escalations
-        return [e for e in escs if status is None or e.status == status]
-
-    # -- internals
-
-    def _modify(self, esc_id: str, change: Callable[[Escalation], Escalation | None]) -> Escalation | None:
-        with self._guard():
-            current = self.get(esc_id)
-            new = change(current)
-            if new is not None:
-                if new.id != current.id:
-                    raise StateError(f"an update may not change the id of {current.id}")
-                self._write(new)
-            return new
-
-    @contextmanager
-    def _guard(self) -> Iterator[None]:
-        # One guard file, never unlinked (unlinking a flocked file splits waiters across inodes).
-        self._ensure_dir()
-        fd = os.open(self.guard_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing releases the flock
-
-    def _ensure_dir(self) -> None:
-        private_dir(self.dir)  # a real folder (0700), never a symlink; a created one is fsync'd into its parent
-
-    def _write(self, esc: Escalation) -> None:
-        # 0600: the nonce in the file is what makes a Telegram button trustworthy.
-        atomic_write(self.path_for(esc.id), to_yaml(esc), mode=0o600, durable=True)
-
-    def _read(self, path: Path) -> Escalation:
-        source = self.paths.rel(path)
-        data, lines = load_file(path, max_bytes=MAX_ESCALATION_BYTES, source=source)
-        mapping = expect_mapping(data, source=source, what="an escalation")
-        try:
-            esc = Escalation.model_validate(mapping)
-        except ValidationError as exc:
-            found = problems_from_validation(exc, file=source, lines=lines)
-            detail = "; ".join(p.message for p in found)
-            raise InputError(f"is not a valid escalation: {detail}", file=source, line=found[0].line) from None
-        if path.stem != esc.id:
-            raise InputError(f"holds id {esc.id!r}; the file must be named {esc.id}.yml", file=source, line=1)
-        return esc
-
-    def _scan(self) -> EscalationScan:
-        """Every escalation file, each parsed again only if it changed since this store last read it.
-
-        Decided escalations stay in the folder for good, and the daemon lists them all at every tick (deadlines,
-        reminders, answers to apply): parsing each (2-3 ms with the safe YAML loader) made every tick cost more
-        with every escalation ever made. A file is known by (inode, size, mtime_ns, ctime_ns); callers get a copy
-        of what was read. At most ``PARSED_MAX`` files are remembered (a few KB each); the others are parsed.
-        """
-        escs: builtins.list[Escalation] = []
-        problems: builtins.list[Problem] = []
-        seen: dict[str, tuple[tuple[int, int, int, int], Escalation]] = {}
-        for path in iter_files(self.dir, (".yml",)):
-            source = self.paths.rel(path)
-            if not _ID_RE.match(path.stem):
-                problems.append(Problem(file=source, message="is not named <escalation id>.yml; skipped"))
-                continue
-            try:
-                st = os.lstat(path)
-                sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-                hit = self._parsed.get(path.name)
-                esc = hit[1] if hit is not None and hit[0] == sig else self._read(path)
-                if len(seen) < PARSED_MAX:
-                    seen[path.name] = (sig, esc)
-                escs.append(esc.model_copy(deep=True))
-            except InputError as exc:
-                problems.append(Problem(file=exc.file or source, line=exc.line, message=exc.message))
-            except OSError as exc:
-                problems.append(Problem(file=source, message=f"cannot be read: {exc.strerror}"))
-        self._parsed = seen  # files gone or changed are forgotten with this
-        escs.sort(key=lambda e: (e.created_at, e.id))
-        return EscalationScan(escs, problems)

@@ -32,19 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from ambient.core.errors import NotifyError
 from ambient.core.redact import SecretRegistry, redact_text
-from ambient.human.notify import (
-    TELEGRAM_MAX_CHARS,
-    DeliveryError,
-    Message,
-    RetryPolicy,
-    SendReport,
-    TargetResult,
-    clean_text,
-    cut_text,
-    fit_message,
-    next_attempt_at,
-    target_key,
-)
+from ambient.human.messages import TELEGRAM_MAX_CHARS, Message, clean_text, cut_text, fit_message
+from ambient.human.notify import DeliveryError, SendReport, TargetResult, target_key
+from ambient.human.outbox import RetryPolicy, next_attempt_at
 from ambient.storage.fsutil import atomic_write, read_capped
 
 log = structlog.get_logger(__name__)

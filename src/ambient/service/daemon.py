@@ -41,8 +41,9 @@ from ambient.engine.runstate import RunState
 from ambient.engine.spend import SpendMeter
 from ambient.engine.themebranch import GitBranches
 from ambient.engine.tick import TriggerEngine
-from ambient.human.escalations import EscalationStore
-from ambient.human.notify import Message, Outbox
+from ambient.human.escalation_store import EscalationStore
+from ambient.human.messages import Message
+from ambient.human.outbox import Outbox
 from ambient.kernel import sendsocket
 from ambient.kernel.router import ChannelRegistry, Router
 from ambient.live.context import LiveContext

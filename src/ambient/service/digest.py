@@ -10,7 +10,8 @@ from datetime import datetime, timedelta
 
 from ambient.core.clock import Clock
 from ambient.engine.tick import Tick
-from ambient.human.notify import Message, Outbox
+from ambient.human.messages import Message
+from ambient.human.outbox import Outbox
 from ambient.learning.stats import summarise, weekly_digest
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write
 from ambient.storage.journal import append_line, read_jsonl

@@ -17,14 +17,10 @@ from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError
 from ambient.engine.ports import EscalationRequest
 from ambient.engine.runstate import RunState, ended_because
-from ambient.human.escalations import (
-    AlreadyAnsweredError,
-    Escalation,
-    EscalationStore,
-    new_escalation,
-    offered_options,
-)
-from ambient.human.notify import Message, Outbox, escalation_message
+from ambient.human.escalation_store import EscalationStore
+from ambient.human.escalations import AlreadyAnsweredError, Escalation, new_escalation, offered_options
+from ambient.human.messages import Message, escalation_message
+from ambient.human.outbox import Outbox
 from ambient.human.telegram import PressResult, TelegramUser, decision_text, nonce_matches
 from ambient.learning.rules import (
     Rule,

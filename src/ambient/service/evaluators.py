@@ -30,17 +30,17 @@ from ambient.core.errors import AmbientError, InputError
 from ambient.engine.manager import RunManager
 from ambient.engine.planner import ANSWER
 from ambient.engine.tick import Tick, TriggerEngine
+from ambient.human.escalation_store import EscalationStore
 from ambient.human.escalations import (
     ENGINE_ACTIONS,
     AlreadyAnsweredError,
     Escalation,
-    EscalationStore,
     next_timer,
     rebuild,
     reminder_due,
     timeout_due,
 )
-from ambient.human.notify import Outbox
+from ambient.human.outbox import Outbox
 from ambient.kernel.packet import Packet
 from ambient.kernel.router import Channel, Router, read_inbox
 from ambient.service.adapters import BrainRef

@@ -23,19 +23,17 @@ from ambient.config.settings import NotifySettings, Settings, TelegramSettings
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, NotifyError
 from ambient.core.redact import SecretRegistry
-from ambient.human.escalations import EscalationStore
+from ambient.human.escalation_store import EscalationStore
+from ambient.human.messages import Message
 from ambient.human.notify import (
     TOKEN_CREDENTIAL,
     AppriseNotifier,
     CompositeNotifier,
-    Message,
     Notifier,
-    Outbox,
-    RetryPolicy,
     expand_urls,
     read_credential,
-    run_outbox,
 )
+from ambient.human.outbox import Outbox, RetryPolicy, run_outbox
 
 # The Telegram module (httpx) is imported where a bot is built: ``ambient notify test`` and ``ambient doctor`` use
 # this module too, and pay for it only when Telegram answers are configured (the start-up time of a CLI command).

@@ -311,7 +311,8 @@ def sick_brain(make_brain: Callable[..., Path]) -> Iterator[Path]:
         "workflow: broken\nfor_each:\n  spawn: deploy\n  scope:\n    files: ['projets/{{item}}.md']\n"
     )
     # An escalation two days old whose notification failed three times.
-    from ambient.human.escalations import EscalationStore, new_escalation
+    from ambient.human.escalation_store import EscalationStore
+    from ambient.human.escalations import new_escalation
 
     store = EscalationStore(BrainPaths(root))
     created = datetime.now().astimezone() - timedelta(days=2)
@@ -420,7 +421,8 @@ def test_doctor_telegram_backlog_close_to_retention(
     make_brain: Callable[..., Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Telegram answers on, daemon down for 13 h with an escalation pending and a saved press: errors with hints."""
-    from ambient.human.escalations import EscalationStore, new_escalation
+    from ambient.human.escalation_store import EscalationStore
+    from ambient.human.escalations import new_escalation
 
     root = make_brain()
     (root / "profil" / "ambient.yml").write_text("telegram:\n  answers: true\n  chat_id: '42'\n")

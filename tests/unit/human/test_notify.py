@@ -1,4 +1,5 @@
-"""Notifications through apprise's real code against local HTTP servers; the retry outbox (R-10, S-06, S-09)."""
+"""Delivery through apprise's real code against local HTTP servers, the configured targets, `ambient notify test`
+(S-06, S-09)."""
 
 from __future__ import annotations
 
@@ -6,136 +7,30 @@ import asyncio
 import html
 import io
 import json
-import random
 import re
-import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from apprise.plugins.telegram import NotifyTelegram
-from hypothesis import given
-from hypothesis import strategies as st
 
 from ambient.cli import main
-from ambient.core.clock import SystemClock
 from ambient.core.errors import InputError
 from ambient.core.redact import SecretRegistry
+from ambient.human.messages import TELEGRAM_MAX_CHARS, Message
 from ambient.human.notify import (
-    TELEGRAM_MAX_CHARS,
     AppriseNotifier,
     CompositeNotifier,
     DeliveryError,
-    Message,
-    Outbox,
-    RetryPolicy,
     SendReport,
     TargetResult,
-    clean_text,
-    cut_text,
-    drain,
-    escalation_message,
-    format_escalation,
-    next_attempt_at,
     notify_urls_from,
-    run_outbox,
-    text_length,
 )
 from ambient.storage.paths import BrainPaths
-from tests.conftest import async_wait_until, debug_log_buffer
-
-TOKEN = "5550001234:AAEcanaryZZcanaryZZcanaryZZcanary12"  # the secret canary (S-06)
-T0 = datetime(2026, 11, 3, 12, 0, tzinfo=UTC)
-EVIL = '<a href="https://evil.example/approve">Approve now</a> '
-
-
-# --------------------------------------------------------------------------------------------- fake server
-
-
-class FakeServer:
-    """A loopback HTTP server recording POSTs, answering with scripted statuses (then 200)."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, Any, int]] = []
-        self.script: list[tuple[str, int]] = []  # (path prefix, status), used once each, in order
-        self.cond = threading.Condition()
-        self.release = threading.Event()  # frees handlers of /slow paths
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                try:
-                    body: Any = json.loads(raw)
-                except ValueError:
-                    body = raw.decode("utf-8", "replace")
-                if self.path.startswith("/slow"):
-                    server.release.wait(10)
-                with server.cond:
-                    status = server.next_status(self.path)
-                    server.requests.append((self.path, body, status))
-                    server.cond.notify_all()
-                payload: dict[str, Any] = {"ok": status == 200, "result": {"message_id": len(server.requests)}}
-                if status == 429:
-                    payload = {"ok": False, "error_code": 429, "description": "Too Many Requests: retry after 1"}
-                elif status != 200:
-                    payload = {"ok": False, "error_code": status, "description": "Internal Server Error"}
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
-
-    def respond(self, *statuses: int, path: str = "/") -> None:
-        """Answer the next requests whose path starts with ``path`` with these statuses."""
-        with self.cond:
-            self.script.extend((path, s) for s in statuses)
-
-    def next_status(self, path: str) -> int:
-        for i, (prefix, status) in enumerate(self.script):
-            if path.startswith(prefix):
-                del self.script[i]
-                return status
-        return 200
-
-    def wait_for(self, count: int, timeout: float = 10.0) -> bool:
-        with self.cond:
-            return self.cond.wait_for(lambda: len(self.requests) >= count, timeout)
-
-    @property
-    def delivered(self) -> list[tuple[str, Any, int]]:
-        return [r for r in self.requests if r[2] == 200]
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeServer]:
-    """A running fake server on 127.0.0.1."""
-    srv = FakeServer()
-    srv.thread.start()
-    yield srv
-    srv.release.set()
-    srv.httpd.shutdown()
-    srv.httpd.server_close()
-
-
-@pytest.fixture
-def tg(fake: FakeServer, monkeypatch: pytest.MonkeyPatch) -> FakeServer:
-    """The fake server as the Telegram Bot API for apprise's Telegram plugin (RELIABILITY finding 7)."""
-    monkeypatch.setattr(NotifyTelegram, "notify_url", f"http://127.0.0.1:{fake.port}/bot")
-    return fake
+from tests.conftest import debug_log_buffer
+from tests.unit.human.conftest import TOKEN, FakeServer
+from tests.unit.human.test_messages import EVIL, _message
 
 
 @pytest.fixture
@@ -143,128 +38,6 @@ def logbuf() -> Iterator[io.StringIO]:
     """All logging at DEBUG into a buffer (JSON lines), with the canary registered; restored afterwards."""
     with debug_log_buffer(TOKEN) as buf:
         yield buf
-
-
-def _no_canary_in_files(root: Path) -> None:
-    for path in root.rglob("*"):
-        if path.is_file():
-            assert TOKEN not in path.read_text(errors="replace"), path
-
-
-def _message(question: str = "The summariser failed 3 times: timeout.") -> Message:
-    return escalation_message(
-        escalation_id="e-abc123",
-        what="item failed",
-        question=question,
-        options=["retry", "skip", "abort"],
-        workflow="weekly-review",
-        item="notes/a.md",
-        step="summarise",
-        agent="writer",
-    )
-
-
-# --------------------------------------------------------------------------------------------- formatting
-
-
-class TestFormat:
-    def test_escalation_is_readable(self) -> None:
-        """The body says what happened, where, the numbered options and the exact answer command."""
-        title, body = format_escalation(
-            escalation_id="e-abc123",
-            what="item failed",
-            question="Timeout after 120 s.",
-            options=["retry", "skip", "abort"],
-            workflow="weekly-review",
-            item="notes/a.md",
-        )
-        assert title == "Decision needed: item failed"
-        assert "Workflow: weekly-review" in body and "Item: notes/a.md" in body
-        assert "1. retry\n2. skip\n3. abort" in body
-        assert "ambient decide e-abc123 retry" in body and "Ref: e-abc123" in body
-        assert "button" not in body
-
-    def test_buttons_mentioned_when_enabled(self) -> None:
-        """With Telegram buttons on, the message says the person can tap one."""
-        _, body = format_escalation(
-            escalation_id="e-1", what="gate", question="ok?", options=["approve", "reject"], telegram_buttons=True
-        )
-        assert "tap one of the buttons under this message in Telegram" in body
-
-    def test_options_with_spaces_are_quoted(self) -> None:
-        """The answer command is shell-quoted."""
-        _, body = format_escalation(escalation_id="e-1", what="x", question="q", options=["retry later"])
-        assert "ambient decide e-1 'retry later'" in body
-
-    def test_long_agent_text_is_cut_but_instructions_survive(self) -> None:
-        """S-09: 5000 characters of agent text are cut so the message fits 4096; options and answer stay."""
-        title, body = format_escalation(
-            escalation_id="e-abc123", what="x", question=EVIL + "y" * 5000, options=["retry", "skip"]
-        )
-        assert text_length(title) + 2 + text_length(body) <= TELEGRAM_MAX_CHARS
-        assert "[cut:" in body and "2. skip" in body and "ambient decide e-abc123" in body
-        assert body.endswith("Ref: e-abc123")  # the end of the message is never what gets cut
-        assert EVIL.strip() in body  # kept as literal text; notifiers never render it
-
-    @given(
-        what=st.text(max_size=300),
-        question=st.text(max_size=6000),
-        options=st.lists(st.text(min_size=1, max_size=150), min_size=1, max_size=8),
-        workflow=st.text(max_size=300),
-    )
-    def test_always_fits_and_keeps_the_answer(
-        self, what: str, question: str, options: list[str], workflow: str
-    ) -> None:
-        """Whatever the agent wrote, the message fits 4096 and still ends with how to answer."""
-        title, body = format_escalation(
-            escalation_id="e-1", what=what, question=question, options=options, workflow=workflow
-        )
-        assert text_length(title) + 2 + text_length(body) <= TELEGRAM_MAX_CHARS
-        assert "ambient decide e-1 OPTION" in body and body.endswith("Ref: e-1")
-
-    def test_astral_characters_count_double(self) -> None:
-        """Cutting counts UTF-16 units, as Telegram does, so emoji-heavy text still fits."""
-        text = cut_text("😀" * 3000, 4096)
-        assert text_length(text) <= 4096
-
-    def test_control_and_bidi_characters_removed(self) -> None:
-        """Agent text loses control and bidi-override characters (no visual spoofing)."""
-        assert clean_text("ok\x00\x1b[31m\u202eevorppa\r\nnext") == "ok[31mevorppa\nnext"
-
-    def test_needs_options(self) -> None:
-        """An escalation without options is a programming error."""
-        with pytest.raises(ValueError, match="at least one option"):
-            format_escalation(escalation_id="e-1", what="x", question="q", options=[])
-
-    def test_dedupe_id_defaults(self) -> None:
-        """An escalation's dedupe id comes from its id; other messages from their content."""
-        assert _message().dedupe_id == "escalation-e-abc123"
-        a, b = Message(title="t", body="b"), Message(title="t", body="b")
-        assert a.dedupe_id == b.dedupe_id != Message(title="t", body="c").dedupe_id
-        assert a.silent and not _message().silent
-
-
-# --------------------------------------------------------------------------------------------- backoff
-
-
-class TestBackoff:
-    @pytest.mark.parametrize(("attempts", "ceiling"), [(1, 5), (2, 10), (3, 20), (7, 320), (8, 600), (50, 600)])
-    def test_ceiling(self, attempts: int, ceiling: float) -> None:
-        """The delay's ceiling doubles per attempt up to the cap."""
-
-        class Top:
-            def uniform(self, a: float, b: float) -> float:
-                return b
-
-        at = next_attempt_at(attempts, T0, timedelta(seconds=5), timedelta(minutes=10), Top())
-        assert at == T0 + timedelta(seconds=ceiling)
-
-    @given(attempts=st.integers(min_value=0, max_value=10_000), seed=st.integers(min_value=0, max_value=2**32))
-    def test_full_jitter_is_bounded(self, attempts: int, seed: int) -> None:
-        """Any attempt count gives a time between now and now + cap (full jitter)."""
-        cap = timedelta(minutes=15)
-        at = next_attempt_at(attempts, T0, timedelta(seconds=5), cap, random.Random(seed))
-        assert T0 <= at <= T0 + cap
 
 
 # --------------------------------------------------------------------------------------------- apprise
@@ -353,119 +126,10 @@ class TestApprise:
         assert ticks >= 10  # the loop ran while apprise waited in its threads
 
 
-# --------------------------------------------------------------------------------------------- outbox
+# --------------------------------------------------------------------------------------------- several notifiers
 
 
-class TestOutbox:
-    async def test_retried_with_backoff_and_survives_restart(
-        self, tg: FakeServer, tmp_path: Path, logbuf: io.StringIO
-    ) -> None:
-        """R-10: 500 then 429, then recovery: retried with backoff, delivered once, across a restart."""
-        tg.respond(500, 429)
-        rng = random.Random(7)
-        outbox = Outbox(tmp_path / "outbox")
-        entry = outbox.put(_message(), T0)
-        assert (tmp_path / "outbox" / "escalation-e-abc123.json").is_file()  # on disk before any send
-
-        notifier = AppriseNotifier([f"tgram://{TOKEN}/4242"], registry=SecretRegistry([TOKEN]))
-        report = await drain(outbox, notifier, T0, rng=rng)
-        assert report.failed == [entry.id] and report.sent == []
-        first = outbox.get(entry.id)
-        assert first is not None and first.attempts == 1 and "error=500" in (first.last_error or "")
-        assert T0 < first.next_at <= T0 + timedelta(seconds=5)
-
-        # Not due yet: nothing is sent.
-        report = await drain(outbox, notifier, first.next_at - timedelta(milliseconds=1), rng=rng)
-        assert report.failed == report.sent == [] and len(tg.requests) == 1
-
-        report = await drain(outbox, notifier, first.next_at, rng=rng)
-        second = outbox.get(entry.id)
-        assert report.failed == [entry.id] and second is not None and second.attempts == 2
-        assert first.next_at < second.next_at <= first.next_at + timedelta(seconds=10)
-
-        # Restart: new objects on the same directory.
-        outbox2 = Outbox(tmp_path / "outbox")
-        notifier2 = AppriseNotifier([f"tgram://{TOKEN}/4242"], registry=SecretRegistry([TOKEN]))
-        assert outbox2.next_due() == second.next_at
-        report = await drain(outbox2, notifier2, second.next_at, rng=rng)
-        assert report.sent == [entry.id] and report.next_due is None
-        assert outbox2.entries() == []
-        assert [r[2] for r in tg.requests] == [500, 429, 200]  # delivered exactly once
-        assert "Decision needed" in tg.delivered[0][1]["text"]
-        assert TOKEN not in logbuf.getvalue()
-        assert "notification_retry" in logbuf.getvalue()
-        _no_canary_in_files(tmp_path)
-
-    async def test_escalations_are_never_dropped(self, fake: FakeServer, tmp_path: Path) -> None:
-        """An escalation failing for days is still retried; an info message is parked (not deleted)."""
-        fake.respond(500, 500)
-        outbox = Outbox(tmp_path / "outbox")
-        esc = outbox.put(_message(), T0)
-        info = outbox.put(Message(title="Run finished", body="3 items done"), T0)
-        notifier = AppriseNotifier([f"json://127.0.0.1:{fake.port}/hook"])
-        later = T0 + timedelta(days=3)
-        report = await drain(outbox, notifier, later, policy=RetryPolicy(give_up_after=timedelta(hours=24)))
-        assert report.failed == [esc.id] and report.parked == [info.id]
-        assert outbox.get(esc.id) is not None and outbox.get(info.id) is None
-        assert (tmp_path / "outbox" / "expired" / f"{info.id}.json").is_file()
-        report = await drain(outbox, notifier, later + timedelta(hours=1))
-        assert report.sent == [esc.id]
-
-    async def test_delivered_targets_are_not_sent_again(self, fake: FakeServer, tg: FakeServer, tmp_path: Path) -> None:
-        """When one of two URLs fails, the retry goes only to the one that failed."""
-        fake.respond(500, path="/hook")
-        outbox = Outbox(tmp_path / "outbox")
-        entry = outbox.put(_message(), T0)
-        urls = [f"tgram://{TOKEN}/4242", f"json://127.0.0.1:{fake.port}/hook"]
-        await drain(outbox, AppriseNotifier(urls), T0)
-        pending = outbox.get(entry.id)
-        assert pending is not None and len(pending.delivered) == 1
-        await drain(outbox, AppriseNotifier(urls), pending.next_at)
-        assert outbox.get(entry.id) is None
-        assert [p.split("/")[-1] for p, _, _ in fake.requests].count("sendMessage") == 1
-        assert len(fake.requests) == 3 and fake.requests[2][0] == "/hook"
-
-    def test_put_is_deduplicated(self, tmp_path: Path) -> None:
-        """Queueing the same message twice while it is pending keeps one entry."""
-        outbox = Outbox(tmp_path / "outbox")
-        a = outbox.put(_message(), T0)
-        b = outbox.put(_message(), T0 + timedelta(minutes=5))
-        assert a == b and len(outbox.entries()) == 1
-
-    def test_odd_ids_get_safe_file_names(self, tmp_path: Path) -> None:
-        """A dedupe id that is not a safe file name is hashed, never used as a path."""
-        outbox = Outbox(tmp_path / "outbox")
-        entry = outbox.put(Message(title="t", body="b", dedupe_id="../../etc/passwd"), T0)
-        names = [p.name for p in (tmp_path / "outbox").iterdir()]
-        assert len(names) == 1 and names[0].startswith("h-")
-        assert outbox.get(entry.id) == entry
-
-    async def test_notifier_crash_is_a_failed_attempt(self, tmp_path: Path) -> None:
-        """A notifier raising an unexpected error counts as a failed attempt; the loop goes on."""
-
-        class Broken:
-            async def send(self, message: Message, *, skip: frozenset[str] = frozenset()) -> SendReport:
-                raise RuntimeError(f"boom {TOKEN}")
-
-        outbox = Outbox(tmp_path / "outbox")
-        entry = outbox.put(_message(), T0)
-        report = await drain(outbox, Broken(), T0)
-        stored = outbox.get(entry.id)
-        assert report.failed == [entry.id] and stored is not None
-        assert "RuntimeError" in (stored.last_error or "") and TOKEN not in (stored.last_error or "")
-
-    async def test_run_outbox_delivers_on_wake(self, fake: FakeServer, tmp_path: Path) -> None:
-        """The drain loop sends a new message as soon as it is woken, and stops on request."""
-        outbox = Outbox(tmp_path / "outbox")
-        stop, wake = asyncio.Event(), asyncio.Event()
-        notifier = AppriseNotifier([f"json://127.0.0.1:{fake.port}/hook"])
-        task = asyncio.create_task(run_outbox(outbox, notifier, clock=SystemClock(), stop=stop, wake=wake))
-        outbox.put(_message(), SystemClock().now())
-        wake.set()
-        assert await async_wait_until(lambda: len(fake.delivered) == 1 and not outbox.entries(), timeout=10)
-        stop.set()
-        await asyncio.wait_for(task, 5)
-
+class TestComposite:
     async def test_composite_merges_reports(self) -> None:
         """A composite notifier reports every target and fails if any of its notifiers failed."""
 
@@ -531,9 +195,6 @@ class TestConfig:
         paths = self._brain(tmp_path, "notify:\n  urls:\n    a: 1\n")
         with pytest.raises(InputError, match=r"ambient.yml:2: notify.urls must be a list"):
             notify_urls_from(paths, {})
-
-
-# --------------------------------------------------------------------------------------------- CLI
 
 
 class TestCli:

@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 from ambient.core.errors import NotifyError
 from ambient.core.redact import SecretRegistry
 from ambient.human.escalations import new_nonce
-from ambient.human.notify import DeliveryError, Message, RetryPolicy, escalation_message
+from ambient.human.messages import Message, escalation_message
+from ambient.human.notify import DeliveryError
+from ambient.human.outbox import RetryPolicy
 from ambient.human.telegram import (
     CALLBACK_DATA_MAX_BYTES,
     BotApi,

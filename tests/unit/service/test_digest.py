@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ambient.human.notify import Outbox
+from ambient.human.outbox import Outbox
 from ambient.service.digest import Digest
 from ambient.storage.paths import BrainPaths
 
