@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ambient.core.errors import UnsafePathError
-from ambient.live.context import (
+from ambient.live.threads import (
     HANDOFF_MAX_AGE_S,
     HANDOFF_MAX_CHARS,
     RUBRICS,
@@ -339,7 +339,7 @@ class TestHandoff:
         next read tries again."""
         import errno
 
-        import ambient.live.context as lc_mod
+        import ambient.live.threads as lc_mod
 
         live.append_turn(turn(text="deploy instance-01"))
 
@@ -463,7 +463,7 @@ def test_turn_record_is_what_the_model_writes(
     signal: str, sender: str, receiver: str, payload: Any, corr: str | None, session: str | None, source: str
 ) -> None:
     """The daemon's direct record and the Turn model agree on every packet: same thread, same turn."""
-    from ambient.live.context import turn_from_packet, turn_record
+    from ambient.live.threads import turn_from_packet, turn_record
 
     packet = {"signal": signal, "from": sender, "to": receiver, "payload": payload, "session_id": session}
     ts = datetime(2026, 11, 30, 12, 0, 1, 123456, tzinfo=UTC)
@@ -542,7 +542,7 @@ _odd_json = st.recursive(
 def test_bounding_takes_fast_paths_without_changing_the_result(value: Any) -> None:
     """bound_payload's exact-type shortcuts give what the plain rule gives, subclasses and lone surrogates too
     (including its size check from the repr, which must never let a payload over ``PAYLOAD_MAX_CHARS`` through)."""
-    from ambient.live.context import PAYLOAD_MAX_CHARS, bound_payload
+    from ambient.live.threads import PAYLOAD_MAX_CHARS, bound_payload
 
     expected = _reference_bound(value)
     text = json.dumps(expected, ensure_ascii=False)
@@ -555,7 +555,7 @@ def test_bounding_takes_fast_paths_without_changing_the_result(value: Any) -> No
 def test_the_size_check_does_not_trust_a_short_repr() -> None:
     """bound_payload skips its JSON size check when six times the repr fits (no character takes more than six in
     JSON): numbers whose subclass has a short repr, and strings of control characters, still get summarised."""
-    from ambient.live.context import PAYLOAD_MAX_CHARS, bound_payload
+    from ambient.live.threads import PAYLOAD_MAX_CHARS, bound_payload
 
     big = [_Int(10**299)] * 20  # 6,000 characters of JSON, a repr of 80
     got = bound_payload(big)
@@ -607,7 +607,7 @@ def test_tail_lines_reads_from_the_end_as_the_whole_file_would(
 ) -> None:
     """_tail_lines reads the log backwards a chunk at a time (any chunk size, lines across chunk edges, blank
     lines, a torn tail) and returns what reading the whole file returns."""
-    import ambient.live.context as lc
+    import ambient.live.threads as lc
 
     monkeypatch.setattr(lc, "_TAIL_CHUNK", chunk)
     data = b"".join(line + b"\n" for line in lines) + torn
