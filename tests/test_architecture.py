@@ -88,6 +88,8 @@ PURE: Final = frozenset(
         "workflows.templating",
         "workflows.triggers",
         "workflows.variables",
+        "live.turn",
+        "live.handoff",
         "engine.planner",
         "engine.runstate",
         "engine.compile",

@@ -26,7 +26,7 @@ from ambient.engine.runs import Attempt, AttemptResult
 from ambient.engine.runstate import RunState
 from ambient.kernel.packet import Packet, make_packet
 from ambient.kernel.router import Channel, Router
-from ambient.live.threads import HANDOFF_NAME, LiveContext
+from ambient.live.context import HANDOFF_NAME, LiveContext
 from ambient.runners import AgentResult, Runners, RunRequest
 from ambient.runners.base import AnyRunnerConfig
 from ambient.service.leases import LeaseGuard, Leases

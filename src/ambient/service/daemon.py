@@ -42,7 +42,7 @@ from ambient.human.escalations import EscalationStore
 from ambient.human.notify import Message, Outbox
 from ambient.kernel import sendsocket
 from ambient.kernel.router import ChannelRegistry, Router
-from ambient.live.threads import LiveContext
+from ambient.live.context import LiveContext
 from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
 from ambient.runners.claude import KEY_NAMES as CLAUDE_KEYS

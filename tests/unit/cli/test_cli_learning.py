@@ -12,7 +12,7 @@ import pytest
 from ambient.cli import main
 from ambient.learning.rules import AutoDecide, RuleBook, observe, situation_from_step
 from ambient.learning.rulestore import load_rules, rules_path, save_rules
-from ambient.live.threads import LiveContext
+from ambient.live.context import LiveContext
 from ambient.storage.paths import BrainPaths
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)  # Monday of 2026-W10

@@ -17,7 +17,7 @@ async def test_handoff_is_shared_by_a_runs_items_and_a_rewrite_is_seen(
     """One handoff per (agent, run), not one per item; a rewritten handoff.md reaches the next attempts once the
     short recheck interval has passed (it is not stat'ed for every item)."""
     from ambient.engine.runs import Attempt
-    from ambient.live.threads import HANDOFF_NAME, LiveContext
+    from ambient.live.context import HANDOFF_NAME, LiveContext
     from ambient.service import adapters
     from ambient.service.adapters import AgentDelegate
 
