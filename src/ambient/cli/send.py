@@ -83,7 +83,8 @@ def _route_here(paths: BrainPaths, raw: bytes, token: str | None) -> dict[str, A
     """Route in this process, as the daemon would: the same router, audit record and inbox delivery."""
     import asyncio
 
-    from ambient.kernel.router import Router, inbox_handler
+    from ambient.kernel.inbox import inbox_handler
+    from ambient.kernel.router import Router
     from ambient.kernel.sendsocket import summary
     from ambient.storage.fsutil import private_dir
 

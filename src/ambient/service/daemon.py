@@ -41,7 +41,8 @@ from ambient.engine.tick import TriggerEngine
 from ambient.human.escalations import EscalationStore
 from ambient.human.notify import Message, Outbox
 from ambient.kernel import sendsocket
-from ambient.kernel.router import ChannelRegistry, Router
+from ambient.kernel.channels import ChannelRegistry
+from ambient.kernel.router import Router
 from ambient.live.context import LiveContext
 from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from ambient.kernel import packet, router, sendsocket
-from ambient.kernel.router import ChannelRegistry, read_audit
+from ambient.kernel import channels, packet, sendsocket
+from ambient.kernel.channels import ChannelRegistry
+from ambient.kernel.router import read_audit
 from ambient.storage.paths import BrainPaths
 from tests.e2e.helpers import DaemonProcess, make_brain, running, wait_for
 
@@ -39,7 +40,7 @@ def send(
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMBIENT_")}
     env["PYTHONPATH"] = str(REPO / "src")
     if token is not None:
-        env[router.TOKEN_ENV] = token
+        env[channels.TOKEN_ENV] = token
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     return subprocess.run(
         [sys.executable, "-m", "ambient", "--brain", str(brain.root), "send", *args, "-"],
@@ -65,7 +66,7 @@ def daemon(tmp_path: Path) -> Iterator[tuple[BrainPaths, DaemonProcess]]:
 def test_constants_match_the_modules_they_stand_for() -> None:
     """The client's copies (it must not import pydantic) equal the originals."""
     assert sendsocket.MAX_PACKET_BYTES == packet.MAX_PACKET_BYTES
-    assert sendsocket.TOKEN_ENV == router.TOKEN_ENV
+    assert sendsocket.TOKEN_ENV == channels.TOKEN_ENV
 
 
 class TestThroughTheDaemon:
