@@ -63,7 +63,8 @@ def write_inbox(paths: BrainPaths, packet: Packet) -> Path:
 
 
 def inbox_handler(paths: BrainPaths) -> Callable[[Packet], Awaitable[None]]:
-    """A handler that delivers by writing to the inbox (the default handler of ``ambient send``)."""
+    """A router handler (:data:`~ambient.kernel.router.Handler`) that delivers by writing to the inbox (the default
+    handler of ``ambient send``)."""
 
     async def deliver(packet: Packet) -> None:
         write_inbox(paths, packet)
