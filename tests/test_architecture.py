@@ -90,6 +90,8 @@ PURE: Final = frozenset(
         "workflows.variables",
         "human.escalations",
         "human.messages",
+        "live.turn",
+        "live.handoff",
         "engine.planner",
         "engine.runstate",
         "engine.events",

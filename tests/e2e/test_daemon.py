@@ -509,7 +509,7 @@ CHECK_TOKEN = """
 import json, os, subprocess, sys
 from pathlib import Path
 from ambient.storage.paths import BrainPaths
-from ambient.kernel.router import token_digest
+from ambient.kernel.channels import token_digest
 token, brain = os.environ["AMBIENT_CHANNEL_TOKEN"], Path(os.environ["AMBIENT_BRAIN"])
 has_file = (BrainPaths(brain).channels / f"{token_digest(token)}.json").exists()
 # A packet claiming to come from the person: the router must know this agent by its token, and refuse it.

@@ -40,13 +40,13 @@ def _read(source: str, limit: int) -> bytes:
     size and sha256 of the whole, which the audit records."""
     import hashlib
 
-    from ambient.kernel.router import CutInput
-
     fh = sys.stdin.buffer if source == "-" else Path(source).open("rb")  # noqa: SIM115 - closed below
     try:
         head = fh.read(limit + 1)
         if len(head) <= limit:
             return head
+        from ambient.kernel.router import CutInput  # here: a packet the daemon answers needs no router (see above)
+
         digest, size = hashlib.sha256(head), len(head)
         while chunk := fh.read(1024 * 1024):
             digest.update(chunk)
@@ -83,7 +83,8 @@ def _route_here(paths: BrainPaths, raw: bytes, token: str | None) -> dict[str, A
     """Route in this process, as the daemon would: the same router, audit record and inbox delivery."""
     import asyncio
 
-    from ambient.kernel.router import Router, inbox_handler
+    from ambient.kernel.inbox import inbox_handler
+    from ambient.kernel.router import Router
     from ambient.kernel.sendsocket import summary
     from ambient.storage.fsutil import private_dir
 

@@ -473,8 +473,9 @@ def _served_version(paths: BrainPaths, workflow: str) -> str | None:
 def _start(args: argparse.Namespace) -> int:
     from ambient.config.brain import load_brain
     from ambient.core.clock import utcnow
+    from ambient.kernel.inbox import write_inbox
     from ambient.kernel.packet import make_packet
-    from ambient.kernel.router import Router, write_inbox
+    from ambient.kernel.router import Router
     from ambient.storage.paths import BrainPaths
     from ambient.workflows.spec import ChainWorkflow
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ambient.cli._common import EXIT_OK, add_command, brain_dir, out, out_json
 
 if TYPE_CHECKING:  # imported in the handler, so that other commands start fast
-    from ambient.live.context import Turn
+    from ambient.live.turn import Turn
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _fmt(t: Turn) -> str:
-    from ambient.live.context import one_line
+    from ambient.live.turn import one_line
 
     arrow = f"{t.requester} -> {t.target}" if t.role == "requester" else f"{t.target} -> {t.requester}"
     corr = f" [{t.correlation_id}]" if t.correlation_id else ""

@@ -1,11 +1,10 @@
 """The only packet path (DESIGN 2.1): validate → authorize → deliver → record.
 
 Identity comes from the channel a packet arrived on, never from its ``from`` field (S-05): a
-:class:`Channel` names the authenticated principal. Channels built by ambient's own code (a runner
-reading the pipe of the process it spawned) are trusted as built; a channel carrying a token is
-checked against the :class:`ChannelRegistry`, which hands each spawned agent a fresh token
-(``AMBIENT_CHANNEL_TOKEN`` in its environment) and keeps only the token's sha256 on disk, so an
-out-of-process ``ambient send`` can be authenticated. The local CLI user without a token is ``human``.
+:class:`~ambient.kernel.channels.Channel` names the authenticated principal, and a channel carrying a token must
+hold a live token of that principal in the :class:`~ambient.kernel.channels.ChannelRegistry`. Authorization is
+the access matrix (:mod:`~ambient.kernel.matrix`) over the zones of the packet's scope, its files taken as
+written and as resolved (a symlink to a personal file is personal).
 
 Every decision is recorded in ``.ambient/audit.jsonl`` (buffered :class:`~ambient.storage.journal.Journal`):
 a rejected or undeliverable packet is one line with its rule and reason, its size and sha256, never
@@ -22,13 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import hmac
 import json
 import os
-import re
 import secrets
 import stat
-import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,37 +36,15 @@ from pydantic import ValidationError
 from ambient.core.clock import Clock, SystemClock
 from ambient.core.errors import InputError, PacketError, UnsafePathError
 from ambient.core.problems import Problem
-from ambient.kernel.matrix import AMBIENT, HUMAN, AccessMatrix, Decision
-from ambient.kernel.packet import (
-    BROADCAST,
-    MAX_PACKET_BYTES,
-    NAME_PATTERN,
-    Packet,
-    Signal,
-    decode_packet,
-    make_packet,
-    parse_packet,
-    validation_message,
-)
+from ambient.kernel.channels import Channel, ChannelRegistry
+from ambient.kernel.matrix import AMBIENT, AccessMatrix, Decision
+from ambient.kernel.packet import BROADCAST, Packet, Signal, decode_packet, make_packet, validation_message
 from ambient.kernel.zones import DEFAULT_RULES, ZoneRule, zones_below
-from ambient.storage.fsutil import (
-    atomic_write,
-    iter_files,
-    private_dir,
-    read_capped,
-    resolve_in_brain,
-    write_all,
-    write_new,
-    write_tmp,
-)
+from ambient.storage.fsutil import resolve_in_brain
 from ambient.storage.journal import Journal, Unwritten, iter_jsonl
 from ambient.storage.paths import BrainPaths
 
 log = structlog.get_logger(__name__)
-
-TOKEN_ENV: Final = "AMBIENT_CHANNEL_TOKEN"  # noqa: S105 - the variable name, not a secret
-_TOKEN_RE: Final = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
-_NAME_RE: Final = re.compile(NAME_PATTERN)
 
 AUDIT_BATCH: Final = 64
 SYMLINK_CHECK_TTL: Final = 1.0  # seconds a path found free of symlinks is not checked again
@@ -98,240 +72,6 @@ class Outcome(NamedTuple):
     def ok(self) -> bool:
         """Passed validation and authorization."""
         return self.status in ("delivered", "allowed")
-
-
-class Channel(NamedTuple):
-    """Where a packet came from: the authenticated principal, and the token it presented (if any)."""
-
-    principal: str
-    token: str | None = None
-
-    def __repr__(self) -> str:
-        return f"Channel(principal={self.principal!r}{', token=<hidden>' if self.token else ''})"
-
-    @classmethod
-    def human(cls) -> Channel:
-        """The local person at the CLI (no token)."""
-        return cls(HUMAN)
-
-    @classmethod
-    def internal(cls, principal: str) -> Channel:
-        """A channel ambient's own code vouches for (the daemon itself, a runner's pipe)."""
-        return cls(principal)
-
-
-def token_digest(token: str) -> str:
-    """The sha256 hex of a channel token: the only form a token is ever stored in."""
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-class ChannelRegistry:
-    """Per-spawn channel tokens. Only ``sha256(token) → principal`` is kept, in memory and, for other processes,
-    one file per token under ``.ambient/channels/`` (mode 0600), so a token never reaches the disk or a log.
-
-    The files are for ``ambient send`` routing a packet in its own process. While the daemon serves its send
-    socket, an agent's ``ambient send`` hands the packet to the daemon, whose router checks the token in memory;
-    the daemon then sets :attr:`files` to False and no file is written (decision, session 12: a file written and
-    renamed aside per command agent cost a fan-out 8 % of its agents/s, bench/fanout.py (b), bench/README
-    item 42). So a token is honoured by its daemon for as long as that daemon runs; an orphan left by a daemon
-    that died, whose ``ambient send`` finds no socket, is refused as ``unauthenticated`` (its item runs again
-    anyway). Without a socket (a brain path too long for ``AF_UNIX``, a bind that failed) tokens have files, as
-    before.
-    """
-
-    MAX_FILE = 4096
-    SPARES_MAX = 64
-    SPARE_PREFIX = ".spare."
-
-    def __init__(self, paths: BrainPaths) -> None:
-        self.dir = paths.channels
-        self._known: dict[str, str] = {}
-        self._revoked: set[str] = set()  # disowned, file not deleted yet (see disown)
-        # Files of revoked tokens, renamed aside to be rewritten for the next token instead of deleted: a command
-        # agent's token file was a create and a delete, and on ext4 without a journal each inode freed slows the
-        # next creates for a minute (the allocator skips recently deleted inodes one by one: 14 % of the event
-        # loop's samples in bench/fanout.py (b), perf). The lock keeps the pool whole if a caller revokes from a thread.
-        self._spares: list[str] = []
-        self._spares_lock = threading.Lock()
-        self._spare_count = 0
-        #: Write a file for each token published from now on (see the class docs); the daemon clears it while its
-        #: send socket is served.
-        self.files = True
-        self._published: set[str] = set()  # digests whose file was written (revoke renames only those)
-
-    def issue(self, principal: str, *, spawn: str | None = None, now: datetime | None = None) -> Channel:
-        """A fresh channel for ``principal``; hand ``channel.token`` to the spawned process (``TOKEN_ENV``).
-
-        ``spawn`` (e.g. the run/item/attempt key) and ``now`` are kept beside the hash for inspection.
-        """
-        channel, publish = self.mint(principal, spawn=spawn, now=now)
-        publish()
-        return channel
-
-    def mint(
-        self, principal: str, *, spawn: str | None = None, now: datetime | None = None
-    ) -> tuple[Channel, Callable[[], None]]:
-        """Like :meth:`issue`, but the file other processes check the token against is written by ``publish()``.
-
-        The token is live in this process at once; run ``publish`` (blocking, a few syscalls) just before the agent
-        starts (the command runner's ``before_start``): a thread hop awaited per command agent just for this file
-        cost a fan-out ~7 % of its throughput (bench/fanout.py (b)).
-        """
-        if not _NAME_RE.match(principal):
-            raise InputError(f"{principal!r} is not a principal name")
-        token = secrets.token_urlsafe(32)
-        digest = token_digest(token)
-        # The digest inside the file binds its content to its name: a pooled file is rewritten for the next token
-        # (see _reuse_spare), and a reader that opened it under a revoked token's name must not take the next
-        # token's principal for its own.
-        record = {
-            "principal": principal,
-            "spawn": spawn,
-            "issued_at": now.isoformat() if now else None,
-            "digest": digest,
-        }
-        self._known[digest] = principal
-
-        def publish() -> None:
-            # Not fsync'd: a token outlives nothing (the daemon revokes every token at start), it only has to be
-            # readable by the agent's own `ambient send` while the agent runs. Written in place: no one can look
-            # for this name before the token is handed to the agent, after this returns.
-            if not self.files:  # the daemon's socket answers the agent's `ambient send`
-                return
-            self._published.add(digest)
-            path, text = self.dir / f"{digest}.json", json.dumps(record)
-            if self._reuse_spare(str(path), text.encode()):
-                return
-            try:
-                write_new(path, text, mode=0o600)
-            except FileNotFoundError:  # first token, or the directory was removed
-                private_dir(self.dir)
-                write_new(path, text, mode=0o600)
-
-        return Channel(principal, token), publish
-
-    def principal_for(self, token: str) -> str | None:
-        """The principal a token was issued to, or None (unknown, revoked or malformed)."""
-        if not isinstance(token, str) or not _TOKEN_RE.match(token):
-            return None
-        digest = token_digest(token)
-        known = self._known.get(digest)
-        if known is not None:
-            return known
-        if digest in self._revoked:
-            return None
-        try:
-            data = json.loads(read_capped(self.dir / f"{digest}.json", self.MAX_FILE))
-        except (OSError, InputError, ValueError):
-            return None
-        if not isinstance(data, dict) or data.get("digest") != digest:
-            return None
-        principal = data.get("principal")
-        if not isinstance(principal, str) or not _NAME_RE.match(principal):
-            return None
-        self._known[digest] = principal
-        return principal
-
-    def authenticate(self, token: str) -> Channel | None:
-        """The channel of a presented token, or None when it is not a live token."""
-        principal = self.principal_for(token)
-        return None if principal is None else Channel(principal, token)
-
-    def revoke(self, channel: Channel | str) -> None:
-        """Forget a token (at the end of its spawn)."""
-        token = channel.token if isinstance(channel, Channel) else channel
-        if not token:
-            return
-        digest = token_digest(token)
-        self._known.pop(digest, None)
-        if digest not in self._published:  # never written: nothing to take away
-            self._revoked.discard(digest)
-            return
-        self._published.discard(digest)
-        path = f"{self.dir}/{digest}.json"
-        spare = self._spare_name()
-        try:
-            if spare is None:
-                os.unlink(path)  # noqa: PTH108 - str paths, as in the rest of the hot path
-            else:
-                os.rename(path, spare)  # noqa: PTH104 - the token's name goes at once, as an unlink would
-                with self._spares_lock:
-                    self._spares.append(spare)
-        except FileNotFoundError:
-            pass
-        self._revoked.discard(digest)  # not after a failure: the file stays, and this process must go on refusing it
-
-    def _spare_name(self) -> str | None:
-        """A new private name for a revoked token's file, or None when the pool is full (the file is deleted)."""
-        with self._spares_lock:
-            if len(self._spares) >= self.SPARES_MAX:
-                return None
-            self._spare_count += 1
-            return f"{self.dir}/{self.SPARE_PREFIX}{os.getpid()}.{self._spare_count}"
-
-    def _reuse_spare(self, path: str, data: bytes) -> bool:
-        """Write ``data`` into a pooled file and rename it to ``path``; False when there is none to use."""
-        while True:
-            with self._spares_lock:
-                if not self._spares:
-                    return False
-                spare = self._spares.pop()
-            try:
-                fd = os.open(spare, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except OSError:  # swept or replaced meanwhile: forget it, try the next
-                continue
-            try:
-                # Overwritten, then cut to size: O_TRUNC freed the file's block and the write allocated one again
-                # (~220 µs a token on this machine's ext4, 14 % of the loop in bench/fanout.py (b); this: ~5 µs).
-                write_all(fd, data)  # from offset 0: a fresh descriptor
-                os.ftruncate(fd, len(data))
-            except OSError:
-                os.close(fd)
-                with contextlib.suppress(OSError):
-                    os.unlink(spare)  # noqa: PTH108
-                return False
-            os.close(fd)
-            try:
-                os.rename(spare, path)  # noqa: PTH104
-            except OSError:
-                continue
-            return True
-
-    def disown(self, channel: Channel | str) -> None:
-        """Void a token in this process at once, whatever becomes of its file; :meth:`revoke` then renames it aside.
-
-        The router of this process refuses it from now on; another process (an agent's ``ambient send``) reads the
-        file until ``revoke`` has renamed it (the daemon does both when the agent has exited). A file that could not
-        be renamed is left to the next start-up's :meth:`revoke_all`, and this process never accepts it again.
-        """
-        token = channel.token if isinstance(channel, Channel) else channel
-        if token:
-            digest = token_digest(token)
-            self._revoked.add(digest)
-            self._known.pop(digest, None)
-
-    def revoke_all(self) -> int:
-        """Forget every token (daemon start-up: no spawn of a previous run is alive). Returns the count."""
-        self._known.clear()
-        self._revoked.clear()
-        self._published.clear()
-        with self._spares_lock:
-            self._spares.clear()
-        count = 0
-        if self.dir.is_dir():
-            for path in self.dir.glob("*.json"):
-                path.unlink(missing_ok=True)
-                count += 1
-            for path in self.dir.glob(f"{self.SPARE_PREFIX}*"):  # a previous life's pool
-                path.unlink(missing_ok=True)
-        return count
-
-    def channel_for(self, token: str | None) -> Channel:
-        """The channel of a sender presenting ``token``: none is the person (``human``); one that is not live
-        is a channel nobody vouches for (``unauthenticated``), which the router refuses and records."""
-        if not token:
-            return Channel.human()
-        return self.authenticate(token) or Channel("unauthenticated", token)
 
 
 def _symlink_free(
@@ -766,77 +506,6 @@ _VALIDATE: Final[Callable[[dict[str, Any]], Packet]] = Packet.__pydantic_validat
 _IDENTITY: Final = Decision(False, ("from does not match the channel's principal (S-05)",), "identity")
 _IDENTITY_TOKEN: Final = Decision(False, ("the channel token is not live for this principal",), "identity.token")
 _UNSAFE_PATH: Final = Decision(False, ("a scope file resolves outside the brain root",), "zone.unsafe-path")
-
-
-# --- the inbox: how `ambient send` hands packets to the daemon -----------------------------------
-
-
-INBOX_KEY: Final = "inbox.key"
-_SEAL_HEX: Final = 32
-
-
-def inbox_key(paths: BrainPaths) -> bytes:
-    """The brain's inbox key (``.ambient/inbox.key``, 32 random bytes, 0600), made on first use.
-
-    Who routed a packet (the daemon, or ``ambient send`` as the person when no daemon runs) seals it with this
-    key; the daemon acts only on sealed packets. A confined agent cannot read ``.ambient/``, so a packet it
-    drops in the inbox, whatever ``from`` it names, is never believed (issue 25, 1)."""
-    path = paths.state / INBOX_KEY
-    try:
-        key = path.read_bytes()
-    except FileNotFoundError:
-        key = b""
-    if len(key) == 32:
-        return key
-    private_dir(paths.state)
-    tmp = write_tmp(path, secrets.token_bytes(32), 0o600)  # whole and fsync'd, then published by link(): the
-    try:  # first of two racing writers wins, and nobody ever reads half a key
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, path)
-    finally:
-        tmp.unlink()
-    return path.read_bytes()
-
-
-def _seal(key: bytes, data: bytes) -> str:
-    return hmac.new(key, data, hashlib.sha256).hexdigest()[:_SEAL_HEX]
-
-
-def write_inbox(paths: BrainPaths, packet: Packet) -> Path:
-    """Write an authorized packet atomically as ``.ambient/inbox/<id>.<seal>.json`` for the daemon (the seal: an
-    HMAC of the file's bytes under :func:`inbox_key`)."""
-    private_dir(paths.inbox)
-    data = packet.to_json().encode()
-    target = paths.inbox / f"{packet.id}.{_seal(inbox_key(paths), data)}.json"
-    atomic_write(target, data, mode=0o600)
-    return target
-
-
-def inbox_handler(paths: BrainPaths) -> Handler:
-    """A handler that delivers by writing to the inbox (the default handler of ``ambient send``)."""
-
-    async def deliver(packet: Packet) -> None:
-        write_inbox(paths, packet)
-
-    return deliver
-
-
-def read_inbox(paths: BrainPaths) -> Iterator[tuple[Path, Packet | PacketError, bool]]:
-    """Inbox packets in name order, each validated again (the inbox is a file drop, not a trust anchor), with
-    whether its seal holds (see :func:`inbox_key`): an unsealed packet's ``from`` is believed by nobody."""
-    key: bytes | None = None
-    for path in iter_files(paths.inbox, (".json",)):
-        try:
-            raw = read_capped(path, MAX_PACKET_BYTES)
-            key = key if key is not None else inbox_key(paths)
-            stem = path.name.removesuffix(".json")
-            _, _, seal = stem.rpartition(".")
-            sealed = len(seal) == _SEAL_HEX and hmac.compare_digest(seal, _seal(key, raw))
-            yield path, parse_packet(raw), sealed
-        except InputError as exc:
-            yield path, PacketError(exc.message, file=paths.rel(path)), False
-        except OSError as exc:
-            yield path, PacketError(f"cannot be read: {exc.strerror}", file=paths.rel(path)), False
 
 
 def read_audit(path: Path) -> Iterator[dict[str, Any]]:

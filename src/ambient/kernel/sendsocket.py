@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 #: The largest packet file (as ``packet.MAX_PACKET_BYTES``, which imports pydantic; a test keeps them equal).
 MAX_PACKET_BYTES: Final = 256 * 1024
-#: The agent's channel token (as ``ambient.kernel.router.TOKEN_ENV``).
+#: The agent's channel token (as ``ambient.kernel.channels.TOKEN_ENV``).
 TOKEN_ENV: Final = "AMBIENT_CHANNEL_TOKEN"  # noqa: S105 - the variable's name, not a secret
 SOCKET_DIR: Final = "run"
 SOCKET_NAME: Final = "send.sock"

@@ -24,8 +24,9 @@ from ambient.core.errors import AmbientError, LockHeldError, PacketError
 from ambient.core.redact import SecretRegistry, redact
 from ambient.engine.ports import Attempt, AttemptResult
 from ambient.engine.runstate import RunState
+from ambient.kernel.channels import Channel
 from ambient.kernel.packet import Packet, make_packet
-from ambient.kernel.router import Channel, Router
+from ambient.kernel.router import Router
 from ambient.live.context import HANDOFF_NAME, LiveContext
 from ambient.runners import AgentResult, Runners, RunRequest
 from ambient.runners.base import AnyRunnerConfig

@@ -45,7 +45,8 @@ from ambient.human.escalation_store import EscalationStore
 from ambient.human.messages import Message
 from ambient.human.outbox import Outbox
 from ambient.kernel import sendsocket
-from ambient.kernel.router import ChannelRegistry, Router
+from ambient.kernel.channels import ChannelRegistry
+from ambient.kernel.router import Router
 from ambient.live.context import LiveContext
 from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner

@@ -41,8 +41,10 @@ from ambient.human.escalations import (
     timeout_due,
 )
 from ambient.human.outbox import Outbox
+from ambient.kernel.channels import Channel
+from ambient.kernel.inbox import read_inbox
 from ambient.kernel.packet import Packet
-from ambient.kernel.router import Channel, Router, read_inbox
+from ambient.kernel.router import Router
 from ambient.service.adapters import BrainRef
 from ambient.service.escalator import StoreEscalator
 from ambient.service.notifications import NotifyService
@@ -410,7 +412,7 @@ class InboxEvaluator:
             try:
                 if isinstance(pkt, Packet):
                     # Re-check under the daemon's matrix: the inbox is a file drop, not a trust anchor. Its ``from``
-                    # is believed only under the seal of whoever routed it (router.inbox_key), never for a file
+                    # is believed only under the seal of whoever routed it (inbox.inbox_key), never for a file
                     # dropped there by hand or by an agent.
                     channel = Channel.internal(pkt.from_) if sealed else Channel("unauthenticated")
                     out = self.router.check(pkt, channel)

@@ -18,7 +18,8 @@ from ambient.core.errors import AmbientError
 from ambient.core.redact import SecretRegistry, redact_text
 from ambient.kernel.packet import Packet
 from ambient.kernel.router import Router
-from ambient.live.context import LiveContext, turn_record
+from ambient.live.context import LiveContext
+from ambient.live.turn import turn_record
 from ambient.runners.base import RunRequest
 from ambient.runners.claude import NOW_FILE
 from ambient.service.writer_threads import background_executor

@@ -20,8 +20,10 @@ from ambient.engine.manager import RunManager
 from ambient.engine.planner import ANSWER
 from ambient.engine.ports import EscalationRequest
 from ambient.kernel import sendsocket
+from ambient.kernel.channels import Channel
+from ambient.kernel.inbox import write_inbox
 from ambient.kernel.packet import Packet
-from ambient.kernel.router import Channel, Router, write_inbox
+from ambient.kernel.router import Router
 from ambient.service.adapters import BrainRef
 from ambient.service.escalator import StoreEscalator
 from ambient.service.lineage import descends_from

@@ -20,22 +20,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ambient.cli import main
-from ambient.core.errors import InputError
+from ambient.kernel.channels import TOKEN_ENV, Channel, ChannelRegistry
 from ambient.kernel.matrix import AccessMatrix
 from ambient.kernel.packet import MAX_PACKET_BYTES, Packet, Signal, make_packet
-from ambient.kernel.router import (
-    SYMLINK_CHECK_TTL,
-    TOKEN_ENV,
-    Channel,
-    ChannelRegistry,
-    Router,
-    _symlink_free,
-    inbox_handler,
-    read_audit,
-    read_inbox,
-    token_digest,
-    write_inbox,
-)
+from ambient.kernel.router import SYMLINK_CHECK_TTL, Router, _symlink_free, read_audit
 from ambient.kernel.routing_table import build_matrix
 from ambient.kernel.zones import ZoneRule
 from ambient.storage.journal import Journal
@@ -358,156 +346,6 @@ class TestIdentity:
         assert (rec["rule"], rec["channel"], rec["from"]) == ("identity", "deploy", "human")
         assert box.got["deploy"][0].signal is Signal.ERROR
 
-    def test_tokens_are_stored_hashed(self, brain: Path) -> None:
-        """Per-spawn tokens authenticate their principal; only their sha256 reaches the disk."""
-        paths = BrainPaths(brain)
-        reg = ChannelRegistry(paths)
-        ch = reg.issue("deploy", spawn="run-1/a/1")
-        assert ch.token is not None and ch.principal == "deploy" and ch.token not in repr(ch)
-        files = list(paths.channels.iterdir())
-        assert [f.name for f in files] == [f"{token_digest(ch.token)}.json"]
-        assert oct(files[0].stat().st_mode & 0o777) == "0o600"
-        for f in paths.state.rglob("*"):
-            if f.is_file():
-                assert ch.token not in f.read_text(errors="replace")
-        fresh = ChannelRegistry(paths)  # another process (ambient send) reads the digest file
-        assert fresh.authenticate(ch.token) == Channel("deploy", ch.token)
-        assert fresh.authenticate("x" * 43) is None and fresh.authenticate("../../etc/passwd") is None
-        reg.revoke(ch)
-        assert ChannelRegistry(paths).authenticate(ch.token) is None
-        reg.issue("coder")
-        assert reg.revoke_all() == 1
-
-    def test_revoked_token_files_are_reused_not_deleted(self, brain: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        """A revoked token's file is renamed aside and rewritten for the next token (no inode freed per agent);
-        the old token is void everywhere at once, the pool is bounded and a restart clears it."""
-        paths = BrainPaths(brain)
-        reg = ChannelRegistry(paths)
-        first = reg.issue("deploy", spawn="run-1/a/1")
-        assert first.token is not None
-        inode = (paths.channels / f"{token_digest(first.token)}.json").stat().st_ino
-        reg.revoke(first)
-        assert ChannelRegistry(paths).authenticate(first.token) is None
-        assert not (paths.channels / f"{token_digest(first.token)}.json").exists()
-        second = reg.issue("coder", spawn="run-1/b/1")
-        assert second.token is not None
-        path = paths.channels / f"{token_digest(second.token)}.json"
-        assert path.stat().st_ino == inode  # the same file, rewritten
-        # Shorter than the first token's record: cut to size, no tail of the old one.
-        assert json.loads(path.read_text()) == {
-            "principal": "coder",
-            "spawn": "run-1/b/1",
-            "issued_at": None,
-            "digest": token_digest(second.token),
-        }
-        assert oct(path.stat().st_mode & 0o777) == "0o600"
-        assert ChannelRegistry(paths).authenticate(second.token) == Channel("coder", second.token)
-        assert ChannelRegistry(paths).authenticate(first.token) is None
-        # Bounded: past SPARES_MAX revoked files are deleted.
-        monkeypatch.setattr(ChannelRegistry, "SPARES_MAX", 2)
-        many = [reg.issue("deploy") for _ in range(4)]
-        for ch in many:
-            reg.revoke(ch)
-        names = sorted(p.name for p in paths.channels.iterdir())
-        assert len(names) == 3 and all(n.startswith(ChannelRegistry.SPARE_PREFIX) for n in names[:2])
-        # A spare removed behind the registry's back is skipped; a fresh file is written instead.
-        for p in paths.channels.glob(f"{ChannelRegistry.SPARE_PREFIX}*"):
-            p.unlink()
-        third = reg.issue("deploy")
-        assert third.token is not None and ChannelRegistry(paths).authenticate(third.token) == third
-        reg.revoke(third)
-        assert reg.revoke_all() == 1  # second's file; the spare goes too
-        assert list(paths.channels.iterdir()) == []
-
-    def test_a_token_file_read_under_another_name_grants_nothing(self, brain: Path) -> None:
-        """A pooled file is rewritten for the next token: a reader that opened it under a revoked token's name and
-        reads the next token's record must not get that token's principal (the record names its own digest)."""
-        paths = BrainPaths(brain)
-        reg = ChannelRegistry(paths)
-        old, new = reg.issue("deploy"), reg.issue("coder")
-        assert old.token is not None and new.token is not None
-        old_file = paths.channels / f"{token_digest(old.token)}.json"
-        old_file.write_bytes((paths.channels / f"{token_digest(new.token)}.json").read_bytes())
-        assert ChannelRegistry(paths).authenticate(old.token) is None
-        assert ChannelRegistry(paths).authenticate(new.token) == new
-        old_file.write_text(json.dumps({"principal": "deploy"}))  # a record without its digest: refused too
-        assert ChannelRegistry(paths).authenticate(old.token) is None
-
-    def test_a_disowned_token_is_void_here_at_once_and_everywhere_once_revoked(self, brain: Path) -> None:
-        """disown voids a token for this process before its file is deleted (the daemon deletes it off the loop);
-        revoke then takes the file's name away (the file waits, renamed, for the next token), and other processes
-        stop accepting it too."""
-        paths = BrainPaths(brain)
-        reg = ChannelRegistry(paths)
-        ch = reg.issue("deploy", spawn="run-1/a/1")
-        assert ch.token is not None and reg.authenticate(ch.token) == ch
-        reg.disown(ch)
-        assert reg.authenticate(ch.token) is None  # even though the file is still there
-        assert ChannelRegistry(paths).authenticate(ch.token) == ch  # another process: until revoke
-        reg.revoke(ch)
-        assert ChannelRegistry(paths).authenticate(ch.token) is None and reg.authenticate(ch.token) is None
-        assert [p.name for p in paths.channels.iterdir() if not p.name.startswith(ChannelRegistry.SPARE_PREFIX)] == []
-
-    def test_a_minted_token_is_live_here_at_once_and_elsewhere_once_published(self, brain: Path) -> None:
-        """mint: the token works in this process at once; other processes see it once ``publish`` wrote its file
-        (the daemon runs it just before the agent starts), which also makes a missing directory."""
-        paths = BrainPaths(brain)
-        reg = ChannelRegistry(paths)
-        ch, publish = reg.mint("deploy", spawn="run-1/a/1")
-        assert ch.token is not None and reg.authenticate(ch.token) == ch
-        assert ChannelRegistry(paths).authenticate(ch.token) is None and not paths.channels.exists()
-        publish()
-        assert ChannelRegistry(paths).authenticate(ch.token) == ch
-        assert oct(paths.channels.stat().st_mode & 0o777) == "0o700"
-        with pytest.raises(InputError):
-            reg.mint("../evil")
-
-    def test_while_the_daemon_serves_its_socket_tokens_live_in_memory_only(
-        self, brain: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """``files = False`` (the daemon's send socket answers agents): publish writes nothing, the token is live
-        in this process, and revoking it touches no file. A token published before the switch keeps its file
-        until it is revoked, and a rename that fails still leaves it void here."""
-        paths = BrainPaths(brain)
-        reg = ChannelRegistry(paths)
-        early, publish_early = reg.mint("deploy", spawn="run-1/a/1")
-        publish_early()
-        reg.files = False
-        ch, publish = reg.mint("deploy", spawn="run-1/b/1")
-        publish()
-        assert ch.token is not None and early.token is not None
-        assert reg.authenticate(ch.token) == ch and ChannelRegistry(paths).authenticate(ch.token) is None
-        assert len(list(paths.channels.glob("*.json"))) == 1  # only the early one
-
-        def no_file_work(*args: object) -> None:
-            raise AssertionError("a token without a file must not be renamed or unlinked")
-
-        monkeypatch.setattr(os, "rename", no_file_work)
-        monkeypatch.setattr(os, "unlink", no_file_work)
-        reg.disown(ch)
-        reg.revoke(ch)
-        assert reg.authenticate(ch.token) is None
-        monkeypatch.undo()
-
-        def refuse(*args: object) -> None:
-            raise PermissionError(13, "Permission denied")
-
-        monkeypatch.setattr(os, "rename", refuse)
-        reg.disown(early)
-        with pytest.raises(PermissionError):
-            reg.revoke(early)
-        monkeypatch.undo()
-        assert ChannelRegistry(paths).authenticate(early.token) == early  # the file stayed...
-        assert reg.authenticate(early.token) is None  # ...and this process goes on refusing it
-
-    def test_channel_for_a_presented_token(self, brain: Path) -> None:
-        """What `ambient send` runs as (in the command or in the daemon): a dead token is nobody's, and says so."""
-        reg = ChannelRegistry(BrainPaths(brain))
-        ch = reg.issue("tester")
-        assert reg.channel_for(None) == reg.channel_for("") == Channel.human()
-        assert reg.channel_for(ch.token) == ch
-        assert reg.channel_for("Z" * 43) == Channel("unauthenticated", "Z" * 43)
-
     async def test_token_must_match_principal(self, router: Router) -> None:
         """A channel presenting another principal's token, or a dead token, is denied before parsing."""
         assert router.registry is not None
@@ -658,33 +496,7 @@ def test_garbage_never_raises(s10_brain: S10, raw: Any) -> None:
     assert out.status in ("invalid", "denied", "allowed")
 
 
-# --- the inbox and `ambient send` ---------------------------------------------------------------------
-
-
-def test_inbox_round_trip(brain: Path) -> None:
-    """write_inbox writes <id>.<seal>.json atomically; read_inbox validates again, reports bad files, and says
-    which packets carry a valid seal (a copy under another name, or with a byte changed, does not)."""
-    paths = BrainPaths(brain)
-    p = make_packet("human", "deploy", "SPAWN", now=NOW, zone="project")
-    path = write_inbox(paths, p)
-    assert path.name.startswith(f"{p.id}.") and path.name.endswith(".json")
-    (paths.inbox / "bad.json").write_text('{"from": "x"}')
-    forged = paths.inbox / f"{p.id}.json"
-    forged.write_bytes(path.read_bytes())
-    tampered = paths.inbox / path.name.replace(p.id, p.id + "x")
-    tampered.write_bytes(path.read_bytes().replace(b"deploy", b"deplox"))
-    got = {f: (pkt, sealed) for f, pkt, sealed in read_inbox(paths)}
-    assert got[path] == (p, True)
-    assert got[forged] == (p, False) and got[tampered][1] is False
-    assert "Field required" in str(got[paths.inbox / "bad.json"][0])
-
-
-async def test_inbox_handler(brain: Path) -> None:
-    """The inbox handler delivers by writing the inbox."""
-    paths = BrainPaths(brain)
-    p = make_packet("human", "deploy", "SPAWN", now=NOW)
-    await inbox_handler(paths)(p)
-    assert len(list(paths.inbox.glob(f"{p.id}.*.json"))) == 1
+# --- `ambient send` ---------------------------------------------------------------------------------
 
 
 class TestSendCli:

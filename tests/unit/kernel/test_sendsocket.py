@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from ambient.kernel import packet, router, sendsocket
-from ambient.kernel.router import ChannelRegistry, read_audit
+from ambient.kernel import channels, packet, sendsocket
+from ambient.kernel.channels import ChannelRegistry
+from ambient.kernel.router import read_audit
 from ambient.storage.paths import BrainPaths
 from tests.e2e.helpers import DaemonProcess, make_brain, running, wait_for
 
@@ -34,15 +35,19 @@ SPAWN = {
 
 
 def send(
-    brain: BrainPaths, body: dict[str, Any] | bytes, *args: str, token: str | None = None
+    brain: BrainPaths,
+    body: dict[str, Any] | bytes,
+    *args: str,
+    token: str | None = None,
+    python: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMBIENT_")}
     env["PYTHONPATH"] = str(REPO / "src")
     if token is not None:
-        env[router.TOKEN_ENV] = token
+        env[channels.TOKEN_ENV] = token
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     return subprocess.run(
-        [sys.executable, "-m", "ambient", "--brain", str(brain.root), "send", *args, "-"],
+        [sys.executable, *python, "-m", "ambient", "--brain", str(brain.root), "send", *args, "-"],
         input=data.decode(errors="surrogateescape"),
         env=env,
         capture_output=True,
@@ -65,7 +70,7 @@ def daemon(tmp_path: Path) -> Iterator[tuple[BrainPaths, DaemonProcess]]:
 def test_constants_match_the_modules_they_stand_for() -> None:
     """The client's copies (it must not import pydantic) equal the originals."""
     assert sendsocket.MAX_PACKET_BYTES == packet.MAX_PACKET_BYTES
-    assert sendsocket.TOKEN_ENV == router.TOKEN_ENV
+    assert sendsocket.TOKEN_ENV == channels.TOKEN_ENV
 
 
 class TestThroughTheDaemon:
@@ -162,6 +167,35 @@ class TestFallBack:
         assert "without answering" in done.stderr and "may have been delivered" in done.stderr
         assert not paths.inbox.exists() or not list(paths.inbox.glob("*.json"))  # not routed a second time
         assert audit(paths) == []
+
+    @pytest.mark.slow
+    def test_a_packet_the_daemon_answers_costs_the_command_no_router(self, tmp_path: Path) -> None:
+        """The point of the socket is the command's start-up: answered by the daemon, it never imports the router
+        (pydantic, the packet models: ~0.2 s); bench/cli.py measures it (send-daemon)."""
+        paths = make_brain(tmp_path / "brain")
+        sock = sendsocket.socket_path(paths.state)
+        sock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(sock))
+        server.listen()
+        answer = {"status": "delivered", "id": "pkt_1", "from": "human", "to": "deploy", "signal": "SPAWN"}
+
+        def answer_it() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(json.dumps(answer).encode() + b"\n")
+
+        t = threading.Thread(target=answer_it)
+        t.start()
+        try:
+            done = send(paths, SPAWN, python=("-X", "importtime"))
+        finally:
+            t.join(10)
+            server.close()
+        assert done.returncode == 0 and done.stdout.startswith("delivered pkt_1"), done.stderr
+        imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+        assert "ambient.kernel.sendsocket" in imported and "ambient.kernel.router" not in imported
 
 
 class TestServer:

@@ -65,7 +65,7 @@ class _Runners:
         self.seen: list[str | None] = []
 
     async def run(self, req: Any, cfg: Any) -> Any:
-        from ambient.kernel.router import ChannelRegistry
+        from ambient.kernel.channels import ChannelRegistry
         from ambient.runners.base import AgentResult
 
         req.before_start()
@@ -85,8 +85,8 @@ async def test_a_command_agents_token_file_is_gone_when_its_attempt_returns(
     from structlog.testing import capture_logs
 
     from ambient.engine.ports import Attempt
+    from ambient.kernel.channels import ChannelRegistry
     from ambient.kernel.packet import make_packet
-    from ambient.kernel.router import ChannelRegistry
     from ambient.service.adapters import AgentDelegate
 
     paths = BrainPaths(tmp_path)
