@@ -95,7 +95,7 @@ def _agents(names: list[str]) -> str:
 
 def check_confinement() -> list[Finding]:
     """Whether agents run confined on this machine (Landlock), and what that means when they do not."""
-    from ambient.runners.command import landlock_abi
+    from ambient.runners.confinement import landlock_abi
 
     version = landlock_abi()
     if version > 0:
