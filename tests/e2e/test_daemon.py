@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from ambient.kernel.router import read_audit
-from ambient.runners.command import group_alive
+from ambient.runners.process_group import group_alive
 from ambient.storage.fsutil import atomic_write
 from ambient.storage.paths import BrainPaths
 from tests.e2e.helpers import (

@@ -1,7 +1,8 @@
 """The ``ambient`` command line: ``main(argv) -> int``, the only place with exit codes and print.
 
 Each command group lives in its own module here (``matrix.py``, ``lock.py``...) exposing
-``register(subparsers)``; modules are discovered, so adding a command is adding a file.
+``register(subparsers)``; modules are discovered, so adding a command is adding a file. A name with a leading
+underscore is not a command: ``_common`` (the shared plumbing), ``_doctor/`` (the checks of ``ambient doctor``).
 Command modules import heavy libraries (apprise, watchfiles) inside their handlers only, so
 short commands such as ``ambient lock`` stay fast.
 

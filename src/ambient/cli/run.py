@@ -55,7 +55,7 @@ def _serve(
 ) -> int:
     import asyncio
 
-    from ambient.runners.command import use_pidfd_watcher
+    from ambient.runners.child import use_pidfd_watcher
     from ambient.service.daemon import Daemon, DaemonOptions
 
     def show(line: str) -> None:

@@ -4,6 +4,11 @@
 external tool to close a claim, ``claude`` runs the agent's prompt on Claude Code (the ``claude`` extra), ``llm`` makes
 one model call (the ``llm`` extra). :class:`Runners` holds one runner per kind for the daemon and drains them on stop.
 The agent protocol (what an agent receives and may answer) is :func:`ambient.runners.base.interpret_output`.
+
+The command runner (``command``) is made of: ``agent_env`` (the agent's environment, packet and working folder),
+``child`` (starting it: the spawner, or ``Popen`` waited for through a pidfd), ``pipes`` (its stdio),
+``process_group`` (signalling and ending its group), ``confinement`` and ``landlock`` (its user and what it may
+touch), ``spawner`` and ``spawner_helper`` (the helper process that starts agents off the event loop).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from ambient.runners.base import (
     render_argv,
 )
 from ambient.runners.callable import CallableRunner, ImportFromStringError, import_from_string
-from ambient.runners.command import CommandRunner, group_alive, signal_group, terminate_group
+from ambient.runners.command import CommandRunner
+from ambient.runners.process_group import group_alive, signal_group, terminate_group
 
 __all__ = [
     "AgentResult",

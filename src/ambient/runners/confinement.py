@@ -15,19 +15,27 @@ An agent is code ambient does not trust, running as ambient's own Unix user (iss
 
 Not handled: the network (agents call model APIs). Beyond files, a confined agent cannot signal, ptrace or read
 the memory of the daemon (Landlock's scoping). ``ambient.runner.confine: false`` runs an agent unconfined.
+
+:func:`jail` is what the spawner applies to one command agent: that policy, and the Unix user its config names
+(``ambient.runner.user``: ambient runs as root then); :func:`landlock_abi` says whether this kernel confines at all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
+import pwd
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ambient.runners.base import CommandRunnerConfig, RunRequest
 from ambient.storage.paths import STATE_DIRNAME
 
 #: Not /run: systemd keeps services' credentials there (/run/credentials); only its resolver's files (DNS).
@@ -142,3 +150,65 @@ def policy(brain: Path, files: Sequence[str], tmp: Path, program: str) -> Policy
         read.append(program)
     write = [*scope_write(brain, files), *(str(brain / d) for d in SHARED_WRITE), str(tmp), *DEVICES_WRITE]
     return Policy(tuple(dict.fromkeys(read)), tuple(dict.fromkeys(write)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One agent's jail
+
+
+@functools.cache
+def landlock_abi() -> int:
+    """Landlock's ABI on this kernel (0: agents cannot be confined here), asked once."""
+    # Imported when first asked: it loads ctypes and the C library, which importing the runners need not pay for.
+    from ambient.runners import landlock
+
+    return landlock.abi()
+
+
+def jail(req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """What the spawner applies to this agent's process before it execs (empty: nothing): the Unix user of
+    ``cfg.user`` (``uid``, ``gid``) and the Landlock paths of :func:`policy` (``read``, ``write``, ``abi``).
+
+    Sets ``env`` to match (HOME, USER and LOGNAME of that user; TMPDIR, the agent's private temp dir, removed at
+    the end by :func:`drop_tmp`). OSError when the user cannot be taken."""
+    found = {**_user(cfg, env), **(_landlock(req, cfg, argv, env) or {})}
+    if "uid" in found and env.get("TMPDIR"):
+        os.chown(env["TMPDIR"], found["uid"], found["gid"])  # its private temp dir is its own
+    return found
+
+
+def _user(cfg: CommandRunnerConfig, env: dict[str, str]) -> dict[str, Any]:
+    """The uid and gid of ``cfg.user`` (and its HOME and USER in ``env``); nothing when none is asked. OSError
+    when it cannot be: no such user, or ambient is not root (only root can start a process as another user)."""
+    if cfg.user is None:
+        return {}
+    try:
+        entry = pwd.getpwnam(cfg.user)
+    except KeyError:
+        raise OSError(errno.EINVAL, f"no Unix user {cfg.user!r} (ambient.runner.user)") from None
+    if entry.pw_uid != os.geteuid() and os.geteuid() != 0:
+        raise OSError(errno.EPERM, f"cannot run the agent as {cfg.user!r}: ambient is not root")
+    env["HOME"], env["USER"], env["LOGNAME"] = entry.pw_dir, entry.pw_name, entry.pw_name
+    return {"uid": entry.pw_uid, "gid": entry.pw_gid}
+
+
+def _landlock(req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: dict[str, str]) -> dict[str, Any] | None:
+    """The Landlock paths of this agent (None: it runs unconfined: ``confine: false``, or no Landlock here).
+
+    Its private temp dir is made here and named in its environment (TMPDIR); it is removed with the agent's
+    process group at the end (:func:`drop_tmp`)."""
+    version = landlock_abi()
+    if not cfg.confine or version <= 0:
+        return None
+    tmp = Path(tempfile.mkdtemp(prefix=f"ambient-{req.agent[:32]}-"))
+    env["TMPDIR"] = env["TMP"] = env["TEMP"] = str(tmp)
+    scope = req.packet.get("scope") if isinstance(req.packet, dict) else None
+    files = [str(f) for f in (scope or {}).get("files") or [] if isinstance(f, str)]
+    return policy(req.brain, files, tmp, argv[0]).as_request(version)
+
+
+def drop_tmp(env: dict[str, str]) -> None:
+    """The private temp dir a confined agent had (nothing else reads it)."""
+    tmp = env.get("TMPDIR", "")
+    if tmp and Path(tmp).name.startswith("ambient-") and Path(tmp).parent == Path(tempfile.gettempdir()):
+        shutil.rmtree(tmp, ignore_errors=True)

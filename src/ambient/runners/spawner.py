@@ -4,7 +4,7 @@
 the event loop. In a fan-out of command agents a start took ~0.5 ms of the loop's time, half of it waiting for
 the child (bench/fanout.py (b), bench/README item 36), and an ``exec`` stuck on a hung network filesystem would
 freeze the whole daemon. Starting agents in a thread is no way out: each start becomes GIL hand-offs with the busy loop
-(measured slower, see :class:`ambient.runners.command._Child`). So the daemon keeps one helper process, the
+(measured slower, see :class:`ambient.runners.child.Child`). So the daemon keeps one helper process, the
 spawner (``spawner_helper.py``, standard library only), in the spirit of Erlang's ``erl_child_setup`` and ports:
 the loop sends it a request (argv, environment, the SPAWN packet for stdin, the output caps) and goes on; the
 spawner ``posix_spawn``s the agent, reads its stdout and stderr, reaps it, and reports its pid, then its output

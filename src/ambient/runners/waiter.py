@@ -1,6 +1,6 @@
 """One waiter woken when something about a running agent changes: its output, its pipes, its exit.
 
-Shared by the runner's own pipes (:class:`ambient.runners.command._Pipes`) and the agents the spawner reads for
+Shared by the runner's own pipes (:class:`ambient.runners.pipes.Pipes`) and the agents the spawner reads for
 (:class:`ambient.runners.spawner.SpawnedAgent`): supervision waits on conditions, not on events, so a change that
 comes before anyone waits is never lost.
 """

@@ -52,7 +52,7 @@ from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
 from ambient.runners.claude import KEY_NAMES as CLAUDE_KEYS
 from ambient.runners.claude import MODEL_KEYS, ClaudeRunner
-from ambient.runners.command import landlock_abi
+from ambient.runners.confinement import landlock_abi
 from ambient.runners.keys import credential, key_name
 from ambient.runners.llm import LlmRunner
 from ambient.runners.spawner import Spawner

@@ -1,0 +1,118 @@
+"""Doctor's checks of what agents need to run: the programs of command runners, the Claude Code CLI and the
+models' keys of AI agents, and whether this kernel confines agents (Landlock)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ambient.cli._doctor.findings import Finding
+
+if TYPE_CHECKING:
+    from ambient.storage.paths import BrainPaths
+
+# Each check imports what it reads inside its function (the start-up time of the CLI): building the whole parser
+# (``ambient --help``, a mistyped command) imports every command module, and doctor's checks with it.
+
+
+def check_programs(paths: BrainPaths, brain: Any) -> list[Finding]:
+    """Command runners whose program (or ``{{python}}`` script) is not there
+    (:func:`~ambient.config.brain.program_problems`, the check ``ambient validate`` reports too), with how to fix
+    each."""
+    from ambient.config.brain import program_problems
+
+    found = []
+    for p in program_problems(paths, brain.matrix, brain.runners):
+        if p.severity == "warning":
+            hint = "install it, or give its full path (the daemon's PATH under systemd may differ)"
+        else:
+            hint = "fix ambient.runner.argv (paths are relative to the brain, or to runner cwd), or install the program"
+        found.append(Finding(p.severity, "runners", p.message, hint, p.file, p.line))
+    return found
+
+
+def check_ai_runners(
+    runners: Mapping[str, Any], environ: Mapping[str, str], *, daemon_keys: set[str] | None = None
+) -> list[Finding]:
+    """AI agents: the Claude Code CLI is there, and the model's key is present (named, never shown): in the running
+    daemon's environment when one is up (``daemon_keys``, what it recorded), else in this one or
+    ``$CREDENTIALS_DIRECTORY``, which is what ``ambient run`` from here would get. A missing SDK is said by the brain
+    check (``extra_problems``)."""
+
+    def has(name: str) -> bool:
+        return name in daemon_keys if daemon_keys is not None else credential(name, environ) is not None
+
+    where = "the running daemon's environment" if daemon_keys is not None else "this environment"
+    from ambient.runners import claude
+    from ambient.runners.extras import missing_extra
+    from ambient.runners.keys import credential, key_name
+
+    found: list[Finding] = []
+    by_kind: dict[str, list[str]] = {}
+    for name, cfg in sorted(runners.items()):
+        if getattr(cfg, "kind", None) in ("claude", "llm") and missing_extra(cfg) is None:
+            by_kind.setdefault(cfg.kind if cfg.kind == "claude" else f"llm:{cfg.provider}", []).append(name)
+    if "claude" in by_kind:
+        agents = _agents(by_kind["claude"])
+        cli = claude.bundled_cli()
+        if cli is None:
+            found.append(
+                Finding("error", "ai", f"no Claude Code CLI for {agents}", "reinstall: pip install 'ambient[claude]'")
+            )
+        else:
+            found.append(Finding("info", "ai", f"Claude Code CLI: {cli}", "", None, None))
+        keys = [n for n in claude.KEY_NAMES if has(n)]
+        if keys:
+            found.append(Finding("info", "ai", f"model key for {agents}: {keys[0]} is set in {where}", "", None, None))
+        else:
+            found.append(
+                Finding(
+                    "error",
+                    "ai",
+                    f"no model key for {agents}: none of {', '.join(claude.KEY_NAMES)} is set in {where}",
+                    "export ANTHROPIC_API_KEY in the daemon's environment, or put it in the file "
+                    "$CREDENTIALS_DIRECTORY/anthropic_api_key (systemd: LoadCredential=anthropic_api_key:/etc/...)",
+                )
+            )
+    for kind, names in sorted(by_kind.items()):
+        if not kind.startswith("llm:"):
+            continue
+        needed = sorted({v for n in names if (v := key_name(runners[n])) is not None})
+        for var in needed:
+            users = _agents([n for n in names if key_name(runners[n]) == var])
+            if has(var):
+                found.append(Finding("info", "ai", f"model key for {users}: {var} is set in {where}", "", None, None))
+            else:
+                hint = f"export {var}, or put it in $CREDENTIALS_DIRECTORY/{var.lower()}"
+                found.append(Finding("error", "ai", f"no model key for {users}: {var} is not set in {where}", hint))
+    return found
+
+
+def _agents(names: list[str]) -> str:
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return f"agent{'s' if len(names) > 1 else ''} {shown}"
+
+
+def check_confinement() -> list[Finding]:
+    """Whether agents run confined on this machine (Landlock), and what that means when they do not."""
+    from ambient.runners.confinement import landlock_abi
+
+    version = landlock_abi()
+    if version > 0:
+        return [
+            Finding(
+                "info",
+                "confinement",
+                f"command agents are confined (Landlock ABI {version}): they read the brain and write only their "
+                "scope (Claude agents are held by ambient's judgement of each tool call instead)",
+                "an agent with `ambient.runner.confine: false` runs unconfined",
+            )
+        ]
+    return [
+        Finding(
+            "warning",
+            "confinement",
+            "agents run unconfined: this kernel has no Landlock (Linux 5.13+ with landlock in its LSM list)",
+            "an agent can then do whatever your user can; run agents as another user (README, Security)",
+        )
+    ]
