@@ -144,7 +144,7 @@ def redacted_settings(settings: Settings) -> dict[str, Any]:
     return cleaned
 
 
-_SECTIONS = ("notify", "telegram", "learning", "runners")
+_SECTIONS = ("notify", "telegram", "learning", "budget", "runners")
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
