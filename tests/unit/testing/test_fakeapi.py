@@ -1,5 +1,5 @@
 """The offline fake model APIs (ambient.testing.fakeapi), driven by real clients: the official anthropic and openai
-SDKs, plain HTTP, the module's command line, and the real Claude Code CLI bundled in claude-agent-sdk."""
+SDKs, plain HTTP, the package's command line, and the real Claude Code CLI bundled in claude-agent-sdk."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from ambient.runners.prompt import CONTRACT
+from ambient.testing import fakeapi
 from ambient.testing.fakeapi import FakeAnthropic, FakeOpenAI, Playbook, Recorded
+from ambient.testing.fakeapi import __main__ as fakeapi_cli
 
 
 def agent_system(*steps: dict[str, Any], body: str = "You are a test agent.") -> str:
@@ -67,6 +69,14 @@ def test_playbook_parses_steps_and_rejects_garbage() -> None:
         Playbook.parse("```fake-model\n[1, 2]\n```")
     with pytest.raises(ValueError):
         Playbook.parse('```fake-model\n{"frobnicate": 1}\n```')
+
+
+def test_the_package_exports_its_public_seam() -> None:
+    """What tests, the bench and users import from ``ambient.testing.fakeapi`` (its modules are the package's own)."""
+    names = {"CONTRACT_MARKER", "STRUCTURED_OUTPUT_TOOLS", "FakeAnthropic", "FakeOpenAI", "Playbook", "Recorded"}
+    assert set(fakeapi.__all__) == names
+    assert all(hasattr(fakeapi, name) for name in names)
+    assert fakeapi.CONTRACT_MARKER in CONTRACT and "StructuredOutput" in fakeapi.STRUCTURED_OUTPUT_TOOLS
 
 
 # ----------------------------------------------------------------------------------------------- Anthropic SDK
@@ -425,6 +435,17 @@ def test_openai_errors_and_retries(openai_mod: Any) -> None:
 
 
 # -------------------------------------------------------------------------------------------- the command line
+
+
+def test_help_describes_the_package(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m ambient.testing.fakeapi --help`` says what the package is (its docstring's first line)."""
+    with pytest.raises(SystemExit) as info:
+        fakeapi_cli.main(["--help"])
+    assert info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "usage: python -m ambient.testing.fakeapi" in out
+    said = "Offline fake model APIs on 127.0.0.1: the Anthropic Messages API and the OpenAI Chat Completions API."
+    assert said in out
 
 
 @pytest.mark.slow
