@@ -92,6 +92,7 @@ PURE: Final = frozenset(
         "human.messages",
         "live.turn",
         "live.handoff",
+        "testing.fakeapi.playbook",
         "engine.planner",
         "engine.runstate",
         "engine.events",
@@ -684,7 +685,7 @@ class TestTheCheckerCatches:
         )
         planted, _ = _plant(planted, "engine/tick.py", "from . import planner\nfrom ambient import __version__\n")
         planted, _ = _plant(planted, "__main__.py", "from ambient.cli import main as _main\n")
-        planted, _ = _plant(planted, "testing/fakeapi.py", "from ambient.service import daemon as _d\n")
+        planted, _ = _plant(planted, "testing/fakeapi/server.py", "from ambient.service import daemon as _d\n")
         assert _new(tree, found, planted) == []
 
     def test_imports_are_resolved_to_modules(self) -> None:
