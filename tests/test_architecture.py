@@ -65,7 +65,8 @@ ENTRY: Final = frozenset({ROOT, f"{ROOT}.__main__"})
 #: renders YAML text (the files are storage/yamlfile's), core/health is the daemon's conditions as a model and
 #: functions over it, engine/slots is arithmetic, config/scaffold is the text of a new brain (cli/init writes it).
 #: Not pure, and not listed: core/clock (reads the time), kernel/agents and kernel/routing_table (load their
-#: files), runners/extras (importlib finds packages on disk), the stores, engine/runs, the service and the CLI.
+#: files), runners/extras (importlib finds packages on disk), runners/base (a request holds the brain's path), the
+#: stores, engine/runs, the service and the CLI.
 PURE: Final = frozenset(
     {
         "core.errors",
@@ -93,6 +94,11 @@ PURE: Final = frozenset(
         "live.turn",
         "live.handoff",
         "testing.fakeapi.playbook",
+        "runners.argv",
+        "runners.config",
+        "runners.result",
+        "runners.answer",
+        "runners.pricing",
         "engine.planner",
         "engine.runstate",
         "engine.events",

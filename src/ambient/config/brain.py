@@ -21,7 +21,7 @@ from ambient.core.errors import InputError
 from ambient.core.problems import Problem, Severity
 from ambient.kernel.matrix import decide
 from ambient.kernel.routing_table import BrainMatrix, build_matrix
-from ambient.runners.base import RunnerConfig, RunnerConfigError, parse_runner_config
+from ambient.runners.config import CommandRunnerConfig, RunnerConfig, RunnerConfigError, parse_runner_config
 from ambient.storage.fsutil import read_capped
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import (
@@ -216,8 +216,6 @@ def program_problems(paths: BrainPaths, matrix: BrainMatrix, runners: Mapping[st
     import os
     import shutil
     from pathlib import Path
-
-    from ambient.runners.base import CommandRunnerConfig
 
     found: list[Problem] = []
     for name, cfg in sorted(runners.items()):

@@ -1,9 +1,10 @@
 """Cost as a figure, budgets and run holds: the pure rules. No I/O, no clock: ``now`` is given.
 
-**Usage.** An AI agent's attempt reports its model, tokens, turns and ``cost_usd`` (:class:`ambient.runners.base.Usage`
-``.to_record()``); :class:`UsageTotals` adds them up per item, per run, per workflow, agent or week. An attempt whose
-``cost_usd`` is unknown (a model without a price) counts its tokens and is counted in ``unknown_cost``: a total with
-unknown steps is a lower bound, shown as such (``$1.20+?``), never as if those steps were free.
+**Usage.** An AI agent's attempt reports its model, tokens, turns and ``cost_usd``
+(:class:`ambient.runners.result.Usage` ``.to_record()``); :class:`UsageTotals` adds them up per item, per run, per
+workflow, agent or week. An attempt whose ``cost_usd`` is unknown (a model without a price) counts its tokens and is
+counted in ``unknown_cost``: a total with unknown steps is a lower bound, shown as such (``$1.20+?``), never as if
+those steps were free.
 
 **Budgets** (``budget: {per_run_usd, daily_usd}`` in ``profil/ambient.yml``). Before a run starts an agent, its spend
 is compared with ``per_run_usd`` (plus what the person allowed more) and the spend of the day across all runs with

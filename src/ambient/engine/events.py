@@ -108,7 +108,7 @@ class SpawnedFields(TypedDict):
 class UsageFields(TypedDict, total=False):
     """What a ``finished`` says of cost and permissions, when the attempt has them."""
 
-    usage: dict[str, Any]  # an AI agent's model, tokens, cost_usd, turns (runners.base.Usage.to_record)
+    usage: dict[str, Any]  # an AI agent's model, tokens, cost_usd, turns (runners.result.Usage.to_record)
     permission_signature: str  # the tool call its ESCALATE asks about
 
 

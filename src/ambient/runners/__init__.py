@@ -3,7 +3,11 @@
 ``command`` runs a program (argv, no shell), ``callable`` a Python function, ``assisted`` waits for a person or an
 external tool to close a claim, ``claude`` runs the agent's prompt on Claude Code (the ``claude`` extra), ``llm`` makes
 one model call (the ``llm`` extra). :class:`Runners` holds one runner per kind for the daemon and drains them on stop.
-The agent protocol (what an agent receives and may answer) is :func:`ambient.runners.base.interpret_output`.
+
+What every runner shares: ``base`` (the request of one SPAWN and the :class:`Runner` protocol), ``config`` (an
+agent's runner configuration, by kind), ``result`` (the :class:`AgentResult` a runner returns), ``answer`` (the agent
+protocol: what an agent may answer and the result it becomes; an AI agent's reply read into it) and ``argv`` (a
+command agent's ``{{name}}`` templates).
 
 The command runner (``command``) is made of: ``agent_env`` (the agent's environment, packet and working folder),
 ``child`` (starting it: the spawner, or ``Popen`` waited for through a pidfd), ``pipes`` (its stdio),
@@ -14,33 +18,24 @@ touch), ``spawner`` and ``spawner_helper`` (the helper process that starts agent
 from __future__ import annotations
 
 from ambient.core.errors import RunnerError
-from ambient.runners.base import (
-    AgentResult,
-    AgentStatus,
+from ambient.runners.answer import interpret_output
+from ambient.runners.argv import TemplateError, render_arg, render_argv
+from ambient.runners.base import Runner, RunRequest, idempotency_key
+from ambient.runners.callable import CallableRunner, ImportFromStringError, import_from_string
+from ambient.runners.command import CommandRunner
+from ambient.runners.config import (
     AnyRunnerConfig,
     AssistedRunnerConfig,
     CallableRunnerConfig,
     ClaudeRunnerConfig,
     CommandRunnerConfig,
     LlmRunnerConfig,
-    Reason,
-    ResultStatus,
-    Runner,
     RunnerConfig,
     RunnerConfigError,
-    RunRequest,
-    TemplateError,
-    Usage,
-    error_result,
-    idempotency_key,
-    interpret_output,
     parse_runner_config,
-    render_arg,
-    render_argv,
 )
-from ambient.runners.callable import CallableRunner, ImportFromStringError, import_from_string
-from ambient.runners.command import CommandRunner
 from ambient.runners.process_group import group_alive, signal_group, terminate_group
+from ambient.runners.result import AgentResult, AgentStatus, Reason, ResultStatus, Usage, error_result
 
 __all__ = [
     "AgentResult",

@@ -8,9 +8,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ambient.runners.base import MAX_ENV_PACKET_BYTES, MAX_PACKET_BYTES, CommandRunnerConfig, RunRequest, TemplateError
+from ambient.runners.argv import TemplateError
+from ambient.runners.base import RunRequest
+from ambient.runners.config import CommandRunnerConfig
 from ambient.storage.fsutil import resolve_in_brain
 
+#: Largest SPAWN packet (JSON bytes) handed to an agent on stdin.
+MAX_PACKET_BYTES = 1024 * 1024
+#: The packet is also put in ``AMBIENT_PACKET`` when its JSON is at most this long (else stdin only).
+MAX_ENV_PACKET_BYTES = 32 * 1024
 #: Variables taken from the daemon's own environment; nothing else of ``os.environ`` reaches an agent (S-06).
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ")
 

@@ -19,7 +19,10 @@ from ambient.claims.claim import Claim, new_claim
 from ambient.claims.store import ClaimStore
 from ambient.core.clock import Clock, SystemClock
 from ambient.core.errors import AmbientError, InputError
-from ambient.runners.base import AgentResult, AssistedRunnerConfig, RunRequest, error_result, interpret_output
+from ambient.runners.answer import interpret_output
+from ambient.runners.base import RunRequest
+from ambient.runners.config import AssistedRunnerConfig
+from ambient.runners.result import AgentResult, error_result
 
 log = structlog.get_logger(__name__)
 

@@ -16,14 +16,10 @@ from typing import Any
 import structlog
 
 from ambient.core.errors import RunnerError
-from ambient.runners.base import (
-    AgentResult,
-    AnyRunnerConfig,
-    CallableRunnerConfig,
-    RunRequest,
-    error_result,
-    interpret_output,
-)
+from ambient.runners.answer import interpret_output
+from ambient.runners.base import RunRequest
+from ambient.runners.config import AnyRunnerConfig, CallableRunnerConfig
+from ambient.runners.result import AgentResult, error_result
 
 log = structlog.get_logger(__name__)
 

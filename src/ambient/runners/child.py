@@ -21,7 +21,8 @@ from typing import Any
 
 from ambient.core.process import start_time_now
 from ambient.runners import confinement
-from ambient.runners.base import CommandRunnerConfig, RunRequest
+from ambient.runners.base import RunRequest
+from ambient.runners.config import CommandRunnerConfig
 from ambient.runners.pipes import Output, Pipes, child_stdio
 from ambient.runners.process_group import Proc, signal_group
 from ambient.runners.spawner import SpawnedAgent, Spawner, SpawnerLost

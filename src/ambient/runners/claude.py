@@ -39,17 +39,11 @@ import structlog
 from ambient.core.errors import AmbientError, InputError
 from ambient.runners import claude_launch, permissions
 from ambient.runners.answer import final_answer
-from ambient.runners.base import (
-    AgentResult,
-    ClaudeRunnerConfig,
-    Reason,
-    RunRequest,
-    Usage,
-    Watch,
-    error_result,
-)
+from ambient.runners.base import RunRequest, Watch
+from ambient.runners.config import ClaudeRunnerConfig
 from ambient.runners.keys import credential
 from ambient.runners.prompt import ANSWER_SCHEMA, AgentPrompt, read_agent_prompt, render_brief, system_prompt
+from ambient.runners.result import AgentResult, Reason, Usage, error_result
 from ambient.storage.fsutil import atomic_write, read_capped
 from ambient.storage.paths import BrainPaths
 

@@ -27,21 +27,15 @@ import structlog
 from ambient.core.errors import InputError
 from ambient.core.health import describe, resource_of
 from ambient.runners.agent_env import agent_cwd, build_env, encode_packet
-from ambient.runners.base import (
-    AgentResult,
-    AnyRunnerConfig,
-    CommandRunnerConfig,
-    Reason,
-    RunRequest,
-    TemplateError,
-    error_result,
-    interpret_output,
-    render_argv,
-)
+from ambient.runners.answer import interpret_output
+from ambient.runners.argv import TemplateError, render_argv
+from ambient.runners.base import RunRequest
 from ambient.runners.child import SetupError, close_transport, on_exit, start_agent
+from ambient.runners.config import AnyRunnerConfig, CommandRunnerConfig
 from ambient.runners.confinement import drop_tmp
 from ambient.runners.pipes import Output, StdinError
 from ambient.runners.process_group import Proc, group_alive, signal_group, terminate_group
+from ambient.runners.result import AgentResult, Reason, error_result
 from ambient.runners.spawner import Spawner
 
 log = structlog.get_logger(__name__)

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ambient.runners.base import CommandRunnerConfig, RunRequest
+from ambient.runners.base import RunRequest
+from ambient.runners.config import CommandRunnerConfig
 from ambient.storage.paths import STATE_DIRNAME
 
 #: Not /run: systemd keeps services' credentials there (/run/credentials); only its resolver's files (DNS).

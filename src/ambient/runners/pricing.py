@@ -1,7 +1,7 @@
 """What a model call cost: a built-in price table of Anthropic and OpenAI models, and the cost of a usage. Pure.
 
 Figures are US dollars per million tokens. Token counts follow Anthropic's convention, which :class:`ambient.runners.
-base.Usage` carries for every provider: ``input_tokens`` are the prompt tokens read neither from nor into the cache,
+result.Usage` carries for every provider: ``input_tokens`` are the prompt tokens read neither from nor into the cache,
 ``cache_read_tokens`` and ``cache_write_tokens`` the others (an OpenAI usage, whose ``prompt_tokens`` include its
 cached ones, is split that way by the runner).
 
@@ -26,7 +26,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from ambient.runners.base import Price, Usage
+from ambient.runners.config import Price
+from ambient.runners.result import Usage
 
 MTOK = 1_000_000
 #: Cache multipliers of the input price for a ``price:`` that gives no cache figures.

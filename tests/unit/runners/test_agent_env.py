@@ -8,16 +8,17 @@ from typing import Any
 
 import pytest
 
-from ambient.runners.agent_env import INHERITED_ENV, agent_cwd, build_env, encode_packet
-from ambient.runners.base import (
+from ambient.runners.agent_env import (
+    INHERITED_ENV,
     MAX_ENV_PACKET_BYTES,
     MAX_PACKET_BYTES,
-    CommandRunnerConfig,
-    RunRequest,
-    TemplateError,
-    idempotency_key,
-    parse_runner_config,
+    agent_cwd,
+    build_env,
+    encode_packet,
 )
+from ambient.runners.argv import TemplateError
+from ambient.runners.base import RunRequest, idempotency_key
+from ambient.runners.config import CommandRunnerConfig, parse_runner_config
 
 TOKEN = "chan-tok-7f3e9a1c55"
 

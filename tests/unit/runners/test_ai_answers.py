@@ -10,7 +10,8 @@ import pytest
 from ambient.config.brain import extra_problems
 from ambient.runners import extras
 from ambient.runners.answer import final_answer, last_json_object
-from ambient.runners.base import ClaudeRunnerConfig, LlmRunnerConfig, RunRequest, parse_runner_config
+from ambient.runners.base import RunRequest
+from ambient.runners.config import ClaudeRunnerConfig, LlmRunnerConfig, parse_runner_config
 from ambient.runners.prompt import CONTRACT, AgentPrompt, agent_prompt, render_brief, system_prompt
 
 

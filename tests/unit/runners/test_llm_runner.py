@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from ambient.runners.base import AgentResult, LlmRunnerConfig, Price, RunRequest, Usage, parse_runner_config
+from ambient.runners.base import RunRequest
+from ambient.runners.config import LlmRunnerConfig, Price, parse_runner_config
 from ambient.runners.keys import credential
 from ambient.runners.llm import (
     ANTHROPIC_ALIASES,
@@ -24,6 +25,7 @@ from ambient.runners.llm import (
     resolve_model,
 )
 from ambient.runners.pricing import PRICES, ModelPrice, cost_usd, model_price
+from ambient.runners.result import AgentResult, Usage
 from ambient.testing.fakeapi import FakeAnthropic, FakeOpenAI
 
 KEY = "sk-ant-test-0123456789abcdef"

@@ -1,7 +1,8 @@
 """The command runner end to end: agents started, fed, read, killed and reaped; their environment; process groups.
 
-The runner basics it stands on (config, argv templating, the agent protocol) are in test_runner_base.py. Real
-subprocesses (the stub agent, ``sys.executable -c``) in tmp dirs; scenarios S-05..S-08 of RELIABILITY.md.
+The runner basics it stands on are tested on their own: config in test_runner_config.py, argv templating in
+test_argv.py, the agent protocol in test_answer.py, request and result in test_runner_base.py. Real subprocesses (the
+stub agent, ``sys.executable -c``) in tmp dirs; scenarios S-05..S-08 of RELIABILITY.md.
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ from ambient.runners import (
     parse_runner_config,
 )
 from ambient.runners import command as command_module
-from ambient.runners.agent_env import INHERITED_ENV
-from ambient.runners.base import MAX_ENV_PACKET_BYTES
+from ambient.runners.agent_env import INHERITED_ENV, MAX_ENV_PACKET_BYTES
 from ambient.runners.spawner import Spawner
 from ambient.runners.spawner import available as spawner_available
 from tests.conftest import async_wait_until

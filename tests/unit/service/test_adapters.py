@@ -66,7 +66,7 @@ class _Runners:
 
     async def run(self, req: Any, cfg: Any) -> Any:
         from ambient.kernel.channels import ChannelRegistry
-        from ambient.runners.base import AgentResult
+        from ambient.runners.result import AgentResult
 
         req.before_start()
         self.tokens.append(req.channel_token)
