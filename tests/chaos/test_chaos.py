@@ -496,8 +496,10 @@ def test_kill9_mid_fanout_long_profile(tmp_path: Path, request: pytest.FixtureRe
     _, violations, figs = _profile(tmp_path, seed, ["K1", "K2"] * 25, n_items=100, max_kills=3, window=(0.3, 5.0))
     assert violations == [], "\n".join(violations)
     assert figs["duplicate_completions"] == 0
+    outliving = tmp_path / "outliving"  # the second profile's own folder (it lays out brains by seed, as the first)
+    outliving.mkdir()
     _, violations, figs = _profile(
-        tmp_path / "outliving",
+        outliving,
         seed + 1000,
         ["K1"] * 20,
         n_items=60,
