@@ -35,6 +35,7 @@ from ambient.engine.spend import SpendMeter
 from ambient.storage.journal import Journal, read_jsonl
 from ambient.storage.paths import BrainPaths
 from tests.conftest import async_wait_until
+from tests.unit.engine.test_chain import Breaker
 from tests.unit.engine.test_runs import FakeClaims, FakeEmitter, FakeEscalator, _render
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "run-journals"
@@ -274,28 +275,13 @@ async def test_a_stop_and_a_restart_write_their_interruptions_as_before(tmp_path
     _golden(tmp_path / "two", run_id, "golden-restart")
 
 
-class _Breaker:
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-
-    def fail(self, scope: str) -> int:
-        self.counts[scope] = self.counts.get(scope, 0) + 1
-        return self.counts[scope]
-
-    def success(self, scope: str) -> None:
-        self.counts[scope] = 0
-
-    def reset(self, scope: str) -> None:
-        self.counts[scope] = 0
-
-
 def _chain(root: Path, ports: Ports, clock: FixedClock, steps: list[ChainStep], mode: str | None) -> RunManager:
     paths = BrainPaths(root)
     settings = ChainSettings(
         steps=steps,
         mode=mode,
         threshold=2,
-        breaker=_Breaker(),
+        breaker=Breaker(),
         default_agents={"search": "finder"},
         start_workflow=lambda wf, step, ctx, trigger: f"sess-{wf}-{step}",
     )
