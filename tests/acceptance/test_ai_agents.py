@@ -279,9 +279,16 @@ def _ambient_processes(brain: Path) -> list[int]:
 @pytest.mark.slow
 def test_a_kill_9_mid_session_leaves_no_claude_behind_and_the_item_resumes(ai_brain: Brain) -> None:
     """kill -9 of the daemon while a Claude agent runs a command: Claude Code dies with the daemon, what it had
-    started is swept at the next start, and the item resumes and completes once. `status` showed the command."""
+    started is swept at the next start, and the item resumes and completes once. `status` showed the command.
+
+    The command waits for `work/go`, made only once the resumed session has started it again: the kill always lands
+    mid-command (a `sleep 2` once let a slow `status` under load see the command finish first), and the first
+    command, had it outlived the sweep, would write its line too."""
     brain = ai_brain
-    _bash_agent(brain, "sleep 2; echo once >> work/out/$ITEM.log", allowed_tools=["Bash"])
+    command = (
+        "echo start >> work/out/$ITEM.starts; until [ -e work/go ]; do sleep 0.1; done; echo once >> work/out/$ITEM.log"
+    )
+    _bash_agent(brain, command, allowed_tools=["Bash"])
     brain.workflow("slowbuild", for_each("slowbuild", "coder", ["a"]))
     daemon = brain.daemon().start()
     try:
@@ -293,14 +300,17 @@ def test_a_kill_9_mid_session_leaves_no_claude_behind_and_the_item_resumes(ai_br
                         return str(item["now"]["tool"])
             return None
 
-        assert wait(doing, "status to show the agent's command", timeout=AI_WAIT) == (
-            "Bash: sleep 2; echo once >> work/out/a.log"
+        assert wait(doing, "status to show the agent's command", timeout=AI_WAIT) == "Bash: " + command.replace(
+            "$ITEM", "a"
         )
         os.kill(daemon.pid, signal.SIGKILL)
         daemon.proc.wait(timeout=30)  # type: ignore[union-attr]
     finally:
         daemon.kill()
     with brain.daemon():
+        starts = brain.path("work/out/a.starts")
+        wait(lambda: starts.exists() and starts.read_text() == "start\nstart\n", "the resumed command", timeout=AI_WAIT)
+        brain.write("work/go", "")
         [record] = brain.wait_finished("slowbuild", timeout=AI_WAIT)
         assert record["outcome"] == "success", record
     wait(lambda: not _ambient_processes(brain.root), "no process of this brain left", timeout=30)
