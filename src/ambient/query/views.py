@@ -12,10 +12,12 @@ import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, tzinfo
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ambient.claims.claim import ClaimFacts
 from ambient.core.problems import Problem
+
+if TYPE_CHECKING:
+    from ambient.claims.claim import ClaimFacts
 
 # ------------------------------------------------------------------------------------------------ runs and items
 
@@ -306,6 +308,8 @@ class ClaimRow:
 
     def facts(self) -> ClaimFacts:
         """What the stale rule reads (:meth:`ambient.claims.claim.ClaimFacts.stale_at`)."""
+        from ambient.claims.claim import ClaimFacts  # the start-up time of `ambient status`: claims' models
+
         return ClaimFacts(self.sess_id, None, self.status, self.ttl, tuple(self.times))
 
 
