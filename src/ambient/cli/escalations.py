@@ -49,7 +49,6 @@ def _store(args: argparse.Namespace) -> EscalationStore:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from ambient.human.escalations import Escalation
     from ambient.query import views
     from ambient.query.store import QueryStore
 
@@ -66,6 +65,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         out_json([e.data for e in rows])
         return EXIT_OK
+    from ambient.human.escalations import Escalation  # pydantic models: only to print them
+
     escs = [Escalation.model_validate(e.data) for e in rows]
     if not escs:
         out("No pending escalations." if not args.all else "No escalations.")

@@ -21,52 +21,41 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
 from ambient import __version__
-from ambient.claims import claim as _claim
-from ambient.claims import claimfile as _claimfile
-from ambient.claims.claim import ClaimFacts
-from ambient.claims.claimfile import ClaimFileError, is_claim_name, read_claim_file
-from ambient.core import problems as _problems
-from ambient.core.errors import InputError
-from ambient.core.problems import Problem
-from ambient.engine import events as _events
-from ambient.engine import runstate as _runstate
-from ambient.engine.journals import finished_glance, journal_problem
-from ambient.engine.runstate import TERMINAL_ITEM, RunState, fold
-from ambient.human import escalation_store as _escalation_store
-from ambient.human import escalations as _escalations
-from ambient.human.escalation_store import EscalationStore
-from ambient.query import schema as _schema
 from ambient.query.schema import FORMAT, INDEXES, TABLES
 from ambient.storage.fsutil import private_dir
-from ambient.storage.journal import iter_jsonl
 from ambient.storage.paths import BrainPaths
+
+if TYPE_CHECKING:
+    pass
 
 log = structlog.get_logger(__name__)
 
 DB_NAME: Final = "query.sqlite3"
-#: The modules whose code decides what a row holds: other code, other rows, so the store is rebuilt.
-_RULES: Final[tuple[ModuleType, ...]] = (
-    _schema,
-    _claim,
-    _claimfile,
-    _problems,
-    _events,
-    _runstate,
-    _escalations,
-    _escalation_store,
+#: The modules whose code decides what a row holds: other code, other rows, so the store is rebuilt. By name: a
+#: refresh that finds nothing changed imports none of them (the start-up time of `ambient status`).
+_RULES: Final = (
+    "ambient.query.schema",
+    "ambient.query.rows",
+    "ambient.claims.claim",
+    "ambient.claims.claimfile",
+    "ambient.core.problems",
+    "ambient.engine.events",
+    "ambient.engine.runstate",
+    "ambient.human.escalations",
+    "ambient.human.escalation_store",
 )
 #: A folder changed this recently may change again within its mtime's granularity (the kernel's coarse clock,
 #: a few ms): its mtime is not trusted, it is listed again at the next refresh (git's "racy" rule).
@@ -82,16 +71,24 @@ _Sig = tuple[int, int, int]
 def _code() -> str:
     """Which code fills the store: ambient's version and the modules that read the files, by size and mtime."""
     h = hashlib.sha256(f"{__version__}:{FORMAT}:{Path(__file__).stat().st_size}".encode())
-    for module in _RULES:
-        where = module.__file__
+    for name in _RULES:
+        spec = importlib.util.find_spec(name)
+        where = spec.origin if spec is not None else None
         if where is None:
             continue
         try:
             st = Path(where).stat()
         except OSError:
             continue
-        h.update(f"{module.__name__}:{st.st_size}:{st.st_mtime_ns};".encode())
+        h.update(f"{name}:{st.st_size}:{st.st_mtime_ns};".encode())
     return h.hexdigest()[:16]
+
+
+def _parsers() -> Any:
+    """:mod:`ambient.query.rows`, imported when a file is to be read (the start-up time of short commands)."""
+    from ambient.query import rows
+
+    return rows
 
 
 class QueryStore:
@@ -321,13 +318,15 @@ class QueryStore:
         fresh: list[str] = []
         gone: list[str] = []
         if listing is not None:
-            gone, fresh = self._changes(conn, "claim", self.paths.claims, listing, is_claim_name)
+            gone, fresh = self._changes(conn, "claim", self.paths.claims, listing, _parsers().is_claim_name)
         fresh += [n for n in self._edited_in_place(conn) if n not in fresh]
         folder = self.paths.rel(self.paths.claims)
         for name in gone:
             conn.execute("DELETE FROM claims WHERE file=?", (f"{folder}/{name}",))
         seeded = self._seed_claims(fresh) if len(fresh) > _SEED_MIN else {}
-        rows = [seeded.get(name) or claim_row(self.paths.claims / name, f"{folder}/{name}") for name in fresh]
+        rows = [
+            seeded.get(name) or _parsers().claim_row(self.paths.claims / name, f"{folder}/{name}") for name in fresh
+        ]
         conn.executemany(f"INSERT OR REPLACE INTO claims VALUES ({', '.join('?' * 14)})", rows)  # noqa: S608
         for name in fresh:  # never kept by signature: read (and refused) each time, as the claims census does
             if listing is not None and name in listing and not listing[name][1]:
@@ -371,12 +370,12 @@ class QueryStore:
             if v.name not in wanted:
                 continue
             if v.facts is None:
-                out[v.name] = (v.rel, *([None] * 11), "[]", _problems_json(v.problems))
+                out[v.name] = (v.rel, *([None] * 11), "[]", _parsers().problems_json(v.problems))
             elif v.facts.status == "closed":
                 f = v.facts
                 ttl = None if f.ttl is None else str(f.ttl)
                 row = (v.rel, f.sess_id, f.status, *([None] * 7), max(f.times) if f.times else None, ttl)
-                out[v.name] = (*row, json.dumps(list(f.times)), _problems_json(v.problems))
+                out[v.name] = (*row, json.dumps(list(f.times)), _parsers().problems_json(v.problems))
         return out
 
     # -- escalations
@@ -390,7 +389,8 @@ class QueryStore:
             return not name.startswith(".") and name.endswith(".yml") and listing[name][1]
 
         gone, fresh = self._changes(conn, "escalation", self.paths.escalations, listing, wanted)
-        store = EscalationStore(self.paths)
+        r = _parsers()
+        store = r.EscalationStore(self.paths)
         folder = self.paths.rel(self.paths.escalations)
         for name in [*gone, *fresh]:
             file = f"{folder}/{name}"
@@ -398,13 +398,13 @@ class QueryStore:
             conn.execute("DELETE FROM escalations WHERE id=?", (name.removesuffix(".yml"),))
         for name in fresh:
             found = store.read_file(self.paths.escalations / name)
-            if isinstance(found, Problem):
+            if isinstance(found, r.Problem):
                 conn.execute(
                     "INSERT INTO problems (kind, file, line, message, severity) VALUES ('escalation', ?, ?, ?, ?)",
                     (f"{folder}/{name}", found.line, found.message, found.severity),
                 )
                 continue
-            conn.execute(f"INSERT OR REPLACE INTO escalations VALUES ({', '.join('?' * 21)})", escalation_row(found))  # noqa: S608
+            conn.execute(f"INSERT OR REPLACE INTO escalations VALUES ({', '.join('?' * 21)})", r.escalation_row(found))  # noqa: S608
         if gone or fresh:
             changed.add("escalations")
 
@@ -448,10 +448,11 @@ class QueryStore:
             self._fold_journal(conn, name, changed)
 
     def _fold_journal(self, conn: sqlite3.Connection, name: str, changed: set[str]) -> None:
+        r = _parsers()
         path = self.paths.run_journals / name
         rel = self.paths.rel(path)
         try:
-            records = list(iter_jsonl(path))
+            records = list(r.iter_jsonl(path))
         except OSError:
             conn.execute("DELETE FROM files WHERE kind='journal' AND name=?", (name,))  # read again next time
             return
@@ -460,12 +461,12 @@ class QueryStore:
             conn.execute("DELETE FROM items WHERE run_id=?", (run_id,))
         conn.execute("DELETE FROM runs WHERE journal=?", (name,))
         try:
-            state = fold(records)
+            state = r.fold(records)
         except (ValueError, KeyError, TypeError) as exc:
-            problem = str(journal_problem(path, rel, exc))
-            glance = finished_glance(path)
+            problem = str(r.journal_problem(path, rel, exc))
+            glance = r.finished_glance(path)
             run_id = name.removesuffix(".jsonl")
-            workflow, finished_at = glance if glance is not None else (_started_workflow(records), None)
+            workflow, finished_at = glance if glance is not None else (r.started_workflow(records), None)
             conn.execute(
                 "INSERT OR REPLACE INTO runs (run_id, journal, state, workflow, finished_at, problem) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
@@ -475,7 +476,7 @@ class QueryStore:
             run_id = state.run_id
             if conn.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone() is not None:
                 run_id = name.removesuffix(".jsonl")  # two journals claim one run id: the file names them apart
-            row, items = run_rows(state, records, name, run_id)
+            row, items = r.run_rows(state, records, name, run_id)
             conn.execute(f"INSERT OR REPLACE INTO runs VALUES ({', '.join('?' * 21)})", row)  # noqa: S608
             conn.executemany(f"INSERT OR REPLACE INTO items VALUES ({', '.join('?' * 11)})", items)  # noqa: S608
         changed.update({"runs", f"run:{run_id}", *(f"run:{r}" for r in old)})
@@ -510,7 +511,7 @@ class QueryStore:
         for raw in data[:cut].split(b"\n")[:-1]:
             lines += 1
             if raw.strip():
-                rows.append(record_row(lines, raw))
+                rows.append(_parsers().record_row(lines, raw))
         conn.executemany(f"INSERT OR REPLACE INTO records VALUES ({', '.join('?' * 11)})", rows)  # noqa: S608
         new_torn = "1" if cut < len(data) else "0"
         if rows or new_torn != torn:
@@ -523,183 +524,3 @@ class QueryStore:
         conn.executemany(
             "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [(k, str(v)) for k, v in values.items()]
         )
-
-
-# -------------------------------------------------------------------- rows from files (each from its owner's reader)
-
-
-def claim_row(path: Path, rel: str) -> tuple[Any, ...]:
-    """The ``claims`` row of one claim file: its facts and warnings, or only the problems that make it unusable
-    (the claims census's verdicts: :func:`ambient.claims.claimfile.read_claim_file`)."""
-    try:
-        claim, warnings, _ = read_claim_file(path, rel)
-    except ClaimFileError as exc:
-        return (rel, *([None] * 11), "[]", _problems_json(exc.problems))
-    except InputError as exc:
-        return (rel, *([None] * 11), "[]", json.dumps([[exc.line, exc.message, "error"]]))
-    except OSError as exc:
-        return (rel, *([None] * 11), "[]", json.dumps([[None, f"cannot be read: {exc.strerror}", "error"]]))
-    facts = ClaimFacts.of(claim)
-    ttl = None if claim.ttl is None else str(claim.ttl)
-    return (
-        rel,
-        claim.sess_id,
-        claim.status,
-        claim.agent,
-        claim.parent_satellite,
-        claim.type,
-        claim.scope,
-        claim.workflow,
-        claim.opened_at,
-        claim.closed_at,
-        max(facts.times) if facts.times else None,
-        ttl,
-        json.dumps(list(facts.times)),
-        _problems_json(warnings),
-    )
-
-
-def _problems_json(problems: Iterable[Problem]) -> str:
-    return json.dumps([[p.line, p.message, p.severity] for p in problems])
-
-
-def escalation_row(esc: Any) -> tuple[Any, ...]:
-    """The ``escalations`` row of one escalation (an :class:`ambient.human.escalations.Escalation`)."""
-    data = esc.model_dump(mode="json")
-    return (
-        esc.id,
-        esc.status,
-        esc.kind,
-        esc.workflow,
-        esc.agent,
-        esc.run_id,
-        esc.item,
-        esc.step,
-        esc.where,
-        esc.question,
-        json.dumps([[o.key, o.label, o.action] for o in esc.options]),
-        esc.created_at.isoformat(),
-        None if esc.deadline is None else esc.deadline.isoformat(),
-        esc.decision,
-        esc.by,
-        esc.channel,
-        esc.note,
-        None if esc.answered_at is None else esc.answered_at.isoformat(),
-        int(esc.notify.delivered_at is not None),
-        esc.notify.count,
-        json.dumps(data, separators=(",", ":")),
-    )
-
-
-def _started_workflow(records: list[dict[str, Any]]) -> str | None:
-    first = records[0] if records else None
-    workflow = first.get("workflow") if first is not None else None
-    return workflow if isinstance(workflow, str) else None
-
-
-def item_times(records: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str | None, str | None]]:
-    """Item name → (the ``at`` of its first ``accepted``, the ``at`` of its last ``finished`` or ``skipped``),
-    from a run's journal records (:mod:`ambient.engine.events`: every event carries ``at``)."""
-    times: dict[str, tuple[str | None, str | None]] = {}
-    for ev in records:
-        kind, item, at = ev.get("ev"), ev.get("item"), ev.get("at")
-        if item is None or not isinstance(at, str):
-            continue
-        name = str(item)
-        first, last = times.get(name, (None, None))
-        if kind == "accepted" and first is None:
-            times[name] = (at, last)
-        elif kind in ("finished", "skipped"):
-            times[name] = (first, at)
-    return times
-
-
-def run_rows(
-    state: RunState, records: list[dict[str, Any]], journal: str, run_id: str
-) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
-    """The ``runs`` row and the ``items`` rows of a folded run."""
-    counts = state.counts()
-    usage = state.usage.to_record()
-    tokens = (usage.get("input_tokens") or 0) + (usage.get("output_tokens") or 0) if "cost_usd" in usage else None
-    row = (
-        run_id,
-        journal,
-        "finished" if state.finished else "running",
-        state.workflow,
-        state.form,
-        state.outcome,
-        state.started_at,
-        state.finished_at,
-        counts.get("done", 0),
-        counts["total"],
-        counts.get("running", 0),
-        counts.get("failed", 0),
-        len(state.escalations),
-        usage.get("cost_usd"),
-        tokens,
-        json.dumps(usage),
-        json.dumps(sorted(state.tripped)),
-        json.dumps(sorted(state.holds)),
-        json.dumps(state.breaker),
-        state.cursor if state.form == "chain" else None,
-        None,
-    )
-    times = item_times(records)
-    items = []
-    for it in state.items:
-        first, last = times.get(it.name, (None, None))
-        last = (last or state.finished_at) if it.status in TERMINAL_ITEM else None
-        items.append(
-            (run_id, it.index, it.name, it.status, it.attempt, it.error, it.escalation, it.gate, first, last,
-             it.duration_ms)
-        )  # fmt: skip
-    return row, items
-
-
-def record_row(line: int, raw: bytes) -> tuple[Any, ...]:
-    """The ``records`` row of one line of ``runs.jsonl`` (``json`` NULL for a line that is not a JSON object)."""
-    try:
-        rec = json.loads(raw)
-    except ValueError:
-        rec = None
-    if not isinstance(rec, dict):
-        return (line, None, *([None] * 9))
-    started = rec.get("started_at")
-    cost = rec.get("cost_usd")
-    return (
-        line,
-        raw.decode("utf-8", "replace").strip(),
-        _text(rec.get("run_id")),
-        _text(rec.get("workflow")),
-        _text(rec.get("outcome")),
-        _text(started),
-        _text(rec.get("completed_at")),
-        _week(started),
-        _int(rec.get("escalations")),
-        _int(rec.get("errors")),
-        float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None,
-    )
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _week(started: Any) -> str | None:
-    """``2026-W12``: the ISO week of the UTC start (as ``ambient stats`` groups runs)."""
-    from datetime import UTC, datetime
-
-    if not isinstance(started, str):
-        return None
-    try:
-        when = datetime.fromisoformat(started)
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    year, week, _ = when.astimezone(UTC).isocalendar()
-    return f"{year}-W{week:02d}"
