@@ -14,10 +14,9 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any
 
-from ambient.core.problems import Problem
-
 if TYPE_CHECKING:
     from ambient.claims.claim import ClaimFacts
+    from ambient.core.problems import Problem
 
 # ------------------------------------------------------------------------------------------------ runs and items
 
@@ -281,7 +280,13 @@ def escalation(conn: sqlite3.Connection, esc_id: str) -> EscalationRow | None:
 
 def escalation_problems(conn: sqlite3.Connection) -> list[Problem]:
     """The files of ``.ambient/escalations/`` that are not escalations, by file name."""
-    rows = conn.execute("SELECT file, line, message, severity FROM problems WHERE kind='escalation' ORDER BY file")
+    rows = conn.execute(
+        "SELECT file, line, message, severity FROM problems WHERE kind='escalation' ORDER BY file"
+    ).fetchall()
+    if not rows:
+        return []
+    from ambient.core.problems import Problem  # a pydantic model: imported only when there is one to show
+
     return [Problem(file=f, line=line, message=m, severity=s) for f, line, m, s in rows]
 
 
@@ -351,6 +356,8 @@ def claim_counts(conn: sqlite3.Connection) -> ClaimCounts:
             first[sess_id] = file
     warned = dict(conn.execute("SELECT file, problems FROM claims WHERE problems != '[]'").fetchall())
     problems: list[Problem] = []
+    if warned or seconds:
+        from ambient.core.problems import Problem  # a pydantic model: imported only when there is one to show
     for file in sorted(set(warned) | set(seconds)):
         if file in seconds:  # only this problem: the file is ignored, its warnings with it
             sess_id, used_by = seconds[file]
