@@ -8,6 +8,10 @@ a brain keeps every claim it ever had: one fan-out of 1,000 items made status ta
 also names the code that judged them (ambient's version, and the size and mtime of the modules that read and
 validate claims): other code, other rules, so the index is discarded.
 
+Who reads it: the claim store (the daemon's stale-claims scan, ``ambient claim list``, ``doctor``, ``validate``), and
+the query store (:mod:`ambient.query`) only when it rebuilds (:func:`verdicts`: the facts of files judged before).
+``ambient status`` and the console read the query store, which keeps its own rows per file: one index per reader.
+
 The census reads files through the store (:class:`ClaimReader`, which :class:`ambient.claims.store.ClaimStore`
 is): the store remembers what it read, and the store's own stale-claims scan takes its candidates from here, so
 this module sits below the store and never imports it.
