@@ -458,9 +458,9 @@ async def test_start_up_glances_at_finished_runs_instead_of_folding_them(
 
 
 async def test_status_folds_only_the_runs_in_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``ambient status`` folded every run journal ever written to find the runs in progress: a finished one is now
-    known from its first and last lines; one whose last line is torn is still read (and left out if finished)."""
-    import ambient.storage.journal as journal_mod
+    """``ambient status`` folded every run journal ever written to find the runs in progress: the query store folds
+    each journal once, then a finished run's never again (a torn last line does not change that)."""
+    import ambient.query.rows as rows_mod
     from ambient.cli.status import collect
 
     mgr, *_ = _manager(tmp_path, FakeDelegate())
@@ -470,11 +470,14 @@ async def test_status_folds_only_the_runs_in_progress(tmp_path: Path, monkeypatc
         await asyncio.wait_for(mgr.tasks[ids[-1]], 5)
     paths = BrainPaths(tmp_path)
     with paths.run_journal(ids[1]).open("a") as fh:
-        fh.write('{"ev": "note", "te')  # torn: the glance cannot tell
+        fh.write('{"ev": "note", "te')  # torn: the run is still finished
     read: list[str] = []
-    real = journal_mod.read_jsonl
-    monkeypatch.setattr(journal_mod, "read_jsonl", lambda p: (read.append(p.name), real(p))[1])
+    real = rows_mod.iter_jsonl
+    monkeypatch.setattr(rows_mod, "iter_jsonl", lambda p: (read.append(p.name), real(p))[1])
     data = collect(tmp_path)
     assert data["runs"] == []  # nothing in progress
-    assert read == [f"{ids[1]}.jsonl"]  # only the journal the glance could not judge
+    assert sorted(read) == sorted(f"{i}.jsonl" for i in ids)  # each folded once, into the store
+    read.clear()
+    assert collect(tmp_path)["runs"] == []
+    assert read == []  # finished runs are never folded again
     assert {r["run_id"] for r in data["recent"]} == set(ids)  # from runs.jsonl's end
