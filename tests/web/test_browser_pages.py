@@ -103,8 +103,14 @@ def test_every_page_reads_well_on_a_desktop_and_a_phone(brain: Brain, console: C
     brain.python_agent("slow", SLOW_AGENT)
     brain.workflow("fleet", "status: draft\n" + for_each("fleet", "slow", ["a", "b"]))
     brain.workflow("broken", "workflow: broken\nfor_each: {items: [a], spawn: nobody}\n")
-    for path, name in (("/workflows", "workflows"), ("/learning", "learning"), ("/matrix", "matrix"),
-                       ("/matrix?from=slow&to=human&signal=ESCALATE", "matrix-explain"), ("/claims", "claims-empty")):  # fmt: skip
+    pages = (
+        ("/workflows", "workflows"),
+        ("/learning", "learning"),
+        ("/matrix", "matrix"),
+        ("/matrix?from=slow&to=human&signal=ESCALATE", "matrix-explain"),
+        ("/claims", "claims-empty"),
+    )
+    for path, name in pages:
         page = open_console(path)
         page.locator("h1").wait_for()
         screenshot(page, name)
