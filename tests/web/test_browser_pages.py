@@ -100,6 +100,7 @@ def test_a_chain_gate_approved_by_a_click_moves_the_run_on(brain: Brain, console
 
 def test_every_page_reads_well_on_a_desktop_and_a_phone(brain: Brain, console: Console, open_console: Any) -> None:
     """Screenshots of each page (artifacts to look at); on a 390 px phone nothing scrolls sideways."""
+    _history(brain)
     brain.python_agent("slow", SLOW_AGENT)
     brain.workflow("fleet", "status: draft\n" + for_each("fleet", "slow", ["a", "b"]))
     brain.workflow("broken", "workflow: broken\nfor_each: {items: [a], spawn: nobody}\n")
@@ -119,3 +120,35 @@ def test_every_page_reads_well_on_a_desktop_and_a_phone(brain: Brain, console: C
         assert phone.evaluate("document.documentElement.scrollWidth <= 390"), path
         screenshot(phone, f"{name}-phone")
         assert not page.errors and not phone.errors
+
+
+def _history(brain: Brain) -> None:
+    """Eight weeks of run records (escalations falling as rules learn) and two learned rules."""
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    from ambient.learning.rules import RuleBook, observe, situation_from_step
+    from ambient.learning.rulestore import rules_path, save_rules
+    from ambient.storage.paths import BrainPaths
+
+    start = datetime(2026, 1, 5, 9, tzinfo=UTC)
+    lines = []
+    for week in range(8):
+        for n, workflow in enumerate(("fleet", "ship", "fleet")):
+            at = start + timedelta(weeks=week, hours=n)
+            escalations = max(0, 3 - week // 2 - n % 2)
+            error = "timeout after 30s on 'eu-3'" if (week + n) % 3 == 0 else None
+            step = {"item": "a", "agent": "slow", "signal_out": "SPAWN", "result": "error" if error else "success",
+                    "duration_ms": 900 + 100 * n, "attempt": 1, "error": error, "at": at.isoformat()}  # fmt: skip
+            record = {"run_id": f"sess-{week}-{n}", "workflow": workflow, "outcome": "failed" if error else "success",
+                      "started_at": at.isoformat(), "completed_at": (at + timedelta(minutes=3)).isoformat(),
+                      "duration_ms": 180000, "steps": [step], "escalations": escalations,
+                      "errors": 1 if error else 0, "decisions": []}  # fmt: skip
+            lines.append(record)
+    brain.write(".ambient/runs.jsonl", "".join(json.dumps(r) + "\n" for r in lines))
+    fail = {"item": "a", "agent": "slow", "result": "fail", "error": "exit code 1", "signal_in": "RETURN"}
+    rules: list[Any] = []
+    for i in range(4):
+        rules = observe(rules, situation_from_step("fleet", fail), "retry", f"run-{i}", start)
+    rules = observe(rules, situation_from_step("ship", {**fail, "error": "disk full"}), "abort", "run-9", start)
+    save_rules(rules_path(BrainPaths(brain.root)), RuleBook().with_rules(rules))

@@ -14,10 +14,10 @@ from ambient.learning.stats import Trend, WeekStats
 
 WIDTH = 600
 HEIGHT = 220
-PAD_L = 44
+PAD_L = 48
 PAD_R = 12
 PAD_T = 14
-PAD_B = 34
+PAD_B = 36
 MAX_WEEKS = 26  # half a year: older weeks are in `ambient stats --json`
 
 
