@@ -66,11 +66,11 @@
     }
     if (status) status.hidden = false;
     var source = new EventSource("/events");
-    var opened = false;
     source.addEventListener("open", function () {
       if (status) { status.className = "live-status on"; status.textContent = "live"; }
-      if (opened) resync(); // reconnected: what changed meanwhile was missed
-      opened = true;
+      // What changed between the page's rendering and this connection (or while reconnecting) was not sent to
+      // us: fetch every live part once now.
+      resync();
     });
     source.addEventListener("error", function () {
       if (status) { status.className = "live-status off"; status.textContent = "reconnecting"; }
