@@ -299,6 +299,19 @@ class EscalationStore:
             raise InputError(f"holds id {esc.id!r}; the file must be named {esc.id}.yml", file=source, line=1)
         return esc
 
+    def read_file(self, path: Path) -> Escalation | Problem:
+        """One file of the folder as an escalation, or the :class:`Problem` that keeps it from being one (a name
+        that is not ``<id>.yml``, unreadable, malformed): what :meth:`scan` and the query store both report."""
+        source = self.paths.rel(path)
+        if not ID_RE.match(path.stem):
+            return Problem(file=source, message="is not named <escalation id>.yml; skipped")
+        try:
+            return self._read(path)
+        except InputError as exc:
+            return Problem(file=exc.file or source, line=exc.line, message=exc.message)
+        except OSError as exc:
+            return Problem(file=source, message=f"cannot be read: {exc.strerror}")
+
     def _scan(self) -> EscalationScan:
         """Every escalation file, each parsed again only if it changed since this store last read it.
 
@@ -311,22 +324,20 @@ class EscalationStore:
         problems: builtins.list[Problem] = []
         seen: dict[str, tuple[tuple[int, int, int, int], Escalation]] = {}
         for path in iter_files(self.dir, (".yml",)):
-            source = self.paths.rel(path)
-            if not ID_RE.match(path.stem):
-                problems.append(Problem(file=source, message="is not named <escalation id>.yml; skipped"))
-                continue
             try:
                 st = os.lstat(path)
-                sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-                hit = self._parsed.get(path.name)
-                esc = hit[1] if hit is not None and hit[0] == sig else self._read(path)
-                if len(seen) < PARSED_MAX:
-                    seen[path.name] = (sig, esc)
-                escs.append(esc.model_copy(deep=True))
-            except InputError as exc:
-                problems.append(Problem(file=exc.file or source, line=exc.line, message=exc.message))
             except OSError as exc:
-                problems.append(Problem(file=source, message=f"cannot be read: {exc.strerror}"))
+                problems.append(Problem(file=self.paths.rel(path), message=f"cannot be read: {exc.strerror}"))
+                continue
+            sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            hit = self._parsed.get(path.name)
+            found = hit[1] if hit is not None and hit[0] == sig else self.read_file(path)
+            if isinstance(found, Problem):
+                problems.append(found)
+                continue
+            if len(seen) < PARSED_MAX:
+                seen[path.name] = (sig, found)
+            escs.append(found.model_copy(deep=True))
         self._parsed = seen  # files gone or changed are forgotten with this
         escs.sort(key=lambda e: (e.created_at, e.id))
         return EscalationScan(escs, problems)

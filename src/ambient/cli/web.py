@@ -1,0 +1,77 @@
+"""``ambient web``: serve the web console of this brain and print the URL to open (token included)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ambient.cli._common import EXIT_OK, add_command, brain_dir
+from ambient.storage.paths import BrainPaths
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``ambient web``."""
+    p = add_command(
+        sub,
+        "web",
+        _web,
+        "serve the web console (runs live, escalations, workflows, learning) and print its URL",
+        description=(
+            "Serve the web console of this brain on 127.0.0.1 and print the URL to open; the URL carries a token "
+            "(kept 0600 in .ambient/web/token, reused across starts), after which the browser holds a cookie. "
+            "A non-loopback --host needs --tls-cert/--tls-key, or --insecure-bind. Stop with Ctrl-C."
+        ),
+    )
+    p.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port (default 8765; 0 = any free port, printed)")
+    p.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate")
+    p.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's private key")
+    p.add_argument(
+        "--insecure-bind",
+        action="store_true",
+        help="allow a non-loopback --host over plain HTTP (everyone on that network can read and act)",
+    )
+    p.add_argument("--new-token", action="store_true", help="replace the token (every open browser must re-open)")
+    p.add_argument(
+        "--url",
+        action="store_true",
+        help="only print the URL (with its token) of the console, e.g. the one the daemon hosts (web: in ambient.yml)",
+    )
+
+
+def _web(args: argparse.Namespace) -> int:
+    from ambient.web.security import load_token
+    from ambient.web.server import DEFAULT_HOST, DEFAULT_PORT, Bind, console_url, hosted_path, serve
+
+    paths = BrainPaths(brain_dir(args))
+    token = load_token(paths, rotate=args.new_token)
+    bind = Bind(
+        host=args.host or DEFAULT_HOST,
+        port=DEFAULT_PORT if args.port is None else args.port,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        insecure_bind=args.insecure_bind,
+    )
+    if args.url:
+        hosted = _hosted_url(hosted_path(paths))
+        print(f"{hosted}?token={token}" if hosted else console_url(bind, bind.port, token))
+        return EXIT_OK
+    warning = bind.check()
+    if warning:
+        print(warning, flush=True)
+
+    def ready(url: str) -> None:
+        print(f"ambient console: {url}", flush=True)
+
+    serve(paths, bind, token=token, on_ready=ready)
+    return EXIT_OK
+
+
+def _hosted_url(path: Path) -> str | None:
+    """The URL (without token) of the console the running daemon hosts, if it says so."""
+    try:
+        url = json.loads(path.read_text()).get("url")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return url if isinstance(url, str) and url.startswith(("http://", "https://")) else None

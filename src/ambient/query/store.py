@@ -1,0 +1,655 @@
+"""The query store on disk (``.ambient/query.sqlite3``): opened, rebuilt when it cannot be trusted, kept current.
+
+:meth:`QueryStore.refresh` brings the tables of :mod:`ambient.query.schema` up to date with the files, reading as
+little as it can: a folder whose ``mtime_ns`` did not change is not listed (every write of ambient is an atomic
+rename, which changes its folder's mtime); a listed folder's files are read again only when their (inode, size,
+mtime) changed (an inode alone is reused by ext4 at once: two rewrites of a claim between refreshes gave it back its
+first inode); ``runs.jsonl`` is read from the byte offset read up to; the journal of a run not finished is folded
+again when its size or mtime changed (a finished run's never changes). Each file is parsed by the module that owns
+its format (claims: :func:`ambient.claims.claimfile.read_claim_file`; escalations:
+:meth:`ambient.human.escalation_store.EscalationStore.read_file`; journals: :func:`ambient.engine.runstate.fold`),
+so no rule is written twice; a file that does not parse becomes a problem row, never an exception.
+
+Derived data, never the source of truth: a store that is missing, torn (SQLite cannot read it), of another
+:data:`~ambient.query.schema.FORMAT` or written by other code is rebuilt from the files; one that cannot be written
+(a read-only ``.ambient/``) is replaced by one in memory, which only costs the speed. Written without fsync
+(``synchronous=OFF``): after a power cut it is at worst rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Final
+
+import structlog
+
+from ambient import __version__
+from ambient.claims import claim as _claim
+from ambient.claims import claimfile as _claimfile
+from ambient.claims.claim import ClaimFacts
+from ambient.claims.claimfile import ClaimFileError, is_claim_name, read_claim_file
+from ambient.core import problems as _problems
+from ambient.core.errors import InputError
+from ambient.core.problems import Problem
+from ambient.engine import events as _events
+from ambient.engine import runstate as _runstate
+from ambient.engine.journals import finished_glance, journal_problem
+from ambient.engine.runstate import TERMINAL_ITEM, RunState, fold
+from ambient.human import escalation_store as _escalation_store
+from ambient.human import escalations as _escalations
+from ambient.human.escalation_store import EscalationStore
+from ambient.query import schema as _schema
+from ambient.query.schema import FORMAT, INDEXES, TABLES
+from ambient.storage.fsutil import private_dir
+from ambient.storage.journal import iter_jsonl
+from ambient.storage.paths import BrainPaths
+
+log = structlog.get_logger(__name__)
+
+DB_NAME: Final = "query.sqlite3"
+#: The modules whose code decides what a row holds: other code, other rows, so the store is rebuilt.
+_RULES: Final[tuple[ModuleType, ...]] = (
+    _schema,
+    _claim,
+    _claimfile,
+    _problems,
+    _events,
+    _runstate,
+    _escalations,
+    _escalation_store,
+)
+#: A folder changed this recently may change again within its mtime's granularity (the kernel's coarse clock,
+#: a few ms): its mtime is not trusted, it is listed again at the next refresh (git's "racy" rule).
+_RACY_NS: Final = 100_000_000
+_BUSY_MS: Final = 5000
+
+_Sig = tuple[int, int, int]
+
+
+@functools.cache
+def _code() -> str:
+    """Which code fills the store: ambient's version and the modules that read the files, by size and mtime."""
+    h = hashlib.sha256(f"{__version__}:{FORMAT}:{Path(__file__).stat().st_size}".encode())
+    for module in _RULES:
+        where = module.__file__
+        if where is None:
+            continue
+        try:
+            st = Path(where).stat()
+        except OSError:
+            continue
+        h.update(f"{module.__name__}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return h.hexdigest()[:16]
+
+
+class QueryStore:
+    """The query store of one brain: one SQLite connection, guarded by a lock (the daemon refreshes it from a
+    worker thread). Open it, :meth:`refresh` it, read it with :mod:`ambient.query.views` through :attr:`conn`
+    (under :meth:`reading`), :meth:`close` it."""
+
+    def __init__(self, paths: BrainPaths, *, path: Path | None = None) -> None:
+        self.paths = paths
+        self.path = path or paths.state / DB_NAME
+        self.in_memory = False
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self.rebuilt = False  # the last open found no usable store and made a new one
+
+    @classmethod
+    def fresh(cls, paths: BrainPaths) -> QueryStore:
+        """A store of ``paths`` refreshed now, for a reader (the CLI, a page): one that cannot be written (a
+        read-only ``.ambient/``, a lock held too long) is replaced by one in memory, built from the files."""
+        store = cls(paths)
+        try:
+            store.refresh()
+        except sqlite3.Error as exc:
+            store.close()
+            store._conn = store._fallback(exc)
+            store.refresh()
+        return store
+
+    # ---------------------------------------------------------------- opening
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The connection, opened (and rebuilt if need be) on first use."""
+        if self._conn is None:
+            self._conn = self._open()
+        return self._conn
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """The connection, for one reader at a time (a read transaction: one consistent view)."""
+        with self._lock:
+            conn = self.conn
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close the connection (the next use opens it again)."""
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.close()
+                self._conn = None
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            private_dir(self.path.parent)
+            conn = self._connect(self.path)
+            if self._usable(conn):
+                return conn
+            self.rebuilt = True
+            self._create(conn, drop=True)
+            return conn
+        except sqlite3.DatabaseError as exc:  # torn, not a database: thrown away and made again
+            log.warning("query_store_rebuilt", path=str(self.path), reason=str(exc))
+            self._delete()
+        except OSError as exc:
+            return self._fallback(exc)
+        self.rebuilt = True
+        try:
+            conn = self._connect(self.path)
+            self._create(conn, drop=True)
+            return conn
+        except (OSError, sqlite3.Error) as exc:
+            return self._fallback(exc)
+
+    def _fallback(self, exc: BaseException) -> sqlite3.Connection:
+        """A store that cannot be written: one in memory, built from the files each time (only slower)."""
+        log.warning("query_store_in_memory", path=str(self.path), reason=str(exc))
+        self.in_memory, self.rebuilt = True, True
+        conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self._create(conn, drop=False)
+        return conn
+
+    def _connect(self, path: Path) -> sqlite3.Connection:
+        if not path.exists():
+            # 0600 before SQLite creates it: its -wal and -shm files take the database's mode.
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
+        conn = sqlite3.connect(path, timeout=_BUSY_MS / 1000, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=OFF")  # derived data: rebuilt rather than fsync'd
+        except sqlite3.Error:
+            conn.close()
+            raise
+        return conn
+
+    def _usable(self, conn: sqlite3.Connection) -> bool:
+        """Is this a store of our format, filled by this code? (A torn file raises DatabaseError here.)"""
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version != FORMAT:
+            return False
+        row = conn.execute("SELECT value FROM meta WHERE key='code'").fetchone()
+        return row is not None and row[0] == _code()
+
+    def _create(self, conn: sqlite3.Connection, *, drop: bool) -> None:
+        """Empty tables of this format (in one transaction: a reader of another process sees old or new)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if drop:
+                for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
+                    conn.execute(f'DROP TABLE IF EXISTS "{name}"')
+            for sql in (*TABLES, *INDEXES):
+                conn.execute(sql)
+            conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)", [("format", str(FORMAT)), ("code", _code())]
+            )
+            conn.execute(f"PRAGMA user_version={FORMAT}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _delete(self) -> None:
+        self.close()
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                Path(str(self.path) + suffix).unlink()
+
+    # ---------------------------------------------------------------- refreshing
+
+    def refresh(self) -> set[str]:
+        """Bring the store up to date with the files; the topics that changed: ``runs`` and ``run:<id>`` (a
+        journal), ``records`` (``runs.jsonl``), ``escalations``, ``claims``.
+
+        A store found torn meanwhile is rebuilt and filled again (every topic then changed). Raises only
+        :class:`sqlite3.Error` of a store that cannot be written at all (the caller logs it).
+        """
+        with self._lock:
+            try:
+                return self._refresh()
+            except sqlite3.DatabaseError as exc:
+                if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                    raise
+                log.warning("query_store_rebuilt", path=str(self.path), reason=str(exc))
+                self._delete()
+                return self._refresh()
+
+    def _refresh(self) -> set[str]:
+        conn = self.conn
+        changed: set[str] = set()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._claims(conn, changed)
+            self._escalations(conn, changed)
+            self._journals(conn, changed)
+            self._records(conn, changed)
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        if self.rebuilt:
+            changed |= {"runs", "records", "escalations", "claims"}
+            self.rebuilt = False
+        return changed
+
+    def _listing(self, conn: sqlite3.Connection, folder: Path) -> dict[str, tuple[_Sig, int]] | None:
+        """The entries of ``folder`` (name → (inode, size, mtime_ns), mode) when it changed since the last
+        listing, else None. A folder that is gone lists as empty."""
+        key = str(folder)
+        try:
+            st = folder.stat()
+            mtime = st.st_mtime_ns
+        except OSError:
+            mtime = -1
+        row = conn.execute("SELECT mtime_ns FROM dirs WHERE path=?", (key,)).fetchone()
+        if row is not None and row[0] == mtime and mtime > 0:
+            return None
+        found: dict[str, tuple[_Sig, int]] = {}
+        if mtime != -1:
+            try:
+                with os.scandir(folder) as it:
+                    for entry in it:
+                        try:
+                            est = entry.stat(follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue
+                        found[entry.name] = ((est.st_ino, est.st_size, est.st_mtime_ns), est.st_mode)
+            except OSError:
+                return None  # not readable now: tried again at the next refresh
+        racy = mtime > 0 and time.time_ns() - mtime < _RACY_NS
+        conn.execute("INSERT OR REPLACE INTO dirs (path, mtime_ns) VALUES (?, ?)", (key, 0 if racy else mtime))
+        return found
+
+    def _known(self, conn: sqlite3.Connection, kind: str) -> dict[str, _Sig]:
+        rows = conn.execute("SELECT name, inode, size, mtime_ns FROM files WHERE kind=?", (kind,))
+        return {name: (ino, size, mtime) for name, ino, size, mtime in rows}
+
+    def _changes(
+        self, conn: sqlite3.Connection, kind: str, listing: Mapping[str, tuple[_Sig, int]], wanted: Any
+    ) -> tuple[list[str], list[str]]:
+        """(names gone, names new or changed) among the files of ``kind`` whose name ``wanted`` accepts."""
+        known = self._known(conn, kind)
+        now = {name: sig for name, (sig, _) in listing.items() if wanted(name)}
+        gone = [name for name in known if name not in now]
+        fresh = sorted(name for name, sig in now.items() if known.get(name) != sig)
+        for name in gone:
+            conn.execute("DELETE FROM files WHERE kind=? AND name=?", (kind, name))
+        for name in fresh:
+            ino, size, mtime = now[name]
+            conn.execute(
+                "INSERT OR REPLACE INTO files (kind, name, inode, size, mtime_ns) VALUES (?, ?, ?, ?, ?)",
+                (kind, name, ino, size, mtime),
+            )
+        return gone, fresh
+
+    # -- claims
+
+    def _claims(self, conn: sqlite3.Connection, changed: set[str]) -> None:
+        listing = self._listing(conn, self.paths.claims)
+        if listing is None:
+            return
+        gone, fresh = self._changes(conn, "claim", listing, is_claim_name)
+        folder = self.paths.rel(self.paths.claims)
+        for name in gone:
+            conn.execute("DELETE FROM claims WHERE file=?", (f"{folder}/{name}",))
+        rows = [claim_row(self.paths.claims / name, f"{folder}/{name}") for name in fresh]
+        conn.executemany(f"INSERT OR REPLACE INTO claims VALUES ({', '.join('?' * 14)})", rows)  # noqa: S608
+        for name in fresh:  # never indexed by signature: read (and refused) each time, as the claims census does
+            if not stat.S_ISREG(listing[name][1]):
+                conn.execute("DELETE FROM files WHERE kind='claim' AND name=?", (name,))
+        if gone or fresh:
+            changed.add("claims")
+
+    # -- escalations
+
+    def _escalations(self, conn: sqlite3.Connection, changed: set[str]) -> None:
+        listing = self._listing(conn, self.paths.escalations)
+        if listing is None:
+            return
+
+        def wanted(name: str) -> bool:  # EscalationStore.scan's files (fsutil.iter_files)
+            return not name.startswith(".") and name.endswith(".yml") and stat.S_ISREG(listing[name][1])
+
+        gone, fresh = self._changes(conn, "escalation", listing, wanted)
+        store = EscalationStore(self.paths)
+        folder = self.paths.rel(self.paths.escalations)
+        for name in [*gone, *fresh]:
+            file = f"{folder}/{name}"
+            conn.execute("DELETE FROM problems WHERE kind='escalation' AND file=?", (file,))
+            conn.execute("DELETE FROM escalations WHERE id=?", (name.removesuffix(".yml"),))
+        for name in fresh:
+            found = store.read_file(self.paths.escalations / name)
+            if isinstance(found, Problem):
+                conn.execute(
+                    "INSERT INTO problems (kind, file, line, message, severity) VALUES ('escalation', ?, ?, ?, ?)",
+                    (f"{folder}/{name}", found.line, found.message, found.severity),
+                )
+                continue
+            conn.execute(f"INSERT OR REPLACE INTO escalations VALUES ({', '.join('?' * 21)})", escalation_row(found))  # noqa: S608
+        if gone or fresh:
+            changed.add("escalations")
+
+    # -- run journals
+
+    def _journals(self, conn: sqlite3.Connection, changed: set[str]) -> None:
+        listing = self._listing(conn, self.paths.run_journals)
+        names: set[str] = set()
+        if listing is not None:
+
+            def wanted(name: str) -> bool:
+                return name.endswith(".jsonl") and not name.startswith(".") and stat.S_ISREG(listing[name][1])
+
+            gone, fresh = self._changes(conn, "journal", listing, wanted)
+            for name in gone:
+                run_ids = [r[0] for r in conn.execute("SELECT run_id FROM runs WHERE journal=?", (name,))]
+                for run_id in run_ids:
+                    conn.execute("DELETE FROM items WHERE run_id=?", (run_id,))
+                    changed.add(f"run:{run_id}")
+                conn.execute("DELETE FROM runs WHERE journal=?", (name,))
+                changed.add("runs")
+            names.update(fresh)
+        # Unfinished runs change by appends (same inode, same folder mtime): each is looked at every time.
+        for name, ino, size, mtime in conn.execute(
+            "SELECT f.name, f.inode, f.size, f.mtime_ns FROM files f JOIN runs r ON r.journal = f.name "
+            "WHERE f.kind='journal' AND r.state != 'finished'"
+        ).fetchall():
+            if name in names:
+                continue
+            try:
+                st = (self.paths.run_journals / name).lstat()
+            except OSError:
+                continue
+            sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if sig != (ino, size, mtime):
+                conn.execute(
+                    "UPDATE files SET inode=?, size=?, mtime_ns=? WHERE kind='journal' AND name=?", (*sig, name)
+                )
+                names.add(name)
+        for name in sorted(names):
+            self._fold_journal(conn, name, changed)
+
+    def _fold_journal(self, conn: sqlite3.Connection, name: str, changed: set[str]) -> None:
+        path = self.paths.run_journals / name
+        rel = self.paths.rel(path)
+        try:
+            records = list(iter_jsonl(path))
+        except OSError:
+            conn.execute("DELETE FROM files WHERE kind='journal' AND name=?", (name,))  # read again next time
+            return
+        old = [r[0] for r in conn.execute("SELECT run_id FROM runs WHERE journal=?", (name,))]
+        for run_id in old:
+            conn.execute("DELETE FROM items WHERE run_id=?", (run_id,))
+        conn.execute("DELETE FROM runs WHERE journal=?", (name,))
+        try:
+            state = fold(records)
+        except (ValueError, KeyError, TypeError) as exc:
+            problem = str(journal_problem(path, rel, exc))
+            glance = finished_glance(path)
+            run_id = name.removesuffix(".jsonl")
+            workflow, finished_at = glance if glance is not None else (_started_workflow(records), None)
+            conn.execute(
+                "INSERT OR REPLACE INTO runs (run_id, journal, state, workflow, finished_at, problem) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, name, "finished" if glance is not None else "unreadable", workflow, finished_at, problem),
+            )
+        else:
+            run_id = state.run_id
+            if conn.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone() is not None:
+                run_id = name.removesuffix(".jsonl")  # two journals claim one run id: the file names them apart
+            row, items = run_rows(state, records, name, run_id)
+            conn.execute(f"INSERT OR REPLACE INTO runs VALUES ({', '.join('?' * 21)})", row)  # noqa: S608
+            conn.executemany(f"INSERT OR REPLACE INTO items VALUES ({', '.join('?' * 11)})", items)  # noqa: S608
+        changed.update({"runs", f"run:{run_id}", *(f"run:{r}" for r in old)})
+
+    # -- run records
+
+    def _records(self, conn: sqlite3.Connection, changed: set[str]) -> None:
+        meta = dict(conn.execute("SELECT key, value FROM meta WHERE key LIKE 'records_%'").fetchall())
+        inode, offset = int(meta.get("records_inode", -1)), int(meta.get("records_offset", 0))
+        lines, torn = int(meta.get("records_lines", 0)), meta.get("records_torn", "0")
+        try:
+            fd = os.open(self.paths.runs_log, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if inode != -1 or lines:
+                conn.execute("DELETE FROM records")
+                self._set_meta(conn, records_inode=-1, records_offset=0, records_lines=0, records_torn=0)
+                changed.add("records")
+            return
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fd)
+            if st.st_ino != inode or st.st_size < offset:  # another file, or cut: read from the start
+                conn.execute("DELETE FROM records")
+                inode, offset, lines = st.st_ino, 0, 0
+                changed.add("records")
+            if st.st_size == offset and torn == "0":
+                self._set_meta(conn, records_inode=inode)
+                return
+            fh.seek(offset)
+            data = fh.read(st.st_size - offset)
+        cut = data.rfind(b"\n") + 1
+        rows = []
+        for raw in data[:cut].split(b"\n")[:-1]:
+            lines += 1
+            if raw.strip():
+                rows.append(record_row(lines, raw))
+        conn.executemany(f"INSERT OR REPLACE INTO records VALUES ({', '.join('?' * 11)})", rows)  # noqa: S608
+        new_torn = "1" if cut < len(data) else "0"
+        if rows or new_torn != torn:
+            changed.add("records")
+        self._set_meta(
+            conn, records_inode=inode, records_offset=offset + cut, records_lines=lines, records_torn=new_torn
+        )
+
+    def _set_meta(self, conn: sqlite3.Connection, **values: object) -> None:
+        conn.executemany(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [(k, str(v)) for k, v in values.items()]
+        )
+
+
+# -------------------------------------------------------------------- rows from files (each from its owner's reader)
+
+
+def claim_row(path: Path, rel: str) -> tuple[Any, ...]:
+    """The ``claims`` row of one claim file: its facts and warnings, or only the problems that make it unusable
+    (the claims census's verdicts: :func:`ambient.claims.claimfile.read_claim_file`)."""
+    try:
+        claim, warnings, _ = read_claim_file(path, rel)
+    except ClaimFileError as exc:
+        return (rel, *([None] * 11), "[]", _problems_json(exc.problems))
+    except InputError as exc:
+        return (rel, *([None] * 11), "[]", json.dumps([[exc.line, exc.message, "error"]]))
+    except OSError as exc:
+        return (rel, *([None] * 11), "[]", json.dumps([[None, f"cannot be read: {exc.strerror}", "error"]]))
+    facts = ClaimFacts.of(claim)
+    ttl = None if claim.ttl is None else str(claim.ttl)
+    return (
+        rel,
+        claim.sess_id,
+        claim.status,
+        claim.agent,
+        claim.parent_satellite,
+        claim.type,
+        claim.scope,
+        claim.workflow,
+        claim.opened_at,
+        claim.closed_at,
+        max(facts.times) if facts.times else None,
+        ttl,
+        json.dumps(list(facts.times)),
+        _problems_json(warnings),
+    )
+
+
+def _problems_json(problems: Iterable[Problem]) -> str:
+    return json.dumps([[p.line, p.message, p.severity] for p in problems])
+
+
+def escalation_row(esc: Any) -> tuple[Any, ...]:
+    """The ``escalations`` row of one escalation (an :class:`ambient.human.escalations.Escalation`)."""
+    data = esc.model_dump(mode="json")
+    return (
+        esc.id,
+        esc.status,
+        esc.kind,
+        esc.workflow,
+        esc.agent,
+        esc.run_id,
+        esc.item,
+        esc.step,
+        esc.where,
+        esc.question,
+        json.dumps([[o.key, o.label, o.action] for o in esc.options]),
+        data["created_at"],
+        data.get("deadline"),
+        esc.decision,
+        esc.by,
+        esc.channel,
+        esc.note,
+        data.get("answered_at"),
+        int(esc.notify.delivered_at is not None),
+        esc.notify.count,
+        json.dumps(data, separators=(",", ":")),
+    )
+
+
+def _started_workflow(records: list[dict[str, Any]]) -> str | None:
+    first = records[0] if records else None
+    workflow = first.get("workflow") if first is not None else None
+    return workflow if isinstance(workflow, str) else None
+
+
+def item_times(records: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str | None, str | None]]:
+    """Item name → (the ``at`` of its first ``accepted``, the ``at`` of its last ``finished`` or ``skipped``),
+    from a run's journal records (:mod:`ambient.engine.events`: every event carries ``at``)."""
+    times: dict[str, tuple[str | None, str | None]] = {}
+    for ev in records:
+        kind, item, at = ev.get("ev"), ev.get("item"), ev.get("at")
+        if item is None or not isinstance(at, str):
+            continue
+        name = str(item)
+        first, last = times.get(name, (None, None))
+        if kind == "accepted" and first is None:
+            times[name] = (at, last)
+        elif kind in ("finished", "skipped"):
+            times[name] = (first, at)
+    return times
+
+
+def run_rows(
+    state: RunState, records: list[dict[str, Any]], journal: str, run_id: str
+) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
+    """The ``runs`` row and the ``items`` rows of a folded run."""
+    counts = state.counts()
+    usage = state.usage.to_record()
+    tokens = (usage.get("input_tokens") or 0) + (usage.get("output_tokens") or 0) if "cost_usd" in usage else None
+    row = (
+        run_id,
+        journal,
+        "finished" if state.finished else "running",
+        state.workflow,
+        state.form,
+        state.outcome,
+        state.started_at,
+        state.finished_at,
+        counts.get("done", 0),
+        counts["total"],
+        counts.get("running", 0),
+        counts.get("failed", 0),
+        len(state.escalations),
+        usage.get("cost_usd"),
+        tokens,
+        json.dumps(usage),
+        json.dumps(sorted(state.tripped)),
+        json.dumps(sorted(state.holds)),
+        json.dumps(state.breaker),
+        state.cursor if state.form == "chain" else None,
+        None,
+    )
+    times = item_times(records)
+    items = []
+    for it in state.items:
+        first, last = times.get(it.name, (None, None))
+        last = (last or state.finished_at) if it.status in TERMINAL_ITEM else None
+        items.append(
+            (run_id, it.index, it.name, it.status, it.attempt, it.error, it.escalation, it.gate, first, last,
+             it.duration_ms)
+        )  # fmt: skip
+    return row, items
+
+
+def record_row(line: int, raw: bytes) -> tuple[Any, ...]:
+    """The ``records`` row of one line of ``runs.jsonl`` (``json`` NULL for a line that is not a JSON object)."""
+    try:
+        rec = json.loads(raw)
+    except ValueError:
+        rec = None
+    if not isinstance(rec, dict):
+        return (line, None, *([None] * 9))
+    started = rec.get("started_at")
+    cost = rec.get("cost_usd")
+    return (
+        line,
+        raw.decode("utf-8", "replace").strip(),
+        _text(rec.get("run_id")),
+        _text(rec.get("workflow")),
+        _text(rec.get("outcome")),
+        _text(started),
+        _text(rec.get("completed_at")),
+        _week(started),
+        _int(rec.get("escalations")),
+        _int(rec.get("errors")),
+        float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None,
+    )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _week(started: Any) -> str | None:
+    """``2026-W12``: the ISO week of the UTC start (as ``ambient stats`` groups runs)."""
+    from datetime import UTC, datetime
+
+    if not isinstance(started, str):
+        return None
+    try:
+        when = datetime.fromisoformat(started)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    year, week, _ = when.astimezone(UTC).isocalendar()
+    return f"{year}-W{week:02d}"

@@ -1,0 +1,86 @@
+"""The console as one Starlette app: the pages of :mod:`ambient.web.pages`, the live events, the static files,
+behind :class:`~ambient.web.security.SecurityMiddleware`.
+
+The same app serves ``ambient web`` and the daemon's hosted console (:mod:`ambient.web.server`); it holds no
+daemon object, only the brain's paths: everything it shows comes from the files, through the query store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import pkgutil
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Final
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import BaseRoute, Mount
+from starlette.staticfiles import StaticFiles
+
+from ambient.storage.paths import BrainPaths
+from ambient.web import pages
+from ambient.web.live import Hub, events_route
+from ambient.web.security import SecurityMiddleware, allowed_host_names, csrf_token
+
+STATIC: Final = Path(__file__).resolve().parent / "static"
+
+
+def page_routes() -> list[BaseRoute]:
+    """Every page module's ``routes``, in module name order (the overview's ``/`` included)."""
+    routes: list[BaseRoute] = []
+    for info in sorted(pkgutil.iter_modules(pages.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{pages.__name__}.{info.name}")
+        routes.extend(getattr(module, "routes", ()))
+    return routes
+
+
+def create_app(
+    paths: BrainPaths,
+    *,
+    token: str,
+    secure_cookie: bool = False,
+    bound_host: str = "127.0.0.1",
+    extra_hosts: Iterable[str] = (),
+    live: bool = True,
+    max_clients: int = 64,
+) -> Starlette:
+    """The console for the brain at ``paths``: every request needs ``token`` (see :mod:`ambient.web.security`).
+
+    ``bound_host`` is the address served (Host headers are checked against it), ``live`` starts the one file
+    watcher of this server process (off in unit tests that only render), ``max_clients`` caps live connections.
+    """
+    hub = Hub(paths, max_clients=max_clients)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        if live:
+            await hub.start()
+        try:
+            yield
+        finally:
+            await hub.stop()
+
+    app = Starlette(
+        routes=[
+            *page_routes(),
+            events_route(),
+            Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
+        ],
+        middleware=[
+            Middleware(
+                SecurityMiddleware,
+                token=token,
+                host_names=allowed_host_names(bound_host) | frozenset(extra_hosts),
+                secure_cookie=secure_cookie,
+            )
+        ],
+        lifespan=lifespan,
+    )
+    app.state.paths = paths
+    app.state.csrf = csrf_token(token)
+    app.state.hub = hub
+    return app

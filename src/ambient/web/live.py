@@ -1,0 +1,272 @@
+"""The live layer: one watcher per server process turns the files the daemon writes into topics, refreshes the
+query store (in its own thread), then tells every open page which topics changed, by server-sent events.
+
+**Why watchfiles (inotify), not stat polling.** A journal grows by appends, which leave its folder's mtime alone:
+polling would have to stat every journal (thousands of finished runs) every tick, or guess which are live. inotify
+names exactly the file that changed, costs nothing while the brain is quiet, and the daemon already relies on it
+(:mod:`ambient.service.watch`). The watches are non-recursive, on a handful of folders (below); only the daemon's
+liveness is polled (once a second: a ``kill -9`` writes no file, only the ``flock`` on ``daemon.lock`` tells).
+
+Clients never touch the files: each has a bounded queue; one that falls behind gets a single ``resync`` (the page
+re-fetches every live part) instead of an unbounded backlog, and past ``max_clients`` a new one gets 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Final
+
+import structlog
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ambient.service.instance import daemon_up
+from ambient.storage.fsutil import TMP_MARK, private_dir
+from ambient.storage.paths import BrainPaths
+
+log = structlog.get_logger(__name__)
+
+#: Every topic a page may listen to (plus ``run:<run_id>``).
+TOPICS: Final = frozenset({"daemon", "runs", "escalations", "claims", "locks", "records", "now"})
+QUEUE_SIZE: Final = 32
+HEARTBEAT_S: Final = 15.0
+DAEMON_POLL_S: Final = 1.0
+#: Files of ``.ambient/`` itself and the topic each one's change means.
+_STATE_FILES: Final = {
+    "runs.jsonl": ("records", "runs"),
+    "daemon.json": ("daemon",),
+    "now.json": ("now",),
+}
+
+
+def watched_dirs(paths: BrainPaths) -> list[Path]:
+    """The folders watched (non-recursively): the state folder, the journals, escalations, claims, locks."""
+    return [paths.state, paths.run_journals, paths.escalations, paths.claims, paths.locks]
+
+
+def topics_of(paths: BrainPaths, changed: Iterable[str]) -> set[str]:
+    """The topics a batch of changed paths means (a pure mapping; ambient's temp files and the store mean none)."""
+    topics: set[str] = set()
+    state, journals = str(paths.state), str(paths.run_journals)
+    esc, claims, locks = str(paths.escalations), str(paths.claims), str(paths.locks)
+    for raw in changed:
+        folder, _, name = raw.rpartition("/")
+        if TMP_MARK in name or name.startswith("."):
+            continue
+        if folder == journals and name.endswith(".jsonl"):
+            topics |= {"runs", f"run:{name.removesuffix('.jsonl')}"}
+        elif folder == esc:
+            topics.add("escalations")
+        elif folder == claims:
+            topics.add("claims")
+        elif folder == locks:
+            topics.add("locks")
+        elif folder == state and name in _STATE_FILES:
+            topics.update(_STATE_FILES[name])
+    return topics
+
+
+def store_refresher(paths: BrainPaths) -> Callable[[], object] | None:
+    """The query store's ``refresh`` for this brain, or None while the store is not there (nothing to refresh)."""
+    try:
+        module = importlib.import_module("ambient.query.store")
+    except ImportError:
+        return None
+    store = module.QueryStore(paths)
+    refresh: Callable[[], object] = store.refresh
+    return refresh
+
+
+class Client:
+    """One open page: a bounded queue of events; overflow collapses into one ``resync``."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=QUEUE_SIZE)
+
+    def offer(self, event: str | None) -> None:
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.queue.put_nowait(_resync())
+
+
+def _change(topics: Iterable[str]) -> str:
+    return f"event: change\ndata: {json.dumps({'topics': sorted(topics)})}\n\n"
+
+
+def _resync() -> str:
+    return "event: resync\ndata: {}\n\n"
+
+
+class Hub:
+    """The one watcher of a server process and the open pages it tells."""
+
+    def __init__(
+        self,
+        paths: BrainPaths,
+        *,
+        max_clients: int = 64,
+        refresh: Callable[[], object] | None = None,
+    ) -> None:
+        self.paths = paths
+        self.max_clients = max_clients
+        self.clients: set[Client] = set()
+        self._refresh = refresh
+        self._refresh_loaded = refresh is not None
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._daemon: bool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- clients --------------------------------------------------------------------------------------------------
+
+    def subscribe(self) -> Client | None:
+        """A new client, or None when ``max_clients`` are already connected."""
+        if len(self.clients) >= self.max_clients or self._stop.is_set():
+            return None
+        client = Client()
+        self.clients.add(client)
+        return client
+
+    def unsubscribe(self, client: Client) -> None:
+        self.clients.discard(client)
+
+    def publish(self, topics: Iterable[str]) -> None:
+        """Tell every client that ``topics`` changed (never blocks: a full queue becomes a ``resync``)."""
+        topics = set(topics)
+        if not topics:
+            return
+        event = _change(topics)
+        for client in list(self.clients):
+            client.offer(event)
+
+    def close_clients(self) -> None:
+        """End every open stream (server shutdown): their generators return, so the server can stop at once."""
+        self._stop.set()
+        for client in list(self.clients):
+            client.offer(None)
+
+    def close_clients_threadsafe(self) -> None:
+        """:meth:`close_clients` from another thread or a signal handler."""
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                self._loop.call_soon_threadsafe(self.close_clients)
+
+    # -- the watcher ----------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the watcher and the daemon poll (once; the store is refreshed first so the first page is fresh)."""
+        if self._tasks:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ambient-web-store")
+        await self.refresh()
+        ready = asyncio.Event()
+        self._tasks = [
+            asyncio.create_task(self._watch(ready), name="ambient-web-watch"),
+            asyncio.create_task(self._poll_daemon(), name="ambient-web-daemon"),
+        ]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ready.wait(), 5)
+
+    async def stop(self) -> None:
+        self.close_clients()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    async def refresh(self) -> None:
+        """Bring the query store up to date, in the store's own thread (never on the event loop)."""
+        if not self._refresh_loaded:
+            self._refresh = store_refresher(self.paths)
+            self._refresh_loaded = True
+        if self._refresh is None or self._pool is None:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._refresh)
+        except Exception as exc:  # noqa: BLE001 - a store that cannot refresh must not end the live layer
+            log.warning("web_store_refresh_failed", error=str(exc))
+
+    async def _watch(self, ready: asyncio.Event) -> None:
+        from watchfiles import awatch
+
+        for folder in (self.paths.state, self.paths.run_journals, self.paths.escalations):
+            private_dir(folder)  # the daemon makes them too (0700); watched from the start, not once they appear
+        dirs = [d for d in watched_dirs(self.paths) if d.is_dir()]
+        ready.set()
+        if not dirs:
+            return
+        async for changes in awatch(
+            *dirs,
+            debounce=50,
+            step=10,
+            stop_event=self._stop,
+            recursive=False,
+            ignore_permission_denied=True,
+            watch_filter=None,
+        ):
+            topics = topics_of(self.paths, (p for _, p in changes))
+            if topics:
+                await self.refresh()
+                self.publish(topics)
+
+    async def _poll_daemon(self) -> None:
+        while not self._stop.is_set():
+            up = await asyncio.to_thread(daemon_up, self.paths)
+            if self._daemon is not None and up != self._daemon:
+                await self.refresh()
+                self.publish({"daemon", "runs"})
+            self._daemon = up
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), DAEMON_POLL_S)
+
+    # -- the SSE stream ---------------------------------------------------------------------------------------------
+
+    async def stream(self, client: Client) -> AsyncIterator[str]:
+        """The event stream of one client: a retry hint, then events and heartbeat comments until it goes."""
+        try:
+            yield "retry: 2000\n\n"
+            while True:
+                try:
+                    event = await asyncio.wait_for(client.queue.get(), HEARTBEAT_S)
+                except TimeoutError:
+                    yield ": heartbeat\n\n"
+                    continue
+                if event is None:
+                    return
+                yield event
+        finally:
+            self.unsubscribe(client)
+
+
+async def events(request: Request) -> Response:
+    """``GET /events``: the server-sent events of the live layer (``change`` with topics, ``resync``)."""
+    hub: Hub = request.app.state.hub
+    client = hub.subscribe()
+    if client is None:
+        return PlainTextResponse("Too many live pages open; close some tabs.", status_code=503)
+    return StreamingResponse(
+        hub.stream(client),
+        media_type="text/event-stream",
+        headers={"X-Accel-Buffering": "no"},
+    )
+
+
+def events_route() -> Route:
+    return Route("/events", events, name="events")
