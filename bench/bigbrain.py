@@ -36,6 +36,7 @@ from _common import agent_md
 
 NOOP = agent_md("noop", {"kind": "callable", "target": "noop_agent:noop", "timeout_s": 60})
 WORKFLOWS = 20
+INFO = "bench-brain.json"  # what make_big_brain wrote, at the brain's root
 ERRORS = (
     "exit status 2: deploy target unreachable",
     "timeout after 600 s",
@@ -436,7 +437,15 @@ def make_big_brain(
         )
     out.claims = w.claims
     out.seconds = time.perf_counter() - t0
+    (root / INFO).write_text(json.dumps({k: str(v) if k == "root" else v for k, v in vars(out).items()}))
     return out
+
+
+def load_big_brain(root: Path) -> BigBrain:
+    """A brain :func:`make_big_brain` wrote earlier (``--brain DIR`` of the benches: no waiting for a new one)."""
+    data = json.loads((root / INFO).read_text())
+    data["root"] = root
+    return BigBrain(**data)
 
 
 def main() -> int:

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
 from _common import BENCH, PY, Steal, TempDir, daemon_argv, daemon_env, epoch, foreach_yaml
-from bigbrain import BigBrain, make_big_brain
+from bigbrain import BigBrain, load_big_brain, make_big_brain
 
 URL_RE = re.compile(r"https?://[^\s]+")
 LIVE_RE = re.compile(r"<[^>]*\bdata-live=\"([^\"]*)\"[^>]*>", re.S)
@@ -179,8 +179,10 @@ def console_url(root: Path) -> tuple[str, str]:
 # ------------------------------------------------------------------------------------------------ (pages)
 
 
-def time_page(client: httpx.Client, path: str, n: int) -> dict[str, Any]:
-    """Fetch ``path`` once (printed apart), then ``n`` times: client time and Server-Timing ``dur``."""
+def time_page(client: httpx.Client, path: str, n: int) -> dict[str, Any] | None:
+    """Fetch ``path`` once (printed apart), then ``n`` times: client time and Server-Timing ``dur``. None: no page."""
+    if client.get(path).status_code == 404:
+        return None
     first = _get(client, path)
     client_s: list[float] = []
     server_s: list[float] = []
@@ -339,6 +341,7 @@ def append_event(journal: Path, text: str) -> float:
 def bench_events(console: Console, root: Path, run_id: str, n: int, gap: float) -> dict[str, Any]:
     journal = root / ".ambient" / "runs" / f"{run_id}.jsonl"
     sse = SseListener(console)
+    time.sleep(gap)
     lat: list[float] = []
     try:
         for k in range(n):
@@ -362,9 +365,10 @@ def bench_browser(console: Console, root: Path, run_id: str, n: int, gap: float)
         try:
             page = browser.new_page()
             page.goto(f"{console.base}/?token={console.token}")
-            page.goto(f"{console.base}/runs/{run_id}")
-            if page.locator("[data-live]").count() == 0:
-                raise RuntimeError(f"/runs/{run_id} has no live part (data-live)")
+            response = page.goto(f"{console.base}/runs/{run_id}")
+            if response is None or response.status != 200 or page.locator("[data-live]").count() == 0:
+                print(f"  /runs/{run_id}: no page with a live part (data-live) yet: skipped")
+                return summary([])
             page.wait_for_timeout(500)  # the page's EventSource connects
             page.evaluate(
                 """() => {
@@ -605,7 +609,8 @@ def main() -> int:
     ap.add_argument("--no-refetch", action="store_true", help="clients only listen (no fragment fetches)")
     ap.add_argument("--skip", default="", help="comma list: pages,events,browser,spawn")
     ap.add_argument("--profile", action="store_true", help="cProfile the pages rendered in this process")
-    ap.add_argument("--dir", default=None)
+    ap.add_argument("--dir", default=None, help="where the temp dir goes")
+    ap.add_argument("--brain", default=None, help="a brain bigbrain.py wrote (reused; the run adds workflows to it)")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", default=None)
     # the clients' own process (run by the spawn part)
@@ -624,10 +629,14 @@ def main() -> int:
     out: dict[str, Any] = {"cores": os.cpu_count(), "load_start": load()}
     print(f"load average {load()} ({os.cpu_count()} cores)")
     with TempDir(args.dir, keep=args.keep) as base:
-        root = base / "brain"
-        brain = make_big_brain(
-            root, claims=args.claims, runs=args.runs, big_items=args.big_items, pending=args.pending
-        )
+        if args.brain:
+            root = Path(args.brain).resolve()
+            brain = load_big_brain(root)
+        else:
+            root = base / "brain"
+            brain = make_big_brain(
+                root, claims=args.claims, runs=args.runs, big_items=args.big_items, pending=args.pending
+            )
         print(
             f"brain: {brain.claims} claims, {brain.runs} finished runs, a {args.big_items}-item run, "
             f"{len(brain.pending)} pending escalations (written in {brain.seconds:.1f} s) at {root}"
@@ -645,6 +654,9 @@ def main() -> int:
                     r = bench_pages(console, brain, args.requests)
                     out["pages"] = r
                     for key, p in r.items():
+                        if p is None:
+                            print(f"(pages) {key}: no such page yet (404)")
+                            continue
                         server = f"; server (Server-Timing) {fmt(p['server'])}" if p["server"] else ""
                         print(
                             f"(pages) {key} {p['path']} ({p['bytes'] / 1024:.0f} KiB): first {p['first_ms']:.0f} ms; "
