@@ -155,7 +155,7 @@ def _run(
     *,
     finished: bool = True,
     pending: int = 0,
-) -> tuple[str, list[dict[str, Any]]]:
+) -> str:
     """One for_each run: its journal, its claims, its record (finished) or its pending escalations (not)."""
     run_id = f"sess-{start:%Y%m%d-%H%M}-{workflow}-{rng.getrandbits(16):04x}"
     items = [f"item-{k:04d}" for k in range(n_items)]
@@ -180,7 +180,6 @@ def _run(
     steps: list[dict[str, Any]] = []
     asked: list[dict[str, Any]] = []
     decisions: list[dict[str, Any]] = []
-    escalations: list[str] = []
     errors = 0
     done = 0
     ai = rng.random() < 0.25
@@ -261,7 +260,6 @@ def _run(
             {"ev": "escalated", "item": item, "escalation": esc, "kind": "fail", "agent": "noop", "at": _iso_ms(t_fin)}
         )
         if k in waiting:
-            escalations.append(esc)
             _escalation(w, esc, workflow, run_id, item, question, t_fin)
             continue
         t_dec = t_fin + timedelta(seconds=rng.randint(5, 3600))
@@ -327,7 +325,9 @@ def _run(
             record.update(cost_usd=round(cost, 4), input_tokens=1200 * n_items, output_tokens=300 * n_items)
             record.update(models=["claude-sonnet-4-5"], turns=n_items)
         w.records.append(json.dumps(record, separators=(",", ":")))
-    w.write(w.state / "runs" / f"{run_id}.jsonl", "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in ev), True)
+    w.write(
+        w.state / "runs" / f"{run_id}.jsonl", "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in ev), True
+    )
     w.claim(run_id, parent)
     for k, item in enumerate(items):
         w.claim(
@@ -347,7 +347,7 @@ def _run(
                 ("closed_at", f'"{start:%Y-%m-%dT%H:%M}"'),
             ],
         )
-    return run_id, ev if not finished else [{"escalations": escalations}]
+    return run_id
 
 
 def _escalation(w: _Writer, esc: str, workflow: str, run_id: str, item: str, question: str, t: datetime) -> None:
@@ -401,10 +401,10 @@ def make_big_brain(
     big_run = ""
     for i, start in enumerate(starts):
         if i == big_index:
-            big_run, _ = _run(w, rng, "wf-big", big_at - timedelta(days=30), big_items)
+            big_run = _run(w, rng, "wf-big", big_at - timedelta(days=30), big_items)
         _run(w, rng, names[i % WORKFLOWS], start, max(1, per_run[i]))
     if not small:
-        big_run, _ = _run(w, rng, "wf-big", big_at, big_items)
+        big_run = _run(w, rng, "wf-big", big_at, big_items)
     seen["wf-big"] = {"first_hash": "bench", "last_started": now.isoformat(), "runs": 1}
     w.write(root / "workflows" / "wf-big.yml", _workflow_yaml("wf-big"))
     out = BigBrain(root=root, big_run=big_run, runs=runs)
@@ -412,7 +412,7 @@ def make_big_brain(
     for j in range(running):
         n = left // (running - j)
         left -= n
-        run_id, info = _run(
+        run_id = _run(
             w, rng, names[j % WORKFLOWS], now - timedelta(minutes=30 - j), 5, finished=False, pending=min(n, 5)
         )
         out.running_runs.append(run_id)

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -276,18 +276,18 @@ class SseListener:
             raise RuntimeError("the SSE client did not connect")
 
     async def _run(self) -> None:
-        async with httpx.AsyncClient(base_url=self.console.base, headers=self.console.headers, timeout=None) as c:
-            async with c.stream("GET", "/events") as r:
-                if r.status_code != 200:
-                    raise RuntimeError(f"/events: {r.status_code}")
-                self.ready.set()
-                async for ev, data in sse_events(r.aiter_lines()):
-                    if self._stop:
-                        return
-                    if ev == "change":
-                        self.events.put((time.time(), json.loads(data).get("topics", [])))
-                    elif ev == "resync":
-                        self.events.put((time.time(), ["resync"]))
+        c = httpx.AsyncClient(base_url=self.console.base, headers=self.console.headers, timeout=None)
+        async with c, c.stream("GET", "/events") as r:
+            if r.status_code != 200:
+                raise RuntimeError(f"/events: {r.status_code}")
+            self.ready.set()
+            async for ev, data in sse_events(r.aiter_lines()):
+                if self._stop:
+                    return
+                if ev == "change":
+                    self.events.put((time.time(), json.loads(data).get("topics", [])))
+                elif ev == "resync":
+                    self.events.put((time.time(), ["resync"]))
 
     def drain(self) -> None:
         while not self.events.empty():
@@ -569,7 +569,9 @@ def bench_spawn(
             if n:
                 events = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
                 for t in drop_times:
-                    seen = [e["t"] for e in events if e["t"] >= t and ("runs" in e["topics"] or "resync" in e["topics"])]
+                    seen = [
+                        e["t"] for e in events if e["t"] >= t and ("runs" in e["topics"] or "resync" in e["topics"])
+                    ]
                     if seen:
                         sse_lat.append(min(seen) - t)
             print(f"  block {b}: {n} clients, drop -> SPAWN {fmt(summary(lat[n][-drops:]))}", flush=True)
