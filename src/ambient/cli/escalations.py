@@ -90,31 +90,22 @@ def _print_one(esc: Escalation, now: datetime, root: Path) -> None:
 
 
 def _cmd_decide(args: argparse.Namespace) -> int:
-    from ambient.human.escalations import AlreadyAnsweredError
+    from ambient.actions.decide import decide
 
-    store = _store(args)
-    by = os.environ.get("USER") or "human"
-    store.get(args.id)  # an unknown id is refused (exit 2) before the store's guard: a refused answer writes nothing
-    try:
-        esc = store.answer(args.id, args.option, by=by, channel="cli", note=args.note)
-    except AlreadyAnsweredError as exc:
-        return fail(str(exc), EXIT_NO)
-    # Unknown id, option not offered, malformed file: InputError → main() prints it, exit 2.
-    opt = esc.decided_option
-    label = f" ({opt.label})" if opt is not None else ""
-    out(f"{esc.id}: {esc.decision}{label}, decided by {esc.by} via cli after {_duration(esc.latency_s or 0.0)}.")
+    paths = BrainPaths(brain_dir(args))
+    result = decide(paths, args.id, args.option, channel="cli", note=args.note, by=os.environ.get("USER") or "human")
+    if result.kind == "settled":
+        return fail(result.message, EXIT_NO)
+    if result.kind == "refused":  # unknown id, option not offered, bad input: exit 2
+        return fail(result.message)
+    out(result.message)
     return EXIT_OK
 
 
 def _duration(seconds: float) -> str:
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600}h"
+    from ambient.actions.people import short_duration
+
+    return short_duration(seconds)
 
 
 def _ago(now: datetime, then: datetime) -> str:

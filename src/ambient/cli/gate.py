@@ -38,16 +38,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:
-    from ambient.claims.store import ClaimStore
+    from ambient.actions.gates import gate_status, move_gate
+    from ambient.human.escalations import AlreadyAnsweredError
 
-    store = ClaimStore(BrainPaths(brain_dir(args)))
+    paths = BrainPaths(brain_dir(args))
     if args.action == "status":
-        claim = store.get(args.sess_id)
-        history = [e for e in claim.gate_history or []]
+        status, history = gate_status(paths, args.sess_id)
         if args.json:
-            out_json({"sess_id": claim.sess_id, "status": claim.status, "gate_history": history})
+            out_json({"sess_id": args.sess_id, "status": status, "gate_history": history})
             return EXIT_OK
-        out(f"{claim.sess_id}: {claim.status}")
+        out(f"{args.sess_id}: {status}")
         for entry in history:
             if isinstance(entry, dict):
                 cascade = f" (cascade from {entry['cascade']})" if entry.get("cascade") else ""
@@ -57,40 +57,16 @@ def _cmd_gate(args: argparse.Namespace) -> int:
             else:
                 out(f"  {entry}")
         return EXIT_OK
-    if args.action in ("approve", "reject"):
-        answered = _answer_run_gate(args)
-        if answered is not None:
-            return answered
-    changed = store.transition(args.sess_id, args.action, args.message, token=args.token)
-    if args.json:
-        out_json({sid: c.status for sid, c in changed.items()})
+    try:
+        outcome = move_gate(paths, args.sess_id, args.action, args.message, token=args.token)
+    except AlreadyAnsweredError as exc:  # the run's gate question, answered elsewhere meanwhile
+        return fail(str(exc), EXIT_NO)
+    if outcome.question is not None:
+        out(outcome.message)
         return EXIT_OK
-    for sid, claim in changed.items():
-        last = (claim.gate_history or [{}])[-1]
-        before = last.get("from") if isinstance(last, dict) else "?"
-        cascade = " (cascade)" if sid != args.sess_id else ""
-        out(f"{sid}: {before} -> {claim.status}{cascade}")
+    if args.json:
+        out_json(outcome.statuses())
+        return EXIT_OK
+    for m in outcome.moves:
+        out(f"{m.sess_id}: {m.before} -> {m.after}{' (cascade)' if m.cascade else ''}")
     return EXIT_OK
-
-
-def _answer_run_gate(args: argparse.Namespace) -> int | None:
-    """The pending gate question of the run step this claim is, answered like ``ambient decide``; None when the
-    claim is no run's waiting gate (a gate a person or a script set on a claim of their own)."""
-    import os
-
-    from ambient.human.escalation_store import EscalationStore
-    from ambient.human.escalations import AlreadyAnsweredError
-
-    store = EscalationStore(BrainPaths(brain_dir(args)))
-    for esc in store.list(status="pending"):
-        step = esc.step or esc.item
-        if esc.kind == "gate" and step is not None and f"{esc.run_id}-step-{step}" == args.sess_id:
-            try:
-                done = store.answer(
-                    esc.id, args.action, by=os.environ.get("USER") or "human", channel="cli", note=args.message
-                )
-            except AlreadyAnsweredError as exc:
-                return fail(str(exc), EXIT_NO)
-            out(f"{args.sess_id}: {done.decision} (the run's question {esc.id}, answered as `ambient decide` would)")
-            return EXIT_OK
-    return None

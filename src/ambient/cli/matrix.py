@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 from typing import TYPE_CHECKING
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json, say
@@ -42,13 +41,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _load(args: argparse.Namespace) -> BrainMatrix | None:
-    from ambient.kernel.routing_table import build_matrix
+    from ambient.actions.explain import load_matrix
+    from ambient.core.errors import InputError
     from ambient.storage.paths import BrainPaths
 
-    root = brain_dir(args)
-    if not root.is_dir():
+    try:
+        bm = load_matrix(BrainPaths(brain_dir(args)))
+    except InputError:
         return None
-    bm = build_matrix(BrainPaths(root))
     for problem in bm.problems:
         say(f"{problem}")
     return bm
@@ -85,41 +85,15 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from ambient.core.errors import UnsafePathError
-    from ambient.kernel.matrix import decide
-    from ambient.kernel.packet import ZONE_PATTERN, Signal
-    from ambient.storage.fsutil import check_relative, resolve_in_brain
+    from ambient.actions.explain import explain
+    from ambient.storage.paths import BrainPaths
 
-    if args.signal not in Signal.__members__:
-        return fail(f"unknown signal {args.signal!r}; expected one of {', '.join(Signal)}")
-    if args.zone is not None and not re.match(ZONE_PATTERN, args.zone):
-        return fail(f"{args.zone!r} is not a zone name (kernel, project, personal or a brain's own)")
-    root = brain_dir(args)
-    files: list[str] = []
-    for f in args.files:
-        check_relative(f)  # raises UnsafePathError: main() turns it into exit 2 with the message
-        if root.is_dir():
-            try:
-                resolve_in_brain(root, f)
-            except UnsafePathError as exc:
-                return fail(exc.message)
-        files.append(f)
-    bm = _load(args)
-    if bm is None:
-        return fail(f"{root} is not a directory; expected a brain (--brain DIR)")
-    decision = decide(bm.matrix, args.from_, args.to, Signal(args.signal), args.zone, files, bm.zone_rules)
+    verdict = explain(BrainPaths(brain_dir(args)), args.from_, args.to, args.signal, zone=args.zone, files=args.files)
+    for problem in verdict.problems:
+        say(problem)
     if args.json:
-        out_json(
-            {
-                "allowed": decision.allowed,
-                "rule": decision.rule,
-                "source": decision.source,
-                "reasons": list(decision.reasons),
-            }
-        )
+        out_json(verdict.to_json())
     else:
-        zone = f" zone {args.zone}" if args.zone else ""
-        files_text = f" files {', '.join(files)}" if files else ""
-        out(f"{args.from_} → {args.to} {args.signal}{zone}{files_text}")
-        out(decision.explain())
-    return EXIT_OK if decision.allowed else EXIT_NO
+        out(verdict.packet)
+        out(verdict.decision.explain())
+    return EXIT_OK if verdict.decision.allowed else EXIT_NO

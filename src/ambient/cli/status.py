@@ -67,7 +67,6 @@ def _fold_runs(root: Path, problems: list[str] | None = None) -> list[Any]:
 
 def _doing_now(paths: Any) -> dict[tuple[str, str], dict[str, Any]]:
     """What each running AI agent is doing (the daemon's ``.ambient/now.json``): (run, item) → tool, seconds."""
-    import json
     import time
 
     from ambient.runners.claude import NOW_FILE
@@ -456,71 +455,19 @@ def _done_of(record: dict[str, Any]) -> tuple[int, int, str]:
     return sum(1 for r in last.values() if r == "success"), len(last), unit
 
 
-def _served_version(paths: BrainPaths, workflow: str) -> str | None:
-    """The sha256 of the version of ``workflow`` the running daemon serves (None: no daemon, or it has none)."""
-    from ambient.service.instance import daemon_up
-
-    if not daemon_up(paths):
-        return None
-    try:
-        served = json.loads((paths.state / "daemon.json").read_text()).get("workflows") or {}
-    except (OSError, ValueError, AttributeError):
-        return None
-    sha = served.get(workflow) if isinstance(served, dict) else None
-    return sha if isinstance(sha, str) else None
-
-
 def _start(args: argparse.Namespace) -> int:
-    from ambient.config.brain import load_brain
-    from ambient.core.clock import utcnow
-    from ambient.kernel.inbox import write_inbox
-    from ambient.kernel.packet import make_packet
-    from ambient.kernel.router import Router
+    from ambient.actions.start import parse_context, start
     from ambient.storage.paths import BrainPaths
-    from ambient.workflows.spec import ChainWorkflow
 
-    paths = BrainPaths(brain_dir(args))
-    ctx: dict[str, Any] = {"workflow": args.workflow}
-    if args.step:
-        ctx["step"] = args.step
-    if args.context:
-        try:
-            value = json.loads(args.context)
-        except ValueError as exc:
-            return fail(f"--context is not valid JSON: {exc}")
-        if not isinstance(value, dict):
-            return fail("--context must be a JSON object")
-        ctx["context"] = value
-    # The workflow as the daemon loads it: a request for a file that does not load would be dropped unseen. A
-    # draft starts too: `status: draft` keeps a workflow from starting by itself, not from being started on purpose.
-    brain = load_brain(paths, os.environ)
-    loaded = brain.workflows.get(args.workflow)
-    if loaded is None:
-        mine = [p for p in brain.errors if p.file.startswith("workflows/") and Path(p.file).stem == args.workflow]
-        if not mine:
-            return fail(f"no workflow named {args.workflow!r} in {paths.workflows}")
-        problems = "; ".join(str(p) for p in mine[:3])
-        serving = _served_version(paths, args.workflow)
-        if serving is None:
-            return fail(
-                f"{args.workflow} does not load, so it cannot start: {problems} "
-                "(`ambient validate` lists every problem)"
-            )
-        # The running daemon keeps serving the version it loaded before the file broke (docs/workflows.md).
-        say(f"warning: {problems}; the running daemon starts the version it loaded before (sha256 {serving[:12]})")
-    else:
-        spec = loaded.spec
-        if args.step:
-            if not isinstance(spec, ChainWorkflow):
-                return fail(f"--step is for chains; {args.workflow} is a for_each")
-            steps = [s.key for s in spec.chain]
-            if str(args.step) not in steps:
-                return fail(f"{args.workflow} has no step {args.step!r}; its steps: {', '.join(steps)}")
-    pkt = make_packet("human", "ambient", "ORCHESTRATE", now=utcnow(), context=ctx)
-    router = Router(brain.matrix.matrix, zone_rules=brain.matrix.zone_rules, brain_root=paths.root)
-    outcome = router.check(pkt, "human")
-    if not outcome.ok:
-        return fail(f"ORCHESTRATE denied: {outcome.reason}", EXIT_NO)
-    write_inbox(paths, pkt)
-    out(f"start requested: {args.workflow} (packet {pkt.id}); the daemon picks it up at once if it runs")
+    context = parse_context(args.context)
+    if isinstance(context, str):
+        return fail(context.replace("the context", "--context", 1))
+    result = start(BrainPaths(brain_dir(args)), args.workflow, step=args.step, context=context)
+    for warning in result.warnings:
+        say(f"warning: {warning}")
+    if result.kind == "denied":
+        return fail(result.message, EXIT_NO)
+    if result.kind == "refused":
+        return fail(result.message)
+    out(result.message)
     return EXIT_OK

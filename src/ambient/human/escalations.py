@@ -24,7 +24,7 @@ from ambient.core.errors import InputError, StateError
 #: provider: the model provider refused the key or cannot be reached (the run holds).
 Kind = Literal["fail", "error", "blocked", "gate", "circuit_break", "question", "permission", "budget", "provider"]
 Status = Literal["pending", "answered", "expired", "cancelled"]
-Channel = Literal["cli", "telegram", "rule", "timeout"]
+Channel = Literal["cli", "web", "telegram", "rule", "timeout"]
 OnTimeout = Literal["reject", "approve", "escalate", "abort"]
 
 #: Actions the engine carries out by itself; a workflow may declare options with other actions.

@@ -143,3 +143,15 @@ def lock_holder(path: Path) -> int | None:
                 if pid > 0:
                     return pid
     return None
+
+
+def served_workflow(paths: BrainPaths, workflow: str) -> str | None:
+    """The sha256 of the version of ``workflow`` the running daemon serves (None: no daemon, or it has none)."""
+    if not daemon_up(paths):
+        return None
+    try:
+        served = json.loads((paths.state / "daemon.json").read_text()).get("workflows") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    sha = served.get(workflow) if isinstance(served, dict) else None
+    return sha if isinstance(sha, str) else None

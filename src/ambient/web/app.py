@@ -23,6 +23,7 @@ from ambient.storage.paths import BrainPaths
 from ambient.web import pages
 from ambient.web.live import Hub, events_route
 from ambient.web.security import SecurityMiddleware, allowed_host_names, csrf_token
+from ambient.web.store import StoreThread
 
 STATIC: Final = Path(__file__).resolve().parent / "static"
 
@@ -53,7 +54,8 @@ def create_app(
     ``bound_host`` is the address served (Host headers are checked against it), ``live`` starts the one file
     watcher of this server process (off in unit tests that only render), ``max_clients`` caps live connections.
     """
-    hub = Hub(paths, max_clients=max_clients)
+    store = StoreThread(paths)
+    hub = Hub(paths, store, max_clients=max_clients)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -63,6 +65,7 @@ def create_app(
             yield
         finally:
             await hub.stop()
+            store.close()
 
     app = Starlette(
         routes=[
@@ -83,4 +86,5 @@ def create_app(
     app.state.paths = paths
     app.state.csrf = csrf_token(token)
     app.state.hub = hub
+    app.state.store = store
     return app

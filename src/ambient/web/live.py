@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
-from collections.abc import AsyncIterator, Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Final
 
@@ -30,6 +28,7 @@ from starlette.routing import Route
 from ambient.service.instance import daemon_up
 from ambient.storage.fsutil import TMP_MARK, private_dir
 from ambient.storage.paths import BrainPaths
+from ambient.web.store import StoreThread
 
 log = structlog.get_logger(__name__)
 
@@ -73,17 +72,6 @@ def topics_of(paths: BrainPaths, changed: Iterable[str]) -> set[str]:
     return topics
 
 
-def store_refresher(paths: BrainPaths) -> Callable[[], object] | None:
-    """The query store's ``refresh`` for this brain, or None while the store is not there (nothing to refresh)."""
-    try:
-        module = importlib.import_module("ambient.query.store")
-    except ImportError:
-        return None
-    store = module.QueryStore(paths)
-    refresh: Callable[[], object] = store.refresh
-    return refresh
-
-
 class Client:
     """One open page: a bounded queue of events; overflow collapses into one ``resync``."""
 
@@ -110,21 +98,13 @@ def _resync() -> str:
 class Hub:
     """The one watcher of a server process and the open pages it tells."""
 
-    def __init__(
-        self,
-        paths: BrainPaths,
-        *,
-        max_clients: int = 64,
-        refresh: Callable[[], object] | None = None,
-    ) -> None:
+    def __init__(self, paths: BrainPaths, store: StoreThread, *, max_clients: int = 64) -> None:
         self.paths = paths
+        self.store = store
         self.max_clients = max_clients
         self.clients: set[Client] = set()
-        self._refresh = refresh
-        self._refresh_loaded = refresh is not None
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._pool: ThreadPoolExecutor | None = None
         self._daemon: bool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -169,7 +149,6 @@ class Hub:
         if self._tasks:
             return
         self._loop = asyncio.get_running_loop()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ambient-web-store")
         await self.refresh()
         ready = asyncio.Event()
         self._tasks = [
@@ -187,21 +166,14 @@ class Hub:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
 
-    async def refresh(self) -> None:
-        """Bring the query store up to date, in the store's own thread (never on the event loop)."""
-        if not self._refresh_loaded:
-            self._refresh = store_refresher(self.paths)
-            self._refresh_loaded = True
-        if self._refresh is None or self._pool is None:
-            return
+    async def refresh(self) -> set[str]:
+        """Bring the query store up to date (in its own thread, never on the event loop); the topics it saw."""
         try:
-            await asyncio.get_running_loop().run_in_executor(self._pool, self._refresh)
+            return await self.store.refresh()
         except Exception as exc:  # noqa: BLE001 - a store that cannot refresh must not end the live layer
             log.warning("web_store_refresh_failed", error=str(exc))
+            return set()
 
     async def _watch(self, ready: asyncio.Event) -> None:
         from watchfiles import awatch
@@ -223,8 +195,7 @@ class Hub:
         ):
             topics = topics_of(self.paths, (p for _, p in changes))
             if topics:
-                await self.refresh()
-                self.publish(topics)
+                self.publish(topics | await self.refresh())
 
     async def _poll_daemon(self) -> None:
         while not self._stop.is_set():

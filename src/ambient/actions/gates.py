@@ -1,0 +1,106 @@
+"""A claim's human gate moved by a person (``ambient gate``, the console's approve/reject buttons).
+
+A chain step's ``gate: human`` waits both as its claim (``waiting_human``) and as a question of its run: approve or
+reject on that claim answers the question, exactly as ``ambient decide`` would (the run then moves the claim), so
+the claim and the run never disagree. Any other claim moves by :meth:`ambient.claims.store.ClaimStore.transition`
+(its cascades and ``gate_history``). A refusal changes nothing and raises what the store raises
+(:class:`~ambient.core.errors.TransitionError`, :class:`~ambient.human.escalations.AlreadyAnsweredError`...).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ambient.claims.store import ClaimStore
+from ambient.human.escalation_store import EscalationStore
+
+if TYPE_CHECKING:
+    from ambient.claims.claim import Claim
+    from ambient.human.escalations import Channel, Escalation
+    from ambient.storage.paths import BrainPaths
+
+#: What ``ambient gate`` may do to a claim (``status`` only reads).
+GATE_ACTIONS = ("gate", "approve", "reject", "pause", "resume", "abort")
+
+
+@dataclass(frozen=True)
+class Move:
+    """One claim moved: from which status to which, and whether a cascade from the claim acted on moved it."""
+
+    sess_id: str
+    before: str
+    after: str
+    cascade: bool
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """What a gate action did: either the run's question it answered (``question``, ``decision``) or the claims it
+    moved (``moves``, the acted-on claim first)."""
+
+    sess_id: str
+    action: str
+    moves: list[Move] = field(default_factory=list)
+    question: str | None = None
+    decision: str | None = None
+
+    @property
+    def message(self) -> str:
+        """One line a person reads (the CLI prints it; the console shows it as its notice)."""
+        if self.question is not None:
+            how = f"the run's question {self.question}, answered as `ambient decide` would"
+            return f"{self.sess_id}: {self.decision} ({how})"
+        return "; ".join(f"{m.sess_id}: {m.before} -> {m.after}{' (cascade)' if m.cascade else ''}" for m in self.moves)
+
+    def statuses(self) -> dict[str, str]:
+        """sess_id → status after the move (``ambient gate --json``)."""
+        return {m.sess_id: m.after for m in self.moves}
+
+
+def run_gate_question(paths: BrainPaths, sess_id: str) -> Escalation | None:
+    """The pending gate question of the run step this claim is (``<run>-step-<step>``), or None."""
+    for esc in EscalationStore(paths).list(status="pending"):
+        step = esc.step or esc.item
+        if esc.kind == "gate" and step is not None and f"{esc.run_id}-step-{step}" == sess_id:
+            return esc
+    return None
+
+
+def move_gate(
+    paths: BrainPaths,
+    sess_id: str,
+    action: str,
+    message: str | None = None,
+    *,
+    token: int | None = None,
+    by: str | None = None,
+    channel: Channel = "cli",
+) -> GateOutcome:
+    """Apply ``action`` (one of :data:`GATE_ACTIONS`) to claim ``sess_id``; approve/reject of a run's waiting gate
+    answers the run's question instead. Raises on a refusal (nothing changed)."""
+    if action not in GATE_ACTIONS:
+        from ambient.core.errors import InputError
+
+        raise InputError(f"unknown gate action {action!r}; expected one of {', '.join(GATE_ACTIONS)}")
+    if action in ("approve", "reject"):
+        esc = run_gate_question(paths, sess_id)
+        if esc is not None:
+            who = by or os.environ.get("USER") or "human"
+            done = EscalationStore(paths).answer(esc.id, action, by=who, channel=channel, note=message)
+            return GateOutcome(sess_id, action, question=esc.id, decision=done.decision)
+    changed = ClaimStore(paths).transition(sess_id, action, message, token=token)
+    return GateOutcome(sess_id, action, moves=[_move(sid, claim, sess_id) for sid, claim in changed.items()])
+
+
+def _move(sid: str, claim: Claim, acted_on: str) -> Move:
+    last: Any = (claim.gate_history or [{}])[-1]
+    before = str(last.get("from")) if isinstance(last, dict) else "?"
+    return Move(sid, before, str(claim.status), sid != acted_on)
+
+
+def gate_status(paths: BrainPaths, sess_id: str) -> tuple[str, list[Any]]:
+    """A claim's status and its ``gate_history`` (``ambient gate status``)."""
+    claim = ClaimStore(paths).get(sess_id)
+    return str(claim.status), list(claim.gate_history or [])

@@ -1,0 +1,80 @@
+"""The console's access to the query store: one store (one SQLite connection) per server process, used from one
+worker thread only, so that reading or refreshing never runs on the event loop and never contends with itself.
+
+Every read refreshes first (cheap when nothing changed: a few ``stat`` calls), so a page is never stale even when
+the watcher has not fired yet or no daemon runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import structlog
+from starlette.requests import Request
+
+from ambient.query.store import QueryStore
+from ambient.storage.paths import BrainPaths
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+
+class StoreThread:
+    """The query store of one server process and the single thread that uses it."""
+
+    def __init__(self, paths: BrainPaths) -> None:
+        self.paths = paths
+        self._store: QueryStore | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ambient-web-store")
+        return self._pool
+
+    def _opened(self) -> QueryStore:
+        if self._store is None:
+            self._store = QueryStore.fresh(self.paths)
+        return self._store
+
+    def _refresh(self) -> set[str]:
+        store = self._opened()
+        try:
+            return store.refresh()
+        except sqlite3.Error as exc:  # a store that cannot be written: the reader still answers from the last state
+            log.warning("web_store_refresh_failed", error=str(exc))
+            return set()
+
+    async def refresh(self) -> set[str]:
+        """Bring the store up to date (in the store's thread); the topics the store saw change."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor(), self._refresh)
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(conn)`` on a freshly refreshed store, in one read transaction, in the store's thread."""
+
+        def run() -> T:
+            self._refresh()
+            with self._opened().reading() as conn:
+                return fn(conn)
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor(), run)
+
+    def close(self) -> None:
+        """Stop the thread and close the connection (server shutdown)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+async def read(request: Request, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """For a page: ``fn(conn)`` on the console's store, refreshed, off the event loop."""
+    store: StoreThread = request.app.state.store
+    return await store.read(fn)
