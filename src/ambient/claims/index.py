@@ -81,19 +81,31 @@ class ClaimCensus:
         return sum(1 for f in self.facts.values() if f.status in statuses)
 
 
-def census(store: ClaimReader, *, save: bool = True) -> ClaimCensus:
-    """Every claim file's facts or problems, parsing only files not in the index as they are now.
+@dataclass(frozen=True)
+class FileVerdict:
+    """What one claim file yields: its facts and warnings, or (``facts`` None) the problems that make it unusable.
+    ``sig`` is (inode, size, mtime_ns, ctime_ns) of the file judged."""
 
-    Same verdicts as :meth:`ClaimStore.load` (the first file of a sess_id wins, the others are problems), from the
-    same reader; symlinks and other non-regular files are never indexed (read, and refused, each time).
-    ``save=False`` for commands that promise to write nothing (``doctor``, ``validate``): they use the index, and
-    leave it as it was.
+    name: str
+    rel: str
+    sig: _Sig
+    facts: ClaimFacts | None
+    problems: list[Problem]
+
+
+def verdicts(store: ClaimReader, *, save: bool = True) -> tuple[list[FileVerdict], int]:
+    """Every claim file's verdict, by file name, parsing only files not in the index as they are now; and how many
+    were parsed. The census's reading, for a reader that keeps its own per-file rows (the query store's rebuild).
+
+    Symlinks and other non-regular files are never indexed (read, and refused, each time). ``save=False`` for
+    commands that promise to write nothing (``doctor``, ``validate``): they use the index, and leave it as it was.
     """
     paths = store.paths
     index_path = paths.state / INDEX_NAME
     old = _load_index(index_path)
     new: dict[str, list[Any]] = {}
-    out = ClaimCensus()
+    found: list[FileVerdict] = []
+    parsed = 0
     try:
         entries = sorted((e for e in os.scandir(store.dir) if is_claim_name(e.name)), key=lambda e: e.name)
     except FileNotFoundError:
@@ -110,12 +122,25 @@ def census(store: ClaimReader, *, save: bool = True) -> ClaimCensus:
         record = kept if kept is not None and tuple(kept[0]) == sig else None
         if record is None:
             record = _read(store, entry.name, sig, rel)
-            out.parsed += 1
+            parsed += 1
         if stat.S_ISREG(st.st_mode):
             new[entry.name] = record
-        _add(out, record, rel)
+        found.append(_verdict(entry.name, rel, sig, record))
     if save and new != old:
         _save_index(index_path, new)
+    return found, parsed
+
+
+def census(store: ClaimReader, *, save: bool = True) -> ClaimCensus:
+    """Every claim file's facts or problems, parsing only files not in the index as they are now.
+
+    Same verdicts as :meth:`ClaimStore.load` (the first file of a sess_id wins, the others are problems), from the
+    same reader (see :func:`verdicts`).
+    """
+    found, parsed = verdicts(store, save=save)
+    out = ClaimCensus(parsed=parsed)
+    for verdict in found:
+        _add(out, verdict)
     return out
 
 
@@ -158,22 +183,31 @@ def _problem_row(p: Problem) -> list[Any]:
     return [p.line, p.message, p.severity]
 
 
-def _add(out: ClaimCensus, record: list[Any], rel: str) -> None:
+def _verdict(name: str, rel: str, sig: _Sig, record: list[Any]) -> FileVerdict:
     _, facts, problems = record
     rows = [Problem(file=rel, line=line, message=message, severity=severity) for line, message, severity in problems]
     if facts is None:
-        out.problems.extend(rows)
-        return
+        return FileVerdict(name, rel, sig, None, rows)
     sess_id, fence, status, ttl, times = facts
-    if sess_id in out.facts:
-        first = out.files[sess_id]
+    return FileVerdict(name, rel, sig, ClaimFacts(sess_id, fence, status, ttl, tuple(times)), rows)
+
+
+def _add(out: ClaimCensus, verdict: FileVerdict) -> None:
+    facts, rel = verdict.facts, verdict.rel
+    if facts is None:
+        out.problems.extend(verdict.problems)
+        return
+    if facts.sess_id in out.facts:
+        first = out.files[facts.sess_id]
         out.problems.append(
-            Problem(file=rel, line=1, message=f"sess_id {sess_id!r} is already used by {first}; this file is ignored")
+            Problem(
+                file=rel, line=1, message=f"sess_id {facts.sess_id!r} is already used by {first}; this file is ignored"
+            )
         )
         return
-    out.facts[sess_id] = ClaimFacts(sess_id, fence, status, ttl, tuple(times))
-    out.files[sess_id] = rel
-    out.problems.extend(rows)
+    out.facts[facts.sess_id] = facts
+    out.files[facts.sess_id] = rel
+    out.problems.extend(verdict.problems)
 
 
 @functools.cache

@@ -49,14 +49,24 @@ def _store(args: argparse.Namespace) -> EscalationStore:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    store = _store(args)
-    scan = store.scan()
-    for problem in scan.problems:  # a hand-edited file gone wrong is shown, never hidden or deleted
+    from ambient.human.escalations import Escalation
+    from ambient.query import views
+    from ambient.query.store import QueryStore
+
+    paths = BrainPaths(brain_dir(args))
+    store = QueryStore.fresh(paths)  # the query store: only the files that changed are read
+    try:
+        with store.reading() as conn:
+            problems = views.escalation_problems(conn)
+            rows = views.escalations(conn, status=None if args.all else "pending")
+    finally:
+        store.close()
+    for problem in problems:  # a hand-edited file gone wrong is shown, never hidden or deleted
         say(f"warning: {problem}")
-    escs = [e for e in scan.escalations if args.all or e.status == "pending"]
     if args.json:
-        out_json([e.model_dump(mode="json") for e in escs])
+        out_json([e.data for e in rows])
         return EXIT_OK
+    escs = [Escalation.model_validate(e.data) for e in rows]
     if not escs:
         out("No pending escalations." if not args.all else "No escalations.")
         return EXIT_OK
@@ -64,7 +74,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for i, esc in enumerate(escs):
         if i:
             out()
-        _print_one(esc, now, store.paths.root)
+        _print_one(esc, now, paths.root)
     return EXIT_OK
 
 

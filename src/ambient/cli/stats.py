@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # imported in the handlers, so that other commands start fast
 
     from ambient.learning.stats import CostStats, Stats, StatsBuilder, Trend, WeekStats
     from ambient.storage.journal import ReadResult
+    from ambient.storage.paths import BrainPaths
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -90,6 +91,40 @@ def summarise_file(
         res.torn_tail = res.torn_tail or torn
         seen += lines
     return builder.result(top_errors=top_errors), res
+
+
+def summarise_store(
+    paths: BrainPaths,
+    *,
+    workflow: str | None = None,
+    agent: str | None = None,
+    since: datetime | None = None,
+    top_errors: int = 20,
+) -> tuple[Stats, ReadResult]:
+    """Summarise the run records kept by the query store (``ambient.query``: ``runs.jsonl`` read once, from where
+    it was read up to): the same figures as :func:`summarise_file`, with the same lines skipped."""
+    from ambient.learning.stats import StatsBuilder
+    from ambient.query import views
+    from ambient.query.store import QueryStore
+    from ambient.storage.journal import ReadResult
+
+    store = QueryStore.fresh(paths)
+    try:
+        with store.reading() as conn:
+            read = views.record_lines(conn)
+    finally:
+        store.close()
+    builder = StatsBuilder(workflow=workflow, agent=agent, since=since)
+    loads = json.loads
+    paused = gc.isenabled()
+    gc.disable()  # no cycles are built here; the collector only slows the parsing down
+    try:
+        for text in read.lines:
+            builder.add(loads(text))
+    finally:
+        if paused:
+            gc.enable()
+    return builder.result(top_errors=top_errors), ReadResult(torn_tail=read.torn_tail, bad_lines=read.bad_lines)
 
 
 def _cpus() -> int:
@@ -201,8 +236,8 @@ def _stats(args: argparse.Namespace) -> int:
 
     paths = BrainPaths(brain_dir(args))
     since = parse_since(args.since, utcnow()) if args.since else None
-    stats, res = summarise_file(
-        paths.runs_log, workflow=args.workflow, agent=args.agent, since=since, top_errors=max(0, args.errors)
+    stats, res = summarise_store(
+        paths, workflow=args.workflow, agent=args.agent, since=since, top_errors=max(0, args.errors)
     )
     note = read_note(paths.runs_log, res, stats.invalid)
     if args.json:

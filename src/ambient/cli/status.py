@@ -37,32 +37,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--context", help="JSON object passed to the run as context")
 
 
-def _fold_runs(root: Path, problems: list[str] | None = None) -> list[Any]:
-    """The runs in progress, folded from their journals; a journal that does not fold is added to ``problems`` as
-    ``file:line: why`` (an edited record: that run's problem, shown, never a crash of the view).
-
-    A finished run is known from its journal's first and last lines (``finished_glance``) and not folded: the brain
-    keeps every run's journal, and folding them all made status slower with each run ever made.
-    """
-    from ambient.engine.journals import finished_glance, journal_problem
-    from ambient.engine.runstate import fold
-    from ambient.storage.journal import read_jsonl
+def _store(root: Path) -> Any:
+    """The brain's query store, refreshed now (``ambient.query``): what status and runs read instead of the files."""
+    from ambient.query.store import QueryStore
     from ambient.storage.paths import BrainPaths
 
-    paths = BrainPaths(root)
-    states = []
-    if paths.run_journals.is_dir():
-        for path in sorted(paths.run_journals.glob("*.jsonl")):
-            if finished_glance(path) is not None:
-                continue
-            try:
-                states.append(fold(read_jsonl(path).records))
-            except OSError:
-                continue
-            except (ValueError, KeyError, TypeError) as exc:
-                if problems is not None:
-                    problems.append(str(journal_problem(path, paths.rel(path), exc)))
-    return states
+    return QueryStore.fresh(BrainPaths(root))
 
 
 def _doing_now(paths: Any) -> dict[tuple[str, str], dict[str, Any]]:
@@ -86,34 +66,38 @@ def _doing_now(paths: Any) -> dict[tuple[str, str], dict[str, Any]]:
 def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
     """Everything ``ambient status`` shows, as plain data; with ``workflow``, what is of that workflow only (runs,
     escalations, errors, finished runs, files that do not load)."""
-    from ambient.claims.index import census
     from ambient.claims.locks import LockManager
-    from ambient.claims.store import ClaimStore
     from ambient.core.redact import redact_text
-    from ambient.human.escalation_store import EscalationStore
+    from ambient.query import views
     from ambient.service.instance import daemon_up, running_pid
-    from ambient.storage.journal import tail_jsonl
     from ambient.storage.paths import BrainPaths
 
     paths = BrainPaths(root)
     up = daemon_up(paths)
     doing = _doing_now(paths) if up else {}
-    unreadable: list[str] = []
-    active = [s for s in _fold_runs(root, unreadable) if not s.finished and workflow in (None, s.workflow)]
+    store = _store(root)
+    try:
+        with store.reading() as conn:
+            unreadable = views.unreadable_runs(conn)
+            active = views.runs_in_progress(conn, workflow)
+            waiting = views.escalations(conn, status="pending", workflow=workflow)
+            claims = views.claim_counts(conn)
+            records = views.records(conn, last=50)  # the newest runs only: the file keeps every run ever made
+    finally:
+        store.close()
     runs = []
     for s in active:
-        counts = s.counts()
         runs.append(
             {
                 "run_id": s.run_id,
                 "workflow": s.workflow,
                 "form": s.form,
                 "started_at": s.started_at,
-                "done": counts.get("done", 0),
-                "total": counts["total"],
-                "running": counts.get("running", 0),
-                "waiting": len(s.escalations),
-                "failed": counts.get("failed", 0),
+                "done": s.done,
+                "total": s.total,
+                "running": s.running,
+                "waiting": s.waiting,
+                "failed": s.failed,
                 "items": [
                     {
                         "name": i.name,
@@ -126,31 +110,27 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
                     }
                     for i in s.items
                 ],
-                "cursor": s.cursor if s.form == "chain" else None,
+                "cursor": s.cursor,
                 "breaker": s.breaker,
-                "tripped": sorted(s.tripped),
-                **s.usage.to_record(),  # cost_usd, tokens, turns, models (AI agents only)
-                "held": sorted(s.holds),  # per_run | daily | provider: no new agent starts
+                "tripped": s.tripped,
+                **s.usage,  # cost_usd, tokens, turns, models (AI agents only)
+                "held": s.holds,  # per_run | daily | provider: no new agent starts
             }
         )
-    pending = []
-    store = EscalationStore(paths)
-    for e in store.list(status="pending"):
-        if workflow not in (None, e.workflow):
-            continue
-        pending.append(
-            {
-                "id": e.id,
-                "workflow": e.workflow,
-                "where": e.where,
-                "kind": e.kind,
-                "question": redact_text(e.question),
-                "options": [o.key for o in e.options],
-                "created_at": e.created_at.isoformat(),
-                "notified": e.notify.delivered_at is not None,
-                "attempts": e.notify.count,
-            }
-        )
+    pending = [
+        {
+            "id": e.id,
+            "workflow": e.workflow,
+            "where": e.where,
+            "kind": e.kind,
+            "question": redact_text(e.question),
+            "options": [key for key, _, _ in e.options],
+            "created_at": e.created_at,
+            "notified": e.notified,
+            "attempts": e.attempts,
+        }
+        for e in waiting
+    ]
     locks = []
     try:
         for st in LockManager(paths, check_filesystem=False).list():
@@ -165,7 +145,6 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
                 )
     except OSError:
         pass
-    claims = census(ClaimStore(paths, check_filesystem=False))  # only changed files are parsed (claimindex)
     # One entry per item of a run, its last error and how many attempts failed (a record has a step per attempt).
     errors: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -176,7 +155,6 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
         errors[key] = {"workflow": wf, "item": item, "run_id": run_id, "error": redact_text(error)[:200]}
         errors[key].update(attempts=count, at=at)
 
-    records = tail_jsonl(paths.runs_log, 50)  # the newest runs only: the file keeps every run ever made
     records = [r for r in records if workflow in (None, r.get("workflow"))]
     for rec in records:
         for step in rec.get("steps", []):
@@ -330,10 +308,14 @@ def _known_workflow(root: Path, name: str) -> bool:
     workflows = root / "workflows"
     if any(p.stem == name for p in workflow_files(workflows)) if workflows.is_dir() else False:
         return True
-    from ambient.storage.journal import read_first
+    from ambient.query import views
 
-    journals = root / ".ambient" / "runs"
-    return journals.is_dir() and any((read_first(p) or {}).get("workflow") == name for p in journals.glob("*.jsonl"))
+    store = _store(root)
+    try:
+        with store.reading() as conn:
+            return views.known_workflow_run(conn, name)
+    finally:
+        store.close()
 
 
 def cost_text(record: dict[str, Any]) -> str:
@@ -389,31 +371,25 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from ambient.storage.journal import read_jsonl, tail_jsonl
-    from ambient.storage.paths import BrainPaths
+    from ambient.query import views
 
     root = brain_dir(args)
-    paths = BrainPaths(root)
     if args.last is not None and args.last < 1:
         return fail(f"--last must be 1 or more (got {args.last})")
-    torn = False
-    if args.last is not None and args.workflow is None:  # a month of fan-outs makes runs.jsonl hundreds of MB
-        rows = tail_jsonl(paths.runs_log, args.last)
-    else:
-        res = read_jsonl(paths.runs_log)
-        torn = res.torn_tail
-        rows = [r for r in res.records if args.workflow is None or r.get("workflow") == args.workflow]
-        if args.last is not None:
-            rows = rows[-args.last :]
-    active = [s for s in _fold_runs(root) if not s.finished and (args.workflow is None or s.workflow == args.workflow)]
+    store = _store(root)
+    try:
+        with store.reading() as conn:
+            rows = views.records(conn, workflow=args.workflow, last=args.last)
+            # The torn last line is told when the whole file was read (not for the newest N of every workflow).
+            torn = views.records_torn(conn) and not (args.last is not None and args.workflow is None)
+            active = views.runs_in_progress(conn, args.workflow, items=False)
+    finally:
+        store.close()
     if args.workflow and not rows and not active and not _known_workflow(root, args.workflow):
         return fail(f"no workflow named {args.workflow!r}: no file in {root / 'workflows'} and no run recorded")
     if args.json:
         out_json(
-            {
-                "finished": rows,
-                "active": [{"run_id": s.run_id, "workflow": s.workflow, **s.usage.to_record()} for s in active],
-            }
+            {"finished": rows, "active": [{"run_id": s.run_id, "workflow": s.workflow, **s.usage} for s in active]}
         )
         return EXIT_OK
     from ambient.engine.records import is_failure
@@ -429,13 +405,8 @@ def _runs(args: argparse.Namespace) -> int:
             )
         )
     for s in active:
-        cost = cost_text(s.usage.to_record())
-        out(
-            one_line(
-                f"{'(running)':<19}  {s.workflow:<20} {'running':<9} {s.success_count}/{len(s.items)} done{cost}"
-                f"  {s.run_id}"
-            )
-        )
+        cost = cost_text(s.usage)
+        out(one_line(f"{'(running)':<19}  {s.workflow!s:<20} {'running':<9} {s.done}/{s.total} done{cost}  {s.run_id}"))
     if torn:
         out("(the last record was torn by a crash and is ignored)")
     if not rows and not active:

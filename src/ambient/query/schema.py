@@ -90,6 +90,7 @@ INDEXES: Final = (
     "CREATE INDEX records_completed ON records (completed_at)",
     "CREATE INDEX claims_sess ON claims (sess_id, file)",
     "CREATE INDEX claims_status ON claims (status)",
+    "CREATE INDEX claims_problems ON claims (file) WHERE problems != '[]'",
     "CREATE INDEX escalations_status ON escalations (status, created_at, id)",
     "CREATE INDEX escalations_run ON escalations (run_id)",
     "CREATE INDEX problems_kind ON problems (kind, file)",

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import sqlite3
-import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -73,6 +72,8 @@ _RULES: Final[tuple[ModuleType, ...]] = (
 #: a few ms): its mtime is not trusted, it is listed again at the next refresh (git's "racy" rule).
 _RACY_NS: Final = 100_000_000
 _BUSY_MS: Final = 5000
+#: More claim files than this to read at once (a rebuild): their facts come from the claims census's index.
+_SEED_MIN: Final = 200
 
 _Sig = tuple[int, int, int]
 
@@ -261,73 +262,116 @@ class QueryStore:
             self.rebuilt = False
         return changed
 
-    def _listing(self, conn: sqlite3.Connection, folder: Path) -> dict[str, tuple[_Sig, int]] | None:
-        """The entries of ``folder`` (name → (inode, size, mtime_ns), mode) when it changed since the last
-        listing, else None. A folder that is gone lists as empty."""
+    def _listing(self, conn: sqlite3.Connection, folder: Path) -> dict[str, tuple[int, bool]] | None:
+        """The entries of ``folder`` (name → (inode, is a regular file), from the directory alone: no stat) when
+        it changed since the last listing, else None. A folder that is gone lists as empty."""
         key = str(folder)
         try:
-            st = folder.stat()
-            mtime = st.st_mtime_ns
+            mtime = folder.stat().st_mtime_ns
         except OSError:
             mtime = -1
         row = conn.execute("SELECT mtime_ns FROM dirs WHERE path=?", (key,)).fetchone()
         if row is not None and row[0] == mtime and mtime > 0:
             return None
-        found: dict[str, tuple[_Sig, int]] = {}
+        found: dict[str, tuple[int, bool]] = {}
         if mtime != -1:
             try:
                 with os.scandir(folder) as it:
                     for entry in it:
-                        try:
-                            est = entry.stat(follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue
-                        found[entry.name] = ((est.st_ino, est.st_size, est.st_mtime_ns), est.st_mode)
+                        with contextlib.suppress(OSError):
+                            found[entry.name] = (entry.inode(), entry.is_file(follow_symlinks=False))
             except OSError:
                 return None  # not readable now: tried again at the next refresh
         racy = mtime > 0 and time.time_ns() - mtime < _RACY_NS
         conn.execute("INSERT OR REPLACE INTO dirs (path, mtime_ns) VALUES (?, ?)", (key, 0 if racy else mtime))
         return found
 
-    def _known(self, conn: sqlite3.Connection, kind: str) -> dict[str, _Sig]:
-        rows = conn.execute("SELECT name, inode, size, mtime_ns FROM files WHERE kind=?", (kind,))
-        return {name: (ino, size, mtime) for name, ino, size, mtime in rows}
-
     def _changes(
-        self, conn: sqlite3.Connection, kind: str, listing: Mapping[str, tuple[_Sig, int]], wanted: Any
+        self, conn: sqlite3.Connection, kind: str, folder: Path, listing: Mapping[str, tuple[int, bool]], wanted: Any
     ) -> tuple[list[str], list[str]]:
-        """(names gone, names new or changed) among the files of ``kind`` whose name ``wanted`` accepts."""
-        known = self._known(conn, kind)
-        now = {name: sig for name, (sig, _) in listing.items() if wanted(name)}
+        """(names gone, names new or of another inode) among the files of ``kind`` whose name ``wanted`` accepts;
+        the ``files`` rows follow (with the size and mtime of each file new or changed)."""
+        known = dict(conn.execute("SELECT name, inode FROM files WHERE kind=?", (kind,)).fetchall())
+        now = {name: ino for name, (ino, _) in listing.items() if wanted(name)}
         gone = [name for name in known if name not in now]
-        fresh = sorted(name for name, sig in now.items() if known.get(name) != sig)
-        for name in gone:
-            conn.execute("DELETE FROM files WHERE kind=? AND name=?", (kind, name))
+        fresh = sorted(name for name, ino in now.items() if known.get(name) != ino)
+        conn.executemany("DELETE FROM files WHERE kind=? AND name=?", [(kind, name) for name in gone])
+        rows = []
         for name in fresh:
-            ino, size, mtime = now[name]
-            conn.execute(
-                "INSERT OR REPLACE INTO files (kind, name, inode, size, mtime_ns) VALUES (?, ?, ?, ?, ?)",
-                (kind, name, ino, size, mtime),
-            )
+            try:
+                st = (folder / name).lstat()
+            except OSError:
+                continue  # gone since the listing: read (and found missing) below, seen again next time
+            rows.append((kind, name, st.st_ino, st.st_size, st.st_mtime_ns))
+        conn.executemany(
+            "INSERT OR REPLACE INTO files (kind, name, inode, size, mtime_ns) VALUES (?, ?, ?, ?, ?)", rows
+        )
         return gone, fresh
 
     # -- claims
 
     def _claims(self, conn: sqlite3.Connection, changed: set[str]) -> None:
         listing = self._listing(conn, self.paths.claims)
-        if listing is None:
-            return
-        gone, fresh = self._changes(conn, "claim", listing, is_claim_name)
+        fresh: list[str] = []
+        gone: list[str] = []
+        if listing is not None:
+            gone, fresh = self._changes(conn, "claim", self.paths.claims, listing, is_claim_name)
+        fresh += [n for n in self._edited_in_place(conn) if n not in fresh]
         folder = self.paths.rel(self.paths.claims)
         for name in gone:
             conn.execute("DELETE FROM claims WHERE file=?", (f"{folder}/{name}",))
-        rows = [claim_row(self.paths.claims / name, f"{folder}/{name}") for name in fresh]
+        seeded = self._seed_claims(fresh) if len(fresh) > _SEED_MIN else {}
+        rows = [seeded.get(name) or claim_row(self.paths.claims / name, f"{folder}/{name}") for name in fresh]
         conn.executemany(f"INSERT OR REPLACE INTO claims VALUES ({', '.join('?' * 14)})", rows)  # noqa: S608
-        for name in fresh:  # never indexed by signature: read (and refused) each time, as the claims census does
-            if not stat.S_ISREG(listing[name][1]):
+        for name in fresh:  # never kept by signature: read (and refused) each time, as the claims census does
+            if listing is not None and name in listing and not listing[name][1]:
                 conn.execute("DELETE FROM files WHERE kind='claim' AND name=?", (name,))
         if gone or fresh:
             changed.add("claims")
+
+    def _edited_in_place(self, conn: sqlite3.Connection) -> list[str]:
+        """The claim files in use (not closed) or unusable whose content changed under the same name and inode:
+        a person's editor may write in place, which changes no folder. Closed claims are not looked at (tens of
+        thousands of stats cost more than the whole status); one edited in place is seen when claims/ changes."""
+        folder = self.paths.rel(self.paths.claims) + "/"
+        found = []
+        rows = conn.execute(
+            "SELECT f.name, f.inode, f.size, f.mtime_ns FROM claims c JOIN files f ON f.kind='claim' "
+            "AND f.name = substr(c.file, ?) WHERE c.status IS NULL OR c.status != 'closed'",
+            (len(folder) + 1,),
+        ).fetchall()
+        for name, ino, size, mtime in rows:
+            try:
+                st = (self.paths.claims / name).lstat()
+            except OSError:
+                continue  # gone: the folder changed, its listing says so
+            sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if sig != (ino, size, mtime):
+                conn.execute("UPDATE files SET inode=?, size=?, mtime_ns=? WHERE kind='claim' AND name=?", (*sig, name))
+                found.append(name)
+        return found
+
+    def _seed_claims(self, names: list[str]) -> dict[str, tuple[Any, ...]]:
+        """Rows of many claim files at once (a rebuild) from the claims census (``.ambient/claims-index.json``:
+        a file judged before is not parsed again): the facts of each. A claim in use (not closed) is read whole
+        anyway, for its agent and parent; a closed one keeps only its facts (its agent, parent... are NULL)."""
+        from ambient.claims.index import verdicts  # only a rebuild needs them
+        from ambient.claims.store import ClaimStore
+
+        wanted = set(names)
+        out: dict[str, tuple[Any, ...]] = {}
+        found, _ = verdicts(ClaimStore(self.paths, check_filesystem=False))
+        for v in found:
+            if v.name not in wanted:
+                continue
+            if v.facts is None:
+                out[v.name] = (v.rel, *([None] * 11), "[]", _problems_json(v.problems))
+            elif v.facts.status == "closed":
+                f = v.facts
+                ttl = None if f.ttl is None else str(f.ttl)
+                row = (v.rel, f.sess_id, f.status, *([None] * 7), max(f.times) if f.times else None, ttl)
+                out[v.name] = (*row, json.dumps(list(f.times)), _problems_json(v.problems))
+        return out
 
     # -- escalations
 
@@ -337,9 +381,9 @@ class QueryStore:
             return
 
         def wanted(name: str) -> bool:  # EscalationStore.scan's files (fsutil.iter_files)
-            return not name.startswith(".") and name.endswith(".yml") and stat.S_ISREG(listing[name][1])
+            return not name.startswith(".") and name.endswith(".yml") and listing[name][1]
 
-        gone, fresh = self._changes(conn, "escalation", listing, wanted)
+        gone, fresh = self._changes(conn, "escalation", self.paths.escalations, listing, wanted)
         store = EscalationStore(self.paths)
         folder = self.paths.rel(self.paths.escalations)
         for name in [*gone, *fresh]:
@@ -366,9 +410,9 @@ class QueryStore:
         if listing is not None:
 
             def wanted(name: str) -> bool:
-                return name.endswith(".jsonl") and not name.startswith(".") and stat.S_ISREG(listing[name][1])
+                return name.endswith(".jsonl") and not name.startswith(".") and listing[name][1]
 
-            gone, fresh = self._changes(conn, "journal", listing, wanted)
+            gone, fresh = self._changes(conn, "journal", self.paths.run_journals, listing, wanted)
             for name in gone:
                 run_ids = [r[0] for r in conn.execute("SELECT run_id FROM runs WHERE journal=?", (name,))]
                 for run_id in run_ids:
@@ -528,13 +572,13 @@ def escalation_row(esc: Any) -> tuple[Any, ...]:
         esc.where,
         esc.question,
         json.dumps([[o.key, o.label, o.action] for o in esc.options]),
-        data["created_at"],
-        data.get("deadline"),
+        esc.created_at.isoformat(),
+        None if esc.deadline is None else esc.deadline.isoformat(),
         esc.decision,
         esc.by,
         esc.channel,
         esc.note,
-        data.get("answered_at"),
+        None if esc.answered_at is None else esc.answered_at.isoformat(),
         int(esc.notify.delivered_at is not None),
         esc.notify.count,
         json.dumps(data, separators=(",", ":")),

@@ -12,10 +12,12 @@ import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, tzinfo
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ambient.claims.claim import ClaimFacts
 from ambient.core.problems import Problem
+
+if TYPE_CHECKING:
+    from ambient.claims.claim import ClaimFacts
 
 # ------------------------------------------------------------------------------------------------ runs and items
 
@@ -306,6 +308,8 @@ class ClaimRow:
 
     def facts(self) -> ClaimFacts:
         """What the stale rule reads (:meth:`ambient.claims.claim.ClaimFacts.stale_at`)."""
+        from ambient.claims.claim import ClaimFacts  # the start-up time of `ambient status`: claims' models
+
         return ClaimFacts(self.sess_id, None, self.status, self.ttl, tuple(self.times))
 
 
@@ -330,23 +334,32 @@ class ClaimCounts:
 def claim_counts(conn: sqlite3.Connection) -> ClaimCounts:
     """Claims per status and the problems of claim files, in file order: a file that cannot be used, the
     warnings of one that can, a second file of a sess_id (ignored)."""
-    by = dict(
-        conn.execute(f"SELECT status, count(*) FROM claims c WHERE sess_id IS NOT NULL AND {_FIRST} GROUP BY status")  # noqa: S608 (constant fragments)
+    by: dict[str, int] = dict(
+        conn.execute("SELECT status, count(*) FROM claims WHERE sess_id IS NOT NULL GROUP BY status").fetchall()
     )
-    problems: list[Problem] = []
+    first: dict[str, str] = {}
+    seconds: dict[str, tuple[str, str]] = {}  # file → its sess_id and the first file of it
     rows = conn.execute(
-        "SELECT file, sess_id, problems, "  # noqa: S608 (constant fragments)
-        "(SELECT min(d.file) FROM claims d WHERE d.sess_id = c.sess_id AND d.file < c.file) FROM claims c "
-        f"WHERE problems != '[]' OR (sess_id IS NOT NULL AND {_EARLIER}) ORDER BY file"
+        "SELECT file, sess_id, status FROM claims WHERE sess_id IN "
+        "(SELECT sess_id FROM claims WHERE sess_id IS NOT NULL GROUP BY sess_id HAVING count(*) > 1) ORDER BY file"
     )
-    for file, sess_id, found, first in rows:
-        if sess_id is not None and first is not None:
-            message = f"sess_id {sess_id!r} is already used by {first}; this file is ignored"
+    for file, sess_id, status in rows:
+        if sess_id in first:
+            seconds[file] = (sess_id, first[sess_id])
+            by[status] -= 1
+        else:
+            first[sess_id] = file
+    warned = dict(conn.execute("SELECT file, problems FROM claims WHERE problems != '[]'").fetchall())
+    problems: list[Problem] = []
+    for file in sorted(set(warned) | set(seconds)):
+        if file in seconds:  # only this problem: the file is ignored, its warnings with it
+            sess_id, used_by = seconds[file]
+            message = f"sess_id {sess_id!r} is already used by {used_by}; this file is ignored"
             problems.append(Problem(file=file, line=1, message=message))
             continue
-        for line, message, severity in json.loads(found):
+        for line, message, severity in json.loads(warned[file]):
             problems.append(Problem(file=file, line=line, message=message, severity=severity))
-    return ClaimCounts(by, problems)
+    return ClaimCounts({k: v for k, v in by.items() if v}, problems)
 
 
 def claims(conn: sqlite3.Connection, statuses: Iterable[str] | None = None) -> list[ClaimRow]:

@@ -76,6 +76,7 @@ from ambient.service.live_turns import LiveTurns
 from ambient.service.logs import configure_logging
 from ambient.service.notifications import NotifyService
 from ambient.service.packets import PacketDesk
+from ambient.service.querykeeper import QueryKeeper
 from ambient.service.signals import SignalTrap
 from ambient.service.starts import RunStarts
 from ambient.service.troubles import Troubles
@@ -221,6 +222,7 @@ class Daemon:
             p, self.ref, self.router, self.manager, self.starts, self.escalator, self.clock, self.live_turns.deliver
         )
         self.stale_claims = StaleClaimsEvaluator(self.claims, s.stale_claim_hours, self.clock)
+        self.query = QueryKeeper(p)  # the query store (status, the console): refreshed after each tick, off the loop
         self.engine = TriggerEngine(
             [
                 self.workflows_eval,
@@ -236,6 +238,7 @@ class Daemon:
                 self.stale_claims,
                 HeapTrimEvaluator(),
                 self.digest,
+                self.query,
                 IdleEvaluator(self, until_idle=self.options.until_idle),
             ],
             tick_seconds=s.tick_seconds,
@@ -441,6 +444,7 @@ class Daemon:
         )
         self._trap.install()
         resumed = await self._resume()
+        self.query.start()
         frozen = freeze_startup_heap()
         await self._start_tasks()
         self.started = True
@@ -579,6 +583,7 @@ class Daemon:
         with contextlib.suppress(OSError):
             self.locks.close()
         self.router.close()
+        await asyncio.to_thread(self.query.close)  # a last refresh may be under way: joined off the loop
         append_line(
             self.paths.state / "daemon-events.jsonl",
             {"ev": "stopped", "at": self.clock.now().isoformat(), "pid": os.getpid()},

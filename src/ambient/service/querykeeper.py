@@ -1,0 +1,104 @@
+"""The daemon keeps the query store (:mod:`ambient.query`) current, from a thread of its own.
+
+After each tick (its last evaluator pokes it) and every ``idle_s`` (run tasks append to journals between ticks), the
+keeper refreshes the store: at most every ``min_interval_s``, in its own thread with its own connection, so the event
+loop never waits on SQLite. Readers (``ambient status``, the console) refresh before they read anyway: the keeper
+only makes that refresh cheap. A store that cannot be written costs only speed: the failure is logged once, the
+daemon goes on.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+
+from ambient.query.store import QueryStore
+
+if TYPE_CHECKING:
+    from ambient.engine.tick import Tick
+    from ambient.storage.paths import BrainPaths
+
+log = structlog.get_logger(__name__)
+
+
+class QueryKeeper:
+    """A thread refreshing the query store when poked (debounced), and every ``idle_s`` otherwise."""
+
+    name = "query_store"
+
+    def __init__(
+        self,
+        paths: BrainPaths,
+        *,
+        min_interval_s: float = 0.2,
+        idle_s: float = 1.0,
+        on_change: Callable[[set[str]], None] | None = None,
+    ) -> None:
+        self.store = QueryStore(paths)
+        self.min_interval_s = min_interval_s
+        self.idle_s = idle_s
+        self.on_change = on_change  # called from the keeper's thread with the topics that changed
+        self.refreshes = 0
+        self._poked = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failed = False
+
+    def start(self) -> None:
+        """Start the thread (a first refresh at once)."""
+        self._poked.set()
+        self._thread = threading.Thread(target=self._run, name="ambient-query-store", daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        """Something was written: refresh soon (thread-safe, never blocks)."""
+        self._poked.set()
+
+    async def evaluate(self, tick: Tick) -> None:
+        """As the engine's last evaluator: each tick may have written, so the store is refreshed after it."""
+        self.poke()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread (after a last refresh) and close the store."""
+        self._stop.set()
+        self._poked.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if not self._thread.is_alive():
+                self.refresh_once()  # what the shutdown wrote
+        self.store.close()
+
+    def _run(self) -> None:
+        last = 0.0
+        while True:
+            self._poked.wait(self.idle_s)
+            if self._stop.is_set():
+                break
+            wait = last + self.min_interval_s - time.monotonic()
+            if wait > 0 and self._stop.wait(wait):
+                break
+            self._poked.clear()
+            last = time.monotonic()
+            self.refresh_once()
+
+    def refresh_once(self) -> set[str]:
+        """One refresh; the topics that changed (none when the store could not be written)."""
+        try:
+            changed = self.store.refresh()
+        except (sqlite3.Error, OSError) as exc:
+            if not self._failed:  # once: a read-only .ambient/ would say it every second
+                log.warning("query_store_not_kept", error=str(exc), path=str(self.store.path))
+                self._failed = True
+            return set()
+        self.refreshes += 1
+        if changed and self.on_change is not None:
+            try:
+                self.on_change(changed)
+            except Exception as exc:  # a listener's bug must not stop the keeper
+                log.exception("query_store_listener_failed", error=str(exc))
+        return changed
