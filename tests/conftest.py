@@ -28,7 +28,7 @@ CORPUS = Path(__file__).resolve().parent / "fixtures" / "cortex-template"  # ven
 #: The suites of real processes (the daemon, the CLI, agents as subprocesses, kill -9, attacks): the slow lane
 #: whole. ``pytest -m "not slow"`` is the inner loop (tests/unit, a unit test over ~0.2 s marked slow by hand);
 #: CI runs everything.
-PROCESS_SUITES = ("acceptance", "e2e", "chaos", "attacks")
+PROCESS_SUITES = ("acceptance", "e2e", "chaos", "attacks", "web")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

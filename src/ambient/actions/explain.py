@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ambient.core.errors import InputError
-from ambient.kernel.matrix import Decision, decide
+from ambient.kernel.matrix import Decision, MatrixRow, decide, describe
 from ambient.kernel.packet import ZONE_PATTERN, Signal
 from ambient.kernel.routing_table import BrainMatrix, build_matrix
 from ambient.storage.fsutil import check_relative, resolve_in_brain
@@ -78,3 +78,27 @@ def explain(
     bm = matrix if matrix is not None else load_matrix(paths)
     decision = decide(bm.matrix, sender, receiver, Signal(signal), zone, checked, bm.zone_rules)
     return Explained(sender, receiver, signal, zone, checked, decision, [str(p) for p in bm.problems])
+
+
+@dataclass(frozen=True)
+class Sends:
+    """What one principal may send to each other one (signals the matrix allows, zones aside), and its entry."""
+
+    row: MatrixRow
+    to: list[tuple[str, list[str]]]  # (receiver, signals), receivers it may send nothing to left out
+
+
+def sends(bm: BrainMatrix) -> list[Sends]:
+    """Every principal × principal, each pair decided by :func:`ambient.kernel.matrix.decide` for every signal (no
+    zone, no file): the same verdicts as ``ambient matrix explain FROM TO SIGNAL``."""
+    rows = describe(bm.matrix)
+    names = [r.name for r in rows]
+    out = []
+    for r in rows:
+        to = []
+        for receiver in names:
+            allowed = [s.value for s in Signal if decide(bm.matrix, r.name, receiver, s, None, (), bm.zone_rules).allowed]
+            if allowed:
+                to.append((receiver, allowed))
+        out.append(Sends(r, to))
+    return out

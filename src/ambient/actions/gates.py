@@ -9,10 +9,10 @@ the claim and the run never disagree. Any other claim moves by :meth:`ambient.cl
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ambient.actions.people import os_user
 from ambient.claims.store import ClaimStore
 from ambient.human.escalation_store import EscalationStore
 
@@ -87,7 +87,7 @@ def move_gate(
     if action in ("approve", "reject"):
         esc = run_gate_question(paths, sess_id)
         if esc is not None:
-            who = by or os.environ.get("USER") or "human"
+            who = by if by is not None else os_user()
             done = EscalationStore(paths).answer(esc.id, action, by=who, channel=channel, note=message)
             return GateOutcome(sess_id, action, question=esc.id, decision=done.decision)
     changed = ClaimStore(paths).transition(sess_id, action, message, token=token)

@@ -120,6 +120,8 @@ class _Server(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
+        # A signal is how the console is meant to stop: exit 0 once drained, not uvicorn's re-raise of it.
+        self._captured_signals.clear()
         self.hub.close_clients_threadsafe()
 
     def stop_soon(self) -> None:

@@ -75,9 +75,9 @@ def fmt_seconds(s: float) -> str:
     if s < 60:
         return f"{s:.0f}s" if s >= 10 or s == int(s) else f"{s:.1f}s"
     if s < 3600:
-        m, sec = divmod(int(round(s)), 60)
+        m, sec = divmod(round(s), 60)
         return f"{m}m" if sec == 0 else f"{m}m{sec:02d}s"
-    h, rest = divmod(int(round(s)), 3600)
+    h, rest = divmod(round(s), 3600)
     return f"{h}h{rest // 60:02d}m"
 
 
@@ -127,7 +127,7 @@ def layout(spans: Sequence[Span], *, now: float, never_started: int = 0) -> Time
     labels = row_h >= 12
     plot_x = float(LABEL_W if labels else 8)
     plot_w = WIDTH - plot_x - 12
-    height = int(math.ceil(AXIS_H + n * row_h + 6)) if n else AXIS_H + 30
+    height = math.ceil(AXIS_H + n * row_h + 6) if n else AXIS_H + 30
     t0 = min((s.start for s in rows), default=now)
     t1 = max((s.end if s.end is not None else now for s in rows), default=now)
     span = max(t1 - t0, 0.001)

@@ -60,14 +60,18 @@ async def decide_action(request: Request) -> Response:
     option = str(form.get("option") or "").strip()
     note = str(form.get("note") or "").strip() or None
     back = form.get("back") or "/escalations"
+
+    def answer(notice: str, *, ok: bool = True) -> Response:
+        return redirect_back(back, notice, ok=ok, default="/escalations")
+
     if not option:
-        return redirect_back(back, f"{esc_id}: choose one of its options.", ok=False)
+        return answer(f"{esc_id}: choose one of its options.", ok=False)
     result = await run_in_threadpool(decide, paths, esc_id, option, channel="web", note=note)
     if result.kind == "settled":
-        return redirect_back(back, f"Nothing changed: {result.message}", ok=False)
+        return answer(result.message, ok=False)  # "...already answered: skip by ana via cli...; nothing was changed"
     if result.kind == "refused":
-        return redirect_back(back, f"Refused, nothing changed: {result.message}", ok=False)
-    return redirect_back(back, result.message)
+        return answer(f"Refused, nothing changed: {result.message}", ok=False)
+    return answer(result.message)
 
 
 routes = [

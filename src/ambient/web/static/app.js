@@ -64,6 +64,7 @@
       if (status) status.hidden = true;
       return;
     }
+    if (status) status.hidden = false;
     var source = new EventSource("/events");
     var opened = false;
     source.addEventListener("open", function () {

@@ -1,0 +1,127 @@
+"""``/claims``: claims open, waiting for a person (with approve/reject), stale (open past their TTL, by the claims
+rule) and the problems of claim files; the locks held under ``locks/`` with their holder and expiry. And
+``POST /claims/{sess_id}/gate``: a gate moved through :func:`ambient.actions.gates.move_gate`, the code of
+``ambient gate`` (a run's waiting gate is answered as ``ambient decide`` would).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ambient.actions.gates import GATE_ACTIONS, move_gate
+from ambient.claims.locks import LockManager
+from ambient.config.brain import read_settings
+from ambient.core.errors import AmbientError
+from ambient.query import views
+from ambient.storage.paths import BrainPaths
+from ambient.web.render import redirect_back, render
+from ambient.web.store import read
+
+#: Actions the claims page offers as buttons (pause/resume/abort stay with ``ambient gate``).
+WEB_GATE_ACTIONS: Final = ("approve", "reject")
+OPEN_SHOWN: Final = 200
+
+
+@dataclass(frozen=True)
+class LockRow:
+    """A lock as a person reads it: the file, its state, holder, expiry and token."""
+
+    file: str
+    state: str
+    holder: str | None
+    expires: float | None
+    claimed_at: str | None
+    token: int | None
+    problem: str | None
+
+
+def locks(paths: BrainPaths) -> list[LockRow]:
+    """Every lock under ``locks/`` as :meth:`LockManager.list` judges it (held, expired, dead, malformed)."""
+    if not paths.locks.is_dir():
+        return []
+    manager = LockManager(paths, check_filesystem=False)
+    try:
+        rows = []
+        for s in manager.list():
+            info = s.info
+            rows.append(
+                LockRow(
+                    s.file,
+                    str(s.state),
+                    info.holder if info else None,
+                    info.expires if info else None,
+                    info.claimed_at if info else None,
+                    info.token if info else None,
+                    s.problem,
+                )
+            )
+        return rows
+    finally:
+        manager.close()
+
+
+def _default_ttl(paths: BrainPaths) -> timedelta:
+    found = read_settings(paths, os.environ)
+    settings = found.settings or found.salvaged
+    hours = settings.stale_claim_hours if settings is not None else 24.0
+    return timedelta(hours=hours)
+
+
+def _data(conn: sqlite3.Connection, default_ttl: timedelta) -> dict[str, Any]:
+    local = datetime.now(UTC).astimezone()
+    tz = local.tzinfo
+    assert tz is not None  # astimezone() always sets one
+    stale = views.stale_claims(conn, local, tz, default_ttl)
+    stale_ids = {row.sess_id for row, _ in stale}
+    open_rows = [c for c in views.claims(conn, ("open",)) if c.sess_id not in stale_ids]
+    return {
+        "waiting": views.claims(conn, ("waiting_human",)),
+        "open": open_rows[-OPEN_SHOWN:],
+        "open_total": len(open_rows),
+        "stale": stale,
+        "marked_stale": views.claims(conn, ("stale",)),
+        "counts": views.claim_counts(conn),
+    }
+
+
+async def claims_page(request: Request) -> Response:
+    paths: BrainPaths = request.app.state.paths
+    ttl = await run_in_threadpool(_default_ttl, paths)
+    data = await read(request, lambda conn: _data(conn, ttl))
+    held = await run_in_threadpool(locks, paths)
+    return render(
+        request, "claims.html", {**data, "locks": held, "now": time.time(), "default_ttl_h": ttl.total_seconds() / 3600}
+    )
+
+
+async def gate_action(request: Request) -> Response:
+    """Approve or reject (or another ``ambient gate`` action) one claim; a refusal reads like the CLI's."""
+    paths: BrainPaths = request.app.state.paths
+    form = await request.form()
+    sess_id = request.path_params["sess_id"]
+    action = str(form.get("action") or "").strip()
+    message = str(form.get("message") or "").strip() or None
+    back = form.get("back") or "/claims"
+    if action not in GATE_ACTIONS:
+        return redirect_back(back, f"{sess_id}: unknown action {action!r}; expected approve or reject.", ok=False)
+    try:
+        outcome = await run_in_threadpool(move_gate, paths, sess_id, action, message, channel="web")
+    except AmbientError as exc:
+        return redirect_back(back, f"Refused, nothing changed: {exc}", ok=False)
+    return redirect_back(back, outcome.message)
+
+
+routes = [
+    Route("/claims", claims_page, name="claims"),
+    Route("/claims/{sess_id}/gate", gate_action, methods=["POST"], name="gate"),
+]
