@@ -547,8 +547,9 @@ def bench_spawn(
             beside, _ = start_console(root, base / "spawn-web.log")
             console = beside
         time.sleep(3.0)  # the daemon's start-up ticks (its first look at every workflow and claim) settle
+        tag = f"{int(time.time()) % 100_000:05d}"  # a new workflow name each session (a known one starts no run)
         for w in range(2):  # warm-up drops, not counted (the first run of a daemon is slower)
-            drop_to_spawn(root, f"warm-{w}")
+            drop_to_spawn(root, f"warm-{tag}-{w}")
             time.sleep(gap)
         lat: dict[int, list[float]] = {0: [], clients: []}
         sse_lat: list[float] = []
@@ -561,7 +562,7 @@ def bench_spawn(
                 drop_times = []
                 for _ in range(drops):
                     time.sleep(gap)  # spaced drops: each is an isolated change (a burst is debounced, R-08)
-                    t, dt = drop_to_spawn(root, f"drop-{k:03d}")
+                    t, dt = drop_to_spawn(root, f"drop-{tag}-{k:03d}")
                     lat[n].append(dt)
                     drop_times.append(t)
                     k += 1
