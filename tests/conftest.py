@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_BRAIN = REPO / "examples" / "brain"
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "cortex-template"  # vendored from ../shared/corpus
 
-#: The suites of real processes (the daemon, the CLI, agents as subprocesses, kill -9, attacks): the slow lane
+#: The suites of real processes (the daemon, the CLI, agents as subprocesses, kill -9, attacks, the web console and
+#: its browser): the slow lane
 #: whole. ``pytest -m "not slow"`` is the inner loop (tests/unit, a unit test over ~0.2 s marked slow by hand);
 #: CI runs everything.
 PROCESS_SUITES = ("acceptance", "e2e", "chaos", "attacks", "web")

@@ -8,8 +8,12 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ambient.cli._common import EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, say
+
+if TYPE_CHECKING:
+    from ambient.web.server import HostedConsole
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -70,7 +74,40 @@ def _serve(
         exits_after=True,
     )
     use_pidfd_watcher()
-    return asyncio.run(Daemon(root, options).serve())
+    console = None if until_idle else _hosted_console(root)
+    try:
+        return asyncio.run(Daemon(root, options).serve())
+    finally:
+        if console is not None:
+            console.stop()
+
+
+def _hosted_console(root: Path) -> HostedConsole | None:
+    """The web console when ``web:`` is set: served in its own thread and event loop (the daemon's loop never
+    runs a line of it; service/ knows nothing of the web). One that cannot start is logged; the daemon runs on."""
+    import structlog
+
+    from ambient.config.brain import load_settings
+    from ambient.core.errors import AmbientError
+    from ambient.storage.paths import BrainPaths
+    from ambient.web.server import Bind, HostedConsole
+
+    settings, _ = load_settings(BrainPaths(root), os.environ)
+    web = settings.web if settings is not None else None
+    if web is None:
+        return None
+
+    def pem(value: str | None) -> Path | None:
+        return None if value is None else (root / value if not Path(value).is_absolute() else Path(value))
+
+    bind = Bind(web.host, web.port, pem(web.tls_cert), pem(web.tls_key), web.insecure_bind)
+    console = HostedConsole(BrainPaths(root), bind)
+    try:
+        console.start()
+    except (AmbientError, OSError) as exc:
+        structlog.get_logger(__name__).error("web_console_not_started", error=str(exc))
+        return None
+    return console
 
 
 def _run(args: argparse.Namespace) -> int:

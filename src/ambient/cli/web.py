@@ -54,7 +54,9 @@ def _web(args: argparse.Namespace) -> int:
         insecure_bind=args.insecure_bind,
     )
     if args.url:
-        hosted = _hosted_url(hosted_path(paths))
+        from ambient.service.instance import daemon_up
+
+        hosted = _hosted_url(hosted_path(paths)) if daemon_up(paths) else None
         print(f"{hosted}?token={token}" if hosted else console_url(bind, bind.port, token))
         return EXIT_OK
     warning = bind.check()

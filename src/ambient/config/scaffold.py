@@ -116,6 +116,17 @@ CONFIG_TEMPLATE: Final = """\
 #  per_run_usd: null
 #  daily_usd: null
 
+# The web console, hosted by the daemon (absent: not hosted; `ambient web` serves it on its own). Open the URL
+# `ambient web --url` prints (it carries the token kept in .ambient/web/token). It runs in a thread of its own,
+# so no browser slows the daemon. A host other than 127.0.0.1 needs tls_cert and tls_key (PEM files), or
+# insecure_bind: true, which lets everyone on that network read every page and act as you.
+#web:
+#  host: 127.0.0.1
+#  port: 8765          # 0: any free port
+#  tls_cert: null
+#  tls_key: null
+#  insecure_bind: false
+
 # The agent that runs a chain step without `agents:` (and a satellite started by `trigger → type:...`), by
 # step type; a workflow's own `default_agents:` wins, and without either: code → coder, test → tester,
 # brain-write → scribe, deploy → vps, search → scout, domain → orchestrator.

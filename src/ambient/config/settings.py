@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from ambient.engine.budget import Limits
 from ambient.workflows.fields import SATELLITE_TYPES
@@ -86,6 +86,29 @@ class BudgetSettings(_Strict):
         return Limits(self.per_run_usd, self.daily_usd)
 
 
+class WebSettings(_Strict):
+    """The web console the daemon hosts (``web:`` present = on; ``ambient web --url`` prints its URL with the token).
+    Served in a thread of its own with its own event loop, so no browser can slow the daemon."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)  # 0: any free port (``ambient web --url`` says which)
+    tls_cert: str | None = None  # PEM files, relative to the brain or absolute: HTTPS
+    tls_key: str | None = None
+    insecure_bind: bool = False  # a non-loopback host over plain HTTP: everyone on that network can act as you
+
+    @model_validator(mode="after")
+    def _safe_bind(self) -> WebSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both, or neither")
+        loopback = self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
+        if not loopback and self.tls_cert is None and not self.insecure_bind:
+            raise ValueError(
+                f"host {self.host} is reachable from other machines: give tls_cert and tls_key, or set "
+                "insecure_bind: true if that network is yours alone"
+            )
+        return self
+
+
 class Settings(_Strict):
     """Every knob of the daemon, with defaults that work."""
 
@@ -102,6 +125,7 @@ class Settings(_Strict):
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     runners: dict[str, dict[str, Any]] = Field(default_factory=dict)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    web: WebSettings | None = None  # the web console hosted by the daemon; absent: not hosted (``ambient web``)
     # step type → agent, for chain steps without agents: and satellites (a workflow's own default_agents: wins)
     default_agents: dict[str, str] = Field(default_factory=dict)
 

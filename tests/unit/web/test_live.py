@@ -1,0 +1,49 @@
+"""The live layer's rules: which topics a changed file means, bounded client queues (overflow → one resync), the
+cap on clients."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from starlette.testclient import TestClient
+
+from ambient.storage.paths import BrainPaths
+from ambient.web.app import create_app
+from ambient.web.live import QUEUE_SIZE, Hub, topics_of
+from ambient.web.store import StoreThread
+
+
+def test_each_file_the_daemon_writes_maps_to_its_topics(tmp_path: Path) -> None:
+    paths = BrainPaths(tmp_path)
+    s = str(paths.state)
+    assert topics_of(paths, [f"{s}/runs/sess-1.jsonl"]) == {"runs", "run:sess-1"}
+    assert topics_of(paths, [f"{s}/escalations/esc-abcdef.yml"]) == {"escalations"}
+    assert topics_of(paths, [f"{paths.claims}/c.yml", f"{paths.locks}/x.lock"]) == {"claims", "locks"}
+    assert topics_of(paths, [f"{s}/runs.jsonl"]) == {"records", "runs"}
+    assert topics_of(paths, [f"{s}/daemon.json", f"{s}/now.json"]) == {"daemon", "now"}
+    # the store's own writes, temp files and anything else mean nothing (no refresh loop)
+    assert topics_of(paths, [f"{s}/query.sqlite3", f"{s}/query.sqlite3-wal", f"{s}/runs/.x.jsonl.tmp.1"]) == set()
+
+
+async def test_a_slow_client_gets_one_resync_instead_of_a_backlog(tmp_path: Path) -> None:
+    paths = BrainPaths(tmp_path)
+    hub = Hub(paths, StoreThread(paths), max_clients=2)
+    client = hub.subscribe()
+    assert client is not None
+    for i in range(QUEUE_SIZE + 5):
+        hub.publish({f"run:{i}"})
+    queued = [client.queue.get_nowait() for _ in range(client.queue.qsize())]
+    assert len(queued) <= QUEUE_SIZE
+    assert any(e is not None and e.startswith("event: resync") for e in queued)
+    assert hub.subscribe() is not None and hub.subscribe() is None  # the cap
+    hub.close_clients()
+    await asyncio.sleep(0)
+
+
+def test_past_the_cap_events_answer_503(tmp_path: Path) -> None:
+    app = create_app(BrainPaths(tmp_path), token="t" * 43, live=False, max_clients=0)
+    with TestClient(app, base_url="http://127.0.0.1:1") as http:
+        http.cookies.set("ambient_console", "t" * 43)
+        res = http.get("/events")
+        assert res.status_code == 503 and "tabs" in res.text
