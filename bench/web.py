@@ -426,6 +426,16 @@ async def run_clients(base: str, token: str, n: int, page: str, refetch: bool, l
                 connected += 1
                 if connected == n:
                     all_in.set()
+                in_flight: dict[str, asyncio.Task[Any]] = {}
+                again: set[str] = set()
+
+                async def fetch(frag: str) -> None:
+                    while True:  # as app.js: a change during a fetch means one more fetch after it
+                        again.discard(frag)
+                        await client.get(f"{page}{sep}fragment={frag}")
+                        if frag not in again:
+                            return
+
                 async for ev, data in sse_events(r.aiter_lines()):
                     topics = set(json.loads(data).get("topics", [])) if ev == "change" else {"resync"}
                     if k == 0:
@@ -433,9 +443,14 @@ async def run_clients(base: str, token: str, n: int, page: str, refetch: bool, l
                         out.flush()
                     if not refetch:
                         continue
-                    for wanted, frag in parts:
-                        if "resync" in topics or wanted & topics:
-                            await client.get(f"{page}{sep}fragment={frag}")
+                    for wanted, frag in parts:  # fetches beside the stream, one at a time per part
+                        if not ("resync" in topics or wanted & topics):
+                            continue
+                        busy = in_flight.get(frag)
+                        if busy is not None and not busy.done():
+                            again.add(frag)
+                        else:
+                            in_flight[frag] = asyncio.create_task(fetch(frag))
 
         tasks = [asyncio.create_task(one(k)) for k in range(n)]
         await asyncio.wait_for(all_in.wait(), 60)
