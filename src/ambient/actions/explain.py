@@ -97,7 +97,9 @@ def sends(bm: BrainMatrix) -> list[Sends]:
     for r in rows:
         to = []
         for receiver in names:
-            allowed = [s.value for s in Signal if decide(bm.matrix, r.name, receiver, s, None, (), bm.zone_rules).allowed]
+            allowed = [
+                s.value for s in Signal if decide(bm.matrix, r.name, receiver, s, None, (), bm.zone_rules).allowed
+            ]
             if allowed:
                 to.append((receiver, allowed))
         out.append(Sends(r, to))

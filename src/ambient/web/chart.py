@@ -81,8 +81,8 @@ def nice_max(value: float) -> float:
     """The axis top: ``value`` rounded up to 1, 2, 2.5 or 5 × 10^k (at least 0.1)."""
     if value <= 0.1:
         return 0.1
-    exp = 10 ** math.floor(math.log10(value))
-    for m in (1, 2, 2.5, 5, 10):
+    exp = 10.0 ** math.floor(math.log10(value))
+    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
         if value <= m * exp + 1e-12:
             return m * exp
     return 10 * exp  # pragma: no cover

@@ -124,7 +124,9 @@ def histories(events: Iterable[Mapping[str, Any]], steps: list[str] | None = Non
             if ev.get("state") == "pending":
                 h.trigger = "→ human gate"
         elif kind == "decided":
-            h.events.append((at, f"decided {ev.get('option') or '?'} by {ev.get('by') or '?'} via {ev.get('channel') or '?'}"))
+            h.events.append(
+                (at, f"decided {ev.get('option') or '?'} by {ev.get('by') or '?'} via {ev.get('channel') or '?'}")
+            )
             if ev.get("channel") == "trigger":
                 h.trigger = f"→ {ev.get('action') or 'abort'} (exit trigger)"
         elif kind == "skipped":

@@ -149,9 +149,7 @@ def layout(spans: Sequence[Span], *, now: float, never_started: int = 0) -> Time
         ticks.append(Tick(round(plot_x + k * step * scale, 2), fmt_seconds(k * step)))
         k += 1
     font = 13.0
-    bars = [
-        Bar(b.x, b.y, b.w, b.h, b.css, b.title, b.label, round(b.y + b.h / 2 + font * 0.35, 2)) for b in bars
-    ]
+    bars = [Bar(b.x, b.y, b.w, b.h, b.css, b.title, b.label, round(b.y + b.h / 2 + font * 0.35, 2)) for b in bars]
     return Timeline(
         width=WIDTH,
         height=height,

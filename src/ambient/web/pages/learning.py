@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any, Final
+from typing import Final
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -54,7 +54,7 @@ async def learning_page(request: Request) -> Response:
     book, problems = await run_in_threadpool(read_rules, paths)
     workflows = sorted({w.workflow for w in stats.workflows} | {r.situation.workflow for r in book.rules})
     ad = book.auto_decide
-    optin = [(w, ad.global_ and w not in ad.exclude or w in ad.workflows, w in ad.exclude) for w in workflows]
+    optin = [(w, (ad.global_ and w not in ad.exclude) or w in ad.workflows, w in ad.exclude) for w in workflows]
     rules = [(r, decides_alone(r, book)) for r in book.rules]
     return render(
         request,

@@ -70,7 +70,9 @@ def spans(items: list[views.ItemRow]) -> tuple[list[timeline.Span], int]:
         end = rundetail.epoch(i.ended_at) if i.status not in ("running", "retry_wait", "escalated") else None
         css = rundetail.cell_class(i.status, i.gate).split()[0].removeprefix("st-")
         out.append(
-            timeline.Span(i.name, start, end, css, rundetail.item_title(i.name, i.status, i.attempt, i.duration_ms, i.error))
+            timeline.Span(
+                i.name, start, end, css, rundetail.item_title(i.name, i.status, i.attempt, i.duration_ms, i.error)
+            )
         )
     return out, never
 
@@ -104,9 +106,10 @@ def _journal_data(paths: BrainPaths, run: views.RunRow) -> dict[str, Any]:
     steps = [i.name for i in run.items] if run.form == "chain" else None
     hist = rundetail.histories(res.records, steps)
     first = res.records[0] if res.records else {}
-    spec = first.get("spec") if isinstance(first.get("spec"), dict) else {}
-    chain_steps = spec.get("chain") if isinstance(spec, dict) and isinstance(spec.get("chain"), list) else []
-    declared = {}
+    spec = first.get("spec")
+    chain = spec.get("chain") if isinstance(spec, dict) else None
+    chain_steps: list[Any] = chain if isinstance(chain, list) else []
+    declared: dict[str, dict[str, Any]] = {}
     for s in chain_steps:
         if isinstance(s, dict):
             declared[str(s.get("step"))] = {

@@ -122,7 +122,9 @@ async def start_action(request: Request) -> Response:
     step = str(form.get("step") or "").strip() or None
     outcome = await run_in_threadpool(lambda: start(paths, name, step=step, context=context))
     if not outcome.ok:
-        return redirect_back(back, f"{'Denied' if outcome.kind == 'denied' else 'Refused'}: {outcome.message}", ok=False)
+        return redirect_back(
+            back, f"{'Denied' if outcome.kind == 'denied' else 'Refused'}: {outcome.message}", ok=False
+        )
     text = outcome.message + "".join(f" (warning: {w})" for w in outcome.warnings)
     return redirect_back(back, text)
 
