@@ -383,6 +383,26 @@ def test_status_shows_the_daemon_runs_and_escalations(brain: Brain) -> None:
     assert brain.status()["daemon"]["up"] is False
 
 
+def test_status_is_the_same_without_its_query_store_or_with_a_garbage_one(brain: Brain) -> None:
+    """Issue 28: `ambient status` reads .ambient/query.sqlite3, a derived store: deleted, it is rebuilt and status
+    says the same; overwritten with garbage, status still works and says the same."""
+    brain.python_agent("deploy", FAILING_AGENT)
+    _fanout(brain, "rollout", ["eu-1", "eu-2"])
+    brain.until_idle()
+    store = brain.path(".ambient/query.sqlite3")
+    first = brain.ok("status").out
+    assert "Escalations waiting on you: 2" in first and store.exists(), first
+    for suffix in ("", "-wal", "-shm"):
+        brain.path(f".ambient/query.sqlite3{suffix}").unlink(missing_ok=True)
+    assert brain.ok("status").out == first
+    assert store.exists()
+    for suffix in ("-wal", "-shm"):
+        brain.path(f".ambient/query.sqlite3{suffix}").unlink(missing_ok=True)
+    store.write_bytes(b"\x00garbage, not a database\n" * 512)
+    assert brain.ok("status").out == first
+    assert brain.ok("runs").out == brain.ok("runs").out
+
+
 def test_status_of_one_workflow_shows_only_its_escalations_each_named_once(brain: Brain) -> None:
     """Issue 23 (last trial): `ambient status WORKFLOW` lists that workflow's escalations only (as it lists its runs
     only), and an escalation's line names its workflow once (`esc-…  rollout / eu-1: …`)."""

@@ -114,7 +114,7 @@ class QueryStore:
         store = cls(paths)
         try:
             store.refresh()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             store.close()
             store._conn = store._fallback(exc)
             store.refresh()
@@ -159,7 +159,10 @@ class QueryStore:
             return conn
         except sqlite3.DatabaseError as exc:  # torn, not a database: thrown away and made again
             log.warning("query_store_rebuilt", path=str(self.path), reason=str(exc))
-            self._delete()
+            try:
+                self._delete()
+            except OSError as gone:
+                return self._fallback(gone)
         except OSError as exc:
             return self._fallback(exc)
         self.rebuilt = True
@@ -219,7 +222,10 @@ class QueryStore:
             raise
 
     def _delete(self) -> None:
-        self.close()
+        if self._conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            self._conn = None
         for suffix in ("", "-wal", "-shm", "-journal"):
             with contextlib.suppress(FileNotFoundError):
                 Path(str(self.path) + suffix).unlink()
