@@ -137,9 +137,10 @@ def _browser_missing() -> None:
     pytest.skip(why)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Chromium driven by Playwright (sync API), one per session."""
+    """Chromium driven by Playwright (sync API), one per test module: Playwright's sync API keeps an event loop
+    marked running in this thread while it is open, which would break the async tests of later modules."""
     if not CHROMIUM.exists():
         _browser_missing()
     try:

@@ -77,6 +77,8 @@ def ago(value: object, now: datetime | None = None) -> str:
     seconds = ((now or datetime.now(UTC)) - moment).total_seconds()
     if seconds < 0:
         return "in " + duration(-seconds)
+    if seconds < 1:
+        return "just now"
     return duration(seconds) + " ago"
 
 
