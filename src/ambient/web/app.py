@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import pkgutil
+import time
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Final
@@ -18,6 +19,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ambient.storage.paths import BrainPaths
 from ambient.web import pages
@@ -26,6 +28,28 @@ from ambient.web.security import SecurityMiddleware, allowed_host_names, csrf_to
 from ambient.web.store import StoreThread
 
 STATIC: Final = Path(__file__).resolve().parent / "static"
+
+
+class ServerTiming:
+    """Adds ``Server-Timing: app;dur=<ms>`` to every HTTP response: the time from the request to its headers (a
+    page's whole render), so ``bench/web.py`` can tell the server's time from the client's and the loopback's."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+
+        async def timed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                dur = (time.perf_counter() - start) * 1000
+                message["headers"] = [*message.get("headers", []), (b"server-timing", f"app;dur={dur:.1f}".encode())]
+            await send(message)
+
+        await self.app(scope, receive, timed)
 
 
 def page_routes() -> list[BaseRoute]:
@@ -74,12 +98,13 @@ def create_app(
             Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
         ],
         middleware=[
+            Middleware(ServerTiming),
             Middleware(
                 SecurityMiddleware,
                 token=token,
                 host_names=allowed_host_names(bound_host) | frozenset(extra_hosts),
                 secure_cookie=secure_cookie,
-            )
+            ),
         ],
         lifespan=lifespan,
     )
