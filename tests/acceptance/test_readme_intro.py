@@ -118,3 +118,41 @@ def test_answer_and_let_it_finish(tmp_path: Path) -> None:
     lines = {line.split()[1]: line for line in runs.out.splitlines() if line.strip()}
     for workflow, record in records.items():
         assert "success" in lines[workflow] and record["run_id"] in lines[workflow], runs
+
+
+def test_or_answer_from_a_browser(tmp_path: Path) -> None:
+    """ "Or answer from a browser": the demo prints the `web` command; it serves the console, whose first page shows
+    both questions with their buttons (clicking them is tests/web's)."""
+    import re
+    import signal
+    import subprocess
+
+    import httpx
+
+    from tests.acceptance.harness import AMBIENT, clean_env
+
+    brain, res = demo(tmp_path)
+    lines = [line.strip() for line in res.out.splitlines()]
+    assert any(line.endswith(f"--brain {brain.root} web") for line in lines), res
+    proc = subprocess.Popen(
+        [*AMBIENT, "--brain", str(brain.root), "web", "--port", "0"],  # any free port: 8765 may be taken here
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=clean_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        found = re.search(r"ambient console: (http://127\.0\.0\.1:\d+/\?token=\S+)", first)
+        assert found, first
+        page = httpx.get(found.group(1), follow_redirects=True, timeout=30)
+        assert page.status_code == 200, page.text[:300]
+        for esc in brain.escalations():
+            assert esc["id"] in page.text, esc
+        assert ">Run the item again</button>" in page.text and ">Approve and continue</button>" in page.text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -84,3 +84,39 @@ def test_a_refused_answer_reads_like_the_cli(brain: Brain, console: Console, ope
     screenshot(page, "escalations-refused")
     [answered] = brain.escalations(all=True)
     assert (answered["decision"], answered["channel"]) == ("skip", "cli")
+
+
+def test_a_link_from_another_site_opens_the_console_in_a_browser_holding_its_cookie(
+    console: Console, open_console: Any
+) -> None:
+    """A person taps a link to a run or a question in a notification, a mail or a chat (another site): the browser
+    that once opened the token URL shows the page. (With a ``SameSite=Strict`` cookie it got the 401 page: found by
+    a new user.)"""
+    import http.server
+    import threading
+
+    link = f"{console.base}/escalations"
+
+    class Elsewhere(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = f'<!doctype html><a id="go" href="{link}">the question</a>'.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        page = open_console("/")  # the token URL once: the browser now holds the cookie
+        page.goto(f"http://localhost:{other.server_address[1]}/")  # another site: localhost is not 127.0.0.1
+        page.click("#go")
+        page.wait_for_url(link)
+        assert page.locator("h1").first.inner_text() == "Escalations", page.content()[:500]
+    finally:
+        other.shutdown()
+        other.server_close()

@@ -163,7 +163,13 @@ def test_workflows_list_problems_and_start_a_run(hostile: Brain, hostile_console
         csrf = _csrf(page)
         bad = http.post("/workflows/review/start", data={"context": "{nope", "csrf": csrf, "back": "/workflows"})
         text, level = _notice(bad)
-        assert level == "error" and "not valid JSON" in text
+        assert level == "error" and "not valid JSON" in text and "review not started" in text
+        # The page comes back with the form open at that workflow and what was typed in it (a new user lost it).
+        assert urlsplit(bad.headers["location"]).fragment == "wf-review"
+        again = http.get(bad.headers["location"]).text
+        card = again[again.index('id="wf-review"') :]
+        assert '<details class="start" open>' in card[: card.index("</form>")]
+        assert ">{nope</textarea>" in card
         unknown = http.post("/workflows/review/start", data={"step": "9", "csrf": csrf, "back": "/workflows"})
         text, level = _notice(unknown)
         assert level == "error" and "has no step '9'" in text

@@ -39,7 +39,7 @@ def test_the_token_in_the_url_becomes_a_cookie_and_a_redirect_without_it(console
         assert res.headers["location"] == "/escalations?status=pending"
         cookie = res.headers["set-cookie"]
         assert cookie.startswith(f"ambient_console={console.token};")
-        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+        assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Path=/" in cookie
         assert "Secure" not in cookie  # plain HTTP on loopback: a Secure cookie would never come back
         page = http.get("/escalations?status=pending")
         assert page.status_code == 200 and "Escalations" in page.text
@@ -121,7 +121,7 @@ def test_the_token_file_is_private_reused_and_rotated_on_demand(brain: Brain, co
     assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
     assert token_file.read_text().strip() == console.token
     again = brain.ok("web", "--url").out.strip()
-    assert again == f"http://127.0.0.1:8765/?token={console.token}"
+    assert again == console.url  # the console serving now, on its real port (0 asked for any free one)
     rotated = brain.ok("web", "--url", "--new-token").out.strip()
     assert console.token not in rotated
     assert token_file.read_text().strip() == rotated.rsplit("=", 1)[1]
@@ -144,3 +144,14 @@ def test_each_live_part_of_the_overview_renders_alone(console: Console, fragment
         res = http.get("/", params={"fragment": fragment})
         assert res.status_code == 200 and "<html" not in res.text
         assert http.get("/", params={"fragment": "nope"}).status_code == 400
+
+
+def test_the_url_is_printed_only_while_a_console_serves(brain: Brain) -> None:
+    """``ambient web --url`` once printed a URL on port 8765 when nothing listened there (a new user's finding): it
+    names the console serving the brain, and says so when none does."""
+    console = start_console(brain)
+    assert brain.ok("web", "--url").out.strip() == console.url
+    assert console.stop() == 0
+    res = brain.cli("web", "--url")
+    assert res.rc == 1 and res.out == "", res
+    assert "no console serves this brain now" in res.err and "ambient web" in res.err, res

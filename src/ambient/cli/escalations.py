@@ -8,7 +8,6 @@ A refused answer changes nothing.
 from __future__ import annotations
 
 import argparse
-import os
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -104,7 +103,7 @@ def _cmd_decide(args: argparse.Namespace) -> int:
     from ambient.actions.decide import decide
 
     paths = BrainPaths(brain_dir(args))
-    result = decide(paths, args.id, args.option, channel="cli", note=args.note, by=os.environ.get("USER") or "human")
+    result = decide(paths, args.id, args.option, channel="cli", note=args.note)
     if result.kind == "settled":
         return fail(result.message, EXIT_NO)
     if result.kind == "refused":  # unknown id, option not offered, bad input: exit 2

@@ -164,4 +164,6 @@ def _demo(args: argparse.Namespace) -> int:
         out(f"  {exe} --brain {root} decide {esc['id']} {esc['options'][0]}")
     out(f"  {exe} --brain {root} run --until-idle")
     out(f"  {exe} --brain {root} runs")
+    out("Or watch and answer in a browser (docs/console.md):")
+    out(f"  {exe} --brain {root} web")
     return EXIT_OK

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
-from ambient.cli._common import EXIT_OK, add_command, brain_dir
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir
 from ambient.storage.paths import BrainPaths
 
 
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _web(args: argparse.Namespace) -> int:
     from ambient.web.security import load_token
-    from ambient.web.server import DEFAULT_HOST, DEFAULT_PORT, Bind, console_url, hosted_path, serve
+    from ambient.web.server import DEFAULT_HOST, DEFAULT_PORT, Bind, serve, serving_url
 
     paths = BrainPaths(brain_dir(args))
     token = load_token(paths, rotate=args.new_token)
@@ -54,10 +54,15 @@ def _web(args: argparse.Namespace) -> int:
         insecure_bind=args.insecure_bind,
     )
     if args.url:
-        from ambient.service.instance import daemon_up
-
-        hosted = _hosted_url(hosted_path(paths)) if daemon_up(paths) else None
-        print(f"{hosted}?token={token}" if hosted else console_url(bind, bind.port, token))
+        served = serving_url(paths)
+        if served is None:
+            print(
+                "no console serves this brain now: start one with `ambient web`, or set web: in "
+                "profil/ambient.yml and run the daemon (docs/console.md)",
+                file=sys.stderr,
+            )
+            return EXIT_NO
+        print(f"{served}?token={token}")
         return EXIT_OK
     warning = bind.check()
     if warning:
@@ -68,12 +73,3 @@ def _web(args: argparse.Namespace) -> int:
 
     serve(paths, bind, token=token, on_ready=ready)
     return EXIT_OK
-
-
-def _hosted_url(path: Path) -> str | None:
-    """The URL (without token) of the console the running daemon hosts, if it says so."""
-    try:
-        url = json.loads(path.read_text()).get("url")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return url if isinstance(url, str) and url.startswith(("http://", "https://")) else None

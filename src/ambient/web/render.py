@@ -165,6 +165,10 @@ def render(
     return HTMLResponse("".join(block(template.new_context(ctx))), status_code=status_code)
 
 
+#: What a refused form brings back of each field it keeps (a URL has room for a context, not for a file).
+KEPT_FORM_CHARS = 4000
+
+
 def safe_back(back: object, default: str = "/") -> str:
     """``back`` when it is a path of this site (``/...``, not ``//host`` nor a scheme), else ``default``."""
     text = str(back or "")
@@ -174,10 +178,22 @@ def safe_back(back: object, default: str = "/") -> str:
     return text
 
 
-def redirect_back(back: object, notice: str, *, ok: bool = True, default: str = "/") -> RedirectResponse:
-    """The answer to an action (a form POST): 303 to the page it came from, with its notice."""
+def redirect_back(
+    back: object,
+    notice: str,
+    *,
+    ok: bool = True,
+    default: str = "/",
+    keep_form: dict[str, str] | None = None,
+    anchor: str = "",
+) -> RedirectResponse:
+    """The answer to an action (a form POST): 303 to the page it came from, with its notice. A refused form may
+    come back with what the person typed (``keep_form``, read by the page as ``form_<name>``) and at its place on
+    the page (``anchor``), so nothing typed is lost."""
     target = safe_back(back, default)
     path, _, query = target.partition("?")
-    keep = [p for p in query.split("&") if p and not p.startswith(("notice=", "level="))]
-    keep.append(urlencode({"notice": notice, "level": "ok" if ok else "error"}))
-    return RedirectResponse(path + "?" + "&".join(keep), status_code=303)
+    keep = [p for p in query.split("&") if p and not p.startswith(("notice=", "level=", "form_"))]
+    fields = {"notice": notice, "level": "ok" if ok else "error"}
+    fields.update({f"form_{k}": v[:KEPT_FORM_CHARS] for k, v in (keep_form or {}).items()})
+    keep.append(urlencode(fields))
+    return RedirectResponse(path + "?" + "&".join(keep) + (f"#{anchor}" if anchor else ""), status_code=303)

@@ -172,7 +172,7 @@ class SecurityMiddleware:
                 return
             rest = urlencode([(k, v) for k, v in parse_qsl(scope["query_string"].decode("latin-1")) if k != "token"])
             location = path + (f"?{rest}" if rest else "")
-            cookie = f"{COOKIE}={self.token}; Path=/; HttpOnly; SameSite=Strict" + (
+            cookie = f"{COOKIE}={self.token}; Path=/; HttpOnly; SameSite=Lax" + (
                 "; Secure" if self.secure_cookie else ""
             )
             await send_secured(

@@ -21,6 +21,7 @@ import structlog
 import uvicorn
 
 from ambient.core.errors import InputError
+from ambient.core.process import own_start_time, process_alive
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, private_dir
 from ambient.storage.paths import BrainPaths
 from ambient.web.app import create_app
@@ -101,8 +102,42 @@ def console_url(bind: Bind, port: int, token: str | None = None) -> str:
 
 
 def hosted_path(paths: BrainPaths) -> Path:
-    """Where the daemon says the console it hosts listens (the URL without its token), for ``ambient web --url``."""
+    """Where the console serving this brain (``ambient web``, or the daemon hosting it) says where it listens: the URL
+    without its token, its pid and start time, for ``ambient web --url``. Removed when it stops."""
     return paths.state / "web" / "hosted.json"
+
+
+def record_serving(paths: BrainPaths, url: str) -> None:
+    """Say that this process serves the console at ``url`` (atomic, 0600: the URL carries no token)."""
+    private_dir(hosted_path(paths).parent)
+    record = {"url": url, "pid": os.getpid(), "start_time": own_start_time()}
+    atomic_write(hosted_path(paths), json.dumps(record) + "\n", mode=PRIVATE_FILE)
+
+
+def forget_serving(paths: BrainPaths) -> None:
+    """This process no longer serves: remove the record if it is still ours (another console may have replaced it)."""
+    if serving_record(paths).get("pid") == os.getpid():
+        with contextlib.suppress(FileNotFoundError):
+            hosted_path(paths).unlink()
+
+
+def serving_record(paths: BrainPaths) -> dict[str, object]:
+    """What :func:`record_serving` wrote, or ``{}`` (none, unreadable)."""
+    try:
+        data = json.loads(hosted_path(paths).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def serving_url(paths: BrainPaths) -> str | None:
+    """The URL (without token) of the console serving this brain now, if one does: its record names a live process
+    (a console killed with -9 leaves its record behind; its pid is checked with its start time)."""
+    record = serving_record(paths)
+    url, pid, start = record.get("url"), record.get("pid"), record.get("start_time")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not isinstance(pid, int):
+        return None
+    return url if process_alive(pid, start if isinstance(start, float) else None) else None
 
 
 class _Server(uvicorn.Server):
@@ -156,11 +191,14 @@ def serve(
     token = token or load_token(paths)
     sock = bind_socket(bind.host, bind.port)
     server = _server(paths, bind, token, max_clients=max_clients)
-    on_ready(console_url(bind, sock.getsockname()[1], token))
+    port = sock.getsockname()[1]
+    record_serving(paths, console_url(bind, port))
     try:
+        on_ready(console_url(bind, port, token))
         asyncio.run(server.serve(sockets=[sock]))
     finally:
         sock.close()
+        forget_serving(paths)
 
 
 class HostedConsole:
@@ -202,10 +240,7 @@ class HostedConsole:
         self._started.wait(timeout)
         if self._error is not None:
             raise InputError(f"the web console did not start: {self._error}")
-        private_dir(hosted_path(self.paths).parent)
-        atomic_write(
-            hosted_path(self.paths), json.dumps({"url": self.url, "pid": os.getpid()}) + "\n", mode=PRIVATE_FILE
-        )
+        record_serving(self.paths, self.url)
         log.info("web_console_serving", url=self.url, full_url_from="ambient web --url")
         return self.url
 
@@ -221,6 +256,5 @@ class HostedConsole:
         server.stop_soon()
         server.hub.close_clients_threadsafe()
         thread.join(timeout)
-        with contextlib.suppress(FileNotFoundError):
-            hosted_path(self.paths).unlink()
+        forget_serving(self.paths)
         self._server = self._thread = None

@@ -116,14 +116,19 @@ async def start_action(request: Request) -> Response:
     form = await request.form()
     name = request.path_params["name"]
     back = form.get("back") or "/workflows"
-    context = parse_context(str(form.get("context") or ""))
-    if isinstance(context, str):
-        return redirect_back(back, f"Refused, nothing started: {context}", ok=False)
+    typed = str(form.get("context") or "")
     step = str(form.get("step") or "").strip() or None
+    kept = {"start": name, "context": typed, "step": step or ""}  # a refusal gives the form back as it was typed
+    context = parse_context(typed)
+    if isinstance(context, str):
+        return redirect_back(
+            back, f"Refused, {name} not started: {context}", ok=False, keep_form=kept, anchor=f"wf-{name}"
+        )
     outcome = await run_in_threadpool(lambda: start(paths, name, step=step, context=context))
     if not outcome.ok:
+        verdict = "Denied" if outcome.kind == "denied" else "Refused"
         return redirect_back(
-            back, f"{'Denied' if outcome.kind == 'denied' else 'Refused'}: {outcome.message}", ok=False
+            back, f"{verdict}, {name} not started: {outcome.message}", ok=False, keep_form=kept, anchor=f"wf-{name}"
         )
     text = outcome.message + "".join(f" (warning: {w})" for w in outcome.warnings)
     return redirect_back(back, text)
