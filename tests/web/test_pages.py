@@ -244,27 +244,50 @@ def test_matrix_explain_gives_the_cli_verdict(hostile: Brain, hostile_console: C
 
 
 def test_a_thousand_item_run_page_is_compact(tmp_path: Path, brain: Brain) -> None:
-    """1,000 items: one small cell each, a bounded timeline, items listed in detail capped."""
+    """1,000 items: one small cell each, a bounded timeline, items listed in detail capped, the record abridged on the
+    page and whole at ``record.json`` (behind the token, as every page)."""
     items = [f"i{n:04d}" for n in range(1000)]
     events: list[dict[str, Any]] = [
         {"ev": "started", "run_id": "sess-big", "workflow": "big", "form": "for_each", "spec_hash": None,
          "spec": {"name": "big"}, "items": items, "mode": "assisted", "trigger": "file", "context": {},
          "at": "2026-03-16T20:00:00+00:00"},
     ]  # fmt: skip
+    steps = []
     for n, item in enumerate(items):
         start = f"2026-03-16T20:{n // 60 % 60:02d}:{n % 60:02d}+00:00"
         events.append({"ev": "accepted", "item": item, "attempt": 1, "key": f"sess-big/{item}/1", "at": start})
-        if n % 3:
-            events.append({"ev": "finished", "item": item, "attempt": 1, "agent": "w", "key": f"sess-big/{item}/1",
-                           "result": "success", "error": None, "duration_ms": 900, "at": start})  # fmt: skip
+        result = "success" if n % 3 else "error"
+        events.append({"ev": "finished", "item": item, "attempt": 1, "agent": "w", "key": f"sess-big/{item}/1",
+                       "result": result, "error": None if n % 3 else f"e{n} {XSS}", "duration_ms": 900,
+                       "at": start})  # fmt: skip
+        steps.append({"item": item, "agent": "w", "result": result, "error": f"e{n} {XSS}"})
+    events.append({"ev": "finished_run", "outcome": "partial", "at": "2026-03-16T21:00:00+00:00"})
     brain.write(".ambient/runs/sess-big.jsonl", "".join(json.dumps(e) + "\n" for e in events))
+    record = {"run_id": "sess-big", "workflow": "big", "outcome": "partial", "started_at": "2026-03-16T20:00:00+00:00",
+              "completed_at": "2026-03-16T21:00:00+00:00", "steps": steps, "errors": 334}  # fmt: skip
+    brain.write(".ambient/runs.jsonl", json.dumps(record) + "\n")
     console = start_console(brain)
     try:
         with _client(console) as http:
             page = http.get("/runs/sess-big").text
+            again = http.get("/runs/sess-big", params={"fragment": "details"}).text  # the journal kept: the same
+            whole = http.get("/runs/sess-big/record.json")
+            unfinished = http.get("/runs/sess-nope/record.json")
+        with httpx.Client(base_url=console.base, timeout=20) as stranger:
+            refused = stranger.get("/runs/sess-big/record.json")
     finally:
         console.stop()
     assert page.count('role="listitem" class="cell st-') == 1000
-    assert page.count('<rect class="tl-') == 1000
+    # a hover title on the notable bars (334 failed here, capped), the rest one path per state (done, failed)
+    assert page.count('<rect class="tl-') == 100
+    assert page.count('<path class="tl-') == 2 and "1000 item(s) over" in page
     assert page.count('<details class="item"') == 60
-    assert len(page) < 1_500_000
+    assert again.count('<details class="item"') == 60 and again in page
+    assert "… 995 more: see record.json" in page and 'href="/runs/sess-big/record.json"' in page
+    assert XSS not in page
+    assert len(page) < 600_000
+    assert whole.status_code == 200 and whole.headers["content-type"].startswith("application/json")
+    assert whole.headers["x-content-type-options"] == "nosniff"
+    assert json.loads(whole.text) == record
+    assert unfinished.status_code == 404 and "No record of run sess-nope" in unfinished.text
+    assert refused.status_code == 401 and "steps" not in refused.text

@@ -46,8 +46,8 @@ from __future__ import annotations
 
 from typing import Final
 
-#: Bumped when a table or the meaning of a column changes.
-FORMAT: Final = 1
+#: Bumped when a table, an index or the meaning of a column changes (2: ``records_run``, a run page's record).
+FORMAT: Final = 2
 
 TABLES: Final = (
     """CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
@@ -88,6 +88,7 @@ INDEXES: Final = (
     "CREATE INDEX records_workflow ON records (workflow, line)",
     "CREATE INDEX records_week ON records (week)",
     "CREATE INDEX records_completed ON records (completed_at)",
+    "CREATE INDEX records_run ON records (run_id, line)",
     "CREATE INDEX claims_sess ON claims (sess_id, file)",
     "CREATE INDEX claims_status ON claims (status)",
     "CREATE INDEX claims_problems ON claims (file) WHERE problems != '[]'",

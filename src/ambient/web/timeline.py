@@ -1,6 +1,10 @@
 """A run's items on a time axis (start → end per item), laid out for an SVG drawn server-side: a person sees at a
 glance how many agents ran at once and which items straggled. Pure: spans in, geometry out; the template writes the
 ``<svg>`` (autoescaped), so no agent text is ever put into markup by hand.
+
+A big run's rows are thinner than a pointer can aim at: past :data:`TITLED_MAX` rows only the notable bars (not
+done, or stragglers) keep a ``<rect>`` with a hover title, the others are drawn as one ``<path>`` per state (numbers
+only), which keeps a 1,000-item page cheap to render and to draw. Every item's hover text stays in the item grid.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ LABEL_W = 170  # the left column of item names (drawn only when rows are tall en
 AXIS_H = 26
 MAX_H = 640  # a thousand items fit in this height: rows get thinner, never the page longer
 STRAGGLER_FACTOR = 2.0  # an item that took more than twice the median of its finished siblings
+TITLED_MAX = 100  # bars drawn as their own <rect> with a hover title; the rest of a bigger run share paths
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,15 @@ class Bar:
 
 
 @dataclass(frozen=True)
+class Strip:
+    """The bars of one state class drawn as one SVG path (``d``: a rectangle per bar, numbers only)."""
+
+    css: str
+    d: str
+    count: int
+
+
+@dataclass(frozen=True)
 class Tick:
     """A vertical guide of the time axis and its text (``30s``, ``2m``)."""
 
@@ -60,7 +74,8 @@ class Timeline:
     plot_x: float
     plot_w: float
     axis_y: float
-    bars: list[Bar]
+    bars: list[Bar]  # drawn one by one with their hover title
+    strips: list[Strip]  # the other bars, one path per state class
     ticks: list[Tick]
     labels: bool
     font: float
@@ -68,6 +83,11 @@ class Timeline:
     stragglers: int
     span_s: float
     hidden: int  # items never started (no bar)
+
+    @property
+    def drawn(self) -> int:
+        """Bars drawn in all (rects and paths): the items that started."""
+        return len(self.bars) + sum(s.count for s in self.strips)
 
 
 def fmt_seconds(s: float) -> str:
@@ -119,6 +139,20 @@ def stragglers(spans: Sequence[Span], now: float) -> set[int]:
     return {i for i, s in enumerate(spans) if ((s.end if s.end is not None else now) - s.start) > limit}
 
 
+def _titled(rows: Sequence[Span], slow: set[int], now: float) -> set[int] | None:
+    """The rows drawn with a hover title: all (None) up to :data:`TITLED_MAX` rows, else the notable ones first (not
+    done, or stragglers), then the longest, up to :data:`TITLED_MAX`."""
+    if len(rows) <= TITLED_MAX:
+        return None
+
+    def rank(i: int) -> tuple[bool, float]:
+        s = rows[i]
+        notable = s.state != "done" or i in slow
+        return (not notable, -((s.end if s.end is not None else now) - s.start))
+
+    return set(sorted(range(len(rows)), key=rank)[:TITLED_MAX])
+
+
 def layout(spans: Sequence[Span], *, now: float, never_started: int = 0) -> Timeline:
     """Lay out ``spans`` (in row order) on one time axis from the first start to the last end (or ``now``)."""
     rows = list(spans)
@@ -133,23 +167,29 @@ def layout(spans: Sequence[Span], *, now: float, never_started: int = 0) -> Time
     span = max(t1 - t0, 0.001)
     scale = plot_w / span
     slow = stragglers(rows, now)
-    bars = []
+    titled = _titled(rows, slow, now)
+    font = 13.0
+    bars: list[Bar] = []
+    paths: dict[str, list[str]] = {}
     gap = 0.15 * row_h if row_h >= 3 else 0.0
+    h = round(row_h - gap, 2)
     for i, s in enumerate(rows):
         end = s.end if s.end is not None else now
-        x = plot_x + (s.start - t0) * scale
-        w = max((end - s.start) * scale, 1.5)
-        y = AXIS_H + i * row_h + gap / 2
+        x = round(plot_x + (s.start - t0) * scale, 2)
+        w = round(max((end - s.start) * scale, 1.5), 2)
+        y = round(AXIS_H + i * row_h + gap / 2, 2)
         css = f"tl-{s.state}" + (" tl-straggler" if i in slow else "")
-        bars.append(Bar(round(x, 2), round(y, 2), round(w, 2), round(row_h - gap, 2), css, s.title, s.label, 0.0))
+        if titled is None or i in titled:
+            bars.append(Bar(x, y, w, h, css, s.title, s.label, round(y + h / 2 + font * 0.35, 2)))
+        else:
+            paths.setdefault(css, []).append(f"M{x} {y}h{w}v{h}h{-w}z")
+    strips = [Strip(css, "".join(parts), len(parts)) for css, parts in sorted(paths.items())]
     step = nice_step(span)
     ticks = []
     k = 0
     while k * step <= span + 1e-9 and k < 50:
         ticks.append(Tick(round(plot_x + k * step * scale, 2), fmt_seconds(k * step)))
         k += 1
-    font = 13.0
-    bars = [Bar(b.x, b.y, b.w, b.h, b.css, b.title, b.label, round(b.y + b.h / 2 + font * 0.35, 2)) for b in bars]
     return Timeline(
         width=WIDTH,
         height=height,
@@ -157,6 +197,7 @@ def layout(spans: Sequence[Span], *, now: float, never_started: int = 0) -> Time
         plot_w=plot_w,
         axis_y=AXIS_H - 8,
         bars=bars,
+        strips=strips,
         ticks=ticks,
         labels=labels,
         font=font,

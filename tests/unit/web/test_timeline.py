@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ambient.web.timeline import Span, fmt_seconds, layout, nice_step, peak_concurrency, stragglers
+from ambient.web.timeline import TITLED_MAX, Span, fmt_seconds, layout, nice_step, peak_concurrency, stragglers
 
 
 def _span(label: str, start: float, end: float | None, state: str = "done") -> Span:
@@ -49,10 +49,10 @@ def test_a_thousand_items_stay_within_the_height_cap_without_labels() -> None:
     """Rows get thinner, never the drawing taller; names go to the hover title."""
     spans = [_span(f"item-{i}", i * 0.1, i * 0.1 + 5) for i in range(1000)]
     tl = layout(spans, now=200)
-    assert len(tl.bars) == 1000
+    assert tl.drawn == 1000
     assert tl.height <= 700
     assert not tl.labels
-    assert tl.bars[-1].title == "item-999: done"
+    assert tl.bars[0].title == "item-0: done"
 
 
 def test_empty_run_has_no_bars() -> None:
@@ -70,3 +70,21 @@ def test_ticks_are_round_numbers() -> None:
     assert fmt_seconds(3900) == "1h05m" and fmt_seconds(2.5) == "2.5s"
     tl = layout([_span("a", 0, 60)], now=60)
     assert [t.text for t in tl.ticks] == ["0s", "10s", "20s", "30s", "40s", "50s", "1m"]
+
+
+def test_past_the_cap_notable_bars_keep_their_title_and_the_rest_share_a_path_per_state() -> None:
+    """Rows thinner than a pointer: failed, running and straggling items keep a titled rect, the done ones are drawn
+    as one path per state with a rectangle each, at the same place a rect would be."""
+    spans = [_span(f"i{i}", i, i + 5) for i in range(TITLED_MAX + 50)]
+    spans[3] = _span("bad", 3, 6, "failed")
+    spans[7] = _span("slow", 7, 100)
+    spans[-1] = _span("busy", 149, None, "running")
+    tl = layout(spans, now=160)
+    assert tl.drawn == len(spans) and len(tl.bars) == TITLED_MAX
+    titled = {b.label for b in tl.bars}
+    assert {"bad", "slow", "busy"} <= titled
+    [strip] = tl.strips
+    assert strip.css == "tl-done" and strip.count == len(spans) - TITLED_MAX
+    assert strip.d.count("M") == strip.count and strip.d.endswith("z")
+    small = layout(spans[:TITLED_MAX], now=160)
+    assert small.strips == [] and len(small.bars) == TITLED_MAX
