@@ -1,0 +1,58 @@
+"""The console steers what the CLI steers: reset a tripped breaker, forget an AI agent's grant, pause/resume/abort a
+claim, release a held lock. Each action over real HTTP against a real ``ambient web``: success writes what the CLI
+would (checked with the CLI), a refusal reads like the CLI's and changes nothing."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.acceptance.harness import Brain
+from tests.web.conftest import Console
+from tests.web.test_pages import _client, _notice
+
+
+def _csrf(console: Console) -> str:
+    """The console's CSRF token (what every form of its pages carries)."""
+    from ambient.web.security import csrf_token
+
+    return csrf_token(console.token)
+
+
+def _trip(brain: Brain, scope: str, times: int = 3) -> None:
+    for _ in range(times):
+        brain.cli("preflight", "fail", scope)
+
+
+def test_a_tripped_breaker_is_reset_from_the_overview(brain: Brain, console: Console) -> None:
+    _trip(brain, "work/")
+    with _client(console) as http:
+        page = http.get("/").text
+        assert "work/" in page and 'action="/breakers/reset"' in page and "3 consecutive failure(s)" in page
+        alone = http.get("/", params={"fragment": "breakers"}).text
+        assert "<html" not in alone and 'name="scope" value="work/"' in alone
+        form = {"scope": "work/", "csrf": _csrf(console), "back": "/"}
+        text, level = _notice(http.post("/breakers/reset", data=form))
+        assert (text, level) == ("work/: breaker reset", "ok")
+        assert "No breaker tripped." in http.get("/").text
+        text, level = _notice(http.post("/breakers/reset", data={"scope": " ", "csrf": _csrf(console)}))
+        assert level == "error" and "say which breaker to reset" in text
+    status = brain.cli("preflight", "status", "work/")
+    assert status.rc == 0 and "closed" in status.out
+
+
+def test_an_unreadable_breaker_file_is_said_and_refuses_a_reset(brain: Brain, console: Console) -> None:
+    brain.write(".ambient/breaker.json", "{nope")
+    with _client(console) as http:
+        page = http.get("/").text
+        assert "cannot be read" in page and "No breaker tripped." in page
+        text, level = _notice(http.post("/breakers/reset", data={"scope": "work/", "csrf": _csrf(console)}))
+        assert level == "error" and text.startswith("Refused, nothing changed:") and "cannot be read" in text
+    assert brain.read(".ambient/breaker.json") == "{nope"
+
+
+def test_a_reset_without_csrf_is_refused(brain: Brain, console: Console) -> None:
+    _trip(brain, "work/")
+    with _client(console) as http:
+        res: httpx.Response = http.post("/breakers/reset", data={"scope": "work/"})
+        assert res.status_code == 403
+    assert brain.cli("preflight", "status", "work/").rc == 3
