@@ -29,3 +29,24 @@ def test_a_tripped_breaker_appears_live_and_is_reset_by_a_click(
     card.get_by_text("No breaker tripped.").wait_for()
     assert page.errors == []
     assert "closed" in brain.cli("preflight", "status", "work/deploy/").out
+
+
+def test_a_grant_is_forgotten_by_a_click(brain: Brain, console: Console, open_console: Any) -> None:
+    from ambient.runners.claude import SessionStore
+    from ambient.storage.paths import BrainPaths
+
+    store = SessionStore(BrainPaths(brain.root).state / "claude")
+    for call in ("Bash: pytest -q", "Bash: git status", "Edit: src/app.py"):
+        store.grant_always("coder", call)
+    store.grant_always("writer", "WebFetch: docs.python.org")
+    page = open_console("/matrix")
+    grants = page.locator("[data-fragment=grants]")
+    grants.get_by_text("Bash: pytest -q").wait_for()
+    screenshot(page, "matrix-grants")
+    grants.get_by_role("button", name="Forget coder: Bash: pytest -q").click()
+    page.locator(".notice").get_by_text("forgot 1 grant(s) of coder").wait_for()
+    assert "Bash: pytest -q" not in grants.inner_text() and "Bash: git status" in grants.inner_text()
+    page.evaluate("window.sameDocument = true")
+    store.grant_always("writer", "Read: notes.md")  # granted by the runner meanwhile: the part updates live
+    grants.get_by_text("Read: notes.md").wait_for(timeout=LIVE_S)
+    assert page.evaluate("window.sameDocument === true") and page.errors == []

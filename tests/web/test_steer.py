@@ -56,3 +56,38 @@ def test_a_reset_without_csrf_is_refused(brain: Brain, console: Console) -> None
         res: httpx.Response = http.post("/breakers/reset", data={"scope": "work/"})
         assert res.status_code == 403
     assert brain.cli("preflight", "status", "work/").rc == 3
+
+
+def _grant(brain: Brain, agent: str, *calls: str) -> None:
+    from ambient.runners.claude import SessionStore
+    from ambient.storage.paths import BrainPaths
+
+    store = SessionStore(BrainPaths(brain.root).state / "claude")
+    for call in calls:
+        store.grant_always(agent, call)
+
+
+def test_grants_are_listed_and_forgotten_from_the_matrix_page(brain: Brain, console: Console) -> None:
+    _grant(brain, "coder", "Bash: pytest -q", "Edit: src/<b>x</b>.py")
+    _grant(brain, "writer", "WebFetch: example.org")
+    with _client(console) as http:
+        page = http.get("/matrix").text
+        assert "Bash: pytest -q" in page and "Edit: src/&lt;b&gt;x&lt;/b&gt;.py" in page and "<b>x" not in page
+        assert 'action="/grants/forget"' in page and "Forget all 2" in page
+        alone = http.get("/matrix", params={"fragment": "grants"}).text
+        assert "<html" not in alone and "WebFetch: example.org" in alone
+        form = {"agent": "coder", "call": "Bash: pytest -q", "csrf": _csrf(console), "back": "/matrix"}
+        text, level = _notice(http.post("/grants/forget", data=form))
+        assert (text, level) == ("forgot 1 grant(s) of coder: asked again from the next call", "ok")
+        text, level = _notice(http.post("/grants/forget", data=form))  # already forgotten: the CLI's words
+        assert (text, level) == (
+            "Refused, nothing changed: no such grant of coder; `ambient grants` lists them",
+            "error",
+        )
+        text, level = _notice(http.post("/grants/forget", data={"agent": "writer", "csrf": _csrf(console)}))
+        assert level == "ok" and text.startswith("forgot 1 grant(s) of writer")
+        text, level = _notice(http.post("/grants/forget", data={"agent": " ", "csrf": _csrf(console)}))
+        assert level == "error"
+    assert brain.ok("grants", "--json").json() == {"coder": ["Edit: src/<b>x</b>.py"]}
+    missing = brain.cli("grants", "forget", "coder", "Bash: pytest -q")
+    assert missing.rc == 1 and "no such grant of coder; `ambient grants` lists them" in missing.err
