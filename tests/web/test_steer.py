@@ -91,3 +91,38 @@ def test_grants_are_listed_and_forgotten_from_the_matrix_page(brain: Brain, cons
     assert brain.ok("grants", "--json").json() == {"coder": ["Edit: src/<b>x</b>.py"]}
     missing = brain.cli("grants", "forget", "coder", "Bash: pytest -q")
     assert missing.rc == 1 and "no such grant of coder; `ambient grants` lists them" in missing.err
+
+
+def test_a_claim_offers_exactly_its_legal_gate_actions(brain: Brain, console: Console) -> None:
+    brain.ok("claim", "open", "--sess-id", "c-1", "--type", "satellite", "--agent", "w", "--scope", "work/")
+    csrf = _csrf(console)
+
+    def buttons() -> list[str]:
+        with _client(console) as http:
+            page = http.get("/claims").text
+        start = page.index('action="/claims/c-1/gate"')
+        form = page[start : page.index("</form>", start)]
+        return [part.split('"', 1)[0] for part in form.split('name="action" value="')[1:]]
+
+    assert buttons() == ["gate", "pause", "abort"]  # open
+    with _client(console) as http:
+        form = {"action": "pause", "message": "lunch", "csrf": csrf, "back": "/claims"}
+        text, level = _notice(http.post("/claims/c-1/gate", data=form))
+        assert (text, level) == ("c-1: open -> paused", "ok")
+        assert buttons() == ["resume", "abort"]  # paused
+        assert "<h2>Paused" in http.get("/claims").text
+        text, level = _notice(http.post("/claims/c-1/gate", data=form))  # paused already: the CLI's refusal
+        assert level == "error" and "cannot pause claim c-1: it is paused" in text
+        text, level = _notice(http.post("/claims/c-1/gate", data={**form, "action": "resume", "message": ""}))
+        assert (text, level) == ("c-1: paused -> open", "ok")
+        text, level = _notice(http.post("/claims/c-1/gate", data={**form, "action": "abort", "message": "wrong"}))
+        assert (text, level) == ("c-1: open -> failed", "ok")
+        assert 'action="/claims/c-1/gate"' not in http.get("/claims").text  # failed: nothing is legal
+        text, level = _notice(http.post("/claims/c-1/gate", data={**form, "action": "close"}))
+        assert level == "error" and "unknown action 'close'" in text
+    status = brain.ok("gate", "status", "c-1", "--json").json()
+    assert [(h["action"], h.get("message")) for h in status["gate_history"]] == [
+        ("pause", "lunch"),
+        ("resume", None),
+        ("abort", "wrong"),
+    ]
