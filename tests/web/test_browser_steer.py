@@ -50,3 +50,20 @@ def test_a_grant_is_forgotten_by_a_click(brain: Brain, console: Console, open_co
     store.grant_always("writer", "Read: notes.md")  # granted by the runner meanwhile: the part updates live
     grants.get_by_text("Read: notes.md").wait_for(timeout=LIVE_S)
     assert page.evaluate("window.sameDocument === true") and page.errors == []
+
+
+def test_the_claims_page_offers_each_claim_its_gate_actions(brain: Brain, console: Console, open_console: Any) -> None:
+    for sid in ("c-open", "c-paused", "c-wait"):
+        brain.ok("claim", "open", "--sess-id", sid, "--type", "satellite", "--agent", "w", "--scope", f"work/{sid}/")
+    brain.ok("gate", "pause", "c-paused", "lunch")
+    brain.ok("gate", "gate", "c-wait", "ship it?")
+    brain.ok("lock", "acquire", "work/c-open/a.txt", "c-open", "--ttl", "30")
+    page = open_console("/claims")
+    page.get_by_text("Gate actions").first.click()
+    page.get_by_role("button", name="Resume c-paused").wait_for(state="attached")
+    screenshot(page, "claims-steer")
+    page.get_by_role("button", name="Release work/c-open/a.txt held by c-open").click()
+    page.locator(".notice").get_by_text("released work/c-open/a.txt").wait_for()
+    page.get_by_role("button", name="Pause c-wait").click()
+    page.locator(".notice").get_by_text("c-wait: waiting_human -> paused").wait_for()
+    assert page.errors == []

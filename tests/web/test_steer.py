@@ -126,3 +126,30 @@ def test_a_claim_offers_exactly_its_legal_gate_actions(brain: Brain, console: Co
         ("resume", None),
         ("abort", "wrong"),
     ]
+
+
+def test_a_lock_is_released_from_the_claims_page_unless_it_changed_hands(brain: Brain, console: Console) -> None:
+    brain.ok("lock", "acquire", "work/a.txt", "sess-1", "--ttl", "5")
+    csrf = _csrf(console)
+    with _client(console) as http:
+        page = http.get("/claims").text
+        assert 'action="/locks/release"' in page and 'name="holder" value="sess-1"' in page
+        alone = http.get("/claims", params={"fragment": "locks"}).text
+        assert "<html" not in alone and "Release work/a.txt held by sess-1" in alone
+        token = alone.split('name="token" value="', 1)[1].split('"', 1)[0]
+        form = {"file": "work/a.txt", "holder": "sess-1", "token": token, "csrf": csrf, "back": "/claims"}
+        # meanwhile the lock is released and taken by another session: the page's button is refused
+        brain.ok("lock", "release", "work/a.txt", "sess-1")
+        brain.ok("lock", "acquire", "work/a.txt", "sess-2", "--ttl", "5")
+        text, level = _notice(http.post("/locks/release", data=form))
+        assert level == "error" and "work/a.txt is held by sess-2, not by sess-1; release refused" in text
+        cli = brain.cli("lock", "release", "work/a.txt", "sess-1")
+        assert cli.rc == 2 and "work/a.txt is held by sess-2, not by sess-1; release refused" in cli.err
+        text, level = _notice(http.post("/locks/release", data={**form, "holder": "sess-2", "token": "x"}))
+        assert level == "error" and "not a number" in text
+        text, level = _notice(http.post("/locks/release", data={**form, "holder": "sess-2", "token": ""}))
+        assert (text, level) == ("released work/a.txt", "ok")
+        assert "No lock is held." in http.get("/claims", params={"fragment": "locks"}).text
+        text, level = _notice(http.post("/locks/release", data={**form, "holder": "sess-2", "token": ""}))
+        assert level == "error" and "work/a.txt is not locked" in text
+    assert brain.cli("lock", "check", "work/a.txt").rc == 0

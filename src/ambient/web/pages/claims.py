@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ambient.actions.gates import GATE_ACTIONS, gate_actions_for, move_gate
+from ambient.actions.locks import release_lock
 from ambient.claims.locks import LockManager
 from ambient.config.brain import read_settings
 from ambient.core.errors import AmbientError
@@ -142,7 +143,29 @@ async def gate_action(request: Request) -> Response:
     return redirect_back(back, outcome.message)
 
 
+async def release_action(request: Request) -> Response:
+    """``ambient lock release FILE HOLDER --token N`` (form: ``file``, ``holder``, ``token`` as the page read them):
+    a lock that changed hands since the page was drawn is refused with the CLI's message."""
+    paths: BrainPaths = request.app.state.paths
+    form = await request.form()
+    back = form.get("back") or "/claims"
+    file = str(form.get("file") or "").strip()
+    holder = str(form.get("holder") or "").strip()
+    raw_token = str(form.get("token") or "").strip()
+    if not file or not holder:
+        return redirect_back(back, "Say which lock to release: its file and its holder.", ok=False)
+    if raw_token and not raw_token.isdigit():
+        return redirect_back(back, f"Refused, nothing changed: token {raw_token!r} is not a number.", ok=False)
+    token = int(raw_token) if raw_token else None
+    try:
+        text = await run_in_threadpool(lambda: release_lock(paths, file, holder, token=token))
+    except AmbientError as exc:
+        return redirect_back(back, f"Refused, nothing changed: {exc}", ok=False)
+    return redirect_back(back, text)
+
+
 routes = [
     Route("/claims", claims_page, name="claims"),
+    Route("/locks/release", release_action, methods=["POST"], name="lock_release"),
     Route("/claims/{sess_id}/gate", gate_action, methods=["POST"], name="gate"),
 ]
