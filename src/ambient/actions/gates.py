@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ambient.actions.people import os_user
+from ambient.claims.claim import legal_actions
 from ambient.claims.store import ClaimStore
 from ambient.human.escalation_store import EscalationStore
 
@@ -23,6 +24,11 @@ if TYPE_CHECKING:
 
 #: What ``ambient gate`` may do to a claim (``status`` only reads).
 GATE_ACTIONS = ("gate", "approve", "reject", "pause", "resume", "abort")
+
+
+def gate_actions_for(status: str) -> tuple[str, ...]:
+    """The gate actions a person may take on a claim of ``status`` (the claims' own transition rule decides)."""
+    return legal_actions(status, GATE_ACTIONS)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,13 @@ TRANSITIONS: Final[Mapping[str, tuple[frozenset[str], str | None]]] = {
     "close": (frozenset({OPEN, STALE}), CLOSED),
 }
 
+
+def legal_actions(status: str, actions: Iterable[str] = ACTIONS) -> tuple[str, ...]:
+    """The ``actions`` a claim of ``status`` may take, in their order (what the console offers as buttons; the
+    transition itself may still refuse a case this cannot see, e.g. resuming a child its parent paused)."""
+    return tuple(a for a in actions if a in TRANSITIONS and status in TRANSITIONS[a][0])
+
+
 # Keys ambient adds to a claim (documented, never renamed): who cascaded a pause, the status to
 # resume to, and the last fencing token accepted for a write (RELIABILITY §1.2 rule 3).
 PAUSED_BY: Final = "paused_by"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, out, out_json, say
 
 if TYPE_CHECKING:  # imported in the handlers, so that other commands start fast
-    from ambient.runners.claude import SessionStore
+    from ambient.storage.paths import BrainPaths
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -21,21 +21,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     fp.add_argument("signature", metavar="CALL", nargs="?", help="the call as listed (e.g. 'Bash: pytest -q')")
 
 
-def _store(args: argparse.Namespace) -> SessionStore:
-    from ambient.runners.claude import SessionStore
+def _paths(args: argparse.Namespace) -> BrainPaths:
     from ambient.storage.paths import BrainPaths
 
-    return SessionStore(BrainPaths(brain_dir(args)).state / "claude")
+    return BrainPaths(brain_dir(args))
 
 
 def _list(args: argparse.Namespace) -> int:
-    store = _store(args)
-    grants = store.all_grants()
+    from ambient.actions.grants import NO_GRANTS, list_grants
+
+    grants = list_grants(_paths(args))
     if args.json:
         out_json(grants)
         return EXIT_OK
     if not grants:
-        out("no grants: every call outside an agent's allowed_tools is asked (allow | allow-always | deny)")
+        out(NO_GRANTS)
     for agent, calls in sorted(grants.items()):
         for call in calls:
             out(f"{agent}  {call}")
@@ -43,10 +43,12 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _forget(args: argparse.Namespace) -> int:
-    store = _store(args)
-    dropped = store.forget(args.agent, args.signature)
-    if not dropped:
-        say(f"no such grant of {args.agent}; `ambient grants` lists them")
+    from ambient.actions.grants import NoSuchGrantError, forget_grant
+
+    try:
+        done = forget_grant(_paths(args), args.agent, args.signature)
+    except NoSuchGrantError as exc:
+        say(str(exc))
         return EXIT_NO
-    out(f"forgot {dropped} grant(s) of {args.agent}: asked again from the next call")
+    out(done.message)
     return EXIT_OK

@@ -116,16 +116,15 @@ def _cmd_acquire(args: argparse.Namespace) -> int:
 
 
 def _cmd_release(args: argparse.Namespace) -> int:
+    from ambient.actions.locks import release_lock
     from ambient.core.errors import LockNotHeldError
 
-    manager = _manager(args)
+    root = brain_dir(args)
     try:
-        manager.release(_relative(brain_dir(args), args.file), args.holder, token=args.token)
+        release_lock(BrainPaths(root), _relative(root, args.file), args.holder, token=args.token)
     except LockNotHeldError as exc:
         return fail(str(exc), EXIT_USAGE)
-    finally:
-        manager.close()
-    out(f"released {args.file}")
+    out(f"released {args.file}")  # as the person typed it (an absolute path stays absolute)
     return EXIT_OK
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 from pathlib import Path
 
 from ambient.cli._common import EXIT_OK, add_command, brain_dir, out, out_json
@@ -76,30 +75,17 @@ def _threshold(args: argparse.Namespace, paths: BrainPaths) -> int:
     """``--threshold``, else ``breaker_threshold`` of profil/ambient.yml: the daemon's breaker and this one agree."""
     if args.threshold is not None:
         return int(args.threshold)
-    from ambient.config.brain import read_settings
+    from ambient.actions.breakers import breaker_threshold
 
-    found = read_settings(paths, os.environ)
-    settings = found.settings or found.salvaged
-    return settings.breaker_threshold if settings is not None else 3
-
-
-def _scope_of(paths: BrainPaths, target: str) -> str:
-    from ambient.claims.store import ClaimStore
-    from ambient.core.errors import InputError
-
-    if "/" in target or target.startswith("."):
-        return target
-    try:
-        return ClaimStore(paths).get(target).scope
-    except InputError:
-        return target
+    return breaker_threshold(paths)
 
 
 def _cmd_breaker(args: argparse.Namespace) -> int:
+    from ambient.actions.breakers import scope_of
     from ambient.claims.breakers import Breaker
 
     paths = BrainPaths(brain_dir(args))
-    scope = _scope_of(paths, args.target)
+    scope = scope_of(paths, args.target)
     threshold = _threshold(args, paths)
     breaker = Breaker(paths, threshold=threshold)
     if args.preflight_action == "fail":
@@ -108,21 +94,10 @@ def _cmd_breaker(args: argparse.Namespace) -> int:
         out(f"{scope}: {fails} consecutive failure(s){' — TRIPPED' if tripped else ''}")
         return _TRIPPED_EXIT if tripped else EXIT_OK
     if args.preflight_action == "reset":
-        breaker.reset(scope)
-        out(f"{scope}: breaker reset")
-        # A chain stopped by this breaker waits on its CIRCUIT_BREAK escalation: resetting here is that answer.
-        from ambient.human.escalation_store import EscalationStore
-        from ambient.human.escalations import AlreadyAnsweredError
+        from ambient.actions.breakers import reset_breaker
 
-        store = EscalationStore(paths)
-        for esc in store.pending_breaks(scope):
-            try:
-                store.answer(
-                    esc.id, "reset", by=os.environ.get("USER") or "human", channel="cli", note="ambient preflight reset"
-                )
-            except AlreadyAnsweredError:
-                continue
-            out(f"{esc.id}: answered reset ({esc.where}); the daemon runs the step again")
+        for line in reset_breaker(paths, args.target, threshold=threshold).lines:
+            out(line)
         return EXIT_OK
     state = breaker.status(scope)
     tripped = state.is_tripped(threshold)

@@ -33,7 +33,7 @@ from ambient.web.store import StoreThread
 log = structlog.get_logger(__name__)
 
 #: Every topic a page may listen to (plus ``run:<run_id>``).
-TOPICS: Final = frozenset({"daemon", "runs", "escalations", "claims", "locks", "records", "now"})
+TOPICS: Final = frozenset({"daemon", "runs", "escalations", "claims", "locks", "records", "now", "breakers", "grants"})
 QUEUE_SIZE: Final = 32
 HEARTBEAT_S: Final = 15.0
 DAEMON_POLL_S: Final = 1.0
@@ -42,12 +42,18 @@ _STATE_FILES: Final = {
     "runs.jsonl": ("records", "runs"),
     "daemon.json": ("daemon",),
     "now.json": ("now",),
+    "breaker.json": ("breakers",),
 }
 
 
 def watched_dirs(paths: BrainPaths) -> list[Path]:
-    """The folders watched (non-recursively): the state folder, the journals, escalations, claims, locks."""
-    return [paths.state, paths.run_journals, paths.escalations, paths.claims, paths.locks]
+    """The folders watched (non-recursively): the state folder, the journals, escalations, claims, locks, and the AI
+    runner's state (its ``grants.json``)."""
+    return [paths.state, paths.run_journals, paths.escalations, paths.claims, paths.locks, _ai_state(paths)]
+
+
+def _ai_state(paths: BrainPaths) -> Path:
+    return paths.state / "claude"
 
 
 def topics_of(paths: BrainPaths, changed: Iterable[str]) -> set[str]:
@@ -55,6 +61,7 @@ def topics_of(paths: BrainPaths, changed: Iterable[str]) -> set[str]:
     topics: set[str] = set()
     state, journals = str(paths.state), str(paths.run_journals)
     esc, claims, locks = str(paths.escalations), str(paths.claims), str(paths.locks)
+    ai = str(_ai_state(paths))
     for raw in changed:
         folder, _, name = raw.rpartition("/")
         if TMP_MARK in name or name.startswith("."):
@@ -67,6 +74,8 @@ def topics_of(paths: BrainPaths, changed: Iterable[str]) -> set[str]:
             topics.add("claims")
         elif folder == locks:
             topics.add("locks")
+        elif folder == ai and name == "grants.json":
+            topics.add("grants")
         elif folder == state and name in _STATE_FILES:
             topics.update(_STATE_FILES[name])
     return topics
@@ -178,7 +187,7 @@ class Hub:
     async def _watch(self, ready: asyncio.Event) -> None:
         from watchfiles import awatch
 
-        for folder in (self.paths.state, self.paths.run_journals, self.paths.escalations):
+        for folder in (self.paths.state, self.paths.run_journals, self.paths.escalations, _ai_state(self.paths)):
             private_dir(folder)  # the daemon makes them too (0700); watched from the start, not once they appear
         dirs = [d for d in watched_dirs(self.paths) if d.is_dir()]
         ready.set()

@@ -98,3 +98,17 @@ def test_cli_prints_the_outcome_and_exit_codes(paths: BrainPaths, capsys: pytest
     _claim(paths, "q")
     assert main(["gate", "approve", "q", "--brain", str(paths.root)]) == 2
     assert "cannot approve claim q" in capsys.readouterr().err
+
+
+def test_the_gate_actions_offered_follow_the_transition_rule() -> None:
+    from ambient.actions.gates import gate_actions_for
+    from ambient.claims.claim import STATUSES, TRANSITIONS, legal_actions
+
+    assert gate_actions_for("open") == ("gate", "pause", "abort")
+    assert gate_actions_for("waiting_human") == ("approve", "reject", "pause", "abort")
+    assert gate_actions_for("paused") == ("resume", "abort")
+    assert gate_actions_for("stale") == ("abort",)
+    assert gate_actions_for("closed") == gate_actions_for("failed") == gate_actions_for("nonsense") == ()
+    for status in STATUSES:  # one rule: every action offered is one the transition accepts
+        assert all(status in TRANSITIONS[a][0] for a in legal_actions(status))
+    assert legal_actions("stale") == ("abort", "close")

@@ -1,7 +1,8 @@
-"""``/claims``: claims open, waiting for a person (with approve/reject), stale (open past their TTL, by the claims
-rule) and the problems of claim files; the locks held under ``locks/`` with their holder and expiry. And
-``POST /claims/{sess_id}/gate``: a gate moved through :func:`ambient.actions.gates.move_gate`, the code of
-``ambient gate`` (a run's waiting gate is answered as ``ambient decide`` would).
+"""``/claims``: claims open, waiting for a person, paused, stale (open past their TTL, by the claims rule) and the
+problems of claim files, each with the gate actions legal for its status (:func:`ambient.actions.gates.
+gate_actions_for`); the locks held under ``locks/`` with their holder and expiry. And ``POST /claims/{sess_id}/gate``:
+a gate moved through :func:`ambient.actions.gates.move_gate`, the code of ``ambient gate`` (a run's waiting gate is
+answered as ``ambient decide`` would).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ambient.actions.gates import GATE_ACTIONS, move_gate
+from ambient.actions.gates import GATE_ACTIONS, gate_actions_for, move_gate
+from ambient.actions.locks import release_lock
 from ambient.claims.locks import LockManager
 from ambient.config.brain import read_settings
 from ambient.core.errors import AmbientError
@@ -27,8 +29,15 @@ from ambient.storage.paths import BrainPaths
 from ambient.web.render import redirect_back, render
 from ambient.web.store import read
 
-#: Actions the claims page offers as buttons (pause/resume/abort stay with ``ambient gate``).
-WEB_GATE_ACTIONS: Final = ("approve", "reject")
+#: How each gate action reads on its button, and its colour (a primary move, a neutral one, or a destructive one).
+GATE_BUTTONS: Final = {
+    "approve": ("Approve", "primary"),
+    "reject": ("Reject", "danger"),
+    "gate": ("Hold at a gate", ""),
+    "pause": ("Pause", ""),
+    "resume": ("Resume", "primary"),
+    "abort": ("Abort", "danger"),
+}
 OPEN_SHOWN: Final = 200
 
 
@@ -86,6 +95,7 @@ def _data(conn: sqlite3.Connection, default_ttl: timedelta) -> dict[str, Any]:
     open_rows = [c for c in views.claims(conn, ("open",)) if c.sess_id not in stale_ids]
     return {
         "waiting": views.claims(conn, ("waiting_human",)),
+        "paused": views.claims(conn, ("paused",)),
         "open": open_rows[-OPEN_SHOWN:],
         "open_total": len(open_rows),
         "stale": stale,
@@ -100,12 +110,22 @@ async def claims_page(request: Request) -> Response:
     data = await read(request, lambda conn: _data(conn, ttl))
     held = await run_in_threadpool(locks, paths)
     return render(
-        request, "claims.html", {**data, "locks": held, "now": time.time(), "default_ttl_h": ttl.total_seconds() / 3600}
+        request,
+        "claims.html",
+        {
+            **data,
+            "locks": held,
+            "now": time.time(),
+            "default_ttl_h": ttl.total_seconds() / 3600,
+            "gate_actions": gate_actions_for,
+            "gate_buttons": GATE_BUTTONS,
+        },
     )
 
 
 async def gate_action(request: Request) -> Response:
-    """Approve or reject (or another ``ambient gate`` action) one claim; a refusal reads like the CLI's."""
+    """``ambient gate ACTION SESS_ID [MESSAGE]`` (approve, reject, gate, pause, resume, abort); a refusal (the claim
+    moved meanwhile: the action is no longer legal) reads like the CLI's."""
     paths: BrainPaths = request.app.state.paths
     form = await request.form()
     sess_id = request.path_params["sess_id"]
@@ -113,7 +133,9 @@ async def gate_action(request: Request) -> Response:
     message = str(form.get("message") or "").strip() or None
     back = form.get("back") or "/claims"
     if action not in GATE_ACTIONS:
-        return redirect_back(back, f"{sess_id}: unknown action {action!r}; expected approve or reject.", ok=False)
+        return redirect_back(
+            back, f"{sess_id}: unknown action {action!r}; expected one of {', '.join(GATE_ACTIONS)}.", ok=False
+        )
     try:
         outcome = await run_in_threadpool(move_gate, paths, sess_id, action, message, channel="web")
     except AmbientError as exc:
@@ -121,7 +143,29 @@ async def gate_action(request: Request) -> Response:
     return redirect_back(back, outcome.message)
 
 
+async def release_action(request: Request) -> Response:
+    """``ambient lock release FILE HOLDER --token N`` (form: ``file``, ``holder``, ``token`` as the page read them):
+    a lock that changed hands since the page was drawn is refused with the CLI's message."""
+    paths: BrainPaths = request.app.state.paths
+    form = await request.form()
+    back = form.get("back") or "/claims"
+    file = str(form.get("file") or "").strip()
+    holder = str(form.get("holder") or "").strip()
+    raw_token = str(form.get("token") or "").strip()
+    if not file or not holder:
+        return redirect_back(back, "Say which lock to release: its file and its holder.", ok=False)
+    if raw_token and not raw_token.isdigit():
+        return redirect_back(back, f"Refused, nothing changed: token {raw_token!r} is not a number.", ok=False)
+    token = int(raw_token) if raw_token else None
+    try:
+        text = await run_in_threadpool(lambda: release_lock(paths, file, holder, token=token))
+    except AmbientError as exc:
+        return redirect_back(back, f"Refused, nothing changed: {exc}", ok=False)
+    return redirect_back(back, text)
+
+
 routes = [
     Route("/claims", claims_page, name="claims"),
+    Route("/locks/release", release_action, methods=["POST"], name="lock_release"),
     Route("/claims/{sess_id}/gate", gate_action, methods=["POST"], name="gate"),
 ]

@@ -1,6 +1,8 @@
 """``/matrix``: the effective access matrix (kernel defaults, agents' gates, the routing table) as what each
 principal may send to each other one, and an explain form giving the verdict and the rule of ``ambient matrix
-explain`` (:func:`ambient.actions.explain.explain`, the same code). Read-only: the form is a GET.
+explain`` (:func:`ambient.actions.explain.explain`, the same code; a GET). And what AI agents may do beyond their
+``allowed_tools``: the calls a person allowed for good, each forgotten by ``POST /grants/forget``
+(:func:`ambient.actions.grants.forget_grant`, the code of ``ambient grants forget``).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ambient.actions.explain import explain, load_matrix, sends
-from ambient.core.errors import InputError
+from ambient.actions.grants import forget_grant, list_grants
+from ambient.core.errors import AmbientError, InputError
 from ambient.kernel.packet import Signal
 from ambient.storage.paths import BrainPaths
-from ambient.web.render import render
+from ambient.web.render import redirect_back, render
 
 
 def _data(paths: BrainPaths, ask: dict[str, str]) -> dict[str, Any]:
@@ -28,6 +31,7 @@ def _data(paths: BrainPaths, ask: dict[str, str]) -> dict[str, Any]:
         "routes_applied": len(bm.matrix.routing.routes) if bm.matrix.routing else 0,
         "verdict": None,
         "error": None,
+        "grants": sorted(list_grants(paths).items()),
     }
     if ask["from"] and ask["to"] and ask["signal"]:
         files = [f.strip() for f in ask["files"].split(",") if f.strip()]
@@ -48,4 +52,23 @@ async def matrix_page(request: Request) -> Response:
     return render(request, "matrix.html", {**data, "ask": ask, "signals": [s.value for s in Signal]})
 
 
-routes = [Route("/matrix", matrix_page, name="matrix")]
+async def forget_action(request: Request) -> Response:
+    """``ambient grants forget AGENT [CALL]`` (form: ``agent``, ``call``; no call: every grant of the agent)."""
+    paths: BrainPaths = request.app.state.paths
+    form = await request.form()
+    back = form.get("back") or "/matrix"
+    agent = str(form.get("agent") or "").strip()
+    call = str(form.get("call") or "") or None
+    if not agent:
+        return redirect_back(back, "Say which agent's grant to forget.", ok=False)
+    try:
+        done = await run_in_threadpool(forget_grant, paths, agent, call)
+    except AmbientError as exc:
+        return redirect_back(back, f"Refused, nothing changed: {exc}", ok=False)
+    return redirect_back(back, done.message)
+
+
+routes = [
+    Route("/matrix", matrix_page, name="matrix"),
+    Route("/grants/forget", forget_action, methods=["POST"], name="grants_forget"),
+]
