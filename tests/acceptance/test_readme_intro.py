@@ -151,6 +151,25 @@ def test_or_answer_from_a_browser(tmp_path: Path) -> None:
         for esc in brain.escalations():
             assert esc["id"] in page.text, esc
         assert ">Run the item again</button>" in page.text and ">Approve and continue</button>" in page.text
+        # The failed instance's claim waits on its run's question: the claims page sends the person there, and its
+        # Approve (for gates) is refused, naming the question, instead of leaving the run waiting (a new user's).
+        base = found.group(1).split("/?", 1)[0]
+        cookies = {"ambient_console": found.group(1).rsplit("token=", 1)[1]}
+        failed = next(e for e in brain.escalations() if e["workflow"] == "deploy-batch")
+        claims = httpx.get(f"{base}/claims", cookies=cookies, timeout=30).text
+        assert f"Its run waits on {failed['id']}" in claims
+        [claim] = [p.stem for p in brain.path("claims").glob("*-item-007.yml")]
+        csrf = re.search(r'name="csrf" value="([^"]+)"', claims)
+        assert csrf is not None
+        refused = httpx.post(
+            f"{base}/claims/{claim}/gate",
+            data={"action": "approve", "csrf": csrf.group(1), "back": "/claims"},
+            cookies=cookies,
+            timeout=30,
+        )
+        assert refused.status_code == 303 and "level=error" in refused.headers["location"], refused
+        assert f"ambient decide {failed['id']}" in httpx.URL(refused.headers["location"]).params["notice"]
+        assert brain.escalations() and failed["id"] in {e["id"] for e in brain.escalations()}  # still waiting
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0

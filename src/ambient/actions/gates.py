@@ -96,8 +96,32 @@ def move_gate(
             who = by if by is not None else os_user()
             done = EscalationStore(paths).answer(esc.id, action, by=who, channel=channel, note=message)
             return GateOutcome(sess_id, action, question=esc.id, decision=done.decision)
+        _refuse_if_waiting_on_a_question(paths, sess_id, action)
     changed = ClaimStore(paths).transition(sess_id, action, message, token=token)
     return GateOutcome(sess_id, action, moves=[_move(sid, claim, sess_id) for sid, claim in changed.items()])
+
+
+def _refuse_if_waiting_on_a_question(paths: BrainPaths, sess_id: str, action: str) -> None:
+    """A run's item waiting on a question that is not a gate (its agent asked, or it failed) is not approved through
+    its claim: that moved the claim on and left the run waiting on the question (a new user's finding). Refused,
+    naming the question to answer."""
+    from ambient.core.errors import AmbientError, TransitionError
+
+    extra = ClaimStore(paths).get(sess_id).model_extra or {}
+    esc_id = extra.get("escalation")
+    if not isinstance(esc_id, str):
+        return
+    try:
+        esc = EscalationStore(paths).get(esc_id)
+    except AmbientError:  # gone or unreadable: the claim alone decides, as before
+        return
+    if esc.status != "pending" or esc.kind == "gate":
+        return
+    options = ", ".join(o.key for o in esc.options)
+    raise TransitionError(
+        f"cannot {action} claim {sess_id}: it waits on its run's question {esc.id} ({esc.kind}), not on a gate; "
+        f"answer that question instead: ambient decide {esc.id} OPTION (options: {options})"
+    )
 
 
 def _move(sid: str, claim: Claim, acted_on: str) -> Move:

@@ -112,3 +112,32 @@ def test_the_gate_actions_offered_follow_the_transition_rule() -> None:
     for status in STATUSES:  # one rule: every action offered is one the transition accepts
         assert all(status in TRANSITIONS[a][0] for a in legal_actions(status))
     assert legal_actions("stale") == ("abort", "close")
+
+
+def test_an_item_waiting_on_a_question_is_not_approved_through_its_claim(paths: BrainPaths) -> None:
+    """A run's item whose agent asked (or failed) waits on that question, named in its claim (``escalation:``):
+    approving the claim moved it on and left the run waiting (a new user's finding). Refused, naming the question;
+    once answered, the claim is the person's to move again."""
+    esc = new_escalation(
+        workflow="deploy",
+        run_id="run-8",
+        kind="fail",
+        question="instance-07 failed. Retry?",
+        item="instance-07",
+        options=[("retry", "Retry", "retry"), ("skip", "Skip", "skip")],
+        now=T0,
+    )
+    esc_id = EscalationStore(paths).create(esc).id
+    _claim(paths, "run-8-item-007")
+    move_gate(paths, "run-8-item-007", "gate", "waiting")
+    claim_file = paths.claims / "run-8-item-007.yml"
+    claim_file.write_text(claim_file.read_text() + f"escalation: {esc_id}\n")
+    before = claim_file.read_bytes()
+    for action in ("approve", "reject"):
+        with pytest.raises(TransitionError, match=rf"waits on its run's question {esc_id} \(fail\).*retry, skip"):
+            move_gate(paths, "run-8-item-007", action)
+    assert claim_file.read_bytes() == before
+    assert move_gate(paths, "run-8-item-007", "pause").statuses() == {"run-8-item-007": "paused"}  # not an answer
+    EscalationStore(paths).answer(esc_id, "skip", by="ada", channel="cli")
+    move_gate(paths, "run-8-item-007", "resume")
+    assert move_gate(paths, "run-8-item-007", "approve").statuses() == {"run-8-item-007": "open"}  # answered: free

@@ -101,7 +101,18 @@ def _data(conn: sqlite3.Connection, default_ttl: timedelta) -> dict[str, Any]:
         "stale": stale,
         "marked_stale": views.claims(conn, ("stale",)),
         "counts": views.claim_counts(conn),
+        # A run's item waiting on its agent's question (or a failure) is answered there, not approved here.
+        "questions": _questions_by_run(views.escalations(conn, status="pending")),
     }
+
+
+def _questions_by_run(pending: list[views.EscalationRow]) -> dict[str, list[str]]:
+    """run id → the ids of its pending questions that are not gates (a gate is answered by its claim's buttons)."""
+    out: dict[str, list[str]] = {}
+    for esc in pending:
+        if esc.kind != "gate" and esc.run_id:
+            out.setdefault(esc.run_id, []).append(esc.id)
+    return out
 
 
 async def claims_page(request: Request) -> Response:
