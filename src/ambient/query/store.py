@@ -137,6 +137,20 @@ class QueryStore:
             finally:
                 conn.execute("COMMIT")
 
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[sqlite3.Connection]:
+        """The connection, in a write transaction (committed at the end, rolled back on an exception)."""
+        with self._lock:
+            conn = self.conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
     def close(self) -> None:
         """Close the connection (the next use opens it again)."""
         with self._lock:
