@@ -200,9 +200,13 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
 
 def _troubles(paths: BrainPaths, up: bool) -> list[str]:
     """The daemon's own troubles (what it ran out of, :mod:`ambient.core.health`) and a full disk, seen from here."""
-    from ambient.service.troubles import disk_full, read_health
+    from ambient.service.diskfree import disk_full
 
-    found = [c.message for c in read_health(paths).conditions.values()] if up else []
+    found = []
+    if up:
+        from ambient.service.troubles import read_health  # the daemon's health model (pydantic): only when it runs
+
+        found = [c.message for c in read_health(paths).conditions.values()]
     full = disk_full(paths.state if paths.state.is_dir() else paths.root)
     if full is not None and not any(m.startswith("disk full") for m in found):
         found.append(full)

@@ -66,7 +66,7 @@ def inputs(paths: BrainPaths, environ: Mapping[str, str]) -> str | None:
         h.update(f"{folder.name}/\0".encode())
         for name in names:
             try:
-                st = os.stat(folder / name, follow_symlinks=False)
+                st = (folder / name).lstat()
             except OSError:
                 continue  # gone since the listing
             if now - st.st_mtime_ns < _RACY_NS:
