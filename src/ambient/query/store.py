@@ -31,9 +31,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import structlog
-
 from ambient import __version__
+from ambient.core.logs import get_logger
 from ambient.query.schema import FORMAT, INDEXES, TABLES
 from ambient.storage.fsutil import private_dir
 from ambient.storage.paths import BrainPaths
@@ -41,7 +40,7 @@ from ambient.storage.paths import BrainPaths
 if TYPE_CHECKING:
     pass
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DB_NAME: Final = "query.sqlite3"
 #: The modules whose code decides what a row holds: other code, other rows, so the store is rebuilt. By name: a

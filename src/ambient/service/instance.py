@@ -12,17 +12,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from ambient import __version__
 from ambient.core.errors import AlreadyRunningError
+from ambient.core.logs import get_logger
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, open_private, private_dir
 from ambient.storage.paths import BrainPaths
 
 if TYPE_CHECKING:
     from ambient.config.brain import Brain
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class SingleInstance:
