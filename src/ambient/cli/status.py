@@ -50,7 +50,7 @@ def _doing_now(paths: Any) -> dict[tuple[str, str], dict[str, Any]]:
     """What each running AI agent is doing (the daemon's ``.ambient/now.json``): (run, item) → tool, seconds."""
     import time
 
-    from ambient.runners.claude import NOW_FILE
+    from ambient.storage.paths import NOW_FILE
 
     try:
         rows = json.loads((paths.state / NOW_FILE).read_bytes()[:1_000_000])
