@@ -457,6 +457,10 @@ def test_status_names_workflow_files_that_do_not_load(brain: Brain) -> None:
         re.M,
     ), text
     assert brain.status()["broken_workflows"] == ["workflows/broken.yml", "workflows/typo.yml"]
+    # Issue 28: status keeps these facts in its query store until a file they come from changes.
+    brain.path("workflows/typo.yml").unlink()
+    assert brain.status()["broken_workflows"] == ["workflows/broken.yml"]
+    assert "do not load: 1 (workflows/broken.yml)" in brain.ok("status").out
 
 
 def test_runs_lists_recorded_runs_and_last_n(brain: Brain) -> None:

@@ -44,7 +44,6 @@ on demand.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import contextlib
 import os
@@ -58,8 +57,6 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import unquote
 
-import structlog
-
 from ambient.claims.lockfile import (
     LOCK_SUFFIX,
     LockInfo,
@@ -72,12 +69,13 @@ from ambient.claims.lockfile import (
 from ambient.claims.lockinodes import LockInodes
 from ambient.claims.lockstate import LockLocation, LockStatus, inspect_lock, remove_if_unchanged
 from ambient.core.errors import InputError, LockHeldError, LockNotHeldError, UnsafePathError
+from ambient.core.logs import get_logger
 from ambient.core.process import hostname, own_start_time
 from ambient.storage.fsutil import check_local_filesystem, sweep_stale_tmp
 from ambient.storage.guard import shared_guard
 from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 GUARD_NAME: Final = "locks.guard"
 DEFAULT_TTL_S: Final = 3600.0  # spec/002: ttl_min defaults to 60
@@ -252,6 +250,8 @@ class LockManager:
         Cancelled while a threaded attempt is in flight, it waits for that attempt and releases a lock
         it got, so a cancellation never leaks a lock.
         """
+        import asyncio  # the event loop's methods only: `ambient status` lists locks without it
+
         loc = self._loc(file)
         check_holder(holder)
         if not ttl_s > 0:
@@ -321,6 +321,8 @@ class LockManager:
 
         Same reasoning as :meth:`acquire_async`'s first attempt.
         """
+        import asyncio
+
         loc = self._loc(grant.file)
         if self._enter_nowait() is not None:
             try:
@@ -458,6 +460,8 @@ class LockManager:
         (a fan-out does hundreds per second; each syscall was also a GIL hand-off). Another process
         waits at most one loop iteration for the guard.
         """
+        import asyncio
+
         gfd = self._guard.try_enter()
         if gfd is None or self._loop_hold:
             return gfd

@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
-import structlog
-
 from ambient.claims.lockfile import MAX_LOCK_BYTES, LockInfo, parse_lock
 from ambient.core.errors import InputError
+from ambient.core.logs import get_logger
 from ambient.core.process import hostname, own_start_time, process_alive
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 LockState = Literal["free", "held", "expired", "dead", "malformed", "stale"]
 # States in which a contender may take the lock over (under the guard, after re-checking).

@@ -19,6 +19,7 @@ from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, ambient_command, 
 from ambient.core.terminal import one_line, printable
 
 if TYPE_CHECKING:
+    from ambient.query.facts import BrainFacts
     from ambient.storage.paths import BrainPaths
 
 
@@ -49,7 +50,7 @@ def _doing_now(paths: Any) -> dict[tuple[str, str], dict[str, Any]]:
     """What each running AI agent is doing (the daemon's ``.ambient/now.json``): (run, item) → tool, seconds."""
     import time
 
-    from ambient.runners.claude import NOW_FILE
+    from ambient.storage.paths import NOW_FILE
 
     try:
         rows = json.loads((paths.state / NOW_FILE).read_bytes()[:1_000_000])
@@ -69,6 +70,7 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
     from ambient.claims.locks import LockManager
     from ambient.core.redact import redact_text
     from ambient.query import views
+    from ambient.query.facts import brain_facts
     from ambient.service.instance import daemon_up, running_pid
     from ambient.storage.paths import BrainPaths
 
@@ -83,6 +85,7 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
             waiting = views.escalations(conn, status="pending", workflow=workflow)
             claims = views.claim_counts(conn)
             records = views.records(conn, last=50)  # the newest runs only: the file keeps every run ever made
+        facts = brain_facts(store, os.environ, lambda: _brain_facts(paths))
     finally:
         store.close()
     runs = []
@@ -165,23 +168,12 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
             if i.error and i.status in ("failed", "escalated", "retry_wait"):
                 failed(s.run_id, s.workflow, i.name, i.error, max(i.attempt, 1))
     finished = records[-10:]
-    from ambient.config.brain import load_brain
-
-    brain = load_brain(paths, os.environ)  # as the daemon loads it: which workflow files it cannot run
-    settings = brain.settings
-    notify_on = bool(settings.notify.urls or settings.telegram.answers)
-    broken = sorted(
-        {
-            p.file
-            for p in brain.errors
-            if p.file.startswith("workflows/") and workflow in (None, Path(p.file).stem, *_names_in(brain, p.file))
-        }
-    )
+    broken = sorted(f for f, names in facts.broken if workflow in (None, Path(f).stem, *names))
     return {
         "brain": str(root),
         "daemon": {"up": up, "pid": running_pid(paths) if up else None},
         "troubles": _troubles(paths, up),
-        "notifications": notify_on,
+        "notifications": facts.notifications,
         "runs": runs,
         "escalations": pending,
         "locks": locks,
@@ -208,13 +200,33 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
 
 def _troubles(paths: BrainPaths, up: bool) -> list[str]:
     """The daemon's own troubles (what it ran out of, :mod:`ambient.core.health`) and a full disk, seen from here."""
-    from ambient.service.troubles import disk_full, read_health
+    from ambient.service.diskfree import disk_full
 
-    found = [c.message for c in read_health(paths).conditions.values()] if up else []
+    found = []
+    if up:
+        from ambient.service.troubles import read_health  # the daemon's health model (pydantic): only when it runs
+
+        found = [c.message for c in read_health(paths).conditions.values()]
     full = disk_full(paths.state if paths.state.is_dir() else paths.root)
     if full is not None and not any(m.startswith("disk full") for m in found):
         found.append(full)
     return found
+
+
+def _brain_facts(paths: BrainPaths) -> BrainFacts:
+    """Load the brain as the daemon does and keep what status shows of it: which workflow files it cannot run (and
+    the workflow names each serves), whether notifications are configured. Kept in the query store until its files
+    change (:mod:`ambient.query.facts`): loading costs a third of a second."""
+    from ambient.config.brain import load_brain
+    from ambient.query.facts import BrainFacts
+
+    brain = load_brain(paths, os.environ)
+    settings = brain.settings
+    broken = sorted({p.file for p in brain.errors if p.file.startswith("workflows/")})
+    return BrainFacts(
+        notifications=bool(settings.notify.urls or settings.telegram.answers),
+        broken=tuple((file, tuple(_names_in(brain, file))) for file in broken),
+    )
 
 
 def _names_in(brain: Any, file: str) -> list[str]:

@@ -40,14 +40,19 @@ Tables:
     answered_at, notified (0/1), attempts, ``json`` (the whole escalation, ``model_dump(mode="json")``).
 ``problems(kind, file, line, message, severity)``
     Files that could not be read as what their folder holds (kind ``escalation``); claims keep theirs in their row.
+``brain_facts(key, value)``
+    What ``ambient status`` needs of the loaded brain (:mod:`ambient.query.facts`): ``inputs`` (the signature of
+    the files and ``AMBIENT_*`` variables it was loaded from), ``facts`` (JSON: whether notifications are set up,
+    the workflow files that do not load and the names each serves). Loaded again only when ``inputs`` changed.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-#: Bumped when a table, an index or the meaning of a column changes (2: ``records_run``, a run page's record).
-FORMAT: Final = 2
+#: Bumped when a table, an index or the meaning of a column changes (2: ``records_run``, a run page's record;
+#: 3: ``brain_facts``, what ``ambient status`` knew only by loading the brain).
+FORMAT: Final = 3
 
 TABLES: Final = (
     """CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
@@ -80,6 +85,7 @@ TABLES: Final = (
         note TEXT, answered_at TEXT, notified INTEGER NOT NULL, attempts INTEGER NOT NULL, json TEXT NOT NULL)""",
     """CREATE TABLE problems (
         kind TEXT NOT NULL, file TEXT NOT NULL, line INTEGER, message TEXT NOT NULL, severity TEXT NOT NULL)""",
+    """CREATE TABLE brain_facts (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
 )
 
 INDEXES: Final = (

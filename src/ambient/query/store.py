@@ -31,9 +31,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import structlog
-
 from ambient import __version__
+from ambient.core.logs import get_logger
 from ambient.query.schema import FORMAT, INDEXES, TABLES
 from ambient.storage.fsutil import private_dir
 from ambient.storage.paths import BrainPaths
@@ -41,7 +40,7 @@ from ambient.storage.paths import BrainPaths
 if TYPE_CHECKING:
     pass
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DB_NAME: Final = "query.sqlite3"
 #: The modules whose code decides what a row holds: other code, other rows, so the store is rebuilt. By name: a
@@ -136,6 +135,20 @@ class QueryStore:
                 yield conn
             finally:
                 conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[sqlite3.Connection]:
+        """The connection, in a write transaction (committed at the end, rolled back on an exception)."""
+        with self._lock:
+            conn = self.conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
 
     def close(self) -> None:
         """Close the connection (the next use opens it again)."""

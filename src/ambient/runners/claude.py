@@ -60,8 +60,6 @@ MODEL_KEYS = (*KEY_NAMES, "OPENAI_API_KEY")
 #: Other variables of the daemon's environment the CLI may use (routing, not secrets of the person).
 PASSED = ("ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX")
 _MAX_STATE_BYTES = 256 * 1024
-#: Under the state folder: what each AI agent is doing now (written by the daemon, read by ``ambient status``).
-NOW_FILE = "now.json"
 _WATCH_CHARS = 1000
 
 

@@ -10,18 +10,18 @@ import os
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
-
-import structlog
+from typing import TYPE_CHECKING, Any
 
 from ambient import __version__
-from ambient.config.brain import Brain
 from ambient.core.errors import AlreadyRunningError
-from ambient.core.health import resource_of
+from ambient.core.logs import get_logger
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, open_private, private_dir
 from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+if TYPE_CHECKING:
+    from ambient.config.brain import Brain
+
+log = get_logger(__name__)
 
 
 class SingleInstance:
@@ -75,6 +75,8 @@ class SingleInstance:
         try:
             atomic_write(self.info_path, json.dumps(self.info) + "\n", mode=PRIVATE_FILE)
         except OSError as exc:
+            from ambient.core.health import resource_of  # pydantic: not on the path of `ambient status`
+
             if resource_of(exc) is None:
                 raise
             self.unwritten = True

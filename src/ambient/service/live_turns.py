@@ -21,10 +21,9 @@ from ambient.kernel.router import Router
 from ambient.live.context import LiveContext
 from ambient.live.turn import turn_record
 from ambient.runners.base import RunRequest
-from ambient.runners.claude import NOW_FILE
 from ambient.service.writer_threads import background_executor
 from ambient.storage.fsutil import atomic_write
-from ambient.storage.paths import BrainPaths
+from ambient.storage.paths import NOW_FILE, BrainPaths
 
 log = structlog.get_logger(__name__)
 

@@ -2,7 +2,8 @@
 
 The rules (which errors are the daemon's, what to say) are :mod:`ambient.core.health`; this is the thin shell around
 them. ``ambient status`` and ``ambient doctor`` read the file while the daemon runs (:func:`read_health`), and
-check the disk themselves (:func:`disk_full`), since a full disk is exactly when the file cannot be rewritten.
+check the disk themselves (:mod:`ambient.service.diskfree`), since a full disk is exactly when the file cannot be
+rewritten.
 :meth:`Troubles.held_up` guards the daemon's own writes: work a shortage holds up waits for the end of it, it does
 not fail.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -27,9 +27,6 @@ from ambient.storage.paths import BrainPaths
 
 log = structlog.get_logger("ambient.service.troubles")
 
-#: Free space under which the disk counts as full for ``status`` and ``doctor`` (a record, a claim, a journal
-#: round need a few KiB each).
-DISK_FULL_BYTES = 256 * 1024
 _RESOURCES = get_args(Resource)
 _REWRITE_EVERY_S = 5.0  # a trouble seen again and again rewrites the file at most this often
 #: After a write the disk had no room for (or a descriptor shortage), the engine looks again this soon.
@@ -151,16 +148,3 @@ def read_health(paths: BrainPaths) -> Health:
         return Health.model_validate_json(health_file(paths).read_bytes())
     except (OSError, ValidationError, ValueError):
         return Health()
-
-
-def disk_full(path: Path) -> str | None:
-    """The "disk full" line when the filesystem holding ``path`` has less than :data:`DISK_FULL_BYTES` free for
-    ambient's user, else None."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    free = st.f_bavail * st.f_frsize
-    if free >= DISK_FULL_BYTES:
-        return None
-    return describe("disk", f"{free // 1024} KiB left", str(path))

@@ -27,9 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-import structlog
-
 from ambient.core.errors import InputError, UnsafePathError, UnsupportedFilesystemError
+from ambient.core.logs import get_logger
 from ambient.core.pathrules import normalize
 from ambient.core.process import process_start_time
 from ambient.storage.paths import STATE_DIRNAME, STATE_FILES
@@ -37,7 +36,7 @@ from ambient.storage.paths import STATE_DIRNAME, STATE_FILES
 if TYPE_CHECKING:
     from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 TMP_MARK = ".tmp."
 PRIVATE_DIR: int = 0o700  # every folder of .ambient/

@@ -97,7 +97,8 @@ def check_daemon_settings(paths: BrainPaths, pid: int | None) -> list[Finding]:
 def check_troubles(paths: BrainPaths, up: bool) -> list[Finding]:
     """What the running daemon ran out of (descriptors, memory, processes: its health file) and a full disk
     (seen from here: the file cannot be rewritten then). Errors: work is held up until they end."""
-    from ambient.service.troubles import disk_full, read_health
+    from ambient.service.diskfree import disk_full
+    from ambient.service.troubles import read_health
 
     found = [
         Finding("error", "resources", c.message, f"since {c.since:%Y-%m-%d %H:%M:%S}, seen {c.count} time(s)")
