@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import os
-import pwd
 
 
 def os_user() -> str:
-    """The person acting: ``$USER``, else the account running this process, else ``human``."""
-    name = os.environ.get("USER")
-    if name:
-        return name
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name or "human"
-    except KeyError:
-        return "human"
+    """The person acting, as every door records it (``by``): ``$USER``, else ``human`` (a service or a console
+    started without a login has no name to give; the account it runs as is not the person)."""
+    return os.environ.get("USER") or "human"
 
 
 def short_duration(seconds: float) -> str:
