@@ -409,6 +409,8 @@ class QueryStore:
             )
         fresh += [n for n in self._edited_in_place(conn) if n not in fresh]
         folder = self.paths.rel(self.paths.claims)
+        many = len(gone) + len(fresh) > _SEED_MIN
+        sessions = None if many else self._sessions_of(conn, [f"{folder}/{name}" for name in (*gone, *fresh)])
         for name in gone:
             conn.execute("DELETE FROM claims WHERE file=?", (f"{folder}/{name}",))
         seeded = self._seed_claims(fresh) if len(fresh) > _SEED_MIN else {}
@@ -416,8 +418,40 @@ class QueryStore:
             seeded.get(name) or _parsers().claim_row(self.paths.claims / name, f"{folder}/{name}") for name in fresh
         ]
         conn.executemany(f"INSERT OR REPLACE INTO claims VALUES ({', '.join('?' * 14)})", rows)  # noqa: S608
+        if sessions is not None:
+            sessions.update(row[1] for row in rows if row[1] is not None)
         if gone or fresh:
+            self._claim_dups(conn, sessions)
             changed.add("claims")
+
+    def _sessions_of(self, conn: sqlite3.Connection, files: list[str]) -> set[str]:
+        """The sess_ids the claims rows of ``files`` hold now (before they are replaced or deleted)."""
+        found: set[str] = set()
+        for at in range(0, len(files), 500):
+            part = files[at : at + 500]
+            sql = f"SELECT sess_id FROM claims WHERE sess_id IS NOT NULL AND file IN ({', '.join('?' * len(part))})"  # noqa: S608
+            found.update(r[0] for r in conn.execute(sql, part))
+        return found
+
+    def _claim_dups(self, conn: sqlite3.Connection, sessions: set[str] | None) -> None:
+        """Keep ``claim_dups`` (the files that are not the first of their sess_id) for ``sessions``, whose files
+        changed; all of them when None (many changed: one pass is cheaper)."""
+        if sessions is None:
+            conn.execute("DELETE FROM claim_dups")
+            conn.execute(
+                "INSERT INTO claim_dups (file, sess_id, first) SELECT c.file, c.sess_id, f.first FROM claims c "
+                "JOIN (SELECT sess_id, min(file) AS first FROM claims WHERE sess_id IS NOT NULL GROUP BY sess_id "
+                "HAVING count(*) > 1) f ON c.sess_id = f.sess_id WHERE c.file != f.first"
+            )
+            return
+        for sess_id in sorted(sessions):
+            conn.execute("DELETE FROM claim_dups WHERE sess_id=?", (sess_id,))
+            conn.execute(
+                "INSERT INTO claim_dups (file, sess_id, first) SELECT file, sess_id, "
+                "(SELECT min(file) FROM claims WHERE sess_id=?1) AS first FROM claims "
+                "WHERE sess_id=?1 AND file != first",
+                (sess_id,),
+            )
 
     def _edited_in_place(self, conn: sqlite3.Connection) -> list[str]:
         """The claim files in use (not closed) or unusable whose content changed under the same name and inode:
