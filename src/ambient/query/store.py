@@ -2,10 +2,15 @@
 
 :meth:`QueryStore.refresh` brings the tables of :mod:`ambient.query.schema` up to date with the files, reading as
 little as it can: a folder whose ``mtime_ns`` did not change is not listed (every write of ambient is an atomic
-rename, which changes its folder's mtime); a listed folder's files are read again only when their (inode, size,
-mtime) changed (an inode alone is reused by ext4 at once: two rewrites of a claim between refreshes gave it back its
-first inode); ``runs.jsonl`` is read from the byte offset read up to; the journal of a run not finished is folded
-again when its size or mtime changed (a finished run's never changes). Each file is parsed by the module that owns
+rename, which changes its folder's mtime); a listed folder's entries are compared with the files read before by
+(name, inode), with set operations in C against this object's copy of those rows (read from SQLite only when another
+process wrote them since: a token in ``meta``), so a refresh after one write costs the listing and that one file,
+not a Python pass or a ``stat`` per file. A claim in use (not closed) is also looked at by (inode, size, mtime) at
+each refresh: an inode alone is reused by ext4 at once (two rewrites between refreshes gave a claim back its first
+inode), so a closed claim rewritten twice between two listings may be missed until it changes again.
+``runs.jsonl`` is read from the byte offset read up to; the journal of a run not finished is folded again when its
+size or mtime changed (a finished run's never changes). The claims come last, so the keeper can leave them for a
+later refresh. Each file is parsed by the module that owns
 its format (claims: :func:`ambient.claims.claimfile.read_claim_file`; escalations:
 :meth:`ambient.human.escalation_store.EscalationStore.read_file`; journals: :func:`ambient.engine.runstate.fold`),
 so no rule is written twice; a file that does not parse becomes a problem row, never an exception.
