@@ -71,6 +71,11 @@ _BUSY_MS: Final = 5000
 _SEED_MIN: Final = 200
 
 _Sig = tuple[int, int, int]
+#: The copies of the ``files`` rows (kind → (token, name → inode)) of each store file, shared by the store objects
+#: of one process (the daemon's keeper and the console it hosts): one's refresh does not make the other read every
+#: row again. Used only inside a write transaction (``BEGIN IMMEDIATE``), which SQLite grants one connection at a
+#: time; a store in memory has its own.
+_COPIES: dict[str, dict[str, tuple[str, dict[str, int]]]] = {}
 
 
 @functools.cache
@@ -109,8 +114,6 @@ class QueryStore:
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self.rebuilt = False  # the last open found no usable store and made a new one
-        # This object's copy of the ``files`` rows, by kind: (the token it goes with, name → inode); see _known.
-        self._copies: dict[str, tuple[str, dict[str, int]]] = {}
         self._checked: set[str] = set()  # kinds whose copy this refresh found current
         self._touched: set[str] = set()  # kinds whose rows this refresh wrote
 
@@ -150,7 +153,6 @@ class QueryStore:
     def close(self) -> None:
         """Close the connection (the next use opens it again)."""
         with self._lock:
-            self._copies.clear()
             if self._conn is not None:
                 with contextlib.suppress(sqlite3.Error):
                     self._conn.close()
@@ -228,6 +230,12 @@ class QueryStore:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+
+    @property
+    def _copies(self) -> dict[str, tuple[str, dict[str, int]]]:
+        """This store file's copy of its ``files`` rows, by kind: (the token it goes with, name → inode)."""
+        key = f"memory:{id(self)}" if self.in_memory else str(self.path)
+        return _COPIES.setdefault(key, {})
 
     def _delete(self) -> None:
         self._copies.clear()

@@ -15,6 +15,7 @@ import pytest
 
 from ambient.claims.index import census
 from ambient.claims.store import ClaimStore
+from ambient.query import store as store_module
 from ambient.query import views
 from ambient.query.store import QueryStore
 from ambient.storage.paths import BrainPaths
@@ -121,9 +122,11 @@ def test_an_incremental_refresh_gives_the_rows_of_a_rebuild(brain: BrainPaths, t
     store.close()
 
 
-def test_every_step_in_a_row_then_a_new_process(brain: BrainPaths, tmp_path: Path) -> None:
-    """All the changes one after another on one store object; then one more seen by a new object (a new
-    process: its copy of the rows comes from SQLite)."""
+def test_every_step_in_a_row_then_a_new_process(
+    brain: BrainPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All the changes one after another on one store object; then one more seen by a new process (no copy of the
+    rows yet: read from SQLite)."""
     store = QueryStore(brain)
     store.refresh()
     for step in STEPS.values():
@@ -133,23 +136,48 @@ def test_every_step_in_a_row_then_a_new_process(brain: BrainPaths, tmp_path: Pat
     store.close()
     (brain.claims / "sess-dir.yml").rmdir()  # the folder goes: its row too
     _write(brain.claims / "sess-later.yml", _claim("sess-later"))
+    monkeypatch.setattr(store_module, "_COPIES", {})  # a new process
     again = QueryStore(brain)
     assert again.refresh() == {"claims"}
     assert _state(again.conn) == _scratch(brain, tmp_path)
     again.close()
 
 
-def test_a_copy_made_stale_by_another_process_is_read_again(brain: BrainPaths, tmp_path: Path) -> None:
-    """Store A knows sess-0 (inode I). It is moved away, store B refreshes (its rows go), it is moved back (inode I
-    again, as ext4 may give a new file): A must not trust its copy, which still says sess-0 is I."""
-    a, b = QueryStore(brain), QueryStore(brain)
+def test_a_copy_made_stale_by_another_process_is_read_again(
+    brain: BrainPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Process A knows sess-0 (inode I). It is moved away, process B refreshes (its rows go), it is moved back
+    (inode I again, as ext4 may give a new file): A must not trust its copy, which still says sess-0 is I."""
+    mine: dict[str, Any] = {}
+    monkeypatch.setattr(store_module, "_COPIES", mine)
+    a = QueryStore(brain)
     a.refresh()
     aside = tmp_path / "aside.yml"
     os.rename(brain.claims / "sess-0.yml", aside)
+    monkeypatch.setattr(store_module, "_COPIES", {})  # another process
+    b = QueryStore(brain)
     assert b.refresh() == {"claims"}
     os.rename(aside, brain.claims / "sess-0.yml")
+    monkeypatch.setattr(store_module, "_COPIES", mine)
     assert a.refresh() == {"claims"}
     assert _state(a.conn) == _scratch(brain, tmp_path)
+    a.close()
+    b.close()
+
+
+def test_store_objects_of_one_process_share_their_copy(brain: BrainPaths, tmp_path: Path) -> None:
+    """The daemon's keeper and the console it hosts: each one's refresh keeps the other's copy current."""
+    a, b = QueryStore(brain), QueryStore(brain)
+    a.refresh()
+    b.refresh()
+    _new(brain)
+    assert a.refresh() == {"claims"}
+    _deleted(brain)
+    _renamed_over(brain)
+    assert b.refresh() == {"claims"}
+    _made_again(brain)
+    assert a.refresh() == {"claims"}
+    assert _state(a.conn) == _state(b.conn) == _scratch(brain, tmp_path)
     a.close()
     b.close()
 
