@@ -407,7 +407,9 @@ class QueryStore:
         for kind in self._touched:
             token = os.urandom(8).hex()
             conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (f"files_{kind}", token))
-            self._copies[kind] = (token, self._copies[kind][1])
+            held = self._copies.get(kind)
+            if held is not None:  # else forgotten meanwhile (a torn store deleted): read again next time
+                self._copies[kind] = (token, held[1])
         self._touched.clear()
 
     # -- claims
