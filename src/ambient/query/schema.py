@@ -34,6 +34,10 @@ Tables:
     (``parent_satellite``), type, scope, workflow, opened_at, closed_at, ``updated`` (the last time it holds:
     opened_at or its last gate), ``ttl`` (as written, text), ``times`` (JSON: ``ClaimFacts.times``), ``problems``
     (JSON ``[[line, message, severity], ...]``: its warnings, or why it cannot be used).
+``claim_dups(file, sess_id, first)``
+    The claim files that are not the first (by file name) of their ``sess_id`` (the claims census ignores them:
+    a problem), with that first file; kept at each refresh for the sess_ids whose files changed, so counting claims
+    needs no probe per claim row.
 ``escalations(id, ...)``
     One row per escalation file: status, kind, workflow, agent, run_id, item, step, ``where_``, question,
     ``options`` (JSON ``[[key, label, action], ...]``), created_at, deadline, decision, by_, channel, note,
@@ -51,8 +55,9 @@ from __future__ import annotations
 from typing import Final
 
 #: Bumped when a table, an index or the meaning of a column changes (2: ``records_run``, a run page's record;
-#: 3: ``brain_facts``, what ``ambient status`` knew only by loading the brain).
-FORMAT: Final = 3
+#: 3: ``brain_facts``, what ``ambient status`` knew only by loading the brain; 4: ``claim_dups`` and the covering
+#: ``claims_status`` index, the overview's counts without a probe per claim).
+FORMAT: Final = 4
 
 TABLES: Final = (
     """CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
@@ -78,6 +83,7 @@ TABLES: Final = (
         file TEXT PRIMARY KEY, sess_id TEXT, status TEXT, agent TEXT, parent TEXT, type TEXT, scope TEXT,
         workflow TEXT, opened_at TEXT, closed_at TEXT, updated TEXT, ttl TEXT, times TEXT NOT NULL DEFAULT '[]',
         problems TEXT NOT NULL DEFAULT '[]')""",
+    """CREATE TABLE claim_dups (file TEXT PRIMARY KEY, sess_id TEXT NOT NULL, first TEXT NOT NULL)""",
     """CREATE TABLE escalations (
         id TEXT PRIMARY KEY, status TEXT NOT NULL, kind TEXT NOT NULL, workflow TEXT NOT NULL, agent TEXT,
         run_id TEXT NOT NULL, item TEXT, step TEXT, where_ TEXT NOT NULL, question TEXT NOT NULL,
@@ -96,7 +102,7 @@ INDEXES: Final = (
     "CREATE INDEX records_completed ON records (completed_at)",
     "CREATE INDEX records_run ON records (run_id, line)",
     "CREATE INDEX claims_sess ON claims (sess_id, file)",
-    "CREATE INDEX claims_status ON claims (status)",
+    "CREATE INDEX claims_status ON claims (status, sess_id)",  # covers the counts by status
     "CREATE INDEX claims_problems ON claims (file) WHERE problems != '[]'",
     "CREATE INDEX escalations_status ON escalations (status, created_at, id)",
     "CREATE INDEX escalations_run ON escalations (run_id)",

@@ -2,10 +2,15 @@
 
 :meth:`QueryStore.refresh` brings the tables of :mod:`ambient.query.schema` up to date with the files, reading as
 little as it can: a folder whose ``mtime_ns`` did not change is not listed (every write of ambient is an atomic
-rename, which changes its folder's mtime); a listed folder's files are read again only when their (inode, size,
-mtime) changed (an inode alone is reused by ext4 at once: two rewrites of a claim between refreshes gave it back its
-first inode); ``runs.jsonl`` is read from the byte offset read up to; the journal of a run not finished is folded
-again when its size or mtime changed (a finished run's never changes). Each file is parsed by the module that owns
+rename, which changes its folder's mtime); a listed folder's entries are compared with the files read before by
+(name, inode), with set operations in C against this object's copy of those rows (read from SQLite only when another
+process wrote them since: a token in ``meta``), so a refresh after one write costs the listing and that one file,
+not a Python pass or a ``stat`` per file. A claim in use (not closed) is also looked at by (inode, size, mtime) at
+each refresh: an inode alone is reused by ext4 at once (two rewrites between refreshes gave a claim back its first
+inode), so a closed claim rewritten twice between two listings may be missed until it changes again.
+``runs.jsonl`` is read from the byte offset read up to; the journal of a run not finished is folded again when its
+size or mtime changed (a finished run's never changes). The claims come last, so the keeper can leave them for a
+later refresh. Each file is parsed by the module that owns
 its format (claims: :func:`ambient.claims.claimfile.read_claim_file`; escalations:
 :meth:`ambient.human.escalation_store.EscalationStore.read_file`; journals: :func:`ambient.engine.runstate.fold`),
 so no rule is written twice; a file that does not parse becomes a problem row, never an exception.
@@ -25,9 +30,10 @@ import importlib.util
 import json
 import os
 import sqlite3
+import stat
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -64,6 +70,11 @@ _BUSY_MS: Final = 5000
 _SEED_MIN: Final = 200
 
 _Sig = tuple[int, int, int]
+#: The copies of the ``files`` rows (kind → (token, name → inode)) of each store file, shared by the store objects
+#: of one process (the daemon's keeper and the console it hosts): one's refresh does not make the other read every
+#: row again. Used only inside a write transaction (``BEGIN IMMEDIATE``), which SQLite grants one connection at a
+#: time; a store in memory has its own.
+_COPIES: dict[str, dict[str, tuple[str, dict[str, int]]]] = {}
 
 
 @functools.cache
@@ -102,6 +113,8 @@ class QueryStore:
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self.rebuilt = False  # the last open found no usable store and made a new one
+        self._checked: set[str] = set()  # kinds whose copy this refresh found current
+        self._touched: set[str] = set()  # kinds whose rows this refresh wrote
 
     @classmethod
     def fresh(cls, paths: BrainPaths) -> QueryStore:
@@ -231,7 +244,14 @@ class QueryStore:
             conn.execute("ROLLBACK")
             raise
 
+    @property
+    def _copies(self) -> dict[str, tuple[str, dict[str, int]]]:
+        """This store file's copy of its ``files`` rows, by kind: (the token it goes with, name → inode)."""
+        key = f"memory:{id(self)}" if self.in_memory else str(self.path)
+        return _COPIES.setdefault(key, {})
+
     def _delete(self) -> None:
+        self._copies.clear()
         if self._conn is not None:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.close()
@@ -242,34 +262,43 @@ class QueryStore:
 
     # ---------------------------------------------------------------- refreshing
 
-    def refresh(self) -> set[str]:
+    def refresh(self, *, claims: bool = True) -> set[str]:
         """Bring the store up to date with the files; the topics that changed: ``runs`` and ``run:<id>`` (a
         journal), ``records`` (``runs.jsonl``), ``escalations``, ``claims``.
+
+        ``claims=False`` leaves the claims for a later refresh (the daemon's keeper lists ``claims/``, tens of
+        thousands of names, less often than the journals); a store just built refreshes them anyway.
 
         A store found torn meanwhile is rebuilt and filled again (every topic then changed). Raises only
         :class:`sqlite3.Error` of a store that cannot be written at all (the caller logs it).
         """
         with self._lock:
             try:
-                return self._refresh()
+                return self._refresh(claims)
             except sqlite3.DatabaseError as exc:
                 if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
                     raise
                 log.warning("query_store_rebuilt", path=str(self.path), reason=str(exc))
                 self._delete()
-                return self._refresh()
+                return self._refresh(claims)
 
-    def _refresh(self) -> set[str]:
+    def _refresh(self, claims: bool) -> set[str]:
         conn = self.conn
+        claims = claims or self.rebuilt
         changed: set[str] = set()
         conn.execute("BEGIN IMMEDIATE")
+        self._checked.clear()
+        self._touched.clear()
         try:
-            self._claims(conn, changed)
             self._escalations(conn, changed)
             self._journals(conn, changed)
             self._records(conn, changed)
+            if claims:
+                self._claims(conn, changed)
+            self._seal_files(conn)
             conn.execute("COMMIT")
         except BaseException:
+            self._copies.clear()  # rolled back: the copies may hold what was not committed
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             raise
@@ -278,9 +307,9 @@ class QueryStore:
             self.rebuilt = False
         return changed
 
-    def _listing(self, conn: sqlite3.Connection, folder: Path) -> dict[str, tuple[int, bool]] | None:
-        """The entries of ``folder`` (name → (inode, is a regular file), from the directory alone: no stat) when
-        it changed since the last listing, else None. A folder that is gone lists as empty."""
+    def _listing(self, conn: sqlite3.Connection, folder: Path) -> dict[str, int] | None:
+        """The entries of ``folder`` (name → inode, from the directory alone: no stat) when it changed since the
+        last listing, else None. A folder that is gone lists as empty."""
         key = str(folder)
         try:
             mtime = folder.stat().st_mtime_ns
@@ -289,13 +318,11 @@ class QueryStore:
         row = conn.execute("SELECT mtime_ns FROM dirs WHERE path=?", (key,)).fetchone()
         if row is not None and row[0] == mtime and mtime > 0:
             return None
-        found: dict[str, tuple[int, bool]] = {}
+        found: dict[str, int] = {}
         if mtime != -1:
             try:
                 with os.scandir(folder) as it:
-                    for entry in it:
-                        with contextlib.suppress(OSError):
-                            found[entry.name] = (entry.inode(), entry.is_file(follow_symlinks=False))
+                    found = {entry.name: entry.inode() for entry in it}  # d_ino: no syscall per entry
             except OSError:
                 return None  # not readable now: tried again at the next refresh
         racy = mtime > 0 and time.time_ns() - mtime < _RACY_NS
@@ -303,26 +330,100 @@ class QueryStore:
         return found
 
     def _changes(
-        self, conn: sqlite3.Connection, kind: str, folder: Path, listing: Mapping[str, tuple[int, bool]], wanted: Any
+        self,
+        conn: sqlite3.Connection,
+        kind: str,
+        folder: Path,
+        listing: Mapping[str, int],
+        wanted: Callable[[str], bool],
+        *,
+        regular_only: bool = True,
     ) -> tuple[list[str], list[str]]:
         """(names gone, names new or of another inode) among the files of ``kind`` whose name ``wanted`` accepts;
-        the ``files`` rows follow (with the size and mtime of each file new or changed)."""
-        known = dict(conn.execute("SELECT name, inode FROM files WHERE kind=?", (kind,)).fetchall())
-        now = {name: ino for name, (ino, _) in listing.items() if wanted(name)}
-        gone = [name for name in known if name not in now]
-        fresh = sorted(name for name, ino in now.items() if known.get(name) != ino)
-        conn.executemany("DELETE FROM files WHERE kind=? AND name=?", [(kind, name) for name in gone])
-        rows = []
-        for name in fresh:
+        the ``files`` rows follow (with the size and mtime of each file new or changed).
+
+        O(changed) in Python: the listing is compared with the ``files`` rows of ``kind`` as (name, inode) pairs
+        by set operations in C, and only the pairs that differ are looked at (``wanted``, ``lstat``). An entry
+        that is not a regular file is no file of ``kind`` when ``regular_only``; else (claims: read and refused
+        by their reader) its row has inode -1, so that it is read again at every listing."""
+        known = self._known(conn, kind)
+        gone = sorted(known.keys() - listing.keys())
+        fresh: list[str] = []
+        rows: list[tuple[str, int, int, int]] = []
+        for name, _ in sorted(listing.items() - known.items()):
+            if not wanted(name):
+                continue
             try:
-                st = (folder / name).lstat()
-            except OSError:
-                continue  # gone since the listing: read (and found missing) below, seen again next time
-            rows.append((kind, name, st.st_ino, st.st_size, st.st_mtime_ns))
-        conn.executemany(
-            "INSERT OR REPLACE INTO files (kind, name, inode, size, mtime_ns) VALUES (?, ?, ?, ?, ?)", rows
-        )
+                st = os.lstat(folder / name)
+            except OSError:  # gone since the listing (the folder changed: listed again next time)
+                if name in known:
+                    gone.append(name)
+                continue
+            if stat.S_ISREG(st.st_mode):
+                rows.append((name, st.st_ino, st.st_size, st.st_mtime_ns))
+            elif regular_only:
+                if name in known:
+                    gone.append(name)
+                continue
+            else:
+                rows.append((name, -1, 0, 0))
+            fresh.append(name)
+        self._drop_files(conn, kind, gone)
+        self._put_files(conn, kind, rows)
         return gone, fresh
+
+    # -- the files rows, and this process's copy of them
+
+    def _known(self, conn: sqlite3.Connection, kind: str) -> dict[str, int]:
+        """The ``files`` rows of ``kind`` (name → inode): this process's copy when no other store object wrote them
+        since (the ``files_<kind>`` token in ``meta`` is still the one it wrote or read), else read from SQLite (a
+        new process, another process's refresh). Tens of thousands of rows are not read at each refresh."""
+        if kind in self._checked:
+            return self._copies[kind][1]
+        row = conn.execute("SELECT value FROM meta WHERE key=?", (f"files_{kind}",)).fetchone()
+        token = None if row is None else str(row[0])
+        held = self._copies.get(kind)
+        if token is None or held is None or held[0] != token:
+            known = dict(conn.execute("SELECT name, inode FROM files WHERE kind=?", (kind,)).fetchall())
+            self._copies[kind] = (token or "", known)
+            if token is None:
+                self._touched.add(kind)  # a token is written at the end of this refresh
+        self._checked.add(kind)
+        return self._copies[kind][1]
+
+    def _put_files(self, conn: sqlite3.Connection, kind: str, rows: list[tuple[str, int, int, int]]) -> None:
+        """Record (name, inode, size, mtime_ns) of files of ``kind`` as read, in SQLite and in this copy."""
+        if not rows:
+            return
+        known = self._known(conn, kind)
+        conn.executemany(
+            "INSERT OR REPLACE INTO files (kind, name, inode, size, mtime_ns) VALUES (?, ?, ?, ?, ?)",
+            [(kind, *r) for r in rows],
+        )
+        known.update((r[0], r[1]) for r in rows)
+        self._touched.add(kind)
+
+    def _drop_files(self, conn: sqlite3.Connection, kind: str, names: Iterable[str]) -> None:
+        """Forget files of ``kind`` (gone, or to be read again at the next listing)."""
+        names = list(names)
+        if not names:
+            return
+        known = self._known(conn, kind)
+        conn.executemany("DELETE FROM files WHERE kind=? AND name=?", [(kind, name) for name in names])
+        for name in names:
+            known.pop(name, None)
+        self._touched.add(kind)
+
+    def _seal_files(self, conn: sqlite3.Connection) -> None:
+        """A new token for each kind whose rows this refresh wrote (in its transaction): another store object
+        (process) then knows its copy is stale."""
+        for kind in self._touched:
+            token = os.urandom(8).hex()
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (f"files_{kind}", token))
+            held = self._copies.get(kind)
+            if held is not None:  # else forgotten meanwhile (a torn store deleted): read again next time
+                self._copies[kind] = (token, held[1])
+        self._touched.clear()
 
     # -- claims
 
@@ -331,9 +432,13 @@ class QueryStore:
         fresh: list[str] = []
         gone: list[str] = []
         if listing is not None:
-            gone, fresh = self._changes(conn, "claim", self.paths.claims, listing, _parsers().is_claim_name)
+            gone, fresh = self._changes(
+                conn, "claim", self.paths.claims, listing, _parsers().is_claim_name, regular_only=False
+            )
         fresh += [n for n in self._edited_in_place(conn) if n not in fresh]
         folder = self.paths.rel(self.paths.claims)
+        many = len(gone) + len(fresh) > _SEED_MIN
+        sessions = None if many else self._sessions_of(conn, [f"{folder}/{name}" for name in (*gone, *fresh)])
         for name in gone:
             conn.execute("DELETE FROM claims WHERE file=?", (f"{folder}/{name}",))
         seeded = self._seed_claims(fresh) if len(fresh) > _SEED_MIN else {}
@@ -341,11 +446,40 @@ class QueryStore:
             seeded.get(name) or _parsers().claim_row(self.paths.claims / name, f"{folder}/{name}") for name in fresh
         ]
         conn.executemany(f"INSERT OR REPLACE INTO claims VALUES ({', '.join('?' * 14)})", rows)  # noqa: S608
-        for name in fresh:  # never kept by signature: read (and refused) each time, as the claims census does
-            if listing is not None and name in listing and not listing[name][1]:
-                conn.execute("DELETE FROM files WHERE kind='claim' AND name=?", (name,))
+        if sessions is not None:
+            sessions.update(row[1] for row in rows if row[1] is not None)
         if gone or fresh:
+            self._claim_dups(conn, sessions)
             changed.add("claims")
+
+    def _sessions_of(self, conn: sqlite3.Connection, files: list[str]) -> set[str]:
+        """The sess_ids the claims rows of ``files`` hold now (before they are replaced or deleted)."""
+        found: set[str] = set()
+        for at in range(0, len(files), 500):
+            part = files[at : at + 500]
+            sql = f"SELECT sess_id FROM claims WHERE sess_id IS NOT NULL AND file IN ({', '.join('?' * len(part))})"  # noqa: S608
+            found.update(r[0] for r in conn.execute(sql, part))
+        return found
+
+    def _claim_dups(self, conn: sqlite3.Connection, sessions: set[str] | None) -> None:
+        """Keep ``claim_dups`` (the files that are not the first of their sess_id) for ``sessions``, whose files
+        changed; all of them when None (many changed: one pass is cheaper)."""
+        if sessions is None:
+            conn.execute("DELETE FROM claim_dups")
+            conn.execute(
+                "INSERT INTO claim_dups (file, sess_id, first) SELECT c.file, c.sess_id, f.first FROM claims c "
+                "JOIN (SELECT sess_id, min(file) AS first FROM claims WHERE sess_id IS NOT NULL GROUP BY sess_id "
+                "HAVING count(*) > 1) f ON c.sess_id = f.sess_id WHERE c.file != f.first"
+            )
+            return
+        for sess_id in sorted(sessions):
+            conn.execute("DELETE FROM claim_dups WHERE sess_id=?", (sess_id,))
+            conn.execute(
+                "INSERT INTO claim_dups (file, sess_id, first) SELECT file, sess_id, "
+                "(SELECT min(file) FROM claims WHERE sess_id=?1) AS first FROM claims "
+                "WHERE sess_id=?1 AND file != first",
+                (sess_id,),
+            )
 
     def _edited_in_place(self, conn: sqlite3.Connection) -> list[str]:
         """The claim files in use (not closed) or unusable whose content changed under the same name and inode:
@@ -355,7 +489,7 @@ class QueryStore:
         found = []
         rows = conn.execute(
             "SELECT f.name, f.inode, f.size, f.mtime_ns FROM claims c JOIN files f ON f.kind='claim' "
-            "AND f.name = substr(c.file, ?) WHERE c.status IS NULL OR c.status != 'closed'",
+            "AND f.name = substr(c.file, ?) WHERE (c.status IS NULL OR c.status != 'closed') AND f.inode != -1",
             (len(folder) + 1,),
         ).fetchall()
         for name, ino, size, mtime in rows:
@@ -365,7 +499,7 @@ class QueryStore:
                 continue  # gone: the folder changed, its listing says so
             sig = (st.st_ino, st.st_size, st.st_mtime_ns)
             if sig != (ino, size, mtime):
-                conn.execute("UPDATE files SET inode=?, size=?, mtime_ns=? WHERE kind='claim' AND name=?", (*sig, name))
+                self._put_files(conn, "claim", [(name, *sig)])
                 found.append(name)
         return found
 
@@ -399,7 +533,7 @@ class QueryStore:
             return
 
         def wanted(name: str) -> bool:  # EscalationStore.scan's files (fsutil.iter_files)
-            return not name.startswith(".") and name.endswith(".yml") and listing[name][1]
+            return not name.startswith(".") and name.endswith(".yml")
 
         gone, fresh = self._changes(conn, "escalation", self.paths.escalations, listing, wanted)
         r = _parsers()
@@ -429,7 +563,7 @@ class QueryStore:
         if listing is not None:
 
             def wanted(name: str) -> bool:
-                return name.endswith(".jsonl") and not name.startswith(".") and listing[name][1]
+                return name.endswith(".jsonl") and not name.startswith(".")
 
             gone, fresh = self._changes(conn, "journal", self.paths.run_journals, listing, wanted)
             for name in gone:
@@ -453,9 +587,7 @@ class QueryStore:
                 continue
             sig = (st.st_ino, st.st_size, st.st_mtime_ns)
             if sig != (ino, size, mtime):
-                conn.execute(
-                    "UPDATE files SET inode=?, size=?, mtime_ns=? WHERE kind='journal' AND name=?", (*sig, name)
-                )
+                self._put_files(conn, "journal", [(name, *sig)])
                 names.add(name)
         for name in sorted(names):
             self._fold_journal(conn, name, changed)
@@ -467,7 +599,7 @@ class QueryStore:
         try:
             records = list(r.iter_jsonl(path))
         except OSError:
-            conn.execute("DELETE FROM files WHERE kind='journal' AND name=?", (name,))  # read again next time
+            self._drop_files(conn, "journal", [name])  # read again next time
             return
         old = [r[0] for r in conn.execute("SELECT run_id FROM runs WHERE journal=?", (name,))]
         for run_id in old:

@@ -203,8 +203,11 @@ def weeks(conn: sqlite3.Connection, workflow: str | None = None) -> list[WeekRow
 def cost_today(conn: sqlite3.Connection, day: str) -> float | None:
     """What the AI agents cost on ``day`` (``2026-03-18``, UTC): runs finished that day and runs in progress;
     None when nothing reported a cost."""
+    # A range on the ``records_completed`` index (``substr`` would scan every record): the texts that start with
+    # ``day`` are those from ``day`` up to ``day`` followed by the highest code point.
     done = conn.execute(
-        "SELECT sum(cost_usd) FROM records WHERE json IS NOT NULL AND substr(completed_at, 1, 10)=?", (day,)
+        "SELECT sum(cost_usd) FROM records WHERE completed_at >= ? AND completed_at < ? AND json IS NOT NULL",
+        (day, day + "\U0010ffff"),
     ).fetchone()[0]
     running = conn.execute("SELECT sum(cost_usd) FROM runs WHERE state='running'").fetchone()[0]
     if done is None and running is None:
@@ -342,18 +345,13 @@ def claim_counts(conn: sqlite3.Connection) -> ClaimCounts:
     by: dict[str, int] = dict(
         conn.execute("SELECT status, count(*) FROM claims WHERE sess_id IS NOT NULL GROUP BY status").fetchall()
     )
-    first: dict[str, str] = {}
     seconds: dict[str, tuple[str, str]] = {}  # file → its sess_id and the first file of it
-    rows = conn.execute(
-        "SELECT file, sess_id, status FROM claims WHERE sess_id IN "
-        "(SELECT sess_id FROM claims WHERE sess_id IS NOT NULL GROUP BY sess_id HAVING count(*) > 1) ORDER BY file"
+    rows = conn.execute(  # kept at each refresh: no probe per claim row
+        "SELECT d.file, d.sess_id, d.first, c.status FROM claim_dups d JOIN claims c ON c.file = d.file"
     )
-    for file, sess_id, status in rows:
-        if sess_id in first:
-            seconds[file] = (sess_id, first[sess_id])
-            by[status] -= 1
-        else:
-            first[sess_id] = file
+    for file, sess_id, first, status in rows:
+        seconds[file] = (sess_id, first)
+        by[status] -= 1
     warned = dict(conn.execute("SELECT file, problems FROM claims WHERE problems != '[]'").fetchall())
     problems: list[Problem] = []
     if warned or seconds:

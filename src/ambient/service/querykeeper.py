@@ -2,9 +2,11 @@
 
 After each tick (its last evaluator pokes it) and every ``idle_s`` (run tasks append to journals between ticks), the
 keeper refreshes the store: at most every ``min_interval_s``, in its own thread with its own connection, so the event
-loop never waits on SQLite. Readers (``ambient status``, the console) refresh before they read anyway: the keeper
-only makes that refresh cheap. A store that cannot be written costs only speed: the failure is logged once, the
-daemon goes on.
+loop never waits on SQLite. The claims folder (tens of thousands of files on a big brain: listing it is the costly
+part, and the thread holds the GIL the loop needs meanwhile) at most every ``claims_interval_s``; journals, records
+and escalations (what a page of runs shows live) at every refresh. Readers (``ambient status``, the console) refresh
+before they read anyway: the keeper only makes that refresh cheap. A store that cannot be written costs only speed:
+the failure is logged once, the daemon goes on.
 """
 
 from __future__ import annotations
@@ -37,11 +39,14 @@ class QueryKeeper:
         *,
         min_interval_s: float = 0.2,
         idle_s: float = 1.0,
+        claims_interval_s: float = 2.0,
         on_change: Callable[[set[str]], None] | None = None,
     ) -> None:
         self.store = QueryStore(paths)
         self.min_interval_s = min_interval_s
         self.idle_s = idle_s
+        self.claims_interval_s = claims_interval_s
+        self._claims_at = -claims_interval_s  # when the claims were last refreshed (monotonic)
         self.on_change = on_change  # called from the keeper's thread with the topics that changed
         self.refreshes = 0
         self._poked = threading.Event()
@@ -70,7 +75,7 @@ class QueryKeeper:
         if self._thread is not None:
             self._thread.join(timeout)
             if not self._thread.is_alive():
-                self.refresh_once()  # what the shutdown wrote
+                self.refresh_once(claims=True)  # what the shutdown wrote
         self.store.close()
 
     def _run(self) -> None:
@@ -86,16 +91,22 @@ class QueryKeeper:
             last = time.monotonic()
             self.refresh_once()
 
-    def refresh_once(self) -> set[str]:
-        """One refresh; the topics that changed (none when the store could not be written)."""
+    def refresh_once(self, *, claims: bool | None = None) -> set[str]:
+        """One refresh (with the claims when ``claims``, or when None and ``claims_interval_s`` has passed since
+        they were last refreshed); the topics that changed (none when the store could not be written)."""
+        now = time.monotonic()
+        if claims is None:
+            claims = now - self._claims_at >= self.claims_interval_s
         try:
-            changed = self.store.refresh()
+            changed = self.store.refresh(claims=claims)
         except (sqlite3.Error, OSError) as exc:
             if not self._failed:  # once: a read-only .ambient/ would say it every second
                 log.warning("query_store_not_kept", error=str(exc), path=str(self.store.path))
                 self._failed = True
             return set()
         self.refreshes += 1
+        if claims:
+            self._claims_at = now
         if changed and self.on_change is not None:
             try:
                 self.on_change(changed)
