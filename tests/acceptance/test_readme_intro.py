@@ -151,6 +151,10 @@ def test_or_answer_from_a_browser(tmp_path: Path) -> None:
         for esc in brain.escalations():
             assert esc["id"] in page.text, esc
         assert ">Run the item again</button>" in page.text and ">Approve and continue</button>" in page.text
+        # The overview counts open claims as `ambient status` does (it said 2 where status said 4: a new user's).
+        status_open = re.search(r"Open claims: (\d+)", ambient("status", "--brain", str(brain.root)).out)
+        card = re.search(r'Claims open</div><div class="value">(\d+)<', page.text)
+        assert status_open and card and card.group(1) == status_open.group(1), (status_open, card)
         # The failed instance's claim waits on its run's question: the claims page sends the person there, and its
         # Approve (for gates) is refused, naming the question, instead of leaving the run waiting (a new user's).
         base = found.group(1).split("/?", 1)[0]

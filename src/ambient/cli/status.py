@@ -178,7 +178,7 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
         "escalations": pending,
         "locks": locks,
         "claims": {
-            "open": claims.count("open", "waiting_human", "paused"),
+            "open": claims.unfinished,
             "problems": [str(p) for p in claims.problems],
         },
         "errors": list(errors.values())[-10:],

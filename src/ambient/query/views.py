@@ -338,6 +338,12 @@ class ClaimCounts:
         """How many usable claims have one of ``statuses``."""
         return sum(self.by_status.get(s, 0) for s in statuses)
 
+    @property
+    def unfinished(self) -> int:
+        """The claims still open in the broad sense a person counts them ("Open claims" in ``ambient status`` and
+        on the console's overview): open, waiting for a person, or paused."""
+        return self.count("open", "waiting_human", "paused")
+
 
 def claim_counts(conn: sqlite3.Connection) -> ClaimCounts:
     """Claims per status and the problems of claim files, in file order: a file that cannot be used, the
@@ -425,7 +431,7 @@ def overview(conn: sqlite3.Connection, day: str) -> Overview:
         runs_unreadable=runs.get("unreadable", 0),
         escalations_pending=escs.get(1, 0),
         escalations_answered=escs.get(0, 0),
-        claims_open=counts.count("open"),
+        claims_open=counts.unfinished,
         claims_waiting=counts.count("waiting_human", "paused"),
         claims_problems=len(counts.problems),
         records=n_records,
