@@ -12,7 +12,7 @@
           the page). Target: median ≤ 500 ms.
 (spawn)   50 live clients against none: the daemon (``ambient run``) on the same brain hosting the console (``web:``
           in ``profil/ambient.yml``; ``--console beside``: ``ambient web`` next to it), one-item workflows dropped
-          into it ``--drops`` times per block, blocks of 0 and ``--clients`` clients interleaved; each drop's latency to
+          into it ``--drops`` times per block, blocks of 0 and ``--clients`` clients, ABBA order; each drop's latency to
           its run's first ``accepted`` record (written just before the SPAWN), as ``fanout.py`` (d). The clients are
           one process (httpx, asyncio): each holds ``/events`` open and, as ``app.js`` does, re-fetches the overview's
           live parts (``data-fragment``) whose ``data-live`` topics an event names. Client 0 also timestamps its
@@ -570,7 +570,9 @@ def bench_spawn(
         sse_lat: list[float] = []
         k = 0
         for b in range(2 * blocks):
-            n = 0 if b % 2 == 0 else clients
+            # ABBA (0, N, N, 0, 0, N, ...): a daemon's drops get slower as runs pile up in the brain, and blocks
+            # alternating 0, N, 0, N would put that drift on the clients' side; an even --blocks cancels it.
+            n = clients if b % 4 in (1, 2) else 0
             log = base / f"clients-{b}.jsonl"
             log.write_text("")
             with clients_process(console, n, refetch, log):
@@ -621,7 +623,7 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=20)
     ap.add_argument("--gap", type=float, default=0.3, help="seconds between events / drops")
     ap.add_argument("--drops", type=int, default=10, help="drops per block")
-    ap.add_argument("--blocks", type=int, default=3, help="pairs of blocks (0 clients, then --clients)")
+    ap.add_argument("--blocks", type=int, default=4, help="pairs of blocks (ABBA: 0, --clients, --clients, 0...)")
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--console", choices=("daemon", "beside"), default="daemon")
     ap.add_argument("--no-refetch", action="store_true", help="clients only listen (no fragment fetches)")
