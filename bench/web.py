@@ -12,7 +12,7 @@
           the page). Target: median ≤ 500 ms.
 (spawn)   50 live clients against none: the daemon (``ambient run``) on the same brain hosting the console (``web:``
           in ``profil/ambient.yml``; ``--console beside``: ``ambient web`` next to it), one-item workflows dropped
-          into it ``--drops`` times per block, blocks of 0 and ``--clients`` clients interleaved; each drop's latency to
+          into it ``--drops`` times per block, blocks of 0 and ``--clients`` clients, ABBA order; each drop's latency to
           its run's first ``accepted`` record (written just before the SPAWN), as ``fanout.py`` (d). The clients are
           one process (httpx, asyncio): each holds ``/events`` open and, as ``app.js`` does, re-fetches the overview's
           live parts (``data-fragment``) whose ``data-live`` topics an event names. Client 0 also timestamps its
@@ -137,8 +137,9 @@ def ambient(root: Path, *args: str) -> list[str]:
     return [PY, "-m", "ambient", "--brain", str(root), *args]
 
 
-def start_console(root: Path, log: Path, timeout: float = 600) -> tuple[Console, float]:
-    """``ambient web --port 0`` on ``root``; the console and the seconds until it answered its first page."""
+def start_console(root: Path, log: Path, timeout: float = 600, nice: int = 0) -> tuple[Console, float]:
+    """``ambient web --port 0`` on ``root`` (``nice``: at that niceness); the console and the seconds until it
+    answered its first page."""
     t0 = time.perf_counter()
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -147,6 +148,7 @@ def start_console(root: Path, log: Path, timeout: float = 600) -> tuple[Console,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=(lambda: os.nice(nice)) if nice else None,
         )
     deadline = time.monotonic() + timeout
     while True:
@@ -534,7 +536,16 @@ def drop_to_spawn(root: Path, name: str, timeout: float = 20) -> tuple[float, fl
 
 
 def bench_spawn(
-    root: Path, base: Path, *, console_mode: str, clients: int, drops: int, blocks: int, gap: float, refetch: bool
+    root: Path,
+    base: Path,
+    *,
+    console_mode: str,
+    clients: int,
+    drops: int,
+    blocks: int,
+    gap: float,
+    refetch: bool,
+    console_nice: int = 0,
 ) -> dict[str, Any]:
     """Blocks of ``drops`` drops with 0 and ``clients`` live clients, interleaved, on one daemon."""
     cfg = root / "profil" / "ambient.yml"
@@ -559,7 +570,7 @@ def bench_spawn(
                     raise RuntimeError(f"the daemon's console does not answer on {url}")
                 time.sleep(0.1)
         else:
-            beside, _ = start_console(root, base / "spawn-web.log")
+            beside, _ = start_console(root, base / "spawn-web.log", nice=console_nice)
             console = beside
         time.sleep(3.0)  # the daemon's start-up ticks (its first look at every workflow and claim) settle
         tag = f"{int(time.time()) % 100_000:05d}"  # a new workflow name each session (a known one starts no run)
@@ -570,7 +581,9 @@ def bench_spawn(
         sse_lat: list[float] = []
         k = 0
         for b in range(2 * blocks):
-            n = 0 if b % 2 == 0 else clients
+            # ABBA (0, N, N, 0, 0, N, ...): a daemon's drops get slower as runs pile up in the brain, and blocks
+            # alternating 0, N, 0, N would put that drift on the clients' side; an even --blocks cancels it.
+            n = clients if b % 4 in (1, 2) else 0
             log = base / f"clients-{b}.jsonl"
             log.write_text("")
             with clients_process(console, n, refetch, log):
@@ -594,6 +607,7 @@ def bench_spawn(
         s0, s1 = summary(lat[0]), summary(lat[clients])
         return {
             "console": console_mode,
+            "console_nice": console_nice,
             "refetch": refetch,
             "no_clients": s0,
             "clients": s1,
@@ -621,9 +635,10 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=20)
     ap.add_argument("--gap", type=float, default=0.3, help="seconds between events / drops")
     ap.add_argument("--drops", type=int, default=10, help="drops per block")
-    ap.add_argument("--blocks", type=int, default=3, help="pairs of blocks (0 clients, then --clients)")
+    ap.add_argument("--blocks", type=int, default=4, help="pairs of blocks (ABBA: 0, --clients, --clients, 0...)")
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--console", choices=("daemon", "beside"), default="daemon")
+    ap.add_argument("--console-nice", type=int, default=0, help="--console beside: the console at this niceness")
     ap.add_argument("--no-refetch", action="store_true", help="clients only listen (no fragment fetches)")
     ap.add_argument("--skip", default="", help="comma list: pages,events,browser,spawn")
     ap.add_argument("--profile", action="store_true", help="cProfile the pages rendered in this process")
@@ -713,6 +728,7 @@ def main() -> int:
                 blocks=args.blocks,
                 gap=args.gap,
                 refetch=not args.no_refetch,
+                console_nice=args.console_nice,
             )
             out["spawn"] = r
             print(

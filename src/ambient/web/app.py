@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ambient.storage.paths import BrainPaths
 from ambient.web import pages
+from ambient.web.fragcache import FragmentCache
 from ambient.web.live import Hub, events_route
 from ambient.web.security import SecurityMiddleware, allowed_host_names, csrf_token
 from ambient.web.store import StoreThread
@@ -105,6 +106,7 @@ def create_app(
                 host_names=allowed_host_names(bound_host) | frozenset(extra_hosts),
                 secure_cookie=secure_cookie,
             ),
+            Middleware(FragmentCache, generation=hub.generation),
         ],
         lifespan=lifespan,
     )

@@ -116,6 +116,8 @@ class Hub:
         self._tasks: list[asyncio.Task[None]] = []
         self._daemon: bool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: How many changes were told (bumped before the pages hear of one): what a render is fresh for.
+        self.changes = 0
 
     # -- clients --------------------------------------------------------------------------------------------------
 
@@ -131,10 +133,12 @@ class Hub:
         self.clients.discard(client)
 
     def publish(self, topics: Iterable[str]) -> None:
-        """Tell every client that ``topics`` changed (never blocks: a full queue becomes a ``resync``)."""
+        """Tell every client that ``topics`` changed (never blocks: a full queue becomes a ``resync``); the change
+        generation moves first, so the fetches this causes never get a render made before it."""
         topics = set(topics)
         if not topics:
             return
+        self.changes += 1
         event = _change(topics)
         for client in list(self.clients):
             client.offer(event)
@@ -150,6 +154,14 @@ class Hub:
         if self._loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop already closed
                 self._loop.call_soon_threadsafe(self.close_clients)
+
+    def generation(self) -> int | None:
+        """The change generation while the watcher runs (a render at one generation holds every change told by
+        then); None when no watcher tells changes (unit tests, a brain without folders): then every read refreshes
+        and nothing is shared."""
+        tasks = self._tasks
+        watching = bool(tasks) and not tasks[0].done()
+        return self.changes if watching else None
 
     # -- the watcher ----------------------------------------------------------------------------------------------
 
@@ -179,7 +191,7 @@ class Hub:
     async def refresh(self) -> set[str]:
         """Bring the query store up to date (in its own thread, never on the event loop); the topics it saw."""
         try:
-            return await self.store.refresh()
+            return await self.store.refresh(self.generation())
         except Exception as exc:  # noqa: BLE001 - a store that cannot refresh must not end the live layer
             log.warning("web_store_refresh_failed", error=str(exc))
             return set()

@@ -2,7 +2,8 @@
 worker thread only, so that reading or refreshing never runs on the event loop and never contends with itself.
 
 Every read refreshes first (cheap when nothing changed: a few ``stat`` calls), so a page is never stale even when
-the watcher has not fired yet or no daemon runs.
+the watcher has not fired yet or no daemon runs; except a live part's fetch at a change generation the store was
+already refreshed at (see :mod:`ambient.web.fragcache`): after a change, 50 open pages cost one refresh, not 50.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from starlette.requests import Request
 
 from ambient.query.store import QueryStore
 from ambient.storage.paths import BrainPaths
+from ambient.web.fragcache import shared_fetch
 
 log = structlog.get_logger(__name__)
 
@@ -31,6 +33,7 @@ class StoreThread:
         self.paths = paths
         self._store: QueryStore | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._fresh_at: int | None = None  # the hub's change generation when the last refresh began
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -42,7 +45,8 @@ class StoreThread:
             self._store = QueryStore.fresh(self.paths)
         return self._store
 
-    def _refresh(self) -> set[str]:
+    def _refresh(self, generation: int | None = None) -> set[str]:
+        self._fresh_at = generation  # set first: a refresh that fails leaves it as it was told, not older
         store = self._opened()
         try:
             return store.refresh()
@@ -50,15 +54,18 @@ class StoreThread:
             log.warning("web_store_refresh_failed", error=str(exc))
             return set()
 
-    async def refresh(self) -> set[str]:
-        """Bring the store up to date (in the store's thread); the topics the store saw change."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor(), self._refresh)
+    async def refresh(self, generation: int | None = None) -> set[str]:
+        """Bring the store up to date (in the store's thread); the topics the store saw change. ``generation``:
+        the hub's change generation now (the refresh begins after it, so it holds every change told by then)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor(), self._refresh, generation)
 
-    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """``fn(conn)`` on a freshly refreshed store, in one read transaction, in the store's thread."""
+    async def read(self, fn: Callable[[sqlite3.Connection], T], *, generation: int | None = None) -> T:
+        """``fn(conn)`` on a freshly refreshed store, in one read transaction, in the store's thread. Given the
+        hub's change ``generation`` (a live part's fetch), the refresh is skipped when one already began at it."""
 
         def run() -> T:
-            self._refresh()
+            if generation is None or generation != self._fresh_at:
+                self._refresh(generation)
             with self._opened().reading() as conn:
                 return fn(conn)
 
@@ -75,6 +82,9 @@ class StoreThread:
 
 
 async def read(request: Request, fn: Callable[[sqlite3.Connection], T]) -> T:
-    """For a page: ``fn(conn)`` on the console's store, refreshed, off the event loop."""
+    """For a page: ``fn(conn)`` on the console's store, refreshed, off the event loop. A live part's fetch may
+    skip the refresh when the store was refreshed at the current change generation; a whole page never does (it
+    follows an action whose files the watcher may not have told yet)."""
     store: StoreThread = request.app.state.store
-    return await store.read(fn)
+    live = request.method == "GET" and shared_fetch(request.query_params.keys())
+    return await store.read(fn, generation=request.app.state.hub.generation() if live else None)
