@@ -23,6 +23,7 @@ import uvicorn
 from ambient.core.errors import InputError
 from ambient.core.process import own_start_time, process_alive
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, private_dir
+from ambient.service.writer_threads import lower_priority
 from ambient.storage.paths import BrainPaths
 from ambient.web.app import create_app
 from ambient.web.live import Hub
@@ -226,6 +227,9 @@ class HostedConsole:
         server = self._server
 
         def run() -> None:
+            # Ten nice steps below the daemon, as its background writers: the threads this one starts (the store's,
+            # the watcher's, the request workers) inherit it, so on a busy CPU the kernel prefers the daemon's loop.
+            lower_priority()
             try:
                 asyncio.run(self._serve(server, sock))
             except BaseException as exc:  # noqa: BLE001 - reported by start()/stop(), never kills the daemon
