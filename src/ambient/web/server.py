@@ -22,8 +22,8 @@ import uvicorn
 
 from ambient.core.errors import InputError
 from ambient.core.process import own_start_time, process_alive
-from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, private_dir
 from ambient.service.writer_threads import lower_priority
+from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, private_dir
 from ambient.storage.paths import BrainPaths
 from ambient.web.app import create_app
 from ambient.web.live import Hub
