@@ -192,6 +192,7 @@ pending = subprocess.run(
     [sys.executable, "-m", "ambient", "escalations", "--json"], capture_output=True, text=True, env=env
 )
 tried["escalations_rc"] = pending.returncode
+tried["escalations_err"] = pending.stderr[-400:]
 print(json.dumps({"status": "ok", "tried": tried}))
 """
 
@@ -227,6 +228,8 @@ def test_a_confined_agent_reads_the_brain_writes_its_scope_and_nothing_of_the_da
         assert tried[name].startswith("denied"), (name, tried)
     assert tried["signal_daemon"].startswith("denied"), tried
     assert tried["escalations_rc"] != 0, tried  # the CLI cannot read ambient's state from inside an agent
+    # ... and says so (with the query store, it once answered "nothing waits", rc 0, from an empty store in memory)
+    assert "permission denied" in tried["escalations_err"] and "Traceback" not in tried["escalations_err"], tried
     assert (paths.root / "notes.md").read_text() == "the person's notes\n"
     assert (paths.root / "projets" / "probe" / "a.md").read_text() == "mine"
     assert not (paths.inbox / "forged.json").exists()

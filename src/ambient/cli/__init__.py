@@ -116,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(exc))
     except KeyboardInterrupt:
         return 130
+    except PermissionError as exc:  # e.g. ambient's state, read from inside a confined agent: said, not a traceback
+        return fail(f"{exc.filename or 'a file'}: permission denied (is this ambient's own user?)")
     except BrokenPipeError:
         # The reader went away (`ambient escalations | head`): stop quietly, as a shell tool does, instead of a
         # traceback; what is still buffered goes nowhere, so Python's own flush at exit cannot fail again.

@@ -313,6 +313,8 @@ class QueryStore:
         key = str(folder)
         try:
             mtime = folder.stat().st_mtime_ns
+        except PermissionError:  # not "gone": a reader that may not see it (a confined agent) must not see "none"
+            raise
         except OSError:
             mtime = -1
         row = conn.execute("SELECT mtime_ns FROM dirs WHERE path=?", (key,)).fetchone()
@@ -323,6 +325,8 @@ class QueryStore:
             try:
                 with os.scandir(folder) as it:
                     found = {entry.name: entry.inode() for entry in it}  # d_ino: no syscall per entry
+            except PermissionError:  # as above: refused, said so
+                raise
             except OSError:
                 return None  # not readable now: tried again at the next refresh
         racy = mtime > 0 and time.time_ns() - mtime < _RACY_NS
