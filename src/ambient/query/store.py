@@ -5,7 +5,8 @@ little as it can: a folder whose ``mtime_ns`` did not change is not listed (ever
 rename, which changes its folder's mtime); a listed folder's entries are compared with the files read before by
 (name, inode), with set operations in C against this object's copy of those rows (read from SQLite only when another
 process wrote them since: a token in ``meta``), so a refresh after one write costs the listing and that one file,
-not a Python pass or a ``stat`` per file. A claim in use (not closed) is also looked at by (inode, size, mtime) at
+not a Python pass or a ``stat`` per file. A claim in use (not closed) and a pending escalation are also looked at by
+(inode, size, mtime) at
 each refresh: an inode alone is reused by ext4 at once (two rewrites between refreshes gave a claim back its first
 inode), so a closed claim rewritten twice between two listings may be missed until it changes again.
 ``runs.jsonl`` is read from the byte offset read up to; the journal of a run not finished is folded again when its
@@ -533,13 +534,16 @@ class QueryStore:
 
     def _escalations(self, conn: sqlite3.Connection, changed: set[str]) -> None:
         listing = self._listing(conn, self.paths.escalations)
-        if listing is None:
-            return
 
         def wanted(name: str) -> bool:  # EscalationStore.scan's files (fsutil.iter_files)
             return not name.startswith(".") and name.endswith(".yml")
 
-        gone, fresh = self._changes(conn, "escalation", self.paths.escalations, listing, wanted)
+        gone, fresh = (
+            ([], []) if listing is None else self._changes(conn, "escalation", self.paths.escalations, listing, wanted)
+        )
+        fresh += [n for n in self._pending_rewritten(conn) if n not in fresh and n not in gone]
+        if not gone and not fresh:
+            return
         r = _parsers()
         store = r.EscalationStore(self.paths)
         folder = self.paths.rel(self.paths.escalations)
@@ -558,6 +562,27 @@ class QueryStore:
             conn.execute(f"INSERT OR REPLACE INTO escalations VALUES ({', '.join('?' * 21)})", r.escalation_row(found))  # noqa: S608
         if gone or fresh:
             changed.add("escalations")
+
+    def _pending_rewritten(self, conn: sqlite3.Connection) -> list[str]:
+        """The files of pending escalations whose (inode, size, mtime) changed under the same name: answered (by the
+        person, a rule, a deadline) and rewritten twice between two refreshes, ext4 may give the file its first
+        inode back, which the listing's (name, inode) pairs cannot see (a pending question then stayed pending
+        here after the rule had answered it). Pending ones are few: each is looked at, at every refresh."""
+        found = []
+        rows = conn.execute(
+            "SELECT f.name, f.inode, f.size, f.mtime_ns FROM escalations e JOIN files f ON f.kind='escalation' "
+            "AND f.name = e.id || '.yml' WHERE e.status = 'pending'"
+        ).fetchall()
+        for name, ino, size, mtime in rows:
+            try:
+                st = (self.paths.escalations / name).lstat()
+            except OSError:
+                continue  # gone: the folder changed, its listing says so
+            sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if sig != (ino, size, mtime):
+                self._put_files(conn, "escalation", [(name, *sig)])
+                found.append(name)
+        return found
 
     # -- run journals
 

@@ -197,6 +197,38 @@ def test_a_claim_in_use_edited_in_place_is_seen(brain: BrainPaths) -> None:
     store.close()
 
 
+def test_a_pending_escalation_answered_under_its_first_inode_is_seen(brain: BrainPaths) -> None:
+    """Answered and rewritten twice between two refreshes, an escalation file may get its first inode back (ext4):
+    a pending one is looked at by (inode, size, mtime) anyway. (A rule's answer stayed "pending" in `ambient
+    escalations`: tests/acceptance/test_learning.py's rule tests failed on it.) Here the answer is written in place:
+    the same inode, no change of the folder."""
+    escalations = EscalationStore(brain)
+    esc = escalations.create(
+        new_escalation(workflow="wf", run_id="run-q", kind="fail", question="retry?", item="a",
+                       options=[("retry", "Retry", "retry"), ("skip", "Skip", "skip")], now=utcnow())
+    )  # fmt: skip
+    path = brain.escalations / f"{esc.id}.yml"
+    pending = path.read_bytes()
+    escalations.answer(esc.id, "skip", by="rule", channel="cli")
+    answered = path.read_bytes()
+    with path.open("r+b") as fh:  # pending again, under the answered file's inode
+        fh.write(pending)
+        fh.truncate()
+    store = QueryStore(brain)
+    store.refresh()
+    with store.reading() as conn:
+        assert esc.id in [e.id for e in views.escalations(conn, status="pending")]
+    with path.open("r+b") as fh:  # answered, in place: the listing's (name, inode) pairs are the same
+        fh.write(answered)
+        fh.truncate()
+    assert "escalations" in store.refresh()
+    with store.reading() as conn:
+        assert esc.id not in [e.id for e in views.escalations(conn, status="pending")]
+        [row] = [e for e in views.escalations(conn) if e.id == esc.id]
+        assert (row.status, row.decision) == ("answered", "skip")
+    store.close()
+
+
 def test_bad_files_are_problem_rows_never_exceptions(brain: BrainPaths) -> None:
     """An escalation file that does not parse, a journal that does not fold, a claim that is not one: shown."""
     (brain.escalations / "esc-zzzzzz.yml").write_text("id: [bad\n")
