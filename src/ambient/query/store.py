@@ -6,8 +6,9 @@ rename, which changes its folder's mtime); a listed folder's entries are compare
 (name, inode), with set operations in C against this object's copy of those rows (read from SQLite only when another
 process wrote them since: a token in ``meta``), so a refresh after one write costs the listing and that one file,
 not a Python pass or a ``stat`` per file. A claim in use (not closed) and a pending escalation are also looked at by
-(inode, size, mtime) at each refresh: an inode alone is reused by ext4 at once (two rewrites between refreshes gave a claim back its first
-inode), so a closed claim rewritten twice between two listings may be missed until it changes again.
+(inode, size, mtime) at each refresh: an inode alone is reused by ext4 at once (two rewrites between refreshes gave
+a claim back its first inode), so a closed claim rewritten twice between two listings may be missed until it changes
+again.
 ``runs.jsonl`` is read from the byte offset read up to; the journal of a run not finished is folded again when its
 size or mtime changed (a finished run's never changes). The claims come last, so the keeper can leave them for a
 later refresh. Each file is parsed by the module that owns
