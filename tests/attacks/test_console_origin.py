@@ -234,6 +234,32 @@ def test_a_form_or_a_fetch_from_another_port_cannot_answer_even_knowing_the_addr
     assert (done["decision"], done["channel"]) == ("retry", "web")
 
 
+def test_a_cookie_tossed_from_another_port_neither_signs_in_nor_locks_the_person_out(
+    browser: Any, console: Console, attacker: Attacker
+) -> None:
+    """A page of another port may set cookies for the whole host: an ``ambient_signin`` of its own, for every path.
+    It opens nothing (the console knows no such sign-in), and the person's console still opens with theirs."""
+    attacker.page = """<!doctype html><title>docs</title><script>
+      document.cookie = "ambient_signin=made-up; Path=/";
+      document.cookie = "ambient_console=made-up; Path=/";
+      window.done = true;
+    </script>"""
+    ctx = browser.new_context()
+    try:
+        evil = ctx.new_page()
+        evil.goto(attacker.origin + "/")
+        evil.wait_for_function("window.done === true")
+        stranger = evil.goto(console.base + "/escalations")
+        assert stranger is not None and stranger.status == 401  # the tossed cookie is no sign-in
+        page = ctx.new_page()
+        page.goto(console.url)
+        assert page.locator("h1").first.inner_text() == "Overview", page.content()[:300]
+        shown = page.goto(console.base + "/escalations")  # both cookies go: the console's own is found among them
+        assert shown is not None and shown.status == 200
+    finally:
+        ctx.close()
+
+
 @contextlib.contextmanager
 def _signed_in(console: Console) -> Iterator[httpx.Client]:
     """An HTTP client that opened the printed URL (its cookie jar holds what the console set)."""

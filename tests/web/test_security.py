@@ -49,6 +49,8 @@ def test_the_token_in_the_url_becomes_a_cookie_and_a_redirect_without_it(console
         assert "Secure" not in cookie  # plain HTTP on loopback: a Secure cookie would never come back
         page = http.get("/escalations?status=pending")
         assert page.status_code == 200 and "Escalations" in page.text
+        bare = http.get(console.origin + console.root)  # typed without its last slash: the cookie's path has it
+        assert bare.status_code == 303 and bare.headers["location"] == console.root + "/"
     with httpx.Client(base_url=console.base, headers={"Authorization": f"Bearer {console.token}"}) as bearer:
         assert bearer.get("/").status_code == 200  # a script with the token itself (no cookie: any path)
     with httpx.Client(base_url=console.origin, cookies={"ambient_console": console.token}) as old:

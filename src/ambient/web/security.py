@@ -26,7 +26,6 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Final
 from urllib.parse import parse_qsl, quote, urlencode
@@ -156,7 +155,8 @@ class SignIns:
         key = _digest(signin_id)
         found = self._known.get(key)
         if found is None and self._changed():
-            self._reload()
+            with self._lock:
+                self._reload()
             found = self._known.get(key)
         return found
 
@@ -237,16 +237,16 @@ def host_allowed(host_header: str, names: Iterable[str]) -> bool:
         return host in set(names)
 
 
-def _cookies(headers: Headers) -> dict[str, str]:
-    raw = headers.get("cookie")
-    if not raw:
-        return {}
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(raw)
-    except Exception:  # noqa: BLE001 - a malformed cookie header is just no cookie
-        return {}
-    return {name: morsel.value for name, morsel in jar.items()}
+def cookie_values(header: str, name: str) -> list[str]:
+    """Every value of cookie ``name`` in a Cookie header, in order. Leniently: another site of this host (any port)
+    may set cookies the strict parser rejects whole; and a page of another port may set an ``ambient_signin`` of
+    ``Path=/``, sent along with the console's own, which must not hide it (each value is tried)."""
+    values = []
+    for part in header.split(";"):
+        key, eq, value = part.partition("=")
+        if eq and key.strip() == name:
+            values.append(value.strip().strip('"'))
+    return values
 
 
 def _bearer(headers: Headers) -> str | None:
@@ -293,8 +293,8 @@ class SecurityMiddleware:
         path: str = scope.get("path", "/")
         ours = in_prefix(path, self.prefix)
         static = path.startswith(f"{self.prefix}/static/" if ours else "/static/")
-        cookies = _cookies(headers)
-        expire_old = OLD_COOKIE in cookies  # an earlier version's cookie: the token itself, sent to every port
+        cookie_header = headers.get("cookie", "")
+        expire_old = bool(cookie_values(cookie_header, OLD_COOKIE))  # an earlier version's: the token, to every port
 
         async def send_secured(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -312,7 +312,11 @@ class SecurityMiddleware:
         if not host_allowed(headers.get("host", ""), self.host_names):
             await _plain(send_secured, 400, "Bad Host header: open the console by the address ambient web printed.")
             return
-        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        query_string = scope.get("query_string", b"").decode("latin-1")
+        if path == self.prefix and scope["method"] in ("GET", "HEAD"):  # the cookie's path ends with a slash
+            await _redirect(send_secured, self.prefix + "/" + (f"?{query_string}" if query_string else ""))
+            return
+        query = parse_qsl(query_string, keep_blank_values=True)
         given = next((v for k, v in query if k == "token"), None)
         if given is not None and scope["method"] in ("GET", "HEAD"):
             await self._sign_in(given, path, query, send_secured)
@@ -320,8 +324,8 @@ class SecurityMiddleware:
         bearer = _bearer(headers)
         by_token = bearer is not None and hmac.compare_digest(bearer.encode(), self.token.encode())
         signin = None
-        if ours and not by_token and COOKIE in cookies:
-            signin = self.signins.lookup(cookies[COOKIE])
+        if ours and not by_token:
+            signin = next(filter(None, map(self.signins.lookup, cookie_values(cookie_header, COOKIE))), None)
         if not by_token and signin is None:
             await _html(send_secured, 401, _UNAUTHORIZED)
             return
@@ -355,9 +359,7 @@ class SecurityMiddleware:
         cookie = f"{COOKIE}={signin_id}; Path={self.prefix}/; HttpOnly; SameSite=Lax" + (
             "; Secure" if self.secure_cookie else ""
         )
-        sent = [(b"location", location.encode("latin-1")), (b"set-cookie", cookie.encode())]
-        await send({"type": "http.response.start", "status": 303, "headers": sent})
-        await send({"type": "http.response.body", "body": b""})
+        await _redirect(send, location, cookie)
 
     def _under_prefix(self, location: bytes) -> bytes:
         """A redirect of a page to a console path (``/escalations?...``) goes under the prefix; any other (an
@@ -411,6 +413,14 @@ def _replay(body: bytes, upstream: Receive) -> Receive:
         return await upstream()
 
     return receive
+
+
+async def _redirect(send: Send, location: str, cookie: str | None = None) -> None:
+    headers = [(b"location", location.encode("latin-1"))]
+    if cookie is not None:
+        headers.append((b"set-cookie", cookie.encode()))
+    await send({"type": "http.response.start", "status": 303, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _plain(send: Send, status: int, text: str) -> None:

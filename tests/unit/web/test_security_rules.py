@@ -11,6 +11,7 @@ from ambient.web.security import (
     SignIns,
     allowed_host_names,
     console_prefix,
+    cookie_values,
     host_allowed,
     in_prefix,
     is_loopback,
@@ -111,3 +112,10 @@ def test_a_damaged_signin_file_is_no_signin(tmp_path: Path) -> None:
     assert SignIns(store).lookup("anything") is None
     cookie, made = SignIns(store).create()
     assert SignIns(store).lookup(cookie) == made
+
+
+def test_every_value_of_the_cookie_is_read_leniently() -> None:
+    header = 'theme={"dark": true}; ambient_signin=tossed; other=1; ambient_signin="real"'
+    assert cookie_values(header, "ambient_signin") == ["tossed", "real"]
+    assert cookie_values(header, "ambient_console") == [] and cookie_values("", "x") == []
+    assert cookie_values("ambient_signin", "ambient_signin") == []  # a name without a value is none
