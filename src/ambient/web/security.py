@@ -30,11 +30,14 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import parse_qsl, quote, urlencode
 
+import structlog
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, private_dir
 from ambient.storage.paths import BrainPaths
+
+log = structlog.get_logger(__name__)
 
 #: The sign-in cookie: a random id, looked up server-side (never the token).
 COOKIE: Final = "ambient_signin"
@@ -170,12 +173,21 @@ class SignIns:
             if len(known) > self.cap:
                 known = dict(sorted(known.items(), key=lambda kv: kv[1].at)[-self.cap :])
             if self.path is not None:
-                private_dir(self.path.parent)
-                doc = {k: {"csrf": v.csrf, "at": v.at} for k, v in known.items()}
-                st = atomic_write(self.path, json.dumps({"signins": doc}) + "\n", mode=PRIVATE_FILE)
-                self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+                self._save(known)
             self._known = known
         return signin_id, made
+
+    def _save(self, known: dict[str, SignIn]) -> None:
+        """Write the sign-ins; a write that fails (a full disk) keeps them in memory only, until a restart."""
+        assert self.path is not None
+        doc = {k: {"csrf": v.csrf, "at": v.at} for k, v in known.items()}
+        try:
+            private_dir(self.path.parent)
+            st = atomic_write(self.path, json.dumps({"signins": doc}) + "\n", mode=PRIVATE_FILE)
+        except OSError as exc:
+            log.warning("web_signins_not_saved", path=str(self.path), error=str(exc), kept="in memory until restart")
+            return
+        self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _stat(self) -> tuple[int, int, int] | None:
         if self.path is None:

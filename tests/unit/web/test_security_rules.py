@@ -119,3 +119,10 @@ def test_every_value_of_the_cookie_is_read_leniently() -> None:
     assert cookie_values(header, "ambient_signin") == ["tossed", "real"]
     assert cookie_values(header, "ambient_console") == [] and cookie_values("", "x") == []
     assert cookie_values("ambient_signin", "ambient_signin") == []  # a name without a value is none
+
+
+def test_a_signin_that_cannot_be_saved_is_kept_in_memory(tmp_path: Path) -> None:
+    (tmp_path / "signins.json").mkdir()  # a folder where the file goes: no write of it can succeed
+    signins = SignIns(tmp_path / "signins.json")
+    cookie, made = signins.create()
+    assert signins.lookup(cookie) == made
