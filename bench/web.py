@@ -124,13 +124,14 @@ class Console:
 
 
 def parse_url(text: str) -> tuple[str, str]:
-    """(base URL, token) from the line ``ambient web`` prints."""
+    """(base URL, token) from the line ``ambient web`` prints: the base is the console's secret path, under which its
+    pages are (``http://127.0.0.1:PORT/c/<secret>``)."""
     m = URL_RE.search(text)
     if m is None or "token=" not in m.group(0):
         raise RuntimeError(f"no console URL with a token in {text[-1000:]!r}")
     url = httpx.URL(m.group(0))
     token = url.params["token"]
-    return f"{url.scheme}://{url.host}:{url.port}", token
+    return f"{url.scheme}://{url.host}:{url.port}{url.path.rstrip('/')}", token
 
 
 def ambient(root: Path, *args: str) -> list[str]:

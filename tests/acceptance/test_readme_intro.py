@@ -144,9 +144,10 @@ def test_or_answer_from_a_browser(tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()
-        found = re.search(r"ambient console: (http://127\.0\.0\.1:\d+/\?token=\S+)", first)
+        found = re.search(r"ambient console: (http://127\.0\.0\.1:\d+/c/[0-9a-f]+/\?token=\S+)", first)
         assert found, first
-        page = httpx.get(found.group(1), follow_redirects=True, timeout=30)
+        browser = httpx.Client(follow_redirects=True, timeout=30)  # its cookie jar: the sign-in the URL gives
+        page = browser.get(found.group(1))
         assert page.status_code == 200, page.text[:300]
         for esc in brain.escalations():
             assert esc["id"] in page.text, esc
@@ -158,22 +159,21 @@ def test_or_answer_from_a_browser(tmp_path: Path) -> None:
         # The failed instance's claim waits on its run's question: the claims page sends the person there, and its
         # Approve (for gates) is refused, naming the question, instead of leaving the run waiting (a new user's).
         base = found.group(1).split("/?", 1)[0]
-        cookies = {"ambient_console": found.group(1).rsplit("token=", 1)[1]}
         failed = next(e for e in brain.escalations() if e["workflow"] == "deploy-batch")
-        claims = httpx.get(f"{base}/claims", cookies=cookies, timeout=30).text
+        claims = browser.get(f"{base}/claims").text
         assert f"Its run waits on {failed['id']}" in claims
         [claim] = [p.stem for p in brain.path("claims").glob("*-item-007.yml")]
         csrf = re.search(r'name="csrf" value="([^"]+)"', claims)
         assert csrf is not None
-        refused = httpx.post(
+        refused = browser.post(
             f"{base}/claims/{claim}/gate",
             data={"action": "approve", "csrf": csrf.group(1), "back": "/claims"},
-            cookies=cookies,
-            timeout=30,
+            follow_redirects=False,
         )
         assert refused.status_code == 303 and "level=error" in refused.headers["location"], refused
         assert f"ambient decide {failed['id']}" in httpx.URL(refused.headers["location"]).params["notice"]
         assert brain.escalations() and failed["id"] in {e["id"] for e in brain.escalations()}  # still waiting
+        browser.close()
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0

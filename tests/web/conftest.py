@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 from tests.acceptance.harness import AMBIENT, Brain, clean_env, wait
@@ -44,11 +46,23 @@ class Console:
     url: str
     lines: list[str] = field(default_factory=list)
     pump: threading.Thread | None = None
+    signin: dict[str, str] | None = None
 
     @property
     def base(self) -> str:
-        """``http://127.0.0.1:PORT`` (no slash, no token)."""
+        """``http://127.0.0.1:PORT/c/<secret>``: the console's pages are under it (no slash, no token)."""
         return self.url.split("/?", 1)[0].rstrip("/")
+
+    @property
+    def root(self) -> str:
+        """The console's secret path (``/c/<secret>``), which its links and redirects start with."""
+        return urlsplit(self.base).path
+
+    @property
+    def origin(self) -> str:
+        """``http://127.0.0.1:PORT``: what the console's own pages send as ``Origin``."""
+        where = urlsplit(self.url)
+        return f"{where.scheme}://{where.netloc}"
 
     @property
     def token(self) -> str:
@@ -56,7 +70,24 @@ class Console:
 
     @property
     def port(self) -> int:
-        return int(self.base.rsplit(":", 1)[1])
+        port = urlsplit(self.url).port
+        assert port is not None
+        return port
+
+    def cookies(self) -> dict[str, str]:
+        """The cookie a browser gets by opening the printed URL (opened once per console, then reused)."""
+        if self.signin is None:
+            res = httpx.get(self.url, follow_redirects=False, timeout=20)
+            assert res.status_code == 303, res
+            self.signin = dict(res.cookies)
+        return self.signin
+
+    def csrf(self) -> str:
+        """The CSRF secret of that sign-in, as every page carries it (``<meta name="csrf-token">``)."""
+        page = httpx.get(self.base + "/", cookies=self.cookies(), timeout=20).text
+        marker = '<meta name="csrf-token" content="'
+        start = page.index(marker) + len(marker)
+        return page[start : page.index('"', start)]
 
     def stop(self, sig: int = signal.SIGINT, timeout: float = 15) -> int:
         """Signal it (SIGINT, as Ctrl-C does) and wait; killed if it does not stop in time (the test then fails)."""

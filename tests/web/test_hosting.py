@@ -17,9 +17,9 @@ def test_the_daemon_hosts_the_console_when_web_is_set(brain: Brain) -> None:
     brain.config("web:\n  port: 0\n")
     with brain.daemon() as daemon:
         [served] = daemon.wait_log("web_console_serving")
-        assert "token" not in served["url"]  # the log never carries the token
+        assert "token" not in served["url"] and "/c/" not in served["url"]  # the log: no token, no secret path
         url = brain.ok("web", "--url").out.strip()
-        assert url.startswith(served["url"] + "?token=")
+        assert url.startswith(served["url"] + "c/") and "/?token=" in url
         with httpx.Client(follow_redirects=True, timeout=10) as http:
             page = http.get(url)
             assert page.status_code == 200

@@ -21,9 +21,7 @@ RUN_ID = "sess-20260316-2036-batch-0001"
 
 
 def _client(console: Console) -> httpx.Client:
-    return httpx.Client(
-        base_url=console.base, cookies={"ambient_console": console.token}, follow_redirects=False, timeout=20
-    )
+    return httpx.Client(base_url=console.base, cookies=console.cookies(), follow_redirects=False, timeout=20)
 
 
 def _csrf(page: str) -> str:
@@ -166,7 +164,7 @@ def test_workflows_list_problems_and_start_a_run(hostile: Brain, hostile_console
         assert level == "error" and "not valid JSON" in text and "review not started" in text
         # The page comes back with the form open at that workflow and what was typed in it (a new user lost it).
         assert urlsplit(bad.headers["location"]).fragment == "wf-review"
-        again = http.get(bad.headers["location"]).text
+        again = http.get(hostile_console.origin + bad.headers["location"]).text
         card = again[again.index('id="wf-review"') :]
         assert '<details class="start" open>' in card[: card.index("</form>")]
         assert ">{nope</textarea>" in card
@@ -188,7 +186,7 @@ def test_a_waiting_claim_is_approved_from_the_claims_page(hostile: Brain, hostil
     hostile.ok("gate", "gate", "c-1", "ship it?")
     with _client(hostile_console) as http:
         page = http.get("/claims").text
-        assert 'action="/claims/c-1/gate"' in page
+        assert f'action="{hostile_console.root}/claims/c-1/gate"' in page
         res = http.post(
             "/claims/c-1/gate", data={"action": "approve", "message": "yes", "csrf": _csrf(page), "back": "/claims"}
         )
@@ -283,7 +281,7 @@ def test_a_thousand_item_run_page_is_compact(tmp_path: Path, brain: Brain) -> No
     assert page.count('<path class="tl-') == 2 and "1000 item(s) over" in page
     assert page.count('<details class="item"') == 60
     assert again.count('<details class="item"') == 60 and again in page
-    assert "… 995 more: see record.json" in page and 'href="/runs/sess-big/record.json"' in page
+    assert "… 995 more: see record.json" in page and f'href="{console.root}/runs/sess-big/record.json"' in page
     assert XSS not in page
     assert len(page) < 600_000
     assert whole.status_code == 200 and whole.headers["content-type"].startswith("application/json")

@@ -1,6 +1,7 @@
-"""The console's locks, over real HTTP against a real ``ambient web``: the token (URL → cookie → redirect), 401
-without it, the Host check, CSRF on every POST (a forged POST changes nothing), the security headers, the bind
-rule (a non-loopback address needs TLS or --insecure-bind) and the token file's mode."""
+"""The console's locks, over real HTTP against a real ``ambient web``: the token (URL → a sign-in cookie of the secret
+path → redirect), 401 without it, the Host check, CSRF on every POST (a forged POST changes nothing), the security
+headers, the bind rule (a non-loopback address needs TLS or --insecure-bind) and the token file's mode. The attacks
+from another port of the same host are in tests/attacks/test_console_origin.py."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ CSP = (
 
 
 def _client(console: Console, *, signed_in: bool = True) -> httpx.Client:
-    cookies = {"ambient_console": console.token} if signed_in else {}
+    cookies = console.cookies() if signed_in else {}
     return httpx.Client(base_url=console.base, cookies=cookies, follow_redirects=False, timeout=10)
 
 
@@ -30,21 +31,32 @@ def test_without_the_token_every_page_is_401_and_says_what_to_open(console: Cons
             assert res.status_code == 401, (path, res.status_code)
         assert "ambient web" in res.text and "token" in res.text
         assert http.post("/escalations/esc-aaaaaa/decide", data={"option": "retry"}).status_code == 401
+    with httpx.Client(base_url=console.origin, cookies=console.cookies(), timeout=10) as outside:
+        for path in ("/", "/escalations", "/static/app.js", "/c/", "/c/x/"):  # outside the secret path: nothing
+            res = outside.get(path)
+            assert res.status_code == 401 and console.root not in res.text, (path, res.status_code)
 
 
 def test_the_token_in_the_url_becomes_a_cookie_and_a_redirect_without_it(console: Console) -> None:
     with _client(console, signed_in=False) as http:
         res = http.get(f"/escalations?status=pending&token={console.token}")
         assert res.status_code == 303
-        assert res.headers["location"] == "/escalations?status=pending"
+        assert res.headers["location"] == f"{console.root}/escalations?status=pending"
         cookie = res.headers["set-cookie"]
-        assert cookie.startswith(f"ambient_console={console.token};")
-        assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Path=/" in cookie
+        assert cookie.startswith("ambient_signin=") and console.token not in cookie  # a sign-in, not the token
+        assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
+        assert f"Path={console.root}/;" in cookie  # sent to the console's secret path only, on no other port
         assert "Secure" not in cookie  # plain HTTP on loopback: a Secure cookie would never come back
         page = http.get("/escalations?status=pending")
         assert page.status_code == 200 and "Escalations" in page.text
+        bare = http.get(console.origin + console.root)  # typed without its last slash: the cookie's path has it
+        assert bare.status_code == 303 and bare.headers["location"] == console.root + "/"
     with httpx.Client(base_url=console.base, headers={"Authorization": f"Bearer {console.token}"}) as bearer:
-        assert bearer.get("/").status_code == 200
+        assert bearer.get("/").status_code == 200  # a script with the token itself (no cookie: any path)
+    with httpx.Client(base_url=console.origin, cookies={"ambient_console": console.token}) as old:
+        res = old.get("/")  # an earlier version's cookie (the token itself) is no credential, and is expired
+        assert res.status_code == 401
+        assert "ambient_console=; Path=/; Max-Age=0" in res.headers["set-cookie"]
 
 
 def test_a_foreign_host_header_is_refused(console: Console) -> None:
@@ -59,7 +71,7 @@ def test_every_response_carries_the_security_headers(console: Console) -> None:
         for res in (http.get("/"), http.get("/static/app.css"), anonymous.get("/"), http.get("/nowhere")):
             assert res.headers["content-security-policy"] == CSP
             assert res.headers["x-content-type-options"] == "nosniff"
-            assert res.headers["referrer-policy"] == "no-referrer"
+            assert res.headers["referrer-policy"] == "same-origin"
             assert res.headers["x-frame-options"] == "DENY"
         assert http.get("/").headers["cache-control"] == "no-store"
         page = http.get("/").text
@@ -83,9 +95,10 @@ def test_a_post_without_the_csrf_token_is_refused_and_changes_nothing(brain: Bra
             csrf = _csrf(http.get("/escalations").text)
             res = http.post(url, data={"option": "retry", "note": "from the console", "csrf": csrf, "back": "/"})
             assert res.status_code == 303
-            assert res.headers["location"].startswith("/?notice=")
+            assert res.headers["location"].startswith(f"{console.root}/?notice=")
             again = http.post(url, data={"option": "skip", "csrf": csrf, "back": "//evil.example/"})
-            assert again.status_code == 303 and again.headers["location"].startswith("/escalations?notice=")
+            assert again.status_code == 303
+            assert again.headers["location"].startswith(f"{console.root}/escalations?notice=")
             assert "level=error" in again.headers["location"]
     finally:
         console.stop()
@@ -120,11 +133,17 @@ def test_the_token_file_is_private_reused_and_rotated_on_demand(brain: Brain, co
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
     assert token_file.read_text().strip() == console.token
+    console.cookies()  # a browser signs in: kept server-side (a hash of its cookie, its CSRF secret), 0600
+    signins = token_file.parent / "signins.json"
+    assert stat.S_IMODE(signins.stat().st_mode) == 0o600
+    assert console.cookies()["ambient_signin"] not in signins.read_text()
     again = brain.ok("web", "--url").out.strip()
     assert again == console.url  # the console serving now, on its real port (0 asked for any free one)
     rotated = brain.ok("web", "--url", "--new-token").out.strip()
     assert console.token not in rotated
     assert token_file.read_text().strip() == rotated.rsplit("=", 1)[1]
+    assert not signins.exists()  # every browser signs in again, with the new URL
+    assert console.root not in rotated  # the secret path moved with the token
 
 
 def test_a_stopped_console_exits_cleanly_on_sigint_and_sigterm(brain: Brain) -> None:
@@ -132,7 +151,7 @@ def test_a_stopped_console_exits_cleanly_on_sigint_and_sigterm(brain: Brain) -> 
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         console = start_console(brain)
-        with httpx.Client(base_url=console.base, cookies={"ambient_console": console.token}) as http:
+        with httpx.Client(base_url=console.base, cookies=console.cookies()) as http:
             with http.stream("GET", "/events") as events:  # an open live stream must not hold the server up
                 assert events.status_code == 200
                 assert console.stop(sig) == 0

@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "serve the web console (runs live, escalations, workflows, learning) and print its URL",
         description=(
             "Serve the web console of this brain on 127.0.0.1 and print the URL to open; the URL carries a token "
-            "(kept 0600 in .ambient/web/token, reused across starts), after which the browser holds a cookie. "
+            "(kept 0600 in .ambient/web/token, reused across starts), which the console exchanges for a sign-in "
+            "cookie of its own secret path. "
             "A non-loopback --host needs --tls-cert/--tls-key, or --insecure-bind. Stop with Ctrl-C."
         ),
     )
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _web(args: argparse.Namespace) -> int:
     from ambient.web.security import load_token
-    from ambient.web.server import DEFAULT_HOST, DEFAULT_PORT, Bind, serve, serving_url
+    from ambient.web.server import DEFAULT_HOST, DEFAULT_PORT, Bind, serve, serving_url, token_url
 
     paths = BrainPaths(brain_dir(args))
     token = load_token(paths, rotate=args.new_token)
@@ -62,7 +63,7 @@ def _web(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_NO
-        print(f"{served}?token={token}")
+        print(token_url(served, token))
         return EXIT_OK
     warning = bind.check()
     if warning:

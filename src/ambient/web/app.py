@@ -25,7 +25,7 @@ from ambient.storage.paths import BrainPaths
 from ambient.web import pages
 from ambient.web.fragcache import FragmentCache
 from ambient.web.live import Hub, events_route
-from ambient.web.security import SecurityMiddleware, allowed_host_names, csrf_token
+from ambient.web.security import SecurityMiddleware, SignIns, allowed_host_names, signins_path
 from ambient.web.store import StoreThread
 
 STATIC: Final = Path(__file__).resolve().parent / "static"
@@ -73,11 +73,13 @@ def create_app(
     extra_hosts: Iterable[str] = (),
     live: bool = True,
     max_clients: int = 64,
+    persist_signins: bool = True,
 ) -> Starlette:
     """The console for the brain at ``paths``: every request needs ``token`` (see :mod:`ambient.web.security`).
 
     ``bound_host`` is the address served (Host headers are checked against it), ``live`` starts the one file
-    watcher of this server process (off in unit tests that only render), ``max_clients`` caps live connections.
+    watcher of this server process (off in unit tests that only render), ``max_clients`` caps live connections,
+    ``persist_signins`` keeps the browsers' sign-ins in ``.ambient/web/signins.json`` (else in memory only).
     """
     store = StoreThread(paths)
     hub = Hub(paths, store, max_clients=max_clients)
@@ -104,6 +106,7 @@ def create_app(
                 SecurityMiddleware,
                 token=token,
                 host_names=allowed_host_names(bound_host) | frozenset(extra_hosts),
+                signins=SignIns(signins_path(paths) if persist_signins else None),
                 secure_cookie=secure_cookie,
             ),
             Middleware(FragmentCache, generation=hub.generation),
@@ -111,7 +114,6 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.paths = paths
-    app.state.csrf = csrf_token(token)
     app.state.hub = hub
     app.state.store = store
     return app

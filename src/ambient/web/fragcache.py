@@ -1,5 +1,6 @@
 """One render of a live part for every open page: the fragments (``?fragment=NAME``) that ``app.js`` fetches after a
-change are the same bytes for every client of a console (one token, one CSRF token) until the data changes again.
+change are the same bytes for every open page of a browser (one sign-in, one CSRF secret) until the data changes
+again.
 
 Why: after each change every open page fetches its live parts at once, and each fetch refreshed the query store and
 rendered its Jinja block, in the console's process (the daemon's, when it hosts the console: the renders took the
@@ -15,7 +16,7 @@ running watcher (the generation is None) nothing is cached.
 
 Only fragments are cached, and only plain ones: a GET of ``?fragment=`` without a notice or a kept form, answered
 200 without a cookie. Whole pages, notices and actions always go through. The key holds everything a render reads
-of the request (scheme, Host, path, query without the token).
+of the request (scheme, Host, path, the sign-in's CSRF secret, query without the token).
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ambient.web.security import CSRF_SCOPE
+
 #: Query fields that make a request someone's own (an action's notice, a refused form's fields): never cached.
 _PERSONAL: Final = ("notice", "level", "form_")
 #: Query fields left out of the key (the token is taken off by the security middleware before this runs anyway).
 _UNKEYED: Final = frozenset({"token"})
 
-Key = tuple[str, str, str, str, tuple[tuple[str, str], ...]]
+Key = tuple[str, str, str, str, str, tuple[tuple[str, str], ...]]
 
 
 def shared_fetch(fields: Iterable[str]) -> bool:
@@ -54,7 +57,8 @@ def fragment_key(scope: Scope) -> Key | None:
         return None
     host = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"host"), "")
     kept = tuple(sorted((k, v) for k, v in query if k not in _UNKEYED))
-    return (scope.get("scheme", "http"), host, scope.get("root_path", ""), scope["path"], kept)
+    csrf = str(scope.get(CSRF_SCOPE, ""))  # a fragment's forms carry their sign-in's CSRF secret: shared per browser
+    return (scope.get("scheme", "http"), host, scope.get("root_path", ""), scope["path"], csrf, kept)
 
 
 def _cacheable(start: Message) -> bool:

@@ -21,7 +21,7 @@ from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
-from ambient.web.security import CSRF_FIELD
+from ambient.web.security import CSRF_FIELD, CSRF_SCOPE
 
 TEMPLATES: Final = Path(__file__).resolve().parent / "templates"
 
@@ -128,7 +128,7 @@ def environment() -> jinja2.Environment:
 
 
 def _context(request: Request, context: Mapping[str, Any]) -> dict[str, Any]:
-    csrf: str = request.app.state.csrf
+    csrf = str(request.scope.get(CSRF_SCOPE, ""))
     level = request.query_params.get("level", "ok")
     return {
         "request": request,
@@ -137,16 +137,25 @@ def _context(request: Request, context: Mapping[str, Any]) -> dict[str, Any]:
         "csrf_field": lambda: Markup('<input type="hidden" name="{}" value="{}">').format(CSRF_FIELD, csrf),
         "notice": request.query_params.get("notice", "")[:500],
         "notice_level": level if level in ("ok", "error") else "ok",
-        "current_path": request.url.path,
+        "current_path": console_path(request),
+        "root": request.scope.get("root_path", ""),
         "here": here(request),
         **context,
     }
 
 
+def console_path(request: Request) -> str:
+    """The request's path within the console (``/escalations``), without the secret prefix it is served under
+    (``root_path``, :mod:`ambient.web.security`): what links and ``back`` fields say; the prefix is added to links
+    by the templates (``root``) and to redirects by the security middleware."""
+    path, root = request.url.path, str(request.scope.get("root_path", ""))
+    return (path[len(root) :] or "/") if root and path.startswith(root) else path
+
+
 def here(request: Request) -> str:
-    """The current path and query, without the notice and fragment: the ``back`` of a page's forms."""
+    """The current console path and query, without the notice and fragment: the ``back`` of a page's forms."""
     keep = [(k, v) for k, v in request.query_params.multi_items() if k not in ("notice", "level", "fragment", "token")]
-    return request.url.path + (f"?{urlencode(keep)}" if keep else "")
+    return console_path(request) + (f"?{urlencode(keep)}" if keep else "")
 
 
 def render(

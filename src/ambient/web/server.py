@@ -27,7 +27,7 @@ from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, private_dir
 from ambient.storage.paths import BrainPaths
 from ambient.web.app import create_app
 from ambient.web.live import Hub
-from ambient.web.security import is_loopback, load_token
+from ambient.web.security import console_prefix, is_loopback, load_token
 
 log = structlog.get_logger(__name__)
 
@@ -92,24 +92,32 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def console_url(bind: Bind, port: int, token: str | None = None) -> str:
-    """The URL to open (with ``?token=`` when given); a wildcard bind is named by this machine's host name."""
+    """The console's address (``scheme://host:port/``), or with ``token`` the URL to open (:func:`token_url`); a
+    wildcard bind is named by this machine's host name."""
     host = bind.host
     if host in ("0.0.0.0", "::", ""):  # noqa: S104 - names the wildcard, binds nothing
         host = socket.gethostname()
     if ":" in host:
         host = f"[{host}]"
     url = f"{'https' if bind.tls else 'http'}://{host}:{port}/"
-    return url + (f"?token={token}" if token else "")
+    return token_url(url, token) if token else url
+
+
+def token_url(address: str, token: str) -> str:
+    """The URL to open: the console's secret path under ``address`` (``scheme://host:port/``), and the token, which
+    the console exchanges for a sign-in cookie (:mod:`ambient.web.security`)."""
+    return f"{address.rstrip('/')}{console_prefix(token)}/?token={token}"
 
 
 def hosted_path(paths: BrainPaths) -> Path:
-    """Where the console serving this brain (``ambient web``, or the daemon hosting it) says where it listens: the URL
-    without its token, its pid and start time, for ``ambient web --url``. Removed when it stops."""
+    """Where the console serving this brain (``ambient web``, or the daemon hosting it) says where it listens: its
+    address without the token nor its secret path, its pid and start time, for ``ambient web --url``. Removed when it
+    stops."""
     return paths.state / "web" / "hosted.json"
 
 
 def record_serving(paths: BrainPaths, url: str) -> None:
-    """Say that this process serves the console at ``url`` (atomic, 0600: the URL carries no token)."""
+    """Say that this process serves the console at ``url`` (atomic, 0600: the address carries no token)."""
     private_dir(hosted_path(paths).parent)
     record = {"url": url, "pid": os.getpid(), "start_time": own_start_time()}
     atomic_write(hosted_path(paths), json.dumps(record) + "\n", mode=PRIVATE_FILE)
@@ -132,7 +140,7 @@ def serving_record(paths: BrainPaths) -> dict[str, object]:
 
 
 def serving_url(paths: BrainPaths) -> str | None:
-    """The URL (without token) of the console serving this brain now, if one does: its record names a live process
+    """The address (without token) of the console serving this brain now, if one does: its record names a live process
     (a console killed with -9 leaves its record behind; its pid is checked with its start time)."""
     record = serving_record(paths)
     url, pid, start = record.get("url"), record.get("pid"), record.get("start_time")

@@ -12,6 +12,7 @@ from starlette.types import Message, Receive, Scope, Send
 from ambient.storage.paths import BrainPaths
 from ambient.web.fragcache import FragmentCache, fragment_key
 from ambient.web.live import Hub
+from ambient.web.security import CSRF_SCOPE
 from ambient.web.store import StoreThread
 
 
@@ -100,6 +101,9 @@ async def test_notices_pages_and_actions_are_never_shared() -> None:
     assert page.calls == 8 and cache.renders == 0
     assert fragment_key(scope("fragment=runs&token=x")) == fragment_key(scope("fragment=runs"))
     assert fragment_key(scope("fragment=runs", path="/runs/a")) != fragment_key(scope("fragment=runs"))
+    # A fragment's forms carry the CSRF secret of the browser's sign-in: another browser renders its own.
+    other_browser = {**scope("fragment=runs"), CSRF_SCOPE: "another sign-in's secret"}
+    assert fragment_key(other_browser) != fragment_key(scope("fragment=runs"))
 
 
 async def test_nothing_is_shared_without_a_watcher_nor_past_its_age_nor_when_refused() -> None:

@@ -44,6 +44,5 @@ async def test_a_slow_client_gets_one_resync_instead_of_a_backlog(tmp_path: Path
 def test_past_the_cap_events_answer_503(tmp_path: Path) -> None:
     app = create_app(BrainPaths(tmp_path), token="t" * 43, live=False, max_clients=0)
     with TestClient(app, base_url="http://127.0.0.1:1") as http:
-        http.cookies.set("ambient_console", "t" * 43)
-        res = http.get("/events")
+        res = http.get("/events", headers={"Authorization": "Bearer " + "t" * 43})
         assert res.status_code == 503 and "tabs" in res.text

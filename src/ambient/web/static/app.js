@@ -65,7 +65,8 @@
       return;
     }
     if (status) status.hidden = false;
-    var source = new EventSource("/events");
+    // The console is served under a secret path prefix (data-root on <body>): every address it asks for is under it.
+    var source = new EventSource((document.body.getAttribute("data-root") || "") + "/events");
     source.addEventListener("open", function () {
       if (status) { status.className = "live-status on"; status.textContent = "live"; }
       // What changed between the page's rendering and this connection (or while reconnecting) was not sent to
