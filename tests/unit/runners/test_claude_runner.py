@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,7 +91,8 @@ async def test_allow_always_is_kept_for_the_agent(tmp_path: Path, api: FakeAnthr
     assert (await h.run("a", decision="allow always")).status == "success"
     assert (await h.run("b")).status == "success"  # another item: no question
     grants = json.loads((brain / ".ambient" / "claude" / "grants.json").read_text())
-    assert grants == {"coder": ["Bash: echo hi >> work/log"]}
+    digest = hashlib.sha256(b"Bash: echo hi >> work/log").hexdigest()
+    assert grants == {"coder": [{"call": "Bash: echo hi >> work/log", "sha256": digest}]}
     assert (brain / "work" / "log").read_text() == "hi\nhi\n"
 
 
