@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,9 @@ from ambient.core.errors import YamlError
 from ambient.core.problems import Problem
 
 MAX_DEPTH = 64
+#: Longest a document may take to read (a brain file is read in milliseconds; 1 MiB of the costliest YAML in a few
+#: seconds): past it, a problem at the line reached, never a loader that holds the daemon or a command.
+PARSE_BUDGET_S = 10.0
 MAX_INT_DIGITS = 4300  # Python's own limit for int <-> str: a longer integer could not even be printed
 _INT_LIMIT = 10**MAX_INT_DIGITS
 _MAX_INT_TEXT = 4 * MAX_INT_DIGITS  # longer text is refused unread (0b..., 1:59:59:... cost quadratic time)
@@ -55,9 +59,31 @@ _Resolver.yaml_implicit_resolvers = {
 }
 
 
+class _BoundedScanner(yaml.scanner.Scanner):
+    """PyYAML's scanner, refusing a flow collection (``[``, ``{``) nested past :data:`MAX_DEPTH` as it reads it:
+    before its first token, the scanner looks ahead over every open level (40 KB of ``[`` cost seconds), so the
+    composer's own bound came too late."""
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:
+        if self.flow_level >= MAX_DEPTH:
+            line = int(getattr(self, "line", 0))  # the reader's, beside this class in every loader
+            raise YamlError(f"nesting deeper than {MAX_DEPTH} levels", line=line + 1)
+        super().fetch_flow_collection_start(TokenClass)
+
+
+class EventReader(yaml.reader.Reader, _BoundedScanner, yaml.parser.Parser):
+    """A document read as events only (no node built), under the loader's flow bound: for pre-checks that count.
+    Raises :class:`YamlError` past the bound, ``yaml.YAMLError`` on malformed text."""
+
+    def __init__(self, stream: str) -> None:
+        yaml.reader.Reader.__init__(self, stream)
+        _BoundedScanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+
+
 class _SafeLoader(
     yaml.reader.Reader,
-    yaml.scanner.Scanner,
+    _BoundedScanner,
     yaml.parser.Parser,
     yaml.composer.Composer,
     yaml.constructor.SafeConstructor,
@@ -67,12 +93,14 @@ class _SafeLoader(
 
     def __init__(self, stream: str) -> None:
         yaml.reader.Reader.__init__(self, stream)
-        yaml.scanner.Scanner.__init__(self)
+        _BoundedScanner.__init__(self)
         yaml.parser.Parser.__init__(self)
         yaml.composer.Composer.__init__(self)
         yaml.constructor.SafeConstructor.__init__(self)
         _Resolver.__init__(self)
         self._depth = 0
+        self._nodes = 0
+        self._deadline = time.monotonic() + PARSE_BUDGET_S
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
@@ -85,6 +113,13 @@ class _SafeLoader(
         if self._depth > MAX_DEPTH:
             event = self.peek_event()  # type: ignore[no-untyped-call]
             raise YamlError(f"nesting deeper than {MAX_DEPTH} levels", line=event.start_mark.line + 1)
+        self._nodes += 1
+        if self._nodes % 256 == 0 and time.monotonic() > self._deadline:
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise YamlError(
+                f"took more than {PARSE_BUDGET_S:g} s to read; simplify the document or split it",
+                line=event.start_mark.line + 1,
+            )
         try:
             return super().compose_node(parent, index)
         finally:
