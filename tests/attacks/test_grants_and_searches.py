@@ -98,9 +98,13 @@ def test_the_question_shows_the_whole_command_with_its_length(tmp_path: Path) ->
     verdict = P.check_tool("Bash", {"command": command}, _ctx(tmp_path))
     assert verdict.action == "ask"
     assert f"({len(command):,} characters)" in verdict.question
-    body = verdict.question.split(":\n", 1)[1]
-    unfolded = "".join(line.removeprefix("  ↳ ").removeprefix("  ") for line in body.splitlines())
-    assert unfolded == command
+    assert _unfolded(verdict.question) == command
+
+
+def _unfolded(question: str) -> str:
+    """The command a folded question shows, put back on one line."""
+    body = question.split(":\n", 1)[1]
+    return "".join(line.removeprefix("  ↳ ").removeprefix("  ") for line in body.splitlines())
 
 
 def test_a_command_too_long_to_show_is_denied_with_the_limit(tmp_path: Path) -> None:
@@ -178,3 +182,50 @@ def test_the_confinement_reads_no_raw_device(tmp_path: Path) -> None:
     assert not any(p == "/dev" or p.startswith(("/dev/sd", "/dev/nvme", "/dev/mem", "/dev/pts")) for p in read)
     for device in ("/dev/null", "/dev/urandom", "/dev/zero"):
         assert device in read
+
+
+# ---------------------------------------------------------------- end to end: the real Claude Code CLI, the daemon
+
+#: 494 characters of harmless command, then what differs per item: the item's name appended to the log.
+PADDED = "echo built >> work/out/log; echo " + "p" * (494 - len("echo built >> work/out/log; echo  > /dev/null; "))
+PADDED += " > /dev/null; "
+
+
+def test_an_allow_always_through_the_daemon_does_not_stretch_to_another_tail(tmp_path: Path) -> None:
+    """A person answers `allow-always` to a 520-character command of item a; the same agent's command for item b
+    differs only after character 494: it is a question again (denied here), and only item a's command ran."""
+    pytest.importorskip("claude_agent_sdk", reason="the claude extra is not installed")
+    from ambient.testing.fakeapi import FakeAnthropic
+    from tests.acceptance.harness import Brain, ai_agent_md, for_each, playbook
+
+    command = PADDED + "echo $ITEM >> work/out/log"
+    assert len(PADDED) == 494
+    done = {"answer": {"signal": "RETURN", "result": {"status": "ok", "item": "$ITEM"}}}
+    body = "You build things.\n\n" + playbook(
+        {"tool": "Bash", "input": {"command": command}},
+        done,
+        {"on_deny": {"signal": "RETURN", "result": {"status": "partial", "note": "not built: the person said no"}}},
+    )
+    brain = Brain.init(tmp_path / "brain", "--no-example")
+    with FakeAnthropic() as api:
+        brain.env.update({"ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "sk-ant-attack-key-0123456789"})
+        brain.write("agents/coder.md", ai_agent_md("coder", body, runner={"kind": "claude", "timeout_s": 120}))
+        brain.write("work/out/.keep", "")
+        brain.workflow("first", for_each("first", "coder", ["a"]))
+        with brain.daemon():
+            [asked] = brain.wait_escalation(
+                "the question of item a", where=lambda e: e["kind"] == "permission", timeout=120
+            )
+            assert _unfolded(asked["question"]) == command.replace("$ITEM", "a"), asked["question"]
+            assert brain.decide(asked["id"], "allow-always").rc == 0
+            brain.wait_finished("first", timeout=120)
+            brain.workflow("second", for_each("second", "coder", ["b"]))
+            [again] = brain.wait_escalation(
+                "the question of item b",
+                where=lambda e: e["kind"] == "permission" and e["id"] != asked["id"],
+                timeout=120,
+            )
+            assert _unfolded(again["question"]) == command.replace("$ITEM", "b"), again["question"]
+            assert brain.decide(again["id"], "deny").rc == 0
+            brain.wait_finished("second", timeout=120)
+    assert brain.read("work/out/log") == "built\na\n"
