@@ -229,3 +229,51 @@ def test_an_allow_always_through_the_daemon_does_not_stretch_to_another_tail(tmp
             assert brain.decide(again["id"], "deny").rc == 0
             brain.wait_finished("second", timeout=120)
     assert brain.read("work/out/log") == "built\na\n"
+
+
+_DEVICE_PROBE = r"""
+import json, os, sys
+from ambient.runners import landlock
+from ambient.runners.confinement import policy
+from pathlib import Path
+brain, tmp = Path(sys.argv[1]), Path(sys.argv[2])
+p = policy(brain, [], tmp, "/bin/sh")
+landlock.confine([os.fsencode(x) for x in p.read], [os.fsencode(x) for x in p.write], landlock.abi())
+tried = {}
+for dev in ("/dev/null", "/dev/urandom", "/dev/zero", "/dev/kmsg", "/dev/ptmx", "/dev/loop0", "/dev/console"):
+    try:
+        fd = os.open(dev, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)  # opened, never read: a console would wait
+        os.close(fd)
+        tried[dev] = "allowed"
+    except OSError as exc:
+        tried[dev] = "denied" if exc.errno in (1, 13) else f"error {exc.errno}"
+tried["urandom"] = len(os.urandom(8))
+print(json.dumps(tried))
+"""
+
+
+def test_a_confined_process_reads_the_devices_it_needs_and_no_other(tmp_path: Path) -> None:
+    """Under the confinement's Landlock rules, /dev/null, /dev/urandom and /dev/zero read; the kernel's log, a
+    new terminal (/dev/ptmx), a block device or the console do not."""
+    import json
+    import subprocess
+    import sys
+
+    from ambient.runners.confinement import landlock_abi
+
+    if landlock_abi() < 1:
+        pytest.skip("this kernel has no Landlock")
+    brain, tmp = tmp_path / "brain", tmp_path / "tmp"
+    brain.mkdir()
+    tmp.mkdir()
+    out = subprocess.run(
+        [sys.executable, "-c", _DEVICE_PROBE, str(brain), str(tmp)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    tried = json.loads(out.stdout)
+    assert tried["urandom"] == 8
+    for dev in ("/dev/null", "/dev/urandom", "/dev/zero"):
+        assert tried[dev] == "allowed", tried
+    for dev in ("/dev/kmsg", "/dev/ptmx", "/dev/loop0", "/dev/console"):
+        if Path(dev).exists():
+            assert tried[dev] == "denied", (dev, tried)
