@@ -76,6 +76,7 @@ SEARCH_TOOLS = frozenset({"Glob", "Grep", "LS"})
 #: Arguments of any other tool taken as paths: none of them may name the daemon's state or the person's secrets.
 PATH_KEYS = frozenset({"path", "file_path", "notebook_path", "directory", "dir", "root", "cwd", "folder"})
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 _WILD = frozenset("*?[]{}\\")
 _SHELL_SYNTAX = re.compile(r"[;&|<>`\n\r]|\$\(|\$\{")
 _TOOL_RULE = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?:\((?P<arg>.*)\))?$", re.S)
@@ -264,32 +265,42 @@ def check_tool(
     return _ask(tool, what, full, digest, f"{ctx.agent} wants to use {tool}:", "", "call")
 
 
-def _ask(tool: str, shown: str, full: str, digest: str, head: str, tail: str, noun: str) -> Verdict:
-    """A question showing ``shown`` whole, or a denial when it is too long to be read in one message."""
-    if len(shown) > MAX_ASKED_CHARS:
+def _ask(tool: str, call: str, full: str, digest: str, head: str, tail: str, noun: str) -> Verdict:
+    """A question showing ``call`` whole, or a denial when it is too long to be read in one message (counted as a
+    Telegram message counts it, on the text shown: UTF-16 units, invisible characters spelled out)."""
+    shown = visible(call)
+    if len(shown.encode("utf-16-le", "surrogatepass")) // 2 + shown.count("\n") > MAX_ASKED_CHARS:
         return Verdict(
             "deny",
-            f"ambient denied {tool}: this {noun} is {len(shown):,} characters long, and the person is asked only about "
+            f"ambient denied {tool}: this {noun} is {len(call):,} characters long, and the person is asked only about "
             f"calls of at most {MAX_ASKED_CHARS:,} characters, shown whole. Put it in a script file of your scope and "
             "run that, or split it into shorter calls.",
             signature=full,
             digest=digest,
         )
-    return Verdict("ask", signature=full, digest=digest, question=question_text(head, shown, tail, noun))
+    return Verdict("ask", signature=full, digest=digest, question=question_text(head, shown, tail, noun, len(call)))
 
 
-def question_text(head: str, shown: str, tail: str, noun: str = "command") -> str:
+def visible(text: str) -> str:
+    """``text`` with every character a reader would not see (controls but tab and newline, zero-width and bidi
+    marks) spelled out as its escape (``\\x1b``, ``\\u202e``): what the person reads is what runs."""
+    return _INVISIBLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def question_text(head: str, shown: str, tail: str, noun: str = "command", length: int | None = None) -> str:
     """``coder wants to run `make` in work``: a short call inline; any other whole, folded at :data:`FOLD_WIDTH`
     with its length (a fold's continuation starts with ``↳ ``, so a real new line and a fold never look alike)."""
     if len(shown) <= INLINE_CHARS and "\n" not in shown and "\r" not in shown and "`" not in shown and shown.strip():
         return f"{head} `{shown}`{tail}" if noun == "command" else f"{head} {shown}{tail}"
-    lines = shown.splitlines() or [""]
+    lines = shown.split("\n")  # the only line break left once invisible characters are spelled out
     folded: list[str] = []
     for line in lines:
         chunks = [line[i : i + FOLD_WIDTH] for i in range(0, len(line), FOLD_WIDTH)] or [""]
         folded.append(f"  {chunks[0]}")
         folded += [f"  ↳ {c}" for c in chunks[1:]]
-    count = f"{len(shown):,} characters" + (f", {len(lines)} lines" if len(lines) > 1 else "")
+    count = f"{len(shown) if length is None else length:,} characters" + (
+        f", {len(lines)} lines" if len(lines) > 1 else ""
+    )
     verb = head if noun == "command" else head.rstrip(":")
     return f"{verb} this {noun} ({count}){tail}:\n" + "\n".join(folded)
 

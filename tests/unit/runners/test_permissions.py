@@ -160,6 +160,7 @@ def test_the_signature_for_display_is_cut_but_the_digest_covers_the_whole_call()
         ("make", "coder wants to run `make` in the brain's root"),
         ("echo `id`", "coder wants to run this command (9 characters) in the brain's root:\n  echo `id`"),
         ("a\nb", "coder wants to run this command (3 characters, 2 lines) in the brain's root:\n  a\n  b"),
+        ("a\n", "coder wants to run this command (2 characters, 2 lines) in the brain's root:\n  a\n  "),
         (
             "x" * 250,
             "coder wants to run this command (250 characters) in the brain's root:\n"
@@ -169,6 +170,26 @@ def test_the_signature_for_display_is_cut_but_the_digest_covers_the_whole_call()
 )
 def test_the_question_shows_the_whole_command_folded_with_its_length(command: str, question: str) -> None:
     assert P.check_tool("Bash", {"command": command}, ctx()).question == question
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        ("rm -rf build\u202e/ redliub", "rm -rf build\\u202e/ redliub"),  # a bidi override, spelled out
+        ("ls\x1b[2K", "ls\\x1b[2K"),
+        ("echo a\rrm -rf ~", "echo a\\rrm -rf ~"),
+        ("echo\u200b hi", "echo\\u200b hi"),
+    ],
+)
+def test_what_the_person_would_not_see_is_spelled_out(command: str, shown: str) -> None:
+    """Controls, zero-width and bidi characters are shown as escapes, so the person reads every character that
+    runs (the message formatter would otherwise drop them); folded, the length is the command's own."""
+    v = P.check_tool("Bash", {"command": command}, ctx())
+    assert v.action == "ask"
+    assert v.question == f"coder wants to run `{shown}` in the brain's root"
+    long = P.check_tool("Bash", {"command": command + " " * 200}, ctx())
+    assert long.question.startswith(f"coder wants to run this command ({len(command) + 200} characters)")
+    assert shown in long.question
 
 
 @pytest.mark.parametrize(
