@@ -277,3 +277,34 @@ def test_a_confined_process_reads_the_devices_it_needs_and_no_other(tmp_path: Pa
     for dev in ("/dev/kmsg", "/dev/ptmx", "/dev/loop0", "/dev/console"):
         if Path(dev).exists():
             assert tried[dev] == "denied", (dev, tried)
+
+
+@pytest.mark.parametrize("char", ["x", "é", "😀", "\u202e"])
+def test_the_longest_question_reaches_telegram_whole(tmp_path: Path, char: str) -> None:
+    """The longest command still asked about, of any kind of character, fits one Telegram message with its header,
+    options and how to answer: nothing of it is cut."""
+    from ambient.human.messages import TELEGRAM_MAX_CHARS, format_escalation, text_length
+
+    low, high = 0, P.MAX_ASKED_CHARS  # the longest command of this character still asked about
+    while low < high:
+        mid = (low + high + 1) // 2
+        asked = P.check_tool("Bash", {"command": "echo " + char * mid}, _ctx(tmp_path)).action == "ask"
+        low, high = (mid, high) if asked else (low, mid - 1)
+    command = "echo " + char * low
+    assert P.check_tool("Bash", {"command": command + char}, _ctx(tmp_path)).action == "deny"
+    verdict = P.check_tool("Bash", {"command": command}, _ctx(tmp_path))
+    assert verdict.action == "ask"
+    title, body = format_escalation(
+        escalation_id="esc-1",
+        what="coder asks for a tool permission",
+        question=verdict.question,
+        options=list(P.OPTIONS),
+        workflow="build",
+        item="a-rather-long-item-name-" + "i" * 150,
+        agent="coder",
+        telegram_buttons=True,
+        deadline="2026-12-08 10:00 UTC",
+    )
+    assert "[cut:" not in body
+    assert verdict.question in body
+    assert text_length(title) + 2 + text_length(body) <= TELEGRAM_MAX_CHARS
