@@ -301,8 +301,8 @@ def question_text(head: str, shown: str, tail: str, noun: str = "command", lengt
     count = f"{len(shown) if length is None else length:,} characters" + (
         f", {len(lines)} lines" if len(lines) > 1 else ""
     )
-    verb = head if noun == "command" else head.rstrip(":")
-    return f"{verb} this {noun} ({count}){tail}:\n" + "\n".join(folded)
+    what = f"{head} this command ({count})" if noun == "command" else f"{head.rstrip(':')} ({count})"
+    return f"{what}{tail}:\n" + "\n".join(folded)
 
 
 def _target(raw: Any, ctx: ToolContext, resolve: Callable[[str, Path], Path]) -> Path | str:

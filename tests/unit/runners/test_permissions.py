@@ -208,6 +208,13 @@ def test_a_call_too_long_to_show_whole_is_denied_not_asked(tool: str, inp: dict[
         assert f"at most {P.MAX_ASKED_CHARS:,} characters" in v.reason
 
 
+def test_another_tools_long_call_is_shown_whole_too() -> None:
+    url = "https://example.org/" + "q" * 150
+    v = P.check_tool("WebFetch", {"url": url}, ctx())
+    assert v.question == f"coder wants to use WebFetch (170 characters):\n  {url[:100]}\n  ↳ {url[100:]}"
+    assert P.check_tool("WebFetch", {"url": "https://x"}, ctx()).question == "coder wants to use WebFetch: https://x"
+
+
 def test_a_long_call_allowed_by_the_allowlist_is_not_asked_at_all() -> None:
     assert P.check_tool("Bash", {"command": "x" * 5000}, ctx(allowed=("Bash",))).action == "allow"
 
