@@ -230,14 +230,14 @@ def check_tool(
 ) -> Verdict:
     """The verdict on one tool call. ``resolve`` turns a path of the input into an absolute one (the runner passes
     one that follows symlinks; the default folds ``..`` only)."""
-    full = full_signature(tool, tool_input)
-    digest = digest_of(full)
-    if tool in WRITE_TOOLS:
+    if tool in WRITE_TOOLS:  # judged by the path alone: a file's content is never hashed here
         return _check_path(tool, tool_input.get(WRITE_TOOLS[tool]), ctx, resolve, write=True)
     if tool in SEARCH_TOOLS:
         return _check_search(tool, tool_input, ctx, resolve)
     if tool in READ_TOOLS:
         return _check_path(tool, tool_input.get(READ_TOOLS[tool]), ctx, resolve, write=False)
+    full = full_signature(tool, tool_input)
+    digest = digest_of(full)
     if tool in HARMLESS:
         return Verdict("allow", signature=full, digest=digest)
     if tool == "AskUserQuestion":
