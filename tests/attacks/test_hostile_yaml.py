@@ -566,3 +566,11 @@ def test_the_daemon_beside_a_deep_workflow_starts_and_runs_the_others(tmp_path: 
     good = finished_run(paths, "good")
     assert good is not None and good.outcome == "success", out[-2000:]
     assert elapsed < 3 * WALL_S, elapsed
+
+
+def test_a_run_context_nested_past_the_json_decoders_depth_is_refused_with_a_reason() -> None:
+    """`ambient start --context` (and the console's form) with JSON nested 100,000 deep: a reason, not a crash."""
+    from ambient.actions.start import parse_context
+
+    told = parse_context("[" * 100_000)
+    assert isinstance(told, str) and "nested too deeply" in told
