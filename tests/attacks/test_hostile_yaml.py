@@ -391,17 +391,23 @@ def test_daemon_starts_and_runs_the_other_workflows_beside_a_hostile_file(tmp_pa
         assert good is not None and good.outcome == "success", out[-2000:]
 
 
-def test_a_workflow_dropped_after_a_hostile_one_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("workflow: hostile\nfor_each:\n  items: [a]\n  spawn: stub\n  concurrency: !!int x\n", 5),
+        ("workflow: hostile\nfor_each: " + "[" * 40_000 + "\n", 2),  # 40 KB of nesting, dropped while it runs
+    ],
+    ids=["tag", "deep"],
+)
+def test_a_workflow_dropped_after_a_hostile_one_runs(tmp_path: Path, text: str, line: int) -> None:
     """A running daemon: a hostile workflow is told at file:line and the workflow dropped after it still runs."""
     paths = make_brain(tmp_path / "brain", agents={"stub": stub_agent_md("stub", ["--sleep-ms", "10-20"])})
     with running(paths) as daemon:
-        drop(
-            paths, "hostile.yml", "workflow: hostile\nfor_each:\n  items: [a]\n  spawn: stub\n  concurrency: !!int x\n"
-        )
+        drop(paths, "hostile.yml", text)
         drop(paths, "good.yml", foreach_workflow("good", ["a", "b"]))
         good = wait_for(lambda: finished_run(paths, "good"), 30, f"good to finish; tail: {daemon.tail()}")
         assert good.outcome == "success"
-        assert any("workflows/hostile.yml:5" in line for line in daemon.lines()), daemon.tail(20)
+        assert any(f"workflows/hostile.yml:{line}" in entry for entry in daemon.lines()), daemon.tail(20)
         assert not any("Traceback" in line for line in daemon.lines())
         assert daemon.stop() == 0
 
