@@ -391,17 +391,23 @@ def test_daemon_starts_and_runs_the_other_workflows_beside_a_hostile_file(tmp_pa
         assert good is not None and good.outcome == "success", out[-2000:]
 
 
-def test_a_workflow_dropped_after_a_hostile_one_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("workflow: hostile\nfor_each:\n  items: [a]\n  spawn: stub\n  concurrency: !!int x\n", 5),
+        ("workflow: hostile\nfor_each: " + "[" * 40_000 + "\n", 2),  # 40 KB of nesting, dropped while it runs
+    ],
+    ids=["tag", "deep"],
+)
+def test_a_workflow_dropped_after_a_hostile_one_runs(tmp_path: Path, text: str, line: int) -> None:
     """A running daemon: a hostile workflow is told at file:line and the workflow dropped after it still runs."""
     paths = make_brain(tmp_path / "brain", agents={"stub": stub_agent_md("stub", ["--sleep-ms", "10-20"])})
     with running(paths) as daemon:
-        drop(
-            paths, "hostile.yml", "workflow: hostile\nfor_each:\n  items: [a]\n  spawn: stub\n  concurrency: !!int x\n"
-        )
+        drop(paths, "hostile.yml", text)
         drop(paths, "good.yml", foreach_workflow("good", ["a", "b"]))
         good = wait_for(lambda: finished_run(paths, "good"), 30, f"good to finish; tail: {daemon.tail()}")
         assert good.outcome == "success"
-        assert any("workflows/hostile.yml:5" in line for line in daemon.lines()), daemon.tail(20)
+        assert any(f"workflows/hostile.yml:{line}" in entry for entry in daemon.lines()), daemon.tail(20)
         assert not any("Traceback" in line for line in daemon.lines())
         assert daemon.stop() == 0
 
@@ -451,3 +457,126 @@ def test_a_hostile_lock_under_a_running_item_neither_holds_it_nor_stops_a_restar
     assert not any("Traceback" in line for line in again.lines())
     listed = ambient_cli(paths.root, "lock", "list")
     assert listed.returncode == 0 and "Traceback" not in listed.stderr
+
+
+# ---------------------------------------------------------------- deep nesting: bounded in depth and time everywhere
+
+#: 40 KB of opening brackets, braces or dashes: each level is cheap to write and was costly to count.
+DEEP = {
+    "brackets": "[" * 40_000,
+    "braces": "{a: " * 10_000,
+    "mixed": "[{a: " * 8_000,
+    "lines": "[\n" * 20_000,
+}
+#: The line each is told at: the first level past the bound.
+DEEP_LINE = {"brackets": 2, "braces": 2, "mixed": 2, "lines": 2 + MAX_DEPTH}
+#: A generous bound on one command over such a file, against a hang; what matters is the file:line problem.
+WALL_S = 20.0
+
+
+@pytest.mark.parametrize("shape", list(DEEP))
+def test_a_deep_document_is_a_nesting_problem_for_every_loader(tmp_path: Path, shape: str) -> None:
+    """The workflow loader and its pre-checks, and the loader of every other brain file, stop at the nesting
+    bound: a problem at the file's line, quickly."""
+    import time
+
+    from ambient.config.workflows import load_workflow_bytes
+
+    text = f"workflow: deep\nfor_each: {DEEP[shape]}\n"
+    started = time.monotonic()
+    loaded, problems = load_workflow_bytes(text.encode(), source="workflows/deep.yml")
+    elapsed = time.monotonic() - started
+    assert loaded is None
+    [problem] = problems
+    assert (problem.file, problem.line) == ("workflows/deep.yml", DEEP_LINE[shape]), problem
+    assert f"nesting deeper than {MAX_DEPTH} levels" in problem.message
+    assert elapsed < WALL_S, elapsed
+    with pytest.raises(YamlError) as info:
+        parse_yaml(text, source="w.yml")
+    assert info.value.line == DEEP_LINE[shape]
+
+
+@pytest.mark.parametrize("reader", ["agent", "config", "routing", "zones", "claim", "lock"])
+def test_every_other_brain_file_stops_at_the_nesting_bound(tmp_path: Path, reader: str) -> None:
+    """The same 40 KB of `[` in an agent's frontmatter, the settings, the routing table, the zones, a claim or a
+    lock: a problem (or the reader's documented InputError) naming the nesting, quickly."""
+    import time
+
+    from ambient.claims.lockfile import parse_lock
+    from ambient.claims.store import ClaimStore
+    from ambient.config.brain import read_settings
+    from ambient.core.errors import InputError
+    from ambient.kernel.agents import load_agent
+    from ambient.kernel.routing_table import load_routing, load_zone_rules
+
+    paths = make_brain(tmp_path / "brain", example_agents=False)
+    deep = DEEP["brackets"]
+    told: list[str] = []
+    started = time.monotonic()
+    try:
+        if reader == "agent":
+            (paths.agents / "x.md").write_text(f"---\nname: x\ntools: {deep}\n---\n")
+            told += [p.message for p in load_agent(paths.agents / "x.md", source="agents/x.md")[1]]
+        elif reader == "config":
+            paths.config.write_text(f"runners: {deep}\n")
+            told += [p.message for p in read_settings(paths, {}).problems]
+        elif reader in ("routing", "zones"):
+            (paths.routing if reader == "routing" else paths.zones).write_text(f"routes: {deep}\n")
+            found = load_routing(paths)[1] if reader == "routing" else load_zone_rules(paths)[1]
+            told += [p.message for p in found]
+        elif reader == "lock":
+            parse_lock(f"file: {deep}\n".encode(), "locks/x.lock")
+        else:
+            (paths.claims / "x.yml").write_text(f"sess_id: {deep}\n")
+            ClaimStore(paths).read(paths.claims / "x.yml")
+    except InputError as exc:
+        told.append(str(exc))
+    elapsed = time.monotonic() - started
+    assert any(f"nesting deeper than {MAX_DEPTH} levels" in m for m in told), told
+    assert elapsed < WALL_S, elapsed
+
+
+def _deep_brain(tmp_path: Path) -> BrainPaths:
+    paths = make_brain(tmp_path / "brain", agents={"stub": stub_agent_md("stub", ["--sleep-ms", "10-20"])})
+    (paths.workflows / "good.yml").write_text(foreach_workflow("good", ["a", "b"]))
+    (paths.workflows / "deep.yml").write_text("workflow: deep\nfor_each: " + DEEP["brackets"] + "\n")
+    return paths
+
+
+def test_validate_tells_a_deep_workflow_at_its_line_quickly(tmp_path: Path) -> None:
+    """`ambient validate` beside a 40 KB workflow of nested `[`: exit 1 with the file:line problem, not a hang."""
+    import time
+
+    paths = _deep_brain(tmp_path)
+    started = time.monotonic()
+    result = ambient_cli(paths.root, "validate", timeout=120)
+    elapsed = time.monotonic() - started
+    out = _no_traceback(result, "validate")
+    assert result.returncode == 1, out[-2000:]
+    assert f"workflows/deep.yml:2: nesting deeper than {MAX_DEPTH} levels" in out, out[-2000:]
+    assert elapsed < WALL_S, elapsed
+
+
+def test_the_daemon_beside_a_deep_workflow_starts_and_runs_the_others(tmp_path: Path) -> None:
+    """`ambient run --until-idle` beside the same file: it starts promptly, logs the file at its line and runs the
+    good workflow to success."""
+    import time
+
+    paths = _deep_brain(tmp_path)
+    started = time.monotonic()
+    result = ambient_cli(paths.root, "run", "--until-idle", "--log-format", "json", timeout=120)
+    elapsed = time.monotonic() - started
+    out = _no_traceback(result, "run --until-idle")
+    assert result.returncode == 0, out[-2000:]
+    assert "workflows/deep.yml:2" in out, out[-2000:]
+    good = finished_run(paths, "good")
+    assert good is not None and good.outcome == "success", out[-2000:]
+    assert elapsed < 3 * WALL_S, elapsed
+
+
+def test_a_run_context_nested_past_the_json_decoders_depth_is_refused_with_a_reason() -> None:
+    """`ambient start --context` (and the console's form) with JSON nested 100,000 deep: a reason, not a crash."""
+    from ambient.actions.start import parse_context
+
+    told = parse_context("[" * 100_000)
+    assert isinstance(told, str) and "nested too deeply" in told

@@ -49,6 +49,8 @@ def parse_context(text: str | None) -> dict[str, Any] | str | None:
         value = json.loads(text)
     except ValueError as exc:
         return f"the context is not valid JSON: {exc}"
+    except RecursionError:
+        return "the context is nested too deeply to read (JSON past the decoder's depth)"
     if not isinstance(value, dict):
         return "the context must be a JSON object"
     return value

@@ -137,7 +137,7 @@ def _parse_fast(text: str) -> dict[str, Any] | None:
             return None
         try:
             out[m.group(1)] = json.loads(m.group(2))
-        except ValueError:
+        except (ValueError, RecursionError):  # a value nested past the decoder's depth: YAML tells it at its line
             return None
     return out
 

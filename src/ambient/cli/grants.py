@@ -18,7 +18,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     gsub = p.add_subparsers(dest="grants_command", metavar="SUBCOMMAND")
     fp = add_command(gsub, "forget", _forget, "forget an agent's grant (or all of them): it is asked again")
     fp.add_argument("agent", metavar="AGENT")
-    fp.add_argument("signature", metavar="CALL", nargs="?", help="the call as listed (e.g. 'Bash: pytest -q')")
+    fp.add_argument(
+        "signature", metavar="CALL", nargs="?", help="the call as listed (e.g. 'Bash: pytest -q'), or its sha256"
+    )
 
 
 def _paths(args: argparse.Namespace) -> BrainPaths:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,16 @@ from ambient.engine.compile import workflow_issues
 from ambient.kernel.zones import DEFAULT_RULES, ZoneRule
 from ambient.storage.fsutil import read_capped
 from ambient.storage.paths import BrainPaths
-from ambient.storage.yamlfile import MAX_WORKFLOW_BYTES, LineMap, decode, parse_yaml, problems_from_validation
+from ambient.storage.yamlfile import (
+    MAX_DEPTH,
+    MAX_WORKFLOW_BYTES,
+    PARSE_BUDGET_S,
+    EventReader,
+    LineMap,
+    decode,
+    parse_yaml,
+    problems_from_validation,
+)
 from ambient.workflows import templating
 from ambient.workflows.actions import SpawnAction, format_action
 from ambient.workflows.checks import cross_targets, raw_key_issues
@@ -189,17 +199,27 @@ def load_workflow_bytes(
     return loaded, problems
 
 
+#: Longest the count of a workflow's values may take before the full parse, bounded itself, has its say.
+COUNT_BUDGET_S = PARSE_BUDGET_S
+
+
 def _too_many_values(text: str, limit: int = MAX_WORKFLOW_VALUES) -> int | None:
     """The line where a document passes ``limit`` values, read as YAML events (no node is built: memory stays
-    flat), stopping there; None when it holds fewer, or when it does not parse (the full parse says why).
+    flat), stopping there; None when it holds fewer, or when it does not parse or nests deeper than the loader's
+    bound (the full parse says why, at once).
 
-    A file cannot hold more values than it has characters, so one of ``limit`` characters or fewer is not read.
+    Bounded like the loader: a file cannot hold more values than it has characters, so one of ``limit`` characters
+    or fewer is not read; the count stops past :data:`MAX_DEPTH` levels (PyYAML's scanner weighs each token by the
+    open levels: 40 KB of ``[`` cost minutes to count to the end) and after :data:`COUNT_BUDGET_S` seconds.
     """
     if len(text) <= limit:
         return None
     counted = (yaml.ScalarEvent, yaml.SequenceStartEvent, yaml.MappingStartEvent, yaml.AliasEvent)
-    loader = yaml.SafeLoader(text)  # events only: the scanner and parser, pure Python, iterative (no recursion)
-    values = 0
+    opening = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+    closing = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+    loader = EventReader(text)  # events only: the scanner and parser, pure Python, iterative (no recursion)
+    deadline = time.monotonic() + COUNT_BUDGET_S
+    values = depth = 0
     try:
         while loader.check_event():
             event = loader.get_event()  # type: ignore[no-untyped-call]
@@ -207,10 +227,16 @@ def _too_many_values(text: str, limit: int = MAX_WORKFLOW_VALUES) -> int | None:
                 values += 1
                 if values > limit:
                     return int(event.start_mark.line) + 1 if event.start_mark is not None else None
-    except yaml.YAMLError:
+                if values % 1024 == 0 and time.monotonic() > deadline:
+                    return None
+            if isinstance(event, opening):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return None
+            elif isinstance(event, closing):
+                depth -= 1
+    except (yaml.YAMLError, YamlError):
         return None
-    finally:
-        loader.dispose()
     return None
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -301,7 +302,7 @@ PERMISSION_SIGNATURE_MAX = 400
 
 def permission_signature(permission: Mapping[str, Any] | None) -> str | None:
     """The exact tool call a permission escalation is about (``Bash: rm -rf build/``), bounded: a longer one keeps its
-    head and a digest of the whole, so two commands never share a learned rule because they start alike."""
+    head and the sha256 of the whole call, so two commands never share a learned rule because they start alike."""
     if not isinstance(permission, Mapping):
         return None
     sig = permission.get("signature")
@@ -310,12 +311,17 @@ def permission_signature(permission: Mapping[str, Any] | None) -> str | None:
         if not isinstance(tool, str) or not tool:
             return None
         sig = tool
-    return bound_signature(sig)
+    digest = permission.get("sha256")
+    return bound_signature(sig, digest if isinstance(digest, str) and _HEX64.match(digest) else None)
 
 
-def bound_signature(text: str) -> str:
-    """``text`` if it is at most :data:`PERMISSION_SIGNATURE_MAX` characters, else its head and a sha256 digest."""
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def bound_signature(text: str, digest: str | None = None) -> str:
+    """``text`` if it is at most :data:`PERMISSION_SIGNATURE_MAX` characters, else its head and the whole sha256 of
+    the call (``digest``, by default that of ``text``): a digest cut short could be matched by a made-up call."""
     if len(text) <= PERMISSION_SIGNATURE_MAX:
         return text
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{text[: PERMISSION_SIGNATURE_MAX - 20]}… #{digest}"
+    digest = digest or hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{text[: PERMISSION_SIGNATURE_MAX - 70]}… #{digest}"

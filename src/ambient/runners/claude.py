@@ -8,8 +8,8 @@ One SPAWN is one Claude Code session (or the resumption of one):
   (the agent is told why; the live thread records it) or a question for the person. A question ends the session at
   once (the tool call is interrupted) and the item answers ESCALATE with ``allow | allow always | deny``; the answer
   comes back as ``payload.context.decision`` and the session is *resumed*: the call the person allowed goes through
-  (a grant matched exactly), a denial is said to the agent, which ends as it chooses. Nothing waits in memory, so an
-  answer given after a restart, a day later, resumes the same way;
+  (a grant matches the digest of the whole call), a denial is said to the agent, which ends as it chooses. Nothing
+  waits in memory, so an answer given after a restart, a day later, resumes the same way;
 - the session id is on disk as soon as Claude Code announces it (``.ambient/claude/items/``): a retry or an item
   interrupted by a restart resumes the session when its transcript is still there, else starts afresh;
 - Claude Code's own state lives under ``.ambient/claude/`` (``CLAUDE_CONFIG_DIR``, ``HOME``, ``TMPDIR``), never in
@@ -81,7 +81,7 @@ def bundled_cli() -> Path | None:
 @dataclass
 class ItemSession:
     """What survives of an item's Claude session between attempts: its id, the tool call waiting on the person,
-    and what the person allowed for this item (grants matched exactly)."""
+    and what the person allowed for this item (the digests of those calls, :func:`permissions.call_digest`)."""
 
     session_id: str | None = None
     pending: dict[str, Any] | None = None
@@ -114,10 +114,11 @@ class SessionStore:
         sid = data.get("session_id")
         pending = data.get("pending")
         granted = data.get("granted")
+        digests = [permissions.grant_digest(g) for g in granted] if isinstance(granted, list) else []
         return ItemSession(
             session_id=sid if isinstance(sid, str) else None,
             pending=pending if isinstance(pending, dict) else None,
-            granted=[g for g in granted if isinstance(g, str)] if isinstance(granted, list) else [],
+            granted=[d for d in digests if d is not None],
         )
 
     def save(self, run_id: str, item: str, state: ItemSession) -> None:
@@ -126,37 +127,58 @@ class SessionStore:
         atomic_write(self._path(run_id, item), state.to_json(), mode=0o600)
 
     def grants(self, agent: str) -> frozenset[str]:
-        """What the person allowed ``agent`` for good (``allow always``)."""
-        data = self._grants()
-        found = data.get(agent)
-        return frozenset(g for g in found if isinstance(g, str)) if isinstance(found, list) else frozenset()
+        """What the person allowed ``agent`` for good (``allow always``): the digests of those calls (an old grant
+        without one counts only when it cannot be a cut signature, :func:`permissions.grant_digest`)."""
+        return frozenset(g["sha256"] for g in self._entries().get(agent, []))
 
-    def grant_always(self, agent: str, signature: str) -> None:
-        data = self._grants()
-        mine = [g for g in data.get(agent, []) if isinstance(g, str)]
-        if signature not in mine:
-            mine.append(signature)
-        data[agent] = mine
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write(self.root / "grants.json", json.dumps(data, indent=2, sort_keys=True).encode(), mode=0o600)
+    def grant_always(self, agent: str, call: str, digest: str | None = None) -> None:
+        """Allow ``agent`` the call of this digest for good (default: the digest of ``call``, its whole signature,
+        which is what the person reads in ``ambient grants``)."""
+        digest = digest or permissions.digest_of(call)
+        data = self._entries()
+        mine = data.setdefault(agent, [])
+        if all(g["sha256"] != digest for g in mine):
+            mine.append({"call": call, "sha256": digest})
+        self._write(data)
 
     def all_grants(self) -> dict[str, list[str]]:
-        """Every ``allow always``, by agent."""
-        return {a: [g for g in v if isinstance(g, str)] for a, v in self._grants().items() if isinstance(v, list)}
+        """Every ``allow always`` that still matches a call, by agent, as the person reads it."""
+        return {a: [g["call"] for g in v] for a, v in self._entries().items() if v}
 
-    def forget(self, agent: str, signature: str | None = None) -> int:
-        """Drop one grant of ``agent`` (or all of them): that call is a question again. How many were dropped."""
-        data = self.all_grants()
+    def forget(self, agent: str, call: str | None = None) -> int:
+        """Drop the grants of ``agent`` whose call (as listed) or digest is ``call`` (all of them when None): that
+        call is a question again. How many were dropped."""
+        data = self._entries()
         mine = data.get(agent, [])
-        kept = [g for g in mine if signature is not None and g != signature]
+        kept = [g for g in mine if call is not None and call not in (g["call"], g["sha256"])]
         if len(kept) == len(mine):
             return 0
         if kept:
             data[agent] = kept
         else:
             data.pop(agent, None)
-        atomic_write(self.root / "grants.json", json.dumps(data, indent=2, sort_keys=True).encode(), mode=0o600)
+        self._write(data)
         return len(mine) - len(kept)
+
+    def _entries(self) -> dict[str, list[dict[str, str]]]:
+        """``grants.json`` read as ``{agent: [{"call", "sha256"}]}``: an old bare signature gets the digest it may
+        still match, or is dropped when it may be a cut one."""
+        out: dict[str, list[dict[str, str]]] = {}
+        for agent, found in self._grants().items():
+            if not isinstance(agent, str) or not isinstance(found, list):
+                continue
+            mine: list[dict[str, str]] = []
+            for entry in found:
+                digest = permissions.grant_digest(entry)
+                shown = permissions.grant_display(entry)
+                if digest is not None and shown is not None and all(g["sha256"] != digest for g in mine):
+                    mine.append({"call": shown, "sha256": digest})
+            out[agent] = mine
+        return out
+
+    def _write(self, data: dict[str, list[dict[str, str]]]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(self.root / "grants.json", json.dumps(data, indent=2, sort_keys=True).encode(), mode=0o600)
 
     def _grants(self) -> dict[str, Any]:
         try:
@@ -422,22 +444,31 @@ class ClaudeRunner:
         decision = context.get("decision")
         if not isinstance(decision, str):
             return None  # resumed without an answer (a restart): the question is still open elsewhere
-        sig = str(pending.get("signature", ""))
-        what = pending.get("question") or sig
+        tool, tool_input = pending.get("tool"), pending.get("input")
+        if isinstance(tool, str) and isinstance(tool_input, dict):  # the whole call, as it was asked about
+            full = permissions.full_signature(tool, tool_input)
+            digest: str | None = permissions.digest_of(full)
+        else:
+            full = str(pending.get("signature", ""))
+            digest = permissions.grant_digest(pending)
+        what = pending.get("question") or full
         answer = permissions.answer_of(decision)
         state.pending = None
         if answer == "deny":
             return f"{permissions.DENIED_BY_PERSON} (it was: {what})"
+        if digest is None:
+            return f"{permissions.DENIED_BY_PERSON} (the call asked about could not be read back: ask again)"
         if answer == "always":
-            self.sessions.grant_always(req.agent, sig)
-        elif sig not in state.granted:
-            state.granted.append(sig)
-        return f"The person allowed your tool call ({sig}). Make it again now and go on with the task."
+            self.sessions.grant_always(req.agent, full, digest)
+        elif digest not in state.granted:
+            state.granted.append(digest)
+        shown = full if len(full) <= permissions.MAX_SIGNATURE else full[: permissions.MAX_SIGNATURE] + "…"
+        return f"The person allowed your tool call ({shown}). Make it again now and go on with the task."
 
     def _question(self, run: _Attempt, state: ItemSession, usage: Usage | None) -> AgentResult:
         verdict, call = run.asked, run.asked_call
         assert verdict is not None and call is not None
-        state.pending = {**call, "signature": verdict.signature, "question": verdict.question}
+        state.pending = {**call, "signature": verdict.signature, "sha256": verdict.digest, "question": verdict.question}
         self.sessions.save(run.req.run_id, run.req.item, state)
         return AgentResult(
             status="escalate",
@@ -447,6 +478,7 @@ class ClaudeRunner:
             permission={
                 "tool": call["tool"],
                 "signature": verdict.signature,
+                "sha256": verdict.digest,
                 "session_id": state.session_id,
             },
         )

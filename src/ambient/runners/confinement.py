@@ -3,9 +3,9 @@
 An agent is code ambient does not trust, running as ambient's own Unix user (issue 25). Under Landlock (see
 :mod:`ambient.runners.landlock`, applied by the spawner in the agent's process just before it execs) it gets:
 
-- read and execute: the system (``/usr``, ``/bin``, ``/lib*``, ``/etc``, ``/opt``, ``/proc``, ``/sys``,
-  ``/dev``, ``/run``), the interpreter running ambient (its prefixes and import path), the agent's own program,
-  and the brain, except what
+- read and execute: the system (``/usr``, ``/bin``, ``/lib*``, ``/etc``, ``/opt``, ``/proc``, ``/sys``, the
+  resolver's files of ``/run``, and the few devices programs read: ``/dev/null``, ``/dev/urandom``...), the
+  interpreter running ambient (its prefixes and import path), the agent's own program, and the brain, except what
   is the daemon's or the person's alone: ``.ambient/`` (journals, escalations, the inbox, tokens: so an agent can
   neither answer an escalation nor drop a packet in the person's name), ``profil/ambient.yml`` and the files of
   ``profil/`` that hold secrets (names with token, secret, credential, password; ``*.key``, ``*.pem``);
@@ -39,6 +39,9 @@ from ambient.runners.base import RunRequest
 from ambient.runners.config import CommandRunnerConfig
 from ambient.storage.paths import STATE_DIRNAME
 
+#: The devices a program reads (shells, Python, Node): never ``/dev`` as a whole (disks, ``/dev/mem``, terminals,
+#: ``/dev/shm``). ``/dev/stdin`` and ``/dev/fd`` lead to ``/proc/self/fd``, readable with ``/proc``.
+DEVICES_READ = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 #: Not /run: systemd keeps services' credentials there (/run/credentials); only its resolver's files (DNS).
 SYSTEM_READ = (
     "/usr",
@@ -51,8 +54,8 @@ SYSTEM_READ = (
     "/opt",
     "/proc",
     "/sys",
-    "/dev",
     "/run/systemd/resolve",
+    *DEVICES_READ,
 )
 DEVICES_WRITE = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty")
 _SECRET_WORDS = ("token", "secret", "credential", "password")

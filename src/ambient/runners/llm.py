@@ -324,7 +324,7 @@ class LlmRunner:
         text = (choice.message.content or "") if choice is not None else ""
         refusal = choice.message.refusal if choice is not None else None
         structured: dict[str, Any] | None = None
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, RecursionError):  # a reply nested past the decoder's depth is text
             parsed = json.loads(text) if text.strip().startswith("{") else None
             structured = parsed if isinstance(parsed, dict) else None
         u = completion.usage

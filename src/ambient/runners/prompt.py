@@ -80,7 +80,7 @@ def agent_prompt(frontmatter: Mapping[str, Any], body: str) -> AgentPrompt:
 def read_agent_prompt(path: Path) -> AgentPrompt:
     """Read ``agents/<name>.md`` now (an edit is picked up by the next item). Raises ``InputError``/``OSError``."""
     from ambient.storage.fsutil import read_capped
-    from ambient.storage.yamltext import parse_yaml, split_frontmatter
+    from ambient.storage.yamlfile import parse_yaml, split_frontmatter
 
     source = path.name
     text = read_capped(path, MAX_PROMPT_BYTES).decode("utf-8", "replace")

@@ -1,9 +1,11 @@
 """The one YAML reader for every file in a brain: size cap checked on the open descriptor before
-parsing, no symlink followed, UTF-8 only; parsing and dumping are :mod:`ambient.storage.yamltext`'s (re-exported).
+parsing, no symlink followed, UTF-8 only, no document read for more than ``PARSE_BUDGET_S`` (this module gives the
+loader its clock); parsing and dumping are :mod:`ambient.storage.yamltext`'s (re-exported).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ from ambient.storage.yamltext import (
     MAX_DEPTH,
     MAX_LOCK_BYTES,
     MAX_WORKFLOW_BYTES,
+    PARSE_BUDGET_S,
+    EventReader,
     KiB,
     LineMap,
     Loc,
@@ -23,10 +27,10 @@ from ambient.storage.yamltext import (
     decode,
     dump_yaml,
     expect_mapping,
-    parse_yaml,
     problems_from_validation,
     split_frontmatter,
 )
+from ambient.storage.yamltext import parse_yaml as _parse_text
 
 __all__ = [
     "MAX_AGENT_BYTES",
@@ -35,6 +39,8 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_LOCK_BYTES",
     "MAX_WORKFLOW_BYTES",
+    "PARSE_BUDGET_S",
+    "EventReader",
     "KiB",
     "LineMap",
     "Loc",
@@ -47,6 +53,11 @@ __all__ = [
     "problems_from_validation",
     "split_frontmatter",
 ]
+
+
+def parse_yaml(text: str, *, source: str = "<string>", line_offset: int = 0) -> tuple[Any, LineMap]:
+    """:func:`ambient.storage.yamltext.parse_yaml` under the time budget (the monotonic clock)."""
+    return _parse_text(text, source=source, line_offset=line_offset, clock=time.monotonic)
 
 
 def load_file(path: Path, *, max_bytes: int, source: str | None = None) -> tuple[Any, LineMap]:

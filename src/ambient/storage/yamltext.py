@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,10 @@ from ambient.core.errors import YamlError
 from ambient.core.problems import Problem
 
 MAX_DEPTH = 64
+#: Longest a document may take to read when a clock is given (a brain file is read in milliseconds; 1 MiB of the
+#: costliest YAML in a few seconds): past it, a problem at the line reached, never a loader that holds the daemon or a
+#: command. :func:`ambient.storage.yamlfile.parse_yaml` gives the clock; this module stays pure.
+PARSE_BUDGET_S = 10.0
 MAX_INT_DIGITS = 4300  # Python's own limit for int <-> str: a longer integer could not even be printed
 _INT_LIMIT = 10**MAX_INT_DIGITS
 _MAX_INT_TEXT = 4 * MAX_INT_DIGITS  # longer text is refused unread (0b..., 1:59:59:... cost quadratic time)
@@ -55,9 +59,31 @@ _Resolver.yaml_implicit_resolvers = {
 }
 
 
+class _BoundedScanner(yaml.scanner.Scanner):
+    """PyYAML's scanner, refusing a flow collection (``[``, ``{``) nested past :data:`MAX_DEPTH` as it reads it:
+    before its first token, the scanner looks ahead over every open level (40 KB of ``[`` cost seconds), so the
+    composer's own bound came too late."""
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:
+        if self.flow_level >= MAX_DEPTH:
+            line = int(getattr(self, "line", 0))  # the reader's, beside this class in every loader
+            raise YamlError(f"nesting deeper than {MAX_DEPTH} levels", line=line + 1)
+        super().fetch_flow_collection_start(TokenClass)
+
+
+class EventReader(yaml.reader.Reader, _BoundedScanner, yaml.parser.Parser):
+    """A document read as events only (no node built), under the loader's flow bound: for pre-checks that count.
+    Raises :class:`YamlError` past the bound, ``yaml.YAMLError`` on malformed text."""
+
+    def __init__(self, stream: str) -> None:
+        yaml.reader.Reader.__init__(self, stream)
+        _BoundedScanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+
+
 class _SafeLoader(
     yaml.reader.Reader,
-    yaml.scanner.Scanner,
+    _BoundedScanner,
     yaml.parser.Parser,
     yaml.composer.Composer,
     yaml.constructor.SafeConstructor,
@@ -65,14 +91,17 @@ class _SafeLoader(
 ):
     """Pure-Python safe loader that refuses aliases and bounds nesting."""
 
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str, clock: Callable[[], float] | None = None) -> None:
         yaml.reader.Reader.__init__(self, stream)
-        yaml.scanner.Scanner.__init__(self)
+        _BoundedScanner.__init__(self)
         yaml.parser.Parser.__init__(self)
         yaml.composer.Composer.__init__(self)
         yaml.constructor.SafeConstructor.__init__(self)
         _Resolver.__init__(self)
         self._depth = 0
+        self._nodes = 0
+        self._clock = clock
+        self._deadline = clock() + PARSE_BUDGET_S if clock is not None else 0.0
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
@@ -85,6 +114,13 @@ class _SafeLoader(
         if self._depth > MAX_DEPTH:
             event = self.peek_event()  # type: ignore[no-untyped-call]
             raise YamlError(f"nesting deeper than {MAX_DEPTH} levels", line=event.start_mark.line + 1)
+        self._nodes += 1
+        if self._clock is not None and self._nodes % 256 == 0 and self._clock() > self._deadline:
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise YamlError(
+                f"took more than {PARSE_BUDGET_S:g} s to read; simplify the document or split it",
+                line=event.start_mark.line + 1,
+            )
         try:
             return super().compose_node(parent, index)
         finally:
@@ -268,14 +304,17 @@ def _walk(node: yaml.Node, path: Loc, out: dict[Loc, int]) -> None:
             _walk(item, (*path, i), out)
 
 
-def parse_yaml(text: str, *, source: str = "<string>", line_offset: int = 0) -> tuple[Any, LineMap]:
+def parse_yaml(
+    text: str, *, source: str = "<string>", line_offset: int = 0, clock: Callable[[], float] | None = None
+) -> tuple[Any, LineMap]:
     """Parse one YAML document safely; return the data and the line of every key.
 
-    ``line_offset`` shifts reported lines (frontmatter starts after the ``---`` line).
+    ``line_offset`` shifts reported lines (frontmatter starts after the ``---`` line); with a ``clock`` (monotonic
+    seconds) the reading stops after :data:`PARSE_BUDGET_S`.
     """
     loader: _SafeLoader | None = None
     try:
-        loader = _SafeLoader(text)  # the reader refuses control characters here, before parsing
+        loader = _SafeLoader(text, clock)  # the reader refuses control characters here, before parsing
         node = loader.get_single_node()
         if node is None:
             return None, LineMap({})

@@ -403,3 +403,16 @@ def test_meter_seeded_from_todays_records_and_rolling_over(tmp_path: Path) -> No
     assert meter.limits().daily_usd == 1.0
     empty = SpendMeter()
     assert empty.seed_records(tmp_path / "none.jsonl", now) == 0 and empty.limits() == Limits()
+
+
+def test_a_long_permission_keeps_the_whole_digest_of_its_call() -> None:
+    """The learned rule's situation of a long call ends with the call's full sha256 (the runner's, when given): a
+    digest cut to a few hex digits could be matched by a made-up call."""
+    import hashlib
+
+    call = "Bash: echo " + "a" * 700
+    whole = hashlib.sha256(call.encode()).hexdigest()
+    assert permission_signature({"signature": call}) == f"{call[: PERMISSION_SIGNATURE_MAX - 70]}… #{whole}"
+    given = permission_signature({"signature": call, "sha256": "f" * 64})
+    assert given is not None and given.endswith("#" + "f" * 64)
+    assert permission_signature({"signature": call, "sha256": "short"}) == permission_signature({"signature": call})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,7 +91,8 @@ async def test_allow_always_is_kept_for_the_agent(tmp_path: Path, api: FakeAnthr
     assert (await h.run("a", decision="allow always")).status == "success"
     assert (await h.run("b")).status == "success"  # another item: no question
     grants = json.loads((brain / ".ambient" / "claude" / "grants.json").read_text())
-    assert grants == {"coder": ["Bash: echo hi >> work/log"]}
+    digest = hashlib.sha256(b"Bash: echo hi >> work/log").hexdigest()
+    assert grants == {"coder": [{"call": "Bash: echo hi >> work/log", "sha256": digest}]}
     assert (brain / "work" / "log").read_text() == "hi\nhi\n"
 
 
@@ -183,3 +185,28 @@ async def test_the_frontmatters_model_and_tools_are_claude_codes(tmp_path: Path,
     assert "haiku" in main["model"]
     offered = {t["name"] for t in main.get("tools", [])}
     assert "Read" in offered and "Bash" not in offered and "Write" not in offered
+
+
+def test_the_grants_file_keeps_a_digest_beside_each_call_and_reads_old_ones(tmp_path: Path) -> None:
+    """grants.json: ``{"call", "sha256"}`` per grant; an old bare signature shorter than the old cap is read with its
+    digest, one of the cap's length (maybe cut) is dropped; forget takes the call as listed or its digest."""
+    from ambient.runners import permissions as P
+    from ambient.runners.claude import SessionStore
+
+    store = SessionStore(tmp_path)
+    cut = "Bash: " + "x" * 494
+    (tmp_path / "grants.json").write_text(json.dumps({"coder": ["Bash: make", cut], "other": "nonsense"}))
+    assert store.grants("coder") == {P.digest_of("Bash: make")}
+    assert store.all_grants() == {"coder": ["Bash: make"]}
+    store.grant_always("coder", "Bash: pytest -q")
+    stored = json.loads((tmp_path / "grants.json").read_text())
+    assert stored == {
+        "coder": [
+            {"call": "Bash: make", "sha256": P.digest_of("Bash: make")},
+            {"call": "Bash: pytest -q", "sha256": P.digest_of("Bash: pytest -q")},
+        ]
+    }
+    assert store.forget("coder", P.digest_of("Bash: make")) == 1
+    assert store.forget("coder", "Bash: make") == 0
+    assert store.forget("coder", "Bash: pytest -q") == 1
+    assert store.all_grants() == {}

@@ -308,3 +308,33 @@ def test_dump_yaml_fast_path_quotes_what_yaml_would_reinterpret() -> None:
         'opened_at: "2026-11-30T14:07"\nflag: "yes"\ncount: "12"\nscope: projects/a-1.md\n'
         'angle: "deploy: item-1"\nresult:\n  status: ok\nlist:\n- a\n- "on"\n'
     )
+
+
+def test_a_document_that_takes_too_long_to_read_is_a_problem_at_the_line_reached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loader's time budget: past it, a YamlError at the line it reached, not a loader that holds on."""
+    from ambient.storage import yamlfile, yamltext
+
+    monkeypatch.setattr(yamltext, "PARSE_BUDGET_S", -1.0)
+    text = "items:\n" + "".join(f"  - {i}\n" for i in range(600))
+    assert yamltext.parse_yaml(text, source="w.yml")[0] == {"items": list(range(600))}  # no clock: pure, no budget
+    with pytest.raises(YamlError) as info:
+        yamlfile.parse_yaml(text, source="w.yml")
+    assert "took more than" in info.value.message
+    assert info.value.file == "w.yml" and info.value.line is not None and info.value.line > 1
+
+
+def test_the_workflow_value_count_gives_up_past_its_budget_and_the_depth_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pre-check that counts a workflow's values stops (leaving the bounded parse to tell) past its time budget
+    or past the nesting bound; within both it still finds the line where a document passes the limit."""
+    from ambient.config import workflows
+
+    many = "items: [" + ", ".join("x" for _ in range(30)) + "]\n"
+    assert workflows._too_many_values(many, limit=20) == 1
+    assert workflows._too_many_values("a: " + "[" * 80 + "x" + "]" * 80 + "\n" + many, limit=20) is None
+    monkeypatch.setattr(workflows, "COUNT_BUDGET_S", -1.0)
+    long = "items: [" + ", ".join("x" for _ in range(3000)) + "]\n"
+    assert workflows._too_many_values(long, limit=2500) is None
