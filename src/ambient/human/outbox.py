@@ -117,12 +117,17 @@ class Outbox:
             log.error("outbox_entry_unreadable", file=str(path), errors=exc.error_count())
             return None
 
-    def put(self, message: Message, now: datetime) -> OutboxEntry:
-        """Queue ``message`` (durably) unless one with the same dedupe id is pending; return the entry."""
+    def put(self, message: Message, now: datetime, *, skip: frozenset[str] = frozenset()) -> OutboxEntry:
+        """Queue ``message`` (durably) unless one with the same dedupe id is pending; return the entry.
+
+        ``skip``: the keys of targets not to send it to (they had it already: a channel that came up late gets an
+        escalation the others were told of)."""
         existing = self.get(message.dedupe_id)
         if existing is not None:
             return existing
-        entry = OutboxEntry(id=message.dedupe_id, message=message, created_at=now, next_at=now)
+        entry = OutboxEntry(
+            id=message.dedupe_id, message=message, created_at=now, next_at=now, delivered=tuple(sorted(skip))
+        )
         self._write(entry)
         return entry
 
