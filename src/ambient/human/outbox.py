@@ -231,12 +231,18 @@ async def _attempt(
     except Exception as exc:  # noqa: BLE001 - a broken notifier must not stop the drain loop
         error = redact_text(f"{type(exc).__name__}: {exc}")
     else:
-        await asyncio.to_thread(outbox.remove, entry.id)
+        done = {r.display: r.ref for r in sent.results if r.ref}
+
+        def settle() -> None:
+            # One thread for both, the attempt recorded first: a stop (a cancelled drain) between the two awaits
+            # would remove the entry and lose who got it (a channel that comes up later would be sent it again).
+            if on_attempt is not None:
+                on_attempt(entry.message, True, None, None, done)
+            outbox.remove(entry.id)
+
+        await asyncio.to_thread(settle)
         report.sent.append(entry.id)
         log.info("notification_delivered", message=entry.id, attempts=entry.attempts + 1, targets=len(sent.results))
-        if on_attempt is not None:
-            done = {r.display: r.ref for r in sent.results if r.ref}
-            await asyncio.to_thread(on_attempt, entry.message, True, None, None, done)
         return
     attempts = entry.attempts + 1
     if (

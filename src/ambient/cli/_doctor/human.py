@@ -211,7 +211,8 @@ def check_channels(paths: BrainPaths, up: bool) -> tuple[list[Finding], bool]:
 
     if not up:
         note = "the daemon is down: the notification channels are checked from the configuration alone"
-        return [Finding("info", "channels", note)], False
+        hint = "the daemon says how it reaches you once it runs (`ambient doctor` and `ambient notify test` ask it)"
+        return [Finding("info", "channels", note, hint)], False
     report = running_channels(paths)
     if report is None:
         return [Finding("info", "channels", "the running daemon did not say how its notification channels are")], False
