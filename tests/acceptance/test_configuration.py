@@ -698,3 +698,20 @@ def test_config_show_masks_the_credentials_of_a_url_not_the_url(brain: Brain) ->
         assert "json://127.0.0.1:8765/hooks/ambient" in out, out
         assert "alerts.example:9/hook" in out and "s3cretPassw0rd" not in out and "abcdefgh12345" not in out, out
         assert "/4242" in out and token not in out and token.split(":")[1] not in out, out
+
+
+def test_sighup_reads_a_changed_model_key_again_and_names_it_never_its_value(brain: Brain, tmp_path: Path) -> None:
+    """A model key rotated in $CREDENTIALS_DIRECTORY: SIGHUP alone (the YAML unchanged) names it in the reload's
+    `settings_changed`; a reload with nothing changed names nothing; the key's value is in no log line."""
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "anthropic_api_key").write_text("sk-ant-first-0123456789abcdef\n")
+    brain.env["CREDENTIALS_DIRECTORY"] = str(creds)
+    with brain.daemon("--no-watch") as daemon:
+        (creds / "anthropic_api_key").write_text("sk-ant-second-0123456789abcdef\n")
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_log("reloaded", trigger="sighup", settings_changed=["ANTHROPIC_API_KEY"])
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_log("reloaded", trigger="sighup", settings_changed=[])
+        log = daemon.log_path.read_text()
+    assert "sk-ant-first" not in log and "sk-ant-second" not in log

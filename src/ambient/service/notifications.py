@@ -379,6 +379,9 @@ class NotifyService:
     ) -> None:
         """A channel's state; a change is logged (``channel_up``, ``channel_off``) and written for the CLI, and a
         Telegram bot that comes up is sent what it missed."""
+        # What is written and logged never holds a secret (apprise's masked display keeps a token in a json:// path).
+        target = redact_text(target, self.secrets)
+        why = None if why is None else redact_text(why, self.secrets)
         old = self.channels.get(key)
         if not moved(old, state, why):
             return
