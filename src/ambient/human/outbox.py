@@ -117,13 +117,19 @@ class Outbox:
             log.error("outbox_entry_unreadable", file=str(path), errors=exc.error_count())
             return None
 
-    def put(self, message: Message, now: datetime, *, skip: frozenset[str] = frozenset()) -> OutboxEntry:
+    def put(
+        self, message: Message, now: datetime, *, skip: frozenset[str] = frozenset(), hasten: bool = False
+    ) -> OutboxEntry:
         """Queue ``message`` (durably) unless one with the same dedupe id is pending; return the entry.
 
         ``skip``: the keys of targets not to send it to (they had it already: a channel that came up late gets an
-        escalation the others were told of)."""
+        escalation the others were told of). ``hasten``: a pending entry waiting out its backoff is made due now
+        (the channel that failed it just came up)."""
         existing = self.get(message.dedupe_id)
         if existing is not None:
+            if hasten and existing.next_at > now:
+                existing = existing.model_copy(update={"next_at": now})
+                self._write(existing)
             return existing
         entry = OutboxEntry(
             id=message.dedupe_id, message=message, created_at=now, next_at=now, delivered=tuple(sorted(skip))

@@ -217,13 +217,16 @@ class StoreEscalator:
         for esc in pending:
             if target in esc.notify.refs:
                 continue
-            await self.queue(esc, skip=others)
+            await self.queue(esc, skip=others, hasten=True)
             queued += 1
         return queued
 
-    async def queue(self, esc: Escalation, *, reminder: bool = False, skip: frozenset[str] = frozenset()) -> None:
+    async def queue(
+        self, esc: Escalation, *, reminder: bool = False, skip: frozenset[str] = frozenset(), hasten: bool = False
+    ) -> None:
         """Queue the escalation's message (or its reminder) in the outbox (sent at once, retried until delivered,
-        dropped if the escalation is settled first); not to the targets in ``skip``."""
+        dropped if the escalation is settled first); not to the targets in ``skip``; ``hasten``: if it is queued
+        already, it is tried again now."""
         if self.outbox is None:
             return
         what = f"{esc.workflow}: {esc.where}" if esc.where else esc.workflow
@@ -248,7 +251,7 @@ class StoreEscalator:
             reminder=reminder,
             prediction=prediction,
         )
-        await asyncio.to_thread(self.outbox.put, msg, self.clock.now(), skip=skip)
+        await asyncio.to_thread(self.outbox.put, msg, self.clock.now(), skip=skip, hasten=hasten)
         if self.wake_outbox is not None:
             self.wake_outbox.set()
 

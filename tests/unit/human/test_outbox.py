@@ -148,6 +148,18 @@ class TestOutbox:
         assert report.sent == [entry.id]
         assert [p.split("/")[-1] for p, _, _ in fake.requests] == ["sendMessage"]  # the bot only, not /hook
 
+    def test_a_hastened_put_makes_a_waiting_entry_due_now(self, tmp_path: Path) -> None:
+        """A channel that came up need not wait out the backoff the others' failures earned: the entry is due now,
+        still one entry, with what it was delivered to kept."""
+        outbox = Outbox(tmp_path / "outbox")
+        entry = outbox.put(_message(), T0)
+        outbox.save(entry.model_copy(update={"next_at": T0 + timedelta(minutes=15), "delivered": ("apprise:x",)}))
+        now = T0 + timedelta(minutes=1)
+        assert outbox.put(_message(), now).next_at == T0 + timedelta(minutes=15)  # a plain put changes nothing
+        hastened = outbox.put(_message(), now, hasten=True)
+        assert hastened.next_at == now and hastened.delivered == ("apprise:x",)
+        assert outbox.due(now) == [hastened] and len(outbox.entries()) == 1
+
     def test_put_is_deduplicated(self, tmp_path: Path) -> None:
         """Queueing the same message twice while it is pending keeps one entry."""
         outbox = Outbox(tmp_path / "outbox")
