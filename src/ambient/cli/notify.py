@@ -82,6 +82,8 @@ def _test(args: argparse.Namespace) -> int:
         if notifier is None and broken:
             for problem in broken:
                 out(f"FAIL  {problem}")
+            if not running:
+                out("no daemon runs: the configuration alone was tested")
             return EXIT_NO
     if notifier is None:
         return fail(

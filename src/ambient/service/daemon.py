@@ -405,7 +405,8 @@ class Daemon:
         values = {n: credential(n, self.options.environ) for n in MODEL_KEYS}
         for value in values.values():  # a key changed in $CREDENTIALS_DIRECTORY is masked like the first one
             if value:
-                self.secrets.add(value)
+                with contextlib.suppress(ValueError):  # too short to mask safely: no real key is
+                    self.secrets.add(value)
         key_digests = digests(values)
         if self._key_digests is not None:
             changed += secrets_changed(self._key_digests, key_digests)

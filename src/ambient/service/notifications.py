@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from ambient.config.settings import NotifySettings, Settings, TelegramSettings
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, NotifyError
-from ambient.core.redact import SecretRegistry, redact_text
+from ambient.core.redact import SecretRegistry, redact_text, redact_url
 from ambient.human.channelstate import (
     ChannelsReport,
     ChannelState,
@@ -83,6 +83,7 @@ class Notifiers:
     bot: BotApi | None = None
     chat_id: str | None = None
     problems: list[str] = field(default_factory=list)
+    urls: list[str] = field(default_factory=list)  # the URLs of ``apprise``, secrets filled in
     urls_problem: str | None = None  # the URLs could not be built (each problem is in ``problems`` too)
     telegram_problem: str | None = None  # Telegram answers are on but no bot could be built
 
@@ -150,6 +151,7 @@ def build_notifiers(
         urls = []
     if urls:
         out.apprise = AppriseNotifier(urls, timeout=timeout, registry=registry)
+        out.urls = urls
     tg = settings.telegram
     if tg.answers and tg.chat_id:
         from ambient.human.telegram import BotApi
@@ -295,7 +297,7 @@ class NotifyService:
             log.error("notify_config_invalid", error=problem)
         notifier = built.notifier()
         self.notifier = None if notifier is None else _Watched(notifier, self._seen)
-        await self._reset_channels(settings, built)
+        self._reset_channels(settings, built)
         if self.notifier is not None:
             ns = settings.notify
             policy = RetryPolicy(base=timedelta(seconds=ns.retry_base_s), cap=timedelta(seconds=ns.retry_cap_s))
@@ -342,22 +344,14 @@ class NotifyService:
 
     # -- the channels' states
 
-    async def _reset_channels(self, settings: Settings, built: Notifiers) -> None:
+    def _reset_channels(self, settings: Settings, built: Notifiers) -> None:
         """Every channel of the new notifiers: URLs up (until a send fails), the bot being checked or off."""
         self.channels = {}
         if built.urls_problem is not None:
             self._set("apprise", URLS_KEY, "notify.urls", "off", built.urls_problem, write=False)
-        if built.apprise is not None:
-            for target in await built.apprise.targets():
-                ok = target.apobj is not None
-                self._set(
-                    "apprise",
-                    target.key,
-                    target.display,
-                    "up" if ok else "off",
-                    None if ok else "not a valid apprise URL",
-                    write=False,
-                )
+        if built.apprise is not None:  # up until a send says otherwise (apprise itself is imported at the first)
+            for key, url in zip(built.apprise.keys, built.urls, strict=True):
+                self._set("apprise", key, redact_url(url, self.secrets), "up", None, write=False)
         tg = settings.telegram
         if tg.answers and tg.chat_id:
             key, display = telegram_key(tg.chat_id), f"telegram bot -> chat {tg.chat_id}"
