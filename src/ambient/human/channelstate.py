@@ -74,10 +74,15 @@ def telegram_off_reason(code: int | None, detail: str) -> str:
 
 
 def describe(state: ChannelState) -> str:
-    """One line for a person: ``telegram answers bot (telegram bot -> chat 42): off, <why>``."""
-    what = "Telegram answers bot" if state.channel == "telegram" else "notification URL"
+    """One line for a person: ``Telegram answers (telegram bot -> chat 42) are off: <why>``."""
+    what = (
+        f"Telegram answers ({state.target}) are"
+        if state.channel == "telegram"
+        else f"notification URL {state.target} is"
+    )
+    how = "being checked" if state.state == "checking" else state.state
     why = f": {state.why}" if state.why else ""
-    return f"{what} {state.target} is {state.state}{why}"
+    return f"{what} {how}{why}"
 
 
 def digests(secrets: Mapping[str, str | None]) -> dict[str, str]:

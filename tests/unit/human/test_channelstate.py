@@ -57,7 +57,10 @@ def test_why_a_bot_is_off_in_words_a_person_acts_on() -> None:
     assert telegram_off_reason(None, "ConnectError: refused").startswith("cannot reach the Bot API (network error)")
     assert "HTTP 502: getMe: HTTP 502" in telegram_off_reason(502, "getMe: HTTP 502")
     line = describe(_state("off", "the Bot API refused the bot token (HTTP 401 Unauthorized)"))
-    assert line.startswith("Telegram answers bot telegram bot -> chat 42 is off: the Bot API refused")
+    assert line.startswith("Telegram answers (telegram bot -> chat 42) are off: the Bot API refused")
+    assert describe(_state("checking", "the Bot API is being asked")).endswith(
+        "are being checked: the Bot API is being asked"
+    )
 
 
 def test_secrets_are_compared_by_hash_and_named_never_shown() -> None:
