@@ -124,7 +124,7 @@ def read_token(settings: Settings, environ: Mapping[str, str]) -> tuple[str | No
         return token, None
     path = settings.telegram.token_file
     if not path:
-        return None, ("no bot token was found: set LoadCredential=telegram-token:... (systemd) or telegram.token_file")
+        return None, "no bot token was found: set LoadCredential=telegram-token:... (systemd) or telegram.token_file"
     try:
         text = Path(path).read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
