@@ -681,3 +681,37 @@ def test_a_long_agent_keeps_its_scope_lock_past_the_ttl(brain: Brain) -> None:
         brain.write("release", "x")
         brain.wait_finished("long")
     assert brain.cli("lock", "check", "projets/long/a.md").rc == 0  # released with the agent
+
+
+def test_config_show_masks_the_credentials_of_a_url_not_the_url(brain: Brain) -> None:
+    """`ambient config show` shows each notification URL as the daemon uses it, only its credentials masked
+    (user:password, a bot token, a `?token=`), so a person can check which URL it is."""
+    token = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
+    brain.config(
+        "notify:\n  urls:\n"
+        '    - "json://127.0.0.1:8765/hooks/ambient"\n'
+        '    - "json://ops:s3cretPassw0rd@alerts.example:9/hook?token=abcdefgh12345"\n'
+        f'    - "tgram://{token}/4242"\n'
+    )
+    for args in (("config", "show"), ("config", "show", "--json")):
+        out = brain.ok(*args).out
+        assert "json://127.0.0.1:8765/hooks/ambient" in out, out
+        assert "alerts.example:9/hook" in out and "s3cretPassw0rd" not in out and "abcdefgh12345" not in out, out
+        assert "/4242" in out and token not in out and token.split(":")[1] not in out, out
+
+
+def test_sighup_reads_a_changed_model_key_again_and_names_it_never_its_value(brain: Brain, tmp_path: Path) -> None:
+    """A model key rotated in $CREDENTIALS_DIRECTORY: SIGHUP alone (the YAML unchanged) names it in the reload's
+    `settings_changed`; a reload with nothing changed names nothing; the key's value is in no log line."""
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "anthropic_api_key").write_text("sk-ant-first-0123456789abcdef\n")
+    brain.env["CREDENTIALS_DIRECTORY"] = str(creds)
+    with brain.daemon("--no-watch") as daemon:
+        (creds / "anthropic_api_key").write_text("sk-ant-second-0123456789abcdef\n")
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_log("reloaded", trigger="sighup", settings_changed=["ANTHROPIC_API_KEY"])
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_log("reloaded", trigger="sighup", settings_changed=[])
+        log = daemon.log_path.read_text()
+    assert "sk-ant-first" not in log and "sk-ant-second" not in log

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -986,3 +987,131 @@ def test_doctor_counts_no_message_about_an_answered_escalation_as_waiting(brain:
     res = brain.cli("doctor")
     assert "notification(s) to send" not in res.out, res.out
     assert res.rc == 0, res.out
+
+
+# ---------------------------------------------------------------- channels: reloads, what the checks say
+
+
+def _token_file_brain(brain: Brain, bot: FakeTelegram, hook: Webhook, token_file: Path, poll: int = 1) -> None:
+    brain.config(
+        f'notify: {{urls: ["{hook.url}"]}}\n'
+        f'telegram: {{answers: true, chat_id: "{CHAT}", api_base: "{bot.api_base}", poll_timeout_s: {poll}, '
+        f'token_file: "{token_file}"}}\n'
+    )
+
+
+def _sent_for(bot: FakeTelegram, esc_id: str) -> list[str]:
+    return [text for text in bot.sent_texts() if f"Ref: {esc_id}" in text]
+
+
+def test_a_reload_reads_a_fixed_token_file_and_telegram_gets_the_question_waiting(
+    brain: Brain, bot: FakeTelegram, webhook: Webhook, tmp_path: Path
+) -> None:
+    """A bot token the Bot API refuses: the webhook gets the question, Telegram answers stay off. With the token file
+    fixed but no reload yet, `ambient doctor` and `ambient notify test` ask the daemon and say Telegram is off and why
+    (exit 1), not "ok". SIGHUP: the reload names the changed token (never its value), Telegram answers come up, and
+    the question already waiting arrives on Telegram with its buttons, once, even after another reload."""
+    wrong = "123456789:AAH-refusedToken_abcdefghijklmnopq"
+    token_file = tmp_path / "bot-token"
+    token_file.write_text(wrong + "\n")
+    _token_file_brain(brain, bot, webhook, token_file)
+    brain.python_agent("deploy", FAILING)
+    _rollout(brain)
+    with brain.daemon() as daemon:
+        [esc] = brain.wait_escalation()
+        wait(lambda: any(f"Ref: {esc['id']}" in t for t in webhook.texts()), "the question on the webhook")
+        daemon.wait_log("telegram_poll_failed")  # the Bot API refused the token
+        assert _sent_for(bot, esc["id"]) == []
+
+        token_file.write_text(bot.token + "\n")  # fixed, not reloaded yet: the daemon still has the refused one
+        doctor = brain.cli("doctor")
+        assert doctor.rc == 1, doctor
+        assert re.search(r"telegram.*off.*401", doctor.text, re.IGNORECASE), doctor
+        assert "nothing wrong found" not in doctor.text
+        test = brain.cli("notify", "test")
+        assert test.rc == 1, test
+        assert re.search(r"daemon.*telegram.*off.*401", test.text, re.IGNORECASE), test
+        off = daemon.logged("channel_off", channel="telegram")
+        assert off and all("401" in line["why"] for line in off), off
+
+        daemon.signal(signal.SIGHUP)
+        [reloaded] = daemon.wait_log("reloaded", trigger="sighup")
+        assert "telegram.token_file" in str(reloaded["settings_changed"]), reloaded
+        daemon.wait_log("channel_up", channel="telegram")
+        message_id, message = _message_for(bot, esc["id"])
+        assert len(bot.buttons(message)) == len(esc["options"]) == 3
+        doctor = brain.cli("doctor")
+        assert doctor.rc == 0, doctor
+        assert re.search(r"telegram.*\bup\b", doctor.text, re.IGNORECASE), doctor
+
+        # another reload that restarts the bot (a setting of its own changed): nothing is sent twice
+        _token_file_brain(brain, bot, webhook, token_file, poll=2)
+        daemon.wait_log("channel_up", channel="telegram", count=2)
+        daemon.wait_log("channel_caught_up", channel="telegram", count=2)
+        wait(brain.outbox_empty, "the outbox empty")
+        assert len(_sent_for(bot, esc["id"])) == 1, bot.sent_texts()
+        assert sum(f"Ref: {esc['id']}" in t for t in webhook.texts()) == 1
+
+        bot.press(bot.buttons(message)[2], chat_id=CHAT, name="Ana", message_id=message_id)  # 3. abort
+        wait(lambda: _all(brain)[esc["id"]].get("channel") == "telegram", "the press recorded")
+        log = daemon.log_path.read_text()
+    assert bot.token not in log and wrong not in log
+
+
+def test_a_bot_that_comes_up_at_start_gets_the_questions_waiting_once(
+    brain: Brain, bot: FakeTelegram, webhook: Webhook, tmp_path: Path
+) -> None:
+    """A question told to the webhook while the bot token file could not be read reaches Telegram, with its buttons,
+    when the daemon starts again with the file there; the webhook is not told twice, and a third start sends nothing
+    more."""
+    token_file = tmp_path / "bot-token"
+    _token_file_brain(brain, bot, webhook, token_file)  # not there yet
+    brain.python_agent("deploy", FAILING)
+    _rollout(brain)
+    with brain.daemon() as daemon:
+        [esc] = brain.wait_escalation()
+        wait(lambda: any(f"Ref: {esc['id']}" in t for t in webhook.texts()), "the question on the webhook")
+        wait(brain.outbox_empty, "the outbox empty")  # the webhook had it: nothing left to send
+        assert daemon.stop() == 0
+    token_file.write_text(bot.token + "\n")
+    with brain.daemon() as daemon:
+        _, message = _message_for(bot, esc["id"])
+        assert len(bot.buttons(message)) == 3
+        daemon.wait_log("channel_caught_up", channel="telegram", queued=1)
+        wait(brain.outbox_empty, "the outbox empty")
+        assert daemon.stop() == 0
+    with brain.daemon() as daemon:
+        daemon.wait_log("channel_caught_up", channel="telegram", queued=0)
+        assert daemon.stop() == 0
+    assert len(_sent_for(bot, esc["id"])) == 1, bot.sent_texts()
+    assert sum(f"Ref: {esc['id']}" in t for t in webhook.texts()) == 1
+
+
+def test_without_a_daemon_the_checks_say_so_and_read_the_configuration_alone(
+    brain: Brain, bot: FakeTelegram, webhook: Webhook, tmp_path: Path
+) -> None:
+    """No daemon: `ambient doctor` and `ambient notify test` say none runs, and judge the token file themselves."""
+    _token_file_brain(brain, bot, webhook, tmp_path / "no-such-token")
+    doctor = brain.cli("doctor")
+    assert doctor.rc == 1, doctor
+    assert "daemon is down" in doctor.text
+    assert re.search(r"token_file .*no-such-token.* cannot be read", doctor.text), doctor
+    test = brain.cli("notify", "test")
+    assert test.rc == 1, test
+    assert "no daemon runs" in test.text and "configuration alone" in test.text, test
+    assert any("test notification" in t for t in webhook.texts())
+
+
+def test_status_points_to_the_notifications_section_that_exists(brain: Brain) -> None:
+    """With nobody to tell, `ambient status` names the page and section of the docs where notifications are set up."""
+    brain.python_agent("deploy", FAILING)
+    _rollout(brain)
+    brain.until_idle()
+    text = brain.ok("status").out
+    found = re.search(r"see (docs/[\w.-]+\.md)#([\w-]+)", text)
+    assert found, text
+    page = Path(__file__).parents[2] / found.group(1)
+    anchors = {
+        re.sub(r"[^\w -]", "", h.lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)
+    }
+    assert found.group(2) in anchors, (found.group(2), sorted(anchors))

@@ -23,7 +23,7 @@ from ambient.cli._doctor.agents import check_confinement
 from ambient.cli._doctor.brain import check_brain, check_config, check_filesystem, check_tmp
 from ambient.cli._doctor.daemon import check_daemon
 from ambient.cli._doctor.findings import ORDER, Finding, Severity
-from ambient.cli._doctor.human import check_escalations, check_notify_urls, check_telegram
+from ambient.cli._doctor.human import check_channels, check_escalations, check_notify_urls, check_telegram
 from ambient.cli._doctor.state import check_claims, check_locks, check_runs
 
 if TYPE_CHECKING:
@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="check the brain: what is wrong and how to fix it (exit 1 on an error)",
         description=(
             "Check a brain and print one line per finding with its severity and a fix: the daemon, the "
-            "configuration, workflows, agents and routing that do not load (file:line), stale claims and locks, "
+            "configuration, workflows, agents and routing that do not load (file:line), each notification channel "
+            "as the running daemon sees it (up, or off and why), stale claims and locks, "
             "escalations whose notification keeps failing or that wait for long, a Telegram backlog close to the "
             "Bot API's 24-hour retention, the filesystem, leftover temp files. Writes nothing. Exit 0 when no "
             "error is found (warnings allowed unless --strict), 1 otherwise, 2 on bad usage."
@@ -139,7 +140,15 @@ def diagnose(
     run("escalations", lambda: check_escalations(paths, effective, when))
     if notify:
         run("notify", lambda: check_notify_urls(paths, environ, timeout))
-    run("telegram", lambda: check_telegram(paths, effective, up, when, environ))
+    said: list[bool] = []
+
+    def channels() -> list[Finding]:
+        found, daemon_said = check_channels(paths, up)
+        said.append(daemon_said)
+        return found
+
+    run("channels", channels)
+    run("telegram", lambda: check_telegram(paths, effective, up, when, environ, daemon_said=any(said)))
     run("tmp", lambda: check_tmp(paths))
     run("confinement", check_confinement)
     # Last line of defence: a token inside a path, an argv or a notifier's error never reaches the output.

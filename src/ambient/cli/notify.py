@@ -22,7 +22,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Send a test message through every channel the daemon notifies: the URLs ($AMBIENT_NOTIFY_URLS if set, "
             "else notify.urls in profil/ambient.yml) and, with telegram.answers on, the Telegram answers bot. "
             "{telegram_token} in a URL and the bot's token are read from $CREDENTIALS_DIRECTORY/telegram-token "
-            "(or telegram.token_file). Exit 0 if every channel worked, 1 if any failed, 2 if none is configured."
+            "(or telegram.token_file). With a daemon running, it also says how each of the daemon's channels is "
+            "(up, or off and why: a token refused, unreadable...): the daemon reads its secrets at start and at "
+            "each reload, not when this command runs. Exit 0 if every channel worked, 1 if any failed or one of "
+            "the daemon's is off, 2 if none is configured."
         ),
     )
     test.add_argument(
@@ -48,20 +51,28 @@ def _test(args: argparse.Namespace) -> int:
 
     from ambient.config.brain import load_settings
     from ambient.core.redact import SecretRegistry
+    from ambient.human.channelstate import ChannelsReport, describe
     from ambient.human.messages import Message
     from ambient.human.notify import AppriseNotifier, DeliveryError, Notifier, expand_urls
-    from ambient.service.notifications import build_notifiers
+    from ambient.service.instance import daemon_up
+    from ambient.service.notifications import build_notifiers, running_channels
     from ambient.storage.paths import BrainPaths
 
     quiet_logs(logging.ERROR)  # the report below says everything: the notifier's own lines would repeat it
     registry = SecretRegistry()
     notifier: Notifier | None
     broken: list[str] = []
+    paths = BrainPaths(brain_dir(args))
+    running = False
+    daemon: ChannelsReport | None = None
     if args.url:
         urls = expand_urls(args.url, os.environ, registry, source="--url")
         notifier = AppriseNotifier(urls, timeout=args.timeout, registry=registry)
     else:
-        settings, problems = load_settings(BrainPaths(brain_dir(args)), os.environ)
+        # The running daemon's own channels: it read its secrets at its start or last reload, not now.
+        running = daemon_up(paths)
+        daemon = running_channels(paths) if running else None
+        settings, problems = load_settings(paths, os.environ)
         if settings is None:
             return fail("; ".join(str(p) for p in problems))
         # The channels the daemon sends through, built by the same code: the URLs and the Telegram answers bot.
@@ -71,6 +82,8 @@ def _test(args: argparse.Namespace) -> int:
         if notifier is None and broken:
             for problem in broken:
                 out(f"FAIL  {problem}")
+            if not running:
+                out("no daemon runs: the configuration alone was tested")
             return EXIT_NO
     if notifier is None:
         return fail(
@@ -88,16 +101,30 @@ def _test(args: argparse.Namespace) -> int:
     except DeliveryError as exc:
         report = exc.report
     results = [(r.display, r.ok, r.detail) for r in report.results] + [(p, False, "") for p in broken]
+    channels = list(daemon.channels) if daemon is not None else []
+    daemon_off = any(c.state == "off" for c in channels)
+    ok = report.ok and not broken and not daemon_off
     if args.json:
         out_json(
             {
-                "ok": report.ok and not broken,
+                "ok": ok,
                 "results": [{"url": url, "ok": ok, "detail": detail} for url, ok, detail in results],
+                "daemon": {"up": running, "channels": [c.model_dump(mode="json") for c in channels]},
             }
         )
     else:
-        for url, ok, detail in results:
-            out(f"{'ok  ' if ok else 'FAIL'}  {url}" + (f"  ({detail})" if detail else ""))
-        worked = sum(ok for _, ok, _ in results)
-        out(f"{worked} of {len(results)} notification channel(s) worked")
-    return EXIT_OK if report.ok and results and not broken else EXIT_NO
+        for url, worked, detail in results:
+            out(f"{'ok  ' if worked else 'FAIL'}  {url}" + (f"  ({detail})" if detail else ""))
+        worked_count = sum(worked for _, worked, _ in results)
+        out(f"{worked_count} of {len(results)} notification channel(s) worked")
+        if channels:
+            out("the running daemon's channels (as it read its secrets at its start or last reload):")
+            for c in channels:
+                out(f"{'FAIL' if c.state == 'off' else 'ok  ' if c.state == 'up' else '... '}  daemon: {describe(c)}")
+            if daemon_off:
+                out("fix what is off, then reload the daemon: `systemctl reload ambient` or `kill -HUP <pid>`")
+        elif running and not args.url:
+            out("the running daemon did not say how its channels are (an older version?)")
+        elif not args.url:
+            out("no daemon runs: the configuration alone was tested")
+    return EXIT_OK if ok and results else EXIT_NO

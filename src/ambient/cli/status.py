@@ -287,7 +287,7 @@ def print_status(
         write(f"      options: {opts}")
         note = ""
         if not data["notifications"]:
-            note = "   (no notification URL configured: see README, Notifications)"
+            note = "   (no notification URL configured: see docs/escalations-and-notifications.md#notifications)"
         elif not e["notified"]:
             note = f"   (notification not delivered yet, {e['attempts']} attempt(s))"
         write(f"      answer:  {ambient_command(root, 'decide', e['id'], '<option>')}{note}")

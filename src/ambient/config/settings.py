@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from ambient.core.redact import MASK, redact_url
 from ambient.engine.budget import Limits
 from ambient.workflows.fields import SATELLITE_TYPES
 
@@ -140,16 +141,14 @@ class Settings(_Strict):
     def redacted(self) -> dict[str, Any]:
         """A JSON-ready dump with secrets masked, for ``ambient config show``."""
         data = self.model_dump(mode="json")
+        # Only a URL's credentials (user:password, a token in the host, path or query) are masked, by the one rule
+        # of secret redaction: a person checks which URL the daemon uses (a loopback json:// hook stays whole).
         data["notify"]["urls"] = [_mask_url(u.get_secret_value()) for u in self.notify.urls]
         return data
 
 
 def _mask_url(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return "****"
-    head = rest.split("/", 1)[0].split("@")[-1]
-    return f"{scheme}://{head[:2]}****" if head else f"{scheme}://****"
+    return redact_url(url) if "://" in url else MASK
 
 
 _ENV: dict[str, tuple[str, ...]] = {

@@ -117,12 +117,23 @@ class Outbox:
             log.error("outbox_entry_unreadable", file=str(path), errors=exc.error_count())
             return None
 
-    def put(self, message: Message, now: datetime) -> OutboxEntry:
-        """Queue ``message`` (durably) unless one with the same dedupe id is pending; return the entry."""
+    def put(
+        self, message: Message, now: datetime, *, skip: frozenset[str] = frozenset(), hasten: bool = False
+    ) -> OutboxEntry:
+        """Queue ``message`` (durably) unless one with the same dedupe id is pending; return the entry.
+
+        ``skip``: the keys of targets not to send it to (they had it already: a channel that came up late gets an
+        escalation the others were told of). ``hasten``: a pending entry waiting out its backoff is made due now
+        (the channel that failed it just came up)."""
         existing = self.get(message.dedupe_id)
         if existing is not None:
+            if hasten and existing.next_at > now:
+                existing = existing.model_copy(update={"next_at": now})
+                self._write(existing)
             return existing
-        entry = OutboxEntry(id=message.dedupe_id, message=message, created_at=now, next_at=now)
+        entry = OutboxEntry(
+            id=message.dedupe_id, message=message, created_at=now, next_at=now, delivered=tuple(sorted(skip))
+        )
         self._write(entry)
         return entry
 
@@ -226,12 +237,18 @@ async def _attempt(
     except Exception as exc:  # noqa: BLE001 - a broken notifier must not stop the drain loop
         error = redact_text(f"{type(exc).__name__}: {exc}")
     else:
-        await asyncio.to_thread(outbox.remove, entry.id)
+        done = {r.display: r.ref for r in sent.results if r.ref}
+
+        def settle() -> None:
+            # One thread for both, the attempt recorded first: a stop (a cancelled drain) between the two awaits
+            # would remove the entry and lose who got it (a channel that comes up later would be sent it again).
+            if on_attempt is not None:
+                on_attempt(entry.message, True, None, None, done)
+            outbox.remove(entry.id)
+
+        await asyncio.to_thread(settle)
         report.sent.append(entry.id)
         log.info("notification_delivered", message=entry.id, attempts=entry.attempts + 1, targets=len(sent.results))
-        if on_attempt is not None:
-            done = {r.display: r.ref for r in sent.results if r.ref}
-            await asyncio.to_thread(on_attempt, entry.message, True, None, None, done)
         return
     attempts = entry.attempts + 1
     if (

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from ambient.core.errors import NotifyError
 from ambient.core.redact import SecretRegistry, redact_text
+from ambient.human.channelstate import telegram_off_reason
 from ambient.human.messages import TELEGRAM_MAX_CHARS, Message, clean_text, cut_text, fit_message
 from ambient.human.notify import DeliveryError, SendReport, TargetResult, target_key
 from ambient.human.outbox import RetryPolicy, next_attempt_at
@@ -126,6 +127,8 @@ class PressResult:
 
 # on_press(escalation_id, option_index, nonce, user) -> PressResult (or a str, meaning "decided"); sync or async.
 OnPress = Callable[[str, int, str, TelegramUser], Awaitable[PressResult | str] | PressResult | str]
+# on_state(up, why): the bot works (why None) or does not (why: in words a person acts on); told after each poll.
+OnState = Callable[[bool, str | None], None]
 
 
 def decision_text(option: str, user: TelegramUser | str, when: datetime, *, verb: str = "chosen") -> str:
@@ -334,6 +337,7 @@ class TelegramAnswerer:
         on_press: OnPress,
         *,
         policy: RetryPolicy | None = None,
+        on_state: OnState | None = None,
     ) -> None:
         self.api = api
         self.settings = settings
@@ -341,6 +345,8 @@ class TelegramAnswerer:
         self._on_press = on_press
         self._policy = policy or RetryPolicy(base=timedelta(seconds=2), cap=timedelta(minutes=5))
         self._state: TelegramState | None = None
+        self._on_state = on_state
+        self.up: bool | None = None  # None: not checked yet; then whether the last call to the Bot API worked
 
     # -- state
 
@@ -453,11 +459,27 @@ class TelegramAnswerer:
             acted += 1
         return acted
 
+    def _tell(self, up: bool, why: str | None) -> None:
+        """Whether the bot works, told after each call (the listener keeps only the changes)."""
+        self.up = up
+        if self._on_state is not None:
+            self._on_state(up, why)
+
+    async def _cycle(self) -> int:
+        """One poll; while the bot is not known to work, ``getMe`` first: it answers at once, where a long poll
+        waiting for presses would leave the bot's state unknown for up to ``poll_timeout`` seconds."""
+        if not self.up:
+            await self.api.call("getMe", {})
+            self._tell(True, None)
+        acted = await self.poll_once()
+        self._tell(True, None)
+        return acted
+
     async def run(self, stop: asyncio.Event) -> None:
         """Poll until ``stop`` is set; errors are logged and retried with capped backoff, never raised."""
         failures = 0
         while not stop.is_set():
-            poll = asyncio.ensure_future(self.poll_once())
+            poll = asyncio.ensure_future(self._cycle())
             stopper = asyncio.ensure_future(stop.wait())
             try:
                 await asyncio.wait({poll, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -476,6 +498,11 @@ class TelegramAnswerer:
             if not isinstance(exc, TelegramError | OSError):
                 # A bug, not the network: log it with its traceback, keep answering after a pause.
                 log.error("telegram_poll_crashed", error=redact_text(f"{type(exc).__name__}: {exc}"))
+            detail = redact_text(str(exc))[:200]
+            if isinstance(exc, TelegramError):
+                self._tell(False, telegram_off_reason(exc.code, detail))
+            else:
+                self._tell(False, f"the answerer failed: {type(exc).__name__}: {detail}")
             now = datetime.now(UTC)
             retry_after = exc.retry_after if isinstance(exc, TelegramError) else None
             delay = (

@@ -41,6 +41,7 @@ from ambient.engine.runstate import RunState
 from ambient.engine.spend import SpendMeter
 from ambient.engine.themebranch import GitBranches
 from ambient.engine.tick import TriggerEngine
+from ambient.human.channelstate import digests, secrets_changed
 from ambient.human.escalation_store import EscalationStore
 from ambient.human.messages import Message
 from ambient.human.outbox import Outbox
@@ -123,6 +124,7 @@ class Daemon:
         self._failed_task: str | None = None  # a daemon task that died: the exit code says so
         self._send_server: asyncio.AbstractServer | None = None
         self._trap: SignalTrap | None = None
+        self._key_digests: dict[str, str] | None = None  # the model keys' hashes at the last load (reload compares)
 
     # -- wiring
 
@@ -178,6 +180,7 @@ class Daemon:
             p, self.outbox, self.clock, s.notify.digest_hours, enabled=False, wake_outbox=self.notify.wake
         )
         self.escalator.on_answered = lambda path: self.engine.wake([path])
+        self.notify.on_channel_up = self.escalator.catch_up
         self.assisted = AssistedRunner(self.claims, self.clock)
         spawner = Spawner() if spawner_available() else None
         commands = [cfg for cfg in self.ref.brain.runners.values() if cfg.kind == "command"]
@@ -356,7 +359,7 @@ class Daemon:
         self.ref.brain = new
         self.router.update(new.matrix.matrix, new.matrix.zone_rules)
         changed = settings_changes(old, new.settings)
-        await self._apply_settings(new.settings)
+        changed += await self._apply_settings(new.settings)  # the secrets whose content changed, by name
         # Every reload is logged (not only SIGHUP's), so a reload storm from rapid saves is visible.
         log.info(
             "reloaded",
@@ -369,11 +372,13 @@ class Daemon:
         if sighup:
             systemd.ready(self._status_line())
 
-    async def _apply_settings(self, s: Settings) -> None:
+    async def _apply_settings(self, s: Settings) -> list[str]:
         """Every setting of ``profil/ambient.yml`` takes effect now, at start and at each reload: no restart.
 
         What is read where it is used needs nothing here (``lock_ttl_min``, ``shutdown_grace_s``, ``runners``,
         ``default_agents``: each attempt or stop reads the current brain); the rest is handed to its owner.
+        Secrets are read again too (the bot token, model keys: compared by hash); returns the names of those
+        that changed, never their values.
         """
         self.engine.tick_seconds = s.tick_seconds  # read by the engine itself (a changed value was ignored: R-08)
         self.manager.slots.resize(s.concurrency)
@@ -390,15 +395,25 @@ class Daemon:
             configure_logging(
                 (self.options.log_level or s.log_level).upper(), json=None if fmt == "auto" else fmt == "json"
             )
-        await self.notify.configure(s)
+        changed = await self.notify.configure(s)
         self.escalator.buttons = s.telegram.answers
         self.escalator.results = s.notify.results
         self.escalator.notifying = self.notify.active
         self.digest.hours = s.notify.digest_hours
         self.digest.enabled = s.notify.digest and self.notify.active
         self.escalator.digest = self.digest if self.digest.enabled else None
-        keys = [n for n in MODEL_KEYS if credential(n, self.options.environ)]
+        values = {n: credential(n, self.options.environ) for n in MODEL_KEYS}
+        for value in values.values():  # a key changed in $CREDENTIALS_DIRECTORY is masked like the first one
+            if value:
+                with contextlib.suppress(ValueError):  # too short to mask safely: no real key is
+                    self.secrets.add(value)
+        key_digests = digests(values)
+        if self._key_digests is not None:
+            changed += secrets_changed(self._key_digests, key_digests)
+        self._key_digests = key_digests
+        keys = sorted(key_digests)
         await asyncio.to_thread(self._instance.record_loaded, self.ref.brain, self.clock.now(), keys)
+        return changed
 
     def _status_line(self) -> str:
         runs = self.manager.active_runs()

@@ -206,9 +206,27 @@ class StoreEscalator:
         for esc in gone:
             log.info("escalation_cancelled", escalation=esc.id, run_id=run_id, item=esc.item or esc.step, reason=reason)
 
-    async def queue(self, esc: Escalation, *, reminder: bool = False) -> None:
+    async def catch_up(self, key: str, target: str, others: frozenset[str]) -> int:
+        """A channel came up (the Telegram bot after a fixed token, at start or at a reload): queue for it alone
+        the pending escalations it never got, with their buttons. Its delivery reference on an escalation (recorded
+        at each delivery) says it got one, so a second reload sends nothing twice. Returns how many were queued."""
+        if self.outbox is None:
+            return 0
+        pending = await asyncio.to_thread(self.store.list, "pending")
+        queued = 0
+        for esc in pending:
+            if target in esc.notify.refs:
+                continue
+            await self.queue(esc, skip=others, hasten=True)
+            queued += 1
+        return queued
+
+    async def queue(
+        self, esc: Escalation, *, reminder: bool = False, skip: frozenset[str] = frozenset(), hasten: bool = False
+    ) -> None:
         """Queue the escalation's message (or its reminder) in the outbox (sent at once, retried until delivered,
-        dropped if the escalation is settled first)."""
+        dropped if the escalation is settled first); not to the targets in ``skip``; ``hasten``: if it is queued
+        already, it is tried again now."""
         if self.outbox is None:
             return
         what = f"{esc.workflow}: {esc.where}" if esc.where else esc.workflow
@@ -233,7 +251,7 @@ class StoreEscalator:
             reminder=reminder,
             prediction=prediction,
         )
-        await asyncio.to_thread(self.outbox.put, msg, self.clock.now())
+        await asyncio.to_thread(self.outbox.put, msg, self.clock.now(), skip=skip, hasten=hasten)
         if self.wake_outbox is not None:
             self.wake_outbox.set()
 

@@ -134,6 +134,32 @@ class TestOutbox:
         assert [p.split("/")[-1] for p, _, _ in fake.requests].count("sendMessage") == 1
         assert len(fake.requests) == 3 and fake.requests[2][0] == "/hook"
 
+    async def test_a_message_put_for_one_channel_skips_the_others(
+        self, fake: FakeServer, tg: FakeServer, tmp_path: Path
+    ) -> None:
+        """A channel that came up late is sent what the others had: the others' keys are skipped from the start."""
+        outbox = Outbox(tmp_path / "outbox")
+        urls = [f"tgram://{TOKEN}/4242", f"json://127.0.0.1:{fake.port}/hook"]
+        notifier = AppriseNotifier(urls)
+        hook_key = notifier.keys[1]
+        entry = outbox.put(_message(), T0, skip=frozenset({hook_key}))
+        assert entry.delivered == (hook_key,)
+        report = await drain(outbox, notifier, T0)
+        assert report.sent == [entry.id]
+        assert [p.split("/")[-1] for p, _, _ in fake.requests] == ["sendMessage"]  # the bot only, not /hook
+
+    def test_a_hastened_put_makes_a_waiting_entry_due_now(self, tmp_path: Path) -> None:
+        """A channel that came up need not wait out the backoff the others' failures earned: the entry is due now,
+        still one entry, with what it was delivered to kept."""
+        outbox = Outbox(tmp_path / "outbox")
+        entry = outbox.put(_message(), T0)
+        outbox.save(entry.model_copy(update={"next_at": T0 + timedelta(minutes=15), "delivered": ("apprise:x",)}))
+        now = T0 + timedelta(minutes=1)
+        assert outbox.put(_message(), now).next_at == T0 + timedelta(minutes=15)  # a plain put changes nothing
+        hastened = outbox.put(_message(), now, hasten=True)
+        assert hastened.next_at == now and hastened.delivered == ("apprise:x",)
+        assert outbox.due(now) == [hastened] and len(outbox.entries()) == 1
+
     def test_put_is_deduplicated(self, tmp_path: Path) -> None:
         """Queueing the same message twice while it is pending keeps one entry."""
         outbox = Outbox(tmp_path / "outbox")

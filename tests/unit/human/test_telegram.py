@@ -106,6 +106,8 @@ class FakeBotApi:
                 return 200, {"ok": True, "result": list(self.updates)}
         if method in ("answerCallbackQuery", "editMessageText"):
             return 200, {"ok": True, "result": True}
+        if method == "getMe":
+            return 200, {"ok": True, "result": {"id": 1, "is_bot": True, "username": "ambient_test_bot"}}
         return 404, {"ok": False, "error_code": 404, "description": "Not Found"}
 
     def press(self, data: str, *, chat: int = CHAT, user: dict[str, Any] | None = None, text: str = "Decision?") -> int:
@@ -423,6 +425,43 @@ class TestAnswer:
         await asyncio.wait_for(task, 3)
         assert book.decided == ("retry", "Alice")
         assert "telegram_poll_failed" in logbuf.getvalue() and TOKEN not in logbuf.getvalue()
+        await api.aclose()
+
+    async def test_run_tells_whether_the_bot_works_and_why_not(self, bot: FakeBotApi, tmp_path: Path) -> None:
+        """A token the Bot API refuses is told as off with the 401 (once per reason, never the token); the same
+        answerer with a working link is told up at its first getMe, before any long poll returns."""
+        told: list[tuple[bool, str | None]] = []
+        settings = TelegramSettings(chat_id=CHAT, api_base=bot.base, poll_timeout=5)
+        wrong = BotApi("7770001111:AAGrefusedrefusedrefusedrefused00", api_base=bot.base)
+        refused = TelegramAnswerer(
+            wrong,
+            settings,
+            tmp_path / "telegram.json",
+            Book(),
+            policy=RetryPolicy(base=timedelta(milliseconds=10)),
+            on_state=lambda up, why: told.append((up, why)),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(refused.run(stop))
+        assert await async_wait_until(lambda: len(told) >= 2, timeout=10)
+        stop.set()
+        await asyncio.wait_for(task, 3)
+        assert {up for up, _ in told} == {False}
+        assert all(why and "401" in why and "refused the bot token" in why for _, why in told)
+        assert bot.of("getUpdates") == []  # refused at getMe: no poll was tried with it
+        await wrong.aclose()
+
+        told.clear()
+        api = BotApi(TOKEN, api_base=bot.base)
+        works = TelegramAnswerer(
+            api, settings, tmp_path / "telegram.json", Book(), on_state=lambda up, why: told.append((up, why))
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(works.run(stop))
+        assert await async_wait_until(lambda: told[:1] == [(True, None)], timeout=10)
+        assert len(bot.of("getMe")) == 1
+        stop.set()
+        await asyncio.wait_for(task, 3)
         await api.aclose()
 
     def test_unreadable_state_starts_fresh(self, tmp_path: Path, bot: FakeBotApi) -> None:

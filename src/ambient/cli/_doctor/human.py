@@ -202,11 +202,47 @@ def check_notify_urls(paths: BrainPaths, environ: Mapping[str, str], timeout: fl
     return found
 
 
+def check_channels(paths: BrainPaths, up: bool) -> tuple[list[Finding], bool]:
+    """Each notification channel as the running daemon sees it (up, off and why), and whether it said: the daemon
+    alone knows whether its bot was refused or its token file unreadable when it last read it (a file fixed since
+    but not reloaded reads fine from here)."""
+    from ambient.human.channelstate import describe
+    from ambient.service.notifications import running_channels
+
+    if not up:
+        note = "the daemon is down: the notification channels are checked from the configuration alone"
+        hint = "the daemon says how it reaches you once it runs (`ambient doctor` and `ambient notify test` ask it)"
+        return [Finding("info", "channels", note, hint)], False
+    report = running_channels(paths)
+    if report is None:
+        return [Finding("info", "channels", "the running daemon did not say how its notification channels are")], False
+    found = []
+    for state in report.channels:
+        if state.state == "off":
+            fix = (
+                "fix the bot token (LoadCredential=telegram-token:... or telegram.token_file), then reload: "
+                "`systemctl reload ambient` or `kill -HUP <pid>`"
+                if state.channel == "telegram"
+                else "check the URL with `ambient notify test`; it is retried by itself"
+            )
+            found.append(Finding("error", "channels", f"{describe(state)} (since {state.since:%Y-%m-%d %H:%M})", fix))
+        else:
+            found.append(Finding("info", "channels", describe(state)))
+    return found, True
+
+
 def check_telegram(
-    paths: BrainPaths, settings: Settings, up: bool, now: datetime, environ: Mapping[str, str] | None = None
+    paths: BrainPaths,
+    settings: Settings,
+    up: bool,
+    now: datetime,
+    environ: Mapping[str, str] | None = None,
+    *,
+    daemon_said: bool = False,
 ) -> list[Finding]:
-    """Telegram answers: a bot ambient cannot build (no token, a malformed one), presses saved but not acted upon,
-    and a backlog close to the Bot API's 24-hour retention."""
+    """Telegram answers: a bot ambient cannot build (no token, a malformed one: judged here only when the running
+    daemon did not say, ``daemon_said``), presses saved but not acted upon, and a backlog close to the Bot API's
+    24-hour retention."""
     from ambient.human.escalation_store import EscalationStore
     from ambient.human.telegram import STATE_FILE, token_problem
     from ambient.service.notifications import telegram_token
@@ -218,6 +254,8 @@ def check_telegram(
     if not tg.answers and not exists:
         return []
     found: list[Finding] = []
+    if daemon_said:  # the running daemon's word on its own bot (check_channels): the rest is for a daemon down
+        return found
     token = telegram_token(settings, environ or {}) if tg.answers and tg.chat_id else None
     why = "no bot token was found" if token is None else token_problem(token)
     if tg.answers and tg.chat_id and why is not None and not (tg.token_file and not os.access(tg.token_file, os.R_OK)):
