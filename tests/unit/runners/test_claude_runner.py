@@ -73,7 +73,7 @@ async def test_a_question_ends_the_session_and_the_answer_resumes_it(tmp_path: P
     assert asked.usage is not None and asked.usage.session_id
     assert not (brain / "work" / "a.txt").exists()
     session = asked.usage.session_id
-    assert transcript_exists(brain / ".ambient" / "claude" / "config", session)
+    assert transcript_exists(brain / ".ambient" / "claude" / "agents" / "coder" / "config", session)
     done = await h.run(decision="allow")
     assert (done.status, done.result) == ("success", {"status": "ok", "item": "a"})
     assert (brain / "work" / "a.txt").read_text() == "hi\n"
@@ -118,7 +118,7 @@ async def test_the_cli_gets_no_secret_of_the_daemon(
     env = (brain / "work" / "env.txt").read_text()
     assert "SECRET" not in env
     assert "AMBIENT_RUN_ID=run-1" in env and "CLAUDE_CONFIG_DIR=" in env
-    assert f"HOME={brain}/.ambient/claude/home" in env
+    assert f"HOME={brain}/.ambient/claude/agents/coder/home" in env
 
 
 @pytest.mark.slow
