@@ -244,6 +244,21 @@ class LlmRunnerConfig(_RunnerModel):
     price: Price | None = None
 
 
+def network_text(cfg: AnyRunnerConfig) -> str | None:
+    """What an agent of this runner may reach by TCP, as ``ambient matrix`` and the console say it (None: the kind
+    runs no process of the agent's: callable, assisted, llm)."""
+    if not isinstance(cfg, CommandRunnerConfig | ClaudeRunnerConfig):
+        return None
+    if not cfg.confine:
+        return "any (unconfined: confine: false)"
+    if isinstance(cfg.network, str):
+        return "any (network: any)"
+    listed = ", ".join(cfg.network)
+    if isinstance(cfg, ClaudeRunnerConfig):
+        return "its model API" + (f", {listed}" if listed else "") + "; binds no port"
+    return (listed or "none") + "; binds no port"
+
+
 AnyRunnerConfig = (
     CommandRunnerConfig | CallableRunnerConfig | AssistedRunnerConfig | ClaudeRunnerConfig | LlmRunnerConfig
 )
