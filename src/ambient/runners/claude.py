@@ -370,7 +370,7 @@ class ClaudeRunner:
         session folder, its private temp dir, the model's credentials and routing, the runner's ``env``, the orphan
         markers, and the jail the launcher applies (:meth:`_jail`)."""
         own = self.session_dir(req.agent)
-        for d in (own / "config", own / "home"):
+        for d in (self.home, own.parent, own, own / "config", own / "home"):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
         env: dict[str, str] = {
             "CLAUDE_CONFIG_DIR": str(own / "config"),
