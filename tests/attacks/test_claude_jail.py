@@ -202,6 +202,7 @@ def test_a_command_agent_binds_no_port_and_connects_only_where_its_runner_says(
     with brain.daemon():
         closed = _tried(brain, "closed")
         opened = _tried(brain, "opened")
+    assert "agents' TCP is confined" in brain.cli("doctor").out
     assert closed["bind"].startswith("denied") and closed["connect"].startswith("denied"), closed
     assert opened["connect"] == "allowed" and opened["bind"].startswith("denied"), opened
 
