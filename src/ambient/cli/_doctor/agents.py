@@ -117,7 +117,7 @@ def check_confinement() -> list[Finding]:
                     "confinement",
                     "agents' TCP is confined: they bind no port and connect only to the ports of their runner's "
                     "`network:` (a Claude agent: its model API's too); by port, not host; UDP (DNS) is not covered",
-                    "",
+                    "an agent that needs more says so in its runner: `network: [host:port]` or `network: any`",
                 )
             )
         else:
