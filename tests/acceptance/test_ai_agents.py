@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -454,7 +455,9 @@ def _doing(brain: Brain) -> str | None:
 @pytest.mark.slow
 def test_a_claude_agent_over_its_timeout_is_stopped_and_leaves_nothing_running(ai_brain: Brain) -> None:
     brain = ai_brain
-    _bash_agent(brain, "python3 -c 'import time; time.sleep(60)'", allowed_tools=["Bash"], timeout_s=3)
+    # The interpreter by its path: a confined agent runs no program from the person's home (a pyenv shim).
+    command = f"{sys.executable} -c 'import time; time.sleep(60)'"
+    _bash_agent(brain, command, allowed_tools=["Bash"], timeout_s=3)
     brain.workflow("stuck", _building("stuck", extra="  on_return:\n    error: [abort]\n"))
     with brain.daemon():
         [record] = brain.wait_finished("stuck", timeout=AI_WAIT)
