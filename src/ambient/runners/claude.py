@@ -415,7 +415,14 @@ class ClaudeRunner:
         return {"read": found.read, "write": found.write, "abi": version, "connect": found.connect, "module": module}
 
     def _api_url(self, cfg: ClaudeRunnerConfig) -> str:
-        return cfg.base_url or self.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
+        """The model API the CLI talks to, by the order :meth:`_env` sets it: the runner's ``env``, its
+        ``base_url``, the daemon's environment."""
+        return (
+            cfg.env.get("ANTHROPIC_BASE_URL")
+            or cfg.base_url
+            or self.environ.get("ANTHROPIC_BASE_URL")
+            or "https://api.anthropic.com"
+        )
 
     def _launcher(self) -> Path:
         """``.ambient/claude/launch``: :mod:`ambient.runners.claude_launch` as a script of its own, run by this

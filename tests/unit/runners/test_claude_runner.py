@@ -226,6 +226,9 @@ def test_the_jail_is_the_command_agents_plus_the_session_folder(
     assert jail["connect"] == (8443,) and jail["abi"] == 6
     assert _jail(brain, monkeypatch, network=["127.0.0.1:5432"])["connect"] == (5432, 8443)  # type: ignore[index]
     assert _jail(brain, monkeypatch, network="any")["connect"] is None  # type: ignore[index]
+    assert _jail(brain, monkeypatch, base_url="http://127.0.0.1:9000")["connect"] == (9000,)  # type: ignore[index]
+    routed = {"ANTHROPIC_BASE_URL": "http://127.0.0.1:9100"}  # the runner's env wins, as the CLI gets it
+    assert _jail(brain, monkeypatch, base_url="http://127.0.0.1:9000", env=routed)["connect"] == (9100,)  # type: ignore[index]
     assert _jail(brain, monkeypatch, confine=False) is None
 
 
