@@ -37,7 +37,7 @@ Measured, each side's first run apart (cold), then runs interleaved ambient, bar
    cleans the environment and execs the CLI); timed here exec'ing ``/bin/true`` instead.
 
 Usage: ``python bench/ai_agents.py [--n 20] [--repeats 5] [--singles 5] [--delay-s 0.05] [--tool-step]
-[--skip until-idle,launcher] [--json out.json]``.
+[--skip until-idle,launcher] [--unconfined] [--json out.json]``.
 """
 
 from __future__ import annotations
@@ -78,6 +78,8 @@ KEY = "sk-ant-bench-0123456789"
 CONCURRENCY = 4
 #: The file the ``--tool-step`` playbook reads, in the brain's root (both sides' working folder).
 NOTES = "notes.md"
+#: Whether ambient's agent runs confined (the default); ``--unconfined`` measures the jail's cost.
+CONFINED = [True]
 _ITEM = re.compile(r"^Item:[ \t]*(.+?)[ \t]*$", re.MULTILINE)
 
 
@@ -91,7 +93,8 @@ def agent_text(read: Path | None) -> str:
             {"answer": {"signal": "RETURN", "result": {"status": "ok", "item": "$ITEM"}}},
         ]
         body += "\n\n```fake-model\n" + "\n".join(json.dumps(s) for s in steps) + "\n```"
-    return agent_md(AGENT, {"kind": "claude", "timeout_s": 300}) + "\n" + body + "\n"
+    runner: dict[str, Any] = {"kind": "claude", "timeout_s": 300, **({} if CONFINED[0] else {"confine": False})}
+    return agent_md(AGENT, runner) + "\n" + body + "\n"
 
 
 def workflow_yaml(name: str, items: Sequence[str], concurrency: int) -> str:
@@ -609,12 +612,14 @@ def main() -> int:
     ap.add_argument("--singles", type=int, default=5, help="one-item runs per side, interleaved (default 5)")
     ap.add_argument("--delay-s", type=float, default=0.05, help="the fake API's delay before each reply")
     ap.add_argument("--tool-step", action="store_true", help="each agent makes one Read before its answer")
+    ap.add_argument("--unconfined", action="store_true", help="ambient's agent with confine: false (the jail's cost)")
     ap.add_argument("--skip", default="", help="comma list: until-idle,launcher")
     ap.add_argument("--dir", default=None, help="where to make the temp brains (default: the system temp dir)")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--bare-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    CONFINED[0] = not args.unconfined
     if args.bare_worker:
         return bare_worker()
     try:

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -135,12 +136,18 @@ def _bash_agent(brain: Brain, command: str, **runner: Any) -> None:
     brain.write("work/out/.keep", "")
 
 
+def _building(name: str, **kw: str) -> str:
+    """A for_each of coder over the item ``a`` whose scope is the folder ``work/out``, where its commands write (a
+    command writes only its scope, whoever allowed it: Claude Code runs confined)."""
+    return for_each(name, "coder", ["a"], **kw).replace(f'"work/{name}/{{{{index}}}}.txt"', '"work/out"')
+
+
 def test_a_bash_call_waits_for_the_person_and_runs_once_allowed(ai_brain: Brain, api: FakeAnthropic) -> None:
     """Bash outside the agent's allowlist is a question: "coder wants to run `…` in …" with allow | allow always |
     deny. `ambient decide <id> allow`: the session resumes, the command runs once, the item returns."""
     brain = ai_brain
     _bash_agent(brain, "echo built >> work/out/$ITEM.log")
-    brain.workflow("build", for_each("build", "coder", ["a"]))
+    brain.workflow("build", _building("build"))
     with brain.daemon():
         esc = _escalation(brain, "permission")
         assert esc["question"] == "coder wants to run `echo built >> work/out/a.log` in the brain's root"
@@ -163,7 +170,7 @@ def test_a_bash_call_waits_for_the_person_and_runs_once_allowed(ai_brain: Brain,
 def test_a_denied_bash_call_is_told_to_the_agent_which_ends_as_it_chooses(ai_brain: Brain) -> None:
     brain = ai_brain
     _bash_agent(brain, "echo built >> work/out/$ITEM.log")
-    brain.workflow("build", for_each("build", "coder", ["a"]))
+    brain.workflow("build", _building("build"))
     with brain.daemon():
         esc = _escalation(brain, "permission")
         assert brain.decide(esc["id"], "deny").rc == 0
@@ -178,7 +185,7 @@ def test_allow_always_stops_asking_for_that_command(ai_brain: Brain) -> None:
     """`allow always`: the next run's same command runs without a question; another command still asks."""
     brain = ai_brain
     _bash_agent(brain, "echo built >> work/out/log")
-    brain.workflow("build", for_each("build", "coder", ["a"]))
+    brain.workflow("build", _building("build"))
     with brain.daemon():
         esc = _escalation(brain, "permission")
         assert brain.decide(esc["id"], "allow-always").rc == 0
@@ -199,7 +206,7 @@ def test_allow_always_stops_asking_for_that_command(ai_brain: Brain) -> None:
 def test_the_allowlist_lets_a_command_run_without_asking(ai_brain: Brain) -> None:
     brain = ai_brain
     _bash_agent(brain, "touch work/out/$ITEM.log", allowed_tools=["Bash(touch:*)"])
-    brain.workflow("build", for_each("build", "coder", ["a"]))
+    brain.workflow("build", _building("build"))
     with brain.daemon():
         [record] = brain.wait_finished("build", timeout=AI_WAIT)
     assert record["escalations"] == 0
@@ -216,7 +223,7 @@ def test_a_permission_is_answered_by_a_telegram_button(ai_brain: Brain, telegram
     brain.env["CREDENTIALS_DIRECTORY"] = str(creds)
     brain.config(f'telegram: {{answers: true, chat_id: "4242", api_base: "{telegram.api_base}", poll_timeout_s: 1}}\n')
     _bash_agent(brain, "echo built >> work/out/$ITEM.log")
-    brain.workflow("build", for_each("build", "coder", ["a"]))
+    brain.workflow("build", _building("build"))
     with brain.daemon():
         esc = _escalation(brain, "permission")
 
@@ -245,7 +252,7 @@ def test_an_answer_after_a_kill_9_resumes_the_session_and_the_item_completes_onc
     next start the session resumes and the command runs exactly once."""
     brain = ai_brain
     _bash_agent(brain, "echo built >> work/out/$ITEM.log")
-    brain.workflow("build", for_each("build", "coder", ["a"]))
+    brain.workflow("build", _building("build"))
     daemon = brain.daemon().start()
     try:
         esc = _escalation(brain, "permission")
@@ -289,7 +296,7 @@ def test_a_kill_9_mid_session_leaves_no_claude_behind_and_the_item_resumes(ai_br
         "echo start >> work/out/$ITEM.starts; until [ -e work/go ]; do sleep 0.1; done; echo once >> work/out/$ITEM.log"
     )
     _bash_agent(brain, command, allowed_tools=["Bash"])
-    brain.workflow("slowbuild", for_each("slowbuild", "coder", ["a"]))
+    brain.workflow("slowbuild", _building("slowbuild"))
     daemon = brain.daemon().start()
     try:
 
@@ -425,7 +432,7 @@ def test_sigterm_stops_a_claude_agent_cleanly_and_the_next_start_resumes_it(ai_b
     running, and the next start resumes the item, which completes once."""
     brain = ai_brain
     _bash_agent(brain, "sleep 3; echo once >> work/out/$ITEM.log", allowed_tools=["Bash"])
-    brain.workflow("slowbuild", for_each("slowbuild", "coder", ["a"]))
+    brain.workflow("slowbuild", _building("slowbuild"))
     with brain.daemon() as daemon:
         wait(lambda: _doing(brain), "the agent to run its command", timeout=AI_WAIT)
         assert daemon.stop() == 0
@@ -448,8 +455,10 @@ def _doing(brain: Brain) -> str | None:
 @pytest.mark.slow
 def test_a_claude_agent_over_its_timeout_is_stopped_and_leaves_nothing_running(ai_brain: Brain) -> None:
     brain = ai_brain
-    _bash_agent(brain, "python3 -c 'import time; time.sleep(60)'", allowed_tools=["Bash"], timeout_s=3)
-    brain.workflow("stuck", for_each("stuck", "coder", ["a"], extra="  on_return:\n    error: [abort]\n"))
+    # The interpreter by its path: a confined agent runs no program from the person's home (a pyenv shim).
+    command = f"{sys.executable} -c 'import time; time.sleep(60)'"
+    _bash_agent(brain, command, allowed_tools=["Bash"], timeout_s=3)
+    brain.workflow("stuck", _building("stuck", extra="  on_return:\n    error: [abort]\n"))
     with brain.daemon():
         [record] = brain.wait_finished("stuck", timeout=AI_WAIT)
         assert record["steps"][0]["result"] == "error"
@@ -463,7 +472,7 @@ def test_a_learned_rule_allows_a_command_you_always_allow(ai_brain: Brain) -> No
     next time it is allowed without asking you (and you are told)."""
     brain = ai_brain
     _bash_agent(brain, "echo built >> work/out/log")
-    brain.workflow("build", for_each("build", "coder", ["a"]))
+    brain.workflow("build", _building("build"))
     with brain.daemon():
         for n in range(1, 5):
             if n > 1:
@@ -549,7 +558,7 @@ def test_runner_keys_replace_prompt_workdir_and_a_key_from_credentials(
     body = "ONLY THIS BODY.\n\n" + playbook({"tool": "Bash", "input": {"command": "pwd > where.txt"}}, DONE)
     runner = {**CLAUDE, "system_prompt": "replace", "workdir": "projets/app", "allowed_tools": ["Bash"]}
     brain.write("agents/builder.md", ai_agent_md("builder", body, runner=runner))
-    brain.workflow("b", for_each("b", "builder", ["a"]))
+    brain.workflow("b", for_each("b", "builder", ["a"]).replace('"work/b/{{index}}.txt"', '"projets/app/where.txt"'))
     with brain.daemon(env={"ANTHROPIC_API_KEY": ""}):
         [record] = brain.wait_finished("b", timeout=AI_WAIT)
     assert record["outcome"] == "success", record

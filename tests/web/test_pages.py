@@ -241,6 +241,20 @@ def test_matrix_explain_gives_the_cli_verdict(hostile: Brain, hostile_console: C
         assert "<strong>w</strong>" in page  # the sends table lists the agent
 
 
+def test_the_matrix_page_says_what_each_agent_may_reach_as_the_cli_does(
+    hostile: Brain, hostile_console: Console
+) -> None:
+    runner = {"confine": True, "network": ["127.0.0.1:8080"]}
+    hostile.write("agents/fetcher.md", agent_md("fetcher", ["true"], runner=runner))
+    principals = {p["name"]: p for p in hostile.ok("matrix", "--json").json()["principals"]}
+    assert principals["fetcher"]["network"] == "127.0.0.1:8080; binds no port"
+    assert principals["w"]["network"] == "any (unconfined: confine: false)"
+    with _client(hostile_console) as http:
+        page = http.get("/matrix").text
+    assert '<td data-label="may connect to" class="mono">127.0.0.1:8080; binds no port</td>' in page, page[-3000:]
+    assert "any (unconfined: confine: false)" in page
+
+
 def test_a_thousand_item_run_page_is_compact(tmp_path: Path, brain: Brain) -> None:
     """1,000 items: one small cell each, a bounded timeline, items listed in detail capped, the record abridged on the
     page and whole at ``record.json`` (behind the token, as every page)."""

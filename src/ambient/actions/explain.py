@@ -6,6 +6,7 @@ a person reads.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +53,20 @@ def load_matrix(paths: BrainPaths) -> BrainMatrix:
     if not paths.root.is_dir():
         raise InputError(f"{paths.root} is not a directory; expected a brain (--brain DIR)")
     return build_matrix(paths)
+
+
+def agent_networks(paths: BrainPaths, matrix: BrainMatrix) -> dict[str, str]:
+    """Agent → what it may reach by TCP (its runner's ``network:``, as :func:`ambient.runners.config.network_text`
+    says it), for the agents whose runner starts a process of theirs; a runner that does not load is left out
+    (``ambient validate`` names it)."""
+    from ambient.config.brain import read_settings, runner_configs  # here: `ambient matrix explain` starts fast
+    from ambient.runners.config import network_text
+
+    settings = read_settings(paths, os.environ).settings
+    if settings is None:
+        return {}
+    runners, _problems = runner_configs(matrix, settings, paths)
+    return {name: text for name, cfg in sorted(runners.items()) if (text := network_text(cfg)) is not None}
 
 
 def explain(

@@ -55,14 +55,18 @@ def _load(args: argparse.Namespace) -> BrainMatrix | None:
 
 
 def _show(args: argparse.Namespace) -> int:
+    from ambient.actions.explain import agent_networks
     from ambient.kernel.matrix import describe
+    from ambient.storage.paths import BrainPaths
 
     bm = _load(args)
     if bm is None:
         return fail(f"{brain_dir(args)} is not a directory; expected a brain (--brain DIR)")
     rows = describe(bm.matrix)
+    networks = agent_networks(BrainPaths(brain_dir(args)), bm)
     if args.json:
-        out_json({"principals": [dataclasses.asdict(r) for r in rows], "problems": [str(p) for p in bm.problems]})
+        principals = [{**dataclasses.asdict(r), "network": networks.get(r.name)} for r in rows]
+        out_json({"principals": principals, "problems": [str(p) for p in bm.problems]})
         return EXIT_OK
     if bm.routing is not None:
         default = "deny" if bm.routing.default_deny else "matrix"
@@ -81,6 +85,8 @@ def _show(args: argparse.Namespace) -> int:
         out(f"  signals:       {', '.join(r.signals) or '-'}")
         for route in r.routes:
             out(f"  route:         {route}")
+        if r.name in networks:
+            out(f"  network:       {networks[r.name]}")
     return EXIT_OK
 
 

@@ -262,7 +262,10 @@ ambient:
     kind: claude
     # Bash runs without asking only what this lists (`Bash(pytest:*)`: commands starting with `pytest`);
     # any other command is a question to you: allow | allow always | deny. Writes outside the item's
-    # scope and reads outside the brain are refused without asking.
+    # scope and reads outside the brain are refused without asking. An allowed command runs project
+    # code (pytest runs conftest.py): Claude Code and what it runs are confined (Landlock) to the scope,
+    # the agent's session folder and a temp dir, and reach only the model API's TCP port; list more
+    # with `network: ["host:port"]`.
     allowed_tools: ["Bash(pytest:*)", "Bash(git status)"]
     max_turns: 30
     max_budget_usd: 1.0       # this agent's own cap per item; budget: in profil/ambient.yml caps runs and days

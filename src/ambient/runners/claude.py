@@ -12,9 +12,12 @@ One SPAWN is one Claude Code session (or the resumption of one):
   waits in memory, so an answer given after a restart, a day later, resumes the same way;
 - the session id is on disk as soon as Claude Code announces it (``.ambient/claude/items/``): a retry or an item
   interrupted by a restart resumes the session when its transcript is still there, else starts afresh;
-- Claude Code's own state lives under ``.ambient/claude/`` (``CLAUDE_CONFIG_DIR``, ``HOME``, ``TMPDIR``), never in
-  the person's home; the CLI is started through :mod:`ambient.runners.claude_launch` (clean environment, dies with
-  the daemon);
+- Claude Code's own state lives in the agent's session folder, ``.ambient/claude/agents/<agent>/``
+  (``CLAUDE_CONFIG_DIR``, ``HOME``), never in the person's home, and a private temp dir (``TMPDIR``); the CLI is
+  started through :mod:`ambient.runners.claude_launch` (clean environment, dies with the daemon) which confines it
+  under Landlock like a command agent (:mod:`ambient.runners.confinement`: it and every command it runs write only
+  the scope, the session folder and the temp dir, read nothing of ``.ambient/`` but that folder nor the secrets of
+  ``profil/``, bind no TCP port and connect only to the model API's port and those of ``network:``);
 - each assistant message, tool call and tool result is reported to ``watch`` (the agent's live thread); the final
   answer maps onto RETURN / ESCALATE / BLOCKED_ON / ERROR (:mod:`ambient.runners.answer`) with its usage and cost.
 """
@@ -27,8 +30,10 @@ import hashlib
 import importlib
 import json
 import os
+import shutil
 import sys
 import time
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,10 +42,10 @@ from typing import Any
 import structlog
 
 from ambient.core.errors import AmbientError, InputError
-from ambient.runners import claude_launch, permissions
+from ambient.runners import claude_launch, confinement, permissions
 from ambient.runners.answer import final_answer
 from ambient.runners.base import RunRequest, Watch
-from ambient.runners.config import ClaudeRunnerConfig
+from ambient.runners.config import ClaudeRunnerConfig, network_ports
 from ambient.runners.keys import credential
 from ambient.runners.prompt import ANSWER_SCHEMA, AgentPrompt, read_agent_prompt, render_brief, system_prompt
 from ambient.runners.result import AgentResult, Reason, Usage, error_result
@@ -228,7 +233,6 @@ class ClaudeRunner:
         self.environ = dict(os.environ if environ is None else environ)
         self.watch = watch
         self.home = paths.state / "claude"
-        self.config_dir = self.home / "config"
         self.sessions = SessionStore(self.home)
         #: Per running SPAWN key: the tool call in progress (run, item, agent, tool, since) for ``ambient status``.
         self.current: dict[str, dict[str, Any]] = {}
@@ -263,14 +267,13 @@ class ClaudeRunner:
         return replace(res, duration_ms=int((time.monotonic() - started) * 1000))
 
     async def _session(self, req: RunRequest, cfg: ClaudeRunnerConfig, prompt: AgentPrompt, cli: Path) -> AgentResult:
-        from claude_agent_sdk import ClaudeSDKClient, ClaudeSDKError, ResultMessage
-
         state = await asyncio.to_thread(self.sessions.load, req.run_id, req.item)
         pending_before = state.pending
         note = self._take_answer(req, state)
         if state.pending != pending_before:  # the answer is applied: on disk before the session acts on it
             await asyncio.to_thread(self.sessions.save, req.run_id, req.item, state)
-        resume = state.session_id if state.session_id and transcript_exists(self.config_dir, state.session_id) else None
+        config_dir = self.session_dir(req.agent) / "config"
+        resume = state.session_id if state.session_id and transcript_exists(config_dir, state.session_id) else None
         if resume is None and state.session_id is not None:
             note = f"{note or ''} (your previous session could not be resumed; start the task again)".strip()
         elif resume is not None and note is None:
@@ -287,7 +290,30 @@ class ClaudeRunner:
             granted=granted,
         )
         run = _Attempt(req=req, ctx=ctx)
-        options = self._options(req, cfg, prompt, cli, workdir, run, resume)
+        tmp = await asyncio.to_thread(confinement.private_tmp, req.agent)
+        try:
+            env = await asyncio.to_thread(self._env, req, cfg, cli, tmp)
+            options = self._options(req, cfg, prompt, workdir, run, resume, env)
+            return await self._converse(req, cfg, options, run, state, note)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, tmp, True)
+
+    def session_dir(self, agent: str) -> Path:
+        """The agent's own folder of Claude Code state (its config and home): the only one of ``.ambient/`` its
+        jail lets it read and write (agent names are plain: no slash, no leading dot)."""
+        return self.home / "agents" / agent
+
+    async def _converse(
+        self,
+        req: RunRequest,
+        cfg: ClaudeRunnerConfig,
+        options: Any,
+        run: _Attempt,
+        state: ItemSession,
+        note: str | None,
+    ) -> AgentResult:
+        from claude_agent_sdk import ClaudeSDKClient, ClaudeSDKError, ResultMessage
+
         brief = render_brief(req, note=note)
         result: Any = None
         refused: tuple[Reason, str] | None = None
@@ -327,10 +353,10 @@ class ClaudeRunner:
         req: RunRequest,
         cfg: ClaudeRunnerConfig,
         prompt: AgentPrompt,
-        cli: Path,
         workdir: Path,
         run: _Attempt,
         resume: str | None,
+        env: dict[str, str],
     ) -> Any:
         from claude_agent_sdk import ClaudeAgentOptions, HookMatcher
 
@@ -348,7 +374,7 @@ class ClaudeRunner:
             max_budget_usd=cfg.max_budget_usd,
             cwd=str(workdir),
             cli_path=str(self._launcher()),
-            env=self._env(req, cfg, cli),
+            env=env,
             setting_sources=[],
             can_use_tool=lambda name, tool_input, _context: self._can_use_tool(run, name, tool_input),
             # Claude Code lets some calls through without asking (a Read inside its working folder: .ambient/ too);
@@ -361,15 +387,16 @@ class ClaudeRunner:
             stderr=lambda line: None,
         )
 
-    def _env(self, req: RunRequest, cfg: ClaudeRunnerConfig, cli: Path) -> dict[str, str]:
-        """What the CLI gets (the launcher drops the rest of the daemon's environment): its state under
-        ``.ambient/claude``, the model's credentials and routing, the runner's ``env``, the orphan markers."""
-        tmp = self.home / "tmp"
-        for d in (self.config_dir, self.home / "home", tmp):
+    def _env(self, req: RunRequest, cfg: ClaudeRunnerConfig, cli: Path, tmp: Path) -> dict[str, str]:
+        """What the CLI gets (the launcher drops the rest of the daemon's environment): its state in the agent's
+        session folder, its private temp dir, the model's credentials and routing, the runner's ``env``, the orphan
+        markers, and the jail the launcher applies (:meth:`_jail`)."""
+        own = self.session_dir(req.agent)
+        for d in (self.home, own.parent, own, own / "config", own / "home"):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
         env: dict[str, str] = {
-            "CLAUDE_CONFIG_DIR": str(self.config_dir),
-            "HOME": str(self.home / "home"),
+            "CLAUDE_CONFIG_DIR": str(own / "config"),
+            "HOME": str(own / "home"),
             "TMPDIR": str(tmp),
             "CLAUDE_CODE_TMPDIR": str(tmp),  # else /tmp/claude-<uid>/ and a socket in /tmp/cc-socks/
             "XDG_RUNTIME_DIR": str(tmp),
@@ -390,10 +417,34 @@ class ClaudeRunner:
         env["AMBIENT_CLAUDE_KEEP"] = ",".join(sorted(env))
         env["AMBIENT_CLAUDE_CLI"] = str(cli)
         env["AMBIENT_CLAUDE_PARENT"] = str(os.getpid())
+        jail = self._jail(req, cfg, cli, tmp, own)
+        if jail is not None:
+            env["AMBIENT_CLAUDE_JAIL"] = json.dumps(jail)
         return env
 
+    def _jail(self, req: RunRequest, cfg: ClaudeRunnerConfig, cli: Path, tmp: Path, own: Path) -> dict[str, Any] | None:
+        """The Landlock policy the launcher applies before it execs Claude Code (None: unconfined, by ``confine:
+        false`` or for want of Landlock here): a command agent's (:func:`ambient.runners.confinement.policy`) with
+        the agent's session folder as its own, and TCP to the model API's port and those of ``network:``."""
+        version = confinement.landlock_abi()
+        if not cfg.confine or version <= 0:
+            return None
+        ports = network_ports(cfg.network)
+        connect = None if ports is None else tuple(sorted({*ports, api_port(self._api_url(cfg))}))
+        files = confinement.scope_files(req)
+        found = confinement.policy(req.brain, files, tmp, str(cli.resolve()), connect=connect, own=(str(own),))
+        module = str(Path(confinement.__file__).parent)  # where landlock.py is, for the launcher's -I interpreter
+        return {"read": found.read, "write": found.write, "abi": version, "connect": found.connect, "module": module}
+
     def _api_url(self, cfg: ClaudeRunnerConfig) -> str:
-        return cfg.base_url or self.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
+        """The model API the CLI talks to, by the order :meth:`_env` sets it: the runner's ``env``, its
+        ``base_url``, the daemon's environment."""
+        return (
+            cfg.env.get("ANTHROPIC_BASE_URL")
+            or cfg.base_url
+            or self.environ.get("ANTHROPIC_BASE_URL")
+            or "https://api.anthropic.com"
+        )
 
     def _launcher(self) -> Path:
         """``.ambient/claude/launch``: :mod:`ambient.runners.claude_launch` as a script of its own, run by this
@@ -565,6 +616,16 @@ class ClaudeRunner:
 
 #: Connection failures in a row after which a session stops: Claude Code would go on for about three minutes.
 UNREACHABLE_AFTER = 3
+
+
+def api_port(url: str) -> int:
+    """The TCP port of a model API's base URL (443 for https, 80 for http, unless it names one)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return port or (80 if parts.scheme == "http" else 443)
 
 
 def _refusal(message: Any, run: _Attempt, url: str) -> tuple[Reason, str] | None:

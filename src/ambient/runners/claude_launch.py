@@ -7,7 +7,10 @@ daemon killed with SIGKILL would go on spending tokens. Here, before the exec:
 
 - only the variables named in ``AMBIENT_CLAUDE_KEEP`` (what the runner set on purpose) and a few basics survive;
 - ``PR_SET_PDEATHSIG`` makes the kernel kill the CLI when the daemon's thread that started it dies (and the
-  ``AMBIENT_BRAIN``/``AMBIENT_RUN_ID`` it keeps let the next start's orphan sweep find anything it started).
+  ``AMBIENT_BRAIN``/``AMBIENT_RUN_ID`` it keeps let the next start's orphan sweep find anything it started);
+- the Landlock policy in ``AMBIENT_CLAUDE_JAIL`` (JSON: ``read``, ``write``, ``abi``, ``connect``, and ``module``,
+  where ``landlock.py`` is) confines this process, so the CLI and every tool and command it runs start confined,
+  like a command agent. A policy that cannot be applied stops the launch (exit 127): never unconfined by mistake.
 
 Stdlib only, imported by nothing else: it runs in a fresh interpreter per agent.
 """
@@ -15,6 +18,8 @@ Stdlib only, imported by nothing else: it runs in a fresh interpreter per agent.
 from __future__ import annotations
 
 import ctypes
+import importlib
+import json
 import os
 import signal
 import sys
@@ -40,6 +45,18 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def confine(raw: str) -> None:
+    """Apply the jail the runner computed (see the module's docstring). OSError or ValueError when it cannot be."""
+    jail = json.loads(raw)
+    sys.path.insert(0, str(jail["module"]))
+    landlock = importlib.import_module("landlock")  # ambient/runners/landlock.py: standard library only
+    del sys.path[0]
+    read = [os.fsencode(p) for p in jail["read"]]
+    write = [os.fsencode(p) for p in jail["write"]]
+    connect = None if jail["connect"] is None else [int(p) for p in jail["connect"]]
+    landlock.confine(read, write, int(jail["abi"]), connect)
+
+
 def main() -> None:
     """Exec the real CLI (``AMBIENT_CLAUDE_CLI``) with the same arguments and a clean environment."""
     cli = os.environ.get("AMBIENT_CLAUDE_CLI", "")
@@ -50,6 +67,13 @@ def main() -> None:
     if parent:
         _die_with_parent(parent)
     env = clean_env(dict(os.environ))
+    jail = os.environ.get("AMBIENT_CLAUDE_JAIL")
+    if jail:
+        try:
+            confine(jail)
+        except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
+            sys.stderr.write(f"ambient: cannot confine Claude Code: {exc}\n")
+            sys.exit(127)
     try:
         os.execve(cli, [cli, *sys.argv[1:]], env)  # noqa: S606 - the CLI itself, argv as the SDK built it
     except OSError as exc:

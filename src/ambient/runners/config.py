@@ -70,6 +70,38 @@ def check_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+#: ``network: any``: the agent's TCP is not confined.
+ANY_NETWORK = "any"
+_HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+|\*):(?P<port>[0-9]{1,5})$")
+Network = str | list[str]
+
+
+def check_network(network: Network) -> Network:
+    """A runner's ``network:``: ``any``, or a list of ``host:port`` (a port from 1 to 65535)."""
+    if isinstance(network, str):
+        if network != ANY_NETWORK:
+            msg = f"{network!r} is neither `any` nor a list of host:port (e.g. [127.0.0.1:8080])"
+            raise ValueError(msg)
+        return network
+    for entry in network:
+        found = _HOST_PORT.match(entry)
+        if found is None or not 0 < int(found["port"]) < 65536:
+            msg = (
+                f"network entry {entry!r} is not host:port (e.g. 127.0.0.1:8080, api.example.com:443, a port from "
+                "1 to 65535); write `network: any` for an agent whose TCP is not confined"
+            )
+            raise ValueError(msg)
+    return network
+
+
+def network_ports(network: Network) -> tuple[int, ...] | None:
+    """The TCP ports ``network:`` lets an agent connect to (None: any, the network is not confined). Landlock's
+    rules know ports, not hosts: ``127.0.0.1:8080`` lets the agent reach port 8080 of any host."""
+    if isinstance(network, str):
+        return None
+    return tuple(sorted({int(entry.rsplit(":", 1)[1]) for entry in network}))
+
+
 class CommandRunnerConfig(_RunnerModel):
     """Run the agent as a program: argv (never a shell), packet on stdin, answer as JSON on stdout."""
 
@@ -85,6 +117,13 @@ class CommandRunnerConfig(_RunnerModel):
     confine: bool = True
     #: Run the agent as this Unix user (ambient must run as root): a same-user agent can do what ambient can.
     user: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[a-z_][a-z0-9_-]*\$?$")
+    #: Where a confined agent may connect by TCP (``host:port``; Landlock holds the port), or ``any``; none by default.
+    network: Network = Field(default_factory=list, max_length=64)
+
+    @field_validator("network")
+    @classmethod
+    def _check_network(cls, network: Network) -> Network:
+        return check_network(network)
 
     @field_validator("argv")
     @classmethod
@@ -153,6 +192,16 @@ class ClaudeRunnerConfig(_RunnerModel):
     env: dict[str, str] = Field(default_factory=dict, max_length=128)
     timeout_s: float = Field(default=1800.0, gt=0, le=7 * 86_400)
     base_url: str | None = Field(default=None, pattern=r"^https?://", max_length=2000)
+    #: Landlock, as for a command agent: Claude Code and every command it runs write only the scope, the agent's own
+    #: session folder and a temp dir (ambient.runners.confinement).
+    confine: bool = True
+    #: Where it may connect by TCP beyond its model API (``host:port``, held by port), or ``any``.
+    network: Network = Field(default_factory=list, max_length=64)
+
+    @field_validator("network")
+    @classmethod
+    def _check_network(cls, network: Network) -> Network:
+        return check_network(network)
 
     @field_validator("env")
     @classmethod
@@ -193,6 +242,21 @@ class LlmRunnerConfig(_RunnerModel):
     timeout_s: float = Field(default=600.0, gt=0, le=86_400)
     max_retries: int = Field(default=4, ge=0, le=20)
     price: Price | None = None
+
+
+def network_text(cfg: AnyRunnerConfig) -> str | None:
+    """What an agent of this runner may reach by TCP, as ``ambient matrix`` and the console say it (None: the kind
+    runs no process of the agent's: callable, assisted, llm)."""
+    if not isinstance(cfg, CommandRunnerConfig | ClaudeRunnerConfig):
+        return None
+    if not cfg.confine:
+        return "any (unconfined: confine: false)"
+    if isinstance(cfg.network, str):
+        return "any (network: any)"
+    listed = ", ".join(cfg.network)
+    if isinstance(cfg, ClaudeRunnerConfig):
+        return "its model API" + (f", {listed}" if listed else "") + "; binds no port"
+    return (listed or "none") + "; binds no port"
 
 
 AnyRunnerConfig = (

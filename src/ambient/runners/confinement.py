@@ -13,8 +13,15 @@ An agent is code ambient does not trust, running as ambient's own Unix user (iss
   ``locks/`` (the kernel's mutex and the claims agents write under a token), a private temp dir (``TMPDIR``),
   ``/dev/null``.
 
-Not handled: the network (agents call model APIs). Beyond files, a confined agent cannot signal, ptrace or read
-the memory of the daemon (Landlock's scoping). ``ambient.runner.confine: false`` runs an agent unconfined.
+The network, from Landlock ABI 4 on: a confined agent binds no TCP port and connects only to the ports its runner
+names (``network: [host:port, ...]``; ``network: any`` leaves its TCP alone); none by default for a command agent,
+its model API's for a Claude agent. Landlock's rules are by port, not host; UDP (DNS) and Unix sockets are not
+covered. Beyond files, a confined agent cannot signal, ptrace or read the memory of the daemon (Landlock's
+scoping). ``ambient.runner.confine: false`` runs an agent unconfined.
+
+A Claude agent is held by the same policy (:func:`policy`), applied by its launcher
+(:mod:`ambient.runners.claude_launch`) before it execs Claude Code, plus its own session folder under
+``.ambient/claude/agents/`` (Claude Code's config and home) that it reads and writes.
 
 :func:`jail` is what the spawner applies to one command agent: that policy, and the Unix user its config names
 (``ambient.runner.user``: ambient runs as root then); :func:`landlock_abi` says whether this kernel confines at all.
@@ -30,13 +37,13 @@ import pwd
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ambient.runners.base import RunRequest
-from ambient.runners.config import CommandRunnerConfig
+from ambient.runners.config import CommandRunnerConfig, network_ports
 from ambient.storage.paths import STATE_DIRNAME
 
 #: The devices a program reads (shells, Python, Node): never ``/dev`` as a whole (disks, ``/dev/mem``, terminals,
@@ -70,10 +77,17 @@ class Policy:
 
     read: tuple[str, ...]
     write: tuple[str, ...]
+    #: The TCP ports it may connect to (binding none); None: its TCP is not confined (``network: any``).
+    connect: tuple[int, ...] | None = ()
 
     def as_request(self, abi: int) -> dict[str, Any]:
         """The spawner's ``jail`` entries for Landlock."""
-        return {"read": [os.fsencode(p) for p in self.read], "write": [os.fsencode(p) for p in self.write], "abi": abi}
+        return {
+            "read": [os.fsencode(p) for p in self.read],
+            "write": [os.fsencode(p) for p in self.write],
+            "abi": abi,
+            "connect": None if self.connect is None else list(self.connect),
+        }
 
 
 def secret_name(name: str) -> bool:
@@ -147,13 +161,22 @@ def scope_write(brain: Path, files: Iterable[str]) -> list[str]:
     return out
 
 
-def policy(brain: Path, files: Sequence[str], tmp: Path, program: str) -> Policy:
-    """The policy of one agent: see the module's docstring."""
-    read = [*SYSTEM_READ, *interpreter_read(brain), *brain_read(brain)]
+def policy(
+    brain: Path,
+    files: Sequence[str],
+    tmp: Path,
+    program: str,
+    *,
+    connect: tuple[int, ...] | None = (),
+    own: Sequence[str] = (),
+) -> Policy:
+    """The policy of one agent: see the module's docstring. ``own``: folders of its own it also reads and writes
+    (a Claude agent's session folder)."""
+    read = [*SYSTEM_READ, *interpreter_read(brain), *brain_read(brain), *own]
     if program.startswith("/"):
         read.append(program)
-    write = [*scope_write(brain, files), *(str(brain / d) for d in SHARED_WRITE), str(tmp), *DEVICES_WRITE]
-    return Policy(tuple(dict.fromkeys(read)), tuple(dict.fromkeys(write)))
+    write = [*scope_write(brain, files), *(str(brain / d) for d in SHARED_WRITE), str(tmp), *own, *DEVICES_WRITE]
+    return Policy(tuple(dict.fromkeys(read)), tuple(dict.fromkeys(write)), connect)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -204,14 +227,24 @@ def _landlock(req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: d
     version = landlock_abi()
     if not cfg.confine or version <= 0:
         return None
-    tmp = Path(tempfile.mkdtemp(prefix=f"ambient-{req.agent[:32]}-"))
+    tmp = private_tmp(req.agent)
     env["TMPDIR"] = env["TMP"] = env["TEMP"] = str(tmp)
+    connect = network_ports(cfg.network)
+    return policy(req.brain, scope_files(req), tmp, argv[0], connect=connect).as_request(version)
+
+
+def scope_files(req: RunRequest) -> list[str]:
+    """The files of the SPAWN's scope, as its packet names them."""
     scope = req.packet.get("scope") if isinstance(req.packet, dict) else None
-    files = [str(f) for f in (scope or {}).get("files") or [] if isinstance(f, str)]
-    return policy(req.brain, files, tmp, argv[0]).as_request(version)
+    return [str(f) for f in (scope or {}).get("files") or [] if isinstance(f, str)]
 
 
-def drop_tmp(env: dict[str, str]) -> None:
+def private_tmp(agent: str) -> Path:
+    """A fresh temp dir of one agent (mode 0700), removed at its end by :func:`drop_tmp`."""
+    return Path(tempfile.mkdtemp(prefix=f"ambient-{agent[:32]}-"))
+
+
+def drop_tmp(env: Mapping[str, str]) -> None:
     """The private temp dir a confined agent had (nothing else reads it)."""
     tmp = env.get("TMPDIR", "")
     if tmp and Path(tmp).name.startswith("ambient-") and Path(tmp).parent == Path(tempfile.gettempdir()):

@@ -7,8 +7,9 @@ process cannot ptrace (nor read ``/proc/<pid>/environ`` or ``mem`` of) a process
 daemon, and from ABI 6 on cannot signal one either.
 
 Rights handled (denied unless a rule grants them under some path): every filesystem right the running kernel
-knows. Granted: read (and execute) under ``read`` paths, everything under ``write`` paths. Network rights are not
-handled: agents may talk to model APIs.
+knows. Granted: read (and execute) under ``read`` paths, everything under ``write`` paths. From ABI 4 on, TCP too
+when ``connect`` is given: binding any TCP port is denied, and connecting is allowed only to the listed ports (by
+port alone: Landlock knows no hosts). UDP and Unix sockets are not Landlock's (a DNS query still goes out).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ _SYSCALLS = {  # x86_64 and aarch64 (and every arch since 5.13) share these numb
 }
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
+_RULE_NET_PORT = 2
 _PR_SET_NO_NEW_PRIVS = 38
 
 # Filesystem rights, by the ABI that introduced them.
@@ -50,6 +52,10 @@ SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
 SCOPE_SIGNAL = 1 << 1  # ABI 6
 
 READ = EXECUTE | READ_FILE | READ_DIR
+# Network rights (ABI 4).
+BIND_TCP = 1 << 0
+CONNECT_TCP = 1 << 1
+NET_ABI = 4
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -63,6 +69,10 @@ class _RulesetAttr(ctypes.Structure):
 class _PathBeneathAttr(ctypes.Structure):
     _pack_ = 1
     _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+
+
+class _NetPortAttr(ctypes.Structure):
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64))
 
 
 _LIBC: list[ctypes.CDLL] = []
@@ -99,20 +109,34 @@ def fs_rights(version: int) -> int:
     return _FS_BY_ABI.get(version, (1 << 16) - 1)
 
 
-def confine(read: Iterable[bytes], write: Iterable[bytes], version: int) -> None:
-    """Restrict this process (and what it execs and forks) to reading ``read`` and writing ``write`` paths.
+def confine(read: Iterable[bytes], write: Iterable[bytes], version: int, connect: Iterable[int] | None = None) -> None:
+    """Restrict this process (and what it execs and forks) to reading ``read`` and writing ``write`` paths, and,
+    when ``connect`` is not None and the kernel has ABI 4, to binding no TCP port and connecting to ``connect``
+    ports only.
 
     Paths that do not exist are skipped. Raises OSError when the kernel refuses (the caller must not run the
     agent unconfined then). Call it in the child, after fork, before exec.
     """
     handled = fs_rights(version)
-    attr = _RulesetAttr(handled, 0, (SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET) if version >= 6 else 0)
-    size = ctypes.sizeof(_RulesetAttr) if version >= 6 else 8  # older kernels know only the first field
+    net = BIND_TCP | CONNECT_TCP if connect is not None and version >= NET_ABI else 0
+    attr = _RulesetAttr(handled, net, (SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET) if version >= 6 else 0)
+    # Older kernels know only the first fields.
+    size = ctypes.sizeof(_RulesetAttr) if version >= 6 else 16 if version >= NET_ABI else 8
     ruleset = _syscall("create_ruleset", ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     try:
         for paths, rights in ((read, READ), (write, handled)):
             for path in paths:
                 _allow(ruleset, path, rights & handled)
+        if net:
+            for port in sorted(set(connect or ())):
+                rule = _NetPortAttr(CONNECT_TCP, port)
+                _syscall(
+                    "add_rule",
+                    ctypes.c_int(ruleset),
+                    ctypes.c_int(_RULE_NET_PORT),
+                    ctypes.byref(rule),
+                    ctypes.c_uint32(0),
+                )
         if _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             code = ctypes.get_errno()
             raise OSError(code, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(code)}")

@@ -88,11 +88,12 @@ def _spawn(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]) -> int:
 
 def _spawn_confined(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int], jail: dict[str, Any]) -> int:
     """Start one agent confined: fork, then in the child take the agent's own user if asked (``uid``/``gid``:
-    the daemon runs as root), confine it under Landlock if asked (``read``/``write``/``abi``, see
-    ambient.runners.landlock), and exec. posix_spawn runs no code between the two, so this path forks (the
-    spawner is small and single-threaded: a fork is cheap and safe) and returns at once, without waiting for the
-    exec: the next agent's start overlaps this one's (bench/fanout.py (b)). A confinement or exec that fails is
-    said on the agent's stderr, and the agent exits 127, as a shell says a command it cannot run."""
+    the daemon runs as root), confine it under Landlock if asked (``read``/``write``/``abi``, and ``connect``: the
+    TCP ports it may reach, see ambient.runners.landlock), and exec. posix_spawn runs no code between the two, so
+    this path forks (the spawner is small and single-threaded: a fork is cheap and safe) and returns at once,
+    without waiting for the exec: the next agent's start overlaps this one's (bench/fanout.py (b)). A confinement
+    or exec that fails is said on the agent's stderr, and the agent exits 127, as a shell says a command it cannot
+    run."""
     if jail.get("abi"):
         if _LANDLOCK not in sys.modules:
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: PTH100, PTH120 - stdlib, -I -S
@@ -117,7 +118,7 @@ def _spawn_confined(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]
             os.setgid(jail["gid"])
             os.setuid(jail["uid"])
         if jail.get("abi"):
-            landlock.confine(jail["read"], jail["write"], jail["abi"])
+            landlock.confine(jail["read"], jail["write"], jail["abi"], jail.get("connect"))
         last: OSError = OSError(errno.ENOENT, os.strerror(errno.ENOENT))
         for exe in exes:
             try:

@@ -74,7 +74,7 @@ async def test_a_question_ends_the_session_and_the_answer_resumes_it(tmp_path: P
     assert asked.usage is not None and asked.usage.session_id
     assert not (brain / "work" / "a.txt").exists()
     session = asked.usage.session_id
-    assert transcript_exists(brain / ".ambient" / "claude" / "config", session)
+    assert transcript_exists(brain / ".ambient" / "claude" / "agents" / "coder" / "config", session)
     done = await h.run(decision="allow")
     assert (done.status, done.result) == ("success", {"status": "ok", "item": "a"})
     assert (brain / "work" / "a.txt").read_text() == "hi\n"
@@ -120,7 +120,7 @@ async def test_the_cli_gets_no_secret_of_the_daemon(
     env = (brain / "work" / "env.txt").read_text()
     assert "SECRET" not in env
     assert "AMBIENT_RUN_ID=run-1" in env and "CLAUDE_CONFIG_DIR=" in env
-    assert f"HOME={brain}/.ambient/claude/home" in env
+    assert f"HOME={brain}/.ambient/claude/agents/coder/home" in env
 
 
 @pytest.mark.slow
@@ -210,3 +210,60 @@ def test_the_grants_file_keeps_a_digest_beside_each_call_and_reads_old_ones(tmp_
     assert store.forget("coder", "Bash: make") == 0
     assert store.forget("coder", "Bash: pytest -q") == 1
     assert store.all_grants() == {}
+
+
+def _jail(brain: Path, monkeypatch: pytest.MonkeyPatch, **cfg: Any) -> dict[str, Any] | None:
+    """The jail the launcher would apply to a Claude agent of ``brain`` (Landlock ABI 6 assumed)."""
+    from ambient.runners import confinement
+
+    monkeypatch.setattr(confinement, "landlock_abi", lambda: 6)
+    runner = ClaudeRunner(BrainPaths(brain), environ={"ANTHROPIC_BASE_URL": "https://models.example:8443/v1"})
+    req = RunRequest(
+        packet={"scope": {"files": ["work/a.txt"]}},
+        agent="coder",
+        run_id="run-1",
+        item="a",
+        attempt=1,
+        key="run-1/a/1",
+        channel_token="",
+        brain=brain,
+    )
+    own = runner.session_dir("coder")
+    found = runner._jail(req, ClaudeRunnerConfig(kind="claude", **cfg), Path("/bin/true"), brain / "tmp", own)
+    return found
+
+
+def test_the_jail_is_the_command_agents_plus_the_session_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Claude agent reads and writes its own session folder and nothing else of ``.ambient/``; it connects to its
+    model API's port only, plus what ``network:`` lists; ``network: any`` and ``confine: false`` leave it be."""
+    brain = make_brain(tmp_path / "brain")
+    (brain / ".ambient" / "claude").mkdir(parents=True)
+    (brain / "profil").mkdir()
+    (brain / "profil" / "telegram-token").write_text("x")
+    jail = _jail(brain, monkeypatch)
+    assert jail is not None
+    own = str(brain / ".ambient" / "claude" / "agents" / "coder")
+    state = str(brain / ".ambient")
+    assert own in jail["write"] and own in jail["read"]
+    assert [p for p in (*jail["read"], *jail["write"]) if p.startswith(state) and p != own] == []
+    assert str(brain / "profil" / "telegram-token") not in jail["read"]
+    assert str(brain / "work") in jail["write"]  # the scope's folder (its file is not there yet)
+    assert jail["connect"] == (8443,) and jail["abi"] == 6
+    assert _jail(brain, monkeypatch, network=["127.0.0.1:5432"])["connect"] == (5432, 8443)  # type: ignore[index]
+    assert _jail(brain, monkeypatch, network="any")["connect"] is None  # type: ignore[index]
+    assert _jail(brain, monkeypatch, base_url="http://127.0.0.1:9000")["connect"] == (9000,)  # type: ignore[index]
+    routed = {"ANTHROPIC_BASE_URL": "http://127.0.0.1:9100"}  # the runner's env wins, as the CLI gets it
+    assert _jail(brain, monkeypatch, base_url="http://127.0.0.1:9000", env=routed)["connect"] == (9100,)  # type: ignore[index]
+    assert _jail(brain, monkeypatch, confine=False) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "port"),
+    [("https://api.anthropic.com", 443), ("http://127.0.0.1:8080/v1", 8080), ("http://proxy.local", 80)],
+)
+def test_the_api_port_is_the_urls(url: str, port: int) -> None:
+    from ambient.runners.claude import api_port
+
+    assert api_port(url) == port

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -73,3 +74,38 @@ class TestConfig:
         """A runner that is not a mapping is a clear error."""
         with pytest.raises(RunnerConfigError, match="expected a mapping"):
             parse_runner_config(["kind", "command"])  # type: ignore[arg-type]
+
+
+class TestNetwork:
+    """``network:``: where a confined agent may connect by TCP (by port: Landlock knows no hosts)."""
+
+    def test_none_by_default_and_ports_of_the_entries(self) -> None:
+        from ambient.runners.config import network_ports
+
+        assert parse_runner_config({"kind": "command", "argv": ["x"]}).network == []  # type: ignore[union-attr]
+        assert network_ports([]) == ()
+        assert network_ports(["127.0.0.1:8080", "api.example.com:443", "[::1]:8080", "*:22"]) == (22, 443, 8080)
+        assert network_ports("any") is None
+        claude = parse_runner_config({"kind": "claude", "network": ["db.local:5432"]})
+        assert claude.network == ["db.local:5432"]  # type: ignore[union-attr]
+
+    @pytest.mark.parametrize(
+        ("network", "expected"),
+        [
+            (["localhost"], "network entry 'localhost' is not host:port"),
+            (["127.0.0.1:0"], "network entry '127.0.0.1:0' is not host:port"),
+            (["127.0.0.1:70000"], "a port from 1 to 65535"),
+            (["http://x:80"], "is not host:port"),
+            ("all", "'all' is neither `any` nor a list of host:port"),
+        ],
+    )
+    def test_bad_entries_are_named_with_their_line(self, network: Any, expected: str) -> None:
+        text = "ambient:\n  runner:\n    kind: command\n    argv: [x]\n    network: " + json.dumps(network) + "\n"
+        data, lines = parse_yaml(text, source="agents/net.md", line_offset=1)
+        with pytest.raises(RunnerConfigError) as info:
+            parse_runner_config(
+                data["ambient"]["runner"], file="agents/net.md", lines=lines, prefix=("ambient", "runner")
+            )
+        [problem] = info.value.problems
+        assert problem.line == 6 and problem.message.startswith("network"), problem
+        assert expected in problem.message

@@ -96,23 +96,48 @@ def _agents(names: list[str]) -> str:
 def check_confinement() -> list[Finding]:
     """Whether agents run confined on this machine (Landlock), and what that means when they do not."""
     from ambient.runners.confinement import landlock_abi
+    from ambient.runners.landlock import NET_ABI
 
     version = landlock_abi()
     if version > 0:
-        return [
+        found = [
             Finding(
                 "info",
                 "confinement",
-                f"command agents are confined (Landlock ABI {version}): they read the brain and write only their "
-                "scope (Claude agents are held by ambient's judgement of each tool call instead)",
+                f"agents are confined (Landlock ABI {version}): command and Claude agents (Claude Code and every "
+                "command it runs) read the brain but .ambient/ and profil/'s secrets, and write only their scope, "
+                "their temp dir and, for Claude, its session folder",
                 "an agent with `ambient.runner.confine: false` runs unconfined",
             )
         ]
+        if version >= NET_ABI:
+            found.append(
+                Finding(
+                    "info",
+                    "confinement",
+                    "agents' TCP is confined: they bind no port and connect only to the ports of their runner's "
+                    "`network:` (a Claude agent: its model API's too); by port, not host; UDP (DNS) is not covered",
+                    "an agent that needs more says so in its runner: `network: [host:port]` or `network: any`",
+                )
+            )
+        else:
+            found.append(
+                Finding(
+                    "warning",
+                    "confinement",
+                    f"agents' network is not confined: this kernel's Landlock (ABI {version}) has no TCP rules "
+                    "(Linux 6.7+); `network:` is not enforced, an agent may listen and connect anywhere",
+                    "files are still confined; keep secrets off the network the agents reach",
+                )
+            )
+        return found
     return [
         Finding(
             "warning",
             "confinement",
-            "agents run unconfined: this kernel has no Landlock (Linux 5.13+ with landlock in its LSM list)",
-            "an agent can then do whatever your user can; run agents as another user (README, Security)",
+            "agents run unconfined: this kernel has no Landlock (Linux 5.13+ with landlock in its LSM list); a Claude "
+            "agent is then held only by ambient's judgement of each tool call, and an allowed command (pytest, make…) "
+            "runs project code that can do whatever your user can",
+            "run agents as another user (README, Security); allow no command that runs project code",
         )
     ]

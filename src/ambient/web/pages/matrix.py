@@ -2,7 +2,8 @@
 principal may send to each other one, and an explain form giving the verdict and the rule of ``ambient matrix
 explain`` (:func:`ambient.actions.explain.explain`, the same code; a GET). And what AI agents may do beyond their
 ``allowed_tools``: the calls a person allowed for good, each forgotten by ``POST /grants/forget``
-(:func:`ambient.actions.grants.forget_grant`, the code of ``ambient grants forget``).
+(:func:`ambient.actions.grants.forget_grant`, the code of ``ambient grants forget``); and what each agent's process
+may reach by TCP (its runner's ``network:``, as ``ambient matrix`` says it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ambient.actions.explain import explain, load_matrix, sends
+from ambient.actions.explain import agent_networks, explain, load_matrix, sends
 from ambient.actions.grants import forget_grant, list_grants
 from ambient.core.errors import AmbientError, InputError
 from ambient.kernel.packet import Signal
@@ -32,6 +33,7 @@ def _data(paths: BrainPaths, ask: dict[str, str]) -> dict[str, Any]:
         "verdict": None,
         "error": None,
         "grants": sorted(list_grants(paths).items()),
+        "networks": agent_networks(paths, bm),
     }
     if ask["from"] and ask["to"] and ask["signal"]:
         files = [f.strip() for f in ask["files"].split(",") if f.strip()]
