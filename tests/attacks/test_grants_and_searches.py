@@ -211,7 +211,11 @@ def test_an_allow_always_through_the_daemon_does_not_stretch_to_another_tail(tmp
         brain.env.update({"ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "sk-ant-attack-key-0123456789"})
         brain.write("agents/coder.md", ai_agent_md("coder", body, runner={"kind": "claude", "timeout_s": 120}))
         brain.write("work/out/.keep", "")
-        brain.workflow("first", for_each("first", "coder", ["a"]))
+        # the scope is the folder the commands write: under the jail a command writes nothing else
+        scoped = lambda name, item: for_each(name, "coder", [item]).replace(  # noqa: E731
+            f'"work/{name}/{{{{index}}}}.txt"', '"work/out"'
+        )
+        brain.workflow("first", scoped("first", "a"))
         with brain.daemon():
             [asked] = brain.wait_escalation(
                 "the question of item a", where=lambda e: e["kind"] == "permission", timeout=120
@@ -219,7 +223,7 @@ def test_an_allow_always_through_the_daemon_does_not_stretch_to_another_tail(tmp
             assert _unfolded(asked["question"]) == command.replace("$ITEM", "a"), asked["question"]
             assert brain.decide(asked["id"], "allow-always").rc == 0
             brain.wait_finished("first", timeout=120)
-            brain.workflow("second", for_each("second", "coder", ["b"]))
+            brain.workflow("second", scoped("second", "b"))
             [again] = brain.wait_escalation(
                 "the question of item b",
                 where=lambda e: e["kind"] == "permission" and e["id"] != asked["id"],
