@@ -81,7 +81,7 @@ from ambient.service.signals import SignalTrap
 from ambient.service.starts import RunStarts
 from ambient.service.troubles import Troubles
 from ambient.service.watch import watch_brain
-from ambient.storage.fsutil import check_local_filesystem, check_state, sweep_tmp
+from ambient.storage.fsutil import check_local_filesystem, check_state, sweep_stale_tmp
 from ambient.storage.journal import Journal, append_line
 from ambient.storage.paths import BrainPaths
 from ambient.workflows.fields import SATELLITE_TYPES
@@ -471,7 +471,7 @@ class Daemon:
             self.paths.run_journals,
             self.paths.channels,
         ):
-            sweep_tmp(d)
+            sweep_stale_tmp(d)  # only what a gone writer left: a CLI may be writing here now
 
     async def _resume(self) -> int:
         """The reconciliation pass: the settings applied, dead locks removed, today's spend counted, every unfinished
