@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -227,3 +229,57 @@ def test_running_out_of_descriptors_is_the_daemons_trouble_never_the_agents_nor_
     if unfinished:
         assert "ambient hit an error on" in asked.stdout, asked.stdout
         assert "stub hit an error" not in asked.stdout, asked.stdout
+
+
+# ---------------------------------------------------------------- a stop within its bound
+
+STOP_BOUND_S = 10.0  # docs/reliability.md: a SIGTERM with no agent at work ends the daemon within this
+
+
+def _stop_time(d: DaemonProcess) -> float:
+    """SIGTERM the daemon and wait for its exit (no longer than a systemd stop timeout); the seconds it took."""
+    assert d.proc is not None and d.proc.poll() is None, d.tail()
+    t0 = time.monotonic()
+    d.signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        d.proc.wait(60)
+    took = time.monotonic() - t0
+    assert d.proc.poll() is not None, f"still running {took:.1f} s after SIGTERM: {d.tail()}"
+    return took
+
+
+def test_sigterm_on_a_full_disk_stops_within_the_bound_and_a_restart_finishes_every_item_once(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """The disk fills mid fan-out: journals, claims and the live threads wait for space, retrying. A SIGTERM then
+    stops the daemon within the documented bound (no waiting on a disk that will not free itself; systemd would kill
+    it at TimeoutStopSec); what it could not write is rebuilt from the journal: once space returns, a restart
+    finishes the run with every item done exactly once and no torn record."""
+    stub = stub_agent_md("stub", ["--sleep-ms", "20-60"])
+    paths = make_brain(small_disk, example_agents=False, agents={"stub": stub})
+    items = [f"i{n:03d}" for n in range(120)]
+    d = DaemonProcess(paths).start()
+    try:
+        d.wait_ready()
+        drop(paths, "full.yml", foreach_workflow("full", items, concurrency=4))
+        wait_for(lambda: len(events(paths, "full", "finished")) >= 10, 30, "ten items done")
+        filler = fill(small_disk)
+        d.wait_logged("waiting_for_resources", timeout=30)
+        took = _stop_time(d)
+    finally:
+        d.kill()
+    assert took <= STOP_BOUND_S, f"SIGTERM on a full disk took {took:.1f} s: {d.tail()}"
+    assert d.proc is not None and d.proc.returncode == 0, d.tail()
+    filler.unlink()
+    again = DaemonProcess(paths, "--until-idle").start()
+    try:
+        assert again.wait(120) == 0, again.tail()
+    finally:
+        again.kill()
+    state = finished_run(paths, "full")
+    assert state is not None and state.outcome == "success"
+    done = [e["item"] for e in events(paths, "full", "finished") if e.get("result") == "success"]
+    assert sorted(done) == items
+    assert no_torn_records(paths) == []
+    listed = ambient_cli(paths.root, "claim", "list", "--json")
+    assert listed.returncode == 0 and '"open"' not in listed.stdout, listed.stdout[-2000:]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -31,9 +32,10 @@ from ambient.engine.runs import RunExecutor, iso, new_run_id, run_record
 from ambient.engine.runstate import RunState, apply_event, ended_because, fold
 from ambient.engine.slots import AgentSlots
 from ambient.runners import orphans
+from ambient.storage.fsutil import read_capped
 from ambient.storage.journal import Journal, Unwritten, append_line, read_jsonl
 from ambient.storage.paths import BrainPaths
-from ambient.storage.yamlfile import MAX_CLAIM_BYTES, load_file
+from ambient.storage.yamlfile import MAX_CLAIM_BYTES
 
 log = structlog.get_logger(__name__)
 
@@ -242,11 +244,10 @@ class RunManager:
             return True  # an unreadable time cannot say it is behind
         if finished is None:
             return True
-        age = st.st_mtime_ns / 1e9 - finished
-        if age >= _COARSE_CLOCK_S:
-            return True
-        if age < -_COARSE_CLOCK_S:
+        if st.st_mtime_ns / 1e9 - finished < -_COARSE_CLOCK_S:
             return False
+        # Newer than the end is not enough: a claims writer behind its queue (a stop leaves its backlog to the
+        # journals, service/stopping.py) wrote the run's "open" claim after the run had ended. The claim says.
         return _claim_closed(path)
 
     def _catch_up(self, behind: list[tuple[RunState, Path]]) -> None:
@@ -409,10 +410,16 @@ def _stop_orphans(brain: Path, states: Sequence[RunState], unreadable: Sequence[
 _COARSE_CLOCK_S = 0.02  # file times lag the clock by up to a kernel tick; twice the longest (HZ=100)
 
 
+_TERMINAL_LINE = re.compile(rb"^status: *[\"']?(?:%s)[\"']? *$" % b"|".join(sorted(t.encode() for t in TERMINAL)), re.M)
+
+
 def _claim_closed(path: Path) -> bool:
-    """Whether the claim file at ``path`` says closed or failed (unreadable: no)."""
+    """Whether the claim file at ``path`` says closed or failed (unreadable, or any other status: no).
+
+    Read at every start for every finished run: a look for its top-level ``status:`` line, not a YAML parse
+    (a claim that says it otherwise is written again, which is harmless)."""
     try:
-        doc, _ = load_file(path, max_bytes=MAX_CLAIM_BYTES)
+        raw = read_capped(path, MAX_CLAIM_BYTES)
     except (AmbientError, OSError):
         return False
-    return isinstance(doc, dict) and doc.get("status") in TERMINAL
+    return _TERMINAL_LINE.search(raw) is not None

@@ -386,7 +386,8 @@ def test_ready_items_from_a_cursor_is_the_full_scan(
 @pytest.mark.parametrize(
     ("offset_s", "status", "current"),
     [
-        (5.0, "open", True),  # written well after the end: current, not read
+        (5.0, "closed", True),  # written after the end and says so
+        (5.0, "open", False),  # written after the end by a claims writer behind its queue: still the open claim
         (-5.0, "closed", False),  # well before: behind, whatever it says
         (0.0, "closed", True),  # within a clock tick: the claim says closed, so it was written after the end
         (-0.004, "closed", True),
@@ -397,8 +398,9 @@ def test_ready_items_from_a_cursor_is_the_full_scan(
 def test_a_finished_runs_views_are_current_by_time_or_within_a_tick_by_content(
     tmp_path: Path, offset_s: float, status: str, current: bool
 ) -> None:
-    """A run claim stamped within a kernel tick of ``finished_at`` (file times come from a coarse clock) is judged
-    by what it says: a fresh CI clone found a current run taken as behind and caught up."""
+    """A run claim stamped before ``finished_at`` (beyond a kernel tick: file times come from a coarse clock) is
+    behind; any other is judged by what it says: a fresh CI clone found a current run taken as behind and caught
+    up, and a claims writer that a stop left behind wrote a run's open claim after the run had ended."""
     manager, *_ = _manager(tmp_path, FakeDelegate())
     (tmp_path / "claims").mkdir()
     state = RunState(
