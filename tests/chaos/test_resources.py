@@ -26,6 +26,7 @@ from ambient.storage.paths import BrainPaths
 from tests.e2e.helpers import (
     DaemonProcess,
     ambient_cli,
+    command_agent_md,
     drop,
     events,
     finished_run,
@@ -283,3 +284,43 @@ def test_sigterm_on_a_full_disk_stops_within_the_bound_and_a_restart_finishes_ev
     assert no_torn_records(paths) == []
     listed = ambient_cli(paths.root, "claim", "list", "--json")
     assert listed.returncode == 0 and '"open"' not in listed.stdout, listed.stdout[-2000:]
+
+
+def test_a_retry_decided_while_the_disk_fills_survives_a_kill(small_disk: Path, tmp_path: Path) -> None:
+    """Every item fails its first attempt and succeeds its second (``retry: on: [fail]``). The disk fills mid fan-out
+    and the daemon is killed (-9) while it waits for space: what it could not write is lost with it, but never
+    a decision half-written. Once space returns, a restart retries every item that failed: each ends done, none
+    is left failed or escalated as if its retry had never been decided."""
+    flaky = tmp_path / "flaky.py"
+    flaky.write_text(
+        "import json, sys\n"
+        "packet = json.load(sys.stdin)\n"
+        "attempt = int(packet['key'].rsplit('/', 1)[1])\n"
+        "status = 'failed' if attempt == 1 else 'ok'\n"
+        "print(json.dumps({'signal': 'RETURN', 'result': {'status': status, 'detail': 'x' * 300}}))\n"
+    )
+    agent = command_agent_md("flaky", ["{{python}}", str(flaky)])
+    paths = make_brain(small_disk, example_agents=False, agents={"flaky": agent})
+    items = [f"i{n:03d}" for n in range(80)]
+    retry = "retry: {attempts: 3, backoff: 1s, max_backoff: 1s, on: [fail]}\n"
+    d = DaemonProcess(paths).start()
+    try:
+        d.wait_ready()
+        drop(paths, "flaky.yml", foreach_workflow("flaky", items, agent="flaky", concurrency=8, extra=retry))
+        wait_for(lambda: len(events(paths, "flaky", "retry")) >= 8, 60, "eight retries decided")
+        filler = fill(small_disk)
+        d.wait_logged("waiting_for_resources", timeout=30)
+        d.wait_logged("waiting_for_resources", count=3, timeout=30)  # the run held still a while, retrying writes
+    finally:
+        d.kill()
+    filler.unlink()
+    again = DaemonProcess(paths, "--until-idle").start()
+    try:
+        assert again.wait(120) == 0, again.tail()
+    finally:
+        again.kill()
+    state = finished_run(paths, "flaky")
+    assert state is not None
+    statuses = {it.name: it.status for it in state.items}
+    assert statuses == dict.fromkeys(items, "done"), {k: v for k, v in statuses.items() if v != "done"}
+    assert no_torn_records(paths) == []
