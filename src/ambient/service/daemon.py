@@ -80,7 +80,7 @@ from ambient.service.packets import PacketDesk
 from ambient.service.querykeeper import QueryKeeper
 from ambient.service.signals import SignalTrap
 from ambient.service.starts import RunStarts
-from ambient.service.stopping import STOP_BOUND_S, WRITE_OUT_S, StopGuard, time_left
+from ambient.service.stopping import GUARD_AT_S, STOP_BOUND_S, WRITE_OUT_S, StopGuard, time_left
 from ambient.service.troubles import Troubles
 from ambient.service.watch import watch_brain
 from ambient.storage.fsutil import check_local_filesystem, check_state, sweep_stale_tmp
@@ -572,7 +572,7 @@ class Daemon:
         await self.runners.terminate_all(grace)
         # No agent runs any more: from here on the stop is bounded. The guard stays armed until the process ends
         # (the interpreter's exit joins writer threads too).
-        StopGuard(STOP_BOUND_S, lambda: 1 if self._failed_task else 0).arm()
+        StopGuard(GUARD_AT_S, lambda: 1 if self._failed_task else 0).arm()
         deadline = time.monotonic() + WRITE_OUT_S
         await self.notify.close()
         # Only now: the agents drained above still send through the socket, where their tokens are known (they

@@ -25,7 +25,9 @@ log = structlog.get_logger(__name__)
 #: docs/reliability.md: with no agent at work, a SIGTERM ends the daemon within this many seconds.
 STOP_BOUND_S: Final = 10.0
 #: What the daemon's own writes get of it (the rest: closing what is left and the exit itself).
-WRITE_OUT_S: Final = 6.0
+WRITE_OUT_S: Final = 5.0
+#: When the last resort strikes: early enough that the process is gone by ``STOP_BOUND_S``.
+GUARD_AT_S: Final = STOP_BOUND_S - 0.5
 
 
 def time_left(deadline: float, now: float, *, floor: float = 0.0) -> float:

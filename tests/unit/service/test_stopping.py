@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from ambient.service.stopping import STOP_BOUND_S, WRITE_OUT_S, StopGuard, time_left
+from ambient.service.stopping import GUARD_AT_S, STOP_BOUND_S, WRITE_OUT_S, StopGuard, time_left
 
 
 def test_the_guard_exits_with_its_code_once_the_bound_is_past_and_not_when_cancelled() -> None:
@@ -26,7 +26,7 @@ def test_the_guard_exits_with_its_code_once_the_bound_is_past_and_not_when_cance
 
 
 def test_the_writes_get_part_of_the_bound_and_time_left_never_goes_below_its_floor() -> None:
-    assert 0 < WRITE_OUT_S < STOP_BOUND_S
+    assert 0 < WRITE_OUT_S < GUARD_AT_S < STOP_BOUND_S
     assert time_left(10.0, 4.0) == 6.0
     assert time_left(10.0, 12.0) == 0.0
     assert time_left(10.0, 12.0, floor=1.0) == 1.0
