@@ -594,8 +594,8 @@ class Daemon:
         with contextlib.suppress(OSError):
             self.locks.close()
         self.router.close()
-        # A refresh under way is joined off the loop, for a second at most: the store is a cache its readers
-        # refresh before they read.
+        # A refresh under way is joined off the loop, until the writes' time is up (a second at least): the store
+        # is a cache its readers refresh before they read.
         await asyncio.to_thread(self.query.close, time_left(deadline, time.monotonic(), floor=1.0))
         try:
             append_line(

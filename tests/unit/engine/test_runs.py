@@ -483,3 +483,29 @@ async def test_status_folds_only_the_runs_in_progress(tmp_path: Path, monkeypatc
     assert collect(tmp_path)["runs"] == []
     assert read == []  # finished runs are never folded again
     assert {r["run_id"] for r in data["recent"]} == set(ids)  # from runs.jsonl's end
+
+
+def test_a_closed_run_claim_too_big_to_parse_is_current(tmp_path: Path) -> None:
+    """The run claim of a 10,000-item fan-out lists every child (~430 KB, over the size a claim is parsed at): its
+    status line says it ended, so no start catches the run up again (each did, rewriting every item claim)."""
+    from ambient.storage.yamlfile import MAX_CLAIM_BYTES
+
+    manager, *_ = _manager(tmp_path, FakeDelegate())
+    (tmp_path / "claims").mkdir()
+    state = RunState(
+        run_id="sess-20261201-0140-big-312c",
+        workflow="big",
+        form="for_each",
+        spec_hash=None,
+        spec={},
+        items=[],
+        finished_at="2026-12-01T01:40:03.527+00:00",
+        outcome="success",
+    )
+    claim = tmp_path / "claims" / f"{state.run_id}.yml"
+    children = "".join(f"  - {state.run_id}-item-{n:05d}\n" for n in range(MAX_CLAIM_BYTES // 20))
+    claim.write_text(f"sess_id: {state.run_id}\nstatus: closed\nresult:\n children:\n{children}")
+    assert claim.stat().st_size > MAX_CLAIM_BYTES
+    at = datetime.fromisoformat(state.finished_at or "").timestamp() + 5
+    os.utime(claim, (at, at))
+    assert manager._views_current(state) is True
