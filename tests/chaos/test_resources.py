@@ -286,34 +286,43 @@ def test_sigterm_on_a_full_disk_stops_within_the_bound_and_a_restart_finishes_ev
     assert listed.returncode == 0 and '"open"' not in listed.stdout, listed.stdout[-2000:]
 
 
-def test_a_retry_decided_while_the_disk_fills_survives_a_kill(small_disk: Path, tmp_path: Path) -> None:
-    """Every item fails its first attempt and succeeds its second (``retry: on: [fail]``). The disk fills mid fan-out
-    and the daemon is killed (-9) while it waits for space: what it could not write is lost with it, but never
-    a decision half-written. Once space returns, a restart retries every item that failed: each ends done, none
-    is left failed or escalated as if its retry had never been decided."""
+FULL_DISK_SITE = Path(__file__).resolve().parent / "fulldisk_site"
+
+
+def test_a_retry_a_full_disk_cut_in_half_survives_a_kill(tmp_path: Path) -> None:
+    """Every item fails its first attempt and succeeds its second (``retry: on: [fail]``). The disk fills in the
+    middle of the journal write that holds a failed attempt's ``finished`` and the ``retry`` routing it (the
+    daemon runs with ``tests/chaos/fulldisk_site``, a short write then ENOSPC); the daemon waits for space and is
+    killed (-9). Once space returns, a restart runs every item to its end: none is left failed as if its retry had
+    never been decided (a journal kept the ``finished`` that fitted and lost the ``retry``)."""
     flaky = tmp_path / "flaky.py"
     flaky.write_text(
         "import json, sys\n"
         "packet = json.load(sys.stdin)\n"
         "attempt = int(packet['key'].rsplit('/', 1)[1])\n"
         "status = 'failed' if attempt == 1 else 'ok'\n"
-        "print(json.dumps({'signal': 'RETURN', 'result': {'status': status, 'detail': 'x' * 300}}))\n"
+        "print(json.dumps({'signal': 'RETURN', 'result': {'status': status}}))\n"
     )
     agent = command_agent_md("flaky", ["{{python}}", str(flaky)])
-    paths = make_brain(small_disk, example_agents=False, agents={"flaky": agent})
-    items = [f"i{n:03d}" for n in range(80)]
+    paths = make_brain(tmp_path / "brain", example_agents=False, agents={"flaky": agent})
+    items = [f"i{n}" for n in range(6)]
     retry = "retry: {attempts: 3, backoff: 1s, max_backoff: 1s, on: [fail]}\n"
-    d = DaemonProcess(paths).start()
+    full = tmp_path / "disk-full"
+    site = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(FULL_DISK_SITE), os.environ.get("PYTHONPATH", "")])),
+        "AMBIENT_TEST_FULL_DISK": str(full),
+    }
+    d = DaemonProcess(paths, env=site).start()
     try:
         d.wait_ready()
-        drop(paths, "flaky.yml", foreach_workflow("flaky", items, agent="flaky", concurrency=8, extra=retry))
-        wait_for(lambda: len(events(paths, "flaky", "retry")) >= 8, 60, "eight retries decided")
-        filler = fill(small_disk)
+        drop(paths, "flaky.yml", foreach_workflow("flaky", items, agent="flaky", concurrency=2, extra=retry))
+        wait_for(lambda: events(paths, "flaky", "accepted"), 30, "the first item accepted")
+        full.touch()
+        wait_for(lambda: Path(f"{full}.short").exists(), 30, f"a journal write cut short: {d.tail()}")
         d.wait_logged("waiting_for_resources", timeout=30)
-        d.wait_logged("waiting_for_resources", count=3, timeout=30)  # the run held still a while, retrying writes
     finally:
         d.kill()
-    filler.unlink()
+    full.unlink()
     again = DaemonProcess(paths, "--until-idle").start()
     try:
         assert again.wait(120) == 0, again.tail()
