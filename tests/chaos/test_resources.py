@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from ambient.storage.paths import BrainPaths
 from tests.e2e.helpers import (
     DaemonProcess,
     ambient_cli,
+    command_agent_md,
     drop,
     events,
     finished_run,
@@ -227,3 +230,106 @@ def test_running_out_of_descriptors_is_the_daemons_trouble_never_the_agents_nor_
     if unfinished:
         assert "ambient hit an error on" in asked.stdout, asked.stdout
         assert "stub hit an error" not in asked.stdout, asked.stdout
+
+
+# ---------------------------------------------------------------- a stop within its bound
+
+STOP_BOUND_S = 10.0  # docs/reliability.md: a SIGTERM with no agent at work ends the daemon within this
+
+
+def _stop_time(d: DaemonProcess) -> float:
+    """SIGTERM the daemon and wait for its exit (no longer than a systemd stop timeout); the seconds it took."""
+    assert d.proc is not None and d.proc.poll() is None, d.tail()
+    t0 = time.monotonic()
+    d.signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        d.proc.wait(60)
+    took = time.monotonic() - t0
+    assert d.proc.poll() is not None, f"still running {took:.1f} s after SIGTERM: {d.tail()}"
+    return took
+
+
+def test_sigterm_on_a_full_disk_stops_within_the_bound_and_a_restart_finishes_every_item_once(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """The disk fills mid fan-out: journals, claims and the live threads wait for space, retrying. A SIGTERM then
+    stops the daemon within the documented bound (no waiting on a disk that will not free itself; systemd would kill
+    it at TimeoutStopSec); what it could not write is rebuilt from the journal: once space returns, a restart
+    finishes the run with every item done exactly once and no torn record."""
+    stub = stub_agent_md("stub", ["--sleep-ms", "20-60"])
+    paths = make_brain(small_disk, example_agents=False, agents={"stub": stub})
+    items = [f"i{n:03d}" for n in range(120)]
+    d = DaemonProcess(paths).start()
+    try:
+        d.wait_ready()
+        drop(paths, "full.yml", foreach_workflow("full", items, concurrency=4))
+        wait_for(lambda: len(events(paths, "full", "finished")) >= 10, 30, "ten items done")
+        filler = fill(small_disk)
+        d.wait_logged("waiting_for_resources", timeout=30)
+        took = _stop_time(d)
+    finally:
+        d.kill()
+    assert took <= STOP_BOUND_S, f"SIGTERM on a full disk took {took:.1f} s: {d.tail()}"
+    assert d.proc is not None and d.proc.returncode == 0, d.tail()
+    filler.unlink()
+    again = DaemonProcess(paths, "--until-idle").start()
+    try:
+        assert again.wait(120) == 0, again.tail()
+    finally:
+        again.kill()
+    state = finished_run(paths, "full")
+    assert state is not None and state.outcome == "success"
+    done = [e["item"] for e in events(paths, "full", "finished") if e.get("result") == "success"]
+    assert sorted(done) == items
+    assert no_torn_records(paths) == []
+    listed = ambient_cli(paths.root, "claim", "list", "--json")
+    assert listed.returncode == 0 and '"open"' not in listed.stdout, listed.stdout[-2000:]
+
+
+FULL_DISK_SITE = Path(__file__).resolve().parent / "fulldisk_site"
+
+
+def test_a_retry_a_full_disk_cut_in_half_survives_a_kill(tmp_path: Path) -> None:
+    """Every item fails its first attempt and succeeds its second (``retry: on: [fail]``). The disk fills in the
+    middle of the journal write that holds a failed attempt's ``finished`` and the ``retry`` routing it (the
+    daemon runs with ``tests/chaos/fulldisk_site``, a short write then ENOSPC); the daemon waits for space and is
+    killed (-9). Once space returns, a restart runs every item to its end: none is left failed as if its retry had
+    never been decided (a journal kept the ``finished`` that fitted and lost the ``retry``)."""
+    flaky = tmp_path / "flaky.py"
+    flaky.write_text(
+        "import json, sys\n"
+        "packet = json.load(sys.stdin)\n"
+        "attempt = int(packet['key'].rsplit('/', 1)[1])\n"
+        "status = 'failed' if attempt == 1 else 'ok'\n"
+        "print(json.dumps({'signal': 'RETURN', 'result': {'status': status}}))\n"
+    )
+    agent = command_agent_md("flaky", ["{{python}}", str(flaky)])
+    paths = make_brain(tmp_path / "brain", example_agents=False, agents={"flaky": agent})
+    items = [f"i{n}" for n in range(6)]
+    retry = "retry: {attempts: 3, backoff: 1s, max_backoff: 1s, on: [fail]}\n"
+    full = tmp_path / "disk-full"
+    site = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(FULL_DISK_SITE), os.environ.get("PYTHONPATH", "")])),
+        "AMBIENT_TEST_FULL_DISK": str(full),
+    }
+    d = DaemonProcess(paths, env=site).start()
+    try:
+        d.wait_ready()
+        drop(paths, "flaky.yml", foreach_workflow("flaky", items, agent="flaky", concurrency=2, extra=retry))
+        wait_for(lambda: events(paths, "flaky", "accepted"), 30, "the first item accepted")
+        full.touch()
+        wait_for(lambda: Path(f"{full}.short").exists(), 30, f"a journal write cut short: {d.tail()}")
+        d.wait_logged("waiting_for_resources", timeout=30)
+    finally:
+        d.kill()
+    full.unlink()
+    again = DaemonProcess(paths, "--until-idle").start()
+    try:
+        assert again.wait(120) == 0, again.tail()
+    finally:
+        again.kill()
+    state = finished_run(paths, "flaky")
+    assert state is not None
+    statuses = {it.name: it.status for it in state.items}
+    assert statuses == dict.fromkeys(items, "done"), {k: v for k, v in statuses.items() if v != "done"}
+    assert no_torn_records(paths) == []

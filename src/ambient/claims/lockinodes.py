@@ -1,7 +1,7 @@
 """The inodes behind one lock manager's lock files: the pinned ones of the locks it holds, and a pool of spares.
 
 A lock is published whole (RELIABILITY §1.2 rule 1): its content is written to a private file
-(``.spare.tmp.<pid>.<hex>`` in ``locks/``) which is then hard-linked to the lock's name; the link fails if the
+(``.spare.tmp.<pid>.<start>.<hex>`` in ``locks/``) which is then hard-linked to the lock's name; the link fails if the
 name exists, and no reader ever sees half a lock. Released inodes go back to a small pool and are rewritten
 (while no lock name points at them) for the next grant: on ext4 the cost of a create + unlink loop is the inode
 allocation, which this skips. A held lock's inode stays open (pinned): while it is open its number cannot be
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from ambient.core.errors import LockError
-from ambient.storage.fsutil import TMP_MARK, fsync_dir, tmp_name
+from ambient.storage.fsutil import TMP_MARK, fsync_dir, tmp_name, writer_mark
 
 # Spare inodes kept per manager (each an open fd and a hidden file in locks/). At 4, a fan-out of 16 agents freed
 # and re-created 69 % of its lock inodes (releases come in bursts): each a close that frees an inode and a create.
@@ -198,7 +198,7 @@ class LockInodes:
         self._own()
         if self._spares:
             return self._spares.pop()
-        name = f"{self._dir_s}/.spare{TMP_MARK}{os.getpid()}.{secrets.token_hex(4)}"
+        name = f"{self._dir_s}/.spare{TMP_MARK}{writer_mark()}.{secrets.token_hex(4)}"
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(name, flags, 0o644)

@@ -23,6 +23,7 @@ from ambient.claims.lockfile import MAX_LOCK_BYTES, LockInfo, parse_lock
 from ambient.core.errors import InputError
 from ambient.core.logs import get_logger
 from ambient.core.process import hostname, own_start_time, process_alive
+from ambient.storage.fsutil import writer_mark
 
 log = get_logger(__name__)
 
@@ -196,7 +197,7 @@ def remove_if_unchanged(loc: LockLocation, judged: LockStatus) -> bool:
     exactly the file that was judged, never one that replaced it meanwhile.
     """
     path = loc.path
-    aside = path.with_name(f".{path.name}.stale.{os.getpid()}.{secrets.token_hex(4)}")
+    aside = path.with_name(f".{path.name}.stale.{writer_mark()}.{secrets.token_hex(4)}")
     try:
         path.rename(aside)
     except FileNotFoundError:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
+import stat
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +23,6 @@ import structlog
 
 from ambient.claims.claim import TERMINAL
 from ambient.core.clock import Clock, SystemClock
-from ambient.core.errors import AmbientError
 from ambient.core.health import resource_of
 from ambient.core.process import process_start_time
 from ambient.engine import events
@@ -33,7 +34,7 @@ from ambient.engine.slots import AgentSlots
 from ambient.runners import orphans
 from ambient.storage.journal import Journal, Unwritten, append_line, read_jsonl
 from ambient.storage.paths import BrainPaths
-from ambient.storage.yamlfile import MAX_CLAIM_BYTES, load_file
+from ambient.storage.yamlfile import MAX_CLAIM_BYTES
 
 log = structlog.get_logger(__name__)
 
@@ -242,11 +243,10 @@ class RunManager:
             return True  # an unreadable time cannot say it is behind
         if finished is None:
             return True
-        age = st.st_mtime_ns / 1e9 - finished
-        if age >= _COARSE_CLOCK_S:
-            return True
-        if age < -_COARSE_CLOCK_S:
+        if st.st_mtime_ns / 1e9 - finished < -_COARSE_CLOCK_S:
             return False
+        # Newer than the end is not enough: a claims writer behind its queue (a stop leaves its backlog to the
+        # journals, service/stopping.py) wrote the run's "open" claim after the run had ended. The claim says.
         return _claim_closed(path)
 
     def _catch_up(self, behind: list[tuple[RunState, Path]]) -> None:
@@ -409,10 +409,26 @@ def _stop_orphans(brain: Path, states: Sequence[RunState], unreadable: Sequence[
 _COARSE_CLOCK_S = 0.02  # file times lag the clock by up to a kernel tick; twice the longest (HZ=100)
 
 
+_TERMINAL_LINE = re.compile(rb"^status: *[\"']?(?:%s)[\"']? *$" % b"|".join(sorted(t.encode() for t in TERMINAL)), re.M)
+
+
 def _claim_closed(path: Path) -> bool:
-    """Whether the claim file at ``path`` says closed or failed (unreadable: no)."""
+    """Whether the claim file at ``path`` says closed or failed (unreadable, or any other status: no).
+
+    Read at every start for every finished run: a look for its top-level ``status:`` line in the head of the
+    file, not a YAML parse (a claim that says it otherwise is written again, which is harmless). The head only:
+    the run claim of a 10,000-item fan-out lists every child (430 KB, over the size a claim is parsed at), and
+    refusing it made every start catch that run up again."""
     try:
-        doc, _ = load_file(path, max_bytes=MAX_CLAIM_BYTES)
-    except (AmbientError, OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return False
-    return isinstance(doc, dict) and doc.get("status") in TERMINAL
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.read(fd, MAX_CLAIM_BYTES)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return _TERMINAL_LINE.search(head) is not None

@@ -150,6 +150,7 @@ class RunExecutor(ABC):
         self.slots: AgentSlots | None = None  # the daemon-wide cap (None: only the run's own concurrency)
         self.on_agent_end: Callable[[], None] | None = None  # an agent's work ended (the manager drains on stop)
         self._holding: set[str] = set()  # items whose agent holds one of those slots
+        self._at_work: set[str] = set()  # items whose agent is at work (carry_out under way)
         self._short = False  # ready items wait for a slot another run holds: busy, not parked
 
     # -- events
@@ -218,8 +219,9 @@ class RunExecutor(ABC):
 
     @property
     def busy(self) -> bool:
-        """An agent of this run is at work."""
-        return bool(self._tasks)
+        """An agent of this run's items is at work. An item task past its agent (recording its result, waiting for
+        disk space to do so) is not: a stop that waited for those waited its whole grace on a full disk."""
+        return any(name in self._at_work for name in self._tasks)
 
     def close(self) -> None:
         """Start nothing more (shutdown): what runs goes on until it ends or the run is cancelled."""
@@ -421,11 +423,14 @@ class RunExecutor(ABC):
     async def carry_out(self, a: Attempt) -> AttemptResult:
         """The attempt through the delegate; an exception is ambient's failure, not the agent's: an ``error``
         result (retried by the workflow's policy), and a resource the daemon ran out of goes to its health."""
+        self._at_work.add(a.item)
         try:
             res = await self.ports.delegate.attempt(a)
         except Exception as exc:  # ambient failed, not the agent: recorded, retried by the workflow's policy
             res = daemon_failure(exc)
             log.error("attempt_crashed", item=a.item, attempt=a.attempt, error=res.error, exc_info=exc)
+        finally:
+            self._at_work.discard(a.item)
         health = self.ports.health
         if health is not None:
             if res.trouble is not None:

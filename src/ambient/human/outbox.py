@@ -25,7 +25,7 @@ from ambient.core.errors import NotifyError
 from ambient.core.redact import redact_text
 from ambient.human.messages import Message
 from ambient.human.notify import DeliveryError, Notifier
-from ambient.storage.fsutil import atomic_write, fsync_dir, private_dir, read_capped, sweep_tmp
+from ambient.storage.fsutil import atomic_write, fsync_dir, private_dir, read_capped, sweep_stale_tmp
 
 if TYPE_CHECKING:
     from ambient.core.clock import Clock
@@ -88,7 +88,7 @@ class Outbox:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         private_dir(directory)
-        sweep_tmp(directory)
+        sweep_stale_tmp(directory)
 
     @classmethod
     def for_brain(cls, paths: BrainPaths) -> Outbox:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,9 +81,10 @@ from ambient.service.packets import PacketDesk
 from ambient.service.querykeeper import QueryKeeper
 from ambient.service.signals import SignalTrap
 from ambient.service.starts import RunStarts
+from ambient.service.stopping import GUARD_AT_S, STOP_BOUND_S, WRITE_OUT_S, StopGuard, time_left
 from ambient.service.troubles import Troubles
 from ambient.service.watch import watch_brain
-from ambient.storage.fsutil import check_local_filesystem, check_state, sweep_tmp
+from ambient.storage.fsutil import check_local_filesystem, check_state, sweep_stale_tmp
 from ambient.storage.journal import Journal, append_line
 from ambient.storage.paths import BrainPaths
 from ambient.workflows.fields import SATELLITE_TYPES
@@ -486,7 +488,7 @@ class Daemon:
             self.paths.run_journals,
             self.paths.channels,
         ):
-            sweep_tmp(d)
+            sweep_stale_tmp(d)  # only what a gone writer left: a CLI may be writing here now
 
     async def _resume(self) -> int:
         """The reconciliation pass: the settings applied, dead locks removed, today's spend counted, every unfinished
@@ -572,13 +574,21 @@ class Daemon:
     async def shutdown(self) -> None:
         """The staged shutdown: ``STOPPING=1``, running agents drained for ``shutdown_grace_s`` then their process
         groups killed and recorded as interrupted; notifications and the send socket closed; the claims, the live
-        threads and the audit written out; the locks released; ``daemon-events.jsonl`` says it stopped."""
+        threads and the audit written out; the locks released; ``daemon-events.jsonl`` says it stopped.
+
+        Once the agents are gone the rest takes at most ``STOP_BOUND_S`` (service/stopping.py), whatever the
+        backlog or a full disk: what was not written by then is written again from the journals at the next start.
+        """
         systemd.stopping("stopping")
         grace = self.ref.brain.settings.shutdown_grace_s
         kill_grace = max((getattr(cfg, "kill_grace_s", 0.0) for cfg in self.ref.brain.runners.values()), default=0.0)
-        systemd.extend_timeout(int((grace + kill_grace + 10) * 1_000_000))  # drain, then SIGTERM → SIGKILL
+        systemd.extend_timeout(int((grace + kill_grace + STOP_BOUND_S) * 1_000_000))  # drain, SIGTERM → SIGKILL
         await self.manager.shutdown(grace)
         await self.runners.terminate_all(grace)
+        # No agent runs any more: from here on the stop is bounded. The guard stays armed until the process ends
+        # (the interpreter's exit joins writer threads too).
+        StopGuard(GUARD_AT_S, lambda: 1 if self._failed_task else 0).arm()
+        deadline = time.monotonic() + WRITE_OUT_S
         await self.notify.close()
         # Only now: the agents drained above still send through the socket, where their tokens are known (they
         # have no token files, see ChannelRegistry). From here `ambient send` routes by itself again.
@@ -586,7 +596,8 @@ class Daemon:
         if self.router.registry is not None:
             self.router.registry.files = True
         self.runners.close()
-        self.claims_view.close()  # coalesced item claims (interrupted items included) reach the disk
+        # Coalesced item claims (interrupted items included) reach the disk, as many as the time allows.
+        await self.claims_view.aclose(time_left(deadline, time.monotonic()))
         for t in self._tasks:
             if not t.done():
                 t.cancel()
@@ -598,12 +609,17 @@ class Daemon:
         with contextlib.suppress(OSError):
             self.locks.close()
         self.router.close()
-        await asyncio.to_thread(self.query.close)  # a last refresh may be under way: joined off the loop
-        append_line(
-            self.paths.state / "daemon-events.jsonl",
-            {"ev": "stopped", "at": self.clock.now().isoformat(), "pid": os.getpid()},
-            durable=True,
-        )
+        # A refresh under way is joined off the loop, until the writes' time is up (a second at least): the store
+        # is a cache its readers refresh before they read.
+        await asyncio.to_thread(self.query.close, time_left(deadline, time.monotonic(), floor=1.0))
+        try:
+            append_line(
+                self.paths.state / "daemon-events.jsonl",
+                {"ev": "stopped", "at": self.clock.now().isoformat(), "pid": os.getpid()},
+                durable=True,
+            )
+        except OSError as exc:  # a full disk: the stop is not recorded, and nothing else is lost with it
+            log.warning("stop_unrecorded", error=str(exc))
         log.info("daemon_stopped")
 
 

@@ -69,13 +69,19 @@ class QueryKeeper:
         self.poke()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread (after a last refresh) and close the store."""
+        """Stop the thread (waiting ``timeout`` at most for a refresh under way) and close the store.
+
+        No last refresh: on a brain with a long history a full one (every claim file) took seconds of a stop that
+        must end in time (service/stopping.py), and the store is a cache that every reader refreshes first. A
+        refresh still under way at ``timeout`` keeps its store; the process's end takes both along.
+        """
         self._stop.set()
         self._poked.set()
         if self._thread is not None:
             self._thread.join(timeout)
-            if not self._thread.is_alive():
-                self.refresh_once(claims=True)  # what the shutdown wrote
+            if self._thread.is_alive():
+                log.warning("query_store_left_refreshing", after_s=timeout)
+                return
         self.store.close()
 
     def _run(self) -> None:

@@ -2,9 +2,9 @@
 
 Guarantees (RELIABILITY §1.3): a reader sees either the old or the new content of a file, never a
 torn one; the content is durable (fsync of file then directory) before the call returns; a failed
-fsync is raised, never retried. Leftover ``.<name>.tmp.<pid>.<hex>`` files from a crash are swept at
-start-up by :func:`sweep_tmp` (or, where other processes write too, by :func:`sweep_stale_tmp`, which spares a
-live writer's), and nothing else is ever deleted there.
+fsync is raised, never retried. A temp file's name says who writes it (``.<name>.tmp.<pid>.<start>.<hex>``: the
+writer's pid and start time, :func:`writer_mark`); the start-up sweeps (:func:`sweep_stale_tmp`) delete the temp
+files of writers that are gone and nothing else, never one a live CLI or agent is still writing.
 
 ambient's private state (``.ambient/``: journals, audit, agent threads, escalations...) follows one rule,
 :func:`private_dir`: each of its folders is a real folder (never a symlink, which would let a same-user agent
@@ -23,14 +23,14 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from ambient.core.errors import InputError, UnsafePathError, UnsupportedFilesystemError
 from ambient.core.logs import get_logger
 from ambient.core.pathrules import normalize
-from ambient.core.process import process_start_time
+from ambient.core.process import own_start_time, process_alive
 from ambient.storage.paths import STATE_DIRNAME, STATE_FILES
 
 if TYPE_CHECKING:
@@ -73,8 +73,25 @@ def tmp_name(path: Path) -> Path:
     return path.with_name(_tmp_leaf(path.name))
 
 
+_MARK: dict[int, str] = {}
+
+
+def writer_mark() -> str:
+    """Who writes a temp file, as its name carries it: ``<pid>.<start>`` (the start time in hundredths of a second,
+    as :func:`~ambient.core.process.process_start_time` reads it), so that a sweep can tell a live writer from a
+    dead one whose pid was reused. ``<pid>`` alone where the start time cannot be read."""
+    pid = os.getpid()
+    mark = _MARK.get(pid)
+    if mark is None:  # read once per process (a forked child reads its own)
+        start = own_start_time()
+        mark = f"{pid}" if start is None else f"{pid}.{round(start * 100)}"
+        _MARK.clear()
+        _MARK[pid] = mark
+    return mark
+
+
 def _tmp_leaf(name: str) -> str:
-    return f".{name}{TMP_MARK}{os.getpid()}.{_TMP_SALT}{next(_TMP_SEQ):x}"
+    return f".{name}{TMP_MARK}{writer_mark()}.{_TMP_SALT}{next(_TMP_SEQ):x}"
 
 
 def _tmp_str(path: str) -> str:
@@ -188,41 +205,53 @@ def write_new(path: Path, data: bytes | str, *, mode: int = 0o600) -> None:
     os.close(fd)
 
 
-def sweep_tmp(directory: Path) -> list[Path]:
-    """Delete leftover temp files of :func:`atomic_write` in ``directory`` (not recursive).
+class TmpWriter(NamedTuple):
+    """The writer a temp file's name carries: its pid and start time (None: a name without it, written before
+    names carried it, or where the start time could not be read)."""
 
-    Only names of the form ``.<name>.tmp.<pid>.<hex>`` are removed; targets are never touched.
-    """
-    removed: list[Path] = []
-    if not directory.is_dir():
-        return removed
-    for entry in os.scandir(directory):
-        name = entry.name
-        if name.startswith(".") and TMP_MARK in name and entry.is_file(follow_symlinks=False):
-            Path(entry.path).unlink(missing_ok=True)
-            removed.append(Path(entry.path))
-    return removed
+    pid: int
+    start: float | None
 
 
-_STALE_TMP_RE = re.compile(r"^\..+\.(?:tmp|stale)\.(\d+)\.[0-9a-f]+$")
+_STALE_TMP_RE = re.compile(r"^\..+\.(?:tmp|stale)\.(\d+)\.(?:(\d+)\.)?[0-9a-f]+$")
+
+
+def tmp_writer(name: str) -> TmpWriter | None:
+    """The writer named by a temp (``.<name>.tmp.<pid>[.<start>].<hex>``) or set-aside (``.stale.``) file's name;
+    None for any other name (a target, a person's file), which no sweep ever touches."""
+    m = _STALE_TMP_RE.match(name)
+    if m is None:
+        return None
+    start = m.group(2)
+    return TmpWriter(int(m.group(1)), None if start is None else int(start) / 100)
+
+
+def is_leftover(
+    writer: TmpWriter, age_s: float, alive: Callable[[int, float | None], bool], *, min_age_s: float
+) -> bool:
+    """May a sweep delete this temp file? Only when its writer is gone: the process named by pid and start time
+    is not running (a reused pid has another start time). A name without a start time says less: its file goes
+    when its pid is not running, or when it is older than ``min_age_s`` (the pid was likely reused)."""
+    if writer.start is not None:
+        return not alive(writer.pid, writer.start)
+    return not alive(writer.pid, None) or age_s >= min_age_s
 
 
 def sweep_stale_tmp(directory: Path, *, min_age_s: float = 600.0) -> list[Path]:
-    """Delete leftover ``.<name>.tmp.<pid>.<hex>`` / ``.stale.`` files whose writer is dead.
+    """Delete the temp and set-aside files in ``directory`` (not recursive) whose writer is gone (:func:`is_leftover`).
 
-    Only those names are touched, never a target file. A file whose pid is alive is kept unless
-    it is older than ``min_age_s`` (the pid was recycled): a sweep at start-up never pulls a temp
-    file from under a live writer (another CLI command, an agent).
+    Only those names are touched, never a target file: a sweep at start-up never pulls a temp file from under a
+    live writer (an ``ambient decide`` answering while the daemon starts, another CLI command, an agent).
     """
     removed: list[Path] = []
     try:
         entries = list(os.scandir(directory))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return removed
     now = time.time()
     for entry in entries:
-        m = _STALE_TMP_RE.match(entry.name)
-        if m is None:
+        writer = tmp_writer(entry.name)
+        if writer is None:
             continue
         try:
             st = entry.stat(follow_symlinks=False)
@@ -230,9 +259,7 @@ def sweep_stale_tmp(directory: Path, *, min_age_s: float = 600.0) -> list[Path]:
             continue
         if stat.S_ISDIR(st.st_mode):
             continue
-        pid = int(m.group(1))
-        alive = pid == os.getpid() or process_start_time(pid) is not None
-        if alive and now - st.st_mtime < min_age_s:
+        if not is_leftover(writer, now - st.st_mtime, process_alive, min_age_s=min_age_s):
             continue
         with contextlib.suppress(FileNotFoundError):
             Path(entry.path).unlink()

@@ -28,6 +28,13 @@ if TYPE_CHECKING:
 _FLUSH_AT = 64 * 1024
 
 
+def _running_loop() -> asyncio.AbstractEventLoop:
+    """The running event loop (RuntimeError if none); asyncio imported here: short CLI writers never need it."""
+    import asyncio
+
+    return asyncio.get_running_loop()
+
+
 # One encoder for every record: ``json.dumps`` with these options builds a new one per call (~2 µs of the ~10 a
 # record costs; a fan-out item writes three run records and two audit records).
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str)
@@ -80,18 +87,34 @@ class Journal:
         # writes in order: whoever holds it writes what is pending before anything newer.
         self._pending = b""
         self._io = threading.Lock()
+        self._flush_soon = False  # a flush of a full buffer is scheduled for the end of the loop's step
 
     def write(self, record: Mapping[str, Any]) -> None:
-        """Queue one record; it reaches the file at the next flush (or at once when unbuffered)."""
+        """Queue one record; it reaches the file at the next flush (or at once when unbuffered).
+
+        A full buffer is flushed once the event loop's current step is over, not in the middle of it: the records
+        one step writes (an attempt's ``finished`` and the ``retry`` that routes it) go to the file in one write,
+        which lands whole or not at all (:meth:`_write`). Without a running loop (the CLI), at once.
+        """
         self._buf += _dumps(record)
         self._written += 1
-        if not self._buffered or len(self._buf) >= _FLUSH_AT:
+        if not self._buffered:
+            self.flush()
+        elif len(self._buf) >= _FLUSH_AT and not self._flush_soon:
             try:
-                self.flush()
-            except Unwritten:
-                if not self._buffered:
-                    raise
-                # A full disk: the records wait in memory for the next commit, which says so to its caller.
+                loop = _running_loop()
+            except RuntimeError:
+                self._flush_full()
+            else:
+                self._flush_soon = True
+                loop.call_soon(self._flush_full)
+
+    def _flush_full(self) -> None:
+        self._flush_soon = False
+        if self._fd < 0:
+            return
+        with contextlib.suppress(Unwritten):
+            self.flush()  # a full disk: the records wait in memory for the next commit, which says so to its caller
 
     def flush(self) -> None:
         """Write buffered lines to the file (whole lines only), without fsync. A write that fails (a full disk)
@@ -120,22 +143,22 @@ class Journal:
                 raise
 
     def _write(self, data: bytes) -> None:
-        """Append whole lines. When a write fails half-way (ENOSPC after a short write), the torn line is cut
-        off the file before anything else is appended: a record glued onto a fragment is lost with it, in the
-        middle of a journal where no start-up repair looks (issue 24, 3). The lines that did reach the file
-        stay; the rest is raised back to the caller."""
+        """Append ``data`` (whole lines) whole or not at all. When a write fails half-way (ENOSPC after a short
+        write), what it wrote is cut off the file before anything else is appended, and all of ``data`` is raised
+        back to the caller to be written again: a record glued onto a fragment would be lost with it, in the middle
+        of a journal where no start-up repair looks (issue 24, 3), and the records written together in one step of
+        the engine (an attempt's ``finished`` and the ``retry`` that routes it) must not reach the file one without
+        the other: a kill on a full disk then left a failed attempt whose retry was lost."""
         view = memoryview(data)
         done = 0
         try:
             while done < len(data):
                 done += os.write(self._fd, view[done:])
         except OSError as exc:
-            whole = data.rfind(b"\n", 0, done) + 1
-            torn = done - whole
-            if torn:
+            if done:
                 with contextlib.suppress(OSError):
-                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - torn)
-            raise Unwritten(exc, str(self.path), data[whole:]) from exc
+                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - done)
+            raise Unwritten(exc, str(self.path), data) from exc
 
     def sync(self) -> None:
         """Flush and fsync: everything written so far survives a power cut. A failed fsync raises."""

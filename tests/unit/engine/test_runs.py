@@ -386,7 +386,8 @@ def test_ready_items_from_a_cursor_is_the_full_scan(
 @pytest.mark.parametrize(
     ("offset_s", "status", "current"),
     [
-        (5.0, "open", True),  # written well after the end: current, not read
+        (5.0, "closed", True),  # written after the end and says so
+        (5.0, "open", False),  # written after the end by a claims writer behind its queue: still the open claim
         (-5.0, "closed", False),  # well before: behind, whatever it says
         (0.0, "closed", True),  # within a clock tick: the claim says closed, so it was written after the end
         (-0.004, "closed", True),
@@ -397,8 +398,9 @@ def test_ready_items_from_a_cursor_is_the_full_scan(
 def test_a_finished_runs_views_are_current_by_time_or_within_a_tick_by_content(
     tmp_path: Path, offset_s: float, status: str, current: bool
 ) -> None:
-    """A run claim stamped within a kernel tick of ``finished_at`` (file times come from a coarse clock) is judged
-    by what it says: a fresh CI clone found a current run taken as behind and caught up."""
+    """A run claim stamped before ``finished_at`` (beyond a kernel tick: file times come from a coarse clock) is
+    behind; any other is judged by what it says: a fresh CI clone found a current run taken as behind and caught
+    up, and a claims writer that a stop left behind wrote a run's open claim after the run had ended."""
     manager, *_ = _manager(tmp_path, FakeDelegate())
     (tmp_path / "claims").mkdir()
     state = RunState(
@@ -481,3 +483,29 @@ async def test_status_folds_only_the_runs_in_progress(tmp_path: Path, monkeypatc
     assert collect(tmp_path)["runs"] == []
     assert read == []  # finished runs are never folded again
     assert {r["run_id"] for r in data["recent"]} == set(ids)  # from runs.jsonl's end
+
+
+def test_a_closed_run_claim_too_big_to_parse_is_current(tmp_path: Path) -> None:
+    """The run claim of a 10,000-item fan-out lists every child (~430 KB, over the size a claim is parsed at): its
+    status line says it ended, so no start catches the run up again (each did, rewriting every item claim)."""
+    from ambient.storage.yamlfile import MAX_CLAIM_BYTES
+
+    manager, *_ = _manager(tmp_path, FakeDelegate())
+    (tmp_path / "claims").mkdir()
+    state = RunState(
+        run_id="sess-20261201-0140-big-312c",
+        workflow="big",
+        form="for_each",
+        spec_hash=None,
+        spec={},
+        items=[],
+        finished_at="2026-12-01T01:40:03.527+00:00",
+        outcome="success",
+    )
+    claim = tmp_path / "claims" / f"{state.run_id}.yml"
+    children = "".join(f"  - {state.run_id}-item-{n:05d}\n" for n in range(MAX_CLAIM_BYTES // 20))
+    claim.write_text(f"sess_id: {state.run_id}\nstatus: closed\nresult:\n children:\n{children}")
+    assert claim.stat().st_size > MAX_CLAIM_BYTES
+    at = datetime.fromisoformat(state.finished_at or "").timestamp() + 5
+    os.utime(claim, (at, at))
+    assert manager._views_current(state) is True

@@ -75,3 +75,44 @@ async def test_a_short_items_claim_is_written_once_and_a_long_items_in_time(
         assert {p.name for p in paths.claims.iterdir()} >= {"run-1-item-001.yml", "run-1-item-002.yml"}
     finally:
         writer.close()
+
+
+async def test_a_stop_leaves_a_claims_backlog_to_the_journal_after_its_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``aclose`` writes what it can within its time, then stops between two chunks: the claims still queued are
+    counted, never written after it returned (the next start writes them from the journals)."""
+    import threading
+
+    from ambient.claims.store import ClaimStore
+    from ambient.engine.runstate import ItemState, RunState
+    from ambient.service.claims_writer import ClaimsWriter
+
+    paths = BrainPaths(tmp_path)
+    paths.claims.mkdir()
+    clock = Clock(datetime(2026, 11, 30, 12, 0, tzinfo=UTC))
+    store = ClaimStore(paths, clock=clock)
+    gate = threading.Event()
+    chunks: list[int] = []
+    real = store.write_claims
+
+    def slow(claims: Any, *, durable: bool = True) -> Any:
+        claims = list(claims)
+        chunks.append(len(claims))
+        gate.wait(10)  # a disk far behind: the first chunk is under way when the stop's time is up
+        return real(claims, durable=durable)
+
+    monkeypatch.setattr(store, "write_claims", slow)
+    writer = ClaimsWriter(store, clock)
+    items = [ItemState(name=f"i{n}", index=n, status="done", attempt=1) for n in range(3 * ClaimsWriter.CHUNK)]
+    state = RunState(run_id="run-1", workflow="w", form="for_each", spec_hash=None, spec={}, items=items)
+    for item in items:
+        writer.item_changed(state, item)
+    try:
+        left = await writer.aclose(0.05)
+    finally:
+        gate.set()
+    assert left == len(items)  # none was done when the time was up
+    writer._writer.shutdown(wait=True)  # the chunk under way ends; nothing after it starts
+    assert chunks == [ClaimsWriter.CHUNK]
+    assert len(list(paths.claims.iterdir())) == ClaimsWriter.CHUNK

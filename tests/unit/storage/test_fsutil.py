@@ -3,23 +3,31 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from ambient.core.errors import InputError, UnsafePathError
+from ambient.core.process import own_start_time, process_start_time
 from ambient.storage.fsutil import (
     TMP_MARK,
+    TmpWriter,
     atomic_write,
     check_local_filesystem,
     check_relative,
     filesystem_type,
+    is_leftover,
     iter_files,
     read_capped,
     resolve_in_brain,
-    sweep_tmp,
+    sweep_stale_tmp,
     tmp_name,
+    tmp_writer,
     write_new,
+    writer_mark,
 )
 
 # S-01: what a templated {{item}} may try (RELIABILITY 1.6).
@@ -125,20 +133,58 @@ class TestAtomicWrite:
         assert (target / "keep").read_text() == "x"
         assert not [p for p in tmp_path.iterdir() if TMP_MARK in p.name]
 
-    def test_sweep_removes_only_temp_files(self, tmp_path: Path) -> None:
-        """sweep_tmp deletes leftover .<name>.tmp.<pid>.<hex> files and nothing else."""
+    def test_a_temp_name_carries_its_writers_pid_and_start_time(self, tmp_path: Path) -> None:
+        """The name a write stages under says who writes it: this process, as /proc knows it."""
+        writer = tmp_writer(tmp_name(tmp_path / "a.yml").name)
+        assert writer == TmpWriter(os.getpid(), own_start_time())
+        assert writer_mark() == f"{os.getpid()}.{round(own_start_time() * 100)}"  # type: ignore[operator]
+        for other in ("a.yml", ".hidden", "b.tmp.yml", ".a.yml.tmp.x.abc", ".a.yml.tmp.12.34.zz"):
+            assert tmp_writer(other) is None, other
+        assert tmp_writer(".a.yml.tmp.12.ab3") == TmpWriter(12, None)  # a name from before start times
+        assert tmp_writer(".a.yml.stale.12.170000000012.ab3") == TmpWriter(12, 1700000000.12)
+
+    def test_the_sweep_rule_spares_every_live_writer(self) -> None:
+        """A temp file goes only when its writer is gone; a name without a start time, also once it is old."""
+        live = {(7, 100.0), (7, None)}
+
+        def alive(pid: int, start: float | None) -> bool:
+            return (pid, start) in live
+
+        young, old = 1.0, 601.0
+        assert not is_leftover(TmpWriter(7, 100.0), old, alive, min_age_s=600)  # live, however old the file
+        assert is_leftover(TmpWriter(7, 200.0), young, alive, min_age_s=600)  # pid reused by another process
+        assert is_leftover(TmpWriter(8, 100.0), young, alive, min_age_s=600)  # gone
+        assert not is_leftover(TmpWriter(7, None), young, alive, min_age_s=600)  # pid runs, file young: kept
+        assert is_leftover(TmpWriter(7, None), old, alive, min_age_s=600)  # unknown writer, old file
+        assert is_leftover(TmpWriter(8, None), young, alive, min_age_s=600)
+
+    def test_sweep_removes_only_temp_files_whose_writer_is_gone(self, tmp_path: Path) -> None:
+        """sweep_stale_tmp deletes the temp files of dead writers and nothing else: targets, other dot files, a
+        sub-folder's files and a live writer's temp file (this process's, a young one without start time) stay."""
         keep = [tmp_path / "a.yml", tmp_path / ".hidden", tmp_path / "b.tmp.yml"]
         for p in keep:
             p.write_text("x")
-        leftover = tmp_name(tmp_path / "a.yml")
-        leftover.write_text("torn")
+        mine = tmp_name(tmp_path / "a.yml")
+        mine.write_text("being written")
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        dead_start = process_start_time(child.pid)
+        assert dead_start is not None
+        child.kill()
+        child.wait()
+        dead = tmp_path / f".c.yml.tmp.{child.pid}.{round(dead_start * 100)}.abc1"
+        reused = tmp_path / f".d.yml.tmp.{os.getpid()}.{round(dead_start * 100)}.abc2"  # our pid, not our start
+        unknown_young = tmp_path / f".e.yml.tmp.{os.getpid()}.abc3"
+        unknown_old = tmp_path / f".f.yml.tmp.{os.getpid()}.abc4"
+        for p in (dead, reused, unknown_young, unknown_old):
+            p.write_text("torn")
+        os.utime(unknown_old, (time.time() - 3600, time.time() - 3600))
         (tmp_path / "sub").mkdir()
-        sub_left = tmp_name(tmp_path / "sub" / "c.yml")
+        sub_left = tmp_path / "sub" / f".g.yml.tmp.{child.pid}.abc5"
         sub_left.write_text("torn")
-        removed = sweep_tmp(tmp_path)
-        assert removed == [leftover]
-        assert all(p.exists() for p in keep) and sub_left.exists()
-        assert sweep_tmp(tmp_path / "missing") == []
+        removed = sweep_stale_tmp(tmp_path)
+        assert sorted(removed) == sorted([dead, reused, unknown_old])
+        assert all(p.exists() for p in [*keep, mine, unknown_young, sub_left])
+        assert sweep_stale_tmp(tmp_path / "missing") == []
 
 
 class TestWriteNew:

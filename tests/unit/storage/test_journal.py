@@ -402,11 +402,13 @@ async def test_a_round_that_cannot_write_fails_its_committers_and_keeps_their_re
     j.close()
 
 
-async def test_a_write_torn_by_a_full_disk_is_cut_before_the_next_record(
+async def test_a_write_cut_short_by_a_full_disk_leaves_none_of_its_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A short write then ENOSPC leaves half a record: it is cut off at once, so the next record does not glue
-    onto it in the middle of the journal; the whole records of that write stay, the rest is written later."""
+    """A short write then ENOSPC: what it wrote is cut off at once, whole records too, so the next record does not
+    glue onto half a record in the middle of the journal, and records written together (an attempt's ``finished``
+    and the ``retry`` that routes it) never reach the file one without the other: a kill then left a failed
+    attempt on disk whose retry was lost. The write is tried again later, whole."""
     j = Journal(tmp_path / "j.jsonl")
     real_write = os.write
     calls = {"n": 0}
@@ -425,8 +427,7 @@ async def test_a_write_torn_by_a_full_disk_is_cut_before_the_next_record(
     j.write({"i": 2})
     with pytest.raises(OSError, match="No space"):
         await asyncio.wait_for(j.commit(), 10)
-    raw = j.path.read_bytes()
-    assert raw.endswith(b"\n") and [r["i"] for r in read_jsonl(j.path).records] == [1]
+    assert j.path.read_bytes() == b""  # neither the first record nor half of the second
     j.write({"i": 3})
     await asyncio.wait_for(j.commit(), 10)
     res = read_jsonl(j.path)
@@ -542,3 +543,27 @@ def test_append_line_cuts_a_torn_tail_first(tmp_path: Path) -> None:
     path.write_bytes(b'{"torn": ')  # no newline at all: everything goes
     append_line(path, {"kind": "run", "run_id": "c"})
     assert [r["run_id"] for r in read_jsonl(path).records] == ["c"]
+
+
+async def test_records_of_one_loop_step_go_to_the_file_in_one_write_past_the_flush_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A buffer over the flush size is flushed after the loop's step, not between two records of that step (an
+    attempt's ``finished`` and its ``retry`` are written in one step): one write holds both, whole or not at all."""
+    j = Journal(tmp_path / "j.jsonl")
+    real_write = os.write
+    writes: list[bytes] = []
+
+    def recording(fd: int, data: Any) -> int:
+        if fd == j._fd:
+            writes.append(bytes(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(journal_mod.os, "write", recording)
+    j.write({"ev": "finished", "output": "x" * (70 * 1024)})  # past the flush size on its own
+    j.write({"ev": "retry"})
+    assert writes == []  # not in the middle of the step
+    await asyncio.sleep(0)
+    assert len(writes) == 1 and writes[0].count(b"\n") == 2
+    assert [r["ev"] for r in read_jsonl(j.path).records] == ["finished", "retry"]
+    j.close()
