@@ -188,8 +188,28 @@ class ChainExecutor(RunExecutor):
         options: Sequence[tuple[str, str, str]],
         scope: str | None = None,
         detail: str | None = None,
+        *,
+        gate: bool = False,
+        before: bool = False,
     ) -> str:
-        req = EscalationRequest(
+        """Ask the person about a step (or the run): the step waits on them in the journal (``asking``) before the
+        escalation's file is written, so a kill between the two asks again at the next start."""
+        req = self._request(item, kind, question, options, scope=scope, detail=detail)
+        if item is not None and item.name not in self.state.asking:
+            self._asking(item, req, gate=gate, before=before)
+        return await self._publish(req)
+
+    def _request(
+        self,
+        item: ItemState | None,
+        kind: str,
+        question: str,
+        options: Sequence[tuple[str, str, str]],
+        *,
+        scope: str | None = None,
+        detail: str | None = None,
+    ) -> EscalationRequest:
+        return EscalationRequest(
             run_id=self.state.run_id,
             workflow=self.state.workflow,
             item=None,
@@ -205,9 +225,6 @@ class ChainExecutor(RunExecutor):
             scope=scope,
             detail=detail,
         )
-        esc = await self.durably(lambda: self.ports.escalator.escalate(req))
-        self.event(events.asked, escalation=esc, request=req.record())  # rebuilt from it if its file is lost
-        return esc
 
     # -- the loop
 
@@ -251,6 +268,8 @@ class ChainExecutor(RunExecutor):
                     "gate",
                     f"{reason}. Run step {step.name} ({step.type}) now?",
                     [(k, label, k) for k, label in GATE_OPTIONS],
+                    gate=True,
+                    before=True,
                 )
                 self.event(
                     events.gate,
@@ -336,15 +355,25 @@ class ChainExecutor(RunExecutor):
         recorded: FinishedResult = (
             "success" if verdict.status != "failed" else ("error" if res.result == "error" else "fail")
         )
-        self._attempt_finished(
-            item,
-            attempt,
-            res,
-            agent=self._agent_for(step),
-            result=recorded,
-            error=verdict.reason or res.error,
-            question=False,  # a step's own questions are _agent_asks's: this record never had the key
-        )
+        accept = None
+        with self.journal.together():  # a step closed without tests waits on the person: never "done" alone
+            self._attempt_finished(
+                item,
+                attempt,
+                res,
+                agent=self._agent_for(step),
+                result=recorded,
+                error=verdict.reason or res.error,
+                question=False,  # a step's own questions are _agent_asks's: this record never had the key
+            )
+            if verdict.needs_human:
+                accept = self._request(
+                    item,
+                    "gate",
+                    f"step {step.name} ({step.type}) closed without tests: accept it?",
+                    [(k, label, k) for k, label in GATE_OPTIONS],
+                )
+                self._asking(item, accept, gate=True)
         scope = step.scope or step.name
         if verdict.status == "failed":
             # Retries first (the step's policy, else the chain's), then the breaker, then the exit trigger.
@@ -377,13 +406,8 @@ class ChainExecutor(RunExecutor):
                 }
             },
         )
-        if verdict.needs_human:
-            esc = await self._ask(
-                item,
-                "gate",
-                f"step {step.name} ({step.type}) closed without tests: accept it?",
-                [(k, label, k) for k, label in GATE_OPTIONS],
-            )
+        if accept is not None:
+            esc = await self._publish(accept)
             self.event(events.gate, item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
             await self.commit()
             self.ports.claims.item_changed(self.state, item)
@@ -397,7 +421,6 @@ class ChainExecutor(RunExecutor):
         answer runs the step again with it in ``payload.context.decision``. A question is not a failure: the
         breaker does not count it."""
         agent = self._agent_for(step)
-        self._attempt_finished(item, attempt, res, agent=agent, result="fail", error=res.error)
         signature = permission_signature(res.permission)
         if signature is not None:  # a tool call the agent waits on the person for (RunExecutor._escalate_item)
             kind, detail = "permission", signature
@@ -407,7 +430,11 @@ class ChainExecutor(RunExecutor):
             kind, detail = "question", res.question or ""
             question = res.question or f"{agent} asks a decision about step {step.name}"
             options = question_options(res.options or ["continue"])
-        esc = await self._ask(item, kind, question, options, detail=detail)
+        req = self._request(item, kind, question, options, detail=detail)
+        with self.journal.together():  # the result and its question in one write: never a "fail" alone
+            self._attempt_finished(item, attempt, res, agent=agent, result="fail", error=res.error)
+            self._asking(item, req)
+        esc = await self._publish(req)
         self.event(events.escalated, item=item.name, escalation=esc, kind=kind, agent=agent)
         await self.commit()
         self.ports.claims.item_changed(self.state, item)
@@ -470,6 +497,7 @@ class ChainExecutor(RunExecutor):
                 "gate",
                 message or f"step {step.name} {status}: continue?",
                 [(k, label, k) for k, label in GATE_OPTIONS],
+                gate=True,
             )
             self.event(events.gate, item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
             await self._signal(

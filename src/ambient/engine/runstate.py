@@ -19,6 +19,7 @@ from typing import Any, Literal, cast
 from ambient.engine.budget import UsageTotals, answer_hold
 from ambient.engine.events import (
     Accepted,
+    Asking,
     Decided,
     Decision,
     Escalated,
@@ -97,6 +98,9 @@ class RunState:
     gated: list[str] = field(default_factory=list)  # chains: steps a human gate asked about before they ran
     asked: list[dict[str, Any]] = field(default_factory=list)  # every escalation: escalation, item, kind, agent
     requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # pending escalation id → its asked request
+    #: Items (or steps) that asked the person and whose escalation the journal does not name yet (item → its
+    #: ``asking`` event's fields and ``at``): a start asks again, idempotently (RunExecutor.ask_again).
+    asking: dict[str, dict[str, Any]] = field(default_factory=dict)
     usage: UsageTotals = field(default_factory=UsageTotals)  # every attempt of the run together (ambient.engine.budget)
     #: Holds: no new agent starts while one is here (hold kind → its ``hold`` event's fields, ``escalation`` pending
     #: or None, ``waited`` once answered wait); see ambient.engine.budget.
@@ -232,6 +236,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
     match ev["ev"]:
         case "accepted":
             if item is not None:
+                state.asking.pop(item.name, None)
                 _accepted(item, ev)
         case "finished":
             if item is not None:
@@ -244,6 +249,9 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
             if item is not None:
                 item.status = "retry_wait"
                 item.not_before = ev.get("not_before")
+        case "asking":
+            if item is not None:
+                _asking(state, item, ev)
         case "asked":
             request = ev.get("request")
             if isinstance(request, dict):
@@ -254,6 +262,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
             _decided(state, by_name, ev)
         case "skipped":
             if item is not None:
+                state.asking.pop(item.name, None)
                 item.status = "skipped"
                 item.result = NOT_RUN if ev.get("before_start") else "skipped"
         case "interrupted":
@@ -280,6 +289,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
                 by_name[name] = new
         case "reset":
             if item is not None:
+                state.asking.pop(item.name, None)
                 item.status = "pending"
                 item.gate = None
                 item.fails = 0
@@ -297,6 +307,18 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
         case "finished_run":
             state.outcome = str(ev.get("outcome"))
             state.finished_at = ev.get("at")
+
+
+def _asking(state: RunState, item: ItemState, ev: Asking) -> None:
+    """The item asked the person: it waits on them from here on, whatever its result said (a failure the
+    workflow routes to the person, an agent's own question); the escalation's id comes with its ``escalated``."""
+    request = ev.get("request")
+    if not isinstance(request, dict):
+        raise HistoryError(f"asking record: request must be an object, got {request!r:.60}")
+    item.status = "escalated"
+    item.escalation = None
+    fields = {k: v for k, v in ev.items() if k != "ev"}
+    state.asking[item.name] = fields
 
 
 def _accepted(item: ItemState, ev: Accepted) -> None:
@@ -373,6 +395,7 @@ def _escalated(state: RunState, item: ItemState | None, ev: Escalated) -> None:
         item.status = "escalated"
         item.escalation = esc
         state.escalations[esc] = item.name
+        state.asking.pop(item.name, None)
     else:
         state.escalations[esc] = ""
 
@@ -409,6 +432,7 @@ def _gate(state: RunState, item: ItemState, ev: Gate) -> None:
     if item.gate == "pending" and ev.get("before"):
         state.gated.append(item.name)
     if item.gate == "pending":
+        state.asking.pop(item.name, None)
         item.status = "escalated"
         item.escalation = ev.get("escalation")
         if item.escalation:
@@ -482,6 +506,7 @@ def _abort_unfinished(state: RunState) -> None:
             it.escalation = None
     state.escalations.clear()
     state.requests.clear()
+    state.asking.clear()
 
 
 def ended_because(state: RunState) -> str:

@@ -7,14 +7,16 @@ answers and decides where a learned rule may (opt-in). Blocking file work goes t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import structlog
 
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError
+from ambient.engine.journals import run_glance
 from ambient.engine.ports import EscalationRequest
 from ambient.engine.runstate import RunState, ended_because
 from ambient.human.escalation_store import EscalationStore
@@ -146,11 +148,17 @@ class StoreEscalator:
             remind_before=timedelta(seconds=req.remind_before_s) if req.remind_before_s else None,
             dedupe_key=req.dedupe_key,
         )
-        stored = await asyncio.to_thread(self.store.create, esc)
+        since = datetime.fromisoformat(req.since) if req.since else None
+        stored = await asyncio.to_thread(self.store.create, esc, since=since, settled=req.settled)
         if stored.id == esc.id:
             log.info("escalation_opened", escalation=esc.id, kind=req.kind, item=req.item)
             if not await self._auto_decide(stored):
                 await self.queue(stored)
+        elif since is not None:
+            # Asked again after a crash: the question's file was there already, maybe answered meanwhile.
+            log.info("escalation_reattached", escalation=stored.id, status=stored.status, item=req.item or req.step)
+            if stored.status != "pending" and self.on_answered is not None:
+                self.on_answered(self.store.path_for(stored.id))  # its answer is applied once the run records it
         return stored.id
 
     async def _auto_decide(self, esc: Escalation) -> bool:
@@ -183,6 +191,15 @@ class StoreEscalator:
             return PressResult("invalid", "Unknown escalation.")
         if not nonce_matches(esc.nonce, nonce):
             return PressResult("invalid", "This button is not valid any more.")
+        if esc.status == "pending" and esc.respawn is None:
+            glance = await asyncio.to_thread(run_glance, self.store.paths, esc.run_id)
+            if glance is not None and glance.ended:  # nothing would apply it: said, never "decided"
+                option = esc.options[index].key if 0 <= index < len(esc.options) else str(index + 1)
+                reason = f"not applied: {glance.reason} before the answer ({option} by {user.name} via telegram)"
+                with contextlib.suppress(AlreadyAnsweredError):
+                    await asyncio.to_thread(self.store.cancel, esc_id, reason)
+                log.warning("answer_not_applied", escalation=esc_id, run_id=esc.run_id, reason=glance.reason)
+                return PressResult("already_decided", f"Not applied: {glance.reason}. The question is closed.")
         try:
             done = await asyncio.to_thread(self.store.answer, esc_id, str(index + 1), by=user.name, channel="telegram")
         except AlreadyAnsweredError as exc:

@@ -80,11 +80,31 @@ class Journal:
         # writes in order: whoever holds it writes what is pending before anything newer.
         self._pending = b""
         self._io = threading.Lock()
+        self._together = 0  # inside together(): no flush splits the records being written
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """The records written inside reach the file in one write, never some without the others: a kill can
+        fall between two writes, and a result without the question it raised reads as a failure."""
+        self._together += 1
+        try:
+            yield
+        finally:
+            self._together -= 1
+        if not self._together and (not self._buffered or len(self._buf) >= _FLUSH_AT):
+            try:
+                self.flush()
+            except Unwritten:
+                if not self._buffered:
+                    raise
+                # A full disk: the records wait in memory for the next commit, which says so to its caller.
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Queue one record; it reaches the file at the next flush (or at once when unbuffered)."""
         self._buf += _dumps(record)
         self._written += 1
+        if self._together:
+            return
         if not self._buffered or len(self._buf) >= _FLUSH_AT:
             try:
                 self.flush()
