@@ -338,8 +338,7 @@ class RunExecutor(ABC):
             since=hold.get("at"),
             settled=self._settled(),
         )
-        await self.commit()  # the hold on disk before its question's file: a start finds the question by it
-        esc_id = await self._publish(req)
+        esc_id = await self._publish(req)  # the hold on disk before its question's file: a start finds it by it
         self.event(events.escalated, escalation=esc_id, kind=esc_kind, hold=hold["hold"], agent=req.agent)
         await self.commit()
         self.ports.claims.run_changed(self.state)
@@ -406,7 +405,12 @@ class RunExecutor(ABC):
 
     async def _publish(self, req: EscalationRequest) -> str:
         """The escalation's file, fsync'd, then its message queued; its id (an escalation already on disk for the
-        same question is the one kept: the store dedupes)."""
+        same question is the one kept: the store dedupes).
+
+        The journal is committed first (one group commit: the fsync round of every item at hand): the question is on
+        disk in the journal before its file exists, so no file is ever found that the journal does not know of (a
+        kill in between: the start asks again and finds the file by its dedupe key, answered or not)."""
+        await self.commit()
         esc_id = await self.durably(lambda: self.ports.escalator.escalate(req))
         self.event(events.asked, escalation=esc_id, request=req.record())  # rebuilt from it if its file is lost
         return esc_id
