@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from ambient.engine.runstate import fold
 from ambient.storage.journal import read_jsonl
@@ -291,6 +292,7 @@ def _seeds() -> list[int]:
     return [first + n for n in range(int(os.environ.get("AMBIENT_CHAOS_QUESTION_SEEDS", "2")))]
 
 
+@pytest.mark.timeout(150 * len(_seeds()))  # ~50 s a seed on a loaded 2-core machine: more than the suite's 180 s
 def test_kill9_while_agents_ask_loses_no_question_and_drops_no_answer(tmp_path: Path) -> None:
     """Seeded waves of kill -9 while 24 agents ask and answers are applied; answers given with ``ambient decide``
     while the daemon runs and while it is down: every question asked once and answered once, every answer applied

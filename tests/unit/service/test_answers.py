@@ -18,6 +18,7 @@ from ambient.engine.runs import RunExecutor
 from ambient.engine.tick import Tick
 from ambient.human.escalation_store import EscalationStore
 from ambient.human.escalations import find_asked
+from ambient.human.telegram import TelegramUser
 from ambient.service.escalator import StoreEscalator
 from ambient.service.evaluators import EscalationEvaluator
 from ambient.storage.paths import BrainPaths
@@ -114,3 +115,27 @@ async def test_an_answer_its_run_ended_before_applying_is_said_logged_and_marked
     again = EscalationEvaluator(store, RunManager(paths, _no_executor), escalator, SystemClock())  # a restart
     await again.evaluate(Tick(1, SystemClock().now()))
     assert len(escalator.told) == 1  # said once
+
+
+async def test_a_telegram_press_for_a_run_that_ended_is_told_it_was_not_applied(tmp_path: Path) -> None:
+    paths = BrainPaths(tmp_path)
+    store = EscalationStore(paths)
+    esc = store.create(_fail())
+    _journal(paths, "run-1")  # the run ended (partial) before the press
+    escalator = StoreEscalator(store, None, SystemClock())
+    pressed = await escalator.answer_press(esc.id, 0, esc.nonce, TelegramUser(1, "ana"))
+    assert pressed.status == "already_decided" and "Not applied" in pressed.text and "partial" in pressed.text
+    after = store.get(esc.id)
+    assert after.status == "cancelled" and after.decision is None and "retry by ana via telegram" in str(after.note)
+
+
+async def test_a_telegram_press_for_a_running_run_decides(tmp_path: Path) -> None:
+    paths = BrainPaths(tmp_path)
+    store = EscalationStore(paths)
+    esc = store.create(_fail())
+    paths.run_journals.mkdir(parents=True)
+    started = {"ev": "started", "run_id": "run-1", "workflow": "deploy-batch", "form": "for_each", "items": ["a"]}
+    paths.run_journal("run-1").write_text(json.dumps(started) + "\n")
+    escalator = StoreEscalator(store, None, SystemClock())
+    pressed = await escalator.answer_press(esc.id, 0, esc.nonce, TelegramUser(1, "ana"))
+    assert pressed.status == "decided" and store.get(esc.id).decision == "retry"
