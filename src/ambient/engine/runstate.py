@@ -535,3 +535,60 @@ def outcome_of(state: RunState) -> Outcome:
     if any(s == "done" for s in statuses):
         return "partial"
     return "failed" if statuses else "success"
+
+
+@dataclass(frozen=True)
+class StoredQuestion:
+    """An escalation file as the start-up reconciliation sees it: what the escalation store knows of a question."""
+
+    id: str
+    item: str | None  # its item or step; None: a question of the run (a hold, a final gate)
+    kind: str
+    status: str  # pending|answered|expired|cancelled
+    request: dict[str, Any]  # an ``asked`` event's request, built from the file
+    agent: str | None = None
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """What a start does with a question the store knows of and the journal does not: ``attach`` it to its item
+    (the item waits on it; an answer already given is then applied), or ``cancel`` it with ``reason``."""
+
+    question: StoredQuestion
+    verdict: Literal["attach", "cancel"]
+    reason: str = ""
+
+
+def reconcile_questions(state: RunState, stored: Iterable[StoredQuestion]) -> list[Reconciled]:
+    """The escalations of a run's files that its journal never recorded (a kill between the file and the journal,
+    an older ambient): each is attached to its item when the item can still wait on it (its attempt answered and
+    nothing else asked), else cancelled, saying why. Questions of the run itself (holds, a final gate) are asked
+    again by the run and found by their dedupe key: left alone here. Pure: the start carries it out."""
+    known = set(state.escalations) | set(state.requests)
+    known |= {str(d.get("escalation")) for d in state.decisions if d.get("escalation")}
+    known |= {str(a.get("escalation")) for a in state.asked if a.get("escalation")}
+    by_name = {it.name: it for it in state.items}
+    out: list[Reconciled] = []
+    taken: set[str] = set()
+    for q in sorted(stored, key=lambda q: q.id):
+        if q.id in known or q.status == "cancelled" or q.item is None:
+            continue
+        item = by_name.get(q.item)
+        if q.item in state.asking:
+            continue  # the run asks again itself and finds this file by its dedupe key (RunExecutor.ask_again)
+        if item is None:
+            out.append(Reconciled(q, "cancel", f"its run has no item {q.item}"))
+        elif state.finished:
+            out.append(Reconciled(q, "cancel", ended_because(state)))
+        elif (
+            item.status in ("failed", "pending")
+            and item.attempt > 0
+            and item.escalation is None
+            and item.name not in state.asking
+            and item.name not in taken
+        ):
+            taken.add(item.name)
+            out.append(Reconciled(q, "attach"))
+        else:
+            out.append(Reconciled(q, "cancel", f"superseded: {item.name} is {item.status} in its run's journal"))
+    return out

@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -18,7 +19,7 @@ from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError
 from ambient.engine.journals import run_glance
 from ambient.engine.ports import EscalationRequest
-from ambient.engine.runstate import RunState, ended_because
+from ambient.engine.runstate import RunState, StoredQuestion, ended_because
 from ambient.human.escalation_store import EscalationStore
 from ambient.human.escalations import AlreadyAnsweredError, Escalation, new_escalation, offered_options
 from ambient.human.messages import Message, escalation_message
@@ -280,3 +281,27 @@ class StoreEscalator:
             f"{state.escalation_count} escalation(s), {state.error_count} error(s)."
         )
         await self.inform(f"{state.workflow}: {state.outcome}", body)
+
+
+def stored_questions(store: EscalationStore) -> dict[str, list[StoredQuestion]]:
+    """The escalation files of runs, by run id, as the start-up reconciliation reads them (blocking: call through
+    ``to_thread``): pending or answered, each with the request its run's journal would have kept."""
+    out: dict[str, list[StoredQuestion]] = {}
+    for esc in store.list():
+        if esc.respawn is not None or esc.status == "cancelled":
+            continue
+        request: dict[str, Any] = {
+            "kind": esc.kind,
+            "question": esc.question,
+            "options": [[o.key, o.label, o.action] for o in esc.options],
+        }
+        for key in ("item", "step", "agent", "scope"):
+            value = getattr(esc, key)
+            if value is not None:
+                request[key] = value
+        request["dedupe_key"] = esc.dedupe_key
+        if esc.detail and esc.detail != esc.question:
+            request["detail"] = esc.detail
+        question = StoredQuestion(esc.id, esc.item or esc.step, esc.kind, esc.status, request, esc.agent)
+        out.setdefault(esc.run_id, []).append(question)
+    return out

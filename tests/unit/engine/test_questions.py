@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ambient.engine.planner import FanOut
-from ambient.engine.runstate import HistoryError, fold
+from ambient.engine.runstate import HistoryError, StoredQuestion, fold, reconcile_questions
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
 from tests.conftest import async_wait_until
@@ -108,3 +108,56 @@ async def test_a_start_asks_again_the_question_a_kill_left_unnamed_without_runni
     mgr.executors["r"].decide("esc-1", "left", "answer", by="human", channel="cli", latency_s=None, answer="left")
     await asyncio.wait_for(mgr.tasks["r"], 5)
     assert [c.context.get("decision") for c in delegate.calls] == ["left"]  # the answer reached the agent, once
+
+
+def _stored(esc_id: str = "esc-9", item: str | None = "a", status: str = "pending") -> StoredQuestion:
+    return StoredQuestion(esc_id, item, "question", status, {**REQUEST, "item": item or ""}, "x")
+
+
+LEGACY = [ACCEPTED, _finished("a")]  # what a kill left with the code before: the result without its question
+
+
+@pytest.mark.parametrize(
+    ("history", "stored", "verdict"),
+    [
+        (LEGACY, _stored(), "attach"),  # the question's file is there: the item waits on it again
+        (LEGACY, _stored(status="answered"), "attach"),  # answered meanwhile: attached, then applied
+        ([ACCEPTED], _stored(), "attach"),  # running at the kill (run again otherwise): it had asked
+        (LEGACY, _stored(status="cancelled"), None),
+        (LEGACY, _stored(item=None), None),  # a question of the run: asked again by the run itself
+        ([ACCEPTED, _finished("a"), _asking("a")], _stored(), None),  # asked again by the run, found by its key
+        ([*LEGACY, ASKED, ESCALATED], _stored("esc-1"), None),  # known to the journal
+        ([*LEGACY, ASKED, ESCALATED], _stored("esc-9"), "cancel"),  # the item waits on another question
+        ([ACCEPTED, _finished("a", "success", "success")], _stored(), "cancel"),  # the item is done
+        (LEGACY, _stored(item="zz"), "cancel"),  # no such item
+        ([], _stored(), "cancel"),  # the item never ran: not its question
+    ],
+)
+def test_a_question_only_the_store_knows_is_attached_or_cancelled_with_a_reason(
+    history: list[dict[str, Any]], stored: StoredQuestion, verdict: str | None
+) -> None:
+    state = fold([_started("a", "b"), *history])
+    for it in state.in_flight():  # as the start leaves an attempt a kill cut short
+        it.status, it.result = "pending", "interrupted"
+    got = reconcile_questions(state, [stored])
+    assert [r.verdict for r in got] == ([verdict] if verdict else [])
+    assert all(r.reason for r in got if r.verdict == "cancel")
+
+
+async def test_a_start_attaches_a_question_the_journal_lost_instead_of_closing_the_run_partial(tmp_path: Path) -> None:
+    """A journal an older ambient left after a kill (the agent's result, not its question) and the question's file,
+    answered while the daemon was down: the item waits on it again, and the answer reaches the agent."""
+    paths = BrainPaths(tmp_path)
+    paths.run_journals.mkdir(parents=True)
+    history = [{**_started("a", "b"), "spec": {}, "context": {}}, *LEGACY]
+    paths.run_journal("r").write_text("".join(json.dumps(r) + "\n" for r in history))
+    delegate = FakeDelegate()
+    mgr, _, _, _ = _manager(tmp_path, delegate, plan=FanOut(concurrency=2))
+    assert mgr.resume_all({"r": [_stored(status="answered"), _stored("esc-8", item="zz")]}) == ["r"]
+    assert mgr.leftovers == [("esc-8", "its run has no item zz")]
+    await async_wait_until(lambda: mgr.executors["r"].waiting, timeout=5)
+    assert mgr.executors["r"].state.item("a").escalation == "esc-9"
+    assert mgr.decide("esc-9", "left", "answer", by="human", channel="cli", answer="left")
+    await asyncio.wait_for(mgr.tasks["r"], 5)
+    assert sorted((c.item, c.context.get("decision")) for c in delegate.calls) == [("a", "left"), ("b", None)]
+    assert fold(read_jsonl(paths.run_journal("r")).records).outcome == "success"
