@@ -287,6 +287,15 @@ def check(s: Seeded) -> list[str]:
     return bad
 
 
+def losses(s: Seeded) -> tuple[int, int]:
+    """(items not done, answers ``decide`` accepted that the journal never applied once): the figures of a seed."""
+    paths = BrainPaths(s.root)
+    records = _records(paths)
+    decided = Counter(str(r.get("escalation")) for r in records if r.get("ev") == "decided")
+    undone = sum(1 for i in fold(records).items if i.status != "done")
+    return undone, sum(1 for a in s.answers if a.rc == 0 and decided[a.escalation] != 1)
+
+
 def _seeds() -> list[int]:
     first = int(os.environ.get("AMBIENT_CHAOS_SEED", DEFAULT_SEED))
     return [first + n for n in range(int(os.environ.get("AMBIENT_CHAOS_QUESTION_SEEDS", "2")))]
@@ -305,10 +314,12 @@ def test_kill9_while_agents_ask_loses_no_question_and_drops_no_answer(tmp_path: 
         done.append(s)
         violations += check(s)
     accepted = sum(1 for s in done for a in s.answers if a.rc == 0)
+    lost = [losses(s) for s in done]
     print(
         f"\nquestions seeds={len(done)} items={n_items} kills={sum(s.kills for s in done)} "
         f"kills_while_asking={sum(s.kills_while_asking for s in done)} answers_accepted={accepted} "
         f"answers_while_down={sum(1 for s in done for a in s.answers if a.rc == 0 and not a.daemon_up)} "
+        f"items_lost={[n for n, _ in lost]} answers_lost={[n for _, n in lost]} "
         f"violations={len(violations)} seconds={[round(s.seconds, 1) for s in done]}",
         file=sys.stderr,
     )

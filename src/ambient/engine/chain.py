@@ -209,6 +209,7 @@ class ChainExecutor(RunExecutor):
         scope: str | None = None,
         detail: str | None = None,
     ) -> EscalationRequest:
+        """The escalation a question about a step (or the run, ``item`` None) asks: what the journal keeps of it."""
         return EscalationRequest(
             run_id=self.state.run_id,
             workflow=self.state.workflow,
@@ -422,7 +423,7 @@ class ChainExecutor(RunExecutor):
         breaker does not count it."""
         agent = self._agent_for(step)
         signature = permission_signature(res.permission)
-        if signature is not None:  # a tool call the agent waits on the person for (RunExecutor._escalate_item)
+        if signature is not None:  # a tool call the agent waits on the person for (ForEachExecutor._item_question)
             kind, detail = "permission", signature
             question = res.question or f"{agent} wants to run {signature} in step {step.name}"
             options = question_options(res.options or ["allow", "deny"])
