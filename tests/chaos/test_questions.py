@@ -326,3 +326,47 @@ def test_kill9_while_agents_ask_loses_no_question_and_drops_no_answer(tmp_path: 
     assert violations == [], "\n".join(violations[:40])
     assert sum(s.kills for s in done) >= 3 * len(done)
     assert accepted >= n_items * len(done)  # every item's question was answered by decide, and each was taken
+
+
+CHAIN = """name: {name}
+chain:
+  - {{step: 1, type: brain-write, scope: workspace/a.md, agents: [asker]}}
+"""
+
+
+@pytest.mark.parametrize("form", ["for_each", "chain"])
+def test_an_answer_to_a_question_a_kill_cut_from_the_journal_is_applied_not_dropped(tmp_path: Path, form: str) -> None:
+    """The state a kill left between the agent's result and its question (the code before wrote them apart): the
+    journal has the result, the escalation file the question. The person answers while the daemon is down
+    (``decide`` exits 0); the next start attaches the question to its item and applies the answer: the agent gets it
+    once and the run succeeds, instead of closing ``partial`` (for_each) or asking again (chain)."""
+    witness = tmp_path / "witness"
+    witness.mkdir()
+    script = tmp_path / "asking_agent.py"
+    script.write_text(AGENT)
+    agent = command_agent_md("asker", ["{{python}}", str(script), str(witness)], kill_grace_s=1)
+    paths = make_brain(tmp_path / "brain", example_agents=False, agents={"asker": agent})
+    text = foreach_workflow(WORKFLOW, ["a"], agent="asker") if form == "for_each" else CHAIN.format(name=WORKFLOW)
+    (paths.workflows / f"{WORKFLOW}.yml").write_text(text)
+    d = DaemonProcess(paths, "--until-idle").start()
+    try:
+        assert d.wait(timeout=60) == 0, d.tail()
+    finally:
+        d.kill()
+    [journal] = sorted(paths.run_journals.glob("*.jsonl"))
+    lines = journal.read_text().splitlines(keepends=True)
+    asked_at = next(n for n, line in enumerate(lines) if json.loads(line)["ev"] in ("asking", "asked"))
+    journal.write_text("".join(lines[:asked_at]))  # the question's records never reached the journal
+    [esc] = [e for e in _escalations(paths) if e["status"] == "pending"]
+    res = ambient_cli(paths.root, "decide", esc["id"], "left")
+    assert res.returncode == 0, res.stderr
+    d = DaemonProcess(paths, "--until-idle").start()
+    try:
+        assert d.wait(timeout=60) == 0, d.tail()
+    finally:
+        d.kill()
+    state = fold(read_jsonl(journal).records)
+    assert state.outcome == "success", [(i.name, i.status) for i in state.items]
+    assert [r.get("escalation") for r in read_jsonl(journal).records if r.get("ev") == "decided"] == [esc["id"]]
+    seen = [json.loads(x) for f in witness.iterdir() for x in f.read_text().splitlines()]
+    assert [w["decision"] for w in seen] == [None, "left"]  # asked once, answered once
