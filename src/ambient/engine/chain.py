@@ -375,6 +375,12 @@ class ChainExecutor(RunExecutor):
                     [(k, label, k) for k, label in GATE_OPTIONS],
                 )
                 self._asking(item, accept, gate=True)
+            elif verdict.status != "failed":  # an exit trigger's gate: the step waits on the person, never "done"
+                route = exit_route(verdict.actions, verdict.status, terminal=step.gate == "never")
+                if route.kind == "gate":
+                    self._asking(
+                        item, self._request(*self._exit_gate(item, step, verdict.status, route.action)), gate=True
+                    )
         scope = step.scope or step.name
         if verdict.status == "failed":
             # Retries first (the step's policy, else the chain's), then the breaker, then the exit trigger.
@@ -493,13 +499,7 @@ class ChainExecutor(RunExecutor):
             self.event(events.cursor, index=len(self.state.items) - 1)
         elif route.kind == "gate":
             message = action.message if action is not None else None
-            esc = await self._ask(
-                item,
-                "gate",
-                message or f"step {step.name} {status}: continue?",
-                [(k, label, k) for k, label in GATE_OPTIONS],
-                gate=True,
-            )
+            esc = await self._ask(*self._exit_gate(item, step, status, action), gate=True)
             self.event(events.gate, item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
             await self._signal(
                 "GATE_PENDING", None, {"context": {"step": step.name, "message": message or "continue?"}}
@@ -527,6 +527,14 @@ class ChainExecutor(RunExecutor):
                 detail=reason or "",
             )
             self.event(events.escalated, item=item.name, escalation=esc, kind="blocked", agent=self._agent_for(step))
+
+    def _exit_gate(
+        self, item: ItemState, step: ChainStep, status: StepStatus, action: ChainAction | None
+    ) -> tuple[ItemState, str, str, list[tuple[str, str, str]]]:
+        """The question of an exit trigger's ``gate:human``: asked where the step's result is journaled, and again
+        when the trigger is carried out (the same request: found in the journal's ``asking``)."""
+        message = action.message if action is not None else None
+        return item, "gate", message or f"step {step.name} {status}: continue?", [(k, lb, k) for k, lb in GATE_OPTIONS]
 
     async def _start_other(self, action: ChainAction) -> None:
         """``trigger:<workflow>/<step>``: a run of that workflow starts at that step, with this run's context."""

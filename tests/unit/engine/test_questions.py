@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from ambient.engine.planner import FanOut
+from ambient.engine.planner import ChainAction, ChainStep, FanOut
 from ambient.engine.runstate import HistoryError, StoredQuestion, fold, reconcile_questions
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
 from tests.conftest import async_wait_until
+from tests.unit.engine.test_chain import StepDelegate, _chain, _start
 from tests.unit.engine.test_runs import FakeDelegate, _manager
 
 AT = "2026-01-02T03:04:05.678+00:00"
@@ -161,3 +162,35 @@ async def test_a_start_attaches_a_question_the_journal_lost_instead_of_closing_t
     await asyncio.wait_for(mgr.tasks["r"], 5)
     assert sorted((c.item, c.context.get("decision")) for c in delegate.calls) == [("a", "left"), ("b", None)]
     assert fold(read_jsonl(paths.run_journal("r")).records).outcome == "success"
+
+
+async def test_every_cut_of_a_chain_whose_step_asks_resumes_waiting_on_the_person(tmp_path: Path) -> None:
+    """A chain step whose exit trigger is ``gate:human``: its result and its question are journaled in one write,
+    so a journal cut anywhere after the step's result resumes with the step waiting on the person (asked again if
+    its escalation was never named), never past the gate."""
+    steps = [
+        ChainStep(name="1", type="code", agent="coder", on_done=(ChainAction("gate", message="look first"),)),
+        ChainStep(name="2", type="code", agent="coder"),
+    ]
+    full = tmp_path / "full"
+    tested = {"1": [{"status": "ok", "tests": {"failed": 0}}], "2": [{"status": "ok", "tests": {"failed": 0}}]}
+    mgr, esc, _ = _chain(full, StepDelegate(tested), steps=steps)
+    run_id = _start(mgr, steps)
+    assert await async_wait_until(lambda: len(esc.requests) == 1 and mgr.idle, 5)
+    records = read_jsonl(BrainPaths(full).run_journal(run_id)).records
+    done = next(n for n, r in enumerate(records) if r["ev"] == "finished")
+    assert records[done + 1]["ev"] == "asking"  # the same write as the result
+    for cut in range(done + 2, len(records) + 1):
+        root = tmp_path / f"cut{cut}"
+        paths = BrainPaths(root)
+        paths.run_journals.mkdir(parents=True)
+        paths.run_journal(run_id).write_text("".join(json.dumps(r) + "\n" for r in records[:cut]))
+        delegate = StepDelegate()
+        mgr2, esc2, _ = _chain(root, delegate, steps=steps)
+        mgr2.resume_all()
+        assert await async_wait_until(lambda m=mgr2: m.idle, 5)
+        state = mgr2.executors[run_id].state
+        assert state.items[0].status == "escalated" and state.items[0].escalation, cut
+        assert [r.question for r in esc2.requests] in ([], ["look first"]), cut  # asked again only if unnamed
+        assert delegate.calls == [], cut  # neither the step run again nor the next one started
+        mgr2.tasks[run_id].cancel()
