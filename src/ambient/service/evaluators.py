@@ -247,7 +247,7 @@ class EscalationEvaluator:
         self.wake = wake
         self.respawn = respawn  # an answered ESCALATE of `ambient send`: its agent runs again with the answer
         self.applied: set[str] = set()
-        self._ended: dict[str, RunGlance] = {}  # ended runs' journals as read once (see _not_applied)
+        self._ended: dict[str, RunGlance] = {}  # ended runs' journals as read this tick (see _not_applied)
         self._next_timer: datetime | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -275,6 +275,7 @@ class EscalationEvaluator:
         for run_id in sorted(ended):
             why = await asyncio.to_thread(self.manager.ended_reason, run_id)
             await self.escalator.cancel_leftovers(run_id, why)
+        self._ended.clear()  # each answer is looked at once (applied): the journals read are not kept past the tick
         self._arm(next_timer(e for e in escs if e.run_id not in ended))
 
     async def _rebuild_lost(self, listed: set[str]) -> list[Escalation]:
@@ -364,7 +365,7 @@ class EscalationEvaluator:
         if glance is None:
             glance = await asyncio.to_thread(run_glance, self.store.paths, esc.run_id)
             if glance is not None and glance.ended:
-                self._ended[esc.run_id] = glance  # an ended run's journal never changes: read once
+                self._ended[esc.run_id] = glance  # an ended run's journal never changes: read once a tick
         if glance is None or not glance.ended:
             return  # a journal that cannot be read (doctor reports it), or a run not resumed yet: looked at again
         self.applied.add(esc.id)
