@@ -111,7 +111,10 @@ def _cmd_decide(args: argparse.Namespace) -> int:
     from ambient.actions.decide import decide
 
     paths = BrainPaths(brain_dir(args))
-    result = decide(paths, args.id, args.option, channel="cli", note=args.note)
+    try:
+        result = decide(paths, args.id, args.option, channel="cli", note=args.note)
+    except Exception as exc:  # noqa: BLE001 - a failure must never exit 1, which says "already answered"
+        return fail(f"{args.id}: the answer failed ({exc!r}); nothing was decided, try again", EXIT_FAILED)
     if result.kind == "settled":
         return fail(result.message, EXIT_NO)
     if result.kind == "ended":

@@ -434,3 +434,15 @@ class TestAnswersNothingWouldApply:
         esc = store.create(_fail())
         assert main(["decide", "--brain", str(store.paths.root), esc.id, "retry"]) == 0
         assert main(["decide", "--brain", str(store.paths.root), esc.id, "skip"]) == 1
+
+    def test_a_crash_while_answering_exits_4_not_1(
+        self, store: EscalationStore, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        esc = store.create(_fail())
+
+        def broken(*_: Any, **__: Any) -> None:
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr("ambient.human.escalation_store.atomic_write", broken)
+        assert main(["decide", "--brain", str(store.paths.root), esc.id, "retry"]) == 4
+        assert "nothing was decided" in capsys.readouterr().err
