@@ -82,15 +82,14 @@ class Journal:
         self._io = threading.Lock()
         self._together = 0  # inside together(): no flush splits the records being written
 
-    @contextlib.contextmanager
-    def together(self) -> Iterator[None]:
-        """The records written inside reach the file in one write, never some without the others: a kill can
-        fall between two writes, and a result without the question it raised reads as a failure."""
-        self._together += 1
-        try:
-            yield
-        finally:
-            self._together -= 1
+    def together(self) -> _Together:
+        """``with journal.together():`` the records written inside reach the file in one write, never some without
+        the others: a kill can fall between two writes, and a result without the question it raised reads as a
+        failure. (A class, not a generator: it wraps every item's result in a fan-out, bench/fanout.py.)"""
+        return _Together(self)
+
+    def _together_done(self) -> None:
+        self._together -= 1
         if not self._together and (not self._buffered or len(self._buf) >= _FLUSH_AT):
             try:
                 self.flush()
@@ -262,6 +261,21 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Together:
+    """See :meth:`Journal.together`."""
+
+    __slots__ = ("_journal",)
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    def __enter__(self) -> None:
+        self._journal._together += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._journal._together_done()
 
 
 def append_line(path: Path, record: Mapping[str, Any], *, durable: bool = True) -> None:
