@@ -1,8 +1,10 @@
 """Answer an escalation: the one code path of ``ambient decide`` and the console's option buttons.
 
 The outcome is typed, so each door says it its own way: the CLI as exit codes (0 decided, 1 already settled, 2
-refused), the console as a notice. A refused or late answer changes nothing (the store's guard and the rules of
-:mod:`ambient.human.escalations`).
+refused, 3 its run ended: the answer cannot be applied, 4 failed: the answer could not be written), the console as a
+notice. A refused or late answer changes nothing (the store's guard and the rules of
+:mod:`ambient.human.escalations`); "decided" is said only once the answer is on disk (fsync'd) where the daemon
+applies it: the escalation of a run that is still running or will be resumed.
 """
 
 from __future__ import annotations
@@ -10,22 +12,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import structlog
+
 from ambient.actions.people import os_user, short_duration
 from ambient.core.errors import InputError
+from ambient.engine.journals import run_glance
 from ambient.human.escalation_store import EscalationStore
-from ambient.human.escalations import AlreadyAnsweredError, Channel, Escalation
+from ambient.human.escalations import AlreadyAnsweredError, Channel, Escalation, option_for
 from ambient.storage.paths import BrainPaths
 
-DecideKind = Literal["decided", "settled", "refused"]
+log = structlog.get_logger(__name__)
+
+DecideKind = Literal["decided", "settled", "refused", "ended", "failed"]
 
 
 @dataclass(frozen=True)
 class DecideOutcome:
     """What became of an answer.
 
-    ``decided``: it is the decision; ``settled``: the escalation was already answered elsewhere, expired or
-    cancelled (nothing changed); ``refused``: unknown id, an option not offered, a malformed file or note (nothing
-    changed). ``message`` is the sentence to show; ``escalation`` the escalation as it now stands, when known.
+    ``decided``: it is the decision, on disk where the daemon applies it; ``settled``: the escalation was already
+    answered elsewhere, expired or cancelled (nothing changed); ``refused``: unknown id, an option not offered, a
+    malformed file or note (nothing changed); ``ended``: its run ended (finished, aborted, gone) before the answer,
+    so nothing can apply it: the escalation is closed as cancelled, saying why; ``failed``: the answer could not be
+    written (a full disk, a permission): nothing was decided. ``message`` is the sentence to show; ``escalation``
+    the escalation as it now stands, when known.
     """
 
     kind: DecideKind
@@ -50,12 +60,21 @@ def decide(
     store = EscalationStore(paths)
     who = by if by is not None else os_user()
     try:
-        store.get(esc_id)  # an unknown id is refused before the store's guard: a refused answer writes nothing
+        current = store.get(
+            esc_id
+        )  # an unknown id is refused before the store's guard: a refused answer writes nothing
+        if current.status == "pending" and current.respawn is None:
+            option_for(current, option)  # an option not offered is refused first, whatever the run
+            ended = _run_ended(paths, current)
+            if ended is not None:
+                return _too_late(store, current, option, ended, who, channel)
         esc = store.answer(esc_id, option, by=who, channel=channel, note=note or None)
     except AlreadyAnsweredError as exc:
         return DecideOutcome("settled", str(exc), exc.escalation)
     except InputError as exc:  # unknown id, option not offered, malformed file, note too long
         return DecideOutcome("refused", str(exc))
+    except OSError as exc:  # a full disk, a permission: the answer is not on disk, so it was not given
+        return DecideOutcome("failed", f"{esc_id}: the answer could not be written ({exc.strerror or exc}); try again")
     opt = esc.decided_option
     label = f" ({opt.label})" if opt is not None else ""
     message = (
@@ -63,3 +82,24 @@ def decide(
         f"after {short_duration(esc.latency_s or 0.0)}."
     )
     return DecideOutcome("decided", message, esc)
+
+
+def _run_ended(paths: BrainPaths, esc: Escalation) -> str | None:
+    """Why nothing will apply an answer to ``esc`` any more (its run ended), or None while its run may."""
+    glance = run_glance(paths, esc.run_id)
+    return glance.reason if glance is not None and glance.ended else None
+
+
+def _too_late(
+    store: EscalationStore, esc: Escalation, option: str, why: str, who: str, channel: Channel
+) -> DecideOutcome:
+    """An answer to a question whose run ended: said, logged, and the escalation closed with the reason (never an
+    answer reported accepted that nothing applies)."""
+    reason = f"not applied: {why} before the answer ({option} by {who} via {channel})"
+    try:
+        closed = store.cancel(esc.id, reason)
+    except AlreadyAnsweredError as exc:  # settled meanwhile (the daemon cancelled it as its run ended)
+        closed = exc.escalation
+    log.warning("answer_not_applied", escalation=esc.id, run_id=esc.run_id, reason=why, option=option, by=who)
+    message = f"{esc.id}: your answer {option!r} was not applied: {why}. The question is closed; nothing changed."
+    return DecideOutcome("ended", message, closed)

@@ -1,8 +1,9 @@
 """``ambient escalations`` (what waits for you) and ``ambient decide ID OPTION`` (answer one).
 
-Exit codes of ``decide``: 0 decided; 1 already settled (answered elsewhere, expired or cancelled:
-a negative answer, like a lock held by another); 2 unknown id, option not offered or bad input.
-A refused answer changes nothing.
+Exit codes of ``decide``: 0 decided (on disk, where the daemon applies it); 1 already settled (answered
+elsewhere, expired or cancelled: a negative answer, like a lock held by another); 2 unknown id, option not offered or
+bad input; 3 its run ended before the answer (nothing can apply it: the question is closed, saying so); 4 failed (the
+answer could not be written: nothing was decided, try again). A refused answer changes nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, ambient_command, 
 from ambient.core.clock import utcnow
 from ambient.core.terminal import one_line
 from ambient.storage.paths import BrainPaths
+
+EXIT_RUN_ENDED = 3  # decide: the escalation's run ended before the answer; nothing applied it
+EXIT_FAILED = 4  # decide: the answer could not be written (nothing was decided)
 
 if TYPE_CHECKING:  # imported in the handlers: every `ambient` command builds the parser, few need these
     from ambient.human.escalation_store import EscalationStore
@@ -34,7 +38,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         _cmd_decide,
         help="answer an escalation",
         description="Answer an escalation with one of its options, by name or by number. Exit codes: 0 decided, "
-        "1 already answered/expired/cancelled, 2 unknown id or option not offered. A refused answer changes nothing.",
+        "1 already answered/expired/cancelled, 2 unknown id or option not offered, 3 its run ended before the answer "
+        "(not applied; the question is closed), 4 failed (the answer could not be written; try again). "
+        "A refused answer changes nothing.",
     )
     d.add_argument("id", metavar="ID", help="escalation id, e.g. esc-k3x9qa (the 'esc-' prefix is optional)")
     d.add_argument("option", metavar="OPTION", help="option name (retry, approve...) or its number in the list")
@@ -90,6 +96,8 @@ def _print_one(esc: Escalation, now: datetime, root: Path) -> None:
         by = "timeout" if esc.channel == "timeout" else f"{esc.by} via {esc.channel}"
         settled = f"  {esc.status}: {esc.decision or '-'} by {by}" if esc.decision else f"  {esc.status}"
         out(one_line(settled + (f" ({esc.note})" if esc.note else "")))
+        if esc.unapplied:
+            out(one_line(f"  not applied: {esc.unapplied}"))
         return
     for line in render_options(esc):
         out(one_line(f"  {line}"))
@@ -103,9 +111,16 @@ def _cmd_decide(args: argparse.Namespace) -> int:
     from ambient.actions.decide import decide
 
     paths = BrainPaths(brain_dir(args))
-    result = decide(paths, args.id, args.option, channel="cli", note=args.note)
+    try:
+        result = decide(paths, args.id, args.option, channel="cli", note=args.note)
+    except Exception as exc:  # noqa: BLE001 - a failure must never exit 1, which says "already answered"
+        return fail(f"{args.id}: the answer failed ({exc!r}); nothing was decided, try again", EXIT_FAILED)
     if result.kind == "settled":
         return fail(result.message, EXIT_NO)
+    if result.kind == "ended":
+        return fail(result.message, EXIT_RUN_ENDED)
+    if result.kind == "failed":
+        return fail(result.message, EXIT_FAILED)
     if result.kind == "refused":  # unknown id, option not offered, bad input: exit 2
         return fail(result.message)
     out(result.message)

@@ -188,8 +188,29 @@ class ChainExecutor(RunExecutor):
         options: Sequence[tuple[str, str, str]],
         scope: str | None = None,
         detail: str | None = None,
+        *,
+        gate: bool = False,
+        before: bool = False,
     ) -> str:
-        req = EscalationRequest(
+        """Ask the person about a step (or the run): the step waits on them in the journal (``asking``) before the
+        escalation's file is written, so a kill between the two asks again at the next start."""
+        req = self._request(item, kind, question, options, scope=scope, detail=detail)
+        if item is not None and item.name not in self.state.asking:
+            self._asking(item, req, gate=gate, before=before)
+        return await self._publish(req)
+
+    def _request(
+        self,
+        item: ItemState | None,
+        kind: str,
+        question: str,
+        options: Sequence[tuple[str, str, str]],
+        *,
+        scope: str | None = None,
+        detail: str | None = None,
+    ) -> EscalationRequest:
+        """The escalation a question about a step (or the run, ``item`` None) asks: what the journal keeps of it."""
+        return EscalationRequest(
             run_id=self.state.run_id,
             workflow=self.state.workflow,
             item=None,
@@ -205,9 +226,6 @@ class ChainExecutor(RunExecutor):
             scope=scope,
             detail=detail,
         )
-        esc = await self.durably(lambda: self.ports.escalator.escalate(req))
-        self.event(events.asked, escalation=esc, request=req.record())  # rebuilt from it if its file is lost
-        return esc
 
     # -- the loop
 
@@ -251,6 +269,8 @@ class ChainExecutor(RunExecutor):
                     "gate",
                     f"{reason}. Run step {step.name} ({step.type}) now?",
                     [(k, label, k) for k, label in GATE_OPTIONS],
+                    gate=True,
+                    before=True,
                 )
                 self.event(
                     events.gate,
@@ -336,15 +356,31 @@ class ChainExecutor(RunExecutor):
         recorded: FinishedResult = (
             "success" if verdict.status != "failed" else ("error" if res.result == "error" else "fail")
         )
-        self._attempt_finished(
-            item,
-            attempt,
-            res,
-            agent=self._agent_for(step),
-            result=recorded,
-            error=verdict.reason or res.error,
-            question=False,  # a step's own questions are _agent_asks's: this record never had the key
-        )
+        accept = None
+        with self.journal.together():  # a step closed without tests waits on the person: never "done" alone
+            self._attempt_finished(
+                item,
+                attempt,
+                res,
+                agent=self._agent_for(step),
+                result=recorded,
+                error=verdict.reason or res.error,
+                question=False,  # a step's own questions are _agent_asks's: this record never had the key
+            )
+            if verdict.needs_human:
+                accept = self._request(
+                    item,
+                    "gate",
+                    f"step {step.name} ({step.type}) closed without tests: accept it?",
+                    [(k, label, k) for k, label in GATE_OPTIONS],
+                )
+                self._asking(item, accept, gate=True)
+            elif verdict.status != "failed":  # an exit trigger's gate: the step waits on the person, never "done"
+                route = exit_route(verdict.actions, verdict.status, terminal=step.gate == "never")
+                if route.kind == "gate":
+                    self._asking(
+                        item, self._request(*self._exit_gate(item, step, verdict.status, route.action)), gate=True
+                    )
         scope = step.scope or step.name
         if verdict.status == "failed":
             # Retries first (the step's policy, else the chain's), then the breaker, then the exit trigger.
@@ -377,13 +413,8 @@ class ChainExecutor(RunExecutor):
                 }
             },
         )
-        if verdict.needs_human:
-            esc = await self._ask(
-                item,
-                "gate",
-                f"step {step.name} ({step.type}) closed without tests: accept it?",
-                [(k, label, k) for k, label in GATE_OPTIONS],
-            )
+        if accept is not None:
+            esc = await self._publish(accept)
             self.event(events.gate, item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
             await self.commit()
             self.ports.claims.item_changed(self.state, item)
@@ -397,9 +428,8 @@ class ChainExecutor(RunExecutor):
         answer runs the step again with it in ``payload.context.decision``. A question is not a failure: the
         breaker does not count it."""
         agent = self._agent_for(step)
-        self._attempt_finished(item, attempt, res, agent=agent, result="fail", error=res.error)
         signature = permission_signature(res.permission)
-        if signature is not None:  # a tool call the agent waits on the person for (RunExecutor._escalate_item)
+        if signature is not None:  # a tool call the agent waits on the person for (ForEachExecutor._item_question)
             kind, detail = "permission", signature
             question = res.question or f"{agent} wants to run {signature} in step {step.name}"
             options = question_options(res.options or ["allow", "deny"])
@@ -407,7 +437,11 @@ class ChainExecutor(RunExecutor):
             kind, detail = "question", res.question or ""
             question = res.question or f"{agent} asks a decision about step {step.name}"
             options = question_options(res.options or ["continue"])
-        esc = await self._ask(item, kind, question, options, detail=detail)
+        req = self._request(item, kind, question, options, detail=detail)
+        with self.journal.together():  # the result and its question in one write: never a "fail" alone
+            self._attempt_finished(item, attempt, res, agent=agent, result="fail", error=res.error)
+            self._asking(item, req)
+        esc = await self._publish(req)
         self.event(events.escalated, item=item.name, escalation=esc, kind=kind, agent=agent)
         await self.commit()
         self.ports.claims.item_changed(self.state, item)
@@ -465,12 +499,7 @@ class ChainExecutor(RunExecutor):
             self.event(events.cursor, index=len(self.state.items) - 1)
         elif route.kind == "gate":
             message = action.message if action is not None else None
-            esc = await self._ask(
-                item,
-                "gate",
-                message or f"step {step.name} {status}: continue?",
-                [(k, label, k) for k, label in GATE_OPTIONS],
-            )
+            esc = await self._ask(*self._exit_gate(item, step, status, action), gate=True)
             self.event(events.gate, item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
             await self._signal(
                 "GATE_PENDING", None, {"context": {"step": step.name, "message": message or "continue?"}}
@@ -498,6 +527,14 @@ class ChainExecutor(RunExecutor):
                 detail=reason or "",
             )
             self.event(events.escalated, item=item.name, escalation=esc, kind="blocked", agent=self._agent_for(step))
+
+    def _exit_gate(
+        self, item: ItemState, step: ChainStep, status: StepStatus, action: ChainAction | None
+    ) -> tuple[ItemState, str, str, list[tuple[str, str, str]]]:
+        """The question of an exit trigger's ``gate:human``: asked where the step's result is journaled, and again
+        when the trigger is carried out (the same request: found in the journal's ``asking``)."""
+        message = action.message if action is not None else None
+        return item, "gate", message or f"step {step.name} {status}: continue?", [(k, lb, k) for k, lb in GATE_OPTIONS]
 
     async def _start_other(self, action: ChainAction) -> None:
         """``trigger:<workflow>/<step>``: a run of that workflow starts at that step, with this run's context."""

@@ -26,6 +26,9 @@ finished       item attempt agent key result [output] error duration_ms [signal_
                [usage] [permission_signature] (reply: what the agent answered; question: its own, when it
                asked one; hold: the attempt did not count, result ``interrupted``)
 retry          item attempt not_before (a failure the retry policy retries)
+asking         item kind request [gate before] (the item asks the person: written with the result that raised
+               the question, in one write, before the escalation's file exists; the item waits on the person
+               from here on, and a start asks again, idempotently, if no ``escalated`` or ``gate`` followed)
 asked          escalation request (what the escalation asks, to rebuild its file if lost; comes before
                its ``escalated``, ``gate`` or ``final_gate``)
 escalated      [item] escalation kind [hold] agent (no item: the question of a run hold)
@@ -131,6 +134,14 @@ class RetryFields(TypedDict):
     item: str
     attempt: int
     not_before: str
+
+
+class AskingFields(TypedDict):
+    item: str
+    kind: str
+    request: EscalationRecord
+    gate: NotRequired[bool]  # a chain's human gate: its escalation is recorded by a ``gate`` event
+    before: NotRequired[bool]  # that gate comes before the step runs
 
 
 class AskedFields(TypedDict):
@@ -254,6 +265,11 @@ class Retry(RetryFields):
     at: str
 
 
+class Asking(AskingFields):
+    ev: Literal["asking"]
+    at: str
+
+
 class Asked(AskedFields):
     ev: Literal["asked"]
     at: str
@@ -340,6 +356,7 @@ RunEvent = (
     | Spawned
     | Finished
     | Retry
+    | Asking
     | Asked
     | Escalated
     | Hold
@@ -395,6 +412,10 @@ def finished(at: str, /, **fields: Unpack[FinishedFields]) -> Finished:
 
 def retry(at: str, /, **fields: Unpack[RetryFields]) -> Retry:
     return {"ev": "retry", **fields, "at": at}
+
+
+def asking(at: str, /, **fields: Unpack[AskingFields]) -> Asking:
+    return {"ev": "asking", **fields, "at": at}
 
 
 def asked(at: str, /, **fields: Unpack[AskedFields]) -> Asked:

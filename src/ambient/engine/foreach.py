@@ -22,6 +22,7 @@ from ambient.engine.events import FinishedResult
 from ambient.engine.planner import (
     ITEM_OPTIONS,
     FanOut,
+    ItemOutcome,
     ItemTemplate,
     after_attempt,
     first_open,
@@ -238,35 +239,47 @@ class ForEachExecutor(RunExecutor):
         await self._record(item, attempt, res)
 
     async def _record(self, item: ItemState, attempt: int, res: AttemptResult) -> None:
-        """The attempt's result to the journal, routed (retry, escalate, next), committed, then the item's claim."""
+        """The attempt's result to the journal, routed (retry, escalate, next), committed, then the item's claim.
+
+        The result and what it leads to (a retry, the person's question, an abort) are journaled in one write
+        (:meth:`Journal.together`), before anything is awaited: a kill never leaves a result alone that would read
+        as a failure where the agent asked the person (or where the workflow routes a failure to them)."""
         if self._hold_result(item, attempt, res):
             self.poke()
             await self.commit()
             self.ports.claims.item_changed(self.state, item)
             return
-        self._attempt_finished(
-            item, attempt, res, agent=self.template.agent, result=_step_result(res.result), error=res.error
-        )
-        await self._route(item, res)
+        with self.journal.together():
+            self._attempt_finished(
+                item, attempt, res, agent=self.template.agent, result=_step_result(res.result), error=res.error
+            )
+            outcome, req = self._route(item, res)
+        reaction = outcome.reaction
+        if "error" in reaction.verbs and res.result != "success":
+            payload = {"context": {"item": item.name, "error": res.error or ""}}
+            await self.ports.emitter.emit("ERROR", self.template.escalate_to, payload, self.state)
+        if req is not None:
+            esc_id = await self._publish(req)
+            self.event(events.escalated, item=item.name, escalation=esc_id, kind=req.kind, agent=self.template.agent)
         # The agent is done: its slot is free now, so the next item's ``accepted`` joins this fsync round
         # instead of waiting for it (bench/fanout.py (b): two fsync rounds in a row per slot before).
         self.poke()
         await self.commit()
         self.ports.claims.item_changed(self.state, item)
 
-    async def _route(self, item: ItemState, res: AttemptResult) -> None:
+    def _route(self, item: ItemState, res: AttemptResult) -> tuple[ItemOutcome, EscalationRequest | None]:
+        """What the result leads to, journaled at once (no await: see :meth:`_record`); the question to publish."""
         now = self.ports.clock.now()
         outcome = after_attempt(self.plan, item, res.result, now, self.ports.rng, retryable=res.retryable)
         reaction = outcome.reaction
         if "log" in reaction.verbs or res.result == "error":
             log.warning("item_failed", item=item.name, result=res.result, error=res.error)
-        if "error" in reaction.verbs and res.result != "success":
-            payload = {"context": {"item": item.name, "error": res.error or ""}}
-            await self.ports.emitter.emit("ERROR", self.template.escalate_to, payload, self.state)
         if outcome.kind == "retry" and outcome.not_before is not None:
             self.event(events.retry, item=item.name, attempt=item.attempt, not_before=iso(outcome.not_before))
         elif outcome.kind == "escalate":
-            await self._escalate_item(item, res)
+            req = self._item_question(item, res)
+            self._asking(item, req)
+            return outcome, req
         elif outcome.kind == "failed" and "abort" in reaction.verbs:
             self.event(
                 events.decided,
@@ -277,8 +290,9 @@ class ForEachExecutor(RunExecutor):
                 by="workflow",
                 channel="rule",
             )
+        return outcome, None
 
-    async def _escalate_item(self, item: ItemState, res: AttemptResult) -> None:
+    def _item_question(self, item: ItemState, res: AttemptResult) -> EscalationRequest:
         signature = permission_signature(res.permission) if res.result == "escalate" else None
         if signature is not None:
             # A tool call the agent waits on the person for: its question and options as it gave them; a learned
@@ -300,7 +314,7 @@ class ForEachExecutor(RunExecutor):
             who = "ambient" if res.trouble else self.template.agent  # the daemon's own failure: not the agent's
             question = f"{who} {what} on {item.name}" + (f": {res.error}" if res.error else "")
             detail = res.error or ""
-        req = EscalationRequest(
+        return EscalationRequest(
             run_id=self.state.run_id,
             workflow=self.state.workflow,
             item=item.name,
@@ -314,6 +328,3 @@ class ForEachExecutor(RunExecutor):
             remind_before_s=self.template.remind_before_s,
             detail=detail,
         )
-        esc_id = await self.durably(lambda: self.ports.escalator.escalate(req))
-        self.event(events.asked, escalation=esc_id, request=req.record())
-        self.event(events.escalated, item=item.name, escalation=esc_id, kind=kind, agent=self.template.agent)

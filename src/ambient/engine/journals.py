@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from ambient.core.problems import Problem
-from ambient.engine.runstate import HistoryError, fold
+from ambient.engine.runstate import HistoryError, ended_because, fold
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
 
@@ -119,3 +120,28 @@ def truncate_torn_tail(path: Path, source: str) -> None:
         line = data.count(b"\n", 0, cut) + 1
         problem = f"{source}:{line}: torn last line (a crash mid-append): {len(data) - cut} byte(s) cut"
         log.warning("journal_torn_tail_cut", path=str(path), line=line, bytes=len(data) - cut, problem=problem)
+
+
+@dataclass(frozen=True)
+class RunGlance:
+    """Where a run stands for an answer to one of its questions: ``ended`` (why in ``reason``: nothing will ever
+    apply an answer to it again) and the escalations it ``decided`` (an answer is applied once it is there)."""
+
+    ended: bool
+    reason: str
+    decided: frozenset[str]
+
+
+def run_glance(paths: BrainPaths, run_id: str) -> RunGlance | None:
+    """A run as its journal tells it; None when the journal cannot be read (a person may mend it: not ended)."""
+    if not run_id or "/" in run_id or "\x00" in run_id or run_id.startswith("."):
+        return None  # not a run's name: never a path out of the journals' folder
+    path = paths.run_journal(run_id)
+    if not path.exists():
+        return RunGlance(True, "its run's journal is gone", frozenset())
+    try:
+        state = fold(read_jsonl(path).records)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    decided = frozenset(str(d.get("escalation")) for d in state.decisions if d.get("escalation"))
+    return RunGlance(state.finished, ended_because(state) if state.finished else "", decided)

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -26,10 +26,11 @@ from ambient.core.clock import Clock, SystemClock
 from ambient.core.health import resource_of
 from ambient.core.process import process_start_time
 from ambient.engine import events
+from ambient.engine.events import EscalationRecord
 from ambient.engine.journals import finished_glance, journal_problem, truncate_torn_tail
 from ambient.engine.planner import next_wakeup
 from ambient.engine.runs import RunExecutor, iso, new_run_id, run_record
-from ambient.engine.runstate import RunState, apply_event, ended_because, fold
+from ambient.engine.runstate import RunState, StoredQuestion, apply_event, ended_because, fold, reconcile_questions
 from ambient.engine.slots import AgentSlots
 from ambient.runners import orphans
 from ambient.storage.journal import Journal, Unwritten, append_line, read_jsonl
@@ -60,6 +61,8 @@ class RunManager:
         # Workflows that have a run journal on disk (filled by resume_all and start): a workflow file seen for
         # the first time is not started again when its run was already started before a crash (R-01).
         self.journaled: set[str] = set()
+        #: Escalations the last resume_all found that no run can wait on (id, why): the caller cancels them.
+        self.leftovers: list[tuple[str, str]] = []
 
     def start(
         self,
@@ -142,8 +145,12 @@ class RunManager:
                 if asyncio.iscoroutine(r):
                     asyncio.ensure_future(r)  # noqa: RUF006 - callbacks are short; errors are logged by them
 
-    def resume_all(self) -> list[str]:
-        """Fold every unfinished run journal and continue it (the reconciliation pass)."""
+    def resume_all(self, stored: Mapping[str, Sequence[StoredQuestion]] | None = None) -> list[str]:
+        """Fold every unfinished run journal and continue it (the reconciliation pass).
+
+        ``stored``: the escalation files by run id. A question a run's journal never recorded is attached to its item
+        before the run goes on (:func:`reconcile_questions`), or put in :attr:`leftovers` for the caller to cancel."""
+        self.leftovers = []
         resumed: list[str] = []
         directory = self.paths.run_journals
         if not directory.is_dir():
@@ -195,6 +202,19 @@ class RunManager:
                 )
                 journal.write(ev)
                 apply_event(state, by_name, ev)
+            for r in reconcile_questions(state, (stored or {}).get(run_id, ())):
+                q = r.question
+                if r.verdict == "cancel":
+                    self.leftovers.append((q.id, r.reason))
+                    continue
+                asked = events.asked(iso(self.clock.now()), escalation=q.id, request=cast(EscalationRecord, q.request))
+                esc = events.escalated(
+                    iso(self.clock.now()), item=str(q.item), escalation=q.id, kind=q.kind, agent=q.agent
+                )
+                for record in (asked, esc):
+                    journal.write(record)
+                    apply_event(state, by_name, record)
+                log.warning("question_reattached", run_id=run_id, item=q.item, escalation=q.id, status=q.status)
             try:
                 journal.sync()
             except Unwritten as exc:

@@ -96,6 +96,36 @@ class EscalationRequest:
     scope: str | None = None  # a circuit breaker's scope
     respawn: str | None = None  # an agent's own ESCALATE outside a run: SPAWN it again with the answer
     detail: str | None = None  # the agent's own words (its question, its error); None: none of an agent's
+    #: Asked again after a crash (the journal's ``asking``): when the question arose, and the escalations the run
+    #: already decided. An escalation of the same ``dedupe_key`` made since then, not cancelled and not one of
+    #: those, is this very question (its file was written before the crash, maybe answered): it is kept.
+    since: str | None = None
+    settled: tuple[str, ...] = ()
+
+    @classmethod
+    def from_record(
+        cls, record: Mapping[str, Any], *, run_id: str, workflow: str, since: str | None, settled: Sequence[str] = ()
+    ) -> EscalationRequest:
+        """The request a journal's ``asking`` kept (:meth:`record`), to ask again."""
+        deadline, remind = record.get("deadline_s"), record.get("remind_before_s")
+        return cls(
+            run_id=run_id,
+            workflow=workflow,
+            item=record.get("item"),
+            agent=record.get("agent"),
+            kind=str(record["kind"]),
+            question=str(record["question"]),
+            options=[(str(k), str(label), str(action)) for k, label, action in record["options"]],
+            dedupe_key=str(record.get("dedupe_key") or f"{run_id}/{record.get('item') or record.get('step')}"),
+            deadline_s=float(deadline) if deadline else None,
+            on_timeout=record.get("on_timeout"),
+            remind_before_s=float(remind) if remind else None,
+            step=record.get("step"),
+            scope=record.get("scope"),
+            detail=str(record.get("detail", record["question"])),
+            since=since,
+            settled=tuple(settled),
+        )
 
     def record(self) -> EscalationRecord:
         """What the run journal keeps of it (an ``asked`` event): enough to rebuild the escalation file if it is

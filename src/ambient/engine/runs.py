@@ -242,6 +242,8 @@ class RunExecutor(ABC):
         structlog.contextvars.unbind_contextvars("tick")
         with structlog.contextvars.bound_contextvars(run_id=self.state.run_id, workflow=self.state.workflow):
             try:
+                if self.state.asking:
+                    await self.ask_again()
                 return await self._loop()
             except asyncio.CancelledError:
                 await self._interrupt()
@@ -333,9 +335,12 @@ class RunExecutor(ABC):
             options=hold_options(hold),
             dedupe_key=f"{self.state.run_id}/-/{kind}/{'again' if hold.get('waited') else 'hold'}",
             detail=HOLD_DETAIL.get(kind, kind),
+            # The hold is on disk before its question: asked again after a crash, the question a file already
+            # holds (maybe answered meanwhile) is the one kept, not a second one.
+            since=hold.get("at"),
+            settled=self._settled(),
         )
-        esc_id = await self.durably(lambda: self.ports.escalator.escalate(req))
-        self.event(events.asked, escalation=esc_id, request=req.record())
+        esc_id = await self._publish(req)  # the hold on disk before its question's file: a start finds it by it
         self.event(events.escalated, escalation=esc_id, kind=esc_kind, hold=hold["hold"], agent=req.agent)
         await self.commit()
         self.ports.claims.run_changed(self.state)
@@ -368,11 +373,12 @@ class RunExecutor(ABC):
         }
         if res.usage:
             fields["usage"] = res.usage
-        self.event(events.finished, **fields)
+        with self.journal.together():  # the item back to pending and the hold: never one without the other
+            self.event(events.finished, **fields)
+            if kind not in self.state.holds and not self.state.finished:
+                self.event(events.hold, hold=kind, error=(res.error or res.hold or "")[:1000], agent=agent)
+                log.warning("run_held", hold=kind, item=item.name, error=res.error)
         self._spent(res)
-        if kind not in self.state.holds and not self.state.finished:
-            self.event(events.hold, hold=kind, error=(res.error or res.hold or "")[:1000], agent=agent)
-            log.warning("run_held", hold=kind, item=item.name, error=res.error)
         return True
 
     def _spent(self, res: AttemptResult) -> None:
@@ -381,6 +387,68 @@ class RunExecutor(ABC):
             cost = res.usage.get("cost_usd")
             if isinstance(cost, int | float) and not isinstance(cost, bool):
                 self.ports.budget.add(float(cost), self.ports.clock.now())
+
+    # -- the person's questions: on disk before anything can read the item as finished
+
+    def _settled(self) -> tuple[str, ...]:
+        """The escalations this run already decided (an escalation of theirs is never taken for a new question)."""
+        return tuple(str(d.get("escalation")) for d in self.state.decisions if d.get("escalation"))
+
+    def _asking(self, item: ItemState, req: EscalationRequest, *, gate: bool = False, before: bool = False) -> None:
+        """Record that ``item`` asks the person (call it in :meth:`Journal.together` with the result that raised the
+        question): from here on the fold reads the item as waiting on the person, even if the escalation's file
+        never gets written (a kill): a start then asks again (:meth:`ask_again`)."""
+        fields: events.AskingFields = {"item": item.name, "kind": req.kind, "request": req.record()}
+        if gate:
+            fields["gate"] = True
+            if before:
+                fields["before"] = True
+        self.event(events.asking, **fields)
+
+    async def _publish(self, req: EscalationRequest) -> str:
+        """The escalation's file, fsync'd, then its message queued; its id (an escalation already on disk for the
+        same question is the one kept: the store dedupes).
+
+        The journal is committed first (one group commit: the fsync round of every item at hand): the question is on
+        disk in the journal before its file exists, so no file is ever found that the journal does not know of (a
+        kill in between: the start asks again and finds the file by its dedupe key, answered or not)."""
+        await self.commit()
+        esc_id = await self.durably(lambda: self.ports.escalator.escalate(req))
+        self.event(events.asked, escalation=esc_id, request=req.record())  # rebuilt from it if its file is lost
+        return esc_id
+
+    async def ask_again(self) -> None:
+        """At a start: the questions the journal says were asked and whose escalation it never named (a kill came
+        between the two) are asked again. Idempotent: a file written before the kill is found by its dedupe key
+        and kept, answered or not, so the person is never asked twice and an answer given meanwhile is applied."""
+        for name, fields in list(self.state.asking.items()):
+            item = self._by_name.get(name)
+            record = fields.get("request")
+            if item is None or not isinstance(record, dict):
+                continue
+            try:
+                req = EscalationRequest.from_record(
+                    record,
+                    run_id=self.state.run_id,
+                    workflow=self.state.workflow,
+                    since=fields.get("at"),
+                    settled=self._settled(),
+                )
+            except (KeyError, TypeError, ValueError) as exc:  # an edited journal: said, the run goes on without it
+                log.error("question_not_asked_again", item=name, error=repr(exc))
+                continue
+            esc_id = await self._publish(req)
+            agent = req.agent or ""
+            if fields.get("gate"):
+                gate: events.GateFields = {"item": name, "state": "pending", "escalation": esc_id, "agent": agent}
+                if fields.get("before"):
+                    gate["before"] = True
+                self.event(events.gate, **gate)
+            else:
+                self.event(events.escalated, item=name, escalation=esc_id, kind=req.kind, agent=req.agent)
+            log.warning("question_asked_again", item=name, escalation=esc_id, kind=req.kind)
+            await self.commit()
+            self.ports.claims.item_changed(self.state, item)
 
     # -- attempts
 

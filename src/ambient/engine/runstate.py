@@ -19,6 +19,7 @@ from typing import Any, Literal, cast
 from ambient.engine.budget import UsageTotals, answer_hold
 from ambient.engine.events import (
     Accepted,
+    Asking,
     Decided,
     Decision,
     Escalated,
@@ -97,6 +98,9 @@ class RunState:
     gated: list[str] = field(default_factory=list)  # chains: steps a human gate asked about before they ran
     asked: list[dict[str, Any]] = field(default_factory=list)  # every escalation: escalation, item, kind, agent
     requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # pending escalation id → its asked request
+    #: Items (or steps) that asked the person and whose escalation the journal does not name yet (item → its
+    #: ``asking`` event's fields and ``at``): a start asks again, idempotently (RunExecutor.ask_again).
+    asking: dict[str, dict[str, Any]] = field(default_factory=dict)
     usage: UsageTotals = field(default_factory=UsageTotals)  # every attempt of the run together (ambient.engine.budget)
     #: Holds: no new agent starts while one is here (hold kind → its ``hold`` event's fields, ``escalation`` pending
     #: or None, ``waited`` once answered wait); see ambient.engine.budget.
@@ -232,6 +236,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
     match ev["ev"]:
         case "accepted":
             if item is not None:
+                state.asking.pop(item.name, None)
                 _accepted(item, ev)
         case "finished":
             if item is not None:
@@ -244,6 +249,9 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
             if item is not None:
                 item.status = "retry_wait"
                 item.not_before = ev.get("not_before")
+        case "asking":
+            if item is not None:
+                _asking(state, item, ev)
         case "asked":
             request = ev.get("request")
             if isinstance(request, dict):
@@ -254,6 +262,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
             _decided(state, by_name, ev)
         case "skipped":
             if item is not None:
+                state.asking.pop(item.name, None)
                 item.status = "skipped"
                 item.result = NOT_RUN if ev.get("before_start") else "skipped"
         case "interrupted":
@@ -280,6 +289,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
                 by_name[name] = new
         case "reset":
             if item is not None:
+                state.asking.pop(item.name, None)
                 item.status = "pending"
                 item.gate = None
                 item.fails = 0
@@ -297,6 +307,18 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
         case "finished_run":
             state.outcome = str(ev.get("outcome"))
             state.finished_at = ev.get("at")
+
+
+def _asking(state: RunState, item: ItemState, ev: Asking) -> None:
+    """The item asked the person: it waits on them from here on, whatever its result said (a failure the
+    workflow routes to the person, an agent's own question); the escalation's id comes with its ``escalated``."""
+    request = ev.get("request")
+    if not isinstance(request, dict):
+        raise HistoryError(f"asking record: request must be an object, got {request!r:.60}")
+    item.status = "escalated"
+    item.escalation = None
+    fields = {k: v for k, v in ev.items() if k != "ev"}
+    state.asking[item.name] = fields
 
 
 def _accepted(item: ItemState, ev: Accepted) -> None:
@@ -373,6 +395,7 @@ def _escalated(state: RunState, item: ItemState | None, ev: Escalated) -> None:
         item.status = "escalated"
         item.escalation = esc
         state.escalations[esc] = item.name
+        state.asking.pop(item.name, None)
     else:
         state.escalations[esc] = ""
 
@@ -409,6 +432,7 @@ def _gate(state: RunState, item: ItemState, ev: Gate) -> None:
     if item.gate == "pending" and ev.get("before"):
         state.gated.append(item.name)
     if item.gate == "pending":
+        state.asking.pop(item.name, None)
         item.status = "escalated"
         item.escalation = ev.get("escalation")
         if item.escalation:
@@ -482,6 +506,7 @@ def _abort_unfinished(state: RunState) -> None:
             it.escalation = None
     state.escalations.clear()
     state.requests.clear()
+    state.asking.clear()
 
 
 def ended_because(state: RunState) -> str:
@@ -510,3 +535,60 @@ def outcome_of(state: RunState) -> Outcome:
     if any(s == "done" for s in statuses):
         return "partial"
     return "failed" if statuses else "success"
+
+
+@dataclass(frozen=True)
+class StoredQuestion:
+    """An escalation file as the start-up reconciliation sees it: what the escalation store knows of a question."""
+
+    id: str
+    item: str | None  # its item or step; None: a question of the run (a hold, a final gate)
+    kind: str
+    status: str  # pending|answered|expired|cancelled
+    request: dict[str, Any]  # an ``asked`` event's request, built from the file
+    agent: str | None = None
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """What a start does with a question the store knows of and the journal does not: ``attach`` it to its item
+    (the item waits on it; an answer already given is then applied), or ``cancel`` it with ``reason``."""
+
+    question: StoredQuestion
+    verdict: Literal["attach", "cancel"]
+    reason: str = ""
+
+
+def reconcile_questions(state: RunState, stored: Iterable[StoredQuestion]) -> list[Reconciled]:
+    """The escalations of a run's files that its journal never recorded (a kill between the file and the journal,
+    an older ambient): each is attached to its item when the item can still wait on it (its attempt answered and
+    nothing else asked), else cancelled, saying why. Questions of the run itself (holds, a final gate) are asked
+    again by the run and found by their dedupe key: left alone here. Pure: the start carries it out."""
+    known = set(state.escalations) | set(state.requests)
+    known |= {str(d.get("escalation")) for d in state.decisions if d.get("escalation")}
+    known |= {str(a.get("escalation")) for a in state.asked if a.get("escalation")}
+    by_name = {it.name: it for it in state.items}
+    out: list[Reconciled] = []
+    taken: set[str] = set()
+    for q in sorted(stored, key=lambda q: q.id):
+        if q.id in known or q.status == "cancelled" or q.item is None:
+            continue
+        item = by_name.get(q.item)
+        if q.item in state.asking:
+            continue  # the run asks again itself and finds this file by its dedupe key (RunExecutor.ask_again)
+        if item is None:
+            out.append(Reconciled(q, "cancel", f"its run has no item {q.item}"))
+        elif state.finished:
+            out.append(Reconciled(q, "cancel", ended_because(state)))
+        elif (
+            item.status in ("failed", "pending")
+            and item.attempt > 0
+            and item.escalation is None
+            and item.name not in state.asking
+            and item.name not in taken
+        ):
+            taken.add(item.name)
+            out.append(Reconciled(q, "attach"))
+        else:
+            out.append(Reconciled(q, "cancel", f"superseded: {item.name} is {item.status} in its run's journal"))
+    return out

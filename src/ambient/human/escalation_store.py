@@ -10,7 +10,7 @@ from __future__ import annotations
 import builtins
 import fcntl
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -30,8 +30,10 @@ from ambient.human.escalations import (
     cancel,
     decide,
     describe_answer,
+    find_asked,
     find_pending,
     mark_reminded,
+    mark_unapplied,
     new_id,
     normalize_id,
     timeout_decision,
@@ -63,6 +65,7 @@ _OMIT_WHEN_NONE = (
     "note",
     "answered_at",
     "latency_s",
+    "unapplied",
 )
 
 
@@ -109,14 +112,19 @@ class EscalationStore:
         """The file of an escalation (the id is checked, so it never escapes the directory)."""
         return self.dir / f"{normalize_id(esc_id)}.yml"
 
-    def create(self, esc: Escalation) -> Escalation:
+    def create(self, esc: Escalation, *, since: datetime | None = None, settled: Iterable[str] = ()) -> Escalation:
         """Persist a new escalation durably (file and directory fsync'd) and return it.
 
         If a pending escalation with the same ``dedupe_key`` exists, nothing is written and that
         one is returned: compare ids (``store.create(e).id == e.id``) to know whether to notify.
+        ``since``: the question is asked again after a crash; an escalation of its key made since then, answered or
+        not (:func:`find_asked`), is returned the same way.
         """
         with self._guard():
-            existing = find_pending(self._scan().escalations, esc.dedupe_key)
+            escs = self._scan().escalations
+            existing = find_pending(escs, esc.dedupe_key)
+            if existing is None and since is not None:
+                existing = find_asked(escs, esc.dedupe_key, since, settled)
             if existing is not None:
                 return existing
             while self.path_for(esc.id).exists():  # 30 random bits: a collision is rare, never fatal
@@ -181,6 +189,10 @@ class EscalationStore:
         """Record a notification attempt (``error`` already redacted; ``next_at`` = next retry)."""
         when = now or self._clock.now()
         return self.update(esc_id, lambda e: with_attempt(e, ok=ok, now=when, error=error, next_at=next_at, refs=refs))
+
+    def mark_unapplied(self, esc_id: str, reason: str) -> Escalation:
+        """Record on an answered escalation that its answer was never applied, and why (see :func:`mark_unapplied`)."""
+        return self.update(esc_id, lambda e: mark_unapplied(e, reason))
 
     def cancel(self, esc_id: str, reason: str, now: datetime | None = None) -> Escalation:
         """Withdraw a pending escalation; :class:`AlreadyAnsweredError` if it was settled first."""

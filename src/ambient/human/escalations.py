@@ -159,6 +159,8 @@ class Escalation(BaseModel):
     note: str | None = None
     answered_at: AwareDatetime | None = None
     latency_s: float | None = None
+    #: Why an answer was never applied (its run ended before ambient could apply it): said to the person once.
+    unapplied: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Escalation:
@@ -498,6 +500,22 @@ def find_pending(escs: Iterable[Escalation], dedupe_key: str) -> Escalation | No
     return next((e for e in escs if e.status == "pending" and e.dedupe_key == dedupe_key), None)
 
 
+def find_asked(
+    escs: Iterable[Escalation], dedupe_key: str, since: datetime, settled: Iterable[str] = ()
+) -> Escalation | None:
+    """The escalation already made for a question asked again after a crash: the newest of its ``dedupe_key``
+    made at or after ``since`` (when the question arose), neither cancelled nor one of ``settled`` (those its run
+    already decided). Answered or not, it is this very question: kept, so its answer is applied and the person is
+    never asked twice."""
+    done = set(settled)
+    found = [
+        e
+        for e in escs
+        if e.dedupe_key == dedupe_key and e.status != "cancelled" and e.id not in done and e.created_at >= since
+    ]
+    return max(found, key=lambda e: (e.created_at, e.id), default=None)
+
+
 def mark_reminded(esc: Escalation, now: datetime) -> Escalation:
     """Record that the reminder is due: it is sent once, through the notification retry path."""
     _check_aware(now)
@@ -527,6 +545,13 @@ def with_attempt(
         "refs": state.refs | dict(refs or {}),
     }
     return _evolve(esc, notify=notify)
+
+
+def mark_unapplied(esc: Escalation, reason: str) -> Escalation:
+    """Record that an answer was never applied, and why (its run ended first): the person was told."""
+    if esc.status not in ("answered", "expired"):
+        raise StateError(f"{esc.id} is {esc.status}: only an answer can be left unapplied")
+    return _evolve(esc, unapplied=reason[:MAX_NOTE_CHARS])
 
 
 def cancel(esc: Escalation, *, reason: str, now: datetime) -> Escalation:

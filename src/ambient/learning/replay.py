@@ -164,7 +164,7 @@ def _counted(step: Mapping[str, Any], fails: int) -> int:
 
 def _kind(reply: str, step: Mapping[str, Any]) -> str:
     """Why a step reached the person: an agent's ESCALATE about a tool call (its ``permission_signature`` recorded)
-    is a ``permission``, as RunExecutor._escalate_item names it; another is its ``question``."""
+    is a ``permission``, as ForEachExecutor._item_question names it; another is its ``question``."""
     if reply == "escalate" and step.get("permission_signature"):
         return "permission"
     return {"escalate": "question", "blocked": "blocked", "error": "error"}.get(reply, "fail")

@@ -29,6 +29,7 @@ from ambient.claims.store import ClaimStore
 from ambient.config.brain import Brain, load_brain, reload_workflows
 from ambient.config.settings import Settings, settings_changes
 from ambient.core.clock import Clock, SystemClock
+from ambient.core.errors import AmbientError
 from ambient.core.health import resource_of
 from ambient.core.redact import SecretRegistry
 from ambient.engine.chain import ChainExecutor, ChainSettings
@@ -63,7 +64,7 @@ from ambient.service import envblock, systemd
 from ambient.service.adapters import AgentDelegate, BrainRef, RouterEmitter
 from ambient.service.claims_writer import ClaimsWriter
 from ambient.service.digest import Digest
-from ambient.service.escalator import Learner, StoreEscalator
+from ambient.service.escalator import Learner, StoreEscalator, stored_questions
 from ambient.service.evaluators import (
     EscalationEvaluator,
     IdleEvaluator,
@@ -506,7 +507,12 @@ class Daemon:
                 states=sorted({c.state for c in cleaned}),
             )
         await asyncio.to_thread(self.spend.seed_records, self.paths.runs_log, self.clock.now())
-        resumed = self.manager.resume_all()
+        stored = await asyncio.to_thread(stored_questions, self.escalations)
+        resumed = self.manager.resume_all(stored)
+        for esc_id, why in self.manager.leftovers:  # questions no run waits on: closed, saying why
+            with contextlib.suppress(AmbientError, OSError):
+                await asyncio.to_thread(self.escalations.cancel, esc_id, why)
+                log.warning("escalation_cancelled", escalation=esc_id, reason=why)
         for state in self.manager.active_runs():  # resumed, not started yet: what they spent today
             self.spend.seed_state(state, self.clock.now())
         if resumed:

@@ -7,16 +7,19 @@ answers and decides where a learned rule may (opt-in). Blocking file work goes t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError
+from ambient.engine.journals import run_glance
 from ambient.engine.ports import EscalationRequest
-from ambient.engine.runstate import RunState, ended_because
+from ambient.engine.runstate import RunState, StoredQuestion, ended_because
 from ambient.human.escalation_store import EscalationStore
 from ambient.human.escalations import AlreadyAnsweredError, Escalation, new_escalation, offered_options
 from ambient.human.messages import Message, escalation_message
@@ -146,11 +149,17 @@ class StoreEscalator:
             remind_before=timedelta(seconds=req.remind_before_s) if req.remind_before_s else None,
             dedupe_key=req.dedupe_key,
         )
-        stored = await asyncio.to_thread(self.store.create, esc)
+        since = datetime.fromisoformat(req.since) if req.since else None
+        stored = await asyncio.to_thread(self.store.create, esc, since=since, settled=req.settled)
         if stored.id == esc.id:
             log.info("escalation_opened", escalation=esc.id, kind=req.kind, item=req.item)
             if not await self._auto_decide(stored):
                 await self.queue(stored)
+        elif since is not None:
+            # Asked again after a crash: the question's file was there already, maybe answered meanwhile.
+            log.info("escalation_reattached", escalation=stored.id, status=stored.status, item=req.item or req.step)
+            if stored.status != "pending" and self.on_answered is not None:
+                self.on_answered(self.store.path_for(stored.id))  # its answer is applied once the run records it
         return stored.id
 
     async def _auto_decide(self, esc: Escalation) -> bool:
@@ -183,6 +192,15 @@ class StoreEscalator:
             return PressResult("invalid", "Unknown escalation.")
         if not nonce_matches(esc.nonce, nonce):
             return PressResult("invalid", "This button is not valid any more.")
+        if esc.status == "pending" and esc.respawn is None:
+            glance = await asyncio.to_thread(run_glance, self.store.paths, esc.run_id)
+            if glance is not None and glance.ended:  # nothing would apply it: said, never "decided"
+                option = esc.options[index].key if 0 <= index < len(esc.options) else str(index + 1)
+                reason = f"not applied: {glance.reason} before the answer ({option} by {user.name} via telegram)"
+                with contextlib.suppress(AlreadyAnsweredError):
+                    await asyncio.to_thread(self.store.cancel, esc_id, reason)
+                log.warning("answer_not_applied", escalation=esc_id, run_id=esc.run_id, reason=glance.reason)
+                return PressResult("already_decided", f"Not applied: {glance.reason}. The question is closed.")
         try:
             done = await asyncio.to_thread(self.store.answer, esc_id, str(index + 1), by=user.name, channel="telegram")
         except AlreadyAnsweredError as exc:
@@ -281,3 +299,27 @@ class StoreEscalator:
             f"{state.escalation_count} escalation(s), {state.error_count} error(s)."
         )
         await self.inform(f"{state.workflow}: {state.outcome}", body)
+
+
+def stored_questions(store: EscalationStore) -> dict[str, list[StoredQuestion]]:
+    """The escalation files of runs, by run id, as the start-up reconciliation reads them (blocking: call through
+    ``to_thread``): pending or answered, each with the request its run's journal would have kept."""
+    out: dict[str, list[StoredQuestion]] = {}
+    for esc in store.list():
+        if esc.respawn is not None or esc.status == "cancelled":
+            continue
+        request: dict[str, Any] = {
+            "kind": esc.kind,
+            "question": esc.question,
+            "options": [[o.key, o.label, o.action] for o in esc.options],
+        }
+        for key in ("item", "step", "agent", "scope"):
+            value = getattr(esc, key)
+            if value is not None:
+                request[key] = value
+        request["dedupe_key"] = esc.dedupe_key
+        if esc.detail and esc.detail != esc.question:
+            request["detail"] = esc.detail
+        question = StoredQuestion(esc.id, esc.item or esc.step, esc.kind, esc.status, request, esc.agent)
+        out.setdefault(esc.run_id, []).append(question)
+    return out

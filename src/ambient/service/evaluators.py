@@ -27,6 +27,7 @@ from ambient.claims.statusline import surely_not_open
 from ambient.claims.store import ClaimStore
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, InputError
+from ambient.engine.journals import RunGlance, run_glance
 from ambient.engine.manager import RunManager
 from ambient.engine.planner import ANSWER
 from ambient.engine.tick import Tick, TriggerEngine
@@ -246,6 +247,7 @@ class EscalationEvaluator:
         self.wake = wake
         self.respawn = respawn  # an answered ESCALATE of `ambient send`: its agent runs again with the answer
         self.applied: set[str] = set()
+        self._ended: dict[str, RunGlance] = {}  # ended runs' journals as read this tick (see _not_applied)
         self._next_timer: datetime | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -273,6 +275,7 @@ class EscalationEvaluator:
         for run_id in sorted(ended):
             why = await asyncio.to_thread(self.manager.ended_reason, run_id)
             await self.escalator.cancel_leftovers(run_id, why)
+        self._ended.clear()  # each answer is looked at once (applied): the journals read are not kept past the tick
         self._arm(next_timer(e for e in escs if e.run_id not in ended))
 
     async def _rebuild_lost(self, listed: set[str]) -> list[Escalation]:
@@ -347,8 +350,47 @@ class EscalationEvaluator:
             if self.escalator.learner is not None and rule is None:
                 await asyncio.to_thread(self.escalator.learner.observe, esc)
         elif esc.run_id not in self.manager.executors:
-            self.applied.add(esc.id)  # its run is finished or unknown: nothing waits on it
-        # else: its run has not recorded the escalation yet (a rule answered at once): next tick.
+            await self._not_applied(esc)
+        # else: its run has not recorded the escalation yet (a rule answered at once, a question asked again after
+        # a crash): next tick.
+
+    async def _not_applied(self, esc: Escalation) -> None:
+        """An answer whose run is not running here: applied before (its journal decided it), or never, because the
+        run ended first (an answer given as it ended, or while the daemon was down): then the person is told,
+        it is logged, and the escalation says so (``unapplied``), once. Never dropped in silence."""
+        if esc.unapplied:
+            self.applied.add(esc.id)
+            return
+        glance = self._ended.get(esc.run_id)
+        if glance is None:
+            glance = await asyncio.to_thread(run_glance, self.store.paths, esc.run_id)
+            if glance is not None and glance.ended:
+                self._ended[esc.run_id] = glance  # an ended run's journal never changes: read once a tick
+        if glance is None or not glance.ended:
+            return  # a journal that cannot be read (doctor reports it), or a run not resumed yet: looked at again
+        self.applied.add(esc.id)
+        if esc.id in glance.decided:
+            return
+        reason = f"its run ended before the answer could be applied: {glance.reason}"
+        log.warning(
+            "answer_not_applied",
+            escalation=esc.id,
+            decision=esc.decision,
+            by=esc.by,
+            workflow=esc.workflow,
+            run_id=esc.run_id,
+            item=esc.item or esc.step,
+            reason=glance.reason,
+        )
+        try:
+            await asyncio.to_thread(self.store.mark_unapplied, esc.id, reason)
+        except (AmbientError, OSError) as exc:
+            log.warning("escalation_not_marked", escalation=esc.id, error=str(exc))
+        await self.escalator.inform(
+            f"{esc.workflow}: your answer was not applied",
+            f"{esc.id} ({esc.where}): {esc.decision} by {esc.by} was not applied: {reason}.",
+            urgent=True,
+        )
 
     def _timers_due(self, now: datetime) -> bool:
         return self._next_timer is not None and self._next_timer <= now

@@ -88,6 +88,18 @@ class Journal:
         self._pending = b""
         self._io = threading.Lock()
         self._flush_soon = False  # a flush of a full buffer is scheduled for the end of the loop's step
+        self._together = 0  # inside together(): no flush splits the records being written
+
+    def together(self) -> _Together:
+        """``with journal.together():`` the records written inside reach the file in one write, never some without
+        the others: a kill can fall between two writes, and a result without the question it raised reads as a
+        failure. (A class, not a generator: it wraps every item's result in a fan-out, bench/fanout.py.)"""
+        return _Together(self)
+
+    def _together_done(self) -> None:
+        self._together -= 1
+        if not self._together:
+            self._written_some()
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Queue one record; it reaches the file at the next flush (or at once when unbuffered).
@@ -98,6 +110,11 @@ class Journal:
         """
         self._buf += _dumps(record)
         self._written += 1
+        if not self._together:
+            self._written_some()
+
+    def _written_some(self) -> None:
+        """Unbuffered, the records go to the file now; a full buffer, once the loop's step is over."""
         if not self._buffered:
             self.flush()
         elif len(self._buf) >= _FLUSH_AT and not self._flush_soon:
@@ -265,6 +282,21 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Together:
+    """See :meth:`Journal.together`."""
+
+    __slots__ = ("_journal",)
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    def __enter__(self) -> None:
+        self._journal._together += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._journal._together_done()
 
 
 def append_line(path: Path, record: Mapping[str, Any], *, durable: bool = True) -> None:

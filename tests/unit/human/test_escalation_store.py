@@ -36,10 +36,21 @@ from tests.unit.human.test_escalations import T0, _fail
 
 @pytest.fixture
 def brain(tmp_path: Path) -> Path:
-    """An empty brain root (its agents/ folder is what makes the CLI take it for a brain)."""
+    """An empty brain root (its agents/ folder is what makes the CLI take it for a brain), with the journal of the
+    unfinished run ``run-1`` the escalations here belong to (an answer to a run that ended is not taken)."""
     root = tmp_path / "brain"
     (root / "agents").mkdir(parents=True)
+    _journal(BrainPaths(root), "run-1")
     return root
+
+
+def _journal(paths: BrainPaths, run_id: str, *, outcome: str | None = None) -> None:
+    """A run's journal: started, and finished with ``outcome`` when given."""
+    paths.run_journals.mkdir(parents=True, exist_ok=True)
+    records = [{"ev": "started", "run_id": run_id, "workflow": "deploy-batch", "form": "for_each", "items": ["a"]}]
+    if outcome is not None:
+        records.append({"ev": "finished_run", "outcome": outcome, "at": "2026-01-01T00:00:00+00:00"})
+    paths.run_journal(run_id).write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 @pytest.fixture
@@ -382,3 +393,56 @@ def test_listing_parses_only_changed_files(store: EscalationStore, monkeypatch: 
     path.unlink()
     reads.clear()
     assert len(store.list()) == 19 and reads == []
+
+
+class TestAnswersNothingWouldApply:
+    """An answer to a question whose run ended is said (exit 3) and closes the question with the reason; an answer
+    that cannot be written says so (exit 4): ``decide`` exits 0 only once the answer is where the daemon applies it."""
+
+    def test_an_answer_after_the_run_ended_exits_3_and_closes_the_question(
+        self, store: EscalationStore, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        esc = store.create(_fail().model_copy(update={"run_id": "run-2"}))
+        _journal(store.paths, "run-2", outcome="partial")
+        assert main(["decide", "--brain", str(store.paths.root), esc.id, "retry"]) == 3
+        err = capsys.readouterr().err
+        assert "was not applied" in err and "partial" in err
+        after = store.get(esc.id)
+        assert after.status == "cancelled" and after.decision is None
+        assert after.note is not None and "retry" in after.note and "partial" in after.note
+
+    def test_an_option_not_offered_is_refused_before_the_run_is_looked_at(self, store: EscalationStore) -> None:
+        esc = store.create(_fail().model_copy(update={"run_id": "run-2"}))
+        _journal(store.paths, "run-2", outcome="partial")
+        assert main(["decide", "--brain", str(store.paths.root), esc.id, "nonsense"]) == 2
+        assert store.get(esc.id).status == "pending"
+
+    def test_an_answer_that_cannot_be_written_exits_4_not_1(
+        self, store: EscalationStore, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        esc = store.create(_fail())
+
+        def full(*_: Any, **__: Any) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr("ambient.human.escalation_store.atomic_write", full)
+        assert main(["decide", "--brain", str(store.paths.root), esc.id, "retry"]) == 4
+        assert "could not be written" in capsys.readouterr().err
+        assert store.get(esc.id).status == "pending"
+
+    def test_an_already_answered_question_still_exits_1(self, store: EscalationStore) -> None:
+        esc = store.create(_fail())
+        assert main(["decide", "--brain", str(store.paths.root), esc.id, "retry"]) == 0
+        assert main(["decide", "--brain", str(store.paths.root), esc.id, "skip"]) == 1
+
+    def test_a_crash_while_answering_exits_4_not_1(
+        self, store: EscalationStore, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        esc = store.create(_fail())
+
+        def broken(*_: Any, **__: Any) -> None:
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr("ambient.human.escalation_store.atomic_write", broken)
+        assert main(["decide", "--brain", str(store.paths.root), esc.id, "retry"]) == 4
+        assert "nothing was decided" in capsys.readouterr().err

@@ -567,3 +567,23 @@ async def test_records_of_one_loop_step_go_to_the_file_in_one_write_past_the_flu
     assert len(writes) == 1 and writes[0].count(b"\n") == 2
     assert [r["ev"] for r in read_jsonl(j.path).records] == ["finished", "retry"]
     j.close()
+
+
+def test_records_written_together_reach_the_file_in_one_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A result and the question it raises: a full buffer never flushes one without the other (a kill could fall
+    between the two writes); they are written together once the block ends."""
+    monkeypatch.setattr("ambient.storage.journal._FLUSH_AT", 1)  # every record would flush at once
+    path = tmp_path / "run.jsonl"
+    j = Journal(path)
+    writes: list[bytes] = []
+    real = j._write
+    monkeypatch.setattr(j, "_write", lambda data: (writes.append(data), real(data))[1])
+    with j.together():
+        j.write({"ev": "finished", "item": "a"})
+        j.write({"ev": "asking", "item": "a"})
+        assert path.read_bytes() == b""
+    assert [r["ev"] for r in read_jsonl(path).records] == ["finished", "asking"]
+    assert len(writes) == 1
+    j.write({"ev": "accepted", "item": "b"})  # outside: flushed at once, as before
+    assert len(writes) == 2
+    j.close()

@@ -71,6 +71,8 @@ async def decide_action(request: Request) -> Response:
         return answer(result.message, ok=False)  # "...already answered: skip by ana via cli...; nothing was changed"
     if result.kind == "refused":
         return answer(f"Refused, nothing changed: {result.message}", ok=False)
+    if result.kind in ("ended", "failed"):  # its run ended (not applied), or the answer could not be written
+        return answer(result.message, ok=False)
     return answer(result.message)
 
 
