@@ -384,7 +384,7 @@ def _decided(state: RunState, by_name: dict[str, ItemState], ev: Decided) -> Non
     state.decisions.append(cast(Decision, {k: v for k, v in ev.items() if k != "ev"}))
     target = by_name.get(str(ev.get("item"))) if ev.get("item") is not None else None
     action = ev.get("action")
-    _answer_hold(state, esc, action)
+    _answer_hold(state, esc, action, ev)
     if target is not None and target.escalation == esc:
         target.escalation = None
         if action in ("retry", "answer"):  # answer: run again with the person's answer (an agent's question)
@@ -435,12 +435,15 @@ def _hold(state: RunState, ev: Hold) -> None:
     state.holds[name] = cast(HeldRun, {**fields, "hold": name, "escalation": None, "waited": False, "at": ev.get("at")})
 
 
-def _answer_hold(state: RunState, esc: str, action: Any) -> None:
-    """A decision on a hold's escalation: released (a raise allows more), kept waiting, or asked again."""
+def _answer_hold(state: RunState, esc: str, action: Any, ev: Decided) -> None:
+    """A decision on a hold's escalation: released (a raise allows more than the run has spent by now), kept
+    waiting, or asked again."""
     for name, hold in list(state.holds.items()):
         if hold.get("escalation") != esc:
             continue
-        ans = answer_hold(hold, str(action))
+        ans = answer_hold(
+            hold, str(action), option=str(ev.get("option") or ""), note=ev.get("note"), spent=state.usage.cost_usd
+        )
         hold["escalation"] = None
         if ans.release:
             del state.holds[name]
