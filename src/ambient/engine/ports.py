@@ -18,7 +18,7 @@ from ambient.core.clock import Clock, SystemClock
 from ambient.engine.budget import Limits
 from ambient.engine.events import EscalationRecord
 from ambient.engine.runstate import UNRECOVERABLE, ItemState, RunState
-from ambient.runners.base import Resumed
+from ambient.runners.result import Resumed
 
 AttemptStatus = Literal["success", "fail", "error", "escalate", "blocked"]
 

@@ -32,7 +32,7 @@ from ambient.engine.events import (
     Spawned,
     Started,
 )
-from ambient.runners.base import Resumed
+from ambient.runners.result import Resumed
 
 ItemStatus = Literal["pending", "running", "retry_wait", "done", "failed", "escalated", "skipped", "aborted"]
 TERMINAL_ITEM: frozenset[str] = frozenset({"done", "failed", "skipped", "aborted"})

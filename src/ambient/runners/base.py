@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from ambient.runners.result import AgentResult
+from ambient.runners.result import AgentResult, Resumed
 
 #: Handoff text (DESIGN §8) is bounded to this many characters.
 MAX_HANDOFF_CHARS = 4096
@@ -22,23 +22,6 @@ MAX_HANDOFF_CHARS = 4096
 def idempotency_key(run_id: str, item: str, attempt: int) -> str:
     """The idempotency key of one SPAWN: ``run/item/attempt`` (RELIABILITY §1.1, Temporal's lesson)."""
     return f"{run_id}/{item}/{attempt}"
-
-
-#: Why an item runs again: the person answered its escalation, a retry after the attempt before failed, or ambient
-#: stopped (a restart, a crash) while it ran.
-ResumeWhy = Literal["answered", "retry", "restart"]
-
-
-@dataclass(frozen=True, slots=True)
-class Resumed:
-    """Why this attempt follows an earlier one of the same item, as the run journal says: a resumed session is told
-    exactly what happened (told "interrupted" after an answer, a real model may redo work it has done)."""
-
-    why: ResumeWhy
-    question: str | None = None  # answered: what the person was asked
-    answer: str | None = None  # answered: their answer (the option, in the agent's words when it proposed it)
-    error: str | None = None  # retry: how the attempt before ended
-    crash: bool = False  # restart: the daemon died (kill, power loss) rather than being stopped
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ambient.runners.base import MAX_HANDOFF_CHARS, Resumed, RunRequest
+from ambient.runners.base import MAX_HANDOFF_CHARS, RunRequest
+from ambient.runners.result import Resumed
 
 #: Largest agent prompt file read (the same bound as an agent's frontmatter file).
 MAX_PROMPT_BYTES = 256 * 1024

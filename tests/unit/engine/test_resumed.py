@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ambient.engine.runstate import fold
-from ambient.runners.base import Resumed
+from ambient.runners.result import Resumed
 
 T0 = "2026-03-18T10:00:00+00:00"
 ACCEPTED = {"ev": "accepted", "item": "a", "attempt": 1, "at": T0}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ambient.runners.base import Resumed
 from ambient.runners.prompt import resume_note
+from ambient.runners.result import Resumed
 
 
 @pytest.mark.parametrize(
