@@ -564,7 +564,8 @@ def test_raise_after_a_step_that_spent_sixty_budgets_lets_the_next_agent_start(
     ai_brain: Brain, api: FakeAnthropic
 ) -> None:
     """One step spends far more than `per_run_usd`: the question says what was spent, by which agent, against which
-    budget, and `ambient decide <esc> raise` moves the run (to what it spent plus one budget): the next agent starts."""
+    budget, and `ambient decide <esc> raise` moves the run (to what it spent plus one budget): the next agent starts.
+    Held again, `raise --note '$1'` allows up to the amount given: the last agent starts and the run succeeds."""
     brain = ai_brain
     brain.config("""
         concurrency: 1
@@ -573,7 +574,7 @@ def test_raise_after_a_step_that_spent_sixty_budgets_lets_the_next_agent_start(
     """)
     long_brief = "You summarise the notes you are given, carefully. " * 1500  # about $0.0024 a call: 120 budgets
     brain.write("agents/summary.md", ai_agent_md("summary", long_brief, runner={"kind": "llm", "model": "haiku"}))
-    brain.workflow("sum", for_each("sum", "summary", ["a", "b"]))
+    brain.workflow("sum", for_each("sum", "summary", ["a", "b", "c"]))
     with brain.daemon():
         esc = _escalation(brain, "budget")
         assert len(api.requests) == 1
@@ -583,9 +584,14 @@ def test_raise_after_a_step_that_spent_sixty_budgets_lets_the_next_agent_start(
         question = esc["question"]
         assert "summary" in question and "$0.00002" in question, question
         assert f"${spent:.4f}".rstrip("0") + " spent" in question, question
-        assert "per_run_usd" in question, question
         assert brain.decide(esc["id"], "raise").rc == 0
         wait(lambda: len(api.requests) >= 2, "the next agent of the run to start", timeout=AI_WAIT)
+        [again] = brain.wait_escalation("the budget reached again", where=lambda e: e["id"] != esc["id"])
+        assert len(api.requests) == 2
+        assert brain.decide(again["id"], "raise", "--note", "$1").rc == 0
+        [record] = brain.wait_finished("sum", timeout=AI_WAIT)
+    assert record["outcome"] == "success", record
+    assert len(api.requests) == 3
 
 
 def _user_texts(body: dict[str, Any] | None) -> str:
