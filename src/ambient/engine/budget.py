@@ -246,7 +246,7 @@ _AGENTS_SHOWN = 5
 def _agents_text(agents: Any) -> str:
     """``summary $3.00, reviewer $0.01`` (the five that spent most, then how many more)."""
     if not isinstance(agents, Mapping) or not agents:
-        return "no agent's step of this run has a known cost"
+        return "no step with a known cost"
     named = [(str(a), amount_of(c) or 0.0) for a, c in agents.items()][: _AGENTS_SHOWN + 1]
     shown = ", ".join(f"{a} {fmt_usd(c)}" for a, c in named[:_AGENTS_SHOWN])
     more = len(agents) - _AGENTS_SHOWN
@@ -260,16 +260,19 @@ def budget_question(workflow: str, hold: Mapping[str, Any]) -> str:
     budget = amount_of(hold.get("budget")) or 0.0
     held = "no new agent of this run starts until you answer"
     raised = f", {fmt_usd(limit)} with what you allowed more" if limit > budget + 1e-9 else ""
-    by = _agents_text(hold.get("agents"))
+    # a hold written before holds named their agents has none: nothing is said rather than something wrong
+    agents = hold.get("agents")
     if hold.get("hold") == "daily":
         day = hold.get("day")
+        by = f"; this run's agents spent {_agents_text(agents)}" if agents is not None else ""
         return (
             f"{workflow} reached the daily budget: {fmt_usd(spent)} spent today by all runs (UTC day {day}) against "
-            f"daily_usd {fmt_usd(budget)}{raised}; this run's agents spent {by}; {held}"
+            f"daily_usd {fmt_usd(budget)}{raised}{by}; {held}"
         )
+    by = f"; spent by {_agents_text(agents)}" if agents is not None else ""
     return (
-        f"{workflow} reached its budget: {fmt_usd(spent)} spent against per_run_usd {fmt_usd(budget)}{raised}; "
-        f"spent by {by}; {held}"
+        f"{workflow} reached its budget: {fmt_usd(spent)} spent against per_run_usd {fmt_usd(budget)}{raised}{by}; "
+        f"{held}"
     )
 
 

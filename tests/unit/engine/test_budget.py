@@ -96,8 +96,12 @@ def test_questions_say_what_was_spent_against_what() -> None:
         "no new agent of this run starts until you answer"
     )
     raised = {**per_run, "limit": 4.0, "agents": {}}
-    assert "against per_run_usd $2.00, $4.00 with what you allowed more; spent by no agent's step of this run has" in (
+    assert "against per_run_usd $2.00, $4.00 with what you allowed more; spent by no step with a known cost;" in (
         budget_question("w", raised)
+    )
+    before = {k: v for k, v in per_run.items() if k != "agents"}  # a hold of a journal written before: no agents
+    assert budget_question("w", before) == (
+        "w reached its budget: $2.10 spent against per_run_usd $2.00; no new agent of this run starts until you answer"
     )
     daily = {"hold": "daily", "spent": 50.2, "limit": 50.0, "budget": 50.0, "day": "2026-03-18", "agents": {"a": 1}}
     assert (
