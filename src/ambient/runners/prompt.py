@@ -112,7 +112,7 @@ def resume_note(resumed: Resumed | None) -> str:
     if resumed.why == "retry":
         error = _one_line(resumed.error) if resumed.error else "no detail"
         return (
-            f"You are resumed for a retry: your previous attempt ended in an error ({error}). Check what you "
+            f"You are resumed for a retry: your previous attempt did not succeed ({error}). Check what you "
             "already did, then finish the task."
         )
     if resumed.crash:

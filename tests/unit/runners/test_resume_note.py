@@ -23,7 +23,7 @@ from ambient.runners.result import Resumed
         ),
         (
             Resumed("retry", error="exit 3: tests failed"),
-            "You are resumed for a retry: your previous attempt ended in an error (exit 3: tests failed). Check what "
+            "You are resumed for a retry: your previous attempt did not succeed (exit 3: tests failed). Check what "
             "you already did, then finish the task.",
         ),
         (
@@ -45,9 +45,9 @@ def test_a_resumed_session_is_told_what_happened(resumed: Resumed | None, says: 
 @pytest.mark.parametrize(
     "resumed", [Resumed("answered", answer="go"), Resumed("restart"), Resumed("restart", crash=True), None]
 )
-def test_only_a_retry_speaks_of_an_error_and_none_says_interrupted(resumed: Resumed | None) -> None:
+def test_only_a_retry_speaks_of_a_failure_and_none_says_interrupted(resumed: Resumed | None) -> None:
     note = resume_note(resumed)
-    assert "interrupted" not in note and "error" not in note
+    assert "interrupted" not in note and "did not succeed" not in note
 
 
 def test_a_long_error_is_one_bounded_line() -> None:
