@@ -337,7 +337,7 @@ def test_a_budget_reached_stops_new_spawns_and_asks_once(ai_brain: Brain, api: F
     brain.workflow("notes", for_each("notes", "writer", ["a", "b", "c"]))
     with brain.daemon():
         esc = _escalation(brain, "budget")
-        assert _keys(esc) == ["raise", "wait", "abort"]
+        assert _keys(esc) in (["raise", "wait", "abort"], ["raise", "raise-x2", "wait", "abort"])
         assert "budget" in esc["question"]
         asked = _items_asked(api)
         assert len(asked) == 1, asked
@@ -567,3 +567,69 @@ def test_runner_keys_replace_prompt_workdir_and_a_key_from_credentials(
     system = json.dumps(main.body["system"])
     assert "ONLY THIS BODY." in system and "You are Claude Code" not in system
     assert "sk-ant-from-a-credential-file" in json.dumps(main.headers)
+
+
+def test_raise_after_a_step_that_spent_sixty_budgets_lets_the_next_agent_start(
+    ai_brain: Brain, api: FakeAnthropic
+) -> None:
+    """One step spends far more than `per_run_usd`: the question says what was spent, by which agent, against which
+    budget, and `ambient decide <esc> raise` moves the run (to what it spent plus one budget): the next agent starts.
+    Held again, `raise --note '$1'` allows up to the amount given: the last agent starts and the run succeeds."""
+    brain = ai_brain
+    brain.config("""
+        concurrency: 1
+        budget:
+          per_run_usd: 0.00002
+    """)
+    long_brief = "You summarise the notes you are given, carefully. " * 1500  # about $0.0024 a call: 120 budgets
+    brain.write("agents/summary.md", ai_agent_md("summary", long_brief, runner={"kind": "llm", "model": "haiku"}))
+    brain.workflow("sum", for_each("sum", "summary", ["a", "b", "c"]))
+    with brain.daemon():
+        esc = _escalation(brain, "budget")
+        assert len(api.requests) == 1
+        [run] = brain.ok("status", "--json").json()["runs"]
+        spent = run["cost_usd"]
+        assert spent >= 60 * 0.00002, spent
+        question = esc["question"]
+        assert "summary" in question and "$0.00002" in question, question
+        assert f"${spent:.4f}".rstrip("0") + " spent" in question, question
+        assert brain.decide(esc["id"], "raise").rc == 0
+        wait(lambda: len(api.requests) >= 2, "the next agent of the run to start", timeout=AI_WAIT)
+        [again] = brain.wait_escalation("the budget reached again", where=lambda e: e["id"] != esc["id"])
+        assert len(api.requests) == 2
+        assert brain.decide(again["id"], "raise", "--note", "$1").rc == 0
+        [record] = brain.wait_finished("sum", timeout=AI_WAIT)
+    assert record["outcome"] == "success", record
+    assert len(api.requests) == 3
+
+
+def _user_texts(body: dict[str, Any] | None) -> str:
+    """Every user message's text of one request to the model."""
+    texts: list[str] = []
+    for m in (body or {}).get("messages", []):
+        if m.get("role") != "user":
+            continue
+        content = m.get("content")
+        for block in [content] if isinstance(content, str) else content or []:
+            texts.append(block if isinstance(block, str) else str(block.get("text") or block.get("content") or ""))
+    return "\n".join(texts)
+
+
+def test_a_session_resumed_after_the_persons_answer_is_told_they_answered(ai_brain: Brain, api: FakeAnthropic) -> None:
+    """An agent asks its own question; the person answers: the resumed session is told the person answered (with the
+    question and the answer), not that it was interrupted by a retry or a restart."""
+    brain = ai_brain
+    ask = {"answer": {"signal": "ESCALATE", "question": "Ship the draft as it is?", "options": ["ship", "hold"]}}
+    brain.write("agents/writer.md", ai_agent_md("writer", "You write.\n\n" + playbook(ask), runner=CLAUDE))
+    brain.workflow("notes", for_each("notes", "writer", ["a"]))
+    with brain.daemon():
+        esc = _escalation(brain, "question")
+        asked = len(api.requests)
+        assert brain.decide(esc["id"], "ship").rc == 0
+        # The resumed session asks again (its playbook always asks): by then the model has read the brief.
+        brain.wait_escalation("the question asked again", where=lambda e: e["id"] != esc["id"], timeout=AI_WAIT)
+    resumed = [_user_texts(r.body) for r in api.requests[asked:] if "Ship the draft" in json.dumps(r.body)]
+    assert resumed, "no request to the model after the answer"
+    brief = resumed[0]
+    assert "the person answered" in brief and "Ship the draft as it is?" in brief and "ship" in brief, brief
+    assert "interrupted" not in brief.lower(), brief

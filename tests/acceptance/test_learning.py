@@ -705,6 +705,62 @@ def test_a_handoff_packet_reaches_the_agents_next_handoff(brain: Brain) -> None:
     assert "use British spelling" in brain.read(f"workspace/handoffs/{second}")
 
 
+ASKER_AGENT = """
+    import json, os, pathlib, subprocess, sys
+    context = json.load(sys.stdin)["payload"]["context"]
+    brain = pathlib.Path(os.environ["AMBIENT_BRAIN"])
+    out = brain / "workspace" / "handoffs"
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"{os.environ['AMBIENT_RUN_ID']}.{os.environ['AMBIENT_ITEM']}.{os.environ['AMBIENT_ATTEMPT']}.md"
+    (out / name).write_text(os.environ.get("AMBIENT_HANDOFF", ""))
+    item = os.environ["AMBIENT_ITEM"]
+    if item == "wrap-up":  # hands off to its next session: its handoff.md is rewritten
+        pkt = {"from": "asker", "to": "asker", "signal": "HANDOFF", "session_id": os.environ["AMBIENT_RUN_ID"],
+               "payload": {"context": {"objective": "write in one tone"}}}
+        sent = subprocess.run([sys.executable, "-m", "ambient", "send", "-"], input=json.dumps(pkt), text=True,
+                              capture_output=True)
+        assert sent.returncode == 0
+    if item.startswith("ask") and "decision" not in context:
+        print(json.dumps({"signal": "ESCALATE", "question": f"Tone of {item}?", "options": ["formal", "casual"]}))
+    else:
+        print(json.dumps({"status": "ok"}))
+"""
+
+
+def test_a_new_runs_handoff_holds_no_request_of_a_finished_run(brain: Brain) -> None:
+    """A run whose agent asked twice finishes (one question answered, the other item skipped); the agent hands off
+    (its handoff is rewritten); its next run is handed only what is still open: nothing of the finished run."""
+    gate = {
+        "receives_from": ["human", "ambient", "asker"],
+        "sends_to": ["human", "ambient", "asker"],
+        "zone_access": ["project"],
+        "signals": ["RETURN", "ERROR", "ESCALATE", "BLOCKED_ON", "HANDOFF"],
+    }
+    brain.python_agent("asker", ASKER_AGENT, gate=gate)
+    brain.workflow("tone", for_each("tone", "asker", ["ask-a", "ask-b"]))
+    brain.workflow("wrap", "status: draft\n" + for_each("wrap", "asker", ["wrap-up"]))  # run on purpose only
+    brain.workflow("later", "status: draft\n" + for_each("later", "asker", ["plain"]))
+    with brain.daemon():
+        asked = brain.wait_escalation("both questions", count=2)
+        first = asked[0]["run_id"]
+        by_item = {e["item"]: e for e in asked}
+        assert set(by_item) == {"ask-a", "ask-b"}, by_item
+        assert brain.decide(by_item["ask-a"]["id"], "formal").rc == 0
+        assert brain.decide(by_item["ask-b"]["id"], "skip").rc == 0
+        [record] = brain.wait_finished("tone")
+        assert record["run_id"] == first
+        brain.ok("start", "wrap")
+        [wrapped] = brain.wait_finished("wrap")
+        assert wrapped["outcome"] == "success", wrapped
+        wait(lambda: "write in one tone" in brain.read(".ambient/live/asker/handoff.md"), "the handoff rewritten")
+        brain.ok("start", "later")
+        [later] = brain.wait_finished("later")
+    [text] = [p.read_text() for p in brain.path("workspace/handoffs").glob(f"{later['run_id']}.*.md")]
+    assert "Active requests" in text and "Blockers" in text, text
+    assert "write in one tone" in text, text  # the rewritten handoff, not one from before the run
+    assert first not in text and "formal | casual" not in text, text  # neither its requests nor its questions
+
+
 # ---------------- `ambient replay` over an unchanged workflow says what its runs met (issue 23.11)
 
 # Crashes on its first attempt of each item (the retry policy runs it again), succeeds after.

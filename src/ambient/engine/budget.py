@@ -18,16 +18,22 @@ agent of it starts (those already running finish), and the person gets one escal
 =========  =====================================================  ==========================================
 hold       question                                               answers
 =========  =====================================================  ==========================================
-per_run    ``deploy-batch reached its budget: $2.10 of $2.00      raise: another ``per_run_usd`` of spend;
-           per run``                                              wait: held until the person raises or aborts
+per_run    ``deploy-batch reached its budget: $3.00 spent         raise: up to what was spent plus one
+           against per_run_usd $0.05; spent by writer $3.00``     budget, or the amount given as the note;
+                                                                  raise-x2: twice what was spent; wait:
+                                                                  held until the person raises or aborts
                                                                   (asked again, raise | abort); abort
-daily      ``deploy-batch reached the daily budget: $50.20 of     raise: this run's cap for the day is lifted
-           $50.00 today (UTC day 2026-03-18, all runs)``          by ``daily_usd``; wait: held until the UTC
-                                                                  day changes, then it goes on by itself; abort
+daily      ``deploy-batch reached the daily budget: $50.20        raise: this run's cap for the day becomes
+           spent today by all runs (UTC day 2026-03-18) against   what was spent plus ``daily_usd`` (or the
+           daily_usd $50.00; this run's agents spent …``          note's amount); wait: held until the UTC
+                                                                  day changes, then it goes on; abort
 provider   ``the model provider cannot be used, so this   retry: the run goes on; abort
            run waits: <error>`` (a refused key, an API
            that cannot be reached)
 =========  =====================================================  ==========================================
+
+A ``raise`` always moves the run: one step may overshoot a budget by far (a long prompt, a runaway session), and
+"another budget's worth" added to a cap already passed would leave the run held and ask the same question again.
 
 The run journal keeps holds as events (``hold``, ``escalated`` with ``hold``, ``decided``, ``unhold``), so a held run
 stays held across a restart of the daemon (:mod:`ambient.engine.runstate` folds them with :func:`answer_hold`).
@@ -120,13 +126,20 @@ class UsageTotals:
 
 def fmt_usd(amount: float) -> str:
     """``$2.10``; amounts under a dollar keep four figures (``$0.0103``: a small budget's ``$0.01 of $0.01`` would
-    hide that it was passed)."""
+    hide that it was passed), and smaller ones two significant figures (``$0.000021``, never ``$0.00``)."""
+    if amount and abs(amount) < 0.001:
+        return "$" + f"{amount:.{_decimals(amount)}f}".rstrip("0")
     if amount and abs(amount) < 1:
         text = f"{amount:.4f}"
         while text.endswith("0") and len(text.split(".")[1]) > 2:
             text = text[:-1]
         return f"${text}"
     return f"${amount:,.2f}"
+
+
+def _decimals(amount: float) -> int:
+    """The decimals that show two significant figures of a small amount (``0.000021``: 6)."""
+    return min(12, max(4, 1 - math.floor(math.log10(abs(amount)))))
 
 
 # ---------------------------------------------------------------- the day
@@ -212,14 +225,55 @@ def breach(
     return None
 
 
+def spend_by_agent(steps: Any) -> dict[str, float]:
+    """What each agent of a run spent (its recorded steps whose cost is known), the largest first: the budget question
+    names them, so the person sees which agent spent it."""
+    totals: dict[str, float] = {}
+    for step in steps or ():
+        if not isinstance(step, Mapping) or not isinstance(step.get("usage"), Mapping):
+            continue
+        cost = amount_of(step["usage"].get("cost_usd"))
+        if cost is None:
+            continue
+        agent = str(step.get("agent") or "?")[:100]
+        totals[agent] = totals.get(agent, 0.0) + cost
+    return {a: round(c, 6) for a, c in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))}
+
+
+_AGENTS_SHOWN = 5
+
+
+def _agents_text(agents: Any) -> str:
+    """``summary $3.00, reviewer $0.01`` (the five that spent most, then how many more)."""
+    if not isinstance(agents, Mapping) or not agents:
+        return "no step with a known cost"
+    named = [(str(a), amount_of(c) or 0.0) for a, c in agents.items()][: _AGENTS_SHOWN + 1]
+    shown = ", ".join(f"{a} {fmt_usd(c)}" for a, c in named[:_AGENTS_SHOWN])
+    more = len(agents) - _AGENTS_SHOWN
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
 def budget_question(workflow: str, hold: Mapping[str, Any]) -> str:
-    """What the person is asked when a run reaches a budget (``hold``: the ``hold`` event's fields)."""
-    spent, limit = fmt_usd(float(hold.get("spent") or 0)), fmt_usd(float(hold.get("limit") or 0))
+    """What the person is asked when a run reaches a budget (``hold``: the ``hold`` event's fields): what was spent,
+    by which agents, against which budget (and what was allowed more)."""
+    spent, limit = amount_of(hold.get("spent")) or 0.0, amount_of(hold.get("limit")) or 0.0
+    budget = amount_of(hold.get("budget")) or 0.0
     held = "no new agent of this run starts until you answer"
+    raised = f", {fmt_usd(limit)} with what you allowed more" if limit > budget + 1e-9 else ""
+    # a hold written before holds named their agents has none: nothing is said rather than something wrong
+    agents = hold.get("agents")
     if hold.get("hold") == "daily":
         day = hold.get("day")
-        return f"{workflow} reached the daily budget: {spent} of {limit} today (UTC day {day}, all runs); {held}"
-    return f"{workflow} reached its budget: {spent} of {limit} per run; {held}"
+        by = f"; this run's agents spent {_agents_text(agents)}" if agents is not None else ""
+        return (
+            f"{workflow} reached the daily budget: {fmt_usd(spent)} spent today by all runs (UTC day {day}) against "
+            f"daily_usd {fmt_usd(budget)}{raised}{by}; {held}"
+        )
+    by = f"; spent by {_agents_text(agents)}" if agents is not None else ""
+    return (
+        f"{workflow} reached its budget: {fmt_usd(spent)} spent against per_run_usd {fmt_usd(budget)}{raised}{by}; "
+        f"{held}"
+    )
 
 
 def provider_question(hold: Mapping[str, Any]) -> str:
@@ -236,18 +290,64 @@ HOLD_DETAIL: dict[str, str] = {
 }
 
 
+#: The option that raises a per-run cap to twice what the run spent (``raise`` itself: spent plus one budget).
+RAISE_DOUBLE = "raise-x2"
+#: A note that is an amount: ``5``, ``$5``, ``5.50 USD``, ``raise to $5`` (the cap the person gives with ``raise``).
+_AMOUNT_RE = re.compile(r"^\s*(?:raise\s+(?:to\s+)?)?\$?\s*(\d+(?:\.\d+)?)\s*(?:usd|\$)?\s*$", re.IGNORECASE)
+
+
+def amount_in(note: Any) -> float | None:
+    """The amount in USD a note given with ``raise`` names (``5``, ``$5``, ``5.50 USD``, ``raise to $5``), or None
+    when the note is no amount (a note is free text: only one that is wholly an amount counts)."""
+    if not isinstance(note, str):
+        return None
+    m = _AMOUNT_RE.match(note)
+    if m is None:
+        return None
+    value = float(m.group(1))
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def raised_cap(hold: Mapping[str, Any], option: str, *, spent: float | None = None, note: Any = None) -> float:
+    """The new cap a ``raise`` gives a budget hold: above what was spent, always, so the run goes on.
+
+    ``spent``: what the run has spent now (per-run; default the hold's figure); the note's amount when it is above
+    that; ``raise-x2``: twice what was spent; else what was spent plus one budget."""
+    spent_now = max(amount_of(hold.get("spent")) or 0.0, amount_of(spent) or 0.0)
+    budget = amount_of(hold.get("budget")) or 0.0
+    given = amount_in(note)
+    if given is not None and given > spent_now:
+        return given
+    if option == RAISE_DOUBLE and 2 * spent_now > spent_now + budget:
+        return 2 * spent_now
+    if budget > 0:
+        return spent_now + budget
+    # a budget of 0 (nothing may be spent): one cent past what was spent, so the answer still moves the run
+    return spent_now + 0.01
+
+
 def hold_options(hold: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """(key, label, action) offered for a hold. A per-run hold answered ``wait`` is asked again without ``wait``."""
+    """(key, label, action) offered for a hold. A per-run hold answered ``wait`` is asked again without ``wait``.
+    ``raise`` allows what was spent plus one budget (an amount given as the answer's note allows up to it);
+    a per-run hold whose spend is over one budget also offers ``raise-x2``: up to twice what was spent."""
     kind = hold.get("hold")
     if kind == "provider":
         return [
             ("retry", "Fixed (the key, the address, the network): run the item again and go on", "retry"),
             ("abort", "Abort the run", "abort"),
         ]
-    budget = fmt_usd(float(hold.get("budget") or 0))
-    raise_label = f"Allow this run another {budget}" if kind == "per_run" else f"Allow this run {budget} more today"
+    spent = amount_of(hold.get("spent")) or 0.0
+    budget = amount_of(hold.get("budget")) or 0.0
+    cap = fmt_usd(raised_cap(hold, "raise"))
+    plus = f"what it spent, {fmt_usd(spent)}, plus {fmt_usd(budget)}; or give an amount in USD as the note"
+    if kind == "per_run":
+        raise_label = f"Allow this run up to {cap} ({plus})"
+    else:
+        raise_label = f"Allow this run up to {cap} spent by all runs today ({plus})"
     wait_label = "Keep it held until you raise or abort" if kind == "per_run" else "Keep it held until tomorrow (UTC)"
     options = [("raise", raise_label, "raise")]
+    if kind == "per_run" and 2 * spent > spent + budget:
+        options.append((RAISE_DOUBLE, f"Allow this run up to {fmt_usd(2 * spent)} (twice what it spent)", "raise"))
     if not hold.get("waited"):
         options.append(("wait", wait_label, "wait"))
     options.append(("abort", "Abort the run", "abort"))
@@ -278,14 +378,21 @@ class HoldAnswer:
     raise_day: tuple[str, float] | None = None  # the run's cap for that UTC day is lifted by this much
 
 
-def answer_hold(hold: Mapping[str, Any], action: str) -> HoldAnswer:
-    """What the person's answer (its action) does to a hold."""
+def answer_hold(
+    hold: Mapping[str, Any], action: str, *, option: str = "", note: Any = None, spent: float | None = None
+) -> HoldAnswer:
+    """What the person's answer (its action, the option chosen and its note) does to a hold. A ``raise`` moves the
+    cap above what was spent (:func:`raised_cap`; ``spent``: the run's spend when answered): it always lets the run
+    go on, however far one step overshot."""
     kind = hold.get("hold")
-    budget = amount_of(hold.get("budget")) or 0.0
+    limit = amount_of(hold.get("limit")) or 0.0
     if action == "raise" and kind == "per_run":
-        return HoldAnswer(release=True, raise_run_usd=budget)
+        return HoldAnswer(
+            release=True, raise_run_usd=max(0.0, raised_cap(hold, option, spent=spent, note=note) - limit)
+        )
     if action == "raise" and kind == "daily":
-        return HoldAnswer(release=True, raise_day=(str(hold.get("day")), budget))
+        more = max(0.0, raised_cap(hold, option, note=note) - limit)
+        return HoldAnswer(release=True, raise_day=(str(hold.get("day")), more))
     if action == "wait" and kind in BUDGET_HOLDS:
         return HoldAnswer(release=False, waited=True)
     if action in ("retry", "continue", "approve"):

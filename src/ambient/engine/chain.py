@@ -168,6 +168,7 @@ class ChainExecutor(RunExecutor):
             preflight=True,
             timeout_s=step.timeout_s or self.template.timeout_s,
             vars=step_runner_values(values),
+            resumed=item.resumed,
         )
 
     def _prior_output(self, index: int) -> Any:

@@ -163,6 +163,7 @@ class HoldFields(TypedDict):
     limit: NotRequired[float]
     budget: NotRequired[float]
     day: NotRequired[str]  # a daily budget: the UTC day
+    agents: NotRequired[dict[str, float]]  # a budget: what each agent of the run spent, the largest first
     error: NotRequired[str]  # the provider: what it answered
     agent: NotRequired[str | None]
 

@@ -220,6 +220,7 @@ class ForEachExecutor(RunExecutor):
             claim_id=item_claim_id(self.state.run_id, item, self.state.form),
             timeout_s=self.template.timeout_s,
             vars=variables,
+            resumed=item.resumed,
         )
 
     async def _run_item(self, item: ItemState, attempt: int) -> None:

@@ -18,6 +18,7 @@ from ambient.core.clock import Clock, SystemClock
 from ambient.engine.budget import Limits
 from ambient.engine.events import EscalationRecord
 from ambient.engine.runstate import UNRECOVERABLE, ItemState, RunState
+from ambient.runners.result import Resumed
 
 AttemptStatus = Literal["success", "fail", "error", "escalate", "blocked"]
 
@@ -41,6 +42,7 @@ class Attempt:
     preflight: bool = False  # chain steps: run the six pre-flight checks before writing
     timeout_s: float | None = None  # the workflow's per-execution timeout, if any
     vars: Mapping[str, Any] = field(default_factory=dict)  # template values for the runner's argv
+    resumed: Resumed | None = None  # why the item runs again (the run journal's answer; None: first attempt)
 
 
 @dataclass

@@ -41,6 +41,7 @@ from ambient.engine.budget import (
     next_day,
     permission_signature,
     provider_question,
+    spend_by_agent,
 )
 from ambient.engine.events import DecidedFields, FinishedFields, FinishedResult, RunEvent
 from ambient.engine.planner import ANSWER, FanOut, ItemTemplate
@@ -315,7 +316,7 @@ class RunExecutor(ABC):
         if reached is None:
             return False
         log.warning("run_over_budget", **reached.record())
-        self.event(events.hold, **reached.record())
+        self.event(events.hold, **reached.record(), agents=spend_by_agent(self.state.steps))
         await self._ask_hold(reached.which)
         return True
 

@@ -33,6 +33,7 @@ from ambient.engine.events import (
     Spawned,
     Started,
 )
+from ambient.runners.result import Resumed
 
 ItemStatus = Literal["pending", "running", "retry_wait", "done", "failed", "escalated", "skipped", "aborted"]
 TERMINAL_ITEM: frozenset[str] = frozenset({"done", "failed", "skipped", "aborted"})
@@ -64,6 +65,7 @@ class ItemState:
     pid: int | None = None  # the command agent of the current attempt (its process group id)
     pid_started: float | None = None  # that process's start time: a recycled pid is not our agent
     usage: UsageTotals | None = None  # what the item's AI agent consumed, every attempt together
+    resumed: Resumed | None = None  # why its next attempt runs (an answer, a retry, a restart): told to the agent
 
 
 @dataclass
@@ -269,6 +271,7 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
             if item is not None:
                 item.status = "pending"
                 item.result = "interrupted"
+                item.resumed = Resumed("restart", crash=ev.get("reason") == "restart")
         case "gate":
             if item is not None:
                 _gate(state, item, ev)
@@ -339,6 +342,7 @@ def _finished(state: RunState, item: ItemState, ev: Finished) -> None:
             item.usage = UsageTotals()
         item.usage.add(usage)
         state.usage.add(usage)
+    item.resumed = resumed_after(result, item.error)
     if result == "success":
         item.status = "done"
         item.fails = 0
@@ -403,13 +407,15 @@ def _escalated(state: RunState, item: ItemState | None, ev: Escalated) -> None:
 def _decided(state: RunState, by_name: dict[str, ItemState], ev: Decided) -> None:
     esc = str(ev.get("escalation"))
     state.escalations.pop(esc, None)
-    state.requests.pop(esc, None)
+    request = state.requests.pop(esc, None)
     state.decisions.append(cast(Decision, {k: v for k, v in ev.items() if k != "ev"}))
     target = by_name.get(str(ev.get("item"))) if ev.get("item") is not None else None
     action = ev.get("action")
-    _answer_hold(state, esc, action)
+    _answer_hold(state, esc, action, ev)
     if target is not None and target.escalation == esc:
         target.escalation = None
+        if target.attempt > 0:  # a gate before a step's first attempt resumes nothing
+            target.resumed = answered(request, ev)
         if action in ("retry", "answer"):  # answer: run again with the person's answer (an agent's question)
             target.status = "pending"
             target.fails = 0
@@ -425,6 +431,26 @@ def _decided(state: RunState, by_name: dict[str, ItemState], ev: Decided) -> Non
         if target is not None and target.status not in ("done", "skipped"):
             target.status = "aborted"
         _abort_unfinished(state)
+
+
+def resumed_after(result: str, error: Any) -> Resumed | None:
+    """Why an item runs again after an attempt that ended with ``result``: a retry after a failure (the error
+    said), none after a success. ``interrupted``: a hold (the model provider), run again once it is lifted."""
+    if result == "success":
+        return None
+    text = str(error).strip()[:500] if error else None
+    return Resumed("retry", error=text or f"the attempt ended with {result}")
+
+
+def answered(request: Mapping[str, Any] | None, ev: Decided) -> Resumed:
+    """An item runs again because the person answered its escalation: the question asked and the answer given."""
+    question = request.get("question") if isinstance(request, Mapping) else None
+    answer = ev.get("answer") or ev.get("option") or ev.get("action")
+    return Resumed(
+        "answered",
+        question=str(question)[:2000] if question else None,
+        answer=str(answer)[:2000] if answer else None,
+    )
 
 
 def _gate(state: RunState, item: ItemState, ev: Gate) -> None:
@@ -459,12 +485,15 @@ def _hold(state: RunState, ev: Hold) -> None:
     state.holds[name] = cast(HeldRun, {**fields, "hold": name, "escalation": None, "waited": False, "at": ev.get("at")})
 
 
-def _answer_hold(state: RunState, esc: str, action: Any) -> None:
-    """A decision on a hold's escalation: released (a raise allows more), kept waiting, or asked again."""
+def _answer_hold(state: RunState, esc: str, action: Any, ev: Decided) -> None:
+    """A decision on a hold's escalation: released (a raise allows more than the run has spent by now), kept
+    waiting, or asked again."""
     for name, hold in list(state.holds.items()):
         if hold.get("escalation") != esc:
             continue
-        ans = answer_hold(hold, str(action))
+        ans = answer_hold(
+            hold, str(action), option=str(ev.get("option") or ""), note=ev.get("note"), spent=state.usage.cost_usd
+        )
         hold["escalation"] = None
         if ans.release:
             del state.holds[name]

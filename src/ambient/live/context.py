@@ -3,20 +3,25 @@
 :class:`LiveContext` is the threads of :mod:`~ambient.live.threads` that also keep each thread's ``handoff.md``
 (:func:`~ambient.live.handoff.summarise` of its newest turns, 0600, never through a symlink): rewritten after a
 HANDOFF or CHECKPOINT turn and at rotation (at most once a minute, see :func:`_aged`), written or rebuilt when read
-(:meth:`LiveContext.handoff_for`). The daemon, the runners' adapters and ``ambient thread`` use it."""
+(:meth:`LiveContext.handoff_for`). The daemon, the runners' adapters and ``ambient thread`` use it.
+
+The daemon tells it which runs have ended (:attr:`LiveContext.settled`): a handoff shows only the requests still open,
+and one that named a run since ended is rebuilt when it is read."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from ambient.core.errors import InputError
-from ambient.live.handoff import HANDOFF_MAX_CHARS, summarise
+from ambient.live.handoff import HANDOFF_MAX_CHARS, Settled, runs_named, summarise
 from ambient.live.threads import LOG_NAME, Threads
 from ambient.live.turn import cut
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, private_dir, read_capped
+from ambient.storage.paths import BrainPaths
 
 log = structlog.get_logger(__name__)
 
@@ -50,14 +55,30 @@ class LiveContext(Threads):
     written less than ``HANDOFF_MAX_AGE_S`` ago (see :func:`_aged`).
     """
 
+    def __init__(self, paths: BrainPaths, *, settled: Settled | None = None, **threads: Any) -> None:
+        super().__init__(paths, **threads)
+        #: Whether a run has ended (the daemon's run manager says; None: not known, as in ``ambient thread``).
+        self.settled = settled
+        self._named: dict[str, frozenset[str]] = {}  # agent → the runs its handoff.md, written here, names
+
     def _appended(self, agent: str, directory: Path, signals: set[str], rotated: bool) -> None:
         if not HANDOFF_SIGNALS.isdisjoint(signals) or (rotated and _aged(directory / HANDOFF_NAME)):
             self._write_handoff(agent)
 
     def _write_handoff(self, agent: str) -> str:
-        text = summarise(self.recent_turns(agent), agent=agent)
+        turns = self.recent_turns(agent)
+        text = summarise(turns, agent=agent, settled=self.settled)
         atomic_write(self.thread_dir(agent) / HANDOFF_NAME, text, mode=PRIVATE_FILE)
+        self._named[agent] = runs_named(turns, self.settled)
         return text
+
+    def _names_ended_run(self, agent: str) -> bool:
+        """Whether ``handoff.md`` may show a request of a run that has since ended: it names one, or it was not
+        written by this process (then it is rebuilt once)."""
+        if self.settled is None:
+            return False
+        named = self._named.get(agent)
+        return named is None or any(self.settled(run) for run in named)
 
     def handoff_for(self, agent: str) -> str:
         """What a runner gives the agent: ``handoff.md``, at most 4096 characters. Never the raw transcript.
@@ -82,8 +103,8 @@ class LiveContext(Threads):
         except FileNotFoundError:
             return self._rebuild_handoff(agent) if d.is_dir() else summarise([], agent=agent)
         except InputError:  # not a regular file, a symlink or too big: summarised, and that file left alone
-            return summarise(self.recent_turns(agent), agent=agent)
-        if self._outdated(path, d / LOG_NAME):
+            return summarise(self.recent_turns(agent), agent=agent, settled=self.settled)
+        if self._outdated(path, d / LOG_NAME) or self._names_ended_run(agent):
             return self._rebuild_handoff(agent)
         text = raw.decode("utf-8", "replace")
         return text if len(text) <= HANDOFF_MAX_CHARS else cut(text, HANDOFF_MAX_CHARS)
@@ -105,4 +126,4 @@ class LiveContext(Threads):
                 return self._write_handoff(agent)
         except (OSError, InputError) as exc:
             log.warning("handoff_not_written", agent=agent, error=str(exc))
-            return summarise(self.recent_turns(agent), agent=agent)
+            return summarise(self.recent_turns(agent), agent=agent, settled=self.settled)

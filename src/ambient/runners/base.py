@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ambient.runners.result import AgentResult
+from ambient.runners.result import AgentResult, Resumed
 
 #: Handoff text (DESIGN §8) is bounded to this many characters.
 MAX_HANDOFF_CHARS = 4096
@@ -49,6 +49,7 @@ class RunRequest:
     handoff: str | None = None
     before_start: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     prompt_file: Path | None = None  # agents/<name>.md: an AI runner's system prompt is its body
+    resumed: Resumed | None = None  # why the item runs again (None: its first attempt)
 
     def template_values(self, python: str) -> dict[str, str]:
         """The values argv templates may use (``python`` is the daemon's interpreter path)."""

@@ -11,7 +11,9 @@ One SPAWN is one Claude Code session (or the resumption of one):
   (a grant matches the digest of the whole call), a denial is said to the agent, which ends as it chooses. Nothing
   waits in memory, so an answer given after a restart, a day later, resumes the same way;
 - the session id is on disk as soon as Claude Code announces it (``.ambient/claude/items/``): a retry or an item
-  interrupted by a restart resumes the session when its transcript is still there, else starts afresh;
+  interrupted by a restart resumes the session when its transcript is still there, else starts afresh; the resumed
+  session is told why it runs again, as the run journal says (``RunRequest.resumed``: the person's answer and the
+  question, a retry and its error, a stop or a crash of ambient);
 - Claude Code's own state lives in the agent's session folder, ``.ambient/claude/agents/<agent>/``
   (``CLAUDE_CONFIG_DIR``, ``HOME``), never in the person's home, and a private temp dir (``TMPDIR``); the CLI is
   started through :mod:`ambient.runners.claude_launch` (clean environment, dies with the daemon) which confines it
@@ -47,7 +49,14 @@ from ambient.runners.answer import final_answer
 from ambient.runners.base import RunRequest, Watch
 from ambient.runners.config import ClaudeRunnerConfig, network_ports
 from ambient.runners.keys import credential
-from ambient.runners.prompt import ANSWER_SCHEMA, AgentPrompt, read_agent_prompt, render_brief, system_prompt
+from ambient.runners.prompt import (
+    ANSWER_SCHEMA,
+    AgentPrompt,
+    read_agent_prompt,
+    render_brief,
+    resume_note,
+    system_prompt,
+)
 from ambient.runners.result import AgentResult, Reason, Usage, error_result
 from ambient.storage.fsutil import atomic_write, read_capped
 from ambient.storage.paths import BrainPaths
@@ -277,7 +286,7 @@ class ClaudeRunner:
         if resume is None and state.session_id is not None:
             note = f"{note or ''} (your previous session could not be resumed; start the task again)".strip()
         elif resume is not None and note is None:
-            note = "You were interrupted (a retry or a restart of ambient); continue the task where you left off."
+            note = resume_note(req.resumed)  # why it runs again, as the run journal says: never a guess
         granted = frozenset(state.granted) | await asyncio.to_thread(self.sessions.grants, req.agent)
         workdir = (self.paths.root / cfg.workdir) if cfg.workdir else self.paths.root
         scope = tuple((req.packet.get("scope") or {}).get("files") or ())

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ambient.runners.base import MAX_HANDOFF_CHARS, RunRequest
+from ambient.runners.result import Resumed
 
 #: Largest agent prompt file read (the same bound as an agent's frontmatter file).
 MAX_PROMPT_BYTES = 256 * 1024
@@ -93,6 +94,39 @@ def system_prompt(prompt: AgentPrompt) -> str:
     """The agent's body then the contract: the stable, cacheable prefix of every request for this agent."""
     body = prompt.body or "You are an agent of this brain."
     return f"{body}\n\n{CONTRACT}"
+
+
+def resume_note(resumed: Resumed | None) -> str:
+    """What a resumed session is told of why it runs again, exactly as the run journal says it happened: the
+    person's answer (with the question), a retry after an error (which), or a stop of ambient. Told it was
+    interrupted when it was not, a real model may redo its work."""
+    if resumed is None:
+        return "You are resumed in your earlier session; continue the task where you left off."
+    if resumed.why == "answered":
+        asked = f' You asked: "{_one_line(resumed.question)}".' if resumed.question else ""
+        answer = _one_line(resumed.answer) if resumed.answer else "(no words)"
+        return (
+            f"You are resumed because the person answered your question.{asked} They answered: {answer}. "
+            "Go on from where you asked, with their answer."
+        )
+    if resumed.why == "retry":
+        error = _one_line(resumed.error) if resumed.error else "no detail"
+        return (
+            f"You are resumed for a retry: your previous attempt did not succeed ({error}). Check what you "
+            "already did, then finish the task."
+        )
+    if resumed.crash:
+        return (
+            "You are resumed after ambient stopped unexpectedly (a crash or a kill) while you worked: a tool call "
+            "in progress may or may not have run. Check, then continue the task where you left off."
+        )
+    return "You are resumed after ambient was stopped or restarted while you worked; continue where you left off."
+
+
+def _one_line(text: str | None, limit: int = 500) -> str:
+    """A question or an error on one line, bounded: a note is one paragraph of the brief."""
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def render_brief(req: RunRequest, *, note: str | None = None) -> str:

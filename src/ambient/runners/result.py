@@ -1,4 +1,5 @@
-"""What came back from one agent execution: :class:`AgentResult`, why it is not a success, what it cost. Pure.
+"""What came back from one agent execution: :class:`AgentResult`, why it is not a success, what it cost; and why an
+item's attempt follows an earlier one (:class:`Resumed`, told to a resumed session). Pure.
 
 Every runner returns one (a runner never raises for an agent's failure); the engine maps it onto the workflow's
 ``on_return`` outcomes and the run records carry :meth:`AgentResult.to_record`. How an agent's answer becomes one is
@@ -128,3 +129,20 @@ class AgentResult:
 def error_result(reason: Reason, message: str, **extra: Any) -> AgentResult:
     """An ``error`` result with a reason code and a human message."""
     return AgentResult(status="error", reason=reason, error=message, **extra)
+
+
+#: Why an item runs again: the person answered its escalation, a retry after the attempt before failed, or ambient
+#: stopped (a restart, a crash) while it ran.
+ResumeWhy = Literal["answered", "retry", "restart"]
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """Why this attempt follows an earlier one of the same item, as the run journal says: a resumed session is told
+    exactly what happened (told "interrupted" after an answer, a real model may redo work it has done)."""
+
+    why: ResumeWhy
+    question: str | None = None  # answered: what the person was asked
+    answer: str | None = None  # answered: their answer (the option, in the agent's words when it proposed it)
+    error: str | None = None  # retry: how the attempt before ended
+    crash: bool = False  # restart: the daemon died (kill, power loss) rather than being stopped

@@ -177,6 +177,7 @@ class AgentDelegate:
             handoff=handoff or None,
             before_start=publish,
             prompt_file=spec.path if (spec := self.ref.brain.matrix.agents.get(a.agent)) is not None else None,
+            resumed=a.resumed,
         )
         try:
             return await self.runners.run(req, cfg)

@@ -149,7 +149,9 @@ class Daemon:
             clock=self.clock,
         )
         self.router.registry.revoke_all()  # type: ignore[union-attr] # tokens of a previous life are void
-        self.live = LiveContext(p)
+        # A run no longer in the manager has ended: its requests leave the agents' handoffs (read off the loop: a
+        # dict lookup).
+        self.live = LiveContext(p, settled=lambda run: run not in self.manager.executors)
         self.live_turns = LiveTurns(
             p, self.live, self.router, self.clock, self.secrets, current=lambda: self.claude.current.values()
         )

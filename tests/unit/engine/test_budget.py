@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -16,6 +17,7 @@ from ambient.engine.budget import (
     PERMISSION_SIGNATURE_MAX,
     Limits,
     UsageTotals,
+    amount_in,
     answer_hold,
     breach,
     budget_question,
@@ -25,6 +27,8 @@ from ambient.engine.budget import (
     next_day,
     permission_signature,
     provider_question,
+    raised_cap,
+    spend_by_agent,
 )
 from ambient.engine.records import RunRecord
 from ambient.engine.runs import run_record
@@ -86,12 +90,26 @@ def test_breach_per_run_first_then_daily_and_raises_move_the_limits() -> None:
 
 
 def test_questions_say_what_was_spent_against_what() -> None:
-    per_run = {"hold": "per_run", "spent": 2.1, "limit": 2.0, "budget": 2.0}
-    assert budget_question("deploy-batch", per_run).startswith(
-        "deploy-batch reached its budget: $2.10 of $2.00 per run"
+    per_run = {"hold": "per_run", "spent": 2.1, "limit": 2.0, "budget": 2.0, "agents": {"writer": 2.0, "rev": 0.1}}
+    assert budget_question("deploy-batch", per_run) == (
+        "deploy-batch reached its budget: $2.10 spent against per_run_usd $2.00; spent by writer $2.00, rev $0.10; "
+        "no new agent of this run starts until you answer"
     )
-    daily = {"hold": "daily", "spent": 50.2, "limit": 50.0, "budget": 50.0, "day": "2026-03-18"}
-    assert "reached the daily budget: $50.20 of $50.00 today (UTC day 2026-03-18" in budget_question("w", daily)
+    raised = {**per_run, "limit": 4.0, "agents": {}}
+    assert "against per_run_usd $2.00, $4.00 with what you allowed more; spent by no step with a known cost;" in (
+        budget_question("w", raised)
+    )
+    before = {k: v for k, v in per_run.items() if k != "agents"}  # a hold of a journal written before: no agents
+    assert budget_question("w", before) == (
+        "w reached its budget: $2.10 spent against per_run_usd $2.00; no new agent of this run starts until you answer"
+    )
+    daily = {"hold": "daily", "spent": 50.2, "limit": 50.0, "budget": 50.0, "day": "2026-03-18", "agents": {"a": 1}}
+    assert (
+        "reached the daily budget: $50.20 spent today by all runs (UTC day 2026-03-18) against daily_usd $50.00; "
+        "this run's agents spent a $1.00;" in budget_question("w", daily)
+    )
+    many = {**per_run, "agents": {f"a{i}": 7.0 - i for i in range(7)}}
+    assert "a0 $7.00, a1 $6.00, a2 $5.00, a3 $4.00, a4 $3.00 and 2 more;" in budget_question("w", many)
     assert (
         provider_question({"error": "401 invalid x-api-key"})
         == "the model provider cannot be used, so this run waits: 401 invalid x-api-key"
@@ -99,12 +117,12 @@ def test_questions_say_what_was_spent_against_what() -> None:
 
 
 def test_hold_options_and_answers() -> None:
-    per_run = {"hold": "per_run", "budget": 2.0, "day": None}
+    per_run = {"hold": "per_run", "spent": 2.0, "limit": 2.0, "budget": 2.0, "day": None}
     assert [o[0] for o in hold_options(per_run)] == ["raise", "wait", "abort"]
     assert [o[0] for o in hold_options({**per_run, "waited": True})] == ["raise", "abort"]  # asked again: no wait
     assert [o[0] for o in hold_options({"hold": "provider"})] == ["retry", "abort"]
     assert answer_hold(per_run, "raise").raise_run_usd == 2.0
-    daily = {"hold": "daily", "budget": 5.0, "day": "2026-03-18"}
+    daily = {"hold": "daily", "spent": 5.0, "limit": 5.0, "budget": 5.0, "day": "2026-03-18"}
     assert answer_hold(daily, "raise").raise_day == ("2026-03-18", 5.0)
     assert answer_hold(daily, "wait").waited and not answer_hold(daily, "wait").release
     assert answer_hold({"hold": "provider"}, "retry").release
@@ -211,7 +229,7 @@ def test_fold_holds_raise_wait_and_abort() -> None:
     state = fold(_journal(hold, asked))
     assert state.holds["per_run"]["escalation"] == "esc-1" and state.escalations == {"esc-1": ""}
     raised = fold(_journal(hold, asked, {"ev": "decided", "escalation": "esc-1", "option": "raise", "action": "raise"}))
-    assert raised.holds == {} and raised.raised_run_usd == 2.0 and not raised.escalations
+    assert raised.holds == {} and raised.raised_run_usd == pytest.approx(2.1) and not raised.escalations
     waited = fold(_journal(hold, asked, {"ev": "decided", "escalation": "esc-1", "option": "wait", "action": "wait"}))
     assert waited.holds["per_run"]["waited"] and waited.holds["per_run"]["escalation"] is None
     aborted = fold(
@@ -416,3 +434,93 @@ def test_a_long_permission_keeps_the_whole_digest_of_its_call() -> None:
     given = permission_signature({"signature": call, "sha256": "f" * 64})
     assert given is not None and given.endswith("#" + "f" * 64)
     assert permission_signature({"signature": call, "sha256": "short"}) == permission_signature({"signature": call})
+
+
+# A step that overshot: per_run_usd $0.05, one step spent $3.00.
+OVER = {"hold": "per_run", "spent": 3.0, "limit": 0.05, "budget": 0.05}
+
+
+@pytest.mark.parametrize(
+    ("hold", "option", "note", "spent_now", "cap"),
+    [
+        (OVER, "raise", None, None, 3.05),  # what was spent plus one budget, not "another budget" ($0.10)
+        (OVER, "raise-x2", None, None, 6.0),  # twice what was spent
+        (OVER, "raise", "10", None, 10.0),  # an amount given as the note
+        (OVER, "raise", "$7.50", None, 7.5),
+        (OVER, "raise", "raise to 12 USD", None, 12.0),
+        (OVER, "raise-x2", "$20", None, 20.0),  # the amount given wins over the option's
+        (OVER, "raise", "$1", None, 3.05),  # an amount under what was spent would not move the run
+        (OVER, "raise", "go on, but carefully", None, 3.05),  # a note that is no amount
+        (OVER, "raise", "0", None, 3.05),
+        (OVER, "raise", None, 4.0, 4.05),  # agents that were running when it held spent more meanwhile
+        ({**OVER, "limit": 1.0}, "raise", None, None, 3.05),  # already raised once: the cap is still spent + budget
+        ({"hold": "per_run", "spent": 0.0, "limit": 0.0, "budget": 0.0}, "raise", None, None, 0.01),  # budget 0
+        ({"hold": "daily", "spent": 80.0, "limit": 50.0, "budget": 50.0, "day": "d"}, "raise", None, None, 130.0),
+    ],
+)
+def test_raise_always_moves_the_cap_above_what_was_spent(
+    hold: dict[str, Any], option: str, note: str | None, spent_now: float | None, cap: float
+) -> None:
+    assert raised_cap(hold, option, spent=spent_now, note=note) == pytest.approx(cap)
+    spent = max(float(hold["spent"]), spent_now or 0.0)
+    ans = answer_hold(hold, "raise", option=option, note=note, spent=spent_now)
+    assert ans.release
+    if hold["hold"] == "per_run":
+        limit = float(hold["limit"]) + ans.raise_run_usd  # the fold adds it to the run's cap
+        assert limit == pytest.approx(cap) and limit > spent
+        assert (
+            breach(
+                Limits(per_run_usd=hold["budget"]),
+                run_spent=spent,
+                run_raised=limit - hold["budget"],
+                day_spent=0,
+                day="d",
+            )
+            is None
+        )
+    else:
+        assert ans.raise_day is not None and float(hold["limit"]) + ans.raise_day[1] == pytest.approx(cap)
+
+
+@pytest.mark.parametrize(
+    ("note", "amount"),
+    [
+        ("5", 5.0),
+        ("$5", 5.0),
+        (" 5.25 usd ", 5.25),
+        ("Raise to $9", 9.0),
+        ("5$", 5.0),
+        ("", None),
+        ("five", None),
+        ("5 or 6", None),
+        ("-5", None),
+        ("0", None),
+        (None, None),
+        (5, None),
+    ],
+)
+def test_an_amount_in_a_note(note: Any, amount: float | None) -> None:
+    assert amount_in(note) == amount
+
+
+def test_raise_options_name_the_cap_they_give() -> None:
+    options = {k: label for k, label, _ in hold_options(OVER)}
+    assert list(options) == ["raise", "raise-x2", "wait", "abort"]
+    assert options["raise"].startswith("Allow this run up to $3.05 (what it spent, $3.00, plus $0.05")
+    assert options["raise-x2"] == "Allow this run up to $6.00 (twice what it spent)"
+    assert all(a == "raise" for k, _, a in hold_options(OVER) if k.startswith("raise"))
+    small = {"hold": "per_run", "spent": 2.0, "limit": 2.0, "budget": 2.0}
+    assert "raise-x2" not in [k for k, _, _ in hold_options(small)]  # twice the spend is no more than + a budget
+
+
+def test_spend_by_agent_largest_first() -> None:
+    steps = [
+        {"agent": "rev", "usage": {"cost_usd": 0.1}},
+        {"agent": "writer", "usage": {"cost_usd": 2.0}},
+        {"agent": "rev", "usage": {"cost_usd": 0.2}},
+        {"agent": "cmd"},  # a command agent: no usage
+        {"agent": "x", "usage": {"input_tokens": 5}},  # a cost unknown
+        "junk",
+    ]
+    assert spend_by_agent(steps) == {"writer": 2.0, "rev": 0.3}
+    assert list(spend_by_agent(steps)) == ["writer", "rev"]

@@ -101,7 +101,7 @@ def _journal(root: Path, run_id: str) -> RunState:
 
 
 async def test_per_run_budget_two_items_over_one_escalation_then_raise_continues(tmp_path: Path) -> None:
-    """Two items finish together past the budget: one escalation, no third spawn; raise → another budget's worth."""
+    """Two items finish together past the budget: one escalation, no third spawn; raise → spent plus a budget."""
     delegate = CostlyDelegate(cost=1.5)
     meter = SpendMeter(lambda: Limits(per_run_usd=2.0))
     mgr, esc = _manager(tmp_path, delegate, meter)
@@ -110,14 +110,17 @@ async def test_per_run_budget_two_items_over_one_escalation_then_raise_continues
     assert len(delegate.calls) == 2 and len(esc.requests) == 1
     req = esc.requests[0]
     assert req.kind == "budget" and req.item is None
-    assert req.question.startswith("deploy-batch reached its budget: $3.00 of $2.00 per run")
-    assert [o[0] for o in req.options] == ["raise", "wait", "abort"]
+    assert req.question.startswith(
+        "deploy-batch reached its budget: $3.00 spent against per_run_usd $2.00; spent by coder $3.00;"
+    )
+    assert [o[0] for o in req.options] == ["raise", "raise-x2", "wait", "abort"]
     await asyncio.sleep(0.05)
     assert len(esc.requests) == 1 and len(delegate.calls) == 2  # held: asked once, nothing starts
     assert mgr.decide("esc-1", "raise", "raise", by="human", channel="cli")
-    # $3.00 spent of $4.00 now: one more batch of two starts, then the run holds again
+    # $3.00 spent of $5.00 now: one more batch of two starts, then the run holds again
     assert await async_wait_until(lambda: mgr.idle and len(esc.requests) == 2, 5)
-    assert len(delegate.calls) == 4 and "$6.00 of $4.00 per run" in esc.requests[1].question
+    assert len(delegate.calls) == 4
+    assert "$6.00 spent against per_run_usd $2.00, $5.00 with what you allowed more" in esc.requests[1].question
     assert mgr.decide("esc-2", "abort", "abort", by="human", channel="cli")
     state = await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert state.outcome == "aborted" and len(delegate.calls) == 4
@@ -145,7 +148,7 @@ async def test_a_hold_survives_a_restart(tmp_path: Path) -> None:
     assert mgr2.decide("esc-1", "raise", "raise", by="human", channel="cli")
     assert await async_wait_until(lambda: mgr2.idle and bool(esc2.requests), 5)
     assert [a.item for a in delegate2.calls] == ["i2"]  # one more budget's worth, then held again
-    assert esc2.requests[0].options[1][0] == "wait"
+    assert [o[0] for o in esc2.requests[0].options] == ["raise", "raise-x2", "wait", "abort"]  # $2 spent of $2
 
 
 async def test_wait_on_a_per_run_budget_asks_again_raise_or_abort(tmp_path: Path) -> None:
@@ -169,7 +172,10 @@ async def test_daily_budget_wait_continues_by_itself_the_next_utc_day(tmp_path: 
     mgr, esc = _manager(tmp_path, delegate, meter, concurrency=1, clock=clock)
     run_id = mgr.start(workflow="w", form="for_each", spec={}, spec_hash=None, items=ITEMS[:2])
     assert await async_wait_until(lambda: mgr.idle and bool(esc.requests), 5)
-    assert "reached the daily budget: $1.25 of $1.00 today (UTC day 2026-03-18" in esc.requests[0].question
+    assert (
+        "reached the daily budget: $1.25 spent today by all runs (UTC day 2026-03-18) against daily_usd $1.00"
+        in esc.requests[0].question
+    )
     assert mgr.decide("esc-1", "wait", "wait", by="human", channel="cli")
     await asyncio.sleep(0.01)
     assert len(delegate.calls) == 1 and len(esc.requests) == 1  # a daily wait is not asked again

@@ -213,3 +213,24 @@ class TestHandoff:
         d.mkdir(parents=True)
         (d / "handoff.md").write_text("é" * 10_000)
         assert len(live.handoff_for("qa")) == HANDOFF_MAX_CHARS
+
+
+def test_a_handoff_naming_a_run_that_ended_is_rebuilt_when_read(tmp_path: Path) -> None:
+    """handoff.md written while a run was open names its question; once the run ends, the next read rebuilds it
+    without it. One that names no run that ended is served as it is."""
+    ended: set[str] = set()
+    live = LiveContext(BrainPaths(tmp_path), settled=ended.__contains__)
+    run = "sess-20260318-1000-tone-0001"
+    live.append_turn(turn(requester="ambient", corr=f"{run}/ask-a/1", text="write ask-a"))
+    live.append_turn(turn("ESCALATE", requester="ambient", role="agent", corr=f"{run}/ask-a/1", text="which tone?"))
+    live.append_turn(turn("HANDOFF", requester="qa", corr="c4", text="", payload={"context": {"objective": "tone"}}))
+    path = live.paths.live / "qa" / "handoff.md"
+    assert run in path.read_text() and live.handoff_for("qa") == path.read_text()  # open: kept, not rebuilt
+    ended.add(run)
+    text = live.handoff_for("qa")
+    assert run not in text and "which tone?" not in text and "tone" in text
+    assert path.read_text() == text  # kept as handoff.md
+    fresh = LiveContext(BrainPaths(tmp_path), settled=ended.__contains__)  # a new daemon: rebuilt once
+    assert fresh.handoff_for("qa") == text
+    unknown = LiveContext(BrainPaths(tmp_path))  # `ambient thread`: nothing known to have ended, the file as it is
+    assert unknown.handoff_for("qa") == text

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ambient.live.handoff import HANDOFF_MAX_CHARS, RUBRICS, summarise
+from ambient.live.handoff import HANDOFF_MAX_CHARS, RUBRICS, run_key, runs_named, summarise
 from ambient.live.turn import Turn
 from tests.unit.live.helpers import T0, turn
 
@@ -94,3 +94,91 @@ def test_summary_is_clean_even_from_unvalidated_turns() -> None:
     assert len(text) <= HANDOFF_MAX_CHARS
     text.encode("utf-8")
     assert text.count("\n## Blockers\n") == 1
+
+
+# ---------------------------------------------------------------- only what is still open
+
+R1, R2 = "sess-20260318-1000-tone-0001", "sess-20260318-1100-later-0002"
+
+
+@pytest.mark.parametrize(
+    ("corr", "key"),
+    [
+        (f"{R1}/ask-a/1", (R1, "ask-a", 1)),
+        (f"{R1}/docs/a.md/12", (R1, "docs/a.md", 12)),  # an item may hold "/"
+        ("c1", None),  # an agent's own correlation
+        (R1, None),  # a session id: no item, no attempt
+        (f"{R1}/ask-a/x", None),
+        (f"{R1}//1", None),
+        (f"/{R1}/1", None),
+        (None, None),
+        ("", None),
+    ],
+)
+def test_run_key(corr: str | None, key: tuple[str, str, int] | None) -> None:
+    assert run_key(corr) == key
+
+
+def _open_sections(turns: list[Turn], settled: set[str] | None) -> tuple[str, str]:
+    text = summarise(turns, settled=None if settled is None else settled.__contains__)
+    active = text.split("## Active requests (per requester)")[1].split("##")[0]
+    blockers = text.split("## Blockers")[1].split("##")[0]
+    return active, blockers
+
+
+ASK_A1 = [
+    turn(requester="ambient", corr=f"{R1}/ask-a/1", text="write ask-a"),
+    turn("ESCALATE", requester="ambient", role="agent", corr=f"{R1}/ask-a/1", text="which tone?", minutes=1),
+]
+ASK_A2 = [
+    turn(requester="ambient", corr=f"{R1}/ask-a/2", text="write ask-a, formal", minutes=2),
+    turn("RETURN", requester="ambient", role="agent", corr=f"{R1}/ask-a/2", text="ok", minutes=3),
+]
+OWN = [turn(requester="orchestrator", corr="c9", text="review the design", minutes=4)]
+
+
+@pytest.mark.parametrize(
+    ("turns", "settled", "shown", "hidden"),
+    [
+        # the run still open, its question pending: the request and its blocker are open
+        (ASK_A1, set(), [f"{R1}/ask-a/1", "which tone?"], []),
+        (ASK_A1, None, [f"{R1}/ask-a/1", "which tone?"], []),  # nothing known to have ended
+        # the run has ended: nothing of it is open
+        (ASK_A1, {R1}, ["(none)"], [R1, "which tone?"]),
+        # answered, the item ran again and returned: the older attempt is no longer open, run open or not
+        (ASK_A1 + ASK_A2, set(), ["(none)"], [R1, "which tone?"]),
+        (ASK_A1 + ASK_A2, None, ["(none)"], [R1, "which tone?"]),
+        # a request that is not a run's (an agent's own) stays until answered, whatever has ended
+        (ASK_A1 + OWN, {R1}, ["review the design"], [R1]),
+        # another run's request, still open, stays
+        ([*ASK_A1, turn(requester="ambient", corr=f"{R2}/plain/1", text="go", minutes=5)], {R1}, [R2], [R1]),
+    ],
+)
+def test_a_handoff_shows_only_what_is_still_open(
+    turns: list[Turn], settled: set[str] | None, shown: list[str], hidden: list[str]
+) -> None:
+    active, blockers = _open_sections(turns, settled)
+    both = active + blockers
+    for text in shown:
+        assert text in both, both
+    for text in hidden:
+        assert text not in both, both
+
+
+def test_runs_named_are_those_of_the_open_requests_and_blockers() -> None:
+    assert runs_named(ASK_A1) == {R1}
+    assert runs_named(ASK_A1, {R1}.__contains__) == frozenset()
+    assert runs_named(ASK_A1 + ASK_A2) == frozenset()
+    assert runs_named(OWN) == frozenset()
+
+
+def test_settled_is_asked_once_per_run() -> None:
+    asked: list[str] = []
+
+    def settled(run: str) -> bool:
+        asked.append(run)
+        return False
+
+    turns = [turn(requester="ambient", corr=f"{R1}/i{n}/1", text=f"item {n}", minutes=n) for n in range(50)]
+    summarise(turns, settled=settled)
+    assert asked == [R1]  # once per summary, never per turn
