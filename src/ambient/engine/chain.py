@@ -189,6 +189,9 @@ class ChainExecutor(RunExecutor):
         scope: str | None = None,
         detail: str | None = None,
     ) -> str:
+        if kind == "gate" and detail is None:
+            # A gate's words for a learned rule (learning.situation_of): its step's type and the question.
+            detail = f"({self.steps[item.index].type}) {question}" if item is not None else question
         req = EscalationRequest(
             run_id=self.state.run_id,
             workflow=self.state.workflow,
