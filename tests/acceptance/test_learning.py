@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.acceptance.harness import OK_AGENT, Brain, Webhook, docs_text, for_each, wait
+from tests.acceptance.harness import OK_AGENT, Brain, FakeTelegram, Webhook, docs_text, for_each, wait
 
 # Fails like a flaky network: the numbers change with every run, the situation stays the same.
 FLAKY_AGENT = """
@@ -982,9 +983,15 @@ def test_a_learned_retry_is_bounded_then_handed_to_the_person(brain: Brain, webh
         brain.wait_finished("nightly")
 
 
-def test_the_prediction_is_shown_where_the_person_decides(brain: Brain) -> None:
-    """`ambient escalations` and its --json say what a learned rule would choose."""
-    _stated_brain(brain, items="[db]")
+def test_the_prediction_is_shown_where_the_person_decides(brain: Brain, telegram: FakeTelegram, tmp_path: Path) -> None:
+    """`ambient escalations`, its --json and the Telegram message say what a learned rule would choose."""
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "telegram-token").write_text(telegram.token + "\n")
+    brain.env["CREDENTIALS_DIRECTORY"] = str(creds)
+    _stated_brain(
+        brain, extra=f'telegram: {{answers: true, chat_id: "4242", api_base: "{telegram.api_base}", poll_timeout_s: 1}}'
+    )
     with brain.daemon():
         _answered_run(brain, "skip", start=False)
         [rule] = _rules(brain)["rules"]
@@ -994,8 +1001,10 @@ def test_the_prediction_is_shown_where_the_person_decides(brain: Brain) -> None:
         assert line in brain.ok("escalations").out
         [listed] = brain.escalations()
         assert listed["prediction"] == line, listed
+        wait(lambda: [t for t in telegram.sent_texts() if f"Ref: {esc['id']}" in t and line in t], "the Telegram one")
         assert brain.decide(esc["id"], "skip").rc == 0
         brain.wait_finished("nightly", count=2)
+    assert "prediction" not in brain.escalations(all=True)[0]  # a settled question has nothing to predict
 
 
 def test_the_headline_counts_what_reached_the_person(brain: Brain, webhook: Webhook) -> None:

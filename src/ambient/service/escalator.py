@@ -189,7 +189,11 @@ class StoreEscalator:
             log.warning("auto_decision_bounded", escalation=esc.id, rule=rule.id, times=previous)
             return False
         if delay:
-            await asyncio.sleep(delay)
+            try:
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:  # stopped while backing off: the question is the person's, never lost
+                await self.queue(esc)
+                raise
         try:
             await asyncio.to_thread(self.store.answer, esc.id, rule.option, by=f"rule:{rule.id}", channel="rule")
         except (AmbientError, OSError) as exc:
