@@ -28,19 +28,24 @@ from ambient.engine import events
 from ambient.engine.budget import permission_signature
 from ambient.engine.events import FinishedResult
 from ambient.engine.planner import (
+    FINAL_QUESTION,
     GATE_OPTIONS,
     ChainAction,
     ChainStep,
     FanOut,
     ItemTemplate,
     StepStatus,
+    before_question,
     breaker_update,
     exit_route,
     gate_after_last,
     gate_before,
+    gate_words,
     judge_step,
     next_index,
     question_options,
+    route_question,
+    untested_question,
 )
 from ambient.engine.ports import Attempt, AttemptResult, EscalationRequest, Ports
 from ambient.engine.runs import RunExecutor, item_claim_id
@@ -190,8 +195,7 @@ class ChainExecutor(RunExecutor):
         detail: str | None = None,
     ) -> str:
         if kind == "gate" and detail is None:
-            # A gate's words for a learned rule (learning.situation_of): its step's type and the question.
-            detail = f"({self.steps[item.index].type}) {question}" if item is not None else question
+            detail = gate_words(self.steps[item.index] if item is not None else None, question)
         req = EscalationRequest(
             run_id=self.state.run_id,
             workflow=self.state.workflow,
@@ -252,7 +256,7 @@ class ChainExecutor(RunExecutor):
                 esc = await self._ask(
                     item,
                     "gate",
-                    f"{reason}. Run step {step.name} ({step.type}) now?",
+                    before_question(step, reason),
                     [(k, label, k) for k, label in GATE_OPTIONS],
                 )
                 self.event(
@@ -384,7 +388,7 @@ class ChainExecutor(RunExecutor):
             esc = await self._ask(
                 item,
                 "gate",
-                f"step {step.name} ({step.type}) closed without tests: accept it?",
+                untested_question(step),
                 [(k, label, k) for k, label in GATE_OPTIONS],
             )
             self.event(events.gate, item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
@@ -471,7 +475,7 @@ class ChainExecutor(RunExecutor):
             esc = await self._ask(
                 item,
                 "gate",
-                message or f"step {step.name} {status}: continue?",
+                route_question(step, status, message),
                 [(k, label, k) for k, label in GATE_OPTIONS],
             )
             self.event(events.gate, item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
@@ -526,7 +530,7 @@ class ChainExecutor(RunExecutor):
                 esc = await self._ask(
                     None,
                     "gate",
-                    "swarm mode: the chain is done. Accept the final result?",
+                    FINAL_QUESTION,
                     [(k, label, k) for k, label in GATE_OPTIONS],
                 )
                 self.event(events.final_gate, state="pending", escalation=esc)

@@ -246,8 +246,8 @@ class TestWhatDecidesAlone:
     @pytest.mark.parametrize(
         ("step", "detail", "signature"),
         [
-            ("2", "(deploy) step 2 (deploy) closed without tests: accept it?", "step 2: (deploy) step <n> (deploy)"),
-            ("review", "(review) gate before the step. Run step review (review) now?", "step review: (review) gate"),
+            ("2", "step 2 (deploy) closed without tests: accept it?", "step 2: step <n> (deploy) closed without"),
+            ("review", "(review) deployed: continue?", "step review: (review) deployed: continue?"),
             (None, "swarm mode: the chain is done. Accept the final result?", "swarm mode: the chain is done"),
             ("2", None, "<n>"),  # an escalation written before a gate had its words: the step alone, as before
         ],
