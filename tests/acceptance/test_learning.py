@@ -949,9 +949,9 @@ def test_a_failure_without_words_never_becomes_a_rule_that_decides_alone(brain: 
 
 
 def test_a_learned_retry_is_bounded_then_handed_to_the_person(brain: Brain, webhook: Webhook) -> None:
-    """A rule that learned `retry` for a failure that always happens retries the item at most 3 times (backed off),
-    then the person gets the item with what the rule did, and the rule is back in shadow."""
-    _stated_brain(brain, webhook, items="[db]", extra="learning: {auto_repeats: 3, backoff_s: 0.05}")
+    """A rule that learned `retry` for a failure that always happens retries the item at most `learning.auto_repeats`
+    times (backed off), then the person gets the item with what the rule did, and the rule is back in shadow."""
+    _stated_brain(brain, webhook, items="[db]", extra="learning: {auto_repeats: 2, backoff_s: 0.05}")
     with brain.daemon():
         seen: set[str] = set()
 
@@ -969,16 +969,16 @@ def test_a_learned_retry_is_bounded_then_handed_to_the_person(brain: Brain, webh
         assert brain.decide(next_question()["id"], "retry").rc == 0  # asked before the opt-in
         rule_id = _rules(brain)["rules"][0]["id"]
         # The rule retried, boundedly, and handed the item over: the question says what it did.
-        said = f"learned rule {rule_id} would choose 'retry' (it retried 3×, still failing: back in shadow"
+        said = f"learned rule {rule_id} would choose 'retry' (it retried 2×, still failing: back in shadow"
         message = wait(lambda: [t for t in webhook.texts() if said in t and "Decision needed" in t], "the question")[0]
         [handed] = [e for e in brain.escalations() if e["id"] in message]
         assert handed["status"] == "pending" and handed["item"] == "db", handed
         all_escs = [e for e in brain.escalations(all=True) if e["run_id"] == handed["run_id"]]
         by_rule = [e for e in all_escs if e["channel"] == "rule"]
-        assert len(by_rule) == 3, by_rule
+        assert len(by_rule) == 2, by_rule
         [rule] = _rules(brain)["rules"]
         assert rule["state"] == "shadow" and rule["decides_alone"] is False, rule
-        assert "retried 3×" in brain.ok("rules").out
+        assert "retried 2×" in brain.ok("rules").out
         assert brain.decide(handed["id"], "abort").rc == 0
         brain.wait_finished("nightly")
 
