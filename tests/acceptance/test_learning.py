@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.acceptance.harness import OK_AGENT, Brain, Webhook, docs_text, for_each, wait
+from tests.acceptance.harness import OK_AGENT, Brain, FakeTelegram, Webhook, docs_text, for_each, wait
 
 # Fails like a flaky network: the numbers change with every run, the situation stays the same.
 FLAKY_AGENT = """
@@ -923,3 +924,173 @@ def test_stats_counts_each_escalation_for_the_agent_it_names(brain: Brain) -> No
     assert workflows["fails"]["escalations"] == 1 and workflows["gated"]["escalations"] == 1
     only = json.loads(brain.ok("stats", "--agent", "worker", "--json").out)
     assert [a["agent"] for a in only["agents"]] == ["worker"] and only["agents"][0]["escalations"] == 1
+
+
+# ---------------------------------------------------------------- a rule decides alone only when it is right
+
+# Item `db` fails every night with its own words on stdout (nothing on stderr); any other item succeeds unless the
+# brain holds workspace/<item>.fail, whose text is then its error.
+STATED_AGENT = """
+    import json, os, pathlib, sys
+    json.load(sys.stdin)
+    item = os.environ["AMBIENT_ITEM"]
+    flag = pathlib.Path(os.environ["AMBIENT_BRAIN"]) / "workspace" / f"{item}.fail"
+    if item == "db":
+        n = int(os.environ["AMBIENT_RUN_ID"].encode().hex()[-6:], 16)
+        error = f"connection to 10.0.{n % 250}.{n % 7 + 1} timed out after {n % 90 + 10}s"
+    elif flag.exists():
+        error = flag.read_text().strip()
+    else:
+        print(json.dumps({"status": "ok", "item": item}))
+        sys.exit(0)
+    print(json.dumps({"status": "failed", "error": error}))
+    sys.exit(1)
+"""
+
+
+def _stated_brain(brain: Brain, webhook: Webhook | None = None, items: str = "[db, cache]", extra: str = "") -> None:
+    if webhook is not None:
+        brain.config(f"""
+            notify:
+              urls: ["{webhook.url}"]
+              results: none
+            {extra}
+        """)
+    elif extra:
+        brain.config(extra)
+    brain.python_agent("stated", STATED_AGENT)
+    brain.workflow(
+        "nightly",
+        f"""
+        workflow: nightly
+        for_each:
+          items: {items}
+          spawn: stated
+          scope: {{zone: project, files: ["workspace/nightly/{{{{item}}}}.md"]}}
+    """,
+    )
+
+
+def test_a_rule_learned_on_one_error_never_decides_a_new_error_alone(brain: Brain) -> None:
+    """The agent's own stated error (its JSON's `error`) is the situation: a rule learned on `db`'s timeouts decides
+    them alone, and `cache`'s new error reaches the person."""
+    _stated_brain(brain)
+    with brain.daemon():
+        rule_id = _promoted(brain)
+        [rule] = _rules(brain)["rules"]
+        assert "timed out after" in rule["situation"]["signature"], rule
+        brain.ok("rules", "optin", "--workflow", "nightly")
+        auto = _auto_run(brain)
+        assert [(d["option"], d["auto"]) for d in auto["decisions"]] == [("skip", True)], auto
+        brain.write("workspace/cache.fail", "disk quota exceeded while writing the cache index\n")
+        brain.ok("start", "nightly")
+        [esc] = brain.wait_escalation("cache's new error, for the person")
+        assert esc["item"] == "cache" and "disk quota exceeded" in esc["question"], esc
+        assert brain.decide(esc["id"], "abort").rc == 0
+    [rule] = [r for r in _rules(brain)["rules"] if r["id"] == rule_id]
+    assert rule["uses"] == 2  # db's timeout in both runs, never cache's quota
+
+
+def test_a_failure_without_words_never_becomes_a_rule_that_decides_alone(brain: Brain) -> None:
+    """An agent that says nothing about its failure (exit 1, no output): the rule may predict, never decide alone."""
+    brain.python_agent("mute", "import sys\nsys.exit(1)\n")
+    brain.workflow("nightly", for_each("nightly", "mute", ["db"]))
+    with brain.daemon():
+        _promoted(brain)
+        brain.ok("rules", "optin", "--global")
+        [rule] = _rules(brain)["rules"]
+        assert rule["state"] == "active" and rule["decides_alone"] is False, rule
+        assert "no distinguishing words" in brain.ok("rules").out
+        _answered_run(brain, "skip")  # the person is still asked
+
+
+def test_a_learned_retry_is_bounded_then_handed_to_the_person(brain: Brain, webhook: Webhook) -> None:
+    """A rule that learned `retry` for a failure that always happens retries the item at most `learning.auto_repeats`
+    times (backed off), then the person gets the item with what the rule did, and the rule is back in shadow."""
+    _stated_brain(brain, webhook, items="[db]", extra="learning: {auto_repeats: 2, backoff_s: 0.05}")
+    with brain.daemon():
+        seen: set[str] = set()
+
+        def next_question() -> dict[str, Any]:
+            def fresh() -> list[dict[str, Any]]:
+                return [e for e in _pending_files(brain, "nightly") if e["id"] not in seen]
+
+            [esc] = wait(fresh, "the next question")
+            seen.add(esc["id"])
+            return esc
+
+        for _ in range(4):  # the first makes the rule, three agree: active
+            assert brain.decide(next_question()["id"], "retry").rc == 0
+        brain.ok("rules", "optin", "--global")
+        assert brain.decide(next_question()["id"], "retry").rc == 0  # asked before the opt-in
+        rule_id = _rules(brain)["rules"][0]["id"]
+        # The rule retried, boundedly, and handed the item over: the question says what it did.
+        said = f"learned rule {rule_id} would choose 'retry' (it retried 2×, still failing: back in shadow"
+        message = wait(lambda: [t for t in webhook.texts() if said in t and "Decision needed" in t], "the question")[0]
+        [handed] = [e for e in brain.escalations() if e["id"] in message]
+        assert handed["status"] == "pending" and handed["item"] == "db", handed
+        all_escs = [e for e in brain.escalations(all=True) if e["run_id"] == handed["run_id"]]
+        by_rule = [e for e in all_escs if e["channel"] == "rule"]
+        assert len(by_rule) == 2, by_rule
+        [rule] = _rules(brain)["rules"]
+        assert rule["state"] == "shadow" and rule["decides_alone"] is False, rule
+        assert "retried 2×" in brain.ok("rules").out
+        assert brain.decide(handed["id"], "abort").rc == 0
+        brain.wait_finished("nightly")
+
+
+def test_the_prediction_is_shown_where_the_person_decides(brain: Brain, telegram: FakeTelegram, tmp_path: Path) -> None:
+    """`ambient escalations`, its --json and the Telegram message say what a learned rule would choose."""
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "telegram-token").write_text(telegram.token + "\n")
+    brain.env["CREDENTIALS_DIRECTORY"] = str(creds)
+    _stated_brain(
+        brain, extra=f'telegram: {{answers: true, chat_id: "4242", api_base: "{telegram.api_base}", poll_timeout_s: 1}}'
+    )
+    with brain.daemon():
+        _answered_run(brain, "skip", start=False)
+        [rule] = _rules(brain)["rules"]
+        brain.ok("start", "nightly")
+        [esc] = brain.wait_escalation("the second question")
+        line = f"learned rule {rule['id']} would choose 'skip' (in shadow, 0/3 agreements)"
+        assert line in brain.ok("escalations").out
+        [listed] = brain.escalations()
+        assert listed["prediction"] == line, listed
+        wait(lambda: [t for t in telegram.sent_texts() if f"Ref: {esc['id']}" in t and line in t], "the Telegram one")
+        assert brain.decide(esc["id"], "skip").rc == 0
+        brain.wait_finished("nightly", count=2)
+    assert "prediction" not in brain.escalations(all=True)[0]  # a settled question has nothing to predict
+
+
+def test_the_headline_counts_what_reached_the_person(brain: Brain, webhook: Webhook) -> None:
+    """Run records and `ambient stats` count escalations that reached the person, automatic decisions beside them."""
+    _stated_brain(brain, webhook, items="[db]")
+    with brain.daemon():
+        _promoted(brain)
+        brain.ok("rules", "optin", "--global")
+        record = _auto_run(brain)
+    assert (record["escalations"], record["auto_decisions"]) == (0, 1), record
+    [wf] = brain.ok("stats", "--json").json()["workflows"]
+    assert (wf["runs"], wf["escalations"], wf["auto_decisions"]) == (5, 4, 1), wf
+
+
+def test_a_gate_rule_names_the_step_its_type_and_the_question(brain: Brain) -> None:
+    """A rule learned from a `gate: human` answer names its step, the step's type and the question."""
+    brain.python_agent("worker", OK_AGENT)
+    brain.workflow(
+        "ship",
+        """
+        name: ship
+        chain:
+          - {step: 1, type: brain-write, scope: projets/app/README.md, agents: [worker]}
+          - {step: 2, type: deploy, scope: infrastructure/app/, agents: [worker], gate: human}
+    """,
+    )
+    with brain.daemon():
+        [esc] = brain.wait_escalation("the gate")
+        assert brain.decide(esc["id"], "approve").rc == 0
+        brain.wait_finished("ship")
+    [rule] = _rules(brain)["rules"]
+    signature = rule["situation"]["signature"]
+    assert "step 2" in signature and "deploy" in signature, rule

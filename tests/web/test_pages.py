@@ -303,3 +303,35 @@ def test_a_thousand_item_run_page_is_compact(tmp_path: Path, brain: Brain) -> No
     assert json.loads(whole.text) == record
     assert unfinished.status_code == 404 and "No record of run sess-nope" in unfinished.text
     assert refused.status_code == 401 and "steps" not in refused.text
+
+
+def test_a_question_card_shows_what_a_learned_rule_would_choose(hostile: Brain, hostile_console: Console) -> None:
+    """The console's question cards (the overview, the escalations page, the run page) carry the learned rule's
+    prediction, the same line as the message and `ambient escalations`."""
+    from datetime import UTC, datetime
+
+    from ambient.human.escalation_store import EscalationStore
+    from ambient.human.escalations import new_escalation
+    from ambient.learning.rules import RuleBook, observe
+    from ambient.learning.rulestore import escalation_situation, rules_path, save_rules
+    from ambient.storage.paths import BrainPaths
+
+    paths = BrainPaths(hostile.root)
+    esc = new_escalation(
+        workflow="batch",
+        run_id=RUN_ID,
+        kind="fail",
+        question="w failed on a: agent exited with code 1: connection to 10.0.0.3 timed out after 31s",
+        now=datetime.now(UTC),
+        options=[("retry", "Run the item again", "retry"), ("skip", "Skip this item and go on", "skip")],
+        item="a",
+        agent="w",
+        detail="agent exited with code 1: connection to 10.0.0.3 timed out after 31s",
+    )
+    EscalationStore(paths).create(esc)
+    rules = observe([], escalation_situation(esc), "skip", "run-0", datetime.now(UTC))
+    save_rules(rules_path(paths), RuleBook().with_rules(rules))
+    line = f"learned rule {rules[0].id} would choose &#39;skip&#39; (in shadow, 0/3 agreements)"
+    with _client(hostile_console) as http:
+        for path in ("/", "/escalations", f"/runs/{RUN_ID}"):
+            assert line in http.get(path).text, path

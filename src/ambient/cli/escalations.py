@@ -67,12 +67,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
         store.close()
     for problem in problems:  # a hand-edited file gone wrong is shown, never hidden or deleted
         say(f"warning: {problem}")
-    if args.json:
-        out_json([e.data for e in rows])
-        return EXIT_OK
     from ambient.human.escalations import Escalation  # pydantic models: only to print them
 
     escs = [Escalation.model_validate(e.data) for e in rows]
+    said = _predictions(paths, escs)
+    if args.json:
+        out_json([e.data | ({"prediction": said[e.id]} if e.id in said else {}) for e in rows])
+        return EXIT_OK
     if not escs:
         out("No pending escalations." if not args.all else "No escalations.")
         return EXIT_OK
@@ -80,11 +81,23 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for i, esc in enumerate(escs):
         if i:
             out()
-        _print_one(esc, now, paths.root)
+        _print_one(esc, now, paths.root, said.get(esc.id))
     return EXIT_OK
 
 
-def _print_one(esc: Escalation, now: datetime, root: Path) -> None:
+def _predictions(paths: BrainPaths, escs: list[Escalation]) -> dict[str, str]:
+    """What learned rules would choose, by escalation; a broken rules file never hides a question (none then)."""
+    from ambient.core.errors import AmbientError
+    from ambient.learning.rulestore import escalation_predictions, rules_path
+
+    try:
+        return escalation_predictions(rules_path(paths), escs)
+    except (AmbientError, OSError) as exc:
+        say(f"warning: learned rules not read: {exc}")
+        return {}
+
+
+def _print_one(esc: Escalation, now: datetime, root: Path, prediction: str | None = None) -> None:
     from ambient.human.escalations import render_options
 
     who = f", agent {esc.agent}" if esc.agent else ""
@@ -101,6 +114,8 @@ def _print_one(esc: Escalation, now: datetime, root: Path) -> None:
         return
     for line in render_options(esc):
         out(one_line(f"  {line}"))
+    if prediction:
+        out(one_line(f"  {prediction}"))
     if esc.deadline is not None:
         then = f", then {esc.on_timeout}" if esc.on_timeout else ""
         out(f"  deadline: {esc.deadline.isoformat(timespec='seconds')} ({_until(now, esc.deadline)}{then})")

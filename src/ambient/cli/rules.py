@@ -7,6 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from ambient.cli._common import EXIT_OK, add_command, brain_dir, out, out_json, say
+from ambient.core.terminal import one_line
 
 if TYPE_CHECKING:  # imported in the handlers, so that other commands start fast
     from ambient.learning.rules import Rule, RuleBook
@@ -81,6 +82,10 @@ def _list(args: argparse.Namespace) -> int:
     for r in rows:
         out("  ".join(c.rjust(widths[i]) if i in (2, 3, 4) else c.ljust(widths[i]) for i, c in enumerate(r)).rstrip())
     out("* = accepted by you. DECIDES = decides alone now (active and opted in).")
+    from ambient.learning.rules import standing_note
+
+    for note in filter(None, (standing_note(r) for r in book.rules)):
+        out(one_line(note))
     return EXIT_OK
 
 

@@ -349,6 +349,7 @@ def render(stats: Stats, *, weeks: int = 8, errors: int = 10, source: str = "run
         rows.append(["(all)", *_week_cells(stats.weeks, shown), _trend(stats.trend)])
     lines += _table(["WORKFLOW", *shown, "TREND"], rows, set(range(1, len(shown) + 1)))
     lines.append("")
+    lines.append("ESC counts the escalations that reached you; those a learned rule decided alone are AUTO, beside.")
     lines.append("TREND is fitted over every week selected (--since narrows it). TTD = time you took to decide")
     lines.append("an escalation; DECIDED counts every decision, AUTO those taken by a learned rule (a deadline that")
     lines.append("passed decided nothing: `timeouts` in --json). FAILED: business failures (exit 1, status failed);")

@@ -116,6 +116,13 @@ CONFIG_TEMPLATE: Final = """\
 #  per_run_usd: null
 #  daily_usd: null
 
+# Learned rules that decide alone (`ambient rules optin`): when a rule's answer leads back to the same situation on
+# the same item (a `retry` of a failure that always happens), it decides again at most auto_repeats times, the
+# second after backoff_s seconds, doubled each time; then the item is yours and the rule goes back to shadow.
+#learning:
+#  auto_repeats: 3
+#  backoff_s: 5.0
+
 # The web console, hosted by the daemon (null: not hosted; `ambient web` serves it on its own). Open the URL
 # `ambient web --url` prints (it carries the token kept in .ambient/web/token). It runs in a thread of its own,
 # so no browser slows the daemon. A host other than 127.0.0.1 needs tls_cert and tls_key (PEM files), or

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from ambient.core.redact import MASK, redact_url
 from ambient.engine.budget import Limits
+from ambient.learning.rules import DEFAULT_AUTO_REPEATS, DEFAULT_BACKOFF_S
 from ambient.workflows.fields import SATELLITE_TYPES
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -110,6 +111,15 @@ class WebSettings(_Strict):
         return self
 
 
+class LearningSettings(_Strict):
+    """How far learned rules may go alone (docs/learning-loop.md): automatic decisions that lead back to the same
+    situation on one item are at most ``auto_repeats``, the second after ``backoff_s``, doubled each time; then the
+    item goes to the person and the rule back to shadow."""
+
+    auto_repeats: int = Field(default=DEFAULT_AUTO_REPEATS, ge=1, le=20)
+    backoff_s: float = Field(default=DEFAULT_BACKOFF_S, ge=0, le=3600)
+
+
 class Settings(_Strict):
     """Every knob of the daemon, with defaults that work."""
 
@@ -126,6 +136,7 @@ class Settings(_Strict):
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     runners: dict[str, dict[str, Any]] = Field(default_factory=dict)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    learning: LearningSettings = Field(default_factory=LearningSettings)
     web: WebSettings | None = None  # the web console hosted by the daemon; absent: not hosted (``ambient web``)
     # step type → agent, for chain steps without agents: and satellites (a workflow's own default_agents: wins)
     default_agents: dict[str, str] = Field(default_factory=dict)

@@ -28,19 +28,24 @@ from ambient.engine import events
 from ambient.engine.budget import permission_signature
 from ambient.engine.events import FinishedResult
 from ambient.engine.planner import (
+    FINAL_QUESTION,
     GATE_OPTIONS,
     ChainAction,
     ChainStep,
     FanOut,
     ItemTemplate,
     StepStatus,
+    before_question,
     breaker_update,
     exit_route,
     gate_after_last,
     gate_before,
+    gate_words,
     judge_step,
     next_index,
     question_options,
+    route_question,
+    untested_question,
 )
 from ambient.engine.ports import Attempt, AttemptResult, EscalationRequest, Ports
 from ambient.engine.runs import RunExecutor, item_claim_id
@@ -211,6 +216,8 @@ class ChainExecutor(RunExecutor):
         detail: str | None = None,
     ) -> EscalationRequest:
         """The escalation a question about a step (or the run, ``item`` None) asks: what the journal keeps of it."""
+        if kind == "gate" and detail is None:
+            detail = gate_words(self.steps[item.index] if item is not None else None, question)
         return EscalationRequest(
             run_id=self.state.run_id,
             workflow=self.state.workflow,
@@ -268,7 +275,7 @@ class ChainExecutor(RunExecutor):
                 esc = await self._ask(
                     item,
                     "gate",
-                    f"{reason}. Run step {step.name} ({step.type}) now?",
+                    before_question(step, reason),
                     [(k, label, k) for k, label in GATE_OPTIONS],
                     gate=True,
                     before=True,
@@ -372,7 +379,7 @@ class ChainExecutor(RunExecutor):
                 accept = self._request(
                     item,
                     "gate",
-                    f"step {step.name} ({step.type}) closed without tests: accept it?",
+                    untested_question(step),
                     [(k, label, k) for k, label in GATE_OPTIONS],
                 )
                 self._asking(item, accept, gate=True)
@@ -535,7 +542,7 @@ class ChainExecutor(RunExecutor):
         """The question of an exit trigger's ``gate:human``: asked where the step's result is journaled, and again
         when the trigger is carried out (the same request: found in the journal's ``asking``)."""
         message = action.message if action is not None else None
-        return item, "gate", message or f"step {step.name} {status}: continue?", [(k, lb, k) for k, lb in GATE_OPTIONS]
+        return item, "gate", route_question(step, status, message), [(k, lb, k) for k, lb in GATE_OPTIONS]
 
     async def _start_other(self, action: ChainAction) -> None:
         """``trigger:<workflow>/<step>``: a run of that workflow starts at that step, with this run's context."""
@@ -561,7 +568,7 @@ class ChainExecutor(RunExecutor):
                 esc = await self._ask(
                     None,
                     "gate",
-                    "swarm mode: the chain is done. Accept the final result?",
+                    FINAL_QUESTION,
                     [(k, label, k) for k, label in GATE_OPTIONS],
                 )
                 self.event(events.final_gate, state="pending", escalation=esc)

@@ -351,6 +351,33 @@ def gate_before(step: ChainStep, index: int, total: int, mode: str | None) -> st
     return None
 
 
+def before_question(step: ChainStep, reason: str) -> str:
+    """The question of a gate before a step (``reason``: :func:`gate_before`'s)."""
+    return f"{reason}. Run step {step.name} ({step.type}) now?"
+
+
+def untested_question(step: ChainStep) -> str:
+    """The question of a step that closed without the tests its close tier asks for."""
+    return f"step {step.name} ({step.type}) closed without tests: accept it?"
+
+
+def route_question(step: ChainStep, status: str, message: str | None) -> str:
+    """The question of an exit trigger's ``gate:human`` (its own message, else the step's result)."""
+    return message or f"step {step.name} {status}: continue?"
+
+
+#: The question of a swarm chain's final gate.
+FINAL_QUESTION = "swarm mode: the chain is done. Accept the final result?"
+
+
+def gate_words(step: ChainStep | None, question: str) -> str:
+    """A gate's words for a learned rule (``ambient.learning.rules.situation_of``): its step's type and the question;
+    the executor and replay build them alike, so a rule learned on a gate is the one replay predicts with."""
+    if step is None or f"({step.type})" in question:
+        return question
+    return f"({step.type}) {question}"
+
+
 def gate_after_last(mode: str | None) -> bool:
     """swarm mode: the person gates the final result too."""
     return mode == "swarm"

@@ -7,7 +7,7 @@ One summary line per finished run is appended to ``.ambient/runs.jsonl``::
      "steps": [{"item": "instance-01", "agent": "deploy", "signal_out": "SPAWN",
                 "signal_in": "RETURN", "result": "success", "duration_ms": 1240,
                 "attempt": 1, "key": "run/item/attempt", "error": null}],
-     "escalations": 1, "errors": 1, "decisions": [{"escalation": id, "option": "retry",
+     "escalations": 1, "auto_decisions": 0, "errors": 1, "decisions": [{"escalation": id, "option": "retry",
                 "by": "human", "channel": "cli", "latency_s": 12.5, "auto": false}],
      "cost_usd": 0.42, "input_tokens": 1200, "output_tokens": 300, "cache_read_tokens": 9000,
      "cache_write_tokens": 0, "turns": 7, "models": ["claude-sonnet-4-5"], "cost_unknown": 1}
@@ -17,6 +17,9 @@ the run its totals; ``cost_unknown`` counts the attempts without a price (their 
 not: the run's ``cost_usd`` is then a lower bound). Runs of command agents, and records written before ambient
 knew of costs, have none of these fields. A step whose agent asked for a tool permission carries its
 ``permission_signature`` (``Bash: rm -rf build/``).
+
+``escalations`` counts those that reached the person; ``auto_decisions`` those a learned rule decided alone (a record
+without ``auto_decisions``, written before, counted both in ``escalations``: readers subtract its automatic decisions).
 
 ``result`` is one of ``success``, ``fail``, ``error``, ``skipped``, ``interrupted``.
 """
@@ -90,7 +93,8 @@ class RunRecord(BaseModel):
     completed_at: datetime | None = None
     outcome: Outcome
     steps: list[StepRecord] = Field(default_factory=list)
-    escalations: int = 0
+    escalations: int = 0  # that reached the person (a learned rule's automatic decisions are not among them)
+    auto_decisions: int | None = None  # escalations a learned rule decided alone (absent from older records)
     errors: int = 0
     decisions: list[DecisionRecord] = Field(default_factory=list)
     # chains: the steps a human gate asked about before they ran, and whether the run went past its last step

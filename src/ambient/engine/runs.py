@@ -101,6 +101,8 @@ def run_record(state: RunState) -> RunRecord:
         if state.started_at
         else datetime.fromisoformat(state.finished_at or "1970-01-01T00:00:00+00:00")
     )
+    decisions = [DecisionRecord.model_validate(d) for d in state.decisions if "escalation" in d and "option" in d]
+    auto = sum(1 for d in decisions if d.auto)
     return RunRecord(
         run_id=state.run_id,
         workflow=state.workflow,
@@ -109,9 +111,10 @@ def run_record(state: RunState) -> RunRecord:
         completed_at=datetime.fromisoformat(state.finished_at) if state.finished_at else None,
         outcome=state.outcome or "running",  # type: ignore[arg-type]
         steps=[StepRecord.model_validate(s) for s in state.steps],
-        escalations=state.escalation_count,
+        escalations=max(0, state.escalation_count - auto),  # what reached the person: the headline's count
+        auto_decisions=auto,
         errors=state.error_count,
-        decisions=[DecisionRecord.model_validate(d) for d in state.decisions if "escalation" in d and "option" in d],
+        decisions=decisions,
         gated=list(state.gated),
         asked=list(state.asked),
         reached_end=state.form == "chain" and state.cursor >= len(state.items),

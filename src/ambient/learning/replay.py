@@ -23,13 +23,18 @@ from typing import Any, Literal
 from ambient.engine.compile import chain_steps, fanout, retry_policy
 from ambient.engine.planner import (
     DEFAULT_ON_RETURN,
+    FINAL_QUESTION,
     ChainStep,
     FanOut,
     after_attempt,
+    before_question,
     exit_route,
     gate_after_last,
     gate_before,
+    gate_words,
     judge_step,
+    route_question,
+    untested_question,
 )
 from ambient.engine.records import RunRecord
 from ambient.engine.runstate import UNRECOVERABLE, ItemState
@@ -61,6 +66,7 @@ class Fate:
     action: str
     kind: str | None = None
     gated: bool = False
+    words: str | None = None  # a gate's, after the step: its step's type and question (planner.gate_words)
 
     @property
     def escalations(self) -> int:
@@ -205,7 +211,7 @@ def _chain_fates(
             if gated:
                 answers.next(name)  # approved: the step ran
         fate = _step_fate(step, s, fails, breaker, threshold)
-        out.append(Fate(fate.action, fate.kind, gated))
+        out.append(Fate(fate.action, fate.kind, gated, fate.words))
         if fate.action == "escalate":
             answer = answers.next(name)
             if answer in _RESETS:
@@ -236,13 +242,31 @@ def _step_fate(
     else:
         breaker[scope] = 0
         if verdict.needs_human:
-            return Fate("escalate", "gate")
+            return Fate("escalate", "gate", words=gate_words(step, untested_question(step)))
     route = exit_route(verdict.actions, verdict.status, terminal=step.gate == "never")
-    if route.kind in ("gate", "blocked"):
+    if route.kind == "gate":
+        message = route.action.message if route.action is not None else None
+        return Fate("escalate", "gate", words=gate_words(step, route_question(step, verdict.status, message)))
+    if route.kind == "blocked":
         return Fate("escalate", route.kind)
     if route.kind == "goto" and route.action is not None:
         return Fate(f"goto:{route.action.target}")
     return Fate({"abort": "abort", "end": "stop"}.get(route.kind, "next"))
+
+
+def _before_words(spec: WorkflowSpec | None, name: str) -> str | None:
+    """The words of the gate before a chain's step ``name`` (``""``: a swarm chain's final gate), as the executor
+    asks it; None when the workflow no longer gates it."""
+    if not isinstance(spec, ChainWorkflow):
+        return None
+    if not name:
+        return gate_words(None, FINAL_QUESTION)
+    chain = chain_steps(spec)
+    for i, step in enumerate(chain):
+        if step.name == name:
+            reason = gate_before(step, i, len(chain), spec.mode)
+            return gate_words(step, before_question(step, reason)) if reason else None
+    return None
 
 
 def _agent_of(spec: WorkflowSpec | None, step: str) -> str:
@@ -382,7 +406,7 @@ def replay(
                     agent,
                     "not run",
                     None,
-                    situation_of(workflow, agent, "gate", detail=None, step=name),
+                    situation_of(workflow, agent, "gate", detail=_before_words(spec, name), step=name),
                 )
             )
         for n, s in enumerate(raw_steps):
@@ -391,8 +415,16 @@ def replay(
             before = then[n].action if then is not None else None
             item, result, agent = str(s.get("item", "")), str(s["result"]), str(s.get("agent", ""))
             kinds = (["gate"] if fate.gated else []) + ([fate.kind or "fail"] if fate.action == "escalate" else [])
-            for kind in kinds:
-                asked.append((item, agent, result, before, situation_from_step(workflow, s, kind)))
+            if fate.gated:
+                gate = situation_of(workflow, agent, "gate", detail=_before_words(spec, item), step=item)
+                asked.append((item, agent, result, before, gate))
+            for kind in kinds[int(fate.gated) :]:
+                sit = (
+                    situation_of(workflow, agent, "gate", detail=fate.words, step=item)
+                    if kind == "gate" and fate.words
+                    else situation_from_step(workflow, s, kind)
+                )
+                asked.append((item, agent, result, before, sit))
             if kinds:
                 continue
             if before is not None and before != fate.action:

@@ -10,6 +10,7 @@ disagreement; every transition here is a pure function over a list of rules. The
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
@@ -43,6 +44,30 @@ class Situation(BaseModel):
     def key(self) -> str:
         """The identity of the situation."""
         return "\x1f".join((self.workflow, self.agent, self.signal, self.signature))
+
+    @property
+    def distinct(self) -> bool:
+        """Whether the situation carries words of its own (see :func:`has_words`): one without never decides alone."""
+        return has_words(self.signature)
+
+
+#: What ambient says around an agent's failure, not the agent's words: ``agent exited with code <n>`` alone tells one
+#: failure from no other.
+_AMBIENT_WORDS = re.compile(
+    r"^(agent exited with code <n>|agent died from signal \w+|agent reported status failed|\(no message\)|"
+    r"\(no call\))\s*:?\s*",
+    re.IGNORECASE,
+)
+_PLACEHOLDER = re.compile(r"<(n|q|ip|id|ts|url|path)>")
+_WORD = re.compile(r"[^\W\d_]{2,}")
+
+
+def has_words(signature: str) -> bool:
+    """Whether a normalised signature says something beyond ambient's own wording and placeholders: a situation
+    that does not (``agent exited with code <n>``, ``<n>``) is every failure at once, and a rule over it would
+    decide a new error like an old one."""
+    rest = _PLACEHOLDER.sub(" ", _AMBIENT_WORDS.sub("", signature.strip()))
+    return _WORD.search(rest) is not None
 
 
 def situation_for(workflow: str, agent: str, signal: str, text: str | None) -> Situation:
@@ -78,8 +103,16 @@ def situation_of(workflow: str, agent: str | None, kind: str, *, detail: str | N
     if kind == "permission":
         signature = bound_signature(detail) if detail else "(no call)"
         return Situation(workflow=workflow, agent=agent or "-", signal=SIGNAL_OF_KIND[kind], signature=signature)
+    signal = SIGNAL_OF_KIND.get(kind, kind.upper())
+    if kind == "gate" and detail:
+        # A gate's words are its step's (type and question, ``detail``); the step's name is kept as written: chain
+        # steps are often numbered, and a normalised ``2`` would be every step's ``<n>``.
+        head = f"step {step}: " if step else ""
+        return Situation(
+            workflow=workflow, agent=agent or "-", signal=signal, signature=head + normalise_message(detail)
+        )
     text = step if kind in ("gate", "circuit_break") else detail
-    return situation_for(workflow, agent or "-", SIGNAL_OF_KIND.get(kind, kind.upper()), text)
+    return situation_for(workflow, agent or "-", signal, text)
 
 
 def kind_of_step(step: Mapping[str, Any]) -> str:
@@ -143,6 +176,9 @@ class Rule(BaseModel):
     created_at: datetime
     updated_at: datetime
     last_disagreement: Disagreement | None = None
+    # Why it lost its standing (its automatic answer kept leading back to the same situation); cleared when the
+    # person's agreements make it active again.
+    lost_standing: str | None = None
 
 
 class AutoDecide(BaseModel):
@@ -272,7 +308,10 @@ def observe(
         agreements = rule.agreements + 1
         state = "active" if agreements >= promote_after else rule.state
         evidence = _push(rule.evidence, run_id)
-        out[i] = _evolve(rule, agreements=agreements, state=state, evidence=evidence, updated_at=now)
+        lost = None if state == "active" else rule.lost_standing
+        out[i] = _evolve(
+            rule, agreements=agreements, state=state, evidence=evidence, updated_at=now, lost_standing=lost
+        )
     else:
         out[i] = _evolve(
             rule,
@@ -304,10 +343,11 @@ NEVER_ALONE = frozenset({"BUDGET", "PROVIDER"})
 def may_auto_decide(rule: Rule | None, policy: Policy, *, options: Sequence[str] | None = None) -> bool:
     """Whether ``rule`` may decide without the person: active, at least ``promote_after`` agreements,
     opted in (per rule, per workflow or globally, a workflow exclusion always wins), and its option
-    among the escalation's ``options`` when they are given; never a budget or a refused key (NEVER_ALONE)."""
+    among the escalation's ``options`` when they are given; never a budget or a refused key (NEVER_ALONE), never a
+    situation without words of its own (:func:`has_words`)."""
     if rule is None or rule.state != "active" or rule.agreements < policy.promote_after:
         return False
-    if rule.situation.signal in NEVER_ALONE:
+    if rule.situation.signal in NEVER_ALONE or not rule.situation.distinct:
         return False
     workflow = rule.situation.workflow
     if workflow in policy.auto_decide.exclude:
@@ -379,10 +419,71 @@ def auto_decision_notice(rule: Rule, *, run_id: str, item: str | None = None) ->
 
 def shadow_hint(rule: Rule, policy: Policy) -> str:
     """One line for an escalation message: what the rule would choose and why it does not decide."""
-    if may_auto_decide(rule, policy):
+    if rule.lost_standing:
+        why = f"it {rule.lost_standing}: back in shadow, {rule.agreements}/{policy.promote_after} agreements"
+    elif not rule.situation.distinct and rule.situation.signal not in NEVER_ALONE:
+        why = f"never alone: no distinguishing words, {rule.agreements}/{policy.promote_after} agreements"
+    elif may_auto_decide(rule, policy):
         why = "opted in"
     elif rule.state == "active":
         why = f"active, not opted in: ambient rules accept {rule.id}"
     else:
         why = f"in shadow, {rule.agreements}/{policy.promote_after} agreements"
     return f"learned rule {rule.id} would choose {rule.option!r} ({why})"
+
+
+#: Automatic decisions on one item of one run before it goes to the person (``learning.auto_repeats``).
+DEFAULT_AUTO_REPEATS = 3
+#: The wait before the second automatic decision on an item, doubled at each next one (``learning.backoff_s``).
+DEFAULT_BACKOFF_S = 5.0
+
+
+def auto_repeat_delay(previous: int, *, bound: int, backoff_s: float) -> float | None:
+    """How long to wait before a rule decides the same situation of the same item again, after ``previous``
+    automatic decisions on it: none the first time, then ``backoff_s`` doubled each time; None once ``bound``
+    decisions were taken (the item goes to the person: the rule's answer keeps leading back)."""
+    if previous >= bound:
+        return None
+    return 0.0 if previous == 0 else backoff_s * 2 ** (previous - 1)
+
+
+def repeat_note(rule: Rule, times: int) -> str:
+    """What the rule did, for the person who gets the item back: ``retried 3×, still failing``."""
+    did = "retried" if rule.option == "retry" else f"chose {rule.option!r}"
+    again = "still failing" if rule.situation.signal in ("FAIL", "ERROR") else "and it came back"
+    return f"{did} {times}×, {again}"
+
+
+def lose_standing(rules: Sequence[Rule], rule_id: str, why: str, now: datetime) -> list[Rule]:
+    """A rule whose automatic answer keeps leading back to the same situation goes back to shadow: its agreements
+    reset, its per-rule opt-in withdrawn, ``why`` kept (``ambient rules`` shows it) until the person's answers make it
+    active again."""
+    out = list(rules)
+    i = _find(out, rule_id)
+    out[i] = _evolve(out[i], state="shadow", agreements=0, opted_in=False, lost_standing=why, updated_at=now)
+    return out
+
+
+def prediction(rules: Sequence[Rule], policy: Policy, situation: Situation, options: Sequence[str]) -> str | None:
+    """What a learned rule that does not decide alone would choose, one line shown wherever the person decides
+    (the message, ``ambient escalations``, the console, Telegram); None when no rule predicts one of ``options``, or
+    when the rule decides alone (then there is nothing to decide)."""
+    rule = predict(rules, situation)
+    if rule is None or rule.option not in options or may_auto_decide(rule, policy, options=options):
+        return None
+    return shadow_hint(rule, policy)
+
+
+def standing_note(rule: Rule) -> str | None:
+    """Why a rule cannot decide alone whatever the opt-in, for ``ambient rules``: it lost its standing, or its
+    situation has no words of its own; None otherwise."""
+    if rule.state == "forgotten":
+        return None
+    if rule.lost_standing:
+        return f"{rule.id}: it {rule.lost_standing}: back in shadow until you agree with it again"
+    if not rule.situation.distinct and rule.situation.signal not in NEVER_ALONE:
+        return (
+            f"{rule.id}: never decides alone: no distinguishing words in its situation "
+            f"({rule.situation.signature!r}; the agent stated no error)"
+        )
+    return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,8 @@ from pydantic import ValidationError
 
 from ambient.core.errors import InputError, YamlError
 from ambient.core.problems import Problem
-from ambient.learning.rules import Rule, RuleBook
+from ambient.human.escalations import Escalation
+from ambient.learning.rules import Rule, RuleBook, Situation, prediction, situation_of
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, open_private, private_dir
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import LineMap, dump_yaml, load_file, problems_from_validation
@@ -136,3 +137,30 @@ def update_rules(path: Path, change: Callable[[RuleBook], RuleBook]) -> RuleBook
         if new != book:
             save_rules(path, new)
         return new
+
+
+def escalation_situation(esc: Escalation) -> Situation:
+    """The situation of a stored escalation (an escalation written before its ``detail`` was kept: its question is
+    the closest there is)."""
+    detail = esc.detail if esc.detail is not None else esc.question
+    return situation_of(esc.workflow, esc.agent, esc.kind, detail=detail, step=esc.step or esc.item)
+
+
+def escalation_predictions(path: Path, escs: Iterable[Escalation]) -> dict[str, str]:
+    """What a learned rule would choose for each pending escalation (:func:`ambient.learning.rules.prediction`), by
+    escalation id, from the rules file at ``path`` (read once); those without a prediction are absent."""
+    pending = [e for e in escs if e.status == "pending"]
+    if not pending or not path.exists():
+        return {}
+    book, _ = load_rules(path)
+    out: dict[str, str] = {}
+    for esc in pending:
+        line = prediction(book.rules, book.policy, escalation_situation(esc), [o.key for o in esc.options])
+        if line is not None:
+            out[esc.id] = line
+    return out
+
+
+def escalation_prediction(path: Path, esc: Escalation) -> str | None:
+    """What a learned rule would choose for one pending escalation; None without one."""
+    return escalation_predictions(path, [esc]).get(esc.id)

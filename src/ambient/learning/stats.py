@@ -104,14 +104,15 @@ def cost_of(total: UsageTotals | None) -> CostStats | None:
 
 @dataclass(frozen=True)
 class WeekStats:
-    """Escalations of one ISO week (``2026-W11``): the headline measure of the loop."""
+    """Escalations of one ISO week (``2026-W11``): the headline measure of the loop, what reached the person."""
 
     week: str
     runs: int
-    escalations: int
+    escalations: int  # that reached the person; a learned rule's automatic decisions are beside (auto_decisions)
     rate: float  # escalations per run
     decision_p50_s: float | None  # median time the person took to decide
     cost: CostStats | None = None  # what the week's AI agents consumed (runs started that week)
+    auto_decisions: int = 0  # escalations a learned rule decided alone that week
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ class WorkflowStats:
     success_rate: float | None
     duration_p50_ms: float | None
     duration_p95_ms: float | None
-    escalations: int
+    escalations: int  # that reached the person (a learned rule's automatic decisions: auto_decisions)
     errors: int
     failures: int  # business failures (exit 1, status failed): errors are exit 2+, ERROR, bad output
     escalation_rate: float | None
@@ -251,12 +252,13 @@ class _AgentAcc:
 
 
 class _WeekAcc:
-    __slots__ = ("escalations", "latencies", "runs", "usage")
+    __slots__ = ("auto", "escalations", "latencies", "runs", "usage")
 
     def __init__(self) -> None:
         self.usage: UsageTotals | None = None
         self.runs = 0
         self.escalations = 0
+        self.auto = 0
         self.latencies: list[float] = []
 
 
@@ -430,6 +432,8 @@ class StatsBuilder:
                 if type(lat) not in _NUMBER_TYPES:
                     raise TypeError("decision.latency_s")
                 latencies.append(float(lat))
+        if "auto_decisions" not in rec:  # an older record counted a learned rule's decisions as escalations
+            escalations = max(0, escalations - auto)
         run_error = rec.get("error")
         if started.tzinfo is None:
             started = started.replace(tzinfo=UTC)
@@ -472,6 +476,7 @@ class StatsBuilder:
             wk = self._weeks[(workflow, week)] = _WeekAcc()
         wk.runs += 1
         wk.escalations += escalations
+        wk.auto += auto
         if latencies:
             wk.latencies.extend(latencies)
 
@@ -576,6 +581,7 @@ class StatsBuilder:
             wk = self._weeks.setdefault(key, _WeekAcc())
             wk.runs += w.runs
             wk.escalations += w.escalations
+            wk.auto += w.auto
             wk.latencies.extend(w.latencies)
             wk.usage = _merged(wk.usage, w.usage)
         for sig, o_sig in other._sigs.items():
@@ -644,6 +650,7 @@ class StatsBuilder:
                 m = merged[wk] = _WeekAcc()
             m.runs += a.runs
             m.escalations += a.escalations
+            m.auto += a.auto
             m.latencies.extend(a.latencies)
             m.usage = _merged(m.usage, a.usage)
         all_weeks = _weeks_of(merged)
@@ -695,7 +702,8 @@ def _weeks_of(accs: Mapping[str, _WeekAcc]) -> list[WeekStats]:
         a = accs[wk]
         a.latencies.sort()
         rate = a.escalations / a.runs if a.runs else 0.0
-        out.append(WeekStats(wk, a.runs, a.escalations, rate, percentile(a.latencies, 50), cost_of(a.usage)))
+        p50 = percentile(a.latencies, 50)
+        out.append(WeekStats(wk, a.runs, a.escalations, rate, p50, cost_of(a.usage), auto_decisions=a.auto))
     return out
 
 

@@ -187,10 +187,23 @@ def record_row(line: int, raw: bytes) -> tuple[Any, ...]:
         _text(started),
         _text(rec.get("completed_at")),
         _week(started),
-        _int(rec.get("escalations")),
+        _reached(rec),
         _int(rec.get("errors")),
         float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None,
     )
+
+
+def _reached(rec: dict[str, Any]) -> int | None:
+    """The escalations of a record that reached the person: an older record (without ``auto_decisions``) counted a
+    learned rule's automatic decisions among them (ambient.engine.records)."""
+    count = _int(rec.get("escalations"))
+    if count is None or "auto_decisions" in rec:
+        return count
+    decisions = rec.get("decisions")
+    auto = (
+        sum(1 for d in decisions if isinstance(d, dict) and d.get("auto") is True) if isinstance(decisions, list) else 0
+    )
+    return max(0, count - auto)
 
 
 def _text(value: Any) -> str | None:

@@ -161,7 +161,7 @@ def interpret_output(obj: object, *, agent: str) -> AgentResult:
     if isinstance(answer, _ErrorAnswer):
         context = dict(answer.context)
         return AgentResult(
-            status="error", output=obj, context=context, reason="agent_error", error=_context_message(context)
+            status="error", output=obj, context=context, reason="agent_error", error=stated_error(context)
         )
     return AgentResult(status="blocked", output=obj, context=dict(answer.context))
 
@@ -173,7 +173,7 @@ def _from_result(result: dict[str, Any], *, output: dict[str, Any]) -> AgentResu
         return error_result("bad_output", f"result.status {str(word)[:40]!r} is not one of {expected}", output=output)
     status, result_status = _STATUS_WORDS[word]
     if status == "error":
-        message = _context_message(result)
+        message = stated_error(result)
         return AgentResult(status="error", output=output, context=result, reason="agent_error", error=message)
     if status == "fail":
         return AgentResult(
@@ -182,12 +182,13 @@ def _from_result(result: dict[str, Any], *, output: dict[str, Any]) -> AgentResu
             result=result,
             result_status=result_status,
             reason="agent_failed",
-            error=_context_message(result) or "agent reported status failed",
+            error=stated_error(result) or "agent reported status failed",
         )
     return AgentResult(status="success", output=output, result=result, result_status=result_status)
 
 
-def _context_message(context: Mapping[str, Any]) -> str | None:
+def stated_error(context: Mapping[str, Any]) -> str | None:
+    """The agent's own words about what went wrong: its ``error``, ``message``, ``reason`` or ``detail``."""
     for key in ("error", "message", "reason", "detail"):
         value = context.get(key)
         if isinstance(value, str) and value:

@@ -27,7 +27,7 @@ import structlog
 from ambient.core.errors import InputError
 from ambient.core.health import describe, resource_of
 from ambient.runners.agent_env import agent_cwd, build_env, encode_packet
-from ambient.runners.answer import interpret_output
+from ambient.runners.answer import interpret_output, stated_error
 from ambient.runners.argv import TemplateError, render_argv
 from ambient.runners.base import RunRequest
 from ambient.runners.child import SetupError, close_transport, on_exit, start_agent
@@ -292,7 +292,11 @@ class CommandRunner:
             if output is not None:
                 inner = output.get("result")
                 result = inner if output.get("signal") == "RETURN" and isinstance(inner, dict) else output
-            message = "agent exited with code 1" + (f": {last}" if last else "")
+            # Its own stated error (the JSON's error, message or reason) is its words, else stderr's last line: the
+            # question and a learned rule's situation need them (a bare exit code tells no failure from another).
+            said = stated_error(result) if result is not None else None
+            words = said or last
+            message = "agent exited with code 1" + (f": {words}" if words else "")
             return AgentResult(
                 status="fail",
                 reason="agent_failed",

@@ -403,6 +403,9 @@ class Daemon:
         changed = await self.notify.configure(s)
         self.escalator.buttons = s.telegram.answers
         self.escalator.results = s.notify.results
+        if self.escalator.learner is not None:
+            self.escalator.learner.bound = s.learning.auto_repeats
+            self.escalator.learner.backoff_s = s.learning.backoff_s
         self.escalator.notifying = self.notify.active
         self.digest.hours = s.notify.digest_hours
         self.digest.enabled = s.notify.digest and self.notify.active

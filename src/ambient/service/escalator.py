@@ -26,17 +26,26 @@ from ambient.human.messages import Message, escalation_message
 from ambient.human.outbox import Outbox
 from ambient.human.telegram import PressResult, TelegramUser, decision_text, nonce_matches
 from ambient.learning.rules import (
+    DEFAULT_AUTO_REPEATS,
+    DEFAULT_BACKOFF_S,
     Rule,
     Situation,
     auto_decision_notice,
+    auto_repeat_delay,
+    lose_standing,
     may_auto_decide,
     observe,
     predict,
     record_use,
-    shadow_hint,
-    situation_of,
+    repeat_note,
 )
-from ambient.learning.rulestore import load_rules, rules_path, update_rules
+from ambient.learning.rulestore import (
+    escalation_prediction,
+    escalation_situation,
+    load_rules,
+    rules_path,
+    update_rules,
+)
 from ambient.service.digest import Digest
 from ambient.storage.paths import BrainPaths
 
@@ -49,12 +58,12 @@ class Learner:
     def __init__(self, paths: BrainPaths, clock: Clock) -> None:
         self.path = rules_path(paths)
         self.clock = clock
+        self.bound = DEFAULT_AUTO_REPEATS  # learning.auto_repeats
+        self.backoff_s = DEFAULT_BACKOFF_S  # learning.backoff_s
 
     @staticmethod
     def situation(esc: Escalation) -> Situation:
-        # An escalation written before its ``detail`` was kept: its question is the closest there is.
-        detail = esc.detail if esc.detail is not None else esc.question
-        return situation_of(esc.workflow, esc.agent, esc.kind, detail=detail, step=esc.step or esc.item)
+        return escalation_situation(esc)
 
     def observe(self, esc: Escalation) -> None:
         """Record a human decision as evidence (blocking: call through ``to_thread``)."""
@@ -83,14 +92,7 @@ class Learner:
 
     def prediction_for(self, esc: Escalation) -> str | None:
         """What a learned rule that does not decide alone would choose, for the message (you still decide)."""
-        if not self.path.exists():
-            return None
-        book, _ = load_rules(self.path)
-        rule = predict(book.rules, self.situation(esc))
-        options = [o.key for o in esc.options]
-        if rule is None or rule.option not in options or may_auto_decide(rule, book.policy, options=options):
-            return None
-        return shadow_hint(rule, book.policy)
+        return escalation_prediction(self.path, esc)
 
     def used(self, rule: Rule, run_id: str) -> None:
         """Count an automatic decision (blocking)."""
@@ -99,6 +101,24 @@ class Learner:
             update_rules(self.path, lambda b: b.with_rules(record_use(b.rules, rule.id, run_id, now)))
         except (AmbientError, OSError) as exc:
             log.warning("rules_not_updated", error=str(exc))
+
+    def demote(self, rule: Rule, why: str) -> None:
+        """The rule's answer keeps leading back to the same situation: back to shadow (blocking)."""
+        now = self.clock.now()
+        try:
+            update_rules(self.path, lambda b: b.with_rules(lose_standing(b.rules, rule.id, why, now)))
+        except (AmbientError, OSError) as exc:
+            log.warning("rules_not_updated", error=str(exc))
+
+
+def _decided_by(store: EscalationStore, esc: Escalation, rule: Rule) -> int:
+    """How many escalations of the same run and item (or step) the rule already decided, that one situation again."""
+    where = esc.item or esc.step
+    return sum(
+        1
+        for e in store.list("answered")
+        if e.run_id == esc.run_id and (e.item or e.step) == where and e.by == f"rule:{rule.id}" and e.id != esc.id
+    )
 
 
 class StoreEscalator:
@@ -169,6 +189,20 @@ class StoreEscalator:
         rule = await asyncio.to_thread(self.learner.rule_for, esc)
         if rule is None:
             return False
+        # Its answer led back here before: bounded and backed off, then the person gets the item and what it did.
+        previous = await asyncio.to_thread(_decided_by, self.store, esc, rule)
+        delay = auto_repeat_delay(previous, bound=self.learner.bound, backoff_s=self.learner.backoff_s)
+        if delay is None:
+            # Its message says so: the demoted rule's prediction carries what it did (learning.rules.shadow_hint).
+            await asyncio.to_thread(self.learner.demote, rule, repeat_note(rule, previous))
+            log.warning("auto_decision_bounded", escalation=esc.id, rule=rule.id, times=previous)
+            return False
+        if delay:
+            try:
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:  # stopped while backing off: the question is the person's, never lost
+                await self.queue(esc)
+                raise
         try:
             await asyncio.to_thread(self.store.answer, esc.id, rule.option, by=f"rule:{rule.id}", channel="rule")
         except (AmbientError, OSError) as exc:

@@ -112,7 +112,8 @@ def layout(weeks: Sequence[WeekStats], trend: Trend) -> Chart:
         i = week_index(w.week) - first
         x = plot_x + i * slot_w + slot_w * 0.15
         y = y_of(w.rate)
-        title = f"{w.week}: {w.rate:.2f} escalations per run ({w.escalations} in {w.runs} run(s))"
+        title = f"{w.week}: {w.rate:.2f} escalations per run ({w.escalations} in {w.runs} run(s)) reached you"
+        title += f"; {w.auto_decisions} decided alone by learned rules" if w.auto_decisions else ""
         bars.append(WeekBar(round(x, 2), round(y, 2), round(slot_w * 0.7, 2), round(base_y - y, 2), w.week, title))
     line = None
     if trend.slope_per_week is not None and len(shown) >= 2:

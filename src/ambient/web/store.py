@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import structlog
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
+from ambient.core.errors import AmbientError
 from ambient.query.store import QueryStore
+from ambient.query.views import EscalationRow
 from ambient.storage.paths import BrainPaths
 from ambient.web.fragcache import shared_fetch
 
@@ -88,3 +91,23 @@ async def read(request: Request, fn: Callable[[sqlite3.Connection], T]) -> T:
     store: StoreThread = request.app.state.store
     live = request.method == "GET" and shared_fetch(request.query_params.keys())
     return await store.read(fn, generation=request.app.state.hub.generation() if live else None)
+
+
+async def predictions(request: Request, rows: Sequence[EscalationRow]) -> dict[str, str]:
+    """What learned rules would choose for the pending escalations among ``rows``, by id, shown on their cards; a
+    rules file that cannot be read shows none (the questions are still there)."""
+    from ambient.human.escalations import Escalation
+    from ambient.learning.rulestore import escalation_predictions, rules_path
+
+    paths: BrainPaths = request.app.state.paths
+    pending = [r.data for r in rows if r.status == "pending"]
+    if not pending:
+        return {}
+
+    def compute() -> dict[str, str]:
+        try:
+            return escalation_predictions(rules_path(paths), [Escalation.model_validate(d) for d in pending])
+        except (AmbientError, OSError, ValueError):
+            return {}
+
+    return await run_in_threadpool(compute)

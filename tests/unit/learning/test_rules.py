@@ -13,19 +13,26 @@ from ambient.core.errors import InputError
 from ambient.learning.rules import (
     AutoDecide,
     Policy,
+    Situation,
     UnknownRuleError,
     accept,
     auto_decision_notice,
+    auto_repeat_delay,
     find_rule,
     forget,
+    has_words,
+    lose_standing,
     may_auto_decide,
     observe,
     predict,
+    prediction,
     record_use,
+    repeat_note,
     shadow_hint,
     situation_for,
     situation_from_step,
     situation_of,
+    standing_note,
 )
 from tests.unit.learning.test_stats import T0, step
 
@@ -186,3 +193,119 @@ class TestSituations:
         s2 = situation_from_step("wf", step("i", result="fail", signal_in="ESCALATE", question="Deploy 3 now?"))
         assert (s2.signal, s2.signature) == ("ESCALATE", "Deploy <n> now?")
         assert situation_from_step("wf", step("i", result="error", signal_in="ERROR")).signature == "(no message)"
+
+
+class TestWhatDecidesAlone:
+    """A rule decides alone only over a situation with words of its own, a bounded number of times per item."""
+
+    @pytest.mark.parametrize(
+        ("signature", "words"),
+        [
+            ("agent exited with code <n>", False),
+            ("agent exited with code <n>: connection to <ip> timed out after <n>s", True),
+            ("agent exited with code <n>: disk quota exceeded while writing the cache index", True),
+            ("agent died from signal SIGKILL", False),
+            ("agent reported status failed", False),
+            ("(no message)", False),
+            ("(no call)", False),
+            ("<n>", False),
+            ("<q> <path> <n>", False),
+            ("step <n>: (deploy) step <n> (deploy) closed without tests: accept it?", True),
+            ("Bash: rm -rf build/", True),
+            ("agent timed out after <n>s", True),
+        ],
+    )
+    def test_a_situation_has_words_of_its_own(self, signature: str, words: bool) -> None:
+        """ambient's own wording and placeholders are no words of the situation."""
+        assert has_words(signature) is words
+        assert Situation(workflow="w", agent="a", signal="FAIL", signature=signature).distinct is words
+
+    @pytest.mark.parametrize(
+        ("detail", "decides"),
+        [
+            ("agent exited with code 1", False),
+            ("agent exited with code 1: connection to 10.0.3.4 timed out after 31s", True),
+            ("", False),
+            (None, False),
+        ],
+    )
+    def test_a_rule_without_words_never_decides_alone(self, detail: str | None, decides: bool) -> None:
+        """Active and opted in, a rule over a wordless situation still predicts, and never decides alone."""
+        sit = situation_of("nightly", "stated", "fail", detail=detail, step="db")
+        rules: list[Any] = []
+        for i in range(4):
+            rules = observe(rules, sit, "skip", f"run-{i}", T0 + timedelta(hours=i))
+        [rule] = rules
+        everywhere = Policy(auto_decide=AutoDecide(global_=True))
+        assert rule.state == "active" and predict(rules, sit) == rule
+        assert may_auto_decide(rule, everywhere) is decides
+        assert (standing_note(rule) is None) is decides
+        if not decides:
+            assert "no distinguishing words" in shadow_hint(rule, everywhere)
+
+    @pytest.mark.parametrize(
+        ("step", "detail", "signature"),
+        [
+            ("2", "step 2 (deploy) closed without tests: accept it?", "step 2: step <n> (deploy) closed without"),
+            ("review", "(review) deployed: continue?", "step review: (review) deployed: continue?"),
+            (None, "swarm mode: the chain is done. Accept the final result?", "swarm mode: the chain is done"),
+            ("2", None, "<n>"),  # an escalation written before a gate had its words: the step alone, as before
+        ],
+    )
+    def test_a_gate_names_its_step_its_type_and_the_question(
+        self, step: str | None, detail: str | None, signature: str
+    ) -> None:
+        """A gate's situation keeps its step's name as written and its type and question, normalised."""
+        sit = situation_of("ship", "worker", "gate", detail=detail, step=step)
+        assert sit.signal == "GATE" and sit.signature.startswith(signature), sit
+
+    @pytest.mark.parametrize(
+        ("previous", "delay"),
+        [(0, 0.0), (1, 5.0), (2, 10.0), (3, None), (7, None)],
+    )
+    def test_automatic_decisions_on_one_item_are_bounded_and_backed_off(
+        self, previous: int, delay: float | None
+    ) -> None:
+        """The first at once, then backoff_s doubled each time, none after the bound: the person gets the item."""
+        assert auto_repeat_delay(previous, bound=3, backoff_s=5.0) == delay
+
+    @pytest.mark.parametrize(
+        ("option", "signal", "note"),
+        [
+            ("retry", "FAIL", "retried 3×, still failing"),
+            ("continue", "ESCALATE", "chose 'continue' 3×, and it came back"),
+        ],
+    )
+    def test_a_rule_that_keeps_leading_back_loses_its_standing(self, option: str, signal: str, note: str) -> None:
+        """Back to shadow, its agreements reset and its opt-in withdrawn, what it did kept until the person's
+        agreements make it active again."""
+        sit = Situation(workflow="nightly", agent="stated", signal=signal, signature="disk quota exceeded")
+        rules: list[Any] = []
+        for i in range(4):
+            rules = observe(rules, sit, option, f"run-{i}", T0 + timedelta(hours=i))
+        rules = accept(rules, rules[0].id)
+        assert repeat_note(rules[0], 3) == note
+        [rule] = lose_standing(rules, rules[0].id, note, T0 + timedelta(days=1))
+        assert (rule.state, rule.agreements, rule.opted_in, rule.lost_standing) == ("shadow", 0, False, note)
+        assert not may_auto_decide(rule, Policy(auto_decide=AutoDecide(global_=True)))
+        assert f"it {note}: back in shadow" in shadow_hint(rule, Policy())
+        assert note in (standing_note(rule) or "")
+        for i in range(3):
+            [rule] = observe([rule], sit, option, f"again-{i}", T0 + timedelta(days=2, hours=i))
+        assert (rule.state, rule.lost_standing) == ("active", None)
+
+    @pytest.mark.parametrize(
+        ("options", "policy", "shown"),
+        [
+            (["retry", "skip", "abort"], Policy(), "learned rule"),
+            (["approve", "reject"], Policy(), None),  # its option is not offered
+            (["retry", "skip", "abort"], OPTED, None),  # it decides alone: nothing to show
+        ],
+    )
+    def test_the_prediction_shown_where_the_person_decides(
+        self, options: list[str], policy: Policy, shown: str | None
+    ) -> None:
+        """One line, the same in the message, `ambient escalations` and the console."""
+        rules = learn(["skip"] * 4)
+        line = prediction(rules, policy, SIT, options)
+        assert (line is None) if shown is None else (line is not None and line.startswith(shown)), line

@@ -232,6 +232,27 @@ class TestStats:
         assert (wf.decisions, wf.auto_decisions) == (4, 1)
         assert (wf.decision_p50_s, wf.decision_p95_s) == (90.0, 600.0)
 
+    @pytest.mark.parametrize(
+        ("record", "reached", "auto"),
+        [
+            ({"escalations": 1, "auto_decisions": 1}, 1, 1),  # a record that counts what reached the person
+            ({"escalations": 2}, 1, 1),  # an older one counted the rule's decision among its escalations
+            ({"escalations": 0, "auto_decisions": 1}, 0, 1),
+        ],
+    )
+    def test_the_headline_counts_what_reached_the_person(self, record: dict[str, Any], reached: int, auto: int) -> None:
+        """Escalations per run and per week are the person's load; a learned rule's decisions are beside them."""
+        decisions = [
+            {"escalation": "e1", "option": "skip", "latency_s": 30.0},
+            {"escalation": "e2", "option": "skip", "latency_s": 0.0, "auto": True, "by": "rule:r-1"},
+        ][2 - reached - auto :]
+        rec = run("r1", decisions=decisions) | record
+        stats = summarise([rec])
+        [wf] = stats.workflows
+        assert (wf.escalations, wf.auto_decisions) == (reached, auto)
+        [week] = wf.weeks
+        assert (week.escalations, week.auto_decisions, week.rate) == (reached, auto, float(reached))
+
     def test_escalation_rate_per_iso_week_and_falling_trend(self) -> None:
         """Escalations per run are bucketed by ISO week of the start; a falling rate is reported as falling."""
         recs = []

@@ -217,6 +217,24 @@ class TestRun:
         assert res.error == "agent exited with code 1: step 2 failed"
         assert res.stderr_tail == "step 2 failed\n"
 
+    @pytest.mark.parametrize(
+        ("code", "error"),
+        [
+            ('print(\'{"status": "failed", "error": "disk quota exceeded"}\')', "disk quota exceeded"),
+            ('print(\'{"status": "failed", "reason": "no route to db"}\')', "no route to db"),
+            ('print(\'{"status": "failed", "message": "stale lock"}\')', "stale lock"),
+            ('sys.stderr.write("tail says\\n"); print(\'{"status": "failed", "error": "own words"}\')', "own words"),
+            ('sys.stderr.write("tail says\\n"); print(\'{"status": "failed"}\')', "tail says"),
+        ],
+    )
+    async def test_exit_one_says_the_agents_own_error(
+        self, make_req: Callable[..., RunRequest], code: str, error: str
+    ) -> None:
+        """Exit 1: the agent's stated error (its JSON's error, reason or message) is the failure's words, else
+        stderr's last line: a bare exit code tells one failure from no other."""
+        res = await CommandRunner().run(make_req(), script(f"import sys; {code}; sys.exit(1)"))
+        assert res.error == f"agent exited with code 1: {error}"
+
     async def test_stderr_tail_bounded_and_token_redacted(self, make_req: Callable[..., RunRequest]) -> None:
         """Stderr keeps only its bounded tail, with the channel token redacted."""
         code = (

@@ -16,7 +16,7 @@ from ambient.actions.decide import decide
 from ambient.query import views
 from ambient.storage.paths import BrainPaths
 from ambient.web.render import redirect_back, render
-from ambient.web.store import read
+from ambient.web.store import predictions, read
 
 #: The statuses a person filters by ("" = pending and answered, each in its section).
 STATUSES: Final = ("pending", "answered", "expired", "cancelled")
@@ -48,6 +48,7 @@ async def escalations_page(request: Request) -> Response:
     if status is not None and status not in STATUSES:
         status = None
     data = await read(request, lambda conn: _data(conn, workflow, agent, status))
+    data["predictions"] = await predictions(request, data["pending"])
     filters = {"workflow": workflow or "", "agent": agent or "", "status": status or ""}
     return render(request, "escalations.html", {**data, "filters": filters, "statuses": STATUSES})
 

@@ -22,7 +22,7 @@ from ambient.query import views
 from ambient.storage.paths import BrainPaths
 from ambient.web.daemon import daemon_state
 from ambient.web.render import redirect_back, render
-from ambient.web.store import read
+from ambient.web.store import predictions, read
 
 #: How many of the last errors the overview lists, and how many recent run records it looks through for them.
 LAST_ERRORS = 8
@@ -119,6 +119,7 @@ def _data(conn: sqlite3.Connection) -> dict[str, Any]:
 async def overview(request: Request) -> Response:
     paths: BrainPaths = request.app.state.paths
     data = await read(request, _data)
+    data["predictions"] = await predictions(request, data["pending"])
     tripped, problem = await run_in_threadpool(_breakers, paths)
     return render(
         request,

@@ -30,7 +30,7 @@ from ambient.storage.paths import BrainPaths
 from ambient.web import rundetail, timeline
 from ambient.web.filecache import FileCache
 from ambient.web.render import render
-from ambient.web.store import read
+from ambient.web.store import predictions, read
 
 #: Newest turns of an item's agent thread shown under the item.
 THREAD_TAIL: Final = 6
@@ -203,6 +203,7 @@ async def run_page(request: Request) -> Response:
     fragment = request.query_params.get("fragment")
     hover = titles(run.items) if fragment in (None, "progress", "timeline") else None
     ctx: dict[str, Any] = {**data, "pretty": _pretty, "record_list_shown": RECORD_LIST_SHOWN}
+    ctx["predictions"] = await predictions(request, data["questions"])
     if fragment in (None, "progress"):
         ctx["cells"] = cells(run.items, hover)
     if fragment in (None, "timeline"):
