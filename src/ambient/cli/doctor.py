@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
 from ambient.cli._doctor.agents import check_confinement
-from ambient.cli._doctor.brain import check_brain, check_config, check_filesystem, check_tmp
+from ambient.cli._doctor.brain import check_brain, check_config, check_filesystem, check_state_modes, check_tmp
 from ambient.cli._doctor.daemon import check_daemon
 from ambient.cli._doctor.findings import ORDER, Finding, Severity
 from ambient.cli._doctor.human import check_escalations, check_notify_urls, check_telegram
@@ -141,6 +141,7 @@ def diagnose(
         run("notify", lambda: check_notify_urls(paths, environ, timeout))
     run("telegram", lambda: check_telegram(paths, effective, up, when, environ))
     run("tmp", lambda: check_tmp(paths))
+    run("state modes", lambda: check_state_modes(paths))
     run("confinement", check_confinement)
     # Last line of defence: a token inside a path, an argv or a notifier's error never reaches the output.
     report.findings = [replace(f, message=redact_text(f.message), hint=redact_text(f.hint)) for f in report.findings]

@@ -57,7 +57,7 @@ from ambient.runners.keys import credential, key_name
 from ambient.runners.llm import LlmRunner
 from ambient.runners.spawner import Spawner
 from ambient.runners.spawner import available as spawner_available
-from ambient.service import envblock, systemd
+from ambient.service import envblock, statemodes, systemd
 from ambient.service.adapters import AgentDelegate, BrainRef, RouterEmitter
 from ambient.service.claims_writer import ClaimsWriter
 from ambient.service.digest import Digest
@@ -237,6 +237,7 @@ class Daemon:
                 InboxEvaluator(p, self.router, self.packets.on_packet),
                 self.stale_claims,
                 HeapTrimEvaluator(),
+                statemodes.StateModesEvaluator(p, self.clock),
                 self.digest,
                 self.query,
                 IdleEvaluator(self, until_idle=self.options.until_idle),
@@ -461,6 +462,7 @@ class Daemon:
         for d in (self.paths.claims, self.paths.locks, self.paths.workflows):
             d.mkdir(parents=True, exist_ok=True)
         check_state(self.paths)  # .ambient/: real folders, 0700, no link anywhere; else exit 2 naming it
+        statemodes.keep(self.paths, self.clock.now())  # and every entry closed to others again (then on the tick)
         self._instance.acquire(self.clock.now())
         for d in (
             self.paths.claims,
