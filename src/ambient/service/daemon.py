@@ -102,6 +102,9 @@ class DaemonOptions:
     log_level: str | None = None  # --log-level: wins over the file's at every reload
     log_format: str | None = None  # --log-format: idem
     exits_after: bool = False  # the process ends when serve() returns (the CLI): stop signals stay ignored till then
+    #: The process is the daemon's own (the CLI): the secrets the settings read leave ``os.environ`` once read
+    #: (``environ`` keeps them), so no child inherits them (:func:`ambient.service.envblock.forget`).
+    forget_secrets: bool = False
 
 
 class Daemon:
@@ -246,6 +249,15 @@ class Daemon:
             clock=self.clock,
         )
 
+    def _forget_secrets(self, brain: Brain) -> None:
+        """The variables holding secrets by what the settings read (a runner's ``api_key_env``...) leave the
+        environment block, and ``os.environ`` when the process is ours; ``options.environ`` keeps them."""
+        names = envblock.secret_names(brain.runners, self.options.environ)
+        if self.options.forget_secrets:
+            envblock.forget(names)
+        else:
+            envblock.scrub(names)
+
     def _warn_missing_keys(self, brain: Brain, env: Mapping[str, str]) -> None:
         """At start, not at the first agent: AI agents whose model key this daemon does not have (names only)."""
         missing: dict[str, list[str]] = {}
@@ -351,6 +363,7 @@ class Daemon:
         else:
             new = await asyncio.to_thread(load_brain, self.paths, self.options.environ, self.ref.brain)
         self._report(new)
+        self._forget_secrets(new)
         if not new.settings_ok:
             log.error("config_invalid_kept_previous", file=self.paths.rel(self.paths.config))
         old = self.ref.brain.settings
@@ -437,6 +450,7 @@ class Daemon:
         then systemd and the log are told it is ready."""
         self._take_brain()
         self._build()
+        self._forget_secrets(self.ref.brain)
         self.troubles.on_recovered = self._recovered
         self.troubles.start()
         stop, hup = self._on_stop_signal, self._on_hup
@@ -458,7 +472,8 @@ class Daemon:
         files only)."""
         check_local_filesystem(self.paths.root)
         raise_descriptor_limit()
-        envblock.scrub()  # secrets out of /proc/<pid>/environ: the settings keep their copy (issue 25, 2)
+        envblock.undumpable()  # /proc/<pid>/environ, mem, maps: closed to an agent of the daemon's own user
+        envblock.scrub()  # secrets by name out of /proc/<pid>/environ; by what the settings read: _forget_secrets
         for d in (self.paths.claims, self.paths.locks, self.paths.workflows):
             d.mkdir(parents=True, exist_ok=True)
         check_state(self.paths)  # .ambient/: real folders, 0700, no link anywhere; else exit 2 naming it
