@@ -182,6 +182,12 @@ PROJECT_GATE = {
 }
 
 
+#: A daemon run as root runs an agent as the unprivileged ``ambient-agent`` unless its runner names a user; these
+#: probes write anywhere in brains under pytest's temp folders (root's, 0700), so they say ``user: root``: uid 0
+#: without any capability (docs/agents-and-runners.md, "Security"). ``runner={"user": None}`` gives the default.
+AS_ROOT: dict[str, Any] = {"user": "root"} if os.geteuid() == 0 else {}
+
+
 def agent_md(
     name: str,
     argv: Sequence[str],
@@ -195,7 +201,8 @@ def agent_md(
     """An agent file: frontmatter with its IPC gate and a command runner, then its prompt.
 
     ``confine: false`` unless ``runner`` says otherwise: these agents are probes that leave what they saw in the
-    brain, outside any scope (docs/agents-and-runners.md: the way out for such an agent). Confined agents, the
+    brain, outside any scope (docs/agents-and-runners.md: the way out for such an agent). Run as root (the tests
+    here), ``user: root`` too (:data:`AS_ROOT`). Confined agents, the
     default a user gets, are driven by tests/acceptance/test_agents.py's confinement tests and
     tests/attacks/test_containment.py."""
     ipc = dict(PROJECT_GATE if gate is None else gate)
@@ -212,7 +219,14 @@ def agent_md(
         "  ipc:",
     ]
     lines += [f"    {key}: {json.dumps(value)}" for key, value in ipc.items()]
-    run_cfg = {"kind": "command", "argv": list(argv), "timeout_s": timeout_s, "confine": False, **(runner or {})}
+    run_cfg = {
+        "kind": "command",
+        "argv": list(argv),
+        "timeout_s": timeout_s,
+        "confine": False,
+        **AS_ROOT,
+        **(runner or {}),
+    }
     lines += ["ambient:", "  runner:"] + [f"    {k}: {json.dumps(v)}" for k, v in run_cfg.items()]
     lines += ["---", f"# Agent: {name}", "", body or "An agent written for an acceptance test.", ""]
     return "\n".join(lines)

@@ -75,9 +75,13 @@ Answers.
 """
 
 
+#: The interpreter an unprivileged agent can run: the one running the tests may sit in root's home (pyenv).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
 def _probe_md(name: str, *, user: str | None = None) -> str:
-    text = command_agent_md(name, ["{{python}}", "-c", _PROBE], confine=True)
-    return text if user is None else text.replace("    confine: true\n", f"    confine: true\n    user: {user}\n")
+    python = "{{python}}" if user == "root" else SYSTEM_PYTHON
+    return command_agent_md(name, [python, "-I", "-c", _PROBE], confine=True, user=user)
 
 
 def _output(paths: BrainPaths, workflow: str) -> dict[str, object]:
@@ -89,12 +93,14 @@ def _output(paths: BrainPaths, workflow: str) -> dict[str, object]:
 
 
 def test_a_root_daemons_agent_is_not_root_has_no_capabilities_and_cannot_read_the_daemons_environ(
-    tmp_path: Path,
+    reachable: Path,
 ) -> None:
     """An agent with no ``user:`` under a root daemon ran as root with every capability, and could read
     ``/proc/<daemon>/environ``. It runs as an unprivileged user now, with no capability and no_new_privs, and
     the daemon's environment (and the spawner's) is closed to it."""
-    paths = make_brain(tmp_path / "brain", example_agents=False, agents={"probe": _probe_md("probe")})
+    if not Path(SYSTEM_PYTHON).is_file():
+        pytest.skip(f"no {SYSTEM_PYTHON} for the unprivileged agent")
+    paths = make_brain(reachable / "brain", example_agents=False, agents={"probe": _probe_md("probe")})
     d = DaemonProcess(paths, env={"GROQ_KEY": CANARY}).start()
     try:
         d.wait_ready()
@@ -182,9 +188,7 @@ def test_state_files_opened_by_an_agent_are_closed_again_and_said(tmp_path: Path
     """A root agent (``user: root``: the person's choice) chmods the console's token to 0644 and ``.ambient/`` to
     0755: Landlock does not cover metadata. The daemon sees it on its maintenance tick and closes them again
     (0600, 0700); its log says ``state_mode_restored`` with what it was, and ``ambient doctor`` says so too."""
-    agent = command_agent_md("opener", ["{{python}}", "-c", _CHMODDER], confine=True).replace(
-        "    confine: true\n", "    confine: true\n    user: root\n"
-    )
+    agent = command_agent_md("opener", ["{{python}}", "-c", _CHMODDER], confine=True, user="root")
     paths = make_brain(tmp_path / "brain", example_agents=False, agents={"opener": agent}, config="tick_seconds: 1\n")
     token = paths.state / "web" / "token"
     ambient_cli(paths.root, "web", "--url")  # the console's token, made on first use (no console serves: rc 1)

@@ -69,13 +69,32 @@ def stub_agent_md(
     )
 
 
+#: The ``user:`` of the test agents: a daemon run as root (the tests here) runs an agent as the unprivileged
+#: ``ambient-agent``, which cannot write the tests' witnesses in pytest's temp folders (root's, 0700): these
+#: agents say ``user: root``, uid 0 without any capability (docs/agents-and-runners.md, "Security").
+#: tests/attacks/test_root_and_modes.py drives the default user.
+TEST_AGENT_USER = "root" if os.geteuid() == 0 else None
+
+
+def runner_user_line(user: str | None = TEST_AGENT_USER) -> str:
+    """The runner's ``user:`` line of a test agent (empty: ambient's own user)."""
+    return f"    user: {user}\n" if user else ""
+
+
 def command_agent_md(
-    name: str, argv: Sequence[str], *, timeout_s: float = 60, kill_grace_s: float = 2, confine: bool = False
+    name: str,
+    argv: Sequence[str],
+    *,
+    timeout_s: float = 60,
+    kill_grace_s: float = 2,
+    confine: bool = False,
+    user: str | None = TEST_AGENT_USER,
 ) -> str:
     """An agent file (a project agent that talks with the orchestrator) run by the command runner with ``argv``.
 
     Unconfined unless asked: these fault tests' agents write their witnesses outside the brain (the acceptance
-    tests run agents confined, as a user's are; tests/attacks/test_containment.py attacks the confinement itself)."""
+    tests run agents confined, as a user's are; tests/attacks/test_containment.py attacks the confinement itself).
+    ``user``: see :data:`TEST_AGENT_USER` (None: the daemon's default)."""
     return (
         "---\n"
         f"name: {name}\n"
@@ -98,6 +117,7 @@ def command_agent_md(
         f"    timeout_s: {timeout_s}\n"
         f"    kill_grace_s: {kill_grace_s}\n"
         f"    confine: {'true' if confine else 'false'}\n"
+        f"{runner_user_line(user)}"
         "---\n"
         f"# Agent: {name}\n\nA test agent.\n"
     )

@@ -142,8 +142,8 @@ async def start_agent(
             # The spawner never came up (it never answered): this agent and the next ones start through Popen.
         else:
             return agent, agent
-    if cfg.user is not None:
-        raise OSError(errno.EPERM, f"cannot run the agent as {cfg.user!r}: that needs ambient's spawner (Linux)")
+    if (user := confinement.run_as(cfg)) is not None:
+        raise OSError(errno.EPERM, f"cannot run the agent as {user!r}: that needs ambient's spawner (Linux)")
     if not waits_by_pidfd():
         with child_stdio(packet) as (stdin_fd, out_w, err_w, out_r, err_r):
             # S603 reviewed: as in spawn_child.

@@ -28,6 +28,8 @@ import functools
 import os
 import pwd
 import shutil
+import stat
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -166,31 +168,118 @@ def landlock_abi() -> int:
     return landlock.abi()
 
 
+#: Whom a root daemon runs an agent as when its runner names no ``user:`` (made by :func:`ensure_agent_user`).
+AGENT_USER = "ambient-agent"
+_USERADD = (
+    "useradd",
+    "--system",
+    "--user-group",
+    "--no-create-home",
+    "--home-dir",
+    "/nonexistent",
+    "--shell",
+    "/usr/sbin/nologin",
+    "--comment",
+    "ambient's agents",
+    AGENT_USER,
+)
+
+
+def run_as(cfg: CommandRunnerConfig, euid: int | None = None) -> str | None:
+    """The Unix user an agent runs as: its runner's ``user:``; else, when ambient runs as root, :data:`AGENT_USER`
+    (an agent never runs as root unless the person says ``user: root``, and then without any capability);
+    else None: ambient's own user."""
+    if cfg.user is not None:
+        return cfg.user
+    return AGENT_USER if (os.geteuid() if euid is None else euid) == 0 else None
+
+
+def ensure_agent_user() -> str | None:
+    """Make :data:`AGENT_USER` if it is missing (a system user: no home, no login, its own group); None when it
+    is there, else what went wrong (said at each agent's start that needs it)."""
+    with contextlib.suppress(KeyError):
+        pwd.getpwnam(AGENT_USER)
+        return None
+    useradd = shutil.which("useradd") or shutil.which("useradd", path="/usr/sbin:/sbin")
+    if useradd is None:
+        return "useradd is not on this system"
+    done = subprocess.run(  # noqa: S603 - a fixed argv
+        [useradd, *_USERADD[1:]], capture_output=True, text=True, check=False, timeout=60
+    )
+    with contextlib.suppress(KeyError):  # made now, or by a daemon of another brain meanwhile
+        pwd.getpwnam(AGENT_USER)
+        return None
+    return f"useradd failed: {(done.stderr or done.stdout).strip()[:300]}"
+
+
 def jail(req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """What the spawner applies to this agent's process before it execs (empty: nothing): the Unix user of
-    ``cfg.user`` (``uid``, ``gid``) and the Landlock paths of :func:`policy` (``read``, ``write``, ``abi``).
+    """What the spawner applies to this agent's process before it execs (empty: nothing): its Unix user (of
+    :func:`run_as`: ``uid``, ``gid``; the brain it must reach, ``reach``) and the Landlock paths of :func:`policy`
+    (``read``, ``write``, ``abi``).
 
     Sets ``env`` to match (HOME, USER and LOGNAME of that user; TMPDIR, the agent's private temp dir, removed at
-    the end by :func:`drop_tmp`). OSError when the user cannot be taken."""
-    found = {**_user(cfg, env), **(_landlock(req, cfg, argv, env) or {})}
+    the end by :func:`drop_tmp`). An agent of another user than ambient's gets its temp dir as its own and may
+    write its scope (:func:`share_scope`). OSError when the user cannot be taken."""
+    found = {**_user(req, cfg, env), **(_landlock(req, cfg, argv, env) or {})}
     if "uid" in found and env.get("TMPDIR"):
         os.chown(env["TMPDIR"], found["uid"], found["gid"])  # its private temp dir is its own
+    if found.get("uid", os.geteuid()) != os.geteuid():
+        share_scope(req, found["uid"], found["gid"])
     return found
 
 
-def _user(cfg: CommandRunnerConfig, env: dict[str, str]) -> dict[str, Any]:
-    """The uid and gid of ``cfg.user`` (and its HOME and USER in ``env``); nothing when none is asked. OSError
-    when it cannot be: no such user, or ambient is not root (only root can start a process as another user)."""
-    if cfg.user is None:
+def _user(req: RunRequest, cfg: CommandRunnerConfig, env: dict[str, str]) -> dict[str, Any]:
+    """The uid and gid of :func:`run_as` (and its HOME and USER in ``env``); nothing when the agent runs as
+    ambient's own user. OSError when it cannot be: no such user, or ambient is not root (only root can start a
+    process as another user)."""
+    name = run_as(cfg)
+    if name is None:
         return {}
     try:
-        entry = pwd.getpwnam(cfg.user)
+        entry = pwd.getpwnam(name)
     except KeyError:
-        raise OSError(errno.EINVAL, f"no Unix user {cfg.user!r} (ambient.runner.user)") from None
+        if cfg.user is not None:
+            raise OSError(errno.EINVAL, f"no Unix user {name!r} (ambient.runner.user)") from None
+        problem = ensure_agent_user()  # made at the daemon's start; again here if someone removed it since
+        if problem is not None:
+            raise OSError(
+                errno.EPERM,
+                f"ambient runs as root and runs no agent as root, but its user {AGENT_USER!r} is missing and "
+                f"cannot be made ({problem}): make it ({' '.join(_USERADD)}), or name a user in the runner (user:)",
+            ) from None
+        entry = pwd.getpwnam(name)
     if entry.pw_uid != os.geteuid() and os.geteuid() != 0:
-        raise OSError(errno.EPERM, f"cannot run the agent as {cfg.user!r}: ambient is not root")
+        raise OSError(errno.EPERM, f"cannot run the agent as {name!r}: ambient is not root")
     env["HOME"], env["USER"], env["LOGNAME"] = entry.pw_dir, entry.pw_name, entry.pw_name
-    return {"uid": entry.pw_uid, "gid": entry.pw_gid}
+    found: dict[str, Any] = {"uid": entry.pw_uid, "gid": entry.pw_gid}
+    if entry.pw_uid != 0:
+        found["reach"] = os.fsencode(req.brain)
+    return found
+
+
+def scope_files(req: RunRequest) -> list[str]:
+    """The files of the SPAWN's scope, as the packet names them (relative to the brain)."""
+    scope = req.packet.get("scope") if isinstance(req.packet, dict) else None
+    return [str(f) for f in (scope or {}).get("files") or [] if isinstance(f, str)]
+
+
+def share_scope(req: RunRequest, uid: int, gid: int) -> None:
+    """Let an agent of another user (``uid``, of group ``gid``) write what its scope lets it write: each path of
+    :func:`scope_write` and the shared folders (``claims/``, ``locks/``) are given to its group, with the group's
+    write bit (and, for a folder, setgid: what is made inside stays the group's). Owners are kept, nothing is
+    opened to other users, and a path already the agent's own is left as it is. Done once per path: later
+    agents find it so."""
+    root = req.brain.resolve()
+    for path in [*scope_write(req.brain, scope_files(req)), *(str(root / d) for d in SHARED_WRITE)]:
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode) or st.st_uid == uid:
+                continue
+            mode = stat.S_IMODE(st.st_mode) | (0o2070 if stat.S_ISDIR(st.st_mode) else 0o060)
+            if st.st_gid != gid:
+                os.chown(path, -1, gid, follow_symlinks=False)
+            if mode != stat.S_IMODE(st.st_mode) or st.st_gid != gid:  # a chown may have cleared setgid
+                Path(path).chmod(mode)
 
 
 def _landlock(req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: dict[str, str]) -> dict[str, Any] | None:
@@ -203,9 +292,7 @@ def _landlock(req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: d
         return None
     tmp = Path(tempfile.mkdtemp(prefix=f"ambient-{req.agent[:32]}-"))
     env["TMPDIR"] = env["TMP"] = env["TEMP"] = str(tmp)
-    scope = req.packet.get("scope") if isinstance(req.packet, dict) else None
-    files = [str(f) for f in (scope or {}).get("files") or [] if isinstance(f, str)]
-    return policy(req.brain, files, tmp, argv[0]).as_request(version)
+    return policy(req.brain, scope_files(req), tmp, argv[0]).as_request(version)
 
 
 def drop_tmp(env: dict[str, str]) -> None:

@@ -52,7 +52,7 @@ from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
 from ambient.runners.claude import KEY_NAMES as CLAUDE_KEYS
 from ambient.runners.claude import MODEL_KEYS, ClaudeRunner
-from ambient.runners.confinement import landlock_abi
+from ambient.runners.confinement import AGENT_USER, ensure_agent_user, landlock_abi, run_as
 from ambient.runners.keys import credential, key_name
 from ambient.runners.llm import LlmRunner
 from ambient.runners.spawner import Spawner
@@ -186,6 +186,8 @@ class Daemon:
         commands = [cfg for cfg in self.ref.brain.runners.values() if cfg.kind == "command"]
         if spawner is not None and commands:
             spawner.start()  # not at the first agent: its interpreter's start-up would be spent inside a run
+        if any(run_as(cfg) == AGENT_USER for cfg in commands):  # ambient runs as root: agents never do
+            self._agent_user()
         if any(getattr(cfg, "confine", False) for cfg in commands) and (spawner is None or landlock_abi() <= 0):
             log.warning(
                 "agents_unconfined",
@@ -248,6 +250,14 @@ class Daemon:
             tick_seconds=s.tick_seconds,
             clock=self.clock,
         )
+
+    def _agent_user(self) -> None:
+        """The user a root daemon runs its agents as, made if missing (said in the log either way)."""
+        problem = ensure_agent_user()
+        if problem is None:
+            log.info("agents_run_as", user=AGENT_USER)
+        else:
+            log.error("agent_user_missing", user=AGENT_USER, problem=problem, hint="docs/agents-and-runners.md")
 
     def _forget_secrets(self, brain: Brain) -> None:
         """The variables holding secrets by what the settings read (a runner's ``api_key_env``...) leave the
