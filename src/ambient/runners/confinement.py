@@ -185,13 +185,16 @@ _USERADD = (
 )
 
 
-def run_as(cfg: CommandRunnerConfig, euid: int | None = None) -> str | None:
-    """The Unix user an agent runs as: its runner's ``user:``; else, when ambient runs as root, :data:`AGENT_USER`
-    (an agent never runs as root unless the person says ``user: root``, and then without any capability);
+def default_agent_user(euid: int) -> str | None:
+    """Whom a daemon of user ``euid`` runs an agent as when its runner names no ``user:``: :data:`AGENT_USER` for
+    root (an agent never runs as root unless the person says ``user: root``, and then without any capability),
     else None: ambient's own user."""
-    if cfg.user is not None:
-        return cfg.user
-    return AGENT_USER if (os.geteuid() if euid is None else euid) == 0 else None
+    return AGENT_USER if euid == 0 else None
+
+
+def run_as(cfg: CommandRunnerConfig, default: str | None) -> str | None:
+    """The Unix user an agent runs as: its runner's ``user:``, else ``default`` (:func:`default_agent_user`)."""
+    return cfg.user if cfg.user is not None else default
 
 
 def ensure_agent_user() -> str | None:
@@ -212,15 +215,17 @@ def ensure_agent_user() -> str | None:
     return f"useradd failed: {(done.stderr or done.stdout).strip()[:300]}"
 
 
-def jail(req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+def jail(
+    req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: dict[str, str], default_user: str | None = None
+) -> dict[str, Any]:
     """What the spawner applies to this agent's process before it execs (empty: nothing): its Unix user (of
-    :func:`run_as`: ``uid``, ``gid``; the brain it must reach, ``reach``) and the Landlock paths of :func:`policy`
-    (``read``, ``write``, ``abi``).
+    :func:`run_as` with ``default_user``: ``uid``, ``gid``; the brain it must reach, ``reach``) and the Landlock
+    paths of :func:`policy` (``read``, ``write``, ``abi``).
 
     Sets ``env`` to match (HOME, USER and LOGNAME of that user; TMPDIR, the agent's private temp dir, removed at
     the end by :func:`drop_tmp`). An agent of another user than ambient's gets its temp dir as its own and may
     write its scope (:func:`share_scope`). OSError when the user cannot be taken."""
-    found = {**_user(req, cfg, env), **(_landlock(req, cfg, argv, env) or {})}
+    found = {**_user(req, cfg, env, default_user), **(_landlock(req, cfg, argv, env) or {})}
     if "uid" in found and env.get("TMPDIR"):
         os.chown(env["TMPDIR"], found["uid"], found["gid"])  # its private temp dir is its own
     if found.get("uid", os.geteuid()) != os.geteuid():
@@ -228,11 +233,11 @@ def jail(req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: dict[s
     return found
 
 
-def _user(req: RunRequest, cfg: CommandRunnerConfig, env: dict[str, str]) -> dict[str, Any]:
+def _user(req: RunRequest, cfg: CommandRunnerConfig, env: dict[str, str], default: str | None) -> dict[str, Any]:
     """The uid and gid of :func:`run_as` (and its HOME and USER in ``env``); nothing when the agent runs as
     ambient's own user. OSError when it cannot be: no such user, or ambient is not root (only root can start a
     process as another user)."""
-    name = run_as(cfg)
+    name = run_as(cfg, default)
     if name is None:
         return {}
     try:

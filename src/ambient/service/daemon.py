@@ -52,7 +52,7 @@ from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
 from ambient.runners.claude import KEY_NAMES as CLAUDE_KEYS
 from ambient.runners.claude import MODEL_KEYS, ClaudeRunner
-from ambient.runners.confinement import AGENT_USER, ensure_agent_user, landlock_abi, run_as
+from ambient.runners.confinement import AGENT_USER, default_agent_user, ensure_agent_user, landlock_abi, run_as
 from ambient.runners.keys import credential, key_name
 from ambient.runners.llm import LlmRunner
 from ambient.runners.spawner import Spawner
@@ -186,7 +186,8 @@ class Daemon:
         commands = [cfg for cfg in self.ref.brain.runners.values() if cfg.kind == "command"]
         if spawner is not None and commands:
             spawner.start()  # not at the first agent: its interpreter's start-up would be spent inside a run
-        if any(run_as(cfg) == AGENT_USER for cfg in commands):  # ambient runs as root: agents never do
+        agent_user = default_agent_user(os.geteuid())  # ambient runs as root: its agents never do
+        if any(run_as(cfg, agent_user) == AGENT_USER for cfg in commands):
             self._agent_user()
         if any(getattr(cfg, "confine", False) for cfg in commands) and (spawner is None or landlock_abi() <= 0):
             log.warning(
@@ -206,6 +207,7 @@ class Daemon:
                     req.run_id, req.item, req.attempt, pid, started
                 ),
                 spawner=spawner,
+                agent_user=agent_user,
             ),
             assisted=self.assisted,
             claude=self.claude,
