@@ -118,6 +118,14 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+#: A daemon run as root runs its agents as the unprivileged ``ambient-agent`` (docs/agents-and-runners.md, "Agents
+#: never run as root"), which can neither write the probes' findings in brains under pytest's temp folders (root's,
+#: 0700) nor run an interpreter installed under /root: the tests' daemons run theirs as root without any
+#: capability (``agent_user: root``, by its environment variable, given to ``ambient run`` and ``ambient doctor``
+#: only: ``config show`` reports what the file says). tests/attacks/test_root_and_modes.py drives the default.
+AGENT_ENV = {"AMBIENT_AGENT_USER": "root"} if os.geteuid() == 0 else {}
+
+
 @dataclass
 class Result:
     """What a command printed and how it exited."""
@@ -168,6 +176,8 @@ def ambient(
     timeout: float = 120,
 ) -> Result:
     """``ambient ARGS...``."""
+    if {"run", "doctor"} & set(args):
+        env = {**AGENT_ENV, **(env or {})}
     return run([*AMBIENT, *args], cwd=cwd, env=env, input=input, timeout=timeout)
 
 
@@ -180,12 +190,6 @@ PROJECT_GATE = {
     "zone_access": ["project"],
     "signals": ["RETURN", "ERROR", "ESCALATE", "BLOCKED_ON"],
 }
-
-
-#: A daemon run as root runs an agent as the unprivileged ``ambient-agent`` unless its runner names a user; these
-#: probes write anywhere in brains under pytest's temp folders (root's, 0700), so they say ``user: root``: uid 0
-#: without any capability (docs/agents-and-runners.md, "Security"). ``runner={"user": None}`` gives the default.
-AS_ROOT: dict[str, Any] = {"user": "root"} if os.geteuid() == 0 else {}
 
 
 def agent_md(
@@ -201,8 +205,7 @@ def agent_md(
     """An agent file: frontmatter with its IPC gate and a command runner, then its prompt.
 
     ``confine: false`` unless ``runner`` says otherwise: these agents are probes that leave what they saw in the
-    brain, outside any scope (docs/agents-and-runners.md: the way out for such an agent). Run as root (the tests
-    here), ``user: root`` too (:data:`AS_ROOT`). Confined agents, the
+    brain, outside any scope (docs/agents-and-runners.md: the way out for such an agent). Confined agents, the
     default a user gets, are driven by tests/acceptance/test_agents.py's confinement tests and
     tests/attacks/test_containment.py."""
     ipc = dict(PROJECT_GATE if gate is None else gate)
@@ -224,7 +227,6 @@ def agent_md(
         "argv": list(argv),
         "timeout_s": timeout_s,
         "confine": False,
-        **AS_ROOT,
         **(runner or {}),
     }
     lines += ["ambient:", "  runner:"] + [f"    {k}: {json.dumps(v)}" for k, v in run_cfg.items()]
@@ -409,7 +411,7 @@ class Daemon:
     def __init__(self, brain: Brain, args: Sequence[str], env: Mapping[str, str]) -> None:
         self.brain = brain
         self.args = list(args)
-        self.env = clean_env(env)
+        self.env = clean_env({**AGENT_ENV, **env})
         n = 0
         while (brain.root.parent / f"daemon-{n}.log").exists():
             n += 1

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ambient.storage.paths import BrainPaths
+from tests.e2e import helpers
 from tests.e2e.helpers import (
     DaemonProcess,
     ambient_cli,
@@ -93,13 +94,14 @@ def _output(paths: BrainPaths, workflow: str) -> dict[str, object]:
 
 
 def test_a_root_daemons_agent_is_not_root_has_no_capabilities_and_cannot_read_the_daemons_environ(
-    reachable: Path,
+    reachable: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An agent with no ``user:`` under a root daemon ran as root with every capability, and could read
     ``/proc/<daemon>/environ``. It runs as an unprivileged user now, with no capability and no_new_privs, and
     the daemon's environment (and the spawner's) is closed to it."""
     if not Path(SYSTEM_PYTHON).is_file():
         pytest.skip(f"no {SYSTEM_PYTHON} for the unprivileged agent")
+    monkeypatch.setattr(helpers, "TEST_AGENT_ENV", {})  # the daemon's default, not the other tests' agent_user: root
     paths = make_brain(reachable / "brain", example_agents=False, agents={"probe": _probe_md("probe")})
     d = DaemonProcess(paths, env={"GROQ_KEY": CANARY}).start()
     try:

@@ -69,16 +69,11 @@ def stub_agent_md(
     )
 
 
-#: The ``user:`` of the test agents: a daemon run as root (the tests here) runs an agent as the unprivileged
-#: ``ambient-agent``, which cannot write the tests' witnesses in pytest's temp folders (root's, 0700): these
-#: agents say ``user: root``, uid 0 without any capability (docs/agents-and-runners.md, "Security").
-#: tests/attacks/test_root_and_modes.py drives the default user.
-TEST_AGENT_USER = "root" if os.geteuid() == 0 else None
-
-
-def runner_user_line(user: str | None = TEST_AGENT_USER) -> str:
-    """The runner's ``user:`` line of a test agent (empty: ambient's own user)."""
-    return f"    user: {user}\n" if user else ""
+#: A daemon run as root runs its agents as the unprivileged ``ambient-agent`` (docs/agents-and-runners.md, "Agents
+#: never run as root"), which can neither write the tests' witnesses in pytest's temp folders (root's, 0700) nor
+#: run an interpreter installed under /root: the tests' daemons run theirs as root without any capability
+#: (``agent_user: root``, by its environment variable). tests/attacks/test_root_and_modes.py drives the default.
+TEST_AGENT_ENV = {"AMBIENT_AGENT_USER": "root"} if os.geteuid() == 0 else {}
 
 
 def command_agent_md(
@@ -88,13 +83,13 @@ def command_agent_md(
     timeout_s: float = 60,
     kill_grace_s: float = 2,
     confine: bool = False,
-    user: str | None = TEST_AGENT_USER,
+    user: str | None = None,
 ) -> str:
     """An agent file (a project agent that talks with the orchestrator) run by the command runner with ``argv``.
 
     Unconfined unless asked: these fault tests' agents write their witnesses outside the brain (the acceptance
     tests run agents confined, as a user's are; tests/attacks/test_containment.py attacks the confinement itself).
-    ``user``: see :data:`TEST_AGENT_USER` (None: the daemon's default)."""
+    ``user``: the runner's ``user:`` (None: the daemon's ``agent_user``)."""
     return (
         "---\n"
         f"name: {name}\n"
@@ -117,7 +112,7 @@ def command_agent_md(
         f"    timeout_s: {timeout_s}\n"
         f"    kill_grace_s: {kill_grace_s}\n"
         f"    confine: {'true' if confine else 'false'}\n"
-        f"{runner_user_line(user)}"
+        f"{f'    user: {user}' + chr(10) if user else ''}"
         "---\n"
         f"# Agent: {name}\n\nA test agent.\n"
     )
@@ -324,6 +319,7 @@ class NotifySocket:
 
 def _clean_env(extra: Mapping[str, str] | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AMBIENT_", "NOTIFY_SOCKET", "WATCHDOG_"))}
+    env.update(TEST_AGENT_ENV)
     env.update(extra or {})
     return env
 

@@ -185,11 +185,11 @@ _USERADD = (
 )
 
 
-def default_agent_user(euid: int) -> str | None:
-    """Whom a daemon of user ``euid`` runs an agent as when its runner names no ``user:``: :data:`AGENT_USER` for
-    root (an agent never runs as root unless the person says ``user: root``, and then without any capability),
-    else None: ambient's own user."""
-    return AGENT_USER if euid == 0 else None
+def default_agent_user(euid: int, configured: str = AGENT_USER) -> str | None:
+    """Whom a daemon of user ``euid`` runs an agent as when its runner names no ``user:``: for root, the
+    ``agent_user`` setting (:data:`AGENT_USER` unless the person says otherwise; ``root`` keeps uid 0 without any
+    capability: an agent never has root's powers), else None: ambient's own user."""
+    return configured if euid == 0 else None
 
 
 def run_as(cfg: CommandRunnerConfig, default: str | None) -> str | None:
@@ -243,8 +243,9 @@ def _user(req: RunRequest, cfg: CommandRunnerConfig, env: dict[str, str], defaul
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        if cfg.user is not None:
-            raise OSError(errno.EINVAL, f"no Unix user {name!r} (ambient.runner.user)") from None
+        if cfg.user is not None or name != AGENT_USER:
+            where = "ambient.runner.user" if cfg.user is not None else "agent_user in profil/ambient.yml"
+            raise OSError(errno.EINVAL, f"no Unix user {name!r} ({where})") from None
         problem = ensure_agent_user()  # made at the daemon's start; again here if someone removed it since
         if problem is not None:
             raise OSError(

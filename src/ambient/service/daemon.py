@@ -186,7 +186,7 @@ class Daemon:
         commands = [cfg for cfg in self.ref.brain.runners.values() if cfg.kind == "command"]
         if spawner is not None and commands:
             spawner.start()  # not at the first agent: its interpreter's start-up would be spent inside a run
-        agent_user = default_agent_user(os.geteuid())  # ambient runs as root: its agents never do
+        agent_user = default_agent_user(os.geteuid(), s.agent_user)  # ambient runs as root: its agents never do
         if any(run_as(cfg, agent_user) == AGENT_USER for cfg in commands):
             self._agent_user()
         if any(getattr(cfg, "confine", False) for cfg in commands) and (spawner is None or landlock_abi() <= 0):
@@ -411,6 +411,7 @@ class Daemon:
             if isinstance(ex, ChainExecutor):
                 ex.chain.threshold = s.breaker_threshold
         self.emitter.sender = s.default_sender
+        self.runners.command.agent_user = default_agent_user(os.geteuid(), s.agent_user)
         if self.options.log_level is None or self.options.log_format is None:
             fmt = self.options.log_format or s.log_format
             configure_logging(
