@@ -256,7 +256,8 @@ def _user(req: RunRequest, cfg: CommandRunnerConfig, env: dict[str, str], defaul
         entry = pwd.getpwnam(name)
     if entry.pw_uid != os.geteuid() and os.geteuid() != 0:
         raise OSError(errno.EPERM, f"cannot run the agent as {name!r}: ambient is not root")
-    env["HOME"], env["USER"], env["LOGNAME"] = entry.pw_dir, entry.pw_name, entry.pw_name
+    if entry.pw_uid != os.geteuid():  # another user: its own HOME and name (root stays as ambient's environment)
+        env["HOME"], env["USER"], env["LOGNAME"] = entry.pw_dir, entry.pw_name, entry.pw_name
     found: dict[str, Any] = {"uid": entry.pw_uid, "gid": entry.pw_gid}
     if entry.pw_uid != 0:
         found["reach"] = os.fsencode(req.brain)

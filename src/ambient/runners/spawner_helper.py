@@ -247,16 +247,20 @@ class _Agent:
 
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_DUMPABLE = 4
 _SWEEP_S = 1.0  # how often strays are looked for (an agent's end looks at once)
 
 
 def _become_subreaper() -> bool:
     """Descendants an agent orphans (a ``setsid()`` child, a double fork) are reparented to us, not to init, so we
-    can end them with their agent (issue 25, 4). Linux only; False where it cannot be."""
+    can end them with their agent (issue 25, 4). Also not dumpable, as the daemon: our memory holds every
+    agent's request (its channel token), closed so to an agent of our own user. Linux only; False where it
+    cannot be."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
