@@ -223,12 +223,13 @@ def jail(
     paths of :func:`policy` (``read``, ``write``, ``abi``).
 
     Sets ``env`` to match (HOME, USER and LOGNAME of that user; TMPDIR, the agent's private temp dir, removed at
-    the end by :func:`drop_tmp`). An agent of another user than ambient's gets its temp dir as its own and may
-    write its scope (:func:`share_scope`). OSError when the user cannot be taken."""
+    the end by :func:`drop_tmp`). An agent of another user than ambient's gets its temp dir as its own; one of the
+    daemon's agent user (no ``user:`` of its own) may write its scope too (:func:`share_scope`; a user the
+    runner names is given what it needs by the person). OSError when the user cannot be taken."""
     found = {**_user(req, cfg, env, default_user), **(_landlock(req, cfg, argv, env) or {})}
     if "uid" in found and env.get("TMPDIR"):
         os.chown(env["TMPDIR"], found["uid"], found["gid"])  # its private temp dir is its own
-    if found.get("uid", os.geteuid()) != os.geteuid():
+    if cfg.user is None and found.get("uid", os.geteuid()) != os.geteuid():  # the agent user of a root daemon
         share_scope(req, found["uid"], found["gid"])
     return found
 
@@ -271,22 +272,31 @@ def scope_files(req: RunRequest) -> list[str]:
 
 
 def share_scope(req: RunRequest, uid: int, gid: int) -> None:
-    """Let an agent of another user (``uid``, of group ``gid``) write what its scope lets it write: each path of
-    :func:`scope_write` and the shared folders (``claims/``, ``locks/``) are given to its group, with the group's
-    write bit (and, for a folder, setgid: what is made inside stays the group's). Owners are kept, nothing is
-    opened to other users, and a path already the agent's own is left as it is. Done once per path: later
-    agents find it so."""
+    """Let an agent of the daemon's agent user (``uid``, of group ``gid``) write what its scope lets it write: each
+    path of :func:`scope_write` and the shared folders (``claims/``, ``locks/``) are given to its group, with the
+    group's write bit (and, for a folder, setgid: what is made inside stays the group's). Owners are kept, nothing
+    is opened to other users, and a path already the agent's own is left as it is. Done once per path: later
+    agents find it so. Each path is opened with ``O_NOFOLLOW`` and changed through its descriptor: one swapped
+    for a symlink meanwhile (by an earlier agent, which may write that folder) changes nothing outside."""
     root = req.brain.resolve()
     for path in [*scope_write(req.brain, scope_files(req)), *(str(root / d) for d in SHARED_WRITE)]:
-        with contextlib.suppress(OSError):
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode) or st.st_uid == uid:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError:  # gone, or a symlink (ELOOP): not followed
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == uid or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 continue
             mode = stat.S_IMODE(st.st_mode) | (0o2070 if stat.S_ISDIR(st.st_mode) else 0o060)
             if st.st_gid != gid:
-                os.chown(path, -1, gid, follow_symlinks=False)
+                os.fchown(fd, -1, gid)
             if mode != stat.S_IMODE(st.st_mode) or st.st_gid != gid:  # a chown may have cleared setgid
-                Path(path).chmod(mode)
+                os.fchmod(fd, mode)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
 
 
 def _landlock(req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: dict[str, str]) -> dict[str, Any] | None:
