@@ -26,6 +26,9 @@ from ambient.storage.paths import BrainPaths
 
 #: The restorations ``ambient doctor`` is shown (the newest last).
 KEPT = 20
+#: The Claude Code CLI's own home, config and temp dir (ambient.runners.claude): their modes are the CLI's, which
+#: may run as a user of its own; ``.ambient/`` above them stays 0700 all the same.
+NOT_OURS = frozenset({"claude/home", "claude/config", "claude/tmp"})
 
 
 def modes_file(paths: BrainPaths) -> Path:
@@ -39,7 +42,7 @@ def state_owner() -> tuple[int, int] | None:
 
 def keep(paths: BrainPaths, now: datetime) -> list[Restored]:
     """One pass over ``.ambient/``; what it restored is added to ``modes.json``."""
-    done = keep_state_modes(paths.state, state_owner())
+    done = keep_state_modes(paths.state, state_owner(), skip=NOT_OURS)
     if done:
         record(paths, done, now)
     return done

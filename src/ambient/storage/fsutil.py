@@ -466,7 +466,12 @@ class Restored(NamedTuple):
 
 
 def keep_state_modes(
-    state: Path, owner: tuple[int, int] | None = None, *, limit: int = 100_000, fix: bool = True
+    state: Path,
+    owner: tuple[int, int] | None = None,
+    *,
+    limit: int = 100_000,
+    fix: bool = True,
+    skip: frozenset[str] = frozenset(),
 ) -> list[Restored]:
     """Close again what in ``state`` (``.ambient/``) is open to others: folders 0700, files 0600, and, given
     ``owner`` (the daemon runs as root), each entry owned by it. Landlock does not cover metadata: an agent
@@ -476,16 +481,18 @@ def keep_state_modes(
     descriptor, so a swap for a symlink never makes ambient change something outside its state. Symlinks and
     special files are left alone (:func:`check_state` refuses them at start). One ``fstat`` per entry, at most
     ``limit`` entries; what was restored is returned (and logged as ``state_mode_restored``). ``fix=False``
-    only says what is open (``ambient doctor``)."""
+    only says what is open (``ambient doctor``). ``skip``: folders (relative to ``state``) not walked, whose
+    modes are another program's."""
     done: list[Restored] = []
     try:
         fd = os.open(state, _DIR_FLAGS)
     except OSError:
         return done
     budget = [limit]
+    skipped = {state / rel for rel in skip}
     try:
         _keep_entry(fd, state, True, owner, done, fix)
-        _keep_folder(fd, state, owner, done, budget, fix)
+        _keep_folder(fd, state, owner, done, budget, fix, skipped)
     finally:
         os.close(fd)
     for r in done if fix else ():
@@ -495,7 +502,13 @@ def keep_state_modes(
 
 
 def _keep_folder(
-    fd: int, where: Path, owner: tuple[int, int] | None, done: list[Restored], budget: list[int], fix: bool
+    fd: int,
+    where: Path,
+    owner: tuple[int, int] | None,
+    done: list[Restored],
+    budget: list[int],
+    fix: bool,
+    skipped: set[Path],
 ) -> None:
     try:
         with os.scandir(fd) as it:
@@ -506,7 +519,7 @@ def _keep_folder(
         budget[0] -= 1
         if budget[0] < 0:
             return
-        if not (is_dir or is_file):
+        if not (is_dir or is_file) or where / name in skipped:
             continue
         flags = _DIR_FLAGS if is_dir else os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
         try:
@@ -516,7 +529,7 @@ def _keep_folder(
         try:
             _keep_entry(child, where / name, is_dir, owner, done, fix)
             if is_dir:
-                _keep_folder(child, where / name, owner, done, budget, fix)
+                _keep_folder(child, where / name, owner, done, budget, fix, skipped)
         finally:
             os.close(child)
 

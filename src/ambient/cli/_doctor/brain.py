@@ -159,7 +159,7 @@ def check_tmp(paths: BrainPaths) -> list[Finding]:
 def check_state_modes(paths: BrainPaths) -> list[Finding]:
     """What in ``.ambient/`` is open to others now (the daemon closes it at its next check), and what the daemon
     found open and closed again lately (someone, an agent run as root or a person's ``chmod``, opened it)."""
-    from ambient.service.statemodes import read_restored
+    from ambient.service.statemodes import NOT_OURS, read_restored
     from ambient.storage.fsutil import keep_state_modes
 
     if not paths.state.is_dir():
@@ -175,7 +175,7 @@ def check_state_modes(paths: BrainPaths) -> list[Finding]:
             f"a running daemon closes it at its next check; else `chmod {r.now[1:]} {r.path}`",
             paths.rel(Path(r.path)),
         )
-        for r in keep_state_modes(paths.state, owner, fix=False)
+        for r in keep_state_modes(paths.state, owner, fix=False, skip=NOT_OURS)
     ]
     rows += [
         Finding(
