@@ -69,7 +69,7 @@ class StateModesEvaluator:
     """On ticks, at most every ``EVERY_S``: :func:`keep` in a worker thread."""
 
     name = "state_modes"
-    EVERY_S = 5.0
+    EVERY_S = 10.0
 
     def __init__(self, paths: BrainPaths, clock: Clock, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.paths = paths

@@ -521,6 +521,8 @@ def _keep_folder(
             return
         if not (is_dir or is_file) or where / name in skipped:
             continue
+        if is_file and _in_order(fd, name, owner):  # the common case: one lstat, nothing opened
+            continue
         flags = _DIR_FLAGS if is_dir else os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
         try:
             child = os.open(name, flags, dir_fd=fd)
@@ -532,6 +534,15 @@ def _keep_folder(
                 _keep_folder(child, where / name, owner, done, budget, fix, skipped)
         finally:
             os.close(child)
+
+
+def _in_order(fd: int, name: str, owner: tuple[int, int] | None) -> bool:
+    """Whether the file ``name`` in the folder ``fd`` is closed to others (and owned by ``owner``), by its lstat."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return True  # gone meanwhile
+    return not st.st_mode & 0o077 and (owner is None or (st.st_uid, st.st_gid) == owner)
 
 
 def _keep_entry(
