@@ -3,7 +3,7 @@
 Landlock covers reads and writes, not metadata: an agent able to ``chmod`` (one the person runs as root) could
 open the console's token, the journals or the escalations to every user of the machine. The daemon walks its
 state at start and then at most every :attr:`StateModesEvaluator.EVERY_S` on its ticks, off the event loop
-(:func:`ambient.storage.fsutil.keep_state_modes`: one ``fstat`` per entry), closes what it finds, logs each
+(:func:`ambient.storage.fsutil.keep_state_modes`: one ``lstat`` per file), closes what it finds, logs each
 ``state_mode_restored``, and keeps the last ones in ``.ambient/modes.json`` for ``ambient doctor``.
 """
 

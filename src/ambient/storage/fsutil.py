@@ -477,12 +477,12 @@ def keep_state_modes(
     ``owner`` (the daemon runs as root), each entry owned by it. Landlock does not cover metadata: an agent
     able to ``chmod`` (a root one) could open the console's token or the journals to every user.
 
-    Each entry is opened with ``O_NOFOLLOW`` relative to its folder's descriptor and changed through that
-    descriptor, so a swap for a symlink never makes ambient change something outside its state. Symlinks and
-    special files are left alone (:func:`check_state` refuses them at start). One ``fstat`` per entry, at most
-    ``limit`` entries; what was restored is returned (and logged as ``state_mode_restored``). ``fix=False``
-    only says what is open (``ambient doctor``). ``skip``: folders (relative to ``state``) not walked, whose
-    modes are another program's."""
+    A file is looked at by its ``lstat``; one to change, and each folder, is opened with ``O_NOFOLLOW`` relative
+    to its folder's descriptor and changed through that descriptor, so a swap for a symlink never makes ambient
+    change something outside its state. Symlinks and special files are left alone (:func:`check_state` refuses
+    them at start). At most ``limit`` entries; what was restored is returned (and logged as
+    ``state_mode_restored``). ``fix=False`` only says what is open (``ambient doctor``). ``skip``: folders
+    (relative to ``state``) not walked, whose modes are another program's."""
     done: list[Restored] = []
     try:
         fd = os.open(state, _DIR_FLAGS)
