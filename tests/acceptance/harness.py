@@ -107,15 +107,26 @@ def wait(predicate: Callable[[], Any], what: str, timeout: float = WAIT_S, inter
         time.sleep(interval)
 
 
-def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The caller's environment without anything of a surrounding ambient or systemd (as a fresh shell has)."""
+def clean_env(extra: Mapping[str, str] | None = None, *, agents: bool = True) -> dict[str, str]:
+    """The caller's environment without anything of a surrounding ambient or systemd (as a fresh shell has), and
+    the tests' agent user (:data:`AGENT_ENV`) unless ``agents`` is false."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("AMBIENT_", "NOTIFY_SOCKET", "WATCHDOG_", "CREDENTIALS_DIRECTORY", "INVOCATION_ID"))
     }
+    if agents:
+        env.update(AGENT_ENV)
     env.update(extra or {})
     return env
+
+
+#: A daemon run as root runs its agents as the unprivileged ``ambient-agent`` (docs/agents-and-runners.md, "Agents
+#: never run as root"), which can neither write the probes' findings in brains under pytest's temp folders (root's,
+#: 0700) nor run an interpreter installed under /root: the tests' daemons run theirs as root without any
+#: capability (``agent_user: root``, by its environment variable; not for ``ambient config``, which reports what
+#: the file says). tests/attacks/test_root_and_modes.py drives the default.
+AGENT_ENV = {"AMBIENT_AGENT_USER": "root"} if os.geteuid() == 0 else {}
 
 
 @dataclass
@@ -145,12 +156,13 @@ def run(
     env: Mapping[str, str] | None = None,
     input: str | None = None,
     timeout: float = 120,
+    agents: bool = True,
 ) -> Result:
-    """Run a command to completion."""
+    """Run a command to completion (``agents``: see :func:`clean_env`)."""
     proc = subprocess.run(
         list(argv),
         cwd=cwd,
-        env=clean_env(env),
+        env=clean_env(env, agents=agents),
         input=input,
         capture_output=True,
         text=True,
@@ -168,7 +180,7 @@ def ambient(
     timeout: float = 120,
 ) -> Result:
     """``ambient ARGS...``."""
-    return run([*AMBIENT, *args], cwd=cwd, env=env, input=input, timeout=timeout)
+    return run([*AMBIENT, *args], cwd=cwd, env=env, input=input, timeout=timeout, agents="config" not in args)
 
 
 # ---------------------------------------------------------------- agents as real programs
@@ -212,7 +224,13 @@ def agent_md(
         "  ipc:",
     ]
     lines += [f"    {key}: {json.dumps(value)}" for key, value in ipc.items()]
-    run_cfg = {"kind": "command", "argv": list(argv), "timeout_s": timeout_s, "confine": False, **(runner or {})}
+    run_cfg = {
+        "kind": "command",
+        "argv": list(argv),
+        "timeout_s": timeout_s,
+        "confine": False,
+        **(runner or {}),
+    }
     lines += ["ambient:", "  runner:"] + [f"    {k}: {json.dumps(v)}" for k, v in run_cfg.items()]
     lines += ["---", f"# Agent: {name}", "", body or "An agent written for an acceptance test.", ""]
     return "\n".join(lines)

@@ -337,7 +337,7 @@ def test_a_packet_dropped_in_the_inbox_is_not_believed_for_its_from(tmp_path: Pa
         d.kill()
 
 
-def test_an_agent_runs_as_its_own_unix_user_when_the_daemon_may(tmp_path: Path) -> None:
+def test_an_agent_runs_as_its_own_unix_user_when_the_daemon_may(reachable: Path) -> None:
     """Issue 25, 3: `ambient.runner.user: nobody` runs the agent as that user (ambient runs as root here, as a
     system unit may); a user that does not exist is a clear error of that agent, not a crash."""
     import os
@@ -349,9 +349,9 @@ def test_an_agent_runs_as_its_own_unix_user_when_the_daemon_may(tmp_path: Path) 
     if os.geteuid() != 0:
         pytest.skip("only root can start a process as another user (CI runs as root)")
     says_uid = ["/bin/sh", "-c", 'cat >/dev/null; printf \'{"status": "ok", "uid": %s}\' "$(id -u)"']
-    paths = make_brain(tmp_path / "brain", example_agents=False)
+    paths = make_brain(reachable / "brain", example_agents=False)
     for name, user in (("other", "nobody"), ("ghost", "no-such-user-here")):
-        text = command_agent_md(name, says_uid, confine=True).replace("    confine: true\n", f"    user: {user}\n")
+        text = command_agent_md(name, says_uid, confine=True, user=user)
         (paths.agents / f"{name}.md").write_text(text)
         drop(paths, f"{name}.yml", foreach_workflow(name, ["a"], agent=name, files=None))
     d = DaemonProcess(paths, "--until-idle").start()

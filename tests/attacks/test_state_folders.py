@@ -252,7 +252,7 @@ def test_an_older_state_folder_open_to_others_is_narrowed_at_start(brain: BrainP
     assert result.returncode == 0, result.stderr[-2000:]
     for d in (brain.state, brain.run_journals, brain.live):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
-    assert "state_folder_narrowed" in result.stdout + result.stderr
+    assert "state_mode_restored" in result.stdout + result.stderr
 
 
 def test_private_dir_refuses_a_file_in_the_way_and_makes_missing_folders_0700(tmp_path: Path) -> None:

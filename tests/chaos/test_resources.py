@@ -24,6 +24,7 @@ import pytest
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
 from tests.e2e.helpers import (
+    TEST_AGENT_ENV,
     DaemonProcess,
     ambient_cli,
     command_agent_md,
@@ -161,6 +162,7 @@ def _run_with_nofile(paths: BrainPaths, soft: int, hard: int, log: Path) -> subp
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMBIENT_")}
+    env.update(TEST_AGENT_ENV)
     with log.open("wb") as out:
         return subprocess.Popen(
             [

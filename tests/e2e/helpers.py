@@ -69,13 +69,27 @@ def stub_agent_md(
     )
 
 
+#: A daemon run as root runs its agents as the unprivileged ``ambient-agent`` (docs/agents-and-runners.md, "Agents
+#: never run as root"), which can neither write the tests' witnesses in pytest's temp folders (root's, 0700) nor
+#: run an interpreter installed under /root: the tests' daemons run theirs as root without any capability
+#: (``agent_user: root``, by its environment variable). tests/attacks/test_root_and_modes.py drives the default.
+TEST_AGENT_ENV = {"AMBIENT_AGENT_USER": "root"} if os.geteuid() == 0 else {}
+
+
 def command_agent_md(
-    name: str, argv: Sequence[str], *, timeout_s: float = 60, kill_grace_s: float = 2, confine: bool = False
+    name: str,
+    argv: Sequence[str],
+    *,
+    timeout_s: float = 60,
+    kill_grace_s: float = 2,
+    confine: bool = False,
+    user: str | None = None,
 ) -> str:
     """An agent file (a project agent that talks with the orchestrator) run by the command runner with ``argv``.
 
     Unconfined unless asked: these fault tests' agents write their witnesses outside the brain (the acceptance
-    tests run agents confined, as a user's are; tests/attacks/test_containment.py attacks the confinement itself)."""
+    tests run agents confined, as a user's are; tests/attacks/test_containment.py attacks the confinement itself).
+    ``user``: the runner's ``user:`` (None: the daemon's ``agent_user``)."""
     return (
         "---\n"
         f"name: {name}\n"
@@ -98,6 +112,7 @@ def command_agent_md(
         f"    timeout_s: {timeout_s}\n"
         f"    kill_grace_s: {kill_grace_s}\n"
         f"    confine: {'true' if confine else 'false'}\n"
+        f"{f'    user: {user}' + chr(10) if user else ''}"
         "---\n"
         f"# Agent: {name}\n\nA test agent.\n"
     )
@@ -304,6 +319,7 @@ class NotifySocket:
 
 def _clean_env(extra: Mapping[str, str] | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AMBIENT_", "NOTIFY_SOCKET", "WATCHDOG_"))}
+    env.update(TEST_AGENT_ENV)
     env.update(extra or {})
     return env
 

@@ -19,6 +19,7 @@ from ambient.kernel.router import read_audit
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
 from tests.conftest import EXAMPLE_BRAIN
+from tests.e2e.helpers import TEST_AGENT_ENV
 
 
 def _brain(tmp_path: Path, *, keep: tuple[str, ...] = ()) -> Path:
@@ -32,6 +33,7 @@ def _brain(tmp_path: Path, *, keep: tuple[str, ...] = ()) -> Path:
 
 def _run(root: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMBIENT_")}
+    env.update(TEST_AGENT_ENV)
     res = subprocess.run(
         [sys.executable, "-m", "ambient", "run", "--brain", str(root), "--until-idle", "--log-format", "json"],
         capture_output=True,

@@ -20,6 +20,7 @@ from ambient.cli import main
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
 from tests.conftest import EXAMPLE_BRAIN, wait_until
+from tests.e2e.helpers import TEST_AGENT_ENV
 
 CANARY = "CANARYtok3n-9f8e7d6c5b4a"  # a unique secret: it must never appear in any output or file
 BOT_TOKEN = "123456789:AAH-canaryBotToken_abcdefghijklmnopqrstu"
@@ -142,6 +143,7 @@ def _run(root: Path, env: dict[str, str], timeout: float = 60) -> subprocess.Com
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMBIENT_")}
+    env.update(TEST_AGENT_ENV)
     env.update(extra)
     return env
 

@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
-from ambient.cli._doctor.agents import check_confinement
-from ambient.cli._doctor.brain import check_brain, check_config, check_filesystem, check_tmp
+from ambient.cli._doctor.agents import check_agent_user, check_confinement
+from ambient.cli._doctor.brain import check_brain, check_config, check_filesystem, check_state_modes, check_tmp
 from ambient.cli._doctor.daemon import check_daemon
 from ambient.cli._doctor.findings import ORDER, Finding, Severity
 from ambient.cli._doctor.human import check_channels, check_escalations, check_notify_urls, check_telegram
@@ -131,7 +131,14 @@ def diagnose(
     run("filesystem", lambda: check_filesystem(paths))
     run("config", config)
     effective = settings[0] if settings else settings_from({}, {})
-    run("brain", lambda: check_brain(paths, environ)[1])
+    loaded: list[Any] = []
+
+    def brain() -> list[Finding]:
+        found, rows = check_brain(paths, environ)
+        loaded.append(found)
+        return rows
+
+    run("brain", brain)
     run("daemon", daemon)
     up = report.daemon_up
     run("claims", lambda: check_claims(paths, effective, when))
@@ -150,7 +157,10 @@ def diagnose(
     run("channels", channels)
     run("telegram", lambda: check_telegram(paths, effective, up, when, environ, daemon_said=any(said)))
     run("tmp", lambda: check_tmp(paths))
+    run("state modes", lambda: check_state_modes(paths))
     run("confinement", check_confinement)
+    runners = getattr(loaded[0], "runners", {}) if loaded else {}
+    run("agent user", lambda: check_agent_user(paths, effective.agent_user, runners))
     # Last line of defence: a token inside a path, an argv or a notifier's error never reaches the output.
     report.findings = [replace(f, message=redact_text(f.message), hint=redact_text(f.hint)) for f in report.findings]
     report.findings.sort(key=lambda f: ORDER[f.severity])  # stable: checks keep their order within a severity

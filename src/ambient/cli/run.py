@@ -72,6 +72,7 @@ def _serve(
         log_level=log_level,
         log_format=log_format,
         exits_after=True,
+        forget_secrets=True,
     )
     use_pidfd_watcher()
     console = None if until_idle else _hosted_console(root)

@@ -294,7 +294,9 @@ def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | 
         if previous is not None:
             settings, source = previous.settings, previous.settings_file
         else:
-            settings = found.salvaged or settings_from({}, {})  # source: this file, its digest and salvaged values
+            # source: this file, its digest and salvaged values; a file that does not even parse still leaves the
+            # environment's overrides (AMBIENT_NOTIFY_URLS, AMBIENT_AGENT_USER...) in force
+            settings = found.salvaged or settings_salvaged(None, environ)
     bm = build_matrix(paths)
     problems += bm.problems
     problems += settings_checks(settings, bm, paths, found.lines)

@@ -38,7 +38,7 @@ CONFIG_TEMPLATE: Final = """\
 # Environment overrides win over this file (handy under systemd, Environment= lines):
 #   AMBIENT_TICK_SECONDS, AMBIENT_CONCURRENCY, AMBIENT_LOG_LEVEL, AMBIENT_LOG_FORMAT,
 #   AMBIENT_SHUTDOWN_GRACE, AMBIENT_NOTIFY_URLS (comma or space separated),
-#   AMBIENT_BUDGET_PER_RUN_USD, AMBIENT_BUDGET_DAILY_USD (a number, or none).
+#   AMBIENT_BUDGET_PER_RUN_USD, AMBIENT_BUDGET_DAILY_USD (a number, or none), AMBIENT_AGENT_USER.
 # The daemon re-reads this file on SIGHUP (systemctl reload ambient); a broken file keeps the old settings.
 
 # Seconds between timed ticks (schedules, escalation deadlines, stale claims). File changes are
@@ -70,6 +70,11 @@ CONFIG_TEMPLATE: Final = """\
 
 # Who ambient's own packets come from (a workflow's `supervisor:` receives STEP_DONE, DONE...).
 #default_sender: ambient
+
+# Run as root (a system unit without User=), ambient never runs an agent as root: a command agent whose runner
+# names no `user:` runs as this user, made at the first start if missing. `root` keeps uid 0 but without any
+# capability. Ignored when ambient is not root.
+#agent_user: ambient-agent
 
 # Notifications: where escalations (and results) are sent. Apprise URLs, e.g.
 #   tgram://{telegram_token}/123456789   ({telegram_token} is read from $CREDENTIALS_DIRECTORY/telegram-token)

@@ -15,6 +15,7 @@ Environment overrides (they win over the file):
 ``AMBIENT_SHUTDOWN_GRACE``     ``shutdown_grace_s``
 ``AMBIENT_BUDGET_PER_RUN_USD`` ``budget.per_run_usd`` (``none``: no budget)
 ``AMBIENT_BUDGET_DAILY_USD``   ``budget.daily_usd`` (``none``: no budget)
+``AMBIENT_AGENT_USER``         ``agent_user``
 =============================  ==========================================
 """
 
@@ -138,6 +139,9 @@ class Settings(_Strict):
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     learning: LearningSettings = Field(default_factory=LearningSettings)
     web: WebSettings | None = None  # the web console hosted by the daemon; absent: not hosted (``ambient web``)
+    #: Whom a daemon run as root runs a command agent as when its runner names no ``user:`` (never root's powers:
+    #: ``root`` keeps uid 0 without any capability). Ignored when ambient is not root.
+    agent_user: str = Field(default="ambient-agent", min_length=1, max_length=64, pattern=r"^[a-z_][a-z0-9_-]*\$?$")
     # step type → agent, for chain steps without agents: and satellites (a workflow's own default_agents: wins)
     default_agents: dict[str, str] = Field(default_factory=dict)
 
@@ -169,6 +173,7 @@ _ENV: dict[str, tuple[str, ...]] = {
     "AMBIENT_LOG_FORMAT": ("log_format",),
     "AMBIENT_SHUTDOWN_GRACE": ("shutdown_grace_s",),
     "AMBIENT_NOTIFY_URLS": ("notify", "urls"),
+    "AMBIENT_AGENT_USER": ("agent_user",),
     "AMBIENT_BUDGET_PER_RUN_USD": ("budget", "per_run_usd"),
     "AMBIENT_BUDGET_DAILY_USD": ("budget", "daily_usd"),
 }

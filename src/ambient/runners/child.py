@@ -118,16 +118,18 @@ async def start_agent(
     cwd: Path,
     cfg: CommandRunnerConfig,
     spawner: Spawner | None = None,
+    agent_user: str | None = None,
 ) -> tuple[Proc, Output]:
     """Start an agent in its own session (its group can be killed whole): (process, its output being read).
 
     Through ``spawner`` when there is one (not given up on), within ``cfg.timeout_s``; it then reads the output
-    itself. Raises OSError if it cannot start (:class:`StdinError` when its stdin could not be made),
+    itself. ``agent_user``: whom it runs as when its runner names no ``user:`` (None: ambient's own user). Raises
+    OSError if it cannot start (:class:`StdinError` when its stdin could not be made),
     :class:`SetupError` when ``req.before_start`` failed (the agent is then not started).
     """
     _before_start(req)
     if spawner is not None and not spawner.broken:
-        jail = confinement.jail(req, cfg, argv, env)
+        jail = confinement.jail(req, cfg, argv, env, agent_user)
         try:
             async with asyncio.timeout(cfg.timeout_s):
                 agent = await spawner.spawn(
@@ -142,8 +144,8 @@ async def start_agent(
             # The spawner never came up (it never answered): this agent and the next ones start through Popen.
         else:
             return agent, agent
-    if cfg.user is not None:
-        raise OSError(errno.EPERM, f"cannot run the agent as {cfg.user!r}: that needs ambient's spawner (Linux)")
+    if (user := confinement.run_as(cfg, agent_user)) is not None:
+        raise OSError(errno.EPERM, f"cannot run the agent as {user!r}: that needs ambient's spawner (Linux)")
     if not waits_by_pidfd():
         with child_stdio(packet) as (stdin_fd, out_w, err_w, out_r, err_r):
             # S603 reviewed: as in spawn_child.

@@ -86,17 +86,25 @@ class CommandRunner:
     starts, e.g. to record its pid for orphan detection after a crash (the pid is also its process group id).
     With a ``spawner`` (the daemon's; :mod:`ambient.runners.spawner`), agents start from that helper process and
     the event loop never waits for an ``exec``; without one, or once it is given up on, through ``Popen`` on the
-    loop (a vfork: the loop waits until the child has exec'd). Call :meth:`close` at the end.
+    loop (a vfork: the loop waits until the child has exec'd). ``agent_user``: whom an agent whose runner names
+    no ``user:`` runs as (the daemon's choice when it runs as root:
+    :func:`ambient.runners.confinement.default_agent_user`); None: ambient's own user. Call :meth:`close` at the end.
     """
 
     def __init__(
-        self, *, on_spawn: SpawnHook | None = None, python: str | None = None, spawner: Spawner | None = None
+        self,
+        *,
+        on_spawn: SpawnHook | None = None,
+        python: str | None = None,
+        spawner: Spawner | None = None,
+        agent_user: str | None = None,
     ) -> None:
         self._live: dict[int, _Live] = {}
         self._closing = False
         self._on_spawn = on_spawn
         self._python = python or sys.executable
         self._spawner = spawner
+        self.agent_user = agent_user
 
     def close(self) -> None:
         """Stop the spawner, if any (blocking, briefly): after :meth:`terminate_all`, at the daemon's end."""
@@ -164,7 +172,9 @@ class CommandRunner:
         started: float,
     ) -> AgentResult:
         try:
-            proc, output = await start_agent(req, argv, packet_json.encode(), env, cwd, cfg, self._spawner)
+            proc, output = await start_agent(
+                req, argv, packet_json.encode(), env, cwd, cfg, self._spawner, self.agent_user
+            )
         except SetupError as exc:
             return error_result("spawn_failed", _redact(f"cannot prepare the agent's start: {exc}", req))
         except OSError as exc:

@@ -35,6 +35,8 @@ import functools
 import os
 import pwd
 import shutil
+import stat
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -192,31 +194,135 @@ def landlock_abi() -> int:
     return landlock.abi()
 
 
-def jail(req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """What the spawner applies to this agent's process before it execs (empty: nothing): the Unix user of
-    ``cfg.user`` (``uid``, ``gid``) and the Landlock paths of :func:`policy` (``read``, ``write``, ``abi``).
+#: Whom a root daemon runs an agent as when its runner names no ``user:`` (made by :func:`ensure_agent_user`).
+AGENT_USER = "ambient-agent"
+_USERADD = (
+    "useradd",
+    "--system",
+    "--user-group",
+    "--no-create-home",
+    "--home-dir",
+    "/nonexistent",
+    "--shell",
+    "/usr/sbin/nologin",
+    "--comment",
+    "ambient's agents",
+    AGENT_USER,
+)
+
+
+def default_agent_user(euid: int, configured: str = AGENT_USER) -> str | None:
+    """Whom a daemon of user ``euid`` runs an agent as when its runner names no ``user:``: for root, the
+    ``agent_user`` setting (:data:`AGENT_USER` unless the person says otherwise; ``root`` keeps uid 0 without any
+    capability: an agent never has root's powers), else None: ambient's own user."""
+    return configured if euid == 0 else None
+
+
+def run_as(cfg: CommandRunnerConfig, default: str | None) -> str | None:
+    """The Unix user an agent runs as: its runner's ``user:``, else ``default`` (:func:`default_agent_user`)."""
+    return cfg.user if cfg.user is not None else default
+
+
+def ensure_agent_user() -> str | None:
+    """Make :data:`AGENT_USER` if it is missing (a system user: no home, no login, its own group); None when it
+    is there, else what went wrong (said at each agent's start that needs it)."""
+    with contextlib.suppress(KeyError):
+        pwd.getpwnam(AGENT_USER)
+        return None
+    useradd = shutil.which("useradd") or shutil.which("useradd", path="/usr/sbin:/sbin")
+    if useradd is None:
+        return "useradd is not on this system"
+    done = subprocess.run(  # noqa: S603 - a fixed argv
+        [useradd, *_USERADD[1:]], capture_output=True, text=True, check=False, timeout=60
+    )
+    with contextlib.suppress(KeyError):  # made now, or by a daemon of another brain meanwhile
+        pwd.getpwnam(AGENT_USER)
+        return None
+    return f"useradd failed: {(done.stderr or done.stdout).strip()[:300]}"
+
+
+def jail(
+    req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: dict[str, str], default_user: str | None = None
+) -> dict[str, Any]:
+    """What the spawner applies to this agent's process before it execs (empty: nothing): its Unix user (of
+    :func:`run_as` with ``default_user``: ``uid``, ``gid``; the brain it must reach, ``reach``) and the Landlock
+    paths of :func:`policy` (``read``, ``write``, ``abi``).
 
     Sets ``env`` to match (HOME, USER and LOGNAME of that user; TMPDIR, the agent's private temp dir, removed at
-    the end by :func:`drop_tmp`). OSError when the user cannot be taken."""
-    found = {**_user(cfg, env), **(_landlock(req, cfg, argv, env) or {})}
+    the end by :func:`drop_tmp`). An agent of another user than ambient's gets its temp dir as its own; one of the
+    daemon's agent user (no ``user:`` of its own) may write its scope too (:func:`share_scope`; a user the
+    runner names is given what it needs by the person). OSError when the user cannot be taken."""
+    found = {**_user(req, cfg, env, default_user), **(_landlock(req, cfg, argv, env) or {})}
     if "uid" in found and env.get("TMPDIR"):
         os.chown(env["TMPDIR"], found["uid"], found["gid"])  # its private temp dir is its own
+    if cfg.user is None and found.get("uid", os.geteuid()) != os.geteuid():  # the agent user of a root daemon
+        share_scope(req, found["uid"], found["gid"])
     return found
 
 
-def _user(cfg: CommandRunnerConfig, env: dict[str, str]) -> dict[str, Any]:
-    """The uid and gid of ``cfg.user`` (and its HOME and USER in ``env``); nothing when none is asked. OSError
-    when it cannot be: no such user, or ambient is not root (only root can start a process as another user)."""
-    if cfg.user is None:
+def _user(req: RunRequest, cfg: CommandRunnerConfig, env: dict[str, str], default: str | None) -> dict[str, Any]:
+    """The uid and gid of :func:`run_as` (and its HOME and USER in ``env``); nothing when the agent runs as
+    ambient's own user. OSError when it cannot be: no such user, or ambient is not root (only root can start a
+    process as another user)."""
+    name = run_as(cfg, default)
+    if name is None:
         return {}
     try:
-        entry = pwd.getpwnam(cfg.user)
+        entry = pwd.getpwnam(name)
     except KeyError:
-        raise OSError(errno.EINVAL, f"no Unix user {cfg.user!r} (ambient.runner.user)") from None
+        if cfg.user is not None or name != AGENT_USER:
+            where = "ambient.runner.user" if cfg.user is not None else "agent_user in profil/ambient.yml"
+            raise OSError(errno.EINVAL, f"no Unix user {name!r} ({where})") from None
+        problem = ensure_agent_user()  # made at the daemon's start; again here if someone removed it since
+        if problem is not None:
+            raise OSError(
+                errno.EPERM,
+                f"ambient runs as root and runs no agent as root, but its user {AGENT_USER!r} is missing and "
+                f"cannot be made ({problem}): make it ({' '.join(_USERADD)}), or name a user in the runner (user:)",
+            ) from None
+        entry = pwd.getpwnam(name)
     if entry.pw_uid != os.geteuid() and os.geteuid() != 0:
-        raise OSError(errno.EPERM, f"cannot run the agent as {cfg.user!r}: ambient is not root")
-    env["HOME"], env["USER"], env["LOGNAME"] = entry.pw_dir, entry.pw_name, entry.pw_name
-    return {"uid": entry.pw_uid, "gid": entry.pw_gid}
+        raise OSError(errno.EPERM, f"cannot run the agent as {name!r}: ambient is not root")
+    if entry.pw_uid != os.geteuid():  # another user: its own HOME and name (root stays as ambient's environment)
+        env["HOME"], env["USER"], env["LOGNAME"] = entry.pw_dir, entry.pw_name, entry.pw_name
+    found: dict[str, Any] = {"uid": entry.pw_uid, "gid": entry.pw_gid}
+    if entry.pw_uid != 0:
+        found["reach"] = os.fsencode(req.brain)
+    return found
+
+
+def scope_files(req: RunRequest) -> list[str]:
+    """The files of the SPAWN's scope, as the packet names them (relative to the brain)."""
+    scope = req.packet.get("scope") if isinstance(req.packet, dict) else None
+    return [str(f) for f in (scope or {}).get("files") or [] if isinstance(f, str)]
+
+
+def share_scope(req: RunRequest, uid: int, gid: int) -> None:
+    """Let an agent of the daemon's agent user (``uid``, of group ``gid``) write what its scope lets it write: each
+    path of :func:`scope_write` and the shared folders (``claims/``, ``locks/``) are given to its group, with the
+    group's write bit (and, for a folder, setgid: what is made inside stays the group's). Owners are kept, nothing
+    is opened to other users, and a path already the agent's own is left as it is. Done once per path: later
+    agents find it so. Each path is opened with ``O_NOFOLLOW`` and changed through its descriptor: one swapped
+    for a symlink meanwhile (by an earlier agent, which may write that folder) changes nothing outside."""
+    root = req.brain.resolve()
+    for path in [*scope_write(req.brain, scope_files(req)), *(str(root / d) for d in SHARED_WRITE)]:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError:  # gone, or a symlink (ELOOP): not followed
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == uid or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                continue
+            mode = stat.S_IMODE(st.st_mode) | (0o2070 if stat.S_ISDIR(st.st_mode) else 0o060)
+            if st.st_gid != gid:
+                os.fchown(fd, -1, gid)
+            if mode != stat.S_IMODE(st.st_mode) or st.st_gid != gid:  # a chown may have cleared setgid
+                os.fchmod(fd, mode)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
 
 
 def _landlock(req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: dict[str, str]) -> dict[str, Any] | None:
@@ -231,12 +337,6 @@ def _landlock(req: RunRequest, cfg: CommandRunnerConfig, argv: list[str], env: d
     env["TMPDIR"] = env["TMP"] = env["TEMP"] = str(tmp)
     connect = network_ports(cfg.network)
     return policy(req.brain, scope_files(req), tmp, argv[0], connect=connect).as_request(version)
-
-
-def scope_files(req: RunRequest) -> list[str]:
-    """The files of the SPAWN's scope, as its packet names them."""
-    scope = req.packet.get("scope") if isinstance(req.packet, dict) else None
-    return [str(f) for f in (scope or {}).get("files") or [] if isinstance(f, str)]
 
 
 def private_tmp(agent: str) -> Path:

@@ -87,13 +87,13 @@ def _spawn(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]) -> int:
 
 
 def _spawn_confined(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int], jail: dict[str, Any]) -> int:
-    """Start one agent confined: fork, then in the child take the agent's own user if asked (``uid``/``gid``:
-    the daemon runs as root), confine it under Landlock if asked (``read``/``write``/``abi``, and ``connect``: the
-    TCP ports it may reach, see ambient.runners.landlock), and exec. posix_spawn runs no code between the two, so
-    this path forks (the spawner is small and single-threaded: a fork is cheap and safe) and returns at once,
-    without waiting for the exec: the next agent's start overlaps this one's (bench/fanout.py (b)). A confinement
-    or exec that fails is said on the agent's stderr, and the agent exits 127, as a shell says a command it cannot
-    run."""
+    """Start one agent confined: fork, then in the child confine it under Landlock if asked (``read``/``write``/
+    ``abi``, and ``connect``: the TCP ports it may reach; see ambient.runners.landlock: the paths are opened while
+    still the daemon's user), take the agent's own user if asked (``uid``/``gid``: the daemon runs as root; every
+    capability dropped, see :func:`_drop_privileges`), and exec. posix_spawn runs no code between the two, so this
+    path forks (the spawner is small and single-threaded: a fork is cheap and safe) and returns at once, without
+    waiting for the exec: the next agent's start overlaps this one's (bench/fanout.py (b)). A confinement or exec
+    that fails is said on the agent's stderr, and the agent exits 127, as a shell says a command it cannot run."""
     if jail.get("abi"):
         if _LANDLOCK not in sys.modules:
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: PTH100, PTH120 - stdlib, -I -S
@@ -113,12 +113,18 @@ def _spawn_confined(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]
         for sig in _DEFAULT_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        if "uid" in jail:  # its own user: groups first, while still allowed to change them
-            os.setgroups([])
-            os.setgid(jail["gid"])
-            os.setuid(jail["uid"])
         if jail.get("abi"):
             landlock.confine(jail["read"], jail["write"], jail["abi"], jail.get("connect"))
+        if "uid" in jail:
+            _drop_privileges(jail["uid"], jail["gid"])
+            reach = jail.get("reach")
+            if reach and not os.access(reach, os.X_OK):
+                raise OSError(
+                    errno.EACCES,
+                    f"its user (uid {jail['uid']}) cannot reach the brain {reach.decode(errors='replace')}: give it "
+                    "search permission on each folder above (chmod o+x, or setfacl -m u:USER:x), or name another "
+                    "user in its runner (user:)",
+                )
         last: OSError = OSError(errno.ENOENT, os.strerror(errno.ENOENT))
         for exe in exes:
             try:
@@ -138,6 +144,48 @@ def _spawn_confined(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]
 
 
 _LANDLOCK = "landlock"
+
+_PR_CAPBSET_DROP = 24
+_PR_SET_SECUREBITS = 28
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+#: SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP, SECBIT_NO_CAP_AMBIENT_RAISE and KEEP_CAPS off, each locked: uid 0 is
+#: given no capability back, by exec or otherwise.
+_SECUREBITS_ROOT_POWERLESS = 0b1110_1111
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _drop_privileges(uid: int, gid: int) -> None:
+    """Become ``uid``/``gid`` with no capability, none to gain again: no_new_privs (a setuid program gives
+    nothing), the bounding and ambient sets emptied, then the user taken (groups first, while still allowed).
+    ``uid`` 0 (a runner's ``user: root``, the person's choice) keeps root's files but no power of root: no
+    module loading, clock, reboot, ptrace, ``chown``, reading others' files, and securebits locked so that no
+    exec gives root's capabilities back. Raises OSError when any step fails (the agent then does not run)."""
+    import ctypes  # loaded already (_become_subreaper): the import costs the child nothing
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def prctl(*args: int) -> None:
+        if libc.prctl(*(ctypes.c_ulong(a) for a in args), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"prctl{args}: {os.strerror(code)}")
+
+    prctl(_PR_SET_NO_NEW_PRIVS, 1, 0)
+    prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0)
+    with open("/proc/sys/kernel/cap_last_cap", "rb") as f:  # noqa: PTH123 - stdlib only
+        last = int(f.read())
+    for cap in range(last + 1):
+        prctl(_PR_CAPBSET_DROP, cap, 0)
+    if uid == 0:
+        prctl(_PR_SET_SECUREBITS, _SECUREBITS_ROOT_POWERLESS, 0)
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)  # struct __user_cap_header_struct: version, pid
+    data = (ctypes.c_uint32 * 6)()  # two of effective, permitted, inheritable: all zero
+    if libc.capset(header, data) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"capset: {os.strerror(code)}")
 
 
 def read_some(fd: int) -> bytes | None:
@@ -199,16 +247,20 @@ class _Agent:
 
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_DUMPABLE = 4
 _SWEEP_S = 1.0  # how often strays are looked for (an agent's end looks at once)
 
 
 def _become_subreaper() -> bool:
     """Descendants an agent orphans (a ``setsid()`` child, a double fork) are reparented to us, not to init, so we
-    can end them with their agent (issue 25, 4). Linux only; False where it cannot be."""
+    can end them with their agent (issue 25, 4). Also not dumpable, as the daemon: our memory holds every
+    agent's request (its channel token), closed so to an agent of our own user. Linux only; False where it
+    cannot be."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False

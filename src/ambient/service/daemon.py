@@ -55,12 +55,12 @@ from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
 from ambient.runners.claude import KEY_NAMES as CLAUDE_KEYS
 from ambient.runners.claude import MODEL_KEYS, ClaudeRunner
-from ambient.runners.confinement import landlock_abi
+from ambient.runners.confinement import AGENT_USER, default_agent_user, ensure_agent_user, landlock_abi, run_as
 from ambient.runners.keys import credential, key_name
 from ambient.runners.llm import LlmRunner
 from ambient.runners.spawner import Spawner
 from ambient.runners.spawner import available as spawner_available
-from ambient.service import envblock, systemd
+from ambient.service import envblock, statemodes, systemd
 from ambient.service.adapters import AgentDelegate, BrainRef, RouterEmitter
 from ambient.service.claims_writer import ClaimsWriter
 from ambient.service.digest import Digest
@@ -106,6 +106,9 @@ class DaemonOptions:
     log_level: str | None = None  # --log-level: wins over the file's at every reload
     log_format: str | None = None  # --log-format: idem
     exits_after: bool = False  # the process ends when serve() returns (the CLI): stop signals stay ignored till then
+    #: The process is the daemon's own (the CLI): the secrets the settings read leave ``os.environ`` once read
+    #: (``environ`` keeps them), so no child inherits them (:func:`ambient.service.envblock.forget`).
+    forget_secrets: bool = False
 
 
 class Daemon:
@@ -191,6 +194,9 @@ class Daemon:
         commands = [cfg for cfg in self.ref.brain.runners.values() if cfg.kind == "command"]
         if spawner is not None and commands:
             spawner.start()  # not at the first agent: its interpreter's start-up would be spent inside a run
+        agent_user = default_agent_user(os.geteuid(), s.agent_user)  # ambient runs as root: its agents never do
+        if any(run_as(cfg, agent_user) == AGENT_USER for cfg in commands):
+            self._agent_user()
         if any(getattr(cfg, "confine", False) for cfg in commands) and (spawner is None or landlock_abi() <= 0):
             log.warning(
                 "agents_unconfined",
@@ -209,6 +215,7 @@ class Daemon:
                     req.run_id, req.item, req.attempt, pid, started
                 ),
                 spawner=spawner,
+                agent_user=agent_user,
             ),
             assisted=self.assisted,
             claude=self.claude,
@@ -245,6 +252,7 @@ class Daemon:
                 InboxEvaluator(p, self.router, self.packets.on_packet),
                 self.stale_claims,
                 HeapTrimEvaluator(),
+                statemodes.StateModesEvaluator(p, self.clock),
                 self.digest,
                 self.query,
                 IdleEvaluator(self, until_idle=self.options.until_idle),
@@ -252,6 +260,23 @@ class Daemon:
             tick_seconds=s.tick_seconds,
             clock=self.clock,
         )
+
+    def _agent_user(self) -> None:
+        """The user a root daemon runs its agents as, made if missing (said in the log either way)."""
+        problem = ensure_agent_user()
+        if problem is None:
+            log.info("agents_run_as", user=AGENT_USER)
+        else:
+            log.error("agent_user_missing", user=AGENT_USER, problem=problem, hint="docs/agents-and-runners.md")
+
+    def _forget_secrets(self, brain: Brain) -> None:
+        """The variables holding secrets by what the settings read (a runner's ``api_key_env``...) leave the
+        environment block, and ``os.environ`` when the process is ours; ``options.environ`` keeps them."""
+        names = envblock.secret_names(brain.runners, self.options.environ)
+        if self.options.forget_secrets:
+            envblock.forget(names)
+        else:
+            envblock.scrub(names)
 
     def _warn_missing_keys(self, brain: Brain, env: Mapping[str, str]) -> None:
         """At start, not at the first agent: AI agents whose model key this daemon does not have (names only)."""
@@ -358,6 +383,7 @@ class Daemon:
         else:
             new = await asyncio.to_thread(load_brain, self.paths, self.options.environ, self.ref.brain)
         self._report(new)
+        self._forget_secrets(new)
         if not new.settings_ok:
             log.error("config_invalid_kept_previous", file=self.paths.rel(self.paths.config))
         old = self.ref.brain.settings
@@ -395,6 +421,7 @@ class Daemon:
             if isinstance(ex, ChainExecutor):
                 ex.chain.threshold = s.breaker_threshold
         self.emitter.sender = s.default_sender
+        self.runners.command.agent_user = default_agent_user(os.geteuid(), s.agent_user)
         if self.options.log_level is None or self.options.log_format is None:
             fmt = self.options.log_format or s.log_format
             configure_logging(
@@ -459,6 +486,7 @@ class Daemon:
         then systemd and the log are told it is ready."""
         self._take_brain()
         self._build()
+        self._forget_secrets(self.ref.brain)
         self.troubles.on_recovered = self._recovered
         self.troubles.start()
         stop, hup = self._on_stop_signal, self._on_hup
@@ -480,10 +508,12 @@ class Daemon:
         files only)."""
         check_local_filesystem(self.paths.root)
         raise_descriptor_limit()
-        envblock.scrub()  # secrets out of /proc/<pid>/environ: the settings keep their copy (issue 25, 2)
+        envblock.undumpable()  # /proc/<pid>/environ, mem, maps: closed to an agent of the daemon's own user
+        envblock.scrub()  # secrets by name out of /proc/<pid>/environ; by what the settings read: _forget_secrets
         for d in (self.paths.claims, self.paths.locks, self.paths.workflows):
             d.mkdir(parents=True, exist_ok=True)
         check_state(self.paths)  # .ambient/: real folders, 0700, no link anywhere; else exit 2 naming it
+        statemodes.keep(self.paths, self.clock.now())  # and every entry closed to others again (then on the tick)
         self._instance.acquire(self.clock.now())
         for d in (
             self.paths.claims,

@@ -435,7 +435,7 @@ def _enter_private(parent_fd: int, name: str, where: Path) -> int:
         mode = stat.S_IMODE(os.fstat(fd).st_mode)
         if mode & 0o077:
             os.fchmod(fd, PRIVATE_DIR)
-            log.info("state_folder_narrowed", folder=str(where), was=f"{mode:o}", now=f"{PRIVATE_DIR:o}")
+            log.info("state_mode_restored", path=str(where), was=f"{mode:04o}", now=f"{PRIVATE_DIR:04o}")
     except BaseException:
         os.close(fd)
         raise
@@ -478,3 +478,120 @@ def check_state(paths: BrainPaths) -> None:
                 raise UnsafePathError(
                     "is not a regular file; expected ambient's own file here: remove it", file=entry.path
                 )
+
+
+# ---------------------------------------------------------------- the state's modes and owners, kept
+
+
+class Restored(NamedTuple):
+    """One entry of ``.ambient/`` found open to others (or owned by someone else) and closed again."""
+
+    path: str
+    was: str  # its mode before, e.g. "0644"
+    now: str  # its mode after: "0600" for a file, "0700" for a folder
+    owner: str | None = None  # "uid:gid" it had, when its owner was restored too
+
+
+def keep_state_modes(
+    state: Path,
+    owner: tuple[int, int] | None = None,
+    *,
+    limit: int = 100_000,
+    fix: bool = True,
+    skip: frozenset[str] = frozenset(),
+) -> list[Restored]:
+    """Close again what in ``state`` (``.ambient/``) is open to others: folders 0700, files 0600, and, given
+    ``owner`` (the daemon runs as root), each entry owned by it. Landlock does not cover metadata: an agent
+    able to ``chmod`` (a root one) could open the console's token or the journals to every user.
+
+    A file is looked at by its ``lstat``; one to change, and each folder, is opened with ``O_NOFOLLOW`` relative
+    to its folder's descriptor and changed through that descriptor, so a swap for a symlink never makes ambient
+    change something outside its state. Symlinks and special files are left alone (:func:`check_state` refuses
+    them at start). At most ``limit`` entries; what was restored is returned (and logged as
+    ``state_mode_restored``). ``fix=False`` only says what is open (``ambient doctor``). ``skip``: folders
+    (relative to ``state``) not walked, whose modes are another program's."""
+    done: list[Restored] = []
+    try:
+        fd = os.open(state, _DIR_FLAGS)
+    except OSError:
+        return done
+    budget = [limit]
+    skipped = {state / rel for rel in skip}
+    try:
+        _keep_entry(fd, state, True, owner, done, fix)
+        _keep_folder(fd, state, owner, done, budget, fix, skipped)
+    finally:
+        os.close(fd)
+    for r in done if fix else ():
+        owner_was = {"owner_was": r.owner} if r.owner else {}
+        log.info("state_mode_restored", path=r.path, was=r.was, now=r.now, **owner_was)
+    return done
+
+
+def _keep_folder(
+    fd: int,
+    where: Path,
+    owner: tuple[int, int] | None,
+    done: list[Restored],
+    budget: list[int],
+    fix: bool,
+    skipped: set[Path],
+) -> None:
+    try:
+        with os.scandir(fd) as it:
+            entries = [(e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False)) for e in it]
+    except OSError:
+        return
+    for name, is_dir, is_file in entries:
+        budget[0] -= 1
+        if budget[0] < 0:
+            return
+        if not (is_dir or is_file) or where / name in skipped:
+            continue
+        if is_file and _in_order(fd, name, owner):  # the common case: one lstat, nothing opened
+            continue
+        flags = _DIR_FLAGS if is_dir else os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+        try:
+            child = os.open(name, flags, dir_fd=fd)
+        except OSError:  # gone meanwhile, or swapped for a symlink (ELOOP): not followed
+            continue
+        try:
+            _keep_entry(child, where / name, is_dir, owner, done, fix)
+            if is_dir:
+                _keep_folder(child, where / name, owner, done, budget, fix, skipped)
+        finally:
+            os.close(child)
+
+
+def _in_order(fd: int, name: str, owner: tuple[int, int] | None) -> bool:
+    """Whether the file ``name`` in the folder ``fd`` is closed to others (and owned by ``owner``), by its lstat."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return True  # gone meanwhile
+    return not st.st_mode & 0o077 and (owner is None or (st.st_uid, st.st_gid) == owner)
+
+
+def _keep_entry(
+    fd: int, where: Path, is_dir: bool, owner: tuple[int, int] | None, done: list[Restored], fix: bool
+) -> None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) != is_dir or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    want = PRIVATE_DIR if is_dir else mode & 0o700
+    foreign = owner is not None and (st.st_uid, st.st_gid) != owner
+    if mode == want and not foreign:
+        return
+    found = Restored(str(where), f"{mode:04o}", f"{want:04o}", f"{st.st_uid}:{st.st_gid}" if foreign else None)
+    if not fix:
+        done.append(found)
+        return
+    with contextlib.suppress(OSError):
+        if foreign and owner is not None:
+            os.fchown(fd, *owner)
+        os.fchmod(fd, want)
+        done.append(found)

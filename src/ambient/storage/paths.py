@@ -34,7 +34,9 @@ from pathlib import Path
 
 STATE_DIRNAME = ".ambient"
 #: Files at the top of ``.ambient/`` that must be regular files when they exist (checked at daemon start).
-STATE_FILES = frozenset({"audit.jsonl", "runs.jsonl", "daemon.lock", "daemon.json", "daemon-events.jsonl"})
+STATE_FILES = frozenset(
+    {"audit.jsonl", "runs.jsonl", "daemon.lock", "daemon.json", "daemon-events.jsonl", "modes.json"}
+)
 #: Under the state folder: what each AI agent is doing now (written by the daemon, read by ``ambient status``).
 NOW_FILE = "now.json"
 

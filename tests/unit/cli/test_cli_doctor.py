@@ -23,10 +23,14 @@ SRC = Path(__file__).resolve().parents[3] / "src"
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No AMBIENT_* or credentials from the developer's shell leak into these tests."""
+    """No AMBIENT_* or credentials from the developer's shell leak into these tests. Run as root, the daemon's
+    agents run as root without any capability (``agent_user: root``): the unprivileged default user can reach
+    neither pytest's temp folders (root's, 0700) nor an interpreter under /root (tests/attacks drive it)."""
     for var in list(os.environ):
         if var.startswith("AMBIENT_") or var in ("CREDENTIALS_DIRECTORY", "NOTIFY_SOCKET"):
             monkeypatch.delenv(var)
+    if os.geteuid() == 0:
+        monkeypatch.setenv("AMBIENT_AGENT_USER", "root")
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -69,8 +73,9 @@ def test_doctor_no_finding_while_daemon_holds_the_brain(
     """With the daemon's flock held and its pid recorded, the example brain is all clear."""
     root = make_brain()
     paths = BrainPaths(root)
-    paths.state.mkdir()
+    paths.state.mkdir(mode=0o700)  # as the daemon makes them: private
     (paths.state / "daemon.json").write_text(json.dumps({"pid": os.getpid()}))
+    (paths.state / "daemon.json").chmod(0o600)
     fd = os.open(paths.daemon_lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

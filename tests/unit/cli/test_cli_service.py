@@ -91,6 +91,8 @@ def test_init_then_run_finishes_the_example(tmp_path: Path) -> None:
     root = tmp_path / "brain"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMBIENT_")}
     env["PYTHONPATH"] = str(SRC)
+    if os.geteuid() == 0:  # the unprivileged default reaches neither pytest's temp folders nor /root's interpreter
+        env["AMBIENT_AGENT_USER"] = "root"
     cmd = [sys.executable, "-m", "ambient"]
     init = subprocess.run([*cmd, "init", str(root)], env=env, capture_output=True, text=True, timeout=60)
     assert init.returncode == 0, init.stderr

@@ -246,3 +246,30 @@ def test_atomic_write_keeps_no_partial_file_on_concurrent_readers(tmp_path: Path
         seen.add(f.read_text())
     assert seen <= set(versions)
     assert os.listdir(tmp_path) == ["x"]
+
+
+def test_keep_state_modes_closes_what_is_open_and_follows_no_link(tmp_path: Path) -> None:
+    """Folders back to 0700, files to 0600 (an executable bit of the owner stays), a symlink neither followed nor
+    changed; a second pass finds nothing; ``fix=False`` only says."""
+    import stat as st
+
+    from ambient.storage.fsutil import keep_state_modes
+
+    state = tmp_path / ".ambient"
+    (state / "web").mkdir(parents=True)
+    (state / "web").chmod(0o700)
+    token = state / "web" / "token"
+    token.write_text("t")
+    outside = tmp_path / "outside"
+    outside.write_text("o")
+    outside.chmod(0o644)
+    (state / "link").symlink_to(outside)
+    token.chmod(0o644)
+    state.chmod(0o755)
+    assert [(r.path, r.was) for r in keep_state_modes(state, fix=False)] == [(str(state), "0755"), (str(token), "0644")]
+    assert st.S_IMODE(token.stat().st_mode) == 0o644  # only said
+    done = keep_state_modes(state)
+    assert [(r.path, r.was, r.now) for r in done] == [(str(state), "0755", "0700"), (str(token), "0644", "0600")]
+    assert st.S_IMODE(token.stat().st_mode) == 0o600 and st.S_IMODE(state.stat().st_mode) == 0o700
+    assert st.S_IMODE(outside.stat().st_mode) == 0o644
+    assert keep_state_modes(state) == []

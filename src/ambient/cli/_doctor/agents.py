@@ -141,3 +141,57 @@ def check_confinement() -> list[Finding]:
             "run agents as another user (README, Security); allow no command that runs project code",
         )
     ]
+
+
+def check_agent_user(
+    paths: BrainPaths, configured: str, runners: Mapping[str, Any], euid: int | None = None
+) -> list[Finding]:
+    """Run as root, ambient runs its command agents that name no ``user:`` as ``configured`` (the ``agent_user``
+    setting, ``ambient-agent``): whether that user exists, and whether it can reach the brain (each folder above
+    it searchable by others) and the interpreter running ambient. Nothing to check for ``root`` (uid 0, without
+    capabilities) or when no agent of ``runners`` runs as that user."""
+    import os
+    import pwd
+    import stat
+    import sys
+    from pathlib import Path
+
+    from ambient.runners.confinement import AGENT_USER, default_agent_user
+
+    user = default_agent_user(os.geteuid() if euid is None else euid, configured)
+    users = [c for c in runners.values() if getattr(c, "kind", None) == "command" and c.user is None]
+    if user is None or user == "root" or not users:
+        return []
+    found: list[Finding] = []
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        found.append(
+            Finding(
+                "info",
+                "agent user",
+                f"agents of this root daemon will run as {user!r}, which does not exist yet",
+                "the daemon makes it at start (useradd --system)"
+                if user == AGENT_USER
+                else "make it, or set agent_user in profil/ambient.yml to one that exists",
+            )
+        )
+    for what, target in (("the brain", paths.root.resolve()), ("ambient's interpreter", Path(sys.executable))):
+        for folder in [*reversed(target.resolve().parents)] + ([target] if what == "the brain" else []):
+            try:
+                mode = folder.stat().st_mode
+            except OSError:
+                break
+            if not mode & stat.S_IXOTH:
+                found.append(
+                    Finding(
+                        "warning",
+                        "agent user",
+                        f"{user!r} cannot reach {what} ({target}): {folder} is {stat.S_IMODE(mode):04o}",
+                        f"its agents fail to start: `chmod o+x {folder}` or `setfacl -m u:{user}:x {folder}`"
+                        + (", or move the brain" if what == "the brain" else ", or run agents on another program")
+                        + "; or name a user in the runner (user:)",
+                    )
+                )
+                break
+    return found

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ambient.cli._doctor.agents import check_ai_runners, check_programs
 from ambient.cli._doctor.daemon import daemon_keys
-from ambient.cli._doctor.findings import Finding, Severity
+from ambient.cli._doctor.findings import Finding, Severity, capped
 
 if TYPE_CHECKING:
     from ambient.config.settings import Settings
@@ -153,3 +154,39 @@ def check_tmp(paths: BrainPaths) -> list[Finding]:
             "a real file, so deleting them by hand is safe too",
         )
     ]
+
+
+def check_state_modes(paths: BrainPaths) -> list[Finding]:
+    """What in ``.ambient/`` is open to others now (the daemon closes it at its next check), and what the daemon
+    found open and closed again lately (someone, an agent run as root or a person's ``chmod``, opened it)."""
+    from ambient.service.statemodes import NOT_OURS, read_restored
+    from ambient.storage.fsutil import keep_state_modes
+
+    if not paths.state.is_dir():
+        return []
+    owner = (os.geteuid(), os.getegid()) if os.geteuid() == 0 else None
+    rows = [
+        Finding(
+            "error",
+            "state modes",
+            f"{paths.rel(Path(r.path))} is {r.was}, open to other users"
+            + (f" (owned by {r.owner})" if r.owner else "")
+            + f"; ambient's private state is {r.now}",
+            f"a running daemon closes it at its next check; else `chmod {r.now[1:]} {r.path}`",
+            paths.rel(Path(r.path)),
+        )
+        for r in keep_state_modes(paths.state, owner, fix=False, skip=NOT_OURS)
+    ]
+    rows += [
+        Finding(
+            "warning",
+            "state modes",
+            f"ambient closed {paths.rel(Path(str(r.get('path'))))} again at {r.get('at')}: it was {r.get('was')}"
+            + (f", owned by {r['owner']}" if r.get("owner") else "")
+            + f" (now {r.get('now')})",
+            "something opened ambient's private state: an agent run as root (`user: root`) or a chmod by hand",
+            paths.rel(Path(str(r.get("path")))),
+        )
+        for r in read_restored(paths)
+    ]
+    return capped(rows, "state entries open to others")
