@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-from tests.acceptance.harness import Brain, Result, ambient
+import pytest
+
+from tests.acceptance.harness import AMBIENT, Brain, Result, ambient, run
 
 INSTANCES = [f"instance-{n:02d}" for n in range(1, 11)]
 
@@ -50,6 +53,22 @@ def test_demo_runs_the_example_brain_until_it_waits_on_you(tmp_path: Path) -> No
     assert escs["feature-chain"]["kind"] == "gate"
     assert "approve" in [o["key"] for o in escs["feature-chain"]["options"]]
     assert brain.status()["daemon"]["up"] is False  # the demo's daemon is gone once it is idle
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the agent user is ambient's own user unless ambient runs as root")
+def test_the_readme_demo_run_as_root_runs_its_agents_without_any_capability(tmp_path: Path) -> None:
+    """The README's first command as root (a container, CI): the agent user cannot reach an interpreter under
+    /root, so the demo's brain says ``agent_user: root`` (uid 0 without capabilities), says so, and its routine
+    fan-out still finishes alone."""
+    res = run([*AMBIENT, "demo", "--dir", str(tmp_path / "demo")], agents=False, timeout=120)
+    assert res.rc == 0, res
+    brain = Brain(tmp_path / "demo")
+    [docs] = brain.finished("docs-refresh")
+    assert docs["outcome"] == "success", docs
+    if "== run as root" in res.out:
+        assert "agent_user: root" in brain.read("profil/ambient.yml")
+    else:  # every folder above the brain and the interpreter is searchable: the agent user runs them
+        assert not (tmp_path / "demo" / "profil" / "ambient.yml").exists()
 
 
 def test_demo_prints_the_status_the_escalations_with_their_command_and_where_the_records_are(tmp_path: Path) -> None:

@@ -134,6 +134,28 @@ def example_brain() -> Path | None:
     return None
 
 
+def _demo_as_root(root: Path, *, fresh: bool) -> Path | None:
+    """Run as root, ambient runs agents as its agent user, which must reach the brain and this interpreter. The
+    demo's own temp folder is made searchable (not listable) for it; where the interpreter (or a ``--dir`` the
+    person chose) still stops it, e.g. Python under ``/root``, the demo's brain says ``agent_user: root`` (uid 0
+    without any capability) instead of failing every agent. Returns the folder that stops it, or None."""
+    if os.geteuid() != 0 or os.environ.get("AMBIENT_AGENT_USER"):
+        return None
+    if fresh:
+        root.parent.chmod(0o711)
+    for target in (root, Path(sys.executable)):
+        for folder in [*reversed(target.resolve().parents), target.resolve()]:
+            if folder.is_dir() and not folder.stat().st_mode & 0o001:
+                config = root / "profil" / "ambient.yml"
+                before = config.read_text() if config.exists() else ""
+                config.write_text(
+                    before + "# Written by `ambient demo` run as root: its agent user cannot reach "
+                    f"{folder},\n# so the agents run as uid 0 without any capability.\nagent_user: root\n"
+                )
+                return folder
+    return None
+
+
 def _demo(args: argparse.Namespace) -> int:
     src = example_brain()
     if src is None:
@@ -143,6 +165,13 @@ def _demo(args: argparse.Namespace) -> int:
         return fail(f"{root} exists and is not empty; choose another --dir")
     shutil.copytree(src, root, dirs_exist_ok=True)
     out(f"== ambient demo: a fresh copy of the example brain in {root}")
+    blocked = _demo_as_root(root, fresh=not args.dir)
+    if blocked is not None:
+        out(
+            f"== run as root: the agent user cannot reach {blocked}, so the demo's agents run as uid 0 without any "
+            "capability (agent_user: root in its profil/ambient.yml; see docs/agents-and-runners.md, "
+            "'Agents never run as root')"
+        )
     out("== running the daemon until it is idle (everything done, or waiting on you)...")
     from ambient.service.logs import configure_logging
 
