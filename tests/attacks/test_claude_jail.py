@@ -80,6 +80,8 @@ decide = subprocess.run(
     capture_output=True, text=True,
 )
 tried["decide_rc"] = decide.returncode
+status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+tried["uid"], tried["cap_eff"] = status["Uid"].split()[0], status["CapEff"].strip()
 tried["decide_said"] = (decide.stdout + decide.stderr)[-300:]
 (brain / "work" / "jail" / "witness.json").write_text(json.dumps(tried))
 """
@@ -128,6 +130,7 @@ def test_a_conftest_run_by_an_allowed_pytest_reads_no_secret_and_answers_nothing
     for name in ("web_token", "telegram_token", "write_outside", "write_grants", "read_other_sessions"):
         assert tried[name].startswith("denied"), (name, tried)
     assert tried["decide_rc"] != 0, tried
+    assert int(tried["cap_eff"], 16) == 0, tried  # whatever its uid (a root daemon's agent keeps no power of root)
     assert esc["id"] in still, "the conftest answered another run's escalation in the person's name"
     assert brain.read("notes.md") == "the person's notes\n"
     witness = json.dumps(tried)

@@ -11,6 +11,8 @@ daemon killed with SIGKILL would go on spending tokens. Here, before the exec:
 - the Landlock policy in ``AMBIENT_CLAUDE_JAIL`` (JSON: ``read``, ``write``, ``abi``, ``connect``, and ``module``,
   where ``landlock.py`` is) confines this process, so the CLI and every tool and command it runs start confined,
   like a command agent. A policy that cannot be applied stops the launch (exit 127): never unconfined by mistake.
+  Under a root daemon it also drops every capability (``spawner_helper.drop_privileges``: uid 0 kept for the
+  session folder root owns, no power of root, none to gain again by an exec).
 
 Stdlib only, imported by nothing else: it runs in a fresh interpreter per agent.
 """
@@ -55,6 +57,11 @@ def confine(raw: str) -> None:
     write = [os.fsencode(p) for p in jail["write"]]
     connect = None if jail["connect"] is None else [int(p) for p in jail["connect"]]
     landlock.confine(read, write, int(jail["abi"]), connect)
+    if os.geteuid() == 0:  # a root daemon: Claude Code keeps root's files (its session folder) but no power of root
+        sys.path.insert(0, str(jail["module"]))
+        helper = importlib.import_module("spawner_helper")  # its sibling, standard library only
+        del sys.path[0]
+        helper.drop_privileges(0, 0)
 
 
 def main() -> None:

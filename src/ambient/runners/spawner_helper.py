@@ -116,7 +116,7 @@ def _spawn_confined(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]
         if jail.get("abi"):
             landlock.confine(jail["read"], jail["write"], jail["abi"], jail.get("connect"))
         if "uid" in jail:
-            _drop_privileges(jail["uid"], jail["gid"])
+            drop_privileges(jail["uid"], jail["gid"])
             reach = jail.get("reach")
             if reach and not os.access(reach, os.X_OK):
                 raise OSError(
@@ -155,7 +155,7 @@ _SECUREBITS_ROOT_POWERLESS = 0b1110_1111
 _CAPABILITY_VERSION_3 = 0x20080522
 
 
-def _drop_privileges(uid: int, gid: int) -> None:
+def drop_privileges(uid: int, gid: int) -> None:
     """Become ``uid``/``gid`` with no capability, none to gain again: no_new_privs (a setuid program gives
     nothing), the bounding and ambient sets emptied, then the user taken (groups first, while still allowed).
     ``uid`` 0 (a runner's ``user: root``, the person's choice) keeps root's files but no power of root: no
