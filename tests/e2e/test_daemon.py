@@ -163,8 +163,10 @@ def test_sigterm_during_a_fanout_stops_cleanly_and_the_run_resumes(tmp_path: Pat
         wait_for(lambda: len(of("accepted")) == 10, 15, "10 items accepted")
         pids = wait_for(lambda: len(d.agent_pids()) >= 10 and d.agent_pids(), 15, "10 agents running")
         assert len(lock_files(paths)) >= 10  # one lock per item scope is held while the agents run
+        reloading = len(notify.messages)
         d.signal(signal.SIGHUP)  # a reload in the middle drops nothing: the same agents keep running
         d.wait_logged("reloaded", trigger="sighup")
+        notify.wait_for("READY", "1", start=reloading)  # the reload's end as systemd is told it, read by the socket
         assert sorted(d.agent_pids()) == sorted(pids) and of("interrupted") == []
         first = len(notify.messages)
         t0 = time.monotonic()

@@ -130,6 +130,7 @@ class RunManager:
 
     def _done(self, run_id: str, task: asyncio.Task[RunState]) -> None:
         self.tasks.pop(run_id, None)
+        self._agent_ended.set()  # a stop draining the runs looks again
         ex = self.executors.get(run_id)
         if task.cancelled():
             return

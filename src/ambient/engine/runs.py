@@ -47,7 +47,7 @@ from ambient.engine.events import DecidedFields, FinishedFields, FinishedResult,
 from ambient.engine.planner import ANSWER, FanOut, ItemTemplate
 from ambient.engine.ports import Attempt, AttemptResult, EscalationRequest, Ports
 from ambient.engine.records import DecisionRecord, RunRecord, StepRecord
-from ambient.engine.runstate import ABORTING, ItemState, RunState, aborts_run, apply_event, outcome_of
+from ambient.engine.runstate import ABORTING, TERMINAL_ITEM, ItemState, RunState, aborts_run, apply_event, outcome_of
 from ambient.engine.slots import AgentSlots
 from ambient.storage.journal import Journal, append_line
 from ambient.storage.paths import BrainPaths
@@ -155,6 +155,7 @@ class RunExecutor(ABC):
         self.on_agent_end: Callable[[], None] | None = None  # an agent's work ended (the manager drains on stop)
         self._holding: set[str] = set()  # items whose agent holds one of those slots
         self._at_work: set[str] = set()  # items whose agent is at work (carry_out under way)
+        self._short_of: str | None = None  # a resource the run waits for (a full disk): a stop does not wait for it
         self._short = False  # ready items wait for a slot another run holds: busy, not parked
 
     # -- events
@@ -223,9 +224,21 @@ class RunExecutor(ABC):
 
     @property
     def busy(self) -> bool:
-        """An agent of this run's items is at work. An item task past its agent (recording its result, waiting for
-        disk space to do so) is not: a stop that waited for those waited its whole grace on a full disk."""
-        return any(name in self._at_work for name in self._tasks)
+        """Work a stop gives its grace to: an agent at work, a result being recorded, the end of a run whose items
+        are all done. A run waiting for disk space is not busy, past its agents: a stop that waited for it waited its
+        whole grace on a full disk (what it was writing is written again from the journal at the next start)."""
+        if any(name in self._at_work for name in self._tasks):
+            return True
+        if self._short_of is not None:
+            return False
+        return bool(self._tasks) or self._ending()
+
+    def _ending(self) -> bool:
+        """Every item is done and the run not yet finished: its loop writes the end at its next step."""
+        if self.state.finished:
+            return False
+        counts = self._status_counts()
+        return sum(counts.get(s, 0) for s in TERMINAL_ITEM) == counts["total"]
 
     def close(self) -> None:
         """Start nothing more (shutdown): what runs goes on until it ends or the run is cancelled."""
@@ -555,7 +568,13 @@ class RunExecutor(ABC):
                 log.warning("waiting_for_resources", resource=kind, error=str(exc), retry_in_s=delay)
                 if self.ports.health is not None:
                     self.ports.health.trouble(kind, message)
-                await asyncio.sleep(delay)  # a timer of the daemon's own, not a test's: the disk frees when it will
+                self._short_of = kind
+                if self.on_agent_end is not None:
+                    self.on_agent_end()  # a stop draining the run stops waiting for it
+                try:
+                    await asyncio.sleep(delay)  # a timer of the daemon's own, not a test's: the disk frees when it will
+                finally:
+                    self._short_of = None
                 delay = min(delay * 2, _RETRY_MAX_S)
                 continue
             if kind is not None and self.ports.health is not None:

@@ -391,6 +391,8 @@ class Daemon:
         self.router.update(new.matrix.matrix, new.matrix.zone_rules)
         changed = settings_changes(old, new.settings)
         changed += await self._apply_settings(new.settings)  # the secrets whose content changed, by name
+        if sighup:  # READY=1 before the log line: whoever waits for "reloaded" finds systemd told already
+            systemd.ready(self._status_line())
         # Every reload is logged (not only SIGHUP's), so a reload storm from rapid saves is visible.
         log.info(
             "reloaded",
@@ -400,8 +402,6 @@ class Daemon:
             tick_seconds=new.settings.tick_seconds,
             settings_changed=changed,
         )
-        if sighup:
-            systemd.ready(self._status_line())
 
     async def _apply_settings(self, s: Settings) -> list[str]:
         """Every setting of ``profil/ambient.yml`` takes effect now, at start and at each reload: no restart.
