@@ -8,7 +8,7 @@ Also the circuit breaker's state rules (3 consecutive failures on a scope by def
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
@@ -156,124 +156,154 @@ def _theme_branch(snapshot: Snapshot, claim: Claim) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Write:
+    """One write pre-flight judges: who writes (its claim, None when unknown) and where (the normalised path, None
+    when unusable: the target check says why)."""
+
+    sess_id: str
+    claim: Claim | None
+    target: str | None
+
+
+def _target(file: str) -> Iterator[PreflightProblem]:
+    """The path itself: inside the brain and not empty."""
+    try:
+        normalised = zones.normalize(file).rstrip("/")
+    except UnsafePathError as exc:
+        yield _problem(SCOPE, f"{exc}; pre-flight only allows paths inside the brain")
+        return
+    if normalised == "":
+        yield _problem(SCOPE, "the path is empty; expected a file inside the claim's scope")
+
+
+def _claim_open(snapshot: Snapshot, w: _Write) -> Iterator[PreflightProblem]:
+    """4: the claim exists and is open, and no ancestor is paused or failed."""
+    claim = w.claim
+    if claim is None:
+        yield _problem(CLAIM, f"no claim {w.sess_id!r}; open one before writing")
+        return
+    if claim.status != OPEN:
+        hint = {
+            WAITING_HUMAN: "; it waits for a human gate (`ambient gate approve`)",
+            PAUSED: "; resume it first (`ambient gate resume`)",
+        }.get(claim.status, "")
+        yield _problem(CLAIM, f"claim {w.sess_id} is {claim.status}, not open{hint}")
+    for sid in ancestors(snapshot.claims, w.sess_id):
+        parent = snapshot.claims[sid]
+        if parent.status in (PAUSED, FAILED):
+            yield _problem(CLAIM, f"claim {w.sess_id} sits under {sid}, which is {parent.status}")
+            return
+
+
+def _in_scope(snapshot: Snapshot, w: _Write) -> Iterator[PreflightProblem]:
+    """1: the path is inside the claim's scope."""
+    if w.claim is None:
+        return
+    try:
+        scope = zones.normalize(w.claim.scope)
+    except UnsafePathError as exc:
+        yield _problem(SCOPE, f"claim {w.sess_id} has an unusable scope: {exc}")
+        return
+    if w.target is not None and not covers(scope, w.target):
+        yield _problem(SCOPE, f"{w.target} is outside the scope of claim {w.sess_id} ({w.claim.scope})")
+
+
+def _unlocked(snapshot: Snapshot, w: _Write) -> Iterator[PreflightProblem]:
+    """2: no lock of another holder covers the path (an unreadable lock counts as held until it goes stale)."""
+    if w.target is None:
+        return
+    for lock in snapshot.locks:
+        if not lock.blocking or lock.holder == w.sess_id:
+            continue
+        try:
+            locked = zones.normalize(lock.file)
+        except UnsafePathError:
+            continue
+        if not covers(locked, w.target):
+            continue
+        if lock.holder is None:
+            yield _problem(
+                LOCKED,
+                f"{w.target}: the lock of {lock.file} is unreadable ({lock.problem}); it counts as held until it "
+                "goes stale",
+            )
+        else:
+            yield _problem(
+                LOCKED, f"{w.target} is locked by {lock.holder} (lock on {lock.file}) until {lock.expires_at}"
+            )
+
+
+def _breaker_closed(snapshot: Snapshot, w: _Write) -> Iterator[PreflightProblem]:
+    """3: the circuit breaker of the claim's scope has not tripped."""
+    if w.claim is None:
+        return
+    state = snapshot.breakers.get(breaker_key(w.claim.scope))
+    if state is not None and state.is_tripped(snapshot.threshold):
+        yield _problem(
+            BREAKER,
+            f"circuit breaker tripped on {w.claim.scope} after {state.fails} consecutive failures; a person "
+            f"inspects, then `ambient preflight reset {w.claim.scope}`",
+        )
+
+
+def _zone_allowed(snapshot: Snapshot, w: _Write) -> Iterator[PreflightProblem]:
+    """5: the path's zone is one the claim's mode, its user and its agent may write."""
+    claim, target = w.claim, w.target
+    if claim is None or target is None:
+        return
+    fzone = zones.zone_of(target, snapshot.zone_rules)
+    if claim.mode == "rendering" and fzone != zones.PROJECT:
+        yield _problem(ZONE, f"{target} is in zone {fzone}; a claim in mode rendering writes zone project only")
+    if claim.user_id is not None and fzone == zones.PERSONAL:
+        yield _problem(
+            ZONE,
+            f"{target} is in zone personal; only the brain owner (no user_id) writes it, and claim {w.sess_id} "
+            f"belongs to {claim.user_id}",
+        )
+    allowed = snapshot.agent_zones.get(claim.agent)
+    if allowed is not None and "*" not in allowed and fzone not in allowed:
+        yield _problem(
+            ZONE,
+            f"{target} is in zone {fzone}; agent {claim.agent} may write {', '.join(sorted(allowed)) or 'no zone'}",
+        )
+
+
+def _on_theme_branch(snapshot: Snapshot, w: _Write) -> Iterator[PreflightProblem]:
+    """6: the brain is on the theme branch the claim (or an ancestor) works on."""
+    if w.claim is None:
+        return
+    expected = _theme_branch(snapshot, w.claim)
+    if expected is None or snapshot.branch == expected:
+        return
+    if snapshot.branch is None:
+        yield _problem(
+            BRANCH,
+            f"claim {w.sess_id} works on {expected}, and the current git branch cannot be told (no git repository, "
+            "or a detached HEAD)",
+        )
+    else:
+        yield _problem(BRANCH, f"claim {w.sess_id} works on {expected}, but the brain is on {snapshot.branch}")
+
+
+#: The six checks of the BSI protocol, each a function of the snapshot and the write; their order is their report's.
+CHECK_FUNCTIONS: Final[tuple[Callable[[Snapshot, _Write], Iterator[PreflightProblem]], ...]] = (
+    _claim_open,
+    _in_scope,
+    _unlocked,
+    _breaker_closed,
+    _zone_allowed,
+    _on_theme_branch,
+)
+
+
 def check(snapshot: Snapshot, sess_id: str, file: str) -> list[PreflightProblem]:
     """Run the six checks for ``sess_id`` writing ``file``; problems sorted by code (empty = go)."""
-    problems: list[PreflightProblem] = []
     claim = snapshot.claims.get(sess_id)
-    try:
-        target: str | None = zones.normalize(file).rstrip("/")
-    except UnsafePathError as exc:
-        target = None
-        problems.append(_problem(SCOPE, f"{exc}; pre-flight only allows paths inside the brain"))
-    if target == "":
-        target = None
-        problems.append(_problem(SCOPE, "the path is empty; expected a file inside the claim's scope"))
-
-    # 4 claim open, ancestors neither paused nor failed
-    if claim is None:
-        problems.append(_problem(CLAIM, f"no claim {sess_id!r}; open one before writing"))
-    else:
-        if claim.status != OPEN:
-            hint = {
-                WAITING_HUMAN: "; it waits for a human gate (`ambient gate approve`)",
-                PAUSED: "; resume it first (`ambient gate resume`)",
-            }.get(claim.status, "")
-            problems.append(_problem(CLAIM, f"claim {sess_id} is {claim.status}, not open{hint}"))
-        for sid in ancestors(snapshot.claims, sess_id):
-            parent = snapshot.claims[sid]
-            if parent.status in (PAUSED, FAILED):
-                problems.append(_problem(CLAIM, f"claim {sess_id} sits under {sid}, which is {parent.status}"))
-                break
-
-    # 1 scope
-    scope: str | None = None
-    if claim is not None:
-        try:
-            scope = zones.normalize(claim.scope)
-        except UnsafePathError as exc:
-            problems.append(_problem(SCOPE, f"claim {sess_id} has an unusable scope: {exc}"))
-        if scope is not None and target is not None and not covers(scope, target):
-            problems.append(_problem(SCOPE, f"{target} is outside the scope of claim {sess_id} ({claim.scope})"))
-
-    # 2 locked by another holder
-    if target is not None:
-        for lock in snapshot.locks:
-            if not lock.blocking or lock.holder == sess_id:
-                continue
-            try:
-                locked = zones.normalize(lock.file)
-            except UnsafePathError:
-                continue
-            if covers(locked, target):
-                if lock.holder is None:
-                    problems.append(
-                        _problem(
-                            LOCKED,
-                            f"{target}: the lock of {lock.file} is unreadable ({lock.problem}); it counts "
-                            "as held until it goes stale",
-                        )
-                    )
-                else:
-                    problems.append(
-                        _problem(
-                            LOCKED, f"{target} is locked by {lock.holder} (lock on {lock.file}) until {lock.expires_at}"
-                        )
-                    )
-
-    # 3 circuit breaker of the claim's scope
-    if claim is not None:
-        state = snapshot.breakers.get(breaker_key(claim.scope))
-        if state is not None and state.is_tripped(snapshot.threshold):
-            problems.append(
-                _problem(
-                    BREAKER,
-                    f"circuit breaker tripped on {claim.scope} after {state.fails} consecutive failures; a person "
-                    f"inspects, then `ambient preflight reset {claim.scope}`",
-                )
-            )
-
-    # 5 zone
-    if claim is not None and target is not None:
-        fzone = zones.zone_of(target, snapshot.zone_rules)
-        if claim.mode == "rendering" and fzone != zones.PROJECT:
-            problems.append(
-                _problem(ZONE, f"{target} is in zone {fzone}; a claim in mode rendering writes zone project only")
-            )
-        if claim.user_id is not None and fzone == zones.PERSONAL:
-            problems.append(
-                _problem(
-                    ZONE,
-                    f"{target} is in zone personal; only the brain owner (no user_id) writes it, and "
-                    f"claim {sess_id} belongs to {claim.user_id}",
-                )
-            )
-        allowed = snapshot.agent_zones.get(claim.agent)
-        if allowed is not None and "*" not in allowed and fzone not in allowed:
-            problems.append(
-                _problem(
-                    ZONE,
-                    f"{target} is in zone {fzone}; agent {claim.agent} may write "
-                    f"{', '.join(sorted(allowed)) or 'no zone'}",
-                )
-            )
-
-    # 6 theme branch
-    if claim is not None:
-        expected = _theme_branch(snapshot, claim)
-        if expected is not None and snapshot.branch != expected:
-            if snapshot.branch is None:
-                problems.append(
-                    _problem(
-                        BRANCH,
-                        f"claim {sess_id} works on {expected}, and the current git branch cannot be "
-                        "told (no git repository, or a detached HEAD)",
-                    )
-                )
-            else:
-                problems.append(
-                    _problem(BRANCH, f"claim {sess_id} works on {expected}, but the brain is on {snapshot.branch}")
-                )
-
+    unusable = list(_target(file))
+    target = None if unusable else zones.normalize(file).rstrip("/")
+    write = _Write(sess_id, claim, target)
+    problems = unusable + [p for each in CHECK_FUNCTIONS for p in each(snapshot, write)]
     return sorted(problems, key=lambda p: p.code)
 
 
