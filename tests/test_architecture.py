@@ -16,6 +16,9 @@ function, under ``if TYPE_CHECKING:`` (a type dependency is a dependency), in a 
     learned rules) run the same in the daemon, the CLI, replay and the tests.
 (d) the checker is itself tested on planted imports of each form (:class:`TestTheCheckerCatches`), so this file
     cannot pass by seeing nothing.
+(e) **files are written through storage**: outside ``storage`` only the modules of :data:`WRITERS` (each with its
+    reason, as ARCHITECTURE.md says) create, write, cut, link or rename a file themselves; proven on a package tree
+    written to disk with each form of write (:class:`TestTheWriteRule`).
 
 A dynamic import whose name is computed (``cli/__init__.py`` loads its own command modules by file name) is out
 of reach; it stays inside its package.
@@ -40,7 +43,7 @@ ROOT: Final = "ambient"
 #: The layer table (ARCHITECTURE.md): lower never imports higher.
 RANK: Final[Mapping[str, int]] = {
     "core": 0,  # foundation: errors, problems, clock, redact, terminal, pathrules, health
-    "storage": 1,  # the only code that puts bytes on disk
+    "storage": 1,  # how files are written (rule (e): the other writers are WRITERS)
     "kernel": 2,  # packets, zones, the access matrix, routing
     "claims": 3,  # domain packages: claims and locks...
     "workflows": 3,  # ...workflow specs...
@@ -193,6 +196,32 @@ def module_name(rel: str) -> str:
 def read_tree(root: Path = SRC) -> dict[str, str]:
     """Every module's source, by path under ``src/ambient``."""
     return {p.relative_to(root).as_posix(): p.read_text() for p in sorted(root.rglob("*.py"))}
+
+
+def _aliases(tree: ast.AST) -> dict[str, str]:
+    """Each name an import binds, wherever it stands, → the dotted name it stands for (``im`` →
+    ``importlib.import_module``, ``dt`` → ``datetime.datetime``, ``os`` → ``os``)."""
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                out[alias.asname or alias.name.partition(".")[0]] = (
+                    alias.name if alias.asname else alias.name.partition(".")[0]
+                )
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for alias in node.names:
+                out[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return out
+
+
+def _qualify(node: ast.expr, aliases: Mapping[str, str]) -> str:
+    """The dotted name an expression spells, its first name read through the imports (``""`` for anything else)."""
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id, node.id)
+    if isinstance(node, ast.Attribute):
+        base = _qualify(node.value, aliases)
+        return f"{base}.{node.attr}" if base else ""
+    return ""
 
 
 class _Collector(ast.NodeVisitor):
@@ -469,10 +498,139 @@ def pure_violations(imports: list[Import], pure: frozenset[str] = PURE) -> list[
     return out
 
 
+#: File-writing calls by their dotted name: they create, write, cut, link or rename files.
+WRITE_CALLS: Final = frozenset(
+    {
+        "os.write",
+        "os.writev",
+        "os.pwrite",
+        "os.pwritev",
+        "os.ftruncate",
+        "os.truncate",
+        "os.posix_fallocate",
+        "os.copy_file_range",
+        "os.rename",
+        "os.renames",
+        "os.replace",
+        "os.link",
+        "os.symlink",
+        "os.mkfifo",
+        "os.mknod",
+        "shutil.copy",
+        "shutil.copy2",
+        "shutil.copyfile",
+        "shutil.copytree",
+        "shutil.move",
+        "tempfile.mkstemp",
+        "tempfile.NamedTemporaryFile",
+        "tempfile.TemporaryFile",
+        "tempfile.SpooledTemporaryFile",
+        "sqlite3.connect",
+    }
+)
+#: Methods that write whatever object they are called on (pathlib's).
+WRITE_METHODS: Final = frozenset({"write_text", "write_bytes", "touch", "hardlink_to", "symlink_to"})
+#: ``os.open`` flags that open a file for writing or create it.
+WRITE_FLAGS: Final = frozenset({"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC", "O_TMPFILE"})
+#: The modules outside ``storage`` that write, link or rename files themselves (module → why), as ARCHITECTURE.md
+#: says; every other module writes through ``storage`` (``fsutil``, ``journal``, ``guard``, ``yamlfile``).
+WRITERS: Final[Mapping[str, str]] = {
+    "kernel.channels": "the channel token files, rewritten in place through a spare inode on every agent's start",
+    "claims.lockinodes": "the lock protocol: a lock published by link(), its held inode rewritten by pwrite",
+    "claims.lockstate": "the lock protocol: a stale lock taken over by rename and re-check",
+    "query.store": "the query store is SQLite's file: SQLite writes it",
+    "runners.spawner_helper": "the spawner process, standard library only: writes its pipes and stderr",
+    "testing.stub_agent": "a stand-in agent: writes where its test tells it, as a real agent does",
+}
+
+
+def _mode_writes(mode: ast.expr | None) -> bool:
+    """An ``open`` mode that writes: one with ``w``, ``a``, ``x`` or ``+``, or one not written as a constant."""
+    if mode is None:
+        return False
+    if isinstance(mode, ast.Constant) and isinstance(mode.value, str):
+        return bool(set(mode.value) & set("wax+"))
+    return True
+
+
+def _arg(node: ast.Call, index: int, keyword: str) -> ast.expr | None:
+    if len(node.args) > index:
+        return node.args[index]
+    return next((k.value for k in node.keywords if k.arg == keyword), None)
+
+
+class _Effects(ast.NodeVisitor):
+    """What one module does beyond computing: its file-writing calls, and the clock, randomness and files it
+    reaches for (any use of a name, called or handed on), each as ``(line, text)``."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.aliases = _aliases(tree)
+        self.writes: list[tuple[int, str]] = []
+
+    def _writes(self, node: ast.Call) -> bool:
+        func, qual = node.func, _qualify(node.func, self.aliases)
+        if qual in ("open", "io.open", "builtins.open", "codecs.open", "os.fdopen"):
+            return _mode_writes(_arg(node, 1, "mode"))
+        if qual == "os.open":
+            flags = _arg(node, 1, "flags")
+            path = _arg(node, 0, "path")
+            if path is not None and _qualify(path, self.aliases) == "os.devnull":
+                return False  # the null device: nothing reaches a disk
+            names = {n.id for n in ast.walk(flags) if isinstance(n, ast.Name)} if flags else set()
+            names |= {n.attr for n in ast.walk(flags) if isinstance(n, ast.Attribute)} if flags else set()
+            return bool(names & WRITE_FLAGS)
+        if qual == "sqlite3.connect":
+            db = _arg(node, 0, "database")
+            return not (isinstance(db, ast.Constant) and db.value == ":memory:")
+        if qual in WRITE_CALLS:
+            return True
+        if not isinstance(func, ast.Attribute) or qual.partition(".")[0] in self.aliases.values():
+            return False  # a function of a module, not a method
+        if func.attr in WRITE_METHODS:
+            return True
+        if func.attr in ("rename", "replace"):  # Path's take one argument; str.replace two, datetime's keywords
+            return len(node.args) == 1 and not node.keywords
+        mode = _arg(node, 0, "mode")  # Path.open("w"); a store's open(claim) is no file mode
+        return func.attr == "open" and isinstance(mode, ast.Constant) and _mode_writes(mode)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if self._writes(node):
+            self.writes.append((node.lineno, ast.unparse(node)[:100]))
+        self.generic_visit(node)
+
+
+@functools.cache
+def _effects(rel: str, text: str) -> _Effects:
+    tree = ast.parse(text, filename=rel)
+    effects = _Effects(tree)
+    effects.visit(tree)
+    return effects
+
+
+def write_violations(sources: Mapping[str, str], writers: Mapping[str, str] = WRITERS) -> list[Violation]:
+    """Rule (e): outside ``storage`` and :data:`WRITERS`, no module creates, writes, cuts, links or renames a file
+    itself (:data:`WRITE_CALLS`, :data:`WRITE_METHODS`, ``open`` for writing, ``os.open`` with :data:`WRITE_FLAGS`
+    as written); it calls ``storage``. Deleting a file and making a folder are not writes here."""
+    out: list[Violation] = []
+    for rel, text in sorted(sources.items()):
+        me = module_name(rel)
+        if package_of(me) == "storage" or me.removeprefix(ROOT + ".") in writers:
+            continue
+        for line, said in _effects(rel, text).writes:
+            why = "only storage (and the modules ARCHITECTURE.md names, WRITERS) writes files: call storage.fsutil"
+            out.append(Violation("writes", f"src/ambient/{rel}", line, said, why, ("writes", me, said)))
+    return out
+
+
 def check(sources: Mapping[str, str]) -> list[Violation]:
-    """Every violation of rules (a), (b) and (c) in a tree of sources (path under src/ambient → text)."""
+    """Every violation of rules (a), (b), (c) and (e) in a tree of sources (path under src/ambient → text)."""
     imports = imports_of(sources)
-    return [*layer_violations(imports), *cycle_violations(imports), *pure_violations(imports)]
+    return [
+        *layer_violations(imports),
+        *cycle_violations(imports),
+        *pure_violations(imports),
+        *write_violations(sources),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- the tree
@@ -492,7 +650,7 @@ def _report(violations: list[Violation]) -> str:
     return "\n".join(["", *(str(v) for v in violations)])
 
 
-@pytest.mark.parametrize("rule", ["layer", "leaf", "cycle", "pure"])
+@pytest.mark.parametrize("rule", ["layer", "leaf", "cycle", "pure", "writes"])
 def test_the_tree_keeps_the_contract(found: list[Violation], rule: str) -> None:
     """No violation of the rule in src/ambient: no allowlist, a wrong-way import fails here."""
     new = [v for v in found if v.rule == rule]
@@ -713,3 +871,98 @@ class TestTheCheckerCatches:
             ("ambient.kernel.zones", "ambient.kernel"),
             ("ambient.kernel.zones", "ambient.kernel.matrix"),
         ]
+
+
+# ---------------------------------------------------------------------------------------------- rule (e)
+
+
+def _package(root: Path, modules: Mapping[str, str]) -> Path:
+    """A package tree ``ambient/`` under ``root`` holding ``modules`` (path under it → source), every folder a
+    package; returns the package's folder, for :func:`read_tree`."""
+    pkg = root / ROOT
+    for rel, code in {"__init__.py": "", **modules}.items():
+        path = pkg / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for folder in [path.parent, *path.parent.parents]:
+            if folder == root:
+                break
+            (folder / "__init__.py").touch()
+        path.write_text(code)
+    return pkg
+
+
+class TestTheWriteRule:
+    """A module outside storage and WRITERS that writes a file, in any of the ways Python offers, fails; the same
+    calls in storage, in a module WRITERS names, and what only reads or removes, pass."""
+
+    @pytest.mark.parametrize(
+        ("code", "said"),
+        [
+            ("open(p, 'w')", "open(p, 'w')"),
+            ("open(p, mode='a')", "open(p, mode='a')"),
+            ("open(p, 'r+b')", "open(p, 'r+b')"),
+            ("p.open('ab')", "p.open('ab')"),
+            ("p.write_text('x')", "p.write_text('x')"),
+            ("p.write_bytes(b'')", "p.write_bytes(b'')"),
+            ("p.touch()", "p.touch()"),
+            ("p.rename(q)", "p.rename(q)"),
+            ("p.replace(q)", "p.replace(q)"),
+            ("os.replace(p, q)", "os.replace(p, q)"),
+            ("os.rename(p, q)", "os.rename(p, q)"),
+            ("os.link(p, q)", "os.link(p, q)"),
+            ("os.symlink(p, q)", "os.symlink(p, q)"),
+            ("os.write(fd, b'x')", "os.write(fd, b'x')"),
+            ("os.pwrite(fd, b'x', 0)", "os.pwrite(fd, b'x', 0)"),
+            ("os.ftruncate(fd, 0)", "os.ftruncate(fd, 0)"),
+            ("os.open(p, os.O_WRONLY | os.O_CREAT, 0o600)", "os.open(p, os.O_WRONLY | os.O_CREAT, 384)"),
+            ("os.open(p, O_RDWR)", "os.open(p, O_RDWR)"),
+            ("mv(p, q)", "mv(p, q)"),
+            ("tempfile.mkstemp()", "tempfile.mkstemp()"),
+            ("tempfile.NamedTemporaryFile()", "tempfile.NamedTemporaryFile()"),
+            ("shutil.copytree(p, q)", "shutil.copytree(p, q)"),
+            ("shutil.move(p, q)", "shutil.move(p, q)"),
+            ("sqlite3.connect(p)", "sqlite3.connect(p)"),
+        ],
+    )
+    def test_a_write_outside_storage_fails(self, tmp_path: Path, code: str, said: str) -> None:
+        head = "import os\nimport shutil\nimport sqlite3\nimport tempfile\nfrom os import O_RDWR\n"
+        head += "from os import replace as mv\n\n\ndef act(p, q, fd):\n"
+        pkg = _package(tmp_path, {"kernel/__init__.py": "", "kernel/courier.py": f"{head}    {code}\n"})
+        found = write_violations(read_tree(pkg))
+        assert [(v.rule, v.file, v.line, v.text) for v in found] == [
+            ("writes", "src/ambient/kernel/courier.py", 10, said)
+        ]
+        assert "only storage" in found[0].why
+        assert check(read_tree(pkg)) == found  # check() runs the rule too
+
+    def test_what_is_not_a_write_passes(self, tmp_path: Path) -> None:
+        """Reads, removals, folders, the null device, str/datetime ``replace``, a store's ``open``, and the same
+        writes inside storage and in a module WRITERS names."""
+        reads = (
+            "import os\nimport sqlite3\nfrom datetime import datetime\n\n\ndef look(p, store, claim):\n"
+            "    open(p).close()\n    open(p, 'rb').close()\n    p.open().close()\n"
+            "    os.close(os.open(p, os.O_RDONLY | os.O_CLOEXEC))\n    os.close(os.open(os.devnull, os.O_WRONLY))\n"
+            "    'a-b'.replace('-', '+')\n    datetime.now().replace(tzinfo=None)\n    store.open(claim)\n"
+            "    sqlite3.connect(':memory:')\n    p.unlink()\n    p.mkdir()\n    os.unlink(p)\n"
+        )
+        writes = "import os\n\n\ndef put(p, q):\n    os.replace(p, q)\n    p.write_text('x')\n"
+        tree = read_tree(
+            _package(
+                tmp_path,
+                {
+                    "kernel/courier.py": reads,
+                    "kernel/channels.py": writes,
+                    "storage/__init__.py": "",
+                    "storage/fsutil.py": writes,
+                },
+            )
+        )
+        assert write_violations(tree) == []
+        assert [v.file for v in write_violations(tree, writers={})] == ["src/ambient/kernel/channels.py"] * 2
+
+    def test_every_writer_is_a_module_and_writes(self, tree: dict[str, str]) -> None:
+        """WRITERS names real modules that write today: a module that stopped writing leaves the list."""
+        modules = {module_name(rel).removeprefix(ROOT + "."): rel for rel in tree}
+        for writer in WRITERS:
+            assert writer in modules, writer
+            assert _effects(modules[writer], tree[modules[writer]]).writes, f"{writer} writes nothing any more"
