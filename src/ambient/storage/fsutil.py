@@ -1,4 +1,4 @@
-"""The only writer of bytes to a brain: atomic writes, capped no-follow reads, containment checks.
+"""How bytes are written to a brain: atomic writes, capped no-follow reads, containment checks.
 
 Guarantees (RELIABILITY §1.3): a reader sees either the old or the new content of a file, never a
 torn one; the content is durable (fsync of file then directory) before the call returns; a failed
