@@ -1,8 +1,11 @@
 """The layer contract of ``src/ambient``: the layer table as data, checked over every import of every module.
 
 Rules (an import is every ``import``/``from ... import`` statement, wherever it stands: at module level, inside a
-function, under ``if TYPE_CHECKING:`` (a type dependency is a dependency), in a ``try``; absolute or relative; and
-``importlib.import_module("ambient....")`` with a literal name):
+function, under ``if TYPE_CHECKING:`` (a type dependency is a dependency), in a ``try``; absolute or relative; a
+module named by a string, or by a name bound to one, given to ``importlib.import_module``, ``__import__``,
+``importlib.util.find_spec`` or ``pkgutil.resolve_name`` under any alias, called or handed on
+(``asyncio.to_thread(importlib.import_module, "x")``); ``sys.modules[...]`` and ``sys.modules.get(...)``; and
+``-m ambient.x`` in a string or after ``"-m"`` in an argv list, since a process started on a module depends on it):
 
 (a) **layers**: a module never imports a package of a higher rank (:data:`RANK`), nor a different package of the
     same rank unless :data:`SAME_RANK_ALLOWED` says so; ``testing`` is a leaf nothing in ``src`` imports (tests and
@@ -14,8 +17,15 @@ function, under ``if TYPE_CHECKING:`` (a type dependency is a dependency), in a 
 (c) **pure modules do no I/O** (:data:`PURE`): they import only the stdlib minus :data:`IO_MODULES`, pydantic and
     yaml, and other pure modules; that holds transitively, so the rules they hold (routing, planning, statistics,
     learned rules) run the same in the daemon, the CLI, replay and the tests.
+    Nor do they use, under any name, called or handed on, the clock (``datetime.now``, ``date.today``,
+    ``time.time``...), the OS's randomness (``random``'s functions, an unseeded ``random.Random()``, ``secrets``,
+    ``os.urandom``, ``uuid4``) or ``open`` (:data:`IMPURE_NAMES`): they are given ``now`` and a random source. The
+    one exception, :data:`FRESH_IDS`, is a fresh unguessable id drawn in one named function.
 (d) the checker is itself tested on planted imports of each form (:class:`TestTheCheckerCatches`), so this file
     cannot pass by seeing nothing.
+(e) **files are written through storage**: outside ``storage`` only the modules of :data:`WRITERS` (each with its
+    reason, as ARCHITECTURE.md says) create, write, cut, link or rename a file themselves; proven on a package tree
+    written to disk with each form of write (:class:`TestTheWriteRule`).
 
 A dynamic import whose name is computed (``cli/__init__.py`` loads its own command modules by file name) is out
 of reach; it stays inside its package.
@@ -25,6 +35,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
+import re
 import sys
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -40,7 +52,7 @@ ROOT: Final = "ambient"
 #: The layer table (ARCHITECTURE.md): lower never imports higher.
 RANK: Final[Mapping[str, int]] = {
     "core": 0,  # foundation: errors, problems, clock, redact, terminal, pathrules, health
-    "storage": 1,  # the only code that puts bytes on disk
+    "storage": 1,  # how files are written (rule (e): the other writers are WRITERS)
     "kernel": 2,  # packets, zones, the access matrix, routing
     "claims": 3,  # domain packages: claims and locks...
     "workflows": 3,  # ...workflow specs...
@@ -195,18 +207,97 @@ def read_tree(root: Path = SRC) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): p.read_text() for p in sorted(root.rglob("*.py"))}
 
 
+def _aliases(tree: ast.AST) -> dict[str, str]:
+    """Each name an import binds, wherever it stands, → the dotted name it stands for (``im`` →
+    ``importlib.import_module``, ``dt`` → ``datetime.datetime``, ``os`` → ``os``)."""
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                out[alias.asname or alias.name.partition(".")[0]] = (
+                    alias.name if alias.asname else alias.name.partition(".")[0]
+                )
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for alias in node.names:
+                out[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return out
+
+
+def _strings(tree: ast.AST) -> dict[str, str]:
+    """Names bound to a string constant anywhere in the module (``NAME = "ambient.cli"``)."""
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            out.update((t.id, value.value) for t in targets if isinstance(t, ast.Name))
+    return out
+
+
+def _qualify(node: ast.expr, aliases: Mapping[str, str]) -> str:
+    """The dotted name an expression spells, its first name read through the imports (``""`` for anything else)."""
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id, node.id)
+    if isinstance(node, ast.Attribute):
+        base = _qualify(node.value, aliases)
+        return f"{base}.{node.attr}" if base else ""
+    return ""
+
+
+#: The functions that import a module named by a string: their first argument is a module name.
+IMPORTERS: Final = frozenset(
+    {
+        "importlib.import_module",
+        "importlib.__import__",
+        "__import__",
+        "importlib.util.find_spec",
+        "pkgutil.resolve_name",
+    }
+)
+_DASH_M: Final = re.compile(r"(?:^|\s)-m\s+(ambient(?:\.\w+)*)")
+
+
 class _Collector(ast.NodeVisitor):
     """Every import of one module as written, with where it stands (module level, function, TYPE_CHECKING); an
-    import of ambient is kept as the full dotted name it spells (``ambient.kernel.zone_of``), resolved later."""
+    import of ambient is kept as the full dotted name it spells (``ambient.kernel.zone_of``), resolved later.
 
-    def __init__(self, rel: str) -> None:
+    Beyond the statements: a module named by a string (a constant, or a name bound to one) given to an importer
+    (:data:`IMPORTERS`, under any alias, called or handed to another function such as ``asyncio.to_thread``),
+    ``sys.modules[...]`` and ``sys.modules.get(...)``, and ``-m ambient.x`` in a string or next to ``"-m"`` in an
+    argv list: a process started on a module depends on it as an import does."""
+
+    def __init__(self, rel: str, tree: ast.Module) -> None:
         me = module_name(rel)
         self.package = me if rel.endswith("__init__.py") else me.rpartition(".")[0]
+        self.aliases = _aliases(tree)
+        self.strings = _strings(tree)
         self.where: list[str] = []
         self.out: list[tuple[int, str, str, str]] = []  # line, text, dotted name, where
 
     def _add(self, node: ast.stmt | ast.expr, text: str, name: str) -> None:
         self.out.append((node.lineno, text, name, self.where[-1] if self.where else ""))
+
+    def _string(self, node: ast.expr) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        return self.strings.get(node.id) if isinstance(node, ast.Name) else None
+
+    def _importer(self, node: ast.expr) -> str | None:
+        """The importer an expression names (``im`` for ``from importlib import import_module as im``)."""
+        qual = _qualify(node, self.aliases)
+        if qual in IMPORTERS:
+            return qual
+        if isinstance(node, ast.Attribute) and node.attr in ("import_module", "__import__"):
+            return node.attr  # an importlib reached some other way
+        return None
+
+    def _dynamic(self, node: ast.expr, func: ast.expr, arg: ast.expr) -> None:
+        importer, name = self._importer(func), self._string(arg)
+        if importer is not None and name is not None:
+            name = name.partition(":")[0] if importer == "pkgutil.resolve_name" else name
+            self._add(node, f"{ast.unparse(func)}({name!r})", name)
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -223,13 +314,47 @@ class _Collector(ast.NodeVisitor):
             self._add(node, text, base if alias.name == "*" else f"{base}.{alias.name}")
 
     def visit_Call(self, node: ast.Call) -> None:
+        if node.args:
+            self._dynamic(node, node.func, node.args[0])
+        for handed, after in itertools.pairwise(node.args):  # asyncio.to_thread(importlib.import_module, "x")
+            self._dynamic(node, handed, after)
         func = node.func
-        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-        if name in ("import_module", "__import__") and node.args:
-            arg = node.args[0]
-            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                self._add(node, f"{name}({arg.value!r})", arg.value)
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr in ("get", "pop", "setdefault")
+            and _qualify(func.value, self.aliases) == "sys.modules"
+            and node.args
+            and (name := self._string(node.args[0])) is not None
+        ):
+            self._add(node, f"sys.modules.{func.attr}({name!r})", name)
         self.generic_visit(node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        if _qualify(node.value, self.aliases) == "sys.modules" and (name := self._string(node.slice)) is not None:
+            self._add(node, f"sys.modules[{name!r}]", name)
+        self.generic_visit(node)
+
+    def _argv(self, node: ast.List | ast.Tuple) -> None:
+        for flag, arg in itertools.pairwise(node.elts):
+            name = self._string(arg)
+            if self._string(flag) == "-m" and name is not None and _is_ambient(name):
+                self._add(node, f"-m {name}", name)
+        self.generic_visit(node)
+
+    def visit_List(self, node: ast.List) -> None:
+        self._argv(node)
+
+    def visit_Tuple(self, node: ast.Tuple) -> None:
+        self._argv(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str):
+            for found in _DASH_M.finditer(node.value):
+                self._add(node, f"-m {found.group(1)}", found.group(1))
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        if not (isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            self.generic_visit(node)  # a docstring or a bare string only says a command line, it starts nothing
 
     def _nested(self, node: ast.AST, where: str) -> None:
         self.where.append(where)
@@ -261,8 +386,9 @@ class _Collector(ast.NodeVisitor):
 @functools.cache
 def _written(rel: str, text: str) -> tuple[tuple[int, str, str, str], ...]:
     """The imports of one module as written (cached: the planted trees below differ from the real one by a file)."""
-    collector = _Collector(rel)
-    collector.visit(ast.parse(text, filename=rel))
+    tree = ast.parse(text, filename=rel)
+    collector = _Collector(rel, tree)
+    collector.visit(tree)
     return tuple(collector.out)
 
 
@@ -469,10 +595,225 @@ def pure_violations(imports: list[Import], pure: frozenset[str] = PURE) -> list[
     return out
 
 
+#: Names a pure module never uses, called or handed on: the clock, the OS's randomness, files. A random source is
+#: given to a pure rule (``rng: random.Random``) or seeded there (``random.Random(0)``), never drawn from the OS.
+IMPURE_NAMES: Final = frozenset(
+    {
+        "open",
+        "input",
+        "io.open",
+        "builtins.open",
+        "datetime.datetime.now",
+        "datetime.datetime.utcnow",
+        "datetime.datetime.today",
+        "datetime.date.today",
+        "time.time",
+        "time.time_ns",
+        "time.monotonic",
+        "time.monotonic_ns",
+        "time.perf_counter",
+        "time.perf_counter_ns",
+        "os.urandom",
+        "os.getrandom",
+        "uuid.uuid1",
+        "uuid.uuid4",
+    }
+)
+#: Whole modules a pure module never draws from (``random.Random`` itself, the type and the seeded generator,
+#: is allowed).
+IMPURE_MODULES: Final = frozenset({"random", "secrets"})
+#: The one kind of randomness a pure module keeps: a fresh unguessable id, drawn from ``secrets`` in one named
+#: function (module → functions); a caller that needs a known id gives it (``packet_id=``, ``with_id``).
+FRESH_IDS: Final[Mapping[str, frozenset[str]]] = {
+    "kernel.packet": frozenset({"new_packet_id"}),
+    "human.escalations": frozenset({"new_id", "new_nonce"}),
+}
+
+#: File-writing calls by their dotted name: they create, write, cut, link or rename files.
+WRITE_CALLS: Final = frozenset(
+    {
+        "os.write",
+        "os.writev",
+        "os.pwrite",
+        "os.pwritev",
+        "os.ftruncate",
+        "os.truncate",
+        "os.posix_fallocate",
+        "os.copy_file_range",
+        "os.rename",
+        "os.renames",
+        "os.replace",
+        "os.link",
+        "os.symlink",
+        "os.mkfifo",
+        "os.mknod",
+        "shutil.copy",
+        "shutil.copy2",
+        "shutil.copyfile",
+        "shutil.copytree",
+        "shutil.move",
+        "tempfile.mkstemp",
+        "tempfile.NamedTemporaryFile",
+        "tempfile.TemporaryFile",
+        "tempfile.SpooledTemporaryFile",
+        "sqlite3.connect",
+    }
+)
+#: Methods that write whatever object they are called on (pathlib's).
+WRITE_METHODS: Final = frozenset({"write_text", "write_bytes", "touch", "hardlink_to", "symlink_to"})
+#: ``os.open`` flags that open a file for writing or create it.
+WRITE_FLAGS: Final = frozenset({"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC", "O_TMPFILE"})
+#: The modules outside ``storage`` that write, link or rename files themselves (module → why), as ARCHITECTURE.md
+#: says; every other module writes through ``storage`` (``fsutil``, ``journal``, ``guard``, ``yamlfile``).
+WRITERS: Final[Mapping[str, str]] = {
+    "kernel.channels": "the channel token files, rewritten in place through a spare inode on every agent's start",
+    "claims.lockinodes": "the lock protocol: a lock published by link(), its held inode rewritten by pwrite",
+    "claims.lockstate": "the lock protocol: a stale lock taken over by rename and re-check",
+    "query.store": "the query store is SQLite's file: SQLite writes it",
+    "runners.spawner_helper": "the spawner process, standard library only: writes its pipes and stderr",
+    "testing.stub_agent": "a stand-in agent: writes where its test tells it, as a real agent does",
+}
+
+
+def _mode_writes(mode: ast.expr | None) -> bool:
+    """An ``open`` mode that writes: one with ``w``, ``a``, ``x`` or ``+``, or one not written as a constant."""
+    if mode is None:
+        return False
+    if isinstance(mode, ast.Constant) and isinstance(mode.value, str):
+        return bool(set(mode.value) & set("wax+"))
+    return True
+
+
+def _arg(node: ast.Call, index: int, keyword: str) -> ast.expr | None:
+    if len(node.args) > index:
+        return node.args[index]
+    return next((k.value for k in node.keywords if k.arg == keyword), None)
+
+
+class _Effects(ast.NodeVisitor):
+    """What one module does beyond computing: its file-writing calls, and the clock, randomness and files it
+    reaches for (any use of a name, called or handed on), each as ``(line, text)``."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.aliases = _aliases(tree)
+        self.functions: list[str] = []
+        self.writes: list[tuple[int, str]] = []
+        self.impure: list[tuple[int, str, str]] = []  # line, text, the function it stands in ("" at module level)
+
+    def _writes(self, node: ast.Call) -> bool:
+        func, qual = node.func, _qualify(node.func, self.aliases)
+        if qual in ("open", "io.open", "builtins.open", "codecs.open", "os.fdopen"):
+            return _mode_writes(_arg(node, 1, "mode"))
+        if qual == "os.open":
+            flags = _arg(node, 1, "flags")
+            path = _arg(node, 0, "path")
+            if path is not None and _qualify(path, self.aliases) == "os.devnull":
+                return False  # the null device: nothing reaches a disk
+            names = {n.id for n in ast.walk(flags) if isinstance(n, ast.Name)} if flags else set()
+            names |= {n.attr for n in ast.walk(flags) if isinstance(n, ast.Attribute)} if flags else set()
+            return bool(names & WRITE_FLAGS)
+        if qual == "sqlite3.connect":
+            db = _arg(node, 0, "database")
+            return not (isinstance(db, ast.Constant) and db.value == ":memory:")
+        if qual in WRITE_CALLS:
+            return True
+        if not isinstance(func, ast.Attribute) or qual.partition(".")[0] in self.aliases.values():
+            return False  # a function of a module, not a method
+        if func.attr in WRITE_METHODS:
+            return True
+        if func.attr in ("rename", "replace"):  # Path's take one argument; str.replace two, datetime's keywords
+            return len(node.args) == 1 and not node.keywords
+        mode = _arg(node, 0, "mode")  # Path.open("w"); a store's open(claim) is no file mode
+        return func.attr == "open" and isinstance(mode, ast.Constant) and _mode_writes(mode)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if self._writes(node):
+            self.writes.append((node.lineno, ast.unparse(node)[:100]))
+        if _qualify(node.func, self.aliases) == "random.Random" and not node.args and not node.keywords:
+            self._impure(node, "random.Random()")  # seeded from the OS
+        self.generic_visit(node)
+
+    def _impure(self, node: ast.expr, qual: str) -> None:
+        self.impure.append((node.lineno, qual, self.functions[-1] if self.functions else ""))
+
+    def _use(self, node: ast.Name | ast.Attribute) -> bool:
+        qual = _qualify(node, self.aliases)
+        top = qual.partition(".")[0]
+        if qual in IMPURE_NAMES or (top in IMPURE_MODULES and "." in qual and qual != "random.Random"):
+            self._impure(node, qual)
+            return True
+        return False
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Load):
+            self._use(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if not self._use(node):
+            self.generic_visit(node)
+
+    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.functions.append(node.name)
+        self.generic_visit(node)
+        self.functions.pop()
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self._function(node)
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        self._function(node)
+
+
+@functools.cache
+def _effects(rel: str, text: str) -> _Effects:
+    tree = ast.parse(text, filename=rel)
+    effects = _Effects(tree)
+    effects.visit(tree)
+    return effects
+
+
+def write_violations(sources: Mapping[str, str], writers: Mapping[str, str] = WRITERS) -> list[Violation]:
+    """Rule (e): outside ``storage`` and :data:`WRITERS`, no module creates, writes, cuts, links or renames a file
+    itself (:data:`WRITE_CALLS`, :data:`WRITE_METHODS`, ``open`` for writing, ``os.open`` with :data:`WRITE_FLAGS`
+    as written); it calls ``storage``. Deleting a file and making a folder are not writes here."""
+    out: list[Violation] = []
+    for rel, text in sorted(sources.items()):
+        me = module_name(rel)
+        if package_of(me) == "storage" or me.removeprefix(ROOT + ".") in writers:
+            continue
+        for line, said in _effects(rel, text).writes:
+            why = "only storage (and the modules ARCHITECTURE.md names, WRITERS) writes files: call storage.fsutil"
+            out.append(Violation("writes", f"src/ambient/{rel}", line, said, why, ("writes", me, said)))
+    return out
+
+
+def impure_uses(sources: Mapping[str, str], pure: frozenset[str] = PURE) -> list[Violation]:
+    """Rule (c), the uses: a pure module reads no clock, draws no randomness from the OS and opens no file, under
+    any name (``from datetime import datetime as dt; dt.now``), called or handed on (``default_factory=...``)."""
+    out: list[Violation] = []
+    for rel, text in sorted(sources.items()):
+        me = module_name(rel)
+        short = me.removeprefix(ROOT + ".")
+        if short not in pure:
+            continue
+        for line, qual, function in _effects(rel, text).impure:
+            if qual.startswith("secrets.") and function in FRESH_IDS.get(short, ()):
+                continue
+            why = f"{qual} reads the clock, the OS's randomness or a file: a pure module is given them"
+            out.append(Violation("pure", f"src/ambient/{rel}", line, qual, why, ("pure", me, qual)))
+    return out
+
+
 def check(sources: Mapping[str, str]) -> list[Violation]:
-    """Every violation of rules (a), (b) and (c) in a tree of sources (path under src/ambient → text)."""
+    """Every violation of rules (a), (b), (c) and (e) in a tree of sources (path under src/ambient → text)."""
     imports = imports_of(sources)
-    return [*layer_violations(imports), *cycle_violations(imports), *pure_violations(imports)]
+    return [
+        *layer_violations(imports),
+        *cycle_violations(imports),
+        *pure_violations(imports),
+        *impure_uses(sources),
+        *write_violations(sources),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- the tree
@@ -492,7 +833,7 @@ def _report(violations: list[Violation]) -> str:
     return "\n".join(["", *(str(v) for v in violations)])
 
 
-@pytest.mark.parametrize("rule", ["layer", "leaf", "cycle", "pure"])
+@pytest.mark.parametrize("rule", ["layer", "leaf", "cycle", "pure", "writes"])
 def test_the_tree_keeps_the_contract(found: list[Violation], rule: str) -> None:
     """No violation of the rule in src/ambient: no allowlist, a wrong-way import fails here."""
     new = [v for v in found if v.rule == rule]
@@ -587,7 +928,7 @@ class TestTheCheckerCatches:
                 "kernel/matrix.py",
                 "import importlib\n_x = importlib.import_module('ambient.config.brain')\n",
                 1,
-                "import_module('ambient.config.brain')",
+                "importlib.import_module('ambient.config.brain')",
                 "layer",
                 "kernel (rank 2) imports config (rank 7)",
             ),
@@ -617,7 +958,7 @@ class TestTheCheckerCatches:
             ),
             (
                 "learning/rules.py",
-                "def _now() -> float:\n    import time\n    return time.time()\n",
+                "def _now() -> None:\n    import time\n",
                 1,
                 "import time",
                 "pure",
@@ -630,6 +971,143 @@ class TestTheCheckerCatches:
                 "from os import path",
                 "pure",
                 "does I/O",
+            ),
+            (
+                "kernel/router.py",
+                "from importlib import import_module as im\n_x = im('ambient.cli')\n",
+                1,
+                "im('ambient.cli')",
+                "layer",
+                "kernel (rank 2) imports cli (rank 11)",
+            ),
+            (
+                "kernel/router.py",
+                "import importlib\n_NAME = 'ambient.service.daemon'\n_x = importlib.import_module(_NAME)\n",
+                2,
+                "importlib.import_module('ambient.service.daemon')",
+                "layer",
+                "kernel (rank 2) imports service (rank 8)",
+            ),
+            (
+                "kernel/router.py",
+                "import asyncio\nimport importlib\nasync def _late() -> None:\n"
+                "    await asyncio.to_thread(importlib.import_module, 'ambient.engine.runs')\n",
+                3,
+                "importlib.import_module('ambient.engine.runs')",
+                "layer",
+                "kernel (rank 2) imports engine (rank 5): a lower layer never imports a higher one (in a function)",
+            ),
+            (
+                "kernel/router.py",
+                "import pkgutil\n_main = pkgutil.resolve_name('ambient.cli:main')\n",
+                1,
+                "pkgutil.resolve_name('ambient.cli')",
+                "layer",
+                "kernel (rank 2) imports cli (rank 11)",
+            ),
+            (
+                "kernel/router.py",
+                "import sys\n_d = sys.modules['ambient.service.daemon']\n",
+                1,
+                "sys.modules['ambient.service.daemon']",
+                "layer",
+                "kernel (rank 2) imports service (rank 8)",
+            ),
+            (
+                "kernel/router.py",
+                "from sys import modules\n_d = modules.get('ambient.web.app')\n",
+                1,
+                "sys.modules.get('ambient.web.app')",
+                "layer",
+                "kernel (rank 2) imports web (rank 10)",
+            ),
+            (
+                "runners/command.py",
+                "import sys\n_ARGV = [sys.executable, '-m', 'ambient.cli', 'status']\n",
+                1,
+                "-m ambient.cli",
+                "layer",
+                "runners (rank 4) imports cli (rank 11)",
+            ),
+            (
+                "claims/locks.py",
+                "_CMD = 'python3 -m ambient.service.daemon --brain .'\n",
+                0,
+                "-m ambient.service.daemon",
+                "layer",
+                "claims (rank 3) imports service (rank 8)",
+            ),
+            (
+                "service/daemon.py",
+                "import subprocess\n_P = subprocess.Popen(['python3', '-m', 'ambient.testing.stub_agent'])\n",
+                1,
+                "-m ambient.testing.stub_agent",
+                "leaf",
+                "`testing` is a leaf",
+            ),
+            (
+                "engine/planner.py",
+                "from datetime import datetime as dt\n_T = dt.now()\n",
+                1,
+                "datetime.datetime.now",
+                "pure",
+                "reads the clock, the OS's randomness or a file",
+            ),
+            (
+                "engine/records.py",
+                "from datetime import date\nfrom dataclasses import field\n_F = field(default_factory=date.today)\n",
+                2,
+                "datetime.date.today",
+                "pure",
+                "reads the clock",
+            ),
+            (
+                "learning/stats.py",
+                "def _read() -> str:\n    with open('runs.jsonl') as f:\n        return f.read()\n",
+                1,
+                "open",
+                "pure",
+                "a pure module is given them",
+            ),
+            (
+                "learning/rules.py",
+                "import random\n_X = random.random()\n",
+                1,
+                "random.random",
+                "pure",
+                "the OS's randomness",
+            ),
+            (
+                "learning/replay.py",
+                "_RNG = random.Random()\n",
+                0,
+                "random.Random()",
+                "pure",
+                "the OS's randomness",
+            ),
+            (
+                "engine/planner.py",
+                "from secrets import token_hex\n_K = token_hex(8)\n",
+                1,
+                "secrets.token_hex",
+                "pure",
+                "the OS's randomness",
+            ),
+            (
+                "kernel/packet.py",
+                "def _other_id() -> str:\n    return secrets.token_hex(4)\n",
+                1,
+                "secrets.token_hex",
+                "pure",
+                "the OS's randomness",
+            ),
+            (
+                "workflows/spec.py",
+                "import uuid\n_U = uuid.uuid4()\n",
+                1,
+                "uuid.uuid4",
+                "pure",
+                "the OS's randomness",
             ),
             (
                 "core/terminal.py",
@@ -713,3 +1191,98 @@ class TestTheCheckerCatches:
             ("ambient.kernel.zones", "ambient.kernel"),
             ("ambient.kernel.zones", "ambient.kernel.matrix"),
         ]
+
+
+# ---------------------------------------------------------------------------------------------- rule (e)
+
+
+def _package(root: Path, modules: Mapping[str, str]) -> Path:
+    """A package tree ``ambient/`` under ``root`` holding ``modules`` (path under it → source), every folder a
+    package; returns the package's folder, for :func:`read_tree`."""
+    pkg = root / ROOT
+    for rel, code in {"__init__.py": "", **modules}.items():
+        path = pkg / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for folder in [path.parent, *path.parent.parents]:
+            if folder == root:
+                break
+            (folder / "__init__.py").touch()
+        path.write_text(code)
+    return pkg
+
+
+class TestTheWriteRule:
+    """A module outside storage and WRITERS that writes a file, in any of the ways Python offers, fails; the same
+    calls in storage, in a module WRITERS names, and what only reads or removes, pass."""
+
+    @pytest.mark.parametrize(
+        ("code", "said"),
+        [
+            ("open(p, 'w')", "open(p, 'w')"),
+            ("open(p, mode='a')", "open(p, mode='a')"),
+            ("open(p, 'r+b')", "open(p, 'r+b')"),
+            ("p.open('ab')", "p.open('ab')"),
+            ("p.write_text('x')", "p.write_text('x')"),
+            ("p.write_bytes(b'')", "p.write_bytes(b'')"),
+            ("p.touch()", "p.touch()"),
+            ("p.rename(q)", "p.rename(q)"),
+            ("p.replace(q)", "p.replace(q)"),
+            ("os.replace(p, q)", "os.replace(p, q)"),
+            ("os.rename(p, q)", "os.rename(p, q)"),
+            ("os.link(p, q)", "os.link(p, q)"),
+            ("os.symlink(p, q)", "os.symlink(p, q)"),
+            ("os.write(fd, b'x')", "os.write(fd, b'x')"),
+            ("os.pwrite(fd, b'x', 0)", "os.pwrite(fd, b'x', 0)"),
+            ("os.ftruncate(fd, 0)", "os.ftruncate(fd, 0)"),
+            ("os.open(p, os.O_WRONLY | os.O_CREAT, 0o600)", "os.open(p, os.O_WRONLY | os.O_CREAT, 384)"),
+            ("os.open(p, O_RDWR)", "os.open(p, O_RDWR)"),
+            ("mv(p, q)", "mv(p, q)"),
+            ("tempfile.mkstemp()", "tempfile.mkstemp()"),
+            ("tempfile.NamedTemporaryFile()", "tempfile.NamedTemporaryFile()"),
+            ("shutil.copytree(p, q)", "shutil.copytree(p, q)"),
+            ("shutil.move(p, q)", "shutil.move(p, q)"),
+            ("sqlite3.connect(p)", "sqlite3.connect(p)"),
+        ],
+    )
+    def test_a_write_outside_storage_fails(self, tmp_path: Path, code: str, said: str) -> None:
+        head = "import os\nimport shutil\nimport sqlite3\nimport tempfile\nfrom os import O_RDWR\n"
+        head += "from os import replace as mv\n\n\ndef act(p, q, fd):\n"
+        pkg = _package(tmp_path, {"kernel/__init__.py": "", "kernel/courier.py": f"{head}    {code}\n"})
+        found = write_violations(read_tree(pkg))
+        assert [(v.rule, v.file, v.line, v.text) for v in found] == [
+            ("writes", "src/ambient/kernel/courier.py", 10, said)
+        ]
+        assert "only storage" in found[0].why
+        assert check(read_tree(pkg)) == found  # check() runs the rule too
+
+    def test_what_is_not_a_write_passes(self, tmp_path: Path) -> None:
+        """Reads, removals, folders, the null device, str/datetime ``replace``, a store's ``open``, and the same
+        writes inside storage and in a module WRITERS names."""
+        reads = (
+            "import os\nimport sqlite3\nfrom datetime import datetime\n\n\ndef look(p, store, claim):\n"
+            "    open(p).close()\n    open(p, 'rb').close()\n    p.open().close()\n"
+            "    os.close(os.open(p, os.O_RDONLY | os.O_CLOEXEC))\n    os.close(os.open(os.devnull, os.O_WRONLY))\n"
+            "    'a-b'.replace('-', '+')\n    datetime.now().replace(tzinfo=None)\n    store.open(claim)\n"
+            "    sqlite3.connect(':memory:')\n    p.unlink()\n    p.mkdir()\n    os.unlink(p)\n"
+        )
+        writes = "import os\n\n\ndef put(p, q):\n    os.replace(p, q)\n    p.write_text('x')\n"
+        tree = read_tree(
+            _package(
+                tmp_path,
+                {
+                    "kernel/courier.py": reads,
+                    "kernel/channels.py": writes,
+                    "storage/__init__.py": "",
+                    "storage/fsutil.py": writes,
+                },
+            )
+        )
+        assert write_violations(tree) == []
+        assert [v.file for v in write_violations(tree, writers={})] == ["src/ambient/kernel/channels.py"] * 2
+
+    def test_every_writer_is_a_module_and_writes(self, tree: dict[str, str]) -> None:
+        """WRITERS names real modules that write today: a module that stopped writing leaves the list."""
+        modules = {module_name(rel).removeprefix(ROOT + "."): rel for rel in tree}
+        for writer in WRITERS:
+            assert writer in modules, writer
+            assert _effects(modules[writer], tree[modules[writer]]).writes, f"{writer} writes nothing any more"

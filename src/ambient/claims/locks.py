@@ -50,7 +50,7 @@ import os
 import random
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -130,6 +130,8 @@ class LockManager:
         check_filesystem: refuse NFS/CIFS/FUSE (RELIABILITY §1.2 rule 7).
         instance: this manager's identity in lock files (random by default).
         poll_min_s, poll_max_s: the waiting backoff (doubling, with jitter) between attempts.
+        now: the wall clock in seconds since the epoch, for leases, expiries and the fencing token's clock part
+            (``time.time``; a test gives ``ManualClock.time``). A wait's deadline is real time (monotonic).
     """
 
     def __init__(
@@ -143,8 +145,10 @@ class LockManager:
         instance: str | None = None,
         poll_min_s: float = _POLL_MIN_S,
         poll_max_s: float = _POLL_MAX_S,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self.paths = paths
+        self._now = now
         self.dir = paths.locks
         self.grace_s = grace_s
         self.malformed_grace_s = malformed_grace_s
@@ -174,7 +178,7 @@ class LockManager:
 
     def check(self, file: str) -> LockStatus:
         """What holds ``file`` right now (no guard needed: locks are published whole)."""
-        return self._inspect(self._loc(file), time.time())
+        return self._inspect(self._loc(file), self._now())
 
     def list(self) -> list[LockStatus]:
         """Every lock in ``locks/`` (symlinks, FIFOs and unreadable files included, as malformed), by path."""
@@ -183,7 +187,7 @@ class LockManager:
             names = sorted(os.listdir(self.dir))
         except FileNotFoundError:
             return out
-        now = time.time()
+        now = self._now()
         for name in names:
             if name.startswith(".") or not name.endswith(LOCK_SUFFIX):
                 continue
@@ -285,7 +289,7 @@ class LockManager:
         ttl = float(ttl_s if ttl_s is not None else grant.ttl_s)
         loc = self._loc(grant.file)
         with self._guard.hold():
-            now = time.time()
+            now = self._now()
             if not self._is_ours(loc, grant.holder, grant.token, now):
                 raise LockNotHeldError(
                     f"{loc.rel}: the lease of {grant.holder} (token {grant.token}) was lost (expired and taken over, "
@@ -335,7 +339,7 @@ class LockManager:
     def _release_locked(self, loc: LockLocation, holder: str, token: int | None) -> LockInfo | None:
         if self._inodes.release(loc.s, holder, token):
             return None  # our pinned inode, still under its name: nothing to read
-        status = self._inspect(loc, time.time())
+        status = self._inspect(loc, self._now())
         if status.state == "free":
             self._inodes.unpin(loc.s)
             raise LockNotHeldError(f"{loc.rel} is not locked (already released, or expired and taken over since)")
@@ -381,7 +385,7 @@ class LockManager:
                 continue
             loc = LockLocation(status.file, str(status.path), status.path)
             with self._guard.hold():
-                fresh = self._inspect(loc, time.time())
+                fresh = self._inspect(loc, self._now())
                 if fresh.takeable and remove_if_unchanged(loc, fresh):
                     removed.append(fresh)
                     self._inodes.unpin(loc.s)
@@ -428,7 +432,7 @@ class LockManager:
     ) -> LockGrant | LockStatus:
         # A look without the guard first: a live lock of someone else needs no guard (keeps waiting cheap).
         if look_first and os.path.lexists(loc.s):
-            pre = self._inspect(loc, time.time())
+            pre = self._inspect(loc, self._now())
             if pre.blocking and not (pre.info is not None and pre.info.holder == holder and pre.state == "held"):
                 return pre
         with self._guard.hold() as gfd:
@@ -483,7 +487,7 @@ class LockManager:
     ) -> LockGrant | LockStatus:
         status: LockStatus | None = None
         for _ in range(3):
-            now = time.time()
+            now = self._now()
             token = self._next_token(gfd)
             data = self._render(loc.rel, holder, token, now, ttl_s, pid_bound)
             if self._publish(loc, data, token, holder):
@@ -533,7 +537,7 @@ class LockManager:
             if not status.takeable:
                 return status
             if not remove_if_unchanged(loc, status):
-                return self._inspect(loc, time.time())
+                return self._inspect(loc, self._now())
         assert status is not None
         return status
 
@@ -560,7 +564,7 @@ class LockManager:
             except ValueError:
                 stored = 0
             guard.token_seen = (guard.generation, stored)
-        return max(stored + 1, time.time_ns() // 1000)
+        return max(stored + 1, int(self._now() * 1_000_000))
 
     def _store_token(self, gfd: int, token: int) -> None:
         # Written when the guard is let go (FileGuard.__exit__): the grants of one hold cost one pwrite, and

@@ -39,14 +39,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _create_new(path: Path, text: str, mode: int) -> None:
     """Publish ``path`` whole (temp file, fsync, link); FileExistsError if it exists, even if it just appeared."""
-    from ambient.storage.fsutil import fsync_dir, write_tmp
+    from ambient.storage.fsutil import publish_new
 
-    tmp = write_tmp(path, text.encode(), mode)
-    try:
-        os.link(tmp, path)  # fails if the name exists: never clobbers
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
+    publish_new(path, text, mode=mode)  # fails if the name exists: never clobbers
 
 
 def _only_example(existing: list[str], blocked: list[str]) -> bool:

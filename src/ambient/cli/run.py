@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -139,6 +138,8 @@ def _demo_as_root(root: Path, *, fresh: bool) -> Path | None:
     demo's own temp folder is made searchable (not listable) for it; where the interpreter (or a ``--dir`` the
     person chose) still stops it, e.g. Python under ``/root``, the demo's brain says ``agent_user: root`` (uid 0
     without any capability) instead of failing every agent. Returns the folder that stops it, or None."""
+    from ambient.storage.fsutil import atomic_write
+
     if os.geteuid() != 0 or os.environ.get("AMBIENT_AGENT_USER"):
         return None
     if fresh:
@@ -148,22 +149,25 @@ def _demo_as_root(root: Path, *, fresh: bool) -> Path | None:
             if folder.is_dir() and not folder.stat().st_mode & 0o001:
                 config = root / "profil" / "ambient.yml"
                 before = config.read_text() if config.exists() else ""
-                config.write_text(
+                atomic_write(
+                    config,
                     before + "# Written by `ambient demo` run as root: its agent user cannot reach "
-                    f"{folder},\n# so the agents run as uid 0 without any capability.\nagent_user: root\n"
+                    f"{folder},\n# so the agents run as uid 0 without any capability.\nagent_user: root\n",
                 )
                 return folder
     return None
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from ambient.storage.fsutil import copy_tree
+
     src = example_brain()
     if src is None:
         return fail("the example brain (examples/brain) is not available in this installation", EXIT_USAGE)
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ambient-demo-")) / "brain"
     if root.exists() and any(root.iterdir()):
         return fail(f"{root} exists and is not empty; choose another --dir")
-    shutil.copytree(src, root, dirs_exist_ok=True)
+    copy_tree(src, root)
     out(f"== ambient demo: a fresh copy of the example brain in {root}")
     blocked = _demo_as_root(root, fresh=not args.dir)
     if blocked is not None:

@@ -18,6 +18,7 @@ import structlog
 
 from ambient.core.problems import Problem
 from ambient.engine.runstate import HistoryError, ended_because, fold
+from ambient.storage.fsutil import cut_to
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
 
@@ -111,12 +112,7 @@ def truncate_torn_tail(path: Path, source: str) -> None:
     data = path.read_bytes()
     cut = data.rfind(b"\n") + 1
     if cut < len(data):
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        try:
-            os.ftruncate(fd, cut)
-            os.fsync(fd)  # the cut is what the next appends start from: on disk before they come
-        finally:
-            os.close(fd)
+        cut_to(path, cut)  # fsync'd: the cut is what the next appends start from, on disk before they come
         line = data.count(b"\n", 0, cut) + 1
         problem = f"{source}:{line}: torn last line (a crash mid-append): {len(data) - cut} byte(s) cut"
         log.warning("journal_torn_tail_cut", path=str(path), line=line, bytes=len(data) - cut, problem=problem)

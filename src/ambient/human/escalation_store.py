@@ -40,7 +40,7 @@ from ambient.human.escalations import (
     with_attempt,
     with_id,
 )
-from ambient.storage.fsutil import atomic_write, iter_files, private_dir
+from ambient.storage.fsutil import atomic_write, iter_files, move, open_private, private_dir
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import KiB, dump_yaml, expect_mapping, load_file, problems_from_validation
 
@@ -237,7 +237,7 @@ class EscalationStore:
                 except (InputError, OSError):
                     reason = "empty" if size == 0 else "unreadable"
                 if reason == "unreadable":
-                    os.replace(path, path.with_name(path.name + ".unreadable"))
+                    move(path, path.with_name(path.name + ".unreadable"))
             self._write(esc)
             return reason
 
@@ -283,7 +283,7 @@ class EscalationStore:
     def _guard(self) -> Iterator[None]:
         # One guard file, never unlinked (unlinking a flocked file splits waiters across inodes).
         self._ensure_dir()
-        fd = os.open(self.guard_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = open_private(self.guard_path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

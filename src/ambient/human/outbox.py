@@ -25,7 +25,7 @@ from ambient.core.errors import NotifyError
 from ambient.core.redact import redact_text
 from ambient.human.messages import Message
 from ambient.human.notify import DeliveryError, Notifier
-from ambient.storage.fsutil import atomic_write, fsync_dir, private_dir, read_capped, sweep_stale_tmp
+from ambient.storage.fsutil import atomic_write, fsync_dir, move, private_dir, read_capped, sweep_stale_tmp
 
 if TYPE_CHECKING:
     from ambient.core.clock import Clock
@@ -151,9 +151,7 @@ class Outbox:
         src = self._path(entry_id)
         dest_dir = self.directory / "expired"
         private_dir(dest_dir)
-        src.replace(dest_dir / src.name)
-        fsync_dir(dest_dir)
-        fsync_dir(self.directory)
+        move(src, dest_dir / src.name, durable=True)
 
     def entries(self) -> list[OutboxEntry]:
         """Every pending entry, soonest first."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import os
 import secrets
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Final
 
 from ambient.core.errors import InputError, PacketError
 from ambient.kernel.packet import MAX_PACKET_BYTES, Packet, parse_packet
-from ambient.storage.fsutil import atomic_write, iter_files, private_dir, read_capped, write_tmp
+from ambient.storage.fsutil import atomic_write, iter_files, private_dir, publish_new, read_capped
 from ambient.storage.paths import BrainPaths
 
 INBOX_KEY: Final = "inbox.key"
@@ -39,12 +38,8 @@ def inbox_key(paths: BrainPaths) -> bytes:
     if len(key) == 32:
         return key
     private_dir(paths.state)
-    tmp = write_tmp(path, secrets.token_bytes(32), 0o600)  # whole and fsync'd, then published by link(): the
-    try:  # first of two racing writers wins, and nobody ever reads half a key
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, path)
-    finally:
-        tmp.unlink()
+    with contextlib.suppress(FileExistsError):  # the first of two racing writers wins, nobody reads half a key
+        publish_new(path, secrets.token_bytes(32), mode=0o600)
     return path.read_bytes()
 
 

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from ambient.core.errors import InputError
 from ambient.live.turn import Turn, check_agent_name, turn_from_packet
-from ambient.storage.fsutil import fsync_dir, open_private, private_dir, write_all
+from ambient.storage.fsutil import append_whole, fsync_dir, move, open_private, private_dir
 from ambient.storage.journal import ReadResult, iter_jsonl
 from ambient.storage.paths import BrainPaths
 
@@ -239,12 +239,7 @@ class Threads:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 data = b"\n" + data  # a torn last line (crash mid-append) stays alone on its line
-            try:
-                write_all(fd, data)
-            except OSError:  # a full disk: no fragment is left for the next append to be glued onto
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, size)
-                raise
+            append_whole(fd, data, size)  # a full disk leaves no fragment for the next append to be glued onto
             if self.durable:
                 os.fsync(fd)
         finally:
@@ -256,8 +251,8 @@ class Threads:
         for n in range(self.keep - 1, 0, -1):
             src = d / f"log.{n}.jsonl"
             if src.exists():
-                src.rename(d / f"log.{n + 1}.jsonl")
-        (d / LOG_NAME).rename(d / "log.1.jsonl")
+                move(src, d / f"log.{n + 1}.jsonl")
+        move(d / LOG_NAME, d / "log.1.jsonl")
         if self.durable:
             fsync_dir(d)
 

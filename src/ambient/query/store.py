@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ambient import __version__
 from ambient.core.logs import get_logger
 from ambient.query.schema import FORMAT, INDEXES, TABLES
-from ambient.storage.fsutil import private_dir
+from ambient.storage.fsutil import open_private, private_dir
 from ambient.storage.paths import BrainPaths
 
 if TYPE_CHECKING:
@@ -208,7 +208,7 @@ class QueryStore:
     def _connect(self, path: Path) -> sqlite3.Connection:
         if not path.exists():
             # 0600 before SQLite creates it: its -wal and -shm files take the database's mode.
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
+            os.close(open_private(path, os.O_RDWR | os.O_CREAT))
         conn = sqlite3.connect(path, timeout=_BUSY_MS / 1000, isolation_level=None, check_same_thread=False)
         try:
             conn.execute(f"PRAGMA busy_timeout={_BUSY_MS}")

@@ -10,14 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Protocol
 
 from ambient.runners.spawner_helper import keep_output, read_some
 from ambient.runners.waiter import Waiter
-from ambient.storage.fsutil import write_all
+from ambient.storage.fsutil import unnamed_file
 
 
 class Output(Protocol):
@@ -57,18 +55,7 @@ def packet_fd(data: bytes) -> int:
 
     A file rather than a pipe: nothing to feed, nothing to block on, and EOF is where the packet ends.
     """
-    try:
-        fd = os.memfd_create("ambient-spawn-packet", os.MFD_CLOEXEC)
-    except (AttributeError, OSError):
-        fd, path = tempfile.mkstemp(prefix="ambient-packet-")
-        Path(path).unlink()
-    try:
-        write_all(fd, data)
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return unnamed_file(data)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from ambient.engine.tick import Tick
 from ambient.human.messages import Message
 from ambient.human.outbox import Outbox
 from ambient.learning.stats import summarise, weekly_digest
-from ambient.storage.fsutil import PRIVATE_FILE, atomic_write
+from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, move
 from ambient.storage.journal import append_line, read_jsonl
 from ambient.storage.paths import BrainPaths
 
@@ -82,7 +82,7 @@ class Digest:
             title = f"ambient digest of the last {_period(self.hours)}: {len(lines)} update(s)"
             self.outbox.put(Message(title=title, body="\n".join(body)[:3800], kind="digest"), now)
         if self.file.exists():
-            self.file.replace(self.paths.state / "digest.sent.jsonl")
+            move(self.file, self.paths.state / "digest.sent.jsonl")
         atomic_write(self.mark, json.dumps({"last_sent": now.isoformat()}) + "\n", mode=PRIVATE_FILE)
         return bool(body)
 

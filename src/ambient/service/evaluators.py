@@ -51,7 +51,7 @@ from ambient.service.escalator import StoreEscalator
 from ambient.service.notifications import NotifyService
 from ambient.service.starts import RunStarts
 from ambient.service.troubles import Troubles
-from ambient.storage.fsutil import PRIVATE_FILE, TMP_MARK, atomic_write
+from ambient.storage.fsutil import PRIVATE_FILE, TMP_MARK, atomic_write, move
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamltext import MAX_CLAIM_BYTES
 from ambient.workflows.triggers import start_due
@@ -474,7 +474,7 @@ def _archive(path: Path) -> None:
     """Move a consumed inbox file to ``inbox/done/`` (kept for the audit, never lost)."""
     done = path.parent / "done"
     done.mkdir(exist_ok=True)
-    path.replace(done / path.name)
+    move(path, done / path.name)
 
 
 class StaleClaimsEvaluator:

@@ -1,4 +1,4 @@
-"""The only writer of bytes to a brain: atomic writes, capped no-follow reads, containment checks.
+"""How bytes are written to a brain: atomic writes, capped no-follow reads, containment checks.
 
 Guarantees (RELIABILITY §1.3): a reader sees either the old or the new content of a file, never a
 torn one; the content is durable (fsync of file then directory) before the call returns; a failed
@@ -21,7 +21,9 @@ import itertools
 import os
 import re
 import secrets
+import shutil
 import stat
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -203,6 +205,72 @@ def write_new(path: Path, data: bytes | str, *, mode: int = 0o600) -> None:
         path.unlink(missing_ok=True)
         raise
     os.close(fd)
+
+
+def publish_new(path: Path, data: bytes | str, *, mode: int = 0o644) -> None:
+    """Create ``path`` whole (temp file, fsync, ``link()``, fsync of the folder); FileExistsError if the name
+    exists, even if it appeared a moment ago: of two racing writers the first wins, the other clobbers nothing,
+    and no reader ever sees half a file."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = write_tmp(path, raw, mode)
+    try:
+        os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def move(src: Path, dest: Path, *, durable: bool = False) -> None:
+    """Rename ``src`` to ``dest`` (replacing it); ``durable`` fsyncs both folders, so a power cut leaves it moved."""
+    os.replace(src, dest)
+    if durable:
+        fsync_dir(dest.parent)
+        if src.parent != dest.parent:
+            fsync_dir(src.parent)
+
+
+def cut_to(path: Path, size: int) -> None:
+    """Cut the file at ``path`` (never through a symlink) to ``size`` bytes, fsync'd before it returns: what the
+    next appends start from is on disk before they come."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def append_whole(fd: int, data: bytes, size: int) -> None:
+    """Write ``data`` at the end of the file open at ``fd`` (``O_APPEND``), whose size was ``size``; if the write
+    fails (a full disk) the file is cut back to ``size``, so no fragment is left for the next append to be glued
+    onto, and the error is raised."""
+    try:
+        write_all(fd, data)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        raise
+
+
+def unnamed_file(data: bytes) -> int:
+    """A readable fd positioned at 0 holding ``data``, with no name anywhere: a memfd, else an unlinked temp file."""
+    try:
+        fd = os.memfd_create("ambient-spawn-packet", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        fd, name = tempfile.mkstemp(prefix="ambient-packet-")
+        Path(name).unlink()
+    try:
+        write_all(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def copy_tree(src: Path, dest: Path) -> None:
+    """Copy the folder ``src`` into ``dest`` (created if missing; files already there are overwritten)."""
+    shutil.copytree(src, dest, dirs_exist_ok=True)
 
 
 class TmpWriter(NamedTuple):

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import time_machine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -38,6 +37,7 @@ from ambient.core.errors import (
 from ambient.storage import fsutil
 from ambient.storage.fsutil import sweep_stale_tmp
 from ambient.storage.paths import BrainPaths
+from ambient.testing.clock import ManualClock
 from tests.conftest import async_wait_until, wait_until
 
 SRC = Path(__file__).resolve().parents[3] / "src"
@@ -881,29 +881,33 @@ def test_r06e_clock_jumps(brain: BrainPaths, manager: Callable[..., LockManager]
     """R-06e: +1 h makes a lease expire (takeover, old writes fenced); -1 h never double-grants, tokens still rise."""
     store = ClaimStore(brain)
     store.open(new_claim("sess-x", "satellite", "agents/", "a", datetime.now(UTC)))
-    a, b = manager(), manager()
+    clock = ManualClock(datetime.now(UTC))
+    start = clock.now()
+    a, b = manager(now=clock.time), manager(now=clock.time)
     ga = a.acquire("e.md", "sess-a", ttl_s=60)
     store.update("sess-x", {"story_angle": "a"}, token=ga.token)
-    with time_machine.travel(datetime.now(UTC) + timedelta(hours=1), tick=True):
-        assert b.check("e.md").state == "expired"
-        gb = b.acquire("e.md", "sess-b", ttl_s=60)
-        assert gb.token > ga.token
-        store.update("sess-x", {"story_angle": "b"}, token=gb.token)
+    clock.set(start + timedelta(hours=1))
+    assert b.check("e.md").state == "expired"
+    gb = b.acquire("e.md", "sess-b", ttl_s=60)
+    assert gb.token > ga.token
+    store.update("sess-x", {"story_angle": "b"}, token=gb.token)
+    clock.set(start)
     with pytest.raises(FencingError):
         store.update("sess-x", {"story_angle": "a again"}, token=ga.token)
     with pytest.raises(LockNotHeldError):
         a.release_grant(ga)
-    # Back in real time gb's lease (taken "in the future") still holds: nobody else gets it.
+    # Back at the start gb's lease (taken "in the future") still holds: nobody else gets it.
     assert b.check("e.md").state == "held"
     with pytest.raises(LockBusyError):
         a.acquire("e.md", "sess-a")
     b.release_grant(gb)
-    with time_machine.travel(datetime.now(UTC) - timedelta(hours=1), tick=True):
-        gc = a.acquire("e.md", "sess-c", ttl_s=60)
-        assert gc.token > gb.token  # the persisted counter, not the clock, keeps tokens rising
-        with pytest.raises(LockBusyError):
-            b.acquire("e.md", "sess-d")
+    clock.set(start - timedelta(hours=1))
+    gc = a.acquire("e.md", "sess-c", ttl_s=60)
+    assert gc.token > gb.token  # the persisted counter, not the clock, keeps tokens rising
+    with pytest.raises(LockBusyError):
+        b.acquire("e.md", "sess-d")
     # After the clock comes back, gc looks expired an hour early: that is the lease's risk, and fencing covers it.
+    clock.set(start)
     gd = b.acquire("e.md", "sess-d")
     assert gd.took_over is not None and gd.token > gc.token
     store.update("sess-x", {"story_angle": "d"}, token=gd.token)
@@ -952,17 +956,17 @@ class LockMachine(RuleBasedStateMachine):
         self._rmtree = shutil.rmtree
         self.root = Path(tempfile.mkdtemp(prefix="lockmachine-"))
         (self.root / "locks").mkdir()
-        self.traveller = time_machine.travel(datetime(2026, 3, 16, 21, 0, tzinfo=UTC), tick=False)
-        self.clock = self.traveller.start()
+        self.clock = ManualClock(datetime(2026, 3, 16, 21, 0, tzinfo=UTC))
         self.managers = {
-            h: LockManager(BrainPaths(self.root), grace_s=self.GRACE, check_filesystem=False) for h in self.HOLDERS
+            h: LockManager(BrainPaths(self.root), grace_s=self.GRACE, check_filesystem=False, now=self.clock.time)
+            for h in self.HOLDERS
         }
         self.model: dict[str, _Owner | None] = dict.fromkeys(self.PATHS)
         self.old_grants: list[LockGrant] = []
         self.last_token = 0
 
     def _expired(self, owner: _Owner) -> bool:
-        return time.time() > owner.expires + self.GRACE
+        return self.clock.time() > owner.expires + self.GRACE
 
     @rule(holder=st.sampled_from(HOLDERS), path=st.sampled_from(PATHS), ttl=st.sampled_from([1.0, 5.0, 60.0]))
     def acquire(self, holder: str, path: str, ttl: float) -> None:
@@ -978,7 +982,7 @@ class LockMachine(RuleBasedStateMachine):
         else:
             assert not isinstance(got, LockGrant) and got.info is not None and got.info.holder == owner.holder
             return
-        self.model[path] = _Owner(holder, got.token, time.time() + ttl)
+        self.model[path] = _Owner(holder, got.token, self.clock.time() + ttl)
         self.old_grants.append(got)
 
     @rule(holder=st.sampled_from(HOLDERS), path=st.sampled_from(PATHS))
@@ -1007,7 +1011,7 @@ class LockMachine(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([0.2, 1.0, 3.0, 30.0, 120.0]))
     def time_passes(self, seconds: float) -> None:
         """The wall clock moves on (frozen between steps, so judgements are exact)."""
-        self.clock.shift(seconds)
+        self.clock.advance(seconds)
 
     @invariant()
     def disk_matches_model(self) -> None:
@@ -1026,7 +1030,6 @@ class LockMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         for m in self.managers.values():
             m.close()
-        self.traveller.stop()
         self._rmtree(self.root, ignore_errors=True)
 
 

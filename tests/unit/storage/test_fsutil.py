@@ -12,20 +12,27 @@ import pytest
 
 from ambient.core.errors import InputError, UnsafePathError
 from ambient.core.process import own_start_time, process_start_time
+from ambient.storage import fsutil
 from ambient.storage.fsutil import (
     TMP_MARK,
     TmpWriter,
+    append_whole,
     atomic_write,
     check_local_filesystem,
     check_relative,
+    copy_tree,
+    cut_to,
     filesystem_type,
     is_leftover,
     iter_files,
+    move,
+    publish_new,
     read_capped,
     resolve_in_brain,
     sweep_stale_tmp,
     tmp_name,
     tmp_writer,
+    unnamed_file,
     write_new,
     writer_mark,
 )
@@ -202,6 +209,72 @@ class TestWriteNew:
         with pytest.raises(FileExistsError):
             write_new(tmp_path / "planted.json", "x")
         assert not target.exists()
+
+
+class TestTheOtherWrites:
+    """The writes modules make through storage instead of by themselves (ARCHITECTURE.md, rule (e))."""
+
+    def test_publish_new_never_clobbers_and_leaves_no_temp_file(self, tmp_path: Path) -> None:
+        target = tmp_path / "key"
+        publish_new(target, b"first", mode=0o600)
+        with pytest.raises(FileExistsError):
+            publish_new(target, b"second")
+        assert target.read_bytes() == b"first" and (target.stat().st_mode & 0o777) == 0o600
+        assert [p.name for p in tmp_path.iterdir()] == ["key"]
+
+    @pytest.mark.parametrize("durable", [False, True])
+    def test_move_renames_over_what_is_there(self, tmp_path: Path, durable: bool) -> None:
+        (tmp_path / "done").mkdir()
+        (tmp_path / "a.json").write_text("new")
+        (tmp_path / "done" / "a.json").write_text("old")
+        move(tmp_path / "a.json", tmp_path / "done" / "a.json", durable=durable)
+        assert not (tmp_path / "a.json").exists() and (tmp_path / "done" / "a.json").read_text() == "new"
+
+    def test_cut_to_cuts_and_refuses_a_symlink(self, tmp_path: Path) -> None:
+        log = tmp_path / "run.jsonl"
+        log.write_bytes(b'{"a": 1}\n{"b"')
+        cut_to(log, 9)
+        assert log.read_bytes() == b'{"a": 1}\n'
+        (tmp_path / "link").symlink_to(log)
+        with pytest.raises(OSError):
+            cut_to(tmp_path / "link", 0)
+        assert log.read_bytes() == b'{"a": 1}\n'
+
+    def test_append_whole_leaves_no_fragment_when_a_write_fails(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        log = tmp_path / "log.jsonl"
+        log.write_bytes(b"one\n")
+        fd = os.open(log, os.O_RDWR | os.O_APPEND)
+        try:
+            append_whole(fd, b"two\n", 4)
+            assert log.read_bytes() == b"one\ntwo\n"
+
+            def half_then_full(fd: int, data: bytes) -> None:
+                os.write(fd, data[:3])
+                raise OSError(28, "No space left on device")
+
+            monkeypatch.setattr(fsutil, "write_all", half_then_full)
+            with pytest.raises(OSError, match="No space"):
+                append_whole(fd, b"three\n", 8)
+        finally:
+            os.close(fd)
+        assert log.read_bytes() == b"one\ntwo\n"
+
+    def test_unnamed_file_reads_back_from_the_start(self) -> None:
+        fd = unnamed_file(b"packet")
+        try:
+            assert os.read(fd, 100) == b"packet"
+            assert os.fstat(fd).st_nlink == 0  # no name anywhere
+        finally:
+            os.close(fd)
+
+    def test_copy_tree_copies_into_an_existing_folder(self, tmp_path: Path) -> None:
+        (tmp_path / "src" / "sub").mkdir(parents=True)
+        (tmp_path / "src" / "sub" / "f.txt").write_text("x")
+        (tmp_path / "dest").mkdir()
+        copy_tree(tmp_path / "src", tmp_path / "dest")
+        assert (tmp_path / "dest" / "sub" / "f.txt").read_text() == "x"
 
 
 class TestReading:

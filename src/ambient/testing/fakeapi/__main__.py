@@ -10,6 +10,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from ambient.storage.fsutil import atomic_write
+
 from .. import fakeapi
 from .anthropic import FakeAnthropic
 from .openai import FakeOpenAI
@@ -33,9 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     api = cls(port=args.port, delay_s=args.delay_s)
     with api:
         if args.port_file is not None:
-            tmp = args.port_file.with_name(args.port_file.name + ".tmp")
-            tmp.write_text(f"{api.port}\n")
-            tmp.replace(args.port_file)
+            atomic_write(args.port_file, f"{api.port}\n", durable=False)
         sys.stdout.write(api.url + "\n")
         sys.stdout.flush()
         stop.wait()
