@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,24 @@ def test_demo_runs_the_example_brain_until_it_waits_on_you(tmp_path: Path) -> No
     assert escs["feature-chain"]["kind"] == "gate"
     assert "approve" in [o["key"] for o in escs["feature-chain"]["options"]]
     assert brain.status()["daemon"]["up"] is False  # the demo's daemon is gone once it is idle
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the agent user is ambient's own user unless ambient runs as root")
+def test_init_run_as_root_says_when_the_agent_user_cannot_reach_the_brain(tmp_path: Path) -> None:
+    """`ambient init` as root in a folder others cannot search: the agents would all fail to start as the agent
+    user, so init says so at once, naming the folder and the fixes, and still makes the brain."""
+    closed = Path(tempfile.mkdtemp(prefix="ambient-closed-"))  # 0700, in the system's temp dir others search
+    try:
+        res = run([*AMBIENT, "init", str(closed / "brain")], agents=False)
+        assert res.rc == 0, res
+        assert f"cannot reach the brain: {closed} is not searchable by others" in res.err, res
+        assert f"chmod o+x {closed}" in res.err and "agent_user" in res.err, res
+        assert (closed / "brain" / "agents").is_dir()
+        closed.chmod(0o711)
+        again = run([*AMBIENT, "init", str(closed / "other")], agents=False)
+        assert again.rc == 0 and "cannot reach the brain" not in again.err, again
+    finally:
+        shutil.rmtree(closed)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the agent user is ambient's own user unless ambient runs as root")

@@ -224,9 +224,13 @@ def test_after_a_daemon_run_and_cli_writes_every_state_file_is_0600_and_folder_0
     try:
         init = subprocess.run([PY, "-m", "ambient", "init", str(root)], capture_output=True, text=True, timeout=60)
         assert init.returncode == 0, init.stderr
+        started = ambient_cli(root, "start", "hello")  # a packet in the inbox: the daemon files it under inbox/done
+        assert started.returncode == 0, started.stderr
         run = ambient_cli(root, "run", "--until-idle", "--log-format", "json", timeout=90)
         assert run.returncode == 0, run.stderr[-2000:]
         paths = BrainPaths(root)
+        assert list((paths.inbox / "done").iterdir()), "the start packet was consumed"
+        assert "state_mode_restored" not in run.stderr, "ambient opened a state folder of its own to others"
         assert (paths.live / "hello" / "handoff.md").is_file() or (paths.live / "hello" / "log.jsonl").is_file()
         for argv in (
             ["lock", "acquire", "workspace/a.md", "sess-x"],

@@ -11,7 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ambient.cli._common import EXIT_OK, add_command, brain_dir, fail, out
+from ambient.cli._common import EXIT_OK, add_command, brain_dir, fail, out, say
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -88,4 +88,24 @@ def _init(args: argparse.Namespace) -> int:
         out(f"  ambient run{brain} --until-idle     # run the example workflow once, then exit")
     out(f"  ambient doctor{brain}               # what is wrong and how to fix it")
     out(f"  ambient config show{brain}          # the effective settings")
+    _warn_agent_user(root)
     return EXIT_OK
+
+
+def _warn_agent_user(root: Path) -> None:
+    """Run as root, ambient runs agents as its agent user: said now when that user cannot reach the brain or the
+    interpreter (Python under /root), rather than at the first agent's failure."""
+    if os.geteuid() != 0:
+        return
+    from ambient.cli._doctor.agents import unreachable_by_others
+    from ambient.runners.confinement import AGENT_USER
+
+    user = os.environ.get("AMBIENT_AGENT_USER") or AGENT_USER
+    if user == "root":
+        return
+    for what, _target, folder in unreachable_by_others(root):
+        say(
+            f"warning: run as root, ambient runs its agents as {user!r}, which cannot reach {what}: {folder} is not "
+            f"searchable by others. Fix it (`chmod o+x {folder}`), or set `agent_user` in profil/ambient.yml "
+            "(docs/agents-and-runners.md, 'Agents never run as root'); `ambient doctor` checks it again"
+        )

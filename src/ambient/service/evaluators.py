@@ -51,7 +51,7 @@ from ambient.service.escalator import StoreEscalator
 from ambient.service.notifications import NotifyService
 from ambient.service.starts import RunStarts
 from ambient.service.troubles import Troubles
-from ambient.storage.fsutil import PRIVATE_FILE, TMP_MARK, atomic_write, move
+from ambient.storage.fsutil import PRIVATE_FILE, TMP_MARK, atomic_write, move, private_dir
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamltext import MAX_CLAIM_BYTES
 from ambient.workflows.triggers import start_due
@@ -472,8 +472,7 @@ class InboxEvaluator:
 
 def _archive(path: Path) -> None:
     """Move a consumed inbox file to ``inbox/done/`` (kept for the audit, never lost)."""
-    done = path.parent / "done"
-    done.mkdir(exist_ok=True)
+    done = private_dir(path.parent / "done")  # ambient's state: 0700 like every folder of .ambient/
     move(path, done / path.name)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from ambient.storage.fsutil import TMP_MARK
+from ambient.storage.fsutil import TMP_MARK, private_dir
 from ambient.storage.paths import BrainPaths
 
 log = structlog.get_logger(__name__)
@@ -64,7 +64,10 @@ async def watch_brain(
 
     dirs = watched_dirs(paths)
     for d in dirs:
-        d.mkdir(parents=True, exist_ok=True)
+        if paths.state in d.parents:
+            private_dir(d)  # ambient's state: 0700, never a link
+        else:
+            d.mkdir(parents=True, exist_ok=True)
     if ready is not None:
         # Setting the event does not yield: the first step of ``async for`` below runs in this same task step and
         # builds the inotify watches (RustNotify) synchronously, before any waiter of ``ready`` can run.

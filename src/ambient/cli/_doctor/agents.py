@@ -4,6 +4,7 @@ models' keys of AI agents, and whether this kernel confines agents (Landlock).""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ambient.cli._doctor.findings import Finding
@@ -153,8 +154,6 @@ def check_agent_user(
     import os
     import pwd
     import stat
-    import sys
-    from pathlib import Path
 
     from ambient.runners.confinement import AGENT_USER, default_agent_user
 
@@ -176,22 +175,34 @@ def check_agent_user(
                 else "make it, or set agent_user in profil/ambient.yml to one that exists",
             )
         )
-    for what, target in (("the brain", paths.root.resolve()), ("ambient's interpreter", Path(sys.executable))):
+    for what, target, folder in unreachable_by_others(paths.root):
+        found.append(
+            Finding(
+                "warning",
+                "agent user",
+                f"{user!r} cannot reach {what} ({target}): {folder} is {stat.S_IMODE(folder.stat().st_mode):04o}",
+                f"its agents fail to start: `chmod o+x {folder}` or `setfacl -m u:{user}:x {folder}`"
+                + (", or move the brain" if what == "the brain" else ", or run agents on another program")
+                + "; or name a user in the runner (user:)",
+            )
+        )
+    return found
+
+
+def unreachable_by_others(root: Path) -> list[tuple[str, Path, Path]]:
+    """What another user (the agent user of a root daemon) cannot reach: ``(what, target, the first folder on the
+    way not searchable by others)`` for the brain and for the interpreter running ambient."""
+    import stat
+    import sys
+
+    blocked: list[tuple[str, Path, Path]] = []
+    for what, target in (("the brain", root.resolve()), ("ambient's interpreter", Path(sys.executable))):
         for folder in [*reversed(target.resolve().parents)] + ([target] if what == "the brain" else []):
             try:
                 mode = folder.stat().st_mode
             except OSError:
                 break
             if not mode & stat.S_IXOTH:
-                found.append(
-                    Finding(
-                        "warning",
-                        "agent user",
-                        f"{user!r} cannot reach {what} ({target}): {folder} is {stat.S_IMODE(mode):04o}",
-                        f"its agents fail to start: `chmod o+x {folder}` or `setfacl -m u:{user}:x {folder}`"
-                        + (", or move the brain" if what == "the brain" else ", or run agents on another program")
-                        + "; or name a user in the runner (user:)",
-                    )
-                )
+                blocked.append((what, target, folder))
                 break
-    return found
+    return blocked
