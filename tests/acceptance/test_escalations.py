@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -1115,3 +1116,22 @@ def test_status_points_to_the_notifications_section_that_exists(brain: Brain) ->
         re.sub(r"[^\w -]", "", h.lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)
     }
     assert found.group(2) in anchors, (found.group(2), sorted(anchors))
+
+
+def test_a_url_the_daemon_never_sent_to_is_not_said_up_and_one_that_failed_is_off(brain: Brain) -> None:
+    """A notification URL nobody listens on, loaded by the running daemon: `doctor` says it is not tried yet (never
+    "up"), and once the question's message fails there, says it is off (exit 1) and why."""
+    with socket.socket() as s:  # a loopback port nobody listens on once this closes
+        s.bind(("127.0.0.1", 0))
+        dead = f"json://127.0.0.1:{s.getsockname()[1]}/hook"
+    brain.config(f'notify:\n  urls: ["{dead}"]\n')
+    brain.python_agent("deploy", FAILING)
+    with brain.daemon():
+        wait(lambda: "json://" in brain.cli("doctor").out, "the daemon to say how its channels are")
+        before = brain.cli("doctor")
+        assert "is not tried yet" in before.out and "is up" not in before.out, before
+        _rollout(brain)
+        brain.wait_escalation()
+        wait(lambda: brain.cli("doctor").rc == 1, "the failed message to turn the channel off")
+        after = brain.cli("doctor")
+    assert "is off: the last message failed" in after.out, after

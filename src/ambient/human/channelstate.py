@@ -15,8 +15,9 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
-#: up: it takes messages; off: it does not (``why`` says why); checking: just (re)started, not known yet.
-State = Literal["up", "off", "checking"]
+#: up: its last message was taken; off: it does not take them (``why`` says why); checking: the Telegram bot just
+#: (re)started, being asked; untried: a URL nothing was sent to since the daemon (re)loaded it, so nobody knows yet.
+State = Literal["up", "off", "checking", "untried"]
 
 
 class ChannelState(BaseModel):
@@ -80,7 +81,7 @@ def describe(state: ChannelState) -> str:
         if state.channel == "telegram"
         else f"notification URL {state.target} is"
     )
-    how = "being checked" if state.state == "checking" else state.state
+    how = {"checking": "being checked", "untried": "not tried yet"}.get(state.state, state.state)
     why = f": {state.why}" if state.why else ""
     return f"{what} {how}{why}"
 

@@ -345,13 +345,15 @@ class NotifyService:
     # -- the channels' states
 
     def _reset_channels(self, settings: Settings, built: Notifiers) -> None:
-        """Every channel of the new notifiers: URLs up (until a send fails), the bot being checked or off."""
+        """Every channel of the new notifiers: URLs untried (until a send says up or off), the bot being checked or
+        off. A URL is never said up before a message went through it: a dead URL read "up" until the first send."""
         self.channels = {}
         if built.urls_problem is not None:
             self._set("apprise", URLS_KEY, "notify.urls", "off", built.urls_problem, write=False)
-        if built.apprise is not None:  # up until a send says otherwise (apprise itself is imported at the first)
+        if built.apprise is not None:  # apprise itself is imported at the first send
             for key, url in zip(built.apprise.keys, built.urls, strict=True):
-                self._set("apprise", key, redact_url(url, self.secrets), "up", None, write=False)
+                why = "nothing sent to it since it was loaded (`ambient notify test` sends a message)"
+                self._set("apprise", key, redact_url(url, self.secrets), "untried", why, write=False)
         tg = settings.telegram
         if tg.answers and tg.chat_id:
             key, display = telegram_key(tg.chat_id), f"telegram bot -> chat {tg.chat_id}"

@@ -59,7 +59,7 @@ async def test_a_changed_credential_rebuilds_the_channels_and_is_named_never_sho
         assert changed == [TOKEN_CREDENTIAL_NAME] and TOKEN_B not in str(changed)
         assert service.notifier is not first and TOKEN_B in service.secrets
         report = read_channels(service.state_dir)
-        assert report is not None and [(c.channel, c.state) for c in report.channels] == [("apprise", "up")]
+        assert report is not None and [(c.channel, c.state) for c in report.channels] == [("apprise", "untried")]
         assert TOKEN_B not in channels_path(service.state_dir).read_text()
     finally:
         stop.set()
