@@ -40,7 +40,7 @@ from ambient.storage.fsutil import TMP_MARK
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import load_file
-from tests.e2e.helpers import DaemonProcess, foreach_workflow, make_brain, stub_agent_md, witness
+from tests.e2e.helpers import DaemonProcess, foreach_workflow, make_brain, stub_agent_md, wait_for, witness
 
 DEFAULT_SEED = 20261130
 WORKFLOW = "chaos"
@@ -204,8 +204,11 @@ def run_iteration(
     *,
     sleep_ms: str = "10-200",
     concurrency: int = 4,
+    kill_with_agents: bool = False,
 ) -> Iteration:
-    """One brain, one fan-out, 1..max_kills kills at seeded random times, restarts until the run is done.
+    """One brain, one fan-out, 1..max_kills kills at seeded random times, restarts until the run is done
+    (``kill_with_agents``: the time counted from the moment this start's agents run, so that a loaded machine's
+    slow start does not move every kill before the first agent).
 
     Every agent holds its item's overlap witness (``--overlap-dir``): two agents of one item at once, across
     kills and restarts, leave a line in ``overlaps.log`` (issue 24, 1).
@@ -228,8 +231,11 @@ def run_iteration(
         d = DaemonProcess(paths, "--until-idle").start()
         it.starts.append(time.time())
         if len(it.kills) < planned:
+            delay = rng.uniform(*window)
+            if kill_with_agents:
+                wait_for(lambda: d.agent_pids() or d.proc is None or d.proc.poll() is not None, 60, "agents running")
             try:
-                it.final_rc = d.wait(timeout=rng.uniform(*window))
+                it.final_rc = d.wait(timeout=delay)
                 break  # finished before the kill came
             except subprocess.TimeoutExpired:
                 pass
@@ -445,12 +451,20 @@ def test_kill9_mid_fanout_ci_profile(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_kill9_of_the_daemon_alone_with_agents_outliving_it_never_runs_an_item_twice_at_once(tmp_path: Path) -> None:
-    """Issue 24, 1: agents of 0.5-3 s, 12 at once, the daemon alone killed 1-3 times as the fan-out starts: the
+    """Agents of 0.5-3 s, 12 at once, the daemon alone killed 1-3 times while they run: the
     restarts find every agent still running (started or queued at the kill) and stop it before its item runs
     again. The overlap witness stays empty."""
     seed = _seed()
     _, violations, figs = _profile(
-        tmp_path, seed, ["K1"] * 3, n_items=24, max_kills=3, window=(0.2, 1.5), sleep_ms="500-3000", concurrency=12
+        tmp_path,
+        seed,
+        ["K1"] * 3,
+        n_items=24,
+        max_kills=3,
+        window=(0.2, 1.5),
+        sleep_ms="500-3000",
+        concurrency=12,
+        kill_with_agents=True,
     )
     assert violations == [], "\n".join(violations)
     assert figs["overlaps_witnessed"] == 0

@@ -478,7 +478,7 @@ class TestKilling:
     async def test_hang_killed_at_timeout_with_sigkill(self, make_req: Callable[..., RunRequest]) -> None:
         """An agent ignoring SIGTERM is SIGKILLed after the grace period."""
         res = await CommandRunner().run(make_req(), stub("hang", "--ignore-term", timeout_s=0.5, kill_grace_s=0.3))
-        assert (res.reason, res.killed, res.exit_code) == ("timeout", True, -signal.SIGKILL)
+        assert (res.reason, res.killed, res.exit_code) == ("timeout", True, -signal.SIGKILL), res.error
         assert "timed out after 0.5 s" in (res.error or "")
         assert reaped(res.pid or 0)
 
