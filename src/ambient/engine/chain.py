@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -26,7 +26,7 @@ import structlog
 
 from ambient.engine import events
 from ambient.engine.budget import permission_signature
-from ambient.engine.events import FinishedResult
+from ambient.engine.events import FinishedResult, Ruling
 from ambient.engine.planner import (
     FINAL_QUESTION,
     GATE_OPTIONS,
@@ -592,48 +592,26 @@ class ChainExecutor(RunExecutor):
         await self._signal("ABORT", None, {"context": {"workflow": self.state.workflow, "reason": why}})
         await self._finish()
 
-    def decide(
-        self,
-        escalation: str,
-        option: str,
-        action: str,
-        *,
-        by: str,
-        channel: str,
-        latency_s: float | None,
-        note: str | None = None,
-        rule: str | None = None,
-        answer: str | None = None,
-    ) -> bool:
-        if escalation == self.state.final_escalation and escalation in self.state.escalations:
-            self.state.escalations.pop(escalation, None)
-            self.event(
-                events.decided,
-                escalation=escalation,
-                option=option,
-                action=action,
-                by=by,
-                channel=channel,
-                latency_s=latency_s,
-                note=note,
-                auto=rule is not None,
-                rule=rule,
-            )
-            self.event(events.final_gate, state="passed" if action in ("approve", "continue") else "rejected")
+    def decide(self, d: Ruling) -> bool:
+        if d.escalation == self.state.final_escalation and d.escalation in self.state.escalations:
+            self.state.escalations.pop(d.escalation, None)
+            fields = d.fields(None)
+            fields.pop("item", None)
+            fields.pop("answer", None)
+            self.event(events.decided, **fields)
+            self.event(events.final_gate, state="passed" if d.action in ("approve", "continue") else "rejected")
             self.journal.sync()
             self.poke()
             return True
-        item_name = self.state.escalations.get(escalation)
-        if action == "reset" and item_name:
+        item_name = self.state.escalations.get(d.escalation)
+        if d.action == "reset" and item_name:
             step = self.steps[self._by_name[item_name].index]
             scope = step.scope or step.name
             if self.chain.breaker is not None:
                 self.chain.breaker.reset(scope)
             self.event(events.breaker, scope=scope, fails=0, tripped=False)
-            action = "retry"
-        return super().decide(
-            escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note, rule=rule, answer=answer
-        )
+            d = replace(d, action="retry")
+        return super().decide(d)
 
     @property
     def busy(self) -> bool:

@@ -53,6 +53,7 @@ finished_run   outcome
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal, NotRequired, TypedDict, Unpack
 
 from ambient.engine.budget import HoldKind
@@ -185,6 +186,41 @@ class DecidedFields(TypedDict):
     auto: NotRequired[bool]  # decided by a learned rule
     rule: NotRequired[str | None]
     answer: NotRequired[str]  # the option as the agent proposed it, handed back to it
+
+
+@dataclass(frozen=True)
+class Ruling:
+    """A decision on an escalation, as it travels from whoever took it (the person on a channel, a learned rule, a
+    deadline) through the run manager to the run that waits on it: one value instead of ten parameters. (The
+    ``decided`` record it becomes, folded, is a :class:`Decision`.)"""
+
+    escalation: str
+    option: str  # the option's key
+    action: str  # what the engine does (retry, skip, abort, answer, approve, raise...)
+    by: str
+    channel: str
+    latency_s: float | None = None
+    note: str | None = None
+    rule: str | None = None  # the learned rule that took it (None: the person, or a deadline)
+    answer: str | None = None  # the option as the agent proposed it, handed back to it (``answer`` actions)
+
+    def fields(self, item: str | None) -> DecidedFields:
+        """The journal record's fields for the run's ``item`` (None: a question of the whole run)."""
+        fields: DecidedFields = {
+            "item": item,
+            "escalation": self.escalation,
+            "option": self.option,
+            "action": self.action,
+            "by": self.by,
+            "channel": self.channel,
+            "latency_s": self.latency_s,
+            "note": self.note,
+            "auto": self.rule is not None,
+            "rule": self.rule,
+        }
+        if self.answer is not None and self.action == "answer":
+            fields["answer"] = self.answer
+        return fields
 
 
 class SkippedFields(TypedDict):

@@ -26,7 +26,7 @@ from ambient.core.clock import Clock, SystemClock
 from ambient.core.health import resource_of
 from ambient.core.process import process_start_time
 from ambient.engine import events
-from ambient.engine.events import EscalationRecord
+from ambient.engine.events import EscalationRecord, Ruling
 from ambient.engine.journals import finished_glance, journal_problem, truncate_torn_tail
 from ambient.engine.planner import next_wakeup
 from ambient.engine.runs import RunExecutor, iso, new_run_id, run_record
@@ -359,26 +359,10 @@ class RunManager:
                 return ex
         return None
 
-    def decide(
-        self,
-        escalation: str,
-        option: str,
-        action: str,
-        *,
-        by: str,
-        channel: str,
-        latency_s: float | None = None,
-        note: str | None = None,
-        rule: str | None = None,
-        answer: str | None = None,
-    ) -> bool:
+    def decide(self, d: Ruling) -> bool:
         """Route a decision to the run that waits on it."""
-        ex = self.find_escalation(escalation)
-        if ex is None:
-            return False
-        return ex.decide(
-            escalation, option, action, by=by, channel=channel, latency_s=latency_s, note=note, rule=rule, answer=answer
-        )
+        ex = self.find_escalation(d.escalation)
+        return ex is not None and ex.decide(d)
 
     @property
     def idle(self) -> bool:

@@ -43,7 +43,7 @@ from ambient.engine.budget import (
     provider_question,
     spend_by_agent,
 )
-from ambient.engine.events import DecidedFields, FinishedFields, FinishedResult, RunEvent
+from ambient.engine.events import FinishedFields, FinishedResult, Ruling, RunEvent
 from ambient.engine.planner import ANSWER, FanOut, ItemTemplate
 from ambient.engine.ports import Attempt, AttemptResult, EscalationRequest, Ports
 from ambient.engine.records import DecisionRecord, RunRecord, StepRecord
@@ -602,44 +602,15 @@ class RunExecutor(ABC):
             if item.status != was:
                 self.ports.claims.item_changed(self.state, item)
 
-    def decide(
-        self,
-        escalation: str,
-        option: str,
-        action: str,
-        *,
-        by: str,
-        channel: str,
-        latency_s: float | None,
-        note: str | None = None,
-        rule: str | None = None,
-        answer: str | None = None,
-    ) -> bool:
-        """Apply the person's (or a rule's) decision; False if this run does not wait on it.
-
-        ``answer``: the chosen option as the agent proposed it (its key is a slug of it), handed back to the agent.
-        """
-        if escalation not in self.state.escalations:
+    def decide(self, d: Ruling) -> bool:
+        """Apply the person's (or a rule's) decision; False if this run does not wait on it."""
+        if d.escalation not in self.state.escalations:
             return False
-        item = self.state.escalations[escalation] or None
+        item = self.state.escalations[d.escalation] or None
         before = self._statuses()
-        fields: DecidedFields = {
-            "item": item,
-            "escalation": escalation,
-            "option": option,
-            "action": action,
-            "by": by,
-            "channel": channel,
-            "latency_s": latency_s,
-            "note": note,
-            "auto": rule is not None,
-            "rule": rule,
-        }
-        if answer is not None and action == ANSWER:
-            fields["answer"] = answer
-        self.event(events.decided, **fields)
+        self.event(events.decided, **d.fields(item))
         self.journal.sync()
-        if aborts_run(self.state.form, action, item):
+        if aborts_run(self.state.form, d.action, item):
             self._stop_aborted(before)
         elif item is not None:
             self.ports.claims.item_changed(self.state, self._by_name[item])

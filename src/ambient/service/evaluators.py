@@ -27,6 +27,7 @@ from ambient.claims.statusline import surely_not_open
 from ambient.claims.store import ClaimStore
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, InputError
+from ambient.engine.events import Ruling
 from ambient.engine.journals import RunGlance, run_glance
 from ambient.engine.manager import RunManager
 from ambient.engine.planner import ANSWER
@@ -324,15 +325,17 @@ class EscalationEvaluator:
                 self.respawn(esc)
             return
         ok = self.manager.decide(
-            esc.id,
-            key,
-            action,
-            by=by,
-            channel=esc.channel or "cli",
-            latency_s=esc.latency_s,
-            note=esc.note,
-            rule=rule,
-            answer=label,
+            Ruling(
+                esc.id,
+                key,
+                action,
+                by=by,
+                channel=esc.channel or "cli",
+                latency_s=esc.latency_s,
+                note=esc.note,
+                rule=rule,
+                answer=label,
+            )
         )
         if ok:
             # A line about a run carries its workflow and run id (issue 7), like the executor's own lines.

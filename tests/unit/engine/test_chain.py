@@ -12,6 +12,7 @@ import pytest
 
 from ambient.claims.claim import Claim
 from ambient.engine.chain import ChainExecutor, ChainSettings
+from ambient.engine.events import Ruling
 from ambient.engine.manager import RunManager
 from ambient.engine.planner import ChainAction, ChainStep, FanOut, ItemTemplate, judge_step
 from ambient.engine.ports import Attempt, AttemptResult, Ports
@@ -91,7 +92,7 @@ def _start(mgr: RunManager, steps=STEPS) -> str:
 
 async def _decide_last(mgr: RunManager, esc: FakeEscalator, option: str, n: int) -> None:
     assert await async_wait_until(lambda: len(esc.requests) >= n and mgr.idle, 5), esc.requests
-    assert mgr.decide(f"esc-{n}", option, option, by="human", channel="cli")
+    assert mgr.decide(Ruling(f"esc-{n}", option, option, by="human", channel="cli"))
 
 
 async def test_chain_runs_in_order_and_stops_at_human_gate(tmp_path: Path) -> None:

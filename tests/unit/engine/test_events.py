@@ -24,7 +24,7 @@ import pytest
 
 from ambient.engine.budget import Limits
 from ambient.engine.chain import ChainExecutor, ChainSettings
-from ambient.engine.events import RunEvent
+from ambient.engine.events import Ruling, RunEvent
 from ambient.engine.foreach import ForEachExecutor
 from ambient.engine.manager import RunManager
 from ambient.engine.planner import ChainAction, ChainStep, FanOut, ItemTemplate, RetryPolicy
@@ -218,14 +218,16 @@ async def test_a_fan_out_writes_its_journal_as_before(tmp_path: Path) -> None:
         run_id="sess-20260102-0304-golden-fanout-0001",
     )
     await _until(mgr, ports, 1)  # the per-run budget, reached after a and b
-    assert mgr.decide("esc-1", "raise", "raise", by="human", channel="cli", latency_s=3.5)
+    assert mgr.decide(Ruling("esc-1", "raise", "raise", by="human", channel="cli", latency_s=3.5))
     await _until(mgr, ports, 5)  # c failed, d asks, e asks a permission, f's provider holds the run
-    assert mgr.decide("esc-5", "retry", "retry", by="human", channel="telegram", latency_s=1.25, note="key renewed")
+    assert mgr.decide(
+        Ruling("esc-5", "retry", "retry", by="human", channel="telegram", latency_s=1.25, note="key renewed")
+    )
     await _until(mgr, ports, 6)  # g's own error
-    assert mgr.decide("esc-2", "skip", "skip", by="human", channel="cli")
-    assert mgr.decide("esc-3", "left", "answer", by="human", channel="cli", answer="left")
-    assert mgr.decide("esc-4", "deny", "answer", by="human", channel="cli", answer="deny")
-    assert mgr.decide("esc-6", "skip", "skip", by="ambient", channel="rule", rule="r-1")
+    assert mgr.decide(Ruling("esc-2", "skip", "skip", by="human", channel="cli"))
+    assert mgr.decide(Ruling("esc-3", "left", "answer", by="human", channel="cli", answer="left"))
+    assert mgr.decide(Ruling("esc-4", "deny", "answer", by="human", channel="cli", answer="deny"))
+    assert mgr.decide(Ruling("esc-6", "skip", "skip", by="ambient", channel="rule", rule="r-1"))
     state = await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert state.outcome == "partial"
     _golden(tmp_path, run_id, "golden-fanout")
@@ -247,7 +249,7 @@ async def test_a_daily_hold_waits_for_the_next_day_and_an_abort_ends_a_run(tmp_p
         run_id="sess-20260102-0304-golden-daily-0001",
     )
     await _until(mgr, ports, 1)
-    assert mgr.decide("esc-1", "wait", "wait", by="human", channel="cli", latency_s=0.5)
+    assert mgr.decide(Ruling("esc-1", "wait", "wait", by="human", channel="cli", latency_s=0.5))
     await asyncio.sleep(0.05)
     clock.at = T0 + timedelta(days=1)
     mgr.executors[run_id].poke()
@@ -352,15 +354,15 @@ async def test_a_chain_writes_its_journal_as_before(tmp_path: Path) -> None:
         run_id="sess-20260102-0304-golden-chain-0001",
     )
     await _until(mgr, ports, 1)  # the entry gate
-    assert mgr.decide("esc-1", "approve", "approve", by="human", channel="cli", latency_s=2.0)
+    assert mgr.decide(Ruling("esc-1", "approve", "approve", by="human", channel="cli", latency_s=2.0))
     await _until(mgr, ports, 2)  # step 3's agent asks
-    assert mgr.decide("esc-2", "yes", "answer", by="human", channel="cli", answer="yes")
+    assert mgr.decide(Ruling("esc-2", "yes", "answer", by="human", channel="cli", answer="yes"))
     await _until(mgr, ports, 3)  # step 4 has gate: human
-    assert mgr.decide("esc-3", "approve", "approve", by="human", channel="cli")
+    assert mgr.decide(Ruling("esc-3", "approve", "approve", by="human", channel="cli"))
     await _until(mgr, ports, 4)  # step 4 closed without tests
-    assert mgr.decide("esc-4", "approve", "approve", by="human", channel="cli")
+    assert mgr.decide(Ruling("esc-4", "approve", "approve", by="human", channel="cli"))
     await _until(mgr, ports, 5)  # the final result
-    assert mgr.decide("esc-5", "approve", "approve", by="human", channel="cli", latency_s=9.0)
+    assert mgr.decide(Ruling("esc-5", "approve", "approve", by="human", channel="cli", latency_s=9.0))
     state = await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert state.outcome == "success"
     _golden(tmp_path, run_id, "golden-chain")
@@ -386,9 +388,9 @@ async def test_a_failing_chain_writes_its_journal_as_before(tmp_path: Path) -> N
         run_id="sess-20260102-0304-golden-breaker-0001",
     )
     await _until(mgr, ports, 1)  # build blocked
-    assert mgr.decide("esc-1", "retry", "retry", by="human", channel="cli")
+    assert mgr.decide(Ruling("esc-1", "retry", "retry", by="human", channel="cli"))
     await _until(mgr, ports, 2)  # build failed twice on vps/: the breaker trips
-    assert mgr.decide("esc-2", "reset", "reset", by="human", channel="cli")
+    assert mgr.decide(Ruling("esc-2", "reset", "reset", by="human", channel="cli"))
     state = await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert state.outcome == "aborted"
     _golden(tmp_path, run_id, "golden-breaker")

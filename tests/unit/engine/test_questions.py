@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from ambient.engine.events import Ruling
 from ambient.engine.planner import ChainAction, ChainStep, FanOut
 from ambient.engine.runstate import HistoryError, StoredQuestion, fold, reconcile_questions
 from ambient.storage.journal import read_jsonl
@@ -106,7 +107,7 @@ async def test_a_start_asks_again_the_question_a_kill_left_unnamed_without_runni
     state = fold(read_jsonl(paths.run_journal("r")).records)
     assert state.item("a").escalation == "esc-1" and state.asking == {}
     assert claims.items["a"] == "escalated"
-    mgr.executors["r"].decide("esc-1", "left", "answer", by="human", channel="cli", latency_s=None, answer="left")
+    mgr.executors["r"].decide(Ruling("esc-1", "left", "answer", by="human", channel="cli", answer="left"))
     await asyncio.wait_for(mgr.tasks["r"], 5)
     assert [c.context.get("decision") for c in delegate.calls] == ["left"]  # the answer reached the agent, once
 
@@ -158,7 +159,7 @@ async def test_a_start_attaches_a_question_the_journal_lost_instead_of_closing_t
     assert mgr.leftovers == [("esc-8", "its run has no item zz")]
     await async_wait_until(lambda: mgr.executors["r"].waiting, timeout=5)
     assert mgr.executors["r"].state.item("a").escalation == "esc-9"
-    assert mgr.decide("esc-9", "left", "answer", by="human", channel="cli", answer="left")
+    assert mgr.decide(Ruling("esc-9", "left", "answer", by="human", channel="cli", answer="left"))
     await asyncio.wait_for(mgr.tasks["r"], 5)
     assert sorted((c.item, c.context.get("decision")) for c in delegate.calls) == [("a", "left"), ("b", None)]
     assert fold(read_jsonl(paths.run_journal("r")).records).outcome == "success"

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ambient.engine.events import Ruling
 from ambient.engine.foreach import ForEachExecutor
 from ambient.engine.manager import RunManager
 from ambient.engine.planner import FanOut, ItemTemplate, RetryPolicy
@@ -160,7 +161,7 @@ async def test_failed_item_escalates_and_retry_decision_completes(tmp_path: Path
     req = esc.requests[0]
     assert req.item == "instance-07" and [o[0] for o in req.options] == ["retry", "skip", "abort"]
     delegate.fail.clear()
-    assert mgr.decide("esc-1", "retry", "retry", by="human", channel="cli", latency_s=1.5)
+    assert mgr.decide(Ruling("esc-1", "retry", "retry", by="human", channel="cli", latency_s=1.5))
     await asyncio.wait_for(mgr.tasks[run_id], 5)
     state = fold(read_jsonl(BrainPaths(tmp_path).run_journal(run_id)).records)
     assert state.outcome == "success" and state.escalation_count == 1
@@ -177,7 +178,7 @@ async def test_skip_and_abort_decisions(tmp_path: Path) -> None:
         mgr, esc, _, _ = _manager(root, FakeDelegate(fail={"instance-02"}))
         run_id = mgr.start(workflow="w", form="for_each", spec={}, spec_hash=None, items=ITEMS[:3])
         assert await async_wait_until(lambda m=mgr, e=esc: m.idle and bool(e.requests), 5)
-        mgr.decide("esc-1", option, option, by="human", channel="cli")
+        mgr.decide(Ruling("esc-1", option, option, by="human", channel="cli"))
         state = await asyncio.wait_for(mgr.tasks[run_id], 5)
         assert state.outcome == outcome
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from ambient.engine.budget import Limits
 from ambient.engine.chain import ChainExecutor, ChainSettings
+from ambient.engine.events import Ruling
 from ambient.engine.foreach import ForEachExecutor
 from ambient.engine.manager import RunManager
 from ambient.engine.planner import ChainStep, FanOut, ItemTemplate
@@ -116,12 +117,12 @@ async def test_per_run_budget_two_items_over_one_escalation_then_raise_continues
     assert [o[0] for o in req.options] == ["raise", "raise-x2", "wait", "abort"]
     await asyncio.sleep(0.05)
     assert len(esc.requests) == 1 and len(delegate.calls) == 2  # held: asked once, nothing starts
-    assert mgr.decide("esc-1", "raise", "raise", by="human", channel="cli")
+    assert mgr.decide(Ruling("esc-1", "raise", "raise", by="human", channel="cli"))
     # $3.00 spent of $5.00 now: one more batch of two starts, then the run holds again
     assert await async_wait_until(lambda: mgr.idle and len(esc.requests) == 2, 5)
     assert len(delegate.calls) == 4
     assert "$6.00 spent against per_run_usd $2.00, $5.00 with what you allowed more" in esc.requests[1].question
-    assert mgr.decide("esc-2", "abort", "abort", by="human", channel="cli")
+    assert mgr.decide(Ruling("esc-2", "abort", "abort", by="human", channel="cli"))
     state = await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert state.outcome == "aborted" and len(delegate.calls) == 4
     rec = read_jsonl(BrainPaths(tmp_path).runs_log).records[0]
@@ -145,7 +146,7 @@ async def test_a_hold_survives_a_restart(tmp_path: Path) -> None:
     await asyncio.sleep(0.1)
     assert mgr2.idle and delegate2.calls == [] and esc2.requests == []  # held, and asked already
     assert mgr2.executors[run_id].state.holds["per_run"]["escalation"] == "esc-1"
-    assert mgr2.decide("esc-1", "raise", "raise", by="human", channel="cli")
+    assert mgr2.decide(Ruling("esc-1", "raise", "raise", by="human", channel="cli"))
     assert await async_wait_until(lambda: mgr2.idle and bool(esc2.requests), 5)
     assert [a.item for a in delegate2.calls] == ["i2"]  # one more budget's worth, then held again
     assert [o[0] for o in esc2.requests[0].options] == ["raise", "raise-x2", "wait", "abort"]  # $2 spent of $2
@@ -156,10 +157,10 @@ async def test_wait_on_a_per_run_budget_asks_again_raise_or_abort(tmp_path: Path
     mgr, esc = _manager(tmp_path, delegate, SpendMeter(lambda: Limits(per_run_usd=1.0)), concurrency=1)
     run_id = mgr.start(workflow="w", form="for_each", spec={}, spec_hash=None, items=ITEMS[:2])
     assert await async_wait_until(lambda: mgr.idle and bool(esc.requests), 5)
-    assert mgr.decide("esc-1", "wait", "wait", by="human", channel="cli")
+    assert mgr.decide(Ruling("esc-1", "wait", "wait", by="human", channel="cli"))
     assert await async_wait_until(lambda: len(esc.requests) == 2, 5)
     assert [o[0] for o in esc.requests[1].options] == ["raise", "abort"] and len(delegate.calls) == 1
-    assert mgr.decide("esc-2", "raise", "raise", by="human", channel="cli")
+    assert mgr.decide(Ruling("esc-2", "raise", "raise", by="human", channel="cli"))
     state = await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert state.outcome == "success" and len(delegate.calls) == 2
 
@@ -176,7 +177,7 @@ async def test_daily_budget_wait_continues_by_itself_the_next_utc_day(tmp_path: 
         "reached the daily budget: $1.25 spent today by all runs (UTC day 2026-03-18) against daily_usd $1.00"
         in esc.requests[0].question
     )
-    assert mgr.decide("esc-1", "wait", "wait", by="human", channel="cli")
+    assert mgr.decide(Ruling("esc-1", "wait", "wait", by="human", channel="cli"))
     await asyncio.sleep(0.01)
     assert len(delegate.calls) == 1 and len(esc.requests) == 1  # a daily wait is not asked again
     clock.at = datetime(2026, 3, 19, 0, 0, 1, tzinfo=UTC)  # the executor's timer fires at 00:00 UTC
@@ -192,7 +193,7 @@ async def test_daily_budget_raise_lifts_this_runs_cap_for_the_day(tmp_path: Path
     mgr, esc = _manager(tmp_path, delegate, meter, concurrency=1)
     run_id = mgr.start(workflow="w", form="for_each", spec={}, spec_hash=None, items=ITEMS[:2])
     assert await async_wait_until(lambda: mgr.idle and bool(esc.requests), 5)
-    assert mgr.decide("esc-1", "raise", "raise", by="human", channel="cli")
+    assert mgr.decide(Ruling("esc-1", "raise", "raise", by="human", channel="cli"))
     state = await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert state.outcome == "success" and len(esc.requests) == 1 and meter.spent(meter.day or "") == 2.0
 
@@ -232,7 +233,7 @@ async def test_provider_refusal_three_concurrent_items_one_escalation_attempts_u
     assert [(i.status, i.attempt, i.fails) for i in state.items[:3]] == [("pending", 1, 0)] * 3
     assert state.error_count == 0 and state.steps == []
     refused.clear()
-    assert mgr.decide("esc-1", "retry", "retry", by="human", channel="cli")
+    assert mgr.decide(Ruling("esc-1", "retry", "retry", by="human", channel="cli"))
     state = await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert state.outcome == "success" and state.escalation_count == 1
     again = [(a.item, a.attempt) for a in delegate.calls[3:]]
@@ -244,7 +245,7 @@ async def test_provider_hold_abort_aborts_the_run(tmp_path: Path) -> None:
     mgr, esc = _manager(tmp_path, delegate, None, concurrency=1)
     run_id = mgr.start(workflow="w", form="for_each", spec={}, spec_hash=None, items=ITEMS[:2])
     assert await async_wait_until(lambda: mgr.idle and bool(esc.requests), 5)
-    assert mgr.decide("esc-1", "abort", "abort", by="human", channel="cli")
+    assert mgr.decide(Ruling("esc-1", "abort", "abort", by="human", channel="cli"))
     state = await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert state.outcome == "aborted" and len(delegate.calls) == 1
 
@@ -279,7 +280,7 @@ async def test_permission_escalation_kind_options_and_what_replay_needs(tmp_path
     assert req.kind == "permission" and req.detail == "Bash: rm -rf build/" and req.item == "i1"
     assert req.question == "coder wants to run `rm -rf build/` in projets/feature"
     assert [o[0] for o in req.options] == ["allow", "allow always", "deny", "skip", "abort"]
-    assert mgr.decide("esc-1", "allow", "answer", by="human", channel="cli", answer="allow")
+    assert mgr.decide(Ruling("esc-1", "allow", "answer", by="human", channel="cli", answer="allow"))
     state = await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert state.outcome == "success" and delegate.calls[1].context["decision"] == "allow"
     rec = read_jsonl(BrainPaths(tmp_path).runs_log).records[0]
@@ -310,11 +311,11 @@ async def test_a_chain_holds_on_the_provider_and_asks_permissions(tmp_path: Path
     assert await async_wait_until(lambda: mgr.idle and bool(esc.requests), 5)
     assert esc.requests[0].kind == "provider" and len(delegate.calls) == 1
     refused.clear()
-    assert mgr.decide("esc-1", "retry", "retry", by="human", channel="cli")
+    assert mgr.decide(Ruling("esc-1", "retry", "retry", by="human", channel="cli"))
     assert await async_wait_until(lambda: mgr.idle and len(esc.requests) == 2, 5)
     assert esc.requests[1].kind == "permission" and esc.requests[1].detail == "Bash: rm -rf build/"
     assert [(a.item, a.attempt) for a in delegate.calls[:2]] == [("s1", 1), ("s1", 1)]
-    assert mgr.decide("esc-2", "allow", "answer", by="human", channel="cli", answer="allow")
+    assert mgr.decide(Ruling("esc-2", "allow", "answer", by="human", channel="cli", answer="allow"))
     state = await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert state.outcome == "success" and round(state.usage.cost_usd, 6) == 1.6  # s1, s2 asking, s2, s3
 
@@ -327,7 +328,7 @@ async def test_a_chain_reaching_its_budget_starts_no_further_step(tmp_path: Path
     await asyncio.sleep(0.05)
     assert [a.item for a in delegate.calls] == ["s1"] and len(esc.requests) == 1
     assert esc.requests[0].kind == "budget"
-    assert mgr.decide("esc-1", "raise", "raise", by="human", channel="cli")
+    assert mgr.decide(Ruling("esc-1", "raise", "raise", by="human", channel="cli"))
     state = await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert state.outcome == "success" and [a.item for a in delegate.calls] == ["s1", "s2"]
 
@@ -350,7 +351,7 @@ async def test_runs_and_status_show_the_cost_and_the_hold(tmp_path: Path, capsys
     lines: list[str] = []
     await asyncio.to_thread(lambda: print_status(tmp_path, write=lines.append))
     assert any("cost=$1.25 HELD: its budget" in line for line in lines)
-    mgr.decide("esc-1", "abort", "abort", by="human", channel="cli")
+    mgr.decide(Ruling("esc-1", "abort", "abort", by="human", channel="cli"))
     await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert main(["runs", "--brain", str(tmp_path)]) == 0
     assert "cost=$1.25" in capsys.readouterr().out

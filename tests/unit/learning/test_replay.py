@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from ambient.engine.chain import ChainExecutor, ChainSettings
 from ambient.engine.compile import chain_steps, fanout, item_template, items_of, retry_policy
+from ambient.engine.events import Ruling
 from ambient.engine.foreach import ForEachExecutor
 from ambient.engine.manager import RunManager
 from ambient.engine.planner import FanOut
@@ -141,7 +142,7 @@ async def _run(spec: WorkflowSpec, root: Path, agent: ScriptedAgent, person: Per
             req = person.requests[esc_id]
             key, label, action = person.choose(req) if decisions < 12 else _abort_option(req)
             decisions += 1
-            mgr.decide(esc_id, key, action, by="human", channel="cli", answer=label)
+            mgr.decide(Ruling(esc_id, key, action, by="human", channel="cli", answer=label))
     state = await task
     return run_record(state).to_json_dict()
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ambient.core.clock import Clock
+from ambient.engine.events import Ruling
 from ambient.engine.foreach import ForEachExecutor
 from ambient.engine.manager import RunManager
 from ambient.engine.planner import FanOut, ItemTemplate
@@ -86,7 +87,7 @@ async def test_the_fake_ports_drive_a_run_to_its_end(tmp_path: Path) -> None:
     assert isinstance(escalator, FakeEscalator)
     assert await async_wait_until(lambda: mgr.idle and bool(escalator.requests), 5)
     assert escalator.requests[0].item == "b"
-    assert mgr.decide("esc-1", "retry", "retry", by="human", channel="cli", latency_s=1.0)
+    assert mgr.decide(Ruling("esc-1", "retry", "retry", by="human", channel="cli", latency_s=1.0))
     await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert [a.item for a in delegate.calls].count("b") == 2
     assert sorted(a.item for a in delegate.calls) == ["a", "b", "b", "c"]
