@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ambient.core.errors import YamlError
 from ambient.human.escalation_store import to_yaml
-from ambient.human.escalations import new_escalation
+from ambient.human.escalations import EscalationDraft, new_escalation
 from ambient.storage.fsutil import atomic_write
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamltext import MAX_DEPTH, parse_yaml
@@ -294,7 +294,8 @@ def test_fuzz_each_reader_gives_problems_not_exceptions(tmp_path: Path, reader: 
 
 def _escalation_text(esc_id: str) -> str:
     esc = new_escalation(
-        workflow="good", run_id="sess-x", kind="fail", question="?", now=datetime(2026, 1, 1, tzinfo=UTC), item="a"
+        EscalationDraft(workflow="good", run_id="sess-x", kind="fail", question="?", item="a"),
+        now=datetime(2026, 1, 1, tzinfo=UTC),
     )
     return to_yaml(esc.model_copy(update={"id": esc_id}))
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ambient.human.escalation_store import EscalationStore
-from ambient.human.escalations import new_escalation
+from ambient.human.escalations import EscalationDraft, new_escalation
 from ambient.storage.paths import BrainPaths
 from tests.e2e.helpers import PY, ambient_cli
 
@@ -155,12 +155,9 @@ def test_a_symlinked_live_thread_is_a_problem_of_that_thread_only(brain: BrainPa
 
 def _escalation(paths: BrainPaths) -> str:
     esc = new_escalation(
-        workflow="hello",
-        run_id="run-1",
-        kind="fail",
-        question="Item alpha failed",
-        item="alpha",
-        agent="hello",
+        EscalationDraft(
+            workflow="hello", run_id="run-1", kind="fail", question="Item alpha failed", item="alpha", agent="hello"
+        ),
         now=datetime.now(UTC),
     )
     return EscalationStore(paths).create(esc).id

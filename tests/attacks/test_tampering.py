@@ -23,7 +23,7 @@ import pytest
 from ambient.config.workflows import load_workflow_bytes
 from ambient.engine.runstate import HistoryError, RunState, fold
 from ambient.human.escalation_store import EscalationStore
-from ambient.human.escalations import new_escalation
+from ambient.human.escalations import EscalationDraft, new_escalation
 from ambient.runners.orphans import by_journal
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
@@ -301,7 +301,8 @@ def test_status_runs_and_escalations_stay_one_line_per_entry(tmp_path: Path) -> 
     summary = {"run_id": "run-y", "workflow": "\x1b[31mw\nFAKE", "outcome": "success", "completed_at": "2026"}
     paths.runs_log.write_text(json.dumps(summary) + "\n")
     esc = new_escalation(
-        workflow="w\nFAKE", run_id="run-x", kind="fail", question="q", item=HOSTILE[0], now=datetime.now(UTC)
+        EscalationDraft(workflow="w\nFAKE", run_id="run-x", kind="fail", question="q", item=HOSTILE[0]),
+        now=datetime.now(UTC),
     )
     EscalationStore(paths).create(esc)
     for args, entries in (

@@ -23,7 +23,7 @@ import yaml
 
 from ambient.engine.planner import question_options
 from ambient.engine.runstate import aborts_run
-from ambient.human.escalations import new_escalation, timeout_decision
+from ambient.human.escalations import EscalationDraft, new_escalation, timeout_decision
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
 from tests.e2e.helpers import (
@@ -354,15 +354,17 @@ def test_reject_at_a_deadline_is_the_items_own_on_a_for_each_question() -> None:
     def expired(**where: str) -> str | None:
         kind = "question" if "fail" not in where else "fail"
         esc = new_escalation(
-            workflow="w",
-            run_id="r",
-            kind=kind,
-            question="?",
+            EscalationDraft(
+                workflow="w",
+                run_id="r",
+                kind=kind,
+                question="?",
+                options=question_options(["yes", "no"]) if kind == "question" else None,
+                timeout=timedelta(seconds=1),
+                on_timeout="reject",
+                **{k: v for k, v in where.items() if k != "fail"},
+            ),
             now=t0,
-            options=question_options(["yes", "no"]) if kind == "question" else None,
-            timeout=timedelta(seconds=1),
-            on_timeout="reject",
-            **{k: v for k, v in where.items() if k != "fail"},
         )
         out = timeout_decision(esc, t0 + timedelta(seconds=1))
         return out.decided_action if out is not None else None

@@ -311,22 +311,24 @@ def test_a_question_card_shows_what_a_learned_rule_would_choose(hostile: Brain, 
     from datetime import UTC, datetime
 
     from ambient.human.escalation_store import EscalationStore
-    from ambient.human.escalations import new_escalation
+    from ambient.human.escalations import EscalationDraft, new_escalation
     from ambient.learning.rules import RuleBook, observe
     from ambient.learning.rulestore import escalation_situation, rules_path, save_rules
     from ambient.storage.paths import BrainPaths
 
     paths = BrainPaths(hostile.root)
     esc = new_escalation(
-        workflow="batch",
-        run_id=RUN_ID,
-        kind="fail",
-        question="w failed on a: agent exited with code 1: connection to 10.0.0.3 timed out after 31s",
+        EscalationDraft(
+            workflow="batch",
+            run_id=RUN_ID,
+            kind="fail",
+            question="w failed on a: agent exited with code 1: connection to 10.0.0.3 timed out after 31s",
+            options=[("retry", "Run the item again", "retry"), ("skip", "Skip this item and go on", "skip")],
+            item="a",
+            agent="w",
+            detail="agent exited with code 1: connection to 10.0.0.3 timed out after 31s",
+        ),
         now=datetime.now(UTC),
-        options=[("retry", "Run the item again", "retry"), ("skip", "Skip this item and go on", "skip")],
-        item="a",
-        agent="w",
-        detail="agent exited with code 1: connection to 10.0.0.3 timed out after 31s",
     )
     EscalationStore(paths).create(esc)
     rules = observe([], escalation_situation(esc), "skip", "run-0", datetime.now(UTC))

@@ -13,6 +13,7 @@ import hashlib
 import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -255,60 +256,65 @@ def make_dedupe_key(
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:24]
 
 
-def new_escalation(
-    *,
-    workflow: str,
-    run_id: str,
-    kind: Kind,
-    question: str,
-    now: datetime,
-    options: Sequence[Option | Mapping[str, Any] | tuple[str, str, str]] | None = None,
-    item: str | None = None,
-    step: str | None = None,
-    agent: str | None = None,
-    timeout: timedelta | None = None,
-    on_timeout: OnTimeout | None = None,
-    remind_before: timedelta | None = None,
-    dedupe_key: str | None = None,
-    extra: Mapping[str, Any] | None = None,
-    respawn: str | None = None,
-    scope: str | None = None,
-    detail: str | None = None,
-) -> Escalation:
-    """Build a pending escalation; deadlines become absolute timestamps from ``now``.
+@dataclass(frozen=True)
+class EscalationDraft:
+    """A question before it is an escalation: who asks (workflow, run, item or step, agent), what (kind, question,
+    the agent's own words in ``detail``), the options (default: the kind's), and until when (``timeout`` without
+    ``on_timeout`` means ``escalate``: never decide for the person by default; ``remind_before`` sets a reminder
+    that long before the deadline). The single input of :func:`new_escalation`."""
 
-    ``timeout`` without ``on_timeout`` means ``escalate`` (never decide for the person by default).
-    ``remind_before`` sets a reminder that long before the deadline (ignored without a deadline).
-    """
+    workflow: str
+    run_id: str
+    kind: Kind
+    question: str
+    options: Sequence[Option | Mapping[str, Any] | tuple[str, str, str]] | None = None
+    item: str | None = None
+    step: str | None = None
+    agent: str | None = None
+    timeout: timedelta | None = None
+    on_timeout: OnTimeout | None = None
+    remind_before: timedelta | None = None
+    dedupe_key: str | None = None
+    extra: Mapping[str, Any] | None = None
+    respawn: str | None = None
+    scope: str | None = None
+    detail: str | None = None
+
+
+def new_escalation(draft: EscalationDraft, *, now: datetime) -> Escalation:
+    """A pending escalation from its draft, asked at ``now``: deadlines become absolute timestamps from it."""
+    d = draft
     _check_aware(now)
-    opts = [_as_option(o) for o in options or default_options(kind)]
+    opts = [_as_option(o) for o in d.options or default_options(d.kind)]
     if not opts:
-        raise InputError(f"an escalation of kind {kind!r} needs options; none were given")
-    text = question if len(question) <= MAX_QUESTION_CHARS else question[: MAX_QUESTION_CHARS - 1] + "…"
-    deadline = now + timeout if timeout is not None else None
+        raise InputError(f"an escalation of kind {d.kind!r} needs options; none were given")
+    text = d.question if len(d.question) <= MAX_QUESTION_CHARS else d.question[: MAX_QUESTION_CHARS - 1] + "…"
+    deadline = now + d.timeout if d.timeout is not None else None
     remind_at = None
-    if deadline is not None and remind_before is not None and remind_before > timedelta(0):
-        remind_at = max(now, deadline - remind_before)
-    data: dict[str, Any] = dict(extra or {})
+    if deadline is not None and d.remind_before is not None and d.remind_before > timedelta(0):
+        remind_at = max(now, deadline - d.remind_before)
+    dedupe_key = d.dedupe_key or make_dedupe_key(
+        workflow=d.workflow, run_id=d.run_id, kind=d.kind, item=d.item, step=d.step, question=d.question
+    )
+    data: dict[str, Any] = dict(d.extra or {})
     data.update(
         id=new_id(),
-        workflow=workflow,
-        run_id=run_id,
-        item=item,
-        step=step,
-        agent=agent,
-        respawn=respawn,
-        scope=scope,
-        detail=detail[:MAX_QUESTION_CHARS] if detail else detail,
-        kind=kind,
+        workflow=d.workflow,
+        run_id=d.run_id,
+        item=d.item,
+        step=d.step,
+        agent=d.agent,
+        respawn=d.respawn,
+        scope=d.scope,
+        detail=d.detail[:MAX_QUESTION_CHARS] if d.detail else d.detail,
+        kind=d.kind,
         question=text,
         options=[o.model_dump() for o in opts],
         created_at=now,
         deadline=deadline,
-        on_timeout=(on_timeout or "escalate") if deadline is not None else None,
+        on_timeout=(d.on_timeout or "escalate") if deadline is not None else None,
         remind_at=remind_at,
-        dedupe_key=dedupe_key
-        or make_dedupe_key(workflow=workflow, run_id=run_id, kind=kind, item=item, step=step, question=question),
+        dedupe_key=dedupe_key,
         nonce=new_nonce(),
         notify={"next_at": now},
     )
@@ -344,21 +350,23 @@ def rebuild(esc_id: str, *, workflow: str, run_id: str, request: Mapping[str, An
     at = datetime.fromisoformat(str(request["at"]))
     deadline_s, remind_s = request.get("deadline_s"), request.get("remind_before_s")
     esc = new_escalation(
-        workflow=workflow,
-        run_id=run_id,
-        kind=request["kind"],
-        question=str(request["question"]),
+        EscalationDraft(
+            workflow=workflow,
+            run_id=run_id,
+            kind=request["kind"],
+            question=str(request["question"]),
+            options=offered_options(request["options"]),
+            item=request.get("item"),
+            step=request.get("step"),
+            agent=request.get("agent"),
+            scope=request.get("scope"),
+            detail=request.get("detail", request["question"]),
+            timeout=timedelta(seconds=float(deadline_s)) if deadline_s else None,
+            on_timeout=request.get("on_timeout"),
+            remind_before=timedelta(seconds=float(remind_s)) if remind_s else None,
+            dedupe_key=request.get("dedupe_key"),
+        ),
         now=at,
-        options=offered_options(request["options"]),
-        item=request.get("item"),
-        step=request.get("step"),
-        agent=request.get("agent"),
-        scope=request.get("scope"),
-        detail=request.get("detail", request["question"]),
-        timeout=timedelta(seconds=float(deadline_s)) if deadline_s else None,
-        on_timeout=request.get("on_timeout"),
-        remind_before=timedelta(seconds=float(remind_s)) if remind_s else None,
-        dedupe_key=request.get("dedupe_key"),
     )
     return _evolve(esc, id=normalize_id(esc_id))
 

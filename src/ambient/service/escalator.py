@@ -21,7 +21,7 @@ from ambient.engine.journals import run_glance
 from ambient.engine.ports import EscalationRequest
 from ambient.engine.runstate import RunState, StoredQuestion, ended_because
 from ambient.human.escalation_store import EscalationStore
-from ambient.human.escalations import AlreadyAnsweredError, Escalation, new_escalation, offered_options
+from ambient.human.escalations import AlreadyAnsweredError, Escalation, EscalationDraft, new_escalation, offered_options
 from ambient.human.messages import Message, escalation_message
 from ambient.human.outbox import Outbox
 from ambient.human.telegram import PressResult, TelegramUser, decision_text, nonce_matches
@@ -152,22 +152,24 @@ class StoreEscalator:
         now = self.clock.now()
         options = offered_options(req.options)
         esc = new_escalation(
-            workflow=req.workflow,
-            run_id=req.run_id,
-            kind=req.kind,  # type: ignore[arg-type]
-            question=req.question,
+            EscalationDraft(
+                workflow=req.workflow,
+                run_id=req.run_id,
+                kind=req.kind,  # type: ignore[arg-type]
+                question=req.question,
+                options=options,
+                item=req.item,
+                step=req.step,
+                agent=req.agent,
+                respawn=req.respawn,
+                scope=req.scope,
+                detail=req.detail,
+                timeout=timedelta(seconds=req.deadline_s) if req.deadline_s else None,
+                on_timeout=req.on_timeout,  # type: ignore[arg-type]
+                remind_before=timedelta(seconds=req.remind_before_s) if req.remind_before_s else None,
+                dedupe_key=req.dedupe_key,
+            ),
             now=now,
-            options=options,
-            item=req.item,
-            step=req.step,
-            agent=req.agent,
-            respawn=req.respawn,
-            scope=req.scope,
-            detail=req.detail,
-            timeout=timedelta(seconds=req.deadline_s) if req.deadline_s else None,
-            on_timeout=req.on_timeout,  # type: ignore[arg-type]
-            remind_before=timedelta(seconds=req.remind_before_s) if req.remind_before_s else None,
-            dedupe_key=req.dedupe_key,
         )
         since = datetime.fromisoformat(req.since) if req.since else None
         stored = await asyncio.to_thread(self.store.create, esc, since=since, settled=req.settled)

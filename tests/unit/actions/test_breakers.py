@@ -14,7 +14,7 @@ from ambient.claims.breakers import Breaker
 from ambient.cli import main
 from ambient.core.errors import InputError
 from ambient.human.escalation_store import EscalationStore
-from ambient.human.escalations import new_escalation
+from ambient.human.escalations import EscalationDraft, new_escalation
 from ambient.query.views import RunRow
 from ambient.storage.paths import BrainPaths
 from ambient.web.pages.overview import breaker_rows
@@ -38,13 +38,15 @@ def _trip(paths: BrainPaths, scope: str) -> None:
 
 def _break_question(paths: BrainPaths, scope: str) -> str:
     esc = new_escalation(
-        workflow="ship",
-        run_id="run-7",
-        kind="circuit_break",
-        question=f"breaker tripped on {scope}",
-        step="2",
-        scope=scope,
-        options=[("reset", "Reset", "reset"), ("abort", "Abort", "abort")],
+        EscalationDraft(
+            workflow="ship",
+            run_id="run-7",
+            kind="circuit_break",
+            question=f"breaker tripped on {scope}",
+            step="2",
+            scope=scope,
+            options=[("reset", "Reset", "reset"), ("abort", "Abort", "abort")],
+        ),
         now=T0,
     )
     return EscalationStore(paths).create(esc).id

@@ -11,7 +11,7 @@ from ambient.actions.gates import move_gate, run_gate_question
 from ambient.cli import main
 from ambient.core.errors import InputError, TransitionError
 from ambient.human.escalation_store import EscalationStore
-from ambient.human.escalations import AlreadyAnsweredError, new_escalation
+from ambient.human.escalations import AlreadyAnsweredError, EscalationDraft, new_escalation
 from ambient.storage.paths import BrainPaths
 
 T0 = datetime(2026, 3, 16, 20, 36, tzinfo=UTC)
@@ -33,12 +33,14 @@ def _claim(paths: BrainPaths, sid: str, *extra: str) -> None:
 
 def _gate_question(paths: BrainPaths, run_id: str = "run-7", step: str = "2") -> str:
     esc = new_escalation(
-        workflow="ship",
-        run_id=run_id,
-        kind="gate",
-        question="deploy?",
-        step=step,
-        options=[("approve", "Approve", "approve"), ("reject", "Reject", "reject")],
+        EscalationDraft(
+            workflow="ship",
+            run_id=run_id,
+            kind="gate",
+            question="deploy?",
+            step=step,
+            options=[("approve", "Approve", "approve"), ("reject", "Reject", "reject")],
+        ),
         now=T0,
     )
     return EscalationStore(paths).create(esc).id
@@ -119,12 +121,14 @@ def test_an_item_waiting_on_a_question_is_not_approved_through_its_claim(paths: 
     approving the claim moved it on and left the run waiting (a new user's finding). Refused, naming the question;
     once answered, the claim is the person's to move again."""
     esc = new_escalation(
-        workflow="deploy",
-        run_id="run-8",
-        kind="fail",
-        question="instance-07 failed. Retry?",
-        item="instance-07",
-        options=[("retry", "Retry", "retry"), ("skip", "Skip", "skip")],
+        EscalationDraft(
+            workflow="deploy",
+            run_id="run-8",
+            kind="fail",
+            question="instance-07 failed. Retry?",
+            item="instance-07",
+            options=[("retry", "Retry", "retry"), ("skip", "Skip", "skip")],
+        ),
         now=T0,
     )
     esc_id = EscalationStore(paths).create(esc).id

@@ -118,17 +118,15 @@ def sick_brain(make_brain: Callable[..., Path]) -> Iterator[Path]:
     )
     # An escalation two days old whose notification failed three times.
     from ambient.human.escalation_store import EscalationStore
-    from ambient.human.escalations import new_escalation
+    from ambient.human.escalations import EscalationDraft, new_escalation
 
     store = EscalationStore(BrainPaths(root))
     created = datetime.now().astimezone() - timedelta(days=2)
     esc = store.create(
         new_escalation(
-            workflow="deploy-batch",
-            run_id="run-1",
-            kind="fail",
-            item="instance-07",
-            question="health check failed",
+            EscalationDraft(
+                workflow="deploy-batch", run_id="run-1", kind="fail", item="instance-07", question="health check failed"
+            ),
             now=created,
         )
     )
@@ -228,13 +226,15 @@ def test_doctor_telegram_backlog_close_to_retention(
 ) -> None:
     """Telegram answers on, daemon down for 13 h with an escalation pending and a saved press: errors with hints."""
     from ambient.human.escalation_store import EscalationStore
-    from ambient.human.escalations import new_escalation
+    from ambient.human.escalations import EscalationDraft, new_escalation
 
     root = make_brain()
     (root / "profil" / "ambient.yml").write_text("telegram:\n  answers: true\n  chat_id: '42'\n")
     paths = BrainPaths(root)
     EscalationStore(paths).create(
-        new_escalation(workflow="w", run_id="r", kind="gate", question="deploy?", now=datetime.now().astimezone())
+        new_escalation(
+            EscalationDraft(workflow="w", run_id="r", kind="gate", question="deploy?"), now=datetime.now().astimezone()
+        )
     )
     state = paths.state / "telegram.json"
     state.write_text(json.dumps({"offset": 7, "pending": [{"update_id": 6}]}))

@@ -22,6 +22,7 @@ from ambient.human.escalation_store import EscalationStore
 from ambient.human.escalations import (
     AlreadyAnsweredError,
     Escalation,
+    EscalationDraft,
     InvalidOptionError,
     UnknownEscalationError,
     find_pending,
@@ -318,7 +319,9 @@ class TestCli:
         """`ambient escalations` shows id, where, question, numbered options, deadline and how to answer."""
         a = store.create(_fail(timeout=timedelta(days=3650), on_timeout="reject"))
         b = store.create(
-            new_escalation(workflow="w", run_id="r", kind="gate", question="Ship?", step="release", now=T0)
+            new_escalation(
+                EscalationDraft(workflow="w", run_id="r", kind="gate", question="Ship?", step="release"), now=T0
+            )
         )
         store.answer(b.id, "approve", by="me", channel="cli")
         assert main(["escalations", "--brain", str(store.paths.root)]) == 0

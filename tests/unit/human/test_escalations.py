@@ -14,6 +14,7 @@ from ambient.human import escalations as esc_mod
 from ambient.human.escalations import (
     AlreadyAnsweredError,
     Escalation,
+    EscalationDraft,
     InvalidOptionError,
     Option,
     UnknownEscalationError,
@@ -30,14 +31,16 @@ T0 = datetime(2026, 3, 16, 20, 36, tzinfo=UTC)
 
 def _fail(item: str = "instance-03", *, now: datetime = T0, **kw: Any) -> Escalation:
     return new_escalation(
-        workflow="deploy-batch",
-        run_id="run-1",
-        kind="fail",
-        question=f"Item {item} failed: exit code 1",
-        item=item,
-        agent="deploy",
+        EscalationDraft(
+            workflow="deploy-batch",
+            run_id="run-1",
+            kind="fail",
+            question=f"Item {item} failed: exit code 1",
+            item=item,
+            agent="deploy",
+            **kw,
+        ),
         now=now,
-        **kw,
     )
 
 
@@ -58,12 +61,14 @@ class TestCreate:
         assert e.deadline == T0 + timedelta(hours=2)
         assert e.remind_at == T0 + timedelta(hours=1, minutes=30)
         assert e.on_timeout == "escalate"
-        gate = new_escalation(workflow="w", run_id="r", kind="gate", question="Ship?", step="release", now=T0)
+        gate = new_escalation(
+            EscalationDraft(workflow="w", run_id="r", kind="gate", question="Ship?", step="release"), now=T0
+        )
         assert [o.key for o in gate.options] == ["approve", "reject"] and gate.deadline is None
-        big = new_escalation(workflow="w", run_id="r", kind="error", question="x" * 20000, now=T0)
+        big = new_escalation(EscalationDraft(workflow="w", run_id="r", kind="error", question="x" * 20000), now=T0)
         assert len(big.question) == esc_mod.MAX_QUESTION_CHARS and big.question.endswith("…")
         with pytest.raises(InputError):
-            new_escalation(workflow="w", run_id="r", kind="question", question="?", now=T0)
+            new_escalation(EscalationDraft(workflow="w", run_id="r", kind="question", question="?"), now=T0)
 
     def test_option_keys_are_checked(self) -> None:
         """Option keys are names (never only digits, so '2' always means the second option), unique in any case."""
@@ -72,23 +77,30 @@ class TestCreate:
         with pytest.raises(ValueError, match="key"):
             Option(key="yes, deploy", label="two", action="retry")
         e = new_escalation(
-            workflow="w",
-            run_id="r",
-            kind="question",
-            question="?",
+            EscalationDraft(
+                workflow="w",
+                run_id="r",
+                kind="question",
+                question="?",
+                options=[("Redeploy", "Redeploy now", "answer"), ("v1.2", "Roll back to 1.2", "answer")],
+            ),
             now=T0,
-            options=[("Redeploy", "Redeploy now", "answer"), ("v1.2", "Roll back to 1.2", "answer")],
         )
         assert [o.key for o in e.options] == ["Redeploy", "v1.2"]  # kept as the workflow spells them
         assert decide(e, "redeploy", by="a", channel="cli", now=T0).decision == "Redeploy"
         with pytest.raises(ValueError, match="unique"):
             new_escalation(
-                workflow="w",
-                run_id="r",
-                kind="question",
-                question="?",
+                EscalationDraft(
+                    workflow="w",
+                    run_id="r",
+                    kind="question",
+                    question="?",
+                    options=[
+                        {"key": "a", "label": "A", "action": "continue"},
+                        {"key": "A", "label": "B", "action": "x"},
+                    ],
+                ),
                 now=T0,
-                options=[{"key": "a", "label": "A", "action": "continue"}, {"key": "A", "label": "B", "action": "x"}],
             )
 
     @pytest.mark.parametrize(
@@ -125,12 +137,14 @@ class TestDecide:
     def test_number_and_key_agree(self, keys: list[str], data: st.DataObject) -> None:
         """For any option list, answering with number n equals answering with the n-th key."""
         e = new_escalation(
-            workflow="w",
-            run_id="r",
-            kind="question",
-            question="?",
+            EscalationDraft(
+                workflow="w",
+                run_id="r",
+                kind="question",
+                question="?",
+                options=[{"key": k, "label": k.upper(), "action": "continue"} for k in keys],
+            ),
             now=T0,
-            options=[{"key": k, "label": k.upper(), "action": "continue"} for k in keys],
         )
         n = data.draw(st.integers(min_value=1, max_value=len(keys)))
         by_number = decide(e, str(n), by="a", channel="cli", now=T0)
@@ -165,13 +179,10 @@ class TestTimeouts:
     def test_timeout_decisions(self, kind: Any, on_timeout: Any, decision: str) -> None:
         """on_timeout picks the offered option with that action (approve: approve, else continue, else skip)."""
         e = new_escalation(
-            workflow="w",
-            run_id="r",
-            kind=kind,
-            question="?",
+            EscalationDraft(
+                workflow="w", run_id="r", kind=kind, question="?", timeout=timedelta(minutes=1), on_timeout=on_timeout
+            ),
             now=T0,
-            timeout=timedelta(minutes=1),
-            on_timeout=on_timeout,
         )
         assert timeout_decision(e, T0 + timedelta(seconds=59)) is None
         out = timeout_decision(e, T0 + timedelta(minutes=1))

@@ -14,7 +14,7 @@ from ambient.claims.index import census
 from ambient.claims.store import ClaimStore
 from ambient.core.clock import utcnow
 from ambient.human.escalation_store import EscalationStore
-from ambient.human.escalations import new_escalation
+from ambient.human.escalations import EscalationDraft, new_escalation
 from ambient.query import views
 from ambient.query.schema import FORMAT
 from ambient.query.store import DB_NAME, QueryStore
@@ -76,7 +76,11 @@ def brain(tmp_path: Path) -> BrainPaths:
     _write(paths.run_journals / "run-0.jsonl", _journal("run-0", ["a"], finished=True))
     _write(paths.runs_log, _record("run-0"))
     store = EscalationStore(paths)
-    store.create(new_escalation(workflow="wf", run_id="run-1", kind="fail", question="why?", item="b", now=utcnow()))
+    store.create(
+        new_escalation(
+            EscalationDraft(workflow="wf", run_id="run-1", kind="fail", question="why?", item="b"), now=utcnow()
+        )
+    )
     return paths
 
 
@@ -204,9 +208,18 @@ def test_a_pending_escalation_answered_under_its_first_inode_is_seen(brain: Brai
     the same inode, no change of the folder."""
     escalations = EscalationStore(brain)
     esc = escalations.create(
-        new_escalation(workflow="wf", run_id="run-q", kind="fail", question="retry?", item="a",
-                       options=[("retry", "Retry", "retry"), ("skip", "Skip", "skip")], now=utcnow())
-    )  # fmt: skip
+        new_escalation(
+            EscalationDraft(
+                workflow="wf",
+                run_id="run-q",
+                kind="fail",
+                question="retry?",
+                item="a",
+                options=[("retry", "Retry", "retry"), ("skip", "Skip", "skip")],
+            ),
+            now=utcnow(),
+        )
+    )
     path = brain.escalations / f"{esc.id}.yml"
     pending = path.read_bytes()
     escalations.answer(esc.id, "skip", by="rule", channel="cli")
