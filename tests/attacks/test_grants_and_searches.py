@@ -287,7 +287,7 @@ def test_a_confined_process_reads_the_devices_it_needs_and_no_other(tmp_path: Pa
 def test_the_longest_question_reaches_telegram_whole(tmp_path: Path, char: str) -> None:
     """The longest command still asked about, of any kind of character, fits one Telegram message with its header,
     options and how to answer: nothing of it is cut."""
-    from ambient.human.messages import TELEGRAM_MAX_CHARS, format_escalation, text_length
+    from ambient.human.messages import TELEGRAM_MAX_CHARS, QuestionCard, format_escalation, text_length
 
     low, high = 0, P.MAX_ASKED_CHARS  # the longest command of this character still asked about
     while low < high:
@@ -299,15 +299,17 @@ def test_the_longest_question_reaches_telegram_whole(tmp_path: Path, char: str) 
     verdict = P.check_tool("Bash", {"command": command}, _ctx(tmp_path))
     assert verdict.action == "ask"
     title, body = format_escalation(
-        escalation_id="esc-1",
-        what="coder asks for a tool permission",
-        question=verdict.question,
-        options=list(P.OPTIONS),
-        workflow="build",
-        item="a-rather-long-item-name-" + "i" * 150,
-        agent="coder",
+        QuestionCard(
+            escalation_id="esc-1",
+            what="coder asks for a tool permission",
+            question=verdict.question,
+            options=list(P.OPTIONS),
+            workflow="build",
+            item="a-rather-long-item-name-" + "i" * 150,
+            agent="coder",
+            deadline="2026-12-08 10:00 UTC",
+        ),
         telegram_buttons=True,
-        deadline="2026-12-08 10:00 UTC",
     )
     assert "[cut:" not in body
     assert verdict.question in body

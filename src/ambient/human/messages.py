@@ -11,6 +11,7 @@ import hashlib
 import re
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -104,21 +105,26 @@ def answer_command(escalation_id: str, option: str) -> str:
     return f"ambient decide {shlex.quote(escalation_id)} {shlex.quote(option)}"
 
 
+@dataclass(frozen=True)
+class QuestionCard:
+    """What a person reads of one escalation, whatever the channel: the single input of the message formatters.
+    Every field is untrusted text (an agent's words), made plain where it is shown."""
+
+    escalation_id: str
+    what: str
+    question: str
+    options: Sequence[str]
+    workflow: str | None = None
+    item: str | None = None
+    step: str | None = None
+    agent: str | None = None
+    deadline: str | None = None
+    prediction: str | None = None  # what a learned rule in shadow would choose (you still decide)
+    nonce: str | None = None  # the Telegram buttons' proof that they belong to this question
+
+
 def format_escalation(
-    *,
-    escalation_id: str,
-    what: str,
-    question: str,
-    options: Sequence[str],
-    workflow: str | None = None,
-    item: str | None = None,
-    step: str | None = None,
-    agent: str | None = None,
-    deadline: str | None = None,
-    telegram_buttons: bool = False,
-    limit: int = TELEGRAM_MAX_CHARS,
-    reminder: bool = False,
-    prediction: str | None = None,
+    card: QuestionCard, *, telegram_buttons: bool = False, limit: int = TELEGRAM_MAX_CHARS, reminder: bool = False
 ) -> tuple[str, str]:
     """Title and body of an escalation, readable on a phone.
 
@@ -127,14 +133,16 @@ def format_escalation(
     numbered, what a learned rule in shadow would choose (``prediction``: you still decide), and exactly how to
     answer. Every field is treated as untrusted plain text.
     """
+    c = card
+    escalation_id, options, prediction, deadline = c.escalation_id, c.options, c.prediction, c.deadline
     if not options:
         raise ValueError("an escalation needs at least one option")
     opts = [clean_text(o).strip()[:100] or f"option {i}" for i, o in enumerate(options, 1)]
     head = "Reminder, decision still needed: " if reminder else "Decision needed: "
-    title = head + (clean_text(what).strip().splitlines() or ["(no summary)"])[0][:120]
+    title = head + (clean_text(c.what).strip().splitlines() or ["(no summary)"])[0][:120]
     where = [
         f"{label}: {clean_text(value).strip()[:200]}"
-        for label, value in (("Workflow", workflow), ("Item", item), ("Step", step), ("Agent", agent))
+        for label, value in (("Workflow", c.workflow), ("Item", c.item), ("Step", c.step), ("Agent", c.agent))
         if value
     ]
     head = "\n".join(where)
@@ -154,45 +162,18 @@ def format_escalation(
     # Room left for the agent's question once title, header and instructions are placed.
     placed = [p for p in (head, tail) if p]
     fixed = text_length(title) + 2 + sum(text_length(p) for p in placed) + len(placed) * text_length("\n\n")
-    question_text = cut_text(clean_text(question).strip() or "(no details)", max(limit - fixed, 40))
+    question_text = cut_text(clean_text(c.question).strip() or "(no details)", max(limit - fixed, 40))
     body = "\n\n".join(part for part in (head, question_text, tail) if part)
     return fit_message(title, body, limit)
 
 
-def escalation_message(
-    *,
-    escalation_id: str,
-    what: str,
-    question: str,
-    options: Sequence[str],
-    nonce: str | None = None,
-    telegram_buttons: bool = False,
-    workflow: str | None = None,
-    item: str | None = None,
-    step: str | None = None,
-    agent: str | None = None,
-    deadline: str | None = None,
-    reminder: bool = False,
-    prediction: str | None = None,
-) -> Message:
+def escalation_message(card: QuestionCard, *, telegram_buttons: bool = False, reminder: bool = False) -> Message:
     """A ready :class:`Message` for an escalation: :func:`format_escalation` text plus answer data.
 
     A ``reminder`` says so in its title and is a message of its own (its first message may still be queued).
     """
-    title, body = format_escalation(
-        escalation_id=escalation_id,
-        what=what,
-        question=question,
-        options=options,
-        workflow=workflow,
-        item=item,
-        step=step,
-        agent=agent,
-        deadline=deadline,
-        telegram_buttons=telegram_buttons,
-        reminder=reminder,
-        prediction=prediction,
-    )
+    title, body = format_escalation(card, telegram_buttons=telegram_buttons, reminder=reminder)
+    escalation_id, options, nonce = card.escalation_id, card.options, card.nonce
     return Message(
         title=title,
         body=body,

@@ -22,7 +22,7 @@ from ambient.engine.ports import EscalationRequest
 from ambient.engine.runstate import RunState, StoredQuestion, ended_because
 from ambient.human.escalation_store import EscalationStore
 from ambient.human.escalations import AlreadyAnsweredError, Escalation, EscalationDraft, new_escalation, offered_options
-from ambient.human.messages import Message, escalation_message
+from ambient.human.messages import Message, QuestionCard, escalation_message
 from ambient.human.outbox import Outbox
 from ambient.human.telegram import PressResult, TelegramUser, decision_text, nonce_matches
 from ambient.learning.rules import (
@@ -291,19 +291,21 @@ class StoreEscalator:
             except (AmbientError, OSError) as exc:  # a broken rules file never keeps a question from you
                 log.warning("prediction_failed", escalation=esc.id, error=str(exc))
         msg = escalation_message(
-            escalation_id=esc.id,
-            what=what,
-            question=esc.question,
-            options=[o.key for o in esc.options],
-            nonce=esc.nonce,
+            QuestionCard(
+                escalation_id=esc.id,
+                what=what,
+                question=esc.question,
+                options=[o.key for o in esc.options],
+                nonce=esc.nonce,
+                workflow=esc.workflow,
+                item=esc.item,
+                step=esc.step,
+                agent=esc.agent,
+                deadline=esc.deadline.isoformat(timespec="minutes") if esc.deadline else None,
+                prediction=prediction,
+            ),
             telegram_buttons=self.buttons,
-            workflow=esc.workflow,
-            item=esc.item,
-            step=esc.step,
-            agent=esc.agent,
-            deadline=esc.deadline.isoformat(timespec="minutes") if esc.deadline else None,
             reminder=reminder,
-            prediction=prediction,
         )
         await asyncio.to_thread(self.outbox.put, msg, self.clock.now(), skip=skip, hasten=hasten)
         if self.wake_outbox is not None:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from ambient.human.messages import (
     TELEGRAM_MAX_CHARS,
     Message,
+    QuestionCard,
     clean_text,
     cut_text,
     escalation_message,
@@ -21,14 +22,16 @@ EVIL = '<a href="https://evil.example/approve">Approve now</a> '
 
 def _message(question: str = "The summariser failed 3 times: timeout.") -> Message:
     return escalation_message(
-        escalation_id="e-abc123",
-        what="item failed",
-        question=question,
-        options=["retry", "skip", "abort"],
-        workflow="weekly-review",
-        item="notes/a.md",
-        step="summarise",
-        agent="writer",
+        QuestionCard(
+            escalation_id="e-abc123",
+            what="item failed",
+            question=question,
+            options=["retry", "skip", "abort"],
+            workflow="weekly-review",
+            item="notes/a.md",
+            step="summarise",
+            agent="writer",
+        )
     )
 
 
@@ -36,12 +39,14 @@ class TestFormat:
     def test_escalation_is_readable(self) -> None:
         """The body says what happened, where, the numbered options and the exact answer command."""
         title, body = format_escalation(
-            escalation_id="e-abc123",
-            what="item failed",
-            question="Timeout after 120 s.",
-            options=["retry", "skip", "abort"],
-            workflow="weekly-review",
-            item="notes/a.md",
+            QuestionCard(
+                escalation_id="e-abc123",
+                what="item failed",
+                question="Timeout after 120 s.",
+                options=["retry", "skip", "abort"],
+                workflow="weekly-review",
+                item="notes/a.md",
+            )
         )
         assert title == "Decision needed: item failed"
         assert "Workflow: weekly-review" in body and "Item: notes/a.md" in body
@@ -52,19 +57,20 @@ class TestFormat:
     def test_buttons_mentioned_when_enabled(self) -> None:
         """With Telegram buttons on, the message says the person can tap one."""
         _, body = format_escalation(
-            escalation_id="e-1", what="gate", question="ok?", options=["approve", "reject"], telegram_buttons=True
+            QuestionCard(escalation_id="e-1", what="gate", question="ok?", options=["approve", "reject"]),
+            telegram_buttons=True,
         )
         assert "tap one of the buttons under this message in Telegram" in body
 
     def test_options_with_spaces_are_quoted(self) -> None:
         """The answer command is shell-quoted."""
-        _, body = format_escalation(escalation_id="e-1", what="x", question="q", options=["retry later"])
+        _, body = format_escalation(QuestionCard(escalation_id="e-1", what="x", question="q", options=["retry later"]))
         assert "ambient decide e-1 'retry later'" in body
 
     def test_long_agent_text_is_cut_but_instructions_survive(self) -> None:
         """S-09: 5000 characters of agent text are cut so the message fits 4096; options and answer stay."""
         title, body = format_escalation(
-            escalation_id="e-abc123", what="x", question=EVIL + "y" * 5000, options=["retry", "skip"]
+            QuestionCard(escalation_id="e-abc123", what="x", question=EVIL + "y" * 5000, options=["retry", "skip"])
         )
         assert text_length(title) + 2 + text_length(body) <= TELEGRAM_MAX_CHARS
         assert "[cut:" in body and "2. skip" in body and "ambient decide e-abc123" in body
@@ -82,7 +88,7 @@ class TestFormat:
     ) -> None:
         """Whatever the agent wrote, the message fits 4096 and still ends with how to answer."""
         title, body = format_escalation(
-            escalation_id="e-1", what=what, question=question, options=options, workflow=workflow
+            QuestionCard(escalation_id="e-1", what=what, question=question, options=options, workflow=workflow)
         )
         assert text_length(title) + 2 + text_length(body) <= TELEGRAM_MAX_CHARS
         assert "ambient decide e-1 OPTION" in body and body.endswith("Ref: e-1")
@@ -99,7 +105,7 @@ class TestFormat:
     def test_needs_options(self) -> None:
         """An escalation without options is a programming error."""
         with pytest.raises(ValueError, match="at least one option"):
-            format_escalation(escalation_id="e-1", what="x", question="q", options=[])
+            format_escalation(QuestionCard(escalation_id="e-1", what="x", question="q", options=[]))
 
     def test_dedupe_id_defaults(self) -> None:
         """An escalation's dedupe id comes from its id; other messages from their content."""

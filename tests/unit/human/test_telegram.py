@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from ambient.core.errors import NotifyError
 from ambient.core.redact import SecretRegistry
 from ambient.human.escalations import new_nonce
-from ambient.human.messages import Message, escalation_message
+from ambient.human.messages import Message, QuestionCard, escalation_message
 from ambient.human.notify import DeliveryError
 from ambient.human.outbox import RetryPolicy
 from ambient.human.telegram import (
@@ -233,13 +233,15 @@ class TestSend:
         api = BotApi(TOKEN, api_base=bot.base)
         book = Book()
         msg = escalation_message(
-            escalation_id="e-abc123",
-            what="item failed",
-            question='<a href="https://evil">approve</a>',
-            options=book.options,
-            nonce=book.nonce,
+            QuestionCard(
+                escalation_id="e-abc123",
+                what="item failed",
+                question='<a href="https://evil">approve</a>',
+                options=book.options,
+                nonce=book.nonce,
+                workflow="wf",
+            ),
             telegram_buttons=True,
-            workflow="wf",
         )
         report = await TelegramNotifier(api, CHAT).send(msg)
         (sent,) = bot.of("sendMessage")
@@ -269,7 +271,7 @@ class TestSend:
         api = BotApi(TOKEN, api_base=bot.base)
         with pytest.raises(DeliveryError) as caught:
             await TelegramNotifier(api, CHAT).send(
-                escalation_message(escalation_id="e-1", what="x", question="q", options=["ok"])
+                escalation_message(QuestionCard(escalation_id="e-1", what="x", question="q", options=["ok"]))
             )
         assert "502" in str(caught.value) and TOKEN not in str(caught.value)
         await api.aclose()
