@@ -8,7 +8,8 @@ One SPAWN is one Claude Code session (or the resumption of one):
   (the agent is told why; the live thread records it) or a question for the person. A question ends the session at
   once (the tool call is interrupted) and the item answers ESCALATE with ``allow | allow always | deny``; the answer
   comes back as ``payload.context.decision`` and the session is *resumed*: the call the person allowed goes through
-  (a grant matches the digest of the whole call), a denial is said to the agent, which ends as it chooses. Nothing
+  (a grant matches the digest of the whole call; after commands of one shape, the question also offers their
+  pattern, :mod:`ambient.runners.patterns`), a denial is said to the agent, which ends as it chooses. Nothing
   waits in memory, so an answer given after a restart, a day later, resumes the same way;
 - the session id is on disk as soon as Claude Code announces it (``.ambient/claude/items/``): a retry or an item
   interrupted by a restart resumes the session when its transcript is still there, else starts afresh; the resumed

@@ -18,7 +18,11 @@ Every tool call a Claude agent makes is put to :func:`check_tool` (through Claud
 - a question becomes an escalation: "coder wants to run `rm -rf build/` in projets/feature", answered
   ``allow`` (this call), ``allow always`` (this exact call, for this agent, from now on) or ``deny``. The question
   shows the whole call (folded over lines, with its length); a call longer than :data:`MAX_ASKED_CHARS` is not asked
-  about but denied, with the reason, since the person could not read all of it.
+  about but denied, with the reason, since the person could not read all of it;
+- once the person allowed the agent ``offer_after`` commands of one shape, a question about another also offers
+  their pattern (:func:`ambient.runners.patterns.offer`), "allow `pytest -q tests/*` for coder from now on"
+  (:func:`pattern_option`, keyed ``allow-pattern``); a pattern the person accepted allows a Bash command it stands
+  for as a whole (:func:`ambient.runners.patterns.matches`), never a longer one nor one with shell syntax.
 
 What the person allowed is a *grant*: the sha256 of the call's whole :func:`full_signature` (:func:`call_digest`),
 kept beside its display form; a call matches a grant only when the digests are equal, so two commands sharing a long
