@@ -159,9 +159,10 @@ def _literal_chars(pattern: str) -> int:
 def offer(command: str, allowed: Iterable[str], need: int) -> str | None:
     """The pattern to offer with the question about ``command``, or None: the narrowest one that stands for
     ``command`` and for at least ``need`` other commands of its shape the person allowed (``allowed``, in any
-    order); none when ``need`` is 0 (offers are off) or when the person allowed fewer."""
+    order); none when ``need`` is 0 (offers are off), when the person allowed fewer, or when ``command`` is longer
+    than :data:`MAX_PATTERN_CHARS` (its question, with the offer, must still fit one message whole)."""
     own = shape(command)
-    if need <= 0 or own is None:
+    if need <= 0 or own is None or len(command) > MAX_PATTERN_CHARS:
         return None
     alike = [a for a in dict.fromkeys(allowed) if a.strip(" \t") != command.strip(" \t") and shape(a) == own]
     if len(alike) < need:
