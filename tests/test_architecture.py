@@ -114,6 +114,7 @@ PURE: Final = frozenset(
         "runners.result",
         "runners.answer",
         "runners.pricing",
+        "runners.patterns",
         "engine.planner",
         "engine.runstate",
         "engine.events",

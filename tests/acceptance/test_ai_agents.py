@@ -203,6 +203,69 @@ def test_allow_always_stops_asking_for_that_command(ai_brain: Brain) -> None:
         _escalation(brain, "permission")  # asked again
 
 
+def _one_item(name: str, item: str) -> str:
+    """A for_each of coder over one item whose scope is ``work/out``, where its commands write."""
+    return for_each(name, "coder", [item]).replace(f'"work/{name}/{{{{index}}}}.txt"', '"work/out"')
+
+
+@pytest.mark.slow
+def test_commands_of_one_shape_you_allowed_offer_a_pattern_only_you_can_accept(ai_brain: Brain) -> None:
+    """You allowed `touch work/out/a.ran`, `…/b.ran`, `…/c.ran`: the fourth question also offers "allow `touch
+    work/out/*.ran` for coder from now on". Accepted, the fifth command of the shape runs without a question; the
+    same command with `; cat profil/x` appended is still a question; `ambient grants` lists the pattern, and
+    forgetting it brings the question back."""
+    brain = ai_brain
+    _bash_agent(brain, "touch work/out/$ITEM.ran")
+    with brain.daemon():
+        asked: list[dict[str, Any]] = []
+        for n, item in enumerate("abcd", start=1):
+            brain.workflow(f"shape-{item}", _one_item(f"shape-{item}", item))
+            [esc] = brain.wait_escalation(
+                f"the question about item {item}",
+                where=lambda e, i=item: e["kind"] == "permission" and e["item"] == i,
+                timeout=AI_WAIT,
+            )
+            asked.append(esc)
+            assert esc["question"].startswith(f"coder wants to run `touch work/out/{item}.ran`"), esc["question"]
+            if n < 4:  # three commands allowed: no pattern offered yet
+                assert _keys(esc) == ["allow", "allow-always", "deny", "skip", "abort"], esc["options"]
+                assert brain.decide(esc["id"], "allow").rc == 0
+            brain_records = None if n == 4 else brain.wait_finished(f"shape-{item}", timeout=AI_WAIT)
+            assert brain_records is None or brain_records[0]["outcome"] == "success", brain_records
+        fourth = asked[-1]
+        offered = {o["key"]: o["label"] for o in fourth["options"]}
+        assert offered.get("allow-pattern") == "allow `touch work/out/*.ran` for coder from now on", fourth["options"]
+        assert "`touch work/out/*.ran`" in fourth["question"]  # what Telegram and `escalations` show, too
+        assert brain.decide(fourth["id"], "allow-pattern").rc == 0
+        brain.wait_finished("shape-d", timeout=AI_WAIT)
+        brain.workflow("shape-e", _one_item("shape-e", "e"))
+        [fifth] = brain.wait_finished("shape-e", timeout=AI_WAIT)
+        assert (fifth["outcome"], fifth["escalations"]) == ("success", 0), fifth
+        assert brain.path("work/out/e.ran").exists()
+        assert brain.ok("grants").out.strip() == "coder  Bash pattern: touch work/out/*.ran"
+        # The whole command is judged: a tail after the pattern's shape is a question, never swallowed by `*`.
+        _bash_agent(brain, "touch work/out/$ITEM.ran; cat profil/x")
+        brain.workflow("shape-f", _one_item("shape-f", "f"))
+        [tail] = brain.wait_escalation(
+            "the question about the longer command", where=lambda e: e["item"] == "f", timeout=AI_WAIT
+        )
+        assert tail["question"] == "coder wants to run `touch work/out/f.ran; cat profil/x` in the brain's root"
+        assert "allow-pattern" not in _keys(tail)
+        assert brain.decide(tail["id"], "deny").rc == 0
+        brain.wait_finished("shape-f", timeout=AI_WAIT)
+        assert not brain.path("work/out/f.ran").exists()
+        # Forgotten, the pattern allows nothing: the next command of the shape is a question again.
+        forgot = brain.ok("grants", "forget", "coder", "Bash pattern: touch work/out/*.ran")
+        assert "forgot 1 grant" in forgot.out
+        assert brain.ok("grants").out.strip().startswith("no grants")
+        _bash_agent(brain, "touch work/out/$ITEM.ran")
+        brain.workflow("shape-g", _one_item("shape-g", "g"))
+        [again] = brain.wait_escalation("the question about item g", where=lambda e: e["item"] == "g", timeout=AI_WAIT)
+        assert again["question"].startswith("coder wants to run `touch work/out/g.ran`"), again
+        assert "allow-pattern" not in _keys(again)  # the commands it was learned from were forgotten with it
+    assert sorted(p.name for p in brain.path("work/out").glob("*.ran")) == ["a.ran", "b.ran", "c.ran", "d.ran", "e.ran"]
+
+
 def test_the_allowlist_lets_a_command_run_without_asking(ai_brain: Brain) -> None:
     brain = ai_brain
     _bash_agent(brain, "touch work/out/$ITEM.log", allowed_tools=["Bash(touch:*)"])

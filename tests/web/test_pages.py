@@ -337,3 +337,23 @@ def test_a_question_card_shows_what_a_learned_rule_would_choose(hostile: Brain, 
     with _client(hostile_console) as http:
         for path in ("/", "/escalations", f"/runs/{RUN_ID}"):
             assert line in http.get(path).text, path
+
+
+def test_a_pattern_grant_is_listed_and_forgotten_on_the_matrix_page(hostile: Brain, hostile_console: Console) -> None:
+    """A command pattern the person accepted is listed among the grants as `ambient grants` lists it, and forgotten
+    by its button as `ambient grants forget` forgets it."""
+    from ambient.runners.claude import SessionStore
+
+    store = SessionStore(hostile.path(".ambient/claude"))
+    store.grant_pattern("coder", "pytest -q tests/*")
+    store.grant_always("coder", "Bash: make")
+    with _client(hostile_console) as http:
+        page = http.get("/matrix").text
+        assert '<td data-label="call" class="mono">Bash pattern: pytest -q tests/*</td>' in page, page[-4000:]
+        assert "allow-pattern" in page  # the card says where patterns come from
+        res = http.post(
+            "/grants/forget",
+            data={"agent": "coder", "call": "Bash pattern: pytest -q tests/*", "csrf": _csrf(page), "back": "/matrix"},
+        )
+        assert _notice(res) == ("forgot 1 grant(s) of coder: asked again from the next call", "ok")
+    assert hostile.ok("grants").out.strip() == "coder  Bash: make"

@@ -1,6 +1,8 @@
-"""The tool calls a person allowed an AI agent for good (``allow always``): listed and forgotten by ``ambient
-grants`` and the console's matrix page through these functions. A forgotten call is a question again from the
-agent's next call. The grants live in ``.ambient/claude/grants.json`` (:class:`ambient.runners.claude.SessionStore`).
+"""The tool calls a person allowed an AI agent for good (``allow always``) and the command patterns they accepted
+(``allow-pattern``, listed as ``Bash pattern: pytest -q tests/*``): listed and forgotten by ``ambient grants`` and the
+console's matrix page through these functions. A forgotten call is a question again from the agent's next call; a
+forgotten pattern takes with it the commands it was offered from, so it is offered again only after as many new
+ones. The grants live in ``.ambient/claude/grants.json`` (:class:`ambient.runners.claude.SessionStore`).
 """
 
 from __future__ import annotations
@@ -41,12 +43,13 @@ def _store(paths: BrainPaths) -> SessionStore:
 
 
 def list_grants(paths: BrainPaths) -> dict[str, list[str]]:
-    """Agent → the calls allowed for good, as stored."""
+    """Agent → the calls allowed for good and the patterns accepted, as the person reads them."""
     return _store(paths).all_grants()
 
 
 def forget_grant(paths: BrainPaths, agent: str, call: str | None = None) -> Forgotten:
-    """Forget ``call`` of ``agent`` (or every grant of it when None). Raises :class:`NoSuchGrantError` if none."""
+    """Forget ``call`` of ``agent`` (as listed, its sha256, or a pattern alone; every grant of it when None).
+    Raises :class:`NoSuchGrantError` if none."""
     dropped = _store(paths).forget(agent, call)
     if not dropped:
         raise NoSuchGrantError(f"no such grant of {agent}; `ambient grants` lists them")

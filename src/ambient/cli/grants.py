@@ -1,4 +1,5 @@
-"""``ambient grants``: the tool calls you allowed an AI agent for good (``allow always``), and forgetting them."""
+"""``ambient grants``: the tool calls you allowed an AI agent for good (``allow always``) and the command patterns you
+accepted (``allow-pattern``), and forgetting them."""
 
 from __future__ import annotations
 
@@ -13,13 +14,18 @@ if TYPE_CHECKING:  # imported in the handlers, so that other commands start fast
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``ambient grants`` and ``ambient grants forget``."""
-    p = add_command(sub, "grants", _list, "what you allowed AI agents for good (allow always); forget one")
+    p = add_command(
+        sub, "grants", _list, "what you allowed AI agents for good (allow always, allow-pattern); forget one"
+    )
     p.add_argument("--json", action="store_true", help="print the grants as JSON")
     gsub = p.add_subparsers(dest="grants_command", metavar="SUBCOMMAND")
     fp = add_command(gsub, "forget", _forget, "forget an agent's grant (or all of them): it is asked again")
     fp.add_argument("agent", metavar="AGENT")
     fp.add_argument(
-        "signature", metavar="CALL", nargs="?", help="the call as listed (e.g. 'Bash: pytest -q'), or its sha256"
+        "signature",
+        metavar="CALL",
+        nargs="?",
+        help="the call as listed (e.g. 'Bash: pytest -q' or 'Bash pattern: pytest -q tests/*'), or its sha256",
     )
 
 

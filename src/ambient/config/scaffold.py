@@ -124,9 +124,12 @@ CONFIG_TEMPLATE: Final = """\
 # Learned rules that decide alone (`ambient rules optin`): when a rule's answer leads back to the same situation on
 # the same item (a `retry` of a failure that always happens), it decides again at most auto_repeats times, the
 # second after backoff_s seconds, doubled each time; then the item is yours and the rule goes back to shadow.
+# Once you allowed an AI agent pattern_after commands of one shape (pytest -q tests/a, .../b, .../c), its next
+# question about one also offers their pattern for good (allow-pattern); 0: never offered.
 #learning:
 #  auto_repeats: 3
 #  backoff_s: 5.0
+#  pattern_after: 3
 
 # The web console, hosted by the daemon (null: not hosted; `ambient web` serves it on its own). Open the URL
 # `ambient web --url` prints (it carries the token kept in .ambient/web/token). It runs in a thread of its own,

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from ambient.core.redact import MASK, redact_url
 from ambient.engine.budget import Limits
 from ambient.learning.rules import DEFAULT_AUTO_REPEATS, DEFAULT_BACKOFF_S
+from ambient.runners.patterns import DEFAULT_PATTERN_AFTER
 from ambient.workflows.fields import SATELLITE_TYPES
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -115,10 +116,12 @@ class WebSettings(_Strict):
 class LearningSettings(_Strict):
     """How far learned rules may go alone (docs/learning-loop.md): automatic decisions that lead back to the same
     situation on one item are at most ``auto_repeats``, the second after ``backoff_s``, doubled each time; then the
-    item goes to the person and the rule back to shadow."""
+    item goes to the person and the rule back to shadow. And after how many commands of one shape the person allowed
+    an AI agent its next question offers their pattern (``pattern_after``; 0: never)."""
 
     auto_repeats: int = Field(default=DEFAULT_AUTO_REPEATS, ge=1, le=20)
     backoff_s: float = Field(default=DEFAULT_BACKOFF_S, ge=0, le=3600)
+    pattern_after: int = Field(default=DEFAULT_PATTERN_AFTER, ge=0, le=30)
 
 
 class Settings(_Strict):

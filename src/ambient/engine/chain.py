@@ -43,6 +43,7 @@ from ambient.engine.planner import (
     gate_words,
     judge_step,
     next_index,
+    permission_options,
     question_options,
     route_question,
     untested_question,
@@ -440,7 +441,7 @@ class ChainExecutor(RunExecutor):
         if signature is not None:  # a tool call the agent waits on the person for (ForEachExecutor._item_question)
             kind, detail = "permission", signature
             question = res.question or f"{agent} wants to run {signature} in step {step.name}"
-            options = question_options(res.options or ["allow", "deny"])
+            options = permission_options(res.options or [], res.permission)
         else:
             kind, detail = "question", res.question or ""
             question = res.question or f"{agent} asks a decision about step {step.name}"

@@ -27,6 +27,7 @@ from ambient.engine.planner import (
     after_attempt,
     first_open,
     next_wakeup,
+    permission_options,
     question_options,
     ready_items,
 )
@@ -298,7 +299,7 @@ class ForEachExecutor(RunExecutor):
         if signature is not None:
             # A tool call the agent waits on the person for: its question and options as it gave them; a learned
             # rule matches the exact call (learning.situation_of), never a normalised one.
-            options = question_options(res.options or ["allow", "deny"])
+            options = permission_options(res.options or [], res.permission)
             kind = "permission"
             question = res.question or f"{self.template.agent} wants to run {signature} on {item.name}"
             detail = signature

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from ambient.claims.claim import infer_close_tier
 from ambient.engine.runstate import ItemState, RunState
+from ambient.runners.patterns import ALLOW_PATTERN_KEY
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,19 @@ def question_options(proposed: Sequence[str]) -> list[tuple[str, str, str]]:
     return [(o, o, ANSWER) for o in proposed] + [
         ("skip", "Skip it and go on", "skip"),
         ("abort", "Abort the whole run", "abort"),
+    ]
+
+
+def permission_options(proposed: Sequence[str], permission: Mapping[str, Any] | None) -> list[tuple[str, str, str]]:
+    """(key, label, action) of a tool permission's question: the runner's answers as :func:`question_options`
+    offers them, the pattern's (``permission["pattern_option"]``, "allow `pytest -q tests/*` for coder from now
+    on") under the key ``allow-pattern``, so a person types one short word for it."""
+    label = permission.get("pattern_option") if isinstance(permission, Mapping) else None
+    return [
+        (ALLOW_PATTERN_KEY, text, action)
+        if action == ANSWER and label is not None and key == label
+        else (key, text, action)
+        for key, text, action in question_options(proposed or ["allow", "deny"])
     ]
 
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ambient.core.errors import InputError
 from ambient.engine.budget import bound_signature
 from ambient.learning.stats import normalise_message
+from ambient.runners.patterns import ALLOW_PATTERN_KEY
 
 RuleState = Literal["shadow", "active", "forgotten"]
 DEFAULT_PROMOTE_AFTER = 3
@@ -338,14 +339,19 @@ def predict(rules: Sequence[Rule], situation: Situation) -> Rule | None:
 #: Situations a rule learns (and predicts in the question) but never answers alone: spending more money and a
 #: refused model key are the person's whatever they answered before (an auto-``raise`` would undo the budget).
 NEVER_ALONE = frozenset({"BUDGET", "PROVIDER"})
+#: Options a rule may predict but never choose alone: a command pattern for an agent from now on is a broader grant
+#: than any answer the person gave before, and theirs to accept (runners/patterns: propose, never assume).
+NEVER_ALONE_OPTIONS = frozenset({ALLOW_PATTERN_KEY})
 
 
 def may_auto_decide(rule: Rule | None, policy: Policy, *, options: Sequence[str] | None = None) -> bool:
     """Whether ``rule`` may decide without the person: active, at least ``promote_after`` agreements,
     opted in (per rule, per workflow or globally, a workflow exclusion always wins), and its option
     among the escalation's ``options`` when they are given; never a budget or a refused key (NEVER_ALONE), never a
-    situation without words of its own (:func:`has_words`)."""
+    situation without words of its own (:func:`has_words`), never a command pattern (NEVER_ALONE_OPTIONS)."""
     if rule is None or rule.state != "active" or rule.agreements < policy.promote_after:
+        return False
+    if rule.option in NEVER_ALONE_OPTIONS:
         return False
     if rule.situation.signal in NEVER_ALONE or not rule.situation.distinct:
         return False
@@ -423,6 +429,8 @@ def shadow_hint(rule: Rule, policy: Policy) -> str:
         why = f"it {rule.lost_standing}: back in shadow, {rule.agreements}/{policy.promote_after} agreements"
     elif not rule.situation.distinct and rule.situation.signal not in NEVER_ALONE:
         why = f"never alone: no distinguishing words, {rule.agreements}/{policy.promote_after} agreements"
+    elif rule.option in NEVER_ALONE_OPTIONS:
+        why = "never alone: a command pattern is yours to accept"
     elif may_auto_decide(rule, policy):
         why = "opted in"
     elif rule.state == "active":
@@ -486,4 +494,6 @@ def standing_note(rule: Rule) -> str | None:
             f"{rule.id}: never decides alone: no distinguishing words in its situation "
             f"({rule.situation.signature!r}; the agent stated no error)"
         )
+    if rule.option in NEVER_ALONE_OPTIONS:
+        return f"{rule.id}: never decides alone: {rule.option} grants a command pattern, which only you accept"
     return None

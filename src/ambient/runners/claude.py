@@ -8,7 +8,8 @@ One SPAWN is one Claude Code session (or the resumption of one):
   (the agent is told why; the live thread records it) or a question for the person. A question ends the session at
   once (the tool call is interrupted) and the item answers ESCALATE with ``allow | allow always | deny``; the answer
   comes back as ``payload.context.decision`` and the session is *resumed*: the call the person allowed goes through
-  (a grant matches the digest of the whole call), a denial is said to the agent, which ends as it chooses. Nothing
+  (a grant matches the digest of the whole call; after commands of one shape, the question also offers their
+  pattern, :mod:`ambient.runners.patterns`), a denial is said to the agent, which ends as it chooses. Nothing
   waits in memory, so an answer given after a restart, a day later, resumes the same way;
 - the session id is on disk as soon as Claude Code announces it (``.ambient/claude/items/``): a retry or an item
   interrupted by a restart resumes the session when its transcript is still there, else starts afresh; the resumed
@@ -44,7 +45,7 @@ from typing import Any
 import structlog
 
 from ambient.core.errors import AmbientError, InputError
-from ambient.runners import claude_launch, confinement, permissions
+from ambient.runners import claude_launch, confinement, patterns, permissions
 from ambient.runners.answer import final_answer
 from ambient.runners.base import RunRequest, Watch
 from ambient.runners.config import ClaudeRunnerConfig, network_ports
@@ -74,6 +75,9 @@ MODEL_KEYS = (*KEY_NAMES, "OPENAI_API_KEY")
 #: Other variables of the daemon's environment the CLI may use (routing, not secrets of the person).
 PASSED = ("ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX")
 _MAX_STATE_BYTES = 256 * 1024
+#: Commands kept per agent among those the person allowed (``allowed.json``), the newest: what patterns come from.
+ALLOWED_KEPT = 30
+_MAX_ALLOWED_BYTES = 1024 * 1024
 _WATCH_CHARS = 1000
 
 
@@ -108,7 +112,8 @@ class ItemSession:
 
 
 class SessionStore:
-    """``.ambient/claude/items/<digest>.json`` per (run, item), and ``grants.json`` for ``allow always``."""
+    """``.ambient/claude/items/<digest>.json`` per (run, item), ``grants.json`` for ``allow always`` and the
+    patterns the person accepted, ``allowed.json`` for the commands they allowed (what a pattern is offered from)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -143,7 +148,11 @@ class SessionStore:
     def grants(self, agent: str) -> frozenset[str]:
         """What the person allowed ``agent`` for good (``allow always``): the digests of those calls (an old grant
         without one counts only when it cannot be a cut signature, :func:`permissions.grant_digest`)."""
-        return frozenset(g["sha256"] for g in self._entries().get(agent, []))
+        return frozenset(g["sha256"] for g in self._entries().get(agent, []) if "sha256" in g)
+
+    def patterns(self, agent: str) -> tuple[str, ...]:
+        """The command patterns the person allowed ``agent`` for good (:mod:`ambient.runners.patterns`)."""
+        return tuple(g["pattern"] for g in self._entries().get(agent, []) if "pattern" in g)
 
     def grant_always(self, agent: str, call: str, digest: str | None = None) -> None:
         """Allow ``agent`` the call of this digest for good (default: the digest of ``call``, its whole signature,
@@ -151,20 +160,30 @@ class SessionStore:
         digest = digest or permissions.digest_of(call)
         data = self._entries()
         mine = data.setdefault(agent, [])
-        if all(g["sha256"] != digest for g in mine):
+        if all(g.get("sha256") != digest for g in mine):
             mine.append({"call": call, "sha256": digest})
         self._write(data)
 
+    def grant_pattern(self, agent: str, pattern: str) -> None:
+        """Allow ``agent`` every command ``pattern`` stands for, for good (the person accepted it, offered with a
+        question: :func:`permissions.pattern_option`)."""
+        data = self._entries()
+        mine = data.setdefault(agent, [])
+        if all(g.get("pattern") != pattern for g in mine):
+            mine.append({"call": permissions.PATTERN_PREFIX + pattern, "pattern": pattern})
+        self._write(data)
+
     def all_grants(self) -> dict[str, list[str]]:
-        """Every ``allow always`` that still matches a call, by agent, as the person reads it."""
+        """Every ``allow always`` that still matches a call, and every pattern, by agent, as the person reads it."""
         return {a: [g["call"] for g in v] for a, v in self._entries().items() if v}
 
     def forget(self, agent: str, call: str | None = None) -> int:
-        """Drop the grants of ``agent`` whose call (as listed) or digest is ``call`` (all of them when None): that
-        call is a question again. How many were dropped."""
+        """Drop the grants of ``agent`` whose call (as listed), digest or pattern is ``call`` (all of them when
+        None): that call is a question again. A pattern forgotten takes the commands it was offered from with it
+        (:meth:`allowed`): it is offered again only after the person allows as many anew. How many were dropped."""
         data = self._entries()
         mine = data.get(agent, [])
-        kept = [g for g in mine if call is not None and call not in (g["call"], g["sha256"])]
+        kept = [g for g in mine if call is not None and call not in (g["call"], g.get("sha256"), g.get("pattern"))]
         if len(kept) == len(mine):
             return 0
         if kept:
@@ -172,20 +191,62 @@ class SessionStore:
         else:
             data.pop(agent, None)
         self._write(data)
+        gone = [g["pattern"] for g in mine if "pattern" in g and g not in kept]
+        if gone:
+            self._forget_allowed(agent, gone)
         return len(mine) - len(kept)
 
+    def allowed(self, agent: str) -> tuple[str, ...]:
+        """The plain commands the person allowed ``agent`` (``allow`` or ``allow always``), the newest last, at most
+        :data:`ALLOWED_KEPT`: what a pattern is offered from (:func:`ambient.runners.patterns.offer`)."""
+        found = self._allowed().get(agent)
+        return tuple(c for c in found if isinstance(c, str)) if isinstance(found, list) else ()
+
+    def remember_allowed(self, agent: str, command: str) -> None:
+        """Keep ``command`` among those the person allowed ``agent`` (a command no pattern may stand for is not
+        kept: it would never count)."""
+        if patterns.words(command) is None or len(command) > patterns.MAX_PATTERN_CHARS:
+            return
+        data = self._allowed()
+        mine = [c for c in self.allowed(agent) if c != command] + [command]
+        data[agent] = mine[-ALLOWED_KEPT:]
+        self._write_allowed(data)
+
+    def _forget_allowed(self, agent: str, gone: list[str]) -> None:
+        data = self._allowed()
+        data[agent] = [c for c in self.allowed(agent) if not any(patterns.matches(p, c) for p in gone)]
+        self._write_allowed(data)
+
+    def _allowed(self) -> dict[str, Any]:
+        try:
+            data = json.loads(read_capped(self.root / "allowed.json", _MAX_ALLOWED_BYTES))
+        except (OSError, ValueError, AmbientError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _write_allowed(self, data: dict[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        body = json.dumps({a: v for a, v in data.items() if v}, indent=2, sort_keys=True).encode()
+        atomic_write(self.root / "allowed.json", body, mode=0o600)
+
     def _entries(self) -> dict[str, list[dict[str, str]]]:
-        """``grants.json`` read as ``{agent: [{"call", "sha256"}]}``: an old bare signature gets the digest it may
-        still match, or is dropped when it may be a cut one."""
+        """``grants.json`` read as ``{agent: [{"call", "sha256"} or {"call", "pattern"}]}``: an old bare signature
+        gets the digest it may still match, or is dropped when it may be a cut one; a pattern that breaks the
+        rules of :func:`ambient.runners.patterns.parse` is dropped."""
         out: dict[str, list[dict[str, str]]] = {}
         for agent, found in self._grants().items():
             if not isinstance(agent, str) or not isinstance(found, list):
                 continue
             mine: list[dict[str, str]] = []
             for entry in found:
+                pattern = permissions.grant_pattern(entry)
+                if pattern is not None:
+                    if all(g.get("pattern") != pattern for g in mine):
+                        mine.append({"call": permissions.PATTERN_PREFIX + pattern, "pattern": pattern})
+                    continue
                 digest = permissions.grant_digest(entry)
                 shown = permissions.grant_display(entry)
-                if digest is not None and shown is not None and all(g["sha256"] != digest for g in mine):
+                if digest is not None and shown is not None and all(g.get("sha256") != digest for g in mine):
                     mine.append({"call": shown, "sha256": digest})
             out[agent] = mine
         return out
@@ -246,6 +307,8 @@ class ClaudeRunner:
         #: Per running SPAWN key: the tool call in progress (run, item, agent, tool, since) for ``ambient status``.
         self.current: dict[str, dict[str, Any]] = {}
         self._launcher_ready = False
+        #: ``learning.pattern_after``: commands of one shape the person allows before a pattern is offered (0: never).
+        self.pattern_after = patterns.DEFAULT_PATTERN_AFTER
 
     # -- the run
 
@@ -288,6 +351,8 @@ class ClaudeRunner:
         elif resume is not None and note is None:
             note = resume_note(req.resumed)  # why it runs again, as the run journal says: never a guess
         granted = frozenset(state.granted) | await asyncio.to_thread(self.sessions.grants, req.agent)
+        known = await asyncio.to_thread(self.sessions.patterns, req.agent)
+        allowed_before = await asyncio.to_thread(self.sessions.allowed, req.agent)
         workdir = (self.paths.root / cfg.workdir) if cfg.workdir else self.paths.root
         scope = tuple((req.packet.get("scope") or {}).get("files") or ())
         ctx = permissions.ToolContext(
@@ -297,6 +362,9 @@ class ClaudeRunner:
             scope=scope,
             allowed=tuple(cfg.allowed_tools),
             granted=granted,
+            patterns=known,
+            allowed_before=allowed_before,
+            offer_after=self.pattern_after,
         )
         run = _Attempt(req=req, ctx=ctx)
         tmp = await asyncio.to_thread(confinement.private_tmp, req.agent)
@@ -512,7 +580,11 @@ class ClaudeRunner:
             full = str(pending.get("signature", ""))
             digest = permissions.grant_digest(pending)
         what = pending.get("question") or full
-        answer = permissions.answer_of(decision)
+        offered = pending.get("pattern")
+        command = str(tool_input.get("command", "")) if tool == "Bash" and isinstance(tool_input, dict) else None
+        offered = offered if isinstance(offered, str) and command and patterns.matches(offered, command) else None
+        label = permissions.pattern_option(req.agent, offered) if offered is not None else None
+        answer = permissions.answer_of(decision, label)
         state.pending = None
         if answer == "deny":
             return f"{permissions.DENIED_BY_PERSON} (it was: {what})"
@@ -522,6 +594,10 @@ class ClaudeRunner:
             self.sessions.grant_always(req.agent, full, digest)
         elif digest not in state.granted:
             state.granted.append(digest)
+        if offered is not None and answer == "pattern":
+            self.sessions.grant_pattern(req.agent, offered)
+        if command is not None:
+            self.sessions.remember_allowed(req.agent, command)
         shown = full if len(full) <= permissions.MAX_SIGNATURE else full[: permissions.MAX_SIGNATURE] + "…"
         return f"The person allowed your tool call ({shown}). Make it again now and go on with the task."
 
@@ -529,18 +605,25 @@ class ClaudeRunner:
         verdict, call = run.asked, run.asked_call
         assert verdict is not None and call is not None
         state.pending = {**call, "signature": verdict.signature, "sha256": verdict.digest, "question": verdict.question}
+        options = list(permissions.OPTIONS)
+        permission = {
+            "tool": call["tool"],
+            "signature": verdict.signature,
+            "sha256": verdict.digest,
+            "session_id": state.session_id,
+        }
+        if verdict.pattern:  # the broader grant, offered: the person alone may accept it (its own option key)
+            state.pending["pattern"] = verdict.pattern
+            label = permissions.pattern_option(run.req.agent, verdict.pattern)
+            options.append(label)
+            permission |= {"pattern": verdict.pattern, "pattern_option": label}
         self.sessions.save(run.req.run_id, run.req.item, state)
         return AgentResult(
             status="escalate",
-            options=list(permissions.OPTIONS),
+            options=options,
             question=verdict.question,
             usage=usage,
-            permission={
-                "tool": call["tool"],
-                "signature": verdict.signature,
-                "sha256": verdict.digest,
-                "session_id": state.session_id,
-            },
+            permission=permission,
         )
 
     # -- messages

@@ -18,7 +18,11 @@ Every tool call a Claude agent makes is put to :func:`check_tool` (through Claud
 - a question becomes an escalation: "coder wants to run `rm -rf build/` in projets/feature", answered
   ``allow`` (this call), ``allow always`` (this exact call, for this agent, from now on) or ``deny``. The question
   shows the whole call (folded over lines, with its length); a call longer than :data:`MAX_ASKED_CHARS` is not asked
-  about but denied, with the reason, since the person could not read all of it.
+  about but denied, with the reason, since the person could not read all of it;
+- once the person allowed the agent ``offer_after`` commands of one shape, a question about another also offers
+  their pattern (:func:`ambient.runners.patterns.offer`), "allow `pytest -q tests/*` for coder from now on"
+  (:func:`pattern_option`, keyed ``allow-pattern``); a pattern the person accepted allows a Bash command it stands
+  for as a whole (:func:`ambient.runners.patterns.matches`), never a longer one nor one with shell syntax.
 
 What the person allowed is a *grant*: the sha256 of the call's whole :func:`full_signature` (:func:`call_digest`),
 kept beside its display form; a call matches a grant only when the digests are equal, so two commands sharing a long
@@ -39,6 +43,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
+from ambient.runners import patterns
 from ambient.runners.confinement import secret_name
 from ambient.storage.paths import STATE_DIRNAME
 
@@ -47,6 +52,9 @@ ALLOW = "allow"
 ALLOW_ALWAYS = "allow always"
 DENY = "deny"
 OPTIONS = (ALLOW, ALLOW_ALWAYS, DENY)
+#: The key of the fourth option, offered once the person allowed commands of one shape: the pattern of them
+#: (:mod:`ambient.runners.patterns`) for this agent from now on.
+ALLOW_PATTERN_KEY = patterns.ALLOW_PATTERN_KEY
 #: What the agent reads when the person said no (the model decides what to do next).
 DENIED_BY_PERSON = "The person denied this tool call. Do not try it again; go on without it or end with your answer."
 
@@ -94,18 +102,23 @@ class ToolContext:
     scope: tuple[str, ...] = ()
     allowed: tuple[str, ...] = ()
     granted: frozenset[str] = frozenset()  # digests of the calls the person allowed (call_digest)
+    patterns: tuple[str, ...] = ()  # the command patterns the person allowed for good (runners.patterns)
+    allowed_before: tuple[str, ...] = ()  # the commands the person allowed this agent, what a pattern is offered from
+    offer_after: int = 0  # how many commands of one shape before a pattern is offered (0: never)
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """``allow``, ``deny`` (``reason`` is what the agent is told) or ``ask`` (``question`` for the person).
-    ``signature`` is the whole call (:func:`full_signature`), ``digest`` what a grant of it matches."""
+    ``signature`` is the whole call (:func:`full_signature`), ``digest`` what a grant of it matches; ``pattern``
+    the command pattern the question offers too (:func:`pattern_option`), or empty."""
 
     action: Action
     reason: str = ""
     signature: str = ""
     question: str = ""
     digest: str = ""
+    pattern: str = ""
 
 
 def full_signature(tool: str, tool_input: Mapping[str, Any]) -> str:
@@ -153,6 +166,24 @@ def grant_digest(entry: object) -> str | None:
     if ": " not in entry or len(entry) >= LEGACY_SIGNATURE_CAP:
         return None
     return digest_of(entry)
+
+
+#: How ``ambient grants`` lists a command pattern the person allowed: ``Bash pattern: pytest -q tests/*``.
+PATTERN_PREFIX = "Bash pattern: "
+
+
+def pattern_option(agent: str, pattern: str) -> str:
+    """The option offering ``pattern`` to the person, as they read it (and as their answer comes back)."""
+    return f"allow `{pattern}` for {agent} from now on"
+
+
+def grant_pattern(entry: object) -> str | None:
+    """The command pattern a stored grant ``{"pattern": ...}`` allows, or None (not one, or not a valid pattern:
+    one written by hand is held to the rules of :func:`ambient.runners.patterns.parse`)."""
+    if not isinstance(entry, Mapping):
+        return None
+    found = entry.get("pattern")
+    return found if isinstance(found, str) and patterns.parse(found) is not None else None
 
 
 def grant_display(entry: object) -> str | None:
@@ -255,10 +286,18 @@ def check_tool(
         return Verdict("allow", signature=full, digest=digest)
     if tool == "Bash":
         command = str(tool_input.get("command", ""))
-        if bash_allowed(command, ctx.allowed):
+        if bash_allowed(command, ctx.allowed) or any(patterns.matches(p, command) for p in ctx.patterns):
             return Verdict("allow", signature=full, digest=digest)
         where = _rel_or_abs(ctx.workdir, ctx.brain)
-        return _ask(tool, command, full, digest, f"{ctx.agent} wants to run", f" in {where}", "command")
+        verdict = _ask(tool, command, full, digest, f"{ctx.agent} wants to run", f" in {where}", "command")
+        offered = patterns.offer(command, ctx.allowed_before, ctx.offer_after) if verdict.action == "ask" else None
+        if offered is None:
+            return verdict
+        more = (
+            f"\nYou allowed {ctx.agent} commands of this shape before: answer {ALLOW_PATTERN_KEY} to "
+            f"{pattern_option(ctx.agent, offered)} (a `*` stands for one word without spaces or shell syntax)."
+        )
+        return replace(verdict, question=verdict.question + more, pattern=offered)
     if any(name == tool and arg is None for name, arg in _tool_rules(ctx.allowed)):
         return Verdict("allow", signature=full, digest=digest)
     what = full.split(": ", 1)[1] if ": " in full else ""
@@ -459,11 +498,14 @@ def _rel_or_abs(path: Path, brain: Path) -> str:
     return path.relative_to(brain).as_posix() if brain in path.parents else str(path)
 
 
-Answer = Literal["once", "always", "deny"]
+Answer = Literal["once", "always", "pattern", "deny"]
 
 
-def answer_of(decision: str) -> Answer:
-    """The person's option, as proposed in :data:`OPTIONS`, onto what it does; anything unknown is a ``deny``."""
+def answer_of(decision: str, offered: str | None = None) -> Answer:
+    """The person's option, as proposed in :data:`OPTIONS` (or ``offered``: the label of the pattern's option,
+    :func:`pattern_option`), onto what it does; anything unknown is a ``deny``."""
+    if offered is not None and decision == offered:
+        return "pattern"
     word = " ".join(decision.lower().replace("-", " ").replace("_", " ").split())
     if word == ALLOW_ALWAYS:
         return "always"

@@ -433,6 +433,7 @@ class Daemon:
         if self.escalator.learner is not None:
             self.escalator.learner.bound = s.learning.auto_repeats
             self.escalator.learner.backoff_s = s.learning.backoff_s
+        self.claude.pattern_after = s.learning.pattern_after
         self.escalator.notifying = self.notify.active
         self.digest.hours = s.notify.digest_hours
         self.digest.enabled = s.notify.digest and self.notify.active

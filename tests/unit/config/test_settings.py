@@ -50,3 +50,12 @@ def test_any_mapping_gives_settings_and_valid_ones_are_unchanged(data: dict[str,
 def test_a_bad_environment_value_gives_the_files_own_back() -> None:
     """AMBIENT_CONCURRENCY=abc is dropped, not the file's valid `concurrency: 1` with it."""
     assert settings_salvaged({"concurrency": 1}, {"AMBIENT_CONCURRENCY": "abc"}).concurrency == 1
+
+
+def test_learning_pattern_after_is_read_and_bounded() -> None:
+    """How many commands of one shape before a pattern is offered: 3 by default, 0 turns offers off, a value out of
+    bounds falls back to the default (and `ambient validate` names it)."""
+    assert Settings().learning.pattern_after == 3
+    assert settings_salvaged({"learning": {"pattern_after": 0}}, {}).learning.pattern_after == 0
+    assert settings_salvaged({"learning": {"pattern_after": 5, "auto_repeats": 2}}, {}).learning.pattern_after == 5
+    assert settings_salvaged({"learning": {"pattern_after": -1}}, {}).learning.pattern_after == 3

@@ -195,3 +195,27 @@ async def test_every_cut_of_a_chain_whose_step_asks_resumes_waiting_on_the_perso
         assert [r.question for r in esc2.requests] in ([], ["look first"]), cut  # asked again only if unnamed
         assert delegate.calls == [], cut  # neither the step run again nor the next one started
         mgr2.tasks[run_id].cancel()
+
+
+def test_a_permissions_pattern_option_gets_its_own_short_key() -> None:
+    """The runner offers "allow `pytest -q tests/*` for coder from now on": the escalation keys it ``allow-pattern``
+    and keeps the label whole; the other answers are keyed as any agent's, then skip and abort."""
+    from ambient.engine.planner import permission_options
+    from ambient.human.escalations import offered_options
+
+    label = "allow `pytest -q tests/*` for coder from now on"
+    proposed = ["allow", "allow always", "deny", label]
+    offered = offered_options(
+        permission_options(proposed, {"signature": "Bash: pytest -q tests/d", "pattern_option": label})
+    )
+    assert [(k, text) for k, text, _ in offered] == [
+        ("allow", "allow"),
+        ("allow-always", "allow always"),
+        ("deny", "deny"),
+        ("allow-pattern", label),
+        ("skip", "Skip it and go on"),
+        ("abort", "Abort the whole run"),
+    ]
+    plain = offered_options(permission_options(proposed[:3], {"signature": "Bash: make"}))
+    assert [k for k, _, _ in plain] == ["allow", "allow-always", "deny", "skip", "abort"]
+    assert [k for k, _, _ in permission_options([], None)] == ["allow", "deny", "skip", "abort"]

@@ -56,6 +56,20 @@ class TestRules:
         assert rule.id.startswith("r-") and predict([rule], SIT) == rule
         assert not may_auto_decide(rule, Policy(auto_decide=AutoDecide(global_=True)))
 
+    def test_a_rule_never_accepts_a_command_pattern_alone(self) -> None:
+        """You answered allow-pattern four times to one tool call: the rule is active and predicts it, opted in
+        everywhere and accepted, yet it never decides alone: a command pattern is the person's to accept."""
+        sit = situation_of("build", "coder", "permission", detail="Bash: pytest -q tests/d", step="a")
+        rules: list[Any] = []
+        for i in range(4):
+            rules = observe(rules, sit, "allow-pattern", f"run-{i}", T0 + timedelta(hours=i))
+        [rule] = accept(rules, rules[0].id)
+        assert (rule.state, rule.option, rule.opted_in) == ("active", "allow-pattern", True)
+        everywhere = Policy(auto_decide=AutoDecide(global_=True))
+        assert not may_auto_decide(rule, everywhere, options=["allow", "allow-always", "deny", "allow-pattern"])
+        assert "never alone" in shadow_hint(rule, everywhere)
+        assert "only you accept" in (standing_note(rule) or "")
+
     def test_similar_situations_share_the_rule(self) -> None:
         """Situations whose messages differ only by numbers or paths are the same situation."""
         other = situation_for("deploy-batch", "deploy", "fail", "timeout after 45s on 'vps/configs/instance-07.yml'")

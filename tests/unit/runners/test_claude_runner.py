@@ -267,3 +267,67 @@ def test_the_api_port_is_the_urls(url: str, port: int) -> None:
     from ambient.runners.claude import api_port
 
     assert api_port(url) == port
+
+
+def test_a_pattern_grant_is_listed_and_forgotten_with_the_commands_it_came_from(tmp_path: Path) -> None:
+    """grants.json keeps a pattern as ``{"call": "Bash pattern: …", "pattern"}``; forgetting it (as listed, or the
+    pattern alone) drops the remembered commands it stands for, so it is offered again only after as many new
+    ones. A pattern written by hand that breaks the rules (``*``, ``make *``) is dropped."""
+    from ambient.runners.claude import SessionStore
+
+    store = SessionStore(tmp_path)
+    for command in ("pytest -q tests/a", "pytest -q tests/b", "make all", "echo x > y", "pytest -q tests/b"):
+        store.remember_allowed("coder", command)
+    assert store.allowed("coder") == ("pytest -q tests/a", "make all", "pytest -q tests/b")  # plain ones, newest last
+    store.grant_pattern("coder", "pytest -q tests/*")
+    store.grant_always("coder", "Bash: make all")
+    assert store.patterns("coder") == ("pytest -q tests/*",)
+    assert store.all_grants() == {"coder": ["Bash pattern: pytest -q tests/*", "Bash: make all"]}
+    assert store.grants("coder") == {hashlib.sha256(b"Bash: make all").hexdigest()}
+    assert store.forget("coder", "Bash pattern: pytest -q tests/*") == 1
+    assert store.patterns("coder") == ()
+    assert store.allowed("coder") == ("make all",)
+    store.grant_pattern("coder", "pytest -q tests/*")
+    assert store.forget("coder", "pytest -q tests/*") == 1
+    data = json.loads((tmp_path / "grants.json").read_text())
+    data["coder"] += [{"pattern": "*"}, {"pattern": "make *"}, {"pattern": "pytest -q tests/*; id"}]
+    (tmp_path / "grants.json").write_text(json.dumps(data))
+    assert store.patterns("coder") == ()
+    assert store.all_grants() == {"coder": ["Bash: make all"]}
+
+
+def _pending_answer(runner: ClaudeRunner, command: str, pattern: str, decision: str) -> None:
+    """The person answers ``decision`` to the question about ``command`` that offered ``pattern``."""
+    from ambient.runners.claude import ItemSession
+
+    state = ItemSession(
+        session_id="s-1",
+        pending={"tool": "Bash", "input": {"command": command}, "signature": f"Bash: {command}", "pattern": pattern},
+    )
+    req = RunRequest(
+        packet={"payload": {"context": {"decision": decision}}},
+        agent="coder",
+        run_id="r-1",
+        item="a",
+        attempt=2,
+        key="r-1/a",
+        channel_token="t",
+        brain=runner.paths.root,
+    )
+    runner._take_answer(req, state)
+
+
+def test_only_the_patterns_own_option_grants_it(tmp_path: Path) -> None:
+    """The pattern is granted when the answer is its option's label, as offered; `allow` or `allow always` grant
+    the call (and count it toward a pattern), never the pattern; a pending pattern that does not stand for its
+    command is never granted."""
+    runner = ClaudeRunner(BrainPaths(tmp_path), environ={})
+    label = "allow `pytest -q tests/*` for coder from now on"
+    _pending_answer(runner, "pytest -q tests/d", "pytest -q tests/*", "allow")
+    _pending_answer(runner, "pytest -q tests/e", "pytest -q tests/*", "allow always")
+    assert runner.sessions.patterns("coder") == ()
+    assert runner.sessions.allowed("coder") == ("pytest -q tests/d", "pytest -q tests/e")
+    _pending_answer(runner, "pytest -q other/f", "pytest -q tests/*", label)
+    assert runner.sessions.patterns("coder") == ()
+    _pending_answer(runner, "pytest -q tests/f", "pytest -q tests/*", label)
+    assert runner.sessions.patterns("coder") == ("pytest -q tests/*",)

@@ -267,3 +267,59 @@ def test_other_tools_run_when_the_allowlist_names_them() -> None:
 )
 def test_the_persons_answer_maps_onto_what_it_does(decision: str, answer: str) -> None:
     assert P.answer_of(decision) == answer
+
+
+# ---------------------------------------------------------------- command patterns
+
+ALLOWED_ABC = ("pytest -q tests/a", "pytest -q tests/b", "pytest -q tests/c")
+
+
+def test_the_question_after_three_commands_of_one_shape_offers_their_pattern() -> None:
+    v = P.check_tool("Bash", {"command": "pytest -q tests/d"}, ctx(allowed_before=ALLOWED_ABC, offer_after=3))
+    assert (v.action, v.pattern) == ("ask", "pytest -q tests/*")
+    assert v.question.startswith("coder wants to run `pytest -q tests/d` in the brain's root\n")
+    assert "answer allow-pattern to allow `pytest -q tests/*` for coder from now on" in v.question
+    assert P.pattern_option("coder", v.pattern) == "allow `pytest -q tests/*` for coder from now on"
+
+
+@pytest.mark.parametrize(
+    ("command", "allowed", "after"),
+    [
+        ("pytest -q tests/d", ALLOWED_ABC[:2], 3),  # two allowed
+        ("pytest -q tests/d", ALLOWED_ABC, 0),  # offers turned off
+        ("pytest -q tests/d; cat profil/x", ALLOWED_ABC, 3),  # not a plain command
+        ("pytest -q tests/d | sh", ALLOWED_ABC, 3),
+        ("pytest -x tests/d", ALLOWED_ABC, 3),  # another shape
+    ],
+)
+def test_no_pattern_is_offered_without_enough_commands_of_the_shape(
+    command: str, allowed: tuple[str, ...], after: int
+) -> None:
+    v = P.check_tool("Bash", {"command": command}, ctx(allowed_before=allowed, offer_after=after))
+    assert (v.action, v.pattern) == ("ask", "")
+    assert "allow-pattern" not in v.question
+
+
+@pytest.mark.parametrize(
+    ("command", "action"),
+    [
+        ("pytest -q tests/e", "allow"),
+        ("pytest  -q  tests/test_x.py", "allow"),
+        ("pytest -q tests/e; cat profil/x", "ask"),
+        ("pytest -q tests/e && rm -rf ~", "ask"),
+        ("pytest -q tests/e tests/f", "ask"),
+        ("pytest -q tests/$(cat profil/x)", "ask"),
+        ("pytest -q tests/../profil", "ask"),
+        ("pytest -q", "ask"),
+    ],
+)
+def test_a_granted_pattern_allows_the_whole_commands_it_stands_for_only(command: str, action: str) -> None:
+    assert P.check_tool("Bash", {"command": command}, ctx(patterns=("pytest -q tests/*",))).action == action
+
+
+def test_the_option_of_a_pattern_is_told_from_others_by_its_label_only() -> None:
+    label = P.pattern_option("coder", "pytest -q tests/*")
+    assert P.answer_of(label, label) == "pattern"
+    assert P.answer_of(label) == "deny"  # not offered: it means nothing
+    assert P.answer_of("allow-pattern", label) == "deny"
+    assert P.answer_of("allow always", label) == "always"
