@@ -335,6 +335,142 @@ class ReplayReport:
         return jsonable(asdict(self))  # type: ignore[no-any-return]
 
 
+@dataclass(frozen=True)
+class _Recorded:
+    """One run record of the workflow, read: what :func:`replay` needs of it."""
+
+    run_id: str
+    started: datetime
+    steps: list[Mapping[str, Any]]
+    escalations: int
+    gated: list[str]
+    reached_end: bool | None
+    decisions: list[Mapping[str, Any]]
+
+    def fates(self, spec: WorkflowSpec | None, threshold: int, breaker: dict[str, int]) -> tuple[list[Fate], list[str]]:
+        """Phase 2: its steps' fates under ``spec`` (:func:`fates`)."""
+        return fates(
+            spec,
+            self.steps,
+            gated=self.gated,
+            reached_end=self.reached_end,
+            decisions=self.decisions,
+            threshold=threshold,
+            breaker=breaker,
+        )
+
+
+#: A question the workflow would ask now: item, agent, result, what the run did then, the situation a rule judges.
+_Asked = tuple[str, str, str, str | None, Situation]
+
+
+@dataclass
+class _Tally:
+    """The counts and items of a replay as its runs are read."""
+
+    runs: int = 0
+    steps: int = 0
+    invalid: int = 0
+    recorded_escalations: int = 0
+    would_escalate: int = 0
+    decided_by_rule: int = 0
+    routed_differently: int = 0
+    unchanged: int = 0
+    uncompared: int = 0
+    items: list[ReplayItem] = field(default_factory=list)
+
+
+def _read_record(rec: Mapping[str, Any]) -> _Recorded | None:
+    """Phase 1: a run record read (None: malformed, counted invalid)."""
+    try:
+        run_id = str(rec["run_id"])
+        started = parse_time(rec["started_at"])
+        raw_steps = [s for s in (rec.get("steps") or ()) if isinstance(s["result"], str)]
+        run_escalations = rec.get("escalations", 0)
+        if not is_int(run_escalations):
+            raise TypeError("escalations")
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return _Recorded(
+        run_id,
+        started,
+        raw_steps,
+        int(run_escalations),
+        [str(g) for g in rec.get("gated") or () if isinstance(g, str | int)],
+        rec.get("reached_end") if isinstance(rec.get("reached_end"), bool) else None,
+        [d for d in rec.get("decisions") or () if isinstance(d, Mapping)],
+    )
+
+
+def _questions(
+    workflow: str,
+    spec: WorkflowSpec | None,
+    run: _Recorded,
+    now: Sequence[Fate],
+    then: Sequence[Fate] | None,
+    extra: Sequence[str],
+    tally: _Tally,
+) -> list[_Asked]:
+    """Phase 3: the questions the run's steps would raise now; the steps that would not ask are counted unchanged
+    or routed differently (against what the run did then, when its own spec is known)."""
+    asked: list[_Asked] = []
+    for name in extra:  # a gate before a step that never ran, a swarm chain's final gate: no recorded step
+        agent = _agent_of(spec, name)
+        gate = situation_of(workflow, agent, "gate", detail=_before_words(spec, name), step=name)
+        asked.append((name or "(final result)", agent, "not run", None, gate))
+    for n, s in enumerate(run.steps):
+        tally.steps += 1
+        fate = now[n]
+        before = then[n].action if then is not None else None
+        item, result, agent = str(s.get("item", "")), str(s["result"]), str(s.get("agent", ""))
+        kinds = (["gate"] if fate.gated else []) + ([fate.kind or "fail"] if fate.action == "escalate" else [])
+        if fate.gated:
+            gate = situation_of(workflow, agent, "gate", detail=_before_words(spec, item), step=item)
+            asked.append((item, agent, result, before, gate))
+        for kind in kinds[int(fate.gated) :]:
+            sit = (
+                situation_of(workflow, agent, "gate", detail=fate.words, step=item)
+                if kind == "gate" and fate.words
+                else situation_from_step(workflow, s, kind)
+            )
+            asked.append((item, agent, result, before, sit))
+        if kinds:
+            continue
+        if before is not None and before != fate.action:
+            tally.routed_differently += 1
+            tally.items.append(
+                ReplayItem(run.run_id, run.started, item, agent, result, before, fate.action, "rerouted")
+            )
+        else:
+            tally.unchanged += 1
+    return asked
+
+
+def _judge(run: _Recorded, asked: Sequence[_Asked], rules: Sequence[Rule], pol: Policy, tally: _Tally) -> None:
+    """Phase 4: each question decided by a rule the person opted in to (:func:`may_auto_decide`), or still asked."""
+    for item, agent, result, before, situation in asked:
+        rule = predict(rules, situation)
+        decided = may_auto_decide(rule, pol)
+        tally.decided_by_rule += decided
+        tally.would_escalate += not decided
+        tally.items.append(
+            ReplayItem(
+                run.run_id,
+                run.started,
+                item,
+                agent,
+                result,
+                before,
+                "escalate",
+                "rule" if decided else "escalate",
+                rule.id if rule else None,
+                rule.option if rule else None,
+                situation.signature,
+                _KIND_OF_SIGNAL.get(situation.signal, situation.signal.lower()),
+            )
+        )
+
+
 def replay(
     records: Iterable[Mapping[str, Any] | RunRecord],
     spec: WorkflowSpec | None,
@@ -350,109 +486,41 @@ def replay(
 
     Each escalation met now is either decided by a rule the person opted in to (:func:`may_auto_decide`) or still
     asked; a step handled otherwise than its run handled it (the run's own spec, from ``pinned(run_id)``, replayed
-    the same way; unknown: not compared) is reported as routed differently.
+    the same way; unknown: not compared) is reported as routed differently. By phase: each record read, its steps'
+    fates now and then (phase 2, :func:`fates`), the questions they raise, and each question judged.
     """
     pol = policy or Policy()
     since = parse_time(since) if since is not None else None
-    runs = steps = invalid = recorded_esc = escalate = by_rule = rerouted = same = uncompared = 0
-    items: list[ReplayItem] = []
+    tally = _Tally()
     breaker_now: dict[str, int] = {}
     breaker_then: dict[str, int] = {}
     for record in records:
         rec: Mapping[str, Any] = record.to_json_dict() if isinstance(record, RunRecord) else record
         if rec.get("kind", "run") != "run" or rec.get("workflow") != workflow:
             continue
-        try:
-            run_id = str(rec["run_id"])
-            started = parse_time(rec["started_at"])
-            raw_steps = [s for s in (rec.get("steps") or ()) if isinstance(s["result"], str)]
-            run_escalations = rec.get("escalations", 0)
-            if not is_int(run_escalations):
-                raise TypeError("escalations")
-        except (KeyError, TypeError, ValueError, AttributeError):
-            invalid += 1
+        run = _read_record(rec)
+        if run is None:
+            tally.invalid += 1
             continue
-        if since is not None and started < since:
+        if since is not None and run.started < since:
             continue
-        runs += 1
-        recorded_esc += int(run_escalations)
-        gated = [str(g) for g in rec.get("gated") or () if isinstance(g, str | int)]
-        end = rec.get("reached_end") if isinstance(rec.get("reached_end"), bool) else None
-        answered = [d for d in rec.get("decisions") or () if isinstance(d, Mapping)]
-        now, extra = fates(
-            spec, raw_steps, gated=gated, reached_end=end, decisions=answered, threshold=threshold, breaker=breaker_now
-        )
-        old = pinned(run_id) if pinned is not None else None
-        uncompared += old is None
-        then = (
-            fates(
-                old,
-                raw_steps,
-                gated=gated,
-                reached_end=end,
-                decisions=answered,
-                threshold=threshold,
-                breaker=breaker_then,
-            )[0]
-            if old is not None
-            else None
-        )
-        asked: list[tuple[str, str, str, str | None, Situation]] = []  # item, agent, result, then, situation
-        for name in extra:  # a gate before a step that never ran, a swarm chain's final gate: no recorded step
-            agent = _agent_of(spec, name)
-            asked.append(
-                (
-                    name or "(final result)",
-                    agent,
-                    "not run",
-                    None,
-                    situation_of(workflow, agent, "gate", detail=_before_words(spec, name), step=name),
-                )
-            )
-        for n, s in enumerate(raw_steps):
-            steps += 1
-            fate = now[n]
-            before = then[n].action if then is not None else None
-            item, result, agent = str(s.get("item", "")), str(s["result"]), str(s.get("agent", ""))
-            kinds = (["gate"] if fate.gated else []) + ([fate.kind or "fail"] if fate.action == "escalate" else [])
-            if fate.gated:
-                gate = situation_of(workflow, agent, "gate", detail=_before_words(spec, item), step=item)
-                asked.append((item, agent, result, before, gate))
-            for kind in kinds[int(fate.gated) :]:
-                sit = (
-                    situation_of(workflow, agent, "gate", detail=fate.words, step=item)
-                    if kind == "gate" and fate.words
-                    else situation_from_step(workflow, s, kind)
-                )
-                asked.append((item, agent, result, before, sit))
-            if kinds:
-                continue
-            if before is not None and before != fate.action:
-                rerouted += 1
-                items.append(ReplayItem(run_id, started, item, agent, result, before, fate.action, "rerouted"))
-            else:
-                same += 1
-        for item, agent, result, before, situation in asked:
-            rule = predict(rules, situation)
-            decided = may_auto_decide(rule, pol)
-            by_rule += decided
-            escalate += not decided
-            items.append(
-                ReplayItem(
-                    run_id,
-                    started,
-                    item,
-                    agent,
-                    result,
-                    before,
-                    "escalate",
-                    "rule" if decided else "escalate",
-                    rule.id if rule else None,
-                    rule.option if rule else None,
-                    situation.signature,
-                    _KIND_OF_SIGNAL.get(situation.signal, situation.signal.lower()),
-                )
-            )
+        tally.runs += 1
+        tally.recorded_escalations += run.escalations
+        now, extra = run.fates(spec, threshold, breaker_now)
+        old = pinned(run.run_id) if pinned is not None else None
+        tally.uncompared += old is None
+        then = run.fates(old, threshold, breaker_then)[0] if old is not None else None
+        _judge(run, _questions(workflow, spec, run, now, then, extra, tally), rules, pol, tally)
     return ReplayReport(
-        workflow, runs, steps, invalid, recorded_esc, escalate, by_rule, rerouted, same, items, uncompared
+        workflow,
+        tally.runs,
+        tally.steps,
+        tally.invalid,
+        tally.recorded_escalations,
+        tally.would_escalate,
+        tally.decided_by_rule,
+        tally.routed_differently,
+        tally.unchanged,
+        tally.items,
+        tally.uncompared,
     )
