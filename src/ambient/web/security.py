@@ -359,8 +359,9 @@ _UNAUTHORIZED: Final = (
 
 class SecurityMiddleware:
     """Every request: Host check (400); the token by ``?token=`` (a sign-in: its cookie and a redirect under the
-    prefix), else the sign-in cookie under the prefix or the token as a bearer (else 401); on POST, the Origin
-    check, then the sign-in's CSRF secret (else 403); the security headers on every response."""
+    prefix), else a sign-in cookie of the current token under the prefix, or the token as a bearer (else 401); on
+    POST, the Origin check, then the sign-in's CSRF secret (else 403); the security headers on every response. The
+    token, hence the prefix, is the token file's now (:class:`TokenFile`): a new token takes effect at once."""
 
     def __init__(
         self,
