@@ -185,7 +185,9 @@ def test_or_answer_from_a_browser(tmp_path: Path) -> None:
         first = proc.stdout.readline()
         found = re.search(r"ambient console: (http://127\.0\.0\.1:\d+/c/[0-9a-f]+/\?token=\S+)", first)
         assert found, first
-        browser = httpx.Client(follow_redirects=True, timeout=30)  # its cookie jar: the sign-in the URL gives
+        # Its cookie jar: the sign-in the URL gives; its POSTs say where they come from, as a browser's do.
+        origin = found.group(1).split("/c/", 1)[0]
+        browser = httpx.Client(follow_redirects=True, timeout=30, headers={"Origin": origin})
         page = browser.get(found.group(1))
         assert page.status_code == 200, page.text[:300]
         for esc in brain.escalations():

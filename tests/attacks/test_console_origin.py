@@ -312,6 +312,46 @@ def test_a_post_from_another_origin_is_refused_with_a_valid_cookie_and_csrf(
     assert _pending(brain) == []
 
 
+def test_a_post_without_origin_nor_sec_fetch_site_is_refused_with_a_valid_cookie_and_csrf(
+    asked: tuple[Brain, str], console: Console
+) -> None:
+    """A POST that carries the person's cookie and a valid CSRF value but says nothing of where it comes from (no
+    ``Origin``, no ``Sec-Fetch-Site``: a replayed cookie, a tool) is refused, saying why; a browser that sends no
+    ``Origin`` but ``Sec-Fetch-Site: same-origin`` is the console's own page, and answers."""
+    brain, esc_id = asked
+    with _signed_in(console) as http:
+        csrf = _csrf(http.get("/escalations").text)
+        form = {"option": "retry", "csrf": csrf or "", "back": "/"}
+        res = http.post(f"/escalations/{esc_id}/decide", data=form)
+        assert res.status_code == 403, (res.status_code, res.text[:200])
+        assert "Origin" in res.text and "Sec-Fetch-Site" in res.text, res.text  # the reason, named
+        assert _pending(brain) == [esc_id]
+        ok = http.post(f"/escalations/{esc_id}/decide", data=form, headers={"Sec-Fetch-Site": "same-origin"})
+        assert ok.status_code == 303, (ok.status_code, ok.text[:200])
+    assert _pending(brain) == []
+
+
+def test_the_console_own_form_posts_from_chromium_carry_what_the_check_needs(
+    browser: Any, asked: tuple[Brain, str], console: Console
+) -> None:
+    """The console's own form, submitted by a real browser, passes the check that refuses a POST without Origin:
+    the answer is taken (so the check does not lock the person out of their own pages)."""
+    brain, _ = asked
+    ctx, own = _signed_in_browser(browser, console)
+    try:
+        sent: list[dict[str, str]] = []
+        own.on("request", lambda r: sent.append(r.headers) if r.method == "POST" else None)
+        with own.expect_response(lambda r: r.request.method == "POST") as answered:
+            own.locator("article.esc").first.get_by_role("button", name="skip").click()
+        assert answered.value.status == 303
+        assert sent and sent[0].get("origin") == console.origin, sent
+    finally:
+        ctx.close()
+    assert _pending(brain) == []
+    [done] = brain.escalations(all=True)
+    assert (done["decision"], done["channel"]) == ("skip", "web")
+
+
 @pytest.mark.parametrize(
     "path",
     [

@@ -21,7 +21,15 @@ RUN_ID = "sess-20260316-2036-batch-0001"
 
 
 def _client(console: Console) -> httpx.Client:
-    return httpx.Client(base_url=console.base, cookies=console.cookies(), follow_redirects=False, timeout=20)
+    # Its POSTs say where they come from, as a browser's do (Origin: the console's): the console refuses those that
+    # do not.
+    return httpx.Client(
+        base_url=console.base,
+        cookies=console.cookies(),
+        headers={"Origin": console.origin},
+        follow_redirects=False,
+        timeout=20,
+    )
 
 
 def _csrf(page: str) -> str:

@@ -33,7 +33,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="allow a non-loopback --host over plain HTTP (everyone on that network can read and act)",
     )
-    p.add_argument("--new-token", action="store_true", help="replace the token (every open browser must re-open)")
+    p.add_argument(
+        "--new-token",
+        action="store_true",
+        help="replace the token: every console of the brain takes it and refuses the old sign-ins (each browser "
+        "opens the new URL); when a console serves the brain already, print its new URL instead of starting one",
+    )
     p.add_argument(
         "--url",
         action="store_true",
@@ -43,7 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _web(args: argparse.Namespace) -> int:
     from ambient.web.security import load_token
-    from ambient.web.server import DEFAULT_HOST, DEFAULT_PORT, Bind, serve, serving_url, token_url
+    from ambient.web.server import DEFAULT_HOST, DEFAULT_PORT, Bind, serve, serving_url, serving_urls, token_url
 
     paths = BrainPaths(brain_dir(args))
     token = load_token(paths, rotate=args.new_token)
@@ -65,6 +70,19 @@ def _web(args: argparse.Namespace) -> int:
             return EXIT_NO
         print(token_url(served, token))
         return EXIT_OK
+    if args.new_token:
+        running = serving_urls(paths)
+        if running:
+            # The consoles serving the brain read the token file at their next request: they take the new token
+            # (and refuse every sign-in of the old one); a second console beside them is not what was asked.
+            print(
+                "a new token: the console(s) serving this brain take it now, and refuse every sign-in made with the "
+                "old one; open the new URL in each browser (no console was started; `ambient web` starts one)",
+                flush=True,
+            )
+            for served in running:
+                print(f"ambient console: {token_url(served, token)}", flush=True)
+            return EXIT_OK
     warning = bind.check()
     if warning:
         print(warning, flush=True)

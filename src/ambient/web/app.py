@@ -25,7 +25,14 @@ from ambient.storage.paths import BrainPaths
 from ambient.web import pages
 from ambient.web.fragcache import FragmentCache
 from ambient.web.live import Hub, events_route
-from ambient.web.security import SecurityMiddleware, SignIns, allowed_host_names, signins_path
+from ambient.web.security import (
+    SecurityMiddleware,
+    SignIns,
+    TokenFile,
+    allowed_host_names,
+    signins_path,
+    token_path,
+)
 from ambient.web.store import StoreThread
 
 STATIC: Final = Path(__file__).resolve().parent / "static"
@@ -75,7 +82,8 @@ def create_app(
     max_clients: int = 64,
     persist_signins: bool = True,
 ) -> Starlette:
-    """The console for the brain at ``paths``: every request needs ``token`` (see :mod:`ambient.web.security`).
+    """The console for the brain at ``paths``: every request needs ``token``, or the one that replaced it in the
+    token file since (see :mod:`ambient.web.security`).
 
     ``bound_host`` is the address served (Host headers are checked against it), ``live`` starts the one file
     watcher of this server process (off in unit tests that only render), ``max_clients`` caps live connections,
@@ -104,7 +112,7 @@ def create_app(
             Middleware(ServerTiming),
             Middleware(
                 SecurityMiddleware,
-                token=token,
+                tokens=TokenFile(token_path(paths), token),
                 host_names=allowed_host_names(bound_host) | frozenset(extra_hosts),
                 signins=SignIns(signins_path(paths) if persist_signins else None),
                 secure_cookie=secure_cookie,

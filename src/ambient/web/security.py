@@ -74,21 +74,82 @@ def token_path(paths: BrainPaths) -> Path:
 
 def load_token(paths: BrainPaths, *, rotate: bool = False) -> str:
     """The console's token, made on first use and reused across starts (a bookmarked URL keeps working);
-    ``rotate`` replaces it, which logs out every open browser (the sign-ins are forgotten and the secret path moves)."""
+    ``rotate`` replaces it, which logs out every open browser of every console of the brain: each console reads the
+    file again when it changes (:class:`TokenFile`), its secret path moves, and it refuses every sign-in made with
+    another token (a sign-in carries its token's digest)."""
     path = token_path(paths)
     private_dir(path.parent)
     if rotate:
         signins_path(paths).unlink(missing_ok=True)
     else:
-        try:
-            text = path.read_text(encoding="utf-8").strip()
-        except FileNotFoundError:
-            text = ""
-        if len(text) >= 32 and text.isascii() and text.replace("-", "").replace("_", "").isalnum():
+        text = _read_token(path)
+        if text is not None:
             return text
     token = secrets.token_urlsafe(32)
     atomic_write(path, token + "\n", mode=PRIVATE_FILE)
     return token
+
+
+def _read_token(path: Path) -> str | None:
+    """The token the file holds, or None (missing, unreadable, or not a token: too short, not URL-safe)."""
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if len(text) >= 32 and text.isascii() and text.replace("-", "").replace("_", "").isalnum():
+        return text
+    return None
+
+
+def token_digest(token: str) -> str:
+    """What a sign-in records of the token it was made with: a hash, so the sign-ins' file holds no token."""
+    return hashlib.sha256(b"ambient console token\0" + token.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Key:
+    """A token with what follows from it: the console's secret path and the digest its sign-ins carry."""
+
+    token: str
+    prefix: str
+    digest: str
+
+    @classmethod
+    def of(cls, token: str) -> Key:
+        return cls(token, console_prefix(token), token_digest(token))
+
+
+class TokenFile:
+    """The token a console serves with, as its file says now: a ``stat`` per request, the file read again only when
+    it changed (``ambient web --new-token`` replaced it), so every console of the brain, the daemon's included, takes
+    a new token at its next request, without a restart. A file that went missing or holds no token keeps the last
+    one (a rotation writes a whole new file, never removes it). ``path`` None: the given token only (unit tests)."""
+
+    def __init__(self, path: Path | None, token: str) -> None:
+        self.path = path
+        self._key = Key.of(token)
+        self._seen = self._stat()
+
+    def current(self) -> Key:
+        """The token now (and its prefix and digest)."""
+        seen = self._stat()
+        if seen is not None and seen != self._seen:
+            assert self.path is not None
+            text = _read_token(self.path)
+            self._seen = seen
+            if text is not None and text != self._key.token:
+                self._key = Key.of(text)
+                log.info("web_token_changed", prefix_moved=True)
+        return self._key
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        if self.path is None:
+            return None
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def signins_path(paths: BrainPaths) -> Path:
@@ -116,23 +177,37 @@ def landing(path: str, prefix: str) -> str:
     return prefix + (quote(rest, safe="/:@!$&'()*+,;=-._~") if plain else "/")
 
 
-def origin_allowed(origin: str | None, fetch_site: str | None, own: str) -> bool:
-    """Whether a POST comes from the console's own pages: its ``Origin`` is the console's (scheme, host AND port),
-    and ``Sec-Fetch-Site``, when the browser sends it, says ``same-origin``. Another port of the same host is
-    another origin (``same-site`` is refused); ``Origin: null`` (a sandboxed frame, a ``data:`` page) is refused.
-    A request with neither header is not a browser's (browsers send ``Origin`` with every POST): a script holding
-    the sign-in or the token, which is checked besides."""
-    if fetch_site is not None and fetch_site.strip().lower() != "same-origin":
-        return False
-    return origin is None or origin.strip().lower() == own.lower()
+def post_refusal(origin: str | None, fetch_site: str | None, own: str, *, by_token: bool) -> str | None:
+    """Why a POST does not come from the console's own pages, or None when it does: its ``Origin`` is the console's
+    (scheme, host AND port), or, from a browser that sends no ``Origin``, ``Sec-Fetch-Site`` says ``same-origin``;
+    ``Sec-Fetch-Site``, when sent, must say ``same-origin`` in any case. Another port of the same host is another
+    origin (``same-site`` is refused); ``Origin: null`` (a sandboxed frame, a ``data:`` page) is refused, and so is
+    a POST by a sign-in cookie that names no origin at all (a replayed cookie: the cookie alone is not the person).
+    ``by_token``: the token itself as ``Authorization: Bearer`` (a script; no browser sends it by itself) may name
+    no origin, but one it names must be the console's."""
+    site = None if fetch_site is None else fetch_site.strip().lower()
+    if site is not None and site != "same-origin":
+        return f"Sec-Fetch-Site is {site!r}, not 'same-origin': this request comes from another page than the console's"
+    if origin is not None:
+        if origin.strip().lower() != own.lower():
+            return f"its Origin {origin.strip()!r} is not the console's ({own})"
+        return None
+    if site == "same-origin" or by_token:
+        return None
+    return (
+        "it carries no Origin header (nor Sec-Fetch-Site: same-origin), so nothing says it comes from the console's "
+        f"own pages: a browser sends one with every form; a script sends Origin: {own}, or the token as a bearer"
+    )
 
 
 @dataclass(frozen=True)
 class SignIn:
-    """A browser that opened the printed URL: its CSRF secret (random, unrelated to its cookie) and when."""
+    """A browser that opened the printed URL: its CSRF secret (random, unrelated to its cookie), when, and the
+    digest of the token it opened (:func:`token_digest`): a sign-in opens the consoles of that token only."""
 
     csrf: str
     at: float
+    token: str = ""
 
 
 def _digest(signin_id: str) -> str:
@@ -143,7 +218,9 @@ def _digest(signin_id: str) -> str:
 class SignIns:
     """The sign-ins of a console: hash(cookie) -> :class:`SignIn`, in memory (a request costs a hash and a dict
     lookup) and in ``path`` (0600), read again on a miss when the file changed (another console of the brain, the
-    daemon's or an ``ambient web``, signed a browser in). ``path`` None: in memory only (unit tests)."""
+    daemon's or an ``ambient web``, signed a browser in). ``path`` None: in memory only (unit tests). A sign-in is
+    found only with the digest of the token it was made with: after a new token, none made before opens anything,
+    in any console, whatever any console still holds in memory or writes back."""
 
     def __init__(self, path: Path | None, *, cap: int = MAX_SIGNINS) -> None:
         self.path = path
@@ -153,23 +230,27 @@ class SignIns:
         self._seen: tuple[int, int, int] | None = None
         self._reload()
 
-    def lookup(self, signin_id: str) -> SignIn | None:
-        """The sign-in of a cookie's value, or None."""
+    def lookup(self, signin_id: str, token: str) -> SignIn | None:
+        """The sign-in of a cookie's value, if it was made with the token of digest ``token``; else None."""
         key = _digest(signin_id)
         found = self._known.get(key)
         if found is None and self._changed():
             with self._lock:
                 self._reload()
             found = self._known.get(key)
+        if found is None or not found.token or not hmac.compare_digest(found.token.encode(), token.encode()):
+            return None
         return found
 
-    def create(self) -> tuple[str, SignIn]:
-        """A new sign-in: its cookie value (random, 256 bits) and its CSRF secret (random, 256 bits); saved."""
-        signin_id, made = secrets.token_urlsafe(32), SignIn(secrets.token_urlsafe(32), time.time())
+    def create(self, token: str) -> tuple[str, SignIn]:
+        """A new sign-in of the token of digest ``token``: its cookie value (random, 256 bits) and its CSRF secret
+        (random, 256 bits); saved, and the sign-ins of other tokens dropped."""
+        signin_id, made = secrets.token_urlsafe(32), SignIn(secrets.token_urlsafe(32), time.time(), token)
         with self._lock:
             if self._changed():
                 self._reload()
-            known = {**self._known, _digest(signin_id): made}
+            kept = {k: v for k, v in self._known.items() if v.token == token}
+            known = {**kept, _digest(signin_id): made}
             if len(known) > self.cap:
                 known = dict(sorted(known.items(), key=lambda kv: kv[1].at)[-self.cap :])
             if self.path is not None:
@@ -180,7 +261,7 @@ class SignIns:
     def _save(self, known: dict[str, SignIn]) -> None:
         """Write the sign-ins; a write that fails (a full disk) keeps them in memory only, until a restart."""
         assert self.path is not None
-        doc = {k: {"csrf": v.csrf, "at": v.at} for k, v in known.items()}
+        doc = {k: {"csrf": v.csrf, "at": v.at, "token": v.token} for k, v in known.items()}
         try:
             private_dir(self.path.parent)
             st = atomic_write(self.path, json.dumps({"signins": doc}) + "\n", mode=PRIVATE_FILE)
@@ -209,7 +290,7 @@ class SignIns:
         try:
             doc = json.loads(self.path.read_text(encoding="utf-8"))
             rows = doc["signins"].items()
-            self._known = {str(k): SignIn(str(v["csrf"]), float(v["at"])) for k, v in rows}
+            self._known = {str(k): SignIn(str(v["csrf"]), float(v["at"]), str(v.get("token", ""))) for k, v in rows}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             self._known = {}
 
@@ -278,21 +359,21 @@ _UNAUTHORIZED: Final = (
 
 class SecurityMiddleware:
     """Every request: Host check (400); the token by ``?token=`` (a sign-in: its cookie and a redirect under the
-    prefix), else the sign-in cookie under the prefix or the token as a bearer (else 401); on POST, the Origin
-    check, then the sign-in's CSRF secret (else 403); the security headers on every response."""
+    prefix), else a sign-in cookie of the current token under the prefix, or the token as a bearer (else 401); on
+    POST, the Origin check, then the sign-in's CSRF secret (else 403); the security headers on every response. The
+    token, hence the prefix, is the token file's now (:class:`TokenFile`): a new token takes effect at once."""
 
     def __init__(
         self,
         app: ASGIApp,
         *,
-        token: str,
+        tokens: TokenFile,
         host_names: Iterable[str],
         signins: SignIns,
         secure_cookie: bool = False,
     ) -> None:
         self.app = app
-        self.token = token
-        self.prefix = console_prefix(token)
+        self.tokens = tokens
         self.signins = signins
         self.host_names = frozenset(host_names)
         self.secure_cookie = secure_cookie
@@ -303,8 +384,10 @@ class SecurityMiddleware:
             return
         headers = Headers(scope=scope)
         path: str = scope.get("path", "/")
-        ours = in_prefix(path, self.prefix)
-        static = path.startswith(f"{self.prefix}/static/" if ours else "/static/")
+        key = self.tokens.current()  # the token file's now: a new token moves the prefix and ends the old sign-ins
+        prefix = key.prefix
+        ours = in_prefix(path, prefix)
+        static = path.startswith(f"{prefix}/static/" if ours else "/static/")
         cookie_header = headers.get("cookie", "")
         expire_old = bool(cookie_values(cookie_header, OLD_COOKIE))  # an earlier version's: the token, to every port
 
@@ -312,7 +395,7 @@ class SecurityMiddleware:
             if message["type"] == "http.response.start":
                 raw = [(k, v) for k, v in message.get("headers", []) if k.lower() not in _SECURED]
                 if ours:
-                    raw = [(k, self._under_prefix(v) if k.lower() == b"location" else v) for k, v in raw]
+                    raw = [(k, _under_prefix(v, prefix) if k.lower() == b"location" else v) for k, v in raw]
                 raw.extend(_HEADERS)
                 if not static:
                     raw.append((b"cache-control", b"no-store"))
@@ -325,26 +408,30 @@ class SecurityMiddleware:
             await _plain(send_secured, 400, "Bad Host header: open the console by the address ambient web printed.")
             return
         query_string = scope.get("query_string", b"").decode("latin-1")
-        if path == self.prefix and scope["method"] in ("GET", "HEAD"):  # the cookie's path ends with a slash
-            await _redirect(send_secured, self.prefix + "/" + (f"?{query_string}" if query_string else ""))
+        if path == prefix and scope["method"] in ("GET", "HEAD"):  # the cookie's path ends with a slash
+            await _redirect(send_secured, prefix + "/" + (f"?{query_string}" if query_string else ""))
             return
         query = parse_qsl(query_string, keep_blank_values=True)
         given = next((v for k, v in query if k == "token"), None)
         if given is not None and scope["method"] in ("GET", "HEAD"):
-            await self._sign_in(given, path, query, send_secured)
+            await self._sign_in(key, given, path, query, send_secured)
             return
         bearer = _bearer(headers)
-        by_token = bearer is not None and hmac.compare_digest(bearer.encode(), self.token.encode())
+        by_token = bearer is not None and hmac.compare_digest(bearer.encode(), key.token.encode())
         signin = None
         if ours and not by_token:
-            signin = next(filter(None, map(self.signins.lookup, cookie_values(cookie_header, COOKIE))), None)
+            found = (self.signins.lookup(value, key.digest) for value in cookie_values(cookie_header, COOKIE))
+            signin = next(filter(None, found), None)
         if not by_token and signin is None:
             await _html(send_secured, 401, _UNAUTHORIZED)
             return
         if scope["method"] not in ("GET", "HEAD", "OPTIONS"):
             own = f"{scope.get('scheme', 'http')}://{headers.get('host', '')}"
-            if not origin_allowed(headers.get("origin"), headers.get("sec-fetch-site"), own):
-                await _plain(send_secured, 403, "Refused: this request does not come from the console's own pages.")
+            why = post_refusal(headers.get("origin"), headers.get("sec-fetch-site"), own, by_token=by_token)
+            if why is not None:
+                await _plain(
+                    send_secured, 403, f"Refused: this request does not come from the console's own pages: {why}."
+                )
                 return
             body, too_big = await _read_body(receive)
             if too_big:
@@ -356,30 +443,31 @@ class SecurityMiddleware:
                 )
                 return
             receive = _replay(body, receive)
-        scope = {**scope, "root_path": self.prefix if ours else "", CSRF_SCOPE: signin.csrf if signin else ""}
+        scope = {**scope, "root_path": prefix if ours else "", CSRF_SCOPE: signin.csrf if signin else ""}
         await self.app(scope, receive, send_secured)
 
-    async def _sign_in(self, given: str, path: str, query: list[tuple[str, str]], send: Send) -> None:
-        """The printed URL: the token (and only the token) opens a new sign-in; 303 to the page asked for, under the
-        prefix, with the sign-in's cookie."""
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
+    async def _sign_in(self, key: Key, given: str, path: str, query: list[tuple[str, str]], send: Send) -> None:
+        """The printed URL: the token (and only the token now in the token file) opens a new sign-in of that token;
+        303 to the page asked for, under the prefix, with the sign-in's cookie."""
+        if not hmac.compare_digest(given.encode(), key.token.encode()):
             await _html(send, 401, _UNAUTHORIZED)
             return
-        signin_id, _ = await asyncio.to_thread(self.signins.create)
+        signin_id, _ = await asyncio.to_thread(self.signins.create, key.digest)
         rest = urlencode([(k, v) for k, v in query if k != "token"])
-        location = landing(path, self.prefix) + (f"?{rest}" if rest else "")
-        cookie = f"{COOKIE}={signin_id}; Path={self.prefix}/; HttpOnly; SameSite=Lax" + (
+        location = landing(path, key.prefix) + (f"?{rest}" if rest else "")
+        cookie = f"{COOKIE}={signin_id}; Path={key.prefix}/; HttpOnly; SameSite=Lax" + (
             "; Secure" if self.secure_cookie else ""
         )
         await _redirect(send, location, cookie)
 
-    def _under_prefix(self, location: bytes) -> bytes:
-        """A redirect of a page to a console path (``/escalations?...``) goes under the prefix; any other (an
-        absolute URL Starlette built from the full path) is left as it is."""
-        local = location.startswith(b"/") and not location.startswith((b"//", b"/\\"))
-        if local and not in_prefix(location.decode("latin-1").split("?", 1)[0], self.prefix):
-            return self.prefix.encode() + location
-        return location
+
+def _under_prefix(location: bytes, prefix: str) -> bytes:
+    """A redirect of a page to a console path (``/escalations?...``) goes under the prefix; any other (an absolute
+    URL Starlette built from the full path) is left as it is."""
+    local = location.startswith(b"/") and not location.startswith((b"//", b"/\\"))
+    if local and not in_prefix(location.decode("latin-1").split("?", 1)[0], prefix):
+        return prefix.encode() + location
+    return location
 
 
 _SECURED: Final = frozenset({k for k, _ in _HEADERS} | {b"cache-control"})

@@ -24,6 +24,7 @@ from ambient.core.errors import InputError
 from ambient.core.process import own_start_time, process_alive
 from ambient.service.writer_threads import lower_priority
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, private_dir
+from ambient.storage.guard import FileGuard, shared_guard
 from ambient.storage.paths import BrainPaths
 from ambient.web.app import create_app
 from ambient.web.live import Hub
@@ -110,43 +111,87 @@ def token_url(address: str, token: str) -> str:
 
 
 def hosted_path(paths: BrainPaths) -> Path:
-    """Where the console serving this brain (``ambient web``, or the daemon hosting it) says where it listens: its
-    address without the token nor its secret path, its pid and start time, for ``ambient web --url``. Removed when it
-    stops."""
+    """Where the consoles serving this brain (``ambient web``s, the daemon's) say where they listen: for each, its
+    address without the token nor its secret path, its pid and start time, for ``ambient web --url``. Each console
+    adds its own entry when it listens and removes it, and only it, when it stops."""
     return paths.state / "web" / "hosted.json"
 
 
-def record_serving(paths: BrainPaths, url: str) -> None:
-    """Say that this process serves the console at ``url`` (atomic, 0600: the address carries no token)."""
-    private_dir(hosted_path(paths).parent)
-    record = {"url": url, "pid": os.getpid(), "start_time": own_start_time()}
-    atomic_write(hosted_path(paths), json.dumps(record) + "\n", mode=PRIVATE_FILE)
+def _hosted_guard(paths: BrainPaths) -> FileGuard:
+    """The flock around each read-modify-write of ``hosted.json`` (two consoles starting or stopping at once)."""
+    return shared_guard(paths.state / "web" / "hosted.guard")
 
 
-def forget_serving(paths: BrainPaths) -> None:
-    """This process no longer serves: remove the record if it is still ours (another console may have replaced it)."""
-    if serving_record(paths).get("pid") == os.getpid():
-        with contextlib.suppress(FileNotFoundError):
-            hosted_path(paths).unlink()
+@dataclass(frozen=True)
+class Serving:
+    """A console serving the brain, as ``hosted.json`` says: where (no token), and which process."""
+
+    url: str
+    pid: int
+    start_time: float | None
+
+    def alive(self) -> bool:
+        """Whether its process still runs (a console killed with -9 leaves its entry behind: pid and start time)."""
+        return process_alive(self.pid, self.start_time)
 
 
-def serving_record(paths: BrainPaths) -> dict[str, object]:
-    """What :func:`record_serving` wrote, or ``{}`` (none, unreadable)."""
+def _entry(raw: object) -> Serving | None:
+    if not isinstance(raw, dict):
+        return None
+    url, pid, start = raw.get("url"), raw.get("pid"), raw.get("start_time")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not isinstance(pid, int):
+        return None
+    return Serving(url, pid, float(start) if isinstance(start, int | float) else None)
+
+
+def serving_records(paths: BrainPaths) -> list[Serving]:
+    """Every console ``hosted.json`` names, oldest first (live or not); ``[]`` when none or unreadable. An earlier
+    version's file, one console's record, reads as a list of one."""
     try:
         data = json.loads(hosted_path(paths).read_text())
     except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return []
+    rows = data.get("consoles") if isinstance(data, dict) and "consoles" in data else [data]
+    return [e for e in map(_entry, rows if isinstance(rows, list) else []) if e is not None]
+
+
+def _write_serving(paths: BrainPaths, rows: list[Serving]) -> None:
+    if not rows:
+        with contextlib.suppress(FileNotFoundError):
+            hosted_path(paths).unlink()
+        return
+    doc = {"consoles": [{"url": r.url, "pid": r.pid, "start_time": r.start_time} for r in rows]}
+    atomic_write(hosted_path(paths), json.dumps(doc) + "\n", mode=PRIVATE_FILE)
+
+
+def record_serving(paths: BrainPaths, url: str) -> None:
+    """Say that this process serves the console at ``url`` (atomic, 0600: the address carries no token), beside the
+    other live consoles of the brain (the entries of dead processes are dropped)."""
+    private_dir(hosted_path(paths).parent)
+    me = Serving(url, os.getpid(), own_start_time())
+    with _hosted_guard(paths).hold():
+        rows = [r for r in serving_records(paths) if r.alive() and (r.pid, r.url) != (me.pid, me.url)]
+        _write_serving(paths, [*rows, me])
+
+
+def forget_serving(paths: BrainPaths, url: str) -> None:
+    """This process no longer serves at ``url``: remove its entry, and only its (the other consoles still serve)."""
+    with _hosted_guard(paths).hold():
+        rows = serving_records(paths)
+        kept = [r for r in rows if (r.pid, r.url) != (os.getpid(), url)]
+        if kept != rows:
+            _write_serving(paths, kept)
+
+
+def serving_urls(paths: BrainPaths) -> list[str]:
+    """The addresses (without token) of the consoles serving this brain now, the newest first."""
+    return [r.url for r in reversed(serving_records(paths)) if r.alive()]
 
 
 def serving_url(paths: BrainPaths) -> str | None:
-    """The address (without token) of the console serving this brain now, if one does: its record names a live process
-    (a console killed with -9 leaves its record behind; its pid is checked with its start time)."""
-    record = serving_record(paths)
-    url, pid, start = record.get("url"), record.get("pid"), record.get("start_time")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not isinstance(pid, int):
-        return None
-    return url if process_alive(pid, start if isinstance(start, float) else None) else None
+    """The address (without token) of the console serving this brain now (the newest, when several do), if one
+    does."""
+    return next(iter(serving_urls(paths)), None)
 
 
 class _Server(uvicorn.Server):
@@ -207,7 +252,7 @@ def serve(
         asyncio.run(server.serve(sockets=[sock]))
     finally:
         sock.close()
-        forget_serving(paths)
+        forget_serving(paths, console_url(bind, port))
 
 
 class HostedConsole:
@@ -268,5 +313,6 @@ class HostedConsole:
         server.stop_soon()
         server.hub.close_clients_threadsafe()
         thread.join(timeout)
-        forget_serving(self.paths)
+        if self.url is not None:
+            forget_serving(self.paths, self.url)
         self._server = self._thread = None

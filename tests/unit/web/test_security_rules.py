@@ -1,5 +1,6 @@
 """The console's pure security rules: Host names (DNS rebinding), loopback, same-site ``back`` targets, the secret
-path and the token URL's landing, the Origin of a POST, and the sign-ins (random, kept server-side)."""
+path and the token URL's landing, the Origin of a POST, the sign-ins (random, kept server-side, tied to their token)
+and the token file read again when it changes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from ambient.web.render import safe_back
 from ambient.web.security import (
     SignIns,
+    TokenFile,
     allowed_host_names,
     console_prefix,
     cookie_values,
@@ -16,8 +18,11 @@ from ambient.web.security import (
     in_prefix,
     is_loopback,
     landing,
-    origin_allowed,
+    post_refusal,
+    token_digest,
 )
+
+T = token_digest("t" * 43)  # the digest of the token the sign-ins below are made with
 
 
 def test_host_header_names_the_console_or_an_address() -> None:
@@ -72,46 +77,53 @@ def test_the_token_url_lands_on_a_page_of_the_console_only() -> None:
 
 def test_a_post_must_come_from_the_console_origin_exactly() -> None:
     own = "http://127.0.0.1:8765"
-    assert origin_allowed(own, "same-origin", own)
-    assert origin_allowed("HTTP://127.0.0.1:8765", None, own)
-    assert origin_allowed(None, None, own)  # not a browser: the sign-in or the token is checked besides
-    assert origin_allowed(None, "same-origin", own)
-    assert not origin_allowed("http://127.0.0.1:9999", "same-site", own)  # another port of the same host
-    assert not origin_allowed("http://127.0.0.1:9999", None, own)
-    assert not origin_allowed("https://127.0.0.1:8765", None, own)  # another scheme
-    assert not origin_allowed("null", None, own)
-    assert not origin_allowed(None, "same-site", own) and not origin_allowed(None, "cross-site", own)
-    assert not origin_allowed(own, "cross-site", own)  # Sec-Fetch-Site is the browser's word: it wins
+
+    def ok(origin: str | None, site: str | None, *, by_token: bool = False) -> bool:
+        return post_refusal(origin, site, own, by_token=by_token) is None
+
+    assert ok(own, "same-origin")
+    assert ok("HTTP://127.0.0.1:8765", None)
+    assert ok(None, "same-origin")  # a browser that sent no Origin says where the request comes from
+    assert not ok(None, None)  # a cookie that names no origin: a replayed cookie, not the console's page
+    assert "Origin" in (post_refusal(None, None, own, by_token=False) or "")
+    assert ok(None, None, by_token=True)  # the token itself as a bearer: no browser sends it on its own
+    assert not ok("http://evil.example", None, by_token=True)  # ... but an origin it names must be the console's
+    assert not ok("http://127.0.0.1:9999", "same-site")  # another port of the same host
+    assert not ok("http://127.0.0.1:9999", None)
+    assert not ok("https://127.0.0.1:8765", None)  # another scheme
+    assert not ok("null", None)
+    assert not ok(None, "same-site") and not ok(None, "cross-site")
+    assert not ok(own, "cross-site")  # Sec-Fetch-Site is the browser's word: it wins
 
 
 def test_a_signin_is_random_kept_private_and_not_derived_from_its_cookie(tmp_path: Path) -> None:
     store = tmp_path / ".ambient" / "web" / "signins.json"
     signins = SignIns(store)
-    cookie, made = signins.create()
-    other, made_too = signins.create()
+    cookie, made = signins.create(T)
+    other, made_too = signins.create(T)
     assert cookie != other and made.csrf != made_too.csrf and made.csrf != cookie
-    assert signins.lookup(cookie) == made and signins.lookup("nope") is None
+    assert signins.lookup(cookie, T) == made and signins.lookup("nope", T) is None
     assert stat.S_IMODE(store.stat().st_mode) == 0o600
     assert cookie not in store.read_text() and other not in store.read_text()  # only their hashes are kept
-    assert SignIns(store).lookup(cookie) == made  # a restart of the console logs nobody out
+    assert SignIns(store).lookup(cookie, T) == made  # a restart of the console logs nobody out
     late = SignIns(store)  # another console of the brain signs a browser in: this one learns it on a miss
-    third, made_third = SignIns(store).create()
-    assert late.lookup(third) == made_third and late.lookup(cookie) == made
+    third, made_third = SignIns(store).create(T)
+    assert late.lookup(third, T) == made_third and late.lookup(cookie, T) == made
 
 
 def test_signins_are_capped_oldest_first(tmp_path: Path) -> None:
     signins = SignIns(tmp_path / "signins.json", cap=3)
-    cookies = [signins.create()[0] for _ in range(4)]
-    assert signins.lookup(cookies[0]) is None
-    assert all(signins.lookup(c) is not None for c in cookies[1:])
+    cookies = [signins.create(T)[0] for _ in range(4)]
+    assert signins.lookup(cookies[0], T) is None
+    assert all(signins.lookup(c, T) is not None for c in cookies[1:])
 
 
 def test_a_damaged_signin_file_is_no_signin(tmp_path: Path) -> None:
     store = tmp_path / "signins.json"
     store.write_text("{torn")
-    assert SignIns(store).lookup("anything") is None
-    cookie, made = SignIns(store).create()
-    assert SignIns(store).lookup(cookie) == made
+    assert SignIns(store).lookup("anything", T) is None
+    cookie, made = SignIns(store).create(T)
+    assert SignIns(store).lookup(cookie, T) == made
 
 
 def test_every_value_of_the_cookie_is_read_leniently() -> None:
@@ -124,5 +136,44 @@ def test_every_value_of_the_cookie_is_read_leniently() -> None:
 def test_a_signin_that_cannot_be_saved_is_kept_in_memory(tmp_path: Path) -> None:
     (tmp_path / "signins.json").mkdir()  # a folder where the file goes: no write of it can succeed
     signins = SignIns(tmp_path / "signins.json")
-    cookie, made = signins.create()
-    assert signins.lookup(cookie) == made
+    cookie, made = signins.create(T)
+    assert signins.lookup(cookie, T) == made
+
+
+def test_a_signin_opens_only_with_the_token_it_was_made_with(tmp_path: Path) -> None:
+    """After a new token, a sign-in of the old one opens nothing, even in a console that still holds it in memory;
+    the first sign-in of the new token drops those of the old from the file."""
+    store = tmp_path / "signins.json"
+    old_console = SignIns(store)
+    cookie, made = old_console.create(T)
+    new = token_digest("n" * 43)
+    assert old_console.lookup(cookie, T) == made
+    assert old_console.lookup(cookie, new) is None and SignIns(store).lookup(cookie, new) is None
+    fresh, made_fresh = SignIns(store).create(new)
+    assert old_console.lookup(fresh, new) == made_fresh and old_console.lookup(fresh, T) is None
+    assert SignIns(store).lookup(cookie, T) is None  # dropped from the file
+    store.write_text('{"signins": {"x": {"csrf": "c", "at": 1.0}}}')  # an earlier version's: no token recorded
+    assert SignIns(store).lookup("x", T) is None and SignIns(store).lookup("x", "") is None
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write a whole new file in place of ``path``, as every write of the token does (atomic: a new inode)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def test_the_token_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("a" * 43 + "\n")
+    tokens = TokenFile(path, "a" * 43)
+    first = tokens.current()
+    assert (first.token, first.prefix, first.digest) == ("a" * 43, console_prefix("a" * 43), token_digest("a" * 43))
+    _replace(path, "b" * 43 + "\n")  # ambient web --new-token, from another process
+    now = tokens.current()
+    assert now.token == "b" * 43 and now.prefix != first.prefix and now.digest == token_digest("b" * 43)
+    _replace(path, "short\n")  # not a token: the last one stays
+    assert tokens.current().token == "b" * 43
+    path.unlink()
+    assert tokens.current().token == "b" * 43
+    assert TokenFile(None, "c" * 43).current().token == "c" * 43
