@@ -1115,3 +1115,26 @@ def test_status_points_to_the_notifications_section_that_exists(brain: Brain) ->
         re.sub(r"[^\w -]", "", h.lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)
     }
     assert found.group(2) in anchors, (found.group(2), sorted(anchors))
+
+
+def test_decide_exits_3_when_its_run_was_aborted_before_the_answer(brain: Brain) -> None:
+    """`decide` exits 3 when the question's run ended before the answer: here the run was aborted through its claim
+    (`ambient gate abort`) while no daemon ran, and the answer came next. Nothing applies it: the question is
+    closed saying why (`ambient escalations --all`), and the run ends `aborted` when the daemon starts."""
+    brain.python_agent("deploy", FAILING)
+    _rollout(brain, items=("eu-1",))
+    brain.until_idle()
+    [esc] = brain.escalations()
+    [run] = brain.status()["runs"]
+    brain.ok("gate", "abort", run["run_id"], "the release was called off")
+    late = brain.decide(esc["id"], "retry")
+    assert late.rc == 3, late
+    assert "was not applied" in late.err and "the release was called off" in late.err, late
+    closed = _all(brain)[esc["id"]]
+    assert closed["status"] == "cancelled" and "the release was called off" in closed["note"], closed
+    assert brain.escalations() == []
+    brain.until_idle()
+    [record] = brain.finished("rollout")
+    assert record["outcome"] == "aborted", record
+    steps = [(s["item"], s["attempt"]) for s in record["steps"]]
+    assert steps == [("eu-1", 1)], record  # the answer was never applied: eu-1 did not run again
