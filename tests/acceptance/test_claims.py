@@ -812,8 +812,8 @@ def test_gate_approve_on_a_chain_steps_claim_answers_its_run(brain: Brain, actio
 
 # ---------------------------------------------------------------- aborting a run through its claim
 
-#: An agent for a fan-out over [one, two, three]: ``one`` asks the person, ``two`` works until stopped (it leaves
-#: ``work/started-two`` as it starts and ``work/done-two`` only if it ever ends by itself), ``three`` answers ok.
+#: An agent for a fan-out: ``one`` asks the person, ``two`` works until stopped (it leaves ``work/started-two`` as it
+#: starts and ``work/done-two`` only if it ever ends by itself), any other answers ok.
 _ASK_WORK_OK = """
     import json, os, pathlib, sys, time
     json.load(sys.stdin)
@@ -832,14 +832,22 @@ _ASK_WORK_OK = """
 """
 
 
-def _fan(brain: Brain, concurrency: int) -> None:
-    brain.python_agent("asker", _ASK_WORK_OK, timeout_s=300)
+#: Every item asks the person.
+_ALL_ASK = """
+    import json, sys
+    json.load(sys.stdin)
+    print(json.dumps({"signal": "ESCALATE", "options": ["go", "stop"], "question": "go on?"}))
+"""
+
+
+def _fan(brain: Brain, items: str, concurrency: int, agent: str = _ASK_WORK_OK) -> None:
+    brain.python_agent("asker", agent, timeout_s=300)
     brain.workflow(
         "fan",
         f"""
         workflow: fan
         for_each:
-          items: [one, two, three]
+          items: [{items}]
           spawn: asker
           concurrency: {concurrency}
           scope: {{zone: project, files: ["work/fan/{{{{item}}}}.txt"]}}
@@ -856,7 +864,7 @@ def test_gate_abort_on_a_runs_claim_aborts_the_run(brain: Brain) -> None:
     stopped, its unfinished items aborted, its waiting question cancelled saying why, the run ends `aborted`, and
     its claims say `failed` for good (they once went `failed` while the run ran on, ended `success` and were
     rewritten `closed`)."""
-    _fan(brain, concurrency=2)
+    _fan(brain, "one, two", concurrency=2)
     with brain.daemon() as daemon:
         [esc] = brain.wait_escalation()
         wait(lambda: brain.path("work/started-two").exists(), "item two's agent at work")
@@ -874,7 +882,7 @@ def test_gate_abort_on_a_runs_claim_aborts_the_run(brain: Brain) -> None:
     assert late.rc == 1 and "wrong release" in late.err, late
     assert brain.escalations() == []
     statuses = _claim_statuses(brain, run_id)
-    assert set(statuses.values()) == {"failed"} and len(statuses) == 4, statuses
+    assert set(statuses.values()) == {"failed"} and len(statuses) == 3, statuses
     brain.until_idle()  # a later start rewrites nothing back
     assert _claim_statuses(brain, run_id) == statuses
     assert [r["outcome"] for r in brain.finished("fan")] == ["aborted"]
@@ -883,7 +891,7 @@ def test_gate_abort_on_a_runs_claim_aborts_the_run(brain: Brain) -> None:
 def test_gate_abort_with_the_daemon_down_is_applied_when_it_starts(brain: Brain) -> None:
     """With no daemon running the abort is kept (as an answer is) and applied when the daemon starts: the run
     ends `aborted` without its waiting items running again."""
-    _fan(brain, concurrency=1)
+    _fan(brain, "one, two, three", concurrency=1, agent=_ALL_ASK)
     brain.until_idle()
     [run] = brain.status()["runs"]
     run_id = run["run_id"]
@@ -892,6 +900,7 @@ def test_gate_abort_with_the_daemon_down_is_applied_when_it_starts(brain: Brain)
     brain.until_idle()
     [record] = brain.finished("fan")
     assert record["outcome"] == "aborted", record
+    assert [s["attempt"] for s in record["steps"]] == [1, 1, 1], record  # none ran again
     assert brain.escalations() == []
     assert set(_claim_statuses(brain, run_id).values()) == {"failed"}
 
