@@ -808,3 +808,106 @@ def test_gate_approve_on_a_chain_steps_claim_answers_its_run(brain: Brain, actio
     assert record["outcome"] == outcome, record
     assert brain.escalations() == []
     assert brain.cli("decide", esc["id"], "approve").rc == 1  # already answered
+
+
+# ---------------------------------------------------------------- aborting a run through its claim
+
+#: An agent for a fan-out: ``one`` asks the person, ``two`` works until stopped (it leaves ``work/started-two`` as it
+#: starts and ``work/done-two`` only if it ever ends by itself), any other answers ok.
+_ASK_WORK_OK = """
+    import json, os, pathlib, sys, time
+    json.load(sys.stdin)
+    item = os.environ["AMBIENT_ITEM"]
+    work = pathlib.Path(os.environ["AMBIENT_BRAIN"]) / "work"
+    work.mkdir(exist_ok=True)
+    if item == "one":
+        print(json.dumps({"signal": "ESCALATE", "options": ["go", "stop"], "question": "go on?"}))
+    elif item == "two":
+        (work / "started-two").write_text("")
+        time.sleep(120)
+        (work / "done-two").write_text("")
+        print(json.dumps({"status": "ok"}))
+    else:
+        print(json.dumps({"status": "ok"}))
+"""
+
+
+#: Every item asks the person.
+_ALL_ASK = """
+    import json, sys
+    json.load(sys.stdin)
+    print(json.dumps({"signal": "ESCALATE", "options": ["go", "stop"], "question": "go on?"}))
+"""
+
+
+def _fan(brain: Brain, items: str, concurrency: int, agent: str = _ASK_WORK_OK) -> None:
+    brain.python_agent("asker", agent, timeout_s=300)
+    brain.workflow(
+        "fan",
+        f"""
+        workflow: fan
+        for_each:
+          items: [{items}]
+          spawn: asker
+          concurrency: {concurrency}
+          scope: {{zone: project, files: ["work/fan/{{{{item}}}}.txt"]}}
+    """,
+    )
+
+
+def _claim_statuses(brain: Brain, run_id: str) -> dict[str, str]:
+    return {p.stem: str(yaml.safe_load(p.read_text())["status"]) for p in brain.path("claims").glob(f"{run_id}*.yml")}
+
+
+def test_gate_abort_on_a_runs_claim_aborts_the_run(brain: Brain) -> None:
+    """`ambient gate abort` on the claim of a run aborts the run, as an ABORT packet does: its running agent is
+    stopped, its unfinished items aborted, its waiting question cancelled saying why, the run ends `aborted`, and
+    its claims say `failed` for good (they once went `failed` while the run ran on, ended `success` and were
+    rewritten `closed`)."""
+    _fan(brain, "one, two", concurrency=2)
+    with brain.daemon() as daemon:
+        [esc] = brain.wait_escalation()
+        wait(lambda: brain.path("work/started-two").exists(), "item two's agent at work")
+        [run] = brain.status()["runs"]
+        run_id = run["run_id"]
+        res = brain.ok("gate", "abort", run_id, "wrong release")
+        assert "abort" in res.out and run_id in res.out, res
+        [record] = brain.wait_finished("fan")
+        assert record["outcome"] == "aborted", record
+        daemon.wait_log("escalation_cancelled", escalation=esc["id"])
+    assert not brain.path("work/done-two").exists()  # its agent was stopped, not left to finish
+    cancelled = {e["id"]: e for e in brain.escalations(all=True)}[esc["id"]]
+    assert cancelled["status"] == "cancelled" and "wrong release" in (cancelled.get("note") or ""), cancelled
+    late = brain.decide(esc["id"], "go")
+    assert late.rc == 1 and "wrong release" in late.err, late
+    assert brain.escalations() == []
+    statuses = _claim_statuses(brain, run_id)
+    assert set(statuses.values()) == {"failed"} and len(statuses) == 3, statuses
+    brain.until_idle()  # a later start rewrites nothing back
+    assert _claim_statuses(brain, run_id) == statuses
+    assert [r["outcome"] for r in brain.finished("fan")] == ["aborted"]
+
+
+def test_gate_abort_with_the_daemon_down_is_applied_when_it_starts(brain: Brain) -> None:
+    """With no daemon running the abort is kept (as an answer is) and applied when the daemon starts: the run
+    ends `aborted` without its waiting items running again."""
+    _fan(brain, "one, two, three", concurrency=1, agent=_ALL_ASK)
+    brain.until_idle()
+    [run] = brain.status()["runs"]
+    run_id = run["run_id"]
+    res = brain.ok("gate", "abort", run_id, "not today")
+    assert "when the daemon starts" in res.out, res
+    brain.until_idle()
+    [record] = brain.finished("fan")
+    assert record["outcome"] == "aborted", record
+    assert [s["attempt"] for s in record["steps"]] == [1, 1, 1], record  # none ran again
+    assert brain.escalations() == []
+    assert set(_claim_statuses(brain, run_id).values()) == {"failed"}
+
+
+def test_gate_abort_on_a_claim_that_is_no_run_keeps_cascading_on_claims(brain: Brain) -> None:
+    """A claim that is no run's (opened by hand) is aborted as before: it and its open children fail."""
+    _open(brain, "sess-hand", "projets/app/", claim_type="pilote")
+    res = brain.ok("gate", "abort", "sess-hand", "by hand")
+    assert "sess-hand: open -> failed" in res.out, res
+    assert _status_of(brain, "sess-hand") == "failed"

@@ -1135,3 +1135,26 @@ def test_a_url_the_daemon_never_sent_to_is_not_said_up_and_one_that_failed_is_of
         wait(lambda: brain.cli("doctor").rc == 1, "the failed message to turn the channel off")
         after = brain.cli("doctor")
     assert "is off: the last message failed" in after.out, after
+
+
+def test_decide_exits_3_when_its_run_was_aborted_before_the_answer(brain: Brain) -> None:
+    """`decide` exits 3 when the question's run ended before the answer: here the run was aborted through its claim
+    (`ambient gate abort`) while no daemon ran, and the answer came next. Nothing applies it: the question is
+    closed saying why (`ambient escalations --all`), and the run ends `aborted` when the daemon starts."""
+    brain.python_agent("deploy", FAILING)
+    _rollout(brain, items=("eu-1",))
+    brain.until_idle()
+    [esc] = brain.escalations()
+    [run] = brain.status()["runs"]
+    brain.ok("gate", "abort", run["run_id"], "the release was called off")
+    late = brain.decide(esc["id"], "retry")
+    assert late.rc == 3, late
+    assert "was not applied" in late.err and "the release was called off" in late.err, late
+    closed = _all(brain)[esc["id"]]
+    assert closed["status"] == "cancelled" and "the release was called off" in closed["note"], closed
+    assert brain.escalations() == []
+    brain.until_idle()
+    [record] = brain.finished("rollout")
+    assert record["outcome"] == "aborted", record
+    steps = [(s["item"], s["attempt"]) for s in record["steps"]]
+    assert steps == [("eu-1", 1)], record  # the answer was never applied: eu-1 did not run again

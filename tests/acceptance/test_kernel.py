@@ -712,3 +712,87 @@ def test_a_misspelt_zone_is_named_with_the_zone_it_looks_like(brain: Brain) -> N
     res = brain.cli("validate")
     assert "agents/zoned.md:" in res.out and "zone 'projet' is not a kernel zone" in res.out, res
     assert "did you mean 'project'?" in res.out, res
+
+
+# ---------------------------------------------------------------- ADAPT and ABORT to ambient
+
+#: ``one`` works until ``work/release`` appears, holding the fan-out's only slot; the others answer ok at once.
+#: Every item run leaves ``work/ran-<item>``.
+_HOLDS_FIRST = """
+    import json, os, pathlib, sys, time
+    json.load(sys.stdin)
+    item = os.environ["AMBIENT_ITEM"]
+    work = pathlib.Path(os.environ["AMBIENT_BRAIN"]) / "work"
+    work.mkdir(exist_ok=True)
+    (work / f"ran-{item}").write_text("")
+    while item == "one" and not (work / "release").exists():
+        time.sleep(0.05)
+    print(json.dumps({"status": "ok"}))
+"""
+
+
+def _adapt(workflow: str, changes: Any) -> dict[str, Any]:
+    return {
+        "from": "human",
+        "to": "ambient",
+        "signal": "ADAPT",
+        "payload": {"context": {"workflow": workflow, "changes": changes}},
+    }
+
+
+def test_adapt_skips_named_items_of_a_running_fan_out_and_says_what_it_did(brain: Brain) -> None:
+    """ADAPT `changes: {skip: [...]}` to ambient skips those items of a running for_each that have not started: they
+    end `skipped` and never run; a name the run does not have is said in the log, not dropped in silence."""
+    brain.python_agent("worker", _HOLDS_FIRST, timeout_s=120)
+    brain.workflow(
+        "fan",
+        """
+        workflow: fan
+        for_each:
+          items: [one, two, three]
+          spawn: worker
+          concurrency: 1
+    """,
+    )
+    with brain.daemon() as daemon:
+        wait(lambda: brain.path("work/ran-one").exists(), "item one at work")
+        res = _send(brain, _adapt("fan", {"skip": ["three", "four"]}))
+        assert res.rc == 0, res
+        [skipped] = daemon.wait_log("run_adapted")
+        assert skipped["skipped"] == ["three"], skipped
+        assert "four" in json.dumps(skipped["not_skipped"]), skipped
+        brain.write("work/release", "")
+        [record] = brain.wait_finished("fan")
+    assert brain.path("work/ran-two").exists() and not brain.path("work/ran-three").exists()
+    claim = next(brain.path("claims").glob(f"{record['run_id']}-item-003.yml")).read_text()
+    assert "status: closed" in claim and "ADAPT" in claim, claim
+    assert [s["item"] for s in record["steps"]] == ["one", "two"], record
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"skip": "three"}, {"add": ["four"]}, ["three"], {"skip": []}, {"skip": [3]}],
+    ids=["skip-not-a-list", "unknown-change", "not-a-mapping", "skip-empty", "skip-not-names"],
+)
+def test_an_adapt_ambient_cannot_carry_out_is_refused_saying_what_it_accepts(brain: Brain, changes: Any) -> None:
+    """An ADAPT to ambient that asks for something ambient does not do is refused at `ambient send` (exit 2), the
+    reason saying what ADAPT accepts; it is never delivered to change nothing."""
+    res = _send(brain, _adapt("fan", changes))
+    assert res.rc == 2, res
+    assert "changes: {skip: [" in res.json()["reason"], res
+
+
+def test_adapt_or_abort_naming_no_running_run_is_said_in_the_log(brain: Brain) -> None:
+    """ADAPT or ABORT naming a workflow or run that is not running is delivered (it may be meant for a run that
+    just ended), and the daemon says it found nothing to act on."""
+    abort = {
+        "from": "human",
+        "to": "ambient",
+        "signal": "ABORT",
+        "payload": {"context": {"workflow": "ghost", "reason": "why not"}},
+    }
+    with brain.daemon() as daemon:
+        assert _send(brain, _adapt("ghost", {"skip": ["one"]})).rc == 0
+        assert _send(brain, abort).rc == 0
+        daemon.wait_log("packet_found_no_run", signal="ADAPT", workflow="ghost")
+        daemon.wait_log("packet_found_no_run", signal="ABORT", workflow="ghost")

@@ -127,6 +127,28 @@ def test_a_claim_offers_exactly_its_legal_gate_actions(brain: Brain, console: Co
     ]
 
 
+def test_abort_on_a_runs_claim_from_the_console_aborts_the_run(brain: Brain, console: Console) -> None:
+    """The console's Abort on a run's claim is `ambient gate abort`: the run is aborted (here with no daemon
+    running: when it starts), its question cancelled saying the console did it, and its claims end failed."""
+    brain.python_agent("deploy", "import json, sys\njson.load(sys.stdin)\nsys.exit(1)\n")
+    brain.workflow("rollout", "workflow: rollout\nfor_each: {items: [eu-1], spawn: deploy}\n")
+    brain.until_idle()
+    [esc] = brain.escalations()
+    [run] = brain.status()["runs"]
+    run_id = run["run_id"]
+    with _client(console) as http:
+        form = {"action": "abort", "message": "called off", "csrf": _csrf(console), "back": "/claims"}
+        text, level = _notice(http.post(f"/claims/{run_id}/gate", data=form))
+    assert level == "ok" and text.startswith(f"{run_id}: abort handed to its run as ABORT"), text
+    assert "applied when the daemon starts" in text
+    brain.until_idle()
+    [record] = brain.finished("rollout")
+    assert record["outcome"] == "aborted", record
+    [cancelled] = [e for e in brain.escalations(all=True) if e["id"] == esc["id"]]
+    assert cancelled["status"] == "cancelled" and "called off (the console" in cancelled["note"], cancelled
+    assert brain.ok("gate", "status", run_id).out.startswith(f"{run_id}: failed")
+
+
 def test_a_lock_is_released_from_the_claims_page_unless_it_changed_hands(brain: Brain, console: Console) -> None:
     brain.ok("lock", "acquire", "work/a.txt", "sess-1", "--ttl", "5")
     csrf = _csrf(console)

@@ -1,10 +1,10 @@
 """Answer an escalation: the one code path of ``ambient decide`` and the console's option buttons.
 
 The outcome is typed, so each door says it its own way: the CLI as exit codes (0 decided, 1 already settled, 2
-refused, 3 its run ended: the answer cannot be applied, 4 failed: the answer could not be written), the console as a
-notice. A refused or late answer changes nothing (the store's guard and the rules of
-:mod:`ambient.human.escalations`); "decided" is said only once the answer is on disk (fsync'd) where the daemon
-applies it: the escalation of a run that is still running or will be resumed.
+refused, 3 its run ended (or an abort of it waits for the daemon): the answer cannot be applied, 4 failed: the
+answer could not be written), the console as a notice. A refused or late answer changes nothing (the store's guard
+and the rules of :mod:`ambient.human.escalations`); "decided" is said only once the answer is on disk (fsync'd)
+where the daemon applies it: the escalation of a run that is still running or will be resumed.
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ import structlog
 from ambient.actions.people import os_user, short_duration
 from ambient.core.errors import InputError
 from ambient.engine.journals import run_glance
+from ambient.engine.planner import names_run
 from ambient.human.escalation_store import EscalationStore
 from ambient.human.escalations import AlreadyAnsweredError, Channel, Escalation, option_for
+from ambient.kernel.inbox import read_inbox
+from ambient.kernel.packet import AMBIENT, Packet, Signal
 from ambient.storage.paths import BrainPaths
 
 log = structlog.get_logger(__name__)
@@ -85,9 +88,27 @@ def decide(
 
 
 def _run_ended(paths: BrainPaths, esc: Escalation) -> str | None:
-    """Why nothing will apply an answer to ``esc`` any more (its run ended), or None while its run may."""
+    """Why nothing will apply an answer to ``esc`` any more (its run ended, or an abort of it waits for the daemon),
+    or None while its run may."""
     glance = run_glance(paths, esc.run_id)
-    return glance.reason if glance is not None and glance.ended else None
+    if glance is not None and glance.ended:
+        return glance.reason
+    return _abort_waiting(paths, esc)
+
+
+def _abort_waiting(paths: BrainPaths, esc: Escalation) -> str | None:
+    """An ABORT of the question's run waiting in the daemon's inbox (``ambient gate abort`` or ``ambient send``
+    while the daemon was down), sealed as the daemon believes it: the daemon ends the run with it before it applies
+    any answer, so an answer now is one nothing applies."""
+    for _path, pkt, sealed in read_inbox(paths):
+        if not sealed or not isinstance(pkt, Packet) or pkt.signal != Signal.ABORT or pkt.to != AMBIENT:
+            continue
+        ctx = pkt.payload.context
+        if names_run(str(ctx.get("workflow")), esc.run_id, esc.workflow):
+            reason = str(ctx.get("reason") or "").strip()
+            said = f": {reason}" if reason else ""
+            return f"the run was aborted by {pkt.from_}{said} (the daemon ends it when it next starts or looks)"
+    return None
 
 
 def _too_late(

@@ -2,19 +2,24 @@
 
 A chain step's ``gate: human`` waits both as its claim (``waiting_human``) and as a question of its run: approve or
 reject on that claim answers the question, exactly as ``ambient decide`` would (the run then moves the claim), so
-the claim and the run never disagree. Any other claim moves by :meth:`ambient.claims.store.ClaimStore.transition`
+the claim and the run never disagree. Likewise abort on the claim of a run that has not ended aborts the run: an
+ABORT packet to ambient, routed as ``ambient send`` routes it (:mod:`ambient.actions.send`), which the daemon
+carries out at once, or at its start if it is down (the run then moves its claims: ``failed``, for good). Any other
+claim moves by :meth:`ambient.claims.store.ClaimStore.transition`
 (its cascades and ``gate_history``). A refusal changes nothing and raises what the store raises
 (:class:`~ambient.core.errors.TransitionError`, :class:`~ambient.human.escalations.AlreadyAnsweredError`...).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ambient.actions.people import os_user
 from ambient.claims.claim import legal_actions
 from ambient.claims.store import ClaimStore
+from ambient.engine.journals import run_glance
 from ambient.human.escalation_store import EscalationStore
 
 if TYPE_CHECKING:
@@ -51,6 +56,9 @@ class GateOutcome:
     moves: list[Move] = field(default_factory=list)
     question: str | None = None
     decision: str | None = None
+    run: str | None = None  # the run an abort was handed to (an ABORT packet)
+    packet: str | None = None
+    applied_now: bool = False  # a running daemon took the ABORT (else: when the daemon starts)
 
     @property
     def message(self) -> str:
@@ -58,6 +66,12 @@ class GateOutcome:
         if self.question is not None:
             how = f"the run's question {self.question}, answered as `ambient decide` would"
             return f"{self.sess_id}: {self.decision} ({how})"
+        if self.run is not None:
+            when = "the running daemon applies it now" if self.applied_now else "applied when the daemon starts"
+            return (
+                f"{self.sess_id}: abort handed to its run as ABORT {self.packet} ({when}): its running agents stop, "
+                "its unfinished items are aborted, its questions are cancelled, and it ends aborted"
+            )
         return "; ".join(f"{m.sess_id}: {m.before} -> {m.after}{' (cascade)' if m.cascade else ''}" for m in self.moves)
 
     def statuses(self) -> dict[str, str]:
@@ -97,8 +111,43 @@ def move_gate(
             done = EscalationStore(paths).answer(esc.id, action, by=who, channel=channel, note=message)
             return GateOutcome(sess_id, action, question=esc.id, decision=done.decision)
         _refuse_if_waiting_on_a_question(paths, sess_id, action)
+    if action == "abort" and _run_going_on(paths, sess_id):
+        who = by if by is not None else os_user()
+        return _abort_run(paths, sess_id, message, who, channel)
     changed = ClaimStore(paths).transition(sess_id, action, message, token=token)
     return GateOutcome(sess_id, action, moves=[_move(sid, claim, sess_id) for sid, claim in changed.items()])
+
+
+def _run_going_on(paths: BrainPaths, sess_id: str) -> bool:
+    """Whether ``sess_id`` is the claim of a run whose journal has not ended (a run ambient runs or will resume)."""
+    glance = run_glance(paths, sess_id)
+    return glance is not None and not glance.ended
+
+
+def _abort_run(paths: BrainPaths, run_id: str, message: str | None, who: str, channel: Channel) -> GateOutcome:
+    """Abort a run as an ABORT packet does: the person's ABORT to ambient, through the router and the daemon's inbox
+    (durable: a daemon that is down applies it at its start). A packet the router refuses is refused here."""
+    from ambient.actions.send import send_packet
+    from ambient.core.errors import TransitionError
+    from ambient.kernel.sendsocket import NoAnswer
+
+    door = "the console" if channel == "web" else "ambient gate abort"
+    reason = f"{message} ({door}, by {who})" if message else f"{door}, by {who}"
+    packet = {
+        "from": "human",
+        "to": "ambient",
+        "signal": "ABORT",
+        "payload": {"context": {"workflow": run_id, "reason": reason}},
+    }
+    try:
+        sent = send_packet(paths, json.dumps(packet).encode())
+    except NoAnswer as exc:
+        raise TransitionError(f"cannot tell whether run {run_id} was aborted: {exc.strerror}") from exc
+    if not sent.delivered:
+        raise TransitionError(
+            f"cannot abort run {run_id}: its ABORT was {sent.answer.get('status')}: {sent.answer.get('reason')}"
+        )
+    return GateOutcome(run_id, "abort", run=run_id, packet=str(sent.answer.get("id")), applied_now=sent.via == "daemon")
 
 
 def _refuse_if_waiting_on_a_question(paths: BrainPaths, sess_id: str, action: str) -> None:

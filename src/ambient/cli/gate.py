@@ -7,7 +7,8 @@ and exits 2 with the reason.
 
 A chain step's ``gate: human`` waits both as its claim (``waiting_human``) and as a question of its run: approve or
 reject on that claim answers the question, exactly as ``ambient decide`` would (the run then moves the claim), so
-the claim and the run never disagree.
+the claim and the run never disagree. Likewise abort on the claim of a run that has not ended aborts the run, as an
+ABORT packet does (the running daemon applies it at once; a daemon that is down, when it starts).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "gate",
         _cmd_gate,
         help="human gate on a claim: gate, approve, reject, pause, resume, abort, status",
-        description="Move a claim through its human gate. Exit codes: 0 done, 2 refused (illegal transition, "
+        description="Move a claim through its human gate. Abort on a run's claim aborts the run (an ABORT packet: "
+        "at once with a daemon running, else when it starts). Exit codes: 0 done, 2 refused (illegal transition, "
         "unknown claim) — a refusal changes nothing.",
     )
     p.add_argument("action", choices=_ACTIONS, metavar="ACTION", help=" | ".join(_ACTIONS))
@@ -61,7 +63,10 @@ def _cmd_gate(args: argparse.Namespace) -> int:
         outcome = move_gate(paths, args.sess_id, args.action, args.message, token=args.token)
     except AlreadyAnsweredError as exc:  # the run's gate question, answered elsewhere meanwhile
         return fail(str(exc), EXIT_NO)
-    if outcome.question is not None:
+    if outcome.run is not None and args.json:
+        out_json({"sess_id": args.sess_id, "run": outcome.run, "abort": outcome.packet, "now": outcome.applied_now})
+        return EXIT_OK
+    if outcome.question is not None or outcome.run is not None:
         out(outcome.message)
         return EXIT_OK
     if args.json:

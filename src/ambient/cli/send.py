@@ -12,12 +12,9 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, out_json, say
-
-if TYPE_CHECKING:
-    from ambient.storage.paths import BrainPaths
 
 # The router is imported only when no daemon answers (see ambient.kernel.sendsocket): it costs ~0.2 s of imports.
 
@@ -58,7 +55,8 @@ def _read(source: str, limit: int) -> bytes:
 
 
 def _send(args: argparse.Namespace) -> int:
-    from ambient.kernel.sendsocket import MAX_PACKET_BYTES, TOKEN_ENV, NoAnswer, ask_daemon
+    from ambient.actions.send import send_packet
+    from ambient.kernel.sendsocket import MAX_PACKET_BYTES, TOKEN_ENV, NoAnswer
     from ambient.storage.paths import BrainPaths
 
     root = brain_dir(args)
@@ -71,35 +69,12 @@ def _send(args: argparse.Namespace) -> int:
     paths = BrainPaths(root)
     token = os.environ.get(TOKEN_ENV) or None
     try:
-        answer = ask_daemon(paths.state, raw, token)
+        sent = send_packet(paths, raw, token)
     except NoAnswer as exc:
         return fail(f"{exc.strerror}; the packet may have been delivered (see .ambient/audit.jsonl)")
-    if answer is None:  # no daemon listening: route it here
-        answer = _route_here(paths, raw, token)
-    return _report(answer, args.json)
-
-
-def _route_here(paths: BrainPaths, raw: bytes, token: str | None) -> dict[str, Any]:
-    """Route in this process, as the daemon would: the same router, audit record and inbox delivery."""
-    import asyncio
-
-    from ambient.kernel.inbox import inbox_handler
-    from ambient.kernel.router import Router
-    from ambient.kernel.sendsocket import summary
-    from ambient.storage.fsutil import private_dir
-
-    private_dir(paths.inbox)  # a link there is refused by name (exit 2) before anything is routed or audited
-    router, problems = Router.for_brain(paths, buffered=True)
-    try:
-        for problem in problems:
-            if problem.severity == "error":
-                say(f"{problem}")
-        router.set_default(inbox_handler(paths))
-        assert router.registry is not None
-        outcome = asyncio.run(router.send(raw, router.registry.channel_for(token)))
-    finally:
-        router.close()
-    return summary(outcome)
+    for problem in sent.problems:
+        say(f"{problem}")
+    return _report(sent.answer, args.json)
 
 
 def _report(answer: dict[str, Any], as_json: bool) -> int:

@@ -37,7 +37,8 @@ hold           hold (per_run|daily|provider) [spent limit budget day] [error age
 unhold         hold reason (a daily hold answered wait: the UTC day changed)
 decided        [item] escalation option action by channel [latency_s note auto rule] [answer] (an abort, or
                a reject but of a for_each item, aborts every unfinished item)
-skipped        item [before_start] (before_start: a step before the one the run started at)
+skipped        item [before_start] [reason] (before_start: a step before the one the run started at;
+               reason: who skipped it, an ADAPT)
 interrupted    item attempt [reason] (a stop cut the agent short; reason ``restart``: a crash did)
 gate           item state escalation [before] agent (chains' human gates; before: the step has not run yet)
 breaker        scope fails tripped
@@ -226,6 +227,7 @@ class Ruling:
 class SkippedFields(TypedDict):
     item: str
     before_start: NotRequired[bool]  # a step before the one the run started at
+    reason: NotRequired[str]  # why, when it is not the item's own result (an ADAPT)
 
 
 class InterruptedFields(TypedDict):

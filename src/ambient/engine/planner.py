@@ -181,6 +181,37 @@ GATE_OPTIONS: Sequence[tuple[str, str]] = (
 ANSWER = "answer"
 
 
+def names_run(name: str, run_id: str, workflow: str) -> bool:
+    """Whether an ABORT's or ADAPT's ``workflow`` names this run: its run id (that run alone) or its workflow's name
+    (every run of it)."""
+    return name in (run_id, workflow)
+
+
+#: Item statuses an ADAPT may skip: not started yet, or waiting to be tried again (no agent at work, no question).
+ADAPT_SKIPPABLE: frozenset[str] = frozenset({"pending", "retry_wait"})
+
+
+def adapt_skips(state: RunState, names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """What an ADAPT ``changes: {skip: names}`` does to a run: the items it skips, and each name it does not skip
+    with why (never nothing in silence)."""
+    skip: list[str] = []
+    refused: dict[str, str] = {}
+    if state.form != "for_each":
+        return [], {n: f"ADAPT skips items of a for_each; {state.run_id} is a {state.form}" for n in names}
+    if state.finished or state.aborted:
+        return [], {n: f"the run {state.run_id} has ended" for n in names}
+    by_name = {it.name: it for it in state.items}
+    for name in dict.fromkeys(names):
+        item = by_name.get(name)
+        if item is None:
+            refused[name] = f"the run {state.run_id} has no item {name!r}"
+        elif item.status in ADAPT_SKIPPABLE:
+            skip.append(name)
+        else:
+            refused[name] = f"item {name!r} is {item.status}; only an item not started yet is skipped"
+    return skip, refused
+
+
 def question_options(proposed: Sequence[str]) -> list[tuple[str, str, str]]:
     """(key, label, action) of an agent's own ESCALATE: its proposed answers, then skip and abort.
 

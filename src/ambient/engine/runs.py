@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Concatenate, Literal, ParamSpec, TypeVar
@@ -44,7 +44,7 @@ from ambient.engine.budget import (
     spend_by_agent,
 )
 from ambient.engine.events import FinishedFields, FinishedResult, Ruling, RunEvent
-from ambient.engine.planner import ANSWER, FanOut, ItemTemplate
+from ambient.engine.planner import ANSWER, FanOut, ItemTemplate, adapt_skips
 from ambient.engine.ports import Attempt, AttemptResult, EscalationRequest, Ports
 from ambient.engine.records import DecisionRecord, RunRecord, StepRecord
 from ambient.engine.runstate import ABORTING, TERMINAL_ITEM, ItemState, RunState, aborts_run, apply_event, outcome_of
@@ -593,6 +593,25 @@ class RunExecutor(ABC):
 
     def _statuses(self) -> list[str]:
         return [it.status for it in self.state.items]
+
+    def adapt(self, *, by: str, skip: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+        """Carry out an ADAPT ``changes: {skip: [...]}``: the named items not started yet end ``skipped`` (each its
+        claim), and a note in the journal says what was skipped and what was not, why. Returns the same."""
+        skipped, refused = adapt_skips(self.state, skip)
+        if self.state.finished:
+            return skipped, refused
+        for name in skipped:
+            self.event(events.skipped, item=name, reason=f"skipped by an ADAPT from {by}")
+        said = "; ".join(f"{name}: {why}" for name, why in refused.items())
+        text = f"ADAPT from {by}: skipped {', '.join(skipped) or 'nothing'}" + (
+            f" (not skipped: {said})" if said else ""
+        )
+        self.event(events.note, text=text[:2000])
+        self.journal.sync()
+        for name in skipped:
+            self.ports.claims.item_changed(self.state, self._by_name[name])
+        self.poke()
+        return skipped, refused
 
     def _stop_aborted(self, before: list[str]) -> None:
         """After an abort: the running agents are stopped and every item it changed shows so in its claim."""

@@ -97,6 +97,7 @@ class RunState:
     final_gate: str | None = None  # swarm: pending|passed|rejected
     final_escalation: str | None = None
     aborted: bool = False  # an abort (decision, exit trigger, ABORT packet) ended the run, whatever its items did
+    abort_note: str | None = None  # an ABORT packet's sender and reason: what its cancelled questions say
     gated: list[str] = field(default_factory=list)  # chains: steps a human gate asked about before they ran
     asked: list[dict[str, Any]] = field(default_factory=list)  # every escalation: escalation, item, kind, agent
     requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # pending escalation id → its asked request
@@ -267,6 +268,8 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
                 state.asking.pop(item.name, None)
                 item.status = "skipped"
                 item.result = NOT_RUN if ev.get("before_start") else "skipped"
+                if ev.get("reason"):
+                    item.error = str(ev.get("reason"))
         case "interrupted":
             if item is not None:
                 item.status = "pending"
@@ -301,6 +304,8 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
             _final_gate(state, ev)
         case "abort":
             _abort_unfinished(state)
+            reason = str(ev.get("reason") or "").strip()
+            state.abort_note = f"by {ev.get('by') or 'ambient'}" + (f": {reason}" if reason else "")
         case "hold":
             _hold(state, ev)
         case "unhold":
@@ -544,6 +549,8 @@ def ended_because(state: RunState) -> str:
         if aborts_run(state.form, d.get("action"), d.get("item")):
             where = f" on {d['item']}" if d.get("item") else ""
             return f"the run was aborted: {d.get('option')}{where} by {d.get('by') or 'ambient'}"
+    if state.abort_note is not None:
+        return f"the run was aborted {state.abort_note}"
     return f"the run ended ({state.outcome or 'unfinished'})"
 
 

@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict
 from ambient.core.errors import UnsafePathError
 from ambient.core.problems import Problem
 from ambient.kernel.packet import (
+    AMBIENT,
     BROADCAST,
     BROADCAST_SIGNALS,
     CLAIMS_STORE,
@@ -62,7 +63,6 @@ from ambient.kernel.zones import DEFAULT_RULES, KERNEL, KERNEL_ZONES, PERSONAL, 
 
 WILDCARD: Final = "*"
 HUMAN: Final = "human"
-AMBIENT: Final = "ambient"
 ORCHESTRATOR: Final = "orchestrator"
 RESERVED: Final = frozenset({HUMAN, AMBIENT, CLAIMS_STORE, BROADCAST})
 ALL_SIGNALS: Final = frozenset(Signal)

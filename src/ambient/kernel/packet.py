@@ -18,7 +18,8 @@ CHECKPOINT      payload.context (the snapshot)                       ``to`` must
 HANDOFF         payload.context + payload.decision                   ``to`` must equal ``from``
                                                                      and ``session_id`` is required
 ORCHESTRATE     context {workflow*, step, context}                   --
-ADAPT           context {workflow*, changes*}                        --
+ADAPT           context {workflow*, changes*}                        to ``ambient``: changes is
+                                                                     ``{skip: [item, ...]}``
 ABORT           context {workflow*, reason*}                         --
 STEP_DONE       context {step*, result*}                             --
 GATE_PENDING    context {step*, message*}                            --
@@ -85,6 +86,7 @@ MAX_PAYLOAD_NODES: Final = 10_000
 MAX_PAYLOAD_CHARS: Final = 256 * KiB
 
 BROADCAST: Final = "broadcast"
+AMBIENT: Final = "ambient"  # the daemon, as a principal
 CLAIMS_STORE: Final = "bsi"  # ADR-026 "BSI": the claims store, CHECKPOINT's only destination
 
 NAME_PATTERN: Final = rf"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_NAME - 1}}}$"  # agent, human, ambient...
@@ -442,7 +444,42 @@ def signal_violations(pkt: Packet) -> list[str]:
         errors.append(f"to: broadcast is only for NOTIFY; {sig} needs one receiver")
     if pkt.from_ == BROADCAST or pkt.from_ == CLAIMS_STORE:
         errors.append(f"from: {pkt.from_} is a destination, not a sender")
+    if sig is Signal.ADAPT and to == AMBIENT and "changes" in pkt.payload.context:
+        problem = adapt_changes_problem(pkt.payload.context["changes"])
+        if problem is not None:
+            errors.append(f"signal ADAPT to ambient: {problem}")
     return errors
+
+
+#: What an ADAPT to ambient may change: the items of a running for_each to skip (they end ``skipped``).
+ADAPT_CHANGES: Final = "changes: {skip: [item, ...]} (the names of a running for_each's items that have not started)"
+
+
+def adapt_changes(changes: Any) -> tuple[str, ...] | None:
+    """The item names an ADAPT's ``changes`` asks ambient to skip, or None when ambient cannot carry them out."""
+    if not isinstance(changes, dict) or set(changes) != {"skip"}:
+        return None
+    skip = changes["skip"]
+    if not isinstance(skip, list) or not skip or not all(isinstance(s, str) and s for s in skip):
+        return None
+    return tuple(skip)
+
+
+def adapt_changes_problem(changes: Any) -> str | None:
+    """Why ambient cannot carry out an ADAPT's ``changes`` (None: it can), saying what it accepts."""
+    if adapt_changes(changes) is not None:
+        return None
+    if isinstance(changes, dict):
+        other = sorted(str(k) for k in changes if k != "skip")
+        if other:
+            what = f"payload.context.changes.{other[0]} is not a change ambient makes"
+        elif "skip" not in changes:
+            what = "payload.context.changes is empty"
+        else:
+            what = "payload.context.changes.skip must be a non-empty list of item names"
+    else:
+        what = f"payload.context.changes must be a mapping, got {type(changes).__name__}"
+    return f"{what}; ambient accepts {ADAPT_CHANGES}"
 
 
 class Packet(_Strict):

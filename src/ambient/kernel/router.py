@@ -37,8 +37,8 @@ from ambient.core.clock import Clock, SystemClock
 from ambient.core.errors import InputError, PacketError, UnsafePathError
 from ambient.core.problems import Problem
 from ambient.kernel.channels import Channel, ChannelRegistry
-from ambient.kernel.matrix import AMBIENT, AccessMatrix, Decision
-from ambient.kernel.packet import BROADCAST, Packet, Signal, decode_packet, make_packet, validation_message
+from ambient.kernel.matrix import AccessMatrix, Decision
+from ambient.kernel.packet import AMBIENT, BROADCAST, Packet, Signal, decode_packet, make_packet, validation_message
 from ambient.kernel.zones import DEFAULT_RULES, ZoneRule, zones_below
 from ambient.storage.fsutil import resolve_in_brain
 from ambient.storage.journal import Journal, Unwritten, iter_jsonl

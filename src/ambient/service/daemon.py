@@ -241,6 +241,9 @@ class Daemon:
         self.engine = TriggerEngine(
             [
                 self.workflows_eval,
+                # Before the answers: an ABORT waiting when the daemon starts (`ambient gate abort` while it was
+                # down) ends its run before an answer given earlier could start an agent of it.
+                InboxEvaluator(p, self.router, self.packets.on_packet),
                 EscalationEvaluator(
                     self.escalations,
                     self.manager,
@@ -249,7 +252,6 @@ class Daemon:
                     wake=lambda: self.engine.wake(),
                     respawn=self.starts.respawn,
                 ),
-                InboxEvaluator(p, self.router, self.packets.on_packet),
                 self.stale_claims,
                 HeapTrimEvaluator(),
                 statemodes.StateModesEvaluator(p, self.clock),

@@ -7,7 +7,6 @@ person; anything else is a turn of its target's live thread).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,14 +14,14 @@ from typing import Any
 import structlog
 
 from ambient.core.clock import Clock
-from ambient.engine import events
 from ambient.engine.manager import RunManager
-from ambient.engine.planner import ANSWER
+from ambient.engine.planner import ANSWER, names_run
 from ambient.engine.ports import EscalationRequest
+from ambient.engine.runs import RunExecutor
 from ambient.kernel import sendsocket
 from ambient.kernel.channels import Channel
 from ambient.kernel.inbox import write_inbox
-from ambient.kernel.packet import Packet
+from ambient.kernel.packet import AMBIENT, Packet, adapt_changes, adapt_changes_problem
 from ambient.kernel.router import Router
 from ambient.service.adapters import BrainRef
 from ambient.service.escalator import StoreEscalator
@@ -77,30 +76,65 @@ class PacketDesk:
                 context=extra if isinstance(extra, dict) else None,
                 at_step=str(step) if step is not None else None,
             )
-        elif sig == "ABORT":
-            name = str(ctx.get("workflow"))
-            for ex in list(self.manager.executors.values()):
-                if ex.state.workflow == name or ex.state.run_id == name:
-                    ex.abort(by=pkt.from_, reason=str(ctx.get("reason", "")))
-        elif sig == "ADAPT":
-            name = str(ctx.get("workflow"))
-            changes = ctx.get("changes") if isinstance(ctx.get("changes"), dict) else {}
-            skip = changes.get("skip") if isinstance(changes, dict) else None
-            for ex in self.manager.executors.values():
-                if ex.state.workflow != name:
-                    continue
-                for item in ex.state.items:
-                    if isinstance(skip, list) and item.name in [str(s) for s in skip] and item.status == "pending":
-                        ex.event(events.skipped, item=item.name)
-                ex.event(events.note, text=f"ADAPT from {pkt.from_}: {json.dumps(changes)[:300]}")
-                ex.journal.sync()
-                ex.poke()
+        elif sig == "ABORT" and pkt.to == AMBIENT:
+            self.abort_runs(pkt)
+        elif sig == "ADAPT" and pkt.to == AMBIENT:
+            self.adapt_runs(pkt)
         elif sig == "SPAWN" and (pkt.to in self.ref.brain.runners or pkt.to in self.ref.brain.matrix.agents):
             self.starts.start_spawn(pkt)
         elif sig == "ESCALATE" and pkt.from_ not in ("human", "ambient"):
             await self.escalate_sent(pkt)
         else:
             log.info("packet_received", signal=sig, sender=pkt.from_, to=pkt.to)
+
+    def _named(self, pkt: Packet) -> list[RunExecutor]:
+        """The unfinished runs an ABORT or ADAPT names (its ``workflow``: a run id or a workflow's name); none is
+        said in the log, never dropped in silence."""
+        name = str((pkt.payload.context or {}).get("workflow"))
+        runs = [
+            ex
+            for ex in self.manager.executors.values()
+            if not ex.state.finished and names_run(name, ex.state.run_id, ex.state.workflow)
+        ]
+        if not runs:
+            log.warning(
+                "packet_found_no_run",
+                signal=str(pkt.signal),
+                workflow=name,
+                packet=pkt.id,
+                sender=pkt.from_,
+                reason="no unfinished run has that run id or workflow name",
+            )
+        return runs
+
+    def abort_runs(self, pkt: Packet) -> None:
+        """ABORT: each run it names is aborted (unfinished items aborted, running agents stopped; its questions are
+        cancelled, saying why, as it ends)."""
+        reason = str((pkt.payload.context or {}).get("reason", ""))
+        for ex in self._named(pkt):
+            log.info("run_aborting", run_id=ex.state.run_id, workflow=ex.state.workflow, by=pkt.from_, reason=reason)
+            ex.abort(by=pkt.from_, reason=reason)
+
+    def adapt_runs(self, pkt: Packet) -> None:
+        """ADAPT ``changes: {skip: [...]}``: the named items of each run it names that have not started are skipped;
+        what it skipped and what it did not (why) is logged and noted in the run's journal. The router refused any
+        other ``changes`` (:func:`~ambient.kernel.packet.adapt_changes_problem`)."""
+        ctx = pkt.payload.context or {}
+        skip = adapt_changes(ctx.get("changes"))
+        if skip is None:  # a packet the router let through under an older rule: said, not dropped in silence
+            log.warning("adapt_refused", packet=pkt.id, reason=adapt_changes_problem(ctx.get("changes")))
+            return
+        for ex in self._named(pkt):
+            skipped, refused = ex.adapt(by=pkt.from_, skip=skip)
+            say = log.warning if refused else log.info
+            say(
+                "run_adapted",
+                run_id=ex.state.run_id,
+                workflow=ex.state.workflow,
+                by=pkt.from_,
+                skipped=skipped,
+                not_skipped=refused,
+            )
 
     async def escalate_sent(self, pkt: Packet) -> None:
         """An agent's ESCALATE handed in by ``ambient send``, outside any run: an escalation like any other (file,

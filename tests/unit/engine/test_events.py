@@ -47,10 +47,11 @@ NO_WAIT = RetryPolicy(attempts=2, base_s=0.0, jitter=False)
 def snapshot(state: RunState) -> Any:
     """A folded state as plain JSON (sets sorted), to compare with the one the code before folded (which had no
     ``asking``: an empty one is left out). Fields the state gained since (an item's ``resumed``: why it runs again,
-    tested in test_resumed.py) are left out."""
+    tested in test_resumed.py; the run's ``abort_note``: who and why, tested in test_adapt.py) are left out."""
     data = json.loads(json.dumps(dataclasses.asdict(state), default=sorted))
     if not data.get("asking"):
         data.pop("asking", None)
+    data.pop("abort_note", None)
     for item in data["items"]:
         item.pop("resumed", None)
     return data

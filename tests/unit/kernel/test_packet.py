@@ -23,6 +23,8 @@ from ambient.kernel.packet import (
     SIGNAL_RULES,
     Packet,
     Signal,
+    adapt_changes,
+    adapt_changes_problem,
     make_packet,
     new_packet_id,
     parse_packet,
@@ -246,6 +248,39 @@ class TestPayloadRule:
         """Orchestration signals carry exactly their spec/004 fields in payload.context."""
         to = BROADCAST if signal == "NOTIFY" else "human"
         assert expected in errors_of(raw(signal=signal, to=to, payload={"context": context}))
+
+    @pytest.mark.parametrize(
+        ("changes", "expected"),
+        [
+            ({"skip": ["a", "b"]}, ("a", "b")),
+            ({"skip": []}, None),
+            ({"skip": "a"}, None),
+            ({"skip": ["a", 1]}, None),
+            ({"skip": [""]}, None),
+            ({"skip": ["a"], "add": ["b"]}, None),
+            ({}, None),
+            (["a"], None),
+            (None, None),
+        ],
+    )
+    def test_adapt_changes_ambient_carries_out(self, changes: Any, expected: tuple[str, ...] | None) -> None:
+        """ambient carries out one change, ``skip`` of named items; anything else has a problem that says what it
+        accepts."""
+        assert adapt_changes(changes) == expected
+        problem = adapt_changes_problem(changes)
+        assert (problem is None) == (expected is not None)
+        if problem is not None:
+            assert "ambient accepts changes: {skip: [item, ...]}" in problem
+
+    def test_an_adapt_to_ambient_is_refused_unless_ambient_can_carry_it_out(self) -> None:
+        """To ambient, an ADAPT's changes must be one ambient makes; to another principal they are its business."""
+        odd = {"workflow": "w", "changes": {"reorder": [2, 1]}}
+        assert "changes.reorder is not a change ambient makes" in errors_of(
+            raw(signal="ADAPT", to="ambient", payload={"context": odd})
+        )
+        Packet.model_validate(raw(signal="ADAPT", to="kernel-orchestrator", payload={"context": odd}))
+        fine = {"workflow": "w", "changes": {"skip": ["one"]}}
+        Packet.model_validate(raw(signal="ADAPT", to="ambient", payload={"context": fine}))
 
     @pytest.mark.parametrize("signal", sorted(ORCHESTRATION_SIGNALS))
     def test_orchestration_refuses_other_fields(self, signal: Signal) -> None:

@@ -379,7 +379,7 @@ PAYLOADS: dict[str, dict[str, Any]] = {
     "CHECKPOINT": {"context": {"snapshot": 1}},
     "HANDOFF": {"context": {"a": 1}, "decision": "d"},
     "ORCHESTRATE": {"context": {"workflow": "w"}},
-    "ADAPT": {"context": {"workflow": "w", "changes": []}},
+    "ADAPT": {"context": {"workflow": "w", "changes": {"skip": ["one"]}}},
     "ABORT": {"context": {"workflow": "w", "reason": "r"}},
     "STEP_DONE": {"context": {"step": 1, "result": "ok"}},
     "GATE_PENDING": {"context": {"step": 1, "message": "m"}},
