@@ -162,12 +162,21 @@ def deploy_plan(day: int, cal: Calendar) -> dict[str, list[str]]:
     return plan
 
 
-def schedule(day: int, cal: Calendar) -> list[tuple[int, str, dict[str, list[str]]]]:
-    """(hour, workflow, plan) of each run of ``day``: nightly every day, deploy and release on weekdays."""
+def schedule(day: int, cal: Calendar, *, claude: bool = False) -> list[tuple[int, str, dict[str, list[str]]]]:
+    """(hour, workflow, plan) of each run of ``day``: nightly every day, deploy and release on weekdays (and the
+    Claude agent's CI triage, with ``claude``)."""
     runs: list[tuple[int, str, dict[str, list[str]]]] = [(2, "nightly", nightly_plan(day, cal))]
     if day % 7 < 5:
         runs += [(9, "deploy", deploy_plan(day, cal)), (11, "release", {})]
+        if claude:
+            runs.append((14, "triage", {}))
     return runs
+
+
+def triage_commands(day: int) -> list[str]:
+    """The Bash calls of the Claude agent's triage on ``day``: one the same every day, one whose arguments change
+    (the failing test of the day): each asks permission (outside the agent's allowlist)."""
+    return ["echo lint >> work/triage/lint.log", f"echo case_{day % 11}_{day} >> work/triage/tests.log"]
 
 
 def failure_of(detail: str) -> Failure | None:
@@ -183,6 +192,8 @@ def oracle(esc: Mapping[str, Any], day: int, before: int, seed: int, cal: Calend
     item in the same run before it: the person's, whoever answered."""
     if esc.get("kind") == "gate":
         return "approve"
+    if esc.get("kind") == "permission":
+        return "allow"  # once: the person reads the command each time
     failure = failure_of(str(esc.get("detail") or esc.get("question") or ""))
     if failure is None:
         raise RuntimeError(f"the bench's oracle does not know this question: {esc.get('question')!r}")
@@ -253,6 +264,34 @@ chain:
   - {step: 1, type: deploy, scope: workspace/release/, agents: [builder]}
   - {step: 2, type: deploy, scope: workspace/release/, agents: [builder], gate: human}
 """
+
+
+TRIAGE = """\
+workflow: triage
+status: draft
+for_each:
+  items: [ci]
+  spawn: triager
+  concurrency: 1
+  scope: {zone: project, files: ["work/triage"]}
+"""
+
+
+def triager_file(day: int) -> str:
+    """The Claude agent of the CI triage, its playbook for the fake model (ambient.testing.fakeapi) that of ``day``."""
+    steps: list[dict[str, Any]] = [{"tool": "Bash", "input": {"command": c}} for c in triage_commands(day)]
+    steps.append({"answer": {"signal": "RETURN", "result": {"status": "ok", "item": "$ITEM"}}})
+    steps.append({"on_deny": {"signal": "RETURN", "result": {"status": "partial", "note": "not allowed"}}})
+    return (
+        "---\nname: triager\ntype: agent\nbrain:\n  version: 1\n  ipc:\n"
+        "    receives_from: [ambient, orchestrator, human]\n"
+        "    sends_to: [ambient, orchestrator, human]\n"
+        "    zone_access: [project]\n"
+        "    signals: [RETURN, ERROR, ESCALATE, BLOCKED_ON]\n"
+        "ambient:\n  runner:\n    kind: claude\n    timeout_s: 120\n---\n"
+        "You triage the failing CI jobs of the night.\n\n"
+        "```fake-model\n" + "\n".join(json.dumps(x) for x in steps) + "\n```\n"
+    )
 
 
 class Hook(ThreadingHTTPServer):
@@ -352,8 +391,11 @@ class Month:
 class Bench:
     """One brain, its daemon on the simulated clock, and the scripted person."""
 
-    def __init__(self, base: Path, seed: int, cal: Calendar, say: Callable[[str], None] = print) -> None:
-        self.base, self.seed, self.cal, self.say = base, seed, cal, say
+    def __init__(
+        self, base: Path, seed: int, cal: Calendar, say: Callable[[str], None] = print, *, claude: bool = False
+    ) -> None:
+        self.base, self.seed, self.cal, self.say, self.claude = base, seed, cal, say, claude
+        self.api: Any = None
         self.root = base / "brain"
         self.clock = base / "clock.json"
         self.env = _env()
@@ -396,6 +438,14 @@ class Bench:
         (self.root / "workflows" / "nightly.yml").write_text(foreach("nightly", NIGHTLY_ITEMS, "nightly-job", 4))
         (self.root / "workflows" / "deploy.yml").write_text(foreach("deploy", DEPLOY_ITEMS, "deployer", 1))
         (self.root / "workflows" / "release.yml").write_text(RELEASE)
+        if self.claude:
+            from ambient.testing.fakeapi import FakeAnthropic
+
+            self.api = FakeAnthropic().__enter__()
+            self.env.update({"ANTHROPIC_BASE_URL": self.api.url, "ANTHROPIC_API_KEY": "sk-ant-bench-key-0123456789"})
+            (self.root / "agents" / "triager.md").write_text(triager_file(0))
+            (self.root / "workflows" / "triage.yml").write_text(TRIAGE)
+            (self.root / "work" / "triage").mkdir(parents=True, exist_ok=True)
         (self.root / "workspace").mkdir(exist_ok=True)
         config = self.root / "profil" / "ambient.yml"
         config.write_text(
@@ -424,6 +474,8 @@ class Bench:
             self.proc.wait(timeout=60)
         self.hook.shutdown()
         self.hook.server_close()
+        if self.api is not None:
+            self.api.__exit__(None, None, None)
 
     def _wait(self, cond: Callable[[], Any], what: str, timeout: float = 120) -> Any:
         deadline = time.monotonic() + timeout
@@ -567,7 +619,9 @@ class Bench:
         self.start_daemon()
         try:
             for day in range(days):
-                for hour, workflow, plan in schedule(day, self.cal):
+                if self.claude:  # the day's playbook, written hours (simulated) before the agent runs
+                    (self.root / "agents" / "triager.md").write_text(triager_file(day))
+                for hour, workflow, plan in schedule(day, self.cal, claude=self.claude):
                     set_clock(self.clock, START + timedelta(days=day, hours=hour))
                     self.one_run(day, workflow, plan)
                 set_clock(self.clock, START + timedelta(days=day, hours=18))
@@ -603,7 +657,11 @@ class Bench:
             week = weeks[day // 7]
             by = str(esc.get("by") or "")
             failure = failure_of(str(esc.get("detail") or esc.get("question") or ""))
-            kind = "gate" if esc.get("kind") == "gate" else (failure.name if failure else "?")
+            kind = (
+                str(esc.get("kind"))
+                if esc.get("kind") in ("gate", "permission")
+                else (failure.name if failure else "?")
+            )
             if failure is not None and failure.novel and failure.name not in novel_first:
                 novel_first[failure.name] = "person" if not by.startswith("rule:") else by
             if by.startswith("rule:"):
@@ -647,17 +705,19 @@ def iso_week(when: datetime) -> str:
     return f"{year}-W{week:02d}"
 
 
-def run_month(base: Path, days: int, seed: int, say: Callable[[str], None] = print) -> Month:
-    """The bench's core: ``days`` simulated days on a fresh brain under ``base``; the tally."""
-    return Bench(base, seed, Calendar.of(days), say).month(days)
+def run_month(base: Path, days: int, seed: int, say: Callable[[str], None] = print, *, claude: bool = False) -> Month:
+    """The bench's core: ``days`` simulated days on a fresh brain under ``base``; the tally. ``claude``: a Claude
+    agent (the real Claude Code CLI against the fake model API) triages CI on weekdays, asking permissions."""
+    return Bench(base, seed, Calendar.of(days), say, claude=claude).month(days)
 
 
 def report(m: Month) -> list[str]:
-    lines = [f"{'WEEK':9} {'DAYS':>4} {'RUNS':>4} {'ASKED':>5} {'AUTO':>4} {'WRONG':>5}  ASKED BY KIND"]
+    lines = [f"{'WEEK':9} {'DAYS':>4} {'RUNS':>4} {'ASKED':>5} {'PERM':>4} {'AUTO':>4} {'WRONG':>5}  ASKED BY KIND"]
     for i, w in enumerate(m.weeks):
         ndays = min(7, m.days - 7 * i)
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(w.by_kind.items(), key=lambda kv: -kv[1]))
-        lines.append(f"{w.label:9} {ndays:>4} {w.runs:>4} {w.asked:>5} {w.auto:>4} {w.wrong:>5}  {kinds}")
+        perm = w.by_kind.get("permission", 0)
+        lines.append(f"{w.label:9} {ndays:>4} {w.runs:>4} {w.asked:>5} {perm:>4} {w.auto:>4} {w.wrong:>5}  {kinds}")
     red = m.reduction()
     if red is not None:
         lines.append(
@@ -691,6 +751,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the brain for inspection")
     ap.add_argument("--stats", action="store_true", help="also print `ambient stats --weeks 6` at the end")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--claude", action="store_true", help="add the Claude agent's CI triage (permission prompts)")
     ap.add_argument("--tally", metavar="DIR", default=None, help="only count again what a kept run left in DIR")
     args = ap.parse_args()
     if args.tally:
@@ -698,7 +759,7 @@ def main() -> int:
     else:
         with TempDir(args.dir, args.keep) as base:
             print(f"a simulated month of {args.days} days from {START.date()} in {base}")
-            m = run_month(base, args.days, args.seed)
+            m = run_month(base, args.days, args.seed, claude=args.claude)
     for line in report(m):
         print(line)
     if args.stats:
