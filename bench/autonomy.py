@@ -62,17 +62,16 @@ class Calendar:
     certificate: int = 9
     oom: int = 16
     image_tag: int = 23  # a Wednesday: the deploy reaches the web item (a Tuesday's migration aborts it first)
-    permission: int = 26
+    write_denied: int = 26
 
     @classmethod
     def of(cls, days: int) -> Calendar:
         """The month's calendar; a week's for a run of fewer than 30 days (the reduced bench of the tests)."""
-        return cls() if days >= 30 else cls(outage=4, certificate=2, oom=3, image_tag=4, permission=6)
+        return cls() if days >= 30 else cls(outage=4, certificate=2, oom=3, image_tag=4, write_denied=6)
 
     def novel_day(self, name: str) -> int | None:
-        return {"certificate": self.certificate, "oom": self.oom, "image-tag": self.image_tag}.get(
-            name, self.permission if name == "permission" else None
-        )
+        days = {"certificate": self.certificate, "oom": self.oom, "image-tag": self.image_tag}
+        return days.get(name, self.write_denied if name == "write-denied" else None)
 
 
 NIGHTLY_ITEMS = ["backup", "assets", "mirror", "lint", "report", "docs", "index", "search"]
@@ -102,7 +101,7 @@ FAILURES = [
     Failure("certificate", "certificate for", "skip", novel=True),
     Failure("oom", "out of memory", "retry", novel=True),
     Failure("image-tag", "not found in the registry", "abort", novel=True),
-    Failure("permission", "permission denied writing", "skip", novel=True),
+    Failure("write-denied", "permission denied writing", "skip", novel=True),
 ]
 
 
@@ -121,7 +120,7 @@ def error_text(name: str, day: int, item: str) -> str:
         "certificate": f"certificate for {item}.example.org expires in {40 - day} days",
         "oom": f"out of memory while building the search index ({1024 + n} MB)",
         "image-tag": f"image tag {item}-{day}.{n} not found in the registry",
-        "permission": f"permission denied writing /srv/backups/{day}.tar",
+        "write-denied": f"permission denied writing /srv/backups/{day}.tar",
     }[name]
 
 
@@ -131,8 +130,8 @@ def nightly_plan(day: int, cal: Calendar) -> dict[str, list[str]]:
     wd = day % 7
     plan: dict[str, list[str]] = {}
     plan["backup"] = ["timeout"] * (6 if day == cal.outage else 1)
-    if day == cal.permission:
-        plan["backup"] = ["permission"]
+    if day == cal.write_denied:
+        plan["backup"] = ["write-denied"]
     if wd in (0, 2, 4, 5):
         plan["assets"] = ["timeout"]
     plan["mirror"] = ["upstream-503"]
@@ -348,6 +347,14 @@ class Week:
     auto: int = 0
     wrong: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)  # failure name → questions that reached the person
+    # Questions that must reach the person whatever the loop learned: a novel failure's first, one the person
+    # answers both ways, a permission whose exact call has not been seen before.
+    must_ask: int = 0
+
+    @property
+    def learnable(self) -> int:
+        """The questions a learning loop could have spared the person."""
+        return self.asked - self.must_ask
 
 
 @dataclass
@@ -650,6 +657,7 @@ class Bench:
         novel_first: dict[str, str] = {}
         per_item: dict[tuple[str, str, str], int] = {}
         inconsistent_auto = 0
+        calls: set[str] = set()  # permission calls asked so far
         for esc in escs:
             if esc.get("run_id") not in run_day or esc.get("status") != "answered":
                 continue
@@ -662,8 +670,11 @@ class Bench:
                 if esc.get("kind") in ("gate", "permission")
                 else (failure.name if failure else "?")
             )
-            if failure is not None and failure.novel and failure.name not in novel_first:
+            first_of_novel = failure is not None and failure.novel and failure.name not in novel_first
+            if failure is not None and first_of_novel:
                 novel_first[failure.name] = "person" if not by.startswith("rule:") else by
+            first_call = kind == "permission" and esc.get("detail") not in calls
+            calls.add(str(esc.get("detail")))
             if by.startswith("rule:"):
                 week.auto += 1
                 key = (esc["run_id"], str(esc.get("item") or esc.get("step")), by)
@@ -680,6 +691,8 @@ class Bench:
             else:
                 week.asked += 1
                 week.by_kind[kind] = week.by_kind.get(kind, 0) + 1
+                if first_of_novel or first_call or (failure is not None and failure.answer is None):
+                    week.must_ask += 1
         for f in FAILURES:
             first = self.cal.novel_day(f.name)
             if first is not None and first < days and f.name not in novel_first:
@@ -720,6 +733,12 @@ def report(m: Month) -> list[str]:
         lines.append(f"{w.label:9} {ndays:>4} {w.runs:>4} {w.asked:>5} {perm:>4} {w.auto:>4} {w.wrong:>5}  {kinds}")
     red = m.reduction()
     if red is not None:
+        w1, w4 = m.weeks[0], m.weeks[3]
+        lines.append(
+            f"questions a loop could spare (not a novel failure's first, not answered both ways, not a new call): "
+            f"week 1 {w1.learnable}, week 4 {w4.learnable} ({w4.learnable / max(1, w1.learnable):.0%}); "
+            f"must reach the person: week 1 {w1.must_ask}, week 4 {w4.must_ask}"
+        )
         lines.append(
             f"week 4 asks {m.weeks[3].asked} questions, week 1 {m.weeks[0].asked}: {red:.0%} "
             f"(target <= 10 %: {'met' if red <= 0.10 else 'MISSED'})"

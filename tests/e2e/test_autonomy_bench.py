@@ -29,7 +29,7 @@ def test_a_simulated_week_of_the_learning_loop_never_decides_wrongly_nor_a_novel
         "certificate": "person",
         "oom": "person",
         "image-tag": "person",
-        "permission": "person",
+        "write-denied": "person",
     }
     # On the outage night the learned retry decided the item exactly up to the bound, then the person had it.
     assert month.max_auto_per_item == autonomy.AUTO_REPEATS
