@@ -348,8 +348,11 @@ class Week:
     wrong: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)  # failure name → questions that reached the person
     # Questions that must reach the person whatever the loop learned: a novel failure's first, one the person
-    # answers both ways, a permission whose exact call has not been seen before.
+    # answers both ways.
     must_ask: int = 0
+    perm: int = 0  # tool permissions asked of the person (not in ``asked``)
+    perm_new: int = 0  # of which for a call never asked before
+    perm_auto: int = 0  # tool permissions a learned rule answered alone (not in ``auto``)
 
     @property
     def learnable(self) -> int:
@@ -673,10 +676,16 @@ class Bench:
             first_of_novel = failure is not None and failure.novel and failure.name not in novel_first
             if failure is not None and first_of_novel:
                 novel_first[failure.name] = "person" if not by.startswith("rule:") else by
-            first_call = kind == "permission" and esc.get("detail") not in calls
-            calls.add(str(esc.get("detail")))
+            if kind == "permission":  # counted apart: tool permissions are matched on the exact call
+                new_call = esc.get("detail") not in calls
+                calls.add(str(esc.get("detail")))
+                if by.startswith("rule:"):
+                    week.perm_auto += 1
+                else:
+                    week.perm += 1
+                    week.perm_new += new_call
             if by.startswith("rule:"):
-                week.auto += 1
+                week.auto += kind != "permission"
                 key = (esc["run_id"], str(esc.get("item") or esc.get("step")), by)
                 per_item[key] = per_item.get(key, 0) + 1
                 right = oracle(esc, day, self._before(esc, escs), self.seed, self.cal)
@@ -688,10 +697,10 @@ class Bench:
                         f"day {day + 1} {esc['workflow']}/{esc.get('item') or esc.get('step')}: {by} chose "
                         f"{esc.get('decision')!r}, the person's answer is {right!r} ({kind})"
                     )
-            else:
+            elif kind != "permission":
                 week.asked += 1
                 week.by_kind[kind] = week.by_kind.get(kind, 0) + 1
-                if first_of_novel or first_call or (failure is not None and failure.answer is None):
+                if first_of_novel or (failure is not None and failure.answer is None):
                     week.must_ask += 1
         for f in FAILURES:
             first = self.cal.novel_day(f.name)
@@ -725,17 +734,22 @@ def run_month(base: Path, days: int, seed: int, say: Callable[[str], None] = pri
 
 
 def report(m: Month) -> list[str]:
-    lines = [f"{'WEEK':9} {'DAYS':>4} {'RUNS':>4} {'ASKED':>5} {'PERM':>4} {'AUTO':>4} {'WRONG':>5}  ASKED BY KIND"]
+    lines = [
+        f"{'WEEK':9} {'DAYS':>4} {'RUNS':>4} {'ASKED':>5} {'AUTO':>4} {'WRONG':>5} {'PERM':>4} {'(NEW)':>5} "
+        f"{'PERM-AUTO':>9}  ASKED BY KIND"
+    ]
     for i, w in enumerate(m.weeks):
         ndays = min(7, m.days - 7 * i)
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(w.by_kind.items(), key=lambda kv: -kv[1]))
-        perm = w.by_kind.get("permission", 0)
-        lines.append(f"{w.label:9} {ndays:>4} {w.runs:>4} {w.asked:>5} {perm:>4} {w.auto:>4} {w.wrong:>5}  {kinds}")
+        lines.append(
+            f"{w.label:9} {ndays:>4} {w.runs:>4} {w.asked:>5} {w.auto:>4} {w.wrong:>5} {w.perm:>4} {w.perm_new:>5} "
+            f"{w.perm_auto:>9}  {kinds}"
+        )
     red = m.reduction()
     if red is not None:
         w1, w4 = m.weeks[0], m.weeks[3]
         lines.append(
-            f"questions a loop could spare (not a novel failure's first, not answered both ways, not a new call): "
+            f"questions a loop could spare (not a novel failure's first, not answered both ways): "
             f"week 1 {w1.learnable}, week 4 {w4.learnable} ({w4.learnable / max(1, w1.learnable):.0%}); "
             f"must reach the person: week 1 {w1.must_ask}, week 4 {w4.must_ask}"
         )
