@@ -10,14 +10,17 @@ A scripted person answers every question that reaches them (a notification on a 
 item, abort a conflicting migration, approve the release; a few situations are answered inconsistently (the person
 looks at something the agent did not say); novel failures appear mid-month. Once ``ambient rules`` lists an active
 rule that does not decide alone yet, the person accepts it (``ambient rules accept ID``), as a user who trusts
-what the loop proposed.
+what the loop proposed; reading the notice of an automatic decision they would not have taken, they forget its
+rule (``ambient rules forget ID``). ``--claude`` adds a Claude agent (the real Claude Code CLI against
+ambient.testing.fakeapi) whose Bash calls ask permission, one the same every day, one with the day's arguments.
 
 Printed per ISO week: questions that reached the person, automatic decisions, WRONG automatic decisions (against the
-oracle), the most automatic decisions a rule took on one item of one run; then the reduction week 1 → week 4.
-Targets: week 4 asks ≤ 10 % of week 1, 0 wrong automatic decisions, every novel failure reaches the person the
-first time, no item decided alone more than ``learning.auto_repeats`` times. Exit 1 when a target is missed.
+oracle), tool permissions asked (apart), the most automatic decisions a rule took on one item of one run; then the
+reduction week 1 → week 4 (docs/learning-loop.md, "Measuring the loop", says how to read them). Targets: week 4
+asks ≤ 10 % of week 1, 0 wrong automatic decisions, every novel failure reaches the person the first time, no item
+decided alone more than ``learning.auto_repeats`` times. Exit 1 when a target is missed.
 
-    python bench/autonomy.py [--days 30] [--seed 7] [--json out.json] [--keep --dir DIR]
+    python bench/autonomy.py [--days 30] [--seed 7] [--claude] [--stats] [--json out.json] [--keep --dir DIR]
 """
 
 from __future__ import annotations
