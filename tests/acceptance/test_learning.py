@@ -1008,7 +1008,7 @@ def test_a_learned_retry_is_bounded_then_handed_to_the_person(brain: Brain, webh
     """A rule that learned `retry` for a failure that always happens retries the item at most `learning.auto_repeats`
     times (backed off), then the person gets the item with what the rule did, and the rule is back in shadow."""
     _stated_brain(brain, webhook, items="[db]", extra="learning: {auto_repeats: 2, backoff_s: 0.05}")
-    with brain.daemon():
+    with brain.daemon() as daemon:
         seen: set[str] = set()
 
         def next_question() -> dict[str, Any]:
@@ -1037,6 +1037,11 @@ def test_a_learned_retry_is_bounded_then_handed_to_the_person(brain: Brain, webh
         assert "retried 2×" in brain.ok("rules").out
         assert brain.decide(handed["id"], "abort").rc == 0
         brain.wait_finished("nightly")
+        daemon.wait_log("answer_not_learned", escalation=handed["id"], rule=rule_id)
+        # The answer after the rule's tries is about giving up on this item, not instead of a retry: the rule keeps
+        # its option and counts no disagreement (one would ask the person twice as many agreements).
+        [rule] = _rules(brain)["rules"]
+        assert (rule["option"], rule["disagreements"], rule["agreements"]) == ("retry", 0, 0), rule
 
 
 def test_the_prediction_is_shown_where_the_person_decides(brain: Brain, telegram: FakeTelegram, tmp_path: Path) -> None:

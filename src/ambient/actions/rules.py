@@ -9,7 +9,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ambient.core.clock import utcnow
-from ambient.learning.rules import AutoDecide, RuleBook, accept, find_rule, forget, may_auto_decide
+from ambient.learning.rules import (
+    AutoDecide,
+    RuleBook,
+    accept,
+    agreements_needed,
+    find_rule,
+    forget,
+    may_auto_decide,
+)
 from ambient.learning.rulestore import load_rules, rules_path, update_rules
 
 if TYPE_CHECKING:
@@ -74,7 +82,7 @@ def accept_rule(paths: BrainPaths, rule_id: str) -> RuleOutcome:
     else:
         text = (
             f"rule {rule.id} accepted: it decides alone once active "
-            f"({rule.agreements}/{book.promote_after} agreements so far, state {rule.state})"
+            f"({rule.agreements}/{agreements_needed(rule, book.promote_after)} agreements so far, state {rule.state})"
         )
     return RuleOutcome(rule, book, text)
 

@@ -269,6 +269,18 @@ def _index(rules: Sequence[Rule], situation: Situation) -> int | None:
     return None
 
 
+#: How many times over a rule's disagreements multiply the agreements it needs, at most: ``promote_after`` x (1 + 2).
+MAX_DOUBT = 2
+
+
+def agreements_needed(rule: Rule, promote_after: int) -> int:
+    """The agreements in a row a rule needs to be active: ``promote_after``, and as many more for each time the
+    person decided otherwise than it predicted (at most 3x). A situation the person answers both ways (they look at
+    something the agent did not say) would otherwise be promoted by its first short run of equal answers, and then
+    decide alone the times the person would have chosen the other way."""
+    return promote_after * (1 + min(rule.disagreements, MAX_DOUBT))
+
+
 def observe(
     rules: Sequence[Rule],
     situation: Situation,
@@ -282,7 +294,7 @@ def observe(
 
     - no rule for the situation: a new candidate in ``shadow`` predicting ``decision``;
     - the rule predicted ``decision``: one more agreement; ``shadow`` becomes ``active`` at
-      ``promote_after`` agreements;
+      :func:`agreements_needed` (``promote_after``, more after disagreements);
     - it predicted something else: demoted to ``shadow``, agreements reset, the disagreement
       recorded, and the rule now predicts the person's latest choice; a per-rule opt-in is
       withdrawn (the person accepted another decision);
@@ -307,7 +319,7 @@ def observe(
         return out
     if rule.option == decision:
         agreements = rule.agreements + 1
-        state = "active" if agreements >= promote_after else rule.state
+        state = "active" if agreements >= agreements_needed(rule, promote_after) else rule.state
         evidence = _push(rule.evidence, run_id)
         lost = None if state == "active" else rule.lost_standing
         out[i] = _evolve(
@@ -345,11 +357,11 @@ NEVER_ALONE_OPTIONS = frozenset({ALLOW_PATTERN_KEY})
 
 
 def may_auto_decide(rule: Rule | None, policy: Policy, *, options: Sequence[str] | None = None) -> bool:
-    """Whether ``rule`` may decide without the person: active, at least ``promote_after`` agreements,
+    """Whether ``rule`` may decide without the person: active, the agreements it needs (:func:`agreements_needed`),
     opted in (per rule, per workflow or globally, a workflow exclusion always wins), and its option
     among the escalation's ``options`` when they are given; never a budget or a refused key (NEVER_ALONE), never a
     situation without words of its own (:func:`has_words`), never a command pattern (NEVER_ALONE_OPTIONS)."""
-    if rule is None or rule.state != "active" or rule.agreements < policy.promote_after:
+    if rule is None or rule.state != "active" or rule.agreements < agreements_needed(rule, policy.promote_after):
         return False
     if rule.option in NEVER_ALONE_OPTIONS:
         return False
@@ -399,7 +411,7 @@ def accept(
     rule = out[i]
     state = rule.state
     if state == "forgotten":
-        state = "active" if rule.agreements >= promote_after else "shadow"
+        state = "active" if rule.agreements >= agreements_needed(rule, promote_after) else "shadow"
     out[i] = _evolve(rule, opted_in=True, state=state, updated_at=now or rule.updated_at)
     return out
 
@@ -425,10 +437,11 @@ def auto_decision_notice(rule: Rule, *, run_id: str, item: str | None = None) ->
 
 def shadow_hint(rule: Rule, policy: Policy) -> str:
     """One line for an escalation message: what the rule would choose and why it does not decide."""
+    needed = agreements_needed(rule, policy.promote_after)
     if rule.lost_standing:
-        why = f"it {rule.lost_standing}: back in shadow, {rule.agreements}/{policy.promote_after} agreements"
+        why = f"it {rule.lost_standing}: back in shadow, {rule.agreements}/{needed} agreements"
     elif not rule.situation.distinct and rule.situation.signal not in NEVER_ALONE:
-        why = f"never alone: no distinguishing words, {rule.agreements}/{policy.promote_after} agreements"
+        why = f"never alone: no distinguishing words, {rule.agreements}/{needed} agreements"
     elif rule.option in NEVER_ALONE_OPTIONS:
         why = "never alone: a command pattern is yours to accept"
     elif may_auto_decide(rule, policy):
@@ -436,7 +449,7 @@ def shadow_hint(rule: Rule, policy: Policy) -> str:
     elif rule.state == "active":
         why = f"active, not opted in: ambient rules accept {rule.id}"
     else:
-        why = f"in shadow, {rule.agreements}/{policy.promote_after} agreements"
+        why = f"in shadow, {rule.agreements}/{needed} agreements"
     return f"learned rule {rule.id} would choose {rule.option!r} ({why})"
 
 

@@ -146,6 +146,25 @@ def escalation_situation(esc: Escalation) -> Situation:
     return situation_of(esc.workflow, esc.agent, esc.kind, detail=detail, step=esc.step or esc.item)
 
 
+def handed_back(esc: Escalation, answered: Iterable[Escalation]) -> str | None:
+    """The learned rule that decided ``esc``'s situation alone on the same item of the same run before it was asked
+    (``answered``: escalations answered so far), if any: its tries came back (the bound, or the rule stopped
+    meanwhile), and the person's answer says what to do after them, not instead of them. It teaches the rule nothing:
+    counted as a disagreement, a retry learned from every other night would need twice the agreements again."""
+    where = esc.item or esc.step
+    situation = escalation_situation(esc)
+    for other in answered:
+        if (
+            other.id != esc.id
+            and other.channel == "rule"
+            and other.run_id == esc.run_id
+            and (other.item or other.step) == where
+            and escalation_situation(other) == situation
+        ):
+            return (other.by or "rule:?").removeprefix("rule:")
+    return None
+
+
 def escalation_predictions(path: Path, escs: Iterable[Escalation]) -> dict[str, str]:
     """What a learned rule would choose for each pending escalation (:func:`ambient.learning.rules.prediction`), by
     escalation id, from the rules file at ``path`` (read once); those without a prediction are absent."""

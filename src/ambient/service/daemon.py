@@ -182,7 +182,7 @@ class Daemon:
             buttons=s.telegram.answers,
             results=s.notify.results,
         )
-        self.escalator.learner = Learner(p, self.clock)
+        self.escalator.learner = Learner(p, self.clock, self.escalations)
         self.troubles = Troubles(p, self.clock, inform=self._tell_trouble, retry=lambda: self.engine.wake())
         self.digest = Digest(  # enabled by _apply_settings
             p, self.outbox, self.clock, s.notify.digest_hours, enabled=False, wake_outbox=self.notify.wake

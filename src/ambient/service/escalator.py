@@ -42,6 +42,7 @@ from ambient.learning.rules import (
 from ambient.learning.rulestore import (
     escalation_prediction,
     escalation_situation,
+    handed_back,
     load_rules,
     rules_path,
     update_rules,
@@ -55,9 +56,10 @@ log = structlog.get_logger(__name__)
 class Learner:
     """The learning loop's hands: learn from the person's answers, decide where a rule may (opt-in)."""
 
-    def __init__(self, paths: BrainPaths, clock: Clock) -> None:
+    def __init__(self, paths: BrainPaths, clock: Clock, store: EscalationStore | None = None) -> None:
         self.path = rules_path(paths)
         self.clock = clock
+        self.store = store  # the escalations answered so far: is an answer one after a rule's tries?
         self.bound = DEFAULT_AUTO_REPEATS  # learning.auto_repeats
         self.backoff_s = DEFAULT_BACKOFF_S  # learning.backoff_s
 
@@ -69,6 +71,13 @@ class Learner:
         """Record a human decision as evidence (blocking: call through ``to_thread``)."""
         if esc.decision is None or esc.channel in ("rule", "timeout"):
             return
+        if self.store is not None:
+            rule_id = handed_back(esc, self.store.list("answered"))
+            if rule_id is not None:
+                log.info(
+                    "answer_not_learned", escalation=esc.id, rule=rule_id, reason="answered after the rule's tries"
+                )
+                return
         sit = self.situation(esc)
         now = self.clock.now()
         try:

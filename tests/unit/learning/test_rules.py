@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -141,6 +142,23 @@ class TestRules:
         assert rule.last_disagreement.run_id == "run-x" and rule.evidence == ["run-x"]
         assert not may_auto_decide(rule, OPTED)
 
+    def test_a_situation_answered_both_ways_needs_more_agreements(self) -> None:
+        """Each time the person decided otherwise than the rule, N more agreements in a row make it active (at most
+        3N): a situation answered retry, skip, retry... by a person who looks at what the agent did not say is not
+        promoted by the first short run of equal answers."""
+        # retry x3, then skip (1 disagreement), then skip x6: active at 6 agreements, not at 3
+        rules = learn(["retry"] * 3 + ["skip"] * 4)
+        assert (rules[0].state, rules[0].agreements, rules[0].disagreements) == ("shadow", 3, 1)
+        assert not may_auto_decide(accept(rules, rules[0].id)[0], OPTED)
+        assert "3/6 agreements" in shadow_hint(rules[0], OPTED)
+        rules = learn(["retry"] * 3 + ["skip"] * 7)
+        assert (rules[0].state, rules[0].agreements) == ("active", 6)
+        assert may_auto_decide(rules[0], OPTED)
+        # four disagreements: 3N at most
+        rules = learn(["retry", "skip", "retry", "skip", "retry"] + ["retry"] * 9)
+        assert (rules[0].disagreements, rules[0].agreements, rules[0].state) == (4, 9, "active")
+        assert learn(["retry", "skip", "retry", "skip", "retry"] + ["retry"] * 8)[0].state == "shadow"
+
     def test_forget_and_accept_back(self) -> None:
         """A forgotten rule neither predicts nor learns; accepting it brings it back with its agreements."""
         rules = learn(["retry"] * 4)
@@ -190,13 +208,16 @@ class TestRules:
     @settings(max_examples=200)
     @given(st.lists(st.sampled_from(["retry", "skip", "abort"]), min_size=1, max_size=30), st.integers(1, 5))
     def test_auto_decision_only_after_n_consecutive_agreements(self, decisions: list[str], n: int) -> None:
-        """Whatever the answers, a rule may decide alone only if the last N+1 answers were its option."""
+        """Whatever the answers, a rule may decide alone only if the last K+1 answers were its option, K being N and N
+        more for each time the answers changed (at most 3N)."""
         rules = learn(decisions, promote_after=n)
         [rule] = rules
         assert rule.option == decisions[-1]
         allowed = may_auto_decide(rule, Policy(promote_after=n, auto_decide=AutoDecide(global_=True)))
-        tail = decisions[-(n + 1) :]
-        assert allowed == (len(tail) == n + 1 and set(tail) == {rule.option})
+        changes = sum(1 for before, after in pairwise(decisions) if before != after)
+        need = n * (1 + min(changes, 2))
+        tail = decisions[-(need + 1) :]
+        assert allowed == (len(tail) == need + 1 and set(tail) == {rule.option})
 
 
 class TestSituations:

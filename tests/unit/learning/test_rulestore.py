@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from ambient.core.errors import InputError
+from ambient.human.escalations import Escalation, EscalationDraft, new_escalation
 from ambient.learning.rules import AutoDecide, RuleBook, accept
-from ambient.learning.rulestore import load_rules, save_rules, update_rules
+from ambient.learning.rulestore import handed_back, load_rules, save_rules, update_rules
 from tests.unit.learning.test_rules import learn
+from tests.unit.learning.test_stats import T0
 
 
 class TestRuleStore:
@@ -74,3 +76,38 @@ class TestRuleStore:
         book = update_rules(path, lambda b: b.with_rules(accept(b.rules, b.rules[0].id)))
         assert load_rules(path)[0] == book and book.rules[0].opted_in
         assert (path.parent / "rules.lock").exists()
+
+
+def _failed(run_id: str, item: str, error: str, **answer: str) -> Escalation:
+    esc = new_escalation(
+        EscalationDraft(
+            workflow="nightly",
+            run_id=run_id,
+            kind="fail",
+            question=f"db failed on {item}",
+            item=item,
+            agent="db",
+            detail=f"agent exited with code 1: {error}",
+        ),
+        now=T0,
+    )
+    return esc.model_copy(update={"status": "answered", **answer}) if answer else esc
+
+
+def test_an_answer_after_a_rules_tries_on_the_same_item_is_handed_back() -> None:
+    """Only a rule's decision on the same situation of the same item of the same run makes the person's answer one
+    given after its tries (its numbers may differ: the situation is normalised)."""
+    asked = _failed("run-1", "db", "connection to 10.0.0.1 timed out after 30s")
+    by_rule = _failed("run-1", "db", "connection to 10.0.0.9 timed out after 31s", channel="rule", by="rule:r-1")
+    assert handed_back(asked, [by_rule]) == "r-1"
+    assert handed_back(asked, [by_rule.model_copy(update={"channel": "cli", "by": "human"})]) is None
+    assert (
+        handed_back(asked, [_failed("run-2", "db", "connection to 10.0.0.1 timed out after 30s", channel="rule")])
+        is None
+    )
+    assert (
+        handed_back(asked, [_failed("run-1", "web", "connection to 10.0.0.1 timed out after 30s", channel="rule")])
+        is None
+    )
+    assert handed_back(asked, [_failed("run-1", "db", "disk quota exceeded", channel="rule", by="rule:r-2")]) is None
+    assert handed_back(asked, [asked.model_copy(update={"channel": "rule"})]) is None  # itself
