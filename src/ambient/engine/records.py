@@ -115,6 +115,7 @@ class RunRecord(BaseModel):
     turns: int | None = None
     models: list[str] | None = None
     cost_unknown: int | None = None  # attempts whose cost is unknown: cost_usd is then a lower bound
+    spent_by_day: dict[str, float] | None = None  # UTC day → what the run spent that day (today's budget at a start)
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON-ready dict written as one line."""

@@ -12,14 +12,17 @@ not know is ignored.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, cast
 
-from ambient.engine.budget import UsageTotals, answer_hold
+from ambient.engine.budget import UsageTotals, answer_hold, day_of
 from ambient.engine.events import (
     Accepted,
     Asking,
+    Call,
     Decided,
     Decision,
     Escalated,
@@ -109,6 +112,9 @@ class RunState:
     holds: dict[str, HeldRun] = field(default_factory=dict)
     raised_run_usd: float = 0.0  # what the person allowed the run to spend beyond per_run_usd
     raised_day_usd: dict[str, float] = field(default_factory=dict)  # UTC day → allowed beyond daily_usd that day
+    #: UTC day → what the run spent that day: its metered calls by when they were recorded, the other attempts'
+    #: usage by when they finished (today's spend of a run that resumes after a crash: ambient.engine.spend).
+    spent_by_day: dict[str, float] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -243,6 +249,8 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
         case "finished":
             if item is not None:
                 _finished(state, item, ev)
+        case "call":
+            _call(state, item, ev)
         case "spawned":
             if item is not None:
                 item.pid = _pid(ev)
@@ -337,11 +345,8 @@ def _finished(state: RunState, item: ItemState, ev: Finished) -> None:
     item.error = ev.get("error")
     item.duration_ms = _int(ev, "duration_ms", 0, nullable=True)
     usage = ev.get("usage")
-    if isinstance(usage, dict) and usage:
-        if item.usage is None:
-            item.usage = UsageTotals()
-        item.usage.add(usage)
-        state.usage.add(usage)
+    if isinstance(usage, dict) and usage and not usage.get("metered"):  # metered: each call is counted already
+        _count_usage(state, item, usage, ev.get("at"))
     item.resumed = resumed_after(result, item.error)
     if result == "success":
         item.status = "done"
@@ -386,6 +391,27 @@ def _finished(state: RunState, item: ItemState, ev: Finished) -> None:
             if item.output.get(key) is not None:
                 step[key] = item.output[key]
     state.steps.append(step)
+
+
+def _count_usage(state: RunState, item: ItemState | None, usage: dict[str, Any], at: object) -> None:
+    """Usage counted for the item, the run and the day it was spent."""
+    if item is not None:
+        if item.usage is None:
+            item.usage = UsageTotals()
+        item.usage.add(usage)
+    cost = state.usage.add(usage)
+    if cost and isinstance(at, str):
+        with contextlib.suppress(ValueError):
+            day = day_of(datetime.fromisoformat(at))
+            state.spent_by_day[day] = state.spent_by_day.get(day, 0.0) + cost
+
+
+def _call(state: RunState, item: ItemState | None, ev: Call) -> None:
+    """A model call the gateway metered: its cost counts now, whatever becomes of its attempt."""
+    usage = ev.get("usage")
+    if not isinstance(usage, dict):
+        raise HistoryError(f"call record: usage must be an object, got {usage!r:.60}")
+    _count_usage(state, item, usage, ev.get("at"))
 
 
 def _escalated(state: RunState, item: ItemState | None, ev: Escalated) -> None:
