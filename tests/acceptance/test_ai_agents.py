@@ -773,6 +773,11 @@ def test_three_agents_at_once_near_the_budget_pass_it_by_no_more_than_their_call
         assert before < budget, (call, before)
     assert record["cost_usd"] == pytest.approx(sum(c["usage"]["cost_usd"] for c in calls), abs=1e-6)
     assert len(calls) < 3 * 4, "whole sessions ran past the budget"
+    # `ambient stats`: the worker's calls by model, and those refused
+    models = [m for m in brain.ok("stats", "--json").json()["models"] if m["agent"] == "worker"]
+    assert sum(m["calls"] for m in models) == len(calls)
+    assert sum(m["refused"] for m in models) >= 1
+    assert "REFUSED" in brain.ok("stats").out
 
 
 def test_kill_9_between_an_answer_and_its_record_loses_at_most_the_calls_in_flight(

@@ -125,6 +125,12 @@ def run_record(state: RunState) -> RunRecord:
         done=state.success_count,
         **state.usage.to_record(),
         spent_by_day={d: round(c, 8) for d, c in state.spent_by_day.items()} or None,
+        calls_by=[
+            {"agent": agent, "model": model, **figures, "cost_usd": round(figures["cost_usd"], 8)}
+            for agent, models in sorted(state.calls_by.items())
+            for model, figures in sorted(models.items())
+        ]
+        or None,
     )
 
 

@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import secrets
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -164,6 +163,8 @@ def metered(res: AgentResult, grant: Grant) -> AgentResult:
     ``over_budget`` error, which holds the run."""
     said = res.usage
     usage = grant.usage(session_id=said.session_id if said is not None else None)
+    if grant.refusals:
+        usage = replace(usage or Usage(model=grant.model), refused_calls=grant.refusals)
     usage = replace(usage, metered=True) if usage is not None else None
     if grant.refused is not None:
         return error_result("over_budget", f"a model call was refused: {grant.refused}", usage=usage)
@@ -418,15 +419,13 @@ class ModelGateway:
             stream=stream,
             partial=partial,
         )
-        started = time.monotonic()
         if self.hooks is not None:
             try:
                 await self.hooks.record(grant, call)
             except Exception as exc:
                 log.error("model_call_not_recorded", run_id=grant.run_id, item=grant.item, error=repr(exc))
                 raise
-        grant.calls.append(replace(usage))
-        log.debug("model_call", agent=grant.agent, cost=usage.cost_usd, record_ms=(time.monotonic() - started) * 1000)
+        grant.calls.append(usage)
 
 
 def _bearer(value: str | None) -> str | None:

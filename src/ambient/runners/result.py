@@ -62,6 +62,7 @@ class Usage:
     #: The model gateway metered these calls one by one (each a ``call`` event of the run's journal, counted there):
     #: this is the attempt's total, not a figure to add again.
     metered: bool = False
+    refused_calls: int = 0  # model calls the gateway refused (a budget reached): not sent, not billed
 
     def to_record(self) -> dict[str, Any]:
         """JSON-ready, zero and unknown figures left out."""

@@ -47,9 +47,9 @@ NO_WAIT = RetryPolicy(attempts=2, base_s=0.0, jitter=False)
 def snapshot(state: RunState) -> Any:
     """A folded state as plain JSON (sets sorted), to compare with the one the code before folded (which had no
     ``asking``: an empty one is left out). Fields the state gained since (an item's ``resumed``: why it runs again,
-    tested in test_resumed.py; the run's ``spent_by_day`` when empty) are left out."""
+    tested in test_resumed.py; the run's ``spent_by_day`` and ``calls_by`` when empty) are left out."""
     data = json.loads(json.dumps(dataclasses.asdict(state), default=sorted))
-    for name in ("asking", "spent_by_day"):
+    for name in ("asking", "spent_by_day", "calls_by"):
         if not data.get(name):
             data.pop(name, None)
     for item in data["items"]:

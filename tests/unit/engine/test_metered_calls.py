@@ -50,3 +50,11 @@ def test_records_seed_today_from_what_each_run_spent_that_day(tmp_path: Path) ->
     meter = SpendMeter()
     meter.seed_records(log, datetime(2026, 12, 8, 12, tzinfo=UTC))
     assert meter.spent("2026-12-08") == pytest.approx(0.0041)  # msg_1 was spent the day before
+
+
+def test_the_record_says_each_agents_calls_by_model_and_the_calls_refused() -> None:
+    state = fold(read_jsonl(JOURNAL).records)
+    [row] = run_record(state).to_json_dict()["calls_by"]
+    assert row["agent"] == "worker" and row["model"] == "claude-haiku-4-5"
+    assert (row["calls"], row["input_tokens"], row["output_tokens"], row["refused"]) == (3, 4000, 300, 2)
+    assert row["cost_usd"] == pytest.approx(0.0056) and row["cost_unknown"] == 0

@@ -67,6 +67,9 @@ class Handler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     server_version = "ambient-fakeapi/1"
+    # Each SSE event leaves at once, as from a real API: with Nagle's algorithm a small write waits for the ACK of
+    # the one before, which the client delays (40 ms), and a stream of small events took that per event.
+    disable_nagle_algorithm = True
     fake: ClassVar[FakeServer]
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: tests read ``requests``
