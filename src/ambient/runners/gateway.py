@@ -9,13 +9,15 @@ the provider's) with the real key, which never enters an agent's environment, ar
 
 For each request of a grant, in order:
 
-1. **Refused once past the budget.** ``admit`` (the daemon: the run's and the day's budget rules of
+1. **Its turn**, when the settings' ``model_calls`` caps the calls in flight at once to one model API (a
+   provider's concurrency or rate limit): the others wait.
+2. **Refused once past the budget.** ``admit`` (the daemon: the run's and the day's budget rules of
    :mod:`ambient.engine.budget`, over the spend recorded so far) may refuse it: the agent gets HTTP 400 with an error
    body in its provider's shape saying why, nothing reaches the provider, and the attempt ends held (the runner says
    so: :attr:`Grant.refused`). A call already sent is never cut: the budget may be passed by the calls in flight.
-2. **Forwarded**, streaming or not (server-sent events are handed on event by event, as they come). An OpenAI stream
+3. **Forwarded**, streaming or not (server-sent events are handed on event by event, as they come). An OpenAI stream
    is asked to include its usage (``stream_options.include_usage``).
-3. **Metered before it is handed on.** The response's usage is read as it passes (:mod:`ambient.runners.metering`),
+4. **Metered before it is handed on.** The response's usage is read as it passes (:mod:`ambient.runners.metering`),
    priced (:mod:`ambient.runners.pricing`, the runner's ``price:`` first) and recorded by ``record`` (the daemon: a
    ``call`` event of the run's journal, fsync'd) *before* the agent gets the body, or a stream's last event. A
    stream cut short (the agent killed, the provider failing) is recorded with what it said so far.
@@ -182,8 +184,13 @@ class ModelGateway:
         self._server: asyncio.Server | None = None
         self._client: httpx.AsyncClient | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-        #: Calls refused, by agent (``ambient stats`` reads the journal; this is for the log and tests).
+        #: Calls refused for a budget since the start (``ambient stats`` reads the journals).
         self.refused_calls = 0
+        #: Calls in flight at once per model API (base URL), all grants together; None: no limit.
+        self.max_calls: int | None = None
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        #: Calls waiting for a slot now.
+        self.waiting = 0
 
     @property
     def url(self) -> str:
@@ -218,6 +225,21 @@ class ModelGateway:
             await self._client.aclose()
             self._client = None
         self.port = None
+
+    def limit(self, max_calls: int | None) -> None:
+        """Calls in flight at once per model API from now on (``model_calls`` in the settings; None: no limit).
+        Calls already under way keep their slot."""
+        if max_calls != self.max_calls:
+            self.max_calls = max_calls
+            self._slots = {}
+
+    def _slot(self, upstream: Upstream) -> contextlib.AbstractAsyncContextManager[Any]:
+        if self.max_calls is None:
+            return contextlib.nullcontext()
+        found = self._slots.get(upstream.base_url)
+        if found is None:
+            found = self._slots[upstream.base_url] = asyncio.Semaphore(self.max_calls)
+        return found
 
     # -- grants
 
@@ -330,18 +352,27 @@ class ModelGateway:
             return
         grant = found
         provider = grant.upstream.provider
-        refusal = self.hooks.admit(grant) if self.hooks is not None else None
-        if refusal is not None:
-            grant.refused = refusal
-            grant.refusals += 1
-            self.refused_calls += 1
-            log.warning("model_call_refused", run_id=grant.run_id, item=grant.item, agent=grant.agent, reason=refusal)
-            await self._reply(conn, writer, 400, error_body(provider, 400, refusal))
-            return
         grant.in_flight += 1
         grant._idle.clear()
         try:
-            await self._forward(conn, writer, grant, request.method.decode("latin-1"), target, headers, body)
+            self.waiting += 1
+            try:
+                slot = self._slot(grant.upstream)
+                await slot.__aenter__()
+            finally:
+                self.waiting -= 1
+            try:  # the budget is asked once the call may go: one that waited for its turn is judged now
+                refusal = self.hooks.admit(grant) if self.hooks is not None else None
+                if refusal is not None:
+                    grant.refused = refusal
+                    grant.refusals += 1
+                    self.refused_calls += 1
+                    log.warning("model_call_refused", run_id=grant.run_id, agent=grant.agent, reason=refusal)
+                    await self._reply(conn, writer, 400, error_body(provider, 400, refusal))
+                    return
+                await self._forward(conn, writer, grant, request.method.decode("latin-1"), target, headers, body)
+            finally:
+                await slot.__aexit__(None, None, None)
         finally:
             grant.in_flight -= 1
             if not grant.in_flight:

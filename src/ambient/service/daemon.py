@@ -419,6 +419,7 @@ class Daemon:
         """
         self.engine.tick_seconds = s.tick_seconds  # read by the engine itself (a changed value was ignored: R-08)
         self.manager.slots.resize(s.concurrency)
+        self.gateway.limit(s.model_calls)
         if short := limits_short(s.concurrency):  # agents would fail to start (EMFILE, EAGAIN) short of the cap
             log.warning("limits_below_concurrency", concurrency=s.concurrency, **short)
         self.stale_claims.hours = s.stale_claim_hours

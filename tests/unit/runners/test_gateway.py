@@ -4,6 +4,7 @@ attempt ends."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 
 from ambient.runners.gateway import Grant, MeteredCall, ModelGateway, Upstream, upstream_auth
 from ambient.testing.fakeapi import FakeAnthropic, FakeOpenAI
+from tests.conftest import async_wait_until
 
 pytestmark = pytest.mark.slow  # the SDKs' imports and real sockets
 
@@ -184,3 +186,60 @@ async def test_a_key_is_void_once_its_attempt_ends_and_an_unknown_one_always(
             assert late.status_code == 401
             assert late.json()["error"]["type"] == "authentication_error"
     assert len(anthropic_api.requests) == 1
+
+
+class HeldUpstream:
+    """A model API on 127.0.0.1 that holds every answer until ``go`` is set, counting the calls at once."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.now = 0
+        self.most = 0
+        self.arrived = asyncio.Event()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+        await reader.readexactly(length)
+        self.now += 1
+        self.most = max(self.most, self.now)
+        self.arrived.set()
+        await self.go.wait()
+        self.now -= 1
+        body = json.dumps(
+            {"id": "msg_x", "model": "claude-haiku-4-5", "usage": {"input_tokens": 1, "output_tokens": 1}}
+        )
+        writer.write(
+            f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+        )
+        writer.write(body.encode())
+        await writer.drain()
+        writer.close()
+
+
+async def test_model_calls_past_the_limit_wait_their_turn(gateway: ModelGateway) -> None:
+    upstream = HeldUpstream()
+    grant = _grant(gateway, "anthropic", await upstream.start())
+    gateway.limit(1)
+    body = {"model": "claude-haiku-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    async with httpx.AsyncClient() as client:
+        calls = [
+            asyncio.create_task(
+                client.post(f"{gateway.url}/v1/messages", json=body, headers={"x-api-key": grant.token}, timeout=30)
+            )
+            for _ in range(3)
+        ]
+        await upstream.arrived.wait()
+        assert await async_wait_until(lambda: gateway.waiting == 2)  # the two others wait for the slot, not the API
+        assert upstream.now == 1
+        upstream.go.set()
+        answers = await asyncio.gather(*calls)
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert upstream.most == 1 and len(_hooks(gateway).calls) == 3
+    assert upstream.server is not None
+    upstream.server.close()
