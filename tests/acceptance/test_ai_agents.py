@@ -507,6 +507,8 @@ def test_an_llm_agent_answers_in_one_call_with_its_cost(ai_brain: Brain, api: Fa
     assert record["outcome"] == "success", record
     assert len(api.requests) == 3
     assert all(s["usage"]["cost_usd"] > 0 for s in record["steps"])
+    calls = _check_recorded_is_billed(brain, api)  # through the model gateway, like a Claude agent's
+    assert record["cost_usd"] == pytest.approx(sum(c["usage"]["cost_usd"] for c in calls), abs=1e-6)
     systems = {json.dumps(r.body["system"]) for r in api.requests if r.body}
     assert len(systems) == 1 and "cache_control" in next(iter(systems))
 
