@@ -20,6 +20,10 @@ One SPAWN is one Claude Code session (or the resumption of one):
   under Landlock like a command agent (:mod:`ambient.runners.confinement`: it and every command it runs write only
   the scope, the session folder and the temp dir, read nothing of ``.ambient/`` but that folder nor the secrets of
   ``profil/``, bind no TCP port and connect only to the model API's port and those of ``network:``);
+- every model call goes through ambient's model gateway (:mod:`ambient.runners.gateway`) when the daemon runs one:
+  the CLI's ``ANTHROPIC_BASE_URL`` is the gateway and its key the attempt's grant, never the real key; the
+  attempt's usage is what the gateway metered (a timed-out or killed session included, a resumed one counting only
+  its own calls), not what Claude Code reports;
 - each assistant message, tool call and tool result is reported to ``watch`` (the agent's live thread); the final
   answer maps onto RETURN / ESCALATE / BLOCKED_ON / ERROR (:mod:`ambient.runners.answer`) with its usage and cost.
 """
