@@ -409,7 +409,8 @@ def test_the_corpus_brain_runs_every_agent_on_claude_by_default(
         [record] = brain.wait_finished("vps-check", timeout=AI_WAIT)
     assert record["outcome"] == "success", record
     assert _items_asked(api) == {"web-1", "web-2"}
-    assert json.dumps(record).count('"agent": "vps"') == 2
+    assert [s["agent"] for s in record["steps"]] == ["vps", "vps"]
+    assert {c["agent"] for c in record["calls_by"]} == {"vps"}  # its model calls, by model
 
 
 def test_init_offers_a_commented_claude_agent_that_validates_once_copied(example_brain: Brain) -> None:
