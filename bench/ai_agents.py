@@ -34,10 +34,13 @@ Measured, each side's first run apart (cold), then runs interleaved ambient, bar
 4. ``ambient run --until-idle`` on a fresh brain, whole wall time, with ``--n`` items and with one (its fixed
    start-up), once each;
 5. the launcher's own start-up: ambient starts each CLI through ``.ambient/claude/launch`` (a Python script that
-   cleans the environment and execs the CLI); timed here exec'ing ``/bin/true`` instead.
+   cleans the environment and execs the CLI); timed here exec'ing ``/bin/true`` instead;
+6. the model gateway's cost per model call (``--gateway-only`` measures it alone, in seconds): the same request to
+   the fake API (no delay) straight and through a ``ModelGateway`` recording each call with an fsync, in
+   interleaved pairs, a JSON answer and a streamed one; median and p90 of the difference per pair.
 
 Usage: ``python bench/ai_agents.py [--n 20] [--repeats 5] [--singles 5] [--delay-s 0.05] [--tool-step]
-[--skip until-idle,launcher] [--unconfined] [--json out.json]``.
+[--skip until-idle,launcher,gateway] [--gateway-only] [--unconfined] [--json out.json]``.
 """
 
 from __future__ import annotations
@@ -484,6 +487,56 @@ def launcher_startup(bench: Bench, rounds: int = 15) -> dict[str, float]:
     return out
 
 
+def gateway_overhead(base: Path, rounds: int = 200) -> dict[str, Any]:
+    """The model gateway's cost per call: the same request straight to the fake API (no delay) and through a
+    ``ModelGateway`` whose record hook appends the call to a file with an fsync (as the run journal does), in
+    pairs, interleaved; streamed (SSE) and not. Per pair: through minus straight."""
+    import httpx
+
+    from ambient.runners.gateway import ModelGateway, Upstream, upstream_auth
+    from ambient.storage.journal import append_line
+    from ambient.testing.fakeapi import FakeAnthropic
+
+    ledger = base / "gateway-calls.jsonl"
+
+    class Hooks:
+        def admit(self, grant: Any) -> str | None:
+            return None
+
+        async def record(self, grant: Any, call: Any) -> None:
+            await asyncio.to_thread(append_line, ledger, {"ev": "call", **call.to_record()}, durable=True)
+
+    async def run() -> dict[str, Any]:
+        gateway = ModelGateway(Hooks())
+        await gateway.start()
+        upstream = Upstream("anthropic", api.url, upstream_auth("anthropic", None, "sk-bench"))
+        grant = gateway.grant(run_id="r", item="i", attempt=1, agent="a", key="r/i/1", upstream=upstream)
+        out: dict[str, Any] = {}
+        try:
+            async with httpx.AsyncClient() as client:
+                for stream in (False, True):
+                    body = {"model": "claude-haiku-4-5", "max_tokens": 64, "stream": stream, "system": "bench"}
+                    body["messages"] = [{"role": "user", "content": "Item: x\n" + "words " * 200}]
+                    straight: list[float] = []
+                    through: list[float] = []
+                    for n in range(rounds + 5):
+                        for url, key, into in ((api.url, "sk-bench", straight), (gateway.url, grant.token, through)):
+                            t0 = time.perf_counter()
+                            resp = await client.post(f"{url}/v1/messages", json=body, headers={"x-api-key": key})
+                            resp.raise_for_status()
+                            if n >= 5:  # warm-up left out
+                                into.append(time.perf_counter() - t0)
+                    extra = [b - a for a, b in zip(straight, through, strict=True)]
+                    name = "stream" if stream else "json"
+                    out[name] = {"straight": straight, "through": through, "extra": extra}
+        finally:
+            await gateway.close()
+        return out
+
+    with FakeAnthropic() as api:
+        return asyncio.run(run())
+
+
 # ------------------------------------------------------------------------------------------------------ reporting
 
 
@@ -494,6 +547,17 @@ def _ms(values: Sequence[float]) -> str:
 def _per_agent_cpu(runs: Sequence[dict[str, Any]]) -> tuple[float, float]:
     n = sum(r["n"] for r in runs)
     return (sum(r["cpu_self_s"] for r in runs) / n * 1000, sum(r["cpu_children_s"] for r in runs) / n * 1000)
+
+
+def report_gateway(found: dict[str, Any]) -> None:
+    """The model gateway's cost per call (see :func:`gateway_overhead`)."""
+    for name, label in (("json", "a JSON answer"), ("stream", "a streamed (SSE) answer")):
+        got = found[name]
+        print(
+            f"model gateway, {label}: straight {_ms(got['straight'])}; through the gateway {_ms(got['through'])}; "
+            f"per call +{median(got['extra']) * 1000:.2f} ms median, +{pct(got['extra'], 0.9) * 1000:.2f} ms p90 "
+            f"({len(got['extra'])} pairs, the record's fsync included)"
+        )
 
 
 def report(out: dict[str, Any], args: argparse.Namespace) -> None:
@@ -596,6 +660,8 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
             f"{u['wall_1_s']:.2f} s (fixed start-up and stop); beyond it {u['per_agent_s'] * 1000:.0f} ms per agent "
             f"({1 / u['per_agent_s']:.2f} agents/s)"
         )
+    if out.get("gateway"):
+        report_gateway(out["gateway"])
     if out.get("launcher"):
         lz = out["launcher"]
         print(
@@ -613,7 +679,8 @@ def main() -> int:
     ap.add_argument("--delay-s", type=float, default=0.05, help="the fake API's delay before each reply")
     ap.add_argument("--tool-step", action="store_true", help="each agent makes one Read before its answer")
     ap.add_argument("--unconfined", action="store_true", help="ambient's agent with confine: false (the jail's cost)")
-    ap.add_argument("--skip", default="", help="comma list: until-idle,launcher")
+    ap.add_argument("--skip", default="", help="comma list: until-idle,launcher,gateway")
+    ap.add_argument("--gateway-only", action="store_true", help="measure the model gateway's cost per call alone")
     ap.add_argument("--dir", default=None, help="where to make the temp brains (default: the system temp dir)")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", default=None)
@@ -628,6 +695,15 @@ def main() -> int:
         print("needs the claude extra: pip install 'ambient[claude]'")
         return 1
     skip = set(filter(None, args.skip.split(",")))
+    if args.gateway_only:
+        with TempDir(args.dir, args.keep) as base:
+            load0 = os.getloadavg()[0]
+            found = gateway_overhead(base)
+            print(f"{os.cpu_count()} cores, load average {load0:.1f} -> {os.getloadavg()[0]:.1f}")
+            report_gateway(found)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"gateway": found}, indent=1))
+        return 0
     out: dict[str, Any] = {"python": sys.version.split()[0], "delay_s": args.delay_s, "tool_step": args.tool_step}
     t_start = time.perf_counter()
     with TempDir(args.dir, args.keep) as base:
@@ -657,6 +733,8 @@ def main() -> int:
                 out["launcher"] = launcher_startup(bench)
             if "until-idle" not in skip:
                 out["until_idle"] = until_idle(bench, args.n)
+            if "gateway" not in skip:
+                out["gateway"] = gateway_overhead(base)
         finally:
             worker.close()
             bench.close()

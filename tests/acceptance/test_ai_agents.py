@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import sys
@@ -471,7 +472,8 @@ def test_the_corpus_brain_runs_every_agent_on_claude_by_default(
         [record] = brain.wait_finished("vps-check", timeout=AI_WAIT)
     assert record["outcome"] == "success", record
     assert _items_asked(api) == {"web-1", "web-2"}
-    assert json.dumps(record).count('"agent": "vps"') == 2
+    assert [s["agent"] for s in record["steps"]] == ["vps", "vps"]
+    assert {c["agent"] for c in record["calls_by"]} == {"vps"}  # its model calls, by model
 
 
 def test_init_offers_a_commented_claude_agent_that_validates_once_copied(example_brain: Brain) -> None:
@@ -569,6 +571,8 @@ def test_an_llm_agent_answers_in_one_call_with_its_cost(ai_brain: Brain, api: Fa
     assert record["outcome"] == "success", record
     assert len(api.requests) == 3
     assert all(s["usage"]["cost_usd"] > 0 for s in record["steps"])
+    calls = _check_recorded_is_billed(brain, api)  # through the model gateway, like a Claude agent's
+    assert record["cost_usd"] == pytest.approx(sum(c["usage"]["cost_usd"] for c in calls), abs=1e-6)
     systems = {json.dumps(r.body["system"]) for r in api.requests if r.body}
     assert len(systems) == 1 and "cache_control" in next(iter(systems))
 
@@ -696,3 +700,176 @@ def test_a_session_resumed_after_the_persons_answer_is_told_they_answered(ai_bra
     brief = resumed[0]
     assert "the person answered" in brief and "Ship the draft as it is?" in brief and "ship" in brief, brief
     assert "interrupted" not in brief.lower(), brief
+
+
+# ---------------------------------------------------------------- costs: what is recorded is what was billed
+#
+# The fake API writes every answer it sends in its billing ledger (``api.billed``); ambient writes each model call
+# in the run's journal (a ``call`` event with the answer's id and usage) before the agent gets the answer. The tests
+# compare the two call by call.
+
+#: The fake's usage fields (the providers' names) → ambient's.
+_TOKENS = {
+    "input_tokens": "input_tokens",
+    "output_tokens": "output_tokens",
+    "cache_read_input_tokens": "cache_read_tokens",
+    "cache_creation_input_tokens": "cache_write_tokens",
+}
+
+
+def _journal_events(brain: Brain, kind: str) -> list[dict[str, Any]]:
+    """Every event of this kind in the brain's run journals, in order of each file."""
+    out: list[dict[str, Any]] = []
+    for path in sorted(brain.path(".ambient/runs").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and ev.get("ev") == kind:
+                out.append(ev)
+    return out
+
+
+def _billed_tokens(usage: dict[str, Any]) -> dict[str, int]:
+    return {ours: int(usage.get(theirs) or 0) for theirs, ours in _TOKENS.items()}
+
+
+def _recorded_tokens(usage: dict[str, Any]) -> dict[str, int]:
+    return {ours: int(usage.get(ours) or 0) for ours in _TOKENS.values()}
+
+
+def _check_recorded_is_billed(brain: Brain, api: FakeAnthropic, *, lost_at_most: int = 0) -> list[dict[str, Any]]:
+    """Every answer the fake billed is a ``call`` of a run journal with the same tokens and a cost, once; nothing is
+    recorded that was not billed; at most ``lost_at_most`` billed answers are missing (answers the daemon was killed
+    before it handed on). The calls."""
+    calls = _journal_events(brain, "call")
+    by_id: dict[str, dict[str, Any]] = {}
+    for call in calls:
+        assert call["id"] not in by_id, f"call {call['id']} recorded twice"
+        by_id[call["id"]] = call
+    billed = api.billed
+    assert billed, "the fake billed nothing"
+    assert set(by_id) <= {b.id for b in billed}, "a call recorded that the provider never billed"
+    missing = [b.id for b in billed if b.id not in by_id]
+    assert len(missing) <= lost_at_most, f"{len(missing)} of {len(billed)} billed answers not recorded: {missing}"
+    for b in billed:
+        if b.id in by_id:
+            assert _recorded_tokens(by_id[b.id]["usage"]) == _billed_tokens(b.usage), b
+            assert by_id[b.id]["usage"]["cost_usd"] > 0
+    return calls
+
+
+def _record_tokens(record: dict[str, Any]) -> dict[str, int]:
+    return {ours: int(record.get(ours) or 0) for ours in _TOKENS.values()}
+
+
+def _sum_tokens(usages: list[dict[str, int]]) -> dict[str, int]:
+    return {ours: sum(u[ours] for u in usages) for ours in _TOKENS.values()}
+
+
+def test_a_claude_agent_that_times_out_is_charged_every_call_it_made(ai_brain: Brain, api: FakeAnthropic) -> None:
+    """An agent stopped at its timeout reports nothing itself, yet its turns were billed: the run records each of
+    them, and its record's tokens and cost are what was billed."""
+    brain = ai_brain
+    command = f"{sys.executable} -c 'import time; time.sleep(60)'"
+    _bash_agent(brain, command, allowed_tools=["Bash"], timeout_s=3)
+    brain.workflow("stuck", _building("stuck", extra="  on_return:\n    error: [abort]\n"))
+    with brain.daemon():
+        [record] = brain.wait_finished("stuck", timeout=AI_WAIT)
+    assert "ran over its timeout of 3 s" in record["steps"][0]["error"]
+    calls = _check_recorded_is_billed(brain, api)
+    assert _record_tokens(record) == _sum_tokens([_billed_tokens(b.usage) for b in api.billed])
+    assert record["cost_usd"] == pytest.approx(sum(c["usage"]["cost_usd"] for c in calls), abs=1e-6)
+
+
+def test_a_resumed_session_is_charged_only_its_own_calls(ai_brain: Brain, api: FakeAnthropic) -> None:
+    """A session asks the person, is resumed with their answer and ends: each attempt is charged its own calls, so
+    the run's tokens and cost are what was billed, not the session's running total counted again."""
+    brain = ai_brain
+    _bash_agent(brain, "echo built >> work/out/$ITEM.log")
+    brain.workflow("build", _building("build"))
+    with brain.daemon():
+        esc = _escalation(brain, "permission")
+        assert brain.decide(esc["id"], "allow").rc == 0
+        [record] = brain.wait_finished("build", timeout=AI_WAIT)
+    assert record["outcome"] == "success", record
+    calls = _check_recorded_is_billed(brain, api)
+    assert _record_tokens(record) == _sum_tokens([_billed_tokens(b.usage) for b in api.billed])
+    assert record["cost_usd"] == pytest.approx(sum(c["usage"]["cost_usd"] for c in calls), abs=1e-6)
+    steps = record["steps"]
+    assert len(steps) == 2 and all(s["usage"]["cost_usd"] > 0 for s in steps), steps
+    assert sum(s["usage"]["cost_usd"] for s in steps) == pytest.approx(record["cost_usd"], abs=1e-6)
+
+
+def _busy_agent(brain: Brain, name: str, turns: int) -> None:
+    """A Claude agent that runs ``turns`` allowed commands, one per model turn, then answers."""
+    steps = [{"tool": "Bash", "input": {"command": f"echo {n}"}} for n in range(turns)]
+    body = "You work.\n\n" + playbook(*steps, DONE)
+    brain.write(f"agents/{name}.md", ai_agent_md(name, body, runner={**CLAUDE, "allowed_tools": ["Bash(echo:*)"]}))
+
+
+def test_three_agents_at_once_near_the_budget_pass_it_by_no_more_than_their_calls_in_flight(
+    ai_brain: Brain, api: FakeAnthropic
+) -> None:
+    """Three agents start together under a budget their first calls spend: every call after it is refused before it
+    reaches the provider (the agents see an error), the run holds and asks once; what was billed is recorded, and
+    each recorded call was let through while the run's recorded spend was under its budget."""
+    brain = ai_brain
+    budget = 0.0001
+    brain.config(f"""
+        concurrency: 3
+        budget:
+          per_run_usd: {budget}
+    """)
+    _busy_agent(brain, "worker", turns=4)
+    brain.workflow("busy", for_each("busy", "worker", ["a", "b", "c"]))
+    with brain.daemon():
+        esc = _escalation(brain, "budget")
+        assert "budget" in esc["question"]
+        assert len([e for e in brain.escalations() if e["kind"] == "budget"]) == 1
+        assert brain.decide(esc["id"], "abort").rc == 0
+        [record] = brain.wait_finished("busy", timeout=AI_WAIT)
+    assert record["outcome"] == "aborted"
+    calls = _check_recorded_is_billed(brain, api)
+    # Each call went out while the spend recorded before it was under the budget: the overshoot is the calls that
+    # were in flight when it was reached, not whole sessions.
+    for call in calls:
+        before = sum(c["usage"]["cost_usd"] for c in calls if c["at"] < call["sent"])
+        assert before < budget, (call, before)
+    assert record["cost_usd"] == pytest.approx(sum(c["usage"]["cost_usd"] for c in calls), abs=1e-6)
+    assert len(calls) < 3 * 4, "whole sessions ran past the budget"
+    # `ambient stats`: the worker's calls by model, and those refused
+    models = [m for m in brain.ok("stats", "--json").json()["models"] if m["agent"] == "worker"]
+    assert sum(m["calls"] for m in models) == len(calls)
+    assert sum(m["refused"] for m in models) >= 1
+    assert "REFUSED" in brain.ok("stats").out
+
+
+def test_kill_9_between_an_answer_and_its_record_loses_at_most_the_calls_in_flight(
+    ai_brain: Brain, api: FakeAnthropic
+) -> None:
+    """kill -9 of the daemon right after the provider billed an answer (a seeded point of a session of several
+    turns), then a start: the session resumes and ends; every billed answer is recorded but those in flight at each
+    kill (which the agent never got), none twice, and the run's record adds up to its calls."""
+    brain = ai_brain
+    rng = random.Random(20261207)
+    _busy_agent(brain, "worker", turns=4)
+    kills = 2
+    for n in range(kills):
+        brain.workflow(f"busy{n}", for_each(f"busy{n}", "worker", ["a"]))
+        before = len(api.billed)
+        daemon = brain.daemon().start()
+        try:
+            api.wait_billed(before + rng.randint(3, 4), timeout=AI_WAIT)
+            os.kill(daemon.pid, signal.SIGKILL)
+            daemon.proc.wait(timeout=30)  # type: ignore[union-attr]
+        finally:
+            daemon.kill()
+        with brain.daemon():
+            [record] = brain.wait_finished(f"busy{n}", timeout=AI_WAIT)
+        assert record["outcome"] == "success", record
+        calls = [c for c in _journal_events(brain, "call") if c["key"].startswith(record["run_id"] + "/")]
+        assert record["cost_usd"] == pytest.approx(sum(c["usage"]["cost_usd"] for c in calls), abs=1e-6)
+    # Calls in flight at a kill: the agent's turn and a side request of Claude Code's at most.
+    _check_recorded_is_billed(brain, api, lost_at_most=2 * kills)

@@ -354,7 +354,7 @@ def render(stats: Stats, *, weeks: int = 8, errors: int = 10, source: str = "run
     lines.append("an escalation; DECIDED counts every decision, AUTO those taken by a learned rule (a deadline that")
     lines.append("passed decided nothing: `timeouts` in --json). FAILED: business failures (exit 1, status failed);")
     lines.append("ERRORS: exit 2+, the agent's ERROR, output that is not its protocol.")
-    if stats.cost is not None:
+    if stats.cost is not None or stats.models:
         lines.append("")
         lines += render_cost(stats, weeks=weeks)
     if errors and stats.errors:
@@ -402,17 +402,40 @@ def render_cost(stats: Stats, *, weeks: int = 8) -> list[str]:
     """The cost section: per workflow, per agent and per ISO week (only what reported usage: AI agents)."""
     head = ["COST", "INPUT", "OUTPUT", "CACHE RD", "CACHE WR", "TURNS", "STEPS"]
     right = set(range(1, 8))
-    lines = ["Cost of AI agents (tokens in and out, cache read and written; '+?': some steps had no price)"]
-    rows = [[w.workflow, *_cost_cells(w.cost)] for w in stats.workflows if w.cost is not None]
-    if len(rows) > 1:
-        rows.append(["(all)", *_cost_cells(stats.cost)])
-    lines += _table(["WORKFLOW", *head], rows, right)
-    lines.append("")
-    rows = [[a.agent, *_cost_cells(a.cost)] for a in stats.agents if a.cost is not None]
-    lines += _table(["AGENT", *head], rows, right)
-    lines.append("")
-    rows = [[w.week, *_cost_cells(w.cost)] for w in stats.weeks[-weeks:] if w.cost is not None]
-    lines += _table(["WEEK", *head], rows, right)
+    lines: list[str] = []
+    if stats.cost is not None:
+        lines.append("Cost of AI agents (tokens in and out, cache read and written; '+?': some steps had no price)")
+        rows = [[w.workflow, *_cost_cells(w.cost)] for w in stats.workflows if w.cost is not None]
+        if len(rows) > 1:
+            rows.append(["(all)", *_cost_cells(stats.cost)])
+        lines += _table(["WORKFLOW", *head], rows, right)
+        lines.append("")
+        rows = [[a.agent, *_cost_cells(a.cost)] for a in stats.agents if a.cost is not None]
+        lines += _table(["AGENT", *head], rows, right)
+        lines.append("")
+        rows = [[w.week, *_cost_cells(w.cost)] for w in stats.weeks[-weeks:] if w.cost is not None]
+        lines += _table(["WEEK", *head], rows, right)
+    if stats.models:
+        if lines:
+            lines.append("")
+        lines.append("Model calls through ambient's gateway (REFUSED: not sent, a budget was reached)")
+        rows = [
+            [
+                m.agent,
+                m.model,
+                f"{m.calls:,}",
+                fmt_tokens(m.input_tokens),
+                fmt_tokens(m.output_tokens),
+                fmt_tokens(m.cache_read_tokens),
+                fmt_tokens(m.cache_write_tokens),
+                ("?" if m.cost_unknown == m.calls and m.calls else f"${m.cost_usd:,.2f}")
+                + ("+?" if 0 < m.cost_unknown < m.calls else ""),
+                f"{m.refused:,}",
+            ]
+            for m in stats.models
+        ]
+        head = ["AGENT", "MODEL", "CALLS", "INPUT", "OUTPUT", "CACHE RD", "CACHE WR", "COST", "REFUSED"]
+        lines += _table(head, rows, set(range(2, 9)))
     unknown = stats.cost.unknown_cost if stats.cost is not None else 0
     if unknown:
         lines.append(

@@ -115,11 +115,15 @@ CONFIG_TEMPLATE: Final = """\
 #runners: {}
 
 # What AI agents may spend, in US dollars (null: no limit). When a run's spend reaches per_run_usd, or the
-# spend of all runs today (the UTC day) reaches daily_usd, no new agent of that run starts and you get one
-# question: raise (allow more) | wait | abort. Agents already at work finish.
+# spend of all runs today (the UTC day) reaches daily_usd, no new agent of that run starts, its agents' next
+# model calls are refused, and you get one question: raise (allow more) | wait | abort.
 #budget:
 #  per_run_usd: null
 #  daily_usd: null
+
+# Model calls in flight at once to one model API, all agents together (null: no limit); the others wait their
+# turn in ambient's model gateway (a provider's concurrency or rate limit).
+#model_calls: null
 
 # Learned rules that decide alone (`ambient rules optin`): when a rule's answer leads back to the same situation on
 # the same item (a `retry` of a failure that always happens), it decides again at most auto_repeats times, the

@@ -140,6 +140,9 @@ class Settings(_Strict):
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     runners: dict[str, dict[str, Any]] = Field(default_factory=dict)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    #: Model calls in flight at once to one model API (its base URL), all agents together; the model gateway makes
+    #: the others wait their turn (a provider's concurrency or rate limit). None: no limit.
+    model_calls: int | None = Field(default=None, ge=1, le=1024)
     learning: LearningSettings = Field(default_factory=LearningSettings)
     web: WebSettings | None = None  # the web console hosted by the daemon; absent: not hosted (``ambient web``)
     #: Whom a daemon run as root runs a command agent as when its runner names no ``user:`` (never root's powers:

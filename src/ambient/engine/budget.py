@@ -164,6 +164,9 @@ HoldKind = Literal["per_run", "daily", "provider"]
 BUDGET_HOLDS: tuple[HoldKind, ...] = ("per_run", "daily")
 #: The hold a runner's result asks for (``AttemptResult.hold``) → the run's hold.
 HOLD_OF_RESULT: dict[str, HoldKind] = {"provider_refused": "provider", "provider_unreachable": "provider"}
+#: A result whose model call the gateway refused for a budget: the attempt does not count, and the run holds on the
+#: budget it reached (the rules above, asked before the next start).
+OVER_BUDGET = "over_budget"
 #: The escalation kind of each hold.
 ESCALATION_KIND: dict[str, str] = {"per_run": "budget", "daily": "budget", "provider": "provider"}
 

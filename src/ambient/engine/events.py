@@ -25,6 +25,9 @@ spawned        item attempt pid started (a command agent's process: stopped if a
 finished       item attempt agent key result [output] error duration_ms [signal_in reply] [question] [hold]
                [usage] [permission_signature] (reply: what the agent answered; question: its own, when it
                asked one; hold: the attempt did not count, result ``interrupted``)
+call           item attempt agent key id usage sent [stream partial] (one model call of the attempt, metered by
+               the model gateway and fsync'd before the agent got its answer; its cost counts for the run and
+               the day at once; a ``finished`` whose usage is ``metered`` carries the attempt's total of them)
 retry          item attempt not_before (a failure the retry policy retries)
 asking         item kind request [gate before] (the item asks the person: written with the result that raised
                the question, in one write, before the escalation's file exists; the item waits on the person
@@ -130,6 +133,18 @@ class FinishedFields(UsageFields):
     reply: NotRequired[str]  # what the agent answered: success|fail|error|escalate|blocked|unrecoverable
     question: NotRequired[str | None]  # its own question, when it asked one
     hold: NotRequired[str]  # the attempt held the run (``provider_refused``...): it did not count
+
+
+class CallFields(TypedDict):
+    item: str
+    attempt: int
+    agent: str
+    key: str
+    id: str  # the provider's id of the response (its billing line)
+    usage: dict[str, Any]  # model, tokens, cost_usd, turns 1 (runners.result.Usage.to_record)
+    sent: str  # when the request went to the provider
+    stream: NotRequired[bool]
+    partial: NotRequired[bool]  # cut short: the usage is what the response said so far
 
 
 class RetryFields(TypedDict):
@@ -299,6 +314,11 @@ class Finished(FinishedFields):
     at: str
 
 
+class Call(CallFields):
+    ev: Literal["call"]
+    at: str
+
+
 class Retry(RetryFields):
     ev: Literal["retry"]
     at: str
@@ -394,6 +414,7 @@ RunEvent = (
     | Accepted
     | Spawned
     | Finished
+    | Call
     | Retry
     | Asking
     | Asked
@@ -447,6 +468,10 @@ def spawned(at: str, /, **fields: Unpack[SpawnedFields]) -> Spawned:
 
 def finished(at: str, /, **fields: Unpack[FinishedFields]) -> Finished:
     return {"ev": "finished", **fields, "at": at}
+
+
+def call(at: str, /, **fields: Unpack[CallFields]) -> Call:
+    return {"ev": "call", **fields, "at": at}
 
 
 def retry(at: str, /, **fields: Unpack[RetryFields]) -> Retry:

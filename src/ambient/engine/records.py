@@ -115,6 +115,10 @@ class RunRecord(BaseModel):
     turns: int | None = None
     models: list[str] | None = None
     cost_unknown: int | None = None  # attempts whose cost is unknown: cost_usd is then a lower bound
+    spent_by_day: dict[str, float] | None = None  # UTC day → what the run spent that day (today's budget at a start)
+    # the model calls the gateway metered or refused, per agent and model: agent, model, calls, tokens, cost_usd,
+    # cost_unknown, refused
+    calls_by: list[dict[str, Any]] | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON-ready dict written as one line."""

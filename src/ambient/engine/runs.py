@@ -32,10 +32,12 @@ from ambient.engine.budget import (
     ESCALATION_KIND,
     HOLD_DETAIL,
     HOLD_OF_RESULT,
+    OVER_BUDGET,
     Breach,
     breach,
     budget_question,
     day_of,
+    fmt_usd,
     hold_options,
     hold_step,
     next_day,
@@ -122,6 +124,13 @@ def run_record(state: RunState) -> RunRecord:
         total=len(state.items),
         done=state.success_count,
         **state.usage.to_record(),
+        spent_by_day={d: round(c, 8) for d, c in state.spent_by_day.items()} or None,
+        calls_by=[
+            {"agent": agent, "model": model, **figures, "cost_usd": round(figures["cost_usd"], 8)}
+            for agent, models in sorted(state.calls_by.items())
+            for model, figures in sorted(models.items())
+        ]
+        or None,
     )
 
 
@@ -295,6 +304,34 @@ class RunExecutor(ABC):
             day=today,
         )
 
+    def over_budget(self) -> str | None:
+        """Why a model call of this run may not go out now (the model gateway asks before each one): the run's or
+        the day's budget reached by what is recorded so far, as the same rules say before an agent starts; else
+        None. Calls already sent are not counted before they are recorded: they are the overshoot."""
+        now = self.ports.clock.now()
+        reached = self._breach(day_of(now))
+        if reached is None:
+            return None
+        if reached.which == "daily":
+            return (
+                f"ambient holds this run: the daily budget is reached ({fmt_usd(reached.spent)} spent today against "
+                f"{fmt_usd(reached.limit)}); the call was not sent. Stop now: the person is asked whether to go on."
+            )
+        return (
+            f"ambient holds this run: its budget is reached ({fmt_usd(reached.spent)} spent against "
+            f"{fmt_usd(reached.limit)}); the call was not sent. Stop now: the person is asked whether to go on."
+        )
+
+    async def record_call(self, fields: events.CallFields) -> None:
+        """A model call the gateway metered, on disk (fsync'd) before its answer is handed to the agent: its cost
+        counts for the run and for the day at once, whatever becomes of the attempt."""
+        self.event(events.call, **fields)
+        if self.ports.budget is not None:
+            cost = fields["usage"].get("cost_usd")
+            if isinstance(cost, int | float) and not isinstance(cost, bool):
+                self.ports.budget.add(float(cost), self.ports.clock.now())
+        await self.commit()
+
     def _hold_state(self, now: datetime) -> Literal["free", "held", "act"]:
         """Where the run stands with its holds, without acting: ``held`` (nothing to do but wait), ``act`` (a hold to
         ask about or lift, a budget reached: :meth:`_held` must run), ``free``. Synchronous, so the loop checks it
@@ -375,7 +412,9 @@ class RunExecutor(ABC):
         under the same attempt number (none spent, no retry counted, no item escalation) and the run holds, once
         however many items hit it. False for any other result."""
         kind = HOLD_OF_RESULT.get(res.hold or "")
-        if kind is None or res.hold is None:
+        if res.hold == OVER_BUDGET:
+            kind = None  # the budget reached: the run's loop finds it before the next start and holds (_held)
+        elif kind is None or res.hold is None:
             return False
         agent = agent or self.template.agent
         fields: FinishedFields = {
@@ -392,7 +431,7 @@ class RunExecutor(ABC):
             fields["usage"] = res.usage
         with self.journal.together():  # the item back to pending and the hold: never one without the other
             self.event(events.finished, **fields)
-            if kind not in self.state.holds and not self.state.finished:
+            if kind is not None and kind not in self.state.holds and not self.state.finished:
                 self.event(events.hold, hold=kind, error=(res.error or res.hold or "")[:1000], agent=agent)
                 log.warning("run_held", hold=kind, item=item.name, error=res.error)
         self._spent(res)
@@ -400,7 +439,7 @@ class RunExecutor(ABC):
 
     def _spent(self, res: AttemptResult) -> None:
         """The attempt's cost to today's meter (the run's own total is the journal's, folded)."""
-        if res.usage and self.ports.budget is not None:
+        if res.usage and not res.usage.get("metered") and self.ports.budget is not None:  # metered: counted per call
             cost = res.usage.get("cost_usd")
             if isinstance(cost, int | float) and not isinstance(cost, bool):
                 self.ports.budget.add(float(cost), self.ports.clock.now())

@@ -12,14 +12,17 @@ not know is ignored.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, cast
 
-from ambient.engine.budget import UsageTotals, answer_hold
+from ambient.engine.budget import UsageTotals, answer_hold, day_of
 from ambient.engine.events import (
     Accepted,
     Asking,
+    Call,
     Decided,
     Decision,
     Escalated,
@@ -110,6 +113,11 @@ class RunState:
     holds: dict[str, HeldRun] = field(default_factory=dict)
     raised_run_usd: float = 0.0  # what the person allowed the run to spend beyond per_run_usd
     raised_day_usd: dict[str, float] = field(default_factory=dict)  # UTC day → allowed beyond daily_usd that day
+    #: UTC day → what the run spent that day: its metered calls by when they were recorded, the other attempts'
+    #: usage by when they finished (today's spend of a run that resumes after a crash: ambient.engine.spend).
+    spent_by_day: dict[str, float] = field(default_factory=dict)
+    #: agent → model → the model calls the gateway metered or refused (the run record's ``calls_by``).
+    calls_by: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -244,6 +252,8 @@ def apply_event(state: RunState, by_name: dict[str, ItemState], ev: RunEvent) ->
         case "finished":
             if item is not None:
                 _finished(state, item, ev)
+        case "call":
+            _call(state, item, ev)
         case "spawned":
             if item is not None:
                 item.pid = _pid(ev)
@@ -342,11 +352,10 @@ def _finished(state: RunState, item: ItemState, ev: Finished) -> None:
     item.error = ev.get("error")
     item.duration_ms = _int(ev, "duration_ms", 0, nullable=True)
     usage = ev.get("usage")
-    if isinstance(usage, dict) and usage:
-        if item.usage is None:
-            item.usage = UsageTotals()
-        item.usage.add(usage)
-        state.usage.add(usage)
+    if isinstance(usage, dict) and usage and not usage.get("metered"):  # metered: each call is counted already
+        _count_usage(state, item, usage, ev.get("at"))
+    if isinstance(usage, dict) and type(refused := usage.get("refused_calls")) is int and refused > 0:
+        _calls_of(state, str(ev.get("agent") or "?"), usage)["refused"] += refused
     item.resumed = resumed_after(result, item.error)
     if result == "success":
         item.status = "done"
@@ -391,6 +400,63 @@ def _finished(state: RunState, item: ItemState, ev: Finished) -> None:
             if item.output.get(key) is not None:
                 step[key] = item.output[key]
     state.steps.append(step)
+
+
+def _count_usage(state: RunState, item: ItemState | None, usage: dict[str, Any], at: object) -> None:
+    """Usage counted for the item, the run and the day it was spent."""
+    if item is not None:
+        if item.usage is None:
+            item.usage = UsageTotals()
+        item.usage.add(usage)
+    cost = state.usage.add(usage)
+    if cost and isinstance(at, str):
+        with contextlib.suppress(ValueError):
+            day = day_of(datetime.fromisoformat(at))
+            state.spent_by_day[day] = state.spent_by_day.get(day, 0.0) + cost
+
+
+def _call(state: RunState, item: ItemState | None, ev: Call) -> None:
+    """A model call the gateway metered: its cost counts now, whatever becomes of its attempt."""
+    usage = ev.get("usage")
+    if not isinstance(usage, dict):
+        raise HistoryError(f"call record: usage must be an object, got {usage!r:.60}")
+    _count_usage(state, item, usage, ev.get("at"))
+    mine = _calls_of(state, str(ev.get("agent") or "?"), usage)
+    mine["calls"] += 1
+    for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"):
+        n = usage.get(name)
+        if type(n) is int and n > 0:
+            mine[name] += n
+    cost = usage.get("cost_usd")
+    if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0:
+        mine["cost_usd"] += float(cost)
+    else:
+        mine["cost_unknown"] += 1
+
+
+_MODELS_BY_MAX = 64  # (agent, model) pairs kept per run: more are counted under "?"
+
+
+def _calls_of(state: RunState, agent: str, usage: Mapping[str, Any]) -> dict[str, Any]:
+    """The figures of one (agent, model) pair of the run, made on first use."""
+    model = usage.get("model")
+    name = model[:200] if isinstance(model, str) and model else "?"
+    if sum(len(m) for m in state.calls_by.values()) >= _MODELS_BY_MAX:
+        name = "?"
+    models = state.calls_by.setdefault(agent[:100], {})
+    found = models.get(name)
+    if found is None:
+        found = models[name] = {
+            "calls": 0,
+            "input_tokens": 0,
+            "output_tokens": 0,
+            "cache_read_tokens": 0,
+            "cache_write_tokens": 0,
+            "cost_usd": 0.0,
+            "cost_unknown": 0,
+            "refused": 0,
+        }
+    return found
 
 
 def _escalated(state: RunState, item: ItemState | None, ev: Escalated) -> None:

@@ -1,8 +1,9 @@
 """Today's spend of every run: the daemon's meter for ``budget.daily_usd`` (the rules are :mod:`ambient.engine.budget`).
 
 Seeded once at start, from today's run records (``runs.jsonl``, read from its end) and from the journals of the runs
-that resume; then each finished attempt adds its cost. No spawn rescans anything: the check before an attempt reads
-one number. The day is the UTC day (see :mod:`ambient.engine.budget`).
+that resume; then each model call the gateway records adds its cost (and each finished attempt not metered by it).
+No spawn rescans anything: the check before an attempt (or a model call) reads one number. The day is the UTC day
+(see :mod:`ambient.engine.budget`).
 """
 
 from __future__ import annotations
@@ -69,8 +70,11 @@ class SpendMeter:
                 self._add_on(day, amount_of(usage.get("cost_usd")))
 
     def seed_state(self, state: RunState, now: datetime) -> None:
-        """A run that resumes: what its attempts spent today (its journal, folded)."""
-        self.seed_steps(state.steps, day_of(now))
+        """A run that resumes: what it spent today (its journal, folded: the calls the model gateway recorded, those
+        of an attempt a crash cut short included, and the other attempts' usage)."""
+        today = day_of(now)
+        self.day = self.day or today
+        self._add_on(today, state.spent_by_day.get(today))
 
     def seed_records(self, path: Path, now: datetime) -> int:
         """Today's finished runs, from the end of ``runs.jsonl`` (blocking: call it off the loop); returns the runs
@@ -91,7 +95,10 @@ class SpendMeter:
                     break
                 continue
             old = 0
-            if rec.get("cost_usd") is not None:
+            by_day = rec.get("spent_by_day")
+            if isinstance(by_day, Mapping):  # what the run spent each UTC day, metered calls included
+                self._add_on(today, amount_of(by_day.get(today)))
+            elif rec.get("cost_usd") is not None:  # a record written before records said it
                 self.seed_steps(rec.get("steps"), today)
         return seen
 

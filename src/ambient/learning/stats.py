@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal
 
@@ -164,6 +164,27 @@ class AgentStats:
 
 
 @dataclass(frozen=True)
+class ModelStats:
+    """The model calls of one agent on one model, as the model gateway metered them (``calls_by`` of the run
+    records): how many, their tokens and cost (``cost_unknown``: calls without a price, not in ``cost_usd``), and
+    the calls it refused because a budget was reached."""
+
+    agent: str
+    model: str
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float = 0.0
+    cost_unknown: int = 0
+    refused: int = 0
+
+
+_MODEL_COUNTS = ("calls", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_unknown")
+
+
+@dataclass(frozen=True)
 class ErrorSignature:
     """A recurring error: messages that differ only by numbers, ids, paths or quoted values."""
 
@@ -191,6 +212,7 @@ class Stats:
     weeks: list[WeekStats]  # all workflows together
     trend: Trend
     cost: CostStats | None = None  # every run selected together
+    models: list[ModelStats] = field(default_factory=list)  # per agent and model: the gateway's metered calls
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (datetimes as ISO 8601)."""
@@ -339,6 +361,7 @@ class StatsBuilder:
         self.last: datetime | None = None
         self._wf: dict[str, _WorkflowAcc] = {}
         self._agents: dict[str, _AgentAcc] = {}
+        self._models: dict[tuple[str, str], dict[str, Any]] = {}
         self._weeks: dict[tuple[str, str], _WeekAcc] = {}
         self._sigs: dict[str, _SigAcc] = {}
         self._week_of: dict[str, str] = {}  # "2026-03-18" → "2026-W12": one isocalendar per day
@@ -412,10 +435,21 @@ class StatsBuilder:
             )
             if agent == only:
                 involved = True
+        calls_by = []
+        for row in rec.get("calls_by") or ():  # read and checked before anything is counted
+            if type(row.get("agent")) is not str or type(row.get("model")) is not str:
+                raise TypeError("calls_by")
+            if any(type(row.get(n, 0)) is not int for n in (*_MODEL_COUNTS, "refused")):
+                raise TypeError("calls_by counts")
+            if type(row.get("cost_usd", 0.0)) not in _NUMBER_TYPES:
+                raise TypeError("calls_by cost")
+            calls_by.append(row)
         asked_raw = rec.get("asked")
         asked = None if asked_raw is None else [a["agent"] for a in asked_raw if type(a.get("agent")) is str]
         if not involved and asked is not None and only in asked:
             involved = True  # asked about before it ran (a gate): the escalation is still its
+        if not involved and any(row["agent"] == only for row in calls_by):
+            involved = True  # its model calls, of an attempt that left no step (a crash, a refused call)
         if not involved:
             return
         latencies = []
@@ -524,6 +558,15 @@ class StatsBuilder:
             ag.escalations += 1
         if only is None and type(run_error) is str and run_error:
             self._signature(run_error, workflow, "-", when)
+        for row in calls_by:
+            key = (row["agent"], row["model"])
+            if only is not None and key[0] != only:
+                continue
+            mine = self._models.get(key)
+            if mine is None:
+                mine = self._models[key] = dict.fromkeys((*_MODEL_COUNTS, "refused"), 0) | {"cost_usd": 0.0}
+            for name in (*_MODEL_COUNTS, "refused", "cost_usd"):
+                mine[name] += row.get(name, 0)
 
     def _signature(self, message: str, workflow: str, agent: str, at: datetime) -> None:
         # Normalisation only looks at digits as a class, so messages differing only by digits share
@@ -682,6 +725,10 @@ class StatsBuilder:
             weeks=all_weeks,
             trend=trend_of(all_weeks),
             cost=cost_of(everything),
+            models=[
+                ModelStats(agent, model, **{**figures, "cost_usd": round(figures["cost_usd"], 6)})
+                for (agent, model), figures in sorted(self._models.items())
+            ],
         )
 
 

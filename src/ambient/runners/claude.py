@@ -21,6 +21,10 @@ One SPAWN is one Claude Code session (or the resumption of one):
   under Landlock like a command agent (:mod:`ambient.runners.confinement`: it and every command it runs write only
   the scope, the session folder and the temp dir, read nothing of ``.ambient/`` but that folder nor the secrets of
   ``profil/``, bind no TCP port and connect only to the model API's port and those of ``network:``);
+- every model call goes through ambient's model gateway (:mod:`ambient.runners.gateway`) when the daemon runs one:
+  the CLI's ``ANTHROPIC_BASE_URL`` is the gateway and its key the attempt's grant, never the real key; the
+  attempt's usage is what the gateway metered (a timed-out or killed session included, a resumed one counting only
+  its own calls), not what Claude Code reports;
 - each assistant message, tool call and tool result is reported to ``watch`` (the agent's live thread); the final
   answer maps onto RETURN / ESCALATE / BLOCKED_ON / ERROR (:mod:`ambient.runners.answer`) with its usage and cost.
 """
@@ -49,6 +53,7 @@ from ambient.runners import claude_launch, confinement, patterns, permissions
 from ambient.runners.answer import final_answer
 from ambient.runners.base import RunRequest, Watch
 from ambient.runners.config import ClaudeRunnerConfig, network_ports
+from ambient.runners.gateway import Grant, ModelGateway, Upstream, metered, upstream_auth
 from ambient.runners.keys import credential
 from ambient.runners.prompt import (
     ANSWER_SCHEMA,
@@ -298,8 +303,10 @@ class ClaudeRunner:
         *,
         environ: Mapping[str, str] | None = None,
         watch: Watch | None = None,
+        gateway: ModelGateway | None = None,
     ) -> None:
         self.paths = paths
+        self.gateway = gateway  # every model call through it, metered, when started (ambient.runners.gateway)
         self.environ = dict(os.environ if environ is None else environ)
         self.watch = watch
         self.home = paths.state / "claude"
@@ -325,8 +332,9 @@ class ClaudeRunner:
             prompt = read_agent_prompt(req.prompt_file) if req.prompt_file is not None else AgentPrompt(body="")
         except (OSError, InputError) as exc:
             return error_result("bad_request", f"cannot read the agent's prompt: {exc}")
+        grant = self._grant(req, cfg, prompt)
         try:
-            res = await asyncio.wait_for(self._session(req, cfg, prompt, cli), cfg.timeout_s)
+            res = await asyncio.wait_for(self._session(req, cfg, prompt, cli, grant), cfg.timeout_s)
         except TimeoutError:
             res = error_result(
                 "timeout",
@@ -336,9 +344,40 @@ class ClaudeRunner:
             )
         finally:
             self.current.pop(req.key, None)
+            if grant is not None and self.gateway is not None:
+                await self.gateway.release(grant)
+        if grant is not None:
+            res = metered(res, grant)
         return replace(res, duration_ms=int((time.monotonic() - started) * 1000))
 
-    async def _session(self, req: RunRequest, cfg: ClaudeRunnerConfig, prompt: AgentPrompt, cli: Path) -> AgentResult:
+    def _grant(self, req: RunRequest, cfg: ClaudeRunnerConfig, prompt: AgentPrompt) -> Grant | None:
+        """The attempt's key to the model gateway (None: no gateway, or Claude Code talks to Bedrock or Vertex,
+        which the gateway does not speak): the real key stays with the gateway."""
+        gateway = self.gateway
+        if gateway is None or not gateway.started:
+            return None
+        if any(self.environ.get(n) or cfg.env.get(n) for n in ("CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX")):
+            return None
+        auth: tuple[tuple[str, str], ...] = ()
+        for name in KEY_NAMES:
+            value = cfg.env.get(name) or credential(name, self.environ)
+            if value:
+                auth = upstream_auth("anthropic", name, value)
+                break
+        return gateway.grant(
+            run_id=req.run_id,
+            item=req.item,
+            attempt=req.attempt,
+            agent=req.agent,
+            key=req.key,
+            upstream=Upstream("anthropic", self._api_url(cfg), auth),
+            price=None,
+            model=cfg.model or prompt.model,
+        )
+
+    async def _session(
+        self, req: RunRequest, cfg: ClaudeRunnerConfig, prompt: AgentPrompt, cli: Path, grant: Grant | None
+    ) -> AgentResult:
         state = await asyncio.to_thread(self.sessions.load, req.run_id, req.item)
         pending_before = state.pending
         note = self._take_answer(req, state)
@@ -369,7 +408,7 @@ class ClaudeRunner:
         run = _Attempt(req=req, ctx=ctx)
         tmp = await asyncio.to_thread(confinement.private_tmp, req.agent)
         try:
-            env = await asyncio.to_thread(self._env, req, cfg, cli, tmp)
+            env = await asyncio.to_thread(self._env, req, cfg, cli, tmp, grant)
             options = self._options(req, cfg, prompt, workdir, run, resume, env)
             return await self._converse(req, cfg, options, run, state, note)
         finally:
@@ -464,9 +503,12 @@ class ClaudeRunner:
             stderr=lambda line: None,
         )
 
-    def _env(self, req: RunRequest, cfg: ClaudeRunnerConfig, cli: Path, tmp: Path) -> dict[str, str]:
+    def _env(
+        self, req: RunRequest, cfg: ClaudeRunnerConfig, cli: Path, tmp: Path, grant: Grant | None = None
+    ) -> dict[str, str]:
         """What the CLI gets (the launcher drops the rest of the daemon's environment): its state in the agent's
-        session folder, its private temp dir, the model's credentials and routing, the runner's ``env``, the orphan
+        session folder, its private temp dir, the model's routing and a key (through the gateway: its address and
+        the attempt's grant, never the real key; without it, the daemon's), the runner's ``env``, the orphan
         markers, and the jail the launcher applies (:meth:`_jail`)."""
         own = self.session_dir(req.agent)
         for d in (self.home, own.parent, own, own / "config", own / "home"):
@@ -484,30 +526,40 @@ class ClaudeRunner:
             "AMBIENT_AGENT": req.agent,
             "AMBIENT_ITEM": req.item,
         }
-        for name in (*PASSED, *KEY_NAMES):
-            value = credential(name, self.environ) if name in KEY_NAMES else self.environ.get(name)
-            if value:
-                env[name] = value
-        if cfg.base_url:
-            env["ANTHROPIC_BASE_URL"] = cfg.base_url
-        env.update(cfg.env)
+        if grant is not None and self.gateway is not None:
+            env.update({k: v for k, v in cfg.env.items() if k not in (*KEY_NAMES, "ANTHROPIC_BASE_URL")})
+            env.update({n: v for n in PASSED if n != "ANTHROPIC_BASE_URL" and (v := self.environ.get(n))})
+            env["ANTHROPIC_BASE_URL"] = self.gateway.url
+            env["ANTHROPIC_API_KEY"] = grant.token
+        else:
+            for name in (*PASSED, *KEY_NAMES):
+                value = credential(name, self.environ) if name in KEY_NAMES else self.environ.get(name)
+                if value:
+                    env[name] = value
+            if cfg.base_url:
+                env["ANTHROPIC_BASE_URL"] = cfg.base_url
+            env.update(cfg.env)
         env["AMBIENT_CLAUDE_KEEP"] = ",".join(sorted(env))
         env["AMBIENT_CLAUDE_CLI"] = str(cli)
         env["AMBIENT_CLAUDE_PARENT"] = str(os.getpid())
-        jail = self._jail(req, cfg, cli, tmp, own)
+        jail = self._jail(req, cfg, cli, tmp, own, gateway=grant is not None)
         if jail is not None:
             env["AMBIENT_CLAUDE_JAIL"] = json.dumps(jail)
         return env
 
-    def _jail(self, req: RunRequest, cfg: ClaudeRunnerConfig, cli: Path, tmp: Path, own: Path) -> dict[str, Any] | None:
+    def _jail(
+        self, req: RunRequest, cfg: ClaudeRunnerConfig, cli: Path, tmp: Path, own: Path, *, gateway: bool = False
+    ) -> dict[str, Any] | None:
         """The Landlock policy the launcher applies before it execs Claude Code (None: unconfined, by ``confine:
         false`` or for want of Landlock here): a command agent's (:func:`ambient.runners.confinement.policy`) with
-        the agent's session folder as its own, and TCP to the model API's port and those of ``network:``."""
+        the agent's session folder as its own, and TCP to the model API's port (the gateway's, when its calls go
+        through it: the real API's port is then closed to it) and those of ``network:``."""
         version = confinement.landlock_abi()
         if not cfg.confine or version <= 0:
             return None
         ports = network_ports(cfg.network)
-        connect = None if ports is None else tuple(sorted({*ports, api_port(self._api_url(cfg))}))
+        api = self.gateway.port if gateway and self.gateway is not None else None
+        connect = None if ports is None else tuple(sorted({*ports, api or api_port(self._api_url(cfg))}))
         files = confinement.scope_files(req)
         found = confinement.policy(req.brain, files, tmp, str(cli.resolve()), connect=connect, own=(str(own),))
         module = str(Path(confinement.__file__).parent)  # where landlock.py is, for the launcher's -I interpreter

@@ -15,9 +15,9 @@ An agent is code ambient does not trust, running as ambient's own Unix user (iss
 
 The network, from Landlock ABI 4 on: a confined agent binds no TCP port and connects only to the ports its runner
 names (``network: [host:port, ...]``; ``network: any`` leaves its TCP alone); none by default for a command agent,
-its model API's for a Claude agent. Landlock's rules are by port, not host; UDP (DNS) and Unix sockets are not
-covered. Beyond files, a confined agent cannot signal, ptrace or read the memory of the daemon (Landlock's
-scoping). ``ambient.runner.confine: false`` runs an agent unconfined.
+its model API's for a Claude agent (the model gateway's port). Landlock's rules are by port, not host; UDP (DNS)
+and Unix sockets are not covered. Beyond files, a confined agent cannot signal, ptrace or read the memory of the
+daemon (Landlock's scoping). ``ambient.runner.confine: false`` runs an agent unconfined.
 
 A Claude agent is held by the same policy (:func:`policy`), applied by its launcher
 (:mod:`ambient.runners.claude_launch`) before it execs Claude Code, plus its own session folder under

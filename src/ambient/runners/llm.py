@@ -56,6 +56,7 @@ from ambient.core.errors import AmbientError
 from ambient.runners.answer import final_answer
 from ambient.runners.base import RunRequest, Watch
 from ambient.runners.config import LlmRunnerConfig
+from ambient.runners.gateway import Grant, ModelGateway, Upstream, metered, upstream_auth
 from ambient.runners.keys import DEFAULT_KEY, credential
 from ambient.runners.pricing import cost_usd
 from ambient.runners.prompt import ANSWER_SCHEMA, AgentPrompt, read_agent_prompt, render_brief, system_prompt
@@ -146,14 +147,22 @@ class LlmRunner:
     """Carries out a SPAWN as one model call (see the module docstring). ``environ`` is where keys and base URLs
     are read (default ``os.environ``); ``watch`` receives the answer text as an ``assistant`` turn."""
 
-    def __init__(self, *, environ: Mapping[str, str] | None = None, watch: Watch | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        environ: Mapping[str, str] | None = None,
+        watch: Watch | None = None,
+        gateway: ModelGateway | None = None,
+    ) -> None:
         self.environ: Mapping[str, str] = environ if environ is not None else os.environ
         self.watch = watch
+        self.gateway = gateway  # the call through it, metered, when started (ambient.runners.gateway)
 
     async def run(self, req: RunRequest, cfg: LlmRunnerConfig) -> AgentResult:
         """One call for ``req``; never raises for a provider's or the agent's failure; re-raises cancellation."""
         started = time.monotonic()
         key: str | None = None
+        grant: Grant | None = None
         try:
             await _require_sdk(cfg.provider)
             prompt = self._prompt(req)
@@ -162,13 +171,17 @@ class LlmRunner:
                 raise _Refused(self._no_model(req, cfg, prompt))
             base_url = cfg.base_url or self.environ.get(BASE_URL_ENV[cfg.provider]) or None
             key = self._key(cfg, base_url)
+            official = base_url is None or base_url.rstrip("/").startswith("https://api.openai.com")
+            grant = self._grant(req, cfg, model, base_url, key)
+            if grant is not None and self.gateway is not None:  # the SDK talks to the gateway with the grant
+                base_url, key = self.gateway.url, grant.token
             system = system_prompt(prompt)
             brief = render_brief(req)
             async with asyncio.timeout(cfg.timeout_s):
                 if cfg.provider == "anthropic":
                     reply = await self._anthropic(cfg, model, base_url, key, system, brief)
                 else:
-                    reply = await self._openai(req, cfg, model, base_url, key, system, brief)
+                    reply = await self._openai(req, cfg, model, base_url, key, system, brief, official=official)
             result = self._answer(req, cfg, reply, key)
         except asyncio.CancelledError:
             raise
@@ -180,7 +193,31 @@ class LlmRunner:
             )
         except Exception as exc:  # noqa: BLE001 - an SDK error or a bug: a result, never a crash of the daemon
             result = self._failure(cfg, exc, key)
+        finally:
+            if grant is not None and self.gateway is not None:
+                await self.gateway.release(grant)
+        if grant is not None:
+            result = metered(result, grant)
         return replace(result, duration_ms=int((time.monotonic() - started) * 1000))
+
+    def _grant(self, req: RunRequest, cfg: LlmRunnerConfig, model: str, base_url: str | None, key: str) -> Grant | None:
+        """The call's key to the model gateway, which holds the real one (None: no gateway started)."""
+        if self.gateway is None or not self.gateway.started:
+            return None
+        real = None if key == NO_KEY_PLACEHOLDER else key
+        name = cfg.api_key_env or DEFAULT_KEY[cfg.provider]
+        return self.gateway.grant(
+            run_id=req.run_id,
+            item=req.item,
+            attempt=req.attempt,
+            agent=req.agent,
+            key=req.key,
+            upstream=Upstream(
+                cfg.provider, base_url or DEFAULT_BASE_URL[cfg.provider], upstream_auth(cfg.provider, name, real)
+            ),
+            price=cfg.price,
+            model=model,
+        )
 
     # ------------------------------------------------------------------------------------------- preparation
 
@@ -297,10 +334,11 @@ class LlmRunner:
         key: str,
         system: str,
         brief: str,
+        *,
+        official: bool,
     ) -> _Reply:
         from openai import AsyncOpenAI
 
-        official = base_url is None or base_url.rstrip("/").startswith("https://api.openai.com")
         client: AsyncOpenAI = await self._client("openai", base_url or DEFAULT_BASE_URL["openai"], key, cfg)
         extra: dict[str, Any] = {}
         if official:

@@ -32,6 +32,7 @@ Reason = Literal[
     "provider_failed",  # the model provider kept failing (429/5xx after retries)
     "provider_unreachable",  # the model API cannot be reached or is not one (connection refused, 404): the person acts
     "budget",  # the agent's own max_budget_usd or max_turns ended it
+    "over_budget",  # the model gateway refused a call: the run's or the day's budget is reached (the run holds)
 ]
 
 _SIGNAL_OF_STATUS: dict[str, str] = {
@@ -58,13 +59,17 @@ class Usage:
     cost_usd: float | None = None
     turns: int = 0
     session_id: str | None = None
+    #: The model gateway metered these calls one by one (each a ``call`` event of the run's journal, counted there):
+    #: this is the attempt's total, not a figure to add again.
+    metered: bool = False
+    refused_calls: int = 0  # model calls the gateway refused (a budget reached): not sent, not billed
 
     def to_record(self) -> dict[str, Any]:
         """JSON-ready, zero and unknown figures left out."""
         out: dict[str, Any] = {}
         for name in self.__slots__:
             value = getattr(self, name)
-            if value not in (None, 0):
+            if value not in (None, 0, False):
                 out[name] = value
         return out
 

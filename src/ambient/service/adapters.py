@@ -286,7 +286,7 @@ class AgentDelegate:
             retryable=res.reason != "agent_error",  # the agent's own ERROR: unrecoverable (README), never retried
             usage=res.usage.to_record() if res.usage is not None else None,
             permission=res.permission,
-            hold=res.reason if res.reason in ("provider_refused", "provider_unreachable") else None,
+            hold=res.reason if res.reason in ("provider_refused", "provider_unreachable", "over_budget") else None,
         )
 
     async def _preflight(self, a: Attempt) -> str | None:

@@ -56,6 +56,7 @@ from ambient.runners.assisted import AssistedRunner
 from ambient.runners.claude import KEY_NAMES as CLAUDE_KEYS
 from ambient.runners.claude import MODEL_KEYS, ClaudeRunner
 from ambient.runners.confinement import AGENT_USER, default_agent_user, ensure_agent_user, landlock_abi, run_as
+from ambient.runners.gateway import ModelGateway
 from ambient.runners.keys import credential, key_name
 from ambient.runners.llm import LlmRunner
 from ambient.runners.spawner import Spawner
@@ -77,6 +78,7 @@ from ambient.service.instance import SingleInstance
 from ambient.service.limits import limits_short, raise_descriptor_limit
 from ambient.service.live_turns import LiveTurns
 from ambient.service.logs import configure_logging
+from ambient.service.metering import RunMetering
 from ambient.service.notifications import NotifyService
 from ambient.service.packets import PacketDesk
 from ambient.service.querykeeper import QueryKeeper
@@ -208,7 +210,9 @@ class Daemon:
             if value:
                 self.secrets.add(value)
         self._warn_missing_keys(brain, env)
-        self.claude = ClaudeRunner(p, environ=env, watch=self.live_turns.watch)
+        # Every model call of an AI agent goes through the gateway: metered, budgeted, the real key kept here.
+        self.gateway = ModelGateway()
+        self.claude = ClaudeRunner(p, environ=env, watch=self.live_turns.watch, gateway=self.gateway)
         self.runners = Runners(
             command=CommandRunner(
                 on_spawn=lambda req, pid, started: self.manager.record_spawn(
@@ -219,7 +223,8 @@ class Daemon:
             ),
             assisted=self.assisted,
             claude=self.claude,
-            llm=LlmRunner(environ=env, watch=self.live_turns.watch),  # its SDKs are imported when an agent runs
+            # its SDKs are imported when an agent runs
+            llm=LlmRunner(environ=env, watch=self.live_turns.watch, gateway=self.gateway),
         )
         self.delegate = AgentDelegate(
             self.ref, self.router, self.runners, self.locks, self.clock, self.live, secrets=self.secrets
@@ -229,6 +234,7 @@ class Daemon:
         self.breaker = Breaker(p, threshold=s.breaker_threshold)
         self.spend = SpendMeter(lambda: self.ref.brain.settings.budget.limits())  # budgets: today's spend, all runs
         self.manager = RunManager(p, self._executor, self.clock)
+        self.gateway.hooks = RunMetering(self.manager)
         self.manager.on_finished.append(self._run_finished)
         self.manager.on_park.append(lambda: self.engine.wake())
         self.workflows_eval = WorkflowEvaluator(self)
@@ -415,6 +421,7 @@ class Daemon:
         """
         self.engine.tick_seconds = s.tick_seconds  # read by the engine itself (a changed value was ignored: R-08)
         self.manager.slots.resize(s.concurrency)
+        self.gateway.limit(s.model_calls)
         if short := limits_short(s.concurrency):  # agents would fail to start (EMFILE, EAGAIN) short of the cap
             log.warning("limits_below_concurrency", concurrency=s.concurrency, **short)
         self.stale_claims.hours = s.stale_claim_hours
@@ -498,6 +505,7 @@ class Daemon:
         )
         self._trap.install()
         resumed = await self._resume()
+        await self.gateway.start()  # after the spend is read back from the journals, before any agent starts
         self.query.start()
         frozen = freeze_startup_heap()
         await self._start_tasks()
@@ -640,6 +648,7 @@ class Daemon:
         if self.router.registry is not None:
             self.router.registry.files = True
         self.runners.close()
+        await self.gateway.close()
         # Coalesced item claims (interrupted items included) reach the disk, as many as the time allows.
         await self.claims_view.aclose(time_left(deadline, time.monotonic()))
         for t in self._tasks:

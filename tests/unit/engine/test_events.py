@@ -47,10 +47,12 @@ NO_WAIT = RetryPolicy(attempts=2, base_s=0.0, jitter=False)
 def snapshot(state: RunState) -> Any:
     """A folded state as plain JSON (sets sorted), to compare with the one the code before folded (which had no
     ``asking``: an empty one is left out). Fields the state gained since (an item's ``resumed``: why it runs again,
-    tested in test_resumed.py; the run's ``abort_note``: who and why, tested in test_adapt.py) are left out."""
+    tested in test_resumed.py; the run's ``abort_note``: who and why, tested in test_adapt.py; the run's
+    ``spent_by_day`` and ``calls_by`` when empty) are left out."""
     data = json.loads(json.dumps(dataclasses.asdict(state), default=sorted))
-    if not data.get("asking"):
-        data.pop("asking", None)
+    for name in ("asking", "spent_by_day", "calls_by"):
+        if not data.get(name):
+            data.pop(name, None)
     data.pop("abort_note", None)
     for item in data["items"]:
         item.pop("resumed", None)
@@ -74,7 +76,7 @@ def test_a_journal_written_before_folds_to_the_same_state(path: Path) -> None:
 def test_the_fixtures_hold_every_kind_of_event() -> None:
     """The fixtures cover each event type (:data:`ambient.engine.events.RunEvent`), so the test above folds each."""
     kinds = {get_args(get_type_hints(t)["ev"])[0] for t in get_args(RunEvent)}
-    assert len(kinds) == 22
+    assert len(kinds) == 23
     assert {r["ev"] for p in _journals() for r in read_jsonl(p).records} >= kinds
 
 

@@ -10,9 +10,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ambient.engine.budget import Limits
+import pytest
+
+from ambient.engine.budget import Limits, day_of
 from ambient.engine.chain import ChainExecutor, ChainSettings
-from ambient.engine.events import Ruling
+from ambient.engine.events import CallFields, Ruling
 from ambient.engine.foreach import ForEachExecutor
 from ambient.engine.manager import RunManager
 from ambient.engine.planner import ChainStep, FanOut, ItemTemplate
@@ -355,3 +357,60 @@ async def test_runs_and_status_show_the_cost_and_the_hold(tmp_path: Path, capsys
     await asyncio.wait_for(mgr.tasks[run_id], 5)
     assert main(["runs", "--brain", str(tmp_path)]) == 0
     assert "cost=$1.25" in capsys.readouterr().out
+
+
+class MeteredDelegate(CostlyDelegate):
+    """Each attempt as the model gateway carries it out: every call recorded in the run's journal as it comes, the
+    run asked before each one; past the budget the call is refused and the attempt comes back ``over_budget``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.manager: RunManager | None = None
+        self.verdicts: list[str | None] = []
+
+    async def attempt(self, a: Attempt) -> AttemptResult:
+        self.calls.append(a)
+        assert self.manager is not None
+        ex = self.manager.executors[a.run_id]
+        for n in range(3):
+            verdict = ex.over_budget()
+            self.verdicts.append(verdict)
+            if verdict is not None:
+                break
+            usage = {"model": "m", "input_tokens": 100, "output_tokens": 10, "cost_usd": 0.75, "turns": 1}
+            fields: CallFields = {
+                "item": a.item,
+                "attempt": a.attempt,
+                "agent": "coder",
+                "key": a.key,
+                "id": f"msg_{n}",
+                "usage": usage,
+                "sent": "2026-03-18T10:00:00.000+00:00",
+            }
+            await ex.record_call(fields)
+        total = {"model": "m", "input_tokens": 200, "output_tokens": 20, "cost_usd": 1.5, "turns": 2}
+        usage = {**total, "metered": True, "refused_calls": 1}
+        return AttemptResult(result="error", error="a model call was refused", usage=usage, hold="over_budget")
+
+
+async def test_calls_metered_by_the_gateway_count_at_once_and_a_refused_one_holds_the_run(tmp_path: Path) -> None:
+    """The gateway records each model call as it happens and asks the run before the next one: past the budget the
+    call is refused, the attempt does not count (its item pending again, no failure) and the run holds with the one
+    budget question; the attempt's metered total is not counted again."""
+    meter = SpendMeter(lambda: Limits(per_run_usd=1.0, daily_usd=10.0))
+    delegate = MeteredDelegate()
+    mgr, esc = _manager(tmp_path, delegate, meter, concurrency=1)
+    delegate.manager = mgr
+    run_id = mgr.start(workflow="deploy-batch", form="for_each", spec={}, spec_hash=None, items=ITEMS[:2])
+    assert await async_wait_until(lambda: mgr.idle and bool(esc.requests), 5)
+    refusal = delegate.verdicts[2]
+    assert delegate.verdicts[:2] == [None, None] and refusal is not None and "budget is reached" in refusal
+    assert len(delegate.calls) == 1 and len(esc.requests) == 1  # held: the second item never started
+    [req] = esc.requests
+    assert req.kind == "budget" and "$1.50" in req.question
+    state = _journal(tmp_path, run_id)
+    assert state.usage.cost_usd == pytest.approx(1.5)  # the two calls, not again with the metered total
+    assert meter.spent(day_of(datetime.now(UTC))) == pytest.approx(1.5)
+    first = state.items[0]
+    assert first.status == "pending" and first.fails == 0
+    assert state.calls_by["coder"]["m"]["calls"] == 2 and state.calls_by["coder"]["m"]["refused"] == 1

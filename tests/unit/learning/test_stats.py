@@ -422,3 +422,39 @@ def test_parse_since() -> None:
     assert parse_since("2w", now) == now - timedelta(weeks=2)
     with pytest.raises(InputError, match="expected a date"):
         parse_since("last tuesday", now)
+
+
+def _calls(agent: str, model: str, calls: int, cost: float, refused: int = 0, unknown: int = 0) -> dict[str, Any]:
+    return {
+        "agent": agent,
+        "model": model,
+        "calls": calls,
+        "input_tokens": 100 * calls,
+        "output_tokens": 10 * calls,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
+        "cost_usd": cost,
+        "cost_unknown": unknown,
+        "refused": refused,
+    }
+
+
+def test_model_calls_add_up_per_agent_and_model_across_runs() -> None:
+    a = run("r1") | {"calls_by": [_calls("writer", "claude-haiku-4-5", 3, 0.03), _calls("writer", "gpt-5", 1, 0.5)]}
+    haiku_refused = _calls("writer", "claude-haiku-4-5", 2, 0.02, refused=4)
+    b = run("r2") | {"calls_by": [haiku_refused, _calls("deploy", "x", 1, 0)]}
+    stats = StatsBuilder().add_all([a, b]).result()
+    by = {(m.agent, m.model): m for m in stats.models}
+    haiku = by[("writer", "claude-haiku-4-5")]
+    assert (haiku.calls, haiku.input_tokens, haiku.refused) == (5, 500, 4)
+    assert haiku.cost_usd == pytest.approx(0.05)
+    assert set(by) == {("writer", "claude-haiku-4-5"), ("writer", "gpt-5"), ("deploy", "x")}
+    only = StatsBuilder(agent="writer").add_all([a, b]).result()
+    assert {m.agent for m in only.models} == {"writer"}
+    assert stats.to_json()["models"][0]["agent"] == "deploy"
+
+
+def test_a_record_with_bad_call_figures_is_invalid_and_changes_nothing() -> None:
+    bad = run("r1") | {"calls_by": [_calls("writer", "m", 1, 0.1) | {"calls": "1"}]}
+    stats = StatsBuilder().add_all([bad]).result()
+    assert stats.invalid == 1 and stats.models == [] and stats.runs == 0

@@ -331,3 +331,46 @@ def test_only_the_patterns_own_option_grants_it(tmp_path: Path) -> None:
     assert runner.sessions.patterns("coder") == ()
     _pending_answer(runner, "pytest -q tests/f", "pytest -q tests/*", label)
     assert runner.sessions.patterns("coder") == ("pytest -q tests/*",)
+
+
+async def test_through_the_gateway_the_cli_gets_its_grant_and_its_port_never_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the model gateway started, Claude Code's environment names the gateway and the attempt's grant: no
+    variable holds the daemon's key or the runner's, nor the real API's address; its jail connects to the
+    gateway's port, not the API's."""
+    from ambient.runners import confinement
+    from ambient.runners.gateway import ModelGateway
+
+    monkeypatch.setattr(confinement, "landlock_abi", lambda: 6)
+    brain = make_brain(tmp_path / "brain")
+    gateway = ModelGateway()
+    await gateway.start()
+    try:
+        environ = {"ANTHROPIC_BASE_URL": "https://models.example:8443", "ANTHROPIC_API_KEY": "sk-daemon-key"}
+        runner = ClaudeRunner(BrainPaths(brain), environ=environ, gateway=gateway)
+        cfg = ClaudeRunnerConfig(kind="claude", env={"ANTHROPIC_API_KEY": "sk-runner-key", "FOO": "bar"})
+        req = RunRequest(
+            packet={"scope": {"files": ["work/a.txt"]}},
+            agent="coder",
+            run_id="run-1",
+            item="a",
+            attempt=1,
+            key="run-1/a/1",
+            channel_token="",
+            brain=brain,
+        )
+        from ambient.runners.prompt import AgentPrompt
+
+        grant = runner._grant(req, cfg, AgentPrompt(body=""))
+        assert grant is not None
+        assert grant.upstream.base_url == "https://models.example:8443"
+        assert dict(grant.upstream.auth) == {"x-api-key": "sk-runner-key"}  # the runner's env wins, kept here
+        env = runner._env(req, cfg, Path("/bin/true"), tmp_path, grant)
+        assert env["ANTHROPIC_API_KEY"] == grant.token and env["ANTHROPIC_BASE_URL"] == gateway.url
+        assert env["FOO"] == "bar"
+        assert "sk-" not in json.dumps(env) and "models.example" not in json.dumps(env)
+        assert json.loads(env["AMBIENT_CLAUDE_JAIL"])["connect"] == [gateway.port]
+        await gateway.release(grant)
+    finally:
+        await gateway.close()

@@ -73,7 +73,8 @@ def test_playbook_parses_steps_and_rejects_garbage() -> None:
 
 def test_the_package_exports_its_public_seam() -> None:
     """What tests, the bench and users import from ``ambient.testing.fakeapi`` (its modules are the package's own)."""
-    names = {"CONTRACT_MARKER", "STRUCTURED_OUTPUT_TOOLS", "FakeAnthropic", "FakeOpenAI", "Playbook", "Recorded"}
+    names = {"CONTRACT_MARKER", "STRUCTURED_OUTPUT_TOOLS", "Billed", "FakeAnthropic", "FakeOpenAI", "Playbook"}
+    names.add("Recorded")
     assert set(fakeapi.__all__) == names
     assert all(hasattr(fakeapi, name) for name in names)
     assert fakeapi.CONTRACT_MARKER in CONTRACT and "StructuredOutput" in fakeapi.STRUCTURED_OUTPUT_TOOLS
@@ -279,6 +280,45 @@ def test_anthropic_usage_and_prompt_cache(anthropic_mod: Any, api: FakeAnthropic
     counted = client.messages.count_tokens(model="m", messages=[{"role": "user", "content": "hi " * 400}])
     assert 250 <= counted.input_tokens <= 350
     assert api.requests[-1].path == "/v1/messages/count_tokens"
+    # The billing ledger: each answer with the usage it said, in order; count_tokens bills nothing
+    billed = api.billed
+    reads = [0, second.cache_read_input_tokens, third.cache_read_input_tokens, 0]
+    assert [b.usage["cache_read_input_tokens"] for b in billed] == reads
+    assert (billed[3].usage["input_tokens"], billed[3].usage["output_tokens"]) == (
+        plain.usage.input_tokens,
+        plain.usage.output_tokens,
+    )
+    assert all(not b.stream and b.model == "m" for b in billed)
+
+
+def _stream(url: str, body: Any) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read()
+
+
+def test_the_ledger_bills_each_streamed_answer_and_no_error() -> None:
+    """Each answer is written down with the usage its stream says; an error is not billed."""
+    with FakeAnthropic() as api, FakeOpenAI() as chat_api:
+        body = {"model": "m", "max_tokens": 10, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        status, raw = _stream(f"{api.url}/v1/messages", body)
+        assert status == 200 and b"message_stop" in raw
+        [billed] = api.billed
+        assert billed.stream and billed.id.startswith("msg_") and billed.id.encode() in raw
+        assert f'"output_tokens": {billed.usage["output_tokens"]}'.encode() in raw
+        api.fail(500, times=1)
+        assert _stream(f"{api.url}/v1/messages", body)[0] == 500
+        assert len(api.billed) == 1
+        chat = {"model": "gpt-x", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        chat["stream_options"] = {"include_usage": True}
+        status, raw = _stream(f"{chat_api.url}/v1/chat/completions", chat)
+        assert status == 200 and raw.endswith(b"data: [DONE]\n\n")
+        [billed] = chat_api.billed
+        assert billed.stream and billed.usage["prompt_tokens"] > 0 and billed.usage["completion_tokens"] > 0
 
 
 @pytest.mark.slow

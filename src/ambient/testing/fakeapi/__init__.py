@@ -19,6 +19,14 @@ threaded loopback server every fake shares, the :class:`Recorded` requests, inje
 from .anthropic import STRUCTURED_OUTPUT_TOOLS, FakeAnthropic
 from .openai import FakeOpenAI
 from .playbook import CONTRACT_MARKER, Playbook
-from .server import Recorded
+from .server import Billed, Recorded
 
-__all__ = ["CONTRACT_MARKER", "STRUCTURED_OUTPUT_TOOLS", "FakeAnthropic", "FakeOpenAI", "Playbook", "Recorded"]
+__all__ = [
+    "CONTRACT_MARKER",
+    "STRUCTURED_OUTPUT_TOOLS",
+    "Billed",
+    "FakeAnthropic",
+    "FakeOpenAI",
+    "Playbook",
+    "Recorded",
+]

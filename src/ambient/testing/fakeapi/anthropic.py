@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .playbook import CONTRACT_MARKER, SIDE_REPLY, Reply, plan, texts
-from .server import FakeServer, Handler, Recorded, chunks, tokens
+from .server import Billed, FakeServer, Handler, Recorded, chunks, tokens
 
 #: Tools through which a client asks for a structured answer (Claude Code's ``output_format`` offers this one).
 STRUCTURED_OUTPUT_TOOLS = frozenset({"StructuredOutput"})
@@ -155,6 +155,8 @@ class FakeAnthropic(FakeServer):
         model = str(body.get("model") or "claude-fake")
         msg_id = self._new_id("msg_")
         headers = {"request-id": self._new_id("req_"), "anthropic-organization-id": "fake-org"}
+        billed = {**usage, "output_tokens": output_tokens}
+        self._bill(Billed(msg_id, model, billed, bool(body.get("stream")), "/v1/messages"))
         if not body.get("stream"):
             handler.send_json(
                 200,

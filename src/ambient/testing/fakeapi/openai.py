@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .playbook import plan, texts
-from .server import FakeServer, Handler, Recorded, chunks, tokens
+from .server import Billed, FakeServer, Handler, Recorded, chunks, tokens
 
 _OPENAI_ERRORS = {
     400: ("invalid_request_error", None),
@@ -104,6 +104,7 @@ class FakeOpenAI(FakeServer):
         model = str(body.get("model") or "gpt-fake")
         created = int(time.time())
         headers = {"x-request-id": self._new_id("req_")}
+        self._bill(Billed(cid, model, dict(usage), bool(body.get("stream")), "/chat/completions"))
         if not body.get("stream"):
             handler.send_json(
                 200,

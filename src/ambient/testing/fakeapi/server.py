@@ -34,6 +34,19 @@ class Recorded:
     query: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Billed:
+    """One response the fake sent, as a provider bills it: the response's id, its model and usage (the provider's own
+    field names), whether it streamed. Written down before the first byte is sent: a client that hangs up or dies
+    mid-answer is billed all the same, as by a real provider."""
+
+    id: str
+    model: str
+    usage: dict[str, Any]
+    stream: bool
+    path: str
+
+
 def tokens(value: Any) -> int:
     """A token count good enough for a fake: the characters of the JSON text over four."""
     if value is None:
@@ -54,6 +67,9 @@ class Handler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     server_version = "ambient-fakeapi/1"
+    # Each SSE event leaves at once, as from a real API: with Nagle's algorithm a small write waits for the ACK of
+    # the one before, which the client delays (40 ms), and a stream of small events took that per event.
+    disable_nagle_algorithm = True
     fake: ClassVar[FakeServer]
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: tests read ``requests``
@@ -147,6 +163,7 @@ class FakeServer(abc.ABC):
         self.delay_s = delay_s
         self._cond = threading.Condition()
         self._requests: list[Recorded] = []
+        self._billed: list[Billed] = []
         self._fail_status: int | None = None
         self._fail_times: int | None = None
         self._cache: set[str] = set()
@@ -200,6 +217,23 @@ class FakeServer(abc.ABC):
         with self._cond:
             return list(self._requests)
 
+    @property
+    def billed(self) -> list[Billed]:
+        """The billing ledger: every answer sent so far with its usage, in order (a copy)."""
+        with self._cond:
+            return list(self._billed)
+
+    def wait_billed(self, count: int, timeout: float = 30.0) -> list[Billed]:
+        """Block until at least ``count`` answers are billed; the ledger then. ``TimeoutError`` after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self._billed) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"fake {self.provider} API: {count} answers not billed within {timeout}s")
+                self._cond.wait(left)
+            return list(self._billed)
+
     def fail(self, status: int | None, times: int | None = None) -> None:
         """The next ``times`` requests (every following one when ``None``) get ``status`` with the provider's error
         JSON. ``fail(None)`` stops failing."""
@@ -223,6 +257,11 @@ class FakeServer(abc.ABC):
     def _record(self, rec: Recorded) -> None:
         with self._cond:
             self._requests.append(rec)
+            self._cond.notify_all()
+
+    def _bill(self, billed: Billed) -> None:
+        with self._cond:
+            self._billed.append(billed)
             self._cond.notify_all()
 
     def _take_failure(self) -> int | None:
