@@ -1,0 +1,137 @@
+"""The connection to NATS and the JetStream objects both sides use: the work-queue stream, one durable pull consumer
+per dispatched agent, and the KV buckets of attempts and workers. Creating them is idempotent (the same config
+again is no change), so the daemon and every worker may both ensure them.
+
+``nats`` (the ``cluster`` extra) is imported inside these functions only: a brain without ``cluster:`` never
+imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from ambient.cluster.protocol import (
+    ATTEMPTS,
+    DUPLICATE_WINDOW_S,
+    MAX_RESULT_BYTES,
+    WORK_PREFIX,
+    WORK_STREAM,
+    WORKERS,
+    consumer_name,
+    work_subject,
+)
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Link:
+    """An open connection: the client, its JetStream context and the two KV buckets."""
+
+    nc: Any  # nats.aio.client.Client
+    js: Any  # nats.js.JetStreamContext
+    attempts: Any  # nats.js.kv.KeyValue
+    workers: Any  # nats.js.kv.KeyValue
+
+    async def close(self) -> None:
+        try:
+            await self.nc.drain()
+        except Exception as exc:  # noqa: BLE001 - closing: nothing left to save
+            log.debug("nats_drain_failed", error=str(exc))
+
+
+async def connect(urls: list[str], creds: str | None, *, name: str) -> Link:
+    """Connect (reconnecting for ever) and open or create the stream and buckets."""
+    import nats  # the cluster extra, only imported where cluster: is configured
+
+    async def error_cb(exc: Exception) -> None:
+        # Permission errors of core publish/subscribe arrive here, not at the call (docs/cluster.md).
+        log.warning("nats_error", error=str(exc))
+
+    async def disconnected_cb() -> None:
+        log.warning("nats_disconnected")
+
+    async def reconnected_cb() -> None:
+        log.info("nats_reconnected")
+
+    nc = await nats.connect(
+        servers=urls,
+        user_credentials=creds,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        error_cb=error_cb,
+        disconnected_cb=disconnected_cb,
+        reconnected_cb=reconnected_cb,
+    )
+    js = nc.jetstream(timeout=10.0)
+    try:
+        attempts, workers = await ensure(js)
+    except BaseException:
+        await nc.close()
+        raise
+    return Link(nc, js, attempts, workers)
+
+
+async def ensure(js: Any) -> tuple[Any, Any]:
+    """The work stream and the two buckets, created when missing."""
+    from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
+    from nats.js.errors import NotFoundError
+
+    try:
+        await js.stream_info(WORK_STREAM)
+    except NotFoundError:
+        await js.add_stream(
+            StreamConfig(
+                name=WORK_STREAM,
+                subjects=[f"{WORK_PREFIX}.>"],
+                retention=RetentionPolicy.WORK_QUEUE,
+                storage=StorageType.FILE,
+                duplicate_window=DUPLICATE_WINDOW_S,
+                discard=DiscardPolicy.NEW,
+            )
+        )
+    buckets = []
+    for bucket, history in ((ATTEMPTS, 1), (WORKERS, 1)):
+        try:
+            kv = await js.key_value(bucket)
+        except Exception:  # noqa: BLE001 - BucketNotFoundError and kin: create it
+            kv = await js.create_key_value(
+                KeyValueConfig(
+                    bucket=bucket, history=history, storage=StorageType.FILE, max_value_size=MAX_RESULT_BYTES + 4096
+                )
+            )
+        buckets.append(kv)
+    return buckets[0], buckets[1]
+
+
+async def ensure_consumers(js: Any, agents: Iterable[str], lease_s: float) -> None:
+    """One durable pull consumer per agent, shared by every worker of it: explicit ack, redelivered ``lease_s``
+    after its last sign of life (a delivery, or ``+WPI``), never given up (``max_deliver`` unlimited: a worker's
+    crash must not lose an item; an agent's own failure is a result, not a redelivery)."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+    from nats.js.errors import NotFoundError
+
+    for agent in agents:
+        name = consumer_name(agent)
+        try:
+            await js.consumer_info(WORK_STREAM, name)
+            continue
+        except NotFoundError:
+            pass
+        await js.add_consumer(
+            WORK_STREAM,
+            ConsumerConfig(
+                durable_name=name,
+                filter_subject=work_subject(agent),
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.ALL,
+                ack_wait=lease_s,
+                max_deliver=-1,
+                max_ack_pending=-1,
+            ),
+        )
