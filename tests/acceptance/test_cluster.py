@@ -206,12 +206,12 @@ def test_validate_names_a_wrong_cluster_setting_at_its_line(tmp_path: Path) -> N
     )
     res = brain.cli("validate")
     assert res.rc != 0
-    assert "profil/ambient.yml:3" in res.err or "profil/ambient.yml:4" in res.err, res
-    assert "nats://HOST:PORT" in res.err, res
+    assert "profil/ambient.yml:3" in res.out or "profil/ambient.yml:4" in res.out, res
+    assert "nats://HOST:PORT" in res.out, res
     brain.config("cluster:\n  urls: [nats://127.0.0.1:4222]\n  dispatch:\n    nobody: workers\n")
     res = brain.cli("validate")
     assert res.rc != 0
-    assert "profil/ambient.yml:4" in res.err and "'nobody' has no runner" in res.err, res
+    assert "profil/ambient.yml:4" in res.out and "'nobody' has no runner" in res.out, res
 
 
 def test_json_of_the_witness_is_sane() -> None:
