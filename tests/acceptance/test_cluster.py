@@ -85,6 +85,8 @@ def test_fan_out_on_two_workers_survives_a_worker_killed_mid_item(tmp_path: Path
                 b.wait_log("worker_ready")
                 brain.workflow("fan", for_each("fan", "witness", items))
                 started = a.wait_log("attempt_started")[0]
+                killed = items.index(started["key"].split("/")[-2]) + 1  # {{index}} counts from 1
+                wait(lambda: witness_lines(brain, f"work/fan/{killed}.txt"), "the agent started on worker a")
                 a.kill()  # mid-item: its agent is in its pause
                 run = brain.wait_finished("fan", timeout=120)[0]
             finally:
@@ -97,9 +99,8 @@ def test_fan_out_on_two_workers_survives_a_worker_killed_mid_item(tmp_path: Path
                 lines = witness_lines(brain, f"work/fan/{index}.txt")
                 assert ran_once_at_a_time(lines), (index, lines)
             # The killed worker's item: its agent started there, and ran to its end once, on the other worker.
-            killed = items.index(killed_key.split("/")[-2]) + 1
             lines = witness_lines(brain, f"work/fan/{killed}.txt")
-            assert lines[-2:] == [("start", lines[-1][1]), ("end", lines[-1][1])], lines
+            assert lines[0][0] == "start" and lines[-2:] == [("start", lines[-1][1]), ("end", lines[-1][1])], lines
 
 
 def test_a_worker_stalled_past_its_lease_cannot_commit(tmp_path: Path) -> None:

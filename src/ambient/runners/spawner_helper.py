@@ -330,8 +330,8 @@ class _Spawner:
                 if self.subreaper and time.monotonic() - self.swept >= _SWEEP_S:
                     self.sweep()
         finally:
-            if self.end_with_parent and os.getppid() != self.daemon:
-                self.end_agents()
+            if self.end_with_parent:  # a stop comes after every agent ended; a death closes the socket first
+                self.end_agents()  # (its files close before it is reparented: getppid() may not show it yet)
             if self.subreaper and (os.getppid() == self.daemon or self.end_with_parent):
                 self.sweep(everything=True)  # a stop, not the daemon's death: nothing stays
 
