@@ -221,3 +221,27 @@ def test_json_of_the_witness_is_sane() -> None:
     assert not ran_once_at_a_time([("start", 1), ("start", 2), ("end", 1), ("end", 2)])
     assert not ran_once_at_a_time([("start", 1), ("start", 2), ("end", 2), ("end", 1)])
     assert not ran_once_at_a_time([("start", 1), ("end", 1), ("start", 2), ("end", 2)])
+
+
+def test_cluster_workers_shows_each_worker_until_it_stops(tmp_path: Path) -> None:
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, [])
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            w = Worker(brain, "w1", nats.url, "witness", slots=2)
+            try:
+                w.wait_log("worker_ready")
+                shown = wait(
+                    lambda: (r := brain.cli("cluster", "workers", "--json")).rc == 0 and r.json(),
+                    "the worker listed",
+                )
+                assert [(x["worker"], x["agents"], x["slots"], x["stale"]) for x in shown] == [
+                    ("w1", ["witness"], 2, False)
+                ]
+                text = brain.ok("cluster", "workers").out
+                assert "w1" in text and "slots 2" in text and "alive" in text
+            finally:
+                w.stop()
+            gone = brain.cli("cluster", "workers")
+            assert gone.rc == 1 and "no worker" in gone.out, gone
+    assert brain.cli("cluster", "workers").rc == 1  # the server is gone: said, exit 1

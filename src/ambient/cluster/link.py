@@ -8,6 +8,7 @@ imports it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,9 @@ from ambient.cluster.protocol import (
 
 log = structlog.get_logger(__name__)
 
+#: How long a short command (``ambient cluster workers``) tries to reach the server.
+ONCE_S = 8.0
+
 
 @dataclass
 class Link:
@@ -44,8 +48,9 @@ class Link:
             log.debug("nats_drain_failed", error=str(exc))
 
 
-async def connect(urls: list[str], creds: str | None, *, name: str) -> Link:
-    """Connect (reconnecting for ever) and open or create the stream and buckets."""
+async def connect(urls: list[str], creds: str | None, *, name: str, once: bool = False) -> Link:
+    """Connect (reconnecting for ever; ``once``: a short command, which fails at once instead) and open or create
+    the stream and buckets."""
     import nats  # the cluster extra, only imported where cluster: is configured
 
     async def error_cb(exc: Exception) -> None:
@@ -58,16 +63,20 @@ async def connect(urls: list[str], creds: str | None, *, name: str) -> Link:
     async def reconnected_cb() -> None:
         log.info("nats_reconnected")
 
-    nc = await nats.connect(
+    connecting = nats.connect(
         servers=urls,
         user_credentials=creds,
         name=name,
-        max_reconnect_attempts=-1,
+        max_reconnect_attempts=1 if once else -1,
+        allow_reconnect=not once,
+        connect_timeout=2.0,
         reconnect_time_wait=0.5,
         error_cb=error_cb,
         disconnected_cb=disconnected_cb,
         reconnected_cb=reconnected_cb,
     )
+    # A short command gives up after a few seconds; the daemon and the workers wait for the server.
+    nc = await (asyncio.wait_for(connecting, timeout=ONCE_S) if once else connecting)
     js = nc.jetstream(timeout=10.0)
     try:
         attempts, workers = await ensure(js)
@@ -135,3 +144,25 @@ async def ensure_consumers(js: Any, agents: Iterable[str], lease_s: float) -> No
                 max_ack_pending=-1,
             ),
         )
+
+
+async def workers(link: Link) -> list[dict[str, Any]]:
+    """The records the workers keep in the workers bucket (``ambient cluster workers``), unreadable ones left out."""
+    import json
+
+    from nats.js.errors import KeyNotFoundError, NoKeysError
+
+    try:
+        keys = await link.workers.keys()
+    except NoKeysError:
+        return []
+    out: list[dict[str, Any]] = []
+    for key in sorted(keys):
+        try:
+            entry = await link.workers.get(key)
+            record = json.loads(entry.value or b"")
+        except (KeyNotFoundError, ValueError):
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
