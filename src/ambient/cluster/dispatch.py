@@ -42,6 +42,7 @@ class Dispatcher:
         self.lease_s = lease_s
         self._link: Link | None = None
         self._connecting: asyncio.Lock | None = None
+        self._consumers: set[str] = set()  # agents whose durable consumer this dispatcher made sure of
 
     def dispatches(self, agent: str) -> bool:
         """Whether ``agent`` runs on the workers."""
@@ -53,9 +54,17 @@ class Dispatcher:
         async with self._connecting:
             if self._link is None:
                 link = await connect(self.urls, self.creds, name=f"ambient-daemon@{socket.gethostname()}")
-                await ensure_consumers(link.js, [a for a in self.dispatch if self.dispatches(a)], self.lease_s)
+                agents = [a for a in self.dispatch if self.dispatches(a)]
+                await ensure_consumers(link.js, agents, self.lease_s)
+                self._consumers.update(agents)
                 self._link = link
             return self._link
+
+    async def _consumer(self, link: Link, agent: str) -> None:
+        """The agent's consumer, for an agent dispatched by a reload after the connection was made."""
+        if agent not in self._consumers:
+            await ensure_consumers(link.js, [agent], self.lease_s)
+            self._consumers.add(agent)
 
     async def close(self) -> None:
         if self._link is not None:
@@ -71,6 +80,7 @@ class Dispatcher:
             return error_result("bad_request", f"agent {req.agent!r}: only kind: command runs on workers")
         try:
             link = await self.link()
+            await self._consumer(link, req.agent)
             key = kv_key(req.key)
             done = await _done(link, key)
             if done is not None:

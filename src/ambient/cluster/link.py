@@ -42,10 +42,16 @@ class Link:
     workers: Any  # nats.js.kv.KeyValue
 
     async def close(self) -> None:
+        """Flush and close. Not ``drain()``: with pull subscriptions it waited its whole timeout (30 s) at every
+        stop; every publish that matters was acknowledged by the server already (JetStream publishes wait for it)."""
         try:
-            await self.nc.drain()
+            await asyncio.wait_for(self.nc.flush(), timeout=2.0)
         except Exception as exc:  # noqa: BLE001 - closing: nothing left to save
-            log.debug("nats_drain_failed", error=str(exc))
+            log.debug("nats_flush_failed", error=str(exc))
+        try:
+            await self.nc.close()
+        except Exception as exc:  # noqa: BLE001 - closing: nothing left to save
+            log.debug("nats_close_failed", error=str(exc))
 
 
 async def connect(urls: list[str], creds: str | None, *, name: str, once: bool = False) -> Link:
