@@ -41,7 +41,7 @@ print(json.dumps({"status": "success", "result": {"item": os.environ["AMBIENT_IT
 """
 
 
-def cluster_brain(tmp_path: Path, url: str, items: list[str], *, pause: float = 0.8) -> Brain:
+def cluster_brain(tmp_path: Path, url: str, items: list[str], *, pause: float = 0.8, lease_s: float = 2) -> Brain:
     brain = Brain.init(tmp_path / "brain")
     brain.python_agent("witness", WITNESS, runner={"confine": True, "env": {"PAUSE": str(pause)}})
     brain.config(
@@ -49,7 +49,7 @@ def cluster_brain(tmp_path: Path, url: str, items: list[str], *, pause: float = 
         tick_seconds: 0.5
         cluster:
           urls: [{url}]
-          lease_s: 2
+          lease_s: {lease_s:g}
           dispatch:
             witness: workers
         """
@@ -245,3 +245,31 @@ def test_cluster_workers_shows_each_worker_until_it_stops(tmp_path: Path) -> Non
             gone = brain.cli("cluster", "workers")
             assert gone.rc == 1 and "no worker" in gone.out, gone
     assert brain.cli("cluster", "workers").rc == 1  # the server is gone: said, exit 1
+
+
+def test_a_stopped_worker_hands_its_item_over_at_once(tmp_path: Path) -> None:
+    """SIGTERM to a worker mid-item: it stops its agent, ends its lease and hands the message back, so another worker
+    runs the item at once instead of after the lease (a minute here) lapses."""
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, ["only"], pause=3.0, lease_s=60)
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            a = Worker(brain, "a", nats.url, "witness")
+            try:
+                a.wait_log("worker_ready")
+                brain.workflow("handover", for_each("handover", "witness", ["only"]))
+                a.wait_log("attempt_started")
+                wait(lambda: witness_lines(brain, "work/handover/1.txt"), "the agent started on worker a")
+                a.stop()
+                assert a.logged("attempt_given_back"), a.tail()
+                b = Worker(brain, "b", nats.url, "witness")
+                try:
+                    run = brain.wait_finished("handover", timeout=40)[0]
+                finally:
+                    b.stop()
+            finally:
+                a.stop()
+            assert run["outcome"] == "success", run
+            assert b.logged("attempt_committed") and not b.logged("attempt_held_elsewhere"), b.tail()
+            lines = witness_lines(brain, "work/handover/1.txt")
+            assert ran_once_at_a_time(lines), lines

@@ -194,13 +194,32 @@ class Worker:
         if token is None:
             return
         log.info("attempt_started", key=work.key, worker=self.name, token=token)
-        ran = await self._run(link, work, key, token, msg)
+        try:
+            ran = await self._run(link, work, key, token, msg)
+        except asyncio.CancelledError:
+            await self._give_back(link, work, key, msg)  # the worker stops: the item goes on elsewhere at once
+            raise
         if ran is None:
             return
         result, token = ran
         if await self._commit(link, work, key, token, result):
             with contextlib.suppress(Exception):  # best-effort: a redelivery finds the result committed
                 await msg.ack()
+
+    async def _give_back(self, link: Link, work: Work, key: str, msg: Any) -> None:
+        """A stopping worker ends its lease (if it still holds it) and hands the message back, best-effort: what
+        is not done here the lease's lapse and the redelivery do later."""
+        lapsed = Lease(self.name, self.host, 0.0)
+        with contextlib.suppress(Exception):
+            current: Any = await asyncio.wait_for(link.attempts.get(key), timeout=2.0)
+            entry = entry_from(current.value)
+            if isinstance(entry, Lease) and entry.worker == self.name:
+                await asyncio.wait_for(
+                    link.attempts.update(key, entry_bytes(lapsed), last=current.revision), timeout=2.0
+                )
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(msg.nak(), timeout=2.0)
+        log.info("attempt_given_back", key=work.key, worker=self.name)
 
     async def _acquire(self, link: Link, work: Work, key: str, msg: Any) -> int | None:
         """The lease's revision (this holder's fencing token), or None: the attempt is done or another holds it."""
