@@ -680,8 +680,9 @@ class NatsServer:
     JetStream stored under ``store`` and fsync'd on every write (``sync_interval: always``, as docs/cluster.md
     says to run it). A real server, never a mock; its log in ``<store>.log``."""
 
-    def __init__(self, store: Path) -> None:
+    def __init__(self, store: Path, extra: str = "") -> None:
         self.store = store
+        self.extra = extra  # more of the server's configuration (an authorization block)
         self.binary = shutil.which("nats-server", path=str(Path(sys.executable).parent)) or shutil.which("nats-server")
         self.log_path = store.parent / f"{store.name}.log"
         self.conf = store.parent / f"{store.name}.conf"
@@ -700,6 +701,7 @@ class NatsServer:
         port = self.port or -1  # -1: a random free port the first time, the same one after a restart
         self.conf.write_text(
             f'host: "127.0.0.1"\nport: {port}\njetstream {{\n  store_dir: "{self.store}"\n  sync_interval: always\n}}\n'
+            + self.extra
         )
         start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
@@ -736,11 +738,14 @@ class NatsServer:
 class Worker:
     """``ambient worker`` as a background process (a host of the cluster), its JSON log in a file."""
 
-    def __init__(self, brain: Brain, name: str, url: str, agents: str, *, slots: int = 1) -> None:
+    def __init__(
+        self, brain: Brain, name: str, url: str, agents: str, *, slots: int = 1, creds: Path | None = None
+    ) -> None:
         self.brain = brain
         self.name = name
         self.log_path = brain.root.parent / f"worker-{name}.log"
         argv = [*AMBIENT, "--brain", str(brain.root), "worker", "--nats", url, "--agents", agents]
+        argv += ["--creds", str(creds)] if creds is not None else []
         argv += ["--slots", str(slots), "--name", name, "--log-format", "json"]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(

@@ -8,6 +8,7 @@ PID`` when it is done. An item ran at most once at a time when every ``end`` dir
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -273,3 +274,50 @@ def test_a_stopped_worker_hands_its_item_over_at_once(tmp_path: Path) -> None:
             assert b.logged("attempt_committed") and not b.logged("attempt_held_elsewhere"), b.tail()
             lines = witness_lines(brain, "work/handover/1.txt")
             assert ran_once_at_a_time(lines), lines
+
+
+def test_a_workers_credentials_reach_its_agents_only(tmp_path: Path) -> None:
+    """`ambient cluster creds` gives a worker a NATS user allowed only its agents' subjects: with it the worker runs
+    its agent; the same credentials for another agent are refused by the server, and that agent's item waits."""
+    brain = Brain.init(tmp_path / "brain")
+    brain.python_agent("witness", WITNESS, runner={"confine": True, "env": {"PAUSE": "0.1"}})
+    brain.python_agent("other", WITNESS, runner={"confine": True, "env": {"PAUSE": "0.1"}})
+    made = brain.ok("cluster", "creds", "w1", "--agents", "witness", "--out", str(tmp_path / "w1.creds"))
+    entry = json.loads("\n".join(line for line in made.out.splitlines() if not line.startswith("#")))
+    assert (tmp_path / "w1.creds").stat().st_mode & 0o777 == 0o600
+    assert not any("work_other" in s for s in entry["permissions"]["publish"])
+    brain.write("daemon.creds", "daemon:daemon-secret\n", mode=0o600)
+    users = json.dumps([{"user": "daemon", "password": "daemon-secret"}, entry])
+    with NatsServer(tmp_path / "nats", extra=f"authorization {{\n  users: {users}\n}}\n") as nats:
+        brain.config(
+            f"""
+            tick_seconds: 0.5
+            cluster:
+              urls: [{nats.url}]
+              creds: daemon.creds
+              lease_s: 2
+              dispatch:
+                witness: workers
+                other: workers
+            """
+        )
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            good = Worker(brain, "w1", nats.url, "witness", creds=tmp_path / "w1.creds")
+            try:
+                good.wait_log("worker_ready")
+                brain.workflow("mine", for_each("mine", "witness", ["x", "y"]))
+                run = brain.wait_finished("mine")[0]
+                assert run["outcome"] == "success", run
+            finally:
+                good.stop()
+            bad = Worker(brain, "w1-other", nats.url, "other", creds=tmp_path / "w1.creds")
+            try:
+                brain.workflow("theirs", for_each("theirs", "other", ["z"]))
+                wait(lambda: bad.proc.poll() is not None, "the worker refused by the server", timeout=60)
+                assert bad.proc.returncode == 1, bad.tail()
+                refused = 'Publish Violation - Subject "$JS.API.CONSUMER.INFO.AMBIENT_WORK.work_other"'
+                assert refused in nats.log_path.read_text(), nats.log_path.read_text()[-2000:]
+                assert not witness_lines(brain, "work/theirs/1.txt")
+            finally:
+                bad.stop()

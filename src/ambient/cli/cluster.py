@@ -4,8 +4,12 @@ last said: host, agents, slots, agents running, and how long ago."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
@@ -30,6 +34,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
     )
     w.add_argument("--json", action="store_true", help="JSON output")
+    c = add_command(
+        actions,
+        "creds",
+        _creds,
+        help="a worker's NATS user, allowed only its agents' subjects: the server's entry and its password file",
+        description=(
+            "Write WORKER's password file (user:password, mode 0600; give it to `ambient worker --creds`) and print "
+            "the entry to add to the users of the NATS server's authorization block: the worker may publish and "
+            "subscribe to its agents' subjects only (their consumers, acks, the attempts bucket, its own record), "
+            "so the server refuses it another agent's SPAWNs. Each agent must be an agent of this brain."
+        ),
+    )
+    c.add_argument("worker", metavar="WORKER", help="the worker's name (its NATS user)")
+    c.add_argument("--agents", required=True, metavar="A,B", help="the agents it runs (comma separated)")
+    c.add_argument("--out", type=Path, required=True, metavar="FILE", help="where its password file goes (0600)")
 
 
 def _workers(args: argparse.Namespace) -> int:
@@ -79,3 +98,28 @@ def _workers(args: argparse.Namespace) -> int:
                 f"running {w.get('busy')}  {state}, {w['age_s']:g} s ago"
             )
     return EXIT_OK if any(not w["stale"] for w in found) else EXIT_NO
+
+
+_USER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _creds(args: argparse.Namespace) -> int:
+    from ambient.cluster.protocol import worker_permissions
+    from ambient.kernel.agents import load_agents
+    from ambient.storage.fsutil import atomic_write
+    from ambient.storage.paths import BrainPaths
+
+    if not _USER.match(args.worker):
+        return fail(f"{args.worker!r} is not a worker name: letters, digits, . _ - (64 at most)")
+    agents = [a.strip() for a in str(args.agents).split(",") if a.strip()]
+    known = set(load_agents(BrainPaths(brain_dir(args)))[0])
+    unknown = [a for a in agents if a not in known]
+    if not agents or unknown:
+        return fail(f"--agents: {', '.join(unknown) or 'none given'}: not an agent of this brain (agents/NAME.md)")
+    password = secrets.token_urlsafe(32)
+    atomic_write(args.out, f"{args.worker}:{password}\n", mode=0o600)
+    entry = {"user": args.worker, "password": password, "permissions": worker_permissions(args.worker, agents)}
+    out(f"# the NATS server's authorization block, users: [...] (worker {args.worker}, agents {', '.join(agents)})")
+    out(json.dumps(entry, indent=2))
+    out(f"# on the worker: ambient worker --nats URL --creds {args.out} --agents {','.join(agents)}")
+    return EXIT_OK

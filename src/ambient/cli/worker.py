@@ -91,5 +91,9 @@ def _serve(args: argparse.Namespace, agents: list[str]) -> int:
             runner.close()
 
     os.umask(0o077)
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except Exception as exc:  # noqa: BLE001 - the server refused or cannot be used: said, exit 1
+        # A permission the server refuses shows as a timeout of the JetStream call (docs/cluster.md).
+        return fail(f"the worker stopped: {exc or type(exc).__name__} (are its credentials allowed its agents?)", 1)
     return EXIT_OK

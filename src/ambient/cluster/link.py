@@ -71,7 +71,7 @@ async def connect(urls: list[str], creds: str | None, *, name: str, once: bool =
 
     connecting = nats.connect(
         servers=urls,
-        user_credentials=creds,
+        **credentials(creds),
         name=name,
         max_reconnect_attempts=1 if once else -1,
         allow_reconnect=not once,
@@ -90,6 +90,22 @@ async def connect(urls: list[str], creds: str | None, *, name: str, once: bool =
         await nc.close()
         raise
     return Link(nc, js, attempts, workers)
+
+
+def credentials(path: str | None) -> dict[str, Any]:
+    """What a credentials file gives ``nats.connect``: a NATS ``.creds`` file (a user JWT and its seed), or a file
+    whose first line is ``user:password`` (what ``ambient cluster creds`` writes)."""
+    if path is None:
+        return {}
+    with open(path, encoding="utf-8") as f:  # noqa: PTH123 - a small private file, read once at the start
+        text = f.read(64 * 1024)
+    if "BEGIN NATS USER JWT" in text:
+        return {"user_credentials": path}
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    user, sep, password = first.partition(":")
+    if not sep or not user:
+        raise ValueError(f"{path}: not a NATS .creds file nor a line user:password")
+    return {"user": user, "password": password}
 
 
 async def ensure(js: Any) -> tuple[Any, Any]:
@@ -117,7 +133,11 @@ async def ensure(js: Any) -> tuple[Any, Any]:
         except Exception:  # noqa: BLE001 - BucketNotFoundError and kin: create it
             kv = await js.create_key_value(
                 KeyValueConfig(
-                    bucket=bucket, history=history, storage=StorageType.FILE, max_value_size=MAX_RESULT_BYTES + 4096
+                    bucket=bucket,
+                    history=history,
+                    storage=StorageType.FILE,
+                    max_value_size=MAX_RESULT_BYTES + 4096,
+                    direct=True,  # reads by direct get, whose subject names the key: permissions can restrict it
                 )
             )
         buckets.append(kv)

@@ -267,3 +267,26 @@ def result_from(data: Mapping[str, Any]) -> AgentResult:
     if isinstance(usage, dict):
         kwargs["usage"] = Usage(**usage)
     return AgentResult(**kwargs)
+
+
+def worker_permissions(worker: str, agents: list[str]) -> dict[str, list[str]]:
+    """The subjects a worker serving ``agents`` may publish and subscribe to, and nothing else: its agents'
+    consumers (their info, the next message, acks), the attempts bucket (read by direct get, written by
+    compare-and-set), its own record in the workers bucket, the streams' info, and replies to its inbox. Another
+    agent's SPAWNs are out of its reach at the server."""
+    publish = [
+        f"$JS.API.STREAM.INFO.{WORK_STREAM}",
+        f"$JS.API.STREAM.INFO.KV_{ATTEMPTS}",
+        f"$JS.API.STREAM.INFO.KV_{WORKERS}",
+        f"$KV.{ATTEMPTS}.>",
+        f"$JS.API.DIRECT.GET.KV_{ATTEMPTS}.>",
+        f"$KV.{WORKERS}.{name_token(worker)}",
+    ]
+    for agent in agents:
+        consumer = consumer_name(agent)
+        publish += [
+            f"$JS.API.CONSUMER.INFO.{WORK_STREAM}.{consumer}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{WORK_STREAM}.{consumer}",
+            f"$JS.ACK.{WORK_STREAM}.{consumer}.>",
+        ]
+    return {"publish": publish, "subscribe": ["_INBOX.>"]}

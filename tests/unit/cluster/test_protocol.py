@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -127,3 +129,31 @@ def test_cluster_settings_are_checked() -> None:
     ):
         with pytest.raises(ValueError):
             ClusterSettings.model_validate(bad)
+
+
+def test_a_workers_permissions_name_its_agents_only() -> None:
+    from ambient.cluster.protocol import worker_permissions
+
+    perms = worker_permissions("w.1", ["coder", "a.b"])
+    publish = perms["publish"]
+    assert "$JS.API.CONSUMER.MSG.NEXT.AMBIENT_WORK.work_coder" in publish
+    assert "$JS.API.CONSUMER.MSG.NEXT.AMBIENT_WORK.work_a=2Eb" in publish
+    assert "$KV.ambient_workers.w=2E1" in publish
+    assert not any(">" == s or s.endswith("AMBIENT_WORK.>") or "work_tester" in s for s in publish)
+    assert perms["subscribe"] == ["_INBOX.>"]
+
+
+def test_a_credentials_file_is_a_nats_creds_file_or_user_password(tmp_path: Path) -> None:
+    from ambient.cluster.link import credentials
+
+    plain = tmp_path / "w.creds"
+    plain.write_text("w1:s3cret:with-colon\n")
+    assert credentials(str(plain)) == {"user": "w1", "password": "s3cret:with-colon"}
+    jwt = tmp_path / "nats.creds"
+    jwt.write_text("-----BEGIN NATS USER JWT-----\neyJ0\n------END NATS USER JWT------\n")
+    assert credentials(str(jwt)) == {"user_credentials": str(jwt)}
+    bad = tmp_path / "bad"
+    bad.write_text("nothing here\n")
+    with pytest.raises(ValueError):
+        credentials(str(bad))
+    assert credentials(None) == {}
