@@ -225,7 +225,6 @@ class Worker:
         """The lease's revision (this holder's fencing token), or None: the attempt is done or another holds it."""
         from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-        lease = Lease(self.name, self.host, time.time() + work.lease_s)
         while True:
             try:
                 current: Any = await link.attempts.get(key)
