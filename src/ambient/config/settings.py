@@ -124,6 +124,44 @@ class LearningSettings(_Strict):
     pattern_after: int = Field(default=DEFAULT_PATTERN_AFTER, ge=0, le=30)
 
 
+_NATS_URL = re.compile(r"^(nats|tls)://[^\s/]+(:\d{1,5})?/?$")
+_AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class ClusterSettings(_Strict):
+    """Agents run on worker hosts through NATS JetStream (docs/cluster.md; the ``cluster`` extra). ``dispatch``
+    names the agents that run on the workers; every other agent runs here as before."""
+
+    urls: list[str] = Field(min_length=1, max_length=16)  # nats://host:port or tls://host:port
+    creds: str | None = Field(default=None, min_length=1)  # the daemon's NATS credentials file, relative to the brain
+    dispatch: dict[str, Literal["workers", "local"]] = Field(default_factory=dict, max_length=256)
+    #: How long a worker holds an attempt without a sign of life before another worker takes it over (s); the
+    #: work queue redelivers after the same time. Workers renew every third of it.
+    lease_s: float = Field(default=30.0, ge=1, le=3600)
+
+    @field_validator("urls", mode="before")
+    @classmethod
+    def _one_url(cls, value: Any) -> Any:
+        """``urls: nats://host:4222`` alone is a list of one."""
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("urls")
+    @classmethod
+    def _check_urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not _NATS_URL.match(url):
+                raise ValueError(f"{url!r} is not a NATS server URL; expected nats://HOST:PORT or tls://HOST:PORT")
+        return value
+
+    @field_validator("dispatch")
+    @classmethod
+    def _check_agents(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not _AGENT_NAME.match(name):
+                raise ValueError(f"{name!r} is not an agent name")
+        return value
+
+
 class Settings(_Strict):
     """Every knob of the daemon, with defaults that work."""
 
@@ -145,6 +183,7 @@ class Settings(_Strict):
     model_calls: int | None = Field(default=None, ge=1, le=1024)
     learning: LearningSettings = Field(default_factory=LearningSettings)
     web: WebSettings | None = None  # the web console hosted by the daemon; absent: not hosted (``ambient web``)
+    cluster: ClusterSettings | None = None  # agents run on worker hosts; absent: every agent runs here
     #: Whom a daemon run as root runs a command agent as when its runner names no ``user:`` (never root's powers:
     #: ``root`` keeps uid 0 without any capability). Ignored when ambient is not root.
     agent_user: str = Field(default="ambient-agent", min_length=1, max_length=64, pattern=r"^[a-z_][a-z0-9_-]*\$?$")

@@ -127,8 +127,12 @@ def available() -> bool:
 class Spawner:
     """The daemon's end of the spawner: started at the first agent, used from the event loop only."""
 
-    def __init__(self, python: str | None = None) -> None:
+    def __init__(self, python: str | None = None, *, end_with_parent: bool = False) -> None:
         self._python = python or sys.executable
+        #: Kill every agent when this process dies (a worker of the cluster, whose items another worker takes over
+        #: once its lease lapses: its agents must not outlive it). A daemon's agents outlive it instead: its
+        #: successor recognises and stops them (ambient.runners.orphans).
+        self.end_with_parent = end_with_parent
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -223,7 +227,14 @@ class Spawner:
             # A fixed argv, the interpreter running the daemon and a file of this package; no environment, no
             # site (-I -S): nothing of the daemon's environment reaches it, and it starts in a few ms.
             self._proc = subprocess.Popen(  # noqa: S603
-                [self._python, "-I", "-S", str(_HELPER), str(theirs.fileno())],
+                [
+                    self._python,
+                    "-I",
+                    "-S",
+                    str(_HELPER),
+                    str(theirs.fileno()),
+                    *(["end-with-parent"] if self.end_with_parent else []),
+                ],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

@@ -290,8 +290,9 @@ def _agent_key(pid: int) -> bytes | None:
 
 
 class _Spawner:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, *, end_with_parent: bool = False) -> None:
         self.sock = sock
+        self.end_with_parent = end_with_parent  # the parent's death ends every agent (a worker's spawner)
         self.selector = selectors.DefaultSelector()
         self.selector.register(sock, selectors.EVENT_READ, None)
         self.cwd = os.getcwdb()  # noqa: PTH109 - bytes, compared with the requests' cwd
@@ -329,8 +330,16 @@ class _Spawner:
                 if self.subreaper and time.monotonic() - self.swept >= _SWEEP_S:
                     self.sweep()
         finally:
-            if self.subreaper and os.getppid() == self.daemon:  # a stop, not the daemon's death: nothing stays
-                self.sweep(everything=True)
+            if self.end_with_parent:  # a stop comes after every agent ended; a death closes the socket first
+                self.end_agents()  # (its files close before it is reparented: getppid() may not show it yet)
+            if self.subreaper and (os.getppid() == self.daemon or self.end_with_parent):
+                self.sweep(everything=True)  # a stop, not the daemon's death: nothing stays
+
+    def end_agents(self) -> None:
+        """SIGKILL every live agent's process group: its parent died, and another holder will run its item."""
+        for pid in list(self.agents):
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
 
     def sweep(self, *, everything: bool = False) -> None:
         """End the strays: processes an agent left behind (reparented to us) whose agent has ended, or all of
@@ -537,7 +546,7 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[1]))
     os.set_inheritable(sock.fileno(), False)
     with contextlib.suppress(BrokenPipeError):  # the daemon is gone
-        _Spawner(sock).serve()
+        _Spawner(sock, end_with_parent=argv[2:3] == ["end-with-parent"]).serve()
     return 0
 
 

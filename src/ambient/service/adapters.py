@@ -18,6 +18,7 @@ import structlog
 from ambient.claims.locks import LockGrant, LockManager
 from ambient.claims.preflight import PreflightProblem, exit_code
 from ambient.claims.snapshot import run_preflight
+from ambient.cluster.dispatch import Dispatcher
 from ambient.config.brain import Brain
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, LockHeldError, PacketError
@@ -67,6 +68,7 @@ class AgentDelegate:
         self.live = live
         self.lock_wait_s = lock_wait_s
         self.secrets = secrets  # masked in what an agent says before any of it is stored or sent
+        self.remote: Dispatcher | None = None  # cluster: in the settings: the agents that run on workers
         # (agent, run) -> (handoff.md signature, handoff text); see _handoff.
         self._handoffs: dict[tuple[str, str], tuple[tuple[int, int] | None, asyncio.Future[str]]] = {}
         self._handoff_checked: dict[tuple[str, str], float] = {}  # key → when handoff.md was last stat'ed
@@ -159,7 +161,8 @@ class AgentDelegate:
     async def _run(self, a: Attempt, packet: Packet, cfg: AnyRunnerConfig) -> AgentResult:
         registry = self.router.registry
         channel = publish = None
-        if cfg.kind == "command" and registry is not None:
+        remote = self.remote if self.remote is not None and self.remote.dispatches(a.agent) else None
+        if cfg.kind == "command" and registry is not None and remote is None:
             # The token is live here at once; its file is written just before the agent starts (``before_start``)
             # and renamed aside as soon as it has exited (see the ``finally`` below).
             channel, publish = registry.mint(a.agent, spawn=a.key)
@@ -180,6 +183,8 @@ class AgentDelegate:
             resumed=a.resumed,
         )
         try:
+            if remote is not None:  # on a worker host: no channel back (its answer is its result)
+                return await remote.run(req, cfg)
             return await self.runners.run(req, cfg)
         finally:
             if channel is not None and registry is not None:

@@ -26,6 +26,7 @@ import structlog
 from ambient.claims.breakers import Breaker
 from ambient.claims.locks import LockManager
 from ambient.claims.store import ClaimStore
+from ambient.cluster.dispatch import Dispatcher
 from ambient.config.brain import Brain, load_brain, reload_workflows
 from ambient.config.settings import Settings, settings_changes
 from ambient.core.clock import Clock, SystemClock
@@ -229,6 +230,8 @@ class Daemon:
         self.delegate = AgentDelegate(
             self.ref, self.router, self.runners, self.locks, self.clock, self.live, secrets=self.secrets
         )
+        self._dispatchers: list[Dispatcher] = []  # cluster: (set by _apply_settings), closed at the stop
+        self._cluster_tasks: set[asyncio.Task[None]] = set()
         self.claims_view = ClaimsWriter(self.claims, self.clock)
         self.emitter = RouterEmitter(self.router, self.clock, sender=s.default_sender)
         self.breaker = Breaker(p, threshold=s.breaker_threshold)
@@ -411,6 +414,34 @@ class Daemon:
             settings_changed=changed,
         )
 
+    def _apply_cluster(self, s: Settings) -> None:
+        """``cluster:``: the dispatched agents' SPAWNs go to the workers (docs/cluster.md). A changed server, creds or
+        lease makes a new dispatcher; an attempt waiting on the old one keeps it until its result comes."""
+        c = s.cluster
+        if c is None:
+            self.delegate.remote = None
+            return
+        creds = str(self.paths.root / c.creds) if c.creds is not None else None
+        cur = self.delegate.remote
+        if cur is not None and (cur.urls, cur.creds, cur.lease_s) == (list(c.urls), creds, c.lease_s):
+            cur.dispatch = dict(c.dispatch)
+            return
+        new = Dispatcher(list(c.urls), creds, c.dispatch, c.lease_s)
+        self.delegate.remote = new
+        self._dispatchers.append(new)
+        task = asyncio.get_running_loop().create_task(self._connect_cluster(new), name="cluster-connect")
+        self._cluster_tasks.add(task)
+        task.add_done_callback(self._cluster_tasks.discard)
+
+    async def _connect_cluster(self, d: Dispatcher) -> None:
+        """Connect at start (the consumers exist before a worker looks for them); a failure is said, and each
+        dispatched attempt tries again."""
+        try:
+            await d.link()
+            log.info("cluster_connected", urls=d.urls, agents=sorted(a for a in d.dispatch if d.dispatches(a)))
+        except Exception as exc:  # noqa: BLE001 - said; the attempts retry the connection
+            log.warning("cluster_unreachable", urls=d.urls, error=str(exc))
+
     async def _apply_settings(self, s: Settings) -> list[str]:
         """Every setting of ``profil/ambient.yml`` takes effect now, at start and at each reload: no restart.
 
@@ -430,6 +461,7 @@ class Daemon:
             if isinstance(ex, ChainExecutor):
                 ex.chain.threshold = s.breaker_threshold
         self.emitter.sender = s.default_sender
+        self._apply_cluster(s)
         self.runners.command.agent_user = default_agent_user(os.geteuid(), s.agent_user)
         if self.options.log_level is None or self.options.log_format is None:
             fmt = self.options.log_format or s.log_format
@@ -649,6 +681,8 @@ class Daemon:
             self.router.registry.files = True
         self.runners.close()
         await self.gateway.close()
+        for d in self._dispatchers:  # the remote attempts go on; the next start finds their results
+            await d.close()
         # Coalesced item claims (interrupted items included) reach the disk, as many as the time allows.
         await self.claims_view.aclose(time_left(deadline, time.monotonic()))
         for t in self._tasks:

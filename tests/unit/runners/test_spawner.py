@@ -366,3 +366,58 @@ def test_the_daemon_brings_its_spawner_up_at_start_only_for_a_brain_with_command
     assert not helper.is_running()
     with running(make_brain(tmp_path / "b", example_agents=False)) as d:
         assert spawners(d.pid) == []
+
+
+_DIES_WITH_ITS_AGENT = """
+import asyncio, os, sys
+from pathlib import Path
+from ambient.runners import CommandRunner, RunRequest
+from ambient.runners.config import parse_runner_config
+from ambient.runners.spawner import Spawner
+
+async def main() -> None:
+    runner = CommandRunner(spawner=Spawner(end_with_parent=sys.argv[1] == "end"), agent_user=None)
+    cfg = parse_runner_config({"kind": "command", "argv": [sys.executable, "-c", "import time; time.sleep(60)"],
+                               "confine": False})
+    req = RunRequest(packet={}, agent="a", run_id="r", item="i", attempt=1, key="r/i/1", channel_token="",
+                     brain=Path(sys.argv[2]))
+    task = asyncio.create_task(runner.run(req, cfg))
+    while not runner.live_pids:
+        await asyncio.sleep(0.01)
+    print("AGENT", runner.live_pids[0], flush=True)
+    os.kill(os.getpid(), 9)  # the worker dies, with its agent running
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("end", [True, False])
+def test_a_workers_agents_end_with_it_a_daemons_outlive_it(tmp_path: Path, end: bool) -> None:
+    """A worker of the cluster starts its spawner with ``end_with_parent``: killed, its agents go with it (another
+    worker takes their items over). A daemon's agents outlive it: its successor recognises and stops them."""
+    import subprocess
+
+    done = subprocess.run(
+        [PY, "-c", _DIES_WITH_ITS_AGENT, "end" if end else "keep", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    pid = int(next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("AGENT ")))
+
+    def gone() -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    try:
+        if end:
+            assert wait_until(gone, timeout=20), "the agent outlived its worker"
+        else:
+            assert not gone()
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,125 @@
+"""``ambient cluster workers``: the workers serving this brain's dispatched agents (docs/cluster.md), as each one
+last said: host, agents, slots, agents running, and how long ago."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
+
+#: A worker silent for longer than this is shown as stale (it says it is alive every 5 s).
+STALE_S = 20.0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``ambient cluster workers``."""
+    p = add_command(sub, "cluster", None, help="agents on other hosts: the workers (cluster: in profil/ambient.yml)")
+    actions = p.add_subparsers(dest="cluster_action", metavar="ACTION", required=True)
+    w = add_command(
+        actions,
+        "workers",
+        _workers,
+        help="the workers: host, agents, slots, agents running, last heartbeat",
+        description=(
+            "Ask the NATS server of `cluster:` which workers said they are alive: each one's host, agents, slots, "
+            "agents running now and its last heartbeat (stale after 20 s: it died without saying so). Exit 1 "
+            "when none is alive."
+        ),
+    )
+    w.add_argument("--json", action="store_true", help="JSON output")
+    c = add_command(
+        actions,
+        "creds",
+        _creds,
+        help="a worker's NATS user, allowed only its agents' subjects: the server's entry and its password file",
+        description=(
+            "Write WORKER's password file (user:password, mode 0600; give it to `ambient worker --creds`) and print "
+            "the entry to add to the users of the NATS server's authorization block: the worker may publish and "
+            "subscribe to its agents' subjects only (their consumers, acks, the attempts bucket, its own record), "
+            "so the server refuses it another agent's SPAWNs. Each agent must be an agent of this brain."
+        ),
+    )
+    c.add_argument("worker", metavar="WORKER", help="the worker's name (its NATS user)")
+    c.add_argument("--agents", required=True, metavar="A,B", help="the agents it runs (comma separated)")
+    c.add_argument("--out", type=Path, required=True, metavar="FILE", help="where its password file goes (0600)")
+
+
+def _workers(args: argparse.Namespace) -> int:
+    import asyncio
+    import importlib.util
+
+    from ambient.config.brain import load_settings
+    from ambient.storage.paths import BrainPaths
+
+    paths = BrainPaths(brain_dir(args))
+    settings, _ = load_settings(paths, os.environ)
+    cluster = settings.cluster if settings is not None else None
+    if cluster is None:
+        return fail("no cluster: in profil/ambient.yml (or it does not validate: ambient validate)")
+    if importlib.util.find_spec("nats") is None:
+        return fail("the cluster extra is not installed: pip install 'ambient[cluster]'")
+    creds = str(paths.root / cluster.creds) if cluster.creds is not None else None
+
+    async def read() -> list[dict[str, Any]]:
+        from ambient.cluster.link import connect, workers
+
+        link = await connect(list(cluster.urls), creds, name="ambient cluster workers", once=True)
+        try:
+            return await workers(link)
+        finally:
+            await link.close()
+
+    try:
+        found = asyncio.run(read())
+    except Exception as exc:  # noqa: BLE001 - any failure to reach the server is said, not a traceback
+        return fail(f"cannot reach {', '.join(cluster.urls)}: {exc or type(exc).__name__}", EXIT_NO)
+    now = time.time()
+    for w in found:
+        age = now - float(w.get("at") or 0)
+        w["age_s"] = round(age, 1)
+        w["stale"] = age > STALE_S
+    if args.json:
+        out_json(found)
+    elif not found:
+        out("no worker has said it is alive")
+    else:
+        for w in found:
+            agents = ",".join(str(a) for a in w.get("agents") or [])
+            state = "stale" if w["stale"] else "alive"
+            out(
+                f"{w.get('worker')}  host {w.get('host')}  agents {agents}  slots {w.get('slots')}  "
+                f"running {w.get('busy')}  {state}, {w['age_s']:g} s ago"
+            )
+    return EXIT_OK if any(not w["stale"] for w in found) else EXIT_NO
+
+
+_USER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _creds(args: argparse.Namespace) -> int:
+    from ambient.cluster.protocol import worker_permissions
+    from ambient.kernel.agents import load_agents
+    from ambient.storage.fsutil import atomic_write
+    from ambient.storage.paths import BrainPaths
+
+    if not _USER.match(args.worker):
+        return fail(f"{args.worker!r} is not a worker name: letters, digits, . _ - (64 at most)")
+    agents = [a.strip() for a in str(args.agents).split(",") if a.strip()]
+    known = set(load_agents(BrainPaths(brain_dir(args)))[0])
+    unknown = [a for a in agents if a not in known]
+    if not agents or unknown:
+        return fail(f"--agents: {', '.join(unknown) or 'none given'}: not an agent of this brain (agents/NAME.md)")
+    password = secrets.token_urlsafe(32)
+    atomic_write(args.out, f"{args.worker}:{password}\n", mode=0o600)
+    entry = {"user": args.worker, "password": password, "permissions": worker_permissions(args.worker, agents)}
+    out(f"# the NATS server's authorization block, users: [...] (worker {args.worker}, agents {', '.join(agents)})")
+    out(json.dumps(entry, indent=2))
+    out(f"# on the worker: ambient worker --nats URL --creds {args.out} --agents {','.join(agents)}")
+    return EXIT_OK

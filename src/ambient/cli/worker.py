@@ -1,0 +1,99 @@
+"""``ambient worker``: run the dispatched agents of a brain on this host, pulled from NATS JetStream
+(docs/cluster.md). The daemon stays the only decider; a worker only runs agents and sends back their results."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+from ambient.cli._common import EXIT_OK, add_command, brain_dir, fail
+
+_AGENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``ambient worker``."""
+    p = add_command(
+        sub,
+        "worker",
+        _worker,
+        "run dispatched agents on this host (cluster: in profil/ambient.yml; the cluster extra)",
+        description=(
+            "Pull the SPAWNs of the named agents from NATS JetStream and run them here with the command runner, "
+            "each under a lease, sending each result back once. --brain names this host's copy of the brain (a "
+            "clone of its repository): agents run there. Stop with Ctrl-C or SIGTERM (the agents running are "
+            "stopped; their items go to another worker)."
+        ),
+    )
+    p.add_argument("--nats", action="append", required=True, metavar="URL", help="NATS server URL (repeatable)")
+    p.add_argument("--creds", type=Path, default=None, metavar="FILE", help="NATS credentials file of this worker")
+    p.add_argument("--agents", required=True, metavar="A,B", help="the agents this worker runs (comma separated)")
+    p.add_argument("--slots", type=int, default=1, metavar="N", help="agents run at once (default 1)")
+    p.add_argument("--name", default=None, help="this worker's name (default: host-pid)")
+    p.add_argument("--log-format", choices=("auto", "json", "console"), default="auto", help="log lines format")
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("nats") is None:
+        return fail("ambient worker needs the cluster extra: pip install 'ambient[cluster]'")
+    agents = [a.strip() for a in str(args.agents).split(",") if a.strip()]
+    bad = [a for a in agents if not _AGENT.match(a)]
+    if not agents or bad:
+        return fail(f"--agents: {', '.join(bad) or 'none given'}: expected agent names, comma separated")
+    if not 1 <= args.slots <= 256:
+        return fail(f"--slots {args.slots}: expected 1 to 256")
+    if args.creds is not None and not args.creds.is_file():
+        return fail(f"--creds {args.creds}: no such file")
+    return _serve(args, agents)
+
+
+def _serve(args: argparse.Namespace, agents: list[str]) -> int:
+    # The worker's modules (and nats) are imported here only: a brain without a cluster never loads them.
+    import asyncio
+    import signal
+
+    from ambient.cluster.worker import Worker, WorkerOptions
+    from ambient.runners.command import CommandRunner
+    from ambient.runners.confinement import AGENT_USER, default_agent_user, ensure_agent_user
+    from ambient.runners.spawner import Spawner
+    from ambient.runners.spawner import available as spawner_available
+    from ambient.service.logs import configure_logging
+
+    configure_logging("INFO", json=None if args.log_format == "auto" else args.log_format == "json")
+    options = WorkerOptions(
+        urls=list(args.nats),
+        creds=str(args.creds) if args.creds is not None else None,
+        brain=brain_dir(args),
+        agents=agents,
+        slots=args.slots,
+        name=args.name or "",
+    )
+
+    async def main() -> None:
+        spawner = Spawner(end_with_parent=True) if spawner_available() else None
+        # A worker run as root runs its agents as AMBIENT_AGENT_USER (ambient-agent by default), as the daemon does.
+        agent_user = default_agent_user(os.geteuid(), os.environ.get("AMBIENT_AGENT_USER") or AGENT_USER)
+        if agent_user == AGENT_USER:
+            ensure_agent_user()
+        runner = CommandRunner(spawner=spawner, agent_user=agent_user)
+        worker = Worker(options, runner)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        try:
+            await worker.serve()
+        finally:
+            await runner.terminate_all(2.0)
+            runner.close()
+
+    os.umask(0o077)
+    try:
+        asyncio.run(main())
+    except Exception as exc:  # noqa: BLE001 - the server refused or cannot be used: said, exit 1
+        # A permission the server refuses shows as a timeout of the JetStream call (docs/cluster.md).
+        return fail(f"the worker stopped: {exc or type(exc).__name__} (are its credentials allowed its agents?)", 1)
+    return EXIT_OK

@@ -1,0 +1,194 @@
+"""The connection to NATS and the JetStream objects both sides use: the work-queue stream, one durable pull consumer
+per dispatched agent, and the KV buckets of attempts and workers. Creating them is idempotent (the same config
+again is no change), so the daemon and every worker may both ensure them.
+
+``nats`` (the ``cluster`` extra) is imported inside these functions only: a brain without ``cluster:`` never
+imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from ambient.cluster.protocol import (
+    ATTEMPTS,
+    DUPLICATE_WINDOW_S,
+    MAX_RESULT_BYTES,
+    WORK_PREFIX,
+    WORK_STREAM,
+    WORKERS,
+    consumer_name,
+    work_subject,
+)
+
+log = structlog.get_logger(__name__)
+
+#: How long a short command (``ambient cluster workers``) tries to reach the server.
+ONCE_S = 8.0
+
+
+@dataclass
+class Link:
+    """An open connection: the client, its JetStream context and the two KV buckets."""
+
+    nc: Any  # nats.aio.client.Client
+    js: Any  # nats.js.JetStreamContext
+    attempts: Any  # nats.js.kv.KeyValue
+    workers: Any  # nats.js.kv.KeyValue
+
+    async def close(self) -> None:
+        """Flush and close. Not ``drain()``: with pull subscriptions it waited its whole timeout (30 s) at every
+        stop; every publish that matters was acknowledged by the server already (JetStream publishes wait for it)."""
+        try:
+            await asyncio.wait_for(self.nc.flush(), timeout=2.0)
+        except Exception as exc:  # noqa: BLE001 - closing: nothing left to save
+            log.debug("nats_flush_failed", error=str(exc))
+        try:
+            await self.nc.close()
+        except Exception as exc:  # noqa: BLE001 - closing: nothing left to save
+            log.debug("nats_close_failed", error=str(exc))
+
+
+async def connect(urls: list[str], creds: str | None, *, name: str, once: bool = False) -> Link:
+    """Connect (reconnecting for ever; ``once``: a short command, which fails at once instead) and open or create
+    the stream and buckets."""
+    import nats  # the cluster extra, only imported where cluster: is configured
+
+    async def error_cb(exc: Exception) -> None:
+        # Permission errors of core publish/subscribe arrive here, not at the call (docs/cluster.md).
+        log.warning("nats_error", error=str(exc))
+
+    async def disconnected_cb() -> None:
+        log.warning("nats_disconnected")
+
+    async def reconnected_cb() -> None:
+        log.info("nats_reconnected")
+
+    connecting = nats.connect(
+        servers=urls,
+        **credentials(creds),
+        name=name,
+        max_reconnect_attempts=1 if once else -1,
+        allow_reconnect=not once,
+        connect_timeout=2.0,
+        reconnect_time_wait=0.5,
+        error_cb=error_cb,
+        disconnected_cb=disconnected_cb,
+        reconnected_cb=reconnected_cb,
+    )
+    # A short command gives up after a few seconds; the daemon and the workers wait for the server.
+    nc = await (asyncio.wait_for(connecting, timeout=ONCE_S) if once else connecting)
+    js = nc.jetstream(timeout=10.0)
+    try:
+        attempts, workers = await ensure(js)
+    except BaseException:
+        await nc.close()
+        raise
+    return Link(nc, js, attempts, workers)
+
+
+def credentials(path: str | None) -> dict[str, Any]:
+    """What a credentials file gives ``nats.connect``: a NATS ``.creds`` file (a user JWT and its seed), or a file
+    whose first line is ``user:password`` (what ``ambient cluster creds`` writes)."""
+    if path is None:
+        return {}
+    with open(path, encoding="utf-8") as f:  # noqa: PTH123 - a small private file, read once at the start
+        text = f.read(64 * 1024)
+    if "BEGIN NATS USER JWT" in text:
+        return {"user_credentials": path}
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    user, sep, password = first.partition(":")
+    if not sep or not user:
+        raise ValueError(f"{path}: not a NATS .creds file nor a line user:password")
+    return {"user": user, "password": password}
+
+
+async def ensure(js: Any) -> tuple[Any, Any]:
+    """The work stream and the two buckets, created when missing."""
+    from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
+    from nats.js.errors import NotFoundError
+
+    try:
+        await js.stream_info(WORK_STREAM)
+    except NotFoundError:
+        await js.add_stream(
+            StreamConfig(
+                name=WORK_STREAM,
+                subjects=[f"{WORK_PREFIX}.>"],
+                retention=RetentionPolicy.WORK_QUEUE,
+                storage=StorageType.FILE,
+                duplicate_window=DUPLICATE_WINDOW_S,
+                discard=DiscardPolicy.NEW,
+            )
+        )
+    buckets = []
+    for bucket, history in ((ATTEMPTS, 1), (WORKERS, 1)):
+        try:
+            kv = await js.key_value(bucket)
+        except Exception:  # noqa: BLE001 - BucketNotFoundError and kin: create it
+            kv = await js.create_key_value(
+                KeyValueConfig(
+                    bucket=bucket,
+                    history=history,
+                    storage=StorageType.FILE,
+                    max_value_size=MAX_RESULT_BYTES + 4096,
+                    direct=True,  # reads by direct get, whose subject names the key: permissions can restrict it
+                )
+            )
+        buckets.append(kv)
+    return buckets[0], buckets[1]
+
+
+async def ensure_consumers(js: Any, agents: Iterable[str], lease_s: float) -> None:
+    """One durable pull consumer per agent, shared by every worker of it: explicit ack, redelivered ``lease_s``
+    after its last sign of life (a delivery, or ``+WPI``), never given up (``max_deliver`` unlimited: a worker's
+    crash must not lose an item; an agent's own failure is a result, not a redelivery)."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+    from nats.js.errors import NotFoundError
+
+    for agent in agents:
+        name = consumer_name(agent)
+        try:
+            await js.consumer_info(WORK_STREAM, name)
+            continue
+        except NotFoundError:
+            pass
+        await js.add_consumer(
+            WORK_STREAM,
+            ConsumerConfig(
+                durable_name=name,
+                filter_subject=work_subject(agent),
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.ALL,
+                ack_wait=lease_s,
+                max_deliver=-1,
+                max_ack_pending=-1,
+            ),
+        )
+
+
+async def workers(link: Link) -> list[dict[str, Any]]:
+    """The records the workers keep in the workers bucket (``ambient cluster workers``), unreadable ones left out."""
+    import json
+
+    from nats.js.errors import KeyNotFoundError, NoKeysError
+
+    try:
+        keys = await link.workers.keys()
+    except NoKeysError:
+        return []
+    out: list[dict[str, Any]] = []
+    for key in sorted(keys):
+        try:
+            entry = await link.workers.get(key)
+            record = json.loads(entry.value or b"")
+        except (KeyNotFoundError, ValueError):
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out

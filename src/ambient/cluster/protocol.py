@@ -1,0 +1,292 @@
+"""What the daemon and its workers say to each other through NATS JetStream, and the rules of an attempt's lease.
+Pure: names, encodings and decisions; no connection, no clock of its own.
+
+One SPAWN dispatched to the workers is a :class:`Work` message on ``ambient.work.<agent>`` of the work-queue stream
+:data:`WORK_STREAM`, published with ``Nats-Msg-Id`` = the attempt key (``run/item/attempt``), so a second publish
+of the same attempt (a daemon that restarts and reattaches) is dropped by the server. Each attempt has one entry in
+the KV bucket :data:`ATTEMPTS` (key: :func:`kv_key` of the attempt key) holding a :class:`Lease` while a worker runs
+it and the :class:`Done` result once one has: the entry's revision is the fencing token, and every write of a worker
+is ``update(last=revision)``, so a worker that lost its lease (it stalled past ``until``, another worker took over)
+is refused by the server. The result is written by the same single compare-and-set that ends the lease: there is
+no moment where a lease is released and its result not yet written.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from ambient.runners.result import AgentResult, Resumed, Usage
+
+#: The work-queue stream of SPAWNs and the subjects it holds (one per agent).
+WORK_STREAM: Final = "AMBIENT_WORK"
+WORK_PREFIX: Final = "ambient.work"
+#: The KV bucket of attempts: a lease while one runs, the result once done.
+ATTEMPTS: Final = "ambient_attempts"
+#: The KV bucket where each worker says it is alive (its host, agents, slots, last heartbeat).
+WORKERS: Final = "ambient_workers"
+#: How long the server remembers a ``Nats-Msg-Id`` (s): a SPAWN published again within it is a duplicate.
+DUPLICATE_WINDOW_S: Final = 3600.0
+#: The largest result a worker may commit (bytes of JSON); bigger ones become an error result.
+MAX_RESULT_BYTES: Final = 900 * 1024
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def name_token(name: str) -> str:
+    """An agent's name as one subject token and a consumer name: ``.`` and other characters NATS gives a meaning
+    are written ``=XX`` (their code point in hex), so ``a.b`` and ``a=2Eb`` stay distinct."""
+    return _UNSAFE.sub(lambda m: f"={ord(m.group()):02X}", name)
+
+
+def work_subject(agent: str) -> str:
+    """The subject a SPAWN for ``agent`` is published on."""
+    return f"{WORK_PREFIX}.{name_token(agent)}"
+
+
+def consumer_name(agent: str) -> str:
+    """The durable pull consumer every worker of ``agent`` shares."""
+    return f"work_{name_token(agent)}"
+
+
+def kv_key(attempt_key: str) -> str:
+    """The attempt's key in :data:`ATTEMPTS`: the attempt key in URL-safe base64 (an item may hold any character,
+    a KV key only ``[-/_=.A-Za-z0-9]``)."""
+    return base64.urlsafe_b64encode(attempt_key.encode()).decode().rstrip("=") or "_"
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """One dispatched SPAWN: the attempt, the agent, its runner config and the request rendered by the daemon."""
+
+    key: str
+    run_id: str
+    item: str
+    attempt: int
+    agent: str
+    runner: Mapping[str, Any]  # the agent's runner config (a command runner's, as validated by the daemon)
+    packet: Mapping[str, Any]  # the SPAWN the agent reads on stdin
+    vars: Mapping[str, str] = field(default_factory=dict)
+    handoff: str | None = None
+    resumed: Mapping[str, Any] | None = None
+    lease_s: float = 30.0
+
+    def to_bytes(self) -> bytes:
+        data = {
+            "v": 1,
+            "key": self.key,
+            "run_id": self.run_id,
+            "item": self.item,
+            "attempt": self.attempt,
+            "agent": self.agent,
+            "runner": dict(self.runner),
+            "packet": dict(self.packet),
+            "vars": dict(self.vars),
+            "handoff": self.handoff,
+            "resumed": dict(self.resumed) if self.resumed is not None else None,
+            "lease_s": self.lease_s,
+        }
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Work:
+        """Raises ValueError on anything but a well-formed message of version 1."""
+        data = json.loads(raw)
+        if not isinstance(data, dict) or data.get("v") != 1:
+            raise ValueError("not a work message of version 1")
+        try:
+            work = cls(
+                key=_str(data, "key"),
+                run_id=_str(data, "run_id"),
+                item=_str(data, "item"),
+                attempt=int(data["attempt"]),
+                agent=_str(data, "agent"),
+                runner=_map(data, "runner"),
+                packet=_map(data, "packet"),
+                vars={str(k): str(v) for k, v in _map(data, "vars").items()},
+                handoff=data["handoff"] if isinstance(data.get("handoff"), str) else None,
+                resumed=data["resumed"] if isinstance(data.get("resumed"), dict) else None,
+                lease_s=float(data.get("lease_s", 30.0)),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"work message: {exc}") from exc
+        if work.lease_s <= 0:
+            raise ValueError("work message: lease_s must be positive")
+        return work
+
+    def resumed_as(self) -> Resumed | None:
+        """Why the attempt runs again, as the runner tells the agent."""
+        if self.resumed is None:
+            return None
+        r = self.resumed
+        why = r.get("why")
+        if why not in ("answered", "retry", "restart"):
+            return None
+        return Resumed(
+            why,
+            question=r.get("question"),
+            answer=r.get("answer"),
+            error=r.get("error"),
+            crash=bool(r.get("crash")),
+        )
+
+
+def resumed_record(resumed: Resumed | None) -> dict[str, Any] | None:
+    """A :class:`Resumed` as JSON for a :class:`Work` message."""
+    if resumed is None:
+        return None
+    return {
+        "why": resumed.why,
+        "question": resumed.question,
+        "answer": resumed.answer,
+        "error": resumed.error,
+        "crash": resumed.crash,
+    }
+
+
+def _str(data: Mapping[str, Any], name: str) -> str:
+    value = data[name]
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{name} must be a non-empty string")
+    return value
+
+
+def _map(data: Mapping[str, Any], name: str) -> dict[str, Any]:
+    value = data.get(name) or {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a mapping")
+    return value
+
+
+# ---------------------------------------------------------------- the attempt's entry: a lease, then the result
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A worker holds the attempt until ``until`` (epoch seconds of its clock), renewing it as the agent runs."""
+
+    worker: str
+    host: str
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The attempt's result, written once, by the holder of the lease (same compare-and-set)."""
+
+    worker: str
+    host: str
+    result: AgentResult
+
+
+Entry = Lease | Done
+
+
+def entry_bytes(entry: Entry) -> bytes:
+    if isinstance(entry, Lease):
+        data: dict[str, Any] = {"state": "running", "worker": entry.worker, "host": entry.host, "until": entry.until}
+    else:
+        data = {"state": "done", "worker": entry.worker, "host": entry.host, "result": result_record(entry.result)}
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def entry_from(raw: bytes | None) -> Entry | None:
+    """The entry a KV value holds; None for an empty or unreadable value (treated as no lease)."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        if data.get("state") == "done":
+            return Done(str(data["worker"]), str(data["host"]), result_from(data["result"]))
+        if data.get("state") == "running":
+            return Lease(str(data["worker"]), str(data["host"]), float(data["until"]))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return None
+
+
+Verdict = Literal["done", "free", "held", "expired"]
+
+
+def lease_verdict(entry: Entry | None, now: float) -> Verdict:
+    """What a worker given the attempt may do: ``done`` (ack, nothing to run), ``free`` (create the lease),
+    ``expired`` (take it over by compare-and-set on its revision), ``held`` (another worker runs it: come back
+    after ``until``)."""
+    if entry is None:
+        return "free"
+    if isinstance(entry, Done):
+        return "done"
+    return "expired" if now >= entry.until else "held"
+
+
+def renew_every(lease_s: float) -> float:
+    """How often a holder renews its lease and tells the server the work is in progress: a third of the lease,
+    so two renewals may be lost before it lapses."""
+    return max(0.05, lease_s / 3)
+
+
+# ---------------------------------------------------------------- results as JSON
+
+_RESULT_FIELDS = (
+    "status",
+    "output",
+    "result",
+    "result_status",
+    "options",
+    "question",
+    "context",
+    "exit_code",
+    "duration_ms",
+    "stderr_tail",
+    "error",
+    "killed",
+    "reason",
+    "pid",
+    "permission",
+)
+
+
+def result_record(res: AgentResult) -> dict[str, Any]:
+    """An :class:`AgentResult` as JSON, whole (the daemon rebuilds it with :func:`result_from`)."""
+    out: dict[str, Any] = {name: getattr(res, name) for name in _RESULT_FIELDS}
+    if res.usage is not None:
+        out["usage"] = res.usage.to_record()
+    return out
+
+
+def result_from(data: Mapping[str, Any]) -> AgentResult:
+    """Raises ValueError, KeyError or TypeError on a record that is not one."""
+    if data.get("status") not in ("success", "fail", "error", "escalate", "blocked"):
+        raise ValueError(f"not a result status: {data.get('status')!r}")
+    kwargs = {name: data[name] for name in _RESULT_FIELDS if name in data}
+    usage = data.get("usage")
+    if isinstance(usage, dict):
+        kwargs["usage"] = Usage(**usage)
+    return AgentResult(**kwargs)
+
+
+def worker_permissions(worker: str, agents: list[str]) -> dict[str, list[str]]:
+    """The subjects a worker serving ``agents`` may publish and subscribe to, and nothing else: its agents'
+    consumers (their info, the next message, acks), the attempts bucket (read by direct get, written by
+    compare-and-set), its own record in the workers bucket, the streams' info, and replies to its inbox. Another
+    agent's SPAWNs are out of its reach at the server."""
+    publish = [
+        f"$JS.API.STREAM.INFO.{WORK_STREAM}",
+        f"$JS.API.STREAM.INFO.KV_{ATTEMPTS}",
+        f"$JS.API.STREAM.INFO.KV_{WORKERS}",
+        f"$KV.{ATTEMPTS}.>",
+        f"$JS.API.DIRECT.GET.KV_{ATTEMPTS}.>",
+        f"$KV.{WORKERS}.{name_token(worker)}",
+    ]
+    for agent in agents:
+        consumer = consumer_name(agent)
+        publish += [
+            f"$JS.API.CONSUMER.INFO.{WORK_STREAM}.{consumer}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{WORK_STREAM}.{consumer}",
+            f"$JS.ACK.{WORK_STREAM}.{consumer}.>",
+        ]
+    return {"publish": publish, "subscribe": ["_INBOX.>"]}

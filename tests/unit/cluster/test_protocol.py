@@ -1,0 +1,159 @@
+"""The messages and the lease rules of agents run on workers (pure: no server)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ambient.cluster.protocol import (
+    Done,
+    Lease,
+    Work,
+    consumer_name,
+    entry_bytes,
+    entry_from,
+    kv_key,
+    lease_verdict,
+    name_token,
+    renew_every,
+    result_from,
+    result_record,
+    resumed_record,
+    work_subject,
+)
+from ambient.config.settings import ClusterSettings, Settings
+from ambient.runners.result import AgentResult, Resumed, Usage
+
+_KV_KEY = r"^[-/_=.A-Za-z0-9]+$"
+
+
+@given(st.text(min_size=1, max_size=200), st.text(min_size=1, max_size=200))
+def test_attempt_keys_map_to_distinct_valid_kv_keys(a: str, b: str) -> None:
+    """Any item name gives a KV key the server accepts, and two attempts never share one."""
+    import re
+
+    assert re.match(_KV_KEY, kv_key(a))
+    assert (kv_key(a) == kv_key(b)) == (a == b)
+
+
+@given(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True))
+def test_agent_names_become_one_subject_token(name: str) -> None:
+    token = name_token(name)
+    assert "." not in token and "*" not in token and ">" not in token
+    assert work_subject(name) == f"ambient.work.{token}" and consumer_name(name) == f"work_{token}"
+
+
+def test_dotted_and_escaped_names_stay_apart() -> None:
+    assert name_token("a.b") != name_token("a_b") != name_token("a-b")
+    assert name_token("a.b") == "a=2Eb"
+
+
+def test_a_work_message_round_trips_and_bad_ones_are_refused() -> None:
+    work = Work(
+        key="run/it em/2",
+        run_id="run",
+        item="it em",
+        attempt=2,
+        agent="coder",
+        runner={"kind": "command", "argv": ["x"]},
+        packet={"signal": "SPAWN"},
+        vars={"item": "it em"},
+        handoff="so far",
+        resumed=resumed_record(Resumed("restart", crash=True)),
+        lease_s=2.0,
+    )
+    again = Work.from_bytes(work.to_bytes())
+    assert again == work
+    assert again.resumed_as() == Resumed("restart", crash=True)
+    for raw in (b"[]", b'{"v": 2}', b'{"v": 1, "key": ""}', b"not json"):
+        with pytest.raises(ValueError):
+            Work.from_bytes(raw)
+
+
+def test_a_result_travels_whole() -> None:
+    res = AgentResult(
+        status="escalate",
+        output={"a": 1},
+        question="which?",
+        options=["x", "y"],
+        exit_code=0,
+        duration_ms=12,
+        reason=None,
+        usage=Usage(model="m", input_tokens=3, cost_usd=0.5),
+    )
+    assert result_from(result_record(res)) == res
+    with pytest.raises(ValueError):
+        result_from({"status": "maybe"})
+
+
+def test_entries_round_trip_and_garbage_is_no_entry() -> None:
+    lease = Lease("w1", "host", 10.5)
+    done = Done("w1", "host", AgentResult(status="success"))
+    assert entry_from(entry_bytes(lease)) == lease
+    assert entry_from(entry_bytes(done)) == done
+    assert entry_from(b"") is None and entry_from(b"{") is None and entry_from(b'{"state": "odd"}') is None
+
+
+@pytest.mark.parametrize(
+    ("entry", "now", "verdict"),
+    [
+        (None, 5.0, "free"),
+        (Lease("w", "h", 10.0), 5.0, "held"),
+        (Lease("w", "h", 10.0), 10.0, "expired"),
+        (Lease("w", "h", 10.0), 99.0, "expired"),
+        (Done("w", "h", AgentResult(status="fail")), 99.0, "done"),
+    ],
+)
+def test_what_a_worker_given_an_attempt_may_do(entry: Lease | Done | None, now: float, verdict: str) -> None:
+    assert lease_verdict(entry, now) == verdict
+
+
+def test_a_lease_is_renewed_three_times_per_term() -> None:
+    assert renew_every(30.0) == 10.0 and renew_every(0.01) == 0.05
+
+
+def test_cluster_settings_are_checked() -> None:
+    ok = ClusterSettings.model_validate({"urls": "nats://10.0.0.2:4222", "dispatch": {"coder": "workers"}})
+    assert ok.urls == ["nats://10.0.0.2:4222"] and ok.lease_s == 30.0
+    assert Settings().cluster is None
+    for bad in (
+        {"urls": ["http://x:1"]},
+        {"urls": []},
+        {"urls": ["nats://x:1"], "dispatch": {"coder": "cloud"}},
+        {"urls": ["nats://x:1"], "dispatch": {"../x": "workers"}},
+        {"urls": ["nats://x:1"], "lease_s": 0.1},
+        {"urls": ["nats://x:1"], "extra": 1},
+    ):
+        with pytest.raises(ValueError):
+            ClusterSettings.model_validate(bad)
+
+
+def test_a_workers_permissions_name_its_agents_only() -> None:
+    from ambient.cluster.protocol import worker_permissions
+
+    perms = worker_permissions("w.1", ["coder", "a.b"])
+    publish = perms["publish"]
+    assert "$JS.API.CONSUMER.MSG.NEXT.AMBIENT_WORK.work_coder" in publish
+    assert "$JS.API.CONSUMER.MSG.NEXT.AMBIENT_WORK.work_a=2Eb" in publish
+    assert "$KV.ambient_workers.w=2E1" in publish
+    assert not any(">" == s or s.endswith("AMBIENT_WORK.>") or "work_tester" in s for s in publish)
+    assert perms["subscribe"] == ["_INBOX.>"]
+
+
+def test_a_credentials_file_is_a_nats_creds_file_or_user_password(tmp_path: Path) -> None:
+    from ambient.cluster.link import credentials
+
+    plain = tmp_path / "w.creds"
+    plain.write_text("w1:s3cret:with-colon\n")
+    assert credentials(str(plain)) == {"user": "w1", "password": "s3cret:with-colon"}
+    jwt = tmp_path / "nats.creds"
+    jwt.write_text("-----BEGIN NATS USER JWT-----\neyJ0\n------END NATS USER JWT------\n")
+    assert credentials(str(jwt)) == {"user_credentials": str(jwt)}
+    bad = tmp_path / "bad"
+    bad.write_text("nothing here\n")
+    with pytest.raises(ValueError):
+        credentials(str(bad))
+    assert credentials(None) == {}
