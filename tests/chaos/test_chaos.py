@@ -208,7 +208,7 @@ def run_iteration(
     """One brain, one fan-out, 1..max_kills kills at seeded random times, restarts until the run is done.
 
     Every agent holds its item's overlap witness (``--overlap-dir``): two agents of one item at once, across
-    kills and restarts, leave a line in ``overlaps.log`` (issue 24, 1).
+    kills and restarts, leave a line in ``overlaps.log``.
     """
     rng = random.Random(seed)
     root = base / f"it-{seed}-{mode}"
@@ -445,7 +445,7 @@ def test_kill9_mid_fanout_ci_profile(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_kill9_of_the_daemon_alone_with_agents_outliving_it_never_runs_an_item_twice_at_once(tmp_path: Path) -> None:
-    """Issue 24, 1: agents of 0.5-3 s, 12 at once, the daemon alone killed 1-3 times as the fan-out starts: the
+    """Agents of 0.5-3 s, 12 at once, the daemon alone killed 1-3 times as the fan-out starts: the
     restarts find every agent still running (started or queued at the kill) and stop it before its item runs
     again. The overlap witness stays empty."""
     seed = _seed()
