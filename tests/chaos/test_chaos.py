@@ -40,6 +40,7 @@ from ambient.storage.fsutil import TMP_MARK
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import load_file
+from tests.conftest import wait_until
 from tests.e2e.helpers import DaemonProcess, foreach_workflow, make_brain, stub_agent_md, witness
 
 DEFAULT_SEED = 20261130
@@ -228,6 +229,10 @@ def run_iteration(
         d = DaemonProcess(paths, "--until-idle").start()
         it.starts.append(time.time())
         if len(it.kills) < planned:
+            # The window opens once an agent has started (its overlap lock exists), not at the daemon's start: on a
+            # loaded machine (other tests, other workers) the start alone outlasted the window, and no kill landed
+            # mid-fan-out. After a kill the locks are there already: the window opens at the restart, as before.
+            wait_until(lambda: any(lockdir.glob("*.lock")) or d.proc.poll() is not None, timeout=60)
             try:
                 it.final_rc = d.wait(timeout=rng.uniform(*window))
                 break  # finished before the kill came
