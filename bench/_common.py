@@ -193,7 +193,7 @@ def peer_summary(stdout: str) -> dict[str, Any] | None:
 class Steal:
     """The share of CPU time the hypervisor gave to others while a part ran (``steal`` in /proc/stat).
 
-    On a shared VM it swings from a few % to over a third in minutes (session 9: every figure, the peers' included,
+    On a shared VM it swings from a few % to over a third in minutes (2026-12-01: every figure, the peers' included,
     halved in such minutes); printed beside each part so that a slow figure can be told from a slow machine.
     None where /proc/stat has no steal column.
     """
@@ -227,7 +227,7 @@ def creation_cost(base: Path, files: int = 200) -> float:
     """µs to create and write one small file in a new folder under ``base`` now (the files stay until ``base`` goes).
 
     What one claim file costs the kernel depends on what was deleted nearby lately (see :func:`filesystem_note`):
-    17-30 µs on a quiet ext4 here, ~340 µs right after thousands of deletes (bench/README item 44). Printed
+    17-30 µs on a quiet ext4 here, ~340 µs right after thousands of deletes (bench/README.md, finding 44). Printed
     beside the figures so that a run can be read with it.
     """
     folder = base / ".creation-probe"
@@ -262,7 +262,7 @@ def filesystem_note(path: Path) -> str | None:
             if not (jbd2.is_dir() and any(p.name.startswith(f"{device}-") for p in jbd2.iterdir())):
                 return (
                     f"note: {path} is on ext4 without a journal ({source}): file creation slows for minutes "
-                    "after large deletes nearby; figures swing with it (bench/README.md, session 6)"
+                    "after large deletes nearby; figures swing with it (bench/README.md, finding 23)"
                 )
             return None
     except (OSError, ValueError, IndexError):

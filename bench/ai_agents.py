@@ -23,7 +23,7 @@ modules it imports.
 Measured, each side's first run apart (cold), then runs interleaved ambient, bare, ambient, bare...:
 
 1. throughput: ``--n`` items at concurrency 4, agents/s (median of ``--repeats``), the ratio ambient/bare per pair
-   (target, issue 26: ≥ 0.9), and the CPU each side spent per agent (its process, and its children: Claude Code);
+   (target: ≥ 0.9), and the CPU each side spent per agent (its process, and its children: Claude Code);
 2. SPAWN → first API request, per item: from the item's ``accepted`` record in the run journal (written when ambient
    admits the item's SPAWN, just before the fsync that precedes its agent) to the fake receiving the first request
    whose first user message says ``Item: <name>``; bare: from the ``query()`` call to the same. Median and p90 of

@@ -1,7 +1,7 @@
 """Wall time of short CLI commands (``ambient lock acquire`` / ``release``, ``ambient send``) against
 ``python -c "import pydantic, yaml"`` measured in the same run, interleaved so machine noise hits all alike.
 
-Agents and scripts call these often, so a command must not pay for what it does not use. Target (issue 7):
+Agents and scripts call these often, so a command must not pay for what it does not use. Target:
 each command at most 1.5x the baseline. ``send`` is timed twice: routing the packet in its own process (no
 daemon), and handing it to a daemon running on a second brain (``send-daemon``, its send socket).
 Usage: ``python bench/cli.py [--rounds 15]``; ``--importtime CMD`` prints the slowest imports of one command

@@ -15,7 +15,7 @@
 (d) the latency from dropping a workflow file to its first SPAWN (the item's ``accepted`` record), median of 20.
 
 Usage: ``python bench/fanout.py [--n 1000] [--repeats 5] [--lg-python /tmp/lg/bin/python] [--json out.json]``.
-Targets (issue 4): (a) ≥ 2x LangGraph+SQLite items/s (~1,300/s here), stretch 2,000/s; (b) ≥ 0.7 of bare
+Targets: (a) ≥ 2x LangGraph+SQLite items/s (~1,300/s here), stretch 2,000/s; (b) ≥ 0.7 of bare
 subprocesses; (d) median < 50 ms.
 """
 
@@ -223,7 +223,7 @@ def main() -> int:
         if note:
             print(note)
         out["creation_us"] = creation_cost(base)
-        print(f"creating a small file here now: {out['creation_us']:.0f} us (bench/README item 44)")
+        print(f"creating a small file here now: {out['creation_us']:.0f} us (bench/README.md, finding 44)")
         peers = Path(args.peers)
         lg_ok = "peers" not in skip and Path(args.lg_python).exists()
         if "peers" not in skip and not lg_ok:

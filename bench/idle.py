@@ -1,7 +1,7 @@
 """Idle cost of the daemon: 30 s on a brain with 100 workflows (already run, or drafts) and 1,000 open claims.
 
 Prints the CPU seconds the daemon used during the idle window (from /proc via psutil, after it is ready and its
-start-up ticks have settled), the CPU of the start-up itself, and the peak RSS (VmHWM). Targets (issue 7): under
+start-up ticks have settled), the CPU of the start-up itself, and the peak RSS (VmHWM). Targets: under
 0.3 s CPU for 30 s idle, under 80 MB RSS. Usage: ``python bench/idle.py [--seconds 30] [--claims 1000]``.
 """
 

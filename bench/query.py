@@ -1,4 +1,4 @@
-"""``ambient status`` on a big brain, cold and warm: the query store (issue 28) against another checkout.
+"""``ambient status`` on a big brain, cold and warm: the query store against another checkout.
 
 Builds a brain with ``--claims`` claims (20,000), ``--runs`` finished runs (2,000: journal, claims, record), a few
 runs in progress with escalations waiting, writing the files directly in the formats ambient writes (the journal

@@ -1,4 +1,4 @@
-"""The query store's refresh after one claim is written, on a big brain (issue 28: the daemon's ``QueryKeeper`` and
+"""The query store's refresh after one claim is written, on a big brain (the daemon's ``QueryKeeper`` and
 the console's watcher refresh after each write, on a thread that shares the GIL with the event loop).
 
 Opens the store of ``DIR`` (built from the files first if it has none: printed apart), then ``--rounds`` times:

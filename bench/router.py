@@ -3,7 +3,7 @@
 Usage: ``python bench/router.py [--n 100000] [--repeat 3] [--brain DIR]``. Pinned to one core when the OS
 allows it. The packets are a realistic mix on the example brain (SPAWNs with scope files, RETURNs,
 ESCALATEs, errors, notifications, CHECKPOINTs, ~10% denied). Both paths see the same data: mappings
-(the in-process engine) and JSON bytes (``ambient send``, agents' stdout). Targets (issue 2): at least
+(the in-process engine) and JSON bytes (``ambient send``, agents' stdout). Targets: at least
 50,000 packets/s through the router, and at least 0.5 of bare validation.
 """
 

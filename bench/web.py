@@ -1,4 +1,4 @@
-"""The web console's figures (issue 28), on a brain of 20,000 claims and 2,000 finished runs (``bigbrain.py``).
+"""The web console's figures, on a brain of 20,000 claims and 2,000 finished runs (``bigbrain.py``).
 
 (pages)   Server time of the overview ``/`` and of the 1,000-item run's page ``/runs/<id>``: ``ambient web --port 0``
           on the brain as a subprocess, each page fetched ``--requests`` times with httpx (the token as Bearer) on

@@ -12,6 +12,7 @@ condition with a deadline; nothing sleeps for an event.
 from __future__ import annotations
 
 import abc
+import atexit
 import contextlib
 import json
 import os
@@ -20,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -272,6 +274,19 @@ OK_AGENT = """
 
 # ---------------------------------------------------------------- a brain
 
+_TEMPLATES: dict[tuple[str, ...], Path] = {}
+
+
+def _init_template(args: tuple[str, ...]) -> Path:
+    """The brain a real ``ambient init ARGS`` wrote, once per test process (removed when the process exits)."""
+    if args not in _TEMPLATES:
+        folder = Path(tempfile.mkdtemp(prefix="ambient-init-template-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        res = ambient("init", str(folder / "brain"), *args)
+        assert res.rc == 0, res
+        _TEMPLATES[args] = folder / "brain"
+    return _TEMPLATES[args]
+
 
 class Brain:
     """A brain made by ``ambient init``, and the commands a person runs on it."""
@@ -282,6 +297,12 @@ class Brain:
 
     @classmethod
     def init(cls, root: Path, *args: str, env: Mapping[str, str] | None = None) -> Brain:
+        """``ambient init ROOT ARGS``. What it writes never depends on where (the same files, the same modes), so
+        the first init of each ``ARGS`` in a test process runs the command and later ones copy its brain: hundreds of
+        fresh brains without a start of ``ambient`` each. With ``env``, or into an existing folder, it runs."""
+        if env is None and not os.path.lexists(root):
+            shutil.copytree(_init_template(args), root, symlinks=True, copy_function=shutil.copy)
+            return cls(root, env)
         res = ambient("init", str(root), *args, env=env)
         assert res.rc == 0, res
         return cls(root, env)

@@ -307,7 +307,7 @@ def test_validate_strict_counts_warnings(brain: Brain) -> None:
 
 
 def test_validate_checks_a_path_as_what_it_is_by_where_it_lives(example_brain: Brain) -> None:
-    """Issue 23 (last trial): `ambient validate PATH` checks an agent as an agent, profil/ambient.yml as the
+    """`ambient validate PATH` checks an agent as an agent, profil/ambient.yml as the
     configuration, the routing table as one, a claim as a claim, a directory as everything of its kind in it, with
     the checks of the whole brain; anything else is exit 2 saying what validate checks."""
     brain = example_brain
@@ -338,7 +338,7 @@ def test_validate_checks_a_path_as_what_it_is_by_where_it_lives(example_brain: B
 
 
 def test_validate_and_doctor_report_a_missing_agent_script_alike(brain: Brain) -> None:
-    """Issue 23 (last trial): an agent whose runner names a script that is not there fails every spawn: `validate`
+    """An agent whose runner names a script that is not there fails every spawn: `validate`
     reports it as an error at the agent's file and line, as `doctor` does (one check, both commands)."""
     brain.write("agents/ghost.md", agent_md("ghost", ["{{python}}", "bin/does_not_exist.py"]))
     checked = brain.cli("validate")
@@ -384,7 +384,7 @@ def test_status_shows_the_daemon_runs_and_escalations(brain: Brain) -> None:
 
 
 def test_status_is_the_same_without_its_query_store_or_with_a_garbage_one(brain: Brain) -> None:
-    """Issue 28: `ambient status` reads .ambient/query.sqlite3, a derived store: deleted, it is rebuilt and status
+    """`ambient status` reads .ambient/query.sqlite3, a derived store: deleted, it is rebuilt and status
     says the same; overwritten with garbage, status still works and says the same."""
     brain.python_agent("deploy", FAILING_AGENT)
     _fanout(brain, "rollout", ["eu-1", "eu-2"])
@@ -404,7 +404,7 @@ def test_status_is_the_same_without_its_query_store_or_with_a_garbage_one(brain:
 
 
 def test_status_of_one_workflow_shows_only_its_escalations_each_named_once(brain: Brain) -> None:
-    """Issue 23 (last trial): `ambient status WORKFLOW` lists that workflow's escalations only (as it lists its runs
+    """`ambient status WORKFLOW` lists that workflow's escalations only (as it lists its runs
     only), and an escalation's line names its workflow once (`esc-…  rollout / eu-1: …`)."""
     brain.python_agent("deploy", FAILING_AGENT)
     _fanout(brain, "rollout", ["eu-1"])
@@ -422,7 +422,7 @@ def test_status_of_one_workflow_shows_only_its_escalations_each_named_once(brain
 
 
 def test_status_shows_an_items_error_once_with_its_attempts(brain: Brain) -> None:
-    """Issue 23 (last trial): "Last failures and errors" names a failing item once, with how many attempts failed,
+    """`ambient status`'s "Last failures and errors" names a failing item once, with how many attempts failed,
     not once per attempt."""
     brain.python_agent("deploy", FAILING_AGENT)
     _fanout(brain, "rollout", ["eu-1"])
@@ -442,7 +442,7 @@ def test_status_shows_an_items_error_once_with_its_attempts(brain: Brain) -> Non
 
 
 def test_status_names_workflow_files_that_do_not_load(brain: Brain) -> None:
-    """Issue 23 (last trial): `ambient status` says how many workflow files do not load, which, and to run
+    """`ambient status` says how many workflow files do not load, which, and to run
     `ambient validate`; a brain whose workflows all load says nothing of it."""
     brain.python_agent("deploy", OK_AGENT)
     _fanout(brain, "ship", ["web"])
@@ -457,7 +457,7 @@ def test_status_names_workflow_files_that_do_not_load(brain: Brain) -> None:
         re.M,
     ), text
     assert brain.status()["broken_workflows"] == ["workflows/broken.yml", "workflows/typo.yml"]
-    # Issue 28: status keeps these facts in its query store until a file they come from changes.
+    # Status keeps these facts in its query store until a file they come from changes.
     brain.path("workflows/typo.yml").unlink()
     assert brain.status()["broken_workflows"] == ["workflows/broken.yml"]
     assert "do not load: 1 (workflows/broken.yml)" in brain.ok("status").out
@@ -756,7 +756,7 @@ BRAIN_COMMANDS: list[tuple[str, ...]] = [
 def test_every_brain_command_refuses_a_directory_that_is_not_a_brain_and_writes_nothing(
     tmp_path: Path, args: tuple[str, ...]
 ) -> None:
-    """Issue 23 (last trial): a command that needs a brain refuses an empty or missing directory with exit 2 and
+    """A command that needs a brain refuses an empty or missing directory with exit 2 and
     one message, and creates nothing there (a refused `decide` used to leave `.ambient/`, which made the directory
     look like a brain to the next command)."""
     empty = tmp_path / "empty"

@@ -148,7 +148,7 @@ def test_config_show_prints_effective_values_with_their_source_and_masks_secrets
 
 
 def test_config_show_of_an_invalid_file_shows_what_the_daemon_runs_with(brain: Brain, webhook: Webhook) -> None:
-    """Issue 23 (last trial): with an invalid profil/ambient.yml, `config show` prints the problems, then the
+    """With an invalid profil/ambient.yml, `config show` prints the problems, then the
     settings a daemon starting on it uses (every valid key of the file, the others at their defaults), labelled
     as such; exit 1, as `validate` exits on the same file."""
     brain.config(f'tick_seconds: 7\nconcurency: 2\nlog_level: loud\nnotify:\n  urls: ["{webhook.url}"]\n')
@@ -405,7 +405,7 @@ def test_an_unquoted_chat_id_is_the_chat_it_names(brain: Brain) -> None:
     assert shown["settings"]["telegram"]["chat_id"] == "-100123456", shown
 
 
-# ---------------- the settings a person writes hold, in the running daemon too (issue 23.4, 23.5)
+# ---------------- the settings a person writes hold, in the running daemon too
 
 EXIT_1_AGENT = """
     import sys
@@ -453,7 +453,7 @@ for_each:
 
 
 def test_concurrency_caps_every_run_together(brain: Brain) -> None:
-    """Issue 23.5: `concurrency:` in profil/ambient.yml caps the agents running at once, all runs together."""
+    """`concurrency:` in profil/ambient.yml caps the agents running at once, all runs together."""
     brain.config("concurrency: 2\n")
     brain.python_agent("counter", COUNTING_AGENT)
     _fan_out(brain, "left", 4, concurrency=4)
@@ -464,7 +464,7 @@ def test_concurrency_caps_every_run_together(brain: Brain) -> None:
 
 
 def test_a_for_each_without_its_own_concurrency_uses_the_daemons(brain: Brain) -> None:
-    """Issue 23.5: a for_each that sets no concurrency runs as many at once as the daemon allows."""
+    """A for_each that sets no concurrency runs as many at once as the daemon allows."""
     brain.config("concurrency: 3\n")
     brain.python_agent("counter", COUNTING_AGENT)
     _fan_out(brain, "batch", 6, concurrency=None)
@@ -473,7 +473,7 @@ def test_a_for_each_without_its_own_concurrency_uses_the_daemons(brain: Brain) -
 
 
 def test_the_environment_override_caps_too(brain: Brain) -> None:
-    """Issue 23.5: AMBIENT_CONCURRENCY wins over the file, as every environment override does."""
+    """AMBIENT_CONCURRENCY wins over the file, as every environment override does."""
     brain.config("concurrency: 4\n")
     brain.python_agent("counter", COUNTING_AGENT)
     _fan_out(brain, "left", 3, concurrency=3)
@@ -544,7 +544,7 @@ for_each:
 
 
 def test_sighup_reloads_notify_urls(brain: Brain) -> None:
-    """Issue 23.4: after SIGHUP the next escalation goes to the new URL only; `doctor` flags a daemon that runs
+    """After SIGHUP the next escalation goes to the new URL only; `doctor` flags a daemon that runs
     with other settings than the file's until it reloads."""
     brain.python_agent("broken", EXIT_1_AGENT)
     with Webhook() as old, Webhook() as new:
@@ -566,7 +566,7 @@ def test_sighup_reloads_notify_urls(brain: Brain) -> None:
 
 
 def test_editing_the_config_file_reloads_it(brain: Brain, webhook: Webhook) -> None:
-    """Issue 23.4: the daemon watches profil/ambient.yml: a URL added while it runs is used at once."""
+    """The daemon watches profil/ambient.yml: a URL added while it runs is used at once."""
     brain.python_agent("broken", EXIT_1_AGENT)
     with brain.daemon() as daemon:
         brain.config(f'notify:\n  urls: ["{webhook.url}"]\n')
@@ -650,7 +650,7 @@ def test_shutdown_grace_then_sigterm_for_those_still_running(brain: Brain) -> No
 
 
 def test_a_long_agent_keeps_its_scope_lock_past_the_ttl(brain: Brain) -> None:
-    """Issue 23.15: the lock a step takes on its scope (lock_ttl_min) is renewed while its agent runs: a contender
+    """The lock a step takes on its scope (lock_ttl_min) is renewed while its agent runs: a contender
     finds it held after the first TTL, and it is free once the agent is done."""
     brain.config("lock_ttl_min: 0.02\n")  # 1.2 s; an expired lock is taken over 5 s (its grace) after that
     brain.python_agent(

@@ -13,7 +13,12 @@ import pytest
 from tests.acceptance.harness import DOCS, REPO, Brain, ambient, docs_section
 
 #: Every page a reader may open from the README.
-PAGES = (*DOCS, REPO / "ARCHITECTURE.md", REPO / "CHANGELOG.md")
+PAGES = (*DOCS, REPO / "ARCHITECTURE.md", REPO / "CHANGELOG.md", REPO / "CONTRIBUTING.md")
+#: The README's second command: the whole suite on a fresh clone, with the pinned test dependencies.
+TEST_COMMAND = (
+    "python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e '.[test,claude,llm,cluster]'"
+    " && .venv/bin/python -m pytest -q"
+)
 
 #: The commands of the tour, in the order it gives them (an id stands for the one `ambient escalations` shows).
 TOUR = [
@@ -142,7 +147,7 @@ def test_the_readme_stays_a_front_door() -> None:
     readme = (REPO / "README.md").read_text()
     first = _blocks(readme, "bash")[0].splitlines()
     assert first[0] == "python3 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/ambient demo"
-    assert first[1].endswith(".venv/bin/python -m pytest -q"), first
+    assert first[1] == TEST_COMMAND, first
     assert len(readme.splitlines()) <= 160, len(readme.splitlines())
     for page in DOCS[1:]:
         assert f"docs/{page.name}" in readme or page.name == "README.md", page.name

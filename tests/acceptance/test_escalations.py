@@ -255,7 +255,7 @@ def test_escalations_lists_what_waits_and_all_shows_the_answered(brain: Brain) -
 
 
 def test_escalations_names_the_brain_in_the_command_to_answer_as_status_does(brain: Brain) -> None:
-    """Issue 23 (last trial): `ambient --brain DIR escalations` prints `answer: ambient --brain DIR decide …`, the
+    """`ambient --brain DIR escalations` prints `answer: ambient --brain DIR decide …`, the
     command to copy from any directory, as `ambient status` does; in the brain itself, `ambient decide …`."""
     brain.python_agent("deploy", FAILING)
     _rollout(brain)
@@ -825,7 +825,7 @@ def test_an_escalate_sent_with_ambient_send_becomes_an_escalation(brain: Brain, 
     assert esc["question"] == "The disk is 95% full: go on?"
 
 
-# ---------------- what reaches the person's phone, and only what still needs them (issue 23.6, 23.7)
+# ---------------- what reaches the person's phone, and only what still needs them
 
 FAILING_AGENT = """
     import sys
@@ -873,7 +873,7 @@ def test_a_digest_batches_results_and_goes_out_while_the_daemon_runs(brain: Brai
 
 
 def test_remind_before_sends_a_reminder_before_the_deadline(brain: Brain, webhook: Webhook) -> None:
-    """Issue 23.6: `on_escalate: {timeout, remind_before}` sends a reminder that long before the deadline."""
+    """`on_escalate: {timeout, remind_before}` sends a reminder that long before the deadline."""
     brain.config(f'notify:\n  urls: ["{webhook.url}"]\n')
     _failing_run(brain, "nightly", ["db"], extra="on_escalate: {timeout: 8s, remind_before: 6s, on_timeout: abort}\n")
     with brain.daemon():
@@ -887,7 +887,7 @@ def test_remind_before_sends_a_reminder_before_the_deadline(brain: Brain, webhoo
 
 
 def test_an_escalation_answered_while_its_message_waits_is_never_sent(brain: Brain, webhook: Webhook) -> None:
-    """Issue 23.7: a "Decision needed" still in the outbox when the person answers is dropped, not delivered."""
+    """A "Decision needed" still in the outbox when the person answers is dropped, not delivered."""
     webhook.fail_next = 10_000
     brain.config(f'notify:\n  urls: ["{webhook.url}"]\n  retry_base_s: 0.2\n  retry_cap_s: 0.4\n')
     _failing_run(brain, "deploy", ["web"])
@@ -902,7 +902,7 @@ def test_an_escalation_answered_while_its_message_waits_is_never_sent(brain: Bra
 
 
 def test_a_new_url_receives_only_what_is_pending_now(brain: Brain, webhook: Webhook) -> None:
-    """Issue 23.7: a URL added to a brain that ran without one gets the escalations still pending, nothing else."""
+    """A URL added to a brain that ran without one gets the escalations still pending, nothing else."""
     _failing_run(brain, "old", ["a", "b", "c"])
     brain.until_idle()
     escs = {e["item"]: e for e in brain.escalations()}

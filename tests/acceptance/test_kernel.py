@@ -649,7 +649,7 @@ def test_a_brain_path_too_long_for_a_socket_keeps_each_token_as_a_file_of_its_sh
 
 
 def test_direction_a_leaf_never_spawns_its_orchestrator_and_results_flow_up(example_brain: Brain) -> None:
-    """Issue 23.12, ADR-026's directions: SPAWN goes parent → child, RETURN/ERROR child → parent, ESCALATE and
+    """ADR-026's directions: SPAWN goes parent → child, RETURN/ERROR child → parent, ESCALATE and
     BLOCKED_ON agent → pilot; `matrix explain` says so with the rule."""
     brain = example_brain
     brain.python_agent(
@@ -673,7 +673,7 @@ def test_direction_a_leaf_never_spawns_its_orchestrator_and_results_flow_up(exam
 
 
 def test_a_gate_less_scribe_works_in_its_declared_scope_only(brain: Brain) -> None:
-    """Issue 23.12: the kernel scribe's zones are "as declared by scope" (ADR-026): a scribe without a gate and with
+    """The kernel scribe's zones are "as declared by scope" (ADR-026): a scribe without a gate and with
     `brain.scope: project` is never SPAWNed on a personal path."""
     brain.write(
         "agents/scribe.md",
@@ -694,7 +694,7 @@ def test_a_gate_less_scribe_works_in_its_declared_scope_only(brain: Brain) -> No
 
 
 def test_validate_names_an_unknown_principal_in_a_gate_with_a_suggestion(example_brain: Brain) -> None:
-    """Issue 23.13: `sends_to: [orchestrater]` is reported at its line, with the name that exists nearby."""
+    """`sends_to: [orchestrater]` is reported at its line, with the name that exists nearby."""
     path = example_brain.path("agents/hello.md")
     lines = path.read_text().splitlines()
     at = next(n for n, line in enumerate(lines, 1) if line.strip().startswith("sends_to:"))

@@ -762,7 +762,7 @@ def test_a_new_runs_handoff_holds_no_request_of_a_finished_run(brain: Brain) -> 
     assert first not in text and "formal | casual" not in text, text  # neither its requests nor its questions
 
 
-# ---------------- `ambient replay` over an unchanged workflow says what its runs met (issue 23.11)
+# ---------------- `ambient replay` over an unchanged workflow says what its runs met
 
 # Crashes on its first attempt of each item (the retry policy runs it again), succeeds after.
 CRASH_ONCE_AGENT = """
@@ -900,7 +900,7 @@ def test_replay_lists_a_gate_that_stopped_a_run_before_its_step(brain: Brain) ->
 
 
 def test_stats_counts_each_escalation_for_the_agent_it_names(brain: Brain) -> None:
-    """Issue 23.14: an escalation counts for its workflow and for the agent named in it (a failure, a gate)."""
+    """An escalation counts for its workflow and for the agent named in it (a failure, a gate)."""
     brain.python_agent("failer", "import sys\nsys.exit(1)\n")
     brain.python_agent("worker", OK_AGENT)
     brain.workflow("fails", "workflow: fails\nfor_each: {items: [a], spawn: failer}\n")

@@ -56,7 +56,7 @@ SAVE_PACKET = (
 
 
 def test_an_agents_escalate_in_a_for_each_resumes_with_the_decision(brain: Brain) -> None:
-    """Issue 23.1: the agent asks, the person answers with `ambient decide`, the agent runs again with the answer
+    """The agent asks, the person answers with `ambient decide`, the agent runs again with the answer
     in payload.context.decision and the run finishes."""
     brain.python_agent("colour", COLOUR_AGENT)
     brain.workflow(
@@ -85,7 +85,8 @@ def test_an_agents_escalate_in_a_for_each_resumes_with_the_decision(brain: Brain
 
 
 def test_until_idle_resumes_an_answered_escalation(brain: Brain) -> None:
-    """Issue 23.1, the other way a person runs it: `run --until-idle`, decide, `run --until-idle` again."""
+    """An agent's question answered the other way a person runs it: `run --until-idle`, decide, `run --until-idle`
+    again."""
     brain.python_agent("colour", COLOUR_AGENT)
     brain.workflow(
         "paint",
@@ -107,7 +108,7 @@ def test_until_idle_resumes_an_answered_escalation(brain: Brain) -> None:
 
 
 def test_a_chain_steps_escalate_shows_its_question_and_options_and_hands_back_the_answer(brain: Brain) -> None:
-    """Issue 23.2: a chain step's ESCALATE reaches the person as the agent's question with its own options."""
+    """A chain step's ESCALATE reaches the person as the agent's question with its own options."""
     brain.python_agent("colour", COLOUR_AGENT)
     brain.python_agent(
         "finisher",
@@ -154,7 +155,7 @@ def _claim_statuses(brain: Brain, run_id: str) -> dict[str, str]:
 
 
 def test_abort_on_one_item_cancels_its_siblings_escalations(brain: Brain, webhook: Webhook) -> None:
-    """Issue 23.3: `abort` cascades: the other items' escalations are closed as cancelled (answering one says so,
+    """`abort` cascades: the other items' escalations are closed as cancelled (answering one says so,
     exit 1), their claims leave waiting_human, and nothing more about them is notified."""
     webhook.fail_next = 10_000  # the phone is out of reach: every "Decision needed" waits in the outbox
     brain.config(f"""
@@ -219,7 +220,7 @@ def _seen(brain: Brain) -> list[dict[str, object]]:
 
 
 def test_start_context_reaches_for_each_items(brain: Brain) -> None:
-    """Issue 23.8: `ambient start W --context JSON` hands the context to every for_each item (the run's context
+    """`ambient start W --context JSON` hands the context to every for_each item (the run's context
     wins over the workflow's own for_each.context)."""
     brain.python_agent("reader", CONTEXT_AGENT)
     brain.workflow(
@@ -243,7 +244,7 @@ def test_start_context_reaches_for_each_items(brain: Brain) -> None:
 
 
 def test_send_a_spawn_runs_the_agent_as_a_one_item_run(brain: Brain) -> None:
-    """Issue 23.9: a SPAWN the person sends with `ambient send` runs the agent, seen in `status` and `runs`."""
+    """A SPAWN the person sends with `ambient send` runs the agent, seen in `status` and `runs`."""
     brain.python_agent("reader", CONTEXT_AGENT)
     packet = json.dumps(
         {
@@ -266,7 +267,7 @@ def test_send_a_spawn_runs_the_agent_as_a_one_item_run(brain: Brain) -> None:
 
 
 def test_a_spawn_sent_without_a_daemon_runs_when_it_starts(brain: Brain) -> None:
-    """Issue 23.9: without a daemon the SPAWN waits in the inbox and runs at the next `ambient run`."""
+    """Without a daemon the SPAWN waits in the inbox and runs at the next `ambient run`."""
     brain.python_agent("reader", CONTEXT_AGENT)
     packet = json.dumps({"from": "human", "to": "reader", "signal": "SPAWN", "payload": {"context": {"n": 1}}})
     assert brain.cli("send", "-", input=packet).rc == 0
@@ -325,7 +326,7 @@ OK_AGENT = """
 
 
 def test_validate_and_the_daemon_agree_on_which_steps_run(brain: Brain) -> None:
-    """Issue 23.10: after a step whose on_done only notifies, the next step is reached: `validate` and `doctor` say
+    """After a step whose on_done only notifies, the next step is reached: `validate` and `doctor` say
     nothing about it, and the daemon runs it."""
     brain.python_agent("worker", OK_AGENT)
     brain.workflow(
@@ -433,7 +434,7 @@ def test_runs_counts_items_not_attempts(brain: Brain) -> None:
 
 
 def test_a_typo_in_a_required_key_says_which_it_misspells(brain: Brain) -> None:
-    """Issue 23.14: `spwan:` for the required `spawn:` is reported at its line as a likely misspelling."""
+    """`spwan:` for the required `spawn:` is reported at its line as a likely misspelling."""
     brain.workflow("typo", "workflow: typo\nfor_each:\n  items: [a]\n  spwan: deploy\n")
     res = brain.cli("validate")
     assert res.rc == 1 and "workflows/typo.yml:4:" in res.out, res
@@ -441,7 +442,7 @@ def test_a_typo_in_a_required_key_says_which_it_misspells(brain: Brain) -> None:
 
 
 def test_an_unknown_key_on_a_step_is_an_error_and_the_chain_never_runs(brain: Brain) -> None:
-    """Issue 23.14: `gaet: human` on a deploy step is refused (a deploy would run without its human gate)."""
+    """`gaet: human` on a deploy step is refused (a deploy would run without its human gate)."""
     brain.python_agent("worker", OK_AGENT)
     brain.workflow(
         "deploy",
@@ -473,7 +474,7 @@ def test_validate_names_every_problem_of_a_step_at_once(brain: Brain) -> None:
 
 
 def test_a_chain_steps_own_timeout_and_retry_are_honoured(brain: Brain) -> None:
-    """Issue 23.15: a step's own `retry:` runs it again (an error on its first attempt, then done), and its own
+    """A step's own `retry:` runs it again (an error on its first attempt, then done), and its own
     `timeout:` stops a step whose agent would sleep a minute (the run would hang past the 40 s allowed here)."""
     brain.python_agent(
         "flaky",
@@ -516,7 +517,7 @@ def test_a_chain_steps_own_timeout_and_retry_are_honoured(brain: Brain) -> None:
 
 
 def test_every_template_variable_validate_allows_renders(brain: Brain) -> None:
-    """Issue 23.15: `{{error_count}}` (any variable validate allows in on_complete) renders at the run's end; it
+    """`{{error_count}}` (any variable validate allows in on_complete) renders at the run's end; it
     used to pass validate and then crash the run's end at every start."""
     brain.python_agent(
         "mixed",
@@ -582,7 +583,7 @@ def test_a_chain_steps_scope_template_is_rendered(brain: Brain) -> None:
 
 
 def test_a_spawn_naming_a_missing_agent_says_which_agent_it_looks_like(brain: Brain) -> None:
-    """Issue 23 (last trial): a misspelt agent in `spawn:` gets the same did-you-mean as a misspelt key."""
+    """A misspelt agent in `spawn:` gets the same did-you-mean as a misspelt key."""
     brain.python_agent("checker", OK_AGENT)
     brain.workflow("checks", FOR_EACH.format(name="checks", agent="chekcer", items="[a]"))
     res = brain.cli("validate")

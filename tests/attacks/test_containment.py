@@ -1,4 +1,4 @@
-"""Issue 25: agents are untrusted code; attacks as an agent would make them, against the real daemon.
+"""Agents are untrusted code; attacks as an agent would make them, against the real daemon.
 
 Each test runs real agent processes under a real ``ambient run`` and checks what the agent could do afterwards
 from the outside (process table, files, the daemon's answers).
@@ -30,7 +30,7 @@ def _escaping_agent(pid_file: Path, mode: str, **kw: float) -> str:
 
 
 def test_a_setsid_grandchild_ends_with_its_agent(tmp_path: Path) -> None:
-    """Issue 25, 4: an agent answers and exits, leaving two children that called ``setsid()`` (one double-forked):
+    """An agent answers and exits, leaving two children that called ``setsid()`` (one double-forked):
     outside its process group, a group kill never reached them, and they outlived the item for good. They end
     with their agent now."""
     pid_file = tmp_path / "grandchildren"
@@ -51,7 +51,7 @@ def test_a_setsid_grandchild_ends_with_its_agent(tmp_path: Path) -> None:
 
 
 def test_a_setsid_grandchild_of_a_timed_out_agent_ends_with_it(tmp_path: Path) -> None:
-    """Issue 25, 4: the agent hangs past its timeout with two escaped children; the timeout kills its group, and
+    """The agent hangs past its timeout with two escaped children; the timeout kills its group, and
     the escaped ones end too."""
     pid_file = tmp_path / "grandchildren"
     agent = _escaping_agent(pid_file, "fork", timeout_s=1, kill_grace_s=0.2)
@@ -70,7 +70,7 @@ def test_a_setsid_grandchild_of_a_timed_out_agent_ends_with_it(tmp_path: Path) -
 
 
 def test_a_setsid_grandchild_is_stopped_with_the_daemon(tmp_path: Path) -> None:
-    """Issue 25, 4: a daemon stopped by SIGTERM while an agent runs leaves nothing of it behind, escaped children
+    """A daemon stopped by SIGTERM while an agent runs leaves nothing of it behind, escaped children
     included (a kill -9 of the daemon is the other case: its agents are orphans the next start stops)."""
     pid_file = tmp_path / "grandchildren"
     paths = make_brain(tmp_path / "brain", example_agents=False, agents={"stub": _escaping_agent(pid_file, "fork")})
@@ -99,7 +99,7 @@ print(json.dumps({"status": "ok", "send_rc": sent.returncode, "send_out": sent.s
 
 
 def test_an_agent_that_unsets_its_token_is_not_taken_for_the_person(tmp_path: Path) -> None:
-    """Issue 25, 1: an agent drops its AMBIENT_CHANNEL_TOKEN and sends, over the daemon's socket, an ORCHESTRATE
+    """An agent drops its AMBIENT_CHANNEL_TOKEN and sends, over the daemon's socket, an ORCHESTRATE
     `from: human` that starts a workflow only the person may start. The daemon sees from the kernel that the
     sender descends from it (an agent, whatever it claims): refused, and the workflow does not run."""
     paths = make_brain(tmp_path / "brain", example_agents=False)
@@ -125,7 +125,7 @@ def test_an_agent_that_unsets_its_token_is_not_taken_for_the_person(tmp_path: Pa
 
 
 def test_a_flood_of_idle_connections_never_takes_the_daemons_descriptors(tmp_path: Path) -> None:
-    """Issue 25, 6: 1,100 idle connections to the send socket from a same-user process exhausted the daemon's
+    """1,100 idle connections to the send socket from a same-user process exhausted the daemon's
     descriptors. Now at most a few are served at once, each for a short while: the daemon keeps working and a
     real `ambient send` still gets its answer once the flood is over."""
     import socket
@@ -198,7 +198,7 @@ print(json.dumps({"status": "ok", "tried": tried}))
 
 
 def test_a_confined_agent_reads_the_brain_writes_its_scope_and_nothing_of_the_daemons(tmp_path: Path) -> None:
-    """Issue 25, 1-3: an agent (confined by default) tries what a hostile one would: it reads the brain and
+    """An agent (confined by default) tries what a hostile one would: it reads the brain and
     writes its scope and its temp dir; it cannot write elsewhere in the brain, read or write ambient's state
     (escalations, the inbox: so it can neither answer a question nor drop a packet in the person's name), read
     profil/ambient.yml or a token file, nor signal the daemon. `ambient doctor` says agents are confined."""
@@ -277,7 +277,7 @@ print(json.dumps({"status": "ok", "seen": seen, "env": dict(os.environ)}))
 
 
 def test_an_agent_finds_no_secret_of_the_daemon(tmp_path: Path) -> None:
-    """Issue 25, 2: the daemon holds secrets (notify URLs in its environment, a credentials directory); an agent
+    """The daemon holds secrets (notify URLs in its environment, a credentials directory); an agent
     reads `/proc/<daemon>/environ`, its parent's, the credentials file, and its own environment: no secret."""
     from tests.e2e.helpers import command_agent_md
 
@@ -305,7 +305,7 @@ def test_an_agent_finds_no_secret_of_the_daemon(tmp_path: Path) -> None:
 
 
 def test_a_packet_dropped_in_the_inbox_is_not_believed_for_its_from(tmp_path: Path) -> None:
-    """Issue 25, 1: a packet written straight into `.ambient/inbox/` (by an unconfined process of the user, or by
+    """A packet written straight into `.ambient/inbox/` (by an unconfined process of the user, or by
     hand) names `from: human` and asks to start a draft workflow: it carries no seal of whoever routes packets,
     so the daemon believes nobody and starts nothing; the same request sent with `ambient send` is obeyed."""
     import json as jsonlib
@@ -338,7 +338,7 @@ def test_a_packet_dropped_in_the_inbox_is_not_believed_for_its_from(tmp_path: Pa
 
 
 def test_an_agent_runs_as_its_own_unix_user_when_the_daemon_may(reachable: Path) -> None:
-    """Issue 25, 3: `ambient.runner.user: nobody` runs the agent as that user (ambient runs as root here, as a
+    """`ambient.runner.user: nobody` runs the agent as that user (ambient runs as root here, as a
     system unit may); a user that does not exist is a clear error of that agent, not a crash."""
     import os
 
@@ -377,7 +377,7 @@ print(json.dumps({"status": "ok", "rcs": [t.returncode for t in tries], "said": 
 
 
 def test_an_agent_cannot_answer_an_escalation_in_the_persons_name(tmp_path: Path) -> None:
-    """Issue 25, 1: `ambient decide` run from inside an agent answered escalations "by human via cli". An item
+    """`ambient decide` run from inside an agent answered escalations "by human via cli". An item
     fails and waits on the person; a confined agent then runs `ambient decide <id> skip` without its token: the
     answer is refused (it cannot reach ambient's state), and the escalation still waits on the person."""
     import json

@@ -1,4 +1,4 @@
-"""Issue 25, point 5: a hostile YAML document is a ``file:line`` problem wherever it is dropped, never a crash.
+"""A hostile YAML document is a ``file:line`` problem wherever it is dropped, never a crash.
 
 Explicit tags (``!!int x``, ``!!bool maybe``, ``!!timestamp foo``...), integers past Python's 4,300-digit limit
 and merge keys (``<<:``) used to escape the safe loader as ValueError, KeyError, AttributeError (or to overwrite a

@@ -1,4 +1,4 @@
-"""Issue 25, points 7 and 9: ambient's private state (``.ambient/``) is never reached through a symlink, and no other
+"""Ambient's private state (``.ambient/``) is never reached through a symlink, and no other
 local user can read it (folders 0700, files 0600).
 
 Each test attacks the way a same-user agent would: a real brain (``ambient init``, then one real daemon run), a

@@ -1,4 +1,4 @@
-"""Issue 25, points 8, 10 and 11: what a hostile file does to ambient, tried the way an attacker would.
+"""What a hostile file does to ambient, tried the way an attacker would.
 
 A run journal edited between a kill -9 and a restart (8), a 1 MiB workflow of ~350k items dropped beside a small one
 (10), item names carrying newlines and terminal escapes (11), and the service unit's limits against the

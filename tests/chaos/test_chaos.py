@@ -211,7 +211,7 @@ def run_iteration(
     slow start does not move every kill before the first agent).
 
     Every agent holds its item's overlap witness (``--overlap-dir``): two agents of one item at once, across
-    kills and restarts, leave a line in ``overlaps.log`` (issue 24, 1).
+    kills and restarts, leave a line in ``overlaps.log``.
     """
     rng = random.Random(seed)
     root = base / f"it-{seed}-{mode}"

@@ -1,4 +1,4 @@
-"""Issue 24: the README's promises under faults, each scenario as a fault harness would drive it.
+"""The README's promises under faults, each scenario as a fault harness would drive it.
 
 The witness of "never twice at once" is the stub agent's ``--overlap-dir``: every agent holds a ``flock`` on
 ``<dir>/<item>.lock`` while it runs (the kernel drops it when the process dies, kill -9 included), and a second
@@ -79,7 +79,7 @@ def _accepted(paths: BrainPaths, workflow: str) -> set[str]:
 
 
 def test_requests_queued_when_the_daemon_dies_start_no_agent(tmp_path: Path) -> None:
-    """Issue 24, 1: the spawner keeps no SPAWN request of a dead daemon. The spawner is frozen while the daemon
+    """The spawner keeps no SPAWN request of a dead daemon. The spawner is frozen while the daemon
     asks for 8 agents, the daemon is killed alone, the spawner thawed: it starts none of them (their pids could
     never reach a journal), and the restart runs every item once, never two agents of one item at once."""
     lockdir = tmp_path / "witness"
@@ -115,7 +115,7 @@ def test_requests_queued_when_the_daemon_dies_start_no_agent(tmp_path: Path) -> 
 
 
 def test_an_agent_whose_pid_never_reached_the_journal_is_stopped_before_its_item_runs_again(tmp_path: Path) -> None:
-    """Issue 24, 1: a kill between an agent's start and its ``spawned`` record leaves an agent no journal names.
+    """A kill between an agent's start and its ``spawned`` record leaves an agent no journal names.
     The restart finds it by its environment (AMBIENT_BRAIN, AMBIENT_RUN_ID) and stops it before the item runs."""
     lockdir = tmp_path / "witness"
     lockdir.mkdir()
@@ -154,7 +154,7 @@ def test_an_agent_whose_pid_never_reached_the_journal_is_stopped_before_its_item
     assert state is not None and state.outcome == "success"
 
 
-# ---- issue 24, 5
+# ---- questions and files a crash leaves behind
 
 
 def _cli(paths: BrainPaths, *args: str) -> subprocess.CompletedProcess[str]:
@@ -176,7 +176,7 @@ def _dead_pid() -> int:
 
 
 def test_the_losing_daemon_names_the_pid_that_holds_the_brain(tmp_path: Path) -> None:
-    """Issue 24, 5: a daemon that loses the start race names the daemon that holds the brain, not the pid a crashed
+    """A daemon that loses the start race names the daemon that holds the brain, not the pid a crashed
     one left in ``daemon.json``. The window of the race (the lock taken, ``daemon.json`` not yet rewritten) is held
     open: this process holds the instance lock while ``daemon.json`` still names a dead daemon."""
     paths = make_brain(tmp_path / "brain", example_agents=False, agents={"stub": stub_agent_md("stub")})
@@ -199,7 +199,7 @@ def test_the_losing_daemon_names_the_pid_that_holds_the_brain(tmp_path: Path) ->
 
 
 def test_two_daemons_started_at_once_the_loser_names_the_winner(tmp_path: Path) -> None:
-    """Issue 24, 5: the real race, after a crash left a stale ``daemon.json``: two daemons started together, exactly
+    """The real race, after a crash left a stale ``daemon.json``: two daemons started together, exactly
     one runs and the other names its pid."""
     paths = make_brain(tmp_path / "brain", example_agents=False, agents={"stub": stub_agent_md("stub")})
     paths.state.mkdir(parents=True, exist_ok=True)
@@ -234,7 +234,7 @@ def _asking_brain(root: Path, asks: str) -> BrainPaths:
 
 
 def test_on_timeout_reject_of_an_agents_question_rejects_that_item_only(tmp_path: Path) -> None:
-    """Issue 24, 5: ``on_timeout: reject`` on an agent's own question in a for_each rejects the item that asked (it
+    """``on_timeout: reject`` on an agent's own question in a for_each rejects the item that asked (it
     fails), never the whole run: the other items run to their end and nothing is aborted."""
     paths = _asking_brain(tmp_path / "brain", "b")
     timeout = "on_escalate: {timeout: 1s, on_timeout: reject}\n"
@@ -259,7 +259,7 @@ def _only_escalation(paths: BrainPaths) -> Path:
 
 
 def test_a_zero_byte_escalation_file_is_rebuilt_from_the_journal(tmp_path: Path) -> None:
-    """Issue 24, 5: an escalation file emptied by a crash no longer leaves its run waiting on a question nobody can
+    """An escalation file emptied by a crash no longer leaves its run waiting on a question nobody can
     see: the journal keeps the question and options, the daemon rebuilds the file at start and says so, and the
     person answers it as any other (``ambient escalations``, ``ambient decide``); ``doctor`` explains the empty file
     while the daemon is down."""
@@ -297,7 +297,7 @@ def test_a_zero_byte_escalation_file_is_rebuilt_from_the_journal(tmp_path: Path)
 
 
 def test_a_torn_journal_tail_is_reported_with_its_file_and_line(tmp_path: Path) -> None:
-    """Issue 24, 5: a run journal torn by a crash mid-append is reported as ``file:line`` (the line cut), like every
+    """A run journal torn by a crash mid-append is reported as ``file:line`` (the line cut), like every
     other problem with a file."""
     slow = stub_agent_md("stub", ["--sleep-ms", "60000-60000"])
     paths = make_brain(tmp_path / "brain", example_agents=False, agents={"stub": slow})
@@ -326,7 +326,7 @@ def test_a_torn_journal_tail_is_reported_with_its_file_and_line(tmp_path: Path) 
 
 
 def test_a_junk_lock_is_reported_with_its_file_and_line(tmp_path: Path) -> None:
-    """Issue 24, 5: a junk lock file (text, binary, empty, keys missing) is reported as ``file:line`` by
+    """A junk lock file (text, binary, empty, keys missing) is reported as ``file:line`` by
     ``ambient lock list`` and ``ambient doctor``."""
     paths = make_brain(tmp_path / "brain", example_agents=False)
     junk = {
@@ -346,7 +346,7 @@ def test_a_junk_lock_is_reported_with_its_file_and_line(tmp_path: Path) -> None:
 
 
 def test_reject_at_a_deadline_is_the_items_own_on_a_for_each_question() -> None:
-    """Issue 24, 5 (the pure rules): at the deadline, ``reject`` of an agent's question about a for_each item decides
+    """The pure rules: at the deadline, ``reject`` of an agent's question about a for_each item decides
     ``reject`` (that item fails), not the ``abort`` option offered beside the answers; a chain step's question and a
     failed item keep ``reject`` → ``abort``, which ends the run."""
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -376,13 +376,13 @@ def test_reject_at_a_deadline_is_the_items_own_on_a_for_each_question() -> None:
     assert aborts_run("chain", "reject", "deploy") and aborts_run("for_each", "reject", None)
 
 
-# ---- issue 24, 2: fencing
+# ---- fencing
 
 
 def test_a_daemon_held_up_past_its_lease_stops_its_agent_voids_its_result_and_cannot_overwrite_the_claim(
     tmp_path: Path,
 ) -> None:
-    """Issue 24, 2, as the fault harness drove it: SIGSTOP the daemon past its scope lease, another holder takes
+    """As the fault harness drove it: SIGSTOP the daemon past its scope lease, another holder takes
     the lock and closes the item's claim under its newer token, SIGCONT. The daemon notices the lost lease, stops
     its agent (which never reaches its answer), counts the attempt as void, and its claim write is refused: the
     newer holder's close stays on disk."""

@@ -1,4 +1,4 @@
-"""Issue 24, 3-4: the daemon runs out of something of its own (a full disk, no file descriptor left).
+"""The daemon runs out of something of its own (a full disk, no file descriptor left).
 
 Driven as a fault harness would: a real daemon on a brain that lives on a small tmpfs filled to the last byte
 (root is needed to mount it: CI runs as root; elsewhere these tests say why they skip), or a daemon started under

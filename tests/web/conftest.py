@@ -34,6 +34,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+#: How long a click or a wait of the browser may take: Playwright's 30 s default, doubled, since the suite runs on
+#: every core at once (pytest -n auto) on machines shared with other work.
+BROWSER_WAIT_MS = 60_000
 SCREENSHOTS = Path(os.environ.get("AMBIENT_SCREENSHOTS") or Path(__file__).resolve().parent / ".screenshots")
 _URL = re.compile(r"ambient console: (https?://\S+)")
 
@@ -199,6 +202,7 @@ def open_console(browser: Any, console: Console) -> Iterator[Callable[..., Any]]
             java_script_enabled=js,
         )
         contexts.append(ctx)
+        ctx.set_default_timeout(BROWSER_WAIT_MS)
         page = ctx.new_page()
         page.errors = []
         page.on("pageerror", lambda exc: page.errors.append(str(exc)))

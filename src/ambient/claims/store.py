@@ -90,7 +90,7 @@ class ClaimStore:
         self._known_lock = threading.Lock()
         # The fence of each fenced claim this store wrote (never evicted: fences come only with tokens, rare). A
         # write without a token is made under it; what it read does not count (a stale view must not learn the
-        # newer holder's fence from a scan and then pass it: issue 24, 2).
+        # newer holder's fence from a scan and then pass it).
         self._fences: dict[str, int] = {}
 
     # -- reading
@@ -261,7 +261,7 @@ class ClaimStore:
 
         A write without a token is made under the fence its claim carries (the one its writer last saw): a
         blind write from a stale view (the daemon woken past its lease) must not pass a file a newer holder has
-        fenced since (issue 24, 2). A transition re-reads the file first, so it carries the current fence.
+        fenced since. A transition re-reads the file first, so it carries the current fence.
         """
         made_under = token
         if made_under is None:

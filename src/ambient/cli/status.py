@@ -241,7 +241,7 @@ def print_status(
     data = collect(root, workflow)
     shown = write
 
-    def line(text: str) -> None:  # names and errors come from files: none may break its line (issue 25, 11)
+    def line(text: str) -> None:  # names and errors come from files: none may break its line
         shown(one_line(text))
 
     write = line

@@ -340,7 +340,7 @@ def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | 
     )
     problems += wf_problems
     if previous is not None:
-        # A workflow whose file broke keeps its previous good version (issue 4): runs are not dropped.
+        # A workflow whose file broke keeps its previous good version: runs are not dropped.
         broken = {p.file for p in wf_problems if p.severity == "error"}
         for name, old in previous.workflows.items():
             if name not in workflows and old.source in broken:

@@ -127,7 +127,7 @@ def _reader_message(exc: yaml.YAMLError) -> str:
 class _Parsed:
     """What parsing a workflow document gave, by (sha256 of its bytes, source, path, zone rules).
 
-    Performance (bench/fanout.py (d), bench/README item 32): every change in ``workflows/`` reloads every file
+    Performance (bench/fanout.py (d), bench/README.md, finding 32): every change in ``workflows/`` reloads every file
     there, and YAML parsing is ~90 % of that (~1.5 ms per small file): reloading a folder of 100 workflows
     took 159 ms, and a file dropped beside them 206 ms to its first SPAWN. The same bytes give the same frozen
     result (the models are frozen, problems are handed out as new lists), so only a

@@ -2,7 +2,7 @@
 
 An ``OSError`` with EMFILE raised while ambient starts an agent is not the agent's fault: blaming it (an item
 escalated "the agent failed") sends the person to the wrong place, and an item task that dies of it left its item
-"running" for ever (issue 24, 4). This module says which errors are the daemon's (:func:`resource_of`), how to
+"running" for ever. This module says which errors are the daemon's (:func:`resource_of`), how to
 tell the person (:func:`describe`), and keeps the conditions the daemon is in (:class:`Health`), which it writes
 to ``.ambient/state/health.json`` for ``ambient status`` and ``ambient doctor``. Pure rules; the daemon does the
 I/O.

@@ -165,7 +165,7 @@ class ForEachExecutor(RunExecutor):
 
     def _settle(self, name: str, exc: BaseException) -> None:
         """An item whose task died before its result was written would stay "running" for ever: holding the
-        run's concurrency, never retried, and the run looking idle (issue 24, 4). It gets ambient's error as its
+        run's concurrency, never retried, and the run looking idle. It gets ambient's error as its
         result, routed like any other (retried by the workflow's policy, then escalated)."""
         item = self._by_name.get(name)
         if item is None or item.status != "running" or self._closing:

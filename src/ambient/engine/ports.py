@@ -132,7 +132,7 @@ class EscalationRequest:
     def record(self) -> EscalationRecord:
         """What the run journal keeps of it (an ``asked`` event): enough to rebuild the escalation file if it is
         lost or emptied by a crash (:func:`ambient.human.escalations.rebuild`), so the run never waits on a question
-        nobody can see (issue 24, 5). The run's id and workflow are the journal's own. Keys in this order."""
+        nobody can see. The run's id and workflow are the journal's own. Keys in this order."""
         out: EscalationRecord = {
             "kind": self.kind,
             "question": self.question,

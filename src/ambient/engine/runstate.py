@@ -590,7 +590,7 @@ def _asked(state: RunState, ev: Escalated | Gate | FinalGate, kind: str) -> None
 def aborts_run(form: str, action: Any, item: Any) -> bool:
     """Whether a decision ends the whole run (spec/002: an abort cascades to every unfinished item). ``reject`` does,
     except on a for_each item: there it rejects that item only, which fails, and its siblings go on; an
-    ``on_timeout: reject`` of one agent's question must not abort the whole fan-out (issue 24, 5)."""
+    ``on_timeout: reject`` of one agent's question must not abort the whole fan-out."""
     if action == "reject" and form == "for_each" and item:
         return False
     return action in ABORTING

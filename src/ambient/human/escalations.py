@@ -455,7 +455,7 @@ def timeout_decision(esc: Escalation, now: datetime) -> Escalation | None:
     wanted_actions = _TIMEOUT_ACTIONS[action]
     if action == "reject" and esc.kind in ("question", "permission") and esc.item is not None:
         # An agent's own question in a for_each: reject that item (it fails), not the whole run through the
-        # "abort" option offered beside the agent's answers (issue 24, 5). A chain's step has no item: its reject
+        # "abort" option offered beside the agent's answers. A chain's step has no item: its reject
         # still ends the chain.
         wanted_actions = ("reject",)
     for wanted in wanted_actions:

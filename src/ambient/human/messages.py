@@ -50,7 +50,7 @@ class Message(BaseModel):
 
     @property
     def silent(self) -> bool:
-        """Only decisions make the phone buzz; results and digests arrive silently (issue 6)."""
+        """Only decisions make the phone buzz; results and digests arrive silently."""
         return self.kind != "escalation"
 
 

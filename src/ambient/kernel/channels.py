@@ -62,9 +62,9 @@ class ChannelRegistry:
 
     The files are for ``ambient send`` routing a packet in its own process. While the daemon serves its send
     socket, an agent's ``ambient send`` hands the packet to the daemon, whose router checks the token in memory;
-    the daemon then sets :attr:`files` to False and no file is written (decision, session 12: a file written and
-    renamed aside per command agent cost a fan-out 8 % of its agents/s, bench/fanout.py (b), bench/README
-    item 42). So a token is honoured by its daemon for as long as that daemon runs; an orphan left by a daemon
+    the daemon then sets :attr:`files` to False and no file is written (decision of 2026-12-01: a file written and
+    renamed aside per command agent cost a fan-out 8 % of its agents/s, bench/fanout.py (b), bench/README.md,
+    finding 42). So a token is honoured by its daemon for as long as that daemon runs; an orphan left by a daemon
     that died, whose ``ambient send`` finds no socket, is refused as ``unauthenticated`` (its item runs again
     anyway). Without a socket (a brain path too long for ``AF_UNIX``, a bind that failed) tokens have files, as
     before.

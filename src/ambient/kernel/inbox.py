@@ -2,7 +2,7 @@
 
 A packet the router allowed is written as ``<id>.<seal>.json``, the seal an HMAC of the file's bytes under the
 brain's :func:`inbox_key`; the daemon reads the inbox back (:func:`read_inbox`), validates every packet again and
-believes a packet's ``from`` only under a seal that holds (issue 25, 1).
+believes a packet's ``from`` only under a seal that holds.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def inbox_key(paths: BrainPaths) -> bytes:
 
     Who routed a packet (the daemon, or ``ambient send`` as the person when no daemon runs) seals it with this
     key; the daemon acts only on sealed packets. A confined agent cannot read ``.ambient/``, so a packet it
-    drops in the inbox, whatever ``from`` it names, is never believed (issue 25, 1)."""
+    drops in the inbox, whatever ``from`` it names, is never believed."""
     path = paths.state / INBOX_KEY
     try:
         key = path.read_bytes()

@@ -85,7 +85,7 @@ def _symlink_free(
     looked at again for each item: now one ``lstat`` per path. ``absent``: folders found missing, kept the same
     way (nothing below them exists, so the walk ends there). A missing component is found by ``os.access``,
     which answers without raising: the ``FileNotFoundError`` of every new item's path was most of this check's
-    cost (bench/fanout.py (a), whose folders do not exist: 6.6 % of the loop's samples in session 9, py-spy).
+    cost (bench/fanout.py (a), whose folders do not exist: 6.6 % of the loop's samples on 2026-12-01, py-spy).
     Either verdict held for its TTL leaves the same window as the zone check itself (see ``_file_zones``).
     """
     path = root
@@ -481,7 +481,7 @@ class Router:
 
     def flush(self) -> None:
         """Write the pending group and the buffered audit lines to the file (no fsync); call it each tick. On a full
-        disk the lines stay in memory, in order, for the next flush (issue 24, 3): the audit is not worth a stop."""
+        disk the lines stay in memory, in order, for the next flush: the audit is not worth a stop."""
         self._write_batch()
         if self.audit is not None:
             with contextlib.suppress(Unwritten):

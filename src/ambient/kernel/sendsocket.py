@@ -44,7 +44,7 @@ _MAX_HEADER: Final = 4096
 _MAX_PATH: Final = 107  # sun_path is 108 bytes with its NUL
 READ_TIMEOUT_S: Final = 10.0
 #: How long the daemon gives a client to send its whole request, and how many it serves at once: an idle
-#: connection flood must not take the daemon's descriptors (issue 25, 6); ``ambient send`` needs milliseconds.
+#: connection flood must not take the daemon's descriptors; ``ambient send`` needs milliseconds.
 SERVE_TIMEOUT_S: Final = 2.0
 MAX_CLIENTS: Final = 32
 #: How long a client waits for the answer (the daemon routes a packet in well under a millisecond when idle).

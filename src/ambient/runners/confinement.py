@@ -1,6 +1,6 @@
 """What a confined agent may touch: read the brain and the system, write only its SPAWN's scope and a temp dir.
 
-An agent is code ambient does not trust, running as ambient's own Unix user (issue 25). Under Landlock (see
+An agent is code ambient does not trust, running as ambient's own Unix user. Under Landlock (see
 :mod:`ambient.runners.landlock`, applied by the spawner in the agent's process just before it execs) it gets:
 
 - read and execute: the system (``/usr``, ``/bin``, ``/lib*``, ``/etc``, ``/opt``, ``/proc``, ``/sys``, the

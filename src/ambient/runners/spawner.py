@@ -2,7 +2,7 @@
 
 ``subprocess.Popen`` vforks: the calling thread waits until the child has exec'd, and in the daemon that thread is
 the event loop. In a fan-out of command agents a start took ~0.5 ms of the loop's time, half of it waiting for
-the child (bench/fanout.py (b), bench/README item 36), and an ``exec`` stuck on a hung network filesystem would
+the child (bench/fanout.py (b), bench/README.md, finding 36), and an ``exec`` stuck on a hung network filesystem would
 freeze the whole daemon. Starting agents in a thread is no way out: each start becomes GIL hand-offs with the busy loop
 (measured slower, see :class:`ambient.runners.child.Child`). So the daemon keeps one helper process, the
 spawner (``spawner_helper.py``, standard library only), in the spirit of Erlang's ``erl_child_setup`` and ports:
@@ -10,7 +10,7 @@ the loop sends it a request (argv, environment, the SPAWN packet for stdin, the 
 spawner ``posix_spawn``s the agent, reads its stdout and stderr, reaps it, and reports its pid, then its output
 and exit code, in one message for an agent that simply ran and exited. The loop never touches an agent's pipes:
 in a fan-out their creation, reads and closing were about half of what a command agent cost the loop
-(bench/README item 39), and the spawner does that work on the other core.
+(bench/README.md, finding 39), and the spawner does that work on the other core.
 
 The agent is the spawner's child, not the daemon's, and nothing else changes: it still runs in its own session,
 the daemon still decides and signals its process group directly (timeouts, output caps, shutdown), still records

@@ -253,7 +253,7 @@ _SWEEP_S = 1.0  # how often strays are looked for (an agent's end looks at once)
 
 def _become_subreaper() -> bool:
     """Descendants an agent orphans (a ``setsid()`` child, a double fork) are reparented to us, not to init, so we
-    can end them with their agent (issue 25, 4). Also not dumpable, as the daemon: our memory holds every
+    can end them with their agent. Also not dumpable, as the daemon: our memory holds every
     agent's request (its channel token), closed so to an agent of our own user. Linux only; False where it
     cannot be."""
     try:
@@ -308,7 +308,7 @@ class _Spawner:
         """Whether the daemon that asked for agents has closed its end or died.
 
         Requests it queued before it died are still in the socket: starting them would run agents that no
-        journal knows of, beside the ones its successor starts for the same items (issue 24, 1). POLLHUP is set
+        journal knows of, beside the ones its successor starts for the same items. POLLHUP is set
         as soon as the daemon's end closes, queued data or not; the parent check catches a daemon that died
         while the socket was passed on.
         """

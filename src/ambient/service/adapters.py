@@ -189,7 +189,7 @@ class AgentDelegate:
         finally:
             if channel is not None and registry is not None:
                 registry.disown(channel)  # void for this process's router even if the file cannot go
-                # On the loop: one rename. Performance (bench/fanout.py (b), bench/README item 31): handing it to
+                # On the loop: one rename. Performance (bench/fanout.py (b), bench/README.md, finding 31): handing it to
                 # a cleanup thread cost a GIL hand-off per command agent with the busy loop; done here, the
                 # fan-out ran 1.20x the agents/s on 17 % less CPU per agent (median of 4 interleaved pairs).
                 try:

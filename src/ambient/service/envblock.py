@@ -2,7 +2,7 @@
 
 ``/proc/<pid>/environ`` shows the environment a process was started with, straight from its memory, to any
 process of the same user (and to root): an agent read ``AMBIENT_NOTIFY_URLS`` (tokens in its URLs) and
-``CREDENTIALS_DIRECTORY`` there (issue 25, 2). Two locks on it:
+``CREDENTIALS_DIRECTORY`` there. Two locks on it:
 
 - the daemon is not dumpable (:func:`undumpable`): its ``/proc/<pid>/`` files belong to root and only a process
   with ``CAP_SYS_PTRACE`` may read its environment or memory, not an agent of its own user;

@@ -281,7 +281,7 @@ class EscalationEvaluator:
 
     async def _rebuild_lost(self, listed: set[str]) -> list[Escalation]:
         """The escalations a run waits on whose file is missing, empty or unreadable, written again from what the
-        run's journal kept (issue 24, 5): otherwise the run waits for good on a question nobody can see."""
+        run's journal kept: otherwise the run waits for good on a question nobody can see."""
         rebuilt: list[Escalation] = []
         for ex in list(self.manager.executors.values()):
             state = ex.state
@@ -338,7 +338,7 @@ class EscalationEvaluator:
             )
         )
         if ok:
-            # A line about a run carries its workflow and run id (issue 7), like the executor's own lines.
+            # A line about a run carries its workflow and run id, like the executor's own lines.
             log.info(
                 "decision_applied",
                 escalation=esc.id,

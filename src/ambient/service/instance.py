@@ -71,7 +71,7 @@ class SingleInstance:
 
     def _write_info(self) -> None:
         """``daemon.json``: what the CLI reads of the running daemon. A full disk does not keep the daemon from
-        starting (a restart loop under systemd, issue 24, 3): the flock says it runs, the file follows later."""
+        starting (a restart loop under systemd): the flock says it runs, the file follows later."""
         try:
             atomic_write(self.info_path, json.dumps(self.info) + "\n", mode=PRIVATE_FILE)
         except OSError as exc:
@@ -129,7 +129,7 @@ def lock_holder(path: Path) -> int | None:
     """The pid holding an exclusive ``flock`` on ``path``, from Linux's ``/proc/locks`` (None elsewhere or unknown).
 
     A daemon that loses the start race names the winner from this: ``daemon.json`` is written only once the lock is
-    taken, so in between it still names the previous daemon, possibly long dead (issue 24, 5)."""
+    taken, so in between it still names the previous daemon, possibly long dead."""
     try:
         st = path.stat()
         table = Path("/proc/locks").read_text()

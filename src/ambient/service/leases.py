@@ -87,7 +87,7 @@ class Leases:
 
 
 class LeaseGuard:
-    """One attempt's agent, stopped when a lease of its scope is lost while it runs (issue 24, 2): the lease
+    """One attempt's agent, stopped when a lease of its scope is lost while it runs: the lease
     renewal's callback cancels the attempt's own task while (and only while) the agent runs; the runner kills the
     agent's process group on cancellation, and the attempt goes on to give a void result. No task of its own:
     a fan-out makes one of these per item."""

@@ -3,7 +3,7 @@
 
 Agents started past either limit fail with EMFILE or EAGAIN, blamed on nobody the person would look at; the daemon
 raises its descriptor limit at start (:func:`raise_descriptor_limit`) and says what is still short at start and at
-each reload (issue 25, 11).
+each reload.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def limits_short(concurrency: int) -> dict[str, int]:
 
 def raise_descriptor_limit(want: int = 1 << 16) -> int:
     """Raise the soft limit on open files towards the hard one (to ``want``): a fan-out holds a few descriptors
-    per agent, and 1024 (the usual soft default) ran out under load where the hard limit allowed far more
-    (issue 24, 4). Returns the soft limit in force; logs when it stays low."""
+    per agent, and 1024 (the usual soft default) ran out under load where the hard limit allowed far more.
+    Returns the soft limit in force; logs when it stays low."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = want if hard == resource.RLIM_INFINITY else min(want, hard)
     if soft != resource.RLIM_INFINITY and soft < target:

@@ -3,7 +3,7 @@
 The send socket learns its peer's pid from the kernel (``SO_PEERCRED``). A peer that descends from the daemon is
 one of its agents (the spawner, a subreaper, adopts what an agent orphans, so a ``setsid()`` or a double fork
 does not leave the lineage); the person's own shell never does. An agent that unsets its channel token is
-then not taken for the person (issue 25, 1).
+then not taken for the person.
 """
 
 from __future__ import annotations

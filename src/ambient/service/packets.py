@@ -159,7 +159,7 @@ class PacketDesk:
         """A packet ``ambient send`` handed over the send socket: routed as the command would route it itself.
 
         No token is the person, unless the peer is one of the daemon's agents (its descendant, see
-        :mod:`~.lineage`): an agent that unset its token is nobody the router vouches for (issue 25, 1)."""
+        :mod:`~.lineage`): an agent that unset its token is nobody the router vouches for."""
         registry = self.router.registry
         channel = registry.channel_for(token) if registry is not None else Channel.human()
         if not token and peer is not None and descends_from(peer, os.getpid()) is not False:

@@ -88,7 +88,7 @@ class Troubles:
     def held_up(self, exc: BaseException) -> bool:
         """Whether ``exc`` says the daemon ran out of something (a full disk, descriptors): then it is told once
         (log, status, doctor, a notification), the engine looks again shortly, and the caller leaves the work for
-        then instead of failing it (issue 24, 3)."""
+        then instead of failing it."""
         kind = resource_of(exc)
         if kind is None:
             return False

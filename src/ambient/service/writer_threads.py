@@ -5,8 +5,8 @@ work no agent waits for, but each of their syscalls hands the GIL to the event l
 busy (a fan-out of command agents: the loop, the spawner and the agents), the kernel ran those threads as readily
 as the loop, and the loop waited for the GIL at its own syscalls. With the writers ``BACKGROUND_NICE`` steps nicer
 than the daemon, the kernel prefers the loop when they compete: bench/fanout.py (b), 10 interleaved pairs on a quiet
-machine, 1.078 × the agents/s, the daemon's CPU per agent −6 % (bench/README item 49). On an idle core they run as
-before.
+machine, 1.078 × the agents/s, the daemon's CPU per agent −6 % (bench/README.md, finding 49). On an idle core
+they run as before.
 
 What it costs: under a CPU the daemon shares with busier processes, claim views and live turns lag further behind
 (the run journal stays the truth; a stop still waits for both). The fsync threads of the journals stay at the

@@ -163,7 +163,7 @@ class Journal:
         """Append ``data`` (whole lines) whole or not at all. When a write fails half-way (ENOSPC after a short
         write), what it wrote is cut off the file before anything else is appended, and all of ``data`` is raised
         back to the caller to be written again: a record glued onto a fragment would be lost with it, in the middle
-        of a journal where no start-up repair looks (issue 24, 3), and the records written together in one step of
+        of a journal where no start-up repair looks, and the records written together in one step of
         the engine (an attempt's ``finished`` and the ``retry`` that routes it) must not reach the file one without
         the other: a kill on a full disk then left a failed attempt whose retry was lost."""
         view = memoryview(data)

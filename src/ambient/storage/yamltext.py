@@ -4,7 +4,7 @@ Hostile-input safe (RELIABILITY S-03): pure-Python SafeLoader only (the C loader
 nesting), aliases refused (no alias bombs), duplicate keys refused (PyYAML silently keeps the last
 one), merge keys (``<<:``) included, nesting bounded, and every error carries file and line. Timestamps stay
 strings, so a claim rewritten by ambient keeps the user's ``opened_at: 2026-03-16T20:36`` text as it was.
-Explicit tags (issue 25): a value its tag cannot read (``!!int x``, ``!!bool maybe``), an integer past
+Explicit tags: a value its tag cannot read (``!!int x``, ``!!bool maybe``), an integer past
 Python's 4,300-digit limit, or a tag that makes something else than text, numbers, booleans, null, lists
 and mappings (``!!binary``, ``!!set``, ``!!omap``, ``!!pairs``) is a :class:`YamlError` at the node's line:
 every reader catches that one error, and nothing else escapes the loader.

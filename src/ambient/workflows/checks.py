@@ -112,7 +112,7 @@ def _for_each_issues(spec: ForEachWorkflow, rules: tuple[ZoneRule, ...]) -> list
     for i, item in enumerate(fe.items):
         if item in seen:
             out.append(
-                Issue(("for_each", "items", i), f"item {item!r} is listed twice (first as item {seen[item] + 1})")
+                Issue(("for_each", "items", i), f"item {item!r} is listed twice (first at position {seen[item] + 1})")
             )
         seen.setdefault(item, i)
         if item.strip(".") == "" and len(item) >= 3:

@@ -59,7 +59,7 @@ DEFAULT_MODE: Final[Mode] = "assisted"
 MAX_CONCURRENCY: Final = 256
 #: Items of one for_each (README, Workflows): one agent, one claim and one journal line each; a longer list is
 #: refused at file:line. 10,000 keeps a file's parse under ~0.5 s and ~20 MB (a 1 MiB list of 350k items took 8 s
-#: and 340 MB, issue 25, 10); split a longer list over several workflows.
+#: and 340 MB); split a longer list over several workflows.
 MAX_ITEMS: Final = 10_000
 #: Values (keys, items, scalars) one workflow file may hold: every item plus room for the rest. Counted from the YAML
 #: events before any node is built, so a file past it costs what reading this many values costs, no more.

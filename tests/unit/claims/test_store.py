@@ -235,7 +235,7 @@ class TestFencing:
     def test_a_blind_write_from_a_stale_copy_is_refused_once_a_newer_holder_fenced_the_claim(
         self, brain: BrainPaths
     ) -> None:
-        """Issue 24, 2: a claim written without a token from an old in-memory copy is made under the fence its
+        """A claim written without a token from an old in-memory copy is made under the fence its
         writer last wrote: it passed a file a newer token had fenced since (the daemon woken past its lease
         overwrote the result a newer holder had closed). Its own rewrites still keep the fence, never lower it."""
         store = ClaimStore(brain)

@@ -145,7 +145,7 @@ def test_loading_bytes_never_raises(raw: bytes) -> None:
 
 
 def test_a_reload_parses_only_the_files_that_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every change in workflows/ reloads the folder: unchanged bytes are not parsed again (bench/README item 32),
+    """Every change in workflows/ reloads the folder: unchanged bytes are not parsed again (bench/README, finding 32),
     a changed file is, and a file that is broken stays reported on every load, lines included."""
     from ambient.config import workflows as workflowload
 

@@ -701,7 +701,7 @@ class TestCli:
 
 def test_a_gate_less_scribes_zones_follow_its_declared_scope(tmp_path: Path) -> None:
     """ADR-026: scribe works in the zones "as declared by scope": its file's brain.scope, else project; a scribe
-    with scope: project is never SPAWNed on a personal path (issue 23.12)."""
+    with scope: project is never SPAWNed on a personal path."""
     (tmp_path / "agents").mkdir()
     (tmp_path / "agents" / "scribe.md").write_text("---\nname: scribe\nbrain: {scope: project}\n---\n")
     from ambient.kernel.routing_table import build_matrix

@@ -240,7 +240,7 @@ def test_a_workflow_replayed_over_its_own_records_meets_the_same_escalations(
     script: list[tuple[str, str | None, int | None]],
     picks: list[int],
 ) -> None:
-    """Issue 23.11: replaying an unchanged workflow over its own records reproduces them: the same escalations,
+    """Replaying an unchanged workflow over its own records reproduces them: the same escalations,
     no step routed differently (retries, gates, close tiers, questions and exit triggers included)."""
     root = tmp_path_factory.mktemp("brain")
     record = asyncio.run(_run(spec, root, ScriptedAgent(script), Person(picks)))

@@ -78,7 +78,7 @@ async def test_a_command_agents_token_file_is_gone_when_its_attempt_returns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The token is live for other processes while the agent runs, and its file is renamed aside by the time the
-    delegate returns (on the loop, no thread hop: bench/README item 31). A rename that fails leaves the token
+    delegate returns (on the loop, no thread hop: bench/README.md, finding 31). A rename that fails leaves the token
     void in the daemon all the same, and says so in the log."""
     from types import SimpleNamespace
 

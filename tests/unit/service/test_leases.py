@@ -11,7 +11,7 @@ from ambient.storage.paths import BrainPaths
 
 @pytest.mark.slow
 async def test_leases_keep_a_running_agents_locks(tmp_path: Path) -> None:
-    """Issue 23.15: a scope lock held for a running agent is renewed at a third of its TTL, so an agent that runs
+    """A scope lock held for a running agent is renewed at a third of its TTL, so an agent that runs
     longer than the TTL keeps its scope; once dropped, its lease ends as before."""
     import asyncio
     import time

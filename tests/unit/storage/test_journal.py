@@ -202,7 +202,7 @@ def _kill_appender(path: Path, pad: int, delay: float, *, split: bool = False) -
     finished by itself).
 
     Timed from its "ready" line, not from its start: on a loaded machine the interpreter's start-up alone took more
-    than 0.3 s once, and the kill landed before the file existed (a fresh clone's test run, session 12).
+    than 0.3 s once, and the kill landed before the file existed (a fresh clone's test run, 2026-12-01).
     """
     argv = [sys.executable, "-c", _CHILD, str(path), str(pad), "split" if split else "whole"]
     # Unbuffered: the ready line is read byte by byte, so communicate() below gets everything after it.
@@ -381,7 +381,7 @@ async def test_a_round_that_cannot_write_fails_its_committers_and_keeps_their_re
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A write error in the round's thread (disk full) fails the commit, but nothing is lost: the records stay
-    in memory, in order, and the next commit once space is back writes them all (issue 24, 3)."""
+    in memory, in order, and the next commit once space is back writes them all."""
     j = Journal(tmp_path / "j.jsonl")
     real_write = os.write
     failing = [OSError(errno.ENOSPC, "No space left on device")]

@@ -31,7 +31,7 @@ def test_chain_structure_checks() -> None:
     assert _issues(chain_doc(step_doc(1, on_done="trigger:3"), step_doc(2), step_doc(3))) == []
     # A partial result's default human gate continues to the next step: no loop, everything reachable.
     assert _issues(chain_doc(step_doc(1), step_doc(2, gate="human"))) == []
-    # notify: decides nothing: the chain goes on (as the executor does), so the next step is reached (issue 23.10).
+    # notify: decides nothing: the chain goes on (as the executor does), so the next step is reached.
     assert _issues(chain_doc(step_doc(1), step_doc(2, on_done='notify:"deployed"'), step_doc(3))) == []
     # A failed step the person skips goes on too; abort and gate: never end the chain.
     assert _issues(chain_doc(step_doc(1, on_done="abort", on_partial="abort", on_fail="abort"), step_doc(2))) == [

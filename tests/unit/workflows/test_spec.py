@@ -245,7 +245,7 @@ def test_items() -> None:
         with pytest.raises(WorkflowError, match="items"):
             parse_workflow(for_each_doc(for_each={**for_each_doc()["for_each"], "items": bad}))
     dup = parse_workflow(for_each_doc(for_each={**for_each_doc()["for_each"], "items": ["a", "a"]}))
-    assert [i.message for i in spec_issues(dup)] == ["item 'a' is listed twice (first as item 1)"]
+    assert [i.message for i in spec_issues(dup)] == ["item 'a' is listed twice (first at position 1)"]
 
 
 def test_step_ids() -> None:

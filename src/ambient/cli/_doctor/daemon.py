@@ -129,7 +129,7 @@ def _work_waiting(paths: BrainPaths) -> list[str]:
 
 def _still_to_send(paths: BrainPaths, entry: Path) -> bool:
     """An outbox entry the daemon will still send: a message about an escalation answered (or cancelled) since is
-    dropped unsent (issue 23, 7), so it waits on nobody."""
+    dropped unsent, so it waits on nobody."""
     if entry.name.startswith("."):
         return False
     name = entry.name.removesuffix(".json")

@@ -47,7 +47,7 @@ def check_escalations(paths: BrainPaths, settings: Settings, now: datetime) -> l
         if journal is None:
             hint = "fix or restore the file (ambient never rewrites it); `ambient escalations` lists the others"
             found.append(Finding("error", "escalations", p.message, hint, p.file, p.line))
-        else:  # a run waits on it: the daemon writes it again from the run's journal (issue 24, 5)
+        else:  # a run waits on it: the daemon writes it again from the run's journal
             message = f"{p.message}; its run waits on it: rebuilt from {journal} when the daemon starts or reloads"
             hint = "start the daemon (or `systemctl reload ambient`); a file not empty is kept as <id>.yml.unreadable"
             found.append(Finding("error", "escalations", message, hint, p.file, p.line))
