@@ -664,7 +664,8 @@ def test_raise_after_a_step_that_spent_sixty_budgets_lets_the_next_agent_start(
         wait(lambda: len(api.requests) >= 2, "the next agent of the run to start", timeout=AI_WAIT)
         [again] = brain.wait_escalation("the budget reached again", where=lambda e: e["id"] != esc["id"])
         assert len(api.requests) == 2
-        assert brain.decide(again["id"], "raise", "--note", "$1").rc == 0
+        raised = brain.decide(again["id"], "raise", "--note", "$1")
+        assert raised.rc == 0 and "the cap raised to $1.00 as your note says" in raised.out, raised
         [record] = brain.wait_finished("sum", timeout=AI_WAIT)
     assert record["outcome"] == "success", record
     assert len(api.requests) == 3

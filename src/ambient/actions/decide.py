@@ -16,6 +16,7 @@ import structlog
 
 from ambient.actions.people import os_user, short_duration
 from ambient.core.errors import InputError
+from ambient.engine.budget import amount_in
 from ambient.engine.journals import run_glance
 from ambient.engine.planner import names_run
 from ambient.human.escalation_store import EscalationStore
@@ -80,6 +81,9 @@ def decide(
         return DecideOutcome("failed", f"{esc_id}: the answer could not be written ({exc.strerror or exc}); try again")
     opt = esc.decided_option
     label = f" ({opt.label})" if opt is not None else ""
+    given = amount_in(esc.note) if opt is not None and opt.action == "raise" else None
+    if given is not None:  # the note's amount is the cap, not the option's own words (spent plus one budget)
+        label = f" (the cap raised to ${given:.2f} as your note says, if above what was spent)"
     message = (
         f"{esc.id}: {esc.decision}{label}, decided by {esc.by} via {channel} "
         f"after {short_duration(esc.latency_s or 0.0)}."

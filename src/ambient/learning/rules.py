@@ -438,10 +438,12 @@ def auto_decision_notice(rule: Rule, *, run_id: str, item: str | None = None) ->
 def shadow_hint(rule: Rule, policy: Policy) -> str:
     """One line for an escalation message: what the rule would choose and why it does not decide."""
     needed = agreements_needed(rule, policy.promote_after)
-    if rule.lost_standing:
-        why = f"it {rule.lost_standing}: back in shadow, {rule.agreements}/{needed} agreements"
+    if rule.situation.signal in NEVER_ALONE:
+        why = f"never alone: a {rule.situation.signal.lower()} question is always yours"
+    elif rule.lost_standing:
+        why = f"it {rule.lost_standing}: back in shadow, {min(rule.agreements, needed)}/{needed} agreements"
     elif not rule.situation.distinct and rule.situation.signal not in NEVER_ALONE:
-        why = f"never alone: no distinguishing words, {rule.agreements}/{needed} agreements"
+        why = f"never alone: no distinguishing words, {rule.agreements} agreements"
     elif rule.option in NEVER_ALONE_OPTIONS:
         why = "never alone: a command pattern is yours to accept"
     elif may_auto_decide(rule, policy):
@@ -500,6 +502,8 @@ def standing_note(rule: Rule) -> str | None:
     situation has no words of its own; None otherwise."""
     if rule.state == "forgotten":
         return None
+    if rule.situation.signal in NEVER_ALONE:
+        return f"{rule.id}: never decides alone: a {rule.situation.signal.lower()} question is always yours"
     if rule.lost_standing:
         return f"{rule.id}: it {rule.lost_standing}: back in shadow until you agree with it again"
     if not rule.situation.distinct and rule.situation.signal not in NEVER_ALONE:

@@ -445,7 +445,13 @@ class StatsBuilder:
                 raise TypeError("calls_by cost")
             calls_by.append(row)
         asked_raw = rec.get("asked")
-        asked = None if asked_raw is None else [a["agent"] for a in asked_raw if type(a.get("agent")) is str]
+        # What reached the person, per agent: an escalation a learned rule decided alone is counted beside, not here.
+        ruled = {d.get("escalation") for d in rec.get("decisions") or () if isinstance(d, Mapping) and d.get("auto")}
+        asked = (
+            None
+            if asked_raw is None
+            else [a["agent"] for a in asked_raw if type(a.get("agent")) is str and a.get("escalation") not in ruled]
+        )
         if not involved and asked is not None and only in asked:
             involved = True  # asked about before it ran (a gate): the escalation is still its
         if not involved and any(row["agent"] == only for row in calls_by):

@@ -458,3 +458,21 @@ def test_a_record_with_bad_call_figures_is_invalid_and_changes_nothing() -> None
     bad = run("r1") | {"calls_by": [_calls("writer", "m", 1, 0.1) | {"calls": "1"}]}
     stats = StatsBuilder().add_all([bad]).result()
     assert stats.invalid == 1 and stats.models == [] and stats.runs == 0
+
+
+def test_an_agents_escalations_are_what_reached_the_person_not_what_a_rule_decided() -> None:
+    """Two questions about db's items: a learned rule answered one alone; db's row counts the one that reached the
+    person, as its workflow's row does."""
+    asked = [
+        {"escalation": "esc-1", "item": "a", "kind": "fail", "agent": "db"},
+        {"escalation": "esc-2", "item": "b", "kind": "fail", "agent": "db"},
+    ]
+    decisions = [
+        {"escalation": "esc-1", "option": "skip", "action": "skip", "by": "rule:r-1", "auto": True},
+        {"escalation": "esc-2", "option": "skip", "action": "skip", "by": "human", "channel": "cli"},
+    ]
+    rec = run("r1", steps=[step("a", agent="db"), step("b", agent="db")], escalations=1, decisions=decisions)
+    stats = StatsBuilder().add_all([rec | {"asked": asked, "auto_decisions": 1}]).result()
+    [db] = [a for a in stats.agents if a.agent == "db"]
+    assert db.escalations == 1
+    assert sum(w.escalations for w in stats.workflows) == 1
