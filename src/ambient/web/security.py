@@ -106,6 +106,17 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(b"ambient console token\0" + token.encode()).hexdigest()
 
 
+def file_identity(path: Path | None) -> tuple[int, int, int] | None:
+    """A file's (inode, mtime, size): it changed when this changes; None when there is no file to read."""
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 @dataclass(frozen=True)
 class Key:
     """A token with what follows from it: the console's secret path and the digest its sign-ins carry."""
@@ -143,13 +154,7 @@ class TokenFile:
         return self._key
 
     def _stat(self) -> tuple[int, int, int] | None:
-        if self.path is None:
-            return None
-        try:
-            st = self.path.stat()
-        except OSError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
+        return file_identity(self.path)
 
 
 def signins_path(paths: BrainPaths) -> Path:
@@ -271,13 +276,7 @@ class SignIns:
         self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _stat(self) -> tuple[int, int, int] | None:
-        if self.path is None:
-            return None
-        try:
-            st = self.path.stat()
-        except OSError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
+        return file_identity(self.path)
 
     def _changed(self) -> bool:
         return self.path is not None and self._stat() != self._seen
