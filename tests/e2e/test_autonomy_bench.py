@@ -12,12 +12,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import autonomy  # noqa: E402
 
 
+# 17 runs of the real daemon, each answered through ``ambient`` commands: about a minute alone, over three at a load
+# average of 8 on two cores (the default timeout of 180 s cut it on its last run).
+@pytest.mark.timeout(600)
 def test_a_simulated_week_of_the_learning_loop_never_decides_wrongly_nor_a_novel_failure(tmp_path: Path) -> None:
     month = autonomy.run_month(tmp_path, 7, seed=7, say=lambda _: None)
 
