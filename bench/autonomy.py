@@ -8,17 +8,20 @@ daemon and every command run on a clock the bench moves from one simulated day t
 A scripted person answers every question that reaches them (a notification on a loopback webhook) with
 ``ambient decide``, as an oracle that knows the right answer to each: retry a transient failure, skip a known-flaky
 item, abort a conflicting migration, approve the release; a few situations are answered inconsistently (the person
-looks at something the agent did not say); novel failures appear mid-month. Once ``ambient rules`` lists an active
-rule that does not decide alone yet, the person accepts it (``ambient rules accept ID``), as a user who trusts
-what the loop proposed; reading the notice of an automatic decision they would not have taken, they forget its
-rule (``ambient rules forget ID``). ``--claude`` adds a Claude agent (the real Claude Code CLI against
-ambient.testing.fakeapi) whose Bash calls ask permission, one the same every day, one with the day's arguments.
+looks at something the agent did not say); novel failures appear mid-month (weeks 2 and 3) and recur. Once
+``ambient rules`` lists an active rule that does not decide alone yet, the person reads it (its situation and
+option) and accepts it (``ambient rules accept ID``) only if that option is what they answer every time the
+situation happens; a rule for a situation they answer by judgement they decline (``ambient rules forget ID``).
+Reading the notice of an automatic decision they would not have taken, they forget its rule too. ``--claude`` adds
+a Claude agent (the real Claude Code CLI against ambient.testing.fakeapi) whose Bash calls ask permission, one the
+same every day, one with the day's arguments.
 
 Printed per ISO week: questions that reached the person, automatic decisions, WRONG automatic decisions (against the
-oracle), tool permissions asked (apart), the most automatic decisions a rule took on one item of one run; then the
-reduction week 1 → week 4 (docs/learning-loop.md, "Measuring the loop", says how to read them). Targets: week 4
-asks ≤ 10 % of week 1, 0 wrong automatic decisions, every novel failure reaches the person the first time, no item
-decided alone more than ``learning.auto_repeats`` times. Exit 1 when a target is missed.
+oracle, per occurrence), tool permissions asked (apart), the most automatic decisions a rule took on one item of
+one run, the proposed rules the person declined; then the reduction week 1 → week 4 (docs/learning-loop.md,
+"Measuring the loop", says how to read them). Targets: week 4 asks ≤ 10 % of week 1, 0 wrong automatic decisions,
+every novel failure reaches the person the first time, no item decided alone more than ``learning.auto_repeats``
+times. Exit 1 when a target is missed.
 
     python bench/autonomy.py [--days 30] [--seed 7] [--claude] [--stats] [--json out.json] [--keep --dir DIR]
 """
@@ -59,18 +62,31 @@ BACKOFF_S = 0.2  # learning.backoff_s: short, so that a bounded rule's three tri
 @dataclass(frozen=True)
 class Calendar:
     """The days (0-based) of the month's events: the night the upstream is down (a learned retry keeps failing:
-    the bound), and the first day of each novel failure (the certificate and out-of-memory ones then recur)."""
+    the bound), and the first day of each novel failure. Novel failures appear mid-month (days 9 to 14, in weeks 2
+    and 3), none first in week 4, and each then recurs: the certificate every night, out of memory and the write
+    denied every other night, the image tag every Monday and Friday deploy (:func:`recurs`)."""
 
     outage: int = 12
-    certificate: int = 9
-    oom: int = 16
-    image_tag: int = 23  # a Wednesday: the deploy reaches the web item (a Tuesday's migration aborts it first)
-    write_denied: int = 26
+    certificate: int = 8  # a Tuesday
+    image_tag: int = 9  # a Wednesday: the deploy reaches the web item (a Tuesday's migration aborts it first)
+    oom: int = 10
+    write_denied: int = 13  # a Sunday (not the outage night: the backup item fails one way a night)
 
     @classmethod
     def of(cls, days: int) -> Calendar:
         """The month's calendar; a week's for a run of fewer than 30 days (the reduced bench of the tests)."""
         return cls() if days >= 30 else cls(outage=4, certificate=2, oom=3, image_tag=4, write_denied=6)
+
+    def recurs(self, name: str, day: int) -> bool:
+        """Whether novel failure ``name`` happens on ``day``: from its first day on, as often as its kind recurs."""
+        first = self.novel_day(name)
+        if first is None or day < first:
+            return False
+        if name == "certificate":
+            return True
+        if name == "image-tag":
+            return day == first or day % 7 in (0, 4)
+        return (day - first) % 2 == 0
 
     def novel_day(self, name: str) -> int | None:
         days = {"certificate": self.certificate, "oom": self.oom, "image-tag": self.image_tag}
@@ -133,7 +149,7 @@ def nightly_plan(day: int, cal: Calendar) -> dict[str, list[str]]:
     wd = day % 7
     plan: dict[str, list[str]] = {}
     plan["backup"] = ["timeout"] * (6 if day == cal.outage else 1)
-    if day == cal.write_denied:
+    if cal.recurs("write-denied", day):
         plan["backup"] = ["write-denied"]
     if wd in (0, 2, 4, 5):
         plan["assets"] = ["timeout"]
@@ -144,9 +160,9 @@ def nightly_plan(day: int, cal: Calendar) -> dict[str, list[str]]:
         plan["report"] = ["snapshot"]
     if day % 3 == 1:
         plan["docs"] = ["disk"]
-    if day >= cal.oom and (day - cal.oom) % 2 == 0:
+    if cal.recurs("oom", day):
         plan["index"] = ["oom"]
-    if day >= cal.certificate:
+    if cal.recurs("certificate", day):
         plan["search"] = ["certificate"]
     return plan
 
@@ -159,7 +175,7 @@ def deploy_plan(day: int, cal: Calendar) -> dict[str, list[str]]:
         plan["api"] = ["migration"]
     if wd in (0, 2, 4):
         plan["web"] = ["healthcheck"]
-    if day == cal.image_tag:
+    if wd in (0, 2, 4) and cal.recurs("image-tag", day):
         plan["web"] = ["image-tag"]
     return plan
 
@@ -182,11 +198,33 @@ def triage_commands(day: int) -> list[str]:
 
 
 def failure_of(detail: str) -> Failure | None:
-    """The failure an escalation's words state, as the oracle recognises it."""
+    """The failure an escalation's words state, as the oracle recognises it; ``detail`` may be a rule's normalised
+    situation (``HTTP <n>``), as ``ambient rules`` shows it."""
     for f in FAILURES:
-        if f.marker in detail:
+        if f.marker in detail or re.sub(r"\d+", "<n>", f.marker) in detail:
             return f
     return None
+
+
+def review(rule: Mapping[str, Any]) -> str | None:
+    """The person's review of a rule ``ambient rules`` proposes (its situation and option): None to accept it, else
+    why they decline it. They accept only a rule whose option is the answer they give every time that situation
+    happens; a situation they answer by judgement (retry or skip after looking at something the agent did not say)
+    stays theirs, however consistent its first answers looked."""
+    situation, option = rule.get("situation") or {}, rule.get("option")
+    signal = str(situation.get("signal") or "")
+    if signal == "GATE":
+        right: str | None = "approve"
+    elif signal == "PERMISSION":
+        right = "allow"
+    else:
+        failure = failure_of(str(situation.get("signature") or ""))
+        if failure is None:
+            return f"a situation the person does not recognise: {situation.get('signature')!r}"
+        if failure.answer is None:
+            return f"{failure.name}: answered by judgement, never the same way every time"
+        right = failure.answer
+    return None if option == right else f"it would choose {option!r}, the person's answer is {right!r}"
 
 
 def oracle(esc: Mapping[str, Any], day: int, before: int, seed: int, cal: Calendar) -> str:
@@ -375,6 +413,7 @@ class Month:
     rules: list[dict[str, Any]]
     inconsistent_auto: int  # automatic decisions on a situation the person answers inconsistently
     forgotten: list[str]  # rules the person stopped after reading a wrong automatic decision
+    declined: list[str]  # proposed rules the person read and declined (``ambient rules forget``), said
     seconds: float
     calendar: Calendar
     cpu: float = 0.0
@@ -416,6 +455,7 @@ class Bench:
         self.proc: subprocess.Popen[bytes] | None = None
         self.answered: set[str] = set()  # escalations the person answered
         self.forgotten: list[str] = []  # rules the person stopped after a wrong automatic decision, said
+        self.declined: list[str] = []  # proposed rules the person read and declined, said
         self.reviewed: set[str] = set()  # automatic decisions the person has read
         self._runs: list[dict[str, Any]] = []
         self._runs_size = -1
@@ -615,15 +655,21 @@ class Bench:
             and str(e.get("created_at")) < str(esc.get("created_at"))
         )
 
-    def opt_in_proposed(self) -> list[str]:
-        """Accept every active rule that does not decide alone yet (``ambient rules`` proposes it)."""
+    def review_proposed(self, day: int) -> list[str]:
+        """Read each rule ``ambient rules`` proposes (active, not deciding alone yet): accept it
+        (``ambient rules accept ID``) when its option is the person's answer to every occurrence of its situation,
+        else decline it (``ambient rules forget ID``: it no longer predicts nor decides). Returns those accepted."""
         book = json.loads(self.cli("rules", "--json").stdout)
         accepted = []
         for rule in book["rules"]:
             if rule["state"] == "active" and not rule["decides_alone"] and not rule.get("lost_standing"):
-                res = self.cli("rules", "accept", rule["id"], check=False)
-                if res.returncode == 0:
-                    accepted.append(rule["id"])
+                why = review(rule)
+                if why is None:
+                    if self.cli("rules", "accept", rule["id"], check=False).returncode == 0:
+                        accepted.append(rule["id"])
+                elif self.cli("rules", "forget", rule["id"], check=False).returncode == 0:
+                    self.declined.append(f"day {day + 1}: {rule['id']} ({why})")
+                    self.say(f"  day {day + 1:2d}: the person declines {rule['id']}: {why}")
         return accepted
 
     def month(self, days: int) -> Month:
@@ -638,7 +684,7 @@ class Bench:
                     set_clock(self.clock, START + timedelta(days=day, hours=hour))
                     self.one_run(day, workflow, plan)
                 set_clock(self.clock, START + timedelta(days=day, hours=18))
-                accepted = self.opt_in_proposed()
+                accepted = self.review_proposed(day)
                 if accepted:
                     self.say(f"  day {day + 1:2d}: the person accepts {', '.join(accepted)}")
             stats = self.cli("stats", "--weeks", "6", check=False).stdout
@@ -719,6 +765,7 @@ class Bench:
             rules=rules,
             inconsistent_auto=inconsistent_auto,
             forgotten=self.forgotten,
+            declined=self.declined,
             seconds=seconds,
             calendar=self.cal,
         )
@@ -770,6 +817,8 @@ def report(m: Month) -> list[str]:
         f"most automatic decisions on one item of one run: {m.max_auto_per_item} (bound {AUTO_REPEATS}); "
         f"automatic decisions on the inconsistently answered situation: {m.inconsistent_auto}"
     )
+    lines.append(f"proposed rules the person read and declined: {len(m.declined)}")
+    lines.extend(f"  {d}" for d in m.declined)
     lines.extend(f"the person read a wrong automatic decision and forgot its rule: {f}" for f in m.forgotten)
     deciding = [r for r in m.rules if r.get("decides_alone")]
     lines.append(
@@ -801,7 +850,8 @@ def main() -> int:
     if args.stats:
         print(m.stats_headline)
     if args.json:
-        Path(args.json).write_text(json.dumps({"weeks": [w.__dict__ for w in m.weeks], "wrong": m.wrong}, indent=1))
+        data = {"weeks": [w.__dict__ for w in m.weeks], "wrong": m.wrong, "declined": m.declined}
+        Path(args.json).write_text(json.dumps(data, indent=1))
     misses = m.misses()
     print("targets: " + ("all met" if not misses else "MISSED: " + "; ".join(misses)))
     return 0 if not misses else 1
