@@ -243,3 +243,55 @@ async def test_model_calls_past_the_limit_wait_their_turn(gateway: ModelGateway)
     assert upstream.most == 1 and len(_hooks(gateway).calls) == 3
     assert upstream.server is not None
     upstream.server.close()
+
+
+@pytest.mark.parametrize("status", [429, 500, 529])
+async def test_an_api_error_reaches_the_agent_as_it_is_and_nothing_unbilled_is_recorded(
+    gateway: ModelGateway, anthropic_api: FakeAnthropic, status: int
+) -> None:
+    """The API refuses a call (rate limit, server error, overloaded): the agent's SDK gets that status as the API sent
+    it, the ledger bills nothing for it and the gateway records nothing; the next call, answered, is recorded as
+    billed. Recorded = billed, call by call."""
+    anthropic = pytest.importorskip("anthropic")
+    grant = _grant(gateway, "anthropic", anthropic_api.url)
+    anthropic_api.fail(status, times=1)
+    async with anthropic.AsyncAnthropic(api_key=grant.token, base_url=gateway.url, max_retries=0) as client:
+        ask = {
+            "model": "claude-haiku-4-5",
+            "max_tokens": 50,
+            "system": PROMPT,
+            "messages": [{"role": "user", "content": "Item: a"}],
+        }
+        with pytest.raises(anthropic.APIStatusError) as refused:
+            await client.messages.create(**ask)
+        assert refused.value.status_code == status
+        assert anthropic_api.billed == [] and _hooks(gateway).calls == []
+        await client.messages.create(**ask)
+    [billed] = anthropic_api.billed
+    [(_, call)] = _hooks(gateway).calls
+    assert _tokens(billed.usage)[:2] == (call.usage.input_tokens, call.usage.output_tokens)
+
+
+async def test_a_client_that_hangs_up_mid_stream_is_still_charged_what_was_billed(
+    gateway: ModelGateway, anthropic_api: FakeAnthropic
+) -> None:
+    """An agent that drops its connection after the first event of a streamed answer (killed, timed out): the
+    provider billed the answer, so the gateway, reading the stream to its end, records it all the same."""
+    grant = _grant(gateway, "anthropic", anthropic_api.url)
+    body = {
+        "model": "claude-haiku-4-5",
+        "max_tokens": 50,
+        "stream": True,
+        "system": PROMPT,
+        "messages": [{"role": "user", "content": "Item: a"}],
+    }
+    headers = {"x-api-key": grant.token, "anthropic-version": "2023-06-01"}
+    async with httpx.AsyncClient() as client:
+        async with client.stream("POST", f"{gateway.url}/v1/messages", json=body, headers=headers) as resp:
+            assert resp.status_code == 200
+            async for _ in resp.aiter_bytes():
+                break  # the first bytes, then the agent is gone
+    [billed] = anthropic_api.wait_billed(1)
+    await async_wait_until(lambda: len(_hooks(gateway).calls) == 1, timeout=30)
+    [(_, call)] = _hooks(gateway).calls
+    assert _tokens(billed.usage)[:2] == (call.usage.input_tokens, call.usage.output_tokens)
