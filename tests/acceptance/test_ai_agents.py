@@ -801,6 +801,15 @@ def test_a_resumed_session_is_charged_only_its_own_calls(ai_brain: Brain, api: F
     steps = record["steps"]
     assert len(steps) == 2 and all(s["usage"]["cost_usd"] > 0 for s in steps), steps
     assert sum(s["usage"]["cost_usd"] for s in steps) == pytest.approx(record["cost_usd"], abs=1e-6)
+    # `ambient stats --calls`: every call, one line each with its cost, as billed
+    listed = brain.ok("stats", "--calls", "50", "--json").json()["calls"]
+    assert len(listed) == len(api.billed) == len(calls), (listed, api.billed)
+    assert sorted((c["input_tokens"], c["output_tokens"]) for c in listed) == sorted(
+        (b.usage["input_tokens"], b.usage["output_tokens"]) for b in api.billed
+    )
+    assert sum(c["cost_usd"] for c in listed) == pytest.approx(record["cost_usd"], abs=1e-6)
+    table = brain.ok("stats", "--calls").out
+    assert "COST" in table and f"{len(listed)} call(s)" in table, table
 
 
 def _busy_agent(brain: Brain, name: str, turns: int) -> None:

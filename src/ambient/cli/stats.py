@@ -36,6 +36,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--weeks", metavar="N", type=int, default=8, help="weeks shown in the escalation-rate table (8)")
     p.add_argument("--errors", metavar="N", type=int, default=10, help="recurring error signatures shown (10)")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    p.add_argument(
+        "--calls",
+        metavar="N",
+        type=int,
+        nargs="?",
+        const=20,
+        help="the newest N model calls (20), one line each with its cost, from the run journals",
+    )
 
 
 PARALLEL_MIN_BYTES = 8 * 1024 * 1024  # below this, one process is faster than forking workers
@@ -235,6 +243,8 @@ def _stats(args: argparse.Namespace) -> int:
     from ambient.storage.paths import BrainPaths
 
     paths = BrainPaths(brain_dir(args))
+    if args.calls is not None:
+        return _calls(paths, args)
     since = parse_since(args.since, utcnow()) if args.since else None
     stats, res = summarise_store(
         paths, workflow=args.workflow, agent=args.agent, since=since, top_errors=max(0, args.errors)
@@ -248,6 +258,42 @@ def _stats(args: argparse.Namespace) -> int:
     out(render(stats, weeks=max(1, args.weeks), errors=max(0, args.errors), source=paths.rel(paths.runs_log)))
     if note:
         out(f"\nnote: {note}")
+    return EXIT_OK
+
+
+def _calls(paths: Any, args: argparse.Namespace) -> int:
+    """``--calls N``: each model call with what it cost, as its run's journal recorded it."""
+    from dataclasses import asdict
+
+    from ambient.engine.journals import model_calls
+
+    calls = model_calls(paths, last=max(0, args.calls), workflow=args.workflow, agent=args.agent)
+    if args.json:
+        out_json({"calls": [asdict(c) for c in calls]})
+        return EXIT_OK
+    if not calls:
+        out("No model calls recorded.")
+        return EXIT_OK
+    rows = [
+        [
+            c.at[:19].replace("T", " "),
+            c.run_id,
+            c.item,
+            c.agent,
+            c.model,
+            str(c.input_tokens),
+            str(c.output_tokens),
+            str(c.cache_read_tokens),
+            "-" if c.cost_usd is None else f"${c.cost_usd:.4f}",
+            "cut short" if c.partial else "",
+        ]
+        for c in calls
+    ]
+    header = ["AT (UTC)", "RUN", "ITEM", "AGENT", "MODEL", "IN", "OUT", "CACHE READ", "COST", ""]
+    for line in _table(header, rows, right={5, 6, 7, 8}):
+        out(line.rstrip())
+    total = sum(c.cost_usd or 0.0 for c in calls)
+    out(f"\n{len(calls)} call(s), ${total:.4f} in all")
     return EXIT_OK
 
 

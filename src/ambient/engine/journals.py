@@ -141,3 +141,59 @@ def run_glance(paths: BrainPaths, run_id: str) -> RunGlance | None:
         return None
     decided = frozenset(str(d.get("escalation")) for d in state.decisions if d.get("escalation"))
     return RunGlance(state.finished, ended_because(state) if state.finished else "", decided)
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One model call as its run journal recorded it (a ``call`` event): what the provider billed for it."""
+
+    at: str
+    run_id: str
+    workflow: str
+    item: str
+    agent: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cost_usd: float | None
+    partial: bool
+
+
+def model_calls(
+    paths: BrainPaths, *, last: int, workflow: str | None = None, agent: str | None = None
+) -> list[ModelCall]:
+    """The newest ``last`` model calls of the run journals (newest journals first, then by time), as recorded: the
+    cost of every call, where ``ambient stats`` adds them up per agent and model."""
+    journals = sorted(paths.run_journals.glob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)
+    found: list[ModelCall] = []
+    for path in journals:
+        if len(found) >= last:
+            break
+        name = ""
+        for ev in read_jsonl(path).records:
+            if ev.get("ev") == "started":
+                name = str(ev.get("workflow", ""))
+            if ev.get("ev") != "call" or (workflow is not None and name != workflow):
+                continue
+            if agent is not None and ev.get("agent") != agent:
+                continue
+            raw = ev.get("usage")
+            usage: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            cost = usage.get("cost_usd")
+            found.append(
+                ModelCall(
+                    at=str(ev.get("at", "")),
+                    run_id=path.stem,
+                    workflow=name,
+                    item=str(ev.get("item", "")),
+                    agent=str(ev.get("agent", "")),
+                    model=str(usage.get("model") or "?"),
+                    input_tokens=int(usage.get("input_tokens") or 0),
+                    output_tokens=int(usage.get("output_tokens") or 0),
+                    cache_read_tokens=int(usage.get("cache_read_tokens") or 0),
+                    cost_usd=float(cost) if isinstance(cost, int | float) else None,
+                    partial=bool(ev.get("partial")),
+                )
+            )
+    return sorted(found, key=lambda c: c.at)[-last:] if last > 0 else []
