@@ -150,7 +150,7 @@ def test_the_run_page_shows_the_grid_the_timeline_and_the_errors(hostile_console
     [
         (f"/runs/{RUN_ID}", ("progress", "questions", "timeline", "details", "record")),
         ("/claims", ("summary", "waiting", "stale", "locks", "open")),
-        ("/learning", ("charts", "errors")),
+        ("/learning", ("charts", "errors", "models")),
     ],
 )
 def test_each_live_part_renders_alone(hostile_console: Console, path: str, fragments: tuple[str, ...]) -> None:
@@ -365,3 +365,33 @@ def test_a_pattern_grant_is_listed_and_forgotten_on_the_matrix_page(hostile: Bra
         )
         assert _notice(res) == ("forgot 1 grant(s) of coder: asked again from the next call", "ok")
     assert hostile.ok("grants").out.strip() == "coder  Bash: make"
+
+
+def test_the_learning_page_shows_the_model_calls_per_agent_and_model(brain: Brain) -> None:
+    """The model gateway's view in the console: each agent's calls on each model, their tokens, cost and the calls
+    refused for a budget, as `ambient stats` counts them."""
+    record = {
+        "run_id": "sess-ai",
+        "workflow": "review",
+        "outcome": "success",
+        "started_at": "2026-03-16T20:00:00+00:00",
+        "completed_at": "2026-03-16T20:01:00+00:00",
+        "steps": [{"item": "a", "agent": "writer", "result": "success", "duration_ms": 900}],
+        "escalations": 0,
+        "errors": 0,
+        "calls_by": [
+            {"agent": "writer", "model": "claude-haiku-4-5", "calls": 3, "input_tokens": 1200, "output_tokens": 90,
+             "cost_usd": 0.0123, "refused": 2},
+        ],
+    }  # fmt: skip
+    brain.write(".ambient/runs.jsonl", json.dumps(record) + "\n")
+    console = start_console(brain)
+    try:
+        with _client(console) as http:
+            page = http.get("/learning").text
+            part = http.get("/learning", params={"fragment": "models"}).text
+    finally:
+        console.stop()
+    for text in ("Model calls", "writer", "claude-haiku-4-5", "$0.0123", ">1200<", ">2<"):
+        assert text in page, text
+    assert "claude-haiku-4-5" in part and "<html" not in part
