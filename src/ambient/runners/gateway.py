@@ -418,20 +418,33 @@ class ModelGateway:
                     await self._record(grant, meter, sent, path, stream=False)
                 await self._reply(conn, writer, resp.status_code, None, back, raw=data)
                 return
-            await self._send(conn, writer, h11.Response(status_code=resp.status_code, headers=back))
+            # An agent that goes away mid-answer (killed, timed out) stops getting bytes, but the answer is read to
+            # its end: the provider bills it whole, and its last event carries the usage that says how much.
+            gone = False
+
+            async def hand_on(event: Any) -> None:
+                nonlocal gone
+                if gone:
+                    return
+                try:
+                    await self._send(conn, writer, event)
+                except (OSError, h11.LocalProtocolError):
+                    gone = True
+
+            await hand_on(h11.Response(status_code=resp.status_code, headers=back))
             async for chunk in resp.aiter_bytes():
                 for raw, last in meter.feed_stream(chunk):
                     if last and meter.billed and not recorded:
                         recorded = True
                         await self._record(grant, meter, sent, path, stream=True)
-                    await self._send(conn, writer, h11.Data(data=raw))
+                    await hand_on(h11.Data(data=raw))
             rest = meter.rest()
             if rest:
-                await self._send(conn, writer, h11.Data(data=rest))
+                await hand_on(h11.Data(data=rest))
             if meter.billed and not recorded:
                 recorded = True
                 await self._record(grant, meter, sent, path, stream=True, partial=not meter.ended)
-            await self._send(conn, writer, h11.EndOfMessage())
+            await hand_on(h11.EndOfMessage())
         finally:
             if meter.billed and not recorded:  # the agent went away mid-answer, or the provider cut it: billed
                 with contextlib.suppress(Exception):

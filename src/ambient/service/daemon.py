@@ -272,6 +272,12 @@ class Daemon:
             clock=self.clock,
         )
 
+    async def _gateway_if_needed(self) -> None:
+        """The model gateway, started once the brain has an AI agent (``kind: claude`` or ``llm``): a brain of
+        command agents keeps the socket and the HTTP client (descriptors a tight ``ulimit -n`` counts)."""
+        if any(getattr(cfg, "kind", None) in ("claude", "llm") for cfg in self.ref.brain.runners.values()):
+            await self.gateway.start()
+
     def _agent_user(self) -> None:
         """The user a root daemon runs its agents as, made if missing (said in the log either way)."""
         problem = ensure_agent_user()
@@ -402,6 +408,8 @@ class Daemon:
         self.router.update(new.matrix.matrix, new.matrix.zone_rules)
         changed = settings_changes(old, new.settings)
         changed += await self._apply_settings(new.settings)  # the secrets whose content changed, by name
+        if self.started:
+            await self._gateway_if_needed()  # an AI agent added: its calls need the gateway before it runs
         if sighup:  # READY=1 before the log line: whoever waits for "reloaded" finds systemd told already
             systemd.ready(self._status_line())
         # Every reload is logged (not only SIGHUP's), so a reload storm from rapid saves is visible.
@@ -537,7 +545,7 @@ class Daemon:
         )
         self._trap.install()
         resumed = await self._resume()
-        await self.gateway.start()  # after the spend is read back from the journals, before any agent starts
+        await self._gateway_if_needed()  # after the spend is read back from the journals, before any agent starts
         self.query.start()
         frozen = freeze_startup_heap()
         await self._start_tasks()
