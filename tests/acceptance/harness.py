@@ -131,6 +131,19 @@ def clean_env(extra: Mapping[str, str] | None = None, *, agents: bool = True) ->
 AGENT_ENV = {"AMBIENT_AGENT_USER": "root"} if os.geteuid() == 0 else {}
 
 
+def json_log(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a log file, a line each (other lines, and a missing file, give nothing)."""
+    if not path.exists():
+        return []
+    out: list[dict[str, Any]] = []
+    for line in path.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
+
+
 @dataclass
 class Result:
     """What a command printed and how it exited."""
@@ -469,15 +482,7 @@ class Daemon:
 
     def records(self) -> list[dict[str, Any]]:
         """The daemon's JSON log lines so far (what journalctl would show)."""
-        out: list[dict[str, Any]] = []
-        if not self.log_path.exists():
-            return out
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                rec = json.loads(line)
-                if isinstance(rec, dict):
-                    out.append(rec)
-        return out
+        return json_log(self.log_path)
 
     def logged(self, event: str, **match: Any) -> list[dict[str, Any]]:
         return [r for r in self.records() if r.get("event") == event and all(r.get(k) == v for k, v in match.items())]
@@ -774,13 +779,7 @@ class Worker:
             )
 
     def records(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                rec = json.loads(line)
-                if isinstance(rec, dict):
-                    out.append(rec)
-        return out
+        return json_log(self.log_path)
 
     def logged(self, event: str, **match: Any) -> list[dict[str, Any]]:
         return [r for r in self.records() if r.get("event") == event and all(r.get(k) == v for k, v in match.items())]
