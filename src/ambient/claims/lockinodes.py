@@ -28,17 +28,21 @@ from ambient.storage.fsutil import TMP_MARK, fsync_dir, tmp_name, writer_mark
 # and re-created 69 % of its lock inodes (releases come in bursts): each a close that frees an inode and a create.
 # At 64, a fan-out of 256 did the same at each burst, and on ext4 without a journal every inode freed makes the
 # next creates slower for a minute (the allocator skips recently deleted inodes, one by one): 14 % of the event
-# loop's samples sat in that create (py-spy, bench/fanout.py (a)). Now up to 512, or a quarter of the soft
-# descriptor limit (256 under the usual 1,024): each held lock pins a descriptor too, and agents need pipes.
+# loop's samples sat in that create (py-spy, bench/fanout.py (a)). Now up to 512, or a quarter of what the soft
+# descriptor limit leaves over the daemon's own (240 under the usual 1,024): each held lock pins a descriptor too,
+# and agents need pipes. Under ``ulimit -n 32`` the daemon's own files, sockets and loop use about 24: 8 spares
+# held for ever took the rest, and nothing (a journal, an escalation) could be opened again.
 _SPARES_MAX: Final = 512
+_DAEMON_OWN_FDS: Final = 64
 
 
 def spares_max() -> int:
-    """How many spare inodes a manager keeps: :data:`_SPARES_MAX`, or a quarter of the descriptor limit."""
+    """How many spare inodes a manager keeps: :data:`_SPARES_MAX`, or a quarter of what the descriptor limit leaves
+    over the daemon's own (none at all under a very low limit)."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return _SPARES_MAX
-    return max(4, min(_SPARES_MAX, soft // 4))
+    return max(0, min(_SPARES_MAX, (soft - _DAEMON_OWN_FDS) // 4))
 
 
 @dataclass
@@ -160,6 +164,16 @@ class LockInodes:
         old = self._pinned.pop(name, None)
         if old is not None:
             self._recycle(old.inode)
+
+    def shed_spares(self) -> int:
+        """Close the spare inodes' descriptors (a descriptor shortage: the pool is a speed-up, the journal and the
+        person's questions are not). Returns how many went; the pool fills again as locks are released."""
+        self._own()
+        shed = len(self._spares)
+        for ino in self._spares:
+            self._discard(ino)
+        self._spares = []
+        return shed
 
     def close(self) -> None:
         """Close every pinned and spare inode's descriptor (the spares' private names go too)."""

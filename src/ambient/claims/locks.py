@@ -396,6 +396,17 @@ class LockManager:
         """Delete temp and set-aside files left in ``locks/`` by dead processes (only those)."""
         return sweep_stale_tmp(self.dir)
 
+    def shed(self) -> int:
+        """Give back the descriptors of the spare inode pool (see :meth:`LockInodes.shed_spares`) if the guard is
+        free now; 0 when it is not (the next shortage sheds). Safe from the event loop: it never waits."""
+        gfd = self._guard.try_enter()
+        if gfd is None:
+            return 0
+        try:
+            return self._inodes.shed_spares()
+        finally:
+            self._guard.__exit__()
+
     def close(self) -> None:
         """Close the pinned locks' descriptors; locks stay held on disk until released or expired.
 

@@ -366,6 +366,13 @@ class Daemon:
             except Exception as exc:  # noqa: BLE001 - best effort: the log line and status carry the same words
                 log.warning("daemon_trouble_not_notified", error=str(exc))
 
+    def _short(self, kind: str) -> None:
+        """A shortage seen: descriptors held only to be quick (the lock manager's spare inodes) are given back."""
+        if kind == "descriptors":
+            shed = self.locks.shed()
+            if shed:
+                log.info("descriptors_given_back", spare_lock_inodes=shed)
+
     def _recovered(self, kind: str) -> None:
         """A shortage is over: what it kept from disk (views, not history) is written now."""
         self._instance.write_if_unwritten()
@@ -538,6 +545,7 @@ class Daemon:
         self._build()
         self._forget_secrets(self.ref.brain)
         self.troubles.on_recovered = self._recovered
+        self.troubles.on_short = self._short
         self.troubles.start()
         stop, hup = self._on_stop_signal, self._on_hup
         self._trap = SignalTrap(

@@ -57,6 +57,7 @@ class Troubles:
         self.health = Health()
         self._written_at = 0.0
         self.on_recovered: Callable[[str], None] | None = None  # e.g. rewrite what a full disk kept unwritten
+        self.on_short: Callable[[str], None] | None = None  # e.g. give back descriptors a cache holds
 
     def start(self) -> None:
         """A new daemon starts healthy: the last one's troubles are not ours."""
@@ -65,6 +66,8 @@ class Troubles:
     def trouble(self, kind: str, message: str) -> None:
         if kind not in _RESOURCES:
             return
+        if self.on_short is not None:
+            self.on_short(kind)
         self.health, new = noted(self.health, cast(Resource, kind), message, self.clock.now())
         if new:
             log.error("daemon_trouble", kind=kind, message=message)

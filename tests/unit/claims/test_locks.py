@@ -412,14 +412,36 @@ class TestBasics:
         assert [c for c in calls if "locks.guard" not in c] == []
 
     def test_the_spare_pool_follows_the_descriptor_limit(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Each spare holds a descriptor: a quarter of the soft limit at most, 512 at most, 4 at least."""
+        """Each spare holds a descriptor: a quarter of what the soft limit leaves over the daemon's own (64), 512 at
+        most, none under a very low limit (8 spares under ``ulimit -n 32`` left no descriptor for a journal)."""
         import resource
 
         from ambient.claims.lockinodes import spares_max
 
-        for soft, expected in ((1024, 256), (65536, 512), (8, 4), (resource.RLIM_INFINITY, 512)):
+        for soft, expected in ((1024, 240), (65536, 512), (96, 8), (32, 0), (resource.RLIM_INFINITY, 512)):
             monkeypatch.setattr(resource, "getrlimit", lambda _which, s=soft: (s, resource.RLIM_INFINITY))
             assert spares_max() == expected
+
+    def test_a_shortage_gives_the_spares_descriptors_back(self, manager: Callable[..., LockManager]) -> None:
+        """``shed`` closes the pool's descriptors and removes their private names; locks held stay held, and the
+        next grants work (creating inodes again)."""
+        m = manager()
+        held = m.acquire("kept.md", "sess-k")
+        grants = [m.acquire(f"s/{k}.md", f"sess-{k}") for k in range(6)]
+        for g in grants:
+            m.release_grant(g)
+
+        def spare_names() -> list[str]:
+            return [p.name for p in m.dir.iterdir() if p.name.startswith(".spare")]
+
+        assert len(spare_names()) == 7  # six in the pool, one behind the held lock
+        assert m.shed() == 6
+        assert len(spare_names()) == 1
+        assert m.check("kept.md").info.holder == "sess-k"  # type: ignore[union-attr]
+        again = m.acquire("s/0.md", "sess-again")
+        assert m.check("s/0.md").info.holder == "sess-again"  # type: ignore[union-attr]
+        m.release_grant(again)
+        m.release_grant(held)
 
     async def test_async_cancel_never_leaks_a_lock(self, manager: Callable[..., LockManager]) -> None:
         """Cancelling acquire_async mid-wait leaves no lock held by the cancelled caller."""
