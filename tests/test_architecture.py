@@ -117,6 +117,7 @@ PURE: Final = frozenset(
         "runners.pricing",
         "runners.patterns",
         "cluster.protocol",
+        "cluster.roster",
         "engine.planner",
         "engine.runstate",
         "engine.events",
