@@ -118,6 +118,7 @@ PURE: Final = frozenset(
         "runners.patterns",
         "cluster.protocol",
         "cluster.roster",
+        "cluster.unit",
         "engine.planner",
         "engine.runstate",
         "engine.events",
