@@ -27,10 +27,11 @@ def print_workers(data: dict[str, Any], write: Callable[[str], None]) -> None:
     write(f"Workers: {len(rows) - lost} alive, {lost} lost{heard}")
     for w in rows:
         running = f" ({', '.join(w['running'])})" if w["running"] else ""
-        state = f"LOST: no heartbeat for {w['heartbeat_age_s']:g} s" if w["lost"] else f"{w['heartbeat_age_s']:g} s ago"
+        age = w["heartbeat_age_s"]
+        state = f"LOST: no heartbeat for {age:g} s" if w["lost"] else f"heartbeat {age:g} s ago"
         write(
             f"  {w['worker']}  host {w['host']}  agents {','.join(w['agents'])}  slots {w['slots']}  "
-            f"running {len(w['running'])}{running}  heartbeat {state}"
+            f"running {len(w['running'])}{running}  {state}"
         )
     for agent in section["unserved"]:
         write(f"  no live worker serves {agent}: its items wait (`ambient worker --agents {agent}` on a host)")
