@@ -57,6 +57,8 @@ log = structlog.get_logger(__name__)
 FETCH_S = 1.0
 #: How often a worker says it is alive in the workers bucket.
 ALIVE_S = HEARTBEAT_S
+#: Two records of a worker are at least this far apart (s), however often its items change.
+BEAT_GAP_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -154,8 +156,9 @@ class Worker:
             self._changed.clear()
             with contextlib.suppress(Exception):  # a missed heartbeat only ages the record
                 await link.workers.put(name_token(self.name), json.dumps(record).encode())
+            await asyncio.sleep(BEAT_GAP_S)  # items that start and end fast: one record for the lot, not one each
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=ALIVE_S)
+                await asyncio.wait_for(self._changed.wait(), timeout=ALIVE_S - BEAT_GAP_S)
 
     async def _slot(self, link: Link, subs: list[tuple[str, Any]]) -> None:
         from nats.errors import TimeoutError as NatsTimeout

@@ -719,8 +719,9 @@ class Daemon:
             self.router.registry.files = True
         self.runners.close()
         await self.gateway.close()
-        if self._roster is not None:
+        if self._roster is not None:  # the workers file stays as last heard: status says the daemon is down
             self._roster.cancel()
+            await asyncio.gather(self._roster, return_exceptions=True)
         for d in self._dispatchers:  # the remote attempts go on; the next start finds their results
             await d.close()
         # Coalesced item claims (interrupted items included) reach the disk, as many as the time allows.
