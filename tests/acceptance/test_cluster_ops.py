@@ -145,6 +145,11 @@ def test_a_wrong_dispatch_in_an_agents_file_is_named_at_its_line(tmp_path: Path)
     brain.write("agents/solo.md", agent_md("solo", ["{{python}}", "bin/solo.py"], runner={"dispatch": "far"}))
     res = brain.cli("validate")
     assert res.rc != 0 and f"agents/solo.md:{line}" in res.out and "'workers' or 'local'" in res.out, res
+    brain.write("agents/solo.md", agent_md("solo", ["{{python}}", "bin/solo.py"]))
+    brain.config("runners:\n  other:\n    kind: command\n    argv: [x]\n    dispatch: workers\n")
+    res = brain.cli("validate")
+    assert res.rc != 0 and "profil/ambient.yml:5: runners.other.dispatch: " in res.out, res
+    assert "dispatch: workers needs cluster:" in res.out, res
 
 
 def _line_of(brain: Brain, rel: str, text: str) -> int:

@@ -94,7 +94,7 @@ class Dispatcher:
                 item=req.item,
                 attempt=req.attempt,
                 agent=req.agent,
-                runner=cfg.model_dump(mode="json"),
+                runner=cfg.model_dump(mode="json", exclude={"dispatch"}),  # where it runs is the daemon's business
                 packet=req.packet,
                 vars=dict(req.vars),
                 handoff=req.bounded_handoff(),
