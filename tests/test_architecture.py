@@ -117,6 +117,8 @@ PURE: Final = frozenset(
         "runners.pricing",
         "runners.patterns",
         "cluster.protocol",
+        "cluster.roster",
+        "cluster.unit",
         "engine.planner",
         "engine.runstate",
         "engine.events",

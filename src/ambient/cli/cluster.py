@@ -14,9 +14,6 @@ from typing import Any
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
 
-#: A worker silent for longer than this is shown as stale (it says it is alive every 5 s).
-STALE_S = 20.0
-
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``ambient cluster workers``."""
@@ -29,8 +26,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the workers: host, agents, slots, agents running, last heartbeat",
         description=(
             "Ask the NATS server of `cluster:` which workers said they are alive: each one's host, agents, slots, "
-            "agents running now and its last heartbeat (stale after 20 s: it died without saying so). Exit 1 "
-            "when none is alive."
+            "agents running now and its last heartbeat (stale after cluster.lost_after_s, 20 s by default: it died "
+            "without saying so). Exit 1 when none is alive."
         ),
     )
     w.add_argument("--json", action="store_true", help="JSON output")
@@ -84,7 +81,7 @@ def _workers(args: argparse.Namespace) -> int:
     for w in found:
         age = now - float(w.get("at") or 0)
         w["age_s"] = round(age, 1)
-        w["stale"] = age > STALE_S
+        w["stale"] = age > cluster.lost_after_s
     if args.json:
         out_json(found)
     elif not found:

@@ -25,6 +25,7 @@ from ambient.cli._doctor.daemon import check_daemon
 from ambient.cli._doctor.findings import ORDER, Finding, Severity
 from ambient.cli._doctor.human import check_channels, check_escalations, check_notify_urls, check_telegram
 from ambient.cli._doctor.state import check_claims, check_locks, check_runs
+from ambient.cli._doctor.workers import check_workers
 
 if TYPE_CHECKING:
     from ambient.config.settings import Settings
@@ -161,6 +162,8 @@ def diagnose(
     run("confinement", check_confinement)
     runners = getattr(loaded[0], "runners", {}) if loaded else {}
     run("agent user", lambda: check_agent_user(paths, effective.agent_user, runners))
+    if effective.cluster is not None:
+        run("workers", lambda: check_workers(paths, up))
     # Last line of defence: a token inside a path, an argv or a notifier's error never reaches the output.
     report.findings = [replace(f, message=redact_text(f.message), hint=redact_text(f.hint)) for f in report.findings]
     report.findings.sort(key=lambda f: ORDER[f.severity])  # stable: checks keep their order within a severity

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, ambient_command, brain_dir, fail, out, out_json, say
+from ambient.cli._workers import print_workers, workers_section
 from ambient.core.terminal import one_line, printable
 
 if TYPE_CHECKING:
@@ -173,6 +174,7 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
         "brain": str(root),
         "daemon": {"up": up, "pid": running_pid(paths) if up else None},
         "troubles": _troubles(paths, up),
+        **({"workers": w} if (w := workers_section(paths, up)) is not None else {}),
         "notifications": facts.notifications,
         "runs": runs,
         "escalations": pending,
@@ -280,6 +282,7 @@ def print_status(
                     write(f"          now: {_clip(i['now']['tool'], 90)} ({i['now']['for_s']} s)")
             if r["tripped"]:
                 write(f"      circuit breaker TRIPPED on {', '.join(r['tripped'])} (ambient preflight reset SCOPE)")
+    print_workers(data, write)
     write(f"Escalations waiting on you: {len(data['escalations'])}")
     for e in data["escalations"]:
         opts = " | ".join(f"{n}. {o}" for n, o in enumerate(e["options"], 1))

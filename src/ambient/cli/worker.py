@@ -33,22 +33,51 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--slots", type=int, default=1, metavar="N", help="agents run at once (default 1)")
     p.add_argument("--name", default=None, help="this worker's name (default: host-pid)")
     p.add_argument("--log-format", choices=("auto", "json", "console"), default="auto", help="log lines format")
+    p.add_argument(
+        "--print-unit",
+        action="store_true",
+        help="print the systemd unit that runs this worker with these arguments, and exit (docs/cluster.md)",
+    )
 
 
 def _worker(args: argparse.Namespace) -> int:
     import importlib.util
 
-    if importlib.util.find_spec("nats") is None:
-        return fail("ambient worker needs the cluster extra: pip install 'ambient[cluster]'")
     agents = [a.strip() for a in str(args.agents).split(",") if a.strip()]
     bad = [a for a in agents if not _AGENT.match(a)]
     if not agents or bad:
         return fail(f"--agents: {', '.join(bad) or 'none given'}: expected agent names, comma separated")
     if not 1 <= args.slots <= 256:
         return fail(f"--slots {args.slots}: expected 1 to 256")
+    if args.print_unit:
+        return _print_unit(args, agents)
+    if importlib.util.find_spec("nats") is None:
+        return fail("ambient worker needs the cluster extra: pip install 'ambient[cluster]'")
     if args.creds is not None and not args.creds.is_file():
         return fail(f"--creds {args.creds}: no such file")
     return _serve(args, agents)
+
+
+def _print_unit(args: argparse.Namespace, agents: list[str]) -> int:
+    """The unit for this host: the ``ambient`` of this installation, these arguments; the credentials file given is
+    where systemd reads it from (it may be readable by root only, so it is not looked at here)."""
+    import sys
+
+    from ambient.cluster.unit import worker_unit
+
+    try:
+        text = worker_unit(
+            str(Path(sys.executable).parent / "ambient"),
+            str(brain_dir(args)),
+            list(args.nats),
+            agents,
+            slots=args.slots,
+            creds=str(args.creds.absolute()) if args.creds is not None else None,
+        )
+    except ValueError as exc:
+        return fail(str(exc))
+    sys.stdout.write(text)
+    return EXIT_OK
 
 
 def _serve(args: argparse.Namespace, agents: list[str]) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 
 from ambient.cluster.link import Link, connect, ensure_consumers
-from ambient.cluster.protocol import Done, Work, entry_from, kv_key, resumed_record, work_subject
+from ambient.cluster.protocol import AI_ON_WORKERS, Done, Work, entry_from, kv_key, resumed_record, work_subject
 from ambient.runners.base import RunRequest
 from ambient.runners.config import AnyRunnerConfig
 from ambient.runners.result import AgentResult, error_result
@@ -77,7 +77,9 @@ class Dispatcher:
         workflow's policy); a cancellation (the daemon stopping) leaves the remote attempt running, and the next
         start finds its result."""
         if cfg.kind != "command":
-            return error_result("bad_request", f"agent {req.agent!r}: only kind: command runs on workers")
+            return error_result(
+                "bad_request", f"agent {req.agent!r} is kind: {cfg.kind}; " + AI_ON_WORKERS.format(kind=cfg.kind)
+            )
         try:
             link = await self.link()
             await self._consumer(link, req.agent)
@@ -92,7 +94,7 @@ class Dispatcher:
                 item=req.item,
                 attempt=req.attempt,
                 agent=req.agent,
-                runner=cfg.model_dump(mode="json"),
+                runner=cfg.model_dump(mode="json", exclude={"dispatch"}),  # where it runs is the daemon's business
                 packet=req.packet,
                 vars=dict(req.vars),
                 handoff=req.bounded_handoff(),

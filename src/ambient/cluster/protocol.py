@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from ambient.runners.config import AnyRunnerConfig
 from ambient.runners.result import AgentResult, Resumed, Usage
 
 #: The work-queue stream of SPAWNs and the subjects it holds (one per agent).
@@ -290,3 +291,24 @@ def worker_permissions(worker: str, agents: list[str]) -> dict[str, list[str]]:
             f"$JS.ACK.{WORK_STREAM}.{consumer}.>",
         ]
     return {"publish": publish, "subscribe": ["_INBOX.>"]}
+
+
+# ---------------------------------------------------------------- which agents run on the workers
+
+#: Why an AI agent is not run by a worker (``validate`` and the attempt say it): its model calls go through the
+#: daemon's model gateway, which holds the model key, meters each call into the run's journal before its answer is
+#: handed on and refuses calls past a budget; a worker has neither the journal nor the budget.
+AI_ON_WORKERS: Final = (
+    "kind: {kind} runs on the daemon's host only: its model calls go through the daemon's model gateway (the key, "
+    "the metering, the budget); workers run kind: command"
+)
+
+
+def dispatch_map(listed: Mapping[str, str], runners: Mapping[str, AnyRunnerConfig]) -> dict[str, str]:
+    """Where each agent runs: ``cluster.dispatch``, then each agent's own ``runner: dispatch:``, which wins (as its
+    own runner wins over ``runners:``). Only ``workers`` entries matter to the dispatcher."""
+    out = dict(listed)
+    for name, cfg in runners.items():
+        if cfg.dispatch is not None:
+            out[name] = cfg.dispatch
+    return out

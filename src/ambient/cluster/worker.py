@@ -45,6 +45,7 @@ from ambient.cluster.protocol import (
     name_token,
     renew_every,
 )
+from ambient.cluster.roster import HEARTBEAT_S
 from ambient.runners.base import RunRequest
 from ambient.runners.command import CommandRunner
 from ambient.runners.config import CommandRunnerConfig, RunnerConfigError, parse_runner_config
@@ -55,7 +56,9 @@ log = structlog.get_logger(__name__)
 #: How long one fetch waits for a message before the slot looks at its next agent.
 FETCH_S = 1.0
 #: How often a worker says it is alive in the workers bucket.
-ALIVE_S = 5.0
+ALIVE_S = HEARTBEAT_S
+#: Two records of a worker are at least this far apart (s), however often its items change.
+BEAT_GAP_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class Worker:
         self._stopping = asyncio.Event()
         self._link: Link | None = None
         self.busy = 0
+        self.running: set[str] = set()  # the attempt keys it runs now (its heartbeat says them)
+        self._changed = asyncio.Event()  # the items it runs changed: say it now, not at the next beat
 
     def stop(self) -> None:
         self._stopping.set()
@@ -145,11 +150,15 @@ class Worker:
                 "agents": list(self.options.agents),
                 "slots": self.options.slots,
                 "busy": self.busy,
+                "running": sorted(self.running),
                 "at": time.time(),
             }
+            self._changed.clear()
             with contextlib.suppress(Exception):  # a missed heartbeat only ages the record
                 await link.workers.put(name_token(self.name), json.dumps(record).encode())
-            await asyncio.sleep(ALIVE_S)
+            await asyncio.sleep(BEAT_GAP_S)  # items that start and end fast: one record for the lot, not one each
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=ALIVE_S - BEAT_GAP_S)
 
     async def _slot(self, link: Link, subs: list[tuple[str, Any]]) -> None:
         from nats.errors import TimeoutError as NatsTimeout
@@ -194,17 +203,24 @@ class Worker:
         if token is None:
             return
         log.info("attempt_started", key=work.key, worker=self.name, token=token)
+        self._running(work.key, True)
         try:
             ran = await self._run(link, work, key, token, msg)
         except asyncio.CancelledError:
             await self._give_back(link, work, key, msg)  # the worker stops: the item goes on elsewhere at once
             raise
+        finally:
+            self._running(work.key, False)
         if ran is None:
             return
         result, token = ran
         if await self._commit(link, work, key, token, result):
             with contextlib.suppress(Exception):  # best-effort: a redelivery finds the result committed
                 await msg.ack()
+
+    def _running(self, key: str, now: bool) -> None:
+        (self.running.add if now else self.running.discard)(key)
+        self._changed.set()
 
     async def _give_back(self, link: Link, work: Work, key: str, msg: Any) -> None:
         """A stopping worker ends its lease (if it still holds it) and hands the message back, best-effort: what

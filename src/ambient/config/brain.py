@@ -15,10 +15,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ambient.cluster.protocol import AI_ON_WORKERS, dispatch_map
 from ambient.config.settings import Settings, env_paths, settings_from, settings_salvaged
 from ambient.config.workflows import AgentExists, KnownAgents, LoadedWorkflow, MaySpawn, load_workflows
 from ambient.core.errors import InputError
 from ambient.core.problems import Problem, Severity
+from ambient.kernel.agents import AgentSpec
 from ambient.kernel.matrix import decide
 from ambient.kernel.routing_table import BrainMatrix, build_matrix
 from ambient.runners.config import CommandRunnerConfig, RunnerConfig, RunnerConfigError, parse_runner_config
@@ -168,13 +170,19 @@ def runner_configs(
     for name, spec in matrix.agents.items():
         if spec.runner is not None:
             file = paths.rel(spec.path) if paths is not None else spec.path.name
-            parsed = _runner_config(name, spec.runner, file, spec.runner_line, problems)
+            # A wrong ``dispatch:`` is said at its own line; every other field at the runner's (as before).
+            line = spec.dispatch_line if _bad_dispatch(spec.runner) else spec.runner_line
+            parsed = _runner_config(name, spec.runner, file, line, problems)
             if parsed is not None:
                 out[name] = parsed
     if default is not None:
         for name in matrix.agents:
             out.setdefault(name, default)
     return out, problems
+
+
+def _bad_dispatch(runner: Mapping[str, Any]) -> bool:
+    return "dispatch" in runner and runner["dispatch"] not in ("workers", "local", None)
 
 
 #: The key of ``runners:`` that gives every agent without a runner of its own one.
@@ -279,29 +287,48 @@ def settings_checks(settings: Settings, bm: BrainMatrix, paths: BrainPaths, line
 
 
 def cluster_checks(
-    settings: Settings, runners: Mapping[str, RunnerConfig], paths: BrainPaths, lines: LineMap | None
+    settings: Settings,
+    runners: Mapping[str, RunnerConfig],
+    paths: BrainPaths,
+    lines: LineMap | None,
+    agents: Mapping[str, AgentSpec] | None = None,
 ) -> list[Problem]:
-    """What ``cluster:`` gets wrong against this brain: a dispatched agent that has no runner or is not
-    ``kind: command`` (the only kind workers run), and the ``cluster`` extra not installed."""
+    """Where each agent runs, against this brain (docs/cluster.md): an agent dispatched to ``workers`` (by
+    ``cluster.dispatch`` or its own ``runner: dispatch:``) that has no runner or is not ``kind: command`` (the only
+    kind workers run: an AI agent's model calls go through the daemon's gateway, which holds the key and meters each
+    call into the run's journal), a ``dispatch: workers`` without ``cluster:``, and the ``cluster`` extra missing."""
     import importlib.util
+
+    at = functools.partial(_config_problem, paths, lines)
+    found: list[Problem] = []
+    own_line = {name: spec.dispatch_line for name, spec in (agents or {}).items() if spec.dispatch_line is not None}
+
+    def in_agent_file(name: str, message: str) -> Problem:
+        """At the agent's own ``dispatch:`` line, else at ``runners.<name>.dispatch`` of the settings."""
+        if name not in own_line:
+            return at(("runners", name, "dispatch"), message)
+        spec = (agents or {})[name]
+        return Problem(file=paths.rel(spec.path), line=own_line[name], message=f"runner of {name}: {message}")
 
     cluster = settings.cluster
     if cluster is None:
-        return []
-    at = functools.partial(_config_problem, paths, lines)
-    found: list[Problem] = []
+        return [
+            in_agent_file(name, "dispatch: workers needs cluster: in profil/ambient.yml (docs/cluster.md)")
+            for name, cfg in sorted(runners.items())
+            if cfg.dispatch == "workers"
+        ]
     if importlib.util.find_spec("nats") is None:
         found.append(at(("cluster",), "needs the cluster extra (nats-py): pip install 'ambient[cluster]'"))
-    for name, where in cluster.dispatch.items():
+    for name, where in sorted(dispatch_map(cluster.dispatch, runners).items()):
         if where != "workers":
             continue
         cfg = runners.get(name)
+        own = cfg is not None and cfg.dispatch == "workers"
         if cfg is None:
             found.append(at(("cluster", "dispatch", name), f"agent {name!r} has no runner (agents/{name}.md)"))
         elif cfg.kind != "command":
-            found.append(
-                at(("cluster", "dispatch", name), f"agent {name!r} is kind: {cfg.kind}; workers run kind: command only")
-            )
+            why = f"agent {name!r} is kind: {cfg.kind}; " + AI_ON_WORKERS.format(kind=cfg.kind)
+            found.append(in_agent_file(name, why) if own else at(("cluster", "dispatch", name), why))
     return found
 
 
@@ -329,7 +356,7 @@ def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | 
     problems += settings_checks(settings, bm, paths, found.lines)
     runners, runner_problems = runner_configs(bm, settings, paths, found.lines)
     problems += runner_problems + extra_problems(paths, bm, runners, settings)
-    problems += cluster_checks(settings, runners, paths, found.lines)
+    problems += cluster_checks(settings, runners, paths, found.lines, bm.agents)
     agent_exists, may_spawn = spawn_checks(bm)
     workflows, wf_problems = load_workflows(
         paths,

@@ -154,7 +154,8 @@ CONFIG_TEMPLATE: Final = """\
 #     urls: [nats://127.0.0.1:4222]
 #     creds: null         # the daemon's NATS credentials file (relative to the brain)
 #     lease_s: 30         # a silent worker's item moves to another worker after this long
-#     dispatch:
+#     lost_after_s: 20    # status, doctor and the console call a worker lost when silent this long
+#     dispatch:           # or `dispatch: workers` in the agent's own runner, which wins
 #       coder: workers
 #cluster: null
 

@@ -138,6 +138,9 @@ class ClusterSettings(_Strict):
     #: How long a worker holds an attempt without a sign of life before another worker takes it over (s); the
     #: work queue redelivers after the same time. Workers renew every third of it.
     lease_s: float = Field(default=30.0, ge=1, le=3600)
+    #: A worker whose last heartbeat (every 5 s) is older than this is shown lost by ``status``, ``doctor`` and the
+    #: console (s).
+    lost_after_s: float = Field(default=20.0, ge=10, le=3600)
 
     @field_validator("urls", mode="before")
     @classmethod

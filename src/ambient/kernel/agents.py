@@ -39,6 +39,7 @@ class AgentSpec(BaseModel):
     ipc_line: int | None = None
     runner: dict[str, Any] | None = None  # raw ``ambient.runner`` mapping, validated by the runners
     runner_line: int | None = None
+    dispatch_line: int | None = None  # line of ``ambient.runner.dispatch`` (where the agent runs: docs/cluster.md)
     # The principals its gate names, as written: (list, name, line), for the check of names nobody holds.
     gate_names: tuple[tuple[str, str, int | None], ...] = ()
     extras: dict[str, Any] = Field(default_factory=dict)  # the rest of the frontmatter, kept as written
@@ -79,6 +80,7 @@ def load_agent(path: Path, *, source: str) -> tuple[AgentSpec | None, list[Probl
         ipc_line=ipc_line,
         runner=runner,
         runner_line=runner_line,
+        dispatch_line=lines.line_for(("ambient", "runner", "dispatch")) if runner and "dispatch" in runner else None,
         extras=extras,
         gate_names=gate_names,
     )

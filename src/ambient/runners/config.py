@@ -46,6 +46,14 @@ class _RunnerModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class _AgentRunner(_RunnerModel):
+    """What every kind's runner may also say: where the agent runs (docs/cluster.md). ``workers``: on the worker
+    hosts of ``cluster:`` (kind: command only, checked with the brain); ``local``: here, whatever
+    ``cluster.dispatch`` says; None: as ``cluster.dispatch`` says."""
+
+    dispatch: Literal["workers", "local"] | None = None
+
+
 def check_in_brain(rel: str, hint: str = "") -> str:
     """A runner's folder relative to the brain's root, that stays inside it (``cwd``, ``workdir``)."""
     try:
@@ -102,7 +110,7 @@ def network_ports(network: Network) -> tuple[int, ...] | None:
     return tuple(sorted({int(entry.rsplit(":", 1)[1]) for entry in network}))
 
 
-class CommandRunnerConfig(_RunnerModel):
+class CommandRunnerConfig(_AgentRunner):
     """Run the agent as a program: argv (never a shell), packet on stdin, answer as JSON on stdout."""
 
     kind: Literal["command"]
@@ -143,7 +151,7 @@ class CommandRunnerConfig(_RunnerModel):
         return check_in_brain(cwd)
 
 
-class CallableRunnerConfig(_RunnerModel):
+class CallableRunnerConfig(_AgentRunner):
     """Run the agent in-process: ``target`` is ``"pkg.module:function"`` called with the :class:`RunRequest`."""
 
     kind: Literal["callable"]
@@ -159,7 +167,7 @@ class CallableRunnerConfig(_RunnerModel):
         return target
 
 
-class AssistedRunnerConfig(_RunnerModel):
+class AssistedRunnerConfig(_AgentRunner):
     """A person or an external agent carries out the SPAWN: a claim is opened and polled until closed."""
 
     kind: Literal["assisted"]
@@ -171,7 +179,7 @@ class AssistedRunnerConfig(_RunnerModel):
 _TOOL_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*(\(.{1,500}\))?$"
 
 
-class ClaudeRunnerConfig(_RunnerModel):
+class ClaudeRunnerConfig(_AgentRunner):
     """Run the agent on Claude Code (the ``claude-agent-sdk`` extra): its markdown body is the system prompt.
 
     ``allowed_tools`` is ambient's allowlist, checked by ambient in ``can_use_tool`` (never handed to Claude Code as
@@ -223,7 +231,7 @@ class Price(_RunnerModel):
     cache_write: float | None = Field(default=None, ge=0, le=10_000)
 
 
-class LlmRunnerConfig(_RunnerModel):
+class LlmRunnerConfig(_AgentRunner):
     """One model call, no tools: the agent body as system prompt, the SPAWN as the user message.
 
     ``provider: openai`` speaks the Chat Completions API at ``base_url`` (OpenAI, Ollama, vLLM, llama.cpp server,

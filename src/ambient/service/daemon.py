@@ -27,6 +27,9 @@ from ambient.claims.breakers import Breaker
 from ambient.claims.locks import LockManager
 from ambient.claims.store import ClaimStore
 from ambient.cluster.dispatch import Dispatcher
+from ambient.cluster.keeper import RosterKeeper
+from ambient.cluster.keeper import forget as forget_roster
+from ambient.cluster.protocol import dispatch_map
 from ambient.config.brain import Brain, load_brain, reload_workflows
 from ambient.config.settings import Settings, settings_changes
 from ambient.core.clock import Clock, SystemClock
@@ -90,7 +93,7 @@ from ambient.service.troubles import Troubles
 from ambient.service.watch import watch_brain
 from ambient.storage.fsutil import check_local_filesystem, check_state, sweep_stale_tmp
 from ambient.storage.journal import Journal, append_line
-from ambient.storage.paths import BrainPaths
+from ambient.storage.paths import WORKERS_FILE, BrainPaths
 from ambient.workflows.fields import SATELLITE_TYPES
 from ambient.workflows.spec import ChainWorkflow, ForEachWorkflow, parse_workflow
 from ambient.workflows.templating import render, render_path
@@ -232,6 +235,8 @@ class Daemon:
         )
         self._dispatchers: list[Dispatcher] = []  # cluster: (set by _apply_settings), closed at the stop
         self._cluster_tasks: set[asyncio.Task[None]] = set()
+        self._roster: asyncio.Task[None] | None = None  # keeps .ambient/workers.json (cluster.keeper)
+        self._roster_keeper: RosterKeeper | None = None
         self.claims_view = ClaimsWriter(self.claims, self.clock)
         self.emitter = RouterEmitter(self.router, self.clock, sender=s.default_sender)
         self.breaker = Breaker(p, threshold=s.breaker_threshold)
@@ -435,18 +440,35 @@ class Daemon:
         c = s.cluster
         if c is None:
             self.delegate.remote = None
+            self._keep_roster(None, 0.0)
             return
         creds = str(self.paths.root / c.creds) if c.creds is not None else None
+        dispatch = dispatch_map(c.dispatch, self.ref.brain.runners)  # cluster.dispatch and each runner's dispatch:
         cur = self.delegate.remote
         if cur is not None and (cur.urls, cur.creds, cur.lease_s) == (list(c.urls), creds, c.lease_s):
-            cur.dispatch = dict(c.dispatch)
+            cur.dispatch = dispatch
+            if self._roster_keeper is not None:
+                self._roster_keeper.lost_after_s = c.lost_after_s
             return
-        new = Dispatcher(list(c.urls), creds, c.dispatch, c.lease_s)
+        new = Dispatcher(list(c.urls), creds, dispatch, c.lease_s)
         self.delegate.remote = new
         self._dispatchers.append(new)
         task = asyncio.get_running_loop().create_task(self._connect_cluster(new), name="cluster-connect")
         self._cluster_tasks.add(task)
         task.add_done_callback(self._cluster_tasks.discard)
+        self._keep_roster(new, c.lost_after_s)
+
+    def _keep_roster(self, d: Dispatcher | None, lost_after_s: float) -> None:
+        """The workers file of the current dispatcher (``ambient status`` reads it); none without ``cluster:``."""
+        if self._roster is not None:
+            self._roster.cancel()
+            self._roster = self._roster_keeper = None
+        path = self.paths.state / WORKERS_FILE
+        if d is None:
+            forget_roster(path)
+            return
+        self._roster_keeper = RosterKeeper(path, d, lost_after_s)
+        self._roster = asyncio.get_running_loop().create_task(self._roster_keeper.run(), name="cluster-roster")
 
     async def _connect_cluster(self, d: Dispatcher) -> None:
         """Connect at start (the consumers exist before a worker looks for them); a failure is said, and each
@@ -697,6 +719,9 @@ class Daemon:
             self.router.registry.files = True
         self.runners.close()
         await self.gateway.close()
+        if self._roster is not None:  # the workers file stays as last heard: status says the daemon is down
+            self._roster.cancel()
+            await asyncio.gather(self._roster, return_exceptions=True)
         for d in self._dispatchers:  # the remote attempts go on; the next start finds their results
             await d.close()
         # Coalesced item claims (interrupted items included) reach the disk, as many as the time allows.

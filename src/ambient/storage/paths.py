@@ -39,6 +39,9 @@ STATE_FILES = frozenset(
 )
 #: Under the state folder: what each AI agent is doing now (written by the daemon, read by ``ambient status``).
 NOW_FILE = "now.json"
+#: Under the state folder: the cluster's workers as the daemon last heard them (read by ``status``, ``doctor``, the
+#: console; docs/cluster.md).
+WORKERS_FILE = "workers.json"
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,9 @@ from ambient.web.store import StoreThread
 log = structlog.get_logger(__name__)
 
 #: Every topic a page may listen to (plus ``run:<run_id>``).
-TOPICS: Final = frozenset({"daemon", "runs", "escalations", "claims", "locks", "records", "now", "breakers", "grants"})
+TOPICS: Final = frozenset(
+    {"daemon", "runs", "escalations", "claims", "locks", "records", "now", "breakers", "grants", "workers"}
+)
 QUEUE_SIZE: Final = 32
 HEARTBEAT_S: Final = 15.0
 DAEMON_POLL_S: Final = 1.0
@@ -43,6 +45,7 @@ _STATE_FILES: Final = {
     "daemon.json": ("daemon",),
     "now.json": ("now",),
     "breaker.json": ("breakers",),
+    "workers.json": ("workers",),
 }
 
 

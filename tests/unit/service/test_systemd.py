@@ -314,3 +314,43 @@ def test_units_carry_the_required_settings() -> None:
     system = (UNITS / "ambient.service").read_text()
     for line in ("StateDirectory=ambient", "ReadWritePaths=/srv/brain", "ProtectSystem=strict", "User=ambient"):
         assert line in system
+
+
+def _worker_unit_copy(tmp_path: Path) -> Path:
+    """The worker's unit with ExecStart pointing at a stub (verify checks that the binary exists)."""
+    stub = _stub(tmp_path / "venv" / "bin" / "ambient")
+    unit = tmp_path / "units" / "ambient-worker.service"
+    unit.parent.mkdir()
+    unit.write_text((UNITS / "ambient-worker.service").read_text().replace("/opt/ambient/venv/bin/ambient", str(stub)))
+    return unit
+
+
+@needs_analyze
+def test_worker_unit_verifies_and_its_exposure_is_at_most_2_5(tmp_path: Path) -> None:
+    """The worker's unit runs agents as the daemon's does: same checks, same bound on its exposure."""
+    unit = _worker_unit_copy(tmp_path)
+    res = _analyze("verify", str(unit))
+    assert res.returncode == 0, res.stderr
+    assert _our_lines(res.stdout + res.stderr) == []
+    res = _analyze("security", "--offline=true", str(unit))
+    match = re.search(r"Overall exposure level for \S+: (\d+(?:\.\d+)?)", res.stdout)
+    assert match is not None, res.stdout[-500:]
+    assert float(match.group(1)) <= MAX_EXPOSURE
+
+
+def test_the_shipped_worker_unit_is_the_one_printed_for_its_example_host() -> None:
+    from ambient.cluster.unit import worker_unit
+
+    text = worker_unit(
+        "/opt/ambient/venv/bin/ambient",
+        "/srv/brain",
+        ["nats://10.0.0.5:4222"],
+        ["coder"],
+        slots=2,
+        creds="/etc/ambient/worker.creds",
+    )
+    assert (UNITS / "ambient-worker.service").read_text() == text
+    plain = worker_unit("/a/ambient", "/b", ["nats://127.0.0.1:4222"], ["x"])
+    assert "LoadCredential=" not in plain and " --creds %d" not in plain
+    with pytest.raises(ValueError, match="cannot be written in a unit"):
+        worker_unit("/a/ambient", "/b c", ["nats://127.0.0.1:4222"], ["x"])

@@ -22,6 +22,7 @@ def test_each_file_the_daemon_writes_maps_to_its_topics(tmp_path: Path) -> None:
     assert topics_of(paths, [f"{paths.claims}/c.yml", f"{paths.locks}/x.lock"]) == {"claims", "locks"}
     assert topics_of(paths, [f"{s}/runs.jsonl"]) == {"records", "runs"}
     assert topics_of(paths, [f"{s}/daemon.json", f"{s}/now.json"]) == {"daemon", "now"}
+    assert topics_of(paths, [f"{s}/workers.json"]) == {"workers"}  # the cluster's workers (the overview)
     # the store's own writes, temp files and anything else mean nothing (no refresh loop)
     assert topics_of(paths, [f"{s}/query.sqlite3", f"{s}/query.sqlite3-wal", f"{s}/runs/.x.jsonl.tmp.1"]) == set()
 

@@ -1,7 +1,7 @@
 """``/``: the overview — daemon up or down (and since when), runs in progress with live progress bars, the
 escalations waiting (one button per option and a note), the last errors, the breakers tripped (each with a "Reset"
 button: ``POST /breakers/reset``, :func:`ambient.actions.breakers.reset_breaker`, the code of ``ambient preflight
-reset``), the cost today."""
+reset``), the cost today, the cluster's workers (when the brain has ``cluster:``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from ambient.actions.breakers import TrippedBreaker, reset_breaker, tripped_breakers
 from ambient.claims.preflight import breaker_key
+from ambient.cluster.rosterfile import workers_view
 from ambient.core.errors import AmbientError
 from ambient.query import views
 from ambient.storage.paths import BrainPaths
@@ -128,7 +129,8 @@ async def overview(request: Request) -> Response:
             **data,
             "breakers": breaker_rows(tripped, data["runs"]),
             "breaker_problem": problem,
-            "daemon": daemon_state(paths),
+            "daemon": (daemon := daemon_state(paths)),
+            "workers": await run_in_threadpool(workers_view, paths, daemon.up),  # cluster: (docs/cluster.md)
             "run_class": run_class,
         },
     )
