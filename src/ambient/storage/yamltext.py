@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -488,6 +489,8 @@ def problems_from_validation(
                 f"unknown key; did you mean {close[0]!r}?"
                 if close
                 else f"unknown key; the keys here: {', '.join(known)}"
+                if known
+                else "unknown key"
             )
         var = next((v for v, path in (env or {}).items() if loc[: len(path)] == path), None)
         if var is not None:
@@ -501,12 +504,20 @@ def _fields_at(model: type[BaseModel], prefix: tuple[str | int, ...]) -> list[st
     """The keys a model accepts at ``prefix`` (through nested models; [] where a free mapping is)."""
     current: Any = model
     for part in prefix:
-        if not (isinstance(current, type) and issubclass(current, BaseModel)) or str(part) not in current.model_fields:
+        current = _model_in(current)
+        if current is None or str(part) not in current.model_fields:
             return []
         current = current.model_fields[str(part)].annotation
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
+    found = _model_in(current)
+    return list(found.model_fields) if found is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds: itself, or the one model of a union (``ClusterSettings | None``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    models = [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models[0] if len(models) == 1 else None
 
 
 def _misspelled(missing: str, mapping: Mapping[Any, Any]) -> str | None:

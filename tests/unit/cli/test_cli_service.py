@@ -209,6 +209,20 @@ def test_config_show_invalid_exits_1_with_file_line(
     assert re.search(r"^profil/ambient\.yml:\d+: ", capsys.readouterr().err, re.M)
 
 
+def test_an_unknown_key_of_an_optional_section_lists_the_keys_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``cluster:`` is optional (``ClusterSettings | None``): a key it does not know lists the keys it does (the
+    list came out empty: ``the keys here:  (got 10)``)."""
+    root = tmp_path / "brain"
+    (root / "profil").mkdir(parents=True)
+    (root / "profil" / "ambient.yml").write_text("cluster:\n  url: nats://127.0.0.1:4222\n  zzz: 10\n")
+    assert main(["config", "show", "--brain", str(root)]) == 1
+    [line] = [ln for ln in capsys.readouterr().err.splitlines() if "cluster.zzz" in ln]
+    assert line.startswith("profil/ambient.yml:3: cluster.zzz: unknown key; the keys here: "), line
+    assert "lease_s" in line and "dispatch" in line, line
+
+
 def test_bad_override_is_blamed_on_its_variable(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
