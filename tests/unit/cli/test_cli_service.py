@@ -216,7 +216,7 @@ def test_an_unknown_key_of_an_optional_section_lists_the_keys_there(
     list came out empty: ``the keys here:  (got 10)``)."""
     root = tmp_path / "brain"
     (root / "profil").mkdir(parents=True)
-    (root / "profil" / "ambient.yml").write_text("cluster:\n  url: nats://127.0.0.1:4222\n  zzz: 10\n")
+    (root / "profil" / "ambient.yml").write_text("cluster:\n  urls: [nats://127.0.0.1:4222]\n  zzz: 10\n")
     assert main(["config", "show", "--brain", str(root)]) == 1
     [line] = [ln for ln in capsys.readouterr().err.splitlines() if "cluster.zzz" in ln]
     assert line.startswith("profil/ambient.yml:3: cluster.zzz: unknown key; the keys here: "), line
