@@ -45,9 +45,10 @@ from ambient.cluster.protocol import (
     name_token,
     renew_every,
 )
+from ambient.core.errors import RunnerConfigError
 from ambient.runners.base import RunRequest
 from ambient.runners.command import CommandRunner
-from ambient.runners.config import CommandRunnerConfig, RunnerConfigError, parse_runner_config
+from ambient.runners.config import CommandRunnerConfig, parse_runner_config
 from ambient.runners.result import AgentResult, error_result
 
 log = structlog.get_logger(__name__)

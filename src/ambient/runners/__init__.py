@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from ambient.core.errors import RunnerError
 from ambient.runners.answer import interpret_output
-from ambient.runners.argv import TemplateError, render_arg, render_argv
+from ambient.runners.argv import render_arg, render_argv
 from ambient.runners.base import Runner, RunRequest, idempotency_key
-from ambient.runners.callable import CallableRunner, ImportFromStringError, import_from_string
+from ambient.runners.callable import CallableRunner, import_from_string
 from ambient.runners.command import CommandRunner
 from ambient.runners.config import (
     AnyRunnerConfig,
@@ -31,7 +31,6 @@ from ambient.runners.config import (
     CommandRunnerConfig,
     LlmRunnerConfig,
     RunnerConfig,
-    RunnerConfigError,
     parse_runner_config,
 )
 from ambient.runners.process_group import group_alive, signal_group, terminate_group
@@ -47,16 +46,13 @@ __all__ = [
     "ClaudeRunnerConfig",
     "CommandRunner",
     "CommandRunnerConfig",
-    "ImportFromStringError",
     "LlmRunnerConfig",
     "Reason",
     "ResultStatus",
     "RunRequest",
     "Runner",
     "RunnerConfig",
-    "RunnerConfigError",
     "Runners",
-    "TemplateError",
     "Usage",
     "error_result",
     "group_alive",

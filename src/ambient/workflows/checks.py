@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
-from ambient.core.errors import InputError
+from ambient.core.errors import InputError, WorkflowTemplateError
 from ambient.core.problems import Severity
 from ambient.kernel.zones import DEFAULT_RULES, ZoneRule, normalize
 from ambient.workflows import templating
@@ -86,7 +86,7 @@ def raw_key_issues(data: Mapping[str, Any]) -> list[Issue]:
 def _check_vars(text: str, allowed: frozenset[str], loc: tuple[str | int, ...], where: str) -> list[Issue]:
     try:
         unknown = sorted(templating.roots(text) - allowed)
-    except templating.TemplateError as exc:
+    except WorkflowTemplateError as exc:
         return [Issue(loc, exc.message)]
     if unknown:
         names = ", ".join("{{" + n + "}}" for n in sorted(allowed))

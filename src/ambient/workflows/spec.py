@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from ambient.core.errors import WorkflowError, WorkflowTemplateError
 from ambient.core.terminal import control_character, one_line
 from ambient.workflows import templating
 from ambient.workflows.actions import ActionSeq, EscalateAction, LogAction, NextAction, SignalAction, SpawnAction
@@ -40,7 +41,6 @@ from ambient.workflows.fields import (
     ScopePath,
     Seconds,
     TemplateText,
-    WorkflowError,
     check_ident,
     custom_error,
     parse_duration,
@@ -237,7 +237,7 @@ def _check_templates_in(value: Any) -> None:
     if isinstance(value, str):
         try:
             templating.variables(value)
-        except templating.TemplateError as exc:
+        except WorkflowTemplateError as exc:
             raise custom_error("invalid", exc.message) from None
     elif isinstance(value, Mapping):
         for v in value.values():

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from ambient.runners import CommandRunnerConfig, RunnerConfigError, parse_runner_config
+from ambient.core.errors import RunnerConfigError
+from ambient.runners import CommandRunnerConfig, parse_runner_config
 from ambient.storage.yamlfile import parse_yaml
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from ambient.config.workflows import load_workflow, load_workflows
+from ambient.core.errors import WorkflowError
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import parse_yaml
 from ambient.workflows.actions import (
@@ -21,7 +22,7 @@ from ambient.workflows.actions import (
     SpawnAction,
 )
 from ambient.workflows.checks import spec_issues
-from ambient.workflows.fields import WorkflowError, parse_duration
+from ambient.workflows.fields import parse_duration
 from ambient.workflows.spec import (
     DEFAULT_AGENT_BY_TYPE,
     ChainWorkflow,
