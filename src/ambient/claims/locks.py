@@ -69,7 +69,7 @@ from ambient.claims.lockfile import (
 from ambient.claims.lockinodes import LockInodes
 from ambient.claims.lockstate import LockLocation, LockStatus, inspect_lock, remove_if_unchanged
 from ambient.core.errors import InputError, LockBusyError, LockNotHeldError, UnsafePathError
-from ambient.core.logs import get_logger
+from ambient.core.lazylog import get_logger
 from ambient.core.process import hostname, own_start_time
 from ambient.storage.fsutil import check_local_filesystem, sweep_stale_tmp
 from ambient.storage.guard import shared_guard

@@ -48,8 +48,8 @@ from ambient.cluster.protocol import (
 from ambient.core.errors import RunnerConfigError
 from ambient.runners.base import RunRequest
 from ambient.runners.command import CommandRunner
-from ambient.runners.config import CommandRunnerConfig, parse_runner_config
 from ambient.runners.result import AgentResult, error_result
+from ambient.runners.runner_config import CommandRunnerConfig, parse_runner_config
 
 log = structlog.get_logger(__name__)
 

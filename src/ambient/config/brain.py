@@ -21,7 +21,7 @@ from ambient.core.errors import InputError, RunnerConfigError
 from ambient.core.problems import Problem, Severity
 from ambient.kernel.matrix import decide
 from ambient.kernel.routing_table import BrainMatrix, build_matrix
-from ambient.runners.config import CommandRunnerConfig, RunnerConfig, parse_runner_config
+from ambient.runners.runner_config import CommandRunnerConfig, RunnerConfig, parse_runner_config
 from ambient.storage.fsutil import read_capped
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import (

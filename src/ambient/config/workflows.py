@@ -33,8 +33,8 @@ from ambient.storage.yamlfile import (
     problems_from_validation,
 )
 from ambient.workflows import templating
-from ambient.workflows.actions import SpawnAction, format_action
 from ambient.workflows.checks import cross_targets, raw_key_issues
+from ambient.workflows.exit_actions import SpawnAction, format_action
 from ambient.workflows.spec import (
     MAX_ITEMS,
     MAX_WORKFLOW_VALUES,

@@ -4,7 +4,7 @@
 external tool to close a claim, ``claude`` runs the agent's prompt on Claude Code (the ``claude`` extra), ``llm`` makes
 one model call (the ``llm`` extra). :class:`Runners` holds one runner per kind for the daemon and drains them on stop.
 
-What every runner shares: ``base`` (the request of one SPAWN and the :class:`Runner` protocol), ``config`` (an
+What every runner shares: ``base`` (the request of one SPAWN and the :class:`Runner` protocol), ``runner_config`` (an
 agent's runner configuration, by kind), ``result`` (the :class:`AgentResult` a runner returns), ``answer`` (the agent
 protocol: what an agent may answer and the result it becomes; an AI agent's reply read into it) and ``argv`` (a
 command agent's ``{{name}}`` templates).
@@ -23,7 +23,9 @@ from ambient.runners.argv import render_arg, render_argv
 from ambient.runners.base import Runner, RunRequest, idempotency_key
 from ambient.runners.callable import CallableRunner, import_from_string
 from ambient.runners.command import CommandRunner
-from ambient.runners.config import (
+from ambient.runners.process_group import group_alive, signal_group, terminate_group
+from ambient.runners.result import AgentResult, AgentStatus, Reason, ResultStatus, Usage, error_result
+from ambient.runners.runner_config import (
     AnyRunnerConfig,
     AssistedRunnerConfig,
     CallableRunnerConfig,
@@ -33,8 +35,6 @@ from ambient.runners.config import (
     RunnerConfig,
     parse_runner_config,
 )
-from ambient.runners.process_group import group_alive, signal_group, terminate_group
-from ambient.runners.result import AgentResult, AgentStatus, Reason, ResultStatus, Usage, error_result
 
 __all__ = [
     "AgentResult",

@@ -10,7 +10,7 @@ from typing import Any
 
 from ambient.core.errors import SpawnTemplateError
 from ambient.runners.base import RunRequest
-from ambient.runners.config import CommandRunnerConfig
+from ambient.runners.runner_config import CommandRunnerConfig
 from ambient.storage.fsutil import resolve_in_brain
 
 #: Largest SPAWN packet (JSON bytes) handed to an agent on stdin.

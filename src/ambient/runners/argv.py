@@ -2,8 +2,8 @@
 
 Plain substitution, one value per argv element, no expressions and no shell: whatever a value holds (spaces,
 quotes, ``;``, ``$(...)``, newlines, ``{{x}}``) it stays exactly one argument, and a value that would read as an
-option is refused. The runner config (:mod:`ambient.runners.config`) checks the templates when an agent is loaded;
-the command runner renders them per SPAWN with the request's values.
+option is refused. The runner config (:mod:`ambient.runners.runner_config`) checks the templates when an agent is
+loaded; the command runner renders them per SPAWN with the request's values.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ import structlog
 from ambient.core.errors import ImportFromStringError
 from ambient.runners.answer import interpret_output
 from ambient.runners.base import RunRequest
-from ambient.runners.config import AnyRunnerConfig, CallableRunnerConfig
 from ambient.runners.result import AgentResult, error_result
+from ambient.runners.runner_config import AnyRunnerConfig, CallableRunnerConfig
 
 log = structlog.get_logger(__name__)
 

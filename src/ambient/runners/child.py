@@ -23,9 +23,9 @@ from ambient.core.errors import SetupError, SpawnerLost
 from ambient.core.process import start_time_now
 from ambient.runners import confinement
 from ambient.runners.base import RunRequest
-from ambient.runners.config import CommandRunnerConfig
 from ambient.runners.pipes import Output, Pipes, child_stdio
 from ambient.runners.process_group import Proc, signal_group
+from ambient.runners.runner_config import CommandRunnerConfig
 from ambient.runners.spawner import SpawnedAgent, Spawner
 
 

@@ -31,11 +31,11 @@ from ambient.runners.answer import interpret_output, stated_error
 from ambient.runners.argv import render_argv
 from ambient.runners.base import RunRequest
 from ambient.runners.child import close_transport, on_exit, start_agent
-from ambient.runners.config import AnyRunnerConfig, CommandRunnerConfig
 from ambient.runners.confinement import drop_tmp
 from ambient.runners.pipes import Output
 from ambient.runners.process_group import Proc, group_alive, signal_group, terminate_group
 from ambient.runners.result import AgentResult, Reason, error_result
+from ambient.runners.runner_config import AnyRunnerConfig, CommandRunnerConfig
 from ambient.runners.spawner import Spawner
 
 log = structlog.get_logger(__name__)

@@ -17,7 +17,7 @@ from ambient.core.errors import InputError, WorkflowTemplateError
 from ambient.core.problems import Severity
 from ambient.kernel.zones import DEFAULT_RULES, ZoneRule, normalize
 from ambient.workflows import templating
-from ambient.workflows.actions import Action, GotoAction, NextAction, SpawnAction, format_action
+from ambient.workflows.exit_actions import Action, GotoAction, NextAction, SpawnAction, format_action
 from ambient.workflows.spec import MISPLACED_KEYS, ChainStep, ChainWorkflow, ForEach, ForEachWorkflow, WorkflowSpec
 from ambient.workflows.variables import COMPLETE_VARS, ITEM_VARS, STEP_VARS, spec_item_values
 

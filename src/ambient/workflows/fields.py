@@ -1,7 +1,7 @@
 """The small value types a workflow file is written with: names, durations, scope paths and templates.
 
-Shared by the exit-trigger actions (:mod:`ambient.workflows.actions`) and the specs (:mod:`ambient.workflows.spec`),
-so that a step name or an agent name is the same rule wherever it is written; with the error they raise.
+Shared by the exit-trigger actions (:mod:`ambient.workflows.exit_actions`) and the specs
+(:mod:`ambient.workflows.spec`), so that a step name or an agent name is the same rule wherever it is written.
 """
 
 from __future__ import annotations

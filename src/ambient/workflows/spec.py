@@ -1,8 +1,8 @@
 """Workflow specs (DESIGN 5): the ``for_each`` form (ADR-027) and the ``chain`` form (kernel-orchestrator).
 
 The frozen pydantic models a workflow document becomes, and :func:`parse_workflow` that builds them. The exit
-triggers inside are :mod:`ambient.workflows.actions`; the checks beyond the schema, :mod:`ambient.workflows.checks`.
-Parses and validates; executes nothing.
+triggers inside are :mod:`ambient.workflows.exit_actions`; the checks beyond the schema,
+:mod:`ambient.workflows.checks`. Parses and validates; executes nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pydantic import (
 from ambient.core.errors import WorkflowError, WorkflowTemplateError
 from ambient.core.terminal import control_character, one_line
 from ambient.workflows import templating
-from ambient.workflows.actions import ActionSeq, EscalateAction, LogAction, NextAction, SignalAction, SpawnAction
+from ambient.workflows.exit_actions import ActionSeq, EscalateAction, LogAction, NextAction, SignalAction, SpawnAction
 from ambient.workflows.fields import (
     NUMBER_RE,
     RESERVED_STEPS,

@@ -18,7 +18,7 @@ from ambient.runners.agent_env import (
     encode_packet,
 )
 from ambient.runners.base import RunRequest, idempotency_key
-from ambient.runners.config import CommandRunnerConfig, parse_runner_config
+from ambient.runners.runner_config import CommandRunnerConfig, parse_runner_config
 
 TOKEN = "chan-tok-7f3e9a1c55"
 

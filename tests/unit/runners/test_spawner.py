@@ -373,7 +373,7 @@ _DIES_WITH_ITS_AGENT = """
 import asyncio, os, sys
 from pathlib import Path
 from ambient.runners import CommandRunner, RunRequest
-from ambient.runners.config import parse_runner_config
+from ambient.runners.runner_config import parse_runner_config
 from ambient.runners.spawner import Spawner
 
 async def main() -> None:

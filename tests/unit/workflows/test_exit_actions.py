@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ambient.core.errors import ActionError
-from ambient.workflows.actions import (
+from ambient.workflows.exit_actions import (
     AbortAction,
     EscalateAction,
     GateAction,
