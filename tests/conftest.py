@@ -110,7 +110,7 @@ def debug_log_buffer(*secrets: str) -> Iterator[io.StringIO]:
     """All logging at DEBUG (apprise and httpx included) as JSON lines into a buffer, with ``secrets``
     registered for redaction; the logging configuration is restored afterwards."""
     from ambient.core.redact import SecretRegistry
-    from ambient.service.logs import configure_logging
+    from ambient.service.logsetup import configure_logging
 
     with logging_restored():
         buf = io.StringIO()

@@ -26,6 +26,9 @@ module named by a string, or by a name bound to one, given to ``importlib.import
 (e) **files are written through storage**: outside ``storage`` only the modules of :data:`WRITERS` (each with its
     reason, as ARCHITECTURE.md says) create, write, cut, link or rename a file themselves; proven on a package tree
     written to disk with each form of write (:class:`TestTheWriteRule`).
+(f) **one tree of errors**: every exception class (one whose base is a builtin exception or, in turn, another
+    exception class of the tree; in a function too) is defined in ``core/errors.py``; the only others are the
+    private control-flow signals of :data:`SIGNALS`, raised and caught inside their own module.
 
 A dynamic import whose name is computed (``cli/__init__.py`` loads its own command modules by file name) is out
 of reach; it stays inside its package.
@@ -34,6 +37,7 @@ of reach; it stays inside its package.
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import itertools
 import re
@@ -98,7 +102,7 @@ PURE: Final = frozenset(
         "claims.claim",
         "claims.preflight",
         "claims.statusline",
-        "workflows.actions",
+        "workflows.exit_actions",
         "workflows.checks",
         "workflows.fields",
         "workflows.spec",
@@ -111,7 +115,7 @@ PURE: Final = frozenset(
         "live.handoff",
         "testing.fakeapi.playbook",
         "runners.argv",
-        "runners.config",
+        "runners.runner_config",
         "runners.result",
         "runners.answer",
         "runners.pricing",
@@ -679,6 +683,17 @@ WRITERS: Final[Mapping[str, str]] = {
     "testing.stub_agent": "a stand-in agent: writes where its test tells it, as a real agent does",
 }
 
+#: The one home of ambient's exceptions (rule (f)): the tree a caller reads to know what it may have to catch.
+ERRORS_HOME: Final = "core.errors"
+#: The exceptions kept beside their code (``module.Class`` → why): private control-flow signals, raised and caught
+#: inside their own module, that no caller ever sees; each is named by a leading underscore.
+SIGNALS: Final[Mapping[str, str]] = {
+    "runners.llm._Refused": "a configuration that cannot make a model call: caught in the same module, it becomes "
+    "the call's result",
+    "runners.spawner_helper._DaemonGone": "the daemon died with starts queued: the spawner process (standard "
+    "library only) stops starting them and exits",
+}
+
 
 def _mode_writes(mode: ast.expr | None) -> bool:
     """An ``open`` mode that writes: one with ``w``, ``a``, ``x`` or ``+``, or one not written as a constant."""
@@ -809,8 +824,60 @@ def impure_uses(sources: Mapping[str, str], pure: frozenset[str] = PURE) -> list
     return out
 
 
+def _base_name(base: ast.expr) -> str:
+    """The class a base expression names, by its last part: ``errors.InputError`` and ``Generic[T]``'s origin too."""
+    if isinstance(base, ast.Subscript):
+        base = base.value
+    if isinstance(base, ast.Attribute):
+        return base.attr
+    return base.id if isinstance(base, ast.Name) else ""
+
+
+def _exception_classes(sources: Mapping[str, str]) -> list[tuple[str, int, str]]:
+    """Every class of the tree that is an exception, as (path, line, name), wherever it stands (in a function too):
+    one whose base is a builtin exception, or, to a fixed point, another exception class of the tree."""
+    classes = [
+        (rel, node.lineno, node.name, {_base_name(b) for b in node.bases})
+        for rel, text in sorted(sources.items())
+        for node in ast.walk(ast.parse(text, filename=rel))
+        if isinstance(node, ast.ClassDef)
+    ]
+    known = {
+        n
+        for n in dir(builtins)
+        if isinstance(getattr(builtins, n), type) and issubclass(getattr(builtins, n), BaseException)
+    }
+    found: dict[tuple[str, int, str], None] = {}
+    grew = True
+    while grew:
+        grew = False
+        for rel, line, name, bases in classes:
+            if (rel, line, name) not in found and bases & known:
+                found[(rel, line, name)] = None
+                known.add(name)
+                grew = True
+    return list(found)
+
+
+def error_violations(sources: Mapping[str, str], signals: Mapping[str, str] = SIGNALS) -> list[Violation]:
+    """Rule (f): every exception class is defined in :data:`ERRORS_HOME`, but for the private signals of
+    :data:`SIGNALS`, each raised and caught inside its own module."""
+    out: list[Violation] = []
+    for rel, line, name in _exception_classes(sources):
+        me = module_name(rel)
+        short = me.removeprefix(ROOT + ".")
+        if short == ERRORS_HOME or f"{short}.{name}" in signals:
+            continue
+        if name.startswith("_"):
+            why = f"a private signal is listed in SIGNALS with why it stays in {short}; else it goes to core/errors.py"
+        else:
+            why = "every public exception class is defined in core/errors.py, the one tree of ambient's errors"
+        out.append(Violation("errors", f"src/ambient/{rel}", line, f"class {name}", why, ("errors", me, name)))
+    return out
+
+
 def check(sources: Mapping[str, str]) -> list[Violation]:
-    """Every violation of rules (a), (b), (c) and (e) in a tree of sources (path under src/ambient → text)."""
+    """Every violation of rules (a), (b), (c), (e) and (f) in a tree of sources (path under src/ambient → text)."""
     imports = imports_of(sources)
     return [
         *layer_violations(imports),
@@ -818,6 +885,7 @@ def check(sources: Mapping[str, str]) -> list[Violation]:
         *pure_violations(imports),
         *impure_uses(sources),
         *write_violations(sources),
+        *error_violations(sources),
     ]
 
 
@@ -838,7 +906,7 @@ def _report(violations: list[Violation]) -> str:
     return "\n".join(["", *(str(v) for v in violations)])
 
 
-@pytest.mark.parametrize("rule", ["layer", "leaf", "cycle", "pure", "writes"])
+@pytest.mark.parametrize("rule", ["layer", "leaf", "cycle", "pure", "writes", "errors"])
 def test_the_tree_keeps_the_contract(found: list[Violation], rule: str) -> None:
     """No violation of the rule in src/ambient: no allowlist, a wrong-way import fails here."""
     new = [v for v in found if v.rule == rule]
@@ -1122,6 +1190,54 @@ class TestTheCheckerCatches:
                 "pure",
                 "structlog is neither the stdlib nor pydantic/yaml",
             ),
+            (
+                "workflows/spec.py",
+                "class SpecError(ValueError):\n    pass\n",
+                0,
+                "class SpecError",
+                "errors",
+                "core/errors.py",
+            ),
+            (
+                "human/notify.py",
+                "class RetryLater(NotifyError):\n    pass\n",
+                0,
+                "class RetryLater",
+                "errors",
+                "core/errors.py",
+            ),
+            (
+                "engine/planner.py",
+                "from ambient.core import errors\n\n\nclass PlanError(errors.StateError):\n    pass\n",
+                3,
+                "class PlanError",
+                "errors",
+                "core/errors.py",
+            ),
+            (
+                "runners/command.py",
+                "class Overloaded(SpawnerLost):\n    pass\n",
+                0,
+                "class Overloaded",
+                "errors",
+                "core/errors.py",
+            ),
+            (
+                "service/starts.py",
+                "def _start() -> None:\n    class Gone(OSError):\n        pass\n",
+                1,
+                "class Gone",
+                "errors",
+                "core/errors.py",
+            ),
+            (
+                "kernel/router.py",
+                "class _Again(Exception):\n    pass\n",
+                0,
+                "class _Again",
+                "errors",
+                "a private signal is listed in SIGNALS",
+            ),
         ],
     )
     def test_planted(
@@ -1179,6 +1295,21 @@ class TestTheCheckerCatches:
         planted, _ = _plant(planted, "__main__.py", "from ambient.cli import main as _main\n")
         planted, _ = _plant(planted, "testing/fakeapi/server.py", "from ambient.service import daemon as _d\n")
         assert _new(tree, found, planted) == []
+
+    def test_what_is_not_an_exception_stays_allowed(self, tree: dict[str, str], found: list[Violation]) -> None:
+        """A class named like an error that is not an exception passes, and so does core/errors.py's own tree."""
+        planted, _ = _plant(tree, "web/pages/overview.py", "class ErrorPanel:\n    pass\n")
+        planted, _ = _plant(planted, "engine/planner.py", "class PlanError(ValueObject):\n    pass\n")
+        planted, _ = _plant(planted, "core/errors.py", "class PlanError(StateError):\n    pass\n")
+        assert _new(tree, found, planted) == []
+
+    def test_every_signal_is_a_private_exception_of_its_module(self, tree: dict[str, str]) -> None:
+        """SIGNALS names real exception classes, each private (a rename or a move would leave a stale entry)."""
+        exceptions = {
+            f"{module_name(rel).removeprefix(ROOT + '.')}.{name}" for rel, _, name in _exception_classes(tree)
+        }
+        assert set(SIGNALS) <= exceptions
+        assert all(name.rpartition(".")[2].startswith("_") for name in SIGNALS)
 
     def test_imports_are_resolved_to_modules(self) -> None:
         """``from pkg import name`` names the module ``pkg.name`` when there is one, else the package itself."""

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from ambient.config.workflows import load_workflow_bytes
-from ambient.engine.runstate import HistoryError, RunState, fold
+from ambient.core.errors import HistoryError
+from ambient.engine.runstate import RunState, fold
 from ambient.human.escalation_store import EscalationStore
 from ambient.human.escalations import EscalationDraft, new_escalation
 from ambient.runners.orphans import by_journal

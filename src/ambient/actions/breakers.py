@@ -91,8 +91,8 @@ def reset_breaker(
     Raises :class:`InputError` on an empty target or an unreadable ``breaker.json`` (nothing changed)."""
     if not target.strip():
         raise InputError("say which breaker to reset: a sess_id or a scope")
+    from ambient.core.errors import AlreadyAnsweredError
     from ambient.human.escalation_store import EscalationStore  # here: `preflight check` runs before every write
-    from ambient.human.escalations import AlreadyAnsweredError
 
     scope = scope_of(paths, target)
     limit = breaker_threshold(paths) if threshold is None else threshold

@@ -15,12 +15,12 @@ from typing import Literal
 import structlog
 
 from ambient.actions.people import os_user, short_duration
-from ambient.core.errors import InputError
+from ambient.core.errors import AlreadyAnsweredError, InputError
 from ambient.engine.budget import amount_in
 from ambient.engine.journals import run_glance
 from ambient.engine.planner import names_run
 from ambient.human.escalation_store import EscalationStore
-from ambient.human.escalations import AlreadyAnsweredError, Channel, Escalation, option_for
+from ambient.human.escalations import Channel, Escalation, option_for
 from ambient.kernel.inbox import read_inbox
 from ambient.kernel.packet import AMBIENT, Packet, Signal
 from ambient.storage.paths import BrainPaths

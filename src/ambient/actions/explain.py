@@ -56,11 +56,11 @@ def load_matrix(paths: BrainPaths) -> BrainMatrix:
 
 
 def agent_networks(paths: BrainPaths, matrix: BrainMatrix) -> dict[str, str]:
-    """Agent → what it may reach by TCP (its runner's ``network:``, as :func:`ambient.runners.config.network_text`
-    says it), for the agents whose runner starts a process of theirs; a runner that does not load is left out
-    (``ambient validate`` names it)."""
+    """Agent → what it may reach by TCP (its runner's ``network:``, as
+    :func:`ambient.runners.runner_config.network_text` says it), for the agents whose runner starts a process of
+    theirs; a runner that does not load is left out (``ambient validate`` names it)."""
     from ambient.config.brain import read_settings, runner_configs  # here: `ambient matrix explain` starts fast
-    from ambient.runners.config import network_text
+    from ambient.runners.runner_config import network_text
 
     settings = read_settings(paths, os.environ).settings
     if settings is None:

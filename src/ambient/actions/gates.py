@@ -7,7 +7,7 @@ ABORT packet to ambient, routed as ``ambient send`` routes it (:mod:`ambient.act
 carries out at once, or at its start if it is down (the run then moves its claims: ``failed``, for good). Any other
 claim moves by :meth:`ambient.claims.store.ClaimStore.transition`
 (its cascades and ``gate_history``). A refusal changes nothing and raises what the store raises
-(:class:`~ambient.core.errors.TransitionError`, :class:`~ambient.human.escalations.AlreadyAnsweredError`...).
+(:class:`~ambient.core.errors.TransitionError`, :class:`~ambient.core.errors.AlreadyAnsweredError`...).
 """
 
 from __future__ import annotations
@@ -128,8 +128,7 @@ def _abort_run(paths: BrainPaths, run_id: str, message: str | None, who: str, ch
     """Abort a run as an ABORT packet does: the person's ABORT to ambient, through the router and the daemon's inbox
     (durable: a daemon that is down applies it at its start). A packet the router refuses is refused here."""
     from ambient.actions.send import send_packet
-    from ambient.core.errors import TransitionError
-    from ambient.kernel.sendsocket import NoAnswer
+    from ambient.core.errors import NoAnswer, TransitionError
 
     door = "the console" if channel == "web" else "ambient gate abort"
     reason = f"{message} ({door}, by {who})" if message else f"{door}, by {who}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ambient.core.errors import InputError
+from ambient.core.errors import NoSuchGrantError
 
 if TYPE_CHECKING:
     from ambient.runners.claude import SessionStore
@@ -18,10 +18,6 @@ if TYPE_CHECKING:
 
 #: What ``ambient grants`` says when there is none.
 NO_GRANTS = "no grants: every call outside an agent's allowed_tools is asked (allow | allow-always | deny)"
-
-
-class NoSuchGrantError(InputError):
-    """Nothing to forget: the agent has no such grant (already forgotten elsewhere, or never given)."""
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ class Sent:
 
 def send_packet(paths: BrainPaths, raw: bytes, token: str | None = None) -> Sent:
     """Route ``raw`` (a packet's YAML or JSON) as ``token``'s principal (None: the person). Raises
-    :class:`~ambient.kernel.sendsocket.NoAnswer` when a daemon took it but did not answer (it may be delivered)."""
+    :class:`~ambient.core.errors.NoAnswer` when a daemon took it but did not answer (it may be delivered)."""
     # The router is imported only when no daemon answers: it costs ~0.2 s of imports (the start-up time of a short
     # CLI command; ambient.kernel.sendsocket's client half uses the standard library only).
     from ambient.kernel.sendsocket import ask_daemon

@@ -15,21 +15,11 @@ from typing import Final
 from pydantic import ValidationError
 
 from ambient.claims.claim import Claim
-from ambient.core.errors import InputError, UnsafePathError
+from ambient.core.errors import ClaimFileError, InputError, UnsafePathError
 from ambient.core.problems import Problem
 from ambient.storage.yamlfile import MAX_CLAIM_BYTES, expect_mapping, load_file, problems_from_validation
 
 SUFFIXES: Final = (".yml", ".yaml")
-
-
-class ClaimFileError(InputError):
-    """A claim file that cannot be used; ``problems`` lists every finding with its line."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        first = problems[0]
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        super().__init__(first.message + more, file=first.file, line=first.line)
-        self.problems = problems
 
 
 def is_claim_name(name: str) -> bool:

@@ -40,9 +40,9 @@ from ambient import __version__
 from ambient.claims import claim as _claim
 from ambient.claims import claimfile as _claimfile
 from ambient.claims.claim import Claim, ClaimFacts
-from ambient.claims.claimfile import ClaimFileError, is_claim_name
+from ambient.claims.claimfile import is_claim_name
 from ambient.core import problems as _problems
-from ambient.core.errors import AmbientError, InputError
+from ambient.core.errors import AmbientError, ClaimFileError, InputError
 from ambient.core.problems import Problem
 from ambient.storage import yamlfile as _yamlfile
 from ambient.storage import yamltext as _yamltext

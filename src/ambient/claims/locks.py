@@ -68,8 +68,8 @@ from ambient.claims.lockfile import (
 )
 from ambient.claims.lockinodes import LockInodes
 from ambient.claims.lockstate import LockLocation, LockStatus, inspect_lock, remove_if_unchanged
-from ambient.core.errors import InputError, LockHeldError, LockNotHeldError, UnsafePathError
-from ambient.core.logs import get_logger
+from ambient.core.errors import InputError, LockBusyError, LockNotHeldError, UnsafePathError
+from ambient.core.lazylog import get_logger
 from ambient.core.process import hostname, own_start_time
 from ambient.storage.fsutil import check_local_filesystem, sweep_stale_tmp
 from ambient.storage.guard import shared_guard
@@ -109,14 +109,6 @@ class LockGrant:
     def expires_at(self) -> datetime:
         """Expiry as an aware local datetime."""
         return datetime.fromtimestamp(self.expires).astimezone()
-
-
-class LockBusyError(LockHeldError):
-    """The lock is held by another holder (after waiting, if asked to wait)."""
-
-    def __init__(self, message: str, status: LockStatus) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class LockManager:
@@ -426,7 +418,7 @@ class LockManager:
             self._locs[file] = loc
         return loc
 
-    def _busy(self, status: LockStatus, holder: str, wait: float) -> LockBusyError:
+    def _busy(self, status: LockStatus, holder: str, wait: float) -> LockBusyError[LockStatus]:
         waited = f" after waiting {wait:g} s" if wait > 0 else ""
         if status.info is not None:
             info = status.info

@@ -21,7 +21,7 @@ from typing import Final, Literal
 
 from ambient.claims.lockfile import MAX_LOCK_BYTES, LockInfo, parse_lock
 from ambient.core.errors import InputError
-from ambient.core.logs import get_logger
+from ambient.core.lazylog import get_logger
 from ambient.core.process import hostname, own_start_time, process_alive
 from ambient.storage.fsutil import writer_mark
 

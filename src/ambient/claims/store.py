@@ -24,10 +24,18 @@ from pydantic import ValidationError
 
 from ambient.claims import claim as rules
 from ambient.claims.claim import Claim, ClaimFacts, ClaimResult, sess_id_ok
-from ambient.claims.claimfile import SUFFIXES, ClaimFileError, is_claim_name, read_claim_file
+from ambient.claims.claimfile import SUFFIXES, is_claim_name, read_claim_file
 from ambient.claims.index import census, read_claims
 from ambient.core.clock import Clock, SystemClock
-from ambient.core.errors import AmbientError, FencingError, InputError, StateError, TransitionError, UnsafePathError
+from ambient.core.errors import (
+    AmbientError,
+    ClaimFileError,
+    FencingError,
+    InputError,
+    StateError,
+    TransitionError,
+    UnsafePathError,
+)
 from ambient.core.problems import Problem
 from ambient.storage.fsutil import Staged, atomic_write, check_local_filesystem, fsync_dir, stage, sweep_stale_tmp
 from ambient.storage.guard import FileGuard

@@ -114,7 +114,7 @@ def quiet_logs(level: int = 30) -> None:
     command's answer (``--json`` must stay JSON). The daemon (``run``, ``demo``) sets up its own logging.
 
     structlog is set up as soon as it is imported, not before: a command that logs nothing (``ambient status``)
-    does not import it at all (:mod:`ambient.core.logs`)."""
+    does not import it at all (:mod:`ambient.core.lazylog`)."""
     if "structlog" in sys.modules:
         _configure_logs(level)
         return

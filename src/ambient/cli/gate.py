@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _cmd_gate(args: argparse.Namespace) -> int:
     from ambient.actions.gates import gate_status, move_gate
-    from ambient.human.escalations import AlreadyAnsweredError
+    from ambient.core.errors import AlreadyAnsweredError
 
     paths = BrainPaths(brain_dir(args))
     if args.action == "status":

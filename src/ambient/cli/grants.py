@@ -51,7 +51,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _forget(args: argparse.Namespace) -> int:
-    from ambient.actions.grants import NoSuchGrantError, forget_grant
+    from ambient.actions.grants import forget_grant
+    from ambient.core.errors import NoSuchGrantError
 
     try:
         done = forget_grant(_paths(args), args.agent, args.signature)

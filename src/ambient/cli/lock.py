@@ -81,7 +81,7 @@ def _status_json(status: LockStatus) -> dict[str, object]:
 
 
 def _cmd_acquire(args: argparse.Namespace) -> int:
-    from ambient.claims.locks import LockBusyError
+    from ambient.core.errors import LockBusyError
 
     if not args.ttl > 0:
         return fail(f"--ttl must be a positive number of minutes, got {args.ttl}")

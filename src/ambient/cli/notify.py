@@ -50,10 +50,11 @@ def _test(args: argparse.Namespace) -> int:
     import socket
 
     from ambient.config.brain import load_settings
+    from ambient.core.errors import DeliveryError
     from ambient.core.redact import SecretRegistry
     from ambient.human.channelstate import ChannelsReport, describe
     from ambient.human.messages import Message
-    from ambient.human.notify import AppriseNotifier, DeliveryError, Notifier, expand_urls
+    from ambient.human.notify import AppriseNotifier, Notifier, expand_urls
     from ambient.service.instance import daemon_up
     from ambient.service.notifications import build_notifiers, running_channels
     from ambient.storage.paths import BrainPaths

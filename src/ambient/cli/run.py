@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _log_setup(args: argparse.Namespace, root: Path) -> None:
     from ambient.config.brain import load_settings
-    from ambient.service.logs import configure_logging
+    from ambient.service.logsetup import configure_logging
     from ambient.storage.paths import BrainPaths
 
     settings, _ = load_settings(BrainPaths(root), os.environ)
@@ -177,7 +177,7 @@ def _demo(args: argparse.Namespace) -> int:
             "'Agents never run as root')"
         )
     out("== running the daemon until it is idle (everything done, or waiting on you)...")
-    from ambient.service.logs import configure_logging
+    from ambient.service.logsetup import configure_logging
 
     configure_logging("WARNING", json=False)
     code = _serve(root, until_idle=True, watch=True, progress=True, log_level="warning", log_format="console")

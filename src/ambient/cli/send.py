@@ -56,7 +56,8 @@ def _read(source: str, limit: int) -> bytes:
 
 def _send(args: argparse.Namespace) -> int:
     from ambient.actions.send import send_packet
-    from ambient.kernel.sendsocket import MAX_PACKET_BYTES, TOKEN_ENV, NoAnswer
+    from ambient.core.errors import NoAnswer
+    from ambient.kernel.sendsocket import MAX_PACKET_BYTES, TOKEN_ENV
     from ambient.storage.paths import BrainPaths
 
     root = brain_dir(args)

@@ -90,7 +90,7 @@ def _serve(args: argparse.Namespace, agents: list[str]) -> int:
     from ambient.runners.confinement import AGENT_USER, default_agent_user, ensure_agent_user
     from ambient.runners.spawner import Spawner
     from ambient.runners.spawner import available as spawner_available
-    from ambient.service.logs import configure_logging
+    from ambient.service.logsetup import configure_logging
 
     configure_logging("INFO", json=None if args.log_format == "auto" else args.log_format == "json")
     options = WorkerOptions(

@@ -22,8 +22,8 @@ import structlog
 from ambient.cluster.link import Link, connect, ensure_consumers
 from ambient.cluster.protocol import AI_ON_WORKERS, Done, Work, entry_from, kv_key, resumed_record, work_subject
 from ambient.runners.base import RunRequest
-from ambient.runners.config import AnyRunnerConfig
 from ambient.runners.result import AgentResult, error_result
+from ambient.runners.runner_config import AnyRunnerConfig
 
 log = structlog.get_logger(__name__)
 

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from ambient.runners.config import AnyRunnerConfig
 from ambient.runners.result import AgentResult, Resumed, Usage
+from ambient.runners.runner_config import AnyRunnerConfig
 
 #: The work-queue stream of SPAWNs and the subjects it holds (one per agent).
 WORK_STREAM: Final = "AMBIENT_WORK"

@@ -46,10 +46,11 @@ from ambient.cluster.protocol import (
     renew_every,
 )
 from ambient.cluster.roster import HEARTBEAT_S
+from ambient.core.errors import RunnerConfigError
 from ambient.runners.base import RunRequest
 from ambient.runners.command import CommandRunner
-from ambient.runners.config import CommandRunnerConfig, RunnerConfigError, parse_runner_config
 from ambient.runners.result import AgentResult, error_result
+from ambient.runners.runner_config import CommandRunnerConfig, parse_runner_config
 
 log = structlog.get_logger(__name__)
 

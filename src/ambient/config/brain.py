@@ -18,12 +18,12 @@ from pydantic import ValidationError
 from ambient.cluster.protocol import AI_ON_WORKERS, dispatch_map
 from ambient.config.settings import Settings, env_paths, settings_from, settings_salvaged
 from ambient.config.workflows import AgentExists, KnownAgents, LoadedWorkflow, MaySpawn, load_workflows
-from ambient.core.errors import InputError
+from ambient.core.errors import InputError, RunnerConfigError
 from ambient.core.problems import Problem, Severity
 from ambient.kernel.agents import AgentSpec
 from ambient.kernel.matrix import decide
 from ambient.kernel.routing_table import BrainMatrix, build_matrix
-from ambient.runners.config import CommandRunnerConfig, RunnerConfig, RunnerConfigError, parse_runner_config
+from ambient.runners.runner_config import CommandRunnerConfig, RunnerConfig, parse_runner_config
 from ambient.storage.fsutil import read_capped
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import (

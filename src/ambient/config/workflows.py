@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from ambient.core.errors import InputError, YamlError
+from ambient.core.errors import InputError, WorkflowError, YamlError
 from ambient.core.problems import Problem, Severity
 from ambient.engine.compile import workflow_issues
 from ambient.kernel.zones import DEFAULT_RULES, ZoneRule
@@ -33,9 +33,8 @@ from ambient.storage.yamlfile import (
     problems_from_validation,
 )
 from ambient.workflows import templating
-from ambient.workflows.actions import SpawnAction, format_action
 from ambient.workflows.checks import cross_targets, raw_key_issues
-from ambient.workflows.fields import WorkflowError
+from ambient.workflows.exit_actions import SpawnAction, format_action
 from ambient.workflows.spec import (
     MAX_ITEMS,
     MAX_WORKFLOW_VALUES,

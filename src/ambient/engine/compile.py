@@ -22,7 +22,8 @@ from ambient.engine.planner import (
     exit_route,
 )
 from ambient.kernel.zones import DEFAULT_RULES, ZoneRule
-from ambient.workflows.actions import (
+from ambient.workflows.checks import Issue, spec_issues
+from ambient.workflows.exit_actions import (
     AbortAction,
     Action,
     EscalateAction,
@@ -34,7 +35,6 @@ from ambient.workflows.actions import (
     SignalAction,
     SpawnAction,
 )
-from ambient.workflows.checks import Issue, spec_issues
 from ambient.workflows.spec import MAX_CONCURRENCY, ChainWorkflow, ForEachWorkflow, WorkflowSpec
 from ambient.workflows.spec import RetryPolicy as SpecRetry
 

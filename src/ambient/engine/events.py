@@ -13,7 +13,7 @@ writer that names them as before writes the same bytes. A key marked ``NotRequir
 (``question`` in a chain step's ``finished``, ``item`` in a run-wide ``decided``), which is not the same as ``null``.
 
 Reading: a journal is a file a person (or an attacker) can edit. The types say what the writers write; the fold
-still reads every value with ``.get`` and checks it (:class:`ambient.engine.runstate.HistoryError`), and a key it does
+still reads every value with ``.get`` and checks it (:class:`ambient.core.errors.HistoryError`), and a key it does
 not know is ignored.
 
 =============  ==========================================================================================

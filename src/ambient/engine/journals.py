@@ -16,8 +16,9 @@ from typing import Any
 
 import structlog
 
+from ambient.core.errors import HistoryError
 from ambient.core.problems import Problem
-from ambient.engine.runstate import HistoryError, ended_because, fold
+from ambient.engine.runstate import ended_because, fold
 from ambient.storage.fsutil import cut_to
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths

@@ -23,6 +23,7 @@ import structlog
 
 from ambient.claims.claim import TERMINAL
 from ambient.core.clock import Clock, SystemClock
+from ambient.core.errors import JournalWriteError
 from ambient.core.health import resource_of
 from ambient.core.process import process_start_time
 from ambient.engine import events
@@ -33,7 +34,7 @@ from ambient.engine.runs import RunExecutor, iso, new_run_id, run_record
 from ambient.engine.runstate import RunState, StoredQuestion, apply_event, ended_because, fold, reconcile_questions
 from ambient.engine.slots import AgentSlots
 from ambient.runners import orphans
-from ambient.storage.journal import Journal, Unwritten, append_line, read_jsonl
+from ambient.storage.journal import Journal, append_line, read_jsonl
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import MAX_CLAIM_BYTES
 
@@ -218,7 +219,7 @@ class RunManager:
                 log.warning("question_reattached", run_id=run_id, item=q.item, escalation=q.id, status=q.status)
             try:
                 journal.sync()
-            except Unwritten as exc:
+            except JournalWriteError as exc:
                 # A full disk: the records wait in memory, ahead of the ``accepted`` of any new attempt, which
                 # is committed before its agent starts (RunExecutor.durably waits for space).
                 log.warning("waiting_for_resources", resource=resource_of(exc), error=str(exc), run_id=run_id)

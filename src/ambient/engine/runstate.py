@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, cast
 
+from ambient.core.errors import HistoryError
 from ambient.engine.budget import UsageTotals, answer_hold, day_of
 from ambient.engine.events import (
     Accepted,
@@ -144,20 +145,6 @@ class RunState:
     def in_flight(self) -> list[ItemState]:
         """Items accepted but not finished: running when the history stops."""
         return [it for it in self.items if it.status == "running"]
-
-
-class HistoryError(ValueError):
-    """A run history that cannot be folded: no ``started`` event first, or a value of the wrong type or range.
-
-    The journal is a file a person (or an attacker) can edit: a value that fails its check is a problem of that run
-    (``index``: the 0-based record it is in, mapped to a line by :func:`ambient.engine.journals.journal_problem`),
-    never an exception that stops the daemon.
-    """
-
-    def __init__(self, message: str, index: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.index = index
 
 
 def fold(events: Iterable[Mapping[str, Any]]) -> RunState:

@@ -19,14 +19,13 @@ from typing import NamedTuple
 from pydantic import ValidationError
 
 from ambient.core.clock import Clock, SystemClock
-from ambient.core.errors import InputError, StateError
+from ambient.core.errors import InputError, StateError, UnknownEscalationError
 from ambient.core.problems import Problem
 from ambient.human.escalations import (
     ID_RE,
     Channel,
     Escalation,
     Status,
-    UnknownEscalationError,
     cancel,
     decide,
     describe_answer,

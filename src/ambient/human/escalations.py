@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ambient.core.errors import InputError, StateError
+from ambient.core.errors import AlreadyAnsweredError, InputError, InvalidOptionError, StateError, UnknownEscalationError
 
 #: permission: a tool call an AI agent waits on the person for; budget: a run reached a budget (ambient.engine.budget);
 #: provider: the model provider refused the key or cannot be reached (the run holds).
@@ -55,22 +55,6 @@ _TIMEOUT_ACTIONS: dict[str, tuple[str, ...]] = {
 
 
 # --------------------------------------------------------------------------- errors
-
-
-class UnknownEscalationError(InputError):
-    """No escalation has this id (CLI exit code 2)."""
-
-
-class InvalidOptionError(InputError):
-    """The answer names an option the escalation does not offer; the message lists those it does."""
-
-
-class AlreadyAnsweredError(StateError):
-    """The escalation is no longer pending (answered, expired or cancelled); nothing was changed."""
-
-    def __init__(self, message: str, *, escalation: Escalation) -> None:
-        super().__init__(message)
-        self.escalation = escalation
 
 
 # --------------------------------------------------------------------------- models

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from ambient.core.errors import InputError, NotifyError
+from ambient.core.errors import DeliveryError, InputError
 from ambient.core.redact import SecretRegistry, redact_text, redact_url
 from ambient.human.messages import Message, fit_message
 from ambient.storage.fsutil import read_capped
@@ -75,16 +75,13 @@ class SendReport:
         return SendReport(self.results + other.results)
 
 
-class DeliveryError(NotifyError):
-    """At least one target did not accept a message; ``report`` says which did and which did not."""
-
-    def __init__(self, report: SendReport, message: str | None = None) -> None:
-        self.report = report
-        if message is None:
-            failed = report.failed
-            parts = "; ".join(f"{r.display}: {r.detail or 'failed'}" for r in failed)
-            message = f"{len(failed)} of {len(report.results)} notification targets failed: {parts}"
-        super().__init__(message)
+def delivery_error(report: SendReport, message: str | None = None) -> DeliveryError[SendReport]:
+    """The :class:`DeliveryError` of ``report``; its message names each target that failed and why, unless given."""
+    if message is None:
+        failed = report.failed
+        parts = "; ".join(f"{r.display}: {r.detail or 'failed'}" for r in failed)
+        message = f"{len(failed)} of {len(report.results)} notification targets failed: {parts}"
+    return DeliveryError(report, message)
 
 
 class Notifier(Protocol):
@@ -185,7 +182,7 @@ class AppriseNotifier:
     async def send(self, message: Message, *, skip: Set[str] = frozenset()) -> SendReport:
         """Send to every URL not in ``skip``; raise :class:`DeliveryError` if any refused it."""
         if not self._urls:
-            raise DeliveryError(SendReport(), "no notification URL is configured")
+            raise delivery_error(SendReport(), "no notification URL is configured")
         targets = [t for t in await self.targets() if t.key not in skip]
         title, body = fit_message(message.title, message.body)
         results = await asyncio.gather(*(self._send_one(t, message, title, body) for t in targets))
@@ -196,7 +193,7 @@ class AppriseNotifier:
             else:
                 log.warning("notify_failed", target=r.display, message=message.dedupe_id, detail=r.detail)
         if not report.ok:
-            raise DeliveryError(report)
+            raise delivery_error(report)
         return report
 
 
@@ -209,7 +206,7 @@ class CompositeNotifier:
     async def send(self, message: Message, *, skip: Set[str] = frozenset()) -> SendReport:
         """Send through each notifier; raise :class:`DeliveryError` with the merged report if any failed."""
         outcomes = await asyncio.gather(*(n.send(message, skip=skip) for n in self._notifiers), return_exceptions=True)
-        report, errors = SendReport(), list[DeliveryError]()
+        report, errors = SendReport(), list[DeliveryError[SendReport]]()
         for outcome in outcomes:
             if isinstance(outcome, DeliveryError):
                 report, errors = report.merge(outcome.report), [*errors, outcome]
@@ -218,7 +215,7 @@ class CompositeNotifier:
             else:
                 report = report.merge(outcome)
         if errors:
-            raise DeliveryError(report) if report.results else errors[0]
+            raise delivery_error(report) if report.results else errors[0]
         return report
 
 

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ambient.core.errors import NotifyError
+from ambient.core.errors import DeliveryError, NotifyError
 from ambient.core.redact import redact_text
 from ambient.human.messages import Message
-from ambient.human.notify import DeliveryError, Notifier
+from ambient.human.notify import Notifier
 from ambient.storage.fsutil import atomic_write, fsync_dir, move, private_dir, read_capped, sweep_stale_tmp
 
 if TYPE_CHECKING:

@@ -30,11 +30,11 @@ import httpx
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from ambient.core.errors import NotifyError
+from ambient.core.errors import NotifyError, TelegramError
 from ambient.core.redact import SecretRegistry, redact_text
 from ambient.human.channelstate import telegram_off_reason
 from ambient.human.messages import TELEGRAM_MAX_CHARS, Message, clean_text, cut_text, fit_message
-from ambient.human.notify import DeliveryError, SendReport, TargetResult, target_key
+from ambient.human.notify import SendReport, TargetResult, delivery_error, target_key
 from ambient.human.outbox import RetryPolicy, next_attempt_at
 from ambient.storage.fsutil import atomic_write, read_capped
 
@@ -47,15 +47,6 @@ STATE_FILE = "telegram.json"  # under .ambient/
 
 _ESCALATION_ID = re.compile(r"[A-Za-z0-9._-]{1,40}")
 _NONCE = re.compile(r"[A-Za-z0-9_-]{8,43}")
-
-
-class TelegramError(NotifyError):
-    """A Bot API call failed; the message never contains the token."""
-
-    def __init__(self, message: str, *, code: int | None = None, retry_after: float | None = None) -> None:
-        self.code = code
-        self.retry_after = retry_after
-        super().__init__(message)
 
 
 class TelegramSettings(BaseModel):
@@ -295,7 +286,7 @@ class TelegramNotifier:
         except TelegramError as exc:
             result = TargetResult(self.key, self.display, False, str(exc))
             log.warning("notify_failed", target=self.display, message=message.dedupe_id, detail=str(exc))
-            raise DeliveryError(SendReport((result,))) from None
+            raise delivery_error(SendReport((result,))) from None
         log.info("notify_sent", target=self.display, message=message.dedupe_id)
         return SendReport((TargetResult(self.key, self.display, True, ref=str(message_id)),))
 

@@ -34,14 +34,14 @@ import structlog
 from pydantic import ValidationError
 
 from ambient.core.clock import Clock, SystemClock
-from ambient.core.errors import InputError, PacketError, UnsafePathError
+from ambient.core.errors import InputError, JournalWriteError, PacketError, UnsafePathError
 from ambient.core.problems import Problem
 from ambient.kernel.channels import Channel, ChannelRegistry
 from ambient.kernel.matrix import AccessMatrix, Decision
 from ambient.kernel.packet import AMBIENT, BROADCAST, Packet, Signal, decode_packet, make_packet, validation_message
 from ambient.kernel.zones import DEFAULT_RULES, ZoneRule, zones_below
 from ambient.storage.fsutil import resolve_in_brain
-from ambient.storage.journal import Journal, Unwritten, iter_jsonl
+from ambient.storage.journal import Journal, iter_jsonl
 from ambient.storage.paths import BrainPaths
 
 log = structlog.get_logger(__name__)
@@ -484,7 +484,7 @@ class Router:
         disk the lines stay in memory, in order, for the next flush: the audit is not worth a stop."""
         self._write_batch()
         if self.audit is not None:
-            with contextlib.suppress(Unwritten):
+            with contextlib.suppress(JournalWriteError):
                 self.audit.flush()
 
     async def commit(self) -> None:

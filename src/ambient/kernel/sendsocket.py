@@ -29,6 +29,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from ambient.core.errors import NoAnswer
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -53,10 +55,6 @@ ANSWER_TIMEOUT_S: Final = 60.0
 #: ``route(raw, token, peer_pid) -> summary``: the daemon's routing of one sent packet (the peer's pid from the
 #: kernel, None where it cannot be known).
 Route = Callable[[bytes, "str | None", "int | None"], Awaitable[dict[str, Any]]]
-
-
-class NoAnswer(OSError):
-    """The daemon took the request but closed without answering: the packet may or may not be delivered."""
 
 
 def socket_path(state_dir: Path) -> Path:

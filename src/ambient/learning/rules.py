@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ambient.core.errors import InputError
+from ambient.core.errors import UnknownRuleError
 from ambient.engine.budget import bound_signature
 from ambient.learning.stats import normalise_message
 from ambient.runners.patterns import ALLOW_PATTERN_KEY
@@ -25,10 +25,6 @@ from ambient.runners.patterns import ALLOW_PATTERN_KEY
 RuleState = Literal["shadow", "active", "forgotten"]
 DEFAULT_PROMOTE_AFTER = 3
 EVIDENCE_MAX = 20  # run ids kept per rule (the newest)
-
-
-class UnknownRuleError(InputError):
-    """No rule has this id (or the prefix matches several)."""
 
 
 class Situation(BaseModel):

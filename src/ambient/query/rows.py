@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ambient.claims.claim import ClaimFacts
-from ambient.claims.claimfile import ClaimFileError, is_claim_name, read_claim_file
-from ambient.core.errors import InputError
+from ambient.claims.claimfile import is_claim_name, read_claim_file
+from ambient.core.errors import ClaimFileError, InputError
 from ambient.core.problems import Problem
 from ambient.engine.journals import finished_glance, journal_problem
 from ambient.engine.runstate import TERMINAL_ITEM, RunState, fold

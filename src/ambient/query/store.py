@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from ambient import __version__
-from ambient.core.logs import get_logger
+from ambient.core.lazylog import get_logger
 from ambient.query.schema import FORMAT, INDEXES, TABLES
 from ambient.storage.fsutil import open_private, private_dir
 from ambient.storage.paths import BrainPaths

@@ -4,7 +4,7 @@
 external tool to close a claim, ``claude`` runs the agent's prompt on Claude Code (the ``claude`` extra), ``llm`` makes
 one model call (the ``llm`` extra). :class:`Runners` holds one runner per kind for the daemon and drains them on stop.
 
-What every runner shares: ``base`` (the request of one SPAWN and the :class:`Runner` protocol), ``config`` (an
+What every runner shares: ``base`` (the request of one SPAWN and the :class:`Runner` protocol), ``runner_config`` (an
 agent's runner configuration, by kind), ``result`` (the :class:`AgentResult` a runner returns), ``answer`` (the agent
 protocol: what an agent may answer and the result it becomes; an AI agent's reply read into it) and ``argv`` (a
 command agent's ``{{name}}`` templates).
@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from ambient.core.errors import RunnerError
 from ambient.runners.answer import interpret_output
-from ambient.runners.argv import TemplateError, render_arg, render_argv
+from ambient.runners.argv import render_arg, render_argv
 from ambient.runners.base import Runner, RunRequest, idempotency_key
-from ambient.runners.callable import CallableRunner, ImportFromStringError, import_from_string
+from ambient.runners.callable import CallableRunner, import_from_string
 from ambient.runners.command import CommandRunner
-from ambient.runners.config import (
+from ambient.runners.process_group import group_alive, signal_group, terminate_group
+from ambient.runners.result import AgentResult, AgentStatus, Reason, ResultStatus, Usage, error_result
+from ambient.runners.runner_config import (
     AnyRunnerConfig,
     AssistedRunnerConfig,
     CallableRunnerConfig,
@@ -31,11 +33,8 @@ from ambient.runners.config import (
     CommandRunnerConfig,
     LlmRunnerConfig,
     RunnerConfig,
-    RunnerConfigError,
     parse_runner_config,
 )
-from ambient.runners.process_group import group_alive, signal_group, terminate_group
-from ambient.runners.result import AgentResult, AgentStatus, Reason, ResultStatus, Usage, error_result
 
 __all__ = [
     "AgentResult",
@@ -47,16 +46,13 @@ __all__ = [
     "ClaudeRunnerConfig",
     "CommandRunner",
     "CommandRunnerConfig",
-    "ImportFromStringError",
     "LlmRunnerConfig",
     "Reason",
     "ResultStatus",
     "RunRequest",
     "Runner",
     "RunnerConfig",
-    "RunnerConfigError",
     "Runners",
-    "TemplateError",
     "Usage",
     "error_result",
     "group_alive",

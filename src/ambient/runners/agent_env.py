@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ambient.runners.argv import TemplateError
+from ambient.core.errors import SpawnTemplateError
 from ambient.runners.base import RunRequest
-from ambient.runners.config import CommandRunnerConfig
+from ambient.runners.runner_config import CommandRunnerConfig
 from ambient.storage.fsutil import resolve_in_brain
 
 #: Largest SPAWN packet (JSON bytes) handed to an agent on stdin.
@@ -47,20 +47,20 @@ def build_env(req: RunRequest, cfg: CommandRunnerConfig, packet_json: str) -> di
     for name, value in env.items():
         if "\x00" in value:
             msg = f"environment value {name} contains a NUL byte"
-            raise TemplateError(msg)
+            raise SpawnTemplateError(msg)
     return env
 
 
 def encode_packet(packet: Any) -> str:
-    """The SPAWN packet as compact JSON text; raises TemplateError when not JSON-ready or too large."""
+    """The SPAWN packet as compact JSON text; raises SpawnTemplateError when not JSON-ready or too large."""
     try:
         text = json.dumps(packet, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         msg = f"SPAWN packet is not JSON-serialisable: {exc}"
-        raise TemplateError(msg) from None
+        raise SpawnTemplateError(msg) from None
     if len(text.encode()) > MAX_PACKET_BYTES:
         msg = f"SPAWN packet is over {MAX_PACKET_BYTES} bytes"
-        raise TemplateError(msg)
+        raise SpawnTemplateError(msg)
     return text
 
 

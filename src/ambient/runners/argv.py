@@ -2,8 +2,8 @@
 
 Plain substitution, one value per argv element, no expressions and no shell: whatever a value holds (spaces,
 quotes, ``;``, ``$(...)``, newlines, ``{{x}}``) it stays exactly one argument, and a value that would read as an
-option is refused. The runner config (:mod:`ambient.runners.config`) checks the templates when an agent is loaded;
-the command runner renders them per SPAWN with the request's values.
+option is refused. The runner config (:mod:`ambient.runners.runner_config`) checks the templates when an agent is
+loaded; the command runner renders them per SPAWN with the request's values.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from ambient.core.errors import RunnerError
+from ambient.core.errors import SpawnTemplateError
 
 #: Linux MAX_ARG_STRLEN is 128 KiB including the NUL; one rendered argv element must fit.
 MAX_ARG_BYTES = 128 * 1024 - 1
@@ -19,10 +19,6 @@ MAX_ARG_BYTES = 128 * 1024 - 1
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 #: The only template allowed in argv[0]: the daemon's own interpreter (never workflow data).
 PROGRAM_TEMPLATES = frozenset({"python"})
-
-
-class TemplateError(RunnerError):
-    """An argv template that cannot be rendered (unknown name, NUL, leading dash, too long)."""
 
 
 def check_argv(argv: list[str]) -> list[str]:
@@ -66,20 +62,20 @@ def render_arg(template: str, values: Mapping[str, str], *, index: int = 0) -> s
         if name not in values:
             known = ", ".join(sorted(values)) or "none"
             msg = f"argv[{index}]: unknown template name {{{{{name}}}}}; known names: {known}"
-            raise TemplateError(msg)
+            raise SpawnTemplateError(msg)
         value = values[name]
         if not isinstance(value, str):
             msg = f"argv[{index}]: value of {{{{{name}}}}} is {type(value).__name__}; expected a string"
-            raise TemplateError(msg)
+            raise SpawnTemplateError(msg)
         return value
 
     out = _PLACEHOLDER.sub(_one, template)
     if "\x00" in out:
         msg = f"argv[{index}]: rendered argument contains a NUL byte; a NUL cannot be passed to a program"
-        raise TemplateError(msg)
+        raise SpawnTemplateError(msg)
     if len(out.encode("utf-8", "surrogateescape")) > MAX_ARG_BYTES:
         msg = f"argv[{index}]: rendered argument is over {MAX_ARG_BYTES} bytes"
-        raise TemplateError(msg)
+        raise SpawnTemplateError(msg)
     return out
 
 
@@ -101,7 +97,7 @@ def render_argv(argv: Sequence[str], values: Mapping[str, str]) -> list[str]:
                 f"argv[{index}]: templated value {rendered[:40]!r} starts with '-' and would be read as an option; "
                 "put a literal '--' element before it in argv (for tools that accept it) or prefix the template"
             )
-            raise TemplateError(msg)
+            raise SpawnTemplateError(msg)
         if template == "--":
             after_dashdash = True
         out.append(rendered)

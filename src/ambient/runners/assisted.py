@@ -21,8 +21,8 @@ from ambient.core.clock import Clock, SystemClock
 from ambient.core.errors import AmbientError, InputError
 from ambient.runners.answer import interpret_output
 from ambient.runners.base import RunRequest
-from ambient.runners.config import AssistedRunnerConfig
 from ambient.runners.result import AgentResult, error_result
+from ambient.runners.runner_config import AssistedRunnerConfig
 
 log = structlog.get_logger(__name__)
 

@@ -2,7 +2,7 @@
 carries it out and returns an :class:`~ambient.runners.result.AgentResult`, and the ``Watch`` an AI runner reports
 its turns through.
 
-An agent's runner configuration is :mod:`ambient.runners.config`, the result :mod:`ambient.runners.result`, the
+An agent's runner configuration is :mod:`ambient.runners.runner_config`, the result :mod:`ambient.runners.result`, the
 answer it came from :mod:`ambient.runners.answer`; the runners (command, callable, assisted, claude, llm) do the I/O.
 """
 

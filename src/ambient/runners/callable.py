@@ -15,17 +15,13 @@ from typing import Any
 
 import structlog
 
-from ambient.core.errors import RunnerError
+from ambient.core.errors import ImportFromStringError
 from ambient.runners.answer import interpret_output
 from ambient.runners.base import RunRequest
-from ambient.runners.config import AnyRunnerConfig, CallableRunnerConfig
 from ambient.runners.result import AgentResult, error_result
+from ambient.runners.runner_config import AnyRunnerConfig, CallableRunnerConfig
 
 log = structlog.get_logger(__name__)
-
-
-class ImportFromStringError(RunnerError):
-    """A ``"pkg.module:function"`` target that cannot be imported or is not callable."""
 
 
 def import_from_string(target: str) -> Callable[..., Any]:

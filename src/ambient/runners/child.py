@@ -19,13 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ambient.core.errors import SetupError, SpawnerLost
 from ambient.core.process import start_time_now
 from ambient.runners import confinement
 from ambient.runners.base import RunRequest
-from ambient.runners.config import CommandRunnerConfig
 from ambient.runners.pipes import Output, Pipes, child_stdio
 from ambient.runners.process_group import Proc, signal_group
-from ambient.runners.spawner import SpawnedAgent, Spawner, SpawnerLost
+from ambient.runners.runner_config import CommandRunnerConfig
+from ambient.runners.spawner import SpawnedAgent, Spawner
 
 
 def waits_by_pidfd() -> bool:
@@ -96,10 +97,6 @@ class Child:
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exited)
-
-
-class SetupError(Exception):
-    """The request's ``before_start`` job failed: the agent was not started."""
 
 
 def _before_start(req: RunRequest) -> None:

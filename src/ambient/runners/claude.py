@@ -52,7 +52,6 @@ from ambient.core.errors import AmbientError, InputError
 from ambient.runners import claude_launch, confinement, patterns, permissions
 from ambient.runners.answer import final_answer
 from ambient.runners.base import RunRequest, Watch
-from ambient.runners.config import ClaudeRunnerConfig, network_ports
 from ambient.runners.gateway import Grant, ModelGateway, Upstream, metered, upstream_auth
 from ambient.runners.keys import credential
 from ambient.runners.prompt import (
@@ -64,6 +63,7 @@ from ambient.runners.prompt import (
     system_prompt,
 )
 from ambient.runners.result import AgentResult, Reason, Usage, error_result
+from ambient.runners.runner_config import ClaudeRunnerConfig, network_ports
 from ambient.storage.fsutil import atomic_write, read_capped
 from ambient.storage.paths import BrainPaths
 

@@ -24,18 +24,18 @@ from typing import Any
 
 import structlog
 
-from ambient.core.errors import InputError
+from ambient.core.errors import InputError, SetupError, SpawnTemplateError, StdinError
 from ambient.core.health import describe, resource_of
 from ambient.runners.agent_env import agent_cwd, build_env, encode_packet
 from ambient.runners.answer import interpret_output, stated_error
-from ambient.runners.argv import TemplateError, render_argv
+from ambient.runners.argv import render_argv
 from ambient.runners.base import RunRequest
-from ambient.runners.child import SetupError, close_transport, on_exit, start_agent
-from ambient.runners.config import AnyRunnerConfig, CommandRunnerConfig
+from ambient.runners.child import close_transport, on_exit, start_agent
 from ambient.runners.confinement import drop_tmp
-from ambient.runners.pipes import Output, StdinError
+from ambient.runners.pipes import Output
 from ambient.runners.process_group import Proc, group_alive, signal_group, terminate_group
 from ambient.runners.result import AgentResult, Reason, error_result
+from ambient.runners.runner_config import AnyRunnerConfig, CommandRunnerConfig
 from ambient.runners.spawner import Spawner
 
 log = structlog.get_logger(__name__)
@@ -154,7 +154,7 @@ class CommandRunner:
             packet_json = encode_packet(req.packet)
             env = build_env(req, cfg, packet_json)
             cwd = agent_cwd(req, cfg)
-        except (TemplateError, InputError) as exc:
+        except (SpawnTemplateError, InputError) as exc:
             return error_result("bad_request", _redact(str(exc), req))
         try:
             return await self._run_started(req, cfg, argv, packet_json, env, cwd, started)

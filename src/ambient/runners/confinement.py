@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ambient.runners.base import RunRequest
-from ambient.runners.config import CommandRunnerConfig, network_ports
+from ambient.runners.runner_config import CommandRunnerConfig, network_ports
 from ambient.storage.paths import STATE_DIRNAME
 
 #: The devices a program reads (shells, Python, Node): never ``/dev`` as a whole (disks, ``/dev/mem``, terminals,

@@ -41,9 +41,9 @@ import h11
 import httpx
 import structlog
 
-from ambient.runners.config import Price
 from ambient.runners.metering import CallMeter, Provider, error_body
 from ambient.runners.result import AgentResult, Usage, error_result
+from ambient.runners.runner_config import Price
 
 log = structlog.get_logger(__name__)
 

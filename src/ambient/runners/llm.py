@@ -55,12 +55,12 @@ from typing import Any
 from ambient.core.errors import AmbientError
 from ambient.runners.answer import final_answer
 from ambient.runners.base import RunRequest, Watch
-from ambient.runners.config import LlmRunnerConfig
 from ambient.runners.gateway import Grant, ModelGateway, Upstream, metered, upstream_auth
 from ambient.runners.keys import DEFAULT_KEY, credential
 from ambient.runners.pricing import cost_usd
 from ambient.runners.prompt import ANSWER_SCHEMA, AgentPrompt, read_agent_prompt, render_brief, system_prompt
 from ambient.runners.result import AgentResult, Usage, error_result
+from ambient.runners.runner_config import LlmRunnerConfig
 
 #: Claude Code's model aliases → current Anthropic model ids (the ``aliases`` of the model catalog bundled in Claude
 #: Code 2.1.332, first-party API). A full id is sent as written.

@@ -23,9 +23,9 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from ambient.runners.config import Price
 from ambient.runners.pricing import cost_usd
 from ambient.runners.result import Usage
+from ambient.runners.runner_config import Price
 
 Provider = Literal["anthropic", "openai"]
 #: A server-sent event larger than this is not parsed for usage (it is forwarded all the same).

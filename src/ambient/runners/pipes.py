@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from ambient.core.errors import StdinError
 from ambient.runners.spawner_helper import keep_output, read_some
 from ambient.runners.waiter import Waiter
 from ambient.storage.fsutil import unnamed_file
@@ -44,10 +45,6 @@ class Output(Protocol):
     async def release(self) -> None: ...
 
     def close(self) -> None: ...
-
-
-class StdinError(OSError):
-    """The SPAWN packet could not be put where the agent reads its stdin."""
 
 
 def packet_fd(data: bytes) -> int:

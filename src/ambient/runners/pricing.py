@@ -26,8 +26,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from ambient.runners.config import Price
 from ambient.runners.result import Usage
+from ambient.runners.runner_config import Price
 
 MTOK = 1_000_000
 #: Cache multipliers of the input price for a ``price:`` that gives no cache figures.

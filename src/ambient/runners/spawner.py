@@ -41,6 +41,7 @@ from typing import Any, Final
 
 import structlog
 
+from ambient.core.errors import SpawnerLost
 from ambient.core.process import start_time_at
 from ambient.runners import spawner_helper as _helper
 from ambient.runners.waiter import Waiter
@@ -55,10 +56,6 @@ _RECV_SPACE: Final = socket.CMSG_SPACE(array.array("i").itemsize)
 _READS_PER_CALLBACK: Final = 256
 _RELEASE_WAIT_S: Final = 5.0  # for the spawner's report after a release (it is lost with the spawner otherwise)
 _FS_ENCODING: Final = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
-
-
-class SpawnerLost(OSError):
-    """The spawner process is gone: the agent's start or exit code could not be learned."""
 
 
 class SpawnedAgent(Waiter):

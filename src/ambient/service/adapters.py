@@ -30,7 +30,7 @@ from ambient.kernel.packet import Packet, make_packet
 from ambient.kernel.router import Router
 from ambient.live.context import HANDOFF_NAME, LiveContext
 from ambient.runners import AgentResult, Runners, RunRequest
-from ambient.runners.config import AnyRunnerConfig
+from ambient.runners.runner_config import AnyRunnerConfig
 from ambient.service.leases import LeaseGuard, Leases
 
 log = structlog.get_logger(__name__)

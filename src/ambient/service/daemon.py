@@ -81,7 +81,7 @@ from ambient.service.heap import HeapTrimEvaluator, freeze_startup_heap
 from ambient.service.instance import SingleInstance
 from ambient.service.limits import limits_short, raise_descriptor_limit
 from ambient.service.live_turns import LiveTurns
-from ambient.service.logs import configure_logging
+from ambient.service.logsetup import configure_logging
 from ambient.service.metering import RunMetering
 from ambient.service.notifications import NotifyService
 from ambient.service.packets import PacketDesk

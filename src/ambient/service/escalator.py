@@ -16,12 +16,12 @@ from typing import Any
 import structlog
 
 from ambient.core.clock import Clock
-from ambient.core.errors import AmbientError
+from ambient.core.errors import AlreadyAnsweredError, AmbientError
 from ambient.engine.journals import run_glance
 from ambient.engine.ports import EscalationRequest
 from ambient.engine.runstate import RunState, StoredQuestion, ended_because
 from ambient.human.escalation_store import EscalationStore
-from ambient.human.escalations import AlreadyAnsweredError, Escalation, EscalationDraft, new_escalation, offered_options
+from ambient.human.escalations import Escalation, EscalationDraft, new_escalation, offered_options
 from ambient.human.messages import Message, QuestionCard, escalation_message
 from ambient.human.outbox import Outbox
 from ambient.human.telegram import PressResult, TelegramUser, decision_text, nonce_matches

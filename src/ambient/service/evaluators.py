@@ -26,22 +26,14 @@ from ambient.claims.claim import ClaimFacts
 from ambient.claims.statusline import surely_not_open
 from ambient.claims.store import ClaimStore
 from ambient.core.clock import Clock
-from ambient.core.errors import AmbientError, InputError
+from ambient.core.errors import AlreadyAnsweredError, AmbientError, InputError
 from ambient.engine.events import Ruling
 from ambient.engine.journals import RunGlance, run_glance
 from ambient.engine.manager import RunManager
 from ambient.engine.planner import ANSWER
 from ambient.engine.tick import Tick, TriggerEngine
 from ambient.human.escalation_store import EscalationStore
-from ambient.human.escalations import (
-    ENGINE_ACTIONS,
-    AlreadyAnsweredError,
-    Escalation,
-    next_timer,
-    rebuild,
-    reminder_due,
-    timeout_due,
-)
+from ambient.human.escalations import ENGINE_ACTIONS, Escalation, next_timer, rebuild, reminder_due, timeout_due
 from ambient.human.outbox import Outbox
 from ambient.kernel.channels import Channel
 from ambient.kernel.inbox import read_inbox

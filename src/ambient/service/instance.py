@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ambient import __version__
 from ambient.core.errors import AlreadyRunningError
-from ambient.core.logs import get_logger
+from ambient.core.lazylog import get_logger
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, open_private, private_dir
 from ambient.storage.paths import BrainPaths
 

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from ambient.config.settings import NotifySettings, Settings, TelegramSettings
 from ambient.core.clock import Clock
-from ambient.core.errors import AmbientError, NotifyError
+from ambient.core.errors import AmbientError, DeliveryError, NotifyError
 from ambient.core.redact import SecretRegistry, redact_text, redact_url
 from ambient.human.channelstate import (
     ChannelsReport,
@@ -43,7 +43,6 @@ from ambient.human.notify import (
     TOKEN_CREDENTIAL,
     AppriseNotifier,
     CompositeNotifier,
-    DeliveryError,
     Notifier,
     SendReport,
     expand_urls,

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from ambient.core.errors import InputError, UnsafePathError, UnsupportedFilesystemError
-from ambient.core.logs import get_logger
+from ambient.core.lazylog import get_logger
 from ambient.core.pathrules import normalize
 from ambient.core.process import own_start_time, process_alive
 from ambient.storage.paths import STATE_DIRNAME, STATE_FILES

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ambient.core.errors import JournalWriteError
 from ambient.storage.fsutil import open_private, private_dir, write_all
 
 if TYPE_CHECKING:
@@ -59,14 +60,6 @@ def _fsync_pool() -> Any:
 
         _FSYNC_POOL.append(ThreadPoolExecutor(max_workers=2, thread_name_prefix="fsync"))
     return _FSYNC_POOL[0]
-
-
-class Unwritten(OSError):
-    """A write to a journal failed (a full disk); ``rest``: the bytes kept in memory to be written again."""
-
-    def __init__(self, cause: OSError, path: str, rest: bytes) -> None:
-        super().__init__(cause.errno, cause.strerror or str(cause), path)
-        self.rest = rest
 
 
 class Journal:
@@ -130,12 +123,12 @@ class Journal:
         self._flush_soon = False
         if self._fd < 0:
             return
-        with contextlib.suppress(Unwritten):
+        with contextlib.suppress(JournalWriteError):
             self.flush()  # a full disk: the records wait in memory for the next commit, which says so to its caller
 
     def flush(self) -> None:
         """Write buffered lines to the file (whole lines only), without fsync. A write that fails (a full disk)
-        raises :class:`Unwritten` and keeps what did not reach the file for the next try, in order."""
+        raises :class:`JournalWriteError` and keeps what did not reach the file for the next try, in order."""
         if not self._buf and not self._pending:
             return
         with self._io:
@@ -145,7 +138,7 @@ class Journal:
                 self._buf.clear()
                 try:
                     self._write(data)
-                except Unwritten as exc:
+                except JournalWriteError as exc:
                     self._buf[:0] = exc.rest
                     raise
 
@@ -155,7 +148,7 @@ class Journal:
         if data:
             try:
                 self._write(data)
-            except Unwritten as exc:
+            except JournalWriteError as exc:
                 self._pending = exc.rest + self._pending
                 raise
 
@@ -175,7 +168,7 @@ class Journal:
             if done:
                 with contextlib.suppress(OSError):
                     os.ftruncate(self._fd, os.fstat(self._fd).st_size - done)
-            raise Unwritten(exc, str(self.path), data) from exc
+            raise JournalWriteError(exc, str(self.path), data) from exc
 
     def sync(self) -> None:
         """Flush and fsync: everything written so far survives a power cut. A failed fsync raises."""

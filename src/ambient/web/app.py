@@ -33,7 +33,7 @@ from ambient.web.security import (
     signins_path,
     token_path,
 )
-from ambient.web.store import StoreThread
+from ambient.web.storethread import StoreThread
 
 STATIC: Final = Path(__file__).resolve().parent / "static"
 

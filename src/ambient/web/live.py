@@ -28,7 +28,7 @@ from starlette.routing import Route
 from ambient.service.instance import daemon_up
 from ambient.storage.fsutil import TMP_MARK, private_dir
 from ambient.storage.paths import BrainPaths
-from ambient.web.store import StoreThread
+from ambient.web.storethread import StoreThread
 
 log = structlog.get_logger(__name__)
 

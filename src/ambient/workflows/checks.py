@@ -13,11 +13,11 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
-from ambient.core.errors import InputError
+from ambient.core.errors import InputError, WorkflowTemplateError
 from ambient.core.problems import Severity
 from ambient.kernel.zones import DEFAULT_RULES, ZoneRule, normalize
 from ambient.workflows import templating
-from ambient.workflows.actions import Action, GotoAction, NextAction, SpawnAction, format_action
+from ambient.workflows.exit_actions import Action, GotoAction, NextAction, SpawnAction, format_action
 from ambient.workflows.spec import MISPLACED_KEYS, ChainStep, ChainWorkflow, ForEach, ForEachWorkflow, WorkflowSpec
 from ambient.workflows.variables import COMPLETE_VARS, ITEM_VARS, STEP_VARS, spec_item_values
 
@@ -86,7 +86,7 @@ def raw_key_issues(data: Mapping[str, Any]) -> list[Issue]:
 def _check_vars(text: str, allowed: frozenset[str], loc: tuple[str | int, ...], where: str) -> list[Issue]:
     try:
         unknown = sorted(templating.roots(text) - allowed)
-    except templating.TemplateError as exc:
+    except WorkflowTemplateError as exc:
         return [Issue(loc, exc.message)]
     if unknown:
         names = ", ".join("{{" + n + "}}" for n in sorted(allowed))

@@ -1,7 +1,7 @@
 """The small value types a workflow file is written with: names, durations, scope paths and templates.
 
-Shared by the exit-trigger actions (:mod:`ambient.workflows.actions`) and the specs (:mod:`ambient.workflows.spec`),
-so that a step name or an agent name is the same rule wherever it is written; with the error they raise.
+Shared by the exit-trigger actions (:mod:`ambient.workflows.exit_actions`) and the specs
+(:mod:`ambient.workflows.spec`), so that a step name or an agent name is the same rule wherever it is written.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import re
 from collections.abc import Callable
 from typing import Annotated, Final, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
+from pydantic import AfterValidator, BeforeValidator, Field
 from pydantic_core import PydanticCustomError
 
-from ambient.core.errors import InputError
+from ambient.core.errors import InputError, WorkflowTemplateError
 from ambient.kernel.zones import normalize
 from ambient.workflows import templating
 
@@ -27,23 +27,6 @@ STEP_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 SIGNAL_RE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 #: Step names that mean "go on" in a trigger (trigger:next), so no step may bear them.
 RESERVED_STEPS = frozenset({"next", "next_item", "next-item"})
-
-
-class WorkflowError(InputError):
-    """A workflow document that cannot become a spec; ``loc`` is the key path of the fault."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        file: str | None = None,
-        line: int | None = None,
-        loc: tuple[str | int, ...] = (),
-        validation: ValidationError | None = None,
-    ) -> None:
-        self.loc = loc
-        self.validation = validation
-        super().__init__(message, file=file, line=line)
 
 
 def custom_error(kind: str, message: str) -> PydanticCustomError:
@@ -110,7 +93,7 @@ def check_scope_text(value: str, error: Callable[[str], Exception]) -> str:
     if templating.has_variables(value):
         try:
             templating.variables(value)
-        except templating.TemplateError as exc:
+        except WorkflowTemplateError as exc:
             raise error(exc.message) from None
         return value
     try:
@@ -126,7 +109,7 @@ def _scope_field(value: str) -> str:
 def _template_field(value: str) -> str:
     try:
         templating.variables(value)
-    except templating.TemplateError as exc:
+    except WorkflowTemplateError as exc:
         raise custom_error("template", exc.message) from None
     return value
 

@@ -1,8 +1,8 @@
 """Workflow specs (DESIGN 5): the ``for_each`` form (ADR-027) and the ``chain`` form (kernel-orchestrator).
 
 The frozen pydantic models a workflow document becomes, and :func:`parse_workflow` that builds them. The exit
-triggers inside are :mod:`ambient.workflows.actions`; the checks beyond the schema, :mod:`ambient.workflows.checks`.
-Parses and validates; executes nothing.
+triggers inside are :mod:`ambient.workflows.exit_actions`; the checks beyond the schema,
+:mod:`ambient.workflows.checks`. Parses and validates; executes nothing.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from pydantic import (
     model_validator,
 )
 
+from ambient.core.errors import WorkflowError, WorkflowTemplateError
 from ambient.core.terminal import control_character, one_line
 from ambient.workflows import templating
-from ambient.workflows.actions import ActionSeq, EscalateAction, LogAction, NextAction, SignalAction, SpawnAction
+from ambient.workflows.exit_actions import ActionSeq, EscalateAction, LogAction, NextAction, SignalAction, SpawnAction
 from ambient.workflows.fields import (
     NUMBER_RE,
     RESERVED_STEPS,
@@ -40,7 +41,6 @@ from ambient.workflows.fields import (
     ScopePath,
     Seconds,
     TemplateText,
-    WorkflowError,
     check_ident,
     custom_error,
     parse_duration,
@@ -237,7 +237,7 @@ def _check_templates_in(value: Any) -> None:
     if isinstance(value, str):
         try:
             templating.variables(value)
-        except templating.TemplateError as exc:
+        except WorkflowTemplateError as exc:
             raise custom_error("invalid", exc.message) from None
     elif isinstance(value, Mapping):
         for v in value.values():

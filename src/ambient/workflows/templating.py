@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from ambient.core.errors import InputError, UnsafePathError
+from ambient.core.errors import UnsafePathError, WorkflowTemplateError
 from ambient.kernel.zones import DEFAULT_RULES, ZoneRule, normalize, zone_of
 
 # A variable is a dotted name: a root (item, total, prior...) then fields or list indexes.
@@ -22,10 +22,6 @@ _OPEN = "{{"
 _CLOSE = "}}"
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 MAX_RENDERED = 64 * 1024  # a rendered string longer than this is refused (a runaway value)
-
-
-class TemplateError(InputError):
-    """A template that names an unknown variable, is malformed, or renders to something refused."""
 
 
 @lru_cache(maxsize=1024)  # pure; the same few templates are rendered for every item of a fan-out
@@ -45,9 +41,9 @@ def _scan_uncached(template: str) -> list[tuple[int, int, str]]:
         if m is None:
             end = template.find(_CLOSE, start + 2)
             if end < 0:
-                raise TemplateError(f"unclosed '{{{{' in template {template!r}; expected {{{{name}}}}")
+                raise WorkflowTemplateError(f"unclosed '{{{{' in template {template!r}; expected {{{{name}}}}")
             inner = template[start + 2 : end].strip()
-            raise TemplateError(
+            raise WorkflowTemplateError(
                 f"{{{{{inner}}}}} in template {template!r} is not a variable name; templates substitute "
                 "names such as {{item}} or {{prior.result.status}}, they never evaluate expressions"
             )
@@ -77,9 +73,9 @@ def _format(value: Any, name: str, template: str) -> str:
     if isinstance(value, str | int | float):
         return str(value)
     if value is None:
-        raise TemplateError(f"variable {name!r} in template {template!r} has no value (null)")
+        raise WorkflowTemplateError(f"variable {name!r} in template {template!r} has no value (null)")
     kind = "a mapping" if isinstance(value, Mapping) else "a list" if isinstance(value, list | tuple) else "not text"
-    raise TemplateError(
+    raise WorkflowTemplateError(
         f"variable {name!r} in template {template!r} is {kind}; name one of its fields, e.g. {{{{{name}.status}}}}"
     )
 
@@ -89,7 +85,7 @@ def lookup(name: str, values: Mapping[str, Any], *, template: str = "") -> Any:
     first, *rest = name.split(".")
     if first not in values:
         known = ", ".join(sorted(values)) or "none"
-        raise TemplateError(f"unknown template variable {first!r} in {template!r}; known variables: {known}")
+        raise WorkflowTemplateError(f"unknown template variable {first!r} in {template!r}; known variables: {known}")
     node: Any = values[first]
     walked = first
     for part in rest:
@@ -98,7 +94,7 @@ def lookup(name: str, values: Mapping[str, Any], *, template: str = "") -> Any:
         elif isinstance(node, list | tuple) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            raise TemplateError(f"{walked!r} has no field {part!r} (template {template!r})")
+            raise WorkflowTemplateError(f"{walked!r} has no field {part!r} (template {template!r})")
         walked = f"{walked}.{part}"
     return node
 
@@ -106,7 +102,7 @@ def lookup(name: str, values: Mapping[str, Any], *, template: str = "") -> Any:
 def render(template: str, values: Mapping[str, Any]) -> str:
     """Substitute every ``{{name}}`` from ``values``; substituted text is never scanned again."""
     if not isinstance(template, str):
-        raise TemplateError(f"a template must be text, got {type(template).__name__}")
+        raise WorkflowTemplateError(f"a template must be text, got {type(template).__name__}")
     return _substitute(template, _scan(template), values)
 
 
@@ -130,7 +126,9 @@ def _substitute(
     parts.append(template[pos:])
     out = "".join(parts)
     if len(out) > MAX_RENDERED:
-        raise TemplateError(f"template {template!r} renders to {len(out)} characters; the limit is {MAX_RENDERED}")
+        raise WorkflowTemplateError(
+            f"template {template!r} renders to {len(out)} characters; the limit is {MAX_RENDERED}"
+        )
     return out
 
 
@@ -183,7 +181,7 @@ def render_path(
     business (:func:`ambient.storage.fsutil.resolve_in_brain`).
     """
     if not isinstance(template, str):
-        raise TemplateError(f"a path template must be text, got {type(template).__name__}")
+        raise WorkflowTemplateError(f"a path template must be text, got {type(template).__name__}")
     rendered = _substitute(template, _scan(template), values, _check_component)
     if _CONTROL_RE.search(rendered):
         raise UnsafePathError(f"path {rendered!r} (from {template!r}) contains a control character")
@@ -209,9 +207,9 @@ def render_argv(
     for element in argv:
         rendered = render(element, values)
         if "\x00" in rendered:
-            raise TemplateError(f"argument {element!r} renders to text with a NUL byte; expected plain text")
+            raise WorkflowTemplateError(f"argument {element!r} renders to text with a NUL byte; expected plain text")
         if reject_option_values and rendered.startswith("-") and not element.startswith("-"):
-            raise TemplateError(
+            raise WorkflowTemplateError(
                 f"argument {element!r} renders to {rendered!r}, which a tool would read as an option; "
                 "expected a value that does not start with '-'"
             )

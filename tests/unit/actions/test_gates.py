@@ -9,9 +9,9 @@ import pytest
 
 from ambient.actions.gates import move_gate, run_gate_question
 from ambient.cli import main
-from ambient.core.errors import InputError, TransitionError
+from ambient.core.errors import AlreadyAnsweredError, InputError, TransitionError
 from ambient.human.escalation_store import EscalationStore
-from ambient.human.escalations import AlreadyAnsweredError, EscalationDraft, new_escalation
+from ambient.human.escalations import EscalationDraft, new_escalation
 from ambient.storage.paths import BrainPaths
 
 T0 = datetime(2026, 3, 16, 20, 36, tzinfo=UTC)

@@ -10,7 +10,8 @@ import pytest
 
 from ambient.actions.rules import accept_rule, decides_alone, forget_rule, policy_line, read_rules, set_opt_in
 from ambient.cli import main
-from ambient.learning.rules import RuleBook, UnknownRuleError, observe, situation_from_step
+from ambient.core.errors import UnknownRuleError
+from ambient.learning.rules import RuleBook, observe, situation_from_step
 from ambient.learning.rulestore import rules_path, save_rules
 from ambient.storage.paths import BrainPaths
 

@@ -25,11 +25,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from ambient.claims.claim import new_claim
 from ambient.claims.lockfile import decode_name, encode_path, parse_lock
-from ambient.claims.locks import GUARD_NAME, LockBusyError, LockGrant, LockManager
+from ambient.claims.locks import GUARD_NAME, LockGrant, LockManager
 from ambient.claims.store import ClaimStore
 from ambient.core.errors import (
     FencingError,
     InputError,
+    LockBusyError,
     LockNotHeldError,
     UnsafePathError,
     UnsupportedFilesystemError,

@@ -56,7 +56,7 @@ import sys
 from ambient.cli._common import quiet_logs
 quiet_logs()
 assert "structlog" not in sys.modules
-from ambient.core.logs import get_logger
+from ambient.core.lazylog import get_logger
 log = get_logger("probe")
 log.info("not shown")
 log.warning("shown on stderr", n=1)

@@ -15,7 +15,7 @@ from ambient.cluster import keeper as keeper_module
 from ambient.cluster.keeper import RosterKeeper
 from ambient.cluster.protocol import dispatch_map
 from ambient.cluster.roster import Heard, document, heard, roster_from, rows, unserved, view
-from ambient.runners.config import parse_runner_config
+from ambient.runners.runner_config import parse_runner_config
 
 
 def _heard(name: str, agents: tuple[str, ...], seen: float, running: tuple[str, ...] = ()) -> Heard:

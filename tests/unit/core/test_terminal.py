@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ambient.core.terminal import printable
-from ambient.service.logs import configure_logging
+from ambient.service.logsetup import configure_logging
 from tests.e2e.helpers import ambient_cli, command_agent_md, foreach_workflow, make_brain, running
 
 #: What a terminal may act on: C0 controls but tab and newline, DEL, C1 controls, bidi and line separators.

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
+from ambient.core.errors import HistoryError
 from ambient.engine.events import Ruling
 from ambient.engine.planner import ChainAction, ChainStep, FanOut
-from ambient.engine.runstate import HistoryError, StoredQuestion, fold, reconcile_questions
+from ambient.engine.runstate import StoredQuestion, fold, reconcile_questions
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
 from tests.conftest import async_wait_until

@@ -16,15 +16,12 @@ from typing import Any
 import pytest
 
 from ambient.cli import main
-from ambient.core.errors import InputError
+from ambient.core.errors import AlreadyAnsweredError, InputError, InvalidOptionError, UnknownEscalationError
 from ambient.human import escalations as esc_mod
 from ambient.human.escalation_store import EscalationStore
 from ambient.human.escalations import (
-    AlreadyAnsweredError,
     Escalation,
     EscalationDraft,
-    InvalidOptionError,
-    UnknownEscalationError,
     find_pending,
     new_escalation,
     next_timer,
@@ -154,7 +151,7 @@ _WORKER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from ambient.human.escalation_store import EscalationStore
-    from ambient.human.escalations import AlreadyAnsweredError
+    from ambient.core.errors import AlreadyAnsweredError
     from ambient.storage.paths import BrainPaths
 
     store = EscalationStore(BrainPaths(Path(sys.argv[1])))

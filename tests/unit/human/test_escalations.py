@@ -9,15 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ambient.core.errors import InputError
+from ambient.core.errors import AlreadyAnsweredError, InputError, InvalidOptionError, UnknownEscalationError
 from ambient.human import escalations as esc_mod
 from ambient.human.escalations import (
-    AlreadyAnsweredError,
     Escalation,
     EscalationDraft,
-    InvalidOptionError,
     Option,
-    UnknownEscalationError,
     decide,
     new_escalation,
     normalize_id,

@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 
 from ambient.cli import main
-from ambient.core.errors import InputError
+from ambient.core.errors import DeliveryError, InputError
 from ambient.core.redact import SecretRegistry
 from ambient.human.messages import TELEGRAM_MAX_CHARS, Message
 from ambient.human.notify import (
     AppriseNotifier,
     CompositeNotifier,
-    DeliveryError,
     SendReport,
     TargetResult,
+    delivery_error,
     notify_urls_from,
 )
 from ambient.storage.paths import BrainPaths
@@ -140,7 +140,7 @@ class TestComposite:
             async def send(self, message: Message, *, skip: frozenset[str] = frozenset()) -> SendReport:
                 report = SendReport((TargetResult(self.key, self.key, self.ok),))
                 if not self.ok:
-                    raise DeliveryError(report)
+                    raise delivery_error(report)
                 return report
 
         with pytest.raises(DeliveryError) as caught:

@@ -16,11 +16,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ambient.core.errors import NotifyError
+from ambient.core.errors import DeliveryError, NotifyError, TelegramError
 from ambient.core.redact import SecretRegistry
 from ambient.human.escalations import new_nonce
 from ambient.human.messages import Message, QuestionCard, escalation_message
-from ambient.human.notify import DeliveryError
 from ambient.human.outbox import RetryPolicy
 from ambient.human.telegram import (
     CALLBACK_DATA_MAX_BYTES,
@@ -28,7 +27,6 @@ from ambient.human.telegram import (
     OnPress,
     PressResult,
     TelegramAnswerer,
-    TelegramError,
     TelegramNotifier,
     TelegramSettings,
     TelegramState,

@@ -10,12 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ambient.core.errors import InputError
+from ambient.core.errors import InputError, UnknownRuleError
 from ambient.learning.rules import (
     AutoDecide,
     Policy,
     Situation,
-    UnknownRuleError,
     accept,
     auto_decision_notice,
     auto_repeat_delay,

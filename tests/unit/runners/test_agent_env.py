@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from ambient.core.errors import SpawnTemplateError
 from ambient.runners.agent_env import (
     INHERITED_ENV,
     MAX_ENV_PACKET_BYTES,
@@ -16,9 +17,8 @@ from ambient.runners.agent_env import (
     build_env,
     encode_packet,
 )
-from ambient.runners.argv import TemplateError
 from ambient.runners.base import RunRequest, idempotency_key
-from ambient.runners.config import CommandRunnerConfig, parse_runner_config
+from ambient.runners.runner_config import CommandRunnerConfig, parse_runner_config
 
 TOKEN = "chan-tok-7f3e9a1c55"
 
@@ -66,15 +66,15 @@ def test_a_big_packet_goes_to_stdin_only(tmp_path: Path) -> None:
 
 def test_a_nul_byte_in_the_env_is_refused(tmp_path: Path) -> None:
     req = _req(tmp_path, item="a\x00b")
-    with pytest.raises(TemplateError, match="AMBIENT_ITEM contains a NUL byte"):
+    with pytest.raises(SpawnTemplateError, match="AMBIENT_ITEM contains a NUL byte"):
         build_env(req, _cfg(), encode_packet(req.packet))
 
 
 def test_packet_is_compact_json_within_its_cap() -> None:
     assert encode_packet({"a": [1, "é"]}) == '{"a":[1,"é"]}'
-    with pytest.raises(TemplateError, match="not JSON-serialisable"):
+    with pytest.raises(SpawnTemplateError, match="not JSON-serialisable"):
         encode_packet({"a": float("nan")})
-    with pytest.raises(TemplateError, match=f"over {MAX_PACKET_BYTES} bytes"):
+    with pytest.raises(SpawnTemplateError, match=f"over {MAX_PACKET_BYTES} bytes"):
         encode_packet({"a": "x" * MAX_PACKET_BYTES})
 
 

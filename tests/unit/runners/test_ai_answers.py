@@ -11,8 +11,8 @@ from ambient.config.brain import extra_problems
 from ambient.runners import extras
 from ambient.runners.answer import final_answer, last_json_object
 from ambient.runners.base import RunRequest
-from ambient.runners.config import ClaudeRunnerConfig, LlmRunnerConfig, parse_runner_config
 from ambient.runners.prompt import CONTRACT, AgentPrompt, agent_prompt, render_brief, system_prompt
+from ambient.runners.runner_config import ClaudeRunnerConfig, LlmRunnerConfig, parse_runner_config
 
 
 def request(

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ambient.runners import TemplateError, render_argv
+from ambient.core.errors import SpawnTemplateError
+from ambient.runners import render_argv
 
 
 class TestTemplating:
@@ -20,18 +21,20 @@ class TestTemplating:
 
     def test_unknown_name(self) -> None:
         """An unknown template name is an error naming the element and the known names."""
-        with pytest.raises(TemplateError, match=r"argv\[1\]: unknown template name \{\{nope\}\}; known names: item"):
+        with pytest.raises(
+            SpawnTemplateError, match=r"argv\[1\]: unknown template name \{\{nope\}\}; known names: item"
+        ):
             render_argv(["prog", "{{nope}}"], {"item": "x"})
 
     def test_nul_refused(self) -> None:
         """A value with a NUL byte cannot become an argument."""
-        with pytest.raises(TemplateError, match="NUL"):
+        with pytest.raises(SpawnTemplateError, match="NUL"):
             render_argv(["prog", "{{item}}"], {"item": "a\x00b"})
 
     @pytest.mark.parametrize("value", ["--output=/etc/x", "-rf", "-"])
     def test_leading_dash_needs_double_dash(self, value: str) -> None:
         """A value starting with '-' at the start of an element is refused unless '--' comes before it."""
-        with pytest.raises(TemplateError, match="put a literal '--'"):
+        with pytest.raises(SpawnTemplateError, match="put a literal '--'"):
             render_argv(["prog", "{{item}}"], {"item": value})
         assert render_argv(["prog", "--", "{{item}}"], {"item": value}) == ["prog", "--", value]
         assert render_argv(["prog", "--name={{item}}"], {"item": value}) == ["prog", f"--name={value}"]

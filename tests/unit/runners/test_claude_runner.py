@@ -14,8 +14,8 @@ pytest.importorskip("claude_agent_sdk")
 
 from ambient.runners.base import RunRequest
 from ambient.runners.claude import ClaudeRunner, transcript_exists
-from ambient.runners.config import ClaudeRunnerConfig
 from ambient.runners.result import AgentResult
+from ambient.runners.runner_config import ClaudeRunnerConfig
 from ambient.storage.paths import BrainPaths
 from ambient.testing.fakeapi import FakeAnthropic
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from ambient.runners.base import RunRequest
-from ambient.runners.config import CommandRunnerConfig, parse_runner_config
 from ambient.runners.confinement import AGENT_USER, default_agent_user, run_as, share_scope
+from ambient.runners.runner_config import CommandRunnerConfig, parse_runner_config
 
 
 def _cfg(**kw: object) -> CommandRunnerConfig:

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from ambient.runners.base import RunRequest
-from ambient.runners.config import LlmRunnerConfig, Price, parse_runner_config
 from ambient.runners.keys import credential
 from ambient.runners.llm import (
     ANTHROPIC_ALIASES,
@@ -26,6 +25,7 @@ from ambient.runners.llm import (
 )
 from ambient.runners.pricing import PRICES, ModelPrice, cost_usd, model_price
 from ambient.runners.result import AgentResult, Usage
+from ambient.runners.runner_config import LlmRunnerConfig, Price, parse_runner_config
 from ambient.testing.fakeapi import FakeAnthropic, FakeOpenAI
 
 KEY = "sk-ant-test-0123456789abcdef"

@@ -93,7 +93,7 @@ def test_a_body_without_usage_is_no_billed_call() -> None:
 
 
 def test_a_model_without_a_price_has_an_unknown_cost_unless_the_runner_gives_one() -> None:
-    from ambient.runners.config import Price
+    from ambient.runners.runner_config import Price
 
     meter = CallMeter("openai")
     meter.feed_body(b'{"id": "c", "model": "llama3.1", "usage": {"prompt_tokens": 1000000, "completion_tokens": 0}}')

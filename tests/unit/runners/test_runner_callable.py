@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from ambient.core.errors import ImportFromStringError
 from ambient.runners import (
     AgentResult,
     CallableRunner,
     CallableRunnerConfig,
-    ImportFromStringError,
     Runners,
     RunRequest,
     import_from_string,

@@ -1,4 +1,4 @@
-"""Per-agent runner configs (runners/config.py): defaults, each kind, and bad fields refused with file:line."""
+"""Per-agent runner configs (runners/runner_config.py): defaults, each kind, and bad fields refused with file:line."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from ambient.runners import CommandRunnerConfig, RunnerConfigError, parse_runner_config
+from ambient.core.errors import RunnerConfigError
+from ambient.runners import CommandRunnerConfig, parse_runner_config
 from ambient.storage.yamlfile import parse_yaml
 
 
@@ -80,7 +81,7 @@ class TestNetwork:
     """``network:``: where a confined agent may connect by TCP (by port: Landlock knows no hosts)."""
 
     def test_none_by_default_and_ports_of_the_entries(self) -> None:
-        from ambient.runners.config import network_ports
+        from ambient.runners.runner_config import network_ports
 
         assert parse_runner_config({"kind": "command", "argv": ["x"]}).network == []  # type: ignore[union-attr]
         assert network_ports([]) == ()

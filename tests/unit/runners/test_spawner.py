@@ -22,8 +22,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ambient.core.errors import SpawnerLost
 from ambient.runners import CommandRunner, CommandRunnerConfig, RunRequest, idempotency_key
-from ambient.runners.spawner import INLINE_MAX, SpawnedAgent, Spawner, SpawnerLost, available
+from ambient.runners.spawner import INLINE_MAX, SpawnedAgent, Spawner, available
 from ambient.runners.spawner_helper import keep_output
 from tests.conftest import async_wait_until, wait_until
 
@@ -372,7 +373,7 @@ _DIES_WITH_ITS_AGENT = """
 import asyncio, os, sys
 from pathlib import Path
 from ambient.runners import CommandRunner, RunRequest
-from ambient.runners.config import parse_runner_config
+from ambient.runners.runner_config import parse_runner_config
 from ambient.runners.spawner import Spawner
 
 async def main() -> None:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ambient.runners.config import parse_runner_config
+from ambient.runners.runner_config import parse_runner_config
 from ambient.service.envblock import forget, secret_names
 
 

@@ -13,7 +13,7 @@ from ambient.storage.paths import BrainPaths
 from ambient.web.fragcache import FragmentCache, fragment_key
 from ambient.web.live import Hub
 from ambient.web.security import CSRF_SCOPE
-from ambient.web.store import StoreThread
+from ambient.web.storethread import StoreThread
 
 
 class Page:

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from ambient.storage.paths import BrainPaths
 from ambient.web.app import create_app
 from ambient.web.live import QUEUE_SIZE, Hub, topics_of
-from ambient.web.store import StoreThread
+from ambient.web.storethread import StoreThread
 
 
 def test_each_file_the_daemon_writes_maps_to_its_topics(tmp_path: Path) -> None:

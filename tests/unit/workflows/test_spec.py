@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 
 from ambient.config.workflows import load_workflow, load_workflows
+from ambient.core.errors import WorkflowError
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import parse_yaml
-from ambient.workflows.actions import (
+from ambient.workflows.checks import spec_issues
+from ambient.workflows.exit_actions import (
     EscalateAction,
     GateAction,
     LogAction,
@@ -20,8 +22,7 @@ from ambient.workflows.actions import (
     SignalAction,
     SpawnAction,
 )
-from ambient.workflows.checks import spec_issues
-from ambient.workflows.fields import WorkflowError, parse_duration
+from ambient.workflows.fields import parse_duration
 from ambient.workflows.spec import (
     DEFAULT_AGENT_BY_TYPE,
     ChainWorkflow,

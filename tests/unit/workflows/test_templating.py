@@ -8,10 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ambient.core.errors import InputError, UnsafePathError
+from ambient.core.errors import InputError, UnsafePathError, WorkflowTemplateError
 from ambient.workflows.templating import (
     RenderedPath,
-    TemplateError,
     has_variables,
     render,
     render_argv,
@@ -76,20 +75,20 @@ def test_substituted_text_is_never_scanned_again() -> None:
 )
 def test_render_errors_are_clear(template: str, fragment: str) -> None:
     """Unknown names, missing fields, non-text values and expressions are errors that say why."""
-    with pytest.raises(TemplateError) as info:
+    with pytest.raises(WorkflowTemplateError) as info:
         render(template, VALUES)
     assert fragment in str(info.value)
 
 
 def test_unknown_variable_lists_the_known_ones() -> None:
     """The error for an unknown variable names the variables that exist."""
-    with pytest.raises(TemplateError, match="known variables: item, total"):
+    with pytest.raises(WorkflowTemplateError, match="known variables: item, total"):
         render("{{itme}}", {"item": "a", "total": 1})
 
 
 def test_null_value_is_an_error() -> None:
     """A null value is not silently rendered as an empty string."""
-    with pytest.raises(TemplateError, match="no value"):
+    with pytest.raises(WorkflowTemplateError, match="no value"):
         render("x/{{item}}", {"item": None})
 
 
@@ -163,7 +162,7 @@ def test_render_path_refuses_escaping_templates(template: str) -> None:
 
 def test_render_path_refuses_non_text() -> None:
     """A path template must be text."""
-    with pytest.raises(TemplateError):
+    with pytest.raises(WorkflowTemplateError):
         render_path(42, {})  # type: ignore[arg-type]
 
 
@@ -176,14 +175,14 @@ def test_render_argv_keeps_one_value_per_element() -> None:
 
 def test_render_argv_refuses_nul() -> None:
     """S-07: a NUL byte cannot reach exec."""
-    with pytest.raises(TemplateError, match="NUL"):
+    with pytest.raises(WorkflowTemplateError, match="NUL"):
         render_argv(["{{item}}"], {"item": "a\x00b"})
 
 
 def test_render_argv_can_refuse_option_like_values() -> None:
     """With reject_option_values, '-rf' coming from a value is refused; a literal option is not."""
     assert render_argv(["-v", "{{item}}"], {"item": "x"}, reject_option_values=True) == ["-v", "x"]
-    with pytest.raises(TemplateError, match="option"):
+    with pytest.raises(WorkflowTemplateError, match="option"):
         render_argv(["{{item}}"], {"item": "-rf"}, reject_option_values=True)
     assert render_argv(["{{item}}"], {"item": "-rf"}) == ["-rf"]
 

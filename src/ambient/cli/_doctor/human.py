@@ -155,10 +155,10 @@ def check_notify_urls(paths: BrainPaths, environ: Mapping[str, str], timeout: fl
     import logging
     import socket
 
-    from ambient.core.errors import InputError
+    from ambient.core.errors import DeliveryError, InputError
     from ambient.core.redact import SecretRegistry
     from ambient.human.messages import Message
-    from ambient.human.notify import AppriseNotifier, DeliveryError, notify_urls_from
+    from ambient.human.notify import AppriseNotifier, notify_urls_from
 
     registry = SecretRegistry()
     try:

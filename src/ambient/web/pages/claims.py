@@ -27,7 +27,7 @@ from ambient.core.errors import AmbientError
 from ambient.query import views
 from ambient.storage.paths import BrainPaths
 from ambient.web.render import redirect_back, render
-from ambient.web.store import read
+from ambient.web.storethread import read
 
 #: How each gate action reads on its button, and its colour (a primary move, a neutral one, or a destructive one).
 GATE_BUTTONS: Final = {

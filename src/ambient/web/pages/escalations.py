@@ -16,7 +16,7 @@ from ambient.actions.decide import decide
 from ambient.query import views
 from ambient.storage.paths import BrainPaths
 from ambient.web.render import redirect_back, render
-from ambient.web.store import predictions, read
+from ambient.web.storethread import predictions, read
 
 #: The statuses a person filters by ("" = pending and answered, each in its section).
 STATUSES: Final = ("pending", "answered", "expired", "cancelled")

@@ -23,7 +23,7 @@ from ambient.query import views
 from ambient.storage.paths import BrainPaths
 from ambient.web import chart
 from ambient.web.render import redirect_back, render
-from ambient.web.store import read
+from ambient.web.storethread import read
 
 #: Recurring error signatures shown (``ambient stats --errors``'s default).
 ERRORS_SHOWN: Final = 10

@@ -23,7 +23,7 @@ from ambient.query import views
 from ambient.storage.paths import BrainPaths
 from ambient.web.daemon import daemon_state
 from ambient.web.render import redirect_back, render
-from ambient.web.store import predictions, read
+from ambient.web.storethread import predictions, read
 
 #: How many of the last errors the overview lists, and how many recent run records it looks through for them.
 LAST_ERRORS = 8

@@ -30,7 +30,7 @@ from ambient.storage.paths import BrainPaths
 from ambient.web import rundetail, timeline
 from ambient.web.filecache import FileCache
 from ambient.web.render import render
-from ambient.web.store import predictions, read
+from ambient.web.storethread import predictions, read
 
 #: Newest turns of an item's agent thread shown under the item.
 THREAD_TAIL: Final = 6

@@ -23,7 +23,7 @@ from ambient.core.problems import Problem
 from ambient.query import views
 from ambient.storage.paths import BrainPaths
 from ambient.web.render import redirect_back, render
-from ambient.web.store import read
+from ambient.web.storethread import read
 from ambient.workflows.spec import ChainWorkflow, ForEachWorkflow
 
 #: Finished runs listed per workflow (the newest).

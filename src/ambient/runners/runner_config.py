@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from ambient.core.errors import InputError
+from ambient.core.errors import InputError, RunnerConfigError
 from ambient.core.pathrules import normalize
 from ambient.core.problems import Problem
 from ambient.runners.argv import check_argv
@@ -21,17 +21,6 @@ from ambient.storage.yamltext import LineMap
 
 KiB = 1024
 MiB = 1024 * KiB
-
-
-class RunnerConfigError(InputError):
-    """A runner configuration that does not validate; ``problems`` holds every finding with its line."""
-
-    def __init__(self, problems: Sequence[Problem]) -> None:
-        self.problems = list(problems)
-        first = self.problems[0]
-        rest = [str(p) for p in self.problems[1:]]
-        message = "\n".join([first.message, *rest])
-        super().__init__(message, file=first.file, line=first.line)
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

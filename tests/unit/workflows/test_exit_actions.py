@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ambient.workflows.actions import (
+from ambient.core.errors import ActionError
+from ambient.workflows.exit_actions import (
     AbortAction,
-    ActionError,
     EscalateAction,
     GateAction,
     GotoAction,

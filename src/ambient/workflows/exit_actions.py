@@ -13,6 +13,7 @@ from typing import Annotated, Final, Literal, TypeAlias
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError
 
+from ambient.core.errors import ActionError
 from ambient.workflows.fields import (
     NUMBER_RE,
     RESERVED_STEPS,
@@ -23,7 +24,6 @@ from ambient.workflows.fields import (
     AgentName,
     Principal,
     SatelliteType,
-    WorkflowError,
     check_scope_text,
     custom_error,
 )
@@ -44,10 +44,6 @@ KNOWN_SIGNALS: Final = frozenset(
 
 # Control characters, which a message or an exit trigger may not hold (a tab may).
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-
-
-class ActionError(WorkflowError):
-    """An exit-trigger action that is not one of the accepted spellings."""
 
 
 # ---------------------------------------------------------------------------------------------

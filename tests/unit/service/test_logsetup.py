@@ -11,7 +11,7 @@ import pytest
 import structlog
 
 from ambient.core.redact import SecretRegistry
-from ambient.service.logs import configure_logging
+from ambient.service.logsetup import configure_logging
 from tests.conftest import logging_restored
 
 CANARY = "987654321:AAFcanaryTOKENcanaryTOKEN0123456789ab"
