@@ -10,7 +10,10 @@
     otherwise): the ratio is the median of the pairs' ratios, so that both sides of a pair see the same minute
     of a noisy machine;
 (b) 200 items with a command agent (``/bin/echo {}``) at concurrency 16, paired the same way with bare
-    ``asyncio.create_subprocess_exec`` of the same program at the same concurrency (after a warm-up run);
+    ``asyncio.create_subprocess_exec`` of the same program at the same concurrency (after a warm-up run): also
+    the CPU per item of both sides (the daemon's process tree: its threads, its spawner, the agents; bare: this
+    process and its children), which the load of a shared machine moves less than their wall times. The agent is
+    confined (the default); ``--unconfined`` runs it with ``confine: false``;
 (c) the asyncio floors of ``shared/bench/peers``, for scale;
 (d) the latency from dropping a workflow file to its first SPAWN (the item's ``accepted`` record), median of 20.
 
