@@ -171,6 +171,7 @@ class TempDir:
 
     def __init__(self, where: str | None, keep: bool = False) -> None:
         self.path = Path(tempfile.mkdtemp(prefix="ambient-bench-", dir=where))
+        self.path.chmod(0o711)  # a root daemon runs agents as its agent user: they must reach the brains inside
         self.keep = keep
 
     def __enter__(self) -> Path:

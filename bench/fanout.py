@@ -10,7 +10,10 @@
     otherwise): the ratio is the median of the pairs' ratios, so that both sides of a pair see the same minute
     of a noisy machine;
 (b) 200 items with a command agent (``/bin/echo {}``) at concurrency 16, paired the same way with bare
-    ``asyncio.create_subprocess_exec`` of the same program at the same concurrency (after a warm-up run);
+    ``asyncio.create_subprocess_exec`` of the same program at the same concurrency (after a warm-up run): also
+    the CPU per item of both sides (the daemon's process tree: its threads, its spawner, the agents; bare: this
+    process and its children), which the load of a shared machine moves less than their wall times. The agent is
+    confined (the default); ``--unconfined`` runs it with ``confine: false``;
 (c) the asyncio floors of ``shared/bench/peers``, for scale;
 (d) the latency from dropping a workflow file to its first SPAWN (the item's ``accepted`` record), median of 20.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -55,6 +59,7 @@ from _common import (
 
 NOOP = agent_md("noop", {"kind": "callable", "target": "noop_agent:noop", "timeout_s": 60})
 ECHO = agent_md("echo", {"kind": "command", "argv": ["/bin/echo", "{}"], "timeout_s": 60})
+ECHO_UNCONFINED = agent_md("echo", {"kind": "command", "argv": ["/bin/echo", "{}"], "timeout_s": 60, "confine": False})
 
 
 def bench_daemon(
@@ -73,10 +78,13 @@ def bench_daemon(
     items = [f"item-{i:05d}" for i in range(n)]
     spans: list[float] = []
     peer_rates: list[float] = []
+    cpu_ms: list[float] = []
     t0 = time.perf_counter()
     with ServingDaemon(root, daemon_env([BENCH]), base / f"{label}-daemon.log") as daemon:
         for k in range(repeats + 1):
+            before = tree_cpu(daemon.proc.pid if daemon.proc else 0)
             records = daemon.run(f"{label}-{k}", foreach_yaml(f"{label}-{k}", items, agent, concurrency))
+            cpu_ms.append((tree_cpu(daemon.proc.pid if daemon.proc else 0) - before) / n * 1000)
             ok = sum(1 for r in records if r.get("ev") == "finished" and r.get("result") == "success")
             if ok != n:
                 raise RuntimeError(f"{label}-{k}: {ok}/{n} items succeeded")
@@ -96,6 +104,7 @@ def bench_daemon(
         "cold_s": cold,
         "cold_items_per_s": n / cold,
         "daemon_wall_s": time.perf_counter() - t0,
+        "cpu_ms_per_item": cpu_ms[1:],
     }
     if peer_rates:
         ratios = [n / s / rate for s, rate in zip(warm, peer_rates, strict=True)]
@@ -103,6 +112,30 @@ def bench_daemon(
             peer_items_per_s=peer_rates, peer_median_items_per_s=median(peer_rates), ratios=ratios, ratio=median(ratios)
         )
     return out
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a daemon and its children (its spawner, whose count includes the agents it reaped), all
+    threads: a cost per item that the load of a shared machine does not move as it moves wall time."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = [int(x) for x in f.read().split()]
+    except OSError:
+        return 0.0
+    for p, with_reaped in [(pid, False), *((k, True) for k in kids)]:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        used = int(fields[11]) + int(fields[12]) + ((int(fields[13]) + int(fields[14])) if with_reaped else 0)
+        total += used / tick
+    return total
+
+
+BARE_CPU: list[float] = []  # CPU ms per item of each timed bare run
 
 
 async def _bare(argv: list[str], n: int, concurrency: int) -> float:
@@ -125,7 +158,16 @@ def bare_runner(n: int, concurrency: int) -> Callable[[], float]:
     """Bare ``create_subprocess_exec`` of ``/bin/echo {}``, output read and parsed, same concurrency: a function
     timing one run (items/s), after a warm-up run here."""
     asyncio.run(_bare(["/bin/echo", "{}"], 20, concurrency))
-    return lambda: n / asyncio.run(_bare(["/bin/echo", "{}"], n, concurrency))
+
+    def once() -> float:
+        t = os.times()
+        rate = n / asyncio.run(_bare(["/bin/echo", "{}"], n, concurrency))
+        u = os.times()
+        BARE_CPU.append(sum(u[:4]) - sum(t[:4]))
+        BARE_CPU[-1] = BARE_CPU[-1] / n * 1000
+        return rate
+
+    return once
 
 
 def langgraph_runner(lg_python: str, peers: Path, n: int, state_dir: Path) -> Callable[[], float]:
@@ -207,6 +249,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=256, help="for_each.concurrency of (a) (default 256)")
     ap.add_argument("--command-n", type=int, default=200, help="items of the command-agent fan-out (default 200)")
     ap.add_argument("--command-concurrency", type=int, default=16)
+    ap.add_argument("--unconfined", action="store_true", help="(b) with `confine: false` (confined is the default)")
     ap.add_argument("--repeats", type=int, default=5, help="warm runs of (a) and (b), each paired with a peer run")
     ap.add_argument("--drops", type=int, default=20)
     ap.add_argument("--peers", default=str(REPO.parent / "shared" / "bench" / "peers"))
@@ -252,18 +295,28 @@ def main() -> int:
         if "command" not in skip:
             steal = Steal()
             bare = bare_runner(args.command_n, args.command_concurrency)
+            echo = ECHO_UNCONFINED if args.unconfined else ECHO
             r = bench_daemon(
-                base, "command", "echo", ECHO, args.command_n, args.command_concurrency, args.repeats, paired=bare
+                base, "command", "echo", echo, args.command_n, args.command_concurrency, args.repeats, paired=bare
             )
             out["command"] = r
             print(
-                f"(b) command agent /bin/echo, N={r['n']} concurrency={r['concurrency']}: "
+                f"(b) command agent /bin/echo{' unconfined' if args.unconfined else ''}, N={r['n']} "
+                f"concurrency={r['concurrency']}: "
                 f"{r['items_per_s']:.0f} items/s (cold run {r['cold_items_per_s']:.0f}); bare "
                 f"create_subprocess_exec right after each: {r['peer_median_items_per_s']:.0f}/s; ratio per pair "
                 f"{', '.join(f'{x:.2f}' for x in r['ratios'])}: median {r['ratio']:.2f} (target >= 0.7: "
                 f"{'met' if r['ratio'] >= 0.7 else 'MISSED'}){steal.stop()}"
             )
             r["steal"] = steal.share
+            r["bare_cpu_ms_per_item"] = list(BARE_CPU)
+            print(
+                f"(b) CPU per item, ms (the daemon, its spawner and the agents; bare: this process and its "
+                f"children): {', '.join(f'{x:.2f}' for x in r['cpu_ms_per_item'])} (median "
+                f"{median(r['cpu_ms_per_item']):.2f}); bare {', '.join(f'{x:.2f}' for x in BARE_CPU)} (median "
+                f"{median(BARE_CPU):.2f}); ratio of CPU bare/ambient "
+                f"{median([b / a for a, b in zip(r['cpu_ms_per_item'], BARE_CPU, strict=True)]):.2f}"
+            )
         if "peers" not in skip:
             steal = Steal()
             floor = run_peer(

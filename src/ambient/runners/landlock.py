@@ -18,6 +18,7 @@ import ctypes
 import errno
 import os
 import platform
+import stat
 from collections.abc import Iterable
 
 _SYSCALLS = {  # x86_64 and aarch64 (and every arch since 5.13) share these numbers
@@ -117,47 +118,132 @@ def confine(read: Iterable[bytes], write: Iterable[bytes], version: int, connect
     Paths that do not exist are skipped. Raises OSError when the kernel refuses (the caller must not run the
     agent unconfined then). Call it in the child, after fork, before exec.
     """
+    fd = ruleset(read, write, version, connect)
+    try:
+        restrict(fd)
+    finally:
+        os.close(fd)
+
+
+def ruleset(read: Iterable[bytes], write: Iterable[bytes], version: int, connect: Iterable[int] | None = None) -> int:
+    """The ruleset of :func:`confine`, built here, not yet applied: its descriptor (close-on-exec; the caller closes
+    it). A process forked after applies it with :func:`restrict`, so that the child only has that step to take
+    (the spawner builds each agent's ruleset before its fork: bench/README.md). The paths of ``read`` are opened
+    once per process and kept (:class:`_Opened`): each use checks that the path still names the same inode."""
     handled = fs_rights(version)
     net = BIND_TCP | CONNECT_TCP if connect is not None and version >= NET_ABI else 0
     attr = _RulesetAttr(handled, net, (SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET) if version >= 6 else 0)
     # Older kernels know only the first fields.
     size = ctypes.sizeof(_RulesetAttr) if version >= 6 else 16 if version >= NET_ABI else 8
-    ruleset = _syscall("create_ruleset", ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    fd = _syscall("create_ruleset", ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     try:
-        for paths, rights in ((read, READ), (write, handled)):
-            for path in paths:
-                _allow(ruleset, path, rights & handled)
+        for path in read:
+            _OPENED.allow(fd, path, READ & handled)
+        for path in write:
+            _allow(fd, path, handled)
         if net:
             for port in sorted(set(connect or ())):
                 rule = _NetPortAttr(CONNECT_TCP, port)
                 _syscall(
                     "add_rule",
-                    ctypes.c_int(ruleset),
+                    ctypes.c_int(fd),
                     ctypes.c_int(_RULE_NET_PORT),
                     ctypes.byref(rule),
                     ctypes.c_uint32(0),
                 )
-        if _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            code = ctypes.get_errno()
-            raise OSError(code, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(code)}")
-        _syscall("restrict_self", ctypes.c_int(ruleset), ctypes.c_uint32(0))
-    finally:
-        os.close(ruleset)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def restrict(ruleset_fd: int) -> None:
+    """Apply a ruleset of :func:`ruleset` to this process: no_new_privs, then Landlock. OSError when refused."""
+    libc = _libc()
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(code)}")
+    if libc.syscall(_SYSCALLS["restrict_self"], ruleset_fd, 0) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"landlock_restrict_self: {os.strerror(code)}")
+
+
+_SKIPPED = (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP)
+_FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV  # the rights a file can take
 
 
 def _allow(ruleset: int, path: bytes, rights: int) -> None:
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP):
+        if exc.errno in _SKIPPED:
             return
         raise
     try:
-        if not os.path.isdir(path):  # noqa: PTH112 - bytes, as the request carries them
-            rights &= EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV  # the rights a file can take
-        rule = _PathBeneathAttr(rights, fd)
-        _syscall(
-            "add_rule", ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)
-        )
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            rights &= _FILE_RIGHTS
+        _add_rule(ruleset, fd, rights)
     finally:
         os.close(fd)
+
+
+def _add_rule(ruleset: int, fd: int, rights: int) -> None:
+    rule = _PathBeneathAttr(rights, fd)
+    _syscall(
+        "add_rule", ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)
+    )
+
+
+class _Opened:
+    """Read paths opened once (``O_PATH``) and kept, with the inode each was, for the rulesets of many agents.
+
+    Every use stats the path again: a path that now names another inode (a folder replaced, a file renamed over)
+    is opened afresh, one that is gone is skipped, so each ruleset grants what the paths name when it is built,
+    as opening them then would. Kept within a quarter of the descriptor limit (the rest are opened each time)."""
+
+    def __init__(self) -> None:
+        self.fds: dict[bytes, tuple[int, int, int, bool]] = {}  # path → (descriptor, device, inode, is a folder)
+        self.limit = -1
+
+    def allow(self, ruleset: int, path: bytes, rights: int) -> None:
+        try:
+            st = os.stat(path)  # noqa: PTH116 - bytes, stdlib only
+        except OSError as exc:
+            self.forget(path)
+            if exc.errno in _SKIPPED:
+                return
+            raise
+        kept = self.fds.get(path)
+        if kept is None or kept[1] != st.st_dev or kept[2] != st.st_ino:
+            self.forget(path)
+            kept = self.open(path)
+            if kept is None:
+                _allow(ruleset, path, rights)  # not kept: opened for this ruleset alone
+                return
+        if not kept[3]:
+            rights &= _FILE_RIGHTS
+        _add_rule(ruleset, kept[0], rights)
+
+    def open(self, path: bytes) -> tuple[int, int, int, bool] | None:
+        if self.limit < 0:
+            import resource
+
+            self.limit = max(0, min(256, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4))
+        if len(self.fds) >= self.limit:
+            return None
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return None
+        st = os.fstat(fd)
+        kept = (fd, st.st_dev, st.st_ino, stat.S_ISDIR(st.st_mode))
+        self.fds[path] = kept
+        return kept
+
+    def forget(self, path: bytes) -> None:
+        kept = self.fds.pop(path, None)
+        if kept is not None:
+            os.close(kept[0])
+
+
+_OPENED = _Opened()

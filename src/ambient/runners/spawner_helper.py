@@ -88,21 +88,37 @@ def _spawn(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]) -> int:
 
 def _spawn_confined(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int], jail: dict[str, Any]) -> int:
     """Start one agent confined: fork, then in the child confine it under Landlock if asked (``read``/``write``/
-    ``abi``, and ``connect``: the TCP ports it may reach; see ambient.runners.landlock: the paths are opened while
-    still the daemon's user), take the agent's own user if asked (``uid``/``gid``: the daemon runs as root; every
-    capability dropped, see :func:`_drop_privileges`), and exec. posix_spawn runs no code between the two, so this
-    path forks (the spawner is small and single-threaded: a fork is cheap and safe) and returns at once, without
-    waiting for the exec: the next agent's start overlaps this one's (bench/fanout.py (b)). A confinement or exec
-    that fails is said on the agent's stderr, and the agent exits 127, as a shell says a command it cannot run."""
+    ``abi``, and ``connect``: the TCP ports it may reach; see ambient.runners.landlock), take the agent's own user
+    if asked (``uid``/``gid``: the daemon runs as root; every capability dropped, see :func:`drop_privileges`), and
+    exec. posix_spawn runs no code between the two, so this path forks (the spawner is small and single-threaded: a
+    fork is cheap and safe) and returns at once, without waiting for the exec: the next agent's start overlaps this
+    one's (bench/fanout.py (b)). The agent's Landlock ruleset is built here, before the fork, while still the
+    daemon's user (its read paths opened once and kept, see ``landlock.ruleset``): the child only applies it, and
+    drops its user with the calls prepared here, so that it runs as few Python steps as it can between fork and
+    exec (each touches pages the fork shares: bench/README.md). A confinement or exec that fails is said on the
+    agent's stderr, and the agent exits 127, as a shell says a command it cannot run."""
+    rules = -1
+    problem: BaseException | None = None
     if jail.get("abi"):
         if _LANDLOCK not in sys.modules:
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: PTH100, PTH120 - stdlib, -I -S
         import landlock  # type: ignore[import-not-found,unused-ignore]  # ambient/runners/landlock.py, a sibling
 
-        landlock.abi()  # loads the C library here, once: every child forked after inherits it
+        try:
+            rules = landlock.ruleset(jail["read"], jail["write"], jail["abi"], jail.get("connect"))
+        except Exception as exc:  # noqa: BLE001 - said by the child on the agent's stderr, as before its exec
+            problem = exc
+    drop = _Drop(jail["uid"], jail["gid"]) if "uid" in jail else None
     exes = _executables(argv[0], env)
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except BaseException:
+        if rules >= 0:
+            os.close(rules)
+        raise
     if pid:
+        if rules >= 0:
+            os.close(rules)  # the child keeps its copy until its exec (close-on-exec)
         return pid
     # The child: nothing here may return into the spawner's loop.
     message = "confinement failed"
@@ -113,10 +129,12 @@ def _spawn_confined(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]
         for sig in _DEFAULT_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        if jail.get("abi"):
-            landlock.confine(jail["read"], jail["write"], jail["abi"], jail.get("connect"))
-        if "uid" in jail:
-            drop_privileges(jail["uid"], jail["gid"])
+        if problem is not None:
+            raise problem
+        if rules >= 0:
+            landlock.restrict(rules)
+        if drop is not None:
+            drop.apply()
             reach = jail.get("reach")
             if reach and not os.access(reach, os.X_OK):
                 raise OSError(
@@ -161,31 +179,64 @@ def drop_privileges(uid: int, gid: int) -> None:
     ``uid`` 0 (a runner's ``user: root``, the person's choice) keeps root's files but no power of root: no
     module loading, clock, reboot, ptrace, ``chown``, reading others' files, and securebits locked so that no
     exec gives root's capabilities back. Raises OSError when any step fails (the agent then does not run)."""
-    import ctypes  # loaded already (_become_subreaper): the import costs the child nothing
+    _Drop(uid, gid).apply()
 
-    libc = ctypes.CDLL(None, use_errno=True)
 
-    def prctl(*args: int) -> None:
-        if libc.prctl(*(ctypes.c_ulong(a) for a in args), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+class _Drop:
+    """The steps of :func:`drop_privileges`, prepared (the C library, the capabilities this kernel has, each call's
+    arguments) by the spawner before its fork, so that the child only makes the calls."""
+
+    __slots__ = ("capset", "data", "gid", "header", "libc", "prctls", "uid")
+
+    def __init__(self, uid: int, gid: int) -> None:
+        import ctypes  # loaded already (_become_subreaper): the import costs nothing
+
+        self.uid, self.gid = uid, gid
+        self.libc = _c_library()
+        calls = [(_PR_SET_NO_NEW_PRIVS, 1, 0), (_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0)]
+        calls += [(_PR_CAPBSET_DROP, cap, 0) for cap in range(_last_cap() + 1)]
+        if uid == 0:
+            calls.append((_PR_SET_SECUREBITS, _SECUREBITS_ROOT_POWERLESS, 0))
+        zero = ctypes.c_ulong(0)
+        self.prctls = [(call, (*(ctypes.c_ulong(a) for a in call), zero, zero)) for call in calls]
+        self.header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)  # struct __user_cap_header_struct
+        self.data = (ctypes.c_uint32 * 6)()  # two of effective, permitted, inheritable: all zero
+
+    def apply(self) -> None:
+        import ctypes
+
+        prctl = self.libc.prctl
+        for call, args in self.prctls:
+            if prctl(*args) != 0:
+                code = ctypes.get_errno()
+                raise OSError(code, f"prctl{call}: {os.strerror(code)}")
+        os.setgroups([])
+        os.setgid(self.gid)
+        os.setuid(self.uid)
+        if self.libc.capset(self.header, self.data) != 0:
             code = ctypes.get_errno()
-            raise OSError(code, f"prctl{args}: {os.strerror(code)}")
+            raise OSError(code, f"capset: {os.strerror(code)}")
 
-    prctl(_PR_SET_NO_NEW_PRIVS, 1, 0)
-    prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0)
-    with open("/proc/sys/kernel/cap_last_cap", "rb") as f:  # noqa: PTH123 - stdlib only
-        last = int(f.read())
-    for cap in range(last + 1):
-        prctl(_PR_CAPBSET_DROP, cap, 0)
-    if uid == 0:
-        prctl(_PR_SET_SECUREBITS, _SECUREBITS_ROOT_POWERLESS, 0)
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)  # struct __user_cap_header_struct: version, pid
-    data = (ctypes.c_uint32 * 6)()  # two of effective, permitted, inheritable: all zero
-    if libc.capset(header, data) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"capset: {os.strerror(code)}")
+
+_CACHED: dict[str, Any] = {}
+
+
+def _c_library() -> Any:
+    """The C library, loaded once per process (``CDLL(None)``: the running program's own symbols)."""
+    if "libc" not in _CACHED:
+        import ctypes
+
+        _CACHED["libc"] = ctypes.CDLL(None, use_errno=True)
+    return _CACHED["libc"]
+
+
+def _last_cap() -> int:
+    """The highest capability this kernel knows, read once."""
+    if "last_cap" not in _CACHED:
+        with open("/proc/sys/kernel/cap_last_cap", "rb") as f:  # noqa: PTH123 - stdlib only
+            _CACHED["last_cap"] = int(f.read())
+    last: int = _CACHED["last_cap"]
+    return last
 
 
 def read_some(fd: int) -> bytes | None:

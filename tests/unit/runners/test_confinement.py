@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from ambient.runners.base import RunRequest
-from ambient.runners.confinement import AGENT_USER, default_agent_user, run_as, share_scope
+from ambient.runners.confinement import AGENT_USER, TempDirs, default_agent_user, run_as, share_scope
 from ambient.runners.runner_config import CommandRunnerConfig, parse_runner_config
 
 
@@ -49,3 +50,39 @@ def test_share_scope_gives_the_scope_and_the_shared_folders_to_the_agents_group(
     for path in (brain / "notes", brain / "private", brain / "private" / "p.md", brain):
         assert path.stat().st_gid == 0, path
     assert not (tmp_path / "outside.md").exists()
+
+
+def test_temp_dirs_are_private_fresh_never_handed_out_twice_and_removed_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dirs = TempDirs(spare=2)
+    taken = [dirs.take("scribe") for _ in range(5)]
+    assert dirs.wait(60)
+    assert len(set(taken)) == 5
+    for path in taken:
+        st = path.lstat()
+        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+        assert path.parent == tmp_path and path.name.startswith("ambient-scribe-")
+    ready = set(tmp_path.iterdir()) - set(taken)
+    assert len(ready) == 2  # made ahead for the next agents of that name
+    (taken[0] / "scratch").write_text("x")
+    for path in taken:
+        dirs.drop(str(path))
+    assert dirs.wait(60)
+    assert set(tmp_path.iterdir()) == ready
+    dirs.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_temp_dir_made_ahead_then_changed_is_not_handed_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dirs = TempDirs(spare=1)
+    first = dirs.take("scribe")
+    assert dirs.wait(60)
+    (ready,) = set(tmp_path.iterdir()) - {first}
+    ready.chmod(0o755)  # opened to others meanwhile
+    second = dirs.take("scribe")
+    assert second not in (first, ready)
+    assert stat.S_IMODE(second.lstat().st_mode) == 0o700
+    dirs.close()
