@@ -53,11 +53,14 @@ def _building(paths: BrainPaths) -> str | None:
     """How far the query store is built when a builder fills it in the background (``missing``: not even the runs
     yet, ``claims``: all but the claims), after starting one if none runs; None when the store is ready, or the
     brain so small that reading it now is quicker (the store is then built here, as any reader does)."""
-    from ambient.query.glance import FIRST_LOOK_MIN, files_to_index
     from ambient.query.store import QueryStore
 
     readiness = QueryStore.readiness(paths)
-    if readiness == "ready" or files_to_index(paths) < FIRST_LOOK_MIN:
+    if readiness == "ready":
+        return None
+    from ambient.query.glance import FIRST_LOOK_MIN, files_to_index
+
+    if files_to_index(paths) < FIRST_LOOK_MIN:
         return None
     from ambient.query import builder
 
@@ -146,11 +149,14 @@ def _first_look(paths: BrainPaths, workflow: str | None, up: bool) -> dict[str, 
         "troubles": _troubles(paths, up),
         "notifications": None,
         "runs": None,
-        "run_heads": [
+        "run_heads": None
+        if look.runs is None
+        else [
             {"run_id": h.run_id, "workflow": h.workflow, "started_at": h.started_at, "total": h.total}
             for h in look.runs
             if workflow in (None, h.workflow)
         ],
+        "run_journals": look.journals,
         "escalations": None,
         "escalation_files": look.escalation_files,
         "locks": _locks(paths),
@@ -395,7 +401,11 @@ def _print_first_look(data: dict[str, Any], root: Path, write: Callable[[str], N
     """The rest of a status while the query store is first built: what was cheap to read, and what is not known
     yet said so."""
     heads = data["run_heads"]
-    write(f"Runs in progress: {len(heads)} (their items are being gathered)")
+    if heads is None:
+        write(f"Runs in progress: being gathered ({data['run_journals']:,} run journals)")
+        heads = []
+    else:
+        write(f"Runs in progress: {len(heads)} (their items are being gathered)")
     for h in heads:
         total = f", {h['total']} items" if h["total"] is not None else ""
         write(f"  {h['workflow'] or '?':<20} started {h['started_at'] or '?'}{total}  {h['run_id']}")
