@@ -50,9 +50,9 @@ def _store(root: Path, *, build: bool = True) -> Any:
 
 
 def _building(paths: BrainPaths) -> str | None:
-    """How far the query store is built when a builder fills it in the background (``missing``: not even the runs
-    yet, ``claims``: all but the claims), after starting one if none runs; None when the store is ready, or the
-    brain so small that reading it now is quicker (the store is then built here, as any reader does)."""
+    """How far the query store is built when a builder is to fill it in the background (``missing``: not even the
+    runs yet, ``claims``: all but the claims); None when the store is ready, or the brain so small that reading it
+    now is quicker (the store is then built here, as any reader does)."""
     from ambient.query.store import QueryStore
 
     readiness = QueryStore.readiness(paths)
@@ -60,12 +60,18 @@ def _building(paths: BrainPaths) -> str | None:
         return None
     from ambient.query.glance import FIRST_LOOK_MIN, files_to_index
 
-    if files_to_index(paths) < FIRST_LOOK_MIN:
-        return None
-    from ambient.query import builder
+    return readiness if files_to_index(paths) >= FIRST_LOOK_MIN else None
 
-    builder.start(paths)
-    return readiness
+
+def _build_if_gathering(root: Path, data: dict[str, Any]) -> None:
+    """Start the builder of the query store (unless one runs) when ``data`` says figures are being gathered: after
+    the answer is written, so that the builder's start (its imports, read from disk) does not slow the answer."""
+    if data.get("gathering") or data["claims"]["open"] is None:
+        from ambient.query import builder
+        from ambient.storage.paths import BrainPaths
+
+        sys.stdout.flush()
+        builder.start(BrainPaths(root))
 
 
 def _doing_now(paths: Any) -> dict[tuple[str, str], dict[str, Any]]:
@@ -451,7 +457,10 @@ def _known_workflow(root: Path, name: str) -> bool:
         return True
     from ambient.query import views
 
-    store = _store(root)
+    try:
+        store = _store(root, build=False)  # the runs only: the claims of a store not built are left to the builder
+    except sqlite3.OperationalError:
+        return True  # locked by its builder too long: status goes on (and shows what it finds of that workflow)
     try:
         with store.reading() as conn:
             return views.known_workflow_run(conn, name)
@@ -494,20 +503,23 @@ def _status(args: argparse.Namespace) -> int:
     if args.workflow and not _known_workflow(root, args.workflow):
         return fail(f"no workflow named {args.workflow!r}: no file in {root / 'workflows'} and no run recorded")
     if args.json:
-        out_json(collect(root, args.workflow))
+        data = collect(root, args.workflow)
+        out_json(data)
+        _build_if_gathering(root, data)
         return EXIT_OK
     if args.watch:
         try:
             while True:
                 lines: list[str] = []
-                print_status(root, verbose=True, workflow=args.workflow, write=lines.append)
+                data = print_status(root, verbose=True, workflow=args.workflow, write=lines.append)
                 # Our clear-screen sequence, then the lines escaped like out() does (agent text: ambient.core.terminal).
                 sys.stdout.write("\x1b[2J\x1b[H" + printable("\n".join(lines)) + "\n")
                 sys.stdout.flush()
+                _build_if_gathering(root, data)
                 time.sleep(1.0)
         except KeyboardInterrupt:
             return EXIT_OK
-    print_status(root, workflow=args.workflow)
+    _build_if_gathering(root, print_status(root, workflow=args.workflow))
     return EXIT_OK
 
 
