@@ -8,6 +8,9 @@ Explicit tags: a value its tag cannot read (``!!int x``, ``!!bool maybe``), an i
 Python's 4,300-digit limit, or a tag that makes something else than text, numbers, booleans, null, lists
 and mappings (``!!binary``, ``!!set``, ``!!omap``, ``!!pairs``) is a :class:`YamlError` at the node's line:
 every reader catches that one error, and nothing else escapes the loader.
+A document of the narrow subset ambient itself writes (every claim: plain keys, block mappings, lists of plain
+scalars) is read in one pass instead (:func:`_plain_document`), with the same data and lines; anything outside it,
+hostile input included, goes to the loader.
 :mod:`ambient.storage.yamlfile` adds the capped, no-follow file reading.
 """
 
