@@ -58,6 +58,8 @@ def _building(paths: BrainPaths) -> str | None:
     readiness = QueryStore.readiness(paths)
     if readiness == "ready":
         return None
+    if not os.access(paths.state if paths.state.is_dir() else paths.root, os.W_OK):
+        return None  # a read-only .ambient/: no builder can keep a store, the reader builds one in memory
     from ambient.query.glance import FIRST_LOOK_MIN, files_to_index
 
     return readiness if files_to_index(paths) >= FIRST_LOOK_MIN else None
