@@ -431,7 +431,8 @@ class QueryStore:
             while todo:
                 with self._transaction(conn):
                     todo = self._claims_slice(conn, todo, seed)
-                time.sleep(_BUILD_PAUSE_S)
+                if todo and not self.in_memory:  # a turn for readers of the file (one in memory has none)
+                    time.sleep(_BUILD_PAUSE_S)
             with self._transaction(conn):
                 self._claims(conn, changed)
                 self._claim_dups(conn, None)
