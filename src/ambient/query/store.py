@@ -382,7 +382,10 @@ class QueryStore:
                 unlisted = not self._claims_listed(conn)
                 if not unlisted:
                     self._claims(conn, changed)
-            self._set_meta(conn, filled=1)
+            # The runs are read: readers may use the store. Written once (a store whose first refresh was stopped
+            # is filled by the next), not at every refresh.
+            if conn.execute("SELECT 1 FROM meta WHERE key='filled'").fetchone() is None:
+                self._set_meta(conn, filled=1)
         if self.rebuilt:
             changed |= {"runs", "records", "escalations", "claims"}
             self.rebuilt = False

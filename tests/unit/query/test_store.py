@@ -348,3 +348,27 @@ def test_a_build_stopped_half_way_goes_on_where_it_was(brain: BrainPaths, monkey
     )
     assert _answers(brain) == expected
     assert len(read) == 305 - 10  # the files read before were not read again
+
+
+def test_a_store_whose_first_refresh_was_stopped_is_filled_by_the_next(
+    brain: BrainPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A builder stopped while it read the runs leaves a store of this code but not filled: readers are told it is
+    missing (status then looks at the files itself), and the next refresh fills it, to the same answers."""
+    expected = _answers(brain)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{brain.state / DB_NAME}{suffix}").unlink(missing_ok=True)
+    real = QueryStore._journals
+
+    def stopped(self: QueryStore, *args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(QueryStore, "_journals", stopped)
+    store = QueryStore(brain)
+    with pytest.raises(KeyboardInterrupt):
+        store.refresh()
+    store.close()
+    assert (brain.state / DB_NAME).exists() and QueryStore.readiness(brain) == "missing"
+    monkeypatch.setattr(QueryStore, "_journals", real)
+    assert _answers(brain) == expected
+    assert QueryStore.readiness(brain) == "ready"
