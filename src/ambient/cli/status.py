@@ -111,7 +111,7 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
     try:
         store = _store(root, build=building is None)
     except sqlite3.OperationalError:  # locked by the builder too long: what is cheap, and the builder goes on
-        return _first_look(paths, workflow, up)
+        return _first_look(paths, workflow, up, indexed=None)
     try:
         indexing = None if store.claims_indexed() else store.claim_files_indexed()
         files = None if indexing is None else _claim_files(paths)
@@ -142,9 +142,10 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
     }
 
 
-def _first_look(paths: BrainPaths, workflow: str | None, up: bool) -> dict[str, Any]:
+def _first_look(paths: BrainPaths, workflow: str | None, up: bool, *, indexed: int | None = 0) -> dict[str, Any]:
     """What ``collect`` gives while the query store is first built in the background: what is cheap to read
-    (:mod:`ambient.query.glance`), and None for what is still being gathered (runs' items, escalations, claims)."""
+    (:mod:`ambient.query.glance`), and None for what is still being gathered (runs' items, escalations, claims).
+    ``indexed``: how many claim files the store has read (None: not known, the store being busy)."""
     from ambient.query.glance import first_look
     from ambient.service.instance import running_pid
 
@@ -168,7 +169,7 @@ def _first_look(paths: BrainPaths, workflow: str | None, up: bool) -> dict[str, 
         "escalations": None,
         "escalation_files": look.escalation_files,
         "locks": _locks(paths),
-        "claims": _claims_figure(None, [], 0, files=look.claim_files),
+        "claims": {"open": None, "problems": [], "indexing": {"indexed": indexed, "files": look.claim_files}},
         "errors": _failures(records, []),
         "broken_workflows": [],
         "unreadable_runs": [],
@@ -433,10 +434,8 @@ def _print_locks_claims_errors(data: dict[str, Any], root: Path, write: Callable
     if claims["open"] is None:
         done = claims["indexing"]
         files = f"{done['files']:,} claim files" if done["files"] is not None else "claim files"
-        write(
-            f"Open claims: being indexed ({done['indexed']:,} of {files} read); "
-            f"run `{ambient_command(root, 'status')}` again"
-        )
+        read = f"{done['indexed']:,} of {files} read" if done["indexed"] is not None else files
+        write(f"Open claims: being indexed ({read}); run `{ambient_command(root, 'status')}` again")
     else:
         write(
             f"Open claims: {claims['open']}"
