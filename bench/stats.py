@@ -146,6 +146,53 @@ def _workers(size: int) -> int:
     return min(len(os.sched_getaffinity(0)), 4, max(1, size // PARALLEL_MIN_BYTES))
 
 
+def time_parsers(runs_log: Path, repeats: int) -> None:
+    """Reading every line into what the statistics count, best of ``repeats``, in one process: ``json.loads`` and
+    the hand parser (``StatsBuilder._parse``: plain dicts, exact type checks), against the typed model
+    (``RunRecord.model_validate_json``, pydantic's Rust core), then the same accumulation after each."""
+    from ambient.engine.records import RunRecord, is_failure
+    from ambient.learning.stats import StatsBuilder
+
+    lines = runs_log.read_bytes().splitlines()
+    parse = StatsBuilder()._parse
+
+    def hand() -> None:
+        for raw in lines:
+            parse(json.loads(raw))
+
+    def model() -> None:
+        for raw in lines:
+            RunRecord.model_validate_json(raw)
+
+    def model_read() -> None:  # the model, then what _parse takes from a record read off its attributes
+        for raw in lines:
+            rec = RunRecord.model_validate_json(raw)
+            steps = [
+                (s.agent, s.result, s.duration_ms, s.error, s.signal_in == "ESCALATE", s.result == "error",
+                 is_failure({"result": s.result, "signal_in": s.signal_in, **(s.model_extra or {})}), s.usage or None)
+                for s in rec.steps
+            ]  # fmt: skip
+            ruled = {d.escalation for d in rec.decisions if d.auto}
+            asked = [a["agent"] for a in rec.asked if type(a.get("agent")) is str and a.get("escalation") not in ruled]
+            latencies = [d.latency_s for d in rec.decisions if not d.auto and d.latency_s is not None]
+            _run = (rec.workflow, rec.started_at, rec.completed_at, rec.outcome, rec.escalations, rec.errors, steps,
+                    asked, latencies, rec.calls_by or [])  # fmt: skip
+
+    def model_then_hand() -> None:  # the model's dump is what the statistics would read from it
+        for raw in lines:
+            parse(RunRecord.model_validate_json(raw).to_json_dict())
+
+    for name, fn in (("json.loads + hand parser", hand), ("RunRecord.model_validate_json", model),
+                     ("the model + its attributes read as _parse reads a dict", model_read),
+                     ("the model, dumped, + hand parser", model_then_hand)):  # fmt: skip
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+        print(f"{name}: best of {repeats}: {best:.3f}s for {len(lines):,} lines = {len(lines) / best:,.0f} lines/s")
+
+
 def main_bench() -> None:
     """Generate, time, print."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -153,6 +200,7 @@ def main_bench() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--keep", metavar="DIR", help="write the history into DIR/.ambient/runs.jsonl and keep it")
+    ap.add_argument("--parsers", action="store_true", help="only time the hand parser against the typed model")
     args = ap.parse_args()
 
     with contextlib.ExitStack() as stack:
@@ -166,6 +214,9 @@ def main_bench() -> None:
         t = time.perf_counter()
         size = generate(runs_log, args.runs, args.seed)
         print(f"generated {args.runs:,} run records, {size / 1e6:.1f} MB, in {time.perf_counter() - t:.1f}s")
+        if args.parsers:
+            time_parsers(runs_log, args.repeats)
+            return
 
         best = cpu = float("inf")
         for _ in range(args.repeats):

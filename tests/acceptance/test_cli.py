@@ -790,3 +790,58 @@ def test_a_refused_decide_leaves_no_brain_behind_and_init_still_makes_one(tmp_pa
     new = tmp_path / "new" / "brain"
     assert ambient("init", str(new)).rc == 0 and (new / "profil" / "ambient.yml").is_file()
     assert ambient("--brain", str(new), "validate").rc == 0
+
+
+def _past_claims(brain: Brain, count: int, *, open_every: int) -> int:
+    """``count`` claim files of sessions long over, as the claims writer leaves them (one in ``open_every`` still
+    open); how many are open."""
+    opened = 0
+    for n in range(count):
+        sid = f"sess-20260301-0900-past-{n:05d}"
+        status = "open" if n % open_every == 0 else "closed"
+        opened += status == "open"
+        text = (
+            f"sess_id: {sid}\ntype: satellite\nscope: projects/past/{sid}.md\nagent: deploy\nstatus: {status}\n"
+            f'opened_at: "2026-03-01T09:00:00+00:00"\nparent_satellite: sess-20260301-0900-past\nworkflow: past\n'
+        )
+        if status == "closed":
+            text += 'result:\n  status: ok\nclosed_at: "2026-03-01T09:05"\n'
+        (brain.root / "claims" / f"{sid}.yml").write_text(text)
+    return opened
+
+
+def test_status_answers_at_once_on_a_big_brain_whose_store_was_deleted(brain: Brain) -> None:
+    """A brain with thousands of claim files and no query store (deleted, or never built): `ambient status` answers
+    at once from what is cheap to read (runs in progress from their journals' first lines, the newest finished
+    runs, the count of claim files) and says plainly which figures are still being gathered; the store is built in
+    the background, and a later `ambient status` says what it said before the store was deleted."""
+    brain.python_agent("deploy", FAILING_AGENT)
+    brain.python_agent("ok", OK_AGENT)
+    _fanout(brain, "rollout", ["eu-1", "eu-2"])
+    _fanout(brain, "tidy", ["t-1"], agent="ok")
+    brain.until_idle()
+    opened = _past_claims(brain, 3000, open_every=500)
+    before = brain.ok("status").out
+    assert "Escalations waiting on you: 2" in before, before
+    open_before = int(re.search(r"^Open claims: (\d+)$", before, re.M).group(1))  # type: ignore[union-attr]
+    assert open_before >= opened, before
+    for suffix in ("", "-wal", "-shm"):
+        brain.path(f".ambient/query.sqlite3{suffix}").unlink(missing_ok=True)
+
+    first = brain.ok("status")
+    text = first.out
+    files = len(list((brain.root / "claims").glob("*.yml")))
+    assert re.search(rf"^Open claims: being indexed \(\d[\d,]* of {files:,} claim files read\)", text, re.M), text
+    assert f"run `ambient --brain {brain.root} status` again" in text, text
+    assert re.search(r"^Runs in progress: 1 \(their items are being gathered\)$", text, re.M), text
+    assert re.search(r"^  rollout\s+started \S+, 2 items  sess-", text, re.M), text
+    assert re.search(r"^Escalations waiting on you: being gathered \(2 escalation files\)$", text, re.M), text
+    assert re.search(r"^  tidy\s+success\s+escalations=0", text, re.M), text  # the finished run, from its record
+
+    def built() -> str | None:
+        out = brain.ok("status").out
+        return out if "being" not in out else None
+
+    assert wait(built, "status with every figure (the store built in the background)", timeout=300) == before
+    data = brain.status()
+    assert data["claims"]["open"] == open_before and "gathering" not in data, data

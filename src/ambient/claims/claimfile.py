@@ -10,21 +10,16 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Final
 
 from pydantic import ValidationError
 
 from ambient.claims.claim import Claim
+from ambient.claims.names import SUFFIXES, is_claim_name
 from ambient.core.errors import ClaimFileError, InputError, UnsafePathError
 from ambient.core.problems import Problem
 from ambient.storage.yamlfile import MAX_CLAIM_BYTES, expect_mapping, load_file, problems_from_validation
 
-SUFFIXES: Final = (".yml", ".yaml")
-
-
-def is_claim_name(name: str) -> bool:
-    """Is ``name`` (in ``claims/``) a claim file's? Hidden names are temp files, other suffixes not claims."""
-    return not name.startswith(".") and name.endswith(SUFFIXES)
+__all__ = ["SUFFIXES", "ClaimFileError", "is_claim_name", "read_claim_file"]
 
 
 def read_claim_file(path: Path, rel: str) -> tuple[Claim, list[Problem], tuple[int, int, int]]:

@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -133,6 +133,22 @@ def verdicts(store: ClaimReader, *, save: bool = True) -> tuple[list[FileVerdict
     if save and new != old:
         _save_index(index_path, new)
     return found, parsed
+
+
+def kept_verdicts(paths: BrainPaths) -> Callable[[str, str, os.stat_result], FileVerdict | None]:
+    """The index's verdict of one claim file as it is now (``lstat``), or None when the index has none for it: for
+    a reader that reads the files it needs one by one (the query store's build, in short transactions) and must
+    not parse them all at once as :func:`verdicts` does."""
+    old = _load_index(paths.state / INDEX_NAME)
+
+    def kept(name: str, rel: str, st: os.stat_result) -> FileVerdict | None:
+        record = old.get(name)
+        sig: _Sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if record is None or tuple(record[0]) != sig:
+            return None
+        return _verdict(name, rel, sig, record)
+
+    return kept
 
 
 def census(store: ClaimReader, *, save: bool = True) -> ClaimCensus:

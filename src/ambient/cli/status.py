@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from ambient.core.terminal import one_line, printable
 
 if TYPE_CHECKING:
     from ambient.query.facts import BrainFacts
+    from ambient.query.views import EscalationRow, RunRow
     from ambient.storage.paths import BrainPaths
 
 
@@ -39,12 +41,40 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--context", help="JSON object passed to the run as context")
 
 
-def _store(root: Path) -> Any:
-    """The brain's query store, refreshed now (``ambient.query``): what status and runs read instead of the files."""
+def _store(root: Path, *, build: bool = True) -> Any:
+    """The brain's query store, refreshed now (``ambient.query``): what status and runs read instead of the files.
+    ``build=False``: claims not indexed yet are left to the builder (``QueryStore.claims_indexed``)."""
     from ambient.query.store import QueryStore
     from ambient.storage.paths import BrainPaths
 
-    return QueryStore.fresh(BrainPaths(root))
+    return QueryStore.fresh(BrainPaths(root), build=build)
+
+
+def _building(paths: BrainPaths) -> str | None:
+    """How far the query store is built when a builder is to fill it in the background (``missing``: not even the
+    runs yet, ``claims``: all but the claims); None when the store is ready, or the brain so small that reading it
+    now is quicker (the store is then built here, as any reader does)."""
+    from ambient.query.store import QueryStore
+
+    readiness = QueryStore.readiness(paths)
+    if readiness == "ready":
+        return None
+    if not os.access(paths.state if paths.state.is_dir() else paths.root, os.W_OK):
+        return None  # a read-only .ambient/: no builder can keep a store, the reader builds one in memory
+    from ambient.query.glance import FIRST_LOOK_MIN, files_to_index
+
+    return readiness if files_to_index(paths) >= FIRST_LOOK_MIN else None
+
+
+def _build_if_gathering(root: Path, data: dict[str, Any]) -> None:
+    """Start the builder of the query store (unless one runs) when ``data`` says figures are being gathered: after
+    the answer is written, so that the builder's start (its imports, read from disk) does not slow the answer."""
+    if data.get("gathering") or data["claims"]["open"] is None:
+        from ambient.query import builder
+        from ambient.storage.paths import BrainPaths
+
+        sys.stdout.flush()
+        builder.start(BrainPaths(root))
 
 
 def _doing_now(paths: Any) -> dict[tuple[str, str], dict[str, Any]]:
@@ -68,8 +98,6 @@ def _doing_now(paths: Any) -> dict[tuple[str, str], dict[str, Any]]:
 def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
     """Everything ``ambient status`` shows, as plain data; with ``workflow``, what is of that workflow only (runs,
     escalations, errors, finished runs, files that do not load)."""
-    from ambient.claims.locks import LockManager
-    from ambient.core.redact import redact_text
     from ambient.query import views
     from ambient.query.facts import brain_facts
     from ambient.service.instance import daemon_up, running_pid
@@ -78,8 +106,16 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
     paths = BrainPaths(root)
     up = daemon_up(paths)
     doing = _doing_now(paths) if up else {}
-    store = _store(root)
+    building = _building(paths)
+    if building == "missing":
+        return _first_look(paths, workflow, up)
     try:
+        store = _store(root, build=building is None)
+    except sqlite3.OperationalError:  # locked by the builder too long: what is cheap, and the builder goes on
+        return _first_look(paths, workflow, up, indexed=None)
+    try:
+        indexing = None if store.claims_indexed() else store.claim_files_indexed()
+        files = None if indexing is None else _claim_files(paths)
         with store.reading() as conn:
             unreadable = views.unreadable_runs(conn)
             active = views.runs_in_progress(conn, workflow)
@@ -89,52 +125,142 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
         facts = brain_facts(store, os.environ, lambda: _brain_facts(paths))
     finally:
         store.close()
-    runs = []
-    for s in active:
-        runs.append(
+    records = [r for r in records if workflow in (None, r.get("workflow"))]
+    broken = sorted(f for f, names in facts.broken if workflow in (None, Path(f).stem, *names))
+    return {
+        "brain": str(root),
+        "daemon": {"up": up, "pid": running_pid(paths) if up else None},
+        "troubles": _troubles(paths, up),
+        **({"workers": w} if (w := workers_section(paths, up)) is not None else {}),
+        "notifications": facts.notifications,
+        "runs": [_run_entry(run, doing) for run in active],
+        "escalations": [_escalation_entry(e) for e in waiting],
+        "locks": _locks(paths),
+        "claims": _claims_figure(claims.unfinished, [str(p) for p in claims.problems], indexing, files=files),
+        "errors": _failures(records, active),
+        "broken_workflows": broken,
+        "unreadable_runs": unreadable,
+        "recent": [_recent_entry(r) for r in records[-10:]],
+    }
+
+
+def _first_look(paths: BrainPaths, workflow: str | None, up: bool, *, indexed: int | None = 0) -> dict[str, Any]:
+    """What ``collect`` gives while the query store is first built in the background: what is cheap to read
+    (:mod:`ambient.query.glance`), and None for what is still being gathered (runs' items, escalations, claims).
+    ``indexed``: how many claim files the store has read (None: not known, the store being busy)."""
+    from ambient.query.glance import first_look
+    from ambient.service.instance import running_pid
+
+    look = first_look(paths)
+    records = [r for r in look.records if workflow in (None, r.get("workflow"))]
+    return {
+        "brain": str(paths.root),
+        "gathering": True,  # the query store is being built: run status again for every figure
+        "daemon": {"up": up, "pid": running_pid(paths) if up else None},
+        "troubles": _troubles(paths, up),
+        **({"workers": w} if (w := workers_section(paths, up)) is not None else {}),
+        "notifications": None,
+        "runs": None,
+        "run_heads": None
+        if look.runs is None
+        else [
+            {"run_id": h.run_id, "workflow": h.workflow, "started_at": h.started_at, "total": h.total}
+            for h in look.runs
+            if workflow in (None, h.workflow)
+        ],
+        "run_journals": look.journals,
+        "escalations": None,
+        "escalation_files": look.escalation_files,
+        "locks": _locks(paths),
+        "claims": {"open": None, "problems": [], "indexing": {"indexed": indexed, "files": look.claim_files}},
+        "errors": _failures(records, []),
+        "broken_workflows": [],
+        "unreadable_runs": [],
+        "recent": [_recent_entry(r) for r in records[-10:]],
+    }
+
+
+def _claim_files(paths: BrainPaths) -> int:
+    from ambient.claims.names import is_claim_name
+    from ambient.query.glance import count_names
+
+    return count_names(paths.claims, is_claim_name)
+
+
+def _claims_figure(
+    unfinished: int | None, problems: list[str], indexing: int | None, *, files: int | None = None
+) -> dict[str, Any]:
+    """The claims part of the status: the open ones, or (``indexing``: how many files have their row) None while
+    the claims are being indexed, with how far that went."""
+    if indexing is None:
+        return {"open": unfinished, "problems": problems}
+    return {"open": None, "problems": [], "indexing": {"indexed": indexing, "files": files}}
+
+
+def _run_entry(run: RunRow, doing: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
+    """A run in progress as status shows it: its row, its items, and what each running AI agent is doing now."""
+    return {
+        "run_id": run.run_id,
+        "workflow": run.workflow,
+        "form": run.form,
+        "started_at": run.started_at,
+        "done": run.done,
+        "total": run.total,
+        "running": run.running,
+        "waiting": run.waiting,
+        "failed": run.failed,
+        "items": [
             {
-                "run_id": s.run_id,
-                "workflow": s.workflow,
-                "form": s.form,
-                "started_at": s.started_at,
-                "done": s.done,
-                "total": s.total,
-                "running": s.running,
-                "waiting": s.waiting,
-                "failed": s.failed,
-                "items": [
-                    {
-                        "name": i.name,
-                        "status": i.status,
-                        "attempt": i.attempt,
-                        "error": i.error,
-                        "escalation": i.escalation,
-                        "gate": i.gate,
-                        "now": doing.get((s.run_id, i.name)) if i.status == "running" else None,
-                    }
-                    for i in s.items
-                ],
-                "cursor": s.cursor,
-                "breaker": s.breaker,
-                "tripped": s.tripped,
-                **s.usage,  # cost_usd, tokens, turns, models (AI agents only)
-                "held": s.holds,  # per_run | daily | provider: no new agent starts
+                "name": i.name,
+                "status": i.status,
+                "attempt": i.attempt,
+                "error": i.error,
+                "escalation": i.escalation,
+                "gate": i.gate,
+                "now": doing.get((run.run_id, i.name)) if i.status == "running" else None,
             }
-        )
-    pending = [
-        {
-            "id": e.id,
-            "workflow": e.workflow,
-            "where": e.where,
-            "kind": e.kind,
-            "question": redact_text(e.question),
-            "options": [key for key, _, _ in e.options],
-            "created_at": e.created_at,
-            "notified": e.notified,
-            "attempts": e.attempts,
-        }
-        for e in waiting
-    ]
+            for i in run.items
+        ],
+        "cursor": run.cursor,
+        "breaker": run.breaker,
+        "tripped": run.tripped,
+        **run.usage,  # cost_usd, tokens, turns, models (AI agents only)
+        "held": run.holds,  # per_run | daily | provider: no new agent starts
+    }
+
+
+def _escalation_entry(e: EscalationRow) -> dict[str, Any]:
+    from ambient.core.redact import redact_text
+
+    return {
+        "id": e.id,
+        "workflow": e.workflow,
+        "where": e.where,
+        "kind": e.kind,
+        "question": redact_text(e.question),
+        "options": [key for key, _, _ in e.options],
+        "created_at": e.created_at,
+        "notified": e.notified,
+        "attempts": e.attempts,
+    }
+
+
+def _recent_entry(r: dict[str, Any]) -> dict[str, Any]:
+    """A finished run as status lists it, from its run record."""
+    return {
+        "run_id": r.get("run_id"),
+        "workflow": r.get("workflow"),
+        "outcome": r.get("outcome"),
+        "escalations": r.get("escalations"),
+        "completed_at": r.get("completed_at"),
+        **{k: r[k] for k in ("cost_usd", "cost_unknown") if r.get(k) is not None},
+    }
+
+
+def _locks(paths: BrainPaths) -> list[dict[str, Any]]:
+    """The scope locks not free, with holder and expiry."""
+    from ambient.claims.locks import LockManager
+
     locks = []
     try:
         for st in LockManager(paths, check_filesystem=False).list():
@@ -149,7 +275,14 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
                 )
     except OSError:
         pass
-    # One entry per item of a run, its last error and how many attempts failed (a record has a step per attempt).
+    return locks
+
+
+def _failures(records: list[dict[str, Any]], active: list[RunRow]) -> list[dict[str, Any]]:
+    """The last ten failures: one entry per item of a run, its last error and how many attempts failed (a record
+    has a step per attempt), from the newest run records and then the runs in progress."""
+    from ambient.core.redact import redact_text
+
     errors: dict[tuple[str, str], dict[str, Any]] = {}
 
     def failed(run_id: Any, wf: Any, item: Any, error: str, attempts: int, at: Any = None) -> None:
@@ -159,45 +292,15 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
         errors[key] = {"workflow": wf, "item": item, "run_id": run_id, "error": redact_text(error)[:200]}
         errors[key].update(attempts=count, at=at)
 
-    records = [r for r in records if workflow in (None, r.get("workflow"))]
     for rec in records:
         for step in rec.get("steps", []):
             if step.get("error"):
                 failed(rec.get("run_id"), rec.get("workflow"), step.get("item"), str(step["error"]), 1, step.get("at"))
-    for s in active:
-        for i in s.items:
+    for run in active:
+        for i in run.items:
             if i.error and i.status in ("failed", "escalated", "retry_wait"):
-                failed(s.run_id, s.workflow, i.name, i.error, max(i.attempt, 1))
-    finished = records[-10:]
-    broken = sorted(f for f, names in facts.broken if workflow in (None, Path(f).stem, *names))
-    return {
-        "brain": str(root),
-        "daemon": {"up": up, "pid": running_pid(paths) if up else None},
-        "troubles": _troubles(paths, up),
-        **({"workers": w} if (w := workers_section(paths, up)) is not None else {}),
-        "notifications": facts.notifications,
-        "runs": runs,
-        "escalations": pending,
-        "locks": locks,
-        "claims": {
-            "open": claims.unfinished,
-            "problems": [str(p) for p in claims.problems],
-        },
-        "errors": list(errors.values())[-10:],
-        "broken_workflows": broken,
-        "unreadable_runs": unreadable,
-        "recent": [
-            {
-                "run_id": r.get("run_id"),
-                "workflow": r.get("workflow"),
-                "outcome": r.get("outcome"),
-                "escalations": r.get("escalations"),
-                "completed_at": r.get("completed_at"),
-                **{k: r[k] for k in ("cost_usd", "cost_unknown") if r.get(k) is not None},
-            }
-            for r in finished
-        ],
-    }
+                failed(run.run_id, run.workflow, i.name, i.error, max(i.attempt, 1))
+    return list(errors.values())[-10:]
 
 
 def _troubles(paths: BrainPaths, up: bool) -> list[str]:
@@ -258,6 +361,9 @@ def print_status(
             write(
                 f"  {r['workflow']:<20} {r['outcome']:<9} escalations={r['escalations']}{cost_text(r)}  {r['run_id']}"
             )
+    if data.get("gathering"):
+        _print_first_look(data, root, write)
+        return data
     runs = data["runs"]
     write(f"Runs in progress: {len(runs)}")
     for problem in data["unreadable_runs"]:
@@ -294,19 +400,7 @@ def print_status(
         elif not e["notified"]:
             note = f"   (notification not delivered yet, {e['attempts']} attempt(s))"
         write(f"      answer:  {ambient_command(root, 'decide', e['id'], '<option>')}{note}")
-    write(f"Locks held: {len(data['locks'])}")
-    for lk in data["locks"]:
-        write(f"  {lk['file']}  {lk['state']}  holder={lk['holder']}  expires={lk['expires_at']}")
-    write(
-        f"Open claims: {data['claims']['open']}"
-        + (f" ({len(data['claims']['problems'])} unreadable)" if data["claims"]["problems"] else "")
-    )
-    errors = data["errors"]
-    if errors:
-        write("Last failures and errors:")
-        for e in errors[-5:]:
-            tries = f" ({e['attempts']} attempts)" if e["attempts"] > 1 else ""
-            write(f"  {e['workflow']}/{e['item']}{tries}: {_clip(e['error'], 200)}")
+    _print_locks_claims_errors(data, root, write)
     broken = data["broken_workflows"]
     if broken:
         write(
@@ -314,6 +408,49 @@ def print_status(
             f"`{ambient_command(root, 'validate')}` says why"
         )
     return data
+
+
+def _print_first_look(data: dict[str, Any], root: Path, write: Callable[[str], None]) -> None:
+    """The rest of a status while the query store is first built: what was cheap to read, and what is not known
+    yet said so."""
+    heads = data["run_heads"]
+    if heads is None:
+        write(f"Runs in progress: being gathered ({data['run_journals']:,} run journals)")
+        heads = []
+    else:
+        write(f"Runs in progress: {len(heads)} (their items are being gathered)")
+    for h in heads:
+        total = f", {h['total']} items" if h["total"] is not None else ""
+        write(f"  {h['workflow'] or '?':<20} started {h['started_at'] or '?'}{total}  {h['run_id']}")
+    write(f"Escalations waiting on you: being gathered ({data['escalation_files']} escalation files)")
+    _print_locks_claims_errors(data, root, write)
+    write(
+        f"Some figures are still being gathered (the brain's index is being built in the background): "
+        f"run `{ambient_command(root, 'status')}` again in a moment"
+    )
+
+
+def _print_locks_claims_errors(data: dict[str, Any], root: Path, write: Callable[[str], None]) -> None:
+    write(f"Locks held: {len(data['locks'])}")
+    for lk in data["locks"]:
+        write(f"  {lk['file']}  {lk['state']}  holder={lk['holder']}  expires={lk['expires_at']}")
+    claims = data["claims"]
+    if claims["open"] is None:
+        done = claims["indexing"]
+        files = f"{done['files']:,} claim files" if done["files"] is not None else "claim files"
+        read = f"{done['indexed']:,} of {files} read" if done["indexed"] is not None else files
+        write(f"Open claims: being indexed ({read}); run `{ambient_command(root, 'status')}` again")
+    else:
+        write(
+            f"Open claims: {claims['open']}"
+            + (f" ({len(claims['problems'])} unreadable)" if claims["problems"] else "")
+        )
+    errors = data["errors"]
+    if errors:
+        write("Last failures and errors:")
+        for e in errors[-5:]:
+            tries = f" ({e['attempts']} attempts)" if e["attempts"] > 1 else ""
+            write(f"  {e['workflow']}/{e['item']}{tries}: {_clip(e['error'], 200)}")
 
 
 def _known_workflow(root: Path, name: str) -> bool:
@@ -325,7 +462,10 @@ def _known_workflow(root: Path, name: str) -> bool:
         return True
     from ambient.query import views
 
-    store = _store(root)
+    try:
+        store = _store(root, build=False)  # the runs only: the claims of a store not built are left to the builder
+    except sqlite3.OperationalError:
+        return True  # locked by its builder too long: status goes on (and shows what it finds of that workflow)
     try:
         with store.reading() as conn:
             return views.known_workflow_run(conn, name)
@@ -368,20 +508,23 @@ def _status(args: argparse.Namespace) -> int:
     if args.workflow and not _known_workflow(root, args.workflow):
         return fail(f"no workflow named {args.workflow!r}: no file in {root / 'workflows'} and no run recorded")
     if args.json:
-        out_json(collect(root, args.workflow))
+        data = collect(root, args.workflow)
+        out_json(data)
+        _build_if_gathering(root, data)
         return EXIT_OK
     if args.watch:
         try:
             while True:
                 lines: list[str] = []
-                print_status(root, verbose=True, workflow=args.workflow, write=lines.append)
+                data = print_status(root, verbose=True, workflow=args.workflow, write=lines.append)
                 # Our clear-screen sequence, then the lines escaped like out() does (agent text: ambient.core.terminal).
                 sys.stdout.write("\x1b[2J\x1b[H" + printable("\n".join(lines)) + "\n")
                 sys.stdout.flush()
+                _build_if_gathering(root, data)
                 time.sleep(1.0)
         except KeyboardInterrupt:
             return EXIT_OK
-    print_status(root, workflow=args.workflow)
+    _build_if_gathering(root, print_status(root, workflow=args.workflow))
     return EXIT_OK
 
 

@@ -25,6 +25,7 @@ Derived data, never the source of truth: a store that is missing, torn (SQLite c
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -36,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ambient import __version__
 from ambient.core.lazylog import get_logger
@@ -50,6 +51,18 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 DB_NAME: Final = "query.sqlite3"
+#: Held (``flock``) by whoever fills the claims of a store not built yet: one builder at a time, whichever process
+#: (the daemon's keeper, the builder ``ambient status`` starts). Not named ``query.sqlite3*``: a person deleting the
+#: store with a glob must not delete a lock another process holds.
+BUILD_LOCK: Final = "query-build.lock"
+#: How long one transaction of a build may read claim files before it commits (readers wait for it at most that).
+_BUILD_SLICE_S: Final = 0.2
+#: The pause after each: SQLite's busy handler tries again at most every 100 ms, so a reader waiting for the write
+#: lock gets it in this gap (without it, the builder's next BEGIN came first every time: a reader waited out its
+#: busy timeout and built a store of its own in memory, 48 s).
+_BUILD_PAUSE_S: Final = 0.12
+#: How far a store is built (:meth:`QueryStore.readiness`).
+Readiness = Literal["missing", "claims", "ready"]
 #: The modules whose code decides what a row holds: other code, other rows, so the store is rebuilt. By name: a
 #: refresh that finds nothing changed imports none of them (the start-up time of `ambient status`).
 _RULES: Final = (
@@ -67,7 +80,8 @@ _RULES: Final = (
 #: a few ms): its mtime is not trusted, it is listed again at the next refresh (git's "racy" rule).
 _RACY_NS: Final = 100_000_000
 _BUSY_MS: Final = 5000
-#: More claim files than this to read at once (a rebuild): their facts come from the claims census's index.
+#: More claim files than this to read at once (a build, a fan-out): their facts come from the claims census's index
+#: when it has them.
 _SEED_MIN: Final = 200
 
 _Sig = tuple[int, int, int]
@@ -118,17 +132,84 @@ class QueryStore:
         self._touched: set[str] = set()  # kinds whose rows this refresh wrote
 
     @classmethod
-    def fresh(cls, paths: BrainPaths) -> QueryStore:
+    def fresh(cls, paths: BrainPaths, *, build: bool = True) -> QueryStore:
         """A store of ``paths`` refreshed now, for a reader (the CLI, a page): one that cannot be written (a
-        read-only ``.ambient/``, a lock held too long) is replaced by one in memory, built from the files."""
+        read-only ``.ambient/``, a lock held too long) is replaced by one in memory, built from the files.
+        ``build=False``: claims not indexed yet are left to the process building them (:meth:`refresh`), and a
+        store locked too long raises ``sqlite3.OperationalError`` (building one in memory reads every file)."""
         store = cls(paths)
         try:
-            store.refresh()
+            store.refresh(build=build)
         except (sqlite3.Error, OSError) as exc:
+            if not build and isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                store.close()
+                raise
             store.close()
             store._conn = store._fallback(exc)
             store.refresh()
         return store
+
+    @staticmethod
+    def readiness(paths: BrainPaths) -> Readiness:
+        """How far the store of ``paths`` is built, without building anything (a few reads of SQLite):
+        ``missing`` (no usable store, or its runs not read yet: the first refresh reads every file), ``claims``
+        (all but the claims, which a builder is filling or will fill) or ``ready``."""
+        path = paths.state / DB_NAME
+        if not path.is_file():
+            return "missing"
+        try:
+            conn = sqlite3.connect(path, timeout=_BUSY_MS / 1000, isolation_level=None)
+        except sqlite3.Error:
+            return "missing"
+        try:
+            if conn.execute("PRAGMA user_version").fetchone()[0] != FORMAT:
+                return "missing"
+            meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('code', 'filled')").fetchall())
+            if meta.get("code") != _code() or meta.get("filled") != "1":
+                return "missing"
+            listed = conn.execute("SELECT 1 FROM dirs WHERE path=?", (str(paths.claims),)).fetchone()
+            return "ready" if listed is not None else "claims"
+        except sqlite3.Error:
+            return "missing"
+        finally:
+            conn.close()
+
+    def claims_indexed(self) -> bool:
+        """Whether every claim file has its row (the claims folder was listed whole); until then a builder is
+        filling them and counts of claims are partial."""
+        with self._lock:
+            return self._claims_listed(self.conn)
+
+    def claim_files_indexed(self) -> int:
+        """How many claim files have their row (a build's progress)."""
+        with self._lock:
+            return int(self.conn.execute("SELECT count(*) FROM files WHERE kind='claim'").fetchone()[0])
+
+    def building(self) -> bool:
+        """Whether some process holds the build lock now (is filling this brain's claims)."""
+        fd = self._build_lock()
+        if fd is None:
+            return True
+        if fd >= 0:
+            os.close(fd)
+        return False
+
+    def _build_lock(self) -> int | None:
+        """The build lock taken (a descriptor to close to release it; -1 for a store in memory, which needs
+        none), or None when another process holds it."""
+        if self.in_memory:
+            return -1
+        try:
+            private_dir(self.paths.state)
+            fd = open_private(self.paths.state / BUILD_LOCK, os.O_RDWR | os.O_CREAT)
+        except OSError:
+            return -1  # a read-only .ambient/: the store is in memory anyway
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        return fd
 
     # ---------------------------------------------------------------- opening
 
@@ -263,39 +344,63 @@ class QueryStore:
 
     # ---------------------------------------------------------------- refreshing
 
-    def refresh(self, *, claims: bool = True) -> set[str]:
+    def refresh(self, *, claims: bool = True, build: bool = True) -> set[str]:
         """Bring the store up to date with the files; the topics that changed: ``runs`` and ``run:<id>`` (a
         journal), ``records`` (``runs.jsonl``), ``escalations``, ``claims``.
 
         ``claims=False`` leaves the claims for a later refresh (the daemon's keeper lists ``claims/``, tens of
         thousands of names, less often than the journals); a store just built refreshes them anyway.
 
+        Claims never indexed yet (a store just made: tens of thousands of files to read, a minute) are read in
+        short transactions under the build lock (:data:`BUILD_LOCK`), so that readers get turns and a builder
+        stopped half way goes on from where it was; when another process holds that lock, or with
+        ``build=False``, they are left to it (:meth:`claims_indexed` then says False).
+
         A store found torn meanwhile is rebuilt and filled again (every topic then changed). Raises only
         :class:`sqlite3.Error` of a store that cannot be written at all (the caller logs it).
         """
         with self._lock:
             try:
-                return self._refresh(claims)
+                return self._refresh(claims, build)
             except sqlite3.DatabaseError as exc:
                 if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
                     raise
                 log.warning("query_store_rebuilt", path=str(self.path), reason=str(exc))
                 self._delete()
-                return self._refresh(claims)
+                return self._refresh(claims, build)
 
-    def _refresh(self, claims: bool) -> set[str]:
+    def _refresh(self, claims: bool, build: bool) -> set[str]:
         conn = self.conn
         claims = claims or self.rebuilt
         changed: set[str] = set()
-        conn.execute("BEGIN IMMEDIATE")
-        self._checked.clear()
-        self._touched.clear()
-        try:
+        unlisted = False
+        with self._transaction(conn):
             self._escalations(conn, changed)
             self._journals(conn, changed)
             self._records(conn, changed)
             if claims:
-                self._claims(conn, changed)
+                unlisted = not self._claims_listed(conn)
+                if not unlisted:
+                    self._claims(conn, changed)
+            # The runs are read: readers may use the store. Written once (a store whose first refresh was stopped
+            # is filled by the next), not at every refresh.
+            if conn.execute("SELECT 1 FROM meta WHERE key='filled'").fetchone() is None:
+                self._set_meta(conn, filled=1)
+        if self.rebuilt:
+            changed |= {"runs", "records", "escalations", "claims"}
+            self.rebuilt = False
+        if unlisted and build:
+            self._build_claims(conn, changed)
+        return changed
+
+    @contextlib.contextmanager
+    def _transaction(self, conn: sqlite3.Connection) -> Iterator[None]:
+        """One write transaction of a refresh: the ``files`` copies checked again, sealed at its end."""
+        conn.execute("BEGIN IMMEDIATE")
+        self._checked.clear()
+        self._touched.clear()
+        try:
+            yield
             self._seal_files(conn)
             conn.execute("COMMIT")
         except BaseException:
@@ -303,10 +408,65 @@ class QueryStore:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             raise
-        if self.rebuilt:
-            changed |= {"runs", "records", "escalations", "claims"}
-            self.rebuilt = False
-        return changed
+
+    def _claims_listed(self, conn: sqlite3.Connection) -> bool:
+        return conn.execute("SELECT 1 FROM dirs WHERE path=?", (str(self.paths.claims),)).fetchone() is not None
+
+    def _build_claims(self, conn: sqlite3.Connection, changed: set[str]) -> None:
+        """Index the claims of a store that never listed them whole, under the build lock, in transactions of
+        :data:`_BUILD_SLICE_S` of reading each: rows of files read and the ``files`` rows that say so, then (the
+        last one) the ordinary refresh of the claims, which lists the folder whole and finds only what is left."""
+        fd = self._build_lock()
+        if fd is None:
+            return  # another process builds them
+        try:
+            with self._transaction(conn):
+                if self._claims_listed(conn):
+                    return  # built meanwhile by the process that held the lock before
+            try:
+                with os.scandir(self.paths.claims) as it:
+                    listing = {e.name: e.inode() for e in it if _parsers().is_claim_name(e.name)}
+            except FileNotFoundError:
+                listing = {}
+            with self._transaction(conn):
+                todo = sorted(n for n, ino in listing.items() if self._known(conn, "claim").get(n) != ino)
+            seed = self._census_index() if len(todo) > _SEED_MIN else None
+            while todo:
+                with self._transaction(conn):
+                    todo = self._claims_slice(conn, todo, seed)
+                if todo and not self.in_memory:  # a turn for readers of the file (one in memory has none)
+                    time.sleep(_BUILD_PAUSE_S)
+            with self._transaction(conn):
+                self._claims(conn, changed)
+                self._claim_dups(conn, None)
+            changed.add("claims")
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _claims_slice(self, conn: sqlite3.Connection, todo: list[str], seed: Any) -> list[str]:
+        """Read claim files from ``todo`` for :data:`_BUILD_SLICE_S` and store their rows; the names left."""
+        folder = self.paths.rel(self.paths.claims)
+        until = time.monotonic() + _BUILD_SLICE_S
+        files: list[tuple[str, int, int, int]] = []
+        rows: list[tuple[Any, ...]] = []
+        n = 0
+        for n, name in enumerate(todo, 1):  # noqa: B007 (n: how many were taken)
+            try:
+                st = os.lstat(self.paths.claims / name)
+            except OSError:
+                continue  # gone: the last transaction's listing says so
+            if not stat.S_ISREG(st.st_mode):
+                continue  # read (and refused) by the last transaction's ordinary refresh
+            rows.append(
+                self._seeded(name, st, seed) or _parsers().claim_row(self.paths.claims / name, f"{folder}/{name}")
+            )
+            files.append((name, st.st_ino, st.st_size, st.st_mtime_ns))
+            if time.monotonic() > until:
+                break
+        conn.executemany(f"INSERT OR REPLACE INTO claims VALUES ({', '.join('?' * 14)})", rows)  # noqa: S608
+        self._put_files(conn, "claim", files)
+        return todo[n:]
 
     def _listing(self, conn: sqlite3.Connection, folder: Path) -> dict[str, int] | None:
         """The entries of ``folder`` (name → inode, from the directory alone: no stat) when it changed since the
@@ -446,16 +606,23 @@ class QueryStore:
         sessions = None if many else self._sessions_of(conn, [f"{folder}/{name}" for name in (*gone, *fresh)])
         for name in gone:
             conn.execute("DELETE FROM claims WHERE file=?", (f"{folder}/{name}",))
-        seeded = self._seed_claims(fresh) if len(fresh) > _SEED_MIN else {}
-        rows = [
-            seeded.get(name) or _parsers().claim_row(self.paths.claims / name, f"{folder}/{name}") for name in fresh
-        ]
+        seed = self._census_index() if len(fresh) > _SEED_MIN else None
+        rows = [self._claim_row(name, folder, seed) for name in fresh]
         conn.executemany(f"INSERT OR REPLACE INTO claims VALUES ({', '.join('?' * 14)})", rows)  # noqa: S608
         if sessions is not None:
             sessions.update(row[1] for row in rows if row[1] is not None)
         if gone or fresh:
             self._claim_dups(conn, sessions)
             changed.add("claims")
+
+    def _claim_row(self, name: str, folder: str, seed: Any) -> tuple[Any, ...]:
+        path = self.paths.claims / name
+        if seed is not None:
+            with contextlib.suppress(OSError):
+                row = self._seeded(name, os.lstat(path), seed)
+                if row is not None:
+                    return tuple(row)
+        return tuple(_parsers().claim_row(path, f"{folder}/{name}"))
 
     def _sessions_of(self, conn: sqlite3.Connection, files: list[str]) -> set[str]:
         """The sess_ids the claims rows of ``files`` hold now (before they are replaced or deleted)."""
@@ -508,27 +675,29 @@ class QueryStore:
                 found.append(name)
         return found
 
-    def _seed_claims(self, names: list[str]) -> dict[str, tuple[Any, ...]]:
-        """Rows of many claim files at once (a rebuild) from the claims census (``.ambient/claims-index.json``:
-        a file judged before is not parsed again): the facts of each. A claim in use (not closed) is read whole
-        anyway, for its agent and parent; a closed one keeps only its facts (its agent, parent... are NULL)."""
-        from ambient.claims.index import verdicts  # only a rebuild needs them
-        from ambient.claims.store import ClaimStore
+    def _census_index(self) -> Callable[[str, str, os.stat_result], Any]:
+        """The claims census's verdicts of files it judged before (``.ambient/claims-index.json``), by name and
+        ``lstat``: many claim files to read at once (a build) take their facts from there when it has them."""
+        from ambient.claims.index import kept_verdicts  # only a build needs it
 
-        wanted = set(names)
-        out: dict[str, tuple[Any, ...]] = {}
-        found, _ = verdicts(ClaimStore(self.paths, check_filesystem=False))
-        for v in found:
-            if v.name not in wanted:
-                continue
-            if v.facts is None:
-                out[v.name] = (v.rel, *([None] * 11), "[]", _parsers().problems_json(v.problems))
-            elif v.facts.status == "closed":
-                f = v.facts
-                ttl = None if f.ttl is None else str(f.ttl)
-                row = (v.rel, f.sess_id, f.status, *([None] * 7), max(f.times) if f.times else None, ttl)
-                out[v.name] = (*row, json.dumps(list(f.times)), _parsers().problems_json(v.problems))
-        return out
+        return kept_verdicts(self.paths)
+
+    def _seeded(self, name: str, st: os.stat_result, seed: Callable[[str, str, os.stat_result], Any] | None) -> Any:
+        """The row of a claim file from the census's verdict (None: none, or a claim in use, read whole anyway for
+        its agent and parent). A closed one keeps only its facts (its agent, parent... are NULL)."""
+        if seed is None:
+            return None
+        v = seed(name, f"{self.paths.rel(self.paths.claims)}/{name}", st)
+        if v is None:
+            return None
+        if v.facts is None:
+            return (v.rel, *([None] * 11), "[]", _parsers().problems_json(v.problems))
+        if v.facts.status != "closed":
+            return None
+        f = v.facts
+        ttl = None if f.ttl is None else str(f.ttl)
+        row = (v.rel, f.sess_id, f.status, *([None] * 7), max(f.times) if f.times else None, ttl)
+        return (*row, json.dumps(list(f.times)), _parsers().problems_json(v.problems))
 
     # -- escalations
 

@@ -8,6 +8,9 @@ Explicit tags: a value its tag cannot read (``!!int x``, ``!!bool maybe``), an i
 Python's 4,300-digit limit, or a tag that makes something else than text, numbers, booleans, null, lists
 and mappings (``!!binary``, ``!!set``, ``!!omap``, ``!!pairs``) is a :class:`YamlError` at the node's line:
 every reader catches that one error, and nothing else escapes the loader.
+A document of the narrow subset ambient itself writes (every claim: plain keys, block mappings, lists of plain
+scalars) is read in one pass instead (:func:`_plain_document`), with the same data and lines; anything outside it,
+hostile input included, goes to the loader.
 :mod:`ambient.storage.yamlfile` adds the capped, no-follow file reading.
 """
 
@@ -305,14 +308,113 @@ def _walk(node: yaml.Node, path: Loc, out: dict[Loc, int]) -> None:
             _walk(item, (*path, i), out)
 
 
+class _NotPlain(Exception):
+    """A document outside :func:`_plain_document`'s subset: the safe loader reads it."""
+
+
+_KEY_LINE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*):(?: (.*))?")
+_QUOTED_PLAIN = re.compile(r'"[ !#-\[\]-~]*"')  # printable ASCII but " and \: the text between is the value
+_DECIMAL = re.compile(r"0|-?[1-9][0-9]{0,17}")
+_WORDS: dict[str, Any] = {"null": None, "true": True, "false": False}
+
+
+def _plain_scalar(text: str) -> Any:
+    """The value of a scalar of the subset (as the safe loader reads it), or :class:`_NotPlain`."""
+    if text in _WORDS:
+        return _WORDS[text]
+    if text == "{}":
+        return {}
+    if text == "[]":
+        return []
+    if _DECIMAL.fullmatch(text):
+        return int(text)
+    if _QUOTED_PLAIN.fullmatch(text):
+        return text[1:-1]
+    if _PLAIN_RE.fullmatch(text) and text.lower() not in _NOT_PLAIN:
+        return text
+    raise _NotPlain
+
+
+def _plain_document(text: str) -> tuple[dict[str, Any], dict[Loc, int]] | None:
+    """The data and key lines of a document in the subset :func:`dump_yaml`'s direct path writes (every claim
+    ambient writes), read in one pass; None for anything else, which the safe loader reads.
+
+    The subset: ASCII text, full-line comments, block mappings of plain keys, each value a scalar (plain text of
+    :data:`_PLAIN_RE` that no YAML 1.1 resolver takes for another type, a double-quoted string without escapes,
+    a decimal integer, ``null``, ``true``, ``false``, ``{}``, ``[]``), a nested mapping or a list of such scalars;
+    no key twice, at most :data:`_FAST_MAX_DEPTH` levels. Why: the pure-Python loader spends 2-3 ms on a claim
+    file, and a brain keeps every claim it ever had (20,000 of them: a minute to index); this reads one in tens of
+    microseconds, with the same data and lines (tests/unit/storage/test_yamltext_plain.py checks it against the
+    loader)."""
+    if not text.isascii() or not text.replace("\n", "").isprintable():
+        return None  # tabs, carriage returns, control characters, anything not ASCII: the loader's rules
+    rows: list[tuple[int, int, str]] = []
+    for number, line in enumerate(text.split("\n"), 1):
+        body = line.lstrip(" ")
+        if body and not body.startswith("#"):
+            rows.append((len(line) - len(body), number, body))
+    if not rows or rows[0][0] != 0:
+        return None
+    lines: dict[Loc, int] = {(): rows[0][1]}
+    at = 0
+
+    def items(indent: int, path: Loc) -> list[Any]:
+        nonlocal at
+        out: list[Any] = []
+        while at < len(rows) and rows[at][0] == indent and rows[at][2].startswith("- "):
+            lines[(*path, len(out))] = rows[at][1]
+            out.append(_plain_scalar(rows[at][2][2:]))
+            at += 1
+        return out
+
+    def mapping(indent: int, path: Loc) -> dict[str, Any]:
+        nonlocal at
+        if len(path) > _FAST_MAX_DEPTH:
+            raise _NotPlain
+        out: dict[str, Any] = {}
+        while at < len(rows):
+            level, number, body = rows[at]
+            if level < indent:
+                break
+            m = _KEY_LINE.fullmatch(body)
+            if level > indent or m is None:
+                raise _NotPlain
+            key, rest = m.group(1), m.group(2)
+            if key in out or key.lower() in _NOT_PLAIN:
+                raise _NotPlain
+            lines[(*path, key)] = number
+            at += 1
+            if rest is not None:
+                out[key] = _plain_scalar(rest)
+                continue
+            nxt = rows[at] if at < len(rows) else None
+            if nxt is not None and nxt[0] >= indent and nxt[2].startswith("- "):
+                out[key] = items(nxt[0], (*path, key))
+            elif nxt is not None and nxt[0] > indent:
+                out[key] = mapping(nxt[0], (*path, key))
+            else:
+                out[key] = None
+        return out
+
+    try:
+        data = mapping(0, ())
+    except _NotPlain:
+        return None
+    return (data, lines) if at == len(rows) else None
+
+
 def parse_yaml(
     text: str, *, source: str = "<string>", line_offset: int = 0, clock: Callable[[], float] | None = None
 ) -> tuple[Any, LineMap]:
     """Parse one YAML document safely; return the data and the line of every key.
 
     ``line_offset`` shifts reported lines (frontmatter starts after the ``---`` line); with a ``clock`` (monotonic
-    seconds) the reading stops after :data:`PARSE_BUDGET_S`.
+    seconds) the reading stops after :data:`PARSE_BUDGET_S`. A document of the subset ambient writes is read in
+    one pass (:func:`_plain_document`), any other by the safe loader.
     """
+    plain = _plain_document(text)
+    if plain is not None:
+        return plain[0], LineMap({k: v + line_offset for k, v in plain[1].items()})
     loader: _SafeLoader | None = None
     try:
         loader = _SafeLoader(text, clock)  # the reader refuses control characters here, before parsing

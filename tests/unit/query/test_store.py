@@ -272,3 +272,103 @@ def test_a_store_that_cannot_be_written_is_kept_in_memory(brain: BrainPaths) -> 
     finally:
         brain.state.chmod(0o700)
     assert got["running"] and got["claims"]
+
+
+def _many_claims(paths: BrainPaths, count: int) -> None:
+    for n in range(count):
+        _write(
+            paths.claims / f"sess-many-{n:04d}.yml", _claim(f"sess-many-{n:04d}", "open" if n % 50 == 0 else "closed")
+        )
+
+
+def test_claims_are_built_by_one_process_at_a_time(brain: BrainPaths) -> None:
+    """While another process holds the build lock, a refresh fills everything but the claims and says they are not
+    indexed (no second build); once the lock is free, a refresh builds them, with the answers of a build at once."""
+    from ambient.query import builder
+    from ambient.query.store import BUILD_LOCK
+
+    _many_claims(brain, 300)
+    expected = _answers(brain)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{brain.state / DB_NAME}{suffix}").unlink(missing_ok=True)
+    holder = os.open(brain.state / BUILD_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    import fcntl
+
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        store = QueryStore.fresh(brain)
+        try:
+            assert not store.claims_indexed() and store.building()
+            with store.reading() as conn:
+                assert [r.run_id for r in views.runs_in_progress(conn)] == ["run-1"]
+        finally:
+            store.close()
+        assert QueryStore.readiness(brain) == "claims"
+        assert builder.start(brain) is False  # one holds the lock: none started
+    finally:
+        os.close(holder)
+    assert _answers(brain) == expected
+    assert QueryStore.readiness(brain) == "ready"
+
+
+def test_a_build_stopped_half_way_goes_on_where_it_was(brain: BrainPaths, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claims of a build are committed slice by slice: a builder killed after some slices leaves them, and the
+    next refresh reads only the rest, to the answers of a build in one go."""
+    from ambient.query import store as store_mod
+
+    _many_claims(brain, 300)
+    expected = _answers(brain)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{brain.state / DB_NAME}{suffix}").unlink(missing_ok=True)
+    monkeypatch.setattr(store_mod, "_BUILD_SLICE_S", 0.0)  # one file per slice
+    monkeypatch.setattr(store_mod, "_BUILD_PAUSE_S", 0.0)
+    real = QueryStore._claims_slice
+    slices: list[int] = []
+
+    def killed_after_ten(self: QueryStore, *args: object) -> list[str]:
+        if len(slices) == 10:
+            raise KeyboardInterrupt  # the builder stopped mid-way
+        slices.append(1)
+        return real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(QueryStore, "_claims_slice", killed_after_ten)
+    store = QueryStore(brain)
+    with pytest.raises(KeyboardInterrupt):
+        store.refresh()
+    store.close()
+    partial = QueryStore(brain)
+    try:
+        assert not partial.claims_indexed() and partial.claim_files_indexed() == 10
+    finally:
+        partial.close()
+    monkeypatch.setattr(QueryStore, "_claims_slice", real)
+    read: list[str] = []
+    monkeypatch.setattr(
+        QueryStore, "_claims_slice", lambda self, conn, todo, seed: read.append(todo[0]) or real(self, conn, todo, seed)
+    )
+    assert _answers(brain) == expected
+    assert len(read) == 305 - 10  # the files read before were not read again
+
+
+def test_a_store_whose_first_refresh_was_stopped_is_filled_by_the_next(
+    brain: BrainPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A builder stopped while it read the runs leaves a store of this code but not filled: readers are told it is
+    missing (status then looks at the files itself), and the next refresh fills it, to the same answers."""
+    expected = _answers(brain)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{brain.state / DB_NAME}{suffix}").unlink(missing_ok=True)
+    real = QueryStore._journals
+
+    def stopped(self: QueryStore, *args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(QueryStore, "_journals", stopped)
+    store = QueryStore(brain)
+    with pytest.raises(KeyboardInterrupt):
+        store.refresh()
+    store.close()
+    assert (brain.state / DB_NAME).exists() and QueryStore.readiness(brain) == "missing"
+    monkeypatch.setattr(QueryStore, "_journals", real)
+    assert _answers(brain) == expected
+    assert QueryStore.readiness(brain) == "ready"
