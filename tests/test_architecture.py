@@ -692,6 +692,8 @@ SIGNALS: Final[Mapping[str, str]] = {
     "the call's result",
     "runners.spawner_helper._DaemonGone": "the daemon died with starts queued: the spawner process (standard "
     "library only) stops starting them and exits",
+    "storage.yamltext._NotPlain": "a document outside the one-pass reader's subset: caught in the same module, the "
+    "safe loader reads it",
 }
 
 
