@@ -157,7 +157,7 @@ class Wiring:
 class Daemon:
     """One ambient daemon on one brain."""
 
-    w: Wiring  # built at the start (startup)
+    parts: Wiring  # built at the start (startup)
 
     def __init__(self, root: Path, options: DaemonOptions | None = None, clock: Clock | None = None) -> None:
         self.paths = BrainPaths(root.absolute())
@@ -186,7 +186,8 @@ class Daemon:
     def _build(self) -> Wiring:
         """The daemon's parts, each built after what it uses and handed it (no part reaches back through the
         daemon). The engine's wake-up comes first: whoever wakes the engine is given it, and the engine, built last
-        from its evaluators, reads it. One cycle remains, the run manager's: see ``manager`` below."""
+        from its evaluators, reads it. Two cycles remain, each closed by a bound method of the daemon and said where
+        it is: the run manager's executors, and the reload."""
         p = self.paths
         env = self.options.environ
         clock = self.clock
@@ -294,7 +295,8 @@ class Daemon:
         seen = SeenWorkflows(p.state / "workflows.json")
         starts = RunStarts(p, ref, manager, clock, self._progress, seen.mark_started)
         packets = PacketDesk(p, ref, router, manager, starts, escalator, clock, live_turns.deliver)
-        # The reload is the daemon's (a cycle by nature: it hands the new brain to every part built here).
+        # The reload is the daemon's bound method, a cycle by nature: it hands the new brain to every part built here,
+        # this evaluator and the engine among them.
         workflows_eval = WorkflowEvaluator(
             WorkflowParts(p, ref, manager, starts, troubles, seen, wake=wakeup.wake, reload=self.reload)
         )
@@ -356,8 +358,8 @@ class Daemon:
     async def _gateway_if_needed(self) -> None:
         """The model gateway, started once the brain has an AI agent (``kind: claude`` or ``llm``): a brain of
         command agents keeps the socket and the HTTP client (descriptors a tight ``ulimit -n`` counts)."""
-        if any(getattr(cfg, "kind", None) in ("claude", "llm") for cfg in self.w.ref.brain.runners.values()):
-            await self.w.gateway.start()
+        if any(getattr(cfg, "kind", None) in ("claude", "llm") for cfg in self.parts.ref.brain.runners.values()):
+            await self.parts.gateway.start()
 
     def _agent_user(self) -> None:
         """The user a root daemon runs its agents as, made if missing (said in the log either way)."""
@@ -396,18 +398,20 @@ class Daemon:
             (log.warning if p.severity == "warning" else log.error)("brain_problem", problem=text)
 
     def _executor(self, state: RunState, journal: Journal) -> RunExecutor:
+        """The run manager's factory: a run's executor, built from the wiring (which exists by then: runs are
+        resumed and started only once :meth:`_build` returned)."""
         spec = parse_workflow(state.spec)
-        brain = self.w.ref.brain
+        brain = self.parts.ref.brain
         ports = Ports(
-            delegate=self.w.delegate,
-            escalator=self.w.escalator,
-            claims=self.w.claims_view,
-            emitter=self.w.emitter,
+            delegate=self.parts.delegate,
+            escalator=self.parts.escalator,
+            claims=self.parts.claims_view,
+            emitter=self.parts.emitter,
             render_text=render,
             render_path=lambda t, v: render_path(t, v, brain.matrix.zone_rules).path,
             clock=self.clock,
-            health=self.w.troubles,
-            budget=self.w.spend,
+            health=self.parts.troubles,
+            budget=self.parts.spend,
         )
         template = item_template(spec)
         if isinstance(spec, ForEachWorkflow):
@@ -423,9 +427,9 @@ class Daemon:
             pilote=spec.pilote,
             default_agents={t: spec.agent_for_type(t, defaults) for t in SATELLITE_TYPES},
             threshold=brain.settings.breaker_threshold,
-            breaker=self.w.breaker,
+            breaker=self.parts.breaker,
             branches=GitBranches(self.paths.root) if spec.branch else None,
-            start_workflow=self.w.starts.by_trigger,
+            start_workflow=self.parts.starts.by_trigger,
         )
         return ChainExecutor(state, plan, template, ports, journal, self.paths, settings)
 
@@ -443,16 +447,16 @@ class Daemon:
             systemd.reloading()
             only_workflows = False
         if only_workflows:
-            new = await asyncio.to_thread(reload_workflows, self.w.ref.brain)
+            new = await asyncio.to_thread(reload_workflows, self.parts.ref.brain)
         else:
-            new = await asyncio.to_thread(load_brain, self.paths, self.options.environ, self.w.ref.brain)
+            new = await asyncio.to_thread(load_brain, self.paths, self.options.environ, self.parts.ref.brain)
         self._report(new)
         self._forget_secrets(new)
         if not new.settings_ok:
             log.error("config_invalid_kept_previous", file=self.paths.rel(self.paths.config))
-        old = self.w.ref.brain.settings
-        self.w.ref.brain = new
-        self.w.router.update(new.matrix.matrix, new.matrix.zone_rules)
+        old = self.parts.ref.brain.settings
+        self.parts.ref.brain = new
+        self.parts.router.update(new.matrix.matrix, new.matrix.zone_rules)
         changed = settings_changes(old, new.settings)
         changed += await self._apply_settings(new.settings)  # the secrets whose content changed, by name
         if self.started:
@@ -474,15 +478,15 @@ class Daemon:
         lease makes a new dispatcher; an attempt waiting on the old one keeps it until its result comes."""
         c = s.cluster
         if c is None:
-            self.w.delegate.remote = None
+            self.parts.delegate.remote = None
             return
         creds = str(self.paths.root / c.creds) if c.creds is not None else None
-        cur = self.w.delegate.remote
+        cur = self.parts.delegate.remote
         if cur is not None and (cur.urls, cur.creds, cur.lease_s) == (list(c.urls), creds, c.lease_s):
             cur.dispatch = dict(c.dispatch)
             return
         new = Dispatcher(list(c.urls), creds, c.dispatch, c.lease_s)
-        self.w.delegate.remote = new
+        self.parts.delegate.remote = new
         self._dispatchers.append(new)
         task = asyncio.get_running_loop().create_task(self._connect_cluster(new), name="cluster-connect")
         self._cluster_tasks.add(task)
@@ -505,35 +509,35 @@ class Daemon:
         Secrets are read again too (the bot token, model keys: compared by hash); returns the names of those
         that changed, never their values.
         """
-        self.w.engine.tick_seconds = s.tick_seconds  # read by the engine itself (a changed value was ignored: R-08)
-        self.w.manager.slots.resize(s.concurrency)
-        self.w.gateway.limit(s.model_calls)
+        self.parts.engine.tick_seconds = s.tick_seconds  # read by the engine itself (a changed value was ignored: R-08)
+        self.parts.manager.slots.resize(s.concurrency)
+        self.parts.gateway.limit(s.model_calls)
         if short := limits_short(s.concurrency):  # agents would fail to start (EMFILE, EAGAIN) short of the cap
             log.warning("limits_below_concurrency", concurrency=s.concurrency, **short)
-        self.w.stale_claims.hours = s.stale_claim_hours
-        self.w.breaker.threshold = s.breaker_threshold
-        for ex in self.w.manager.executors.values():
+        self.parts.stale_claims.hours = s.stale_claim_hours
+        self.parts.breaker.threshold = s.breaker_threshold
+        for ex in self.parts.manager.executors.values():
             if isinstance(ex, ChainExecutor):
                 ex.chain.threshold = s.breaker_threshold
-        self.w.emitter.sender = s.default_sender
+        self.parts.emitter.sender = s.default_sender
         self._apply_cluster(s)
-        self.w.runners.command.agent_user = default_agent_user(os.geteuid(), s.agent_user)
+        self.parts.runners.command.agent_user = default_agent_user(os.geteuid(), s.agent_user)
         if self.options.log_level is None or self.options.log_format is None:
             fmt = self.options.log_format or s.log_format
             configure_logging(
                 (self.options.log_level or s.log_level).upper(), json=None if fmt == "auto" else fmt == "json"
             )
-        changed = await self.w.notify.configure(s)
-        self.w.escalator.buttons = s.telegram.answers
-        self.w.escalator.results = s.notify.results
-        if self.w.escalator.learner is not None:
-            self.w.escalator.learner.bound = s.learning.auto_repeats
-            self.w.escalator.learner.backoff_s = s.learning.backoff_s
-        self.w.claude.pattern_after = s.learning.pattern_after
-        self.w.escalator.notifying = self.w.notify.active
-        self.w.digest.hours = s.notify.digest_hours
-        self.w.digest.enabled = s.notify.digest and self.w.notify.active
-        self.w.escalator.digest = self.w.digest if self.w.digest.enabled else None
+        changed = await self.parts.notify.configure(s)
+        self.parts.escalator.buttons = s.telegram.answers
+        self.parts.escalator.results = s.notify.results
+        if self.parts.escalator.learner is not None:
+            self.parts.escalator.learner.bound = s.learning.auto_repeats
+            self.parts.escalator.learner.backoff_s = s.learning.backoff_s
+        self.parts.claude.pattern_after = s.learning.pattern_after
+        self.parts.escalator.notifying = self.parts.notify.active
+        self.parts.digest.hours = s.notify.digest_hours
+        self.parts.digest.enabled = s.notify.digest and self.parts.notify.active
+        self.parts.escalator.digest = self.parts.digest if self.parts.digest.enabled else None
         values = {n: credential(n, self.options.environ) for n in MODEL_KEYS}
         for value in values.values():  # a key changed in $CREDENTIALS_DIRECTORY is masked like the first one
             if value:
@@ -544,19 +548,19 @@ class Daemon:
             changed += secrets_changed(self._key_digests, key_digests)
         self._key_digests = key_digests
         keys = sorted(key_digests)
-        await asyncio.to_thread(self._instance.record_loaded, self.w.ref.brain, self.clock.now(), keys)
+        await asyncio.to_thread(self._instance.record_loaded, self.parts.ref.brain, self.clock.now(), keys)
         return changed
 
     def _status_line(self) -> str:
-        runs = self.w.manager.active_runs()
+        runs = self.parts.manager.active_runs()
         waiting = sum(len(r.escalations) for r in runs)
         return f"{len(runs)} run(s) active, {waiting} escalation(s) waiting"
 
     def _on_files(self, changed: Iterable[Path]) -> None:
         changed = list(changed)
         if any(p.parent == self.paths.claims for p in changed):
-            self.w.assisted.poke()
-        self.w.engine.wake(changed)
+            self.parts.assisted.poke()
+        self.parts.engine.wake(changed)
 
     # -- the daemon's run: startup, main loop, shutdown
 
@@ -582,9 +586,9 @@ class Daemon:
         signals trapped, its unfinished runs resumed (:meth:`_resume`), its tasks started (:meth:`_start_tasks`);
         then systemd and the log are told it is ready."""
         self._take_brain()
-        self.w = self._build()
-        self._forget_secrets(self.w.ref.brain)
-        self.w.troubles.start()
+        self.parts = self._build()
+        self._forget_secrets(self.parts.ref.brain)
+        self.parts.troubles.start()
         stop, hup = self._on_stop_signal, self._on_hup
         self._trap = SignalTrap(
             asyncio.get_running_loop(), {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGHUP: hup}
@@ -592,11 +596,11 @@ class Daemon:
         self._trap.install()
         resumed = await self._resume()
         await self._gateway_if_needed()  # after the spend is read back from the journals, before any agent starts
-        self.w.query.start()
+        self.parts.query.start()
         frozen = freeze_startup_heap()
         await self._start_tasks()
         self.ready.set()
-        self.w.engine.wake()
+        self.parts.engine.wake()
         systemd.ready(self._status_line())
         log.info("daemon_ready", brain=str(self.paths.root), resumed=resumed, pid=os.getpid(), frozen_objects=frozen)
 
@@ -626,11 +630,11 @@ class Daemon:
     async def _resume(self) -> int:
         """The reconciliation pass: the settings applied, dead locks removed, today's spend counted, every unfinished
         run resumed from its journal (not started yet: the engine starts them). Returns how many were resumed."""
-        await self._apply_settings(self.w.ref.brain.settings)  # before any run resumes or starts
+        await self._apply_settings(self.parts.ref.brain.settings)  # before any run resumes or starts
         # Locks of holders that are provably gone (a dead pid on this host), expired, or malformed past their
         # grace: the reconciliation walks them too. A lock whose item will run again is taken anew; one whose
         # release a crash or a power cut lost (R-03: the unlink after the last fsync) would stay otherwise.
-        cleaned = await asyncio.to_thread(self.w.locks.cleanup)
+        cleaned = await asyncio.to_thread(self.parts.locks.cleanup)
         if cleaned:
             log.info(
                 "locks_cleaned",
@@ -638,15 +642,15 @@ class Daemon:
                 files=[c.file for c in cleaned[:20]],
                 states=sorted({c.state for c in cleaned}),
             )
-        await asyncio.to_thread(self.w.spend.seed_records, self.paths.runs_log, self.clock.now())
-        stored = await asyncio.to_thread(stored_questions, self.w.escalations)
-        resumed = self.w.manager.resume_all(stored)
-        for esc_id, why in self.w.manager.leftovers:  # questions no run waits on: closed, saying why
+        await asyncio.to_thread(self.parts.spend.seed_records, self.paths.runs_log, self.clock.now())
+        stored = await asyncio.to_thread(stored_questions, self.parts.escalations)
+        resumed = self.parts.manager.resume_all(stored)
+        for esc_id, why in self.parts.manager.leftovers:  # questions no run waits on: closed, saying why
             with contextlib.suppress(AmbientError, OSError):
-                await asyncio.to_thread(self.w.escalations.cancel, esc_id, why)
+                await asyncio.to_thread(self.parts.escalations.cancel, esc_id, why)
                 log.warning("escalation_cancelled", escalation=esc_id, reason=why)
-        for state in self.w.manager.active_runs():  # resumed, not started yet: what they spent today
-            self.w.spend.seed_state(state, self.clock.now())
+        for state in self.parts.manager.active_runs():  # resumed, not started yet: what they spent today
+            self.parts.spend.seed_state(state, self.clock.now())
         if resumed:
             self._progress(f"resumed {len(resumed)} unfinished run(s) from disk")
         return len(resumed)
@@ -654,25 +658,25 @@ class Daemon:
     async def _start_tasks(self) -> None:
         """The daemon's tasks: the engine's tick, the live threads' writer, the watcher (waited for: ``READY=1``
         promises it), the send socket, the watchdog."""
-        self._spawn(self.w.engine.run(self.stop), "engine")
-        self._spawn(self.w.live_turns.run(self.stop), "live")
+        self._spawn(self.parts.engine.run(self.stop), "engine")
+        self._spawn(self.parts.live_turns.run(self.stop), "live")
         if self.options.watch:
             watching = asyncio.Event()
             claims_dir = str(self.paths.claims) + "/"
 
             def own_claim(path: str) -> bool:
-                return path.startswith(claims_dir) and self.w.claims.is_own_write(path)
+                return path.startswith(claims_dir) and self.parts.claims.is_own_write(path)
 
             self._spawn(watch_brain(self.paths, self._on_files, self.stop, ready=watching, ignore=own_claim), "watch")
             # READY=1 promises running watchers (RELIABILITY §2.4): without this wait a workflow dropped
             # just after READY was missed until the next timed tick (30 s by default). A watcher that
             # fails to start sets ``stop`` (see _task_done), which ends the wait too.
             await _first_of(watching, self.stop)
-        self._send_server = await sendsocket.serve(self.paths.state, self.w.packets.route_sent, log)
-        if self._send_server is not None and self.w.router.registry is not None:
+        self._send_server = await sendsocket.serve(self.paths.state, self.parts.packets.route_sent, log)
+        if self._send_server is not None and self.parts.router.registry is not None:
             # Agents' `ambient send` reach this router now, which knows their tokens: no token files from here
             # on (ChannelRegistry). Those written for agents started before stay until they are revoked.
-            self.w.router.registry.files = False
+            self.parts.router.registry.files = False
         # R-09 wants the gap between pings under WATCHDOG_USEC/2; pinging exactly every WATCHDOG_USEC/2 put half
         # the gaps just over it (loop jitter, measured by the e2e test): ping twice as often as that. Nothing
         # is awaited from here to READY=1: a first WATCHDOG=1 must not come before it (e2e test).
@@ -706,8 +710,8 @@ class Daemon:
         self.stop.set()
 
     def _on_hup(self, sig: signal.Signals = signal.SIGHUP) -> None:
-        self.w.workflows_eval.request_reload()
-        self.w.engine.wake()
+        self.parts.workflows_eval.request_reload()
+        self.parts.engine.wake()
 
     async def shutdown(self) -> None:
         """The staged shutdown: ``STOPPING=1``, running agents drained for ``shutdown_grace_s`` then their process
@@ -718,41 +722,43 @@ class Daemon:
         backlog or a full disk: what was not written by then is written again from the journals at the next start.
         """
         systemd.stopping("stopping")
-        grace = self.w.ref.brain.settings.shutdown_grace_s
-        kill_grace = max((getattr(cfg, "kill_grace_s", 0.0) for cfg in self.w.ref.brain.runners.values()), default=0.0)
+        grace = self.parts.ref.brain.settings.shutdown_grace_s
+        kill_grace = max(
+            (getattr(cfg, "kill_grace_s", 0.0) for cfg in self.parts.ref.brain.runners.values()), default=0.0
+        )
         systemd.extend_timeout(int((grace + kill_grace + STOP_BOUND_S) * 1_000_000))  # drain, SIGTERM → SIGKILL
-        await self.w.manager.shutdown(grace)
-        await self.w.runners.terminate_all(grace)
+        await self.parts.manager.shutdown(grace)
+        await self.parts.runners.terminate_all(grace)
         # No agent runs any more: from here on the stop is bounded. The guard stays armed until the process ends
         # (the interpreter's exit joins writer threads too).
         StopGuard(GUARD_AT_S, lambda: 1 if self._failed_task else 0).arm()
         deadline = time.monotonic() + WRITE_OUT_S
-        await self.w.notify.close()
+        await self.parts.notify.close()
         # Only now: the agents drained above still send through the socket, where their tokens are known (they
         # have no token files, see ChannelRegistry). From here `ambient send` routes by itself again.
         await sendsocket.close(self._send_server, self.paths.state)
-        if self.w.router.registry is not None:
-            self.w.router.registry.files = True
-        self.w.runners.close()
-        await self.w.gateway.close()
+        if self.parts.router.registry is not None:
+            self.parts.router.registry.files = True
+        self.parts.runners.close()
+        await self.parts.gateway.close()
         for d in self._dispatchers:  # the remote attempts go on; the next start finds their results
             await d.close()
         # Coalesced item claims (interrupted items included) reach the disk, as many as the time allows.
-        await self.w.claims_view.aclose(time_left(deadline, time.monotonic()))
+        await self.parts.claims_view.aclose(time_left(deadline, time.monotonic()))
         for t in self._tasks:
             if not t.done():
                 t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.w.live_turns.flush()
-        self.w.live_turns.close()
+        await self.parts.live_turns.flush()
+        self.parts.live_turns.close()
         # Every agent is gone and its locks released: close the lock manager, which also removes its pooled
         # ``.spare.tmp.*`` files (a clean stop left them in locks/ until the next start's sweep; e2e test).
         with contextlib.suppress(OSError):
-            self.w.locks.close()
-        self.w.router.close()
+            self.parts.locks.close()
+        self.parts.router.close()
         # A refresh under way is joined off the loop, until the writes' time is up (a second at least): the store
         # is a cache its readers refresh before they read.
-        await asyncio.to_thread(self.w.query.close, time_left(deadline, time.monotonic(), floor=1.0))
+        await asyncio.to_thread(self.parts.query.close, time_left(deadline, time.monotonic(), floor=1.0))
         try:
             append_line(
                 self.paths.state / "daemon-events.jsonl",
