@@ -139,7 +139,7 @@ class WorkflowEvaluator:
     RELOAD_MAX_WAIT_S = 2.0
 
     def __init__(self, parts: WorkflowParts) -> None:
-        self.d = parts
+        self.parts = parts
         self.reload_requested = False  # SIGHUP: the next tick reloads everything (request_reload)
         self._dirs = (parts.paths.workflows, parts.paths.agents, parts.paths.profil)
         self._fp = self._fingerprint()
@@ -182,7 +182,7 @@ class WorkflowEvaluator:
                 self._pending_since = now
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer = loop.call_later(self.RELOAD_QUIET_S + 0.01, self.d.wake)
+            self._timer = loop.call_later(self.RELOAD_QUIET_S + 0.01, self.parts.wake)
             return False
         return self._pending_since is not None and (
             now - self._last_change >= self.RELOAD_QUIET_S or now - self._pending_since >= self.RELOAD_MAX_WAIT_S
@@ -193,7 +193,7 @@ class WorkflowEvaluator:
         self.reload_requested = True
 
     async def evaluate(self, tick: Tick) -> None:
-        d = self.d
+        d = self.parts
         due = await self._reload_due(tick)
         if self.reload_requested or due:
             sighup, self.reload_requested = self.reload_requested, False  # a SIGHUP during the reload: another one
@@ -612,11 +612,11 @@ class IdleEvaluator:
     name = "idle"
 
     def __init__(self, parts: IdleParts, *, until_idle: bool) -> None:
-        self.d = parts
+        self.parts = parts
         self.until_idle = until_idle
 
     async def evaluate(self, tick: Tick) -> None:
-        d = self.d
+        d = self.parts
         if not (self.until_idle and d.ready.is_set() and d.manager.idle) or any(d.paths.inbox.glob("*.json")):
             return
         if "disk" in d.troubles.health.conditions:
