@@ -29,6 +29,10 @@ module named by a string, or by a name bound to one, given to ``importlib.import
 (f) **one tree of errors**: every exception class (one whose base is a builtin exception or, in turn, another
     exception class of the tree; in a function too) is defined in ``core/errors.py``; the only others are the
     private control-flow signals of :data:`SIGNALS`, raised and caught inside their own module.
+(g) **the daemon is wired in dependency order** (:data:`WIRING`): its build function holds no lambda and no nested
+    function that reads ``self``, the late binding that hid its object cycles (``lambda: self.engine.wake()``): each
+    part is built after what it uses and handed it; a cycle that remains is a bound method, said in a comment.
+    Proven on planted closures in the real file (:class:`TestTheWiringRule`).
 
 A dynamic import whose name is computed (``cli/__init__.py`` loads its own command modules by file name) is out
 of reach; it stays inside its package.
@@ -875,6 +879,42 @@ def error_violations(sources: Mapping[str, str], signals: Mapping[str, str] = SI
         else:
             why = "every public exception class is defined in core/errors.py, the one tree of ambient's errors"
         out.append(Violation("errors", f"src/ambient/{rel}", line, f"class {name}", why, ("errors", me, name)))
+
+
+#: Rule (g): the functions that wire the daemon's parts, by file: (class, function).
+WIRING: Final[Mapping[str, tuple[str, str]]] = {"service/daemon.py": ("Daemon", "_build")}
+
+
+def _function(tree: ast.Module, cls: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name == name:
+                    return item
+    return None
+
+
+def wiring_violations(sources: Mapping[str, str], wiring: Mapping[str, tuple[str, str]] = WIRING) -> list[Violation]:
+    """Rule (g): a lambda or a nested function inside a wiring function that reads ``self`` (a part reaching back
+    through the daemon, bound late); a wiring function gone from its file is said too, so the rule never looks at
+    nothing (a file gone from the tree: :func:`test_the_wiring_functions_exist`)."""
+    out: list[Violation] = []
+    for rel, (cls, name) in wiring.items():
+        if rel not in sources:
+            continue
+        file = f"src/ambient/{rel}"
+        fn = _function(ast.parse(sources[rel], filename=rel), cls, name)
+        if fn is None:
+            why = "the wiring function is gone: WIRING names where the daemon is built"
+            out.append(Violation("wiring", file, 1, f"{cls}.{name}", why, ("wiring", rel, "gone")))
+            continue
+        for node in ast.walk(fn):
+            if node is fn or not isinstance(node, ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            if any(isinstance(n, ast.Name) and n.id == "self" for n in ast.walk(node)):
+                text = ast.unparse(node) if isinstance(node, ast.Lambda) else f"def {node.name}"
+                why = "a closure over self binds a part late: build what it uses first and hand it over"
+                out.append(Violation("wiring", file, node.lineno, text, why, ("wiring", rel, text)))
     return out
 
 
@@ -888,6 +928,7 @@ def check(sources: Mapping[str, str]) -> list[Violation]:
         *impure_uses(sources),
         *write_violations(sources),
         *error_violations(sources),
+        *wiring_violations(sources),
     ]
 
 
@@ -908,7 +949,7 @@ def _report(violations: list[Violation]) -> str:
     return "\n".join(["", *(str(v) for v in violations)])
 
 
-@pytest.mark.parametrize("rule", ["layer", "leaf", "cycle", "pure", "writes", "errors"])
+@pytest.mark.parametrize("rule", ["layer", "leaf", "cycle", "pure", "writes", "errors", "wiring"])
 def test_the_tree_keeps_the_contract(found: list[Violation], rule: str) -> None:
     """No violation of the rule in src/ambient: no allowlist, a wrong-way import fails here."""
     new = [v for v in found if v.rule == rule]
@@ -926,6 +967,11 @@ def test_the_pure_modules_exist(tree: dict[str, str]) -> None:
     """The list of pure modules names real modules (a rename would silently drop one from the rule)."""
     modules = {module_name(rel) for rel in tree}
     assert {f"{ROOT}.{m}" for m in PURE} - modules == set()
+
+
+def test_the_wiring_functions_exist(tree: dict[str, str]) -> None:
+    """WIRING names real files (a move would silently drop the daemon's build from rule (g))."""
+    assert set(WIRING) - set(tree) == set()
 
 
 # ---------------------------------------------------------------------------------------------- rule (d)
@@ -1424,3 +1470,58 @@ class TestTheWriteRule:
         for writer in WRITERS:
             assert writer in modules, writer
             assert _effects(modules[writer], tree[modules[writer]]).writes, f"{writer} writes nothing any more"
+
+
+class TestTheWiringRule:
+    """A closure over ``self`` planted in the daemon's real build function fails, at its line; what only looks like
+    one (a lambda over its own arguments, a bound method handed over) passes; a build function renamed away is said."""
+
+    ANCHOR = "        p = self.paths\n"
+
+    def _planted(self, tree: dict[str, str], code: str) -> tuple[dict[str, str], int]:
+        """The real daemon.py with ``code`` (lines at the build's indentation) put before the build's first line; the
+        line number of the first planted line."""
+        text = tree["service/daemon.py"]
+        assert text.count(self.ANCHOR) == 1, "the planting place moved: update ANCHOR"
+        at = text.index(self.ANCHOR)
+        return {**tree, "service/daemon.py": text[:at] + code + text[at:]}, text[:at].count("\n") + 1
+
+    @pytest.mark.parametrize(
+        ("code", "offset", "text"),
+        [
+            ("        wake = lambda: self.w.engine.wake()\n", 0, "lambda: self.w.engine.wake()"),
+            (
+                "        spawned = lambda req, pid: self.w.manager.record_spawn(req.run_id, pid)\n",
+                0,
+                "lambda req, pid: self.w.manager.record_spawn(req.run_id, pid)",
+            ),
+            (
+                "        hooks = [(lambda path: self.w.engine.wake([path]))]\n",
+                0,
+                "lambda path: self.w.engine.wake([path])",
+            ),
+            ("        x = 1\n\n        def later() -> None:\n            self.w.engine.wake()\n", 2, "def later"),
+            ("        async def later() -> None:\n            await self.reload()\n", 0, "def later"),
+        ],
+    )
+    def test_a_closure_over_self_fails(
+        self, tree: dict[str, str], found: list[Violation], code: str, offset: int, text: str
+    ) -> None:
+        planted, line = self._planted(tree, code)
+        new = [v for v in _new(tree, found, planted) if v.rule == "wiring"]
+        assert [(v.file, v.line, v.text) for v in new] == [("src/ambient/service/daemon.py", line + offset, text)]
+        assert "binds a part late" in new[0].why
+
+    def test_what_is_not_a_closure_over_self_passes(self, tree: dict[str, str], found: list[Violation]) -> None:
+        code = (
+            "        ordered = sorted([3, 1], key=lambda n: -n)\n"
+            "        executor = self._executor\n"
+            "        reload = self.reload\n"
+        )
+        planted, _ = self._planted(tree, code)
+        assert [v for v in _new(tree, found, planted) if v.rule == "wiring"] == []
+
+    def test_a_build_renamed_away_is_said(self, tree: dict[str, str]) -> None:
+        renamed = {**tree, "service/daemon.py": tree["service/daemon.py"].replace("def _build(", "def _assemble(")}
+        assert [(v.text, v.rule) for v in wiring_violations(renamed)] == [("Daemon._build", "wiring")]
+        assert "gone" in wiring_violations(renamed)[0].why

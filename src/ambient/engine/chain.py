@@ -35,6 +35,7 @@ from ambient.engine.planner import (
     FanOut,
     ItemTemplate,
     StepStatus,
+    StepVerdict,
     before_question,
     breaker_update,
     exit_route,
@@ -63,6 +64,24 @@ def _brief(output: Any) -> Any:
     if isinstance(output, dict):
         return {k: output[k] for k in ("status", "tests", "files_modified", "commit") if k in output}
     return None
+
+
+def _recorded(verdict: StepVerdict, res: AttemptResult) -> FinishedResult:
+    """What the journal records of an attempt: its verdict decides success (a gate or a tier may fail an agent's
+    "ok"); a failure is an ``error`` when the agent errored, else a ``fail``."""
+    if verdict.status != "failed":
+        return "success"
+    return "error" if res.result == "error" else "fail"
+
+
+def _step_done(step: ChainStep, verdict: StepVerdict, res: AttemptResult) -> dict[str, Any]:
+    """``STEP_DONE``'s payload: the step's status and reason, and its output reduced to what a supervisor needs."""
+    return {
+        "context": {
+            "step": step.name,
+            "result": {"status": verdict.status, "reason": verdict.reason, "output": _brief(res.output)},
+        }
+    }
 
 
 class Breaker(Protocol):
@@ -339,40 +358,77 @@ class ChainExecutor(RunExecutor):
         return True
 
     async def _run_step(self, item: ItemState, step: ChainStep) -> None:
-        if not await self._slot(item):
+        """One attempt at a step, then what its result leads to, in this order: a hold (a budget, a refused key), the
+        agent's own question, the result journaled with its verdict, a retry or the breaker on a failure,
+        ``STEP_DONE``, and the person's acceptance or the exit trigger. Each part is a method below."""
+        attempt = await self._accept(item)
+        if attempt is None:
             return
-        attempt = next_attempt(item)
-        self.event(events.accepted, item=item.name, attempt=attempt, key=self._key(item, attempt))
-        await self.commit()
-        self.ports.claims.item_changed(self.state, item)
-        self._stepping = True
-        with structlog.contextvars.bound_contextvars(step=step.name, attempt=attempt):
-            try:
-                res = await self.carry_out(self.build_attempt(item, attempt))
-            except Exception as exc:  # noqa: BLE001 - a step whose SPAWN cannot be built fails, the daemon goes on
-                res = AttemptResult(result="error", error=str(exc))
-            finally:
-                self._stepping = False
-                self._release(item.name)
+        res = await self._attempt(item, step, attempt)
         if self._hold_result(item, attempt, res, agent=self._agent_for(step)):  # the step runs again once answered
-            await self.commit()
-            self.ports.claims.item_changed(self.state, item)
+            await self._checkpoint(item)
             return
         if res.result == "escalate":
             await self._agent_asks(item, step, attempt, res)
             return
         verdict = judge_step(step, res.output, res.result)
-        recorded: FinishedResult = (
-            "success" if verdict.status != "failed" else ("error" if res.result == "error" else "fail")
-        )
+        accept = self._record_verdict(item, step, attempt, res, verdict)
+        if verdict.status == "failed":
+            if await self._after_failure(item, step, attempt, res):
+                return
+        else:
+            self._after_success(step)
+        await self._signal("STEP_DONE", None, _step_done(step, verdict, res))
+        if accept is not None:
+            esc = await self._publish(accept)
+            self.event(events.gate, item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
+            await self._checkpoint(item)
+            return
+        await self._route_exit(item, step, verdict.status, verdict.actions, verdict.reason or res.error)
+        await self._checkpoint(item)
+
+    async def _checkpoint(self, item: ItemState) -> None:
+        """The journal committed, then the step's claim told: the claim never says more than the journal holds."""
+        await self.commit()
+        self.ports.claims.item_changed(self.state, item)
+
+    async def _accept(self, item: ItemState) -> int | None:
+        """An agent slot taken and the attempt journaled (``accepted``) before its agent starts, so a restart knows
+        the step was under way. None when a decision came while the step waited for a slot (nothing runs)."""
+        if not await self._slot(item):
+            return None
+        attempt = next_attempt(item)
+        self.event(events.accepted, item=item.name, attempt=attempt, key=self._key(item, attempt))
+        await self._checkpoint(item)
+        return attempt
+
+    async def _attempt(self, item: ItemState, step: ChainStep, attempt: int) -> AttemptResult:
+        """The step's agent at work (``busy`` meanwhile: the shutdown lets it finish within the grace); a SPAWN that
+        cannot be built is an error result, never an exception out of the run. The slot is given back either way."""
+        self._stepping = True
+        with structlog.contextvars.bound_contextvars(step=step.name, attempt=attempt):
+            try:
+                return await self.carry_out(self.build_attempt(item, attempt))
+            except Exception as exc:  # noqa: BLE001 - a step whose SPAWN cannot be built fails, the daemon goes on
+                return AttemptResult(result="error", error=str(exc))
+            finally:
+                self._stepping = False
+                self._release(item.name)
+
+    def _record_verdict(
+        self, item: ItemState, step: ChainStep, attempt: int, res: AttemptResult, verdict: StepVerdict
+    ) -> EscalationRequest | None:
+        """The attempt's result and the question it leads to, in one journal write: a step closed without tests, or
+        whose exit trigger is a ``gate:human``, waits on the person and is never "done" alone, even after a crash.
+        Returns the acceptance question of a step closed without tests (asked once ``STEP_DONE`` is out)."""
         accept = None
-        with self.journal.together():  # a step closed without tests waits on the person: never "done" alone
+        with self.journal.together():
             self._attempt_finished(
                 item,
                 attempt,
                 res,
                 agent=self._agent_for(step),
-                result=recorded,
+                result=_recorded(verdict, res),
                 error=verdict.reason or res.error,
                 question=False,  # a step's own questions are _agent_asks's: this record never had the key
             )
@@ -390,47 +446,36 @@ class ChainExecutor(RunExecutor):
                     self._asking(
                         item, self._request(*self._exit_gate(item, step, verdict.status, route.action)), gate=True
                     )
-        scope = step.scope or step.name
-        if verdict.status == "failed":
-            # Retries first (the step's policy, else the chain's), then the breaker, then the exit trigger.
-            if res.retryable and res.result in step.retry.on and item.fails < step.retry.attempts:
-                delay = step.retry.delay(item.fails, self.ports.rng)
-                not_before = self.ports.clock.now() + timedelta(seconds=delay)
-                self.event(events.retry, item=item.name, attempt=attempt, not_before=not_before.isoformat())
-                await self.commit()
-                return
-            if self.chain.breaker is not None:
-                fails = self.chain.breaker.fail(scope)
-                tripped = fails >= self.chain.threshold
-            else:
-                fails, tripped = breaker_update(self.state.breaker.get(scope, 0), True, self.chain.threshold)
-            self.event(events.breaker, scope=scope, fails=fails, tripped=tripped)
-            if tripped:
-                await self._trip(item, step, scope, fails)
-                return
-        else:
-            if self.chain.breaker is not None:
-                self.chain.breaker.success(scope)
-            self.event(events.breaker, scope=scope, fails=0, tripped=False)
-        await self._signal(
-            "STEP_DONE",
-            None,
-            {
-                "context": {
-                    "step": step.name,
-                    "result": {"status": verdict.status, "reason": verdict.reason, "output": _brief(res.output)},
-                }
-            },
-        )
-        if accept is not None:
-            esc = await self._publish(accept)
-            self.event(events.gate, item=item.name, state="pending", escalation=esc, agent=self._agent_for(step))
+        return accept
+
+    async def _after_failure(self, item: ItemState, step: ChainStep, attempt: int, res: AttemptResult) -> bool:
+        """A failed step: its retry policy first (the step's, else the chain's), then the breaker. True when the
+        step waits now (for its retry's time, or on the person after the breaker tripped); False when its exit
+        trigger is to be routed."""
+        if res.retryable and res.result in step.retry.on and item.fails < step.retry.attempts:
+            delay = step.retry.delay(item.fails, self.ports.rng)
+            not_before = self.ports.clock.now() + timedelta(seconds=delay)
+            self.event(events.retry, item=item.name, attempt=attempt, not_before=not_before.isoformat())
             await self.commit()
-            self.ports.claims.item_changed(self.state, item)
-            return
-        await self._route_exit(item, step, verdict.status, verdict.actions, verdict.reason or res.error)
-        await self.commit()
-        self.ports.claims.item_changed(self.state, item)
+            return True
+        scope = step.scope or step.name
+        if self.chain.breaker is not None:
+            fails = self.chain.breaker.fail(scope)
+            tripped = fails >= self.chain.threshold
+        else:
+            fails, tripped = breaker_update(self.state.breaker.get(scope, 0), True, self.chain.threshold)
+        self.event(events.breaker, scope=scope, fails=fails, tripped=tripped)
+        if tripped:
+            await self._trip(item, step, scope, fails)
+            return True
+        return False
+
+    def _after_success(self, step: ChainStep) -> None:
+        """A step that did not fail closes its scope's run of failures (the breaker counts consecutive ones)."""
+        scope = step.scope or step.name
+        if self.chain.breaker is not None:
+            self.chain.breaker.success(scope)
+        self.event(events.breaker, scope=scope, fails=0, tripped=False)
 
     async def _agent_asks(self, item: ItemState, step: ChainStep, attempt: int, res: AttemptResult) -> None:
         """The step's agent asked the person (its own ESCALATE): its question and options, as in a for_each; the

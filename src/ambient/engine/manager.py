@@ -34,6 +34,7 @@ from ambient.engine.runs import RunExecutor, iso, new_run_id, run_record
 from ambient.engine.runstate import RunState, StoredQuestion, apply_event, ended_because, fold, reconcile_questions
 from ambient.engine.slots import AgentSlots
 from ambient.runners import orphans
+from ambient.runners.base import RunRequest
 from ambient.storage.journal import Journal, append_line, read_jsonl
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import MAX_CLAIM_BYTES
@@ -326,6 +327,15 @@ class RunManager:
                 started = None
         ex.event(events.spawned, item=item, attempt=attempt, pid=pid, started=started)
         ex.journal.flush()
+
+    def spawned(self, req: RunRequest, pid: int, started: float | None) -> None:
+        """The command runner's spawn hook: :meth:`record_spawn` for the attempt ``req`` carries."""
+        self.record_spawn(req.run_id, req.item, req.attempt, pid, started)
+
+    def not_running(self, run_id: str) -> bool:
+        """Whether a run has no executor here (it ended, or never ran here): the live context shows only the requests
+        of runs still running (a dict lookup, cheap off the loop)."""
+        return run_id not in self.executors
 
     def ended_reason(self, run_id: str) -> str:
         """Why a settled run waits on nobody (:func:`ended_because`, from its journal): what the escalations it left

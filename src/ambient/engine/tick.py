@@ -56,23 +56,17 @@ class Evaluator(Protocol):
     async def evaluate(self, tick: Tick) -> None: ...
 
 
-class TriggerEngine:
-    """Runs evaluators on each tick; wakes early on file events."""
+class Wakeup:
+    """Asks the engine for a tick, and gathers what changed until it comes.
 
-    def __init__(
-        self, evaluators: Iterable[Evaluator] = (), *, tick_seconds: float = 30.0, clock: Clock | None = None
-    ) -> None:
-        self.evaluators: list[Evaluator] = list(evaluators)
-        self.tick_seconds = tick_seconds
-        self.clock = clock or SystemClock()
-        self.ticks = 0
-        self._wake = asyncio.Event()
+    Made before everything that wakes the engine (the escalator, the troubles, the run manager, the evaluators) and
+    handed to each: none of them needs the engine itself, which is built last, from its evaluators.
+    """
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
         self._pending: set[Path] = set()
         self._timed_due = False
-
-    def add(self, evaluator: Evaluator) -> None:
-        """Plug in another evaluator."""
-        self.evaluators.append(evaluator)
 
     def wake(self, changes: Iterable[Path] = ()) -> None:
         """Ask for a tick now; ``changes`` says what changed (nothing = a full look)."""
@@ -81,7 +75,51 @@ class TriggerEngine:
             self._pending.update(changed)
         else:
             self._timed_due = True
-        self._wake.set()
+        self._event.set()
+
+    def file_changed(self, path: Path) -> None:
+        """Ask for a tick that looks at ``path`` (a file written here, not seen by the watcher yet)."""
+        self.wake((path,))
+
+    async def wait(self) -> None:
+        """Until somebody asks for a tick."""
+        await self._event.wait()
+
+    def take(self, *, timed_out: bool) -> frozenset[Path]:
+        """What the next tick looks at, and the slate wiped: empty (a full look) when a full look was asked for or
+        the wait timed out, else the paths that changed."""
+        self._event.clear()
+        changes = frozenset(self._pending)
+        self._pending.clear()
+        timed = self._timed_due or timed_out
+        self._timed_due = False
+        return frozenset() if timed else changes
+
+
+class TriggerEngine:
+    """Runs evaluators on each tick; wakes early on file events."""
+
+    def __init__(
+        self,
+        evaluators: Iterable[Evaluator] = (),
+        *,
+        tick_seconds: float = 30.0,
+        clock: Clock | None = None,
+        wakeup: Wakeup | None = None,
+    ) -> None:
+        self.evaluators: list[Evaluator] = list(evaluators)
+        self.tick_seconds = tick_seconds
+        self.clock = clock or SystemClock()
+        self.ticks = 0
+        self.wakeup = wakeup or Wakeup()
+
+    def add(self, evaluator: Evaluator) -> None:
+        """Plug in another evaluator."""
+        self.evaluators.append(evaluator)
+
+    def wake(self, changes: Iterable[Path] = ()) -> None:
+        """Ask for a tick now; ``changes`` says what changed (nothing = a full look)."""
+        self.wakeup.wake(changes)
 
     async def tick(self, changes: Iterable[Path] = ()) -> Tick:
         """Run every evaluator once."""
@@ -103,7 +141,7 @@ class TriggerEngine:
         stopper = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
-                waker = asyncio.ensure_future(self._wake.wait())
+                waker = asyncio.ensure_future(self.wakeup.wait())
                 done, _ = await asyncio.wait(
                     {waker, stopper}, timeout=self.tick_seconds, return_when=asyncio.FIRST_COMPLETED
                 )
@@ -112,12 +150,7 @@ class TriggerEngine:
                     await waker
                 if stop.is_set():
                     break
-                self._wake.clear()
-                changes = frozenset(self._pending)
-                self._pending.clear()
-                timed = self._timed_due or not done
-                self._timed_due = False
-                await self.tick(() if timed else changes)
+                await self.tick(self.wakeup.take(timed_out=not done))
         finally:
             stopper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -304,6 +304,7 @@ class ClaudeRunner:
         environ: Mapping[str, str] | None = None,
         watch: Watch | None = None,
         gateway: ModelGateway | None = None,
+        current: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.paths = paths
         self.gateway = gateway  # every model call through it, metered, when started (ambient.runners.gateway)
@@ -312,7 +313,8 @@ class ClaudeRunner:
         self.home = paths.state / "claude"
         self.sessions = SessionStore(self.home)
         #: Per running SPAWN key: the tool call in progress (run, item, agent, tool, since) for ``ambient status``.
-        self.current: dict[str, dict[str, Any]] = {}
+        # What each agent is doing now, by attempt: ``current`` is the daemon's own map (its live turns write it out).
+        self.current: dict[str, dict[str, Any]] = {} if current is None else current
         self._launcher_ready = False
         #: ``learning.pattern_after``: commands of one shape the person allows before a pattern is offered (0: never).
         self.pattern_after = patterns.DEFAULT_PATTERN_AFTER

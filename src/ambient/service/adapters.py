@@ -23,6 +23,7 @@ from ambient.config.brain import Brain
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, LockHeldError, PacketError
 from ambient.core.redact import SecretRegistry, redact
+from ambient.engine.budget import Limits
 from ambient.engine.ports import Attempt, AttemptResult
 from ambient.engine.runstate import RunState
 from ambient.kernel.channels import Channel
@@ -43,6 +44,10 @@ class BrainRef:
 
     def __init__(self, brain: Brain) -> None:
         self.brain = brain
+
+    def budget_limits(self) -> Limits:
+        """The budgets of the settings loaded now (the spend meter reads them at each check, so a reload counts)."""
+        return self.brain.settings.budget.limits()
 
 
 class AgentDelegate:

@@ -18,6 +18,7 @@ import signal
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ from ambient.engine.runs import RunExecutor
 from ambient.engine.runstate import RunState
 from ambient.engine.spend import SpendMeter
 from ambient.engine.themebranch import GitBranches
-from ambient.engine.tick import TriggerEngine
+from ambient.engine.tick import TriggerEngine, Wakeup
 from ambient.human.channelstate import digests, secrets_changed
 from ambient.human.escalation_store import EscalationStore
 from ambient.human.messages import Message
@@ -73,9 +74,12 @@ from ambient.service.escalator import Learner, StoreEscalator, stored_questions
 from ambient.service.evaluators import (
     EscalationEvaluator,
     IdleEvaluator,
+    IdleParts,
     InboxEvaluator,
+    SeenWorkflows,
     StaleClaimsEvaluator,
     WorkflowEvaluator,
+    WorkflowParts,
 )
 from ambient.service.heap import HeapTrimEvaluator, freeze_startup_heap
 from ambient.service.instance import SingleInstance
@@ -117,18 +121,53 @@ class DaemonOptions:
     forget_secrets: bool = False
 
 
+@dataclass(frozen=True)
+class Wiring:
+    """The daemon's parts, as :meth:`Daemon._build` made them: each was built after what it uses, and none is
+    replaced afterwards (a reload hands the new brain and settings to them)."""
+
+    ref: BrainRef
+    wakeup: Wakeup
+    router: Router
+    live: LiveContext
+    live_turns: LiveTurns
+    claims: ClaimStore
+    locks: LockManager
+    escalations: EscalationStore
+    outbox: Outbox
+    escalator: StoreEscalator
+    notify: NotifyService
+    claims_view: ClaimsWriter
+    troubles: Troubles
+    digest: Digest
+    assisted: AssistedRunner
+    gateway: ModelGateway
+    claude: ClaudeRunner
+    runners: Runners
+    delegate: AgentDelegate
+    emitter: RouterEmitter
+    breaker: Breaker
+    spend: SpendMeter
+    manager: RunManager
+    starts: RunStarts
+    packets: PacketDesk
+    workflows_eval: WorkflowEvaluator
+    stale_claims: StaleClaimsEvaluator
+    query: QueryKeeper
+    engine: TriggerEngine
+
+
 class Daemon:
     """One ambient daemon on one brain."""
 
-    engine: TriggerEngine
+    parts: Wiring  # built at the start (startup)
 
     def __init__(self, root: Path, options: DaemonOptions | None = None, clock: Clock | None = None) -> None:
         self.paths = BrainPaths(root.absolute())
         self.options = options or DaemonOptions()
         self.clock = clock or SystemClock()
         self.stop = asyncio.Event()
-        self.reload_requested = False
-        self.started = False
+        self.ready = asyncio.Event()  # set once the daemon is up (READY=1): --until-idle waits for it
         self.secrets = SecretRegistry()
         self._instance = SingleInstance(self.paths)
         self._tasks: list[asyncio.Task[object]] = []
@@ -137,67 +176,95 @@ class Daemon:
         self._send_server: asyncio.AbstractServer | None = None
         self._trap: SignalTrap | None = None
         self._key_digests: dict[str, str] | None = None  # the model keys' hashes at the last load (reload compares)
+        self._dispatchers: list[Dispatcher] = []  # cluster: (set by _apply_settings), closed at the stop
+        self._cluster_tasks: set[asyncio.Task[None]] = set()
+        self._roster: asyncio.Task[None] | None = None  # keeps .ambient/workers.json (cluster.keeper)
+        self._roster_keeper: RosterKeeper | None = None
+
+    @property
+    def started(self) -> bool:
+        """Whether the daemon is up (its runs resumed, its tasks started)."""
+        return self.ready.is_set()
 
     # -- wiring
 
-    def _build(self) -> None:
+    def _build(self) -> Wiring:
+        """The daemon's parts, each built after what it uses and handed it (no part reaches back through the
+        daemon). The engine's wake-up comes first: whoever wakes the engine is given it, and the engine, built last
+        from its evaluators, reads it. Two cycles remain, each closed by a bound method of the daemon and said where
+        it is: the run manager's executors, and the reload."""
         p = self.paths
         env = self.options.environ
+        clock = self.clock
         brain = load_brain(p, env)
         self._report(brain)
         if not brain.settings_ok:  # no previous version to keep: every valid key of the file, the rest defaults
             log.error("config_invalid_valid_keys_used", file=p.rel(p.config))
-        self.ref = BrainRef(brain)
+        ref = BrainRef(brain)
         s = brain.settings
-        self.router = Router(
+        wakeup = Wakeup()
+        outbox_wake = asyncio.Event()  # set after a message is queued: the outbox sends it at once
+        # The one true cycle: the executors of runs are built from the parts below (the delegate, the escalator...),
+        # and some of those parts report to the manager (the command runner's spawns, the gateway's metering, the
+        # live context asking which runs still run). So the manager is built first, with the daemon's bound
+        # ``_executor``, which reads the finished wiring when a run starts (never during this build).
+        manager = RunManager(p, self._executor, clock)
+        router = Router(
             brain.matrix.matrix,
             zone_rules=brain.matrix.zone_rules,
             audit=Journal(p.audit),
             brain_root=p.root,
             registry=ChannelRegistry(p),
-            clock=self.clock,
+            clock=clock,
         )
-        self.router.registry.revoke_all()  # type: ignore[union-attr] # tokens of a previous life are void
-        # A run no longer in the manager has ended: its requests leave the agents' handoffs (read off the loop: a
-        # dict lookup).
-        self.live = LiveContext(p, settled=lambda run: run not in self.manager.executors)
-        self.live_turns = LiveTurns(
-            p, self.live, self.router, self.clock, self.secrets, current=lambda: self.claude.current.values()
+        router.registry.revoke_all()  # type: ignore[union-attr] # tokens of a previous life are void
+        # A run no longer in the manager has ended: its requests leave the agents' handoffs.
+        live = LiveContext(p, settled=manager.not_running)
+        agents_now: dict[str, dict[str, Any]] = {}  # what each AI agent does now: the Claude runner's, written out
+        live_turns = LiveTurns(p, live, router, clock, self.secrets, current=agents_now.values)
+        router.set_default(live_turns.deliver)
+        claims = ClaimStore(p, clock=clock)
+        locks = LockManager(p)
+        escalations = EscalationStore(p, clock=clock)
+        outbox = Outbox.for_brain(p)
+        escalator = StoreEscalator(
+            escalations,
+            outbox,
+            clock,
+            outbox_wake,
+            buttons=s.telegram.answers,
+            results=s.notify.results,
+            learner=Learner(p, clock, escalations),
+            on_answered=wakeup.file_changed,
         )
-        self.router.set_default(self.live_turns.deliver)
-        self.claims = ClaimStore(p, clock=self.clock)
-        self.locks = LockManager(p)
-        self.escalations = EscalationStore(p, clock=self.clock)
-        self.outbox = Outbox.for_brain(p)
-        self.notify = NotifyService(
-            self.outbox,
-            self.escalations,
-            self.clock,
+        notify = NotifyService(
+            outbox,
+            escalations,
+            clock,
             self.secrets,
             env,
             p.state,
-            lambda esc_id, index, nonce, user: self.escalator.answer_press(esc_id, index, nonce, user),
+            escalator.answer_press,
             self._spawn,
             self.stop,
+            wake=outbox_wake,
+            on_channel_up=escalator.catch_up,
         )
-        self.escalator = StoreEscalator(
-            self.escalations,
-            self.outbox,
-            self.clock,
-            self.notify.wake,
-            buttons=s.telegram.answers,
-            results=s.notify.results,
+        claims_view = ClaimsWriter(claims, clock)
+        troubles = Troubles(
+            p,
+            clock,
+            inform=partial(_tell_trouble, escalator, notify),
+            retry=wakeup.wake,
+            on_recovered=partial(_recovered, self._instance, claims_view),
+            on_short=partial(_short, locks),
         )
-        self.escalator.learner = Learner(p, self.clock, self.escalations)
-        self.troubles = Troubles(p, self.clock, inform=self._tell_trouble, retry=lambda: self.engine.wake())
-        self.digest = Digest(  # enabled by _apply_settings
-            p, self.outbox, self.clock, s.notify.digest_hours, enabled=False, wake_outbox=self.notify.wake
+        digest = Digest(  # enabled by _apply_settings
+            p, outbox, clock, s.notify.digest_hours, enabled=False, wake_outbox=outbox_wake
         )
-        self.escalator.on_answered = lambda path: self.engine.wake([path])
-        self.notify.on_channel_up = self.escalator.catch_up
-        self.assisted = AssistedRunner(self.claims, self.clock)
+        assisted = AssistedRunner(claims, clock)
         spawner = Spawner() if spawner_available() else None
-        commands = [cfg for cfg in self.ref.brain.runners.values() if cfg.kind == "command"]
+        commands = [cfg for cfg in brain.runners.values() if cfg.kind == "command"]
         if spawner is not None and commands:
             spawner.start()  # not at the first agent: its interpreter's start-up would be spent inside a run
         agent_user = default_agent_user(os.geteuid(), s.agent_user)  # ambient runs as root: its agents never do
@@ -215,73 +282,89 @@ class Daemon:
                 self.secrets.add(value)
         self._warn_missing_keys(brain, env)
         # Every model call of an AI agent goes through the gateway: metered, budgeted, the real key kept here.
-        self.gateway = ModelGateway()
-        self.claude = ClaudeRunner(p, environ=env, watch=self.live_turns.watch, gateway=self.gateway)
-        self.runners = Runners(
-            command=CommandRunner(
-                on_spawn=lambda req, pid, started: self.manager.record_spawn(
-                    req.run_id, req.item, req.attempt, pid, started
-                ),
-                spawner=spawner,
-                agent_user=agent_user,
-            ),
-            assisted=self.assisted,
-            claude=self.claude,
+        gateway = ModelGateway(RunMetering(manager))
+        claude = ClaudeRunner(p, environ=env, watch=live_turns.watch, gateway=gateway, current=agents_now)
+        runners = Runners(
+            command=CommandRunner(on_spawn=manager.spawned, spawner=spawner, agent_user=agent_user),
+            assisted=assisted,
+            claude=claude,
             # its SDKs are imported when an agent runs
-            llm=LlmRunner(environ=env, watch=self.live_turns.watch, gateway=self.gateway),
+            llm=LlmRunner(environ=env, watch=live_turns.watch, gateway=gateway),
         )
-        self.delegate = AgentDelegate(
-            self.ref, self.router, self.runners, self.locks, self.clock, self.live, secrets=self.secrets
+        delegate = AgentDelegate(ref, router, runners, locks, clock, live, secrets=self.secrets)
+        emitter = RouterEmitter(router, clock, sender=s.default_sender)
+        breaker = Breaker(p, threshold=s.breaker_threshold)
+        spend = SpendMeter(ref.budget_limits)  # budgets: today's spend, all runs
+        manager.on_finished.append(partial(_run_finished, self._progress, escalator, wakeup.wake))
+        manager.on_park.append(wakeup.wake)
+        seen = SeenWorkflows(p.state / "workflows.json")
+        starts = RunStarts(p, ref, manager, clock, self._progress, seen.mark_started)
+        packets = PacketDesk(p, ref, router, manager, starts, escalator, clock, live_turns.deliver)
+        # The reload is the daemon's bound method, a cycle by nature: it hands the new brain to every part built here,
+        # this evaluator and the engine among them.
+        workflows_eval = WorkflowEvaluator(
+            WorkflowParts(p, ref, manager, starts, troubles, seen, wake=wakeup.wake, reload=self.reload)
         )
-        self._dispatchers: list[Dispatcher] = []  # cluster: (set by _apply_settings), closed at the stop
-        self._cluster_tasks: set[asyncio.Task[None]] = set()
-        self._roster: asyncio.Task[None] | None = None  # keeps .ambient/workers.json (cluster.keeper)
-        self._roster_keeper: RosterKeeper | None = None
-        self.claims_view = ClaimsWriter(self.claims, self.clock)
-        self.emitter = RouterEmitter(self.router, self.clock, sender=s.default_sender)
-        self.breaker = Breaker(p, threshold=s.breaker_threshold)
-        self.spend = SpendMeter(lambda: self.ref.brain.settings.budget.limits())  # budgets: today's spend, all runs
-        self.manager = RunManager(p, self._executor, self.clock)
-        self.gateway.hooks = RunMetering(self.manager)
-        self.manager.on_finished.append(self._run_finished)
-        self.manager.on_park.append(lambda: self.engine.wake())
-        self.workflows_eval = WorkflowEvaluator(self)
-        self.starts = RunStarts(p, self.ref, self.manager, self.clock, self._progress, self.workflows_eval.mark_started)
-        self.packets = PacketDesk(
-            p, self.ref, self.router, self.manager, self.starts, self.escalator, self.clock, self.live_turns.deliver
+        stale_claims = StaleClaimsEvaluator(claims, s.stale_claim_hours, clock)
+        query = QueryKeeper(p)  # the query store (status, the console): refreshed after each tick, off the loop
+        idle = IdleParts(
+            p, manager, troubles, notify, outbox, clock, wake=wakeup.wake, ready=self.ready, stop=self.stop
         )
-        self.stale_claims = StaleClaimsEvaluator(self.claims, s.stale_claim_hours, self.clock)
-        self.query = QueryKeeper(p)  # the query store (status, the console): refreshed after each tick, off the loop
-        self.engine = TriggerEngine(
+        engine = TriggerEngine(
             [
-                self.workflows_eval,
+                workflows_eval,
                 # Before the answers: an ABORT waiting when the daemon starts (`ambient gate abort` while it was
                 # down) ends its run before an answer given earlier could start an agent of it.
-                InboxEvaluator(p, self.router, self.packets.on_packet),
-                EscalationEvaluator(
-                    self.escalations,
-                    self.manager,
-                    self.escalator,
-                    self.clock,
-                    wake=lambda: self.engine.wake(),
-                    respawn=self.starts.respawn,
-                ),
-                self.stale_claims,
+                InboxEvaluator(p, router, packets.on_packet),
+                EscalationEvaluator(escalations, manager, escalator, clock, wake=wakeup.wake, respawn=starts.respawn),
+                stale_claims,
                 HeapTrimEvaluator(),
-                statemodes.StateModesEvaluator(p, self.clock),
-                self.digest,
-                self.query,
-                IdleEvaluator(self, until_idle=self.options.until_idle),
+                statemodes.StateModesEvaluator(p, clock),
+                digest,
+                query,
+                IdleEvaluator(idle, until_idle=self.options.until_idle),
             ],
             tick_seconds=s.tick_seconds,
-            clock=self.clock,
+            clock=clock,
+            wakeup=wakeup,
+        )
+        return Wiring(
+            ref=ref,
+            wakeup=wakeup,
+            router=router,
+            live=live,
+            live_turns=live_turns,
+            claims=claims,
+            locks=locks,
+            escalations=escalations,
+            outbox=outbox,
+            escalator=escalator,
+            notify=notify,
+            claims_view=claims_view,
+            troubles=troubles,
+            digest=digest,
+            assisted=assisted,
+            gateway=gateway,
+            claude=claude,
+            runners=runners,
+            delegate=delegate,
+            emitter=emitter,
+            breaker=breaker,
+            spend=spend,
+            manager=manager,
+            starts=starts,
+            packets=packets,
+            workflows_eval=workflows_eval,
+            stale_claims=stale_claims,
+            query=query,
+            engine=engine,
         )
 
     async def _gateway_if_needed(self) -> None:
         """The model gateway, started once the brain has an AI agent (``kind: claude`` or ``llm``): a brain of
         command agents keeps the socket and the HTTP client (descriptors a tight ``ulimit -n`` counts)."""
-        if any(getattr(cfg, "kind", None) in ("claude", "llm") for cfg in self.ref.brain.runners.values()):
-            await self.gateway.start()
+        if any(getattr(cfg, "kind", None) in ("claude", "llm") for cfg in self.parts.ref.brain.runners.values()):
+            await self.parts.gateway.start()
 
     def _agent_user(self) -> None:
         """The user a root daemon runs its agents as, made if missing (said in the log either way)."""
@@ -320,18 +403,20 @@ class Daemon:
             (log.warning if p.severity == "warning" else log.error)("brain_problem", problem=text)
 
     def _executor(self, state: RunState, journal: Journal) -> RunExecutor:
+        """The run manager's factory: a run's executor, built from the wiring (which exists by then: runs are
+        resumed and started only once :meth:`_build` returned)."""
         spec = parse_workflow(state.spec)
-        brain = self.ref.brain
+        brain = self.parts.ref.brain
         ports = Ports(
-            delegate=self.delegate,
-            escalator=self.escalator,
-            claims=self.claims_view,
-            emitter=self.emitter,
+            delegate=self.parts.delegate,
+            escalator=self.parts.escalator,
+            claims=self.parts.claims_view,
+            emitter=self.parts.emitter,
             render_text=render,
             render_path=lambda t, v: render_path(t, v, brain.matrix.zone_rules).path,
             clock=self.clock,
-            health=self.troubles,
-            budget=self.spend,
+            health=self.parts.troubles,
+            budget=self.parts.spend,
         )
         template = item_template(spec)
         if isinstance(spec, ForEachWorkflow):
@@ -347,51 +432,11 @@ class Daemon:
             pilote=spec.pilote,
             default_agents={t: spec.agent_for_type(t, defaults) for t in SATELLITE_TYPES},
             threshold=brain.settings.breaker_threshold,
-            breaker=self.breaker,
+            breaker=self.parts.breaker,
             branches=GitBranches(self.paths.root) if spec.branch else None,
-            start_workflow=self.starts.by_trigger,
+            start_workflow=self.parts.starts.by_trigger,
         )
         return ChainExecutor(state, plan, template, ports, journal, self.paths, settings)
-
-    # -- the daemon's own troubles
-
-    async def _tell_trouble(self, title: str, body: str) -> None:
-        """A trouble of the daemon's, to the person now: through the outbox like any message, or, when the outbox
-        is on the full disk too, straight to the notifiers (one try: the log and ``status`` say it anyway)."""
-        try:
-            await self.escalator.inform(title, body, urgent=True)
-            return
-        except OSError as exc:
-            if resource_of(exc) is None:
-                raise
-        notifier = self.notify.notifier
-        if notifier is not None:
-            try:
-                await notifier.send(Message(title=title[:200], body=body[:3500], kind="info"))
-            except Exception as exc:  # noqa: BLE001 - best effort: the log line and status carry the same words
-                log.warning("daemon_trouble_not_notified", error=str(exc))
-
-    def _short(self, kind: str) -> None:
-        """A shortage seen: descriptors held only to be quick (the lock manager's spare inodes) are given back."""
-        if kind == "descriptors":
-            shed = self.locks.shed()
-            if shed:
-                log.info("descriptors_given_back", spare_lock_inodes=shed)
-
-    def _recovered(self, kind: str) -> None:
-        """A shortage is over: what it kept from disk (views, not history) is written now."""
-        self._instance.write_if_unwritten()
-        self.claims_view.retry_unwritten()
-
-    # -- runs
-
-    async def _run_finished(self, state: RunState) -> None:
-        self._progress(
-            f"run finished: {state.workflow} → {state.outcome} "
-            f"({state.success_count}/{len(state.items)} done, {state.escalation_count} escalation(s))"
-        )
-        await self.escalator.run_finished(state)
-        self.engine.wake()
 
     # -- lifecycle
 
@@ -399,25 +444,24 @@ class Daemon:
         if self.options.progress is not None:
             self.options.progress(line)
 
-    async def reload(self, *, only_workflows: bool = False) -> None:
+    async def reload(self, *, only_workflows: bool = False, sighup: bool = False) -> None:
         """Reload everything but running runs (they keep their pinned spec); ``only_workflows`` when
-        nothing but ``workflows/`` changed (agents, routing and settings stay as loaded)."""
-        sighup = self.reload_requested
-        self.reload_requested = False
+        nothing but ``workflows/`` changed (agents, routing and settings stay as loaded); ``sighup``: asked for by
+        SIGHUP (systemd is told, and everything is read again)."""
         if sighup:
             systemd.reloading()
             only_workflows = False
         if only_workflows:
-            new = await asyncio.to_thread(reload_workflows, self.ref.brain)
+            new = await asyncio.to_thread(reload_workflows, self.parts.ref.brain)
         else:
-            new = await asyncio.to_thread(load_brain, self.paths, self.options.environ, self.ref.brain)
+            new = await asyncio.to_thread(load_brain, self.paths, self.options.environ, self.parts.ref.brain)
         self._report(new)
         self._forget_secrets(new)
         if not new.settings_ok:
             log.error("config_invalid_kept_previous", file=self.paths.rel(self.paths.config))
-        old = self.ref.brain.settings
-        self.ref.brain = new
-        self.router.update(new.matrix.matrix, new.matrix.zone_rules)
+        old = self.parts.ref.brain.settings
+        self.parts.ref.brain = new
+        self.parts.router.update(new.matrix.matrix, new.matrix.zone_rules)
         changed = settings_changes(old, new.settings)
         changed += await self._apply_settings(new.settings)  # the secrets whose content changed, by name
         if self.started:
@@ -439,19 +483,19 @@ class Daemon:
         lease makes a new dispatcher; an attempt waiting on the old one keeps it until its result comes."""
         c = s.cluster
         if c is None:
-            self.delegate.remote = None
+            self.parts.delegate.remote = None
             self._keep_roster(None, 0.0)
             return
         creds = str(self.paths.root / c.creds) if c.creds is not None else None
-        dispatch = dispatch_map(c.dispatch, self.ref.brain.runners)  # cluster.dispatch and each runner's dispatch:
-        cur = self.delegate.remote
+        dispatch = dispatch_map(c.dispatch, self.parts.ref.brain.runners)  # cluster.dispatch and each runner's dispatch:
+        cur = self.parts.delegate.remote
         if cur is not None and (cur.urls, cur.creds, cur.lease_s) == (list(c.urls), creds, c.lease_s):
             cur.dispatch = dispatch
             if self._roster_keeper is not None:
                 self._roster_keeper.lost_after_s = c.lost_after_s
             return
         new = Dispatcher(list(c.urls), creds, dispatch, c.lease_s)
-        self.delegate.remote = new
+        self.parts.delegate.remote = new
         self._dispatchers.append(new)
         task = asyncio.get_running_loop().create_task(self._connect_cluster(new), name="cluster-connect")
         self._cluster_tasks.add(task)
@@ -487,35 +531,35 @@ class Daemon:
         Secrets are read again too (the bot token, model keys: compared by hash); returns the names of those
         that changed, never their values.
         """
-        self.engine.tick_seconds = s.tick_seconds  # read by the engine itself (a changed value was ignored: R-08)
-        self.manager.slots.resize(s.concurrency)
-        self.gateway.limit(s.model_calls)
+        self.parts.engine.tick_seconds = s.tick_seconds  # read by the engine itself (a changed value was ignored: R-08)
+        self.parts.manager.slots.resize(s.concurrency)
+        self.parts.gateway.limit(s.model_calls)
         if short := limits_short(s.concurrency):  # agents would fail to start (EMFILE, EAGAIN) short of the cap
             log.warning("limits_below_concurrency", concurrency=s.concurrency, **short)
-        self.stale_claims.hours = s.stale_claim_hours
-        self.breaker.threshold = s.breaker_threshold
-        for ex in self.manager.executors.values():
+        self.parts.stale_claims.hours = s.stale_claim_hours
+        self.parts.breaker.threshold = s.breaker_threshold
+        for ex in self.parts.manager.executors.values():
             if isinstance(ex, ChainExecutor):
                 ex.chain.threshold = s.breaker_threshold
-        self.emitter.sender = s.default_sender
+        self.parts.emitter.sender = s.default_sender
         self._apply_cluster(s)
-        self.runners.command.agent_user = default_agent_user(os.geteuid(), s.agent_user)
+        self.parts.runners.command.agent_user = default_agent_user(os.geteuid(), s.agent_user)
         if self.options.log_level is None or self.options.log_format is None:
             fmt = self.options.log_format or s.log_format
             configure_logging(
                 (self.options.log_level or s.log_level).upper(), json=None if fmt == "auto" else fmt == "json"
             )
-        changed = await self.notify.configure(s)
-        self.escalator.buttons = s.telegram.answers
-        self.escalator.results = s.notify.results
-        if self.escalator.learner is not None:
-            self.escalator.learner.bound = s.learning.auto_repeats
-            self.escalator.learner.backoff_s = s.learning.backoff_s
-        self.claude.pattern_after = s.learning.pattern_after
-        self.escalator.notifying = self.notify.active
-        self.digest.hours = s.notify.digest_hours
-        self.digest.enabled = s.notify.digest and self.notify.active
-        self.escalator.digest = self.digest if self.digest.enabled else None
+        changed = await self.parts.notify.configure(s)
+        self.parts.escalator.buttons = s.telegram.answers
+        self.parts.escalator.results = s.notify.results
+        if self.parts.escalator.learner is not None:
+            self.parts.escalator.learner.bound = s.learning.auto_repeats
+            self.parts.escalator.learner.backoff_s = s.learning.backoff_s
+        self.parts.claude.pattern_after = s.learning.pattern_after
+        self.parts.escalator.notifying = self.parts.notify.active
+        self.parts.digest.hours = s.notify.digest_hours
+        self.parts.digest.enabled = s.notify.digest and self.parts.notify.active
+        self.parts.escalator.digest = self.parts.digest if self.parts.digest.enabled else None
         values = {n: credential(n, self.options.environ) for n in MODEL_KEYS}
         for value in values.values():  # a key changed in $CREDENTIALS_DIRECTORY is masked like the first one
             if value:
@@ -526,19 +570,19 @@ class Daemon:
             changed += secrets_changed(self._key_digests, key_digests)
         self._key_digests = key_digests
         keys = sorted(key_digests)
-        await asyncio.to_thread(self._instance.record_loaded, self.ref.brain, self.clock.now(), keys)
+        await asyncio.to_thread(self._instance.record_loaded, self.parts.ref.brain, self.clock.now(), keys)
         return changed
 
     def _status_line(self) -> str:
-        runs = self.manager.active_runs()
+        runs = self.parts.manager.active_runs()
         waiting = sum(len(r.escalations) for r in runs)
         return f"{len(runs)} run(s) active, {waiting} escalation(s) waiting"
 
     def _on_files(self, changed: Iterable[Path]) -> None:
         changed = list(changed)
         if any(p.parent == self.paths.claims for p in changed):
-            self.assisted.poke()
-        self.engine.wake(changed)
+            self.parts.assisted.poke()
+        self.parts.engine.wake(changed)
 
     # -- the daemon's run: startup, main loop, shutdown
 
@@ -564,11 +608,9 @@ class Daemon:
         signals trapped, its unfinished runs resumed (:meth:`_resume`), its tasks started (:meth:`_start_tasks`);
         then systemd and the log are told it is ready."""
         self._take_brain()
-        self._build()
-        self._forget_secrets(self.ref.brain)
-        self.troubles.on_recovered = self._recovered
-        self.troubles.on_short = self._short
-        self.troubles.start()
+        self.parts = self._build()
+        self._forget_secrets(self.parts.ref.brain)
+        self.parts.troubles.start()
         stop, hup = self._on_stop_signal, self._on_hup
         self._trap = SignalTrap(
             asyncio.get_running_loop(), {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGHUP: hup}
@@ -576,11 +618,11 @@ class Daemon:
         self._trap.install()
         resumed = await self._resume()
         await self._gateway_if_needed()  # after the spend is read back from the journals, before any agent starts
-        self.query.start()
+        self.parts.query.start()
         frozen = freeze_startup_heap()
         await self._start_tasks()
-        self.started = True
-        self.engine.wake()
+        self.ready.set()
+        self.parts.engine.wake()
         systemd.ready(self._status_line())
         log.info("daemon_ready", brain=str(self.paths.root), resumed=resumed, pid=os.getpid(), frozen_objects=frozen)
 
@@ -610,11 +652,11 @@ class Daemon:
     async def _resume(self) -> int:
         """The reconciliation pass: the settings applied, dead locks removed, today's spend counted, every unfinished
         run resumed from its journal (not started yet: the engine starts them). Returns how many were resumed."""
-        await self._apply_settings(self.ref.brain.settings)  # before any run resumes or starts
+        await self._apply_settings(self.parts.ref.brain.settings)  # before any run resumes or starts
         # Locks of holders that are provably gone (a dead pid on this host), expired, or malformed past their
         # grace: the reconciliation walks them too. A lock whose item will run again is taken anew; one whose
         # release a crash or a power cut lost (R-03: the unlink after the last fsync) would stay otherwise.
-        cleaned = await asyncio.to_thread(self.locks.cleanup)
+        cleaned = await asyncio.to_thread(self.parts.locks.cleanup)
         if cleaned:
             log.info(
                 "locks_cleaned",
@@ -622,15 +664,15 @@ class Daemon:
                 files=[c.file for c in cleaned[:20]],
                 states=sorted({c.state for c in cleaned}),
             )
-        await asyncio.to_thread(self.spend.seed_records, self.paths.runs_log, self.clock.now())
-        stored = await asyncio.to_thread(stored_questions, self.escalations)
-        resumed = self.manager.resume_all(stored)
-        for esc_id, why in self.manager.leftovers:  # questions no run waits on: closed, saying why
+        await asyncio.to_thread(self.parts.spend.seed_records, self.paths.runs_log, self.clock.now())
+        stored = await asyncio.to_thread(stored_questions, self.parts.escalations)
+        resumed = self.parts.manager.resume_all(stored)
+        for esc_id, why in self.parts.manager.leftovers:  # questions no run waits on: closed, saying why
             with contextlib.suppress(AmbientError, OSError):
-                await asyncio.to_thread(self.escalations.cancel, esc_id, why)
+                await asyncio.to_thread(self.parts.escalations.cancel, esc_id, why)
                 log.warning("escalation_cancelled", escalation=esc_id, reason=why)
-        for state in self.manager.active_runs():  # resumed, not started yet: what they spent today
-            self.spend.seed_state(state, self.clock.now())
+        for state in self.parts.manager.active_runs():  # resumed, not started yet: what they spent today
+            self.parts.spend.seed_state(state, self.clock.now())
         if resumed:
             self._progress(f"resumed {len(resumed)} unfinished run(s) from disk")
         return len(resumed)
@@ -638,25 +680,25 @@ class Daemon:
     async def _start_tasks(self) -> None:
         """The daemon's tasks: the engine's tick, the live threads' writer, the watcher (waited for: ``READY=1``
         promises it), the send socket, the watchdog."""
-        self._spawn(self.engine.run(self.stop), "engine")
-        self._spawn(self.live_turns.run(self.stop), "live")
+        self._spawn(self.parts.engine.run(self.stop), "engine")
+        self._spawn(self.parts.live_turns.run(self.stop), "live")
         if self.options.watch:
             watching = asyncio.Event()
             claims_dir = str(self.paths.claims) + "/"
 
             def own_claim(path: str) -> bool:
-                return path.startswith(claims_dir) and self.claims.is_own_write(path)
+                return path.startswith(claims_dir) and self.parts.claims.is_own_write(path)
 
             self._spawn(watch_brain(self.paths, self._on_files, self.stop, ready=watching, ignore=own_claim), "watch")
             # READY=1 promises running watchers (RELIABILITY §2.4): without this wait a workflow dropped
             # just after READY was missed until the next timed tick (30 s by default). A watcher that
             # fails to start sets ``stop`` (see _task_done), which ends the wait too.
             await _first_of(watching, self.stop)
-        self._send_server = await sendsocket.serve(self.paths.state, self.packets.route_sent, log)
-        if self._send_server is not None and self.router.registry is not None:
+        self._send_server = await sendsocket.serve(self.paths.state, self.parts.packets.route_sent, log)
+        if self._send_server is not None and self.parts.router.registry is not None:
             # Agents' `ambient send` reach this router now, which knows their tokens: no token files from here
             # on (ChannelRegistry). Those written for agents started before stay until they are revoked.
-            self.router.registry.files = False
+            self.parts.router.registry.files = False
         # R-09 wants the gap between pings under WATCHDOG_USEC/2; pinging exactly every WATCHDOG_USEC/2 put half
         # the gaps just over it (loop jitter, measured by the e2e test): ping twice as often as that. Nothing
         # is awaited from here to READY=1: a first WATCHDOG=1 must not come before it (e2e test).
@@ -690,8 +732,8 @@ class Daemon:
         self.stop.set()
 
     def _on_hup(self, sig: signal.Signals = signal.SIGHUP) -> None:
-        self.reload_requested = True
-        self.engine.wake()
+        self.parts.workflows_eval.request_reload()
+        self.parts.engine.wake()
 
     async def shutdown(self) -> None:
         """The staged shutdown: ``STOPPING=1``, running agents drained for ``shutdown_grace_s`` then their process
@@ -702,44 +744,46 @@ class Daemon:
         backlog or a full disk: what was not written by then is written again from the journals at the next start.
         """
         systemd.stopping("stopping")
-        grace = self.ref.brain.settings.shutdown_grace_s
-        kill_grace = max((getattr(cfg, "kill_grace_s", 0.0) for cfg in self.ref.brain.runners.values()), default=0.0)
+        grace = self.parts.ref.brain.settings.shutdown_grace_s
+        kill_grace = max(
+            (getattr(cfg, "kill_grace_s", 0.0) for cfg in self.parts.ref.brain.runners.values()), default=0.0
+        )
         systemd.extend_timeout(int((grace + kill_grace + STOP_BOUND_S) * 1_000_000))  # drain, SIGTERM → SIGKILL
-        await self.manager.shutdown(grace)
-        await self.runners.terminate_all(grace)
+        await self.parts.manager.shutdown(grace)
+        await self.parts.runners.terminate_all(grace)
         # No agent runs any more: from here on the stop is bounded. The guard stays armed until the process ends
         # (the interpreter's exit joins writer threads too).
         StopGuard(GUARD_AT_S, lambda: 1 if self._failed_task else 0).arm()
         deadline = time.monotonic() + WRITE_OUT_S
-        await self.notify.close()
+        await self.parts.notify.close()
         # Only now: the agents drained above still send through the socket, where their tokens are known (they
         # have no token files, see ChannelRegistry). From here `ambient send` routes by itself again.
         await sendsocket.close(self._send_server, self.paths.state)
-        if self.router.registry is not None:
-            self.router.registry.files = True
-        self.runners.close()
-        await self.gateway.close()
+        if self.parts.router.registry is not None:
+            self.parts.router.registry.files = True
+        self.parts.runners.close()
+        await self.parts.gateway.close()
         if self._roster is not None:  # the workers file stays as last heard: status says the daemon is down
             self._roster.cancel()
             await asyncio.gather(self._roster, return_exceptions=True)
         for d in self._dispatchers:  # the remote attempts go on; the next start finds their results
             await d.close()
         # Coalesced item claims (interrupted items included) reach the disk, as many as the time allows.
-        await self.claims_view.aclose(time_left(deadline, time.monotonic()))
+        await self.parts.claims_view.aclose(time_left(deadline, time.monotonic()))
         for t in self._tasks:
             if not t.done():
                 t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.live_turns.flush()
-        self.live_turns.close()
+        await self.parts.live_turns.flush()
+        self.parts.live_turns.close()
         # Every agent is gone and its locks released: close the lock manager, which also removes its pooled
         # ``.spare.tmp.*`` files (a clean stop left them in locks/ until the next start's sweep; e2e test).
         with contextlib.suppress(OSError):
-            self.locks.close()
-        self.router.close()
+            self.parts.locks.close()
+        self.parts.router.close()
         # A refresh under way is joined off the loop, until the writes' time is up (a second at least): the store
         # is a cache its readers refresh before they read.
-        await asyncio.to_thread(self.query.close, time_left(deadline, time.monotonic(), floor=1.0))
+        await asyncio.to_thread(self.parts.query.close, time_left(deadline, time.monotonic(), floor=1.0))
         try:
             append_line(
                 self.paths.state / "daemon-events.jsonl",
@@ -749,6 +793,53 @@ class Daemon:
         except OSError as exc:  # a full disk: the stop is not recorded, and nothing else is lost with it
             log.warning("stop_unrecorded", error=str(exc))
         log.info("daemon_stopped")
+
+
+# -- the parts' hooks, as functions of what they use
+
+
+async def _tell_trouble(escalator: StoreEscalator, notify: NotifyService, title: str, body: str) -> None:
+    """A trouble of the daemon's, to the person now: through the outbox like any message, or, when the outbox
+    is on the full disk too, straight to the notifiers (one try: the log and ``status`` say it anyway)."""
+    try:
+        await escalator.inform(title, body, urgent=True)
+        return
+    except OSError as exc:
+        if resource_of(exc) is None:
+            raise
+    notifier = notify.notifier
+    if notifier is not None:
+        try:
+            await notifier.send(Message(title=title[:200], body=body[:3500], kind="info"))
+        except Exception as exc:  # noqa: BLE001 - best effort: the log line and status carry the same words
+            log.warning("daemon_trouble_not_notified", error=str(exc))
+
+
+def _short(locks: LockManager, kind: str) -> None:
+    """A shortage seen: descriptors held only to be quick (the lock manager's spare inodes) are given back."""
+    if kind == "descriptors":
+        shed = locks.shed()
+        if shed:
+            log.info("descriptors_given_back", spare_lock_inodes=shed)
+
+
+def _recovered(instance: SingleInstance, claims_view: ClaimsWriter, kind: str) -> None:
+    """A shortage is over: what it kept from disk (views, not history) is written now."""
+    instance.write_if_unwritten()
+    claims_view.retry_unwritten()
+
+
+async def _run_finished(
+    progress: Callable[[str], None], escalator: StoreEscalator, wake: Callable[[], None], state: RunState
+) -> None:
+    """A run ended: said on the terminal, its escalations closed, and the engine looks again (a schedule may be due,
+    ``--until-idle`` may be done)."""
+    progress(
+        f"run finished: {state.workflow} → {state.outcome} "
+        f"({state.success_count}/{len(state.items)} done, {state.escalation_count} escalation(s))"
+    )
+    await escalator.run_finished(state)
+    wake()
 
 
 async def _first_of(*events: asyncio.Event) -> None:

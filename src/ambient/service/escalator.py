@@ -141,6 +141,9 @@ class StoreEscalator:
         wake_outbox: asyncio.Event | None = None,
         buttons: bool = False,
         results: str = "failures",
+        *,
+        learner: Learner | None = None,
+        on_answered: Callable[[Path], None] | None = None,
     ) -> None:
         self.store = store
         self.outbox = outbox
@@ -148,11 +151,11 @@ class StoreEscalator:
         self.wake_outbox = wake_outbox
         self.buttons = buttons
         self.results = results
-        self.learner: Learner | None = None
+        self.learner = learner
         self.digest: Digest | None = None
         # A decision written here, not by ``ambient decide`` (a learned rule's, a Telegram press): the engine looks
         # at its file at once.
-        self.on_answered: Callable[[Path], None] | None = None
+        self.on_answered = on_answered
         # Whether anybody is told anything: without a URL, information is not queued (a URL added weeks later
         # would receive all of it); escalations are (a new URL receives those still pending, nothing else).
         self.notifying = True

@@ -15,6 +15,7 @@ import os
 import stat
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
 from functools import partial
 from pathlib import Path
@@ -31,7 +32,7 @@ from ambient.engine.events import Ruling
 from ambient.engine.journals import RunGlance, run_glance
 from ambient.engine.manager import RunManager
 from ambient.engine.planner import ANSWER
-from ambient.engine.tick import Tick, TriggerEngine
+from ambient.engine.tick import Tick
 from ambient.human.escalation_store import EscalationStore
 from ambient.human.escalations import ENGINE_ACTIONS, Escalation, next_timer, rebuild, reminder_due, timeout_due
 from ambient.human.outbox import Outbox
@@ -52,50 +53,68 @@ from ambient.workflows.triggers import start_due
 log = structlog.get_logger(__name__)
 
 
-class WorkflowHost(Protocol):
-    """What the workflows evaluator reads of the daemon: the brain and its reload, the runs and how they start, the
-    guard of its own writes (a full disk holds a start up, it does not fail it)."""
+class Reload(Protocol):
+    """The daemon's reload (:meth:`~ambient.service.daemon.Daemon.reload`): the brain read again and handed to every
+    part; ``sighup``: asked for by SIGHUP (systemd is told), ``only_workflows``: nothing but ``workflows/`` changed."""
 
-    @property
-    def paths(self) -> BrainPaths: ...
-    @property
-    def ref(self) -> BrainRef: ...
-    @property
-    def manager(self) -> RunManager: ...
-    @property
-    def starts(self) -> RunStarts: ...
-    @property
-    def troubles(self) -> Troubles: ...
-    @property
-    def engine(self) -> TriggerEngine: ...
-    @property
-    def reload_requested(self) -> bool: ...  # SIGHUP
-
-    async def reload(self, *, only_workflows: bool = False) -> None: ...
+    def __call__(self, *, only_workflows: bool = False, sighup: bool = False) -> Awaitable[None]: ...
 
 
-class IdleHost(Protocol):
-    """What ``--until-idle`` reads of the daemon to tell that nothing can move without the person, and how it stops
-    it."""
+class SeenWorkflows:
+    """The workflows started before (``.ambient/workflows.json``): a workflow seen once is not "new" again, and a
+    schedule counts from its last start. Its own object, made before both of its writers (the workflows evaluator
+    and :class:`~ambient.service.starts.RunStarts`), so neither needs the other."""
 
-    @property
-    def paths(self) -> BrainPaths: ...
-    @property
-    def started(self) -> bool: ...
-    @property
-    def manager(self) -> RunManager: ...
-    @property
-    def troubles(self) -> Troubles: ...
-    @property
-    def notify(self) -> NotifyService: ...
-    @property
-    def outbox(self) -> Outbox: ...
-    @property
-    def clock(self) -> Clock: ...
-    @property
-    def engine(self) -> TriggerEngine: ...
-    @property
-    def stop(self) -> asyncio.Event: ...
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries: dict[str, dict[str, Any]] = self._load()
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.path.read_text())
+            return {str(k): dict(v) for k, v in data.items()} if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def save(self) -> None:
+        atomic_write(self.path, json.dumps(self.entries, indent=1, sort_keys=True) + "\n", mode=PRIVATE_FILE)
+
+    def mark_started(self, name: str, spec_hash: str, now: datetime) -> None:
+        entry = self.entries.setdefault(name, {"first_hash": spec_hash, "runs": 0})
+        entry["last_started"] = now.isoformat()
+        entry["runs"] = int(entry.get("runs", 0)) + 1
+        self.save()
+
+
+@dataclass(frozen=True)
+class WorkflowParts:
+    """What the workflows evaluator uses: the brain and its reload, the runs and how they start, the guard of the
+    daemon's writes (a full disk holds a start up, it does not fail it), the engine's wake-up."""
+
+    paths: BrainPaths
+    ref: BrainRef
+    manager: RunManager
+    starts: RunStarts
+    troubles: Troubles
+    seen: SeenWorkflows
+    wake: Callable[[], None]
+    reload: Reload
+
+
+@dataclass(frozen=True)
+class IdleParts:
+    """What ``--until-idle`` reads to tell that nothing can move without the person, and how it stops the daemon
+    (``ready``: set once the daemon is up; ``stop``: the daemon's stop)."""
+
+    paths: BrainPaths
+    manager: RunManager
+    troubles: Troubles
+    notify: NotifyService
+    outbox: Outbox
+    clock: Clock
+    wake: Callable[[], None]
+    ready: asyncio.Event
+    stop: asyncio.Event
 
 
 class WorkflowEvaluator:
@@ -111,11 +130,10 @@ class WorkflowEvaluator:
     #: ... or after this long of constant churn, so that a file rewritten forever still gets loaded.
     RELOAD_MAX_WAIT_S = 2.0
 
-    def __init__(self, daemon: WorkflowHost) -> None:
-        self.d = daemon
-        self.path = daemon.paths.state / "workflows.json"
-        self.seen: dict[str, dict[str, Any]] = self._load()
-        self._dirs = (daemon.paths.workflows, daemon.paths.agents, daemon.paths.profil)
+    def __init__(self, parts: WorkflowParts) -> None:
+        self.parts = parts
+        self.reload_requested = False  # SIGHUP: the next tick reloads everything (request_reload)
+        self._dirs = (parts.paths.workflows, parts.paths.agents, parts.paths.profil)
         self._fp = self._fingerprint()
         self._last_change = float("-inf")
         self._pending_since: float | None = None
@@ -156,35 +174,30 @@ class WorkflowEvaluator:
                 self._pending_since = now
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer = loop.call_later(self.RELOAD_QUIET_S + 0.01, self.d.engine.wake)
+            self._timer = loop.call_later(self.RELOAD_QUIET_S + 0.01, self.parts.wake)
             return False
         return self._pending_since is not None and (
             now - self._last_change >= self.RELOAD_QUIET_S or now - self._pending_since >= self.RELOAD_MAX_WAIT_S
         )
 
-    def _load(self) -> dict[str, dict[str, Any]]:
-        try:
-            data = json.loads(self.path.read_text())
-            return {str(k): dict(v) for k, v in data.items()} if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            return {}
-
-    def _save(self) -> None:
-        atomic_write(self.path, json.dumps(self.seen, indent=1, sort_keys=True) + "\n", mode=PRIVATE_FILE)
+    def request_reload(self) -> None:
+        """SIGHUP: the next tick reloads everything (the caller wakes the engine)."""
+        self.reload_requested = True
 
     async def evaluate(self, tick: Tick) -> None:
-        d = self.d
+        d = self.parts
         due = await self._reload_due(tick)
-        if d.reload_requested or due:
+        if self.reload_requested or due:
+            sighup, self.reload_requested = self.reload_requested, False  # a SIGHUP during the reload: another one
             self._pending_since = None
             only_wf = not tick.timed and all(
                 p.parent == d.paths.workflows for p in tick.changes if any(p.is_relative_to(x) for x in self._dirs)
             )
-            await d.reload(only_workflows=only_wf)
+            await d.reload(only_workflows=only_wf, sighup=sighup)
             # Changes seen while the reload ran belong to the same burst: coalesce them (not "isolated").
             self._last_change = max(self._last_change, asyncio.get_running_loop().time())
         for name, wf in sorted(d.ref.brain.workflows.items()):
-            entry = self.seen.get(name)
+            entry = d.seen.entries.get(name)
             running = wf.spec.schedule is not None and d.starts.has_active_run(name)  # only a schedule asks
             why = start_due(wf.spec, entry, tick.now, running=running)
             if why is None:
@@ -197,20 +210,14 @@ class WorkflowEvaluator:
                 # A start the disk had no room for is not "seen": it is tried again once there is room.
                 if name not in d.manager.journaled and not d.troubles.tried(start):
                     continue
-                self.seen[name] = {"first_hash": wf.spec_hash, "last_started": tick.now.isoformat(), "runs": 1}
-                await d.troubles.save_or_wait(self._save)
+                d.seen.entries[name] = {"first_hash": wf.spec_hash, "last_started": tick.now.isoformat(), "runs": 1}
+                await d.troubles.save_or_wait(d.seen.save)
                 continue
             if not d.troubles.tried(start):
                 continue
             entry["last_started"] = tick.now.isoformat()
             entry["runs"] = int(entry.get("runs", 0)) + 1
-            await d.troubles.save_or_wait(self._save)
-
-    def mark_started(self, name: str, spec_hash: str, now: datetime) -> None:
-        entry = self.seen.setdefault(name, {"first_hash": spec_hash, "runs": 0})
-        entry["last_started"] = now.isoformat()
-        entry["runs"] = int(entry.get("runs", 0)) + 1
-        self._save()
+            await d.troubles.save_or_wait(d.seen.save)
 
 
 class EscalationEvaluator:
@@ -596,13 +603,13 @@ class IdleEvaluator:
 
     name = "idle"
 
-    def __init__(self, daemon: IdleHost, *, until_idle: bool) -> None:
-        self.d = daemon
+    def __init__(self, parts: IdleParts, *, until_idle: bool) -> None:
+        self.parts = parts
         self.until_idle = until_idle
 
     async def evaluate(self, tick: Tick) -> None:
-        d = self.d
-        if not (self.until_idle and d.started and d.manager.idle) or any(d.paths.inbox.glob("*.json")):
+        d = self.parts
+        if not (self.until_idle and d.ready.is_set() and d.manager.idle) or any(d.paths.inbox.glob("*.json")):
             return
         if "disk" in d.troubles.health.conditions:
             return  # work held up by a full disk is not done: it goes on once there is room
@@ -611,7 +618,7 @@ class IdleEvaluator:
             soon = d.clock.now() + timedelta(seconds=2)
             entries = await asyncio.to_thread(d.outbox.entries)
             if any(e.next_at <= soon for e in entries):
-                asyncio.get_running_loop().call_later(0.2, d.engine.wake)
+                asyncio.get_running_loop().call_later(0.2, d.wake)
                 return
         log.info("idle", runs=len(d.manager.executors))
         d.stop.set()

@@ -231,6 +231,9 @@ class NotifyService:
         on_press: OnPress,
         spawn: Callable[[Coroutine[Any, Any, object], str], asyncio.Task[object]],
         stop: asyncio.Event,
+        *,
+        wake: asyncio.Event | None = None,
+        on_channel_up: OnChannelUp | None = None,
     ) -> None:
         self.outbox = outbox
         self.store = store
@@ -241,9 +244,10 @@ class NotifyService:
         self.on_press = on_press
         self._spawn = spawn
         self.stop = stop
-        self.wake = asyncio.Event()  # set after a message is queued: it goes out at once
+        # Set after a message is queued: it goes out at once (``wake``: the event the queuers were given).
+        self.wake = asyncio.Event() if wake is None else wake
         self.notifier: Notifier | None = None
-        self.on_channel_up: OnChannelUp | None = None  # queues the pending escalations a channel never got
+        self.on_channel_up = on_channel_up  # queues the pending escalations a channel never got
         self.channels: dict[str, ChannelState] = {}
         self._config: tuple[NotifySettings, TelegramSettings] | None = None
         self._digests: dict[str, str] = {}

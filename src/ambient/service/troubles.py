@@ -49,6 +49,9 @@ class Troubles:
         clock: Clock,
         inform: Inform | None = None,
         retry: Callable[[], None] | None = None,
+        *,
+        on_recovered: Callable[[str], None] | None = None,
+        on_short: Callable[[str], None] | None = None,
     ) -> None:
         self.paths = paths
         self.clock = clock
@@ -56,8 +59,8 @@ class Troubles:
         self.retry = retry  # wakes the engine: work held up by a shortage is looked at again (held_up)
         self.health = Health()
         self._written_at = 0.0
-        self.on_recovered: Callable[[str], None] | None = None  # e.g. rewrite what a full disk kept unwritten
-        self.on_short: Callable[[str], None] | None = None  # e.g. give back descriptors a cache holds
+        self.on_recovered = on_recovered  # e.g. rewrite what a full disk kept unwritten
+        self.on_short = on_short  # e.g. give back descriptors a cache holds
 
     def start(self) -> None:
         """A new daemon starts healthy: the last one's troubles are not ours."""

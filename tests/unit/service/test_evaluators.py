@@ -1,4 +1,5 @@
-"""The tick's evaluators tested alone: the stale-claims one (open claims past their TTL become ``stale``, cheaply)."""
+"""The tick's evaluators tested alone, each given only the parts it uses: the stale-claims one (open claims past their
+TTL become ``stale``, cheaply), the workflows one (a SIGHUP reloads everything)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,22 @@ import pytest
 
 from ambient.claims.claim import new_claim
 from ambient.claims.store import ClaimStore
+from ambient.config.brain import load_brain
+from ambient.engine.manager import RunManager
+from ambient.engine.runs import RunExecutor
+from ambient.engine.runstate import RunState
 from ambient.engine.tick import Tick
-from ambient.service.evaluators import StaleClaimsEvaluator, _not_open
+from ambient.service.adapters import BrainRef
+from ambient.service.evaluators import (
+    SeenWorkflows,
+    StaleClaimsEvaluator,
+    WorkflowEvaluator,
+    WorkflowParts,
+    _not_open,
+)
+from ambient.service.starts import RunStarts
+from ambient.service.troubles import Troubles
+from ambient.storage.journal import Journal
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamltext import dump_yaml
 
@@ -231,3 +246,39 @@ def test_not_open_reads_only_what_is_certain(tmp_path: Path, text: bytes, closed
     link = tmp_path / "link.yml"
     link.symlink_to(path)
     assert _not_open(str(link)) is False  # never follows a symlink
+
+
+def _no_executor(state: RunState, journal: Journal) -> RunExecutor:
+    raise AssertionError("no run starts in these tests")
+
+
+async def test_a_sighup_reloads_everything_once_and_one_during_the_reload_again(tmp_path: Path) -> None:
+    """The workflows evaluator owns the SIGHUP request: the next tick reloads with ``sighup`` (systemd is told, all is
+    read again), once; a SIGHUP that comes while that reload runs is not lost in it: the tick after reloads again."""
+    paths = BrainPaths(tmp_path / "brain")
+    paths.state.mkdir(parents=True)
+    ref = BrainRef(load_brain(paths, {}))
+    manager = RunManager(paths, _no_executor, _Clock())
+    seen = SeenWorkflows(paths.state / "workflows.json")
+    starts = RunStarts(paths, ref, manager, _Clock(), lambda line: None, seen.mark_started)
+    reloads: list[tuple[bool, bool]] = []
+    evaluator: WorkflowEvaluator
+
+    async def reload(*, only_workflows: bool = False, sighup: bool = False) -> None:
+        reloads.append((only_workflows, sighup))
+        if len(reloads) == 1:
+            evaluator.request_reload()  # SIGHUP again, while the first reload runs
+
+    parts = WorkflowParts(
+        paths, ref, manager, starts, Troubles(paths, _Clock()), seen, wake=lambda: None, reload=reload
+    )
+    evaluator = WorkflowEvaluator(parts)
+    await evaluator.evaluate(Tick(1, NOW))
+    assert reloads == []  # nothing changed, nothing asked
+    evaluator.request_reload()
+    await evaluator.evaluate(Tick(2, NOW))
+    assert reloads == [(False, True)]
+    await evaluator.evaluate(Tick(3, NOW))
+    assert reloads == [(False, True), (False, True)]
+    await evaluator.evaluate(Tick(4, NOW))
+    assert reloads == [(False, True), (False, True)]
