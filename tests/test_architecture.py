@@ -879,6 +879,7 @@ def error_violations(sources: Mapping[str, str], signals: Mapping[str, str] = SI
         else:
             why = "every public exception class is defined in core/errors.py, the one tree of ambient's errors"
         out.append(Violation("errors", f"src/ambient/{rel}", line, f"class {name}", why, ("errors", me, name)))
+    return out
 
 
 #: Rule (g): the functions that wire the daemon's parts, by file: (class, function).
@@ -919,7 +920,7 @@ def wiring_violations(sources: Mapping[str, str], wiring: Mapping[str, tuple[str
 
 
 def check(sources: Mapping[str, str]) -> list[Violation]:
-    """Every violation of rules (a), (b), (c), (e) and (f) in a tree of sources (path under src/ambient → text)."""
+    """Every violation of rules (a), (b), (c), (e), (f) and (g) in a tree of sources (path under src/ambient → text)."""
     imports = imports_of(sources)
     return [
         *layer_violations(imports),
