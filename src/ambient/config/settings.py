@@ -138,6 +138,9 @@ class ClusterSettings(_Strict):
     #: How long a worker holds an attempt without a sign of life before another worker takes it over (s); the
     #: work queue redelivers after the same time. Workers renew every third of it.
     lease_s: float = Field(default=30.0, ge=1, le=3600)
+    #: How long the daemon waits for a sign of life of the worker holding an attempt (a renewal of its lease, or
+    #: another worker taking it over) before it closes the attempt and escalates the item (s); null: for ever.
+    unreachable_after_s: float | None = Field(default=600.0, ge=1, le=7 * 86400)
 
     @field_validator("urls", mode="before")
     @classmethod
@@ -152,6 +155,16 @@ class ClusterSettings(_Strict):
             if not _NATS_URL.match(url):
                 raise ValueError(f"{url!r} is not a NATS server URL; expected nats://HOST:PORT or tls://HOST:PORT")
         return value
+
+    @model_validator(mode="after")
+    def _deadline_after_lease(self) -> ClusterSettings:
+        if self.unreachable_after_s is not None and self.unreachable_after_s <= self.lease_s:
+            raise ValueError(
+                f"unreachable_after_s ({self.unreachable_after_s:g}) must be longer than lease_s ({self.lease_s:g}): "
+                "another worker takes a lapsed lease over before the daemon gives up on its worker (or null: wait "
+                "for ever)"
+            )
+        return self
 
     @field_validator("dispatch")
     @classmethod

@@ -440,8 +440,9 @@ class Daemon:
         cur = self.delegate.remote
         if cur is not None and (cur.urls, cur.creds, cur.lease_s) == (list(c.urls), creds, c.lease_s):
             cur.dispatch = dict(c.dispatch)
+            cur.unreachable_after_s = c.unreachable_after_s
             return
-        new = Dispatcher(list(c.urls), creds, c.dispatch, c.lease_s)
+        new = Dispatcher(list(c.urls), creds, c.dispatch, c.lease_s, c.unreachable_after_s)
         self.delegate.remote = new
         self._dispatchers.append(new)
         task = asyncio.get_running_loop().create_task(self._connect_cluster(new), name="cluster-connect")
