@@ -407,3 +407,62 @@ def test_a_worker_silent_past_the_deadline_escalates_and_its_late_result_is_refu
             # The first agent was stopped when its worker came back (no end), the retry ran once.
             assert len(lines) == 3 and ran_once_at_a_time(lines), lines
             assert [r["status"] for r in daemon.logged("remote_result")] == ["error", "success"]
+
+
+def test_a_worker_whose_credentials_are_revoked_is_refused(tmp_path: Path) -> None:
+    """Remove a worker's user from the server's ``authorization`` and reload the server (SIGHUP): the server
+    closes its connection and refuses it from then on; the worker stops (exit 1, saying why) and takes no more
+    work, while the daemon and the other workers go on."""
+    brain = Brain.init(tmp_path / "brain")
+    brain.python_agent("witness", WITNESS, runner={"confine": True, "env": {"PAUSE": "0.1"}})
+    entries = {}
+    for name in ("w1", "w2"):
+        made = brain.ok("cluster", "creds", name, "--agents", "witness", "--out", str(tmp_path / f"{name}.creds"))
+        entries[name] = json.loads("\n".join(line for line in made.out.splitlines() if not line.startswith("#")))
+    brain.write("daemon.creds", "daemon:daemon-secret\n", mode=0o600)
+    daemon_user = {"user": "daemon", "password": "daemon-secret"}
+
+    def users(*names: str) -> str:
+        return f"authorization {{\n  users: {json.dumps([daemon_user, *(entries[n] for n in names)])}\n}}\n"
+
+    with NatsServer(tmp_path / "nats", extra=users("w1", "w2")) as nats:
+        brain.config(
+            f"""
+            tick_seconds: 0.5
+            cluster:
+              urls: [{nats.url}]
+              creds: daemon.creds
+              lease_s: 2
+              dispatch:
+                witness: workers
+            """
+        )
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            w1 = Worker(brain, "w1", nats.url, "witness", creds=tmp_path / "w1.creds")
+            try:
+                w1.wait_log("worker_ready")
+                brain.workflow("before", for_each("before", "witness", ["x"]))
+                assert brain.wait_finished("before")[0]["outcome"] == "success"
+                assert w1.logged("attempt_committed"), w1.tail()
+                nats.reload(users("w2"))  # w1 revoked
+                wait(lambda: w1.proc.poll() is not None, "the revoked worker stopped", timeout=60)
+                assert w1.proc.returncode == 1, w1.tail()
+                assert w1.logged("worker_refused"), w1.tail()
+            finally:
+                w1.stop()
+            again = Worker(brain, "w1-again", nats.url, "witness", creds=tmp_path / "w1.creds")
+            try:
+                wait(lambda: again.proc.poll() is not None, "the revoked credentials refused at connect", timeout=60)
+                assert again.proc.returncode == 1, again.tail()
+            finally:
+                again.stop()
+            w2 = Worker(brain, "w2", nats.url, "witness", creds=tmp_path / "w2.creds")
+            try:
+                w2.wait_log("worker_ready")
+                brain.workflow("after", for_each("after", "witness", ["y", "z"]))
+                assert brain.wait_finished("after")[0]["outcome"] == "success"
+            finally:
+                w2.stop()
+            assert len(w2.logged("attempt_committed")) == 2, w2.tail()
+            assert 'authentication error - User "w1"' in nats.log_path.read_text()

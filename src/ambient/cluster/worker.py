@@ -81,12 +81,21 @@ class Worker:
         self._stopping = asyncio.Event()
         self._link: Link | None = None
         self.busy = 0
+        self.refused = False  # the server refused our credentials (revoked): serve stops and raises
+
+    def _refused(self) -> None:
+        if not self.refused:
+            self.refused = True
+            log.error("worker_refused", worker=self.name, reason="the server refused this worker's credentials")
+        self._stopping.set()
 
     def stop(self) -> None:
         self._stopping.set()
 
     async def serve(self) -> None:
-        link = await connect(self.options.urls, self.options.creds, name=f"ambient-worker {self.name}")
+        link = await connect(
+            self.options.urls, self.options.creds, name=f"ambient-worker {self.name}", on_refused=self._refused
+        )
         self._link = link
         try:
             subs = [await self._subscribe(link) for _ in range(self.options.slots)]
@@ -110,6 +119,8 @@ class Worker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
             stopping.cancel()
+            if self.refused:
+                raise PermissionError("the server refused this worker's credentials (Authorization Violation)")
         finally:
             with contextlib.suppress(Exception):
                 await link.workers.delete(name_token(self.name))
@@ -171,6 +182,10 @@ class Worker:
                     self.busy += 1
                     try:
                         await self.handle(link, msg)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - an outage mid-item: the lease lapses, the item is redelivered
+                        log.warning("worker_item_failed", error=str(exc))
                     finally:
                         self.busy -= 1
 
@@ -320,7 +335,8 @@ class Worker:
                 error_result("output_over_cap", f"the result is over {MAX_RESULT_BYTES} bytes, too big to send back"),
             )
             payload = entry_bytes(done)
-        for _ in range(5):
+        deadline = time.monotonic() + max(30.0, work.lease_s)  # a server restart: the compare-and-set stays safe
+        while time.monotonic() < deadline:
             try:
                 await link.attempts.update(key, payload, last=token)
                 log.info("attempt_committed", key=work.key, worker=self.name, status=result.status)
