@@ -466,3 +466,27 @@ def test_a_worker_whose_credentials_are_revoked_is_refused(tmp_path: Path) -> No
                 w2.stop()
             assert len(w2.logged("attempt_committed")) == 2, w2.tail()
             assert 'authentication error - User "w1"' in nats.log_path.read_text()
+
+
+def test_a_daemon_started_again_on_a_workers_host_leaves_the_workers_agents_alone(tmp_path: Path) -> None:
+    """One machine for both (two terminals): the daemon is killed -9 while the worker's agent runs and started again
+    at once. Its search for agents its predecessor left running must not take the worker's agent for one (it names
+    the same brain and run): the agent runs to its end and its result is the item's, once."""
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, ["only"], pause=4.0)
+        daemon = brain.daemon().start()
+        daemon.wait_log("cluster_connected")
+        w = Worker(brain, "w", nats.url, "witness")
+        try:
+            w.wait_log("worker_ready")
+            brain.workflow("host", for_each("host", "witness", ["only"]))
+            wait(lambda: witness_lines(brain, "work/host/1.txt"), "the agent started on the worker")
+            daemon.kill()
+            with brain.daemon() as again:
+                run = brain.wait_finished("host", timeout=60)[0]
+                assert not again.logged("orphan_agent_reaped"), again.logged("orphan_agent_reaped")
+        finally:
+            w.stop()
+        assert run["outcome"] == "success", run
+        lines = witness_lines(brain, "work/host/1.txt")
+        assert len(lines) == 2 and ran_once_at_a_time(lines), lines

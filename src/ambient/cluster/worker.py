@@ -294,6 +294,7 @@ class Worker:
             vars=work.vars,
             handoff=work.handoff,
             resumed=work.resumed_as(),
+            worker=self.name,  # a daemon restarted on this host leaves the agent alone (not its orphan)
         )
         task = asyncio.create_task(self.runner.run(req, cfg), name=f"agent:{work.key}")
         every = renew_every(work.lease_s)
