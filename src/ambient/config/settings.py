@@ -158,11 +158,11 @@ class ClusterSettings(_Strict):
 
     @model_validator(mode="after")
     def _deadline_after_lease(self) -> ClusterSettings:
-        if self.unreachable_after_s is not None and self.unreachable_after_s <= self.lease_s:
+        if self.unreachable_after_s is not None and self.unreachable_after_s < 2 * self.lease_s:
             raise ValueError(
-                f"unreachable_after_s ({self.unreachable_after_s:g}) must be longer than lease_s ({self.lease_s:g}): "
-                "another worker takes a lapsed lease over before the daemon gives up on its worker (or null: wait "
-                "for ever)"
+                f"unreachable_after_s ({self.unreachable_after_s:g}) must be at least twice lease_s "
+                f"({self.lease_s:g}): another worker takes a lapsed lease over (a lease, then the redelivery) before "
+                "the daemon gives up on its worker; or null: wait for ever"
             )
         return self
 
