@@ -8,7 +8,7 @@ each of four faults strikes once, in a seeded order:
 - ``stall_worker``: a worker is SIGSTOPped for a seeded 1.5-3 leases, then SIGCONTed (another worker takes its
   attempts over; it is refused when it comes back);
 - ``kill_broker``: the NATS server is killed -9 and started again on the same port and store;
-- ``kill_daemon``: the daemon's session is killed -9 and the daemon started again (it reattaches by attempt key).
+- ``kill_daemon``: the daemon is killed -9 and started again (it reattaches by attempt key).
 
 Checked per seed: the run ends in success; the journal holds exactly one successful ``finished`` per item; no two
 agents of one item ever ran at once (each stub holds its item's ``flock`` witness, ``--overlap-dir``); every agent
