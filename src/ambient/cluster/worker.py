@@ -308,9 +308,19 @@ class Worker:
                     await msg.in_progress()
                 lease = Lease(self.name, self.host, time.time() + work.lease_s)
                 try:
-                    token = await link.attempts.update(key, entry_bytes(lease), last=token)
+                    # Bounded by the renewal period: a write lost with a dying server must not outwait the lease.
+                    token = await asyncio.wait_for(
+                        link.attempts.update(key, entry_bytes(lease), last=token), timeout=every
+                    )
                     renewed = time.monotonic()
                 except KeyWrongLastSequenceError:
+                    # Our own renewal stored just before its reply was lost (a timeout) moved the revision on.
+                    with contextlib.suppress(Exception):
+                        current: Any = await asyncio.wait_for(link.attempts.get(key), timeout=every)
+                        entry = entry_from(current.value)
+                        if isinstance(entry, Lease) and entry.worker == self.name:
+                            token, renewed = int(current.revision), time.monotonic()
+                            continue
                     log.warning("attempt_fenced", key=work.key, worker=self.name, at="renew", refused=True)
                     return None
                 except Exception as exc:  # noqa: BLE001 - unreachable server: the lease may lapse
@@ -339,7 +349,10 @@ class Worker:
         deadline = time.monotonic() + max(30.0, work.lease_s)  # a server restart: the compare-and-set stays safe
         while time.monotonic() < deadline:
             try:
-                await link.attempts.update(key, payload, last=token)
+                # A write lost with a dying server is not waited for (10 s) but tried again once it is back.
+                await asyncio.wait_for(
+                    link.attempts.update(key, payload, last=token), timeout=renew_every(work.lease_s)
+                )
                 log.info("attempt_committed", key=work.key, worker=self.name, status=result.status)
                 return True
             except KeyWrongLastSequenceError:
