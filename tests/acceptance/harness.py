@@ -760,6 +760,28 @@ class NatsServer:
                 self.proc.kill()
                 self.proc.wait(timeout=20)
 
+    def kill(self) -> None:
+        """kill -9: the server dies at once (what it acknowledged is on disk, fsync'd); :meth:`start` brings it back
+        on the same port and store."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=20)
+
+    def reload(self, extra: str) -> None:
+        """Rewrite the configuration with ``extra`` in place of the last one and send SIGHUP: the server applies it
+        without a restart (a user removed from ``authorization`` is refused from then on)."""
+        assert self.proc is not None and self.proc.poll() is None
+        self.extra = extra
+        text = self.conf.read_text()
+        head = text[: text.index("}\n") + 2]  # the listener and jetstream block written by start()
+        self.conf.write_text(head + extra)
+        start = self.log_path.stat().st_size
+        self.proc.send_signal(signal.SIGHUP)
+        wait(
+            lambda: "Reloaded server configuration" in self.log_path.read_bytes()[start:].decode(errors="replace"),
+            "nats-server reloaded its configuration",
+        )
+
 
 class Worker:
     """``ambient worker`` as a background process (a host of the cluster), its JSON log in a file."""

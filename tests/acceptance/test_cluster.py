@@ -42,15 +42,26 @@ print(json.dumps({"status": "success", "result": {"item": os.environ["AMBIENT_IT
 """
 
 
-def cluster_brain(tmp_path: Path, url: str, items: list[str], *, pause: float = 0.8, lease_s: float = 2) -> Brain:
+def cluster_brain(
+    tmp_path: Path,
+    url: str,
+    items: list[str],
+    *,
+    pause: float = 0.8,
+    lease_s: float = 2,
+    unreachable_after_s: float | None = None,
+    agent: str = WITNESS,
+) -> Brain:
     brain = Brain.init(tmp_path / "brain")
-    brain.python_agent("witness", WITNESS, runner={"confine": True, "env": {"PAUSE": str(pause)}})
+    brain.python_agent("witness", agent, runner={"confine": True, "env": {"PAUSE": str(pause)}})
+    deadline = f"unreachable_after_s: {unreachable_after_s:g}" if unreachable_after_s is not None else ""
     brain.config(
         f"""
         tick_seconds: 0.5
         cluster:
           urls: [{url}]
           lease_s: {lease_s:g}
+          {deadline}
           dispatch:
             witness: workers
         """
@@ -321,3 +332,162 @@ def test_a_workers_credentials_reach_its_agents_only(tmp_path: Path) -> None:
                 assert not witness_lines(brain, "work/theirs/1.txt")
             finally:
                 bad.stop()
+
+
+def test_the_broker_killed_mid_fan_out_loses_nothing_it_acknowledged(tmp_path: Path) -> None:
+    """kill -9 the NATS server while a fan-out runs on two workers, and start it again on the same port and store:
+    its streams are fsync'd on every write (``sync_interval: always``), so no SPAWN it took and no result it
+    stored is lost; the clients reconnect, and every item finishes once."""
+    items = [f"i{n}" for n in range(16)]
+    with NatsServer(tmp_path / "nats") as nats:
+        assert "sync_interval: always" in nats.conf.read_text()
+        # A lease longer than the server's restart: no item is taken over, so each must run once.
+        brain = cluster_brain(tmp_path, nats.url, items, pause=0.6, lease_s=8)
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            a = Worker(brain, "a", nats.url, "witness", slots=2)
+            b = Worker(brain, "b", nats.url, "witness", slots=2)
+            try:
+                a.wait_log("worker_ready")
+                b.wait_log("worker_ready")
+                brain.workflow("outage", for_each("outage", "witness", items))
+                wait(lambda: a.logged("attempt_committed") or b.logged("attempt_committed"), "a first result")
+                nats.kill()  # mid-fan-out: SPAWNs queued, agents running, results being committed
+                committed_before = len(a.logged("attempt_committed")) + len(b.logged("attempt_committed"))
+                nats.start()
+                run = brain.wait_finished("outage", timeout=120)[0]
+            finally:
+                a.stop()
+                b.stop()
+            assert run["outcome"] == "success", run
+            assert committed_before < len(items), "the broker was killed after the fan-out: move the kill earlier"
+            assert daemon.logged("nats_reconnected"), daemon.tail()
+            assert not daemon.logged("remote_failed"), daemon.logged("remote_failed")
+            assert a.proc.returncode == 0 and b.proc.returncode == 0, (a.tail(), b.tail())
+        for index in range(1, len(items) + 1):
+            lines = witness_lines(brain, f"work/outage/{index}.txt")
+            assert len(lines) == 2 and ran_once_at_a_time(lines), (index, lines)
+
+
+def test_a_worker_silent_past_the_deadline_escalates_and_its_late_result_is_refused(tmp_path: Path) -> None:
+    """SIGSTOP the only worker mid-item (a partition: nothing of it reaches the server). After
+    ``cluster.unreachable_after_s`` the item is an escalation naming the worker and the agent; the worker, resumed
+    before anyone answers, is refused (its attempt was closed by the daemon) and stops its agent; ``retry`` runs the
+    item again, once."""
+    # The first attempt outlasts the test's patience; the retry answers at once.
+    slow_first = WITNESS.replace(
+        'time.sleep(float(os.environ.get("PAUSE", "0.8")))',
+        'time.sleep(60 if os.environ["AMBIENT_ATTEMPT"] == "1" else 0.2)',
+    )
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, ["only"], lease_s=1, unreachable_after_s=3, agent=slow_first)
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            a = Worker(brain, "far", nats.url, "witness")
+            try:
+                a.wait_log("worker_ready")
+                brain.workflow("silent", for_each("silent", "witness", ["only"]))
+                a.wait_log("attempt_started")
+                wait(lambda: witness_lines(brain, "work/silent/1.txt"), "the agent started on the worker")
+                os.kill(a.proc.pid, signal.SIGSTOP)  # no renewal, no commit: unreachable
+                esc = brain.wait_escalation("the silent worker escalated", timeout=60)[0]
+                text = json.dumps(esc)
+                assert "'far'" in text and "'witness'" in text and "unreachable_after_s" in text, esc
+                assert daemon.logged("remote_unreachable", worker="far", agent="witness"), daemon.tail()
+                os.kill(a.proc.pid, signal.SIGCONT)  # back before anyone answered: its attempt is closed
+                refused = a.wait_log("attempt_fenced", timeout=60)[0]
+                assert refused["refused"] is True
+                assert not a.logged("attempt_committed"), a.tail()
+                assert not brain.finished("silent"), "the run must wait for the person"
+                brain.ok("decide", esc["id"], "retry")
+                run = brain.wait_finished("silent", timeout=60)[0]
+            finally:
+                a.stop()
+            assert run["outcome"] == "success", run
+            lines = witness_lines(brain, "work/silent/1.txt")
+            # The first agent was stopped when its worker came back (no end), the retry ran once.
+            assert len(lines) == 3 and ran_once_at_a_time(lines), lines
+            assert [r["status"] for r in daemon.logged("remote_result")] == ["error", "success"]
+
+
+def test_a_worker_whose_credentials_are_revoked_is_refused(tmp_path: Path) -> None:
+    """Remove a worker's user from the server's ``authorization`` and reload the server (SIGHUP): the server
+    closes its connection and refuses it from then on; the worker stops (exit 1, saying why) and takes no more
+    work, while the daemon and the other workers go on."""
+    brain = Brain.init(tmp_path / "brain")
+    brain.python_agent("witness", WITNESS, runner={"confine": True, "env": {"PAUSE": "0.1"}})
+    entries = {}
+    for name in ("w1", "w2"):
+        made = brain.ok("cluster", "creds", name, "--agents", "witness", "--out", str(tmp_path / f"{name}.creds"))
+        entries[name] = json.loads("\n".join(line for line in made.out.splitlines() if not line.startswith("#")))
+    brain.write("daemon.creds", "daemon:daemon-secret\n", mode=0o600)
+    daemon_user = {"user": "daemon", "password": "daemon-secret"}
+
+    def users(*names: str) -> str:
+        return f"authorization {{\n  users: {json.dumps([daemon_user, *(entries[n] for n in names)])}\n}}\n"
+
+    with NatsServer(tmp_path / "nats", extra=users("w1", "w2")) as nats:
+        brain.config(
+            f"""
+            tick_seconds: 0.5
+            cluster:
+              urls: [{nats.url}]
+              creds: daemon.creds
+              lease_s: 2
+              dispatch:
+                witness: workers
+            """
+        )
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            w1 = Worker(brain, "w1", nats.url, "witness", creds=tmp_path / "w1.creds")
+            try:
+                w1.wait_log("worker_ready")
+                brain.workflow("before", for_each("before", "witness", ["x"]))
+                assert brain.wait_finished("before")[0]["outcome"] == "success"
+                assert w1.logged("attempt_committed"), w1.tail()
+                nats.reload(users("w2"))  # w1 revoked
+                wait(lambda: w1.proc.poll() is not None, "the revoked worker stopped", timeout=60)
+                assert w1.proc.returncode == 1, w1.tail()
+                assert w1.logged("worker_refused"), w1.tail()
+            finally:
+                w1.stop()
+            again = Worker(brain, "w1-again", nats.url, "witness", creds=tmp_path / "w1.creds")
+            try:
+                wait(lambda: again.proc.poll() is not None, "the revoked credentials refused at connect", timeout=60)
+                assert again.proc.returncode == 1, again.tail()
+            finally:
+                again.stop()
+            w2 = Worker(brain, "w2", nats.url, "witness", creds=tmp_path / "w2.creds")
+            try:
+                w2.wait_log("worker_ready")
+                brain.workflow("after", for_each("after", "witness", ["y", "z"]))
+                assert brain.wait_finished("after")[0]["outcome"] == "success"
+            finally:
+                w2.stop()
+            assert len(w2.logged("attempt_committed")) == 2, w2.tail()
+            assert 'authentication error - User "w1"' in nats.log_path.read_text()
+
+
+def test_a_daemon_started_again_on_a_workers_host_leaves_the_workers_agents_alone(tmp_path: Path) -> None:
+    """One machine for both (two terminals): the daemon is killed -9 while the worker's agent runs and started again
+    at once. Its search for agents its predecessor left running must not take the worker's agent for one (it names
+    the same brain and run): the agent runs to its end and its result is the item's, once."""
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, ["only"], pause=4.0)
+        daemon = brain.daemon().start()
+        daemon.wait_log("cluster_connected")
+        w = Worker(brain, "w", nats.url, "witness")
+        try:
+            w.wait_log("worker_ready")
+            brain.workflow("host", for_each("host", "witness", ["only"]))
+            wait(lambda: witness_lines(brain, "work/host/1.txt"), "the agent started on the worker")
+            daemon.kill()
+            with brain.daemon() as again:
+                run = brain.wait_finished("host", timeout=60)[0]
+                assert not again.logged("orphan_agent_reaped"), again.logged("orphan_agent_reaped")
+        finally:
+            w.stop()
+        assert run["outcome"] == "success", run
+        lines = witness_lines(brain, "work/host/1.txt")
+        assert len(lines) == 2 and ran_once_at_a_time(lines), lines

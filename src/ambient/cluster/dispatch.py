@@ -14,32 +14,58 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Mapping
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import structlog
 
 from ambient.cluster.link import Link, connect, ensure_consumers
-from ambient.cluster.protocol import AI_ON_WORKERS, Done, Work, entry_from, kv_key, resumed_record, work_subject
+from ambient.cluster.protocol import (
+    AI_ON_WORKERS,
+    Done,
+    Entry,
+    Lease,
+    Work,
+    entry_bytes,
+    entry_from,
+    kv_key,
+    resumed_record,
+    unreachable,
+    unreachable_message,
+    work_subject,
+)
 from ambient.runners.base import RunRequest
 from ambient.runners.result import AgentResult, error_result
 from ambient.runners.runner_config import AnyRunnerConfig
 
 log = structlog.get_logger(__name__)
 
+T = TypeVar("T")
+
 #: While waiting for a result, the entry is read again this often even without a watch update (a watch may miss
 #: updates across a reconnect).
 _RECHECK_S = 2.0
+#: The name a result written by the daemon itself carries (an attempt it closed because its worker went silent).
+DAEMON = "ambient-daemon"
 
 
 class Dispatcher:
     """Publishes SPAWNs of dispatched agents to JetStream and waits for their results."""
 
-    def __init__(self, urls: list[str], creds: str | None, dispatch: Mapping[str, str], lease_s: float) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        creds: str | None,
+        dispatch: Mapping[str, str],
+        lease_s: float,
+        unreachable_after_s: float | None = None,
+    ) -> None:
         self.urls = urls
         self.creds = creds
         self.dispatch = dict(dispatch)
         self.lease_s = lease_s
+        self.unreachable_after_s = unreachable_after_s  # None: wait for a silent worker for ever
         self._link: Link | None = None
         self._connecting: asyncio.Lock | None = None
         self._consumers: set[str] = set()  # agents whose durable consumer this dispatcher made sure of
@@ -73,88 +99,163 @@ class Dispatcher:
 
     async def run(self, req: RunRequest, cfg: AnyRunnerConfig) -> AgentResult:
         """The attempt's result: the one already committed for its key, else the one a worker commits after this
-        publishes the SPAWN. Never raises for a failure of the cluster: it becomes an error result (retried by the
-        workflow's policy); a cancellation (the daemon stopping) leaves the remote attempt running, and the next
-        start finds its result."""
+        publishes the SPAWN. A failure of the cluster before anything may have been published becomes an error
+        result (retried by the workflow's policy); once the SPAWN may be in the stream (published, or this is an
+        interrupted attempt run again after a restart) it is waited for through every outage: giving up would let a
+        retry under a new key run alongside it. A worker silent past ``unreachable_after_s`` ends the wait with an
+        error the person decides on. A cancellation (the daemon stopping) leaves the remote attempt running, and
+        the next start finds its result."""
         if cfg.kind != "command":
             return error_result(
                 "bad_request", f"agent {req.agent!r} is kind: {cfg.kind}; " + AI_ON_WORKERS.format(kind=cfg.kind)
             )
-        try:
-            link = await self.link()
-            await self._consumer(link, req.agent)
-            key = kv_key(req.key)
-            done = await _done(link, key)
-            if done is not None:
-                log.info("remote_reattached", key=req.key, worker=done.worker, host=done.host)
-                return done.result
-            work = Work(
-                key=req.key,
-                run_id=req.run_id,
-                item=req.item,
-                attempt=req.attempt,
-                agent=req.agent,
-                runner=cfg.model_dump(mode="json", exclude={"dispatch"}),  # where it runs is the daemon's business
-                packet=req.packet,
-                vars=dict(req.vars),
-                handoff=req.bounded_handoff(),
-                resumed=resumed_record(req.resumed),
-                lease_s=self.lease_s,
-            )
-            ack = await _publish(link, work_subject(req.agent), work.to_bytes(), req.key)
-            log.info("remote_dispatched", key=req.key, agent=req.agent, duplicate=bool(ack.duplicate))
-            done = await self._wait(link, key)
-            log.info("remote_result", key=req.key, worker=done.worker, host=done.host, status=done.result.status)
+        may_be_published = req.resumed is not None and req.resumed.why == "restart"
+        while True:
+            try:
+                link = await self.link()
+                await self._consumer(link, req.agent)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the cluster's failure is this attempt's error, never the daemon's
+                if not may_be_published:
+                    log.warning("remote_failed", key=req.key, error=str(exc))
+                    return error_result("spawn_failed", f"the cluster could not run the attempt: {exc}")
+                log.warning("remote_wait_retry", key=req.key, error=str(exc))
+                await asyncio.sleep(_RECHECK_S)
+        key = kv_key(req.key)
+        done = await _retrying(req.key, lambda: _done(link, key))
+        if done is not None:
+            log.info("remote_reattached", key=req.key, worker=done.worker, host=done.host)
             return done.result
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the cluster's failure is this attempt's error, never the daemon's
-            log.warning("remote_failed", key=req.key, error=str(exc))
-            return error_result("spawn_failed", f"the cluster could not run the attempt: {exc}")
+        work = Work(
+            key=req.key,
+            run_id=req.run_id,
+            item=req.item,
+            attempt=req.attempt,
+            agent=req.agent,
+            runner=cfg.model_dump(mode="json", exclude={"dispatch"}),  # where it runs is the daemon's business
+            packet=req.packet,
+            vars=dict(req.vars),
+            handoff=req.bounded_handoff(),
+            resumed=resumed_record(req.resumed),
+            lease_s=self.lease_s,
+        )
+        ack = await _retrying(
+            req.key, lambda: link.js.publish(work_subject(req.agent), work.to_bytes(), headers={"Nats-Msg-Id": req.key})
+        )
+        log.info("remote_dispatched", key=req.key, agent=req.agent, duplicate=bool(ack.duplicate))
+        done = await self._wait(link, key, req)
+        log.info("remote_result", key=req.key, worker=done.worker, host=done.host, status=done.result.status)
+        return done.result
 
-    async def _wait(self, link: Link, key: str) -> Done:
-        """Until the attempt's entry is a result: watch it, and read it again every few seconds."""
+    async def _wait(self, link: Link, key: str, req: RunRequest) -> Done:
+        """Until the attempt's entry is a result: watch it, and read it again every few seconds. A lease that does
+        not change for ``unreachable_after_s`` (of this daemon's time, counted again after each moment the daemon
+        itself could not reach the server) is closed by the daemon: see :meth:`_close`."""
         from nats.errors import TimeoutError as NatsTimeout
 
-        watcher = await link.attempts.watch(key)
+        watcher: Any = None
+        seen: int | None = None  # the entry's revision last seen
+        changed_at = time.monotonic()
         try:
             while True:
-                with contextlib.suppress(NatsTimeout, asyncio.TimeoutError):
-                    update = await watcher.updates(timeout=_RECHECK_S)
-                    if update is not None:
-                        entry = entry_from(update.value)
-                        if isinstance(entry, Done):
-                            return entry
-                done = await _done(link, key)
-                if done is not None:
-                    return done
+                try:
+                    if watcher is None:
+                        watcher = await link.attempts.watch(key)
+                    with contextlib.suppress(NatsTimeout, asyncio.TimeoutError):
+                        update = await watcher.updates(timeout=_RECHECK_S)
+                        if update is not None:
+                            found = entry_from(update.value)
+                            if isinstance(found, Done):
+                                return found
+                    entry, revision = await _entry(link, key)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - an outage: the SPAWN is out, so wait through it
+                    log.warning("remote_wait_retry", key=req.key, error=str(exc))
+                    if watcher is not None:
+                        with contextlib.suppress(Exception):
+                            await watcher.stop()
+                        watcher = None
+                    await asyncio.sleep(_RECHECK_S)
+                    changed_at = time.monotonic()  # cut off ourselves, we could not see a renewal
+                    continue
+                if isinstance(entry, Done):
+                    return entry
+                now = time.monotonic()
+                if revision != seen:
+                    seen, changed_at = revision, now
+                elif unreachable(entry, now - changed_at, self.unreachable_after_s) and revision is not None:
+                    assert isinstance(entry, Lease)
+                    closed = await self._close(link, key, req, entry, revision, now - changed_at)
+                    if closed is not None:
+                        return closed
         finally:
-            with contextlib.suppress(Exception):
-                await watcher.stop()
+            if watcher is not None:
+                with contextlib.suppress(Exception):
+                    await watcher.stop()
+
+    async def _close(
+        self, link: Link, key: str, req: RunRequest, lease: Lease, revision: int, silent_s: float
+    ) -> Done | None:
+        """End an attempt whose worker went silent: an error result written in its entry by the same compare-and-set
+        a worker's commit is, on the revision of the silent lease. From then on the silent worker's renewal and
+        commit are refused (it stops its agent when it comes back), and a redelivery of the SPAWN finds the attempt
+        done. None when the entry changed first (the worker came back, or committed): the wait goes on."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        done = Done(
+            DAEMON,
+            socket.gethostname(),
+            error_result("worker_unreachable", unreachable_message(lease, req.agent, silent_s)),
+        )
+        try:
+            await link.attempts.update(key, entry_bytes(done), last=revision)
+        except KeyWrongLastSequenceError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - an outage: look again
+            log.warning("remote_wait_retry", key=req.key, error=str(exc))
+            return None
+        log.warning(
+            "remote_unreachable",
+            key=req.key,
+            agent=req.agent,
+            worker=lease.worker,
+            host=lease.host,
+            silent_s=round(silent_s, 1),
+        )
+        return done
 
 
-async def _publish(link: Link, subject: str, payload: bytes, msg_id: str) -> Any:
-    """Publish until the server acknowledges: a timeout around a reconnect may hide a publish that was stored, and
-    publishing again is safe (``Nats-Msg-Id``); giving up would let the engine retry the item under a new attempt
-    key while this one may still run."""
-    from nats.errors import TimeoutError as NatsTimeout
-
+async def _retrying(key: str, call: Callable[[], Awaitable[T]]) -> T:
+    """``call`` until it answers: a failure around a reconnect may hide a publish that was stored, and publishing
+    again is safe (``Nats-Msg-Id``); giving up would let the engine retry the item under a new attempt key while
+    this one may still run."""
+    said = 0.0
     while True:
         try:
-            return await link.js.publish(subject, payload, headers={"Nats-Msg-Id": msg_id})
-        except NatsTimeout:
-            log.warning("remote_publish_retry", key=msg_id)
+            return await call()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an outage of the server: try again
+            if time.monotonic() - said >= 30.0:  # said once, then every 30 s of a long outage
+                log.warning("remote_publish_retry", key=key, error=str(exc))
+                said = time.monotonic()
+            await asyncio.sleep(0.5)
 
 
-async def _done(link: Link, key: str) -> Done | None:
-    from nats.errors import TimeoutError as NatsTimeout
+async def _entry(link: Link, key: str) -> tuple[Entry | None, int | None]:
+    """The attempt's entry and its revision; (None, None) when there is none yet."""
     from nats.js.errors import KeyNotFoundError
 
     try:
-        entry: Any = await link.attempts.get(key)
+        current: Any = await link.attempts.get(key)
     except KeyNotFoundError:
-        return None
-    except NatsTimeout:
-        return None
-    found = entry_from(entry.value)
+        return None, None
+    return entry_from(current.value), int(current.revision)
+
+
+async def _done(link: Link, key: str) -> Done | None:
+    found, _ = await _entry(link, key)
     return found if isinstance(found, Done) else None

@@ -9,7 +9,8 @@ imports it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,14 +55,34 @@ class Link:
             log.debug("nats_close_failed", error=str(exc))
 
 
-async def connect(urls: list[str], creds: str | None, *, name: str, once: bool = False) -> Link:
+def refused(exc: BaseException) -> bool:
+    """Whether the server refused the credentials (unknown user, wrong password, a user removed by a reload)."""
+    return "authorization violation" in str(exc).lower()
+
+
+async def connect(
+    urls: list[str],
+    creds: str | None,
+    *,
+    name: str,
+    once: bool = False,
+    on_refused: Callable[[], None] | None = None,
+) -> Link:
     """Connect (reconnecting for ever; ``once``: a short command, which fails at once instead) and open or create
-    the stream and buckets."""
-    import nats  # the cluster extra, only imported where cluster: is configured
+    the stream and buckets. ``on_refused``: called when the server refuses the credentials (a worker whose user
+    was removed stops instead of knocking for ever)."""
+    from nats.aio.client import Client  # the cluster extra, only imported where cluster: is configured
+
+    refusal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def error_cb(exc: Exception) -> None:
         # Permission errors of core publish/subscribe arrive here, not at the call (docs/cluster.md).
         log.warning("nats_error", error=str(exc))
+        if refused(exc):
+            if not refusal.done():
+                refusal.set_result(None)
+            if on_refused is not None:
+                on_refused()
 
     async def disconnected_cb() -> None:
         log.warning("nats_disconnected")
@@ -69,20 +90,33 @@ async def connect(urls: list[str], creds: str | None, *, name: str, once: bool =
     async def reconnected_cb() -> None:
         log.info("nats_reconnected")
 
-    connecting = nats.connect(
-        servers=urls,
+    nc = Client()
+    options: dict[str, Any] = {
+        "servers": urls,
         **credentials(creds),
-        name=name,
-        max_reconnect_attempts=1 if once else -1,
-        allow_reconnect=not once,
-        connect_timeout=2.0,
-        reconnect_time_wait=0.5,
-        error_cb=error_cb,
-        disconnected_cb=disconnected_cb,
-        reconnected_cb=reconnected_cb,
-    )
-    # A short command gives up after a few seconds; the daemon and the workers wait for the server.
-    nc = await (asyncio.wait_for(connecting, timeout=ONCE_S) if once else connecting)
+        "name": name,
+        "max_reconnect_attempts": 1 if once else -1,
+        "allow_reconnect": not once,
+        "connect_timeout": 2.0,
+        "reconnect_time_wait": 0.5,
+        "error_cb": error_cb,
+        "disconnected_cb": disconnected_cb,
+        "reconnected_cb": reconnected_cb,
+    }
+    connecting = asyncio.ensure_future(nc.connect(**options))
+    # A short command gives up after a few seconds; the daemon and the workers wait for the server, but not for
+    # one that refuses their credentials (it would refuse them for ever).
+    await asyncio.wait({connecting, refusal}, timeout=ONCE_S if once else None, return_when=asyncio.FIRST_COMPLETED)
+    if not connecting.done():
+        connecting.cancel()
+        with contextlib.suppress(BaseException):
+            await connecting
+        with contextlib.suppress(Exception):
+            await nc.close()
+        if refusal.done():
+            raise PermissionError("the NATS server refused the credentials (Authorization Violation)")
+        raise TimeoutError(f"no NATS server answered at {', '.join(urls)} within {ONCE_S:g} s")
+    connecting.result()
     js = nc.jetstream(timeout=10.0)
     try:
         attempts, workers = await ensure(js)

@@ -224,6 +224,22 @@ def lease_verdict(entry: Entry | None, now: float) -> Verdict:
     return "expired" if now >= entry.until else "held"
 
 
+def unreachable(entry: Entry | None, silent_s: float, deadline_s: float | None) -> bool:
+    """Whether the daemon gives up on the attempt's holder: its lease has not changed (no renewal, no takeover by
+    another worker) for ``deadline_s`` of the daemon's own time. An attempt no worker took yet is not one: the
+    item waits for a worker (docs/cluster.md)."""
+    return deadline_s is not None and isinstance(entry, Lease) and silent_s >= deadline_s
+
+
+def unreachable_message(lease: Lease, agent: str, silent_s: float) -> str:
+    """What the person reads in the escalation of an attempt whose worker went silent."""
+    return (
+        f"worker {lease.worker!r} on {lease.host} running agent {agent!r} has not been heard from for "
+        f"{silent_s:.0f} s (cluster.unreachable_after_s): it is stopped, or cut off from the NATS server. The "
+        f"attempt is closed: a result it sends later is refused. retry runs the item again on any worker"
+    )
+
+
 def renew_every(lease_s: float) -> float:
     """How often a holder renews its lease and tells the server the work is in progress: a third of the lease,
     so two renewals may be lost before it lapses."""

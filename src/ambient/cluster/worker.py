@@ -87,12 +87,21 @@ class Worker:
         self.busy = 0
         self.running: set[str] = set()  # the attempt keys it runs now (its heartbeat says them)
         self._changed = asyncio.Event()  # the items it runs changed: say it now, not at the next beat
+        self.refused = False  # the server refused our credentials (revoked): serve stops and raises
+
+    def _refused(self) -> None:
+        if not self.refused:
+            self.refused = True
+            log.error("worker_refused", worker=self.name, reason="the server refused this worker's credentials")
+        self._stopping.set()
 
     def stop(self) -> None:
         self._stopping.set()
 
     async def serve(self) -> None:
-        link = await connect(self.options.urls, self.options.creds, name=f"ambient-worker {self.name}")
+        link = await connect(
+            self.options.urls, self.options.creds, name=f"ambient-worker {self.name}", on_refused=self._refused
+        )
         self._link = link
         try:
             subs = [await self._subscribe(link) for _ in range(self.options.slots)]
@@ -116,6 +125,8 @@ class Worker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
             stopping.cancel()
+            if self.refused:
+                raise PermissionError("the server refused this worker's credentials (Authorization Violation)")
         finally:
             with contextlib.suppress(Exception):
                 await link.workers.delete(name_token(self.name))
@@ -181,6 +192,10 @@ class Worker:
                     self.busy += 1
                     try:
                         await self.handle(link, msg)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - an outage mid-item: the lease lapses, the item is redelivered
+                        log.warning("worker_item_failed", error=str(exc))
                     finally:
                         self.busy -= 1
 
@@ -296,6 +311,7 @@ class Worker:
             vars=work.vars,
             handoff=work.handoff,
             resumed=work.resumed_as(),
+            worker=self.name,  # a daemon restarted on this host leaves the agent alone (not its orphan)
         )
         task = asyncio.create_task(self.runner.run(req, cfg), name=f"agent:{work.key}")
         every = renew_every(work.lease_s)
@@ -309,9 +325,19 @@ class Worker:
                     await msg.in_progress()
                 lease = Lease(self.name, self.host, time.time() + work.lease_s)
                 try:
-                    token = await link.attempts.update(key, entry_bytes(lease), last=token)
+                    # Bounded by the renewal period: a write lost with a dying server must not outwait the lease.
+                    token = await asyncio.wait_for(
+                        link.attempts.update(key, entry_bytes(lease), last=token), timeout=every
+                    )
                     renewed = time.monotonic()
                 except KeyWrongLastSequenceError:
+                    # Our own renewal stored just before its reply was lost (a timeout) moved the revision on.
+                    with contextlib.suppress(Exception):
+                        current: Any = await asyncio.wait_for(link.attempts.get(key), timeout=every)
+                        entry = entry_from(current.value)
+                        if isinstance(entry, Lease) and entry.worker == self.name:
+                            token, renewed = int(current.revision), time.monotonic()
+                            continue
                     log.warning("attempt_fenced", key=work.key, worker=self.name, at="renew", refused=True)
                     return None
                 except Exception as exc:  # noqa: BLE001 - unreachable server: the lease may lapse
@@ -337,9 +363,13 @@ class Worker:
                 error_result("output_over_cap", f"the result is over {MAX_RESULT_BYTES} bytes, too big to send back"),
             )
             payload = entry_bytes(done)
-        for _ in range(5):
+        deadline = time.monotonic() + max(30.0, work.lease_s)  # a server restart: the compare-and-set stays safe
+        while time.monotonic() < deadline:
             try:
-                await link.attempts.update(key, payload, last=token)
+                # A write lost with a dying server is not waited for (10 s) but tried again once it is back.
+                await asyncio.wait_for(
+                    link.attempts.update(key, payload, last=token), timeout=renew_every(work.lease_s)
+                )
                 log.info("attempt_committed", key=work.key, worker=self.name, status=result.status)
                 return True
             except KeyWrongLastSequenceError:

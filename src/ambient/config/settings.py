@@ -141,6 +141,9 @@ class ClusterSettings(_Strict):
     #: A worker whose last heartbeat (every 5 s) is older than this is shown lost by ``status``, ``doctor`` and the
     #: console (s).
     lost_after_s: float = Field(default=20.0, ge=10, le=3600)
+    #: How long the daemon waits for a sign of life of the worker holding an attempt (a renewal of its lease, or
+    #: another worker taking it over) before it closes the attempt and escalates the item (s); null: for ever.
+    unreachable_after_s: float | None = Field(default=600.0, ge=1, le=7 * 86400)
 
     @field_validator("urls", mode="before")
     @classmethod
@@ -155,6 +158,16 @@ class ClusterSettings(_Strict):
             if not _NATS_URL.match(url):
                 raise ValueError(f"{url!r} is not a NATS server URL; expected nats://HOST:PORT or tls://HOST:PORT")
         return value
+
+    @model_validator(mode="after")
+    def _deadline_after_lease(self) -> ClusterSettings:
+        if self.unreachable_after_s is not None and self.unreachable_after_s < 2 * self.lease_s:
+            raise ValueError(
+                f"unreachable_after_s ({self.unreachable_after_s:g}) must be at least twice lease_s "
+                f"({self.lease_s:g}): another worker takes a lapsed lease over (a lease, then the redelivery) before "
+                "the daemon gives up on its worker; or null: wait for ever"
+            )
+        return self
 
     @field_validator("dispatch")
     @classmethod

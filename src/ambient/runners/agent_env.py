@@ -39,6 +39,8 @@ def build_env(req: RunRequest, cfg: CommandRunnerConfig, packet_json: str) -> di
         AMBIENT_BRAIN=str(req.brain),
         AMBIENT_CHANNEL_TOKEN=req.channel_token,
     )
+    if req.worker:
+        env["AMBIENT_WORKER"] = req.worker
     if len(packet_json.encode()) <= MAX_ENV_PACKET_BYTES:
         env["AMBIENT_PACKET"] = packet_json
     handoff = req.bounded_handoff()

@@ -50,6 +50,9 @@ class RunRequest:
     before_start: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     prompt_file: Path | None = None  # agents/<name>.md: an AI runner's system prompt is its body
     resumed: Resumed | None = None  # why the item runs again (None: its first attempt)
+    #: The ``ambient worker`` running this attempt for the daemon (cluster), in the agent's ``AMBIENT_WORKER``: a
+    #: daemon started again on the same host must not take the worker's agents for orphans of its own.
+    worker: str | None = None
 
     def template_values(self, python: str) -> dict[str, str]:
         """The values argv templates may use (``python`` is the daemon's interpreter path)."""

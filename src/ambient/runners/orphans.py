@@ -58,7 +58,8 @@ def _environ(pid: int) -> dict[bytes, bytes] | None:
 
 
 def by_environment(brain: Path, run_ids: Iterable[str]) -> list[Orphan]:
-    """Live processes of this user whose environment names this brain and one of ``run_ids``."""
+    """Live processes of this user whose environment names this brain and one of ``run_ids``, but those an
+    ``ambient worker`` on this host runs for the daemon (``AMBIENT_WORKER``): they are not the dead daemon's."""
     wanted = {r.encode() for r in run_ids}
     if not wanted or not _PROC.is_dir():
         return []
@@ -70,6 +71,8 @@ def by_environment(brain: Path, run_ids: Iterable[str]) -> list[Orphan]:
             continue
         env = _environ(int(entry.name))
         if env is None or env.get(b"AMBIENT_BRAIN") != brain_b or env.get(b"AMBIENT_RUN_ID") not in wanted:
+            continue
+        if b"AMBIENT_WORKER" in env:  # a worker's agent (cluster) on this host: the worker's to stop, not ours
             continue
         pid = int(entry.name)
         if process_start_time(pid) is None:  # a zombie: nothing runs

@@ -33,7 +33,12 @@ Reason = Literal[
     "provider_unreachable",  # the model API cannot be reached or is not one (connection refused, 404): the person acts
     "budget",  # the agent's own max_budget_usd or max_turns ended it
     "over_budget",  # the model gateway refused a call: the run's or the day's budget is reached (the run holds)
+    "worker_unreachable",  # the worker running a dispatched attempt was silent past cluster.unreachable_after_s
 ]
+
+#: Errors no automatic retry may follow: the agent's own ERROR (it said the failure is unrecoverable), and a worker
+#: gone silent (the person decides: another try may meet the same partition, or the item may be skipped).
+NOT_RETRIED: frozenset[str] = frozenset({"agent_error", "worker_unreachable"})
 
 _SIGNAL_OF_STATUS: dict[str, str] = {
     "success": "RETURN",

@@ -31,6 +31,7 @@ from ambient.kernel.packet import Packet, make_packet
 from ambient.kernel.router import Router
 from ambient.live.context import HANDOFF_NAME, LiveContext
 from ambient.runners import AgentResult, Runners, RunRequest
+from ambient.runners.result import NOT_RETRIED
 from ambient.runners.runner_config import AnyRunnerConfig
 from ambient.service.leases import LeaseGuard, Leases
 
@@ -293,7 +294,7 @@ class AgentDelegate:
             signal_in=signal,
             question=res.question,
             options=list(res.options or []),
-            retryable=res.reason != "agent_error",  # the agent's own ERROR: unrecoverable (README), never retried
+            retryable=res.reason not in NOT_RETRIED,  # the agent's own ERROR, a silent worker: the person decides
             usage=res.usage.to_record() if res.usage is not None else None,
             permission=res.permission,
             hold=res.reason if res.reason in ("provider_refused", "provider_unreachable", "over_budget") else None,

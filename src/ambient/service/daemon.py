@@ -487,14 +487,17 @@ class Daemon:
             self._keep_roster(None, 0.0)
             return
         creds = str(self.paths.root / c.creds) if c.creds is not None else None
-        dispatch = dispatch_map(c.dispatch, self.parts.ref.brain.runners)  # cluster.dispatch and each runner's dispatch:
+        dispatch = dispatch_map(
+            c.dispatch, self.parts.ref.brain.runners
+        )  # cluster.dispatch and each runner's dispatch:
         cur = self.parts.delegate.remote
         if cur is not None and (cur.urls, cur.creds, cur.lease_s) == (list(c.urls), creds, c.lease_s):
             cur.dispatch = dispatch
+            cur.unreachable_after_s = c.unreachable_after_s
             if self._roster_keeper is not None:
                 self._roster_keeper.lost_after_s = c.lost_after_s
             return
-        new = Dispatcher(list(c.urls), creds, dispatch, c.lease_s)
+        new = Dispatcher(list(c.urls), creds, dispatch, c.lease_s, c.unreachable_after_s)
         self.parts.delegate.remote = new
         self._dispatchers.append(new)
         task = asyncio.get_running_loop().create_task(self._connect_cluster(new), name="cluster-connect")

@@ -157,3 +157,28 @@ def test_a_credentials_file_is_a_nats_creds_file_or_user_password(tmp_path: Path
     with pytest.raises(ValueError):
         credentials(str(bad))
     assert credentials(None) == {}
+
+
+def test_a_worker_is_unreachable_once_its_lease_stays_unchanged_past_the_deadline() -> None:
+    from ambient.cluster.protocol import Done, Lease, unreachable, unreachable_message
+    from ambient.runners.result import AgentResult
+
+    lease = Lease("w1", "h1", until=100.0)
+    assert not unreachable(lease, 9.9, 10.0)
+    assert unreachable(lease, 10.0, 10.0)
+    assert not unreachable(lease, 1e9, None)  # null: wait for ever
+    assert not unreachable(None, 1e9, 10.0)  # no worker took it yet: the item waits for one
+    assert not unreachable(Done("w1", "h1", AgentResult(status="success")), 1e9, 10.0)
+    text = unreachable_message(lease, "coder", 12.4)
+    assert "'w1'" in text and "h1" in text and "'coder'" in text and "12 s" in text
+
+
+def test_the_unreachable_deadline_must_outlast_the_lease() -> None:
+    from ambient.config.settings import ClusterSettings
+
+    base = {"urls": ["nats://127.0.0.1:4222"], "lease_s": 30}
+    assert ClusterSettings.model_validate(base).unreachable_after_s == 600
+    assert ClusterSettings.model_validate({**base, "unreachable_after_s": None}).unreachable_after_s is None
+    assert ClusterSettings.model_validate({**base, "unreachable_after_s": 60}).unreachable_after_s == 60
+    with pytest.raises(ValueError, match="at least twice lease_s"):
+        ClusterSettings.model_validate({**base, "unreachable_after_s": 59})

@@ -61,3 +61,24 @@ def test_orphaned_agents_are_reaped_before_their_items_run_again(tmp_path: Path)
     finally:
         second.stop()
         second.kill()
+
+
+def test_a_workers_agent_on_this_host_is_not_taken_for_an_orphan(tmp_path: Path) -> None:
+    """Two processes name this brain and run in their environment; the one an ``ambient worker`` runs for the
+    daemon (``AMBIENT_WORKER``) is not the dead daemon's orphan."""
+    import subprocess
+    import sys
+
+    from ambient.runners import orphans
+
+    base = {"PATH": os.environ.get("PATH", ""), "AMBIENT_BRAIN": str(tmp_path), "AMBIENT_RUN_ID": "run-1"}
+    cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
+    own = subprocess.Popen(cmd, env={**base, "AMBIENT_ITEM": "mine"})
+    remote = subprocess.Popen(cmd, env={**base, "AMBIENT_ITEM": "theirs", "AMBIENT_WORKER": "w1"})
+    try:
+        found = wait_for(lambda: orphans.by_environment(tmp_path, ["run-1"]), 10, "the daemon's own agent found")
+        assert [(o.pid, o.item) for o in found] == [(own.pid, "mine")]
+    finally:
+        for p in (own, remote):
+            p.kill()
+            p.wait()
