@@ -80,6 +80,19 @@ def _print_unit(args: argparse.Namespace, agents: list[str]) -> int:
     return EXIT_OK
 
 
+def _namespace(root: Path) -> str | None:
+    """The cluster namespace of this host's copy of the brain (its ``profil/ambient.yml``, as the daemon reads its
+    own): the daemon and its workers agree on it without a flag. None when the settings do not validate."""
+    from ambient.cluster.protocol import DEFAULT_NAMESPACE
+    from ambient.config.brain import load_settings
+    from ambient.storage.paths import BrainPaths
+
+    settings, _ = load_settings(BrainPaths(root), os.environ)
+    if settings is None:
+        return None
+    return settings.cluster.namespace if settings.cluster is not None else DEFAULT_NAMESPACE
+
+
 def _serve(args: argparse.Namespace, agents: list[str]) -> int:
     # The worker's modules (and nats) are imported here only: a brain without a cluster never loads them.
     import asyncio
@@ -92,6 +105,11 @@ def _serve(args: argparse.Namespace, agents: list[str]) -> int:
     from ambient.runners.spawner import available as spawner_available
     from ambient.service.logsetup import configure_logging
 
+    namespace = _namespace(brain_dir(args))
+    if namespace is None:
+        return fail(
+            f"{brain_dir(args)}/profil/ambient.yml does not validate (ambient validate): its namespace is unknown"
+        )
     configure_logging("INFO", json=None if args.log_format == "auto" else args.log_format == "json")
     options = WorkerOptions(
         urls=list(args.nats),
@@ -100,6 +118,7 @@ def _serve(args: argparse.Namespace, agents: list[str]) -> int:
         agents=agents,
         slots=args.slots,
         name=args.name or "",
+        namespace=namespace,
     )
 
     async def main() -> None:
