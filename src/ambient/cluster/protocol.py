@@ -54,7 +54,10 @@ class Names:
 
     def __post_init__(self) -> None:
         if not re.match(NAMESPACE_PATTERN, self.namespace):
-            raise ValueError(f"{self.namespace!r} is not a cluster namespace: a-z, 0-9, _ and - (32 at most)")
+            raise ValueError(
+                f"{self.namespace!r} is not a cluster namespace; expected a-z, 0-9, _ and -, starting with a letter or "
+                "a digit, 32 at most"
+            )
 
     @property
     def stream(self) -> str:
