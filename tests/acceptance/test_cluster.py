@@ -346,7 +346,7 @@ def test_a_workers_credentials_reach_its_agents_only(tmp_path: Path) -> None:
                 brain.workflow("theirs", for_each("theirs", "other", ["z"]))
                 wait(lambda: bad.proc.poll() is not None, "the worker refused by the server", timeout=60)
                 assert bad.proc.returncode == 1, bad.tail()
-                refused = 'Publish Violation - Subject "$JS.API.CONSUMER.INFO.AMBIENT_WORK.work_other"'
+                refused = 'Publish Violation - Subject "$JS.API.CONSUMER.INFO.AMBIENT_WORK_default.work_other"'
                 assert refused in nats.log_path.read_text(), nats.log_path.read_text()[-2000:]
                 assert not witness_lines(brain, "work/theirs/1.txt")
             finally:
