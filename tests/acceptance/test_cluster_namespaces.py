@@ -9,6 +9,7 @@ items and run them in A's folder.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -101,3 +102,16 @@ def test_two_brains_on_one_server_each_run_on_their_own_workers(tmp_path: Path) 
                 if w is not None
             }
             assert ran_by == {"a": items["a"], "b": items["b"]}, ran_by
+
+
+def test_a_workers_credentials_name_its_brains_namespace_only(tmp_path: Path) -> None:
+    """`ambient cluster creds` in a brain of namespace ``beta`` allows the worker ``beta``'s stream, consumers and
+    buckets, and nothing of the default namespace another brain on the server may use."""
+    brain = slow_brain(tmp_path / "brain", "nats://127.0.0.1:4222", "beta")
+    made = brain.ok("cluster", "creds", "w1", "--agents", "slow", "--out", str(tmp_path / "w1.creds"))
+    entry = json.loads("\n".join(line for line in made.out.splitlines() if not line.startswith("#")))
+    publish = entry["permissions"]["publish"]
+    assert "$JS.API.CONSUMER.MSG.NEXT.AMBIENT_WORK_beta.work_slow" in publish, publish
+    assert "$KV.ambient_beta_attempts.>" in publish and "$KV.ambient_beta_workers.w1" in publish, publish
+    assert not [s for s in publish if "beta" not in s], publish
+    assert "namespace beta" in made.out
