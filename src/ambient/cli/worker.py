@@ -80,17 +80,18 @@ def _print_unit(args: argparse.Namespace, agents: list[str]) -> int:
     return EXIT_OK
 
 
-def _namespace(root: Path) -> str | None:
+def _namespace(root: Path) -> tuple[str | None, str]:
     """The cluster namespace of this host's copy of the brain (its ``profil/ambient.yml``, as the daemon reads its
-    own): the daemon and its workers agree on it without a flag. None when the settings do not validate."""
+    own): the daemon and its workers agree on it without a flag. None, and the first problem, when the settings do
+    not validate."""
     from ambient.cluster.protocol import DEFAULT_NAMESPACE
     from ambient.config.brain import load_settings
     from ambient.storage.paths import BrainPaths
 
-    settings, _ = load_settings(BrainPaths(root), os.environ)
+    settings, problems = load_settings(BrainPaths(root), os.environ)
     if settings is None:
-        return None
-    return settings.cluster.namespace if settings.cluster is not None else DEFAULT_NAMESPACE
+        return None, str(problems[0]) if problems else "profil/ambient.yml does not validate"
+    return (settings.cluster.namespace if settings.cluster is not None else DEFAULT_NAMESPACE), ""
 
 
 def _serve(args: argparse.Namespace, agents: list[str]) -> int:
@@ -105,11 +106,9 @@ def _serve(args: argparse.Namespace, agents: list[str]) -> int:
     from ambient.runners.spawner import available as spawner_available
     from ambient.service.logsetup import configure_logging
 
-    namespace = _namespace(brain_dir(args))
+    namespace, problem = _namespace(brain_dir(args))
     if namespace is None:
-        return fail(
-            f"{brain_dir(args)}/profil/ambient.yml does not validate (ambient validate): its namespace is unknown"
-        )
+        return fail(f"{problem} (in {brain_dir(args)}: ambient validate); the brain's cluster.namespace is unknown")
     configure_logging("INFO", json=None if args.log_format == "auto" else args.log_format == "json")
     options = WorkerOptions(
         urls=list(args.nats),
