@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.harness import Brain, NatsServer, Worker, for_each, wait
+from tests.acceptance.harness import Brain, NatsServer, Worker, agent_md, for_each, wait
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nats-server", path=str(Path(sys.executable).parent)) is None,
@@ -224,7 +224,26 @@ def test_validate_names_a_wrong_cluster_setting_at_its_line(tmp_path: Path) -> N
     brain.config("cluster:\n  urls: [nats://127.0.0.1:4222]\n  dispatch:\n    nobody: workers\n")
     res = brain.cli("validate")
     assert res.rc != 0
-    assert "profil/ambient.yml:4" in res.out and "'nobody' has no runner" in res.out, res
+    assert "profil/ambient.yml:4" in res.out and "no agent 'nobody'" in res.out, res
+    assert "did you mean" not in res.out and "has no runner" not in res.out, res
+    # A typo of an agent's name is named as one, with the agent it is close to.
+    brain.python_agent("slow", WITNESS)
+    brain.config("cluster:\n  urls: [nats://127.0.0.1:4222]\n  dispatch:\n    slwo: workers\n")
+    res = brain.cli("validate")
+    assert res.rc != 0
+    assert "profil/ambient.yml:4" in res.out and "no agent 'slwo'" in res.out, res
+    assert "did you mean 'slow'?" in res.out and "has no runner" not in res.out, res
+    # An agent that exists but has no runner still says so.
+    bare = agent_md("bare", ["true"])
+    brain.write("agents/bare.md", bare[: bare.index("ambient:\n")] + bare[bare.index("---\n# Agent") :])
+    brain.config("cluster:\n  urls: [nats://127.0.0.1:4222]\n  dispatch:\n    bare: workers\n")
+    res = brain.cli("validate")
+    assert "'bare' has no runner" in res.out, res
+    # A namespace that is not one is named at its line, saying what is expected.
+    brain.config("cluster:\n  urls: [nats://127.0.0.1:4222]\n  namespace: Team.A\n")
+    res = brain.cli("validate")
+    assert res.rc != 0
+    assert "profil/ambient.yml:3" in res.out and "not a cluster namespace" in res.out, res
 
 
 def test_json_of_the_witness_is_sane() -> None:
@@ -327,7 +346,7 @@ def test_a_workers_credentials_reach_its_agents_only(tmp_path: Path) -> None:
                 brain.workflow("theirs", for_each("theirs", "other", ["z"]))
                 wait(lambda: bad.proc.poll() is not None, "the worker refused by the server", timeout=60)
                 assert bad.proc.returncode == 1, bad.tail()
-                refused = 'Publish Violation - Subject "$JS.API.CONSUMER.INFO.AMBIENT_WORK.work_other"'
+                refused = 'Publish Violation - Subject "$JS.API.CONSUMER.INFO.AMBIENT_WORK_default.work_other"'
                 assert refused in nats.log_path.read_text(), nats.log_path.read_text()[-2000:]
                 assert not witness_lines(brain, "work/theirs/1.txt")
             finally:

@@ -67,7 +67,9 @@ def _workers(args: argparse.Namespace) -> int:
     async def read() -> list[dict[str, Any]]:
         from ambient.cluster.link import connect, workers
 
-        link = await connect(list(cluster.urls), creds, name="ambient cluster workers", once=True)
+        link = await connect(
+            list(cluster.urls), creds, name="ambient cluster workers", names=cluster.names(), once=True
+        )
         try:
             return await workers(link)
         finally:
@@ -101,7 +103,8 @@ _USER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def _creds(args: argparse.Namespace) -> int:
-    from ambient.cluster.protocol import worker_permissions
+    from ambient.cluster.protocol import Names, worker_permissions
+    from ambient.config.brain import load_settings
     from ambient.kernel.agents import load_agents
     from ambient.storage.fsutil import atomic_write
     from ambient.storage.paths import BrainPaths
@@ -109,14 +112,22 @@ def _creds(args: argparse.Namespace) -> int:
     if not _USER.match(args.worker):
         return fail(f"{args.worker!r} is not a worker name: letters, digits, . _ - (64 at most)")
     agents = [a.strip() for a in str(args.agents).split(",") if a.strip()]
-    known = set(load_agents(BrainPaths(brain_dir(args)))[0])
+    paths = BrainPaths(brain_dir(args))
+    settings, _ = load_settings(paths, os.environ)
+    if settings is None:
+        return fail("profil/ambient.yml does not validate (ambient validate): its cluster.namespace is unknown")
+    names = settings.cluster.names() if settings.cluster is not None else Names()
+    known = set(load_agents(paths)[0])
     unknown = [a for a in agents if a not in known]
     if not agents or unknown:
         return fail(f"--agents: {', '.join(unknown) or 'none given'}: not an agent of this brain (agents/NAME.md)")
     password = secrets.token_urlsafe(32)
     atomic_write(args.out, f"{args.worker}:{password}\n", mode=0o600)
-    entry = {"user": args.worker, "password": password, "permissions": worker_permissions(args.worker, agents)}
-    out(f"# the NATS server's authorization block, users: [...] (worker {args.worker}, agents {', '.join(agents)})")
+    entry = {"user": args.worker, "password": password, "permissions": worker_permissions(names, args.worker, agents)}
+    out(
+        f"# the NATS server's authorization block, users: [...] (worker {args.worker}, agents {', '.join(agents)}, "
+        f"namespace {names.namespace})"
+    )
     out(json.dumps(entry, indent=2))
     out(f"# on the worker: ambient worker --nats URL --creds {args.out} --agents {','.join(agents)}")
     return EXIT_OK

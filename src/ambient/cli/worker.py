@@ -80,6 +80,20 @@ def _print_unit(args: argparse.Namespace, agents: list[str]) -> int:
     return EXIT_OK
 
 
+def _namespace(root: Path) -> tuple[str | None, str]:
+    """The cluster namespace of this host's copy of the brain (its ``profil/ambient.yml``, as the daemon reads its
+    own): the daemon and its workers agree on it without a flag. None, and the first problem, when the settings do
+    not validate."""
+    from ambient.cluster.protocol import DEFAULT_NAMESPACE
+    from ambient.config.brain import load_settings
+    from ambient.storage.paths import BrainPaths
+
+    settings, problems = load_settings(BrainPaths(root), os.environ)
+    if settings is None:
+        return None, str(problems[0]) if problems else "profil/ambient.yml does not validate"
+    return (settings.cluster.namespace if settings.cluster is not None else DEFAULT_NAMESPACE), ""
+
+
 def _serve(args: argparse.Namespace, agents: list[str]) -> int:
     # The worker's modules (and nats) are imported here only: a brain without a cluster never loads them.
     import asyncio
@@ -92,6 +106,9 @@ def _serve(args: argparse.Namespace, agents: list[str]) -> int:
     from ambient.runners.spawner import available as spawner_available
     from ambient.service.logsetup import configure_logging
 
+    namespace, problem = _namespace(brain_dir(args))
+    if namespace is None:
+        return fail(f"{problem} (in {brain_dir(args)}: ambient validate); the brain's cluster.namespace is unknown")
     configure_logging("INFO", json=None if args.log_format == "auto" else args.log_format == "json")
     options = WorkerOptions(
         urls=list(args.nats),
@@ -100,6 +117,7 @@ def _serve(args: argparse.Namespace, agents: list[str]) -> int:
         agents=agents,
         slots=args.slots,
         name=args.name or "",
+        namespace=namespace,
     )
 
     async def main() -> None:

@@ -26,6 +26,7 @@ from ambient.cluster.protocol import (
     Done,
     Entry,
     Lease,
+    Names,
     Work,
     entry_bytes,
     entry_from,
@@ -33,7 +34,6 @@ from ambient.cluster.protocol import (
     resumed_record,
     unreachable,
     unreachable_message,
-    work_subject,
 )
 from ambient.runners.base import RunRequest
 from ambient.runners.result import AgentResult, error_result
@@ -60,8 +60,10 @@ class Dispatcher:
         dispatch: Mapping[str, str],
         lease_s: float,
         unreachable_after_s: float | None = None,
+        names: Names | None = None,
     ) -> None:
         self.urls = urls
+        self.names = names if names is not None else Names()  # the brain's cluster.namespace
         self.creds = creds
         self.dispatch = dict(dispatch)
         self.lease_s = lease_s
@@ -79,9 +81,11 @@ class Dispatcher:
             self._connecting = asyncio.Lock()
         async with self._connecting:
             if self._link is None:
-                link = await connect(self.urls, self.creds, name=f"ambient-daemon@{socket.gethostname()}")
+                link = await connect(
+                    self.urls, self.creds, name=f"ambient-daemon@{socket.gethostname()}", names=self.names
+                )
                 agents = [a for a in self.dispatch if self.dispatches(a)]
-                await ensure_consumers(link.js, agents, self.lease_s)
+                await ensure_consumers(link.js, self.names, agents, self.lease_s)
                 self._consumers.update(agents)
                 self._link = link
             return self._link
@@ -89,7 +93,7 @@ class Dispatcher:
     async def _consumer(self, link: Link, agent: str) -> None:
         """The agent's consumer, for an agent dispatched by a reload after the connection was made."""
         if agent not in self._consumers:
-            await ensure_consumers(link.js, [agent], self.lease_s)
+            await ensure_consumers(link.js, self.names, [agent], self.lease_s)
             self._consumers.add(agent)
 
     async def close(self) -> None:
@@ -134,6 +138,7 @@ class Dispatcher:
             item=req.item,
             attempt=req.attempt,
             agent=req.agent,
+            namespace=self.names.namespace,
             runner=cfg.model_dump(mode="json", exclude={"dispatch"}),  # where it runs is the daemon's business
             packet=req.packet,
             vars=dict(req.vars),
@@ -142,7 +147,10 @@ class Dispatcher:
             lease_s=self.lease_s,
         )
         ack = await _retrying(
-            req.key, lambda: link.js.publish(work_subject(req.agent), work.to_bytes(), headers={"Nats-Msg-Id": req.key})
+            req.key,
+            lambda: link.js.publish(
+                self.names.work_subject(req.agent), work.to_bytes(), headers={"Nats-Msg-Id": req.key}
+            ),
         )
         log.info("remote_dispatched", key=req.key, agent=req.agent, duplicate=bool(ack.duplicate))
         done = await self._wait(link, key, req)

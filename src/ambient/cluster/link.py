@@ -16,16 +16,7 @@ from typing import Any
 
 import structlog
 
-from ambient.cluster.protocol import (
-    ATTEMPTS,
-    DUPLICATE_WINDOW_S,
-    MAX_RESULT_BYTES,
-    WORK_PREFIX,
-    WORK_STREAM,
-    WORKERS,
-    consumer_name,
-    work_subject,
-)
+from ambient.cluster.protocol import DUPLICATE_WINDOW_S, MAX_RESULT_BYTES, Names
 
 log = structlog.get_logger(__name__)
 
@@ -35,12 +26,14 @@ ONCE_S = 8.0
 
 @dataclass
 class Link:
-    """An open connection: the client, its JetStream context and the two KV buckets."""
+    """An open connection: the client, its JetStream context, the two KV buckets and the names of the namespace
+    they all belong to."""
 
     nc: Any  # nats.aio.client.Client
     js: Any  # nats.js.JetStreamContext
     attempts: Any  # nats.js.kv.KeyValue
     workers: Any  # nats.js.kv.KeyValue
+    names: Names
 
     async def close(self) -> None:
         """Flush and close. Not ``drain()``: with pull subscriptions it waited its whole timeout (30 s) at every
@@ -65,12 +58,13 @@ async def connect(
     creds: str | None,
     *,
     name: str,
+    names: Names,
     once: bool = False,
     on_refused: Callable[[], None] | None = None,
 ) -> Link:
     """Connect (reconnecting for ever; ``once``: a short command, which fails at once instead) and open or create
-    the stream and buckets. ``on_refused``: called when the server refuses the credentials (a worker whose user
-    was removed stops instead of knocking for ever)."""
+    the stream and buckets of the namespace ``names``. ``on_refused``: called when the server refuses the
+    credentials (a worker whose user was removed stops instead of knocking for ever)."""
     from nats.aio.client import Client  # the cluster extra, only imported where cluster: is configured
 
     refusal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -119,11 +113,11 @@ async def connect(
     connecting.result()
     js = nc.jetstream(timeout=10.0)
     try:
-        attempts, workers = await ensure(js)
+        attempts, workers = await ensure(js, names)
     except BaseException:
         await nc.close()
         raise
-    return Link(nc, js, attempts, workers)
+    return Link(nc, js, attempts, workers, names)
 
 
 def credentials(path: str | None) -> dict[str, Any]:
@@ -142,18 +136,18 @@ def credentials(path: str | None) -> dict[str, Any]:
     return {"user": user, "password": password}
 
 
-async def ensure(js: Any) -> tuple[Any, Any]:
-    """The work stream and the two buckets, created when missing."""
+async def ensure(js: Any, names: Names) -> tuple[Any, Any]:
+    """The namespace's work stream and its two buckets, created when missing."""
     from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
     from nats.js.errors import NotFoundError
 
     try:
-        await js.stream_info(WORK_STREAM)
+        await js.stream_info(names.stream)
     except NotFoundError:
         await js.add_stream(
             StreamConfig(
-                name=WORK_STREAM,
-                subjects=[f"{WORK_PREFIX}.>"],
+                name=names.stream,
+                subjects=[f"{names.work_prefix}.>"],
                 retention=RetentionPolicy.WORK_QUEUE,
                 storage=StorageType.FILE,
                 duplicate_window=DUPLICATE_WINDOW_S,
@@ -161,7 +155,7 @@ async def ensure(js: Any) -> tuple[Any, Any]:
             )
         )
     buckets = []
-    for bucket, history in ((ATTEMPTS, 1), (WORKERS, 1)):
+    for bucket, history in ((names.attempts, 1), (names.workers, 1)):
         try:
             kv = await js.key_value(bucket)
         except Exception:  # noqa: BLE001 - BucketNotFoundError and kin: create it
@@ -178,7 +172,7 @@ async def ensure(js: Any) -> tuple[Any, Any]:
     return buckets[0], buckets[1]
 
 
-async def ensure_consumers(js: Any, agents: Iterable[str], lease_s: float) -> None:
+async def ensure_consumers(js: Any, names: Names, agents: Iterable[str], lease_s: float) -> None:
     """One durable pull consumer per agent, shared by every worker of it: explicit ack, redelivered ``lease_s``
     after its last sign of life (a delivery, or ``+WPI``), never given up (``max_deliver`` unlimited: a worker's
     crash must not lose an item; an agent's own failure is a result, not a redelivery)."""
@@ -186,17 +180,17 @@ async def ensure_consumers(js: Any, agents: Iterable[str], lease_s: float) -> No
     from nats.js.errors import NotFoundError
 
     for agent in agents:
-        name = consumer_name(agent)
+        name = names.consumer(agent)
         try:
-            await js.consumer_info(WORK_STREAM, name)
+            await js.consumer_info(names.stream, name)
             continue
         except NotFoundError:
             pass
         await js.add_consumer(
-            WORK_STREAM,
+            names.stream,
             ConsumerConfig(
                 durable_name=name,
-                filter_subject=work_subject(agent),
+                filter_subject=names.work_subject(agent),
                 ack_policy=AckPolicy.EXPLICIT,
                 deliver_policy=DeliverPolicy.ALL,
                 ack_wait=lease_s,

@@ -1,11 +1,13 @@
 """What the daemon and its workers say to each other through NATS JetStream, and the rules of an attempt's lease.
 Pure: names, encodings and decisions; no connection, no clock of its own.
 
-One SPAWN dispatched to the workers is a :class:`Work` message on ``ambient.work.<agent>`` of the work-queue stream
-:data:`WORK_STREAM`, published with ``Nats-Msg-Id`` = the attempt key (``run/item/attempt``), so a second publish
-of the same attempt (a daemon that restarts and reattaches) is dropped by the server. Each attempt has one entry in
-the KV bucket :data:`ATTEMPTS` (key: :func:`kv_key` of the attempt key) holding a :class:`Lease` while a worker runs
-it and the :class:`Done` result once one has: the entry's revision is the fencing token, and every write of a worker
+Every name on the server belongs to one brain's namespace (``cluster.namespace``, :class:`Names`): two brains on
+one server with different namespaces share no stream, subject, consumer or bucket. One SPAWN dispatched to the
+workers is a :class:`Work` message on ``ambient.<namespace>.work.<agent>`` of the namespace's work-queue stream,
+published with ``Nats-Msg-Id`` = the attempt key (``run/item/attempt``), so a second publish of the same attempt (a
+daemon that restarts and reattaches) is dropped by the server. Each attempt has one entry in the namespace's KV
+bucket of attempts (key: :func:`kv_key` of the attempt key) holding a :class:`Lease` while a worker runs it and the
+:class:`Done` result once one has: the entry's revision is the fencing token, and every write of a worker
 is ``update(last=revision)``, so a worker that lost its lease (it stalled past ``until``, another worker took over)
 is refused by the server. The result is written by the same single compare-and-set that ends the lease: there is
 no moment where a lease is released and its result not yet written.
@@ -23,13 +25,10 @@ from typing import Any, Final, Literal
 from ambient.runners.result import AgentResult, Resumed, Usage
 from ambient.runners.runner_config import AnyRunnerConfig
 
-#: The work-queue stream of SPAWNs and the subjects it holds (one per agent).
-WORK_STREAM: Final = "AMBIENT_WORK"
-WORK_PREFIX: Final = "ambient.work"
-#: The KV bucket of attempts: a lease while one runs, the result once done.
-ATTEMPTS: Final = "ambient_attempts"
-#: The KV bucket where each worker says it is alive (its host, agents, slots, last heartbeat).
-WORKERS: Final = "ambient_workers"
+#: The namespace of a brain whose ``cluster:`` names none.
+DEFAULT_NAMESPACE: Final = "default"
+#: What a namespace may be: one token of a subject, and part of a stream's and a bucket's name.
+NAMESPACE_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 #: How long the server remembers a ``Nats-Msg-Id`` (s): a SPAWN published again within it is a duplicate.
 DUPLICATE_WINDOW_S: Final = 3600.0
 #: The largest result a worker may commit (bytes of JSON); bigger ones become an error result.
@@ -44,19 +43,54 @@ def name_token(name: str) -> str:
     return _UNSAFE.sub(lambda m: f"={ord(m.group()):02X}", name)
 
 
-def work_subject(agent: str) -> str:
-    """The subject a SPAWN for ``agent`` is published on."""
-    return f"{WORK_PREFIX}.{name_token(agent)}"
+@dataclass(frozen=True, slots=True)
+class Names:
+    """Every name one brain's cluster uses on the server, derived from its namespace: the one home of them all, so
+    the daemon, its workers, their permissions and ``ambient cluster workers`` cannot disagree. A fixed prefix
+    and suffix around the namespace keep two namespaces' names distinct, and their subjects never overlap (the
+    server refuses two streams whose subjects do)."""
 
+    namespace: str = DEFAULT_NAMESPACE
 
-def consumer_name(agent: str) -> str:
-    """The durable pull consumer every worker of ``agent`` shares."""
-    return f"work_{name_token(agent)}"
+    def __post_init__(self) -> None:
+        if not re.match(NAMESPACE_PATTERN, self.namespace):
+            raise ValueError(
+                f"{self.namespace!r} is not a cluster namespace; expected a-z, 0-9, _ and -, starting with a letter or "
+                "a digit, 32 at most"
+            )
+
+    @property
+    def stream(self) -> str:
+        """The work-queue stream of SPAWNs."""
+        return f"AMBIENT_WORK_{self.namespace}"
+
+    @property
+    def work_prefix(self) -> str:
+        """The subjects of the stream are this prefix and one token per agent."""
+        return f"ambient.{self.namespace}.work"
+
+    @property
+    def attempts(self) -> str:
+        """The KV bucket of attempts: a lease while one runs, the result once done."""
+        return f"ambient_{self.namespace}_attempts"
+
+    @property
+    def workers(self) -> str:
+        """The KV bucket where each worker says it is alive (its host, agents, slots, last heartbeat)."""
+        return f"ambient_{self.namespace}_workers"
+
+    def work_subject(self, agent: str) -> str:
+        """The subject a SPAWN for ``agent`` is published on."""
+        return f"{self.work_prefix}.{name_token(agent)}"
+
+    def consumer(self, agent: str) -> str:
+        """The durable pull consumer every worker of ``agent`` shares (in the namespace's stream)."""
+        return f"work_{name_token(agent)}"
 
 
 def kv_key(attempt_key: str) -> str:
-    """The attempt's key in :data:`ATTEMPTS`: the attempt key in URL-safe base64 (an item may hold any character,
-    a KV key only ``[-/_=.A-Za-z0-9]``)."""
+    """The attempt's key in the attempts bucket (:attr:`Names.attempts`): the attempt key in URL-safe base64 (an
+    item may hold any character, a KV key only ``[-/_=.A-Za-z0-9]``)."""
     return base64.urlsafe_b64encode(attempt_key.encode()).decode().rstrip("=") or "_"
 
 
@@ -69,6 +103,7 @@ class Work:
     item: str
     attempt: int
     agent: str
+    namespace: str  # the brain's cluster namespace: a worker of another refuses the message
     runner: Mapping[str, Any]  # the agent's runner config (a command runner's, as validated by the daemon)
     packet: Mapping[str, Any]  # the SPAWN the agent reads on stdin
     vars: Mapping[str, str] = field(default_factory=dict)
@@ -84,6 +119,7 @@ class Work:
             "item": self.item,
             "attempt": self.attempt,
             "agent": self.agent,
+            "namespace": self.namespace,
             "runner": dict(self.runner),
             "packet": dict(self.packet),
             "vars": dict(self.vars),
@@ -106,6 +142,7 @@ class Work:
                 item=_str(data, "item"),
                 attempt=int(data["attempt"]),
                 agent=_str(data, "agent"),
+                namespace=_str(data, "namespace"),
                 runner=_map(data, "runner"),
                 packet=_map(data, "packet"),
                 vars={str(k): str(v) for k, v in _map(data, "vars").items()},
@@ -286,25 +323,26 @@ def result_from(data: Mapping[str, Any]) -> AgentResult:
     return AgentResult(**kwargs)
 
 
-def worker_permissions(worker: str, agents: list[str]) -> dict[str, list[str]]:
-    """The subjects a worker serving ``agents`` may publish and subscribe to, and nothing else: its agents'
-    consumers (their info, the next message, acks), the attempts bucket (read by direct get, written by
-    compare-and-set), its own record in the workers bucket, the streams' info, and replies to its inbox. Another
-    agent's SPAWNs are out of its reach at the server."""
+def worker_permissions(names: Names, worker: str, agents: list[str]) -> dict[str, list[str]]:
+    """The subjects a worker serving ``agents`` of the namespace ``names`` may publish and subscribe to, and nothing
+    else: its agents' consumers (their info, the next message, acks), the attempts bucket (read by direct get,
+    written by compare-and-set), its own record in the workers bucket, the streams' info, and replies to its inbox.
+    Another agent's SPAWNs, and everything of another namespace, are out of its reach at the server."""
+    stream = names.stream
     publish = [
-        f"$JS.API.STREAM.INFO.{WORK_STREAM}",
-        f"$JS.API.STREAM.INFO.KV_{ATTEMPTS}",
-        f"$JS.API.STREAM.INFO.KV_{WORKERS}",
-        f"$KV.{ATTEMPTS}.>",
-        f"$JS.API.DIRECT.GET.KV_{ATTEMPTS}.>",
-        f"$KV.{WORKERS}.{name_token(worker)}",
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.INFO.KV_{names.attempts}",
+        f"$JS.API.STREAM.INFO.KV_{names.workers}",
+        f"$KV.{names.attempts}.>",
+        f"$JS.API.DIRECT.GET.KV_{names.attempts}.>",
+        f"$KV.{names.workers}.{name_token(worker)}",
     ]
     for agent in agents:
-        consumer = consumer_name(agent)
+        consumer = names.consumer(agent)
         publish += [
-            f"$JS.API.CONSUMER.INFO.{WORK_STREAM}.{consumer}",
-            f"$JS.API.CONSUMER.MSG.NEXT.{WORK_STREAM}.{consumer}",
-            f"$JS.ACK.{WORK_STREAM}.{consumer}.>",
+            f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+            f"$JS.ACK.{stream}.{consumer}.>",
         ]
     return {"publish": publish, "subscribe": ["_INBOX.>"]}
 

@@ -32,12 +32,12 @@ import structlog
 
 from ambient.cluster.link import Link, connect
 from ambient.cluster.protocol import (
+    DEFAULT_NAMESPACE,
     MAX_RESULT_BYTES,
-    WORK_STREAM,
     Done,
     Lease,
+    Names,
     Work,
-    consumer_name,
     entry_bytes,
     entry_from,
     kv_key,
@@ -74,6 +74,7 @@ class WorkerOptions:
     agents: Sequence[str]
     slots: int = 1
     name: str = ""
+    namespace: str = DEFAULT_NAMESPACE  # the brain's cluster.namespace, read from its copy of the brain
 
 
 class Worker:
@@ -84,6 +85,7 @@ class Worker:
         self.runner = runner
         self.host = socket.gethostname()
         self.name = options.name or f"{self.host}-{os.getpid()}"
+        self.names = Names(options.namespace)
         self._stopping = asyncio.Event()
         self._link: Link | None = None
         self.busy = 0
@@ -102,7 +104,11 @@ class Worker:
 
     async def serve(self) -> None:
         link = await connect(
-            self.options.urls, self.options.creds, name=f"ambient-worker {self.name}", on_refused=self._refused
+            self.options.urls,
+            self.options.creds,
+            name=f"ambient-worker {self.name}",
+            names=self.names,
+            on_refused=self._refused,
         )
         self._link = link
         try:
@@ -144,14 +150,14 @@ class Worker:
             said = False
             while True:
                 try:
-                    await link.js.consumer_info(WORK_STREAM, consumer_name(agent))
+                    await link.js.consumer_info(link.names.stream, link.names.consumer(agent))
                     break
                 except NotFoundError:
                     if not said:
-                        log.warning("worker_waits_for_dispatch", agent=agent)
+                        log.warning("worker_waits_for_dispatch", agent=agent, namespace=link.names.namespace)
                         said = True
                     await asyncio.sleep(1.0)
-            sub = await link.js.pull_subscribe_bind(durable=consumer_name(agent), stream=WORK_STREAM)
+            sub = await link.js.pull_subscribe_bind(durable=link.names.consumer(agent), stream=link.names.stream)
             out.append((agent, sub))
         return out
 
@@ -215,6 +221,21 @@ class Worker:
             work = Work.from_bytes(msg.data)
         except ValueError as exc:
             log.error("work_unreadable", error=str(exc))
+            with contextlib.suppress(Exception):
+                await msg.term()
+            return
+        if work.namespace != self.names.namespace:
+            # Only a publisher of another brain writing into this namespace's stream puts it here: redelivered, it
+            # would come back to this namespace's workers alone, each refusing it, for ever. Terminated, it is gone
+            # from the queue, said once here, and its attempt (another brain's) is never run in this brain's copy.
+            log.error(
+                "work_wrong_namespace",
+                key=work.key,
+                agent=work.agent,
+                namespace=work.namespace,
+                ours=self.names.namespace,
+                worker=self.name,
+            )
             with contextlib.suppress(Exception):
                 await msg.term()
             return

@@ -325,11 +325,23 @@ def cluster_checks(
         cfg = runners.get(name)
         own = cfg is not None and cfg.dispatch == "workers"
         if cfg is None:
-            found.append(at(("cluster", "dispatch", name), f"agent {name!r} has no runner (agents/{name}.md)"))
+            found.append(at(("cluster", "dispatch", name), _no_runner(name, agents)))
         elif cfg.kind != "command":
             why = f"agent {name!r} is kind: {cfg.kind}; " + AI_ON_WORKERS.format(kind=cfg.kind)
             found.append(in_agent_file(name, why) if own else at(("cluster", "dispatch", name), why))
     return found
+
+
+def _no_runner(name: str, agents: Mapping[str, AgentSpec] | None) -> str:
+    """Why a dispatched agent cannot run: there is no such agent (a typo: the agent it is close to), or its file
+    declares no runner."""
+    import difflib
+
+    if agents is not None and name not in agents:
+        close = difflib.get_close_matches(name, sorted(agents), n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"there is no agent {name!r} (no agents/{name}.md){hint}"
+    return f"agent {name!r} has no runner (agents/{name}.md)"
 
 
 def _config_problem(paths: BrainPaths, lines: LineMap | None, loc: tuple[str, ...], message: str) -> Problem:

@@ -152,6 +152,7 @@ CONFIG_TEMPLATE: Final = """\
 # back (kind: command only). This daemon stays the only decider. null: every agent runs here. For example:
 #   cluster:
 #     urls: [nats://127.0.0.1:4222]
+#     namespace: default  # this brain's names on the server: another brain on the same server needs its own
 #     creds: null         # the daemon's NATS credentials file (relative to the brain)
 #     lease_s: 30         # a silent worker's item moves to another worker after this long
 #     lost_after_s: 20    # status, doctor and the console call a worker lost when silent this long

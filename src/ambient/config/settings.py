@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from ambient.cluster.protocol import DEFAULT_NAMESPACE, Names
 from ambient.core.redact import MASK, redact_url
 from ambient.engine.budget import Limits
 from ambient.learning.rules import DEFAULT_AUTO_REPEATS, DEFAULT_BACKOFF_S
@@ -133,6 +134,9 @@ class ClusterSettings(_Strict):
     names the agents that run on the workers; every other agent runs here as before."""
 
     urls: list[str] = Field(min_length=1, max_length=16)  # nats://host:port or tls://host:port
+    #: Every stream, subject, consumer and bucket of this brain on the server is named after it: two brains on one
+    #: server need two namespaces (or an account each). The workers read it from their copy of the brain.
+    namespace: str = DEFAULT_NAMESPACE
     creds: str | None = Field(default=None, min_length=1)  # the daemon's NATS credentials file, relative to the brain
     dispatch: dict[str, Literal["workers", "local"]] = Field(default_factory=dict, max_length=256)
     #: How long a worker holds an attempt without a sign of life before another worker takes it over (s); the
@@ -158,6 +162,16 @@ class ClusterSettings(_Strict):
             if not _NATS_URL.match(url):
                 raise ValueError(f"{url!r} is not a NATS server URL; expected nats://HOST:PORT or tls://HOST:PORT")
         return value
+
+    @field_validator("namespace")
+    @classmethod
+    def _check_namespace(cls, value: str) -> str:
+        Names(value)  # the rule of a namespace, in one home; raises ValueError saying what is expected
+        return value
+
+    def names(self) -> Names:
+        """The names of this brain's streams, subjects, consumers and buckets on the server."""
+        return Names(self.namespace)
 
     @model_validator(mode="after")
     def _deadline_after_lease(self) -> ClusterSettings:

@@ -491,13 +491,14 @@ class Daemon:
             c.dispatch, self.parts.ref.brain.runners
         )  # cluster.dispatch and each runner's dispatch:
         cur = self.parts.delegate.remote
-        if cur is not None and (cur.urls, cur.creds, cur.lease_s) == (list(c.urls), creds, c.lease_s):
+        same = (cur.urls, cur.creds, cur.lease_s, cur.names) if cur is not None else None
+        if cur is not None and same == (list(c.urls), creds, c.lease_s, c.names()):
             cur.dispatch = dispatch
             cur.unreachable_after_s = c.unreachable_after_s
             if self._roster_keeper is not None:
                 self._roster_keeper.lost_after_s = c.lost_after_s
             return
-        new = Dispatcher(list(c.urls), creds, dispatch, c.lease_s, c.unreachable_after_s)
+        new = Dispatcher(list(c.urls), creds, dispatch, c.lease_s, c.unreachable_after_s, c.names())
         self.parts.delegate.remote = new
         self._dispatchers.append(new)
         task = asyncio.get_running_loop().create_task(self._connect_cluster(new), name="cluster-connect")
@@ -522,7 +523,12 @@ class Daemon:
         dispatched attempt tries again."""
         try:
             await d.link()
-            log.info("cluster_connected", urls=d.urls, agents=sorted(a for a in d.dispatch if d.dispatches(a)))
+            log.info(
+                "cluster_connected",
+                urls=d.urls,
+                namespace=d.names.namespace,
+                agents=sorted(a for a in d.dispatch if d.dispatches(a)),
+            )
         except Exception as exc:  # noqa: BLE001 - said; the attempts retry the connection
             log.warning("cluster_unreachable", urls=d.urls, error=str(exc))
 

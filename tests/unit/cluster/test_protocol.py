@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,8 @@ from hypothesis import strategies as st
 from ambient.cluster.protocol import (
     Done,
     Lease,
+    Names,
     Work,
-    consumer_name,
     entry_bytes,
     entry_from,
     kv_key,
@@ -22,7 +23,6 @@ from ambient.cluster.protocol import (
     result_from,
     result_record,
     resumed_record,
-    work_subject,
 )
 from ambient.config.settings import ClusterSettings, Settings
 from ambient.runners.result import AgentResult, Resumed, Usage
@@ -43,7 +43,36 @@ def test_attempt_keys_map_to_distinct_valid_kv_keys(a: str, b: str) -> None:
 def test_agent_names_become_one_subject_token(name: str) -> None:
     token = name_token(name)
     assert "." not in token and "*" not in token and ">" not in token
-    assert work_subject(name) == f"ambient.work.{token}" and consumer_name(name) == f"work_{token}"
+    names = Names("n1")
+    assert names.work_subject(name) == f"ambient.n1.work.{token}" and names.consumer(name) == f"work_{token}"
+
+
+@given(
+    st.from_regex(r"[a-z0-9][a-z0-9_-]{0,31}", fullmatch=True),
+    st.from_regex(r"[a-z0-9][a-z0-9_-]{0,31}", fullmatch=True),
+)
+def test_two_namespaces_share_no_name_and_no_subject(a: str, b: str) -> None:
+    """Two brains on one server with different namespaces: no stream, bucket or subject in common, and the two
+    streams' subject filters do not overlap (the server would refuse the second stream)."""
+    x, y = Names(a), Names(b)
+    mine = {x.stream, x.attempts, x.workers, f"KV_{x.attempts}", f"KV_{x.workers}"}
+    theirs = {y.stream, y.attempts, y.workers, f"KV_{y.attempts}", f"KV_{y.workers}"}
+    assert (mine == theirs) == (a == b)
+    assert a == b or not mine & theirs
+    assert (x.work_prefix.split(".")[:2] == y.work_prefix.split(".")[:2]) == (a == b)  # ambient.<ns>: no overlap
+    assert len(mine) == 5  # a namespace's own buckets and stream are distinct names too
+
+
+@pytest.mark.parametrize("bad", ["", "A", "a.b", "a b", "-a", "_a", "a>", "a*", "x" * 33, "é"])
+def test_a_namespace_is_a_short_lowercase_token(bad: str) -> None:
+    with pytest.raises(ValueError, match="not a cluster namespace"):
+        Names(bad)
+    with pytest.raises(ValueError, match="not a cluster namespace"):
+        ClusterSettings.model_validate({"urls": ["nats://x:1"], "namespace": bad})
+    assert ClusterSettings.model_validate({"urls": ["nats://x:1"]}).names() == Names("default")
+    assert ClusterSettings.model_validate({"urls": ["nats://x:1"], "namespace": "team-b_2"}).names().stream == (
+        "AMBIENT_WORK_team-b_2"
+    )
 
 
 def test_dotted_and_escaped_names_stay_apart() -> None:
@@ -58,6 +87,7 @@ def test_a_work_message_round_trips_and_bad_ones_are_refused() -> None:
         item="it em",
         attempt=2,
         agent="coder",
+        namespace="team-a",
         runner={"kind": "command", "argv": ["x"]},
         packet={"signal": "SPAWN"},
         vars={"item": "it em"},
@@ -68,7 +98,9 @@ def test_a_work_message_round_trips_and_bad_ones_are_refused() -> None:
     again = Work.from_bytes(work.to_bytes())
     assert again == work
     assert again.resumed_as() == Resumed("restart", crash=True)
-    for raw in (b"[]", b'{"v": 2}', b'{"v": 1, "key": ""}', b"not json"):
+    assert again.namespace == "team-a"
+    without = {k: v for k, v in json.loads(work.to_bytes()).items() if k != "namespace"}
+    for raw in (b"[]", b'{"v": 2}', b'{"v": 1, "key": ""}', b"not json", json.dumps(without).encode()):
         with pytest.raises(ValueError):
             Work.from_bytes(raw)
 
@@ -134,13 +166,18 @@ def test_cluster_settings_are_checked() -> None:
 def test_a_workers_permissions_name_its_agents_only() -> None:
     from ambient.cluster.protocol import worker_permissions
 
-    perms = worker_permissions("w.1", ["coder", "a.b"])
+    perms = worker_permissions(Names("ns1"), "w.1", ["coder", "a.b"])
     publish = perms["publish"]
-    assert "$JS.API.CONSUMER.MSG.NEXT.AMBIENT_WORK.work_coder" in publish
-    assert "$JS.API.CONSUMER.MSG.NEXT.AMBIENT_WORK.work_a=2Eb" in publish
-    assert "$KV.ambient_workers.w=2E1" in publish
-    assert not any(">" == s or s.endswith("AMBIENT_WORK.>") or "work_tester" in s for s in publish)
+    assert "$JS.API.CONSUMER.MSG.NEXT.AMBIENT_WORK_ns1.work_coder" in publish
+    assert "$JS.API.CONSUMER.MSG.NEXT.AMBIENT_WORK_ns1.work_a=2Eb" in publish
+    assert "$KV.ambient_ns1_workers.w=2E1" in publish
+    assert "$KV.ambient_ns1_attempts.>" in publish
+    assert not any(">" == s or s.endswith("AMBIENT_WORK_ns1.>") or "work_tester" in s for s in publish)
     assert perms["subscribe"] == ["_INBOX.>"]
+    # Nothing of another namespace: the same worker and agents there are other subjects altogether.
+    other = worker_permissions(Names("ns2"), "w.1", ["coder", "a.b"])["publish"]
+    assert not set(publish) & set(other)
+    assert all("ns1" in s for s in publish)
 
 
 def test_a_credentials_file_is_a_nats_creds_file_or_user_password(tmp_path: Path) -> None:
