@@ -52,6 +52,7 @@ def _workers(args: argparse.Namespace) -> int:
     import asyncio
     import importlib.util
 
+    from ambient.cluster.roster import forgotten
     from ambient.config.brain import load_settings
     from ambient.storage.paths import BrainPaths
 
@@ -82,6 +83,7 @@ def _workers(args: argparse.Namespace) -> int:
         age = now - float(w.get("at") or 0)
         w["age_s"] = round(age, 1)
         w["stale"] = age > cluster.lost_after_s
+    found = [w for w in found if not forgotten(w["age_s"], cluster.lost_after_s)]
     if args.json:
         out_json(found)
     elif not found:
@@ -89,10 +91,18 @@ def _workers(args: argparse.Namespace) -> int:
     else:
         for w in found:
             agents = ",".join(str(a) for a in w.get("agents") or [])
+            running = [str(k) for k in w.get("running") or []]
+            if w["stale"]:  # its last word: those items may have moved on since
+                doing = f"was running {len(running)}" + (f" ({', '.join(running)})" if running else "")
+            else:
+                waiting = [str(a) for a in w.get("waiting") or []]
+                doing = f"running {w.get('busy')}" + (
+                    f"  waiting for dispatch of {', '.join(waiting)}" if waiting else ""
+                )
             state = "stale" if w["stale"] else "alive"
             out(
                 f"{w.get('worker')}  host {w.get('host')}  agents {agents}  slots {w.get('slots')}  "
-                f"running {w.get('busy')}  {state}, {w['age_s']:g} s ago"
+                f"{doing}  {state}, {w['age_s']:g} s ago"
             )
     return EXIT_OK if any(not w["stale"] for w in found) else EXIT_NO
 

@@ -1,0 +1,124 @@
+"""docs/cluster.md, a worker host's first steps: a worker started for an agent not dispatched yet (or with the NATS
+server down) shows in `ambient cluster workers` as waiting and stops at SIGTERM or Ctrl-C at once; a worker
+whose brain copy cannot run an agent it was given refuses to start, saying which and why.
+
+A real ``nats-server`` on a random 127.0.0.1 port and real ``ambient worker`` processes on a fresh ``ambient
+init`` brain, as in tests/acceptance/test_cluster.py (whose helpers these reuse).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.harness import AMBIENT, Brain, NatsServer, Worker, agent_md, ai_agent_md, clean_env, wait
+from tests.acceptance.test_cluster import WITNESS, cluster_brain
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("nats-server", path=str(Path(sys.executable).parent)) is None,
+    reason="the cluster extra is not installed (pip install -e '.[cluster]'): no nats-server",
+)
+
+
+def _stopped_by(w: Worker, sig: signal.Signals) -> int:
+    """Send ``sig`` and the worker's exit code; a worker that does not stop within 20 s fails the test."""
+    w.proc.send_signal(sig)
+    try:
+        return w.proc.wait(timeout=20)
+    finally:
+        w.kill()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_worker_waiting_for_dispatch_is_listed_as_waiting_and_stops_at_once(tmp_path: Path, sig: int) -> None:
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, [])
+        brain.python_agent("slow", WITNESS)  # an agent of the brain the daemon does not dispatch
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            w = Worker(brain, "w1", nats.url, "slow")
+            try:
+                w.wait_log("worker_waits_for_dispatch", agent="slow")
+                shown = wait(
+                    lambda: (r := brain.cli("cluster", "workers")) and "w1" in r.out and r.out,
+                    "the waiting worker listed",
+                )
+                assert "waiting for dispatch of slow" in shown, shown
+                listed = brain.cli("cluster", "workers", "--json").json()
+                assert [x["waiting"] for x in listed if x["worker"] == "w1"] == [["slow"]], listed
+                status = wait(lambda: "w1" in (t := brain.ok("status").out) and t, "the waiting worker in status")
+                assert re.search(r"w1 +host \S+ +agents slow +slots 1 +running 0 +waiting for dispatch of slow", status)
+                rc = _stopped_by(w, signal.Signals(sig))
+            finally:
+                w.kill()
+            assert rc == 0, w.tail()
+            assert w.logged("worker_stopped"), w.tail()
+            assert not w.logged("nats_disconnected"), w.tail()  # a disconnect we asked for is no warning
+
+
+def test_a_worker_with_the_nats_server_down_stops_at_once(tmp_path: Path) -> None:
+    brain = Brain.init(tmp_path / "brain")
+    brain.python_agent("slow", WITNESS)
+    w = Worker(brain, "w1", f"nats://127.0.0.1:{_free_port()}", "slow")
+    try:
+        w.wait_log("worker_connecting")
+        rc = _stopped_by(w, signal.SIGTERM)
+    finally:
+        w.kill()
+    assert rc == 0, w.tail()
+    assert w.logged("worker_stopped"), w.tail()
+
+
+def test_cluster_workers_says_no_disconnect_warning(tmp_path: Path) -> None:
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, [])
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            res = brain.cli("cluster", "workers")
+    assert res.rc == 1 and "no worker" in res.out, res
+    assert "nats_disconnected" not in res.out + res.err, res
+
+
+def _refused(brain: Brain, agents: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*AMBIENT, "--brain", str(brain.root), "worker", "--nats", "nats://127.0.0.1:1", "--agents", agents],
+        capture_output=True,
+        text=True,
+        env=clean_env(brain.env),
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_worker_refuses_agents_its_brain_cannot_run(tmp_path: Path) -> None:
+    brain = Brain.init(tmp_path / "brain")
+    brain.python_agent("slow", WITNESS)
+    brain.write("agents/thinker.md", ai_agent_md("thinker", "Answer.", runner={"kind": "llm"}))
+    brain.write("agents/gone.md", agent_md("gone", ["bin/gone.sh"]))
+    brain.write("agents/lost.md", agent_md("lost", ["{{python}}", "bin/lost.py"]))
+    typo = _refused(brain, "slow,slwo")
+    assert typo.returncode == 2, typo
+    assert "slwo" in typo.stderr and "no such agent in" in typo.stderr and "did you mean 'slow'?" in typo.stderr
+    ai = _refused(brain, "thinker")
+    assert ai.returncode == 2 and "thinker" in ai.stderr and "kind: llm runs on the daemon's host only" in ai.stderr
+    for name, what in (("gone", "bin/gone.sh"), ("lost", "bin/lost.py")):
+        missing = _refused(brain, name)
+        assert missing.returncode == 2 and name in missing.stderr and what in missing.stderr, missing
+    good = Worker(brain, "ok", "nats://127.0.0.1:1", "slow")  # a brain that can run it: it starts
+    try:
+        good.wait_log("worker_connecting")
+    finally:
+        good.kill()
