@@ -8,6 +8,7 @@ init`` brain, as in tests/acceptance/test_cluster.py (whose helpers these reuse)
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -18,8 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.harness import AMBIENT, Brain, NatsServer, Worker, agent_md, ai_agent_md, clean_env, wait
-from tests.acceptance.test_cluster import WITNESS, cluster_brain
+from tests.acceptance.harness import (
+    AMBIENT,
+    Brain,
+    NatsServer,
+    Worker,
+    agent_md,
+    ai_agent_md,
+    clean_env,
+    for_each,
+    wait,
+)
+from tests.acceptance.test_cluster import WITNESS, cluster_brain, witness_lines
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nats-server", path=str(Path(sys.executable).parent)) is None,
@@ -122,3 +133,26 @@ def test_a_worker_refuses_agents_its_brain_cannot_run(tmp_path: Path) -> None:
         good.wait_log("worker_connecting")
     finally:
         good.kill()
+
+
+def test_a_root_worker_runs_its_agents_as_the_brains_agent_user(tmp_path: Path) -> None:
+    """``agent_user:`` in profil/ambient.yml is the worker's as it is the daemon's: a worker run as root with no
+    AMBIENT_AGENT_USER in its environment runs the agent as that user (here root, who may write the brain)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the agent user applies to a worker run as root")
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, [], pause=0.1)
+        brain.config(brain.read("profil/ambient.yml") + "agent_user: root\n")
+        env = clean_env(brain.env, agents=False)
+        assert "AMBIENT_AGENT_USER" not in env
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            w = Worker(brain, "w1", nats.url, "witness", env=env)
+            try:
+                w.wait_log("worker_ready")
+                brain.workflow("own", for_each("own", "witness", ["x"]))
+                run = brain.wait_finished("own", timeout=60)[0]
+            finally:
+                w.stop()
+        assert run["outcome"] == "success", (run, w.tail())
+        assert [word for word, _ in witness_lines(brain, "work/own/1.txt")] == ["start", "end"]
