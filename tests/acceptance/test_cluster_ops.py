@@ -216,6 +216,11 @@ def test_the_worker_unit_ships_beside_the_daemons(tmp_path: Path) -> None:
         "--agents coder --slots 2 --name %H --log-format json"
     )
     assert "LoadCredential=nats-creds:/etc/ambient/worker.creds" in printed and "KillMode=mixed" in printed
+    # What it points at exists, and what the operator must do first is said in the unit itself.
+    for line in printed.splitlines():
+        if line.startswith("Documentation=file://"):
+            assert Path(line.removeprefix("Documentation=file://")).exists(), line
+    assert "useradd --system" in printed and "PrivateTmp" in printed, printed
     spaced = Brain.init(tmp_path / "my brain")
     bad = spaced.cli("worker", *args, "--print-unit")
     assert bad.rc != 0 and "cannot be written in a unit" in bad.out + bad.err, bad
