@@ -156,3 +156,28 @@ def test_a_root_worker_runs_its_agents_as_the_brains_agent_user(tmp_path: Path) 
                 w.stop()
         assert run["outcome"] == "success", (run, w.tail())
         assert [word for word, _ in witness_lines(brain, "work/own/1.txt")] == ["start", "end"]
+
+
+def test_a_lost_worker_is_forgotten_on_request(tmp_path: Path) -> None:
+    """A host retired without a clean stop (kill -9) stays listed, lost; `ambient cluster forget` removes its record,
+    refusing while it is alive (it would write it again at its next heartbeat)."""
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, [])
+        brain.config(brain.read("profil/ambient.yml").replace("  lease_s: 2\n", "  lease_s: 2\n  lost_after_s: 10\n"))
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            w = Worker(brain, "w1", nats.url, "witness")
+            try:
+                w.wait_log("worker_ready")
+                wait(lambda: "w1" in brain.ok("status").out, "w1 in status")
+                alive = brain.cli("cluster", "forget", "w1")
+                assert alive.rc == 1 and "alive" in alive.out + alive.err, alive
+            finally:
+                w.kill()
+            wait(lambda: "LOST" in brain.ok("status").out, "w1 lost in status", timeout=60)
+            brain.ok("cluster", "forget", "w1")
+            wait(lambda: "w1" not in brain.ok("status").out, "w1 gone from status")
+            gone = brain.cli("cluster", "workers")
+            assert gone.rc == 1 and "w1" not in gone.out, gone
+            unknown = brain.cli("cluster", "forget", "w2")
+            assert unknown.rc == 1 and "no record of worker 'w2'" in unknown.out + unknown.err, unknown
