@@ -109,15 +109,7 @@ async def connect(
     connecting = asyncio.ensure_future(nc.connect(**options))
     # A short command gives up after a few seconds; the daemon and the workers wait for the server, but not for
     # one that refuses their credentials (it would refuse them for ever).
-    try:
-        await asyncio.wait({connecting, refusal}, timeout=ONCE_S if once else None, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # a worker stopped while the server is down: stop trying to reach it
-        connecting.cancel()
-        with contextlib.suppress(BaseException):
-            await connecting
-        with contextlib.suppress(Exception):
-            await nc.close()
-        raise
+    await asyncio.wait({connecting, refusal}, timeout=ONCE_S if once else None, return_when=asyncio.FIRST_COMPLETED)
     if not connecting.done():
         connecting.cancel()
         with contextlib.suppress(BaseException):
