@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.acceptance.harness import (
@@ -31,6 +32,7 @@ from tests.acceptance.harness import (
     wait,
 )
 from tests.acceptance.test_cluster import WITNESS, cluster_brain, witness_lines
+from tests.web.conftest import start_console
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nats-server", path=str(Path(sys.executable).parent)) is None,
@@ -72,6 +74,12 @@ def test_a_worker_waiting_for_dispatch_is_listed_as_waiting_and_stops_at_once(tm
                 assert [x["waiting"] for x in listed if x["worker"] == "w1"] == [["slow"]], listed
                 status = wait(lambda: "w1" in (t := brain.ok("status").out) and t, "the waiting worker in status")
                 assert re.search(r"w1 +host \S+ +agents slow +slots 1 +running 0 +waiting for dispatch of slow", status)
+                with_console = start_console(brain)
+                try:
+                    page = httpx.get(with_console.base + "/", cookies=with_console.cookies(), timeout=20).text
+                finally:
+                    with_console.stop()
+                assert "waiting for dispatch of slow" in page, page[-3000:]
                 rc = _stopped_by(w, signal.Signals(sig))
             finally:
                 w.kill()
