@@ -89,7 +89,7 @@ class Worker:
         self.busy = 0
         self.running: set[str] = set()  # the attempt keys it runs now (its heartbeat says them)
         self._changed = asyncio.Event()  # the items it runs changed: say it now, not at the next beat
-        self.waiting: list[str] = list(options.agents)  # its agents the daemon has not dispatched yet
+        self.waiting: list[str] = []  # its agents the daemon has not dispatched yet (found at each look)
         self.refused = False  # the server refused our credentials (revoked): serve stops and raises
 
     def _refused(self) -> None:
