@@ -434,8 +434,10 @@ def worker_refusals(brain: Brain, agents: Sequence[str]) -> list[str]:
         cfg = brain.runners.get(name)
         if cfg is None:
             found.append(f"agent {name!r}: it has no runner; workers run kind: command")
-        elif not isinstance(cfg, CommandRunnerConfig):
+        elif cfg.kind in ("claude", "llm"):
             found.append(f"agent {name!r}: {AI_ON_WORKERS.format(kind=cfg.kind)}")
+        elif not isinstance(cfg, CommandRunnerConfig):
+            found.append(f"agent {name!r}: kind: {cfg.kind} runs on the daemon's host only; workers run kind: command")
         else:
             found += [
                 p.message for p in program_problems(brain.paths, brain.matrix, {name: cfg}) if p.severity == "error"
