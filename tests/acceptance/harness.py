@@ -787,7 +787,15 @@ class Worker:
     """``ambient worker`` as a background process (a host of the cluster), its JSON log in a file."""
 
     def __init__(
-        self, brain: Brain, name: str, url: str, agents: str, *, slots: int = 1, creds: Path | None = None
+        self,
+        brain: Brain,
+        name: str,
+        url: str,
+        agents: str,
+        *,
+        slots: int = 1,
+        creds: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.brain = brain
         self.name = name
@@ -797,7 +805,11 @@ class Worker:
         argv += ["--slots", str(slots), "--name", name, "--log-format", "json"]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=clean_env(brain.env)
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else clean_env(brain.env),
             )
 
     def records(self) -> list[dict[str, Any]]:

@@ -158,8 +158,9 @@ def _line_of(brain: Brain, rel: str, text: str) -> int:
 
 def test_ai_agents_are_refused_on_workers_and_the_model_key_never_leaves(tmp_path: Path) -> None:
     """A `kind: llm` agent dispatched to workers (from its file or from `cluster.dispatch`) is an error at its line;
-    the daemon started anyway fails its item with the same reason, without a model call, and no worker is given
-    its SPAWN (so neither the key nor the gateway's address leaves the daemon's host)."""
+    a worker given it refuses to start, saying the same; the daemon started anyway fails its item with the same
+    reason, without a model call, and publishes no SPAWN of it (so neither the key nor the gateway's address leaves
+    the daemon's host)."""
     from ambient.testing.fakeapi import FakeAnthropic
 
     key = "sk-ant-never-on-a-worker-0123456789"
@@ -183,21 +184,16 @@ def test_ai_agents_are_refused_on_workers_and_the_model_key_never_leaves(tmp_pat
         assert res.rc != 0 and f"agents/thinker.md:{line}: " in res.out, res
         assert "kind: llm runs on the daemon's host only" in res.out, res
         assert "profil/ambient.yml:6: " in res.out and "kind: claude runs on the daemon's host only" in res.out, res
-        w = Worker(brain, "w1", nats.url, "thinker")  # a worker host: no model key in its environment
+        w = Worker(brain, "w1", nats.url, "thinker")  # a worker host: it refuses to serve an AI agent at all
+        wait(lambda: w.proc.poll() is not None, "the worker refusing the AI agent")
+        assert w.proc.returncode == 2 and "kind: llm runs on the daemon's host only" in w.tail(), w.tail()
         brain.env.update({"ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": key})  # the daemon's host has one
-        try:
-            with brain.daemon() as daemon:
-                daemon.wait_log("cluster_connected")
-                w.wait_log("worker_ready")
-                brain.workflow("think", for_each("think", "thinker", ["q"]))
-                failed = wait(
-                    lambda: [e for e in brain.status()["errors"] if e["workflow"] == "think"], "the item's error"
-                )
-        finally:
-            w.stop()
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            brain.workflow("think", for_each("think", "thinker", ["q"]))
+            failed = wait(lambda: [e for e in brain.status()["errors"] if e["workflow"] == "think"], "the item's error")
         assert "runs on the daemon's host only" in failed[0]["error"], failed
         assert api.requests == [], api.requests
-        assert not w.logged("attempt_started"), w.tail()
         stored = b"".join(p.read_bytes() for p in (tmp_path / "nats").rglob("*") if p.is_file())
         assert key.encode() not in stored
         assert b'"agent":"thinker"' not in stored  # no SPAWN of it was ever published
@@ -220,6 +216,11 @@ def test_the_worker_unit_ships_beside_the_daemons(tmp_path: Path) -> None:
         "--agents coder --slots 2 --name %H --log-format json"
     )
     assert "LoadCredential=nats-creds:/etc/ambient/worker.creds" in printed and "KillMode=mixed" in printed
+    # What it points at exists, and what the operator must do first is said in the unit itself.
+    for line in printed.splitlines():
+        if line.startswith("Documentation=file://"):
+            assert Path(line.removeprefix("Documentation=file://")).exists(), line
+    assert "useradd --system" in printed and "PrivateTmp" in printed, printed
     spaced = Brain.init(tmp_path / "my brain")
     bad = spaced.cli("worker", *args, "--print-unit")
     assert bad.rc != 0 and "cannot be written in a unit" in bad.out + bad.err, bad

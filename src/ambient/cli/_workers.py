@@ -26,12 +26,20 @@ def print_workers(data: dict[str, Any], write: Callable[[str], None]) -> None:
     heard = "" if section["daemon_up"] else " (the daemon is down: as it last heard; `ambient cluster workers` asks)"
     write(f"Workers: {len(rows) - lost} alive, {lost} lost{heard}")
     for w in rows:
-        running = f" ({', '.join(w['running'])})" if w["running"] else ""
-        age = w["heartbeat_age_s"]
-        state = f"LOST: no heartbeat for {age:g} s" if w["lost"] else f"heartbeat {age:g} s ago"
-        write(
-            f"  {w['worker']}  host {w['host']}  agents {','.join(w['agents'])}  slots {w['slots']}  "
-            f"running {len(w['running'])}{running}  {state}"
-        )
+        write(f"  {w['worker']}  host {w['host']}  agents {','.join(w['agents'])}  slots {w['slots']}  {doing(w)}")
     for agent in section["unserved"]:
         write(f"  no live worker serves {agent}: its items wait (`ambient worker --agents {agent}` on a host)")
+
+
+def doing(w: dict[str, Any]) -> str:
+    """What one worker does, as ``ambient status`` and ``ambient cluster workers`` say it: the items it runs (a lost
+    one: it was running, as last heard), the agents it still waits to be dispatched, its last heartbeat."""
+    running = w.get("running") or []
+    was = w.get("was_running") or []
+    age = w["heartbeat_age_s"]
+    if w["lost"]:
+        items = f"  was running {len(was)} ({', '.join(was)})" if was else ""
+        return f"LOST: no heartbeat for {age:g} s{items}"
+    listed = f" ({', '.join(running)})" if running else ""
+    waiting = f"  waiting for dispatch of {', '.join(w['waiting'])}" if w.get("waiting") else ""
+    return f"running {len(running)}{listed}{waiting}  heartbeat {age:g} s ago"

@@ -10,9 +10,12 @@ import re
 import secrets
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json
+
+if TYPE_CHECKING:
+    from ambient.config.settings import ClusterSettings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,12 +47,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
     )
     c.add_argument("worker", metavar="WORKER", help="the worker's name (its NATS user)")
+    f = add_command(
+        actions,
+        "forget",
+        _forget,
+        help="remove the record of a lost worker (a host retired without a clean stop)",
+        description=(
+            "Delete WORKER's record from the workers bucket: `ambient cluster workers`, status and doctor no longer "
+            "show it. Refused while it is alive (it would say it is again at its next heartbeat). A lost worker "
+            "is no longer shown an hour after its last heartbeat anyway."
+        ),
+    )
+    f.add_argument("worker", metavar="WORKER", help="the worker's name, as `ambient cluster workers` shows it")
     c.add_argument("--agents", required=True, metavar="A,B", help="the agents it runs (comma separated)")
     c.add_argument("--out", type=Path, required=True, metavar="FILE", help="where its password file goes (0600)")
 
 
-def _workers(args: argparse.Namespace) -> int:
-    import asyncio
+def _cluster(args: argparse.Namespace) -> tuple[ClusterSettings, str | None] | str:
+    """The brain's ``cluster:`` settings and the daemon's credentials file, or why there are none to use."""
     import importlib.util
 
     from ambient.config.brain import load_settings
@@ -59,10 +74,56 @@ def _workers(args: argparse.Namespace) -> int:
     settings, _ = load_settings(paths, os.environ)
     cluster = settings.cluster if settings is not None else None
     if cluster is None:
-        return fail("no cluster: in profil/ambient.yml (or it does not validate: ambient validate)")
+        return "no cluster: in profil/ambient.yml (or it does not validate: ambient validate)"
     if importlib.util.find_spec("nats") is None:
-        return fail("the cluster extra is not installed: pip install 'ambient[cluster]'")
-    creds = str(paths.root / cluster.creds) if cluster.creds is not None else None
+        return "the cluster extra is not installed: pip install 'ambient[cluster]'"
+    return cluster, str(paths.root / cluster.creds) if cluster.creds is not None else None
+
+
+def _forget(args: argparse.Namespace) -> int:
+    import asyncio
+
+    found = _cluster(args)
+    if isinstance(found, str):
+        return fail(found)
+    cluster, creds = found
+
+    async def forget() -> str | None:
+        from ambient.cluster.link import connect, workers
+        from ambient.cluster.protocol import name_token
+
+        link = await connect(list(cluster.urls), creds, name="ambient cluster forget", names=cluster.names(), once=True)
+        try:
+            record = next((w for w in await workers(link) if w.get("worker") == args.worker), None)
+            if record is None:
+                return f"no record of worker {args.worker!r} (ambient cluster workers lists them)"
+            age = time.time() - float(record.get("at") or 0)
+            if age <= cluster.lost_after_s:
+                return f"worker {args.worker!r} is alive (heartbeat {age:.0f} s ago): stop it, it then leaves at once"
+            await link.workers.delete(name_token(args.worker))
+            return None
+        finally:
+            await link.close()
+
+    try:
+        refused = asyncio.run(forget())
+    except Exception as exc:  # noqa: BLE001 - any failure to reach the server is said, not a traceback
+        return fail(f"cannot reach {', '.join(cluster.urls)}: {exc or type(exc).__name__}", EXIT_NO)
+    if refused is not None:
+        return fail(refused, EXIT_NO)
+    out(f"forgot worker {args.worker}")
+    return EXIT_OK
+
+
+def _workers(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from ambient.cluster.roster import forgotten
+
+    found_cluster = _cluster(args)
+    if isinstance(found_cluster, str):
+        return fail(found_cluster)
+    cluster, creds = found_cluster
 
     async def read() -> list[dict[str, Any]]:
         from ambient.cluster.link import connect, workers
@@ -84,6 +145,7 @@ def _workers(args: argparse.Namespace) -> int:
         age = now - float(w.get("at") or 0)
         w["age_s"] = round(age, 1)
         w["stale"] = age > cluster.lost_after_s
+    found = [w for w in found if not forgotten(w["age_s"], cluster.lost_after_s)]
     if args.json:
         out_json(found)
     elif not found:
@@ -91,10 +153,18 @@ def _workers(args: argparse.Namespace) -> int:
     else:
         for w in found:
             agents = ",".join(str(a) for a in w.get("agents") or [])
+            running = [str(k) for k in w.get("running") or []]
+            if w["stale"]:  # its last word: those items may have moved on since
+                doing = f"was running {len(running)}" + (f" ({', '.join(running)})" if running else "")
+            else:
+                waiting = [str(a) for a in w.get("waiting") or []]
+                doing = f"running {w.get('busy')}" + (
+                    f"  waiting for dispatch of {', '.join(waiting)}" if waiting else ""
+                )
             state = "stale" if w["stale"] else "alive"
             out(
                 f"{w.get('worker')}  host {w.get('host')}  agents {agents}  slots {w.get('slots')}  "
-                f"running {w.get('busy')}  {state}, {w['age_s']:g} s ago"
+                f"{doing}  {state}, {w['age_s']:g} s ago"
             )
     return EXIT_OK if any(not w["stale"] for w in found) else EXIT_NO
 

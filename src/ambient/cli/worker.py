@@ -100,15 +100,23 @@ def _serve(args: argparse.Namespace, agents: list[str]) -> int:
     import signal
 
     from ambient.cluster.worker import Worker, WorkerOptions
+    from ambient.config.brain import load_brain, worker_refusals
     from ambient.runners.command import CommandRunner
     from ambient.runners.confinement import AGENT_USER, default_agent_user, ensure_agent_user
     from ambient.runners.spawner import Spawner
     from ambient.runners.spawner import available as spawner_available
     from ambient.service.logsetup import configure_logging
+    from ambient.storage.paths import BrainPaths
 
     namespace, problem = _namespace(brain_dir(args))
     if namespace is None:
         return fail(f"{problem} (in {brain_dir(args)}: ambient validate); the brain's cluster.namespace is unknown")
+    # This host's copy of the brain, loaded as the daemon loads it: an agent it cannot run is said now, not at
+    # each item it would fail. (Its settings validated just above: the namespace is theirs.)
+    brain = load_brain(BrainPaths(brain_dir(args)), os.environ)
+    refusals = worker_refusals(brain, agents)
+    if refusals:
+        return fail(f"this worker cannot run its agents ({brain.paths.root}):\n  " + "\n  ".join(refusals))
     configure_logging("INFO", json=None if args.log_format == "auto" else args.log_format == "json")
     options = WorkerOptions(
         urls=list(args.nats),
@@ -122,8 +130,9 @@ def _serve(args: argparse.Namespace, agents: list[str]) -> int:
 
     async def main() -> None:
         spawner = Spawner(end_with_parent=True) if spawner_available() else None
-        # A worker run as root runs its agents as AMBIENT_AGENT_USER (ambient-agent by default), as the daemon does.
-        agent_user = default_agent_user(os.geteuid(), os.environ.get("AMBIENT_AGENT_USER") or AGENT_USER)
+        # A worker run as root runs its agents as the brain's agent_user setting (AMBIENT_AGENT_USER overrides it,
+        # ambient-agent by default), as the daemon does.
+        agent_user = default_agent_user(os.geteuid(), brain.settings.agent_user)
         if agent_user == AGENT_USER:
             ensure_agent_user()
         runner = CommandRunner(spawner=spawner, agent_user=agent_user)

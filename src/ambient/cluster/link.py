@@ -79,7 +79,10 @@ async def connect(
                 on_refused()
 
     async def disconnected_cb() -> None:
-        log.warning("nats_disconnected")
+        if nc.is_closed:  # the close we asked for (a command's end, a worker stopped): nothing went wrong
+            log.debug("nats_closed")
+        else:
+            log.warning("nats_disconnected")
 
     async def reconnected_cb() -> None:
         log.info("nats_reconnected")

@@ -22,6 +22,8 @@ LOST_AFTER_S: Final = 20.0
 #: At most this many workers and running items per worker are kept in the file (a hostile record cannot grow it).
 MAX_WORKERS: Final = 1024
 MAX_RUNNING: Final = 256
+#: A worker lost for longer than this (s) is no longer shown: a host retired without a clean stop does not linger.
+FORGET_AFTER_S: Final = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,7 @@ class Heard:
     slots: int
     running: tuple[str, ...]  # the attempt keys (run/item/attempt) it runs now
     seen: float  # epoch seconds, the daemon's clock
+    waiting: tuple[str, ...] = ()  # its agents the daemon has not dispatched yet (it waits for them)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -42,6 +45,7 @@ class Heard:
             "agents": list(self.agents),
             "slots": self.slots,
             "running": list(self.running),
+            "waiting": list(self.waiting),
             "seen": self.seen,
         }
 
@@ -58,6 +62,8 @@ def heard(record: Any, seen: float) -> Heard | None:
     if not isinstance(agents, list) or not isinstance(slots, int) or isinstance(slots, bool):
         return None
     keys = running if isinstance(running, list) else []
+    waiting = record.get("waiting")
+    waits = waiting if isinstance(waiting, list) else []
     return Heard(
         worker=name[:200],
         host=host[:200],
@@ -65,6 +71,7 @@ def heard(record: Any, seen: float) -> Heard | None:
         slots=slots,
         running=tuple(str(k)[:500] for k in keys[:MAX_RUNNING]),
         seen=seen,
+        waiting=tuple(str(a)[:200] for a in waits[:MAX_RUNNING]),
     )
 
 
@@ -121,26 +128,39 @@ class WorkerRow:
     running: tuple[str, ...]
     heartbeat_age_s: float
     lost: bool
+    waiting: tuple[str, ...] = ()
 
     def record(self) -> dict[str, Any]:
+        """A lost worker's items are what it ``was_running`` when last heard: they may have moved on since."""
         return {
             "worker": self.worker,
             "host": self.host,
             "agents": list(self.agents),
             "slots": self.slots,
-            "running": list(self.running),
+            "running": [] if self.lost else list(self.running),
+            "was_running": list(self.running) if self.lost else [],
+            "waiting": list(self.waiting),
             "heartbeat_age_s": round(self.heartbeat_age_s, 1),
             "lost": self.lost,
         }
 
 
 def rows(roster: Roster, now: float) -> list[WorkerRow]:
-    """Each worker with the age of its last heartbeat and whether it is lost, by name."""
+    """Each worker with the age of its last heartbeat and whether it is lost, by name; one lost for longer than
+    :data:`FORGET_AFTER_S` is left out."""
     out = []
     for h in roster.workers:
         age = max(0.0, now - h.seen)
-        out.append(WorkerRow(h.worker, h.host, h.agents, h.slots, h.running, age, age > roster.lost_after_s))
+        if forgotten(age, roster.lost_after_s):
+            continue
+        lost = age > roster.lost_after_s
+        out.append(WorkerRow(h.worker, h.host, h.agents, h.slots, h.running, age, lost, h.waiting))
     return out
+
+
+def forgotten(age_s: float, lost_after_s: float) -> bool:
+    """Whether a worker silent for ``age_s`` is no longer shown (``status``, ``doctor``, ``cluster workers``)."""
+    return age_s > max(FORGET_AFTER_S, lost_after_s)
 
 
 def unserved(roster: Roster, now: float) -> list[str]:

@@ -53,10 +53,15 @@ def worker_unit(
 # Install: see README.md beside the daemon's unit; print one for your own host with
 #   ambient worker --brain DIR --nats URL --creds FILE --agents A,B --slots N --print-unit
 # Checked with `systemd-analyze verify` and `systemd-analyze security --offline=true`.
+# Before enabling it (docs/cluster.md, "A worker under systemd"):
+# - create its user: useradd --system --no-create-home --shell /usr/sbin/nologin {user}
+# - install ambient where that user can read it: ExecStart below is the ambient this unit was printed from (a
+#   venv under /root or a 0700 home is not: install it in /opt/ambient, say, and print the unit from there)
+# - give it a copy of the brain it owns (--brain, WorkingDirectory=), not under /tmp: PrivateTmp=yes gives the
+#   service its own empty /tmp
 
 [Unit]
 Description=ambient worker: agents of a brain on this host
-Documentation=file:///opt/ambient/docs/cluster.md
 Wants=network-online.target
 After=network-online.target
 StartLimitIntervalSec=300

@@ -23,10 +23,10 @@ import json
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -53,6 +53,8 @@ from ambient.runners.result import AgentResult, error_result
 from ambient.runners.runner_config import CommandRunnerConfig, parse_runner_config
 
 log = structlog.get_logger(__name__)
+
+_T = TypeVar("_T")
 
 #: How long one fetch waits for a message before the slot looks at its next agent.
 FETCH_S = 1.0
@@ -91,6 +93,7 @@ class Worker:
         self.busy = 0
         self.running: set[str] = set()  # the attempt keys it runs now (its heartbeat says them)
         self._changed = asyncio.Event()  # the items it runs changed: say it now, not at the next beat
+        self.waiting: list[str] = []  # its agents the daemon has not dispatched yet (found at each look)
         self.refused = False  # the server refused our credentials (revoked): serve stops and raises
 
     def _refused(self) -> None:
@@ -103,62 +106,105 @@ class Worker:
         self._stopping.set()
 
     async def serve(self) -> None:
-        link = await connect(
-            self.options.urls,
-            self.options.creds,
-            name=f"ambient-worker {self.name}",
-            names=self.names,
-            on_refused=self._refused,
-        )
-        self._link = link
-        try:
-            subs = [await self._subscribe(link) for _ in range(self.options.slots)]
-            log.info(
-                "worker_ready",
-                worker=self.name,
-                host=self.host,
-                agents=list(self.options.agents),
-                slots=self.options.slots,
+        """Serve until :meth:`stop`, which works at any moment: connecting (the server down), waiting for the
+        daemon to dispatch an agent, or serving."""
+        log.info("worker_connecting", worker=self.name, urls=self.options.urls)
+        link = await self._unless_stopped(
+            connect(
+                self.options.urls,
+                self.options.creds,
+                name=f"ambient-worker {self.name}",
+                names=self.names,
+                on_refused=self._refused,
             )
-            tasks = [asyncio.create_task(self._slot(link, s), name=f"slot:{i}") for i, s in enumerate(subs)]
+        )
+        if link is None:
+            if self.refused:
+                raise PermissionError("the NATS server refused the credentials (Authorization Violation)")
+            self._stopped()
+            return
+        self._link = link
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            # The heartbeat first: a worker waiting for dispatch is listed, saying for which agents.
             tasks.append(asyncio.create_task(self._alive(link), name="alive"))
-            stopping = asyncio.create_task(self._stopping.wait())
-            await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
-            for t in tasks:
-                if t.done() and not t.cancelled() and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
+            subs = await self._unless_stopped(self._subscribe_all(link))
+            if subs is not None:
+                log.info(
+                    "worker_ready",
+                    worker=self.name,
+                    host=self.host,
+                    agents=list(self.options.agents),
+                    slots=self.options.slots,
+                )
+                tasks += [asyncio.create_task(self._slot(link, s), name=f"slot:{i}") for i, s in enumerate(subs)]
+                stopping = asyncio.create_task(self._stopping.wait())
+                await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                for t in tasks:
+                    if t.done() and not t.cancelled() and t.exception() is not None:
+                        raise t.exception()  # type: ignore[misc]
+            if self.refused:
+                raise PermissionError("the server refused this worker's credentials (Authorization Violation)")
+        finally:
             for t in tasks:
                 t.cancel()
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
-            stopping.cancel()
-            if self.refused:
-                raise PermissionError("the server refused this worker's credentials (Authorization Violation)")
-        finally:
             with contextlib.suppress(Exception):
-                await link.workers.delete(name_token(self.name))
+                await asyncio.wait_for(link.workers.delete(name_token(self.name)), timeout=2.0)
             await link.close()
+        self._stopped()
 
-    async def _subscribe(self, link: Link) -> list[tuple[str, Any]]:
-        """One pull subscription per agent for one slot, bound to the durable consumer the daemon created; waits
-        for a consumer the daemon has not created yet (its agent is not dispatched, or the daemon is not up)."""
+    def _stopped(self) -> None:
+        log.info("worker_stopped", worker=self.name)
+
+    async def _unless_stopped(self, step: Coroutine[Any, Any, _T]) -> _T | None:
+        """``step``'s result, or None when the worker is stopped first (``step`` is cancelled then)."""
+        task = asyncio.ensure_future(step)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        return None
+
+    async def _subscribe_all(self, link: Link) -> list[list[tuple[str, Any]]]:
+        """One pull subscription per agent and slot, bound to the durable consumers the daemon created; waits for
+        the consumers the daemon has not created yet (their agent is not dispatched, or the daemon is not up),
+        saying which in :attr:`waiting` (the heartbeat shows it)."""
         from nats.js.errors import NotFoundError
 
-        out: list[tuple[str, Any]] = []
-        for agent in self.options.agents:
-            said = False
-            while True:
+        said: set[str] = set()
+        while True:
+            waiting = []
+            for agent in self.options.agents:
                 try:
                     await link.js.consumer_info(link.names.stream, link.names.consumer(agent))
-                    break
                 except NotFoundError:
-                    if not said:
+                    waiting.append(agent)
+                    if agent not in said:
                         log.warning("worker_waits_for_dispatch", agent=agent, namespace=link.names.namespace)
-                        said = True
-                    await asyncio.sleep(1.0)
-            sub = await link.js.pull_subscribe_bind(durable=link.names.consumer(agent), stream=link.names.stream)
-            out.append((agent, sub))
+                        said.add(agent)
+            if waiting != self.waiting:
+                self.waiting = waiting
+                self._changed.set()
+            if not waiting:
+                break
+            await asyncio.sleep(1.0)
+        out = []
+        for _ in range(self.options.slots):
+            subs = []
+            for agent in self.options.agents:
+                sub = await link.js.pull_subscribe_bind(durable=link.names.consumer(agent), stream=link.names.stream)
+                subs.append((agent, sub))
+            out.append(subs)
         return out
 
     async def _alive(self, link: Link) -> None:
@@ -171,6 +217,7 @@ class Worker:
                 "slots": self.options.slots,
                 "busy": self.busy,
                 "running": sorted(self.running),
+                "waiting": list(self.waiting),
                 "at": time.time(),
             }
             self._changed.clear()

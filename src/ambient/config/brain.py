@@ -426,3 +426,32 @@ def reload_workflows(previous: Brain) -> Brain:
         settings_ok=previous.settings_ok,
         settings_file=previous.settings_file,
     )
+
+
+def worker_refusals(brain: Brain, agents: Sequence[str]) -> list[str]:
+    """Why this host's copy of the brain cannot run each of ``agents`` as a worker (``ambient worker`` refuses to
+    start on any): an agent it does not have (with the closest name it has), one that is not ``kind: command``
+    (workers run command agents only), a command whose program is not there. Empty: it can run them all."""
+    import difflib
+
+    found: list[str] = []
+    known = sorted(brain.matrix.agents)
+    where = brain.paths.agents
+    for name in agents:
+        if name not in brain.matrix.agents:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" ({', '.join(known) or 'none there'})"
+            found.append(f"agent {name!r}: no such agent in {where}{hint}")
+            continue
+        cfg = brain.runners.get(name)
+        if cfg is None:
+            found.append(f"agent {name!r}: it has no runner; workers run kind: command")
+        elif cfg.kind in ("claude", "llm"):
+            found.append(f"agent {name!r}: {AI_ON_WORKERS.format(kind=cfg.kind)}")
+        elif not isinstance(cfg, CommandRunnerConfig):
+            found.append(f"agent {name!r}: kind: {cfg.kind} runs on the daemon's host only; workers run kind: command")
+        else:
+            found += [
+                p.message for p in program_problems(brain.paths, brain.matrix, {name: cfg}) if p.severity == "error"
+            ]
+    return found

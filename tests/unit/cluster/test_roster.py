@@ -14,7 +14,7 @@ import pytest
 from ambient.cluster import keeper as keeper_module
 from ambient.cluster.keeper import RosterKeeper
 from ambient.cluster.protocol import dispatch_map
-from ambient.cluster.roster import Heard, document, heard, roster_from, rows, unserved, view
+from ambient.cluster.roster import FORGET_AFTER_S, Heard, document, heard, roster_from, rows, unserved, view
 from ambient.runners.runner_config import parse_runner_config
 
 
@@ -44,11 +44,31 @@ def test_the_view_keeps_the_running_items_and_the_heartbeat_age() -> None:
             "agents": ["x"],
             "slots": 2,
             "running": ["r/i/1"],
+            "was_running": [],
+            "waiting": [],
             "heartbeat_age_s": 3.0,
             "lost": False,
         }
     ]
     assert view(None, 0.0, daemon_up=True) is None
+
+
+def test_a_lost_worker_shows_what_it_was_running_and_is_forgotten_after_an_hour() -> None:
+    roster = roster_from(document([_heard("a", ("x",), 100.0, ("r/i/1",))], ["x"], 20.0, now=100.0))
+    assert roster is not None
+    [row] = [r.record() for r in rows(roster, 200.0)]
+    assert (row["lost"], row["running"], row["was_running"]) == (True, [], ["r/i/1"])
+    assert rows(roster, 100.0 + FORGET_AFTER_S - 1) and not rows(roster, 100.0 + FORGET_AFTER_S + 1)
+    assert unserved(roster, 100.0 + FORGET_AFTER_S + 1) == ["x"]
+
+
+def test_a_worker_waiting_for_dispatch_says_for_which_agents() -> None:
+    record = {"worker": "w", "host": "h", "agents": ["x", "helo"], "slots": 1, "running": [], "waiting": ["helo"]}
+    found = heard(record, 5.0)
+    assert found is not None and found.waiting == ("helo",)
+    roster = roster_from(document([found], ["x"], 20.0, now=5.0))
+    assert roster is not None and [r.record()["waiting"] for r in rows(roster, 6.0)] == [["helo"]]
+    assert heard({**record, "waiting": "helo"}, 5.0) == Heard("w", "h", ("x", "helo"), 1, (), 5.0)
 
 
 @pytest.mark.parametrize(
