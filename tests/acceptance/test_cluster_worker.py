@@ -65,10 +65,11 @@ def test_a_worker_waiting_for_dispatch_is_listed_as_waiting_and_stops_at_once(tm
             w = Worker(brain, "w1", nats.url, "slow")
             try:
                 w.wait_log("worker_waits_for_dispatch", agent="slow")
-                shown = wait(
-                    lambda: (r := brain.cli("cluster", "workers")) and "w1" in r.out and r.out,
+                shown = wait(  # its first record may precede its first look at the consumers: wait for the one after
+                    lambda: (r := brain.cli("cluster", "workers")) and "waiting for dispatch" in r.out and r.out,
                     "the waiting worker listed",
                 )
+                assert "w1" in shown, shown
                 assert "waiting for dispatch of slow" in shown, shown
                 listed = brain.cli("cluster", "workers", "--json").json()
                 assert [x["waiting"] for x in listed if x["worker"] == "w1"] == [["slow"]], listed
