@@ -510,3 +510,36 @@ def test_a_daemon_started_again_on_a_workers_host_leaves_the_workers_agents_alon
         assert run["outcome"] == "success", run
         lines = witness_lines(brain, "work/host/1.txt")
         assert len(lines) == 2 and ran_once_at_a_time(lines), lines
+
+
+def test_the_daemons_waits_leave_no_consumer_behind(tmp_path: Path) -> None:
+    """The daemon watches each remote attempt's entry while it waits: a watch's consumer on the server is gone
+    soon after its attempt ends. nats-py's default kept each five minutes; a fan-out of 1,000 items left 1,000 and
+    the server refused every later watch ("maximum consumers limit reached"), so later items waited for ever."""
+    import asyncio
+
+    import nats
+
+    items = [f"i{n}" for n in range(12)]
+    with NatsServer(tmp_path / "nats") as srv:
+        brain = cluster_brain(tmp_path, srv.url, items, pause=0.05)
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            w = Worker(brain, "w", srv.url, "witness", slots=4)
+            try:
+                w.wait_log("worker_ready")
+                brain.workflow("fan", for_each("fan", "witness", items))
+                assert brain.wait_finished("fan", timeout=120)[0]["outcome"] == "success"
+
+                async def consumers() -> int:
+                    nc = await nats.connect(srv.url)
+                    try:
+                        js = nc.jetstream()
+                        streams = [s for s in await js.streams_info() if s.config.name.endswith("_attempts")]
+                        return sum(s.state.consumer_count for s in streams)
+                    finally:
+                        await nc.close()
+
+                wait(lambda: asyncio.run(consumers()) == 0, "the attempts' watches gone from the server", timeout=30)
+            finally:
+                w.stop()

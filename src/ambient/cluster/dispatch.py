@@ -16,7 +16,7 @@ import contextlib
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import structlog
 
@@ -43,6 +43,10 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
+#: A stopped watch's consumer is removed by the server this long after (s). nats-py's default keeps it five minutes:
+#: a fan-out of 1,000 remote items left 1,000 of them and the server refused the next watch ("maximum consumers
+#: limit reached"), so every later item waited (bench/cluster.py, 1,000 items).
+_WATCH_GONE_S: Final = 2.0
 #: While waiting for a result, the entry is read again this often even without a watch update (a watch may miss
 #: updates across a reconnect).
 _RECHECK_S = 2.0
@@ -170,7 +174,7 @@ class Dispatcher:
             while True:
                 try:
                     if watcher is None:
-                        watcher = await link.attempts.watch(key)
+                        watcher = await link.attempts.watch(key, inactive_threshold=_WATCH_GONE_S)
                     with contextlib.suppress(NatsTimeout, asyncio.TimeoutError):
                         update = await watcher.updates(timeout=_RECHECK_S)
                         if update is not None:
