@@ -190,3 +190,32 @@ def test_a_lost_worker_is_forgotten_on_request(tmp_path: Path) -> None:
             assert gone.rc == 1 and "w1" not in gone.out, gone
             unknown = brain.cli("cluster", "forget", "w2")
             assert unknown.rc == 1 and "no record of worker 'w2'" in unknown.out + unknown.err, unknown
+
+
+def test_a_worker_serves_its_dispatched_agents_while_another_waits_for_dispatch(tmp_path: Path) -> None:
+    """``--agents witness,ghost`` with ``ghost`` not dispatched: the worker runs ``witness``'s items at once (it served
+    neither before), says it waits for ``ghost``, and serves ``ghost`` too once the daemon dispatches it."""
+    with NatsServer(tmp_path / "nats") as nats:
+        brain = cluster_brain(tmp_path, nats.url, [], pause=0.1)
+        brain.python_agent("ghost", WITNESS, runner={"confine": True, "env": {"PAUSE": "0.1"}})
+        with brain.daemon() as daemon:
+            daemon.wait_log("cluster_connected")
+            w = Worker(brain, "w1", nats.url, "witness,ghost")
+            try:
+                w.wait_log("worker_ready")
+                brain.workflow("first", for_each("first", "witness", ["a", "b"]))
+                first = brain.wait_finished("first", timeout=60)[0]
+                assert first["outcome"] == "success", (first, w.tail())
+                listed = brain.cli("cluster", "workers", "--json").json()
+                assert [x["waiting"] for x in listed if x["worker"] == "w1"] == [["ghost"]], listed
+                brain.config(
+                    brain.read("profil/ambient.yml").replace("witness: workers", "witness: workers\n    ghost: workers")
+                )
+                daemon.wait_log("reloaded")
+                brain.workflow("later", for_each("later", "ghost", ["c"]))
+                later = brain.wait_finished("later", timeout=60)[0]
+                assert later["outcome"] == "success", (later, w.tail())
+                w.wait_log("worker_serves", agents=["ghost"])
+                assert [r["key"].split("/")[0] for r in w.wait_log("attempt_committed") if "later" in r["key"]]
+            finally:
+                w.stop()

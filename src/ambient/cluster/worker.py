@@ -94,6 +94,7 @@ class Worker:
         self.running: set[str] = set()  # the attempt keys it runs now (its heartbeat says them)
         self._changed = asyncio.Event()  # the items it runs changed: say it now, not at the next beat
         self.waiting: list[str] = []  # its agents the daemon has not dispatched yet (found at each look)
+        self._said_waiting: set[str] = set()
         self.refused = False  # the server refused our credentials (revoked): serve stops and raises
 
     def _refused(self) -> None:
@@ -138,8 +139,11 @@ class Worker:
                     slots=self.options.slots,
                 )
                 tasks += [asyncio.create_task(self._slot(link, s), name=f"slot:{i}") for i, s in enumerate(subs)]
+                watched = list(tasks)  # a slot or the heartbeat ending ends the worker; the late joiner may end
+                if self.waiting:
+                    tasks.append(asyncio.create_task(self._join_late(link, subs), name="join-late"))
                 stopping = asyncio.create_task(self._stopping.wait())
-                await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([stopping, *watched], return_when=asyncio.FIRST_COMPLETED)
                 stopping.cancel()
                 for t in tasks:
                     if t.done() and not t.cancelled() and t.exception() is not None:
@@ -176,36 +180,52 @@ class Worker:
         return None
 
     async def _subscribe_all(self, link: Link) -> list[list[tuple[str, Any]]]:
-        """One pull subscription per agent and slot, bound to the durable consumers the daemon created; waits for
-        the consumers the daemon has not created yet (their agent is not dispatched, or the daemon is not up),
-        saying which in :attr:`waiting` (the heartbeat shows it)."""
-        from nats.js.errors import NotFoundError
-
-        said: set[str] = set()
+        """One pull subscription per agent and slot, bound to the durable consumers the daemon created, as soon as
+        one of its agents has one; the agents the daemon has not dispatched yet are said in :attr:`waiting` (the
+        heartbeat shows it) and joined later by :meth:`_join_late` (a worker of ``slow,hello`` with ``hello`` not
+        dispatched served neither)."""
         while True:
-            waiting = []
-            for agent in self.options.agents:
-                try:
-                    await link.js.consumer_info(link.names.stream, link.names.consumer(agent))
-                except NotFoundError:
-                    waiting.append(agent)
-                    if agent not in said:
-                        log.warning("worker_waits_for_dispatch", agent=agent, namespace=link.names.namespace)
-                        said.add(agent)
-            if waiting != self.waiting:
-                self.waiting = waiting
-                self._changed.set()
-            if not waiting:
+            ready = await self._look(link, self.options.agents)
+            if ready:
                 break
             await asyncio.sleep(1.0)
-        out = []
-        for _ in range(self.options.slots):
-            subs = []
-            for agent in self.options.agents:
+        out: list[list[tuple[str, Any]]] = [[] for _ in range(self.options.slots)]
+        await self._bind(link, out, ready)
+        return out
+
+    async def _join_late(self, link: Link, slots: list[list[tuple[str, Any]]]) -> None:
+        """The agents still waiting for dispatch join every slot once the daemon has made their consumer."""
+        while self.waiting:
+            await asyncio.sleep(1.0)
+            ready = await self._look(link, list(self.waiting))
+            if ready:
+                await self._bind(link, slots, ready)
+                log.info("worker_serves", worker=self.name, agents=ready)
+
+    async def _look(self, link: Link, agents: Sequence[str]) -> list[str]:
+        """Which of ``agents`` the daemon has dispatched (their consumer exists); the others are :attr:`waiting`."""
+        from nats.js.errors import NotFoundError
+
+        ready, waiting = [], []
+        for agent in agents:
+            try:
+                await link.js.consumer_info(link.names.stream, link.names.consumer(agent))
+                ready.append(agent)
+            except NotFoundError:
+                waiting.append(agent)
+                if agent not in self._said_waiting:
+                    log.warning("worker_waits_for_dispatch", agent=agent, namespace=link.names.namespace)
+                    self._said_waiting.add(agent)
+        if waiting != self.waiting:
+            self.waiting = waiting
+            self._changed.set()
+        return ready
+
+    async def _bind(self, link: Link, slots: list[list[tuple[str, Any]]], agents: list[str]) -> None:
+        for subs in slots:
+            for agent in agents:
                 sub = await link.js.pull_subscribe_bind(durable=link.names.consumer(agent), stream=link.names.stream)
                 subs.append((agent, sub))
-            out.append(subs)
-        return out
 
     async def _alive(self, link: Link) -> None:
         """The worker's record in the workers bucket (``ambient cluster workers`` reads it)."""
