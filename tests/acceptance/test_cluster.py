@@ -383,6 +383,9 @@ def test_the_broker_killed_mid_fan_out_loses_nothing_it_acknowledged(tmp_path: P
             assert daemon.logged("nats_reconnected"), daemon.tail()
             assert not daemon.logged("remote_failed"), daemon.logged("remote_failed")
             assert a.proc.returncode == 0 and b.proc.returncode == 0, (a.tail(), b.tail())
+            # The client retries every half second while the server is down: each error is said once an outage.
+            said = [r["error"] for r in daemon.logged("nats_error") if r.get("level") == "warning"]
+            assert len(said) == len(set(said)), said
         for index in range(1, len(items) + 1):
             lines = witness_lines(brain, f"work/outage/{index}.txt")
             assert len(lines) == 2 and ran_once_at_a_time(lines), (index, lines)

@@ -48,6 +48,26 @@ class Link:
             log.debug("nats_close_failed", error=str(exc))
 
 
+class Outage:
+    """Which client errors are worth a warning: while the server is unreachable the client retries every half
+    second and reports the same error each time; the first of each kind is said, the repeats go to debug until
+    the connection is back."""
+
+    def __init__(self) -> None:
+        self.said: set[str] = set()
+
+    def first(self, error: str) -> bool:
+        """Whether ``error`` is new since the connection was last up."""
+        if error in self.said:
+            return False
+        self.said.add(error)
+        return True
+
+    def over(self) -> None:
+        """The connection is back: the next error is news again."""
+        self.said.clear()
+
+
 def refused(exc: BaseException) -> bool:
     """Whether the server refused the credentials (unknown user, wrong password, a user removed by a reload)."""
     return "authorization violation" in str(exc).lower()
@@ -68,10 +88,11 @@ async def connect(
     from nats.aio.client import Client  # the cluster extra, only imported where cluster: is configured
 
     refusal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    outage = Outage()
 
     async def error_cb(exc: Exception) -> None:
         # Permission errors of core publish/subscribe arrive here, not at the call (docs/cluster.md).
-        log.warning("nats_error", error=str(exc))
+        (log.warning if outage.first(str(exc)) else log.debug)("nats_error", error=str(exc))
         if refused(exc):
             if not refusal.done():
                 refusal.set_result(None)
@@ -85,6 +106,7 @@ async def connect(
             log.warning("nats_disconnected")
 
     async def reconnected_cb() -> None:
+        outage.over()
         log.info("nats_reconnected")
 
     nc = Client()
