@@ -115,3 +115,38 @@ def test_a_workers_credentials_name_its_brains_namespace_only(tmp_path: Path) ->
     assert "$KV.ambient_beta_attempts.>" in publish and "$KV.ambient_beta_workers.w1" in publish, publish
     assert not [s for s in publish if "beta" not in s], publish
     assert "namespace beta" in made.out
+
+
+def test_a_second_brain_on_a_namespace_in_use_is_refused_until_the_first_stops(tmp_path: Path) -> None:
+    """Two brains left on the same (default) namespace of one server: the second daemon says whose namespace it is
+    and dispatches nothing: its item is a question naming the other brain, rather than a run on that brain's
+    workers. Once the first daemon stops, ``retry`` runs the item on the second brain's own worker."""
+    with NatsServer(tmp_path / "nats") as nats:
+        a = slow_brain(tmp_path / "a" / "brain", nats.url, "default")
+        b = slow_brain(tmp_path / "b" / "brain", nats.url, "default")
+        daemon_b = b.daemon()
+        try:
+            with a.daemon() as daemon_a:
+                daemon_a.wait_log("cluster_connected")
+                daemon_b.start()
+                taken = daemon_b.wait_log("cluster_namespace_taken")[0]
+                assert str(a.root) in taken["error"] and "cluster.namespace" in taken["error"], taken
+                assert not daemon_b.logged("cluster_connected"), daemon_b.tail()
+                b.workflow("fan", for_each("fan", "slow", ["b0"]))
+                esc = b.wait_escalation("the item's question")[0]
+                assert str(a.root) in json.dumps(esc) and "cluster.namespace" in json.dumps(esc), esc
+                assert daemon_a.stop() == 0  # as systemd stops it: the daemon gives the namespace up
+            # B's daemon holds the namespace at its next look.
+            worker_b = Worker(b, "wb", nats.url, "slow")
+            try:
+                worker_b.wait_log("worker_ready")
+                b.ok("decide", esc["id"], "retry")
+                assert b.wait_finished("fan", timeout=120)[0]["outcome"] == "success"
+            finally:
+                worker_b.stop()
+            warned = [r for r in daemon_b.records() if r.get("level") in ("warning", "error")]
+            assert len(warned) <= 3, warned  # the refusal is said, not repeated at every look
+        finally:
+            daemon_b.__exit__(None, None, None)
+        assert outputs(b) == {"1.txt": ["b0"]}, outputs(b)
+        assert not outputs(a)

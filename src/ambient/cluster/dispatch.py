@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -23,18 +24,23 @@ import structlog
 from ambient.cluster.link import Link, connect, ensure_consumers
 from ambient.cluster.protocol import (
     AI_ON_WORKERS,
+    HOLDER_KEY,
     Done,
     Entry,
+    Holder,
     Lease,
     Names,
     Work,
     entry_bytes,
     entry_from,
+    holder_blocks,
     kv_key,
+    namespace_taken_message,
     resumed_record,
     unreachable,
     unreachable_message,
 )
+from ambient.core.errors import NamespaceTakenError
 from ambient.runners.base import RunRequest
 from ambient.runners.result import AgentResult, error_result
 from ambient.runners.runner_config import AnyRunnerConfig
@@ -65,8 +71,10 @@ class Dispatcher:
         lease_s: float,
         unreachable_after_s: float | None = None,
         names: Names | None = None,
+        brain: str | None = None,
     ) -> None:
         self.urls = urls
+        self.brain = brain  # this brain's folder: the namespace is held in its name (None: not held, for tests)
         self.names = names if names is not None else Names()  # the brain's cluster.namespace
         self.creds = creds
         self.dispatch = dict(dispatch)
@@ -75,6 +83,7 @@ class Dispatcher:
         self._link: Link | None = None
         self._connecting: asyncio.Lock | None = None
         self._consumers: set[str] = set()  # agents whose durable consumer this dispatcher made sure of
+        self._taken: str | None = None  # why dispatching stopped: another brain's daemon took the namespace
 
     def dispatches(self, agent: str) -> bool:
         """Whether ``agent`` runs on the workers."""
@@ -88,11 +97,61 @@ class Dispatcher:
                 link = await connect(
                     self.urls, self.creds, name=f"ambient-daemon@{socket.gethostname()}", names=self.names
                 )
+                try:
+                    await self._hold(link)
+                except BaseException:
+                    await link.close()
+                    raise
                 agents = [a for a in self.dispatch if self.dispatches(a)]
                 await ensure_consumers(link.js, self.names, agents, self.lease_s)
                 self._consumers.update(agents)
                 self._link = link
             return self._link
+
+    def _me(self) -> Holder | None:
+        if self.brain is None:
+            return None
+        return Holder(socket.gethostname(), self.brain, os.getpid(), time.time())
+
+    async def _hold(self, link: Link) -> None:
+        """Say on the server that this brain's daemon uses the namespace, unless another brain's daemon does: then
+        :class:`NamespaceTakenError` and nothing of this brain is dispatched (docs/cluster.md). Compare-and-set on
+        the record's revision: of two daemons starting at once, one holds it."""
+        from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
+
+        for _ in range(3):
+            me = self._me()
+            if me is None:
+                return
+            try:
+                current: Any = await link.attempts.get(HOLDER_KEY)
+                found, revision = Holder.from_bytes(current.value), int(current.revision)
+            except NotFoundError:
+                found, revision = None, None
+            if found is not None and holder_blocks(found, me):
+                raise NamespaceTakenError(namespace_taken_message(self.names, found, me.beat))
+            try:
+                if revision is None:
+                    await link.attempts.create(HOLDER_KEY, me.to_bytes())
+                else:
+                    await link.attempts.update(HOLDER_KEY, me.to_bytes(), last=revision)
+                return
+            except KeyWrongLastSequenceError:
+                continue  # another daemon wrote it first: read it again
+        raise NamespaceTakenError(f"the cluster namespace {self.names.namespace!r} is contended: try again")
+
+    async def beat(self) -> None:
+        """Say again that this daemon holds the namespace (the roster keeper calls it every few seconds). A
+        namespace another brain took meanwhile is said as an error: dispatching stops until it is free."""
+        link = await self.link()
+        try:
+            await self._hold(link)
+        except NamespaceTakenError as exc:
+            if self._taken is None:
+                log.error("cluster_namespace_taken", namespace=self.names.namespace, error=str(exc))
+            self._taken = str(exc)
+        else:
+            self._taken = None
 
     async def _consumer(self, link: Link, agent: str) -> None:
         """The agent's consumer, for an agent dispatched by a reload after the connection was made."""
@@ -101,7 +160,11 @@ class Dispatcher:
             self._consumers.add(agent)
 
     async def close(self) -> None:
+        """Give the namespace up (a brain moved to another host may start at once) and close the connection."""
         if self._link is not None:
+            me = self._me()
+            if me is not None:
+                await _release(self._link, me)
             await self._link.close()
             self._link = None
 
@@ -121,6 +184,8 @@ class Dispatcher:
         while True:
             try:
                 link = await self.link()
+                if self._taken is not None:
+                    raise NamespaceTakenError(self._taken)
                 await self._consumer(link, req.agent)
                 break
             except asyncio.CancelledError:
@@ -255,6 +320,21 @@ async def _retrying(key: str, call: Callable[[], Awaitable[T]]) -> T:
                 log.warning("remote_publish_retry", key=key, error=str(exc))
                 said = time.monotonic()
             await asyncio.sleep(0.5)
+
+
+async def _release(link: Link, me: Holder) -> None:
+    """Delete the holder record if it is still this daemon's (same brain, same pid)."""
+    from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
+
+    try:
+        current: Any = await link.attempts.get(HOLDER_KEY)
+        found = Holder.from_bytes(current.value)
+        if found is not None and found.same_brain(me) and found.pid == me.pid:
+            await link.attempts.delete(HOLDER_KEY, last=int(current.revision))
+    except (NotFoundError, KeyWrongLastSequenceError):
+        pass  # gone already, or rewritten by another holder
+    except Exception as exc:  # noqa: BLE001 - the server away at the stop: the record goes stale instead
+        log.debug("cluster_release_failed", error=str(exc))
 
 
 async def _entry(link: Link, key: str) -> tuple[Entry | None, int | None]:

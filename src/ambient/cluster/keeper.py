@@ -21,6 +21,7 @@ import structlog
 
 from ambient.cluster.dispatch import Dispatcher
 from ambient.cluster.roster import HEARTBEAT_S, Heard, document, heard
+from ambient.core.errors import NamespaceTakenError
 from ambient.storage.fsutil import atomic_write
 
 log = structlog.get_logger(__name__)
@@ -57,6 +58,9 @@ class RosterKeeper:
                 await self._watch()
             except asyncio.CancelledError:
                 raise
+            except NamespaceTakenError:  # said once by the dispatcher; looked at again until the namespace is free
+                self.write()
+                await asyncio.sleep(HEARTBEAT_S)
             except Exception as exc:  # noqa: BLE001 - the server away: the heartbeats age, and the watch is made again
                 log.warning("workers_watch_failed", error=str(exc))
                 self.write()
@@ -66,6 +70,7 @@ class RosterKeeper:
         from nats.errors import TimeoutError as NatsTimeout
 
         link = await self.dispatcher.link()
+        await self.dispatcher.beat()  # every REWATCH_S: the namespace's holder record stays fresh
         watcher = await link.workers.watchall()
         started, initial = time.monotonic(), True
         try:

@@ -247,6 +247,61 @@ def entry_from(raw: bytes | None) -> Entry | None:
     return None
 
 
+# ---------------------------------------------------------------- the namespace's daemon
+
+#: The key of the attempts bucket where the daemon of the namespace's brain says it is there (an attempt's key is
+#: URL-safe base64 and holds no ".", so the two never meet).
+HOLDER_KEY: Final = "daemon.holder"
+#: A holder not heard from for this long (s, its clock against the reader's) may be replaced: its daemon stopped
+#: without saying so, or the brain moved to another host. The holding daemon says it is there every 10 s.
+HOLDER_STALE_S: Final = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """The daemon that uses a namespace: its host, its brain's folder, its pid and when it last said so (epoch
+    seconds of its clock). A daemon started again on the same brain is the same holder; another brain is not."""
+
+    host: str
+    brain: str
+    pid: int
+    beat: float
+
+    def same_brain(self, other: Holder) -> bool:
+        return (self.host, self.brain) == (other.host, other.brain)
+
+    def to_bytes(self) -> bytes:
+        data = {"host": self.host, "brain": self.brain, "pid": self.pid, "beat": self.beat}
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes | None) -> Holder | None:
+        """The holder a value names; None for an empty or unreadable one (nobody holds the namespace)."""
+        if not raw:
+            return None
+        try:
+            data = json.loads(raw)
+            return cls(str(data["host"]), str(data["brain"]), int(data["pid"]), float(data["beat"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def holder_blocks(found: Holder | None, me: Holder) -> bool:
+    """Whether another brain's daemon uses the namespace: two brains on one namespace share one work queue, and each
+    one's workers run the other's items in their own brain's folder (docs/cluster.md)."""
+    return found is not None and not found.same_brain(me) and me.beat - found.beat < HOLDER_STALE_S
+
+
+def namespace_taken_message(names: Names, found: Holder, now: float) -> str:
+    """What the person reads when this brain's namespace is another brain's."""
+    return (
+        f"the cluster namespace {names.namespace!r} on this NATS server is used by the brain {found.brain} on "
+        f"{found.host} (its daemon, pid {found.pid}, was heard {max(0.0, now - found.beat):.0f} s ago): two brains "
+        f"on one namespace run each other's items. Give this brain its own cluster.namespace in profil/ambient.yml "
+        f"(docs/cluster.md); agents are not dispatched until then"
+    )
+
+
 Verdict = Literal["done", "free", "held", "expired"]
 
 

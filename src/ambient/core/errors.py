@@ -300,3 +300,7 @@ class TelegramError(NotifyError):
 
 class AlreadyRunningError(AmbientError):
     """Another daemon already runs on this brain."""
+
+
+class NamespaceTakenError(AmbientError):
+    """Another brain's daemon uses this brain's cluster namespace on the NATS server."""

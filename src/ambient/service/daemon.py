@@ -34,7 +34,7 @@ from ambient.cluster.protocol import dispatch_map
 from ambient.config.brain import Brain, load_brain, reload_workflows
 from ambient.config.settings import Settings, settings_changes
 from ambient.core.clock import Clock, SystemClock
-from ambient.core.errors import AmbientError
+from ambient.core.errors import AmbientError, NamespaceTakenError
 from ambient.core.health import resource_of
 from ambient.core.redact import SecretRegistry
 from ambient.engine.chain import ChainExecutor, ChainSettings
@@ -498,7 +498,9 @@ class Daemon:
             if self._roster_keeper is not None:
                 self._roster_keeper.lost_after_s = c.lost_after_s
             return
-        new = Dispatcher(list(c.urls), creds, dispatch, c.lease_s, c.unreachable_after_s, c.names())
+        new = Dispatcher(
+            list(c.urls), creds, dispatch, c.lease_s, c.unreachable_after_s, c.names(), brain=str(self.paths.root)
+        )
         self.parts.delegate.remote = new
         self._dispatchers.append(new)
         task = asyncio.get_running_loop().create_task(self._connect_cluster(new), name="cluster-connect")
@@ -529,6 +531,8 @@ class Daemon:
                 namespace=d.names.namespace,
                 agents=sorted(a for a in d.dispatch if d.dispatches(a)),
             )
+        except NamespaceTakenError as exc:  # said as an error: nothing is dispatched until it is free
+            log.error("cluster_namespace_taken", namespace=d.names.namespace, error=str(exc))
         except Exception as exc:  # noqa: BLE001 - said; the attempts retry the connection
             log.warning("cluster_unreachable", urls=d.urls, error=str(exc))
 

@@ -10,15 +10,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ambient.cluster.protocol import (
+    HOLDER_KEY,
+    HOLDER_STALE_S,
     Done,
+    Holder,
     Lease,
     Names,
     Work,
     entry_bytes,
     entry_from,
+    holder_blocks,
     kv_key,
     lease_verdict,
     name_token,
+    namespace_taken_message,
     renew_every,
     result_from,
     result_record,
@@ -37,6 +42,7 @@ def test_attempt_keys_map_to_distinct_valid_kv_keys(a: str, b: str) -> None:
 
     assert re.match(_KV_KEY, kv_key(a))
     assert (kv_key(a) == kv_key(b)) == (a == b)
+    assert kv_key(a) != HOLDER_KEY  # the namespace's holder record never meets an attempt
 
 
 @given(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True))
@@ -219,3 +225,28 @@ def test_the_unreachable_deadline_must_outlast_the_lease() -> None:
     assert ClusterSettings.model_validate({**base, "unreachable_after_s": 60}).unreachable_after_s == 60
     with pytest.raises(ValueError, match="at least twice lease_s"):
         ClusterSettings.model_validate({**base, "unreachable_after_s": 59})
+
+
+class TestTheNamespacesHolder:
+    """One brain's daemon per namespace: another brain is refused while its holder is fresh."""
+
+    me = Holder("vm", "/srv/brain-b", 200, 1_000.0)
+
+    def test_nobody_or_the_same_brain_restarted_does_not_block(self) -> None:
+        assert not holder_blocks(None, self.me)
+        assert not holder_blocks(Holder("vm", "/srv/brain-b", 100, 999.0), self.me)  # an earlier daemon of it
+
+    def test_another_brain_heard_lately_blocks_and_is_named(self) -> None:
+        other = Holder("vm", "/srv/brain-a", 100, 1_000.0 - HOLDER_STALE_S + 1)
+        assert holder_blocks(other, self.me)
+        said = namespace_taken_message(Names(), other, self.me.beat)
+        assert "/srv/brain-a" in said and "'default'" in said and "cluster.namespace" in said
+        assert holder_blocks(Holder("other-host", "/srv/brain-b", 100, 999.0), self.me)  # same folder, other host
+
+    def test_a_holder_silent_past_the_stale_bound_is_replaced(self) -> None:
+        assert not holder_blocks(Holder("vm", "/srv/brain-a", 100, 1_000.0 - HOLDER_STALE_S), self.me)
+
+    def test_the_record_reads_back_and_garbage_is_nobody(self) -> None:
+        assert Holder.from_bytes(self.me.to_bytes()) == self.me
+        for raw in (None, b"", b"{", b'{"host": "vm"}', b"[]"):
+            assert Holder.from_bytes(raw) is None
