@@ -266,7 +266,7 @@ def test_cluster_workers_shows_each_worker_until_it_stops(tmp_path: Path) -> Non
                     lambda: (r := brain.cli("cluster", "workers", "--json")).rc == 0 and r.json(),
                     "the worker listed",
                 )
-                assert [(x["worker"], x["agents"], x["slots"], x["stale"]) for x in shown] == [
+                assert [(x["worker"], x["agents"], x["slots"], x["lost"]) for x in shown] == [
                     ("w1", ["witness"], 2, False)
                 ]
                 text = brain.ok("cluster", "workers").out

@@ -184,6 +184,8 @@ def test_a_lost_worker_is_forgotten_on_request(tmp_path: Path) -> None:
             finally:
                 w.kill()
             wait(lambda: "LOST" in brain.ok("status").out, "w1 lost in status", timeout=60)
+            listed = brain.cli("cluster", "workers")  # the same word from the server's own record
+            assert listed.rc == 1 and "w1" in listed.out and "LOST" in listed.out, listed
             brain.ok("cluster", "forget", "w1")
             wait(lambda: "w1" not in brain.ok("status").out, "w1 gone from status")
             gone = brain.cli("cluster", "workers")

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the workers: host, agents, slots, agents running, last heartbeat",
         description=(
             "Ask the NATS server of `cluster:` which workers said they are alive: each one's host, agents, slots, "
-            "agents running now and its last heartbeat (stale after cluster.lost_after_s, 20 s by default: it died "
+            "agents running now and its last heartbeat (LOST after cluster.lost_after_s, 20 s by default: it died "
             "without saying so). Exit 1 when none is alive."
         ),
     )
@@ -144,7 +144,7 @@ def _workers(args: argparse.Namespace) -> int:
     for w in found:
         age = now - float(w.get("at") or 0)
         w["age_s"] = round(age, 1)
-        w["stale"] = age > cluster.lost_after_s
+        w["lost"] = age > cluster.lost_after_s  # the word `ambient status` and the console use
     found = [w for w in found if not forgotten(w["age_s"], cluster.lost_after_s)]
     if args.json:
         out_json(found)
@@ -154,19 +154,19 @@ def _workers(args: argparse.Namespace) -> int:
         for w in found:
             agents = ",".join(str(a) for a in w.get("agents") or [])
             running = [str(k) for k in w.get("running") or []]
-            if w["stale"]:  # its last word: those items may have moved on since
+            if w["lost"]:  # its last word: those items may have moved on since
                 doing = f"was running {len(running)}" + (f" ({', '.join(running)})" if running else "")
             else:
                 waiting = [str(a) for a in w.get("waiting") or []]
                 doing = f"running {w.get('busy')}" + (
                     f"  waiting for dispatch of {', '.join(waiting)}" if waiting else ""
                 )
-            state = "stale" if w["stale"] else "alive"
+            state = "LOST" if w["lost"] else "alive"
             out(
                 f"{w.get('worker')}  host {w.get('host')}  agents {agents}  slots {w.get('slots')}  "
                 f"{doing}  {state}, {w['age_s']:g} s ago"
             )
-    return EXIT_OK if any(not w["stale"] for w in found) else EXIT_NO
+    return EXIT_OK if any(not w["lost"] for w in found) else EXIT_NO
 
 
 _USER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
