@@ -204,6 +204,7 @@ def test_the_worker_unit_ships_beside_the_daemons(tmp_path: Path) -> None:
     that text for its example host, and it verifies."""
     shipped = (Path(__file__).parents[2] / "examples" / "systemd" / "ambient-worker.service").read_text()
     brain = Brain.init(tmp_path / "brain")
+    brain.python_agent("coder", 'print(\'{"status": "success"}\')')
     args = ("--nats", "nats://10.0.0.5:4222", "--agents", "coder", "--slots", "2")
     args += ("--creds", "/etc/ambient/worker.creds")
     printed = brain.ok("worker", *args, "--print-unit").out
@@ -222,8 +223,12 @@ def test_the_worker_unit_ships_beside_the_daemons(tmp_path: Path) -> None:
             assert Path(line.removeprefix("Documentation=file://")).exists(), line
     assert "useradd --system" in printed and "PrivateTmp" in printed, printed
     spaced = Brain.init(tmp_path / "my brain")
+    spaced.python_agent("coder", 'print(\'{"status": "success"}\')')
     bad = spaced.cli("worker", *args, "--print-unit")
     assert bad.rc != 0 and "cannot be written in a unit" in bad.out + bad.err, bad
+    # A unit whose worker would refuse to start at each restart is refused now, saying why.
+    ghost = brain.cli("worker", "--nats", "nats://10.0.0.5:4222", "--agents", "ghost", "--print-unit")
+    assert ghost.rc != 0 and "ghost" in ghost.err and "ExecStart" not in ghost.out, ghost
     verify = shutil.which("systemd-analyze")
     if verify is not None:
         unit = tmp_path / "units" / "ambient-worker.service"

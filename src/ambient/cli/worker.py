@@ -7,8 +7,12 @@ import argparse
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ambient.cli._common import EXIT_OK, add_command, brain_dir, fail
+
+if TYPE_CHECKING:
+    from ambient.config.brain import Brain
 
 _AGENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -50,7 +54,8 @@ def _worker(args: argparse.Namespace) -> int:
     if not 1 <= args.slots <= 256:
         return fail(f"--slots {args.slots}: expected 1 to 256")
     if args.print_unit:
-        return _print_unit(args, agents)
+        found = _brain(args, agents)  # a unit that would fail at each start is said now
+        return fail(found) if isinstance(found, str) else _print_unit(args, agents)
     if importlib.util.find_spec("nats") is None:
         return fail("ambient worker needs the cluster extra: pip install 'ambient[cluster]'")
     if args.creds is not None and not args.creds.is_file():
@@ -94,29 +99,38 @@ def _namespace(root: Path) -> tuple[str | None, str]:
     return (settings.cluster.namespace if settings.cluster is not None else DEFAULT_NAMESPACE), ""
 
 
+def _brain(args: argparse.Namespace, agents: list[str]) -> tuple[Brain, str] | str:
+    """This host's copy of the brain, loaded as the daemon loads it, and its cluster namespace; or what stops the
+    worker from running its agents (an agent it cannot run is said now, not at each item it would fail)."""
+    from ambient.config.brain import load_brain, worker_refusals
+    from ambient.storage.paths import BrainPaths
+
+    namespace, problem = _namespace(brain_dir(args))
+    if namespace is None:
+        return f"{problem} (in {brain_dir(args)}: ambient validate); the brain's cluster.namespace is unknown"
+    brain = load_brain(BrainPaths(brain_dir(args)), os.environ)  # its settings validated just above
+    refusals = worker_refusals(brain, agents)
+    if refusals:
+        return f"this worker cannot run its agents ({brain.paths.root}):\n  " + "\n  ".join(refusals)
+    return brain, namespace
+
+
 def _serve(args: argparse.Namespace, agents: list[str]) -> int:
     # The worker's modules (and nats) are imported here only: a brain without a cluster never loads them.
     import asyncio
     import signal
 
     from ambient.cluster.worker import Worker, WorkerOptions
-    from ambient.config.brain import load_brain, worker_refusals
     from ambient.runners.command import CommandRunner
     from ambient.runners.confinement import AGENT_USER, default_agent_user, ensure_agent_user
     from ambient.runners.spawner import Spawner
     from ambient.runners.spawner import available as spawner_available
     from ambient.service.logsetup import configure_logging
-    from ambient.storage.paths import BrainPaths
 
-    namespace, problem = _namespace(brain_dir(args))
-    if namespace is None:
-        return fail(f"{problem} (in {brain_dir(args)}: ambient validate); the brain's cluster.namespace is unknown")
-    # This host's copy of the brain, loaded as the daemon loads it: an agent it cannot run is said now, not at
-    # each item it would fail. (Its settings validated just above: the namespace is theirs.)
-    brain = load_brain(BrainPaths(brain_dir(args)), os.environ)
-    refusals = worker_refusals(brain, agents)
-    if refusals:
-        return fail(f"this worker cannot run its agents ({brain.paths.root}):\n  " + "\n  ".join(refusals))
+    found = _brain(args, agents)
+    if isinstance(found, str):
+        return fail(found)
+    brain, namespace = found
     configure_logging("INFO", json=None if args.log_format == "auto" else args.log_format == "json")
     options = WorkerOptions(
         urls=list(args.nats),
