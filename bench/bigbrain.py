@@ -117,7 +117,8 @@ def _workflow_yaml(name: str) -> str:
 
 
 def _claim_yaml(doc: list[tuple[str, str]]) -> str:
-    return "".join(f"{k}: {v}\n" for k, v in doc)
+    # As ambient writes them: a nested mapping's key ends its line (``result:``), no space after it.
+    return "".join(f"{k}:{v}\n" if v.startswith("\n") else f"{k}: {v}\n" for k, v in doc)
 
 
 class _Writer:

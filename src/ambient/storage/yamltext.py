@@ -349,7 +349,8 @@ def _plain_document(text: str) -> tuple[dict[str, Any], dict[Loc, int]] | None:
     if not text.isascii() or not text.replace("\n", "").isprintable():
         return None  # tabs, carriage returns, control characters, anything not ASCII: the loader's rules
     rows: list[tuple[int, int, str]] = []
-    for number, line in enumerate(text.split("\n"), 1):
+    for number, full in enumerate(text.split("\n"), 1):
+        line = full.rstrip(" ")  # spaces ending a line of the subset mean nothing (``result: `` is ``result:``)
         body = line.lstrip(" ")
         if body and not body.startswith("#"):
             rows.append((len(line) - len(body), number, body))

@@ -58,6 +58,8 @@ def documents(draw: st.DrawFn, depth: int = 0) -> str:
             lines.append(draw(st.sampled_from(["# a comment", "", "  # indented comment", "---", "..."])))
         else:
             lines.append(draw(st.sampled_from(["\tk: v", "k:  v", "k: v ", "k:v", " k: v", "-", "k: v\r", "k: \x07"])))
+    # Spaces ending a line now and then (a hand-written ``result: `` before its nested mapping).
+    lines = [line + " " * draw(st.sampled_from([0] * 9 + [1, 2])) for line in lines]
     return "\n".join(lines) + draw(st.sampled_from(["\n", "", "\n\n"]))
 
 
