@@ -680,7 +680,6 @@ WRITE_FLAGS: Final = frozenset({"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_
 #: says; every other module writes through ``storage`` (``fsutil``, ``journal``, ``guard``, ``yamlfile``).
 WRITERS: Final[Mapping[str, str]] = {
     "kernel.channels": "the channel token files, rewritten in place through a spare inode on every agent's start",
-    "claims.lockinodes": "the lock protocol: a lock published by link(), its held inode rewritten by pwrite",
     "claims.lockstate": "the lock protocol: a stale lock taken over by rename and re-check",
     "query.store": "the query store is SQLite's file: SQLite writes it",
     "runners.spawner_helper": "the spawner process, standard library only: writes its pipes and stderr",
