@@ -164,16 +164,11 @@ class SparePool:
         """Close every kept spare and remove its private name."""
         self.shed()
 
-    def forked(self) -> bool:
-        """True (once) in a forked child: the parent's spares were forgotten, never written."""
-        if self._pid == os.getpid():
-            return False
-        self._spares = []
-        self._pid = os.getpid()
-        return True
-
     def _own(self) -> None:
-        self.forked()
+        # After a fork the spares belong to the parent: forgotten here, never written.
+        if self._pid != os.getpid():
+            self._spares = []
+            self._pid = os.getpid()
 
 
 def _only_private_name(spare: Spare, names_known: bool, links: int | None) -> bool:
