@@ -677,7 +677,8 @@ WRITE_METHODS: Final = frozenset({"write_text", "write_bytes", "touch", "hardlin
 #: ``os.open`` flags that open a file for writing or create it.
 WRITE_FLAGS: Final = frozenset({"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC", "O_TMPFILE"})
 #: The modules outside ``storage`` that write, link or rename files themselves (module → why), as ARCHITECTURE.md
-#: says; every other module writes through ``storage`` (``fsutil``, ``journal``, ``guard``, ``yamlfile``).
+#: says; every other module writes through ``storage`` (``fsutil``, ``journal``, ``guard``, ``yamlfile``, ``spares``).
+#: A pool of spare files (made, filled, linked: writes) therefore lives in ``storage.spares`` or in one of these.
 WRITERS: Final[Mapping[str, str]] = {
     "claims.lockstate": "the lock protocol: a stale lock taken over by rename and re-check",
     "query.store": "the query store is SQLite's file: SQLite writes it",
