@@ -618,7 +618,8 @@ CHANNEL_PEEK = """
 
 def test_a_brain_path_too_long_for_a_socket_keeps_each_token_as_a_file_of_its_sha256(tmp_path: Path) -> None:
     """Where the send socket cannot be served (a brain path too long for a unix socket), each token gets a file in
-    .ambient/channels/ (its sha256, mode 0600), removed when the agent ends; `ambient send` still works."""
+    .ambient/channels/ (its sha256, mode 0600), removed when the agent ends, nothing of it kept under another name;
+    `ambient send` still works."""
     brain = Brain.init(tmp_path / ("long-" + "x" * 100) / "brain", "--no-example")
     out = tmp_path / "peek.json"
     env = {"OUT": str(out)}
@@ -643,7 +644,7 @@ def test_a_brain_path_too_long_for_a_socket_keeps_each_token_as_a_file_of_its_sh
     assert [(name.split(".")[0], mode) for name, mode in seen["files"].items()] == [(digest, 0o600)], seen
     assert seen["rc"] == 0, seen
     channels = brain.root / ".ambient" / "channels"
-    assert [p.name for p in channels.iterdir() if not p.name.startswith(".")] == []
+    assert [p.name for p in channels.iterdir()] == []
     leaked = [str(p) for p in brain.root.rglob("*") if p.is_file() and seen["token"].encode() in p.read_bytes()]
     assert leaked == []
 

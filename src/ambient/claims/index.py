@@ -25,18 +25,14 @@ fsync: after a power cut it is at worst rebuilt.
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import json
 import os
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Final, Protocol
 
-from ambient import __version__
 from ambient.claims import claim as _claim
 from ambient.claims import claimfile as _claimfile
 from ambient.claims.claim import Claim, ClaimFacts
@@ -46,6 +42,7 @@ from ambient.core.errors import AmbientError, ClaimFileError, InputError
 from ambient.core.problems import Problem
 from ambient.storage import yamlfile as _yamlfile
 from ambient.storage import yamltext as _yamltext
+from ambient.storage.codestamp import code_stamp
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write
 from ambient.storage.paths import BrainPaths
 
@@ -53,7 +50,7 @@ INDEX_NAME: Final = "claims-index.json"
 #: Bumped when what is kept changes (see also :func:`_code`).
 _FORMAT: Final = 1
 #: The modules whose code decides what a claim file yields (see :func:`_code`).
-_RULES: Final[tuple[ModuleType, ...]] = (_claim, _claimfile, _problems, _yamlfile, _yamltext)
+_RULES: Final = tuple(m.__name__ for m in (_claim, _claimfile, _problems, _yamlfile, _yamltext))
 _MAX_INDEX_BYTES: Final = 256 * 1024 * 1024
 
 _Sig = tuple[int, int, int, int]
@@ -230,21 +227,10 @@ def _add(out: ClaimCensus, verdict: FileVerdict) -> None:
     out.problems.extend(verdict.problems)
 
 
-@functools.cache
 def _code() -> str:
-    """Which code judged the claims: ambient's version and the modules that read and validate them, by size and
-    mtime (an upgrade or an edit of the rules changes it)."""
-    h = hashlib.sha256(__version__.encode())
-    for module in _RULES:
-        name, where = module.__name__.rpartition(".")[2], module.__file__
-        if where is None:
-            continue
-        try:
-            st = Path(where).stat()
-        except OSError:
-            continue
-        h.update(f"{name}:{st.st_size}:{st.st_mtime_ns};".encode())
-    return h.hexdigest()[:16]
+    """Which code judged the claims (:func:`~ambient.storage.codestamp.code_stamp` of :data:`_RULES`): an upgrade
+    or an edit of the rules changes it."""
+    return code_stamp(_FORMAT, _RULES)
 
 
 def _load_index(path: Path) -> dict[str, list[Any]]:

@@ -2,8 +2,8 @@
 
 How it stays correct (RELIABILITY §1.2, from py-filelock's bug history):
 
-* A lock is published whole, from a pool of spare inodes (:mod:`ambient.claims.lockinodes`): no
-  reader ever sees half a lock (rule 1).
+* A lock is published whole, a file written aside and linked to its name (:mod:`ambient.claims.lockinodes`,
+  from :mod:`ambient.storage.spares`): no reader ever sees half a lock (rule 1).
 * Every decision that reads then changes ``locks/`` (take, refresh, take over, release,
   cleanup) runs under one ``flock`` on ``.ambient/locks.guard``, a file never unlinked (rule 8,
   :class:`ambient.storage.guard.FileGuard`), and re-checks the lock once the guard is held: several

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ambient.core.lazylog import set_up_on_import
 from ambient.core.terminal import printable, printable_json
 
 EXIT_OK = 0
@@ -114,15 +115,8 @@ def quiet_logs(level: int = 30) -> None:
     command's answer (``--json`` must stay JSON). The daemon (``run``, ``demo``) sets up its own logging.
 
     structlog is set up as soon as it is imported, not before: a command that logs nothing (``ambient status``)
-    does not import it at all (:mod:`ambient.core.lazylog`)."""
-    if "structlog" in sys.modules:
-        _configure_logs(level)
-        return
-    for finder in sys.meta_path:
-        if isinstance(finder, _ConfigureOnImport):
-            finder.level = level
-            return
-    sys.meta_path.insert(0, _ConfigureOnImport(level))
+    does not import it at all (:func:`ambient.core.lazylog.set_up_on_import`)."""
+    set_up_on_import(partial(_configure_logs, level))
 
 
 def _configure_logs(level: int) -> None:
@@ -133,32 +127,3 @@ def _configure_logs(level: int) -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
     )
-
-
-class _ConfigureOnImport:
-    """A finder on ``sys.meta_path`` that finds nothing itself: when structlog is imported, it lets the other
-    finders find it and sets it up (:func:`_configure_logs`) right after its module has run, before any line can
-    be logged."""
-
-    def __init__(self, level: int) -> None:
-        self.level = level
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != "structlog":
-            return None
-        import importlib.util
-
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        loader = spec.loader if spec is not None else None
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        run = loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            run(module)
-            _configure_logs(self.level)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import secrets
-import threading
 from collections.abc import Callable
 from datetime import datetime
 from typing import Final, NamedTuple
@@ -23,7 +22,7 @@ from typing import Final, NamedTuple
 from ambient.core.errors import InputError
 from ambient.kernel.matrix import HUMAN
 from ambient.kernel.packet import NAME_PATTERN
-from ambient.storage.fsutil import private_dir, read_capped, write_all, write_new
+from ambient.storage.fsutil import private_dir, read_capped, write_new
 from ambient.storage.paths import BrainPaths
 
 TOKEN_ENV: Final = "AMBIENT_CHANNEL_TOKEN"  # noqa: S105 - the variable name, not a secret
@@ -67,28 +66,23 @@ class ChannelRegistry:
     finding 42). So a token is honoured by its daemon for as long as that daemon runs; an orphan left by a daemon
     that died, whose ``ambient send`` finds no socket, is refused as ``unauthenticated`` (its item runs again
     anyway). Without a socket (a brain path too long for ``AF_UNIX``, a bind that failed) tokens have files, as
-    before.
+    before: each created when its agent starts and deleted when it ends (no pool of files rewritten for the next
+    token: with the socket no file is written, and no benchmark runs a daemon without it; bench/README.md, "Spare
+    files").
     """
 
     MAX_FILE = 4096
-    SPARES_MAX = 64
+    #: Files an earlier version kept aside to rewrite for the next token; removed at start-up.
     SPARE_PREFIX = ".spare."
 
     def __init__(self, paths: BrainPaths) -> None:
         self.dir = paths.channels
         self._known: dict[str, str] = {}
         self._revoked: set[str] = set()  # disowned, file not deleted yet (see disown)
-        # Files of revoked tokens, renamed aside to be rewritten for the next token instead of deleted: a command
-        # agent's token file was a create and a delete, and on ext4 without a journal each inode freed slows the
-        # next creates for a minute (the allocator skips recently deleted inodes one by one: 14 % of the event
-        # loop's samples in bench/fanout.py (b), perf). The lock keeps the pool whole if a caller revokes from a thread.
-        self._spares: list[str] = []
-        self._spares_lock = threading.Lock()
-        self._spare_count = 0
         #: Write a file for each token published from now on (see the class docs); the daemon clears it while its
         #: send socket is served.
         self.files = True
-        self._published: set[str] = set()  # digests whose file was written (revoke renames only those)
+        self._published: set[str] = set()  # digests whose file was written (revoke deletes only those)
 
     def issue(self, principal: str, *, spawn: str | None = None, now: datetime | None = None) -> Channel:
         """A fresh channel for ``principal``; hand ``channel.token`` to the spawned process (``TOKEN_ENV``).
@@ -112,9 +106,8 @@ class ChannelRegistry:
             raise InputError(f"{principal!r} is not a principal name")
         token = secrets.token_urlsafe(32)
         digest = token_digest(token)
-        # The digest inside the file binds its content to its name: a pooled file is rewritten for the next token
-        # (see _reuse_spare), and a reader that opened it under a revoked token's name must not take the next
-        # token's principal for its own.
+        # The digest inside the file binds its content to its name: a file copied or renamed under another token's
+        # name grants nothing.
         record = {
             "principal": principal,
             "spawn": spawn,
@@ -131,8 +124,6 @@ class ChannelRegistry:
                 return
             self._published.add(digest)
             path, text = self.dir / f"{digest}.json", json.dumps(record)
-            if self._reuse_spare(str(path), text.encode()):
-                return
             try:
                 write_new(path, text, mode=0o600)
             except FileNotFoundError:  # first token, or the directory was removed
@@ -179,61 +170,16 @@ class ChannelRegistry:
             self._revoked.discard(digest)
             return
         self._published.discard(digest)
-        path = f"{self.dir}/{digest}.json"
-        spare = self._spare_name()
-        try:
-            if spare is None:
-                os.unlink(path)  # noqa: PTH108 - str paths, as in the rest of the hot path
-            else:
-                os.rename(path, spare)  # noqa: PTH104 - the token's name goes at once, as an unlink would
-                with self._spares_lock:
-                    self._spares.append(spare)
-        except FileNotFoundError:
-            pass
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{self.dir}/{digest}.json")  # noqa: PTH108 - str paths, as in the rest of the hot path
         self._revoked.discard(digest)  # not after a failure: the file stays, and this process must go on refusing it
 
-    def _spare_name(self) -> str | None:
-        """A new private name for a revoked token's file, or None when the pool is full (the file is deleted)."""
-        with self._spares_lock:
-            if len(self._spares) >= self.SPARES_MAX:
-                return None
-            self._spare_count += 1
-            return f"{self.dir}/{self.SPARE_PREFIX}{os.getpid()}.{self._spare_count}"
-
-    def _reuse_spare(self, path: str, data: bytes) -> bool:
-        """Write ``data`` into a pooled file and rename it to ``path``; False when there is none to use."""
-        while True:
-            with self._spares_lock:
-                if not self._spares:
-                    return False
-                spare = self._spares.pop()
-            try:
-                fd = os.open(spare, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except OSError:  # swept or replaced meanwhile: forget it, try the next
-                continue
-            try:
-                # Overwritten, then cut to size: O_TRUNC freed the file's block and the write allocated one again
-                # (~220 µs a token on this machine's ext4, 14 % of the loop in bench/fanout.py (b); this: ~5 µs).
-                write_all(fd, data)  # from offset 0: a fresh descriptor
-                os.ftruncate(fd, len(data))
-            except OSError:
-                os.close(fd)
-                with contextlib.suppress(OSError):
-                    os.unlink(spare)  # noqa: PTH108
-                return False
-            os.close(fd)
-            try:
-                os.rename(spare, path)  # noqa: PTH104
-            except OSError:
-                continue
-            return True
-
     def disown(self, channel: Channel | str) -> None:
-        """Void a token in this process at once, whatever becomes of its file; :meth:`revoke` then renames it aside.
+        """Void a token in this process at once, whatever becomes of its file; :meth:`revoke` then deletes it.
 
         The router of this process refuses it from now on; another process (an agent's ``ambient send``) reads the
-        file until ``revoke`` has renamed it (the daemon does both when the agent has exited). A file that could not
-        be renamed is left to the next start-up's :meth:`revoke_all`, and this process never accepts it again.
+        file until ``revoke`` has deleted it (the daemon does both when the agent has exited). A file that could not
+        be deleted is left to the next start-up's :meth:`revoke_all`, and this process never accepts it again.
         """
         token = channel.token if isinstance(channel, Channel) else channel
         if token:
@@ -246,14 +192,12 @@ class ChannelRegistry:
         self._known.clear()
         self._revoked.clear()
         self._published.clear()
-        with self._spares_lock:
-            self._spares.clear()
         count = 0
         if self.dir.is_dir():
             for path in self.dir.glob("*.json"):
                 path.unlink(missing_ok=True)
                 count += 1
-            for path in self.dir.glob(f"{self.SPARE_PREFIX}*"):  # a previous life's pool
+            for path in self.dir.glob(f"{self.SPARE_PREFIX}*"):
                 path.unlink(missing_ok=True)
         return count
 

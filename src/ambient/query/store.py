@@ -26,9 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
-import hashlib
-import importlib.util
 import json
 import os
 import sqlite3
@@ -39,9 +36,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from ambient import __version__
 from ambient.core.lazylog import get_logger
 from ambient.query.schema import FORMAT, INDEXES, TABLES
+from ambient.storage.codestamp import code_stamp
 from ambient.storage.fsutil import open_private, private_dir
 from ambient.storage.paths import BrainPaths
 
@@ -64,8 +61,9 @@ _BUILD_PAUSE_S: Final = 0.12
 #: How far a store is built (:meth:`QueryStore.readiness`).
 Readiness = Literal["missing", "claims", "ready"]
 #: The modules whose code decides what a row holds: other code, other rows, so the store is rebuilt. By name: a
-#: refresh that finds nothing changed imports none of them (the start-up time of `ambient status`).
+#: refresh that finds nothing changed imports none of them (:mod:`ambient.storage.codestamp` says why).
 _RULES: Final = (
+    "ambient.query.store",
     "ambient.query.schema",
     "ambient.query.rows",
     "ambient.claims.claim",
@@ -92,21 +90,9 @@ _Sig = tuple[int, int, int]
 _COPIES: dict[str, dict[str, tuple[str, dict[str, int]]]] = {}
 
 
-@functools.cache
 def _code() -> str:
-    """Which code fills the store: ambient's version and the modules that read the files, by size and mtime."""
-    h = hashlib.sha256(f"{__version__}:{FORMAT}:{Path(__file__).stat().st_size}".encode())
-    for name in _RULES:
-        spec = importlib.util.find_spec(name)
-        where = spec.origin if spec is not None else None
-        if where is None:
-            continue
-        try:
-            st = Path(where).stat()
-        except OSError:
-            continue
-        h.update(f"{name}:{st.st_size}:{st.st_mtime_ns};".encode())
-    return h.hexdigest()[:16]
+    """Which code fills the store (:func:`~ambient.storage.codestamp.code_stamp` of :data:`_RULES`)."""
+    return code_stamp(FORMAT, _RULES)
 
 
 def _parsers() -> Any:

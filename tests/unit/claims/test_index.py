@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -182,6 +183,7 @@ def test_doctor_and_validate_use_the_index_and_write_none(brain: BrainPaths) -> 
 def test_the_index_code_covers_the_modules_that_judge_claims() -> None:
     """An index is trusted only by the code that wrote it: every module that reads or validates claims is found and
     hashed (moving the modules into packages once left only ambient's version in the hash)."""
-    names = {m.__name__ for m in _RULES}
-    assert {"ambient.claims.claim", "ambient.claims.claimfile", "ambient.storage.yamltext"} <= names
-    assert all(m.__file__ and Path(m.__file__).is_file() for m in _RULES)
+    assert {"ambient.claims.claim", "ambient.claims.claimfile", "ambient.storage.yamltext"} <= set(_RULES)
+    for name in _RULES:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None and Path(spec.origin).is_file(), name

@@ -417,7 +417,7 @@ class TestBasics:
         most, none under a very low limit (8 spares under ``ulimit -n 32`` left no descriptor for a journal)."""
         import resource
 
-        from ambient.claims.lockinodes import spares_max
+        from ambient.storage.spares import spares_max
 
         for soft, expected in ((1024, 240), (65536, 512), (96, 8), (32, 0), (resource.RLIM_INFINITY, 512)):
             monkeypatch.setattr(resource, "getrlimit", lambda _which, s=soft: (s, resource.RLIM_INFINITY))
