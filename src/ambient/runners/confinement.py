@@ -471,17 +471,25 @@ class TempDirs:
     on the loop at every confined agent (bench/README.md). A few fresh dirs per agent name are kept ready (none is
     ever used twice); one is checked when taken (still a private dir of ours: else it is dropped and one is made
     now). Those left at exit are removed then, with the removals still queued.
+
+    The thread is seldom woken by the caller: waking a thread on a busy machine can take the core from the waker,
+    which holds the GIL meanwhile (one ``put`` per agent was ~10 % of a fan-out's event loop, bench/README.md).
+    Jobs wait in a list; once it has worked, the thread dozes :data:`DOZE_S` and looks again by itself, and is
+    woken only from a deep sleep (nothing to do at its last look) or when fewer than half the spare dirs of a name
+    are left.
     """
 
-    def __init__(self, spare: int = 16) -> None:
+    #: How long the thread dozes between looks at its jobs while there is work (a fan-out).
+    DOZE_S = 0.05
+
+    def __init__(self, spare: int = 32) -> None:
         self.spare = spare
         self._lock = threading.Lock()
         self._ready: dict[str, list[str]] = {}
         self._wanted: dict[str, int] = {}  # ready plus queued to be made, per agent name
-        # Jobs wait in a list; the thread is woken (a token in ``_jobs``) only when it sleeps, and then does all
-        # that is there: in a fan-out, fewer hand-offs between it and the event loop.
         self._pending: list[tuple[str, Any]] = []
-        self._idle = True
+        self._asleep = True  # waiting for a token, no timeout
+        self._dozing = False  # waiting for a token or DOZE_S
         self._jobs: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         os.register_at_fork(after_in_child=self._forget)
@@ -492,11 +500,12 @@ class TempDirs:
         with self._lock:
             ready = self._ready.get(prefix)
             path = ready.pop() if ready else None
+            low = len(ready or ()) < self.spare // 2
             wanted = self._wanted.get(prefix, 0) - (path is not None)
             refill = max(0, self.spare - wanted)
             self._wanted[prefix] = wanted + refill
         for _ in range(refill):
-            self._queue("make", prefix)
+            self._queue("make", prefix, urgent=low)
         if path is not None and _fresh(path):
             return Path(path)
         if path is not None:
@@ -510,7 +519,7 @@ class TempDirs:
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every job queued so far is done (tests); False on timeout."""
         done = threading.Event()
-        self._queue("wait", done)
+        self._queue("wait", done, urgent=True)
         return done.wait(timeout)
 
     def close(self) -> None:
@@ -529,10 +538,10 @@ class TempDirs:
         """In a forked child: the thread is the parent's, and so are the dirs made ahead."""
         self._lock = threading.Lock()
         self._thread, self._ready, self._wanted = None, {}, {}
-        self._pending, self._idle = [], True
+        self._pending, self._asleep, self._dozing = [], True, False
         self._jobs = queue.SimpleQueue()
 
-    def _queue(self, what: str, arg: Any) -> None:
+    def _queue(self, what: str, arg: Any, *, urgent: bool = False) -> None:
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
@@ -541,20 +550,33 @@ class TempDirs:
                     atexit.register(self.close)
         with self._lock:
             self._pending.append((what, arg))
-            wake, self._idle = self._idle, False
+            wake = self._asleep or (urgent and self._dozing)
+            if wake:
+                self._asleep = self._dozing = False
         if wake:
             self._jobs.put(True)
 
     def _work(self) -> None:
-        while self._jobs.get() is not None:
+        timeout: float | None = None
+        while True:
+            try:
+                token = self._jobs.get(timeout=timeout)
+            except queue.Empty:
+                token = True
+            worked = False
             while True:
                 with self._lock:
+                    self._asleep = self._dozing = False
                     batch, self._pending = self._pending, []
-                    if not batch:
-                        self._idle = True
+                    if not batch:  # doze after work (a fan-out goes on), sleep after a look that found none
+                        self._dozing, self._asleep = worked, not worked
+                        timeout = self.DOZE_S if worked else None
                         break
+                worked = True
                 for what, arg in batch:
                     self._do(what, arg)
+            if token is None:  # close(): the jobs queued before it are done
+                return
 
     def _do(self, what: str, arg: Any) -> None:
         if what == "wait":

@@ -56,6 +56,7 @@ _CMSG_SPACE = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
 _MAX_MESSAGE = 1 << 16
 _MAX_LARGE = 64 << 20
 _CHUNK = 64 * 1024
+_RECV_FLAGS = int(socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)  # an int once: enum flags cost ~4 us per |
 _READS_PER_EVENT = 4  # then the other agents get their turn: a flood cannot starve them
 # Reset in every agent: ignored here (the stop signals) or by Python at start-up (SIGPIPE, SIGXFSZ).
 _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -441,9 +442,7 @@ class _Spawner:
         """Handle every request waiting; False once the daemon has closed its end."""
         while True:
             try:
-                data, ancillary, _flags, _addr = self.sock.recvmsg(
-                    _MAX_MESSAGE, _CMSG_SPACE, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
-                )
+                data, ancillary, _flags, _addr = self.sock.recvmsg(_MAX_MESSAGE, _CMSG_SPACE, _RECV_FLAGS)
             except (BlockingIOError, InterruptedError):
                 return True
             except ConnectionError:

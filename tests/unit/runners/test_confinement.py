@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import stat
 import tempfile
 from pathlib import Path
@@ -86,3 +87,34 @@ def test_a_temp_dir_made_ahead_then_changed_is_not_handed_out(tmp_path: Path, mo
     assert second not in (first, ready)
     assert stat.S_IMODE(second.lstat().st_mode) == 0o700
     dirs.close()
+
+
+def test_taking_and_dropping_temp_dirs_in_a_fan_out_does_not_wake_their_thread_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each wake-up of the thread could take the core from the event loop while it holds the GIL: while the thread
+    has work (it dozes and looks again by itself) and enough dirs are ready, agents' takes and drops wake it not."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dirs = TempDirs(spare=8)
+    dirs.DOZE_S = 30.0  # it dozes through this test once it has worked: no look of its own can hide a wake-up
+    wakes: list[object] = []
+
+    class Counted(queue.SimpleQueue[bool | None]):
+        def put(self, item: bool | None, block: bool = True, timeout: float | None = None) -> None:
+            wakes.append(item)
+            super().put(item, block, timeout)
+
+    dirs._jobs = Counted()
+    first = dirs.take("scribe")
+    assert dirs.wait(60)  # the spare dirs are made: it has worked, it dozes
+    wakes.clear()
+    taken = [dirs.take("scribe") for _ in range(3)]  # 8 ready, then 7, 6, 5: at least half the spare is left
+    for path in [first, *taken]:
+        dirs.drop(str(path))
+    assert wakes == []
+    assert dirs.wait(60)  # asking for its jobs to be done wakes it
+    assert wakes == [True]
+    assert not any(path.exists() for path in [first, *taken])
+    assert len(list(tmp_path.iterdir())) == 8  # made ahead again for the next agents
+    dirs.close()
+    assert list(tmp_path.iterdir()) == []
