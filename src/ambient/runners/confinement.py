@@ -178,19 +178,49 @@ def scope_write(brain: Path, files: Iterable[str]) -> list[str]:
     root = str(_resolved(brain))
     inside = root.rstrip(os.sep) + os.sep
     for rel in files:
-        # String paths: pathlib's resolve() was most of this at every agent's start (bench/README.md).
-        target = os.path.realpath(os.path.join(root, rel))  # noqa: PTH118
+        target, mode, parent_is_dir = resolve_in(root, rel)
         if not target.startswith(inside) or STATE_DIRNAME in target[len(inside) :].split(os.sep):  # noqa: PTH206
             continue  # never outside the brain, never the whole brain, never the daemon's state
-        if not os.path.exists(target):  # noqa: PTH110
+        if mode is None:  # a symlink on the way: resolved by realpath, looked at again
+            mode = 0 if not os.path.exists(target) else stat.S_IFREG  # noqa: PTH110
+            parent_is_dir = os.path.isdir(os.path.dirname(target))  # noqa: PTH112, PTH120
+        if not mode:
             target = os.path.dirname(target)  # noqa: PTH120
-            if not os.path.isdir(target):  # noqa: PTH112 - a mkdir of a folder already there still locks its parent
+            if not parent_is_dir:  # a mkdir of a folder already there would still lock its parent
                 try:
                     os.makedirs(target, exist_ok=True)  # noqa: PTH103
                 except OSError:
                     continue
         out.append(target)
     return out
+
+
+def resolve_in(root: str, rel: str) -> tuple[str, int | None, bool]:
+    """``os.path.realpath(root/rel)`` for a ``root`` without symlinks, looking up only ``rel``'s own components
+    (realpath looks up every component from ``/``: twice the calls at every agent's start, each a GIL hand-off on
+    the event loop). Also the file type (``S_IFMT``) of the last component (0: missing) and whether its parent is a
+    folder; the type is None when a symlink (or ``..``) was met: the path is then realpath's own answer."""
+    parts = rel.split(os.sep)  # noqa: PTH206 - strings: no Path per agent
+    if rel.startswith(os.sep) or os.pardir in parts:
+        return os.path.realpath(os.path.join(root, rel)), None, False  # noqa: PTH118
+    path, mode, parent_mode = root, stat.S_IFDIR, stat.S_IFDIR
+    for name in parts:
+        if not name or name == os.curdir:
+            continue
+        parent_mode = mode
+        path = os.path.join(path, name)  # noqa: PTH118
+        if not stat.S_ISDIR(mode):  # beneath something missing, or a file: missing too (realpath joins the rest)
+            mode = 0
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            mode = 0
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            return os.path.realpath(os.path.join(root, rel)), None, False  # noqa: PTH118
+        mode = stat.S_IFMT(st.st_mode)
+    return path, mode, stat.S_ISDIR(parent_mode)
 
 
 @functools.lru_cache(maxsize=16)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ambient.runners.base import RunRequest
-from ambient.runners.confinement import AGENT_USER, TempDirs, default_agent_user, run_as, share_scope
+from ambient.runners.confinement import AGENT_USER, TempDirs, default_agent_user, resolve_in, run_as, share_scope
 from ambient.runners.runner_config import CommandRunnerConfig, parse_runner_config
 
 
@@ -118,3 +118,30 @@ def test_taking_and_dropping_temp_dirs_in_a_fan_out_does_not_wake_their_thread_e
     assert len(list(tmp_path.iterdir())) == 8  # made ahead again for the next agents
     dirs.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_scope_path_is_resolved_as_realpath_resolves_it_looking_up_only_its_own_components(tmp_path: Path) -> None:
+    """Every path of up to three components over folders, a file, symlinks (into the brain, out of it, dangling,
+    a loop), missing names, ``.`` and ``..``: the same answer as ``os.path.realpath``, and, when no symlink was met,
+    the type of what is there and whether its folder is one."""
+    root = tmp_path / "brain"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "f").write_text("x")
+    (root / "l1").symlink_to("a")
+    (root / "l2").symlink_to("../outside")
+    (root / "l3").symlink_to("missing")
+    (root / "loop").symlink_to("loop")
+    names = ["a", "b", "f", "l1", "l2", "l3", "loop", "x", ".", "..", ""]
+    rels = [*names, *(f"{p}/{q}" for p in names for q in names)]
+    rels += [f"{p}/{q}/{r}" for p in names for q in names for r in names] + ["/etc/passwd", "/a"]
+    for rel in rels:
+        path, mode, parent_is_dir = resolve_in(str(root), rel)
+        assert path == os.path.realpath(os.path.join(root, rel)), rel
+        if mode is not None:
+            try:
+                assert mode == stat.S_IFMT(os.lstat(path).st_mode), rel
+            except FileNotFoundError:
+                assert mode == 0, rel
+            except NotADirectoryError:
+                assert mode == 0, rel
+            assert parent_is_dir == os.path.isdir(os.path.dirname(path)), rel
