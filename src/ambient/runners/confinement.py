@@ -9,9 +9,9 @@ An agent is code ambient does not trust, running as ambient's own Unix user. Und
   is the daemon's or the person's alone: ``.ambient/`` (journals, escalations, the inbox, tokens: so an agent can
   neither answer an escalation nor drop a packet in the person's name), ``profil/ambient.yml`` and the files of
   ``profil/`` that hold secrets (names with token, secret, credential, password; ``*.key``, ``*.pem``);
-- write: the SPAWN's scope (a file that does not exist yet: its folder, made if missing), ``claims/`` and
-  ``locks/`` (the kernel's mutex and the claims agents write under a token), a private temp dir (``TMPDIR``),
-  ``/dev/null``.
+- write: the SPAWN's scope (a file that does not exist yet: its folder, made if missing; never the brain's own),
+  ``claims/`` and ``locks/`` (the kernel's mutex and the claims agents write under a token), a private temp dir
+  (``TMPDIR``), ``/dev/null``.
 
 The network, from Landlock ABI 4 on: a confined agent binds no TCP port and connects only to the ports its runner
 names (``network: [host:port, ...]``; ``network: any`` leaves its TCP alone); none by default for a command agent,
@@ -173,7 +173,8 @@ def interpreter_read(brain: Path) -> list[str]:
 
 def scope_write(brain: Path, files: Iterable[str]) -> list[str]:
     """Where the scope lets the agent write: each path of the scope as it is, or, not there yet, its folder
-    (made now, so the agent can create the file)."""
+    (made now, so the agent can create the file), but never the brain's own folder: a new file at the top of the
+    brain is not granted (Landlock grants a folder whole, and the brain's holds ambient's state)."""
     out: list[str] = []
     root = str(_resolved(brain))
     inside = root.rstrip(os.sep) + os.sep
@@ -186,6 +187,8 @@ def scope_write(brain: Path, files: Iterable[str]) -> list[str]:
             parent_is_dir = os.path.isdir(os.path.dirname(target))  # noqa: PTH112, PTH120
         if not mode:
             target = os.path.dirname(target)  # noqa: PTH120
+            if not target.startswith(inside):
+                continue  # a new file at the top: its folder is the whole brain, ambient's state with it
             if not parent_is_dir:  # a mkdir of a folder already there would still lock its parent
                 try:
                     os.makedirs(target, exist_ok=True)  # noqa: PTH103

@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from ambient.runners.base import RunRequest
-from ambient.runners.confinement import AGENT_USER, TempDirs, default_agent_user, resolve_in, run_as, share_scope
+from ambient.runners.confinement import (
+    AGENT_USER,
+    TempDirs,
+    default_agent_user,
+    resolve_in,
+    run_as,
+    scope_write,
+    share_scope,
+)
 from ambient.runners.runner_config import CommandRunnerConfig, parse_runner_config
 
 
@@ -145,3 +153,13 @@ def test_a_scope_path_is_resolved_as_realpath_resolves_it_looking_up_only_its_ow
             except NotADirectoryError:
                 assert mode == 0, rel
             assert parent_is_dir == os.path.isdir(os.path.dirname(path)), rel
+
+
+def test_a_new_file_at_the_top_of_the_brain_grants_nothing(tmp_path: Path) -> None:
+    """Its folder would be the whole brain, ambient's state with it; a file there already, or a new one in a
+    folder, is granted as before."""
+    brain = tmp_path / "brain"
+    (brain / ".ambient").mkdir(parents=True)
+    (brain / "kept.md").write_text("x")
+    assert scope_write(brain, ["new.md", "./other.md"]) == []
+    assert scope_write(brain, ["kept.md", "notes/new.md"]) == [str(brain / "kept.md"), str(brain / "notes")]
