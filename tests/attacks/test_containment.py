@@ -410,3 +410,50 @@ def test_an_agent_cannot_answer_an_escalation_in_the_persons_name(tmp_path: Path
     assert all(rc != 0 for rc in done["output"]["rcs"]), done["output"]
     assert [e["id"] for e in still] == ids, "an agent answered an escalation"
     assert finished_run(paths, "failing") is None
+
+
+_TOP = """
+import json, os, sys
+from pathlib import Path
+json.load(sys.stdin)
+brain = Path(os.environ["AMBIENT_BRAIN"])
+tried = {}
+
+def attempt(name, act):
+    try:
+        act()
+        tried[name] = "allowed"
+    except OSError as exc:
+        tried[name] = f"denied: {exc.strerror}"
+
+attempt("write_inbox", lambda: (brain / ".ambient" / "inbox" / "forged.json").write_text("{}"))
+attempt("write_notes", lambda: (brain / "notes.md").write_text("overwritten"))
+print(json.dumps({"status": "ok", "tried": tried}))
+"""
+
+
+def test_an_agent_whose_scope_is_a_new_file_at_the_top_of_the_brain_is_not_given_the_whole_brain(
+    tmp_path: Path,
+) -> None:
+    """A scope file not there yet is granted through its folder; at the top of the brain that folder is the brain
+    itself, ambient's state included: the agent is given none of it (it cannot make that file either)."""
+    from tests.e2e.helpers import command_agent_md
+
+    paths = make_brain(tmp_path / "brain", example_agents=False, config="concurrency: 2\n")
+    (paths.root / "notes.md").write_text("the person's notes\n")
+    (paths.root / "bin").mkdir(exist_ok=True)
+    (paths.root / "bin" / "top.py").write_text(_TOP)
+    d = DaemonProcess(paths).start()
+    try:
+        d.wait_ready()
+        (paths.agents / "top.md").write_text(command_agent_md("top", ["{{python}}", "bin/top.py"], confine=True))
+        drop(paths, "top.yml", foreach_workflow("top", ["a"], agent="top", files="top-{{item}}.md"))
+        wait_for(lambda: finished_run(paths, "top") is not None, 60, "the run")
+    finally:
+        d.stop()
+        d.kill()
+    [done] = [e for e in events(paths, "top", "finished") if e.get("item") == "a"]
+    tried = done["output"]["tried"]
+    assert tried["write_inbox"].startswith("denied") and tried["write_notes"].startswith("denied"), tried
+    assert not (paths.inbox / "forged.json").exists()
+    assert (paths.root / "notes.md").read_text() == "the person's notes\n"

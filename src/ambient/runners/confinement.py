@@ -9,9 +9,9 @@ An agent is code ambient does not trust, running as ambient's own Unix user. Und
   is the daemon's or the person's alone: ``.ambient/`` (journals, escalations, the inbox, tokens: so an agent can
   neither answer an escalation nor drop a packet in the person's name), ``profil/ambient.yml`` and the files of
   ``profil/`` that hold secrets (names with token, secret, credential, password; ``*.key``, ``*.pem``);
-- write: the SPAWN's scope (a file that does not exist yet: its folder, made if missing), ``claims/`` and
-  ``locks/`` (the kernel's mutex and the claims agents write under a token), a private temp dir (``TMPDIR``),
-  ``/dev/null``.
+- write: the SPAWN's scope (a file that does not exist yet: its folder, made if missing; never the brain's own),
+  ``claims/`` and ``locks/`` (the kernel's mutex and the claims agents write under a token), a private temp dir
+  (``TMPDIR``), ``/dev/null``.
 
 The network, from Landlock ABI 4 on: a confined agent binds no TCP port and connects only to the ports its runner
 names (``network: [host:port, ...]``; ``network: any`` leaves its TCP alone); none by default for a command agent,
@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,11 +89,25 @@ class Policy:
     def as_request(self, abi: int) -> dict[str, Any]:
         """The spawner's ``jail`` entries for Landlock."""
         return {
-            "read": [os.fsencode(p) for p in self.read],
+            "read": _encoded(self.read),
             "write": [os.fsencode(p) for p in self.write],
             "abi": abi,
             "connect": None if self.connect is None else list(self.connect),
         }
+
+
+_ENCODED: dict[tuple[str, ...], list[bytes]] = {}
+
+
+def _encoded(paths: tuple[str, ...]) -> list[bytes]:
+    """``paths`` as bytes, kept: the read paths of one agent are those of the last (~40 ``fsencode`` calls per agent
+    otherwise). The list is shared: never changed."""
+    kept = _ENCODED.get(paths)
+    if kept is None:
+        if len(_ENCODED) >= 64:
+            _ENCODED.clear()
+        kept = _ENCODED[paths] = [os.fsencode(p) for p in paths]
+    return kept
 
 
 def secret_name(name: str) -> bool:
@@ -107,17 +122,26 @@ _BRAIN_READ: dict[str, tuple[tuple[int, int], list[str]]] = {}
 def brain_read(brain: Path) -> list[str]:
     """The brain's entries an agent may read: all but ``.ambient/`` and the secrets of ``profil/`` (kept while the
     brain's folder and ``profil/`` are unchanged: a fan-out starts many agents on one brain)."""
+    where = str(brain)
     try:
-        profil = brain / "profil"
-        key = (brain.stat().st_mtime_ns, profil.stat().st_mtime_ns if profil.is_dir() else 0)
+        key = (os.stat(where).st_mtime_ns, _mtime_of_dir(os.path.join(where, "profil")))  # noqa: PTH116, PTH118
     except OSError:
         key = (0, 0)
-    hit = _BRAIN_READ.get(str(brain))
+    hit = _BRAIN_READ.get(where)
     if hit is not None and hit[0] == key:
         return hit[1]
     out = _brain_read(brain)
-    _BRAIN_READ[str(brain)] = (key, out)
+    _BRAIN_READ[where] = (key, out)
     return out
+
+
+def _mtime_of_dir(path: str) -> int:
+    """A folder's mtime (0: not a folder): one ``stat``."""
+    try:
+        st = os.stat(path)  # noqa: PTH116 - a string, at every agent's start
+    except OSError:
+        return 0
+    return st.st_mtime_ns if stat.S_ISDIR(st.st_mode) else 0
 
 
 def _brain_read(brain: Path) -> list[str]:
@@ -149,21 +173,57 @@ def interpreter_read(brain: Path) -> list[str]:
 
 def scope_write(brain: Path, files: Iterable[str]) -> list[str]:
     """Where the scope lets the agent write: each path of the scope as it is, or, not there yet, its folder
-    (made now, so the agent can create the file)."""
+    (made now, so the agent can create the file), but never the brain's own folder: a new file at the top of the
+    brain is not granted (Landlock grants a folder whole, and the brain's holds ambient's state)."""
     out: list[str] = []
-    root = _resolved(brain)
+    root = str(_resolved(brain))
+    inside = root.rstrip(os.sep) + os.sep
     for rel in files:
-        target = (root / rel).resolve()
-        if not target.is_relative_to(root) or target == root or STATE_DIRNAME in target.relative_to(root).parts:
+        target, mode, parent_is_dir = resolve_in(root, rel)
+        if not target.startswith(inside) or STATE_DIRNAME in target[len(inside) :].split(os.sep):  # noqa: PTH206
             continue  # never outside the brain, never the whole brain, never the daemon's state
-        if not target.exists():
-            target = target.parent
-            try:
-                target.mkdir(parents=True, exist_ok=True)
-            except OSError:
-                continue
-        out.append(str(target))
+        if mode is None:  # a symlink on the way: resolved by realpath, looked at again
+            mode = 0 if not os.path.exists(target) else stat.S_IFREG  # noqa: PTH110
+            parent_is_dir = os.path.isdir(os.path.dirname(target))  # noqa: PTH112, PTH120
+        if not mode:
+            target = os.path.dirname(target)  # noqa: PTH120
+            if not target.startswith(inside):
+                continue  # a new file at the top: its folder is the whole brain, ambient's state with it
+            if not parent_is_dir:  # a mkdir of a folder already there would still lock its parent
+                try:
+                    os.makedirs(target, exist_ok=True)  # noqa: PTH103
+                except OSError:
+                    continue
+        out.append(target)
     return out
+
+
+def resolve_in(root: str, rel: str) -> tuple[str, int | None, bool]:
+    """``os.path.realpath(root/rel)`` for a ``root`` without symlinks, looking up only ``rel``'s own components
+    (realpath looks up every component from ``/``: twice the calls at every agent's start, each a GIL hand-off on
+    the event loop). Also the file type (``S_IFMT``) of the last component (0: missing) and whether its parent is a
+    folder; the type is None when a symlink (or ``..``) was met: the path is then realpath's own answer."""
+    parts = rel.split(os.sep)  # noqa: PTH206 - strings: no Path per agent
+    if rel.startswith(os.sep) or os.pardir in parts:
+        return os.path.realpath(os.path.join(root, rel)), None, False  # noqa: PTH118
+    path, mode, parent_mode = root, stat.S_IFDIR, stat.S_IFDIR
+    for name in parts:
+        if not name or name == os.curdir:
+            continue
+        parent_mode = mode
+        path = os.path.join(path, name)  # noqa: PTH118
+        if not stat.S_ISDIR(mode):  # beneath something missing, or a file: missing too (realpath joins the rest)
+            mode = 0
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            mode = 0
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            return os.path.realpath(os.path.join(root, rel)), None, False  # noqa: PTH118
+        mode = stat.S_IFMT(st.st_mode)
+    return path, mode, stat.S_ISDIR(parent_mode)
 
 
 @functools.lru_cache(maxsize=16)
@@ -188,8 +248,13 @@ def policy(
     if program.startswith("/"):
         read.append(program)
     scope = scope_write(brain, files) if writable is None else writable
-    write = [*scope, *(str(brain / d) for d in SHARED_WRITE), str(tmp), *own, *DEVICES_WRITE]
+    write = [*scope, *_shared_write(str(brain)), str(tmp), *own, *DEVICES_WRITE]
     return Policy(tuple(dict.fromkeys(read)), tuple(dict.fromkeys(write)), connect)
+
+
+@functools.lru_cache(maxsize=16)
+def _shared_write(brain: str) -> tuple[str, ...]:
+    return tuple(os.path.join(brain, d) for d in SHARED_WRITE)  # noqa: PTH118
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -263,7 +328,13 @@ def jail(
     the end by :func:`drop_tmp`). An agent of another user than ambient's gets its temp dir as its own; one of the
     daemon's agent user (no ``user:`` of its own) may write its scope too (:func:`share_scope`; a user the
     runner names is given what it needs by the person). OSError when the user cannot be taken."""
-    writable = functools.cache(lambda: scope_write(req.brain, scope_files(req)))  # asked once, if at all
+    found_scope: list[list[str]] = []
+
+    def writable() -> list[str]:  # asked once, if at all
+        if not found_scope:
+            found_scope.append(scope_write(req.brain, scope_files(req)))
+        return found_scope[0]
+
     found = {**_user(req, cfg, env, default_user), **(_landlock(req, cfg, argv, env, writable) or {})}
     if "uid" in found and env.get("TMPDIR"):
         os.chown(env["TMPDIR"], found["uid"], found["gid"])  # its private temp dir is its own
@@ -280,7 +351,7 @@ def _user(req: RunRequest, cfg: CommandRunnerConfig, env: dict[str, str], defaul
     if name is None:
         return {}
     try:
-        entry = pwd.getpwnam(name)
+        entry = _user_entry(name)
     except KeyError:
         if cfg.user is not None or name != AGENT_USER:
             where = "ambient.runner.user" if cfg.user is not None else "agent_user in profil/ambient.yml"
@@ -303,6 +374,22 @@ def _user(req: RunRequest, cfg: CommandRunnerConfig, env: dict[str, str], defaul
     return found
 
 
+#: How long a user's entry is taken as read (``getpwnam`` reads the user database: a file, or a service).
+_USER_TTL_S = 10.0
+_USERS: dict[str, tuple[float, pwd.struct_passwd]] = {}
+
+
+def _user_entry(name: str) -> pwd.struct_passwd:
+    """``pwd.getpwnam(name)``, kept for :data:`_USER_TTL_S` (asked at every agent's start of a root daemon)."""
+    now = time.monotonic()
+    kept = _USERS.get(name)
+    if kept is not None and now - kept[0] < _USER_TTL_S:
+        return kept[1]
+    entry = pwd.getpwnam(name)
+    _USERS[name] = (now, entry)
+    return entry
+
+
 def scope_files(req: RunRequest) -> list[str]:
     """The files of the SPAWN's scope, as the packet names them (relative to the brain)."""
     scope = req.packet.get("scope") if isinstance(req.packet, dict) else None
@@ -316,9 +403,21 @@ def share_scope(req: RunRequest, uid: int, gid: int, writable: Sequence[str] | N
     is opened to other users, and a path already the agent's own is left as it is. Done once per path: later
     agents find it so. Each path is opened with ``O_NOFOLLOW`` and changed through its descriptor: one swapped
     for a symlink meanwhile (by an earlier agent, which may write that folder) changes nothing outside."""
-    root = _resolved(req.brain)
+    root = str(_resolved(req.brain))
     scope = scope_write(req.brain, scope_files(req)) if writable is None else writable
-    for path in [*scope, *(str(root / d) for d in SHARED_WRITE)]:
+    now = time.monotonic()
+    for path in [*scope, *(os.path.join(root, d) for d in SHARED_WRITE)]:  # noqa: PTH118
+        done = _SHARED.get((path, uid, gid))
+        if done is not None and now - done < _SHARED_TTL_S:
+            continue  # found so a moment ago: in a fan-out, every agent's claims/, locks/ and often scope folder
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if _shared(st, uid, gid):  # one lstat, where opening, reading and closing took three calls
+            if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+                _remember_shared(path, uid, gid, now)
+            continue
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         except OSError:  # gone, or a symlink (ELOOP): not followed
@@ -332,10 +431,33 @@ def share_scope(req: RunRequest, uid: int, gid: int, writable: Sequence[str] | N
                 os.fchown(fd, -1, gid)
             if mode != stat.S_IMODE(st.st_mode) or st.st_gid != gid:  # a chown may have cleared setgid
                 os.fchmod(fd, mode)
+            _remember_shared(path, uid, gid, now)
         except OSError:
             continue
         finally:
             os.close(fd)
+
+
+#: How long a path found given to an agent user's group is taken as still given (``share_scope``): a person who
+#: takes it back by hand meanwhile sees the next agents refused their writes for that long at most.
+_SHARED_TTL_S = 5.0
+_SHARED: dict[tuple[str, int, int], float] = {}
+
+
+def _shared(st: os.stat_result, uid: int, gid: int) -> bool:
+    """Whether :func:`share_scope` has nothing to change on a path of this ``lstat``: the agent's own, not a folder
+    or file (a symlink is never followed), or its group's already with the bits it would set."""
+    if st.st_uid == uid or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        return True
+    want = 0o2070 if stat.S_ISDIR(st.st_mode) else 0o060
+    return st.st_gid == gid and stat.S_IMODE(st.st_mode) & want == want
+
+
+def _remember_shared(path: str, uid: int, gid: int, now: float) -> None:
+    if len(_SHARED) >= 4096:  # many items with a file scope each: forget the oldest half
+        for key in sorted(_SHARED, key=_SHARED.__getitem__)[:2048]:
+            del _SHARED[key]
+    _SHARED[(path, uid, gid)] = now
 
 
 def _landlock(
@@ -368,7 +490,8 @@ def private_tmp(agent: str) -> Path:
 def drop_tmp(env: Mapping[str, str]) -> None:
     """The private temp dir a confined agent had (nothing else reads it): removed behind, off the caller's thread."""
     tmp = env.get("TMPDIR", "")
-    if tmp and Path(tmp).name.startswith("ambient-") and Path(tmp).parent == Path(tempfile.gettempdir()):
+    folder, name = os.path.split(tmp)
+    if name.startswith("ambient-") and folder == tempfile.gettempdir():
         TEMP_DIRS.drop(tmp)
 
 
@@ -381,14 +504,26 @@ class TempDirs:
     on the loop at every confined agent (bench/README.md). A few fresh dirs per agent name are kept ready (none is
     ever used twice); one is checked when taken (still a private dir of ours: else it is dropped and one is made
     now). Those left at exit are removed then, with the removals still queued.
+
+    The thread is seldom woken by the caller: waking a thread on a busy machine can take the core from the waker,
+    which holds the GIL meanwhile (one ``put`` per agent was ~10 % of a fan-out's event loop, bench/README.md).
+    Jobs wait in a list; once it has worked, the thread dozes :data:`DOZE_S` and looks again by itself, and is
+    woken only from a deep sleep (nothing to do at its last look) or when fewer than half the spare dirs of a name
+    are left.
     """
 
-    def __init__(self, spare: int = 16) -> None:
+    #: How long the thread dozes between looks at its jobs while there is work (a fan-out).
+    DOZE_S = 0.05
+
+    def __init__(self, spare: int = 32) -> None:
         self.spare = spare
         self._lock = threading.Lock()
         self._ready: dict[str, list[str]] = {}
         self._wanted: dict[str, int] = {}  # ready plus queued to be made, per agent name
-        self._jobs: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        self._pending: list[tuple[str, Any]] = []
+        self._asleep = True  # waiting for a token, no timeout
+        self._dozing = False  # waiting for a token or DOZE_S
+        self._jobs: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         os.register_at_fork(after_in_child=self._forget)
 
@@ -398,11 +533,12 @@ class TempDirs:
         with self._lock:
             ready = self._ready.get(prefix)
             path = ready.pop() if ready else None
+            low = len(ready or ()) < self.spare // 2
             wanted = self._wanted.get(prefix, 0) - (path is not None)
             refill = max(0, self.spare - wanted)
             self._wanted[prefix] = wanted + refill
         for _ in range(refill):
-            self._queue("make", prefix)
+            self._queue("make", prefix, urgent=low)
         if path is not None and _fresh(path):
             return Path(path)
         if path is not None:
@@ -416,7 +552,7 @@ class TempDirs:
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every job queued so far is done (tests); False on timeout."""
         done = threading.Event()
-        self._queue("wait", done)
+        self._queue("wait", done, urgent=True)
         return done.wait(timeout)
 
     def close(self) -> None:
@@ -435,37 +571,64 @@ class TempDirs:
         """In a forked child: the thread is the parent's, and so are the dirs made ahead."""
         self._lock = threading.Lock()
         self._thread, self._ready, self._wanted = None, {}, {}
+        self._pending, self._asleep, self._dozing = [], True, False
         self._jobs = queue.SimpleQueue()
 
-    def _queue(self, what: str, arg: Any) -> None:
+    def _queue(self, what: str, arg: Any, *, urgent: bool = False) -> None:
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._work, name="ambient-tmpdirs", daemon=True)
                     self._thread.start()
                     atexit.register(self.close)
-        self._jobs.put((what, arg))
+        with self._lock:
+            self._pending.append((what, arg))
+            wake = self._asleep or (urgent and self._dozing)
+            if wake:
+                self._asleep = self._dozing = False
+        if wake:
+            self._jobs.put(True)
 
     def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            what, arg = job
-            if what == "wait":
-                arg.set()
-            elif what == "drop":
-                try:
-                    os.rmdir(arg)  # noqa: PTH106 - most are empty: one call
-                except OSError:
-                    shutil.rmtree(arg, ignore_errors=True)
-            else:
-                try:
-                    made = tempfile.mkdtemp(prefix=arg)
-                except OSError:
-                    made = None
+        timeout: float | None = None
+        while True:
+            try:
+                token = self._jobs.get(timeout=timeout)
+            except queue.Empty:
+                token = True
+            worked = False
+            while True:
                 with self._lock:
-                    if made is not None:
-                        self._ready.setdefault(arg, []).append(made)
-                    else:
-                        self._wanted[arg] = self._wanted.get(arg, 1) - 1
+                    self._asleep = self._dozing = False
+                    batch, self._pending = self._pending, []
+                    if not batch:  # doze after work (a fan-out goes on), sleep after a look that found none
+                        self._dozing, self._asleep = worked, not worked
+                        timeout = self.DOZE_S if worked else None
+                        break
+                worked = True
+                for what, arg in batch:
+                    self._do(what, arg)
+            if token is None:  # close(): the jobs queued before it are done
+                return
+
+    def _do(self, what: str, arg: Any) -> None:
+        if what == "wait":
+            arg.set()
+        elif what == "drop":
+            try:
+                os.rmdir(arg)  # noqa: PTH106 - most are empty: one call
+            except OSError:
+                shutil.rmtree(arg, ignore_errors=True)
+        else:
+            try:
+                made = tempfile.mkdtemp(prefix=arg)
+            except OSError:
+                made = None
+            with self._lock:
+                if made is not None:
+                    self._ready.setdefault(arg, []).append(made)
+                else:
+                    self._wanted[arg] = self._wanted.get(arg, 1) - 1
 
 
 def _fresh(path: str) -> bool:

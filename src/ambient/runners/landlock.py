@@ -20,12 +20,14 @@ import os
 import platform
 import stat
 from collections.abc import Iterable
+from typing import Any
 
 _SYSCALLS = {  # x86_64 and aarch64 (and every arch since 5.13) share these numbers
     "create_ruleset": 444,
     "add_rule": 445,
     "restrict_self": 446,
 }
+_ADD_RULE = _SYSCALLS["add_rule"]
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
 _RULE_NET_PORT = 2
@@ -203,6 +205,7 @@ class _Opened:
 
     def __init__(self) -> None:
         self.fds: dict[bytes, tuple[int, int, int, bool]] = {}  # path → (descriptor, device, inode, is a folder)
+        self.rules: dict[tuple[int, int], Any] = {}  # (descriptor, rights) → its rule, by reference
         self.limit = -1
 
     def allow(self, ruleset: int, path: bytes, rights: int) -> None:
@@ -222,7 +225,12 @@ class _Opened:
                 return
         if not kept[3]:
             rights &= _FILE_RIGHTS
-        _add_rule(ruleset, kept[0], rights)
+        rule = self.rules.get((kept[0], rights))
+        if rule is None:  # made once per descriptor and rights: most of a ruleset's cost was making them
+            rule = self.rules[(kept[0], rights)] = ctypes.byref(_PathBeneathAttr(rights, kept[0]))
+        if _libc().syscall(_ADD_RULE, ruleset, _RULE_PATH_BENEATH, rule, 0) < 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"landlock_add_rule: {os.strerror(code)}")
 
     def open(self, path: bytes) -> tuple[int, int, int, bool] | None:
         if self.limit < 0:
@@ -243,6 +251,8 @@ class _Opened:
     def forget(self, path: bytes) -> None:
         kept = self.fds.pop(path, None)
         if kept is not None:
+            for key in [k for k in self.rules if k[0] == kept[0]]:
+                del self.rules[key]
             os.close(kept[0])
 
 

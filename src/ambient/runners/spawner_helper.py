@@ -56,6 +56,7 @@ _CMSG_SPACE = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
 _MAX_MESSAGE = 1 << 16
 _MAX_LARGE = 64 << 20
 _CHUNK = 64 * 1024
+_RECV_FLAGS = int(socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)  # an int once: enum flags cost ~4 us per |
 _READS_PER_EVENT = 4  # then the other agents get their turn: a flood cannot starve them
 # Reset in every agent: ignored here (the stop signals) or by Python at start-up (SIGPIPE, SIGXFSZ).
 _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -91,11 +92,12 @@ def _spawn_confined(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]
     ``abi``, and ``connect``: the TCP ports it may reach; see ambient.runners.landlock), take the agent's own user
     if asked (``uid``/``gid``: the daemon runs as root; every capability dropped, see :func:`drop_privileges`), and
     exec. posix_spawn runs no code between the two, so this path forks (the spawner is small and single-threaded: a
-    fork is cheap and safe) and returns at once, without waiting for the exec: the next agent's start overlaps this
-    one's (bench/fanout.py (b)). The agent's Landlock ruleset is built here, before the fork, while still the
-    daemon's user (its read paths opened once and kept, see ``landlock.ruleset``): the child only applies it, and
-    drops its user with the calls prepared here, so that it runs as few Python steps as it can between fork and
-    exec (each touches pages the fork shares: bench/README.md). A confinement or exec that fails is said on the
+    fork is safe) and waits for the exec, up to ``_EXEC_WAIT_MS``: until then every page either process writes is
+    copied, and the spawner writes many as soon as it goes on (bench/fanout.py (b)). The agent's Landlock ruleset
+    is built here, before the fork, while still the daemon's user (its read paths opened once and kept, see
+    ``landlock.ruleset``): the child only applies it, and drops its user with the calls prepared here (once per
+    user), so that it runs as few Python steps as it can between fork and exec (each touches pages the fork
+    shares: bench/README.md). A confinement or exec that fails is said on the
     agent's stderr, and the agent exits 127, as a shell says a command it cannot run."""
     rules = -1
     problem: BaseException | None = None
@@ -108,18 +110,31 @@ def _spawn_confined(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]
             rules = landlock.ruleset(jail["read"], jail["write"], jail["abi"], jail.get("connect"))
         except Exception as exc:  # noqa: BLE001 - said by the child on the agent's stderr, as before its exec
             problem = exc
-    drop = _Drop(jail["uid"], jail["gid"]) if "uid" in jail else None
+    drop = _drop_for(jail["uid"], jail["gid"]) if "uid" in jail else None
     exes = _executables(argv[0], env)
+    exec_r, exec_w = os.pipe2(os.O_CLOEXEC)  # its end closes when the child execs or exits
     try:
         pid = os.fork()
     except BaseException:
-        if rules >= 0:
-            os.close(rules)
+        for fd in (exec_r, exec_w, rules):
+            if fd >= 0:
+                os.close(fd)
         raise
     if pid:
+        os.close(exec_w)
         if rules >= 0:
             os.close(rules)  # the child keeps its copy until its exec (close-on-exec)
+        try:
+            # Until the child has exec'd, each page this process writes is copied for the fork: waiting for the
+            # exec saved ~0.4 ms of CPU per agent (bench/README.md). Bounded: an exec stuck on a hung filesystem
+            # does not hold the next starts.
+            gate = select.poll()  # not select(): the spawner may hold more than FD_SETSIZE descriptors
+            gate.register(exec_r, select.POLLIN)
+            gate.poll(_EXEC_WAIT_MS)
+        finally:
+            os.close(exec_r)
         return pid
+    os.close(exec_r)
     # The child: nothing here may return into the spawner's loop.
     message = "confinement failed"
     try:
@@ -162,6 +177,7 @@ def _spawn_confined(argv: list[bytes], env: dict[bytes, bytes], stdio: list[int]
 
 
 _LANDLOCK = "landlock"
+_EXEC_WAIT_MS = 50
 
 _PR_CAPBSET_DROP = 24
 _PR_SET_SECUREBITS = 28
@@ -219,6 +235,15 @@ class _Drop:
 
 
 _CACHED: dict[str, Any] = {}
+_DROPS: dict[tuple[int, int], _Drop] = {}
+
+
+def _drop_for(uid: int, gid: int) -> _Drop:
+    """The prepared drop to ``uid``/``gid``, made once per pair (~45 calls' arguments: built at every start before)."""
+    drop = _DROPS.get((uid, gid))
+    if drop is None:
+        drop = _DROPS[(uid, gid)] = _Drop(uid, gid)
+    return drop
 
 
 def _c_library() -> Any:
@@ -417,9 +442,7 @@ class _Spawner:
         """Handle every request waiting; False once the daemon has closed its end."""
         while True:
             try:
-                data, ancillary, _flags, _addr = self.sock.recvmsg(
-                    _MAX_MESSAGE, _CMSG_SPACE, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
-                )
+                data, ancillary, _flags, _addr = self.sock.recvmsg(_MAX_MESSAGE, _CMSG_SPACE, _RECV_FLAGS)
             except (BlockingIOError, InterruptedError):
                 return True
             except ConnectionError:

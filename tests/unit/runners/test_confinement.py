@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import stat
 import tempfile
 from pathlib import Path
@@ -10,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from ambient.runners.base import RunRequest
-from ambient.runners.confinement import AGENT_USER, TempDirs, default_agent_user, run_as, share_scope
+from ambient.runners.confinement import (
+    AGENT_USER,
+    TempDirs,
+    default_agent_user,
+    resolve_in,
+    run_as,
+    scope_write,
+    share_scope,
+)
 from ambient.runners.runner_config import CommandRunnerConfig, parse_runner_config
 
 
@@ -86,3 +95,71 @@ def test_a_temp_dir_made_ahead_then_changed_is_not_handed_out(tmp_path: Path, mo
     assert second not in (first, ready)
     assert stat.S_IMODE(second.lstat().st_mode) == 0o700
     dirs.close()
+
+
+def test_taking_and_dropping_temp_dirs_in_a_fan_out_does_not_wake_their_thread_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each wake-up of the thread could take the core from the event loop while it holds the GIL: while the thread
+    has work (it dozes and looks again by itself) and enough dirs are ready, agents' takes and drops wake it not."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dirs = TempDirs(spare=8)
+    dirs.DOZE_S = 30.0  # it dozes through this test once it has worked: no look of its own can hide a wake-up
+    wakes: list[object] = []
+
+    class Counted(queue.SimpleQueue[bool | None]):
+        def put(self, item: bool | None, block: bool = True, timeout: float | None = None) -> None:
+            wakes.append(item)
+            super().put(item, block, timeout)
+
+    dirs._jobs = Counted()
+    first = dirs.take("scribe")
+    assert dirs.wait(60)  # the spare dirs are made: it has worked, it dozes
+    wakes.clear()
+    taken = [dirs.take("scribe") for _ in range(3)]  # 8 ready, then 7, 6, 5: at least half the spare is left
+    for path in [first, *taken]:
+        dirs.drop(str(path))
+    assert wakes == []
+    assert dirs.wait(60)  # asking for its jobs to be done wakes it
+    assert wakes == [True]
+    assert not any(path.exists() for path in [first, *taken])
+    assert len(list(tmp_path.iterdir())) == 8  # made ahead again for the next agents
+    dirs.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_scope_path_is_resolved_as_realpath_resolves_it_looking_up_only_its_own_components(tmp_path: Path) -> None:
+    """Every path of up to three components over folders, a file, symlinks (into the brain, out of it, dangling,
+    a loop), missing names, ``.`` and ``..``: the same answer as ``os.path.realpath``, and, when no symlink was met,
+    the type of what is there and whether its folder is one."""
+    root = tmp_path / "brain"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "f").write_text("x")
+    (root / "l1").symlink_to("a")
+    (root / "l2").symlink_to("../outside")
+    (root / "l3").symlink_to("missing")
+    (root / "loop").symlink_to("loop")
+    names = ["a", "b", "f", "l1", "l2", "l3", "loop", "x", ".", "..", ""]
+    rels = [*names, *(f"{p}/{q}" for p in names for q in names)]
+    rels += [f"{p}/{q}/{r}" for p in names for q in names for r in names] + ["/etc/passwd", "/a"]
+    for rel in rels:
+        path, mode, parent_is_dir = resolve_in(str(root), rel)
+        assert path == os.path.realpath(os.path.join(root, rel)), rel
+        if mode is not None:
+            try:
+                assert mode == stat.S_IFMT(os.lstat(path).st_mode), rel
+            except FileNotFoundError:
+                assert mode == 0, rel
+            except NotADirectoryError:
+                assert mode == 0, rel
+            assert parent_is_dir == os.path.isdir(os.path.dirname(path)), rel
+
+
+def test_a_new_file_at_the_top_of_the_brain_grants_nothing(tmp_path: Path) -> None:
+    """Its folder would be the whole brain, ambient's state with it; a file there already, or a new one in a
+    folder, is granted as before."""
+    brain = tmp_path / "brain"
+    (brain / ".ambient").mkdir(parents=True)
+    (brain / "kept.md").write_text("x")
+    assert scope_write(brain, ["new.md", "./other.md"]) == []
+    assert scope_write(brain, ["kept.md", "notes/new.md"]) == [str(brain / "kept.md"), str(brain / "notes")]

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from ambient.core.errors import SpawnerLost
 from ambient.runners import CommandRunner, CommandRunnerConfig, RunRequest, idempotency_key
+from ambient.runners.confinement import landlock_abi, policy
 from ambient.runners.spawner import INLINE_MAX, SpawnedAgent, Spawner, available
 from ambient.runners.spawner_helper import keep_output
 from tests.conftest import async_wait_until, wait_until
@@ -115,6 +116,23 @@ class TestStart:
         standard = (1 << 31) - 1  # signals 1-31; glibc's posix_spawn leaves its internal 32 and 33 ignored
         assert int(status["SigIgn"], 16) & standard == 0  # SIGPIPE and the spawner's stop signals: default again
         assert int(status["SigBlk"], 16) == 0
+
+    @pytest.mark.skipif(landlock_abi() < 1, reason="this kernel has no Landlock")
+    async def test_a_confined_agent_also_gets_default_signals_and_an_empty_mask(
+        self, spawner: Spawner, tmp_path: Path
+    ) -> None:
+        """The confined path forks the spawner and execs from the child: the spawner's own stop signals and those
+        Python ignores must be default again there too, and nothing blocked."""
+        jail = policy(tmp_path, [], tmp_path, "/bin/cat").as_request(landlock_abi())
+        agent = await spawner.spawn(
+            ["/bin/cat", "/proc/self/status"], {"PATH": os.defpath}, tmp_path, b"", 1 << 20, 4096, jail
+        )
+        assert await agent.until(lambda: agent.closed, asyncio.get_running_loop().time() + 30)
+        assert await agent.wait() == 0, agent.stderr_tail
+        status = dict(line.split(":", 1) for line in agent.stdout.decode().splitlines())
+        assert int(status["SigIgn"], 16) & ((1 << 31) - 1) == 0
+        assert int(status["SigBlk"], 16) == 0
+        assert int(status["NoNewPrivs"]) == 1  # it was confined
 
     async def test_argv_elements_stay_whole_and_env_is_exactly_what_was_given(self, spawner: Spawner) -> None:
         hostile = "a b; rm -rf / $(id) `id` \"' \\ é ✓"
