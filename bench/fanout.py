@@ -254,7 +254,7 @@ def main() -> int:
     ap.add_argument("--drops", type=int, default=20)
     ap.add_argument("--peers", default=str(REPO.parent / "shared" / "bench" / "peers"))
     ap.add_argument("--lg-python", default="/tmp/lg/bin/python", help="python of a venv with langgraph")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: inproc,command,peers,drop")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: inproc,command,peers,floors,drop")
     ap.add_argument("--dir", default=None, help="where to make the temp brains (default: the system temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the brains for inspection")
     ap.add_argument("--json", default=None)
@@ -291,6 +291,13 @@ def main() -> int:
                     f"ambient/LangGraph per pair {', '.join(f'{x:.2f}' for x in r['ratios'])}: median "
                     f"{r['ratio']:.2f} (target >= 2: {'met' if r['ratio'] >= 2 else 'MISSED'})"
                 )
+            print(
+                "(a) each run on that daemon, items/s (CPU ms per item of its process tree, the run and what it "
+                f"left running into the next): cold {r['cold_items_per_s']:.0f}, warm "
+                + ", ".join(
+                    f"{r['n'] / s:.0f} ({c:.2f})" for s, c in zip(r["runs_s"], r["cpu_ms_per_item"], strict=True)
+                )
+            )
             r["steal"] = steal.share
         if "command" not in skip:
             steal = Steal()
@@ -317,7 +324,7 @@ def main() -> int:
                 f"{median(BARE_CPU):.2f}); ratio of CPU bare/ambient "
                 f"{median([b / a for a, b in zip(r['cpu_ms_per_item'], BARE_CPU, strict=True)]):.2f}"
             )
-        if "peers" not in skip:
+        if "peers" not in skip and "floors" not in skip:
             steal = Steal()
             floor = run_peer(
                 [

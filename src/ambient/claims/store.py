@@ -37,7 +37,15 @@ from ambient.core.errors import (
     UnsafePathError,
 )
 from ambient.core.problems import Problem
-from ambient.storage.fsutil import Staged, atomic_write, check_local_filesystem, fsync_dir, stage, sweep_stale_tmp
+from ambient.storage.fsutil import (
+    Staged,
+    atomic_write,
+    check_local_filesystem,
+    fsync_dir,
+    fsync_many,
+    stage,
+    sweep_stale_tmp,
+)
 from ambient.storage.guard import FileGuard
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import dump_yaml
@@ -415,8 +423,8 @@ class ClaimStore:
 
         A claim may come with the document it was validated from (written as is, unless fencing changes the
         claim), which spares rebuilding it from the model. Durable writes go in rounds of up to
-        ``STAGE_ROUND`` files: all written, then fsync'd back to back, then renamed into place, then one
-        fsync of claims/ at the end. Each file is on disk before its name points at it (a power cut leaves
+        ``STAGE_ROUND`` files: all written, then fsync'd together (:func:`fsync_many`), then renamed into place,
+        then one fsync of claims/ at the end. Each file is on disk before its name points at it (a power cut leaves
         every claim old or new, never empty or torn: R-03), without a wait between one write and the next.
         Performance (bench/fanout.py): the claims writer thread took the guard and created the folder for
         every item of a fan-out, and rebuilt each document.
@@ -448,8 +456,7 @@ class ClaimStore:
                 except (AmbientError, OSError) as exc:  # a claim the person broke or replaced: the others go on
                     failed.append((claim.sess_id, exc))
             if durable:
-                for _, st in staged:
-                    os.fsync(st.fd)
+                fsync_many([st.fd for _, st in staged])
         except BaseException as exc:  # an fsync failed (or worse): nothing of this round is put in place
             for claim, st in staged:
                 st.discard()

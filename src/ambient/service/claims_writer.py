@@ -45,7 +45,7 @@ class ClaimsWriter:
     They are views of the run journal (the fsync'd truth); a restart rewrites them from the journal. Each is
     on disk before its name points at it, so that a power cut leaves it old or new, never empty or torn (R-03
     found empty and garbled item claims that ambient then refused to overwrite, as it must a person's broken
-    file): the writer thread writes a batch of claims, fsyncs them back to back and renames them
+    file): the writer thread writes a batch of claims, fsyncs them together and renames them
     (:meth:`ClaimStore.write_claims`); the fsyncs wait in that thread, not on the loop.
 
     for_each item claims are coalesced: a finished (or escalated) item's claim is written at most

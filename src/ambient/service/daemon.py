@@ -305,7 +305,7 @@ class Daemon:
         workflows_eval = WorkflowEvaluator(
             WorkflowParts(p, ref, manager, starts, troubles, seen, wake=wakeup.wake, reload=self.reload)
         )
-        stale_claims = StaleClaimsEvaluator(claims, s.stale_claim_hours, clock)
+        stale_claims = StaleClaimsEvaluator(claims, s.stale_claim_hours, clock, _stale_every(s.tick_seconds))
         query = QueryKeeper(p)  # the query store (status, the console): refreshed after each tick, off the loop
         idle = IdleParts(
             p, manager, troubles, notify, outbox, clock, wake=wakeup.wake, ready=self.ready, stop=self.stop
@@ -550,6 +550,7 @@ class Daemon:
         if short := limits_short(s.concurrency):  # agents would fail to start (EMFILE, EAGAIN) short of the cap
             log.warning("limits_below_concurrency", concurrency=s.concurrency, **short)
         self.parts.stale_claims.hours = s.stale_claim_hours
+        self.parts.stale_claims.every_s = _stale_every(s.tick_seconds)
         self.parts.breaker.threshold = s.breaker_threshold
         for ex in self.parts.manager.executors.values():
             if isinstance(ex, ChainExecutor):
@@ -840,6 +841,11 @@ def _recovered(instance: SingleInstance, claims_view: ClaimsWriter, kind: str) -
     """A shortage is over: what it kept from disk (views, not history) is written now."""
     instance.write_if_unwritten()
     claims_view.retry_unwritten()
+
+
+def _stale_every(tick_seconds: float) -> float:
+    """The least time between two looks at the claims' TTLs: no longer than the regular tick."""
+    return min(StaleClaimsEvaluator.EVERY_S, tick_seconds)
 
 
 async def _run_finished(

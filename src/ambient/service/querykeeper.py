@@ -3,7 +3,8 @@
 After each tick (its last evaluator pokes it) and every ``idle_s`` (run tasks append to journals between ticks), the
 keeper refreshes the store: at most every ``min_interval_s``, in its own thread with its own connection, so the event
 loop never waits on SQLite. The claims folder (tens of thousands of files on a big brain: listing it is the costly
-part, and the thread holds the GIL the loop needs meanwhile) at most every ``claims_interval_s``; journals, records
+part, and the thread holds the GIL the loop needs meanwhile) at most every ``claims_interval_s``, and no more than
+``claims_share`` of a core whatever their number; journals, records
 and escalations (what a page of runs shows live) at every refresh. Readers (``ambient status``, the console) refresh
 before they read anyway: the keeper only makes that refresh cheap. A store that cannot be written costs only speed:
 the failure is logged once, the daemon goes on.
@@ -40,12 +41,23 @@ class QueryKeeper:
         min_interval_s: float = 0.2,
         idle_s: float = 1.0,
         claims_interval_s: float = 2.0,
+        claims_share: float = 0.05,
         on_change: Callable[[set[str]], None] | None = None,
+        clocks: tuple[Callable[[], float], Callable[[], float]] = (time.monotonic, time.thread_time),
     ) -> None:
         self.store = QueryStore(paths)
         self.min_interval_s = min_interval_s
         self.idle_s = idle_s
         self.claims_interval_s = claims_interval_s
+        # The claims are listed whole (every name of claims/, compared with every row): a cost that grows with
+        # every claim the brain keeps. A daemon of many fan-outs spent more of each run listing them than the one
+        # before (bench/fanout.py: after 24 runs of 1,000 items, ~0.35 s of this thread's CPU per run against
+        # ~0 for the third). So the gap between two refreshes with the claims is also at least their CPU time
+        # over ``claims_share``: at most that share of a core, however many claims (``claims_interval_s=0``:
+        # every refresh has them).
+        self.claims_share = claims_share
+        self._claims_gap = claims_interval_s
+        self._monotonic, self._cpu = clocks
         self._claims_at = -claims_interval_s  # when the claims were last refreshed (monotonic)
         self.on_change = on_change  # called from the keeper's thread with the topics that changed
         self.refreshes = 0
@@ -100,9 +112,10 @@ class QueryKeeper:
     def refresh_once(self, *, claims: bool | None = None) -> set[str]:
         """One refresh (with the claims when ``claims``, or when None and ``claims_interval_s`` has passed since
         they were last refreshed); the topics that changed (none when the store could not be written)."""
-        now = time.monotonic()
+        now = self._monotonic()
         if claims is None:
-            claims = now - self._claims_at >= self.claims_interval_s
+            claims = now - self._claims_at >= self._claims_gap
+        cpu = self._cpu()
         try:
             changed = self.store.refresh(claims=claims)
         except (sqlite3.Error, OSError) as exc:
@@ -113,6 +126,8 @@ class QueryKeeper:
         self.refreshes += 1
         if claims:
             self._claims_at = now
+            if self.claims_interval_s > 0:
+                self._claims_gap = max(self.claims_interval_s, (self._cpu() - cpu) / self.claims_share)
         if changed and self.on_change is not None:
             try:
                 self.on_change(changed)

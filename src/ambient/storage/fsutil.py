@@ -24,8 +24,10 @@ import secrets
 import shutil
 import stat
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -63,6 +65,38 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+#: Threads that run the fsyncs of :func:`fsync_many` (made on first use).
+FSYNC_MANY_THREADS = 8
+_FSYNC_MANY_POOL: list[ThreadPoolExecutor] = []
+_FSYNC_MANY_MADE = threading.Lock()
+
+
+def fsync_many(fds: Sequence[int]) -> None:
+    """fsync every descriptor of ``fds``, several at a time; returns once all are done, raising the first failure.
+
+    One after another, each fsync of a small new file waited 2.3-3.2 ms here (ext4, its device cache flushed at
+    each); eight at a time, the device serves them together: 0.09-0.3 ms a file. A fan-out's claims writer
+    fsync'd its files one by one, ~3 s of waits per 1,000 items, which the next run then found still under way
+    (bench/fanout.py). Each descriptor is fsync'd before this returns, whatever failed, so that no caller closes
+    one an fsync still uses.
+    """
+    if len(fds) <= 1:
+        for fd in fds:
+            os.fsync(fd)
+        return
+    with _FSYNC_MANY_MADE:
+        if not _FSYNC_MANY_POOL:
+            _FSYNC_MANY_POOL.append(ThreadPoolExecutor(FSYNC_MANY_THREADS, thread_name_prefix="fsync_many"))
+    pool = _FSYNC_MANY_POOL[0]
+    first: BaseException | None = None
+    for future in [pool.submit(os.fsync, fd) for fd in fds]:
+        exc = future.exception()
+        if exc is not None and first is None:
+            first = exc
+    if first is not None:
+        raise first
 
 
 _TMP_SALT = secrets.token_hex(3)  # per process; O_EXCL catches the impossible clash anyway
@@ -121,9 +155,9 @@ def _write_tmp(path: Path, data: bytes, mode: int, sync: bool) -> tuple[str, os.
 class Staged(NamedTuple):
     """A temp file written beside its target and still open: fsync it, then :meth:`commit` it into place.
 
-    For writers of many files (claims): write them all, fsync them back to back, then rename them, so that each
-    file is on disk before its name points at it without a wait between writes (a power cut leaves every file
-    old or new, never empty or torn; RELIABILITY R-03).
+    For writers of many files (claims): write them all, fsync them together (:func:`fsync_many`), then rename
+    them, so that each file is on disk before its name points at it without a wait between writes (a power cut
+    leaves every file old or new, never empty or torn; RELIABILITY R-03).
     """
 
     target: Path
@@ -174,7 +208,7 @@ def atomic_write(path: Path, data: bytes | str, *, mode: int = 0o644, durable: b
     Running readers see the old or the new content, never a torn file, whatever ``durable`` says; after a
     power cut only a durable write promises that (without the fsync the new name may point at an empty or
     garbled file). ``durable=False`` is for files nobody needs after a restart.
-    Many files at once: :func:`stage` them, fsync them back to back, then commit them.
+    Many files at once: :func:`stage` them, fsync them together (:func:`fsync_many`), then commit them.
     The stat is of the file this call wrote (taken before the rename), whatever replaced it since.
     """
     raw = data.encode("utf-8") if isinstance(data, str) else data

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ambient.query.store import QueryStore
 from ambient.service.querykeeper import QueryKeeper
 from ambient.storage.paths import BrainPaths
@@ -69,3 +71,28 @@ def test_without_an_interval_every_refresh_has_the_claims(tmp_path: Path) -> Non
     _claim(paths, "sess-1")
     assert keeper.refresh_once() == {"claims"}
     keeper.close()
+
+
+def test_listing_the_claims_takes_a_bounded_share_of_a_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Listing claims/ costs more with every claim the brain keeps; the keeper lists them again only once their
+    last listing's CPU time is at most ``claims_share`` of the time since, so a daemon with a long history spends
+    no more of each run on it than a new one (on top of ``claims_interval_s``)."""
+    paths = _brain(tmp_path)
+    wall = [100.0]
+    cpu = [0.0]
+    keeper = QueryKeeper(paths, claims_interval_s=2.0, claims_share=0.05, clocks=(lambda: wall[0], lambda: cpu[0]))
+    real = keeper.store.refresh
+    listed: list[bool] = []
+
+    def refresh(*, claims: bool = True, build: bool = True) -> set[str]:
+        listed.append(claims)
+        cpu[0] += 0.5 if claims else 0.01  # a big claims/: half a second of CPU to list it
+        return real(claims=claims, build=build)
+
+    monkeypatch.setattr(keeper.store, "refresh", refresh)
+    for _ in range(12):  # a refresh a second for 12 s
+        keeper.refresh_once()
+        wall[0] += 1.0
+    keeper.close()
+    assert listed.count(True) == 2, listed  # at 0 s and at 10 s (0.5 s of CPU / 0.05), not every 2 s
+    assert listed[0] and listed[10]

@@ -99,6 +99,49 @@ async def test_file_events_alone_do_not_scan(store: ClaimStore) -> None:
     assert store.get("sess-old").status == "stale"
 
 
+class _MovingClock:
+    """NOW on the wall; a monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.mono = 1000.0
+
+    def now(self) -> datetime:
+        return NOW
+
+    def monotonic(self) -> float:
+        return self.mono
+
+
+async def test_runs_that_end_do_not_each_look_at_every_claim(
+    store: ClaimStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each run's end asks for a timed tick; a look lists and stats all of claims/, which only grows. However many
+    runs end, the claims are looked at once per ``every_s`` (the regular tick's period at most): a daemon's look per
+    run no longer grows with every claim it ever wrote."""
+    for k in range(30):
+        closed = new_claim(f"sess-done-{k:02d}", "satellite", f"projects/d/{k}.md", "coder", NOW - timedelta(days=3))
+        store.write_claim(closed.model_copy(update={"status": "closed"}), durable=False)
+    clock = _MovingClock()
+    ev = StaleClaimsEvaluator(store, hours=24, clock=clock)
+    ev.every_s = 10.0
+    listed: list[str] = []
+    real_scandir = os.scandir
+
+    def scandir(path: object) -> object:
+        listed.append(str(path))
+        return real_scandir(path)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    for number in range(1, 6):  # five runs end within a few seconds: five timed ticks
+        await ev.evaluate(Tick(number=number, now=NOW))
+        clock.mono += 1.5
+    assert listed.count(str(store.dir)) == 1
+    store.write_claim(new_claim("sess-old", "satellite", "a.md", "coder", NOW - timedelta(days=3)), durable=False)
+    clock.mono += 10.0  # the next look is due: the open claim past its TTL is found
+    await ev.evaluate(Tick(number=6, now=NOW))
+    assert store.get("sess-old").status == "stale"
+
+
 def _past(ns: int) -> None:
     """Wait until the wall clock is 20 ms past ``ns`` (file ctimes come from a coarse clock, a few ms behind)."""
     deadline = time.monotonic() + 5
