@@ -156,9 +156,9 @@ async def test_a_live_fetch_skips_the_refresh_only_at_a_generation_already_refre
     refreshes: list[int | None] = []
     real = store._refresh
 
-    def counted(generation: int | None = None) -> set[str]:
+    def counted(generation: int | None = None, claims: bool = True) -> set[str]:
         refreshes.append(generation)
-        return real(generation)
+        return real(generation, claims)
 
     store._refresh = counted  # type: ignore[method-assign]
     try:
