@@ -14,11 +14,12 @@ whole page's read; the ``claims`` topic is told once they are.
 from __future__ import annotations
 
 import asyncio
+import copy
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import structlog
 from starlette.concurrency import run_in_threadpool
@@ -34,6 +35,9 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
+#: How long a shared read serves the live parts of a page at one generation (as their shared render).
+SHARED_MAX_AGE_S = 2.0
+
 
 class StoreThread:
     """The query store of one server process and the single thread that uses it."""
@@ -44,6 +48,8 @@ class StoreThread:
         self._pool: ThreadPoolExecutor | None = None
         self._fresh_at: int | None = None  # the hub's change generation when the last refresh began
         self._claims_at = -float("inf")  # when the claims were last listed (monotonic)
+        self._shared: tuple[int, object, object, float] | None = None  # the last shared read: (generation, fn,
+        # result, when): what no watcher tells (the day of "today's cost") is bounded by SHARED_MAX_AGE_S
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -81,18 +87,35 @@ class StoreThread:
         fresh = self._fresh_at
         return generation is not None and fresh is not None and fresh >= generation
 
-    async def read(self, fn: Callable[[sqlite3.Connection], T], *, generation: int | None = None) -> T:
+    async def read(
+        self, fn: Callable[[sqlite3.Connection], T], *, generation: int | None = None, share: bool = False
+    ) -> T:
         """``fn(conn)`` on a freshly refreshed store, in one read transaction, in the store's thread. Given the
         hub's change ``generation`` (a live part's fetch), the refresh is skipped when one already began at it or
-        later."""
+        later; with ``share``, the same ``fn`` read at the same generation is read once (each caller gets a shallow
+        copy): the live parts of one page read the same data, one render each."""
 
         def run() -> T:
             if not self.fresh_for(generation):
                 self._refresh(generation)
+            elif self._kept(share, generation, fn):
+                assert self._shared is not None
+                return cast("T", copy.copy(self._shared[2]))
             with self._opened().reading() as conn:
-                return fn(conn)
+                result = fn(conn)
+            if share and generation is not None:
+                self._shared = (generation, fn, result, time.monotonic())
+                return copy.copy(result)
+            return result
 
         return await asyncio.get_running_loop().run_in_executor(self._executor(), run)
+
+    def _kept(self, share: bool, generation: int | None, fn: object) -> bool:
+        """Whether the last shared read is ``fn``'s at ``generation``, young enough to serve again."""
+        kept = self._shared
+        if not share or kept is None or kept[:2] != (generation, fn):
+            return False
+        return time.monotonic() - kept[3] <= SHARED_MAX_AGE_S
 
     def close(self) -> None:
         """Stop the thread and close the connection (server shutdown)."""
@@ -104,13 +127,15 @@ class StoreThread:
             self._store = None
 
 
-async def read(request: Request, fn: Callable[[sqlite3.Connection], T]) -> T:
+async def read(request: Request, fn: Callable[[sqlite3.Connection], T], *, share: bool = False) -> T:
     """For a page: ``fn(conn)`` on the console's store, refreshed, off the event loop. A live part's fetch may
     skip the refresh when the store was refreshed at the current change generation; a whole page never does (it
-    follows an action whose files the watcher may not have told yet)."""
+    follows an action whose files the watcher may not have told yet). ``share``: ``fn`` reads the same for every
+    live part of the page (a module function, not a closure over the request), so the parts fetched after one
+    change read it once."""
     store: StoreThread = request.app.state.store
     live = request.method == "GET" and shared_fetch(request.query_params.keys())
-    return await store.read(fn, generation=request.app.state.hub.generation() if live else None)
+    return await store.read(fn, generation=request.app.state.hub.generation() if live else None, share=live and share)
 
 
 async def predictions(request: Request, rows: Sequence[EscalationRow]) -> dict[str, str]:
