@@ -120,3 +120,37 @@ def test_a_link_from_another_site_opens_the_console_in_a_browser_holding_its_coo
     finally:
         other.shutdown()
         other.server_close()
+
+
+def _set_hidden(page: Any, hidden: bool) -> None:
+    """As the browser does when another tab comes to the front (or this one again): ``document.hidden`` and a
+    ``visibilitychange`` event."""
+    page.evaluate(
+        "(h) => { Object.defineProperty(document, 'hidden', {configurable: true, get: () => h});"
+        " document.dispatchEvent(new Event('visibilitychange')); }",
+        hidden,
+    )
+
+
+def test_a_hidden_tab_fetches_no_live_part_until_it_is_shown(brain: Brain, console: Console, open_console: Any) -> None:
+    """Two tabs of the overview, one behind another: a question arrives; the tab in front shows it live, the one
+    behind asks the console for nothing, and shows the question as soon as it comes to the front."""
+    asking_agent(brain, "Flush the CDN?")
+    front, behind = open_console("/"), open_console("/")
+    for page in (front, behind):
+        page.locator("#live-status.on").wait_for(timeout=LIVE_S)
+    _set_hidden(behind, True)
+    fetched: list[str] = []
+    behind.on("request", lambda r: fetched.append(r.url) if "fragment=" in r.url else None)
+    _no_reload_marker(behind)
+
+    ask_workflow(brain)
+    brain.until_idle()
+    # Told to both tabs at once; the one in front fetched and swapped its part (a round trip): a fetch by the tab
+    # behind would have been sent by then.
+    front.locator("article.esc").first.wait_for(timeout=LIVE_S)
+    assert fetched == [] and behind.locator("article.esc").count() == 0
+
+    _set_hidden(behind, False)
+    behind.locator("article.esc").first.wait_for(timeout=LIVE_S)
+    assert fetched and _same_document(behind)

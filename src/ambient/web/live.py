@@ -9,6 +9,15 @@ liveness is polled (once a second: a ``kill -9`` writes no file, only the ``floc
 
 Clients never touch the files: each has a bounded queue; one that falls behind gets a single ``resync`` (the page
 re-fetches every live part) instead of an unbounded backlog, and past ``max_clients`` a new one gets 503.
+
+**Why one teller, a frame late.** A dropped workflow makes the daemon write a burst of files (the journal, the
+claims, ``runs.jsonl``, locks) over a few hundred ms, and every change told makes every open page fetch its live
+parts. The watcher only notes what changed; one task, the teller, waits ``FRAME_S`` after the first change (the
+engine's turn first: its SPAWN never waits on the console, and the rest of the burst joins), refreshes the store
+once, moves the change generation, then hands every page the same pre-encoded bytes. Fifty tabs cost one refresh
+and one render of each live part per frame (:mod:`ambient.web.fragcache`), no refresh per fetch, no task per event
+per tab; heartbeats are one timer for all. The claims folder (20,000 names listed: most of the console's CPU during
+a burst) is listed at most every ``CLAIMS_INTERVAL_S``, and ``claims`` is told once it is.
 """
 
 from __future__ import annotations
@@ -39,6 +48,13 @@ TOPICS: Final = frozenset(
 QUEUE_SIZE: Final = 32
 HEARTBEAT_S: Final = 15.0
 DAEMON_POLL_S: Final = 1.0
+#: How long the teller waits after a change before it refreshes and tells: what a burst of the daemon's writes is
+#: coalesced over, and the engine's head start over the console's work.
+FRAME_S: Final = 0.1
+#: The claims folder is listed for the pages at most this often (the daemon's keeper lists it every 2 s too).
+CLAIMS_INTERVAL_S: Final = 2.0
+HEARTBEAT: Final = b": heartbeat\n\n"
+RESYNC: Final = b"event: resync\ndata: {}\n\n"
 #: Files of ``.ambient/`` itself and the topic each one's change means.
 _STATE_FILES: Final = {
     "runs.jsonl": ("records", "runs"),
@@ -85,35 +101,53 @@ def topics_of(paths: BrainPaths, changed: Iterable[str]) -> set[str]:
 
 
 class Client:
-    """One open page: a bounded queue of events; overflow collapses into one ``resync``."""
+    """One open page: a bounded queue of events (the bytes every page gets); overflow collapses into one
+    ``resync``."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=QUEUE_SIZE)
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=QUEUE_SIZE)
 
-    def offer(self, event: str | None) -> None:
+    def offer(self, event: bytes | None) -> None:
         try:
             self.queue.put_nowait(event)
         except asyncio.QueueFull:
             while not self.queue.empty():
                 self.queue.get_nowait()
-            self.queue.put_nowait(_resync())
+            self.queue.put_nowait(RESYNC)
+
+    def beat(self) -> None:
+        """A heartbeat, unless events are waiting anyway (they keep the connection alive as well)."""
+        if self.queue.empty():
+            self.queue.put_nowait(HEARTBEAT)
 
 
-def _change(topics: Iterable[str]) -> str:
-    return f"event: change\ndata: {json.dumps({'topics': sorted(topics)})}\n\n"
-
-
-def _resync() -> str:
-    return "event: resync\ndata: {}\n\n"
+def change_event(topics: Iterable[str]) -> bytes:
+    """The ``change`` event naming ``topics``, encoded once for every page."""
+    return f"event: change\ndata: {json.dumps({'topics': sorted(topics)})}\n\n".encode()
 
 
 class Hub:
     """The one watcher of a server process and the open pages it tells."""
 
-    def __init__(self, paths: BrainPaths, store: StoreThread, *, max_clients: int = 64) -> None:
+    def __init__(
+        self,
+        paths: BrainPaths,
+        store: StoreThread,
+        *,
+        max_clients: int = 64,
+        frame_s: float = FRAME_S,
+        claims_interval_s: float = CLAIMS_INTERVAL_S,
+    ) -> None:
         self.paths = paths
         self.store = store
         self.max_clients = max_clients
+        self.frame_s = frame_s
+        self.claims_interval_s = claims_interval_s
+        self._pending: set[str] = set()  # topics noted and not told yet
+        self._claims_owed = False  # claims changed and were not listed yet (the interval)
+        self._wake = asyncio.Event()
+        self._later: asyncio.TimerHandle | None = None
+        self.tells = 0  # frames told (what the tests count)
         self.clients: set[Client] = set()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -136,15 +170,22 @@ class Hub:
         self.clients.discard(client)
 
     def publish(self, topics: Iterable[str]) -> None:
-        """Tell every client that ``topics`` changed (never blocks: a full queue becomes a ``resync``); the change
-        generation moves first, so the fetches this causes never get a render made before it."""
+        """Tell every client that ``topics`` changed, now (never blocks: a full queue becomes a ``resync``); the
+        change generation moves first, so the fetches this causes never get a render made before it. The watcher's
+        changes go through :meth:`note` instead (coalesced, the store refreshed first)."""
         topics = set(topics)
         if not topics:
             return
         self.changes += 1
-        event = _change(topics)
+        event = change_event(topics)
         for client in list(self.clients):
             client.offer(event)
+
+    def note(self, topics: Iterable[str]) -> None:
+        """``topics`` changed: told with whatever else changes within the frame (:meth:`_tell`)."""
+        self._pending.update(topics)
+        if self._pending:
+            self._wake.set()
 
     def close_clients(self) -> None:
         """End every open stream (server shutdown): their generators return, so the server can stop at once."""
@@ -178,12 +219,16 @@ class Hub:
         self._tasks = [
             asyncio.create_task(self._watch(ready), name="ambient-web-watch"),
             asyncio.create_task(self._poll_daemon(), name="ambient-web-daemon"),
+            asyncio.create_task(self._tell(), name="ambient-web-tell"),
+            asyncio.create_task(self._heartbeat(), name="ambient-web-heartbeat"),
         ]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(ready.wait(), 5)
 
     async def stop(self) -> None:
         self.close_clients()
+        if self._later is not None:
+            self._later.cancel()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -191,13 +236,56 @@ class Hub:
                 await task
         self._tasks = []
 
-    async def refresh(self) -> set[str]:
-        """Bring the query store up to date (in its own thread, never on the event loop); the topics it saw."""
+    async def refresh(self, generation: int | None = None, *, claims: bool = True) -> set[str]:
+        """Bring the query store up to date (in its own thread, never on the event loop); the topics it saw.
+        ``generation``: what the refresh is fresh for (default: the generation now)."""
         try:
-            return await self.store.refresh(self.generation())
+            return await self.store.refresh(self.generation() if generation is None else generation, claims=claims)
         except Exception as exc:  # noqa: BLE001 - a store that cannot refresh must not end the live layer
             log.warning("web_store_refresh_failed", error=str(exc))
             return set()
+
+    async def _tell(self) -> None:
+        """The one teller: a frame after the first change noted, one refresh of the store (the claims when they
+        changed and their interval passed, else owed to a later frame), the generation moved to the one the
+        refresh is fresh for, and one ``change`` event, the same bytes, queued for every page."""
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(self.frame_s)  # the engine's burst first; the rest of it joins this frame
+            self._wake.clear()
+            topics, self._pending = self._pending, set()
+            owed = self._claims_owed or "claims" in topics
+            topics.discard("claims")
+            wait = self.store.claims_wait(self.claims_interval_s) if owed else 0.0
+            listed = owed and wait <= 0
+            self._claims_owed = owed and not listed
+            if self._claims_owed and self._later is None:
+                self._later = asyncio.get_running_loop().call_later(wait, self._owed_due)
+            if not topics and not listed:
+                continue
+            generation = self.changes + 1
+            seen = await self.refresh(generation, claims=listed)
+            if not listed:
+                seen.discard("claims")  # a store just rebuilt says so: told once they are listed
+            else:
+                seen.add("claims")
+            self.changes = max(self.changes, generation - 1)
+            self.tells += 1
+            self.publish(topics | seen)
+
+    def _owed_due(self) -> None:
+        self._later = None
+        self._wake.set()
+
+    async def _heartbeat(self) -> None:
+        """A comment to every open stream every ``HEARTBEAT_S`` (one timer for all; proxies keep them open)."""
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), HEARTBEAT_S)
+            if self._stop.is_set():
+                return
+            for client in list(self.clients):
+                client.beat()
 
     async def _watch(self, ready: asyncio.Event) -> None:
         from watchfiles import awatch
@@ -219,33 +307,25 @@ class Hub:
         ):
             topics = topics_of(self.paths, (p for _, p in changes))
             if topics:
-                # Told at once: a page's fetch refreshes the store before it reads (one store thread: after this
-                # refresh), so it is never stale; waiting for the refresh (20,000 claims listed) only delayed it.
-                self.publish(topics)
-                self.publish(await self.refresh() - topics)
+                self.note(topics)
 
     async def _poll_daemon(self) -> None:
         while not self._stop.is_set():
             up = await asyncio.to_thread(daemon_up, self.paths)
             if self._daemon is not None and up != self._daemon:
-                await self.refresh()
-                self.publish({"daemon", "runs"})
+                self.note({"daemon", "runs"})
             self._daemon = up
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), DAEMON_POLL_S)
 
     # -- the SSE stream ---------------------------------------------------------------------------------------------
 
-    async def stream(self, client: Client) -> AsyncIterator[str]:
+    async def stream(self, client: Client) -> AsyncIterator[bytes]:
         """The event stream of one client: a retry hint, then events and heartbeat comments until it goes."""
         try:
-            yield "retry: 2000\n\n"
+            yield b"retry: 2000\n\n"
             while True:
-                try:
-                    event = await asyncio.wait_for(client.queue.get(), HEARTBEAT_S)
-                except TimeoutError:
-                    yield ": heartbeat\n\n"
-                    continue
+                event = await client.queue.get()
                 if event is None:
                     return
                 yield event

@@ -156,9 +156,9 @@ async def test_a_live_fetch_skips_the_refresh_only_at_a_generation_already_refre
     refreshes: list[int | None] = []
     real = store._refresh
 
-    def counted(generation: int | None = None) -> set[str]:
+    def counted(generation: int | None = None, claims: bool = True) -> set[str]:
         refreshes.append(generation)
-        return real(generation)
+        return real(generation, claims)
 
     store._refresh = counted  # type: ignore[method-assign]
     try:
@@ -169,5 +169,32 @@ async def test_a_live_fetch_skips_the_refresh_only_at_a_generation_already_refre
         await store.read(lambda conn: None)  # a whole page: always refreshed
         await store.read(lambda conn: None, generation=4)  # ...and it began at no known generation
         assert refreshes == [3, 4, None, 4]
+    finally:
+        store.close()
+
+
+async def test_the_live_parts_of_one_page_read_its_data_once_per_generation(tmp_path: Path) -> None:
+    """The overview's live parts each render one block of the same data: after a change their fetches read it once
+    (each gets its own copy); a new generation reads again; a read not shared (a closure over the request) always
+    reads."""
+    for sub in ("agents", "claims", "locks", "profil", "workflows"):
+        (tmp_path / sub).mkdir()
+    store = StoreThread(BrainPaths(tmp_path))
+    reads: list[int] = []
+
+    def data(conn: object) -> dict[str, int]:
+        reads.append(1)
+        return {"n": len(reads)}
+
+    try:
+        await store.refresh(3)
+        parts = [await store.read(data, generation=3, share=True) for _ in range(5)]
+        assert len(reads) == 1 and parts == [{"n": 1}] * 5
+        parts[0]["mine"] = 1  # a page adds its own keys to its copy: the others' stay as read
+        assert await store.read(data, generation=3, share=True) == {"n": 1}
+        assert await store.read(data, generation=4, share=True) == {"n": 2}  # a change since: read again
+        await store.read(data, generation=4)
+        await store.read(data, generation=4)
+        assert len(reads) == 4
     finally:
         store.close()

@@ -119,7 +119,7 @@ def _data(conn: sqlite3.Connection) -> dict[str, Any]:
 
 async def overview(request: Request) -> Response:
     paths: BrainPaths = request.app.state.paths
-    data = await read(request, _data)
+    data = await read(request, _data, share=True)  # the same for each live part of the overview
     data["predictions"] = await predictions(request, data["pending"])
     tripped, problem = await run_in_threadpool(_breakers, paths)
     return render(

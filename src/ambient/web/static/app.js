@@ -1,11 +1,14 @@
 // ambient console: live updates. An element with data-live="topic1 topic2" and data-fragment="NAME" is re-fetched
 // (the current URL with fragment=NAME) and its content replaced when the server's /events stream names one of its
-// topics; a "resync" event re-fetches every live part. No eval, no inline handlers (the CSP forbids them).
+// topics; a "resync" event re-fetches every live part. A hidden tab (another tab in front, a minimised window)
+// fetches nothing: it notes which parts changed and fetches them once it is shown, so fifty open tabs cost the
+// console what the few in sight ask. No eval, no inline handlers (the CSP forbids them).
 (function () {
   "use strict";
 
   var inflight = new Map(); // element -> true while a fetch runs
   var again = new Set(); // elements that changed again during their fetch
+  var unseen = new Set(); // elements that changed while the tab was hidden
 
   function fragmentUrl(name) {
     var url = new URL(window.location.href);
@@ -18,6 +21,7 @@
   function refresh(el) {
     var name = el.getAttribute("data-fragment");
     if (!name) return;
+    if (document.hidden) { unseen.add(el); return; }
     if (inflight.get(el)) { again.add(el); return; }
     if (el.contains(document.activeElement) && document.activeElement.matches("input, textarea, select")) {
       // Someone is typing a note here: do not wipe it; try again once they leave the field.
@@ -58,6 +62,13 @@
 
   function resync() { liveElements().forEach(refresh); }
 
+  function shown() {
+    if (document.hidden) return;
+    var changed = Array.from(unseen);
+    unseen.clear();
+    changed.forEach(refresh);
+  }
+
   function connect() {
     var status = document.getElementById("live-status");
     if (!window.EventSource || liveElements().length === 0) {
@@ -80,6 +91,7 @@
       try { onChange(JSON.parse(ev.data).topics || []); } catch (e) { resync(); }
     });
     source.addEventListener("resync", resync);
+    document.addEventListener("visibilitychange", shown);
     window.addEventListener("pagehide", function () { source.close(); });
   }
 
