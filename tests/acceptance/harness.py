@@ -97,13 +97,34 @@ class WaitTimeout(AssertionError):
     """A condition did not hold in time; the message says which and what was last seen."""
 
 
-def wait(predicate: Callable[[], Any], what: str, timeout: float = WAIT_S, interval: float = 0.05) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout`` seconds."""
+#: A wait gated on files (``wait(..., moved=...)``) still checks at least this often, should its files miss a change.
+RECHECK_S = 1.0
+
+
+def wait(
+    predicate: Callable[[], Any],
+    what: str,
+    timeout: float = WAIT_S,
+    interval: float = 0.05,
+    *,
+    moved: Callable[[], object] | None = None,
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout`` seconds.
+
+    ``moved``: a cheap mark of what the predicate reads (:func:`state_mark`); a costly predicate (one that starts
+    ``ambient``) then runs when that mark changed, or every :data:`RECHECK_S` at the latest, instead of back to back:
+    the same answer as soon as the files say it, without a core spent starting ``ambient`` while nothing moves."""
     deadline = time.monotonic() + timeout
+    last_mark: object = object()
+    checked = 0.0
     while True:
-        value = predicate()
-        if value:
-            return value
+        mark = moved() if moved is not None else None
+        now = time.monotonic()
+        if moved is None or mark != last_mark or now - checked >= RECHECK_S or now >= deadline:
+            last_mark, checked = mark, now
+            value = predicate()
+            if value:
+                return value
         if time.monotonic() >= deadline:
             raise WaitTimeout(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
@@ -131,17 +152,58 @@ def clean_env(extra: Mapping[str, str] | None = None, *, agents: bool = True) ->
 AGENT_ENV = {"AMBIENT_AGENT_USER": "root"} if os.geteuid() == 0 else {}
 
 
-def json_log(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a log file, a line each (other lines, and a missing file, give nothing)."""
-    if not path.exists():
-        return []
-    out: list[dict[str, Any]] = []
-    for line in path.read_text(errors="replace").splitlines():
-        with contextlib.suppress(ValueError):
-            rec = json.loads(line)
-            if isinstance(rec, dict):
-                out.append(rec)
-    return out
+class JsonLog:
+    """A log file a process appends JSON lines to, read incrementally: each look parses only the lines added since
+    the last one (a wait polling a long daemon log re-parsed all of it 20 times a second). A file that shrank or
+    was replaced is read again from its start; a line not yet ended by a newline waits for the next look."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._key: tuple[int, int] | None = None  # (device, inode) of the file read so far
+        self._offset = 0
+        self._records: list[dict[str, Any]] = []
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every JSON object logged so far (complete lines only), in order."""
+        try:
+            f = self.path.open("rb")
+        except FileNotFoundError:
+            self._key, self._offset, self._records = None, 0, []
+            return []
+        with f:
+            st = os.fstat(f.fileno())
+            if (st.st_dev, st.st_ino) != self._key or st.st_size < self._offset:
+                self._key, self._offset, self._records = (st.st_dev, st.st_ino), 0, []
+            f.seek(self._offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        for line in data[:end].decode(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                rec = json.loads(line)
+                if isinstance(rec, dict):
+                    self._records.append(rec)
+        self._offset += end
+        return list(self._records)
+
+
+def state_mark(*paths: Path) -> tuple[object, ...]:
+    """What changes when a file or a folder's entries change (for a folder, each entry's inode, size and mtime): a
+    wait whose check costs a start of ``ambient`` runs that check only when the files it reads moved."""
+    mark: list[object] = []
+    for path in paths:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            mark.append(None)
+            continue
+        mark.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        if path.is_dir():
+            with contextlib.suppress(FileNotFoundError), os.scandir(path) as entries:
+                for entry in sorted(entries, key=lambda e: e.name):
+                    with contextlib.suppress(FileNotFoundError):
+                        est = entry.stat(follow_symlinks=False)
+                        mark.append((entry.name, est.st_ino, est.st_size, est.st_mtime_ns))
+    return tuple(mark)
 
 
 @dataclass
@@ -423,7 +485,9 @@ class Brain:
             escs = [e for e in self.escalations() if where(e)]
             return escs if len(escs) >= count else None
 
-        result: list[dict[str, Any]] = wait(found, what, timeout)
+        result: list[dict[str, Any]] = wait(
+            found, what, timeout, moved=lambda: state_mark(self.path(".ambient/escalations"))
+        )
         return result
 
     def wait_finished(self, workflow: str, *, count: int = 1, timeout: float = WAIT_S) -> list[dict[str, Any]]:
@@ -433,7 +497,10 @@ class Brain:
             rows = self.finished(workflow)
             return rows if len(rows) >= count else None
 
-        result: list[dict[str, Any]] = wait(found, f"{count} finished run(s) of {workflow}", timeout)
+        def moved() -> object:
+            return state_mark(self.path(".ambient/runs.jsonl"), self.path(".ambient/runs"))
+
+        result: list[dict[str, Any]] = wait(found, f"{count} finished run(s) of {workflow}", timeout, moved=moved)
         return result
 
     def daemon(self, *args: str, env: Mapping[str, str] | None = None) -> Daemon:
@@ -452,6 +519,7 @@ class Daemon:
         while (brain.root.parent / f"daemon-{n}.log").exists():
             n += 1
         self.log_path = brain.root.parent / f"daemon-{n}.log"
+        self._log = JsonLog(self.log_path)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Daemon:
@@ -482,7 +550,7 @@ class Daemon:
 
     def records(self) -> list[dict[str, Any]]:
         """The daemon's JSON log lines so far (what journalctl would show)."""
-        return json_log(self.log_path)
+        return self._log.records()
 
     def logged(self, event: str, **match: Any) -> list[dict[str, Any]]:
         return [r for r in self.records() if r.get("event") == event and all(r.get(k) == v for k, v in match.items())]
@@ -800,6 +868,7 @@ class Worker:
         self.brain = brain
         self.name = name
         self.log_path = brain.root.parent / f"worker-{name}.log"
+        self._log = JsonLog(self.log_path)
         argv = [*AMBIENT, "--brain", str(brain.root), "worker", "--nats", url, "--agents", agents]
         argv += ["--creds", str(creds)] if creds is not None else []
         argv += ["--slots", str(slots), "--name", name, "--log-format", "json"]
@@ -813,7 +882,7 @@ class Worker:
             )
 
     def records(self) -> list[dict[str, Any]]:
-        return json_log(self.log_path)
+        return self._log.records()
 
     def logged(self, event: str, **match: Any) -> list[dict[str, Any]]:
         return [r for r in self.records() if r.get("event") == event and all(r.get(k) == v for k, v in match.items())]

@@ -496,11 +496,16 @@ def test_sigterm_stops_a_claude_agent_cleanly_and_the_next_start_resumes_it(ai_b
     """systemctl stop while a Claude agent runs a command: the daemon exits, nothing of the agent is left
     running, and the next start resumes the item, which completes once."""
     brain = ai_brain
-    _bash_agent(brain, "sleep 3; echo once >> work/out/$ITEM.log", allowed_tools=["Bash"])
+    # The command runs until the test lets it end (work/out/go), once the stop is sent: the stop comes while it
+    # runs however slow the machine (a fixed `sleep 3` could end before a loaded machine's `ambient status` saw it).
+    command = "until [ -e work/out/go ]; do sleep 0.05; done; echo once >> work/out/$ITEM.log"
+    _bash_agent(brain, command, allowed_tools=["Bash"])
     brain.workflow("slowbuild", _building("slowbuild"))
     with brain.daemon() as daemon:
         wait(lambda: _doing(brain), "the agent to run its command", timeout=AI_WAIT)
-        assert daemon.stop() == 0
+        daemon.signal(signal.SIGTERM)  # systemctl stop, the command running
+        brain.write("work/out/go", "")
+        assert daemon.proc is not None and daemon.proc.wait(timeout=60) == 0
     assert _ambient_processes(brain.root) == []
     with brain.daemon():
         [record] = brain.wait_finished("slowbuild", timeout=AI_WAIT)

@@ -17,7 +17,7 @@ PAGES = (*DOCS, REPO / "ARCHITECTURE.md", REPO / "CHANGELOG.md", REPO / "CONTRIB
 #: The README's second command: the whole suite on a fresh clone, with the pinned test dependencies.
 TEST_COMMAND = (
     "python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e '.[test,claude,llm,cluster]'"
-    " && .venv/bin/python -m pytest -q"
+    " && .venv/bin/python -m pytest -q -n 3"
 )
 
 #: The commands of the tour, in the order it gives them (an id stands for the one `ambient escalations` shows).

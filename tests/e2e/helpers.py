@@ -30,6 +30,7 @@ from ambient.engine.runstate import RunState, fold
 from ambient.storage.fsutil import atomic_write
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
+from tests.acceptance.harness import JsonLog
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_BRAIN = REPO / "examples" / "brain"
@@ -364,6 +365,7 @@ class DaemonProcess:
         while (brain.root.parent / f"{log_name}-{n}.log").exists():
             n += 1
         self.log_path = brain.root.parent / f"{log_name}-{n}.log"
+        self._log = JsonLog(self.log_path)
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.known_children: set[int] = set()
@@ -371,6 +373,7 @@ class DaemonProcess:
     def start(self) -> DaemonProcess:
         """Start the daemon (returns at once; wait with :meth:`wait_ready`)."""
         argv = [PY, "-m", "ambient", "run", "--brain", str(self.paths.root), "--log-format", "json", *self.args]
+        self._log = JsonLog(self.log_path)  # the file is written anew: read it from its start
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 argv,
@@ -396,14 +399,8 @@ class DaemonProcess:
         return text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]
 
     def records(self) -> list[dict[str, Any]]:
-        """The JSON log lines, parsed (non-JSON lines are skipped; see :meth:`lines`)."""
-        out = []
-        for line in self.lines():
-            with contextlib.suppress(ValueError):
-                rec = json.loads(line)
-                if isinstance(rec, dict):
-                    out.append(rec)
-        return out
+        """The JSON log lines, parsed (non-JSON lines are skipped; see :meth:`lines`); read incrementally."""
+        return self._log.records()
 
     def logged(self, event: str, **match: Any) -> list[dict[str, Any]]:
         """Log records whose ``event`` is ``event`` and whose fields equal ``match``."""
@@ -411,8 +408,13 @@ class DaemonProcess:
 
     def wait_logged(self, event: str, timeout: float = 15, count: int = 1, **match: Any) -> list[dict[str, Any]]:
         """Wait until ``count`` records of ``event`` (matching ``match``) were logged."""
+
+        def found() -> list[dict[str, Any]] | None:
+            hits = self.logged(event, **match)
+            return hits if len(hits) >= count else None
+
         return wait_for(
-            lambda: len(self.logged(event, **match)) >= count and self.logged(event, **match),
+            found,
             timeout,
             f"{count} log line(s) {event} {match or ''}; tail: {self.tail()}",
         )

@@ -87,6 +87,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _predictions(paths: BrainPaths, escs: list[Escalation]) -> dict[str, str]:
     """What learned rules would choose, by escalation; a broken rules file never hides a question (none then)."""
+    if not escs:  # nothing to predict: the rules and their imports (the runners' package) stay unread
+        return {}
     from ambient.core.errors import AmbientError
     from ambient.learning.rulestore import escalation_predictions, rules_path
 

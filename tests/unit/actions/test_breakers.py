@@ -76,10 +76,12 @@ def test_reset_refuses_an_empty_target_and_an_unreadable_file(paths: BrainPaths)
     assert (paths.state / "breaker.json").read_text() == "{nope"
 
 
-def test_the_cli_prints_the_lines(paths: BrainPaths, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_prints_the_lines(
+    paths: BrainPaths, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     _trip(paths, "be/")
     esc_id = _break_question(paths, "be/")
-    os.environ.setdefault("USER", "ana")
+    monkeypatch.setenv("USER", os.environ.get("USER") or "ana")  # put back after: a later `ambient decide` records it
     assert main(["--brain", str(paths.root), "preflight", "reset", "be/"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "be/: breaker reset" and lines[1].startswith(f"{esc_id}: answered reset (")

@@ -265,8 +265,9 @@ class TestBasics:
         ga = a.acquire("y.md", "sess-a")
         ticks = _Ticks()
         waiter = asyncio.ensure_future(b.acquire_async("y.md", "sess-b", wait=5))
-        await asyncio.sleep(0.15)
-        assert not waiter.done() and ticks.count >= 10
+        # Ten turns of the loop while b waits (a loop blocked by the wait turns only once it gave up, done).
+        assert await async_wait_until(lambda: ticks.count >= 10, timeout=10)
+        assert not waiter.done()
         a.release_grant(ga)
         gb = await asyncio.wait_for(waiter, 5)
         ticks.stop()
