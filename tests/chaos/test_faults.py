@@ -379,6 +379,22 @@ def test_reject_at_a_deadline_is_the_items_own_on_a_for_each_question() -> None:
 # ---- fencing
 
 
+def _guards_free(paths: BrainPaths) -> bool:
+    """Whether neither the claims' nor the locks' guard is held now (each taken and given back at once)."""
+    for name in ("claims.guard", "locks.guard"):
+        guard = paths.state / name
+        if not guard.exists():
+            continue
+        fd = os.open(guard, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)  # closing gives a lock taken back
+    return True
+
+
 def test_a_daemon_held_up_past_its_lease_stops_its_agent_voids_its_result_and_cannot_overwrite_the_claim(
     tmp_path: Path,
 ) -> None:
@@ -399,6 +415,9 @@ def test_a_daemon_held_up_past_its_lease_stops_its_agent_voids_its_result_and_ca
         agent = int(spawned["pid"])
         run_id = next(paths.run_journals.glob("*.jsonl")).stem
         wait_for(lambda: (paths.claims / f"{run_id}-item-001.yml").exists(), 20, "the item's claim")
+        # Stopped while it holds the claims' or the locks' guard (a write's few milliseconds), the daemon would hold
+        # every command's write with it: the stop is meant to land past its lease, not inside a write.
+        wait_for(lambda: _guards_free(paths), 20, "the daemon's writes of the item to end")
         os.kill(d.pid, signal.SIGSTOP)
         try:
             taken = wait_for(
