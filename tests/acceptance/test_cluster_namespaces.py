@@ -135,6 +135,16 @@ def test_a_second_brain_on_a_namespace_in_use_is_refused_until_the_first_stops(t
                 b.workflow("fan", for_each("fan", "slow", ["b0"]))
                 esc = b.wait_escalation("the item's question")[0]
                 assert str(a.root) in json.dumps(esc) and "cluster.namespace" in json.dumps(esc), esc
+                # What the person looks at says it too, and the fix: not "start a worker".
+                status = wait(lambda: "nothing is dispatched" in (t := b.ok("status").out) and t, "status says so")
+                assert str(a.root) in status and "no live worker" not in status, status
+                doctor = b.cli("doctor")
+                assert doctor.rc != 0 and "cluster.namespace" in doctor.out and "start one" not in doctor.out, doctor
+                # A worker started for B on this host while A's daemon holds the namespace would run A's items
+                # in B's folder: it refuses, naming A's brain.
+                stray = Worker(b, "stray", nats.url, "slow")
+                assert stray.proc.wait(timeout=60) == 1, stray.tail()
+                assert stray.logged("worker_foreign_namespace") and str(a.root) in stray.tail(), stray.tail()
                 assert daemon_a.stop() == 0  # as systemd stops it: the daemon gives the namespace up
             # B's daemon holds the namespace at its next look.
             worker_b = Worker(b, "wb", nats.url, "slow")
@@ -142,6 +152,7 @@ def test_a_second_brain_on_a_namespace_in_use_is_refused_until_the_first_stops(t
                 worker_b.wait_log("worker_ready")
                 b.ok("decide", esc["id"], "retry")
                 assert b.wait_finished("fan", timeout=120)[0]["outcome"] == "success"
+                assert daemon_b.logged("cluster_namespace_held"), daemon_b.tail()
             finally:
                 worker_b.stop()
             warned = [r for r in daemon_b.records() if r.get("level") in ("warning", "error")]

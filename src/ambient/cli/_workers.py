@@ -25,6 +25,8 @@ def print_workers(data: dict[str, Any], write: Callable[[str], None]) -> None:
     lost = sum(1 for w in rows if w["lost"])
     heard = "" if section["daemon_up"] else " (the daemon is down: as it last heard; `ambient cluster workers` asks)"
     write(f"Workers: {len(rows) - lost} alive, {lost} lost{heard}")
+    if section.get("taken"):
+        write(f"  nothing is dispatched: {section['taken']}")
     for w in rows:
         write(f"  {w['worker']}  host {w['host']}  agents {','.join(w['agents'])}  slots {w['slots']}  {doing(w)}")
     for agent in section["unserved"]:

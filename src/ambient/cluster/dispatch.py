@@ -99,14 +99,26 @@ class Dispatcher:
                 )
                 try:
                     await self._hold(link)
+                except NamespaceTakenError as exc:
+                    self._taken = str(exc)
+                    await link.close()
+                    raise
                 except BaseException:
                     await link.close()
                     raise
+                if self._taken is not None:
+                    log.info("cluster_namespace_held", namespace=self.names.namespace)
+                    self._taken = None
                 agents = [a for a in self.dispatch if self.dispatches(a)]
                 await ensure_consumers(link.js, self.names, agents, self.lease_s)
                 self._consumers.update(agents)
                 self._link = link
             return self._link
+
+    @property
+    def taken(self) -> str | None:
+        """Why nothing is dispatched: another brain's daemon holds the namespace (None: it is this daemon's)."""
+        return self._taken
 
     def _me(self) -> Holder | None:
         if self.brain is None:
@@ -151,6 +163,8 @@ class Dispatcher:
                 log.error("cluster_namespace_taken", namespace=self.names.namespace, error=str(exc))
             self._taken = str(exc)
         else:
+            if self._taken is not None:
+                log.info("cluster_namespace_held", namespace=self.names.namespace)
             self._taken = None
 
     async def _consumer(self, link: Link, agent: str) -> None:

@@ -112,7 +112,7 @@ class RosterKeeper:
         :data:`WRITE_EVERY_S`: a change held back is written by a later call (the watch calls at least that often)."""
         if time.monotonic() - self._last < WRITE_EVERY_S:
             return
-        doc = document(self.heard.values(), self.dispatched(), self.lost_after_s, self.clock())
+        doc = document(self.heard.values(), self.dispatched(), self.lost_after_s, self.clock(), self.dispatcher.taken)
         content = {k: v for k, v in doc.items() if k != "written_at"}
         if content == self._written:
             return

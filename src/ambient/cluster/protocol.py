@@ -292,6 +292,13 @@ def holder_blocks(found: Holder | None, me: Holder) -> bool:
     return found is not None and not found.same_brain(me) and me.beat - found.beat < HOLDER_STALE_S
 
 
+def worker_foreign(found: Holder | None, host: str, brain: str) -> bool:
+    """Whether a worker started in the folder ``brain`` on ``host`` serves another brain: the namespace's daemon runs
+    on this host, on another folder. (On another host the two folders cannot be compared: there the namespace
+    itself keeps brains apart.)"""
+    return found is not None and found.host == host and found.brain != brain
+
+
 def namespace_taken_message(names: Names, found: Holder, now: float) -> str:
     """What the person reads when this brain's namespace is another brain's."""
     return (

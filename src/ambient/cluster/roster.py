@@ -75,17 +75,22 @@ def heard(record: Any, seen: float) -> Heard | None:
     )
 
 
-def document(workers: Iterable[Heard], dispatched: Iterable[str], lost_after_s: float, now: float) -> dict[str, Any]:
+def document(
+    workers: Iterable[Heard], dispatched: Iterable[str], lost_after_s: float, now: float, taken: str | None = None
+) -> dict[str, Any]:
     """The content of ``workers.json``: when it was written, the bound, the agents dispatched to workers, each
-    worker's last heartbeat."""
+    worker's last heartbeat, and why nothing is dispatched when another brain holds the namespace."""
     rows = sorted(workers, key=lambda h: h.worker)[:MAX_WORKERS]
-    return {
+    doc: dict[str, Any] = {
         "v": 1,
         "written_at": now,
         "lost_after_s": lost_after_s,
         "dispatched": sorted(set(dispatched)),
         "workers": [h.record() for h in rows],
     }
+    if taken is not None:
+        doc["taken"] = taken
+    return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,7 @@ class Roster:
     lost_after_s: float
     dispatched: tuple[str, ...]
     workers: tuple[Heard, ...]
+    taken: str | None = None  # another brain's daemon holds the namespace: nothing is dispatched
 
 
 def roster_from(data: Any) -> Roster | None:
@@ -114,7 +120,14 @@ def roster_from(data: Any) -> Roster | None:
         one = heard(raw, float(seen)) if isinstance(seen, int | float) else None
         if one is not None:
             found.append(one)
-    return Roster(float(written), float(bound), tuple(str(a) for a in dispatched), tuple(found))
+    taken = data.get("taken")
+    return Roster(
+        float(written),
+        float(bound),
+        tuple(str(a) for a in dispatched),
+        tuple(found),
+        str(taken) if isinstance(taken, str) else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,5 +192,6 @@ def view(roster: Roster | None, now: float, *, daemon_up: bool) -> dict[str, Any
         "lost_after_s": roster.lost_after_s,
         "dispatched": list(roster.dispatched),
         "workers": [r.record() for r in rows(roster, now)],
-        "unserved": unserved(roster, now),
+        "unserved": [] if roster.taken else unserved(roster, now),
+        "taken": roster.taken,
     }

@@ -33,8 +33,11 @@ import structlog
 from ambient.cluster.link import Link, connect
 from ambient.cluster.protocol import (
     DEFAULT_NAMESPACE,
+    HOLDER_KEY,
+    HOLDER_STALE_S,
     MAX_RESULT_BYTES,
     Done,
+    Holder,
     Lease,
     Names,
     Work,
@@ -44,9 +47,10 @@ from ambient.cluster.protocol import (
     lease_verdict,
     name_token,
     renew_every,
+    worker_foreign,
 )
 from ambient.cluster.roster import HEARTBEAT_S
-from ambient.core.errors import RunnerConfigError
+from ambient.core.errors import NamespaceTakenError, RunnerConfigError
 from ambient.runners.base import RunRequest
 from ambient.runners.command import CommandRunner
 from ambient.runners.result import AgentResult, error_result
@@ -127,6 +131,7 @@ class Worker:
         self._link = link
         tasks: list[asyncio.Task[None]] = []
         try:
+            await self._same_brain(link)
             # The heartbeat first: a worker waiting for dispatch is listed, saying for which agents.
             tasks.append(asyncio.create_task(self._alive(link), name="alive"))
             subs = await self._unless_stopped(self._subscribe_all(link))
@@ -160,6 +165,30 @@ class Worker:
                 await asyncio.wait_for(link.workers.delete(name_token(self.name)), timeout=2.0)
             await link.close()
         self._stopped()
+
+    async def _same_brain(self, link: Link) -> None:
+        """Refuse to serve another brain: the namespace's daemon runs on this host in another folder (two brains left
+        on one namespace), so this worker would run that brain's items in its own folder."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            current: Any = await link.attempts.get(HOLDER_KEY)
+        except NotFoundError:
+            return
+        found = Holder.from_bytes(current.value)
+        if found is None or time.time() - found.beat >= HOLDER_STALE_S:
+            return
+        theirs, mine = await asyncio.to_thread(
+            lambda: (os.path.realpath(found.brain), os.path.realpath(self.options.brain))
+        )
+        if worker_foreign(Holder(found.host, theirs, found.pid, found.beat), self.host, mine):
+            said = (
+                f"the cluster namespace {self.names.namespace!r} is the brain {found.brain}'s (its daemon runs on this "
+                f"host), not this worker's {self.options.brain}: it would run that brain's items here. Give each brain "
+                "its own cluster.namespace in profil/ambient.yml (docs/cluster.md)"
+            )
+            log.error("worker_foreign_namespace", worker=self.name, error=said)
+            raise NamespaceTakenError(said)
 
     def _stopped(self) -> None:
         log.info("worker_stopped", worker=self.name)

@@ -28,6 +28,7 @@ from ambient.cluster.protocol import (
     result_from,
     result_record,
     resumed_record,
+    worker_foreign,
 )
 from ambient.config.settings import ClusterSettings, Settings
 from ambient.runners.result import AgentResult, Resumed, Usage
@@ -250,3 +251,10 @@ class TestTheNamespacesHolder:
         assert Holder.from_bytes(self.me.to_bytes()) == self.me
         for raw in (None, b"", b"{", b'{"host": "vm"}', b"[]"):
             assert Holder.from_bytes(raw) is None
+
+    def test_a_worker_refuses_the_namespace_of_another_folder_on_its_own_host(self) -> None:
+        holder = Holder("vm", "/srv/brain-a", 100, 1_000.0)
+        assert worker_foreign(holder, "vm", "/srv/brain-b")
+        assert not worker_foreign(holder, "vm", "/srv/brain-a")  # its own brain
+        assert not worker_foreign(holder, "other-host", "/srv/brain-b")  # another host: folders cannot be compared
+        assert not worker_foreign(None, "vm", "/srv/brain-b")

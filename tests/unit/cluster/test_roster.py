@@ -106,6 +106,7 @@ class _Entry:
 class _Dispatcher:
     def __init__(self) -> None:
         self.dispatch = {"x": "workers", "y": "local"}
+        self.taken: str | None = None
 
     def dispatches(self, agent: str) -> bool:
         return self.dispatch.get(agent) == "workers"
@@ -143,3 +144,13 @@ def test_the_keeper_writes_on_a_change_only_and_forgets_a_stopped_worker(
     mono[0] = 6.0
     k.write()
     assert json.loads(path.read_text())["workers"] == []
+
+
+def test_a_namespace_another_brain_holds_is_said_instead_of_unserved_agents() -> None:
+    said = "the cluster namespace 'default' on this NATS server is used by the brain /srv/a on vm"
+    roster = roster_from(json.loads(json.dumps(document([], ["slow"], 20.0, 1_000.0, taken=said))))
+    assert roster is not None and roster.taken == said
+    shown = view(roster, 1_001.0, daemon_up=True)
+    assert shown is not None and shown["taken"] == said and shown["unserved"] == []
+    free = view(roster_from(document([], ["slow"], 20.0, 1_000.0)), 1_001.0, daemon_up=True)
+    assert free is not None and free["taken"] is None and free["unserved"] == ["slow"]

@@ -32,6 +32,16 @@ def check_workers(paths: BrainPaths, daemon_up: bool) -> list[Finding]:
         for w in section["workers"]
         if w["lost"]
     ]
+    if section.get("taken"):
+        found.append(
+            Finding(
+                "error",
+                "workers",
+                f"nothing is dispatched: {section['taken']}",
+                "give this brain its own `cluster.namespace` in profil/ambient.yml (docs/cluster.md); a worker "
+                "started for it now would serve the other brain",
+            )
+        )
     found += [
         Finding(
             "error",
