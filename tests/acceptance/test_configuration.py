@@ -715,3 +715,14 @@ def test_sighup_reads_a_changed_model_key_again_and_names_it_never_its_value(bra
         daemon.wait_log("reloaded", trigger="sighup", settings_changed=[])
         log = daemon.log_path.read_text()
     assert "sk-ant-first" not in log and "sk-ant-second" not in log
+
+
+def test_a_web_section_added_by_a_reload_says_it_waits_for_a_restart(tmp_path: Path) -> None:
+    """Every setting takes effect at a reload but ``web:``: the hosted console starts with the daemon, so a reload
+    that changes it says so instead of naming it changed and doing nothing."""
+    brain = Brain.init(tmp_path / "brain")
+    with brain.daemon() as daemon:
+        brain.config(brain.read("profil/ambient.yml") + "\nweb:\n  port: 0\n")
+        said = daemon.wait_log("setting_needs_restart")[0]
+        assert said["setting"] == "web" and "restart" in said["fix"], said
+        assert not daemon.logged("web_console_serving")

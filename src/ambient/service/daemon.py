@@ -463,6 +463,8 @@ class Daemon:
         self.parts.ref.brain = new
         self.parts.router.update(new.matrix.matrix, new.matrix.zone_rules)
         changed = settings_changes(old, new.settings)
+        if "web" in changed:  # the hosted console starts and stops with the daemon (docs/configuration.md)
+            log.warning("setting_needs_restart", setting="web", fix="systemctl restart ambient")
         changed += await self._apply_settings(new.settings)  # the secrets whose content changed, by name
         if self.started:
             await self._gateway_if_needed()  # an AI agent added: its calls need the gateway before it runs
