@@ -199,6 +199,16 @@ def test_ai_agents_are_refused_on_workers_and_the_model_key_never_leaves(tmp_pat
         assert b'"agent":"thinker"' not in stored  # no SPAWN of it was ever published
 
 
+def _user_exists(name: str) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
 def test_the_worker_unit_ships_beside_the_daemons(tmp_path: Path) -> None:
     """`ambient worker ... --print-unit` prints the unit that runs that worker under systemd: the shipped example is
     that text for its example host, and it verifies."""
@@ -207,7 +217,12 @@ def test_the_worker_unit_ships_beside_the_daemons(tmp_path: Path) -> None:
     brain.python_agent("coder", 'print(\'{"status": "success"}\')')
     args = ("--nats", "nats://10.0.0.5:4222", "--agents", "coder", "--slots", "2")
     args += ("--creds", "/etc/ambient/worker.creds")
-    printed = brain.ok("worker", *args, "--print-unit").out
+    made = brain.ok("worker", *args, "--print-unit")
+    printed = made.out
+    # What this host lacks for it is said beside it: the brain under /tmp (PrivateTmp=yes), and its user if missing.
+    under_tmp = str(brain.root).startswith(("/tmp/", "/var/tmp/"))  # noqa: S108 - where pytest puts it, usually
+    assert ("PrivateTmp=yes" in made.err and str(brain.root) in made.err) == under_tmp, made
+    assert ("no user 'ambient'" in made.err) == (not _user_exists("ambient")), made
     ambient = Path(sys.executable).parent / "ambient"
     example = shipped.replace("/opt/ambient/venv/bin/ambient", str(ambient)).replace("/srv/brain", str(brain.root))
     assert printed == example

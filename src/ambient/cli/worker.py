@@ -82,7 +82,33 @@ def _print_unit(args: argparse.Namespace, agents: list[str]) -> int:
     except ValueError as exc:
         return fail(str(exc))
     sys.stdout.write(text)
+    for problem in _unit_problems(str(Path(sys.executable).parent / "ambient"), str(brain_dir(args))):
+        sys.stderr.write(f"warning: {problem}\n")  # the unit is right for a host set up as its header says
     return EXIT_OK
+
+
+def _unit_problems(ambient: str, brain: str, user: str = "ambient") -> list[str]:
+    """What this host lacks for the unit to start: its user, and folders on the way that user cannot enter."""
+    import pwd
+    import stat
+
+    from ambient.cluster.unit import unit_problems
+
+    try:
+        entry: pwd.struct_passwd | None = pwd.getpwnam(user)
+    except KeyError:
+        entry = None
+    closed: list[str] = []
+    for target in (ambient, brain):
+        for folder in reversed(Path(target).parents if target != brain else (Path(brain), *Path(brain).parents)):
+            try:
+                st = folder.stat()
+            except OSError:
+                continue
+            mine = entry is not None and st.st_uid == entry.pw_uid
+            if not (st.st_mode & (stat.S_IXUSR if mine else stat.S_IXOTH)) and str(folder) not in closed:
+                closed.append(str(folder))
+    return unit_problems(brain, user, entry is not None, closed)
 
 
 def _namespace(root: Path) -> tuple[str | None, str]:

@@ -14,8 +14,24 @@ from collections.abc import Sequence
 #: What an argument of ExecStart may hold as given: no space, quote, backslash or systemd specifier (``%``).
 _PLAIN = re.compile(r"^[^\s\"'\\%;$`]+$")
 
+#: The folders ``PrivateTmp=yes`` gives the service empty.
+_PRIVATE_TMP = ("/tmp", "/var/tmp")  # noqa: S108 - named to be avoided, not used
+
 #: The name of the NATS credentials file in ``$CREDENTIALS_DIRECTORY`` (``%d`` in the unit).
 CREDENTIAL = "nats-creds"
+
+
+def unit_problems(brain: str, user: str, user_exists: bool, closed: Sequence[str]) -> list[str]:
+    """What would keep the printed unit from starting on this host as it is now: the unit's user missing, the brain
+    under a temporary folder (``PrivateTmp=yes`` gives the service an empty one), ``closed``: folders on the way to
+    ambient's interpreter or the brain that the user cannot enter (a venv under ``/root``)."""
+    found = []
+    if not user_exists:
+        found.append(f"no user {user!r} on this host: create it first (useradd --system {user})")
+    if any(brain == d or brain.startswith(d + "/") for d in _PRIVATE_TMP):
+        found.append(f"the brain {brain} is under a temporary folder the service does not see (PrivateTmp=yes)")
+    found += [f"{user} cannot enter {folder}: install ambient or the brain where it can" for folder in closed]
+    return found
 
 
 def worker_unit(

@@ -258,3 +258,12 @@ class TestTheNamespacesHolder:
         assert not worker_foreign(holder, "vm", "/srv/brain-a")  # its own brain
         assert not worker_foreign(holder, "other-host", "/srv/brain-b")  # another host: folders cannot be compared
         assert not worker_foreign(None, "vm", "/srv/brain-b")
+
+
+def test_a_unit_says_what_the_host_lacks_for_it() -> None:
+    from ambient.cluster.unit import unit_problems
+
+    assert unit_problems("/srv/brain", "ambient", True, []) == []
+    said = unit_problems("/tmp/brain", "ambient", False, ["/root"])
+    assert len(said) == 3 and "useradd" in said[0] and "PrivateTmp" in said[1] and "/root" in said[2]
+    assert unit_problems("/tmpbrain", "ambient", True, []) == []  # only the folders PrivateTmp= replaces
