@@ -220,7 +220,7 @@ def test_the_worker_unit_ships_beside_the_daemons(tmp_path: Path) -> None:
     made = brain.ok("worker", *args, "--print-unit")
     printed = made.out
     # What this host lacks for it is said beside it: the brain under /tmp (PrivateTmp=yes), and its user if missing.
-    under_tmp = str(brain.root).startswith(("/tmp/", "/var/tmp/"))  # noqa: S108 - where pytest puts it, usually
+    under_tmp = str(brain.root).startswith(("/tmp/", "/var/tmp/"))
     assert ("PrivateTmp=yes" in made.err and str(brain.root) in made.err) == under_tmp, made
     assert ("no user 'ambient'" in made.err) == (not _user_exists("ambient")), made
     ambient = Path(sys.executable).parent / "ambient"
