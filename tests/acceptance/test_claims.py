@@ -136,6 +136,8 @@ def test_claim_open_show_list_close(brain: Brain) -> None:
     assert on_disk["result"]["status"] == "ok"
     assert on_disk["result"]["files_modified"] == ["projets/feature/a.md"]
     assert [row["sess_id"] for row in brain.ok("claim", "list", "--status", "closed", "--json").json()] == ["sess-sat"]
+    bogus = brain.cli("claim", "list", "--status", "done")  # a status no claim can have is an error, not "No claims."
+    assert bogus.rc == 2 and "expected one of open" in bogus.err, bogus
 
     again = brain.cli("claim", "close", "sess-sat", "--status", "ok")
     assert again.rc == 2, again

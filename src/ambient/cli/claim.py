@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, out, out_json, say
+from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json, say
 from ambient.storage.paths import BrainPaths
 
 if TYPE_CHECKING:  # pydantic and YAML are imported in the handlers: `ambient --help` stays fast
@@ -83,6 +83,10 @@ def _inferred(claim: Claim) -> tuple[int, str]:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from ambient.claims.claim import STATUSES
+
+    if bad := sorted(set(args.status or ()) - set(STATUSES)):
+        return fail(f"--status {', '.join(bad)}: expected one of {', '.join(STATUSES)}")
     store = _store(args)
     wanted = set(args.status) if args.status else None
     if wanted is None:
