@@ -199,12 +199,14 @@ class TestStart:
 
     async def test_an_exit_with_a_pipe_still_held_says_which(self, spawner: Spawner) -> None:
         """The agent exits, a child of its group keeps stderr: the exit is reported at once with stdout known
-        closed (the runner's linger for stdout has nothing to wait for), and the output once the child is gone."""
+        closed (the runner's linger for stdout has nothing to wait for), and the output once the child is gone.
+        (The spawner's sweep ends such a stray as soon as its agent has ended: on a loaded machine the output may
+        already be in when the test looks, so only stdout's state at the exit is asserted.)"""
         code = "import os, sys, time\nos.close(1)\nif os.fork() == 0:\n    time.sleep(60)\n"
         agent = await spawner.spawn([PY, "-c", code], {"PATH": os.defpath}, Path.cwd(), b"", 1024, 1024)
         deadline = asyncio.get_running_loop().time() + 30
         assert await agent.until(lambda: agent.returncode is not None, deadline)
-        assert agent.returncode == 0 and agent.out_closed and not agent.closed
+        assert agent.returncode == 0 and agent.out_closed
         with contextlib.suppress(ProcessLookupError):  # the child: the group outlives its leader (unless gone)
             os.killpg(agent.pid, signal.SIGKILL)
         assert await agent.until(lambda: agent.closed, deadline)
