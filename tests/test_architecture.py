@@ -838,14 +838,21 @@ def _base_name(base: ast.expr) -> str:
     return base.id if isinstance(base, ast.Name) else ""
 
 
+@functools.cache
+def _classes(rel: str, text: str) -> tuple[tuple[int, str, frozenset[str]], ...]:
+    """The classes of one module, as (line, name, base names) (cached, as :func:`_written`)."""
+    return tuple(
+        (node.lineno, node.name, frozenset(_base_name(b) for b in node.bases))
+        for node in ast.walk(ast.parse(text, filename=rel))
+        if isinstance(node, ast.ClassDef)
+    )
+
+
 def _exception_classes(sources: Mapping[str, str]) -> list[tuple[str, int, str]]:
     """Every class of the tree that is an exception, as (path, line, name), wherever it stands (in a function too):
     one whose base is a builtin exception, or, to a fixed point, another exception class of the tree."""
     classes = [
-        (rel, node.lineno, node.name, {_base_name(b) for b in node.bases})
-        for rel, text in sorted(sources.items())
-        for node in ast.walk(ast.parse(text, filename=rel))
-        if isinstance(node, ast.ClassDef)
+        (rel, line, name, bases) for rel, text in sorted(sources.items()) for line, name, bases in _classes(rel, text)
     ]
     known = {
         n

@@ -97,6 +97,17 @@ class WaitTimeout(AssertionError):
     """A condition did not hold in time; the message says which and what was last seen."""
 
 
+#: A check that took this long (it started ``ambient``) is followed by a pause twice as long, up to a second: a wait
+#: on ``ambient status`` polled back to back kept a core busy for the whole wait, and took it from the daemon it
+#: waited on (the suite is CPU-bound on two cores).
+COSTLY_S = 0.02
+
+
+def pause_after(spent: float, interval: float) -> float:
+    """How long to sleep before the next check of a condition whose last check took ``spent`` seconds."""
+    return max(interval, min(2 * spent, 1.0)) if spent >= COSTLY_S else interval
+
+
 #: A wait gated on files (``wait(..., moved=...)``) still checks at least this often, should its files miss a change.
 RECHECK_S = 1.0
 
@@ -117,6 +128,7 @@ def wait(
     deadline = time.monotonic() + timeout
     last_mark: object = object()
     checked = 0.0
+    pause = interval
     while True:
         mark = moved() if moved is not None else None
         now = time.monotonic()
@@ -125,9 +137,11 @@ def wait(
             value = predicate()
             if value:
                 return value
-        if time.monotonic() >= deadline:
+            pause = pause_after(time.monotonic() - now, interval)  # a check that started `ambient` is paced
+        now = time.monotonic()
+        if now >= deadline:
             raise WaitTimeout(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
+        time.sleep(min(pause, max(0.0, deadline - now)))
 
 
 def clean_env(extra: Mapping[str, str] | None = None, *, agents: bool = True) -> dict[str, str]:
@@ -497,8 +511,8 @@ class Brain:
             rows = self.finished(workflow)
             return rows if len(rows) >= count else None
 
-        def moved() -> object:
-            return state_mark(self.path(".ambient/runs.jsonl"), self.path(".ambient/runs"))
+        def moved() -> object:  # finished runs are what runs.jsonl holds (journals in runs/ move at every item)
+            return state_mark(self.path(".ambient/runs.jsonl"))
 
         result: list[dict[str, Any]] = wait(found, f"{count} finished run(s) of {workflow}", timeout, moved=moved)
         return result

@@ -30,7 +30,7 @@ from ambient.engine.runstate import RunState, fold
 from ambient.storage.fsutil import atomic_write
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
-from tests.acceptance.harness import JsonLog
+from tests.acceptance.harness import JsonLog, pause_after
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_BRAIN = REPO / "examples" / "brain"
@@ -43,15 +43,19 @@ class WaitTimeout(AssertionError):
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.01) -> Any:
-    """Poll ``predicate`` until it returns a truthy value (returned); raise :class:`WaitTimeout` after ``timeout``."""
+    """Poll ``predicate`` until it returns a truthy value (returned); raise :class:`WaitTimeout` after ``timeout``.
+    A costly check is paced (tests/acceptance/harness.py, :func:`pause_after`), a cheap one (a file read) polled
+    every ``interval``."""
     deadline = time.monotonic() + timeout
     while True:
+        began = time.monotonic()
         value = predicate()
         if value:
             return value
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             raise WaitTimeout(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
+        time.sleep(min(pause_after(now - began, interval), max(0.0, deadline - now)))
 
 
 # ---------------------------------------------------------------- brains

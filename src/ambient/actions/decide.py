@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import structlog
-
 from ambient.actions.people import os_user, short_duration
 from ambient.core.errors import AlreadyAnsweredError, InputError
+from ambient.core.lazylog import get_logger
 from ambient.engine.budget import amount_in
 from ambient.engine.journals import run_glance
 from ambient.engine.planner import names_run
@@ -25,7 +24,7 @@ from ambient.kernel.inbox import read_inbox
 from ambient.kernel.packet import AMBIENT, Packet, Signal
 from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DecideKind = Literal["decided", "settled", "refused", "ended", "failed"]
 

@@ -48,16 +48,21 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+#: The commands whose module is named otherwise (tests/unit/cli/test_parser.py keeps this true).
+HOMES: dict[str, str] = {"decide": "escalations", "demo": "run", "runs": "status", "start": "status"}
+
+
 def _parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
-    """Only the named command's module when its file is named like the command (most are), else all of them.
+    """Only the named command's module (its file is named like the command, or :data:`HOMES` names it), else all.
 
     Performance (bench/cli.py): importing every command module and building every subparser was ~80 ms of each
-    ``ambient send`` or ``ambient lock`` an agent runs; ``--help`` and unknown commands still see them all.
+    ``ambient send`` or ``ambient lock`` an agent runs (and 30-60 ms of each ``ambient runs`` or ``decide``, before
+    :data:`HOMES`); ``--help`` and unknown commands still see them all.
     """
     command = _command_word(argv)
     if command is not None and command.isidentifier() and not command.startswith("_"):
         try:
-            parser = build_parser(only=command)
+            parser = build_parser(only=HOMES.get(command, command))
         except ModuleNotFoundError as exc:
             if exc.name != f"{__name__}.{command}":
                 raise
@@ -91,6 +96,10 @@ def _choices(parser: argparse.ArgumentParser) -> set[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit code."""
+    # pydantic looks for plugins in every installed distribution's entry points at the first model it builds (20-25
+    # ms of a short command's 90-190); ambient uses none. Set before any command module builds its models; a value
+    # the person set is kept (pydantic's documented switch).
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     words = list(argv) if argv is not None else sys.argv[1:]
     parser = _parser_for(words)
     try:

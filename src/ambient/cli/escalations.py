@@ -67,15 +67,18 @@ def _cmd_list(args: argparse.Namespace) -> int:
         store.close()
     for problem in problems:  # a hand-edited file gone wrong is shown, never hidden or deleted
         say(f"warning: {problem}")
+    if not rows:  # what a wait polls for most often: said without building the models
+        if args.json:
+            out_json([])
+        else:
+            out("No pending escalations." if not args.all else "No escalations.")
+        return EXIT_OK
     from ambient.human.escalations import Escalation  # pydantic models: only to print them
 
     escs = [Escalation.model_validate(e.data) for e in rows]
     said = _predictions(paths, escs)
     if args.json:
         out_json([e.data | ({"prediction": said[e.id]} if e.id in said else {}) for e in rows])
-        return EXIT_OK
-    if not escs:
-        out("No pending escalations." if not args.all else "No escalations.")
         return EXIT_OK
     now = utcnow()
     for i, esc in enumerate(escs):

@@ -19,8 +19,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar
 
-import structlog
-
 from ambient.cluster.link import Link, connect, ensure_consumers
 from ambient.cluster.protocol import (
     AI_ON_WORKERS,
@@ -41,11 +39,12 @@ from ambient.cluster.protocol import (
     unreachable_message,
 )
 from ambient.core.errors import NamespaceTakenError
+from ambient.core.lazylog import get_logger
 from ambient.runners.base import RunRequest
 from ambient.runners.result import AgentResult, error_result
 from ambient.runners.runner_config import AnyRunnerConfig
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

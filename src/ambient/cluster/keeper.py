@@ -17,14 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from ambient.cluster.dispatch import Dispatcher
 from ambient.cluster.roster import HEARTBEAT_S, Heard, document, heard
 from ambient.core.errors import NamespaceTakenError
+from ambient.core.lazylog import get_logger
 from ambient.storage.fsutil import atomic_write
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: The file is written at most this often (s).
 WRITE_EVERY_S = 1.0

@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
 from ambient.cluster.protocol import DUPLICATE_WINDOW_S, MAX_RESULT_BYTES, Names
+from ambient.core.lazylog import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: How long a short command (``ambient cluster workers``) tries to reach the server.
 ONCE_S = 8.0

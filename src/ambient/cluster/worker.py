@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import structlog
-
 from ambient.cluster.link import Link, connect
 from ambient.cluster.protocol import (
     DEFAULT_NAMESPACE,
@@ -51,12 +49,13 @@ from ambient.cluster.protocol import (
 )
 from ambient.cluster.roster import HEARTBEAT_S
 from ambient.core.errors import NamespaceTakenError, RunnerConfigError
+from ambient.core.lazylog import get_logger
 from ambient.runners.base import RunRequest
 from ambient.runners.command import CommandRunner
 from ambient.runners.result import AgentResult, error_result
 from ambient.runners.runner_config import CommandRunnerConfig, parse_runner_config
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _T = TypeVar("_T")
 

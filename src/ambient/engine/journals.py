@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from ambient.core.errors import HistoryError
+from ambient.core.lazylog import get_logger
 from ambient.core.problems import Problem
 from ambient.engine.journalglance import finished_glance
 from ambient.engine.runstate import ended_because, fold
@@ -22,7 +21,7 @@ from ambient.storage.fsutil import cut_to
 from ambient.storage.journal import read_jsonl
 from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["finished_glance"]  # its home is journalglance (no fold imported), read through here too
 

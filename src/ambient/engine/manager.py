@@ -19,12 +19,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
-import structlog
-
 from ambient.claims.claim import TERMINAL
 from ambient.core.clock import Clock, SystemClock
 from ambient.core.errors import JournalWriteError
 from ambient.core.health import resource_of
+from ambient.core.lazylog import get_logger
 from ambient.core.process import process_start_time
 from ambient.engine import events
 from ambient.engine.events import EscalationRecord, Ruling
@@ -39,7 +38,7 @@ from ambient.storage.journal import Journal, append_line, read_jsonl
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import MAX_CLAIM_BYTES
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: Agents at once, all runs together, until the settings say otherwise (``concurrency:``, its default).
 DEFAULT_SLOTS = 4

@@ -11,9 +11,9 @@ import asyncio
 import shutil
 from pathlib import Path
 
-import structlog
+from ambient.core.lazylog import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class GitBranches:

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import structlog
-
 from ambient.core.errors import DeliveryError, InputError
+from ambient.core.lazylog import get_logger
 from ambient.core.redact import SecretRegistry, redact_text, redact_url
 from ambient.human.messages import Message, fit_message
 from ambient.storage.fsutil import read_capped
@@ -27,7 +26,7 @@ from ambient.storage.yamlfile import MAX_CONFIG_BYTES, expect_mapping, load_file
 if TYPE_CHECKING:
     from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ENV_URLS = "AMBIENT_NOTIFY_URLS"
 TOKEN_PLACEHOLDER = "{telegram_token}"  # noqa: S105 - a placeholder, not a secret

@@ -18,10 +18,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ambient.core.errors import DeliveryError, NotifyError
+from ambient.core.lazylog import get_logger
 from ambient.core.redact import redact_text
 from ambient.human.messages import Message
 from ambient.human.notify import Notifier
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ambient.core.clock import Clock
     from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class _Uniform(Protocol):

@@ -24,13 +24,12 @@ from collections.abc import Awaitable, Callable, Sequence, Set
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import httpx
-import structlog
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from ambient.core.errors import NotifyError, TelegramError
+from ambient.core.lazylog import get_logger
 from ambient.core.redact import SecretRegistry, redact_text
 from ambient.human.channelstate import telegram_off_reason
 from ambient.human.messages import TELEGRAM_MAX_CHARS, Message, clean_text, cut_text, fit_message
@@ -38,7 +37,10 @@ from ambient.human.notify import SendReport, TargetResult, delivery_error, targe
 from ambient.human.outbox import RetryPolicy, next_attempt_at
 from ambient.storage.fsutil import atomic_write, read_capped
 
-log = structlog.get_logger(__name__)
+if TYPE_CHECKING:  # imported when a bot is made: a daemon without Telegram never loads httpx (~50 ms of its start)
+    import httpx
+
+log = get_logger(__name__)
 
 DEFAULT_API_BASE = "https://api.telegram.org"
 CALLBACK_DATA_MAX_BYTES = 64  # Bot API limit for InlineKeyboardButton.callback_data
@@ -161,6 +163,8 @@ class BotApi:
         self._timeout = timeout
         self._registry = registry if registry is not None else SecretRegistry()
         self._registry.add(self._token)
+        import httpx
+
         self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout))
         self._own_client = client is None
 
@@ -174,6 +178,8 @@ class BotApi:
 
     async def call(self, method: str, payload: dict[str, Any], *, http_timeout: float | None = None) -> Any:
         """POST one Bot API method; return its ``result`` or raise :class:`TelegramError`."""
+        import httpx
+
         url = f"{self._base}/bot{self._token}/{method}"
         try:
             response = await self._client.post(url, json=payload, timeout=http_timeout or self._timeout)

@@ -30,11 +30,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal, NamedTuple
 
-import structlog
 from pydantic import ValidationError
 
 from ambient.core.clock import Clock, SystemClock
 from ambient.core.errors import InputError, JournalWriteError, PacketError, UnsafePathError
+from ambient.core.lazylog import get_logger
 from ambient.core.problems import Problem
 from ambient.kernel.channels import Channel, ChannelRegistry
 from ambient.kernel.matrix import AccessMatrix, Decision
@@ -44,7 +44,7 @@ from ambient.storage.fsutil import resolve_in_brain
 from ambient.storage.journal import Journal, iter_jsonl
 from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 AUDIT_BATCH: Final = 64
 SYMLINK_CHECK_TTL: Final = 1.0  # seconds a path found free of symlinks is not checked again

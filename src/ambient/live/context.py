@@ -14,16 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from ambient.core.errors import InputError
+from ambient.core.lazylog import get_logger
 from ambient.live.handoff import HANDOFF_MAX_CHARS, Settled, runs_named, summarise
 from ambient.live.threads import LOG_NAME, Threads
 from ambient.live.turn import cut
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, private_dir, read_capped
 from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 HANDOFF_NAME = "handoff.md"
 HANDOFF_MAX_AGE_S = 60.0  # a handoff.md read this long after it was written, with turns since, is rebuilt first

@@ -13,18 +13,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from ambient.claims.claim import Claim, new_claim
 from ambient.claims.store import ClaimStore
 from ambient.core.clock import Clock, SystemClock
 from ambient.core.errors import AmbientError, InputError
+from ambient.core.lazylog import get_logger
 from ambient.runners.answer import interpret_output
 from ambient.runners.base import RunRequest
 from ambient.runners.result import AgentResult, error_result
 from ambient.runners.runner_config import AssistedRunnerConfig
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _DONE = ("closed", "failed")
 

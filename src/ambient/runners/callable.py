@@ -13,15 +13,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import structlog
-
 from ambient.core.errors import ImportFromStringError
+from ambient.core.lazylog import get_logger
 from ambient.runners.answer import interpret_output
 from ambient.runners.base import RunRequest
 from ambient.runners.result import AgentResult, error_result
 from ambient.runners.runner_config import AnyRunnerConfig, CallableRunnerConfig
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def import_from_string(target: str) -> Callable[..., Any]:

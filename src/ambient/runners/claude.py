@@ -46,9 +46,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from ambient.core.errors import AmbientError, InputError
+from ambient.core.lazylog import get_logger
 from ambient.runners import claude_launch, confinement, patterns, permissions
 from ambient.runners.answer import final_answer
 from ambient.runners.base import RunRequest, Watch
@@ -67,7 +66,7 @@ from ambient.runners.runner_config import ClaudeRunnerConfig, network_ports
 from ambient.storage.fsutil import atomic_write, read_capped
 from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: The extra that brings the SDK (and, in its wheel, the Claude Code CLI).
 EXTRA_HINT = "pip install 'ambient[claude]'"

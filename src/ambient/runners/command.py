@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from ambient.core.errors import InputError, SetupError, SpawnTemplateError, StdinError
 from ambient.core.health import describe, resource_of
+from ambient.core.lazylog import get_logger
 from ambient.runners.agent_env import agent_cwd, build_env, encode_packet
 from ambient.runners.answer import interpret_output, stated_error
 from ambient.runners.argv import render_argv
@@ -38,7 +37,7 @@ from ambient.runners.result import AgentResult, Reason, error_result
 from ambient.runners.runner_config import AnyRunnerConfig, CommandRunnerConfig
 from ambient.runners.spawner import Spawner
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: After the agent exits, how long its stdout may stay open (a leftover child holding the pipe) before the group
 #: is killed so that the result can be read.

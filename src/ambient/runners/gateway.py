@@ -35,17 +35,18 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import h11
-import httpx
-import structlog
-
+from ambient.core.lazylog import get_logger
 from ambient.runners.metering import CallMeter, Provider, error_body
 from ambient.runners.result import AgentResult, Usage, error_result
 from ambient.runners.runner_config import Price
 
-log = structlog.get_logger(__name__)
+if TYPE_CHECKING:  # imported when the gateway starts: a daemon of command agents only never loads them (~55 ms)
+    import h11
+    import httpx
+
+log = get_logger(__name__)
 
 #: A request body larger than this is refused (413): no model request is this big.
 MAX_BODY = 64 * 1024 * 1024
@@ -205,6 +206,8 @@ class ModelGateway:
 
     async def start(self) -> str:
         """Listen on a free port of 127.0.0.1; the base URL."""
+        import httpx
+
         if self._server is None:
             timeout = httpx.Timeout(self.timeout_s, connect=30.0)
             self._client = httpx.AsyncClient(timeout=timeout, follow_redirects=False)
@@ -273,6 +276,8 @@ class ModelGateway:
     # -- the server
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import h11
+
         conn = h11.Connection(h11.SERVER)
         self._writers.add(writer)
         try:
@@ -296,6 +301,8 @@ class ModelGateway:
     async def _read_request(
         self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> tuple[h11.Request, bytes] | None:
+        import h11
+
         request: h11.Request | None = None
         body = bytearray()
         while True:
@@ -329,6 +336,8 @@ class ModelGateway:
         headers: Sequence[tuple[str, str]] = (),
         raw: bytes | None = None,
     ) -> None:
+        import h11
+
         data = raw if raw is not None else json.dumps(payload).encode()
         out = [*headers, ("content-length", str(len(data)))]
         if raw is None:
@@ -388,6 +397,9 @@ class ModelGateway:
         headers: list[tuple[str, str]],
         body: bytes,
     ) -> None:
+        import h11
+        import httpx
+
         assert self._client is not None
         upstream = grant.upstream
         out = [(k, v) for k, v in headers if k not in _HOP and k not in _KEY_HEADERS]

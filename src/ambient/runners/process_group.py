@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-import structlog
+from ambient.core.lazylog import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _POLL_S = 0.02
 #: How long to wait for SIGKILLed members to be gone.

@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-import structlog
-
 from ambient.claims.locks import LockGrant, LockManager
 from ambient.claims.preflight import PreflightProblem, exit_code
 from ambient.claims.snapshot import run_preflight
@@ -22,6 +20,7 @@ from ambient.cluster.dispatch import Dispatcher
 from ambient.config.brain import Brain
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, LockHeldError, PacketError
+from ambient.core.lazylog import get_logger
 from ambient.core.redact import SecretRegistry, redact
 from ambient.engine.budget import Limits
 from ambient.engine.ports import Attempt, AttemptResult
@@ -35,7 +34,7 @@ from ambient.runners.result import NOT_RETRIED
 from ambient.runners.runner_config import AnyRunnerConfig
 from ambient.service.leases import LeaseGuard, Leases
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 HANDOFF_RECHECK_S = 0.25
 

@@ -11,20 +11,19 @@ from concurrent.futures import Future
 from datetime import datetime
 from typing import Any
 
-import structlog
-
 from ambient.claims.claim import Claim, new_claim, new_claim_doc
 from ambient.claims.store import ClaimStore
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, InputError
 from ambient.core.health import resource_of
+from ambient.core.lazylog import get_logger
 from ambient.engine.runs import item_claim_id
 from ambient.engine.runstate import ItemState, RunState
 from ambient.service.writer_threads import background_executor
 from ambient.workflows.templating import has_variables, render
 from ambient.workflows.variables import item_values, step_values
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 _ITEM_STATUS = {

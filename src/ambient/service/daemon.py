@@ -22,8 +22,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from ambient.claims.breakers import Breaker
 from ambient.claims.locks import LockManager
 from ambient.claims.store import ClaimStore
@@ -36,6 +34,7 @@ from ambient.config.settings import Settings, settings_changes
 from ambient.core.clock import Clock, SystemClock
 from ambient.core.errors import AmbientError, NamespaceTakenError
 from ambient.core.health import resource_of
+from ambient.core.lazylog import get_logger
 from ambient.core.redact import SecretRegistry
 from ambient.engine.chain import ChainExecutor, ChainSettings
 from ambient.engine.compile import chain_steps, fanout, item_template, retry_policy
@@ -102,7 +101,7 @@ from ambient.workflows.fields import SATELLITE_TYPES
 from ambient.workflows.spec import ChainWorkflow, ForEachWorkflow, parse_workflow
 from ambient.workflows.templating import render, render_path
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass

@@ -24,12 +24,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import structlog
-
+from ambient.core.lazylog import get_logger
 from ambient.runners.claude import MODEL_KEYS
 from ambient.runners.keys import key_name
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: Variables that hold a secret or say where secrets are; and any whose name says it holds one.
 SECRET_NAMES = frozenset({"AMBIENT_NOTIFY_URLS", "CREDENTIALS_DIRECTORY"})

@@ -13,10 +13,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from ambient.core.clock import Clock
 from ambient.core.errors import AlreadyAnsweredError, AmbientError
+from ambient.core.lazylog import get_logger
 from ambient.engine.journals import run_glance
 from ambient.engine.ports import EscalationRequest
 from ambient.engine.runstate import RunState, StoredQuestion, ended_because
@@ -50,7 +49,7 @@ from ambient.learning.rulestore import (
 from ambient.service.digest import Digest
 from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class Learner:

@@ -21,13 +21,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-import structlog
-
 from ambient.claims.claim import ClaimFacts
 from ambient.claims.statusline import surely_not_open
 from ambient.claims.store import ClaimStore
 from ambient.core.clock import Clock
 from ambient.core.errors import AlreadyAnsweredError, AmbientError, InputError
+from ambient.core.lazylog import get_logger
 from ambient.engine.events import Ruling
 from ambient.engine.journals import RunGlance, run_glance
 from ambient.engine.manager import RunManager
@@ -50,7 +49,7 @@ from ambient.storage.paths import BrainPaths
 from ambient.storage.yamltext import MAX_CLAIM_BYTES
 from ambient.workflows.triggers import start_due
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class Reload(Protocol):

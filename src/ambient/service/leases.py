@@ -7,13 +7,12 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-import structlog
-
 from ambient.claims.locks import LockGrant, LockManager
 from ambient.core.errors import AmbientError
+from ambient.core.lazylog import get_logger
 from ambient.runners import AgentResult
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class Leases:

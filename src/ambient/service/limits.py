@@ -12,11 +12,10 @@ import contextlib
 import resource
 from pathlib import Path
 
-import structlog
-
+from ambient.core.lazylog import get_logger
 from ambient.engine.slots import unit_limits
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def _pids_max() -> int | None:

@@ -11,10 +11,9 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import structlog
-
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError
+from ambient.core.lazylog import get_logger
 from ambient.core.redact import SecretRegistry, redact_text
 from ambient.kernel.packet import Packet
 from ambient.kernel.router import Router
@@ -25,7 +24,7 @@ from ambient.service.writer_threads import background_executor
 from ambient.storage.fsutil import atomic_write
 from ambient.storage.paths import NOW_FILE, BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class LiveTurns:

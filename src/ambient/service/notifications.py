@@ -21,12 +21,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import structlog
 from pydantic import ValidationError
 
 from ambient.config.settings import NotifySettings, Settings, TelegramSettings
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, DeliveryError, NotifyError
+from ambient.core.lazylog import get_logger
 from ambient.core.redact import SecretRegistry, redact_text, redact_url
 from ambient.human.channelstate import (
     ChannelsReport,
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from ambient.human.telegram import BotApi, OnPress
     from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: The channels' states, written by the daemon (``.ambient/notifications.json``).
 CHANNELS_FILE = "notifications.json"

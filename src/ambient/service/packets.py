@@ -11,9 +11,8 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import structlog
-
 from ambient.core.clock import Clock
+from ambient.core.lazylog import get_logger
 from ambient.engine.manager import RunManager
 from ambient.engine.planner import ANSWER, names_run
 from ambient.engine.ports import EscalationRequest
@@ -29,7 +28,7 @@ from ambient.service.lineage import descends_from
 from ambient.service.starts import RunStarts
 from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class PacketDesk:

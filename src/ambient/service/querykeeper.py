@@ -18,15 +18,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import structlog
-
+from ambient.core.lazylog import get_logger
 from ambient.query.store import QueryStore
 
 if TYPE_CHECKING:
     from ambient.engine.tick import Tick
     from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class QueryKeeper:

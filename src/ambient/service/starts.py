@@ -9,11 +9,10 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-import structlog
-
 from ambient.config.workflows import LoadedWorkflow
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError
+from ambient.core.lazylog import get_logger
 from ambient.engine import events
 from ambient.engine.compile import items_of
 from ambient.engine.manager import RunManager
@@ -24,7 +23,7 @@ from ambient.service.adapters import BrainRef
 from ambient.storage.paths import BrainPaths
 from ambient.workflows.spec import ChainWorkflow, parse_workflow
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def respawn_run_id(esc: Escalation) -> str:

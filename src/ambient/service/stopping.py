@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-import structlog
+from ambient.core.lazylog import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: docs/reliability.md: with no agent at work, a SIGTERM ends the daemon within this many seconds.
 STOP_BOUND_S: Final = 10.0

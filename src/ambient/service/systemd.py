@@ -14,9 +14,9 @@ import socket
 import time
 from collections.abc import Mapping
 
-import structlog
+from ambient.core.lazylog import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # A datagram to a busy manager may block; never hold the event loop longer than this.
 _SEND_TIMEOUT_S = 0.5

@@ -17,12 +17,11 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import structlog
-
+from ambient.core.lazylog import get_logger
 from ambient.storage.fsutil import TMP_MARK, private_dir
 from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # The sub-trees of a brain whose changes mean something to the engine.
 _WATCHED_SUFFIXES = (".yml", ".yaml", ".json", ".md")

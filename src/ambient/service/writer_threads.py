@@ -21,9 +21,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
-import structlog
+from ambient.core.lazylog import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: How many nice steps the background writers sit below the daemon (the kernel caps nice at 19).
 BACKGROUND_NICE: Final = 10

@@ -29,17 +29,17 @@ from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Final
 
-import structlog
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ambient.core.lazylog import get_logger
 from ambient.service.instance import daemon_up
 from ambient.storage.fsutil import TMP_MARK, private_dir
 from ambient.storage.paths import BrainPaths
 from ambient.web.storethread import StoreThread
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: Every topic a page may listen to (plus ``run:<run_id>``).
 TOPICS: Final = frozenset(

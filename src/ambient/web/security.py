@@ -30,14 +30,14 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import parse_qsl, quote, urlencode
 
-import structlog
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ambient.core.lazylog import get_logger
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, private_dir
 from ambient.storage.paths import BrainPaths
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: The sign-in cookie: a random id, looked up server-side (never the token).
 COOKIE: Final = "ambient_signin"

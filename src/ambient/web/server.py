@@ -17,10 +17,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Final
 
-import structlog
 import uvicorn
 
 from ambient.core.errors import InputError
+from ambient.core.lazylog import get_logger
 from ambient.core.process import own_start_time, process_alive
 from ambient.service.writer_threads import lower_priority
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, private_dir
@@ -30,7 +30,7 @@ from ambient.web.app import create_app
 from ambient.web.live import Hub
 from ambient.web.security import console_prefix, is_loopback, load_token
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 8765

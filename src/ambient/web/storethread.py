@@ -21,17 +21,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar, cast
 
-import structlog
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from ambient.core.errors import AmbientError
+from ambient.core.lazylog import get_logger
 from ambient.query.store import QueryStore
 from ambient.query.views import EscalationRow
 from ambient.storage.paths import BrainPaths
 from ambient.web.fragcache import shared_fetch
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

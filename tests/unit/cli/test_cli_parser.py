@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from ambient.cli import _command_word, main
+import ambient.cli
+from ambient.cli import HOMES, _command_word, main
 
 
 @pytest.mark.parametrize(
@@ -41,6 +45,25 @@ def _modules_last_line(*argv: str) -> set[str]:
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True).stdout
     (line,) = [ln for ln in out.splitlines() if ln.startswith("MODULES")]
     return set(line.split()[1:])
+
+
+def test_every_command_named_unlike_its_module_is_in_the_homes_table() -> None:
+    """A command a module registers under another name is found through HOMES, else its start builds every parser."""
+    found: dict[str, str] = {}
+    for info in pkgutil.iter_modules(ambient.cli.__path__):
+        if info.name.startswith("_"):
+            continue
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(f"ambient.cli.{info.name}").register(sub)
+        found |= {command: info.name for command in sub.choices if command != info.name}
+    assert found == HOMES
+
+
+@pytest.mark.slow
+def test_a_command_of_another_module_imports_that_module_only() -> None:
+    loaded = _modules_last_line("runs", "--help")
+    assert "ambient.cli.status" in loaded
+    assert not loaded & {"ambient.cli.doctor", "ambient.cli.run", "ambient.cli.lock", "ambient.cli.send"}
 
 
 @pytest.mark.slow
