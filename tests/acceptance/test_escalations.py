@@ -542,7 +542,9 @@ def test_the_default_backoff_starts_at_5_seconds(brain: Brain, webhook: Webhook)
             lambda: [e for e in _outbox(brain) if e["attempts"] >= 1 and e.get("last_attempt_at")], "a failed attempt"
         )
     delay = _when(entry["next_at"]) - _when(entry["last_attempt_at"])
-    assert 0 <= delay <= 5.05, entry
+    # Full jitter: the first delay is drawn in [0, 5 s], so a second attempt may come before the wait looks again;
+    # the n-th delay is drawn in [0, 5 s * 2**(n-1)].
+    assert 0 <= delay <= 5 * 2 ** (entry["attempts"] - 1) + 0.05, entry
     assert entry["last_error"]
 
 
