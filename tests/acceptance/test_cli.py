@@ -201,6 +201,7 @@ def test_the_brain_is_the_current_directory_or_brain_before_or_after_or_the_envi
         ["lock", "acquire", "../outside.yml", "me"],
         ["validate", "workflows/missing.yml"],
         ["rules", "accept", "r-nosuchrule"],
+        ["thread", "nosuch"],
     ],
 )
 def test_bad_usage_or_bad_input_exits_2(brain: Brain, args: list[str]) -> None:

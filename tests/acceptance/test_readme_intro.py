@@ -68,6 +68,9 @@ def test_init_run_as_root_says_when_the_agent_user_cannot_reach_the_brain(tmp_pa
         assert f"cannot reach the brain: {closed} is not searchable by others" in res.err, res
         assert f"chmod o+x {closed}" in res.err and "agent_user" in res.err, res
         assert (closed / "brain" / "agents").is_dir()
+        doctor = run([*AMBIENT, "--brain", str(closed / "brain"), "doctor"], agents=False)
+        assert f"{closed} is 0700" in doctor.out, doctor  # the same fixes again, `agent_user: root` among them
+        assert f"chmod o+x {closed}" in doctor.out and "agent_user: root" in doctor.out, doctor
         closed.chmod(0o711)
         again = run([*AMBIENT, "init", str(closed / "other")], agents=False)
         assert again.rc == 0 and "cannot reach the brain" not in again.err, again

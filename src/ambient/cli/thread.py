@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ambient.cli._common import EXIT_OK, add_command, brain_dir, out, out_json
+from ambient.cli._common import EXIT_OK, add_command, brain_dir, fail, out, out_json
 
 if TYPE_CHECKING:  # imported in the handler, so that other commands start fast
     from ambient.live.turn import Turn
+    from ambient.storage.paths import BrainPaths
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,7 +36,10 @@ def _thread(args: argparse.Namespace) -> int:
     from ambient.live.context import LiveContext
     from ambient.storage.paths import BrainPaths
 
-    live = LiveContext(BrainPaths(brain_dir(args)))
+    paths = BrainPaths(brain_dir(args))
+    live = LiveContext(paths)
+    if not live.view(args.agent).total and not _known_party(paths, args.agent):
+        return fail(f"no agent named {args.agent!r}: no file in {paths.agents} names it and no thread of it is kept")
     if args.handoff:
         text = live.handoff_for(args.agent)
         if args.json:
@@ -62,3 +66,15 @@ def _thread(args: argparse.Namespace) -> int:
     if not view.turns:
         out("(no turns)")
     return EXIT_OK
+
+
+def _known_party(paths: BrainPaths, name: str) -> bool:
+    """An agent of the brain (a file of agents/ names it) or a party every brain has (the person, ambient): looked
+    up only for a name without a thread, so a mistyped name is said (exit 2) instead of shown as an empty thread."""
+    from ambient.kernel.agents import load_agents
+    from ambient.kernel.matrix import ORCHESTRATOR, RESERVED
+
+    if name in RESERVED or name == ORCHESTRATOR:
+        return True
+    agents, _ = load_agents(paths)
+    return name in agents

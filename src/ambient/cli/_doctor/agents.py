@@ -183,7 +183,8 @@ def check_agent_user(
                 f"{user!r} cannot reach {what} ({target}): {folder} is {stat.S_IMODE(folder.stat().st_mode):04o}",
                 f"its agents fail to start: `chmod o+x {folder}` or `setfacl -m u:{user}:x {folder}`"
                 + (", or move the brain" if what == "the brain" else ", or run agents on another program")
-                + "; or name a user in the runner (user:)",
+                + "; or name a user in the runner (user:); or run agents as root without any capability "
+                "(`agent_user: root` in profil/ambient.yml, docs/agents-and-runners.md)",
             )
         )
     return found
