@@ -237,7 +237,7 @@ class RunManager:
                 workflow=state.workflow,
                 in_flight=in_flight,
                 done=state.success_count,
-                total=len(state.items),
+                total=len(state.counted()),
             )
         if behind:
             self._catch_up(behind)

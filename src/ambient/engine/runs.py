@@ -121,7 +121,7 @@ def run_record(state: RunState) -> RunRecord:
         asked=list(state.asked),
         reached_end=state.form == "chain" and state.cursor >= len(state.items),
         form=state.form if state.form in ("for_each", "chain") else None,  # type: ignore[arg-type]
-        total=len(state.items),
+        total=len(state.counted()),
         done=state.success_count,
         **state.usage.to_record(),
         spent_by_day={d: round(c, 8) for d, c in state.spent_by_day.items()} or None,

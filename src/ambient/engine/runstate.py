@@ -132,11 +132,16 @@ class RunState:
         raise KeyError(name)
 
     def counts(self) -> dict[str, int]:
-        """Items per status, plus ``total``."""
-        out: dict[str, int] = {"total": len(self.items)}
-        for it in self.items:
+        """Items per status, plus ``total``: the steps before the one a run started at are not counted (NOT_RUN)."""
+        counted = self.counted()
+        out: dict[str, int] = {"total": len(counted)}
+        for it in counted:
             out[it.status] = out.get(it.status, 0) + 1
         return out
+
+    def counted(self) -> list[ItemState]:
+        """The items a run's progress counts: all but the steps before the one it started at."""
+        return [it for it in self.items if it.result != NOT_RUN]
 
     @property
     def success_count(self) -> int:

@@ -856,7 +856,7 @@ async def _run_finished(
     ``--until-idle`` may be done)."""
     progress(
         f"run finished: {state.workflow} → {state.outcome} "
-        f"({state.success_count}/{len(state.items)} done, {state.escalation_count} escalation(s))"
+        f"({state.success_count}/{len(state.counted())} done, {state.escalation_count} escalation(s))"
     )
     await escalator.run_finished(state)
     wake()
