@@ -624,3 +624,23 @@ def test_every_spawn_payload_carries_decision_null_beside_the_context(brain: Bra
     assert "decision" in first["payload"] and first["payload"]["decision"] is None, first
     assert "decision" not in first["payload"]["context"], first
     assert again["payload"]["context"]["decision"] == "blue", again
+
+
+def test_a_copy_of_a_workflow_file_never_takes_its_name_from_the_original(brain: Brain) -> None:
+    """A person copies `ship.yml` to `ship-copy.yml` (the name sorts first) without renaming what is inside: the
+    copy is the file refused, naming the original, and the original keeps running (docs/workflows.md)."""
+    brain.python_agent("deploy", "import json, sys\njson.load(sys.stdin)\nprint(json.dumps({'status': 'ok'}))\n")
+    text = (
+        "workflow: ship\nstatus: draft\nfor_each:\n  items: [a]\n  spawn: deploy\n"
+        '  scope: {zone: project, files: ["work/ship/{{index}}.txt"]}\n'
+    )
+    original = brain.workflow("ship", text)
+    os.utime(original, (original.stat().st_atime, original.stat().st_mtime - 60))  # written a minute ago
+    brain.workflow("ship-copy", text)
+    res = brain.cli("validate")
+    assert res.rc == 1, res
+    assert "workflows/ship-copy.yml:1: workflow name 'ship' is already used by workflows/ship.yml" in res.out, res
+    assert "workflows/ship.yml:" not in res.out.replace("used by workflows/ship.yml", ""), res
+    assert brain.ok("start", "ship").rc == 0
+    [record] = brain.until_idle() and brain.finished("ship")
+    assert record["outcome"] == "success", record

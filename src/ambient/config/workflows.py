@@ -482,7 +482,7 @@ def load_many(
     zone_rules: Iterable[ZoneRule] = DEFAULT_RULES,
     default_agents: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, LoadedWorkflow], list[Problem]]:
-    """Load (path, source name) pairs; a name used twice keeps the first file and reports the others.
+    """Load (path, source name) pairs, in their order; a name used twice keeps the first file and reports the others.
 
     ``default_agents``: the brain's step type → agent (``default_agents:`` in profil/ambient.yml)."""
     rules = tuple(zone_rules)
@@ -516,6 +516,14 @@ def load_many(
     return good, problems
 
 
+def _written_first(path: Path) -> tuple[int, str]:
+    """The order in which files claim a workflow name: modification time, then file name (a file gone: last)."""
+    try:
+        return path.lstat().st_mtime_ns, path.name
+    except OSError:
+        return 2**63, path.name
+
+
 def load_workflows(
     paths: BrainPaths,
     *,
@@ -526,9 +534,13 @@ def load_workflows(
 ) -> tuple[dict[str, LoadedWorkflow], list[Problem]]:
     """Every workflow of a brain by name, and every problem found (file:line, brain-relative names).
 
-    A file with an error is left out whole; warnings do not keep a workflow out.
+    A file with an error is left out whole; warnings do not keep a workflow out. Two files of one ``name:``: the one
+    written first (by modification time, then by file name) keeps it, so a copy never takes the original's place.
     """
-    files = [(p, paths.rel(p)) for p in workflow_files(paths.workflows)]
-    return load_many(
+    files = [(p, paths.rel(p)) for p in sorted(workflow_files(paths.workflows), key=_written_first)]
+    good, problems = load_many(
         files, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=zone_rules, default_agents=default_agents
     )
+    # Said and kept in file-name order, as before: only which file keeps a name depends on when it was written.
+    by_file = sorted(good.values(), key=lambda wf: wf.source)
+    return {wf.name: wf for wf in by_file}, sorted(problems, key=lambda p: p.file)
