@@ -214,6 +214,15 @@ def test_bad_usage_or_bad_input_exits_2(brain: Brain, args: list[str]) -> None:
     assert "Traceback" not in res.text
 
 
+def test_a_misspelled_command_is_answered_with_the_close_ones(brain: Brain) -> None:
+    """`ambient statsu` exits 2 with argparse's list and the commands it is close to; a word close to none adds
+    nothing."""
+    res = ambient("statsu", cwd=brain.root)
+    assert res.rc == 2 and "did you mean 'stats' or 'status'?" in res.err, res
+    far = ambient("zzzz", cwd=brain.root)
+    assert far.rc == 2 and "invalid choice: 'zzzz'" in far.err and "did you mean" not in far.err, far
+
+
 def test_send_says_2_for_an_invalid_packet(brain: Brain) -> None:
     """`ambient send`: exit 2 for a packet that is not valid (bad input)."""
     res = brain.cli("send", "-", input='{"from": "human", "to": "ambient", "signal": "NO_SUCH"}')

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from ambient import __version__
-from ambient.cli._common import EXIT_USAGE, CommandFunc, add_brain_option, fail, quiet_logs, refused_brain
+from ambient.cli._common import EXIT_USAGE, CommandFunc, add_brain_option, fail, quiet_logs, refused_brain, say
 from ambient.core.errors import AmbientError, InputError
 
 #: Commands that run the daemon and set up its logging themselves.
@@ -87,6 +87,17 @@ def _command_word(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _suggest(word: str | None, commands: set[str]) -> None:
+    """``did you mean 'stats' or 'status'?`` under argparse's error, for a command word close to one or two."""
+    if word is None or word in commands:
+        return
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(commands), n=2)
+    if close:
+        say(f"did you mean {' or '.join(repr(c) for c in close)}?")
+
+
 def _choices(parser: argparse.ArgumentParser) -> set[str]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -105,7 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(words)
     except SystemExit as exc:  # argparse: --help (0) or bad usage (2)
-        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+        code = int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+        if code:
+            _suggest(_command_word(words), _choices(parser))
+        return code
     func: CommandFunc | None = getattr(args, "func", None)
     if func is None:
         parser.print_help()
