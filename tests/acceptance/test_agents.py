@@ -780,3 +780,39 @@ def test_an_agent_writes_its_scope_and_nothing_else_of_the_brain(brain: Brain) -
     [esc] = brain.escalations()
     assert "state: Permission denied" in esc["question"] and "notes: Permission denied" in esc["question"], esc
     assert "agents are confined" in brain.cli("doctor").out
+
+
+def test_a_chain_step_tells_its_agent_its_story_angle_and_input_contract(brain: Brain) -> None:
+    """A chain step's `story_angle` and `input_contract` (what it receives from the step before) reach its agent in
+    `payload.context`, their templates filled; a step without an `input_contract` gets none."""
+    brain.python_agent(
+        "writer",
+        """
+        import json, pathlib, sys
+        ctx = json.load(sys.stdin)["payload"]["context"]
+        seen = {k: ctx.get(k) for k in ("story_angle", "input_contract")}
+        pathlib.Path("work").mkdir(exist_ok=True)
+        pathlib.Path("work", f"told-{ctx['step']}.json").write_text(json.dumps(seen))
+        print(json.dumps({"status": "ok"}))
+        """,
+    )
+    brain.workflow(
+        "told",
+        """
+        name: told
+        chain:
+          - {step: 1, type: brain-write, scope: docs/a.md, agents: [writer], story_angle: "Draft {{workflow}}"}
+          - step: 2
+            type: brain-write
+            scope: docs/b.md
+            agents: [writer]
+            story_angle: "Review"
+            input_contract: "the draft of {{workflow}}, for step {{step}}"
+    """,
+    )
+    brain.until_idle()
+    [record] = brain.finished("told")
+    assert record["outcome"] == "success", record
+    assert json.loads(brain.read("work/told-1.json")) == {"story_angle": "Draft told", "input_contract": None}
+    told = json.loads(brain.read("work/told-2.json"))
+    assert told == {"story_angle": "Review", "input_contract": "the draft of told, for step 2"}, told

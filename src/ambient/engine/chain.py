@@ -170,6 +170,8 @@ class ChainExecutor(RunExecutor):
             "story_angle": self.ports.render_text(step.story_angle, values) if step.story_angle else None,
             "workflow": self.state.workflow,
         }
+        if step.input_contract:  # what the person wrote the step receives: told to its agent, rendered like the angle
+            context["input_contract"] = self.ports.render_text(step.input_contract, values)
         if prior is not None:
             context["prior"] = prior
         context.update(self.state.context)

@@ -164,6 +164,7 @@ def chain_steps(spec: ChainWorkflow, default_agents: Mapping[str, str] | None = 
             on_partial=_actions(s.on_partial, spec.name),
             on_fail=_actions(s.on_fail, spec.name),
             story_angle=s.story_angle or None,
+            input_contract=s.input_contract or None,
             retry=retry_policy(spec.retry_for(s)),
             timeout_s=spec.timeout_for(s),
         )

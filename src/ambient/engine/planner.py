@@ -269,6 +269,7 @@ class ChainStep:
     on_partial: tuple[ChainAction, ...] = ()
     on_fail: tuple[ChainAction, ...] = ()
     story_angle: str | None = None
+    input_contract: str | None = None  # what the step is told it receives from the step before (a template)
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # the step's own, else the workflow's
     timeout_s: float | None = None  # per attempt: the step's own, else the workflow's, else the runner's
 
