@@ -807,7 +807,7 @@ def test_a_chain_step_tells_its_agent_its_story_angle_and_input_contract(brain: 
             scope: docs/b.md
             agents: [writer]
             story_angle: "Review"
-            input_contract: "the draft of {{workflow}}, for step {{step}}"
+            input_contract: "the draft of {{workflow}} ({{prior.result.status}}), for step {{step}}"
     """,
     )
     brain.until_idle()
@@ -815,4 +815,4 @@ def test_a_chain_step_tells_its_agent_its_story_angle_and_input_contract(brain: 
     assert record["outcome"] == "success", record
     assert json.loads(brain.read("work/told-1.json")) == {"story_angle": "Draft told", "input_contract": None}
     told = json.loads(brain.read("work/told-2.json"))
-    assert told == {"story_angle": "Review", "input_contract": "the draft of told, for step 2"}, told
+    assert told == {"story_angle": "Review", "input_contract": "the draft of told (ok), for step 2"}, told

@@ -63,10 +63,20 @@ def step_values(*, workflow: str, step: str, run_id: str, prior: Any, branch: st
         "workflow": workflow,
         "step": step,
         "run_id": run_id,
-        "prior": {} if prior is None else prior,
+        "prior": _prior(prior),
         "branch": branch,
         "pilote": pilote,
     }
+
+
+def _prior(output: Any) -> Any:
+    """The step before's output as templates read it: ``{{prior.status}}``, and ``{{prior.result.status}}`` as the
+    sources write it (spec/002 names a step's output its ``result``), unless the output has a ``result`` of its own."""
+    if output is None:
+        return {}
+    if isinstance(output, dict) and "result" not in output:
+        return {**output, "result": output}
+    return output
 
 
 def completion_values(

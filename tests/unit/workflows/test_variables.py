@@ -79,3 +79,15 @@ def test_step_and_completion_values() -> None:
     assert isinstance(fan, ForEachWorkflow)
     assert set(spec_item_values(fan, 0)) == ITEM_VARS  # the values rendering uses are the names validation allows
     assert render("{{success_count}}/{{total}}, {{fail_count}} failed", done) == "9/10, 1 failed"
+
+
+def test_a_step_reads_the_step_befores_output_as_prior_and_as_prior_result() -> None:
+    """The sources write ``{{prior.result.status}}`` (spec/002 names a step's output its result); the output's own
+    fields read as ``{{prior.status}}`` too, and an output with a ``result`` of its own keeps it."""
+
+    def said(prior: object, template: str) -> str:
+        return render(template, step_values(workflow="w", step="2", run_id="r", prior=prior, branch="", pilote=""))
+
+    output = {"status": "ok", "tests": {"failed": 0}}
+    assert said(output, "{{prior.result.status}} {{prior.status}} {{prior.result.tests.failed}}") == "ok ok 0"
+    assert said({"result": {"status": "partial"}}, "{{prior.result.status}}") == "partial"
