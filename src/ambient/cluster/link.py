@@ -34,17 +34,18 @@ class Link:
     workers: Any  # nats.js.kv.KeyValue
     names: Names
 
-    async def close(self) -> None:
-        """Flush and close. Not ``drain()``: with pull subscriptions it waited its whole timeout (30 s) at every
-        stop; every publish that matters was acknowledged by the server already (JetStream publishes wait for it)."""
+    async def close(self, timeout_s: float = 2.0) -> None:
+        """Flush and close, each within ``timeout_s``: a stop is never held by the client. Not ``drain()``: with pull
+        subscriptions it waited its whole timeout (30 s) at every stop; every publish that matters was acknowledged by
+        the server already (JetStream publishes wait for it)."""
         try:
-            await asyncio.wait_for(self.nc.flush(), timeout=2.0)
+            await asyncio.wait_for(self.nc.flush(), timeout=timeout_s)
         except Exception as exc:  # noqa: BLE001 - closing: nothing left to save
             log.debug("nats_flush_failed", error=str(exc))
         try:
-            await self.nc.close()
-        except Exception as exc:  # noqa: BLE001 - closing: nothing left to save
-            log.debug("nats_close_failed", error=str(exc))
+            await asyncio.wait_for(self.nc.close(), timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - closing: nothing left to save (a close that hangs: let go)
+            log.debug("nats_close_failed", error=repr(exc))
 
 
 class Outage:
