@@ -385,7 +385,13 @@ def _user_entry(name: str) -> pwd.struct_passwd:
     kept = _USERS.get(name)
     if kept is not None and now - kept[0] < _USER_TTL_S:
         return kept[1]
-    entry = pwd.getpwnam(name)
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        # The lookup reads /etc/passwd: with no descriptor left it finds nobody. Said as what ran out (OSError
+        # EMFILE, the daemon's trouble), not as a user that does not exist (the agent's).
+        os.close(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        raise
     _USERS[name] = (now, entry)
     return entry
 

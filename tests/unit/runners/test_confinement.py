@@ -163,3 +163,28 @@ def test_a_new_file_at_the_top_of_the_brain_grants_nothing(tmp_path: Path) -> No
     (brain / "kept.md").write_text("x")
     assert scope_write(brain, ["new.md", "./other.md"]) == []
     assert scope_write(brain, ["kept.md", "notes/new.md"]) == [str(brain / "kept.md"), str(brain / "notes")]
+
+
+def test_a_user_lookup_without_a_descriptor_left_says_what_ran_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`getpwnam` reads /etc/passwd: with no descriptor left it finds nobody, which is not "no such user"."""
+    import errno
+    import os
+    import pwd
+
+    from ambient.core.health import resource_of
+    from ambient.runners import confinement
+
+    def none_left(*_a: object, **_k: object) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: (_ for _ in ()).throw(KeyError(name)))
+    monkeypatch.setattr(confinement, "_USERS", {})
+    monkeypatch.setattr(os, "open", none_left)
+    with pytest.raises(OSError) as caught:
+        confinement._user_entry("nobody-left")
+    assert resource_of(caught.value, spawning=True) == "descriptors"
+    monkeypatch.undo()
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: (_ for _ in ()).throw(KeyError(name)))
+    monkeypatch.setattr(confinement, "_USERS", {})
+    with pytest.raises(KeyError):  # descriptors to spare: the user truly does not exist
+        confinement._user_entry("no-such-user")
