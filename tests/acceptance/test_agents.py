@@ -7,8 +7,10 @@ import json
 import os
 import re
 import signal
+import tempfile
 import textwrap
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -349,6 +351,26 @@ def test_a_killed_spawner_kills_its_agents_and_their_attempts_are_retried(brain:
     assert record["outcome"] == "success", record
     attempts = [(s["attempt"], s["result"]) for s in record["steps"]]
     assert attempts == [(1, "error"), (2, "success")], attempts
+
+
+def test_the_temp_dirs_a_killed_daemon_made_ahead_are_removed_by_the_next_one(brain: Brain) -> None:
+    """A confined agent gets a fresh private temp dir, and the daemon keeps a few made ahead per agent name. A daemon
+    killed -9 cannot remove those; the next daemon on the machine does, at its start, even with no agent to run."""
+    name = f"tmpdirs-{uuid.uuid4().hex[:8]}"
+    brain.python_agent(name, "import sys; sys.stdin.read()\n", runner={"confine": True})
+    tmp = Path(tempfile.gettempdir())
+
+    def left() -> set[str]:
+        return {p.name for p in tmp.glob(f"ambient-{name}-*")}
+
+    brain.workflow("once", for_each("once", name, ["a"]))
+    first = brain.daemon().start()
+    brain.wait_finished("once")
+    made = wait(lambda: left() if len(left()) >= 2 else None, "temp dirs made ahead for the agent")
+    first.kill()
+    assert left() >= made, (made, left())
+    with brain.daemon():
+        wait(lambda: not left(), "the killed daemon's temp dirs to be removed", timeout=30)
 
 
 # ---------------------------------------------------------------- output: what the agent prints, how it exits

@@ -52,6 +52,7 @@ from ambient.core.errors import NamespaceTakenError, RunnerConfigError
 from ambient.core.lazylog import get_logger
 from ambient.runners.base import RunRequest
 from ambient.runners.command import CommandRunner
+from ambient.runners.confinement import TEMP_DIRS
 from ambient.runners.result import AgentResult, error_result
 from ambient.runners.runner_config import CommandRunnerConfig, parse_runner_config
 
@@ -113,6 +114,7 @@ class Worker:
         """Serve until :meth:`stop`, which works at any moment: connecting (the server down), waiting for the
         daemon to dispatch an agent, or serving."""
         log.info("worker_connecting", worker=self.name, urls=self.options.urls)
+        TEMP_DIRS.sweep_left_behind()  # agents' temp dirs a killed worker or daemon made ahead
         link = await self._unless_stopped(
             connect(
                 self.options.urls,

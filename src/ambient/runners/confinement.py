@@ -48,9 +48,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ambient.core.lazylog import get_logger
 from ambient.runners.base import RunRequest
 from ambient.runners.runner_config import CommandRunnerConfig, network_ports
 from ambient.storage.paths import STATE_DIRNAME
+
+log = get_logger(__name__)
 
 #: The devices a program reads (shells, Python, Node): never ``/dev`` as a whole (disks, ``/dev/mem``, terminals,
 #: ``/dev/shm``). ``/dev/stdin`` and ``/dev/fd`` lead to ``/proc/self/fd``, readable with ``/proc``.
@@ -531,11 +534,12 @@ class TempDirs:
         self._dozing = False  # waiting for a token or DOZE_S
         self._jobs: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
         os.register_at_fork(after_in_child=self._forget)
 
     def take(self, agent: str) -> Path:
         """A fresh private temp dir for an agent named ``agent``."""
-        prefix = f"ambient-{agent[:32]}-"
+        prefix = f"ambient-{agent[:32]}-{self._pid}-"
         with self._lock:
             ready = self._ready.get(prefix)
             path = ready.pop() if ready else None
@@ -554,6 +558,11 @@ class TempDirs:
     def drop(self, path: str) -> None:
         """Remove ``path`` (a temp dir an agent had) behind."""
         self._queue("drop", path)
+
+    def sweep_left_behind(self) -> None:
+        """Remove, behind, the empty temp dirs that daemons no longer running left (see :func:`left_behind`): a
+        daemon killed -9 cannot remove the dirs it made ahead. Called at a daemon's or a worker's start."""
+        self._queue("sweep", tempfile.gettempdir(), urgent=True)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every job queued so far is done (tests); False on timeout."""
@@ -579,6 +588,7 @@ class TempDirs:
         self._thread, self._ready, self._wanted = None, {}, {}
         self._pending, self._asleep, self._dozing = [], True, False
         self._jobs = queue.SimpleQueue()
+        self._pid = os.getpid()
 
     def _queue(self, what: str, arg: Any, *, urgent: bool = False) -> None:
         if self._thread is None:
@@ -620,6 +630,10 @@ class TempDirs:
     def _do(self, what: str, arg: Any) -> None:
         if what == "wait":
             arg.set()
+        elif what == "sweep":
+            removed = left_behind(arg)
+            if removed:
+                log.info("temp_dirs_swept", count=removed, folder=arg)
         elif what == "drop":
             try:
                 os.rmdir(arg)  # noqa: PTH106 - most are empty: one call
@@ -635,6 +649,55 @@ class TempDirs:
                     self._ready.setdefault(arg, []).append(made)
                 else:
                     self._wanted[arg] = self._wanted.get(arg, 1) - 1
+
+
+def maker_pid(name: str) -> int | None:
+    """The pid of the process that made the temp dir named ``name`` (``ambient-<agent>-<pid>-<random>``, as
+    :meth:`TempDirs.take` names them), or None for any other name. The agent's name may hold dashes; mkdtemp's
+    random part holds none."""
+    if not name.startswith("ambient-"):
+        return None
+    parts = name[len("ambient-") :].rsplit("-", 2)
+    if len(parts) != 3 or not parts[0] or not parts[1].isdigit() or not parts[2]:
+        return None
+    return int(parts[1])
+
+
+def left_behind(folder: str) -> int:
+    """Remove the empty private temp dirs in ``folder`` whose maker no longer runs; how many went.
+
+    Only a dir of ours as made (a real dir, our user's, mode 0700, no folder inside) whose maker's pid is gone; and
+    only if empty (``rmdir``): a dir still holding an agent's files is left as it is (that agent may outlive its
+    daemon). A dir of a living process, another user's, or named otherwise is never touched."""
+    removed = 0
+    alive: dict[int, bool] = {}
+    try:
+        entries = os.scandir(folder)
+    except OSError:
+        return 0
+    with entries:
+        for entry in entries:
+            pid = maker_pid(entry.name)
+            if pid is None or pid == os.getpid():
+                continue
+            if pid not in alive:
+                alive[pid] = _running(pid)
+            if alive[pid] or not _fresh(entry.path):
+                continue
+            with contextlib.suppress(OSError):
+                os.rmdir(entry.path)  # noqa: PTH106 - fails on a dir that is not empty: what we want
+                removed += 1
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: running
+    return True
 
 
 def _fresh(path: str) -> bool:

@@ -59,7 +59,14 @@ from ambient.runners import CommandRunner, Runners
 from ambient.runners.assisted import AssistedRunner
 from ambient.runners.claude import KEY_NAMES as CLAUDE_KEYS
 from ambient.runners.claude import MODEL_KEYS, ClaudeRunner
-from ambient.runners.confinement import AGENT_USER, default_agent_user, ensure_agent_user, landlock_abi, run_as
+from ambient.runners.confinement import (
+    AGENT_USER,
+    TEMP_DIRS,
+    default_agent_user,
+    ensure_agent_user,
+    landlock_abi,
+    run_as,
+)
 from ambient.runners.gateway import ModelGateway
 from ambient.runners.keys import credential, key_name
 from ambient.runners.llm import LlmRunner
@@ -663,6 +670,7 @@ class Daemon:
             self.paths.channels,
         ):
             sweep_stale_tmp(d)  # only what a gone writer left: a CLI may be writing here now
+        TEMP_DIRS.sweep_left_behind()  # agents' temp dirs a killed daemon made ahead, behind
 
     async def _resume(self) -> int:
         """The reconciliation pass: the settings applied, dead locks removed, today's spend counted, every unfinished

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import queue
 import stat
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -15,6 +17,8 @@ from ambient.runners.confinement import (
     AGENT_USER,
     TempDirs,
     default_agent_user,
+    left_behind,
+    maker_pid,
     resolve_in,
     run_as,
     scope_write,
@@ -82,6 +86,63 @@ def test_temp_dirs_are_private_fresh_never_handed_out_twice_and_removed_behind(
     assert set(tmp_path.iterdir()) == ready
     dirs.close()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "pid"),
+    [
+        ("ambient-scribe-1234-k2x_9aqz", 1234),
+        ("ambient-build-2-77-abcdefgh", 77),  # a dash and digits in the agent's name
+        ("ambient-scribe-k2x_9aqz", None),  # named before the maker's pid was in the name
+        ("ambient-demo-k2x_9aqz", None),  # the demo's brain
+        ("ambient--12-abc", None),
+        ("ambient-scribe-12-", None),
+        ("pytest-of-root", None),
+    ],
+)
+def test_the_maker_of_a_temp_dir_is_read_from_its_name(name: str, pid: int | None) -> None:
+    assert maker_pid(name) == pid
+
+
+def test_only_the_empty_temp_dirs_of_makers_gone_are_removed(tmp_path: Path) -> None:
+    """What a daemon killed -9 made ahead goes; a living maker's dirs, a dir holding an agent's files, a dir opened to
+    others and anything named otherwise stay."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
+    dead = int(done.stdout)  # reaped: gone (a pid is not reused within this test)
+    alive = os.getppid()
+
+    def made(name: str, mode: int = 0o700) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        path.chmod(mode)
+        return path
+
+    gone = [made(f"ambient-scribe-{dead}-aaaaaaaa"), made(f"ambient-build-2-{dead}-bbbbbbbb")]
+    kept = [
+        made(f"ambient-scribe-{alive}-cccccccc"),
+        made(f"ambient-scribe-{dead}-dddddddd", 0o755),
+        made("ambient-scribe-eeeeeeee"),
+        made(f"other-{dead}-ffffffff"),
+    ]
+    busy = made(f"ambient-scribe-{dead}-gggggggg")
+    (busy / "scratch").write_text("an agent's file")
+    kept.append(busy)
+    assert left_behind(str(tmp_path)) == 2
+    assert not any(path.exists() for path in gone)
+    assert all(path.exists() for path in kept)
+    assert (busy / "scratch").read_text() == "an agent's file"
+
+
+def test_a_daemon_start_removes_what_a_killed_one_made_ahead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
+    left = tmp_path / f"ambient-scribe-{int(done.stdout)}-aaaaaaaa"
+    left.mkdir(mode=0o700)
+    dirs = TempDirs(spare=1)
+    dirs.sweep_left_behind()
+    assert dirs.wait(60)
+    assert not left.exists()
+    dirs.close()
 
 
 def test_a_temp_dir_made_ahead_then_changed_is_not_handed_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
