@@ -432,6 +432,15 @@ def parse_yaml(
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 + line_offset if mark is not None else None
         what = exc.problem or exc.context or "malformed YAML"
+        if (
+            exc.problem
+            and exc.context
+            and exc.context_mark is not None
+            and exc.context_mark.line + 1 + line_offset != line
+        ):
+            # Where it went wrong is often where the construct began (a bracket or a quote left open), not where the
+            # parser noticed: both are said.
+            what = f"{what} ({exc.context} started at line {exc.context_mark.line + 1 + line_offset})"
         raise YamlError(f"{what}; expected valid YAML", file=source, line=line) from None
     except yaml.reader.ReaderError as exc:
         line = text[: exc.position].count("\n") + 1 + line_offset

@@ -119,6 +119,14 @@ class TestHostile:
         assert e.line == 2 and e.message.endswith("expected valid YAML")
         assert err("a: 1\n b: 2\n").line == 2
 
+    def test_malformed_says_where_what_was_left_open_began(self) -> None:
+        """A bracket or a quote left open is noticed lines later: the message says where it began too."""
+        e = err("workflow: w\nfor_each:\n  items: [a, b\n  spawn: hello\n")
+        assert e.line == 4 and "(while parsing a flow sequence started at line 3)" in e.message, e.message
+        e = err('a: 1\nb: "open\nc: 3\n')
+        assert "started at line 2" in e.message, e.message
+        assert "started at line" not in err("a: 1\n b: 2\n").message  # noticed where it is
+
     @pytest.mark.slow
     def test_rss_stays_sane(self, tmp_path: Path) -> None:
         """In a fresh interpreter, every hostile document together keeps peak RSS well under 200 MB."""
