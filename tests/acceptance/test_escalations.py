@@ -984,7 +984,12 @@ def test_doctor_counts_no_message_about_an_answered_escalation_as_waiting(brain:
     _rollout(brain)
     brain.until_idle()
     [esc] = brain.escalations()
+    alone = brain.cli("doctor").out  # no channel configured: the message waits on a URL, not on the daemon
+    assert "notification(s) to send" not in alone and "no notification URL is configured" in alone, alone
+    settings = brain.read("profil/ambient.yml")
+    brain.write("profil/ambient.yml", settings + "\nnotify:\n  urls: ['json://127.0.0.1:9/hook']\n")
     assert "notification(s) to send" in brain.cli("doctor").out  # its message does wait on the daemon now
+    brain.write("profil/ambient.yml", settings)
     brain.ok("decide", esc["id"], "skip")
     brain.until_idle()
     res = brain.cli("doctor")

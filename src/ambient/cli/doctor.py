@@ -125,13 +125,14 @@ def diagnose(
         settings.append(loaded or settings_from({}, {}))
         return found
 
-    def daemon() -> list[Finding]:
-        report.daemon_up, report.daemon_pid, found = check_daemon(paths, when)
-        return found
-
     run("filesystem", lambda: check_filesystem(paths))
     run("config", config)
     effective = settings[0] if settings else settings_from({}, {})
+
+    def daemon() -> list[Finding]:
+        report.daemon_up, report.daemon_pid, found = check_daemon(paths, when, effective.tells_the_person())
+        return found
+
     loaded: list[Any] = []
 
     def brain() -> list[Finding]:

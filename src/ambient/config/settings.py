@@ -228,6 +228,10 @@ class Settings(_Strict):
             raise ValueError(f"{unknown[0]!r} is not a step type; expected one of {', '.join(SATELLITE_TYPES)}")
         return value
 
+    def tells_the_person(self) -> bool:
+        """Whether a notification reaches anyone: a notify URL, or Telegram answers with a chat to write to."""
+        return bool(self.notify.urls) or (self.telegram.answers and bool(self.telegram.chat_id))
+
     def redacted(self) -> dict[str, Any]:
         """A JSON-ready dump with secrets masked, for ``ambient config show``."""
         data = self.model_dump(mode="json")

@@ -31,14 +31,15 @@ def daemon_keys(paths: BrainPaths) -> set[str] | None:
     return {str(k) for k in keys} if isinstance(keys, list) else None
 
 
-def check_daemon(paths: BrainPaths, now: datetime) -> tuple[bool, int | None, list[Finding]]:
-    """Is a daemon holding the brain? Down is a warning, an error when work waits on it."""
+def check_daemon(paths: BrainPaths, now: datetime, notified: bool) -> tuple[bool, int | None, list[Finding]]:
+    """Is a daemon holding the brain? Down is a warning, an error when work waits on it (a notification only when
+    ``notified``: a channel is configured; else the escalations check says nobody is told)."""
     from ambient.service.instance import daemon_up, running_pid
 
     if daemon_up(paths):
         pid = running_pid(paths)
         return True, pid, check_daemon_settings(paths, pid) + check_troubles(paths, True)
-    waiting = _work_waiting(paths)
+    waiting = _work_waiting(paths, notified)
     stopped = last_stop(paths)
     since = f" (stopped {ago(now - stopped)} ago)" if stopped is not None else ""
     message = f"the daemon is down{since}" + (f"; waiting on it: {', '.join(waiting)}" if waiting else "")
@@ -111,12 +112,15 @@ def check_troubles(paths: BrainPaths, up: bool) -> list[Finding]:
     return found
 
 
-def _work_waiting(paths: BrainPaths) -> list[str]:
-    """What waits on a daemon: unfinished runs, packets in the inbox, notifications in the outbox."""
+def _work_waiting(paths: BrainPaths, notified: bool) -> list[str]:
+    """What waits on a daemon: unfinished runs, packets in the inbox, notifications in the outbox (those it can
+    send: with no channel configured they wait on a URL, not on the daemon)."""
     runs = len(unfinished_runs(paths))
     packets = len(list(paths.inbox.glob("*.json"))) if paths.inbox.is_dir() else 0
     outbox = paths.state / "outbox"
-    notes = len([p for p in outbox.glob("*.json") if _still_to_send(paths, p)]) if outbox.is_dir() else 0
+    notes = 0
+    if notified and outbox.is_dir():
+        notes = len([p for p in outbox.glob("*.json") if _still_to_send(paths, p)])
     parts = []
     if runs:
         parts.append(f"{runs} run(s) in progress")

@@ -115,7 +115,7 @@ def check_escalations(paths: BrainPaths, settings: Settings, now: datetime) -> l
                 f"check the URLs with `ambient notify test`; read then delete {paths.rel(parked)}/",
             )
         )
-    if pending and not settings.notify.urls and not (settings.telegram.answers and settings.telegram.chat_id):
+    if pending and not settings.tells_the_person():
         found.append(
             Finding(
                 "warning",
