@@ -141,6 +141,14 @@ class TestRules:
         assert rule.last_disagreement.run_id == "run-x" and rule.evidence == ["run-x"]
         assert not may_auto_decide(rule, OPTED)
 
+    def test_a_rule_predicts_the_latest_answer(self) -> None:
+        """docs/learning-loop.md's example: approve, reject, approve leave the rule predicting approve, agreements
+        from zero, two disagreements, the last one reject → approve."""
+        [rule] = learn(["approve", "reject", "approve"])
+        assert (rule.option, rule.state, rule.agreements, rule.disagreements) == ("approve", "shadow", 0, 2)
+        assert rule.last_disagreement is not None
+        assert (rule.last_disagreement.predicted, rule.last_disagreement.decided) == ("reject", "approve")
+
     def test_a_situation_answered_both_ways_needs_more_agreements(self) -> None:
         """Each time the person decided otherwise than the rule, N more agreements in a row make it active (at most
         3N): a situation answered retry, skip, retry... by a person who looks at what the agent did not say is not
