@@ -505,6 +505,25 @@ def test_every_item_of_the_table_is_accounted_for(table: Brain) -> None:
     }
 
 
+def test_a_crash_of_an_agent_that_declares_no_error_signal_keeps_its_cause(brain: Brain) -> None:
+    """docs/agents-and-runners.md's example gate lists `signals: [RETURN, ESCALATE]`. Such an agent that crashes
+    (exit 2, a line on stderr) cannot send ERROR, and the router refuses the one its exit becomes: what reaches the
+    person, `ambient status` and `ambient runs` still say why it failed, not only that a packet was refused."""
+    gate = {**PROJECT_GATE, "signals": ["RETURN", "ESCALATE"]}
+    code = "import sys\nsys.stdin.read()\nsys.stderr.write('segfault in libfoo\\n')\nsys.exit(2)\n"
+    brain.python_agent("crash", code, gate=gate)
+    brain.workflow("crash", for_each("crash", "crash", ["c1"]))
+    brain.until_idle()
+    [esc] = brain.escalations()
+    assert esc["kind"] == "error", esc
+    assert "segfault in libfoo" in esc["question"] and "code 2" in esc["question"], esc
+    assert "segfault in libfoo" in brain.ok("status").out
+    brain.ok("decide", esc["id"], "skip")
+    brain.until_idle()
+    [record] = brain.finished("crash")
+    assert "segfault in libfoo" in json.dumps(record["steps"]), record
+
+
 def test_an_agents_error_signal_is_unrecoverable_and_not_retried(brain: Brain) -> None:
     """Output: `{"signal": "ERROR"}` is an unrecoverable error: the agent is not run again by the retry policy."""
     brain.python_agent(

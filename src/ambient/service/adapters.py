@@ -277,9 +277,12 @@ class AgentDelegate:
             )
         back = await self.router.send(reply, Channel.internal(a.agent))
         if not back.ok:
+            # An exit or a crash becomes an ERROR the agent's gate may not list: its cause leads, the refusal follows.
+            cause = res.error or (_detail(res.context) if res.status in ("blocked", "error") else None)
+            denied = f"the agent's {signal} was denied: {back.reason}"
             return AttemptResult(
                 result="error",
-                error=f"the agent's {signal} was denied: {back.reason}",
+                error=f"{cause} ({denied})" if cause else denied,
                 duration_ms=_ms(started),
                 signal_in=signal,
             )
