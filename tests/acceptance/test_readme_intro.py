@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.harness import AMBIENT, Brain, Result, ambient, run
+from tests.acceptance.harness import AMBIENT, Brain, Result, agent_md, ambient, for_each, run
 
 INSTANCES = [f"instance-{n:02d}" for n in range(1, 11)]
 
@@ -71,11 +71,40 @@ def test_init_run_as_root_says_when_the_agent_user_cannot_reach_the_brain(tmp_pa
         doctor = run([*AMBIENT, "--brain", str(closed / "brain"), "doctor"], agents=False)
         assert f"{closed} is 0700" in doctor.out, doctor  # the same fixes again, `agent_user: root` among them
         assert f"chmod o+x {closed}" in doctor.out and "agent_user: root" in doctor.out, doctor
+        brain = ["--brain", str(closed / "brain")]
+        checked = run([*AMBIENT, *brain, "validate"], agents=False)  # the files are fine: exit 0, a warning
+        assert checked.rc == 0 and f"cannot reach the brain: {closed} is not searchable" in checked.err, checked
         closed.chmod(0o711)
         again = run([*AMBIENT, "init", str(closed / "other")], agents=False)
         assert again.rc == 0 and "cannot reach the brain" not in again.err, again
     finally:
         shutil.rmtree(closed)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the agent user is ambient's own user unless ambient runs as root")
+def test_a_program_the_agent_user_cannot_reach_says_whom_the_agent_runs_as() -> None:
+    """As root, an agent's program under a folder closed to others (an interpreter under /root, 0700) cannot start
+    as the agent user: the failure that reaches the person says whom the agent runs as and where the fix is, not
+    only 'Permission denied'."""
+    where = Path(tempfile.mkdtemp(prefix="ambient-open-"))
+    where.chmod(0o711)
+    closed = Path(tempfile.mkdtemp(prefix="ambient-closed-"))  # 0700, as /root is
+    try:
+        tool = closed / "tool"
+        tool.write_text("#!/bin/sh\necho '{}'\n")
+        tool.chmod(0o755)
+        root = where / "brain"
+        assert run([*AMBIENT, "init", str(root), "--no-example"], agents=False).rc == 0
+        brain = Brain(root)
+        brain.write("agents/tool.md", agent_md("tool", [str(tool)], runner={"confine": True}))
+        brain.workflow("tooled", for_each("tooled", "tool", ["one"]))
+        run([*AMBIENT, "--brain", str(root), "run", "--until-idle"], agents=False, timeout=120)
+        asked = run([*AMBIENT, "--brain", str(root), "escalations"], agents=False)
+        assert f"cannot start '{tool}': Permission denied (the agent runs as 'ambient-agent'" in asked.out, asked
+        assert "`ambient doctor` names it" in asked.out, asked
+    finally:
+        shutil.rmtree(closed)
+        shutil.rmtree(where)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the agent user is ambient's own user unless ambient runs as root")

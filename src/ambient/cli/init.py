@@ -95,17 +95,7 @@ def _init(args: argparse.Namespace) -> int:
 def _warn_agent_user(root: Path) -> None:
     """Run as root, ambient runs agents as its agent user: said now when that user cannot reach the brain or the
     interpreter (Python under /root), rather than at the first agent's failure."""
-    if os.geteuid() != 0:
-        return
-    from ambient.cli._doctor.agents import unreachable_by_others
-    from ambient.runners.confinement import AGENT_USER
+    from ambient.cli._doctor.agents import agent_user_warnings
 
-    user = os.environ.get("AMBIENT_AGENT_USER") or AGENT_USER
-    if user == "root":
-        return
-    for what, _target, folder in unreachable_by_others(root):
-        say(
-            f"warning: run as root, ambient runs its agents as {user!r}, which cannot reach {what}: {folder} is not "
-            f"searchable by others. Fix it (`chmod o+x {folder}`), or set `agent_user` in profil/ambient.yml "
-            "(docs/agents-and-runners.md, 'Agents never run as root'); `ambient doctor` checks it again"
-        )
+    for warning in agent_user_warnings(root, None):
+        say(f"warning: {warning}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out
+from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, say
 
 if TYPE_CHECKING:
     from ambient.core.problems import Problem
@@ -216,6 +216,12 @@ def _validate(args: argparse.Namespace) -> int:
             ]
     for problem in problems:
         out(str(problem))
+    if sel.whole:  # run as root: agents that could not start at all on this machine, said before the first fails
+        from ambient.cli._doctor.agents import agent_user_warnings
+
+        # On stderr, not counted: the files are fine (a brain's CI may validate them where no agent runs).
+        for warning in agent_user_warnings(paths.root, settings.agent_user if settings is not None else None):
+            say(f"warning: {warning}")
     errors = sum(1 for p in problems if p.severity == "error")
     warnings = len(problems) - errors
     drafts = sum(1 for wf in workflows.values() if not wf.spec.runnable)

@@ -13,7 +13,9 @@ made of: :mod:`~ambient.runners.agent_env` (what the agent is given), :mod:`~amb
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
 import signal
 import sys
 import time
@@ -30,7 +32,7 @@ from ambient.runners.answer import interpret_output, stated_error
 from ambient.runners.argv import render_argv
 from ambient.runners.base import RunRequest
 from ambient.runners.child import close_transport, on_exit, start_agent
-from ambient.runners.confinement import drop_tmp
+from ambient.runners.confinement import drop_tmp, run_as
 from ambient.runners.pipes import Output
 from ambient.runners.process_group import Proc, group_alive, signal_group, terminate_group
 from ambient.runners.result import AgentResult, Reason, error_result
@@ -186,9 +188,8 @@ class CommandRunner:
                 )
             if isinstance(exc, StdinError):
                 return error_result("spawn_failed", exc.strerror or str(exc))
-            return error_result(
-                "spawn_failed", f"cannot start {argv[0]!r}: {exc.strerror or exc}", duration_ms=_ms(started)
-            )
+            why = _whom(f"cannot start {argv[0]!r}: {exc.strerror or exc}", run_as(cfg, self.agent_user))
+            return error_result("spawn_failed", why, duration_ms=_ms(started))
         live = _Live(proc=proc, req=req, grace=cfg.kill_grace_s)
         self._live[proc.pid] = live
         if self._closing:  # terminate_all() ran while this agent was being started: it goes too
@@ -321,9 +322,18 @@ class CommandRunner:
             return error_result("signal", message, **facts)
         if rc == _NOT_STARTED and last.startswith(_NOT_STARTED_SAYS):
             # A confined start that failed in the spawner's child (no program, a confinement refused): said there.
-            return error_result("spawn_failed", last.removeprefix("ambient: "), **facts)
+            why = _whom(last.removeprefix("ambient: "), run_as(cfg, self.agent_user))
+            return error_result("spawn_failed", why, **facts)
         message = f"agent exited with code {rc}" + (f": {last}" if last else "")
         return error_result("exit_code", message, **facts)
+
+
+def _whom(why: str, user: str | None) -> str:
+    """A start refused for permission, by an agent run as another user: whose permission (a folder above the
+    program, such as /root at 0700, is closed to that user), and where the fix is."""
+    if user is None or not why.startswith("cannot start ") or not why.endswith(os.strerror(errno.EACCES)):
+        return why
+    return f"{why} (the agent runs as {user!r}: a folder on the way is closed to that user; `ambient doctor` names it)"
 
 
 def _parse_stdout(data: bytes) -> tuple[object, str | None]:

@@ -190,6 +190,27 @@ def check_agent_user(
     return found
 
 
+def agent_user_warnings(root: Path, configured: str | None, euid: int | None = None) -> list[str]:
+    """What ``ambient init`` and ``ambient validate`` say, run as root, when the agent user (``configured``, else
+    ``$AMBIENT_AGENT_USER``, else ``ambient-agent``) cannot reach the brain or the interpreter: every agent would
+    fail to start (``Permission denied``), and a new user in a container meets it at the README's tour."""
+    import os
+
+    from ambient.runners.confinement import AGENT_USER
+
+    if (os.geteuid() if euid is None else euid) != 0:
+        return []
+    user = configured or os.environ.get("AMBIENT_AGENT_USER") or AGENT_USER
+    if user == "root":
+        return []
+    return [
+        f"run as root, ambient runs its agents as {user!r}, which cannot reach {what}: {folder} is not searchable by "
+        f"others, so every agent fails to start. Fix it (`chmod o+x {folder}`), or set `agent_user: root` in "
+        "profil/ambient.yml (docs/agents-and-runners.md, 'Agents never run as root'); `ambient doctor` checks it again"
+        for what, _target, folder in unreachable_by_others(root)
+    ]
+
+
 def unreachable_by_others(root: Path) -> list[tuple[str, Path, Path]]:
     """What another user (the agent user of a root daemon) cannot reach: ``(what, target, the first folder on the
     way not searchable by others)`` for the brain and for the interpreter running ambient."""
