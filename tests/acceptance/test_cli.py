@@ -451,6 +451,38 @@ def test_status_shows_an_items_error_once_with_its_attempts(brain: Brain) -> Non
     ], text
 
 
+def test_status_leaves_out_an_item_a_retry_then_did(brain: Brain) -> None:
+    """An item that failed once and succeeded at its retry is no failure: `ambient status` lists the item that is
+    still failed, not the one that recovered (a new user read the recovered one as a standing failure)."""
+    brain.python_agent(
+        "deploy",
+        """
+        import os, sys
+        if os.environ["AMBIENT_ITEM"] == "eu-1" or os.environ["AMBIENT_ATTEMPT"] == "1":
+            print(f"{os.environ['AMBIENT_ITEM']} is down", file=sys.stderr)
+            sys.exit(1)
+        """,
+    )
+    _fanout(brain, "rollout", ["eu-1", "eu-2"])
+    brain.write(
+        "workflows/rollout.yml",
+        brain.read("workflows/rollout.yml") + "retry: {attempts: 2, backoff: 0.01, on: [fail]}\n",
+    )
+    brain.until_idle()
+    [esc] = brain.escalations()
+    assert brain.decide(esc["id"], "skip").rc == 0
+    brain.until_idle()
+    [record] = brain.finished("rollout")
+    assert [(s["item"], s["result"]) for s in record["steps"] if s["item"] == "eu-2"] == [
+        ("eu-2", "fail"),
+        ("eu-2", "success"),
+    ], record
+    text = brain.ok("status").out
+    errors = text.split("Last failures and errors:", 1)[1].splitlines()[1:]
+    assert any("rollout/eu-1" in row for row in errors), text
+    assert not any("eu-2" in row for row in errors), text
+
+
 def test_status_names_workflow_files_that_do_not_load(brain: Brain) -> None:
     """`ambient status` says how many workflow files do not load, which, and to run
     `ambient validate`; a brain whose workflows all load says nothing of it."""

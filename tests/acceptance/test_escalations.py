@@ -1157,6 +1157,7 @@ def test_decide_exits_3_when_its_run_was_aborted_before_the_answer(brain: Brain)
     late = brain.decide(esc["id"], "retry")
     assert late.rc == 3, late
     assert "was not applied" in late.err and "the release was called off" in late.err, late
+    assert "answer_not_applied" not in late.err, late  # said once, to the person, not as a log line too
     closed = _all(brain)[esc["id"]]
     assert closed["status"] == "cancelled" and "the release was called off" in closed["note"], closed
     assert brain.escalations() == []

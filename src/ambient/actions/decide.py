@@ -124,6 +124,7 @@ def _too_late(
         closed = store.cancel(esc.id, reason)
     except AlreadyAnsweredError as exc:  # settled meanwhile (the daemon cancelled it as its run ended)
         closed = exc.escalation
-    log.warning("answer_not_applied", escalation=esc.id, run_id=esc.run_id, reason=why, option=option, by=who)
+    # Info: the person who answered is told (the message below); the daemon's log keeps it for the others.
+    log.info("answer_not_applied", escalation=esc.id, run_id=esc.run_id, reason=why, option=option, by=who)
     message = f"{esc.id}: your answer {option!r} was not applied: {why}. The question is closed; nothing changed."
     return DecideOutcome("ended", message, closed)

@@ -280,7 +280,8 @@ def _locks(paths: BrainPaths) -> list[dict[str, Any]]:
 
 def _failures(records: list[dict[str, Any]], active: list[RunRow]) -> list[dict[str, Any]]:
     """The last ten failures: one entry per item of a run, its last error and how many attempts failed (a record
-    has a step per attempt), from the newest run records and then the runs in progress."""
+    has a step per attempt), from the newest run records and then the runs in progress. An item whose later attempt
+    succeeded (a retry, the person's `retry`) is no failure any more: it is left out."""
     from ambient.core.redact import redact_text
 
     errors: dict[tuple[str, str], dict[str, Any]] = {}
@@ -292,9 +293,13 @@ def _failures(records: list[dict[str, Any]], active: list[RunRow]) -> list[dict[
         errors[key] = {"workflow": wf, "item": item, "run_id": run_id, "error": redact_text(error)[:200]}
         errors[key].update(attempts=count, at=at)
 
+    from ambient.engine.records import recovered
+
     for rec in records:
-        for step in rec.get("steps", []):
-            if step.get("error"):
+        steps = rec.get("steps", [])
+        fine = recovered(steps)
+        for step in steps:
+            if step.get("error") and str(step.get("item")) not in fine:
                 failed(rec.get("run_id"), rec.get("workflow"), step.get("item"), str(step["error"]), 1, step.get("at"))
     for run in active:
         for i in run.items:

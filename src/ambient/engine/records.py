@@ -26,7 +26,7 @@ without ``auto_decisions``, written before, counted both in ``escalations``: rea
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Literal
 
@@ -42,6 +42,15 @@ def is_failure(step: Mapping[str, Any]) -> bool:
     if "reply" in step:
         return bool(step["reply"] == "fail")
     return step.get("result") == "fail" and step.get("signal_in") in (None, "RETURN")
+
+
+def recovered(steps: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The items of a record whose last step succeeded: their earlier errors (a retry, the person's ``retry``) are no
+    failures any more, and the lists of failures (``ambient status``, the console's overview) leave them out."""
+    last: dict[str, Any] = {}
+    for step in steps:
+        last[str(step.get("item"))] = step.get("result")
+    return {item for item, result in last.items() if result == "success"}
 
 
 Outcome = Literal["success", "partial", "failed", "aborted", "running"]

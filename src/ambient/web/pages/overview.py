@@ -42,7 +42,10 @@ class ErrorRow:
 
 
 def last_errors(running: list[views.RunRow], recent: list[dict[str, Any]], limit: int = LAST_ERRORS) -> list[ErrorRow]:
-    """The newest errors: items of runs in progress that hold one, then steps of recent finished runs."""
+    """The newest errors: items of runs in progress that hold one, then steps of recent finished runs (but those of
+    an item a later attempt did: :func:`ambient.engine.records.recovered`)."""
+    from ambient.engine.records import recovered
+
     rows: list[ErrorRow] = []
     for run in running:
         for item in run.items:
@@ -52,8 +55,10 @@ def last_errors(running: list[views.RunRow], recent: list[dict[str, Any]], limit
                 )
     for record in recent:
         steps = record.get("steps")
-        for step in steps if isinstance(steps, list) else ():
-            if isinstance(step, dict) and step.get("error"):
+        steps = [step for step in steps if isinstance(step, dict)] if isinstance(steps, list) else []
+        fine = recovered(steps)
+        for step in steps:
+            if step.get("error") and str(step.get("item")) not in fine:
                 rows.append(
                     ErrorRow(
                         str(record.get("completed_at") or "") or None,
