@@ -139,6 +139,16 @@ def test_demo_prints_the_status_the_escalations_with_their_command_and_where_the
     assert str(brain.path("claims")) in res.out and brain.path("claims").is_dir()
 
 
+def test_the_readme_first_command_makes_its_brain_in_a_temp_folder_and_says_how_to_remove_it(tmp_path: Path) -> None:
+    """`ambient demo` as the README runs it (no --dir): a fresh temp folder, named in the output with the command
+    that removes it (it stays, so that the person can answer and look)."""
+    res = ambient("demo", env={"TMPDIR": str(tmp_path)}, timeout=120)
+    assert res.rc == 0, res
+    [made] = list(tmp_path.glob("ambient-demo-*"))
+    assert f"rm -rf {made}\n" in res.out, res.out
+    assert f"--brain {made / 'brain'} runs" in res.out and Brain(made / "brain").finished("docs-refresh"), res.out
+
+
 def test_demo_prints_the_answer_lines_with_its_own_paths_and_ids(tmp_path: Path) -> None:
     """ "The demo prints these lines with its own paths and ids": escalations, decide ID retry, decide ID approve,
     run --until-idle, runs."""

@@ -200,4 +200,6 @@ def _demo(args: argparse.Namespace) -> int:
     out(f"  {exe} --brain {root} runs")
     out("Or watch and answer in a browser (docs/console.md):")
     out(f"  {exe} --brain {root} web")
+    if not args.dir:  # a folder of the system's temp dir: the person's to remove once they have looked
+        out(f"The demo's brain is yours to keep or remove: rm -rf {root.parent}")
     return EXIT_OK
