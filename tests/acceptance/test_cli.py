@@ -393,6 +393,34 @@ def test_status_shows_the_daemon_runs_and_escalations(brain: Brain) -> None:
     assert brain.status()["daemon"]["up"] is False
 
 
+def test_status_says_why_items_show_running_while_the_daemon_is_down(brain: Brain) -> None:
+    """After a kill -9 the journal still has an item running (its agent may outlive the daemon): `ambient status`
+    says so beside it, and what the next start does, instead of a bare `Daemon: down` over running items."""
+    brain.python_agent(
+        "hold",
+        """
+        import os, pathlib, sys, time
+        sys.stdin.read()
+        brain = pathlib.Path(os.environ["AMBIENT_BRAIN"])
+        (brain / "started").write_text("")
+        while not (brain / "release").exists():
+            time.sleep(0.05)
+        """,
+    )
+    _fanout(brain, "held", ["one"], agent="hold")
+    with brain.daemon() as daemon:
+        wait(lambda: brain.path("started").exists(), "the agent to start")
+        calm = brain.ok("status").out
+        assert "the daemon is down" not in calm, calm
+        daemon.kill()
+    try:
+        text = brain.ok("status").out
+        assert "Daemon: down" in text and "1 running" in text, text
+        assert "the daemon is down: items shown running were running when it stopped" in text, text
+    finally:
+        brain.write("release", "")
+
+
 def test_status_is_the_same_without_its_query_store_or_with_a_garbage_one(brain: Brain) -> None:
     """`ambient status` reads .ambient/query.sqlite3, a derived store: deleted, it is rebuilt and status
     says the same; overwritten with garbage, status still works and says the same."""

@@ -371,6 +371,11 @@ def print_status(
         return data
     runs = data["runs"]
     write(f"Runs in progress: {len(runs)}")
+    if not d["up"] and any(r["running"] for r in runs):
+        write(
+            "  (the daemon is down: items shown running were running when it stopped; their agents may still run, "
+            "and its next start stops them and runs those items again)"
+        )
     for problem in data["unreadable_runs"]:
         write(f"  NOT RESUMED: {problem}")
     for r in runs:
