@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Print the settings ambient runs with: profil/ambient.yml, then AMBIENT_* environment overrides, then "
             "defaults, with the source of each value. Notification URLs and runner environment values are masked. "
             "When the file is invalid: its file:line problems on stderr, then the settings a daemon starting on it "
-            "uses (every valid key, the others at their defaults), and exit 1, as `ambient validate`."
+            "uses (every valid key, the others at their defaults; for a file that does not parse, the last good "
+            "settings a daemon loaded, kept in .ambient/settings.last-good.yml), and exit 1, as `ambient validate`."
         ),
     )
     show.add_argument("--json", action="store_true", help="print JSON: settings, sources, file, environment")
