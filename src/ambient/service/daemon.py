@@ -402,32 +402,32 @@ class Daemon:
     def _settings_used(self, brain: Brain) -> None:
         """Say which settings run when ``profil/ambient.yml`` did not load (choose_settings picked them); when it
         did, keep its bytes as the last good settings, which a file that stops parsing falls back to."""
-        p = self.paths
+        paths = self.paths
         chosen = brain.chosen
         if chosen is None:
             return
         if chosen.origin == "file" and chosen.source is not None:
             try:
-                keep_last_good(p, chosen.source)
+                keep_last_good(paths, chosen.source)
             except OSError as exc:  # a full disk: the daemon runs on, the previous copy stays
-                log.warning("settings_last_good_not_kept", path=p.rel(p.last_good_config), error=str(exc))
+                log.warning("settings_last_good_not_kept", path=paths.rel(paths.last_good_config), error=str(exc))
             return
-        problem = next((str(e) for e in brain.errors if e.file == p.rel(p.config)), None)
+        problem = next((str(e) for e in brain.errors if e.file == paths.rel(paths.config)), None)
         if chosen.last_good is not None:
             log.error(
                 "config_invalid_last_good_used",
-                file=p.rel(p.config),
+                file=paths.rel(paths.config),
                 problem=problem,
                 last_good=chosen.last_good.source,
                 saved_at=chosen.last_good.saved_at.isoformat(timespec="seconds"),
                 fix="fix the file: the daemon applies it when it changes",
             )
         elif chosen.origin == "previous":
-            log.error("config_invalid_kept_previous", file=p.rel(p.config), problem=problem)
+            log.error("config_invalid_kept_previous", file=paths.rel(paths.config), problem=problem)
         elif chosen.origin == "salvaged":  # no previous version to keep: every valid key of the file, the rest defaults
-            log.error("config_invalid_valid_keys_used", file=p.rel(p.config), problem=problem)
+            log.error("config_invalid_valid_keys_used", file=paths.rel(paths.config), problem=problem)
         else:  # nothing of the file parses and it never loaded: the defaults (and the environment)
-            log.error("config_invalid_valid_keys_used", file=p.rel(p.config), problem=problem, defaults=True)
+            log.error("config_invalid_valid_keys_used", file=paths.rel(paths.config), problem=problem, defaults=True)
 
     def _report(self, brain: Brain) -> None:
         for p in brain.problems:
