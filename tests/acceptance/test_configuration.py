@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -11,9 +12,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from tests.acceptance.harness import AMBIENT, OK_AGENT, Brain, Webhook, ambient, clean_env, docs_section, wait
+from tests.acceptance.harness import AMBIENT, OK_AGENT, Brain, Webhook, ambient, clean_env, docs_section, run, wait
 
 FAILING_AGENT = """
     import sys
@@ -726,3 +728,69 @@ def test_a_web_section_added_by_a_reload_says_it_waits_for_a_restart(tmp_path: P
         said = daemon.wait_log("setting_needs_restart")[0]
         assert said["setting"] == "web" and "restart" in said["fix"], said
         assert not daemon.logged("web_console_serving")
+
+
+def test_a_config_that_stops_parsing_runs_on_its_last_good_settings(brain: Brain, webhook: Webhook) -> None:
+    """A YAML syntax error leaves no key to salvage: the daemon runs with the last profil/ambient.yml that loaded
+    (kept in .ambient/), says so with the error's file:line, and so do `doctor` and `config show`. Questions still
+    reach the person's notification URL."""
+    brain.python_agent("broken", EXIT_1_AGENT)
+    brain.config(f'notify:\n  urls: ["{webhook.url}"]\ntick_seconds: 5\n')
+    brain.until_idle()  # the file loads: the daemon keeps it as the last good settings
+    brain.write("profil/ambient.yml", brain.read("profil/ambient.yml") + "concurrency: [1\n")
+    _escalate(brain, "syntax")
+    res = brain.until_idle()
+    wait(lambda: any("Decision needed" in t and "syntax" in t for t in webhook.texts()), "the question at the URL")
+    used = [r for r in _json_lines(res.err) if r.get("event") == "config_invalid_last_good_used"]
+    assert used, res
+    assert re.match(r"profil/ambient\.yml:[45]: ", used[0]["problem"]), used
+    assert used[0]["last_good"] == ".ambient/settings.last-good.yml" and used[0]["saved_at"], used
+    assert not any(r.get("event") == "config_invalid_valid_keys_used" for r in _json_lines(res.err)), res
+    doctor = brain.cli("doctor")
+    assert re.search(r"profil/ambient\.yml:[45]", doctor.text), doctor
+    assert "last good settings" in doctor.text and "keys that are valid" not in doctor.text, doctor
+    assert "nobody is told" not in doctor.text and "reach nobody" not in doctor.text, doctor
+    shown = brain.cli("config", "show")
+    assert shown.rc == 1, shown
+    assert re.search(r"profil/ambient\.yml:[45]", shown.err), shown
+    assert re.search(r"^# profil/ambient\.yml does not load.*last good settings", shown.out, re.M), shown
+    rows = {line.split()[0]: line for line in shown.out.splitlines() if line and not line.startswith("#")}
+    assert rows["notify.urls"].endswith(".ambient/settings.last-good.yml:2"), rows
+    assert re.search(r"5(\.0)?\s+\.ambient/settings\.last-good\.yml:3$", rows["tick_seconds"]), rows
+    report = brain.cli("config", "show", "--json").json()
+    assert report["valid"] is False and report["runs_with"] == "last_good", report
+    assert report["settings"]["tick_seconds"] == 5 and len(report["settings"]["notify"]["urls"]) == 1, report
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="agent_user matters to a daemon run as root")
+def test_a_config_that_stops_parsing_keeps_running_agents_as_its_agent_user(brain: Brain) -> None:
+    """A daemon run as root whose file says `agent_user: root` (its agents cannot reach an interpreter under /root as
+    `ambient-agent`) still runs them as root once a syntax error creeps into the file: the last good settings."""
+    brain.python_agent("ok", OK_AGENT)
+    brain.config("agent_user: root\n")
+    _workflow(brain, "before")
+    first = run([*AMBIENT, "--brain", str(brain.root), "run", "--until-idle", "--log-format", "json"], agents=False)
+    assert first.rc == 0, first
+    assert [r["outcome"] for r in brain.finished("before")] == ["success"], brain.finished("before")
+    brain.write("profil/ambient.yml", "agent_user: root\ntick_seconds: [1\n")
+    _workflow(brain, "after")
+    again = run([*AMBIENT, "--brain", str(brain.root), "run", "--until-idle", "--log-format", "json"], agents=False)
+    assert again.rc == 0, again
+    events = [r.get("event") for r in _json_lines(again.err)]
+    assert "config_invalid_last_good_used" in events and "agents_run_as" not in events, again
+    assert [r["outcome"] for r in brain.finished("after")] == ["success"], brain.finished("after")
+
+
+def test_a_first_start_on_a_config_that_does_not_parse_runs_on_defaults(brain: Brain) -> None:
+    """Without a last good copy (the file never loaded), a file that does not parse leaves the defaults, as said by
+    the daemon, `doctor` and `config show`; nothing is kept as last good."""
+    brain.config("tick_seconds: 5\nnotify: {urls: [json://127.0.0.1:9/x]\n")
+    res = brain.until_idle()
+    events = [r.get("event") for r in _json_lines(res.err)]
+    assert "config_invalid_valid_keys_used" in events and "config_invalid_last_good_used" not in events, res
+    assert not brain.path(".ambient/settings.last-good.yml").exists()
+    doctor = brain.cli("doctor")
+    assert "profil/ambient.yml:3" in doctor.text and "starts on defaults" in doctor.text, doctor
+    assert "runs with the last good settings" not in doctor.text, doctor
+    shown = brain.cli("config", "show")
+    assert shown.rc == 1 and "starts on defaults" in shown.out, shown

@@ -236,8 +236,8 @@ def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_broken(tmp_pat
 
         atomic_write(paths.config, "tick_seconds: [0.5\n")
         reloaded = hup()
-        assert reloaded["tick_seconds"] == 0.2  # the previous settings are kept
-        d.wait_logged("config_invalid_kept_previous")
+        assert reloaded["tick_seconds"] == 0.2  # the last good settings (the previous file's) are kept
+        d.wait_logged("config_invalid_last_good_used")
         assert any(str(r["problem"]).startswith("profil/ambient.yml:") for r in d.logged("brain_problem"))
         count = len(runs(paths, "sched"))
         wait_for(lambda: len(runs(paths, "sched")) >= count + 1, 15, "a run after the broken config")

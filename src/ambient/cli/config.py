@@ -19,6 +19,7 @@ from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, out, o
 from ambient.core.terminal import printable
 
 if TYPE_CHECKING:
+    from ambient.config.brain import LastGood, SettingsOrigin
     from ambient.config.settings import Settings
     from ambient.core.problems import Problem
     from ambient.storage.paths import BrainPaths
@@ -40,7 +41,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Print the settings ambient runs with: profil/ambient.yml, then AMBIENT_* environment overrides, then "
             "defaults, with the source of each value. Notification URLs and runner environment values are masked. "
             "When the file is invalid: its file:line problems on stderr, then the settings a daemon starting on it "
-            "uses (every valid key, the others at their defaults), and exit 1, as `ambient validate`."
+            "uses (every valid key, the others at their defaults; for a file that does not parse, the last good "
+            "settings a daemon loaded, kept in .ambient/settings.last-good.yml), and exit 1, as `ambient validate`."
         ),
     )
     show.add_argument("--json", action="store_true", help="print JSON: settings, sources, file, environment")
@@ -63,7 +65,9 @@ class EffectiveConfig:
     problems: list[Problem] = field(default_factory=list)
     environment: dict[str, Loc] = field(default_factory=dict)  # AMBIENT_* variable in force → setting it sets
     sources: dict[str, str] = field(default_factory=dict)  # dotted key → "default" | "<file>:<line>" | "$VAR"
-    salvaged: Settings | None = None  # when invalid: what `ambient run` starts with (every key that is valid)
+    salvaged: Settings | None = None  # when invalid: what `ambient run` starts with (choose_settings)
+    runs_with: SettingsOrigin = "file"  # where what `ambient run` starts with comes from
+    last_good: LastGood | None = None  # runs_with "last_good": the copy it runs on
 
     def redacted(self) -> dict[str, Any]:
         """The settings as JSON-ready data, secrets masked; when invalid, the salvaged ones (empty if none)."""
@@ -83,8 +87,8 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
     """Load ``profil/ambient.yml`` with ``environ`` applied; problems name the file line or the variable at fault."""
     from pydantic import ValidationError
 
-    from ambient.config.brain import settings_problems
-    from ambient.config.settings import Settings, env_paths, merge_environ, settings_salvaged
+    from ambient.config.brain import choose_settings, read_last_good, read_settings, settings_problems
+    from ambient.config.settings import Settings, env_paths, merge_environ
     from ambient.core.errors import InputError
     from ambient.core.problems import Problem
     from ambient.storage.yamlfile import MAX_CONFIG_BYTES, LineMap, expect_mapping, load_file
@@ -101,7 +105,7 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
             data = {} if raw is None else dict(expect_mapping(raw, source=source, what="the configuration"))
         except InputError as exc:
             result.problems.append(Problem(file=exc.file or source, line=exc.line, message=exc.message))
-            return result
+            return _last_good_instead(result, paths, environ)
     try:
         merged = merge_environ(data, environ)
     except (TypeError, AttributeError):
@@ -112,7 +116,8 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
         result.settings = Settings.model_validate(merged)
     except ValidationError as exc:
         result.problems += settings_problems(exc, source=source, lines=lines, environ=environ)
-        result.salvaged = settings_salvaged(data, environ)
+        chosen = choose_settings(read_settings(paths, environ), environ, last_good=read_last_good(paths, environ))
+        result.salvaged, result.runs_with = chosen.settings, chosen.origin
     # Where each value comes from; with problems, a value they name is the default (or the file's, for a bad
     # variable): settings_salvaged drops exactly those.
     bad_lines = {p.line for p in result.problems if p.file == source and p.line is not None}
@@ -127,6 +132,30 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
             result.sources[key] = f"default ({source}:{line} is invalid)"
         elif _has(data, loc):
             result.sources[key] = f"{source}:{line}"
+        else:
+            result.sources[key] = "default"
+    return result
+
+
+def _last_good_instead(result: EffectiveConfig, paths: BrainPaths, environ: Mapping[str, str]) -> EffectiveConfig:
+    """The file does not parse: what ``ambient run`` starts with instead (choose_settings), and where each of its
+    values comes from (the last good copy's line, an ``AMBIENT_*`` variable, a default)."""
+    from ambient.config.brain import choose_settings, read_last_good, read_settings
+
+    chosen = choose_settings(read_settings(paths, environ), environ, last_good=read_last_good(paths, environ))
+    result.runs_with, result.last_good = chosen.origin, chosen.last_good
+    if chosen.last_good is None:
+        return result  # the defaults: nothing of the file is used
+    result.salvaged = chosen.settings
+    copy = chosen.last_good
+    lines = copy.file.lines.lines if copy.file.lines is not None else {}
+    for key, _ in flatten(result.redacted()):
+        loc = tuple(key.split("."))
+        var = next((v for v, path in result.environment.items() if loc[: len(path)] == path), None)
+        if var is not None:
+            result.sources[key] = f"${var}"
+        elif loc in lines:
+            result.sources[key] = f"{copy.source}:{lines[loc]}"
         else:
             result.sources[key] = "default"
     return result
@@ -175,6 +204,12 @@ def _show(args: argparse.Namespace) -> int:
                 "file": cfg.file,
                 "file_exists": cfg.exists,
                 "valid": not cfg.problems,
+                "runs_with": cfg.runs_with,
+                "last_good": (
+                    {"file": cfg.last_good.source, "saved_at": cfg.last_good.saved_at.isoformat()}
+                    if cfg.last_good is not None
+                    else None
+                ),
                 "problems": [str(p) for p in cfg.problems],
                 "environment": sorted(cfg.environment),
                 "settings": settings,
@@ -182,13 +217,19 @@ def _show(args: argparse.Namespace) -> int:
             }
         )
         return code
-    if not settings:  # the file cannot be read as YAML at all: nothing of it is used
+    if not settings:  # the file cannot be read as YAML at all, and never loaded: nothing of it is used
         out(f"# {cfg.file} cannot be read ({len(cfg.problems)} problem(s) on stderr): `ambient run` starts on defaults")
         return code
     env = ", ".join(sorted(cfg.environment)) or "none"
     out(f"# effective settings of {root}")
     out(f"# file: {cfg.file}{'' if cfg.exists else ' (absent: defaults)'}; environment overrides: {env}")
-    if cfg.problems:
+    if cfg.last_good is not None:
+        out(
+            f"# {cfg.file} does not load ({len(cfg.problems)} problem(s) on stderr): below, what `ambient run` runs "
+            f"with, the last good settings, from {cfg.last_good.saved_at:%Y-%m-%d %H:%M:%S} UTC "
+            f"({cfg.last_good.source}: the last {cfg.file} a daemon loaded); fix the file"
+        )
+    elif cfg.problems:
         out(
             f"# {cfg.file} is invalid ({len(cfg.problems)} problem(s) on stderr): below, what `ambient run` starts "
             "with, the valid keys of the file and the others at their defaults (a running daemon keeps its previous "

@@ -7,11 +7,14 @@ ambient's own configuration keeps the previous snapshot (see :func:`load_brain`)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -24,7 +27,7 @@ from ambient.kernel.agents import AgentSpec
 from ambient.kernel.matrix import decide
 from ambient.kernel.routing_table import BrainMatrix, build_matrix
 from ambient.runners.runner_config import CommandRunnerConfig, RunnerConfig, parse_runner_config
-from ambient.storage.fsutil import read_capped
+from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, read_capped
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import (
     MAX_CONFIG_BYTES,
@@ -48,6 +51,7 @@ class Brain:
     problems: list[Problem] = field(default_factory=list)
     settings_ok: bool = True
     settings_file: SettingsFile | None = None  # the file the settings came from (the last good one)
+    chosen: ChosenSettings | None = None  # which settings run and why (choose_settings)
 
     @property
     def errors(self) -> list[Problem]:
@@ -66,17 +70,23 @@ class SettingsFile:
     own: dict[str, Any] | None = None
     salvaged: Settings | None = None  # when they do not validate: every key that does (settings_salvaged)
     lines: LineMap | None = None  # where each key is in the file
+    raw: bytes | None = None  # when they validate: the bytes read (the daemon keeps them as the last good settings)
 
 
 def read_settings(paths: BrainPaths, environ: Mapping[str, str]) -> SettingsFile:
     """``profil/ambient.yml`` + environment → :class:`SettingsFile`."""
-    source = paths.rel(paths.config)
+    return _read_settings_file(paths.config, paths.rel(paths.config), environ)
+
+
+def _read_settings_file(path: Path, source: str, environ: Mapping[str, str]) -> SettingsFile:
+    """One settings file (``profil/ambient.yml`` or its last good copy) + environment → :class:`SettingsFile`."""
     data: Any = None
     lines = None
     digest = None
-    if paths.config.is_file() or paths.config.is_symlink():
+    raw = b""
+    if path.is_file() or path.is_symlink():
         try:
-            raw = read_capped(paths.config, MAX_CONFIG_BYTES)
+            raw = read_capped(path, MAX_CONFIG_BYTES)
             digest = hashlib.sha256(raw).hexdigest()
             data, lines = parse_yaml(decode(raw, source=source), source=source)
             if data is not None:
@@ -97,7 +107,88 @@ def read_settings(paths: BrainPaths, environ: Mapping[str, str]) -> SettingsFile
         own: dict[str, Any] | None = settings_from(data, {}).redacted()
     except ValidationError:  # a value only the environment makes valid: nothing of the file's own to show
         own = None
-    return SettingsFile(settings, [], digest, own, lines=lines)
+    return SettingsFile(settings, [], digest, own, lines=lines, raw=raw if digest is not None else None)
+
+
+@dataclass(frozen=True)
+class LastGood:
+    """The last ``profil/ambient.yml`` a daemon loaded (its copy in ``.ambient/``), read with today's environment,
+    and when it was kept."""
+
+    file: SettingsFile
+    saved_at: datetime
+    source: str  # the copy's brain-relative name, for messages and ``config show``'s sources
+
+
+def read_last_good(paths: BrainPaths, environ: Mapping[str, str]) -> LastGood | None:
+    """The last good copy of the settings, None when there is none (no daemon ever loaded the file) or it cannot be
+    read (a command run by another user than the daemon's)."""
+    path = paths.last_good_config
+    try:
+        saved = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+    except OSError:
+        return None
+    found = _read_settings_file(path, paths.rel(path), environ)
+    if found.settings is None and found.salvaged is None:
+        return None  # it does not parse either (it was written from a file that did): nothing to run on
+    return LastGood(found, saved, paths.rel(path))
+
+
+def keep_last_good(paths: BrainPaths, found: SettingsFile) -> bool:
+    """Keep the bytes of ``profil/ambient.yml`` that just loaded as the last good settings (atomic, 0600, only when
+    they changed; the copy of an absent file is removed: its defaults are what loaded). True when written."""
+    path = paths.last_good_config
+    if found.raw is None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return False
+    try:
+        if hashlib.sha256(read_capped(path, MAX_CONFIG_BYTES)).hexdigest() == found.digest:
+            return False
+    except OSError:
+        pass  # none yet, or unreadable: write it
+    atomic_write(path, found.raw, mode=PRIVATE_FILE)
+    return True
+
+
+#: Where the settings a daemon runs with come from (:func:`choose_settings`).
+SettingsOrigin = Literal["file", "last_good", "previous", "salvaged", "defaults"]
+
+
+@dataclass(frozen=True)
+class ChosenSettings:
+    """The settings a daemon runs with, where they come from, and the file they came from (what ``daemon.json``
+    records: ``ambient doctor`` compares it with ``profil/ambient.yml``)."""
+
+    settings: Settings
+    origin: SettingsOrigin
+    source: SettingsFile | None
+    last_good: LastGood | None = None  # origin "last_good": the copy used
+
+
+def choose_settings(
+    found: SettingsFile,
+    environ: Mapping[str, str],
+    *,
+    last_good: LastGood | None = None,
+    previous: tuple[Settings, SettingsFile | None] | None = None,
+) -> ChosenSettings:
+    """The one rule of which settings run: the file's when they validate; else, when the file does not parse at all
+    (a syntax error, unreadable, not a mapping: no key to salvage), the last good copy's; else, at a reload, the
+    previous settings (the running daemon keeps them); else every key of the file that is valid; else the defaults
+    (the environment applied on top of each). The daemon, ``ambient doctor`` and ``ambient config show`` use it."""
+    if found.settings is not None:
+        return ChosenSettings(found.settings, "file", found)
+    if found.salvaged is None and last_good is not None:
+        kept = last_good.file.settings or last_good.file.salvaged
+        if kept is not None:
+            return ChosenSettings(kept, "last_good", last_good.file, last_good)
+    if previous is not None:
+        return ChosenSettings(previous[0], "previous", previous[1])
+    if found.salvaged is not None:
+        return ChosenSettings(found.salvaged, "salvaged", found)
+    # a file that does not even parse still leaves the environment's overrides (AMBIENT_NOTIFY_URLS...) in force
+    return ChosenSettings(settings_salvaged(None, environ), "defaults", found)
 
 
 def settings_problems(
@@ -350,19 +441,15 @@ def _config_problem(paths: BrainPaths, lines: LineMap | None, loc: tuple[str, ..
 
 
 def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | None = None) -> Brain:
-    """Load the whole brain. Invalid settings fall back to the previous snapshot's; without one (a daemon starting,
-    a command), to every key of the file that is valid, the others at their defaults."""
+    """Load the whole brain, its settings as :func:`choose_settings` picks them: at a reload (``previous``) invalid
+    settings keep the previous snapshot's, unless the file does not parse and a last good copy exists."""
     found = read_settings(paths, environ)
-    settings, problems = found.settings, list(found.problems)
-    settings_ok = settings is not None
-    source: SettingsFile | None = found
-    if settings is None:
-        if previous is not None:
-            settings, source = previous.settings, previous.settings_file
-        else:
-            # source: this file, its digest and salvaged values; a file that does not even parse still leaves the
-            # environment's overrides (AMBIENT_NOTIFY_URLS, AMBIENT_AGENT_USER...) in force
-            settings = found.salvaged or settings_salvaged(None, environ)
+    problems = list(found.problems)
+    settings_ok = found.settings is not None
+    last_good = None if settings_ok else read_last_good(paths, environ)
+    kept = (previous.settings, previous.settings_file) if previous is not None else None
+    chosen = choose_settings(found, environ, last_good=last_good, previous=kept)
+    settings, source = chosen.settings, chosen.source
     bm = build_matrix(paths)
     problems += bm.problems
     problems += settings_checks(settings, bm, paths, found.lines)
@@ -393,6 +480,7 @@ def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | 
         problems=problems,
         settings_ok=settings_ok,
         settings_file=source,
+        chosen=chosen,
     )
 
 
@@ -425,6 +513,7 @@ def reload_workflows(previous: Brain) -> Brain:
         problems=kept + wf_problems,
         settings_ok=previous.settings_ok,
         settings_file=previous.settings_file,
+        chosen=previous.chosen,
     )
 
 

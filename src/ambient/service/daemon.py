@@ -29,7 +29,7 @@ from ambient.cluster.dispatch import Dispatcher
 from ambient.cluster.keeper import RosterKeeper
 from ambient.cluster.keeper import forget as forget_roster
 from ambient.cluster.protocol import dispatch_map
-from ambient.config.brain import Brain, load_brain, reload_workflows
+from ambient.config.brain import Brain, keep_last_good, load_brain, reload_workflows
 from ambient.config.settings import Settings, settings_changes
 from ambient.core.clock import Clock, SystemClock
 from ambient.core.errors import AmbientError, NamespaceTakenError
@@ -204,8 +204,7 @@ class Daemon:
         clock = self.clock
         brain = load_brain(p, env)
         self._report(brain)
-        if not brain.settings_ok:  # no previous version to keep: every valid key of the file, the rest defaults
-            log.error("config_invalid_valid_keys_used", file=p.rel(p.config))
+        self._settings_used(brain)
         ref = BrainRef(brain)
         s = brain.settings
         wakeup = Wakeup()
@@ -400,6 +399,36 @@ class Daemon:
         for var, agents in missing.items():
             log.warning("model_key_missing", key=var, agents=agents[:10], count=len(agents), hint="ambient doctor")
 
+    def _settings_used(self, brain: Brain) -> None:
+        """Say which settings run when ``profil/ambient.yml`` did not load (choose_settings picked them); when it
+        did, keep its bytes as the last good settings, which a file that stops parsing falls back to."""
+        paths = self.paths
+        chosen = brain.chosen
+        if chosen is None:
+            return
+        if chosen.origin == "file" and chosen.source is not None:
+            try:
+                keep_last_good(paths, chosen.source)
+            except OSError as exc:  # a full disk: the daemon runs on, the previous copy stays
+                log.warning("settings_last_good_not_kept", path=paths.rel(paths.last_good_config), error=str(exc))
+            return
+        problem = next((str(e) for e in brain.errors if e.file == paths.rel(paths.config)), None)
+        if chosen.last_good is not None:
+            log.error(
+                "config_invalid_last_good_used",
+                file=paths.rel(paths.config),
+                problem=problem,
+                last_good=chosen.last_good.source,
+                saved_at=chosen.last_good.saved_at.isoformat(timespec="seconds"),
+                fix="fix the file: the daemon applies it when it changes",
+            )
+        elif chosen.origin == "previous":
+            log.error("config_invalid_kept_previous", file=paths.rel(paths.config), problem=problem)
+        elif chosen.origin == "salvaged":  # no previous version to keep: every valid key of the file, the rest defaults
+            log.error("config_invalid_valid_keys_used", file=paths.rel(paths.config), problem=problem)
+        else:  # nothing of the file parses and it never loaded: the defaults (and the environment)
+            log.error("config_invalid_valid_keys_used", file=paths.rel(paths.config), problem=problem, defaults=True)
+
     def _report(self, brain: Brain) -> None:
         for p in brain.problems:
             text = str(p)
@@ -463,8 +492,8 @@ class Daemon:
             new = await asyncio.to_thread(load_brain, self.paths, self.options.environ, self.parts.ref.brain)
         self._report(new)
         self._forget_secrets(new)
-        if not new.settings_ok:
-            log.error("config_invalid_kept_previous", file=self.paths.rel(self.paths.config))
+        if not only_workflows:
+            await asyncio.to_thread(self._settings_used, new)
         old = self.parts.ref.brain.settings
         self.parts.ref.brain = new
         self.parts.router.update(new.matrix.matrix, new.matrix.zone_rules)

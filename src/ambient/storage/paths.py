@@ -92,6 +92,12 @@ class BrainPaths:
         return self.state / "daemon.lock"
 
     @property
+    def last_good_config(self) -> Path:
+        """The last ``profil/ambient.yml`` the daemon loaded, byte for byte: what it runs on while the file does not
+        parse (it holds the file's secrets, such as notification URLs: 0600 in the closed state folder)."""
+        return self.state / "settings.last-good.yml"
+
+    @property
     def audit(self) -> Path:
         return self.state / "audit.jsonl"
 

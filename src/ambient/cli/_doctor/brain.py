@@ -14,6 +14,7 @@ from ambient.cli._doctor.daemon import daemon_keys
 from ambient.cli._doctor.findings import Finding, Severity, capped
 
 if TYPE_CHECKING:
+    from ambient.cli.config import EffectiveConfig
     from ambient.config.settings import Settings
     from ambient.storage.paths import BrainPaths
 
@@ -56,13 +57,28 @@ def check_config(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[Setting
         if p.file.startswith("$"):
             hint = f"fix or unset {p.file[1:]} (`ambient config show` prints the effective settings)"
         else:
-            hint = (
-                "fix the file (`ambient config template` lists every setting with its default); until then "
-                "`ambient run` starts with the keys that are valid (the others at their defaults) and a reload "
-                "keeps the previous settings"
-            )
+            hint = "fix the file (`ambient config template` lists every setting with its default); " + _until_fixed(cfg)
         found.append(Finding("error", "config", p.message, hint, p.file, p.line))
     return cfg.settings or cfg.salvaged, found
+
+
+def _until_fixed(cfg: EffectiveConfig) -> str:
+    """What ``ambient run`` does until the file is fixed, as choose_settings decides it."""
+    if cfg.last_good is not None:
+        when = f"{cfg.last_good.saved_at:%Y-%m-%d %H:%M:%S} UTC"
+        return (
+            f"until then `ambient run` runs with the last good settings, from {when} "
+            f"({cfg.last_good.source}: the last {cfg.file} a daemon loaded)"
+        )
+    if cfg.runs_with == "defaults":
+        return (
+            "until then `ambient run` starts on defaults (nothing of the file parses and no last good settings were "
+            "kept: no daemon loaded it before) and a reload keeps the previous settings"
+        )
+    return (
+        "until then `ambient run` starts with the keys that are valid (the others at their defaults) and a reload "
+        "keeps the previous settings"
+    )
 
 
 _LOAD_HINTS: tuple[tuple[str, str, str], ...] = (
