@@ -779,6 +779,64 @@ def test_runner_problems_name_the_agent_file_and_the_settings_line(brain: Brain)
     assert re.search(r"^profil/ambient\.yml:4: runner of ghost: ", res.out, re.M), res
 
 
+def test_typos_in_an_agents_runner_are_named_each_at_its_line_with_the_key_they_look_like(brain: Brain) -> None:
+    """`argvs:` and `timout_s:` in an agent's `ambient.runner`, or in `runners:` of profil/ambient.yml, are named at
+    their own line with the key they look like; the required `argv` they leave missing is said at the typo's line."""
+    text = agent_with_runner("keytypo", {"kind": "command", "argvs": ["bash", "x.sh"], "timout_s": 60})
+    brain.write("agents/keytypo.md", text)
+    brain.write("agents/elsewhere.md", agent_without_runner("elsewhere"))
+    brain.config("runners:\n  elsewhere:\n    kind: command\n    argvs: [bash, y.sh]\n")
+    res = brain.cli("validate")
+    assert res.rc == 1, res
+    rows = text.splitlines()
+    argvs = next(n for n, row in enumerate(rows, 1) if row.startswith("    argvs:"))
+    timout = next(n for n, row in enumerate(rows, 1) if row.startswith("    timout_s:"))
+    runner = rows.index("  runner:") + 1
+    at = "agents/keytypo.md"
+    unknown = "unknown key for a command runner; did you mean"
+    assert f"{at}:{argvs}: runner of keytypo: argvs: {unknown} 'argv'?" in res.out, res
+    assert f"{at}:{timout}: runner of keytypo: timout_s: {unknown} 'timeout_s'?" in res.out, res
+    assert re.search(rf"^{at}:{argvs}: runner of keytypo: argv: .*'argvs'", res.out, re.M), res
+    assert f"{at}:{runner}:" not in res.out, res  # nothing left at the runner: line
+    config = "profil/ambient.yml"
+    assert f"{config}:4: runner of elsewhere: argvs: {unknown} 'argv'?" in res.out, res
+    assert re.search(rf"^{config}:4: runner of elsewhere: argv: .*'argvs'", res.out, re.M), res
+    # An item of the agent, in a draft started on purpose, fails with its runner's first problem, not "declare one".
+    brain.workflow("typed", "status: draft\n" + for_each("typed", "keytypo", ["a"]))
+    brain.ok("start", "typed")
+    brain.until_idle()
+    [esc] = brain.escalations()
+    said = f"agent 'keytypo' has no runner that validates: {at}:{argvs}: runner of keytypo: argv: "
+    assert said in esc["question"], esc
+
+
+def test_an_agent_whose_file_does_not_load_is_said_to_not_load_and_why_not_to_be_missing(brain: Brain) -> None:
+    """An agent file whose frontmatter is not valid YAML (a `{` left open) exists: a workflow that spawns it is told
+    the agent does not load and the file:line of the cause, in `ambient validate`, in the warning of a draft started
+    on purpose, and in the escalation of the run's item; never that the agent does not exist or has no runner."""
+    text = agent_md("badyaml", ["bash", "bin/badyaml.sh"]).replace("  ipc:\n", "  ipc: {receives_from: [ambient]\n")
+    brain.write("agents/badyaml.md", text)
+    brain.write("bin/badyaml.sh", "cat > /dev/null\necho '{}'\n", mode=0o755)
+    brain.workflow("usebad", for_each("usebad", "badyaml", ["a"]))
+    res = brain.cli("validate")
+    assert res.rc == 1, res
+    [cause] = re.findall(r"^agents/badyaml\.md:(\d+: expected ',' or '}'.*)$", res.out, re.M)
+    assert f"workflows/usebad.yml:4: spawn: agent 'badyaml' does not load: agents/badyaml.md:{cause}" in res.out, res
+    assert "does not exist" not in res.out, res
+
+    brain.workflow("usebad", "status: draft\n" + for_each("usebad", "badyaml", ["a"]))
+    res = brain.cli("validate", "workflows/usebad.yml")
+    assert f"workflows/usebad.yml:5: warning: spawn: agent 'badyaml' does not load: agents/badyaml.md:{cause}" in (
+        res.out
+    ), res
+    started = brain.ok("start", "usebad")
+    assert f"agent 'badyaml' does not load: agents/badyaml.md:{cause}" in started.err, started
+    brain.until_idle()
+    [esc] = brain.escalations()
+    assert f"agent 'badyaml' does not load: agents/badyaml.md:{cause}" in esc["question"], esc
+    assert "has no runner" not in esc["question"], esc
+
+
 def test_an_agent_writes_its_scope_and_nothing_else_of_the_brain(brain: Brain) -> None:
     """docs/agents-and-runners.md, agents are confined: an agent as a user writes it (no `confine:` key) writes its
     scope; its write to a file of the brain outside it fails (Permission denied, its error as the person sees it), and

@@ -90,6 +90,11 @@ def start(
         warnings.append(f"{problems}; the running daemon starts the version it loaded before (sha256 {serving[:12]})")
     else:
         spec = loaded.spec
+        if not spec.runnable:  # a draft's checks are warnings, until it is started on purpose: then they are said
+            for p in brain.problems:
+                if p.file == loaded.source and p.severity == "warning":
+                    where = p.file if p.line is None else f"{p.file}:{p.line}"
+                    warnings.append(f"{where}: {p.message}")
         if step:
             if not isinstance(spec, ChainWorkflow):
                 return StartOutcome("refused", f"--step is for chains; {workflow} is a for_each")

@@ -175,7 +175,7 @@ _USER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 def _creds(args: argparse.Namespace) -> int:
     from ambient.cluster.protocol import Names, worker_permissions
     from ambient.config.brain import load_settings
-    from ambient.kernel.agents import load_agents
+    from ambient.kernel.agents import read_agents, why_absent
     from ambient.storage.fsutil import atomic_write
     from ambient.storage.paths import BrainPaths
 
@@ -187,10 +187,14 @@ def _creds(args: argparse.Namespace) -> int:
     if settings is None:
         return fail("profil/ambient.yml does not validate (ambient validate): its cluster.namespace is unknown")
     names = settings.cluster.names() if settings.cluster is not None else Names()
-    known = set(load_agents(paths)[0])
-    unknown = [a for a in agents if a not in known]
+    files = read_agents(paths)
+    unknown = [a for a in agents if a not in files.agents]
     if not agents or unknown:
-        return fail(f"--agents: {', '.join(unknown) or 'none given'}: not an agent of this brain (agents/NAME.md)")
+        said = [f"agent {a!r} {why_absent(a, files.unloaded)}" for a in unknown if a in files.unloaded]
+        missing = [a for a in unknown if a not in files.unloaded]
+        if missing or not agents:
+            said.append(f"{', '.join(missing) or 'none given'}: not an agent of this brain (agents/NAME.md)")
+        return fail(f"--agents: {'; '.join(said)}")
     password = secrets.token_urlsafe(32)
     atomic_write(args.out, f"{args.worker}:{password}\n", mode=0o600)
     entry = {"user": args.worker, "password": password, "permissions": worker_permissions(names, args.worker, agents)}

@@ -85,7 +85,7 @@ def _other_checks(paths: BrainPaths, bm: BrainMatrix, *, claims: bool = True) ->
     problems = found.problems + bm.problems + settings_checks(settings, bm, paths, found.lines)
     runners, runner_problems = runner_configs(bm, settings, paths, found.lines)
     problems += runner_problems + program_problems(paths, bm, runners) + extra_problems(paths, bm, runners, settings)
-    problems += cluster_checks(settings, runners, paths, found.lines, bm.agents)
+    problems += cluster_checks(settings, runners, paths, found.lines, bm.agents, bm.unloaded)
     if claims and paths.claims.is_dir():  # the census: the same reader's verdicts, only changed files parsed again
         problems += census(ClaimStore(paths, check_filesystem=False), save=False).problems
     return problems

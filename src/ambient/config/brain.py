@@ -23,7 +23,7 @@ from ambient.config.settings import Settings, env_paths, settings_from, settings
 from ambient.config.workflows import AgentExists, KnownAgents, LoadedWorkflow, MaySpawn, load_workflows
 from ambient.core.errors import InputError, RunnerConfigError
 from ambient.core.problems import Problem, Severity
-from ambient.kernel.agents import AgentSpec
+from ambient.kernel.agents import AgentSpec, why_absent
 from ambient.kernel.matrix import decide
 from ambient.kernel.routing_table import BrainMatrix, build_matrix
 from ambient.runners.runner_config import CommandRunnerConfig, RunnerConfig, parse_runner_config
@@ -216,7 +216,7 @@ def spawn_checks(matrix: BrainMatrix) -> tuple[AgentExists, MaySpawn]:
     def exists(name: str) -> bool:
         return name in agents or matrix.matrix.gate(name) is not None
 
-    agent_exists = KnownAgents(agents, exists)
+    agent_exists = KnownAgents(agents, exists, matrix.unloaded)
 
     def may_spawn(sender: str, agent: str, zone: str | None, files: Sequence[str]) -> str | None:
         decision = decide(matrix.matrix, sender, agent, "SPAWN", zone, files, matrix.zone_rules)
@@ -243,7 +243,7 @@ def runner_configs(
     default: RunnerConfig | None = None
     for name, conf in settings.runners.items():
         line = lines.line_for(("runners", name)) if lines is not None else None
-        parsed = _runner_config(name, conf, config, line, problems)
+        parsed = _runner_config(name, conf, config, line, problems, lines=lines, prefix=("runners", name))
         if name == DEFAULT_RUNNER:
             default = parsed
             continue
@@ -261,19 +261,15 @@ def runner_configs(
     for name, spec in matrix.agents.items():
         if spec.runner is not None:
             file = paths.rel(spec.path) if paths is not None else spec.path.name
-            # A wrong ``dispatch:`` is said at its own line; every other field at the runner's (as before).
-            line = spec.dispatch_line if _bad_dispatch(spec.runner) else spec.runner_line
-            parsed = _runner_config(name, spec.runner, file, line, problems)
+            parsed = _runner_config(
+                name, spec.runner, file, spec.runner_line, problems, lines=spec.lines, prefix=("ambient", "runner")
+            )
             if parsed is not None:
                 out[name] = parsed
     if default is not None:
         for name in matrix.agents:
             out.setdefault(name, default)
     return out, problems
-
-
-def _bad_dispatch(runner: Mapping[str, Any]) -> bool:
-    return "dispatch" in runner and runner["dispatch"] not in ("workers", "local", None)
 
 
 #: The key of ``runners:`` that gives every agent without a runner of its own one.
@@ -342,17 +338,46 @@ def program_problems(paths: BrainPaths, matrix: BrainMatrix, runners: Mapping[st
     return found
 
 
+def _runner_of(name: str) -> str:
+    """How a problem of an agent's runner begins (:func:`why_no_runner` finds it again by it)."""
+    return f"runner of {name}: "
+
+
 def _runner_config(
-    name: str, mapping: Mapping[str, Any], file: str, line: int | None, problems: list[Problem]
+    name: str,
+    mapping: Mapping[str, Any],
+    file: str,
+    line: int | None,
+    problems: list[Problem],
+    *,
+    lines: LineMap | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> RunnerConfig | None:
+    """The runner of agent ``name``, or None with its problems: each at the line of its key in ``lines`` (where the
+    runner sits at ``prefix``), else at ``line``, the runner's."""
     try:
-        return parse_runner_config(mapping, file=file)
+        return parse_runner_config(mapping, file=file, lines=lines, prefix=prefix)
     except RunnerConfigError as exc:
         for p in exc.problems:
-            problems.append(Problem(file=file, line=line or p.line, message=f"runner of {name}: {p.message}"))
+            problems.append(Problem(file=file, line=p.line or line, message=_runner_of(name) + p.message))
     except InputError as exc:
-        problems.append(Problem(file=file, line=line, message=f"runner of {name}: {exc.message}"))
+        problems.append(Problem(file=file, line=line, message=_runner_of(name) + exc.message))
     return None
+
+
+def why_no_runner(brain: Brain, name: str) -> str:
+    """Why an item of agent ``name`` cannot run, the brain having no runner for it: there is no such agent (no
+    file, or a file that does not load: ``kernel.agents.why_absent``), the runner it has does not validate (its
+    first problem, at its file:line), or it declares none."""
+    if name not in brain.matrix.agents:
+        return f"agent {name!r} {why_absent(name, brain.matrix.unloaded)}"
+    bad = next((p for p in brain.errors if p.message.startswith(_runner_of(name))), None)
+    if bad is not None:
+        return f"agent {name!r} has no runner that validates: {bad}"
+    return (
+        f"agent {name!r} has no runner: declare `ambient: runner:` in agents/{name}.md "
+        f"or `runners: {name}:` in profil/ambient.yml"
+    )
 
 
 def settings_checks(settings: Settings, bm: BrainMatrix, paths: BrainPaths, lines: LineMap | None) -> list[Problem]:
@@ -383,6 +408,7 @@ def cluster_checks(
     paths: BrainPaths,
     lines: LineMap | None,
     agents: Mapping[str, AgentSpec] | None = None,
+    unloaded: Mapping[str, Problem] | None = None,
 ) -> list[Problem]:
     """Where each agent runs, against this brain (docs/cluster.md): an agent dispatched to ``workers`` (by
     ``cluster.dispatch`` or its own ``runner: dispatch:``) that has no runner or is not ``kind: command`` (the only
@@ -416,19 +442,21 @@ def cluster_checks(
         cfg = runners.get(name)
         own = cfg is not None and cfg.dispatch == "workers"
         if cfg is None:
-            found.append(at(("cluster", "dispatch", name), _no_runner(name, agents)))
+            found.append(at(("cluster", "dispatch", name), _no_runner(name, agents, unloaded or {})))
         elif cfg.kind != "command":
             why = f"agent {name!r} is kind: {cfg.kind}; " + AI_ON_WORKERS.format(kind=cfg.kind)
             found.append(in_agent_file(name, why) if own else at(("cluster", "dispatch", name), why))
     return found
 
 
-def _no_runner(name: str, agents: Mapping[str, AgentSpec] | None) -> str:
-    """Why a dispatched agent cannot run: there is no such agent (a typo: the agent it is close to), or its file
-    declares no runner."""
+def _no_runner(name: str, agents: Mapping[str, AgentSpec] | None, unloaded: Mapping[str, Problem]) -> str:
+    """Why a dispatched agent cannot run: there is no such agent (a typo: the agent it is close to), its file does
+    not load, or it declares no runner."""
     import difflib
 
     if agents is not None and name not in agents:
+        if name in unloaded:
+            return f"agent {name!r} {why_absent(name, unloaded)}"
         close = difflib.get_close_matches(name, sorted(agents), n=1, cutoff=0.75)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"there is no agent {name!r} (no agents/{name}.md){hint}"
@@ -455,7 +483,7 @@ def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | 
     problems += settings_checks(settings, bm, paths, found.lines)
     runners, runner_problems = runner_configs(bm, settings, paths, found.lines)
     problems += runner_problems + extra_problems(paths, bm, runners, settings)
-    problems += cluster_checks(settings, runners, paths, found.lines, bm.agents)
+    problems += cluster_checks(settings, runners, paths, found.lines, bm.agents, bm.unloaded)
     agent_exists, may_spawn = spawn_checks(bm)
     workflows, wf_problems = load_workflows(
         paths,
@@ -527,6 +555,9 @@ def worker_refusals(brain: Brain, agents: Sequence[str]) -> list[str]:
     known = sorted(brain.matrix.agents)
     where = brain.paths.agents
     for name in agents:
+        if name not in brain.matrix.agents and name in brain.matrix.unloaded:
+            found.append(f"agent {name!r} {why_absent(name, brain.matrix.unloaded)}")
+            continue
         if name not in brain.matrix.agents:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f" ({', '.join(known) or 'none there'})"

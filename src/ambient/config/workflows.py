@@ -19,6 +19,7 @@ import yaml
 from ambient.core.errors import InputError, WorkflowError, YamlError
 from ambient.core.problems import Problem, Severity
 from ambient.engine.compile import workflow_issues
+from ambient.kernel.agents import why_absent
 from ambient.kernel.zones import DEFAULT_RULES, ZoneRule
 from ambient.storage.fsutil import read_capped
 from ambient.storage.paths import BrainPaths
@@ -53,11 +54,15 @@ AgentExists = Callable[[str], bool]
 
 class KnownAgents:
     """The brain's agents as an :data:`AgentExists` check, with the names a misspelt agent is matched against
-    (``did you mean 'checker'?``, as key typos are)."""
+    (``did you mean 'checker'?``, as key typos are) and the agent files that do not load (said with their cause,
+    not as missing)."""
 
-    def __init__(self, names: Iterable[str], exists: Callable[[str], bool]) -> None:
+    def __init__(
+        self, names: Iterable[str], exists: Callable[[str], bool], unloaded: Mapping[str, Problem] | None = None
+    ) -> None:
         self.names = sorted(names)
         self._exists = exists
+        self.unloaded: Mapping[str, Problem] = unloaded or {}
 
     def __call__(self, name: str) -> bool:
         return self._exists(name)
@@ -389,30 +394,30 @@ def _scope_for_check(
     return out
 
 
-def _agents_named(wf: LoadedWorkflow, defaults: Mapping[str, str] | None) -> list[tuple[Sequence[str | int], str, str]]:
-    """(loc, agent, message if it does not exist) for every agent the workflow names or falls back to."""
+#: Where a workflow names an agent: (loc, agent, the message's text before and after why the agent is not there).
+_AgentNamed = tuple[Sequence[str | int], str, str, str]
+
+
+def _agents_named(wf: LoadedWorkflow, defaults: Mapping[str, str] | None) -> list[_AgentNamed]:
+    """Every agent the workflow names or falls back to, with the words around the reason it is not there."""
     spec = wf.spec
     if isinstance(spec, ForEachWorkflow):
         agent = spec.for_each.spawn
-        return [(("for_each", "spawn"), agent, f"spawn: agent {agent!r} does not exist in agents/")]
-    out: list[tuple[Sequence[str | int], str, str]] = []
+        return [(("for_each", "spawn"), agent, f"spawn: agent {agent!r} ", "")]
+    out: list[_AgentNamed] = []
     for i, step in enumerate(spec.chain):
         if step.agents:
             for n, a in enumerate(step.agents):
-                out.append((("chain", i, "agents", n), a, f"step {step.key}: agent {a!r} does not exist in agents/"))
+                out.append((("chain", i, "agents", n), a, f"step {step.key}: agent {a!r} ", ""))
         else:
             a = spec.agent_for(step, defaults)
-            msg = (
-                f"step {step.key} names no agents: and the default agent for type {step.type}, {a!r}, does not exist "
-                "in agents/; name one in agents: or in default_agents:"
-            )
-            out.append((("chain", i), a, msg))
+            head = f"step {step.key} names no agents: and the default agent for type {step.type}, {a!r}, "
+            out.append((("chain", i), a, head, "; name one in agents: or in default_agents:"))
         for field in ("on_done", "on_partial", "on_fail"):
             for action in getattr(step, field) or ():
                 if isinstance(action, SpawnAction):
                     a = spec.agent_for_spawn(action, defaults)
-                    msg = f"{field}: {format_action(action)}: agent {a!r} does not exist in agents/"
-                    out.append((("chain", i, field), a, msg))
+                    out.append((("chain", i, field), a, f"{field}: {format_action(action)}: agent {a!r} ", ""))
     return out
 
 
@@ -456,10 +461,12 @@ def check_workflow(
     found: list[tuple[Sequence[str | int], str]] = []
     missing: set[str] = set()
     if agent_exists is not None:
-        for loc, agent, message in _agents_named(wf, default_agents):
+        unloaded = agent_exists.unloaded if isinstance(agent_exists, KnownAgents) else {}
+        for loc, agent, head, tail in _agents_named(wf, default_agents):
             if not agent_exists(agent):
                 missing.add(agent)
-                found.append((loc, message + _did_you_mean(agent, agent_exists)))
+                hint = "" if agent in unloaded else _did_you_mean(agent, agent_exists)
+                found.append((loc, head + why_absent(agent, unloaded) + tail + hint))
     if may_spawn is not None:
         sender = wf.spec.sender
         for loc, agent, zone, files in _scope_for_check(wf, rules, default_agents):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ class AgentSpec(BaseModel):
     # The principals its gate names, as written: (list, name, line), for the check of names nobody holds.
     gate_names: tuple[tuple[str, str, int | None], ...] = ()
     extras: dict[str, Any] = Field(default_factory=dict)  # the rest of the frontmatter, kept as written
+    lines: LineMap = Field(default_factory=LineMap)  # the line of each key of the frontmatter (a runner's typos)
 
 
 def _rel(paths: BrainPaths, path: Path) -> str:
@@ -83,6 +85,7 @@ def load_agent(path: Path, *, source: str) -> tuple[AgentSpec | None, list[Probl
         dispatch_line=lines.line_for(("ambient", "runner", "dispatch")) if runner and "dispatch" in runner else None,
         extras=extras,
         gate_names=gate_names,
+        lines=lines,
     )
     return spec, problems
 
@@ -249,9 +252,28 @@ def _runner(
     return runner, rline
 
 
-def load_agents(paths: BrainPaths) -> tuple[dict[str, AgentSpec], list[Problem]]:
-    """Every agent of the brain by name, and the problems found (errors and warnings)."""
+@dataclass(frozen=True)
+class AgentFiles:
+    """The agents of a brain by name, the files of ``agents/`` that did not load (by file stem: the name a workflow
+    calls such an agent by, with the first error that stopped it) and every problem found."""
+
+    agents: dict[str, AgentSpec]
+    unloaded: dict[str, Problem]
+    problems: list[Problem]
+
+
+def why_absent(name: str, unloaded: Mapping[str, Problem]) -> str:
+    """Why there is no agent ``name``, to follow ``agent 'name'`` wherever one is named: its file is there but does
+    not load (the cause at its file:line), or there is no such file. The one home of that distinction."""
+    cause = unloaded.get(name)
+    return f"does not load: {cause}" if cause is not None else "does not exist in agents/"
+
+
+def read_agents(paths: BrainPaths) -> AgentFiles:
+    """Every file of ``agents/`` read: the agents that load, the files that do not, the problems (errors and
+    warnings)."""
     agents: dict[str, AgentSpec] = {}
+    unloaded: dict[str, Problem] = {}
     problems: list[Problem] = []
     for path in iter_files(paths.agents, (".md",)):
         if path.name.startswith("_"):
@@ -260,6 +282,9 @@ def load_agents(paths: BrainPaths) -> tuple[dict[str, AgentSpec], list[Problem]]
         spec, found = load_agent(path, source=source)
         problems += found
         if spec is None:
+            cause = next((p for p in found if p.severity == "error"), None)
+            if cause is not None:
+                unloaded.setdefault(path.stem, cause)
             continue
         if spec.name in agents:
             first = agents[spec.name]
@@ -272,7 +297,13 @@ def load_agents(paths: BrainPaths) -> tuple[dict[str, AgentSpec], list[Problem]]
             )
             continue
         agents[spec.name] = spec
-    return agents, problems
+    return AgentFiles(agents, unloaded, problems)
+
+
+def load_agents(paths: BrainPaths) -> tuple[dict[str, AgentSpec], list[Problem]]:
+    """Every agent of the brain by name, and the problems found (errors and warnings)."""
+    found = read_agents(paths)
+    return found.agents, found.problems
 
 
 def agent_gates(agents: Mapping[str, AgentSpec]) -> dict[str, IpcGate | None]:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ambient.core.errors import InputError, UnsafePathError
 from ambient.core.problems import Problem
-from ambient.kernel.agents import AgentSpec, agent_gates, agent_scopes, load_agents, unknown_principals
+from ambient.kernel.agents import AgentSpec, agent_gates, agent_scopes, read_agents, unknown_principals
 from ambient.kernel.matrix import WILDCARD, AccessMatrix, Route, RoutingTable, apply_routing
 from ambient.kernel.packet import NAME_PATTERN, ZONE_PATTERN, Signal
 from ambient.kernel.zones import DEFAULT_RULES, ZoneRule, merge_rules, normalize
@@ -202,6 +202,8 @@ class BrainMatrix:
     agents: dict[str, AgentSpec]
     routing: RoutingTable | None
     problems: list[Problem] = field(default_factory=list)
+    #: The files of agents/ that did not load, by the name a workflow calls them (``kernel.agents.why_absent``).
+    unloaded: dict[str, Problem] = field(default_factory=dict)
 
     @property
     def errors(self) -> list[Problem]:
@@ -211,7 +213,8 @@ class BrainMatrix:
 
 def build_matrix(paths: BrainPaths) -> BrainMatrix:
     """Load agents, zone rules and the routing table into the effective matrix (never raises on bad files)."""
-    agents, problems = load_agents(paths)
+    files = read_agents(paths)
+    agents, problems = files.agents, list(files.problems)
     matrix = AccessMatrix.build(agent_gates(agents), scopes=agent_scopes(agents))
     problems += unknown_principals(agents, [*matrix.principals(), *matrix.ungated, *agents], paths)
     rules, zone_problems = load_zone_rules(paths)
@@ -221,4 +224,6 @@ def build_matrix(paths: BrainPaths) -> BrainMatrix:
     if table is not None:
         matrix, widening = apply_routing(matrix, table)
         problems += widening
-    return BrainMatrix(matrix=matrix, zone_rules=rules, agents=agents, routing=table, problems=problems)
+    return BrainMatrix(
+        matrix=matrix, zone_rules=rules, agents=agents, routing=table, problems=problems, unloaded=files.unloaded
+    )

@@ -17,7 +17,7 @@ from ambient.core.errors import InputError, RunnerConfigError
 from ambient.core.pathrules import normalize
 from ambient.core.problems import Problem
 from ambient.runners.argv import check_argv
-from ambient.storage.yamltext import LineMap
+from ambient.storage.yamltext import LineMap, known_keys, misspelled, unknown_key_hint
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -263,7 +263,14 @@ RunnerConfig = Annotated[AnyRunnerConfig, Field(discriminator="kind")]
 """Per-agent runner configuration, discriminated by ``kind``."""
 
 _RUNNER_ADAPTER: TypeAdapter[AnyRunnerConfig] = TypeAdapter(RunnerConfig)
-_KINDS = ("command", "callable", "assisted", "claude", "llm")
+_MODELS: dict[str, type[BaseModel]] = {
+    "command": CommandRunnerConfig,
+    "callable": CallableRunnerConfig,
+    "assisted": AssistedRunnerConfig,
+    "claude": ClaudeRunnerConfig,
+    "llm": LlmRunnerConfig,
+}
+_KINDS = tuple(_MODELS)
 
 
 def parse_runner_config(
@@ -298,6 +305,7 @@ def _problems(
     exc: ValidationError, raw: Mapping[str, Any], *, file: str, lines: LineMap, prefix: tuple[str | int, ...]
 ) -> list[Problem]:
     kind = raw.get("kind")
+    model = _MODELS.get(kind) if isinstance(kind, str) else None
     out: list[Problem] = []
     expected = ", ".join(repr(k) for k in _KINDS)
     for err in exc.errors(include_url=False):
@@ -305,15 +313,22 @@ def _problems(
         if loc and loc[0] == kind:  # the discriminated union prefixes the tag; the document has no such key
             loc = loc[1:]
         kind_problem = err["type"] in ("union_tag_not_found", "union_tag_invalid")
+        line_loc = (*prefix, "kind") if kind_problem else (*prefix, *loc)
         if err["type"] == "union_tag_not_found":
             message = f"kind: missing; expected one of {expected}"
         elif err["type"] == "union_tag_invalid":
             message = f"kind: {kind!r} is not a runner kind; expected one of {expected}"
         elif err["type"] == "extra_forbidden":
-            message = f"{'.'.join(map(str, loc))}: unknown key for a {kind} runner"
+            hint = unknown_key_hint(str(loc[-1]), known_keys(model, loc[:-1])) if model and loc else ""
+            message = f"{'.'.join(map(str, loc))}: unknown key for a {kind} runner" + (f"; {hint}" if hint else "")
         else:
             text = err["msg"].removeprefix("Value error, ")
             message = f"{'.'.join(map(str, loc)) or kind}: {text}"
-        line_loc = (*prefix, "kind") if kind_problem else (*prefix, *loc)
+            inp = err.get("input")
+            missing = err["type"] == "missing" and bool(loc) and isinstance(inp, Mapping)
+            typo = misspelled(str(loc[-1]), inp) if missing else None
+            if typo is not None:  # `argvs:` beside a missing `argv`: said at the misspelled key's line
+                message += f" (is {typo!r} a misspelling of {loc[-1]!r}?)"
+                line_loc = (*prefix, *loc[:-1], typo)
         out.append(Problem(file=file, line=lines.line_for(line_loc), message=message))
     return out

@@ -17,7 +17,7 @@ from ambient.claims.locks import LockGrant, LockManager
 from ambient.claims.preflight import PreflightProblem, exit_code
 from ambient.claims.snapshot import run_preflight
 from ambient.cluster.dispatch import Dispatcher
-from ambient.config.brain import Brain
+from ambient.config.brain import Brain, why_no_runner
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, LockHeldError, PacketError
 from ambient.core.lazylog import get_logger
@@ -83,13 +83,7 @@ class AgentDelegate:
         brain = self.ref.brain
         cfg = brain.runners.get(a.agent)
         if cfg is None:
-            return AttemptResult(
-                result="error",
-                error=(
-                    f"agent {a.agent!r} has no runner: declare `ambient: runner:` in agents/{a.agent}.md "
-                    f"or `runners: {a.agent}:` in profil/ambient.yml"
-                ),
-            )
+            return AttemptResult(result="error", error=why_no_runner(brain, a.agent))
         if a.timeout_s is not None and hasattr(cfg, "timeout_s"):
             cfg = cfg.model_copy(update={"timeout_s": a.timeout_s})  # validated field, same type
         if a.preflight and a.claim_id:

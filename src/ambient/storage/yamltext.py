@@ -590,20 +590,13 @@ def problems_from_validation(
             got = f" (got {inp!r})"
         line = lines.line_for(loc)
         if err["type"] == "missing" and loc and isinstance(inp, Mapping):
-            typo = _misspelled(str(loc[-1]), inp)
+            typo = misspelled(str(loc[-1]), inp)
             if typo is not None:  # `spwan: deploy` beside a missing `spawn`: say so, at the misspelled key's line
                 got = f" (is {typo!r} a misspelling of {loc[-1]!r}?)"
                 line = lines.line_for((*loc[:-1], typo))
         if err["type"] == "extra_forbidden" and model is not None and loc:
-            known = _fields_at(model, loc[:-1])
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75) if known else []
-            msg = (
-                f"unknown key; did you mean {close[0]!r}?"
-                if close
-                else f"unknown key; the keys here: {', '.join(known)}"
-                if known
-                else "unknown key"
-            )
+            hint = unknown_key_hint(str(loc[-1]), known_keys(model, loc[:-1]))
+            msg = f"unknown key; {hint}" if hint else "unknown key"
         var = next((v for v, path in (env or {}).items() if loc[: len(path)] == path), None)
         if var is not None:
             out.append(Problem(file=f"${var}", message=f"{where}: {msg}{got}"))
@@ -612,7 +605,16 @@ def problems_from_validation(
     return out
 
 
-def _fields_at(model: type[BaseModel], prefix: tuple[str | int, ...]) -> list[str]:
+def unknown_key_hint(key: str, known: Sequence[str]) -> str:
+    """What to say after ``unknown key``: the known key it looks like, else the keys there are ('' if none known).
+    Every unknown key of a file ambient reads is said this way."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75) if known else []
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return f"the keys here: {', '.join(known)}" if known else ""
+
+
+def known_keys(model: type[BaseModel], prefix: Sequence[str | int] = ()) -> list[str]:
     """The keys a model accepts at ``prefix`` (through nested models; [] where a free mapping is)."""
     current: Any = model
     for part in prefix:
@@ -632,7 +634,7 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return models[0] if len(models) == 1 else None
 
 
-def _misspelled(missing: str, mapping: Mapping[Any, Any]) -> str | None:
+def misspelled(missing: str, mapping: Mapping[Any, Any]) -> str | None:
     """The key of ``mapping`` that looks like the ``missing`` one (a typo of a required key), if any."""
     keys = [k for k in mapping if isinstance(k, str) and k != missing]
     close = difflib.get_close_matches(missing, keys, n=1, cutoff=0.75)

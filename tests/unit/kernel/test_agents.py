@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ambient.kernel.agents import agent_gates, load_agents
+from ambient.kernel.agents import agent_gates, load_agents, read_agents, why_absent
 from ambient.kernel.matrix import AccessMatrix, decide
 from ambient.kernel.packet import Signal
 from ambient.storage.paths import BrainPaths
@@ -114,6 +114,17 @@ class TestLoading:
         agents, problems = load(brain)
         assert "good" in agents and "bad" not in agents
         assert len(problems) == 1 and problems[0].startswith("agents/bad.md:5:")
+
+    def test_a_file_that_does_not_load_is_told_from_a_missing_agent(self, brain: Path) -> None:
+        """A file that does not load is kept by its name with the error that stopped it: an agent named by a
+        workflow is said to not load (and why), not to be missing; a name no file has is missing."""
+        write(brain, "bad.md", "---\nname: bad\nbrain:\n  ipc: [unclosed\n---\n")
+        found = read_agents(BrainPaths(brain))
+        assert set(found.agents) == {"good"} and set(found.unloaded) == {"bad"}
+        assert found.unloaded["bad"] == found.problems[0]
+        assert why_absent("bad", found.unloaded) == f"does not load: {found.unloaded['bad']}"
+        assert why_absent("bad", found.unloaded).startswith("does not load: agents/bad.md:5: ")
+        assert why_absent("nobody", found.unloaded) == "does not exist in agents/"
 
     @pytest.mark.parametrize(
         ("text", "expected"),

@@ -71,6 +71,22 @@ class TestConfig:
         found = {(p.line, p.message.split(":")[0]) for p in info.value.problems}
         assert found == {(7, "timeout_s"), (8, "bogus")}
 
+    def test_a_typo_is_named_at_its_line_with_the_key_it_looks_like(self) -> None:
+        """`argvs:` and `timout_s:`: each unknown key at its line with the key it looks like; the `argv` left missing
+        at the typo's line, naming it; an unknown key like no other lists the keys there are."""
+        text = "ambient:\n  runner:\n    kind: command\n    argvs: [x]\n    timout_s: 5\n    zzz: 1\n"
+        data, lines = parse_yaml(text, source="agents/t.md", line_offset=1)
+        with pytest.raises(RunnerConfigError) as info:
+            parse_runner_config(
+                data["ambient"]["runner"], file="agents/t.md", lines=lines, prefix=("ambient", "runner")
+            )
+        found = {(p.line, p.message) for p in info.value.problems}
+        assert (5, "argvs: unknown key for a command runner; did you mean 'argv'?") in found
+        assert (6, "timout_s: unknown key for a command runner; did you mean 'timeout_s'?") in found
+        assert (5, "argv: Field required (is 'argvs' a misspelling of 'argv'?)") in found
+        [other] = [m for line, m in found if line == 7]
+        assert other.startswith("zzz: unknown key for a command runner; the keys here: ") and "argv" in other
+
     def test_not_a_mapping(self) -> None:
         """A runner that is not a mapping is a clear error."""
         with pytest.raises(RunnerConfigError, match="expected a mapping"):
