@@ -293,10 +293,12 @@ def _failures(records: list[dict[str, Any]], active: list[RunRow]) -> list[dict[
         errors[key] = {"workflow": wf, "item": item, "run_id": run_id, "error": redact_text(error)[:200]}
         errors[key].update(attempts=count, at=at)
 
-    from ambient.engine.records import recovered
-
     for rec in records:
         steps = rec.get("steps", [])
+        if not any(step.get("error") for step in steps):
+            continue
+        from ambient.engine.records import recovered  # pydantic with it: only for a record that has an error
+
         fine = recovered(steps)
         for step in steps:
             if step.get("error") and str(step.get("item")) not in fine:
