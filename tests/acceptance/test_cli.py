@@ -459,20 +459,26 @@ def test_status_of_one_workflow_shows_only_its_escalations_each_named_once(brain
     assert escs["other"] not in one and "x-1" not in one, one
 
 
-def test_status_shows_an_items_error_once_with_its_attempts(brain: Brain) -> None:
-    """`ambient status`'s "Last failures and errors" names a failing item once, with how many attempts failed,
-    not once per attempt."""
-    brain.python_agent("deploy", FAILING_AGENT)
-    _fanout(brain, "rollout", ["eu-1"])
+def _retried_then_skipped(brain: Brain, items: list[str], *, attempts: int) -> str:
+    """A rollout of ``deploy`` over ``items`` retried on failure, its one question answered `skip`, run to its end:
+    what `ambient status` prints then."""
+    _fanout(brain, "rollout", items)
     brain.write(
         "workflows/rollout.yml",
-        brain.read("workflows/rollout.yml") + "retry: {attempts: 3, backoff: 0.01, on: [fail]}\n",
+        brain.read("workflows/rollout.yml") + f"retry: {{attempts: {attempts}, backoff: 0.01, on: [fail]}}\n",
     )
     brain.until_idle()
     [esc] = brain.escalations()
     assert brain.decide(esc["id"], "skip").rc == 0
     brain.until_idle()
-    text = brain.ok("status").out
+    return brain.ok("status").out
+
+
+def test_status_shows_an_items_error_once_with_its_attempts(brain: Brain) -> None:
+    """`ambient status`'s "Last failures and errors" names a failing item once, with how many attempts failed,
+    not once per attempt."""
+    brain.python_agent("deploy", FAILING_AGENT)
+    text = _retried_then_skipped(brain, ["eu-1"], attempts=3)
     errors = text.split("Last failures and errors:", 1)[1].splitlines()[1:]
     assert [row for row in errors if "eu-1" in row] == [
         "  rollout/eu-1 (3 attempts): agent exited with code 1: eu-1 is down"
@@ -491,21 +497,12 @@ def test_status_leaves_out_an_item_a_retry_then_did(brain: Brain) -> None:
             sys.exit(1)
         """,
     )
-    _fanout(brain, "rollout", ["eu-1", "eu-2"])
-    brain.write(
-        "workflows/rollout.yml",
-        brain.read("workflows/rollout.yml") + "retry: {attempts: 2, backoff: 0.01, on: [fail]}\n",
-    )
-    brain.until_idle()
-    [esc] = brain.escalations()
-    assert brain.decide(esc["id"], "skip").rc == 0
-    brain.until_idle()
+    text = _retried_then_skipped(brain, ["eu-1", "eu-2"], attempts=2)
     [record] = brain.finished("rollout")
     assert [(s["item"], s["result"]) for s in record["steps"] if s["item"] == "eu-2"] == [
         ("eu-2", "fail"),
         ("eu-2", "success"),
     ], record
-    text = brain.ok("status").out
     errors = text.split("Last failures and errors:", 1)[1].splitlines()[1:]
     assert any("rollout/eu-1" in row for row in errors), text
     assert not any("eu-2" in row for row in errors), text
