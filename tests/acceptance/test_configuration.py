@@ -532,6 +532,35 @@ def test_settings_that_cannot_work_in_this_brain_are_named_by_validate_and_docto
         ), res
 
 
+def test_a_notification_url_that_is_no_url_is_an_error_and_its_secret_is_shown_nowhere(
+    brain: Brain, webhook: Webhook
+) -> None:
+    """A `:` forgotten in a Telegram URL (`tgram//TOKEN/CHAT`): `validate` and `doctor` name it an error at its line
+    by its place in the list, never its value (the token is in it); `config show`, `doctor`, `notify test` and the
+    daemon's log mask it whole; the other URL still gets the question."""
+    secret = "AAHsuperSECRETtoken"
+    brain.config(f'notify:\n  urls: ["tgram//123456789:{secret}/987654", "{webhook.url}"]\n')
+    seen = []
+    for args in (("validate",), ("doctor",)):
+        res = brain.cli(*args)
+        assert res.rc == 1 and "profil/ambient.yml:2: notify.urls: URL number 1 is not a URL" in res.text, res
+        seen.append(res.text)
+    shown = brain.cli("config", "show")
+    tested = brain.cli("notify", "test")
+    assert tested.rc == 1 and "FAIL  ***" in tested.out, tested
+    brain.python_agent("broken", "import sys\nsys.stdin.read()\nsys.exit(3)\n")
+    _escalate(brain, "asks")
+    with brain.daemon() as daemon:
+        wait(lambda: webhook.posts, "the question to reach the URL that works")
+        daemon.stop()
+        log = daemon.log_path.read_text()
+    kept = brain.path(".ambient/settings.last-good.yml")  # the file itself, kept as the daemon loaded it (0600)
+    state = {p: p.read_text(errors="replace") for p in brain.path(".ambient").rglob("*") if p.is_file() and p != kept}
+    assert [p for p, text in state.items() if secret in text] == []
+    for text in (*seen, shown.text, tested.text, log):
+        assert secret not in text, text[-2000:]
+
+
 def _escalate(brain: Brain, name: str) -> None:
     brain.workflow(
         name,

@@ -23,6 +23,7 @@ from ambient.config.settings import Settings, env_paths, settings_from, settings
 from ambient.config.workflows import AgentExists, KnownAgents, LoadedWorkflow, MaySpawn, load_workflows
 from ambient.core.errors import InputError, RunnerConfigError
 from ambient.core.problems import Problem, Severity
+from ambient.core.redact import is_url
 from ambient.kernel.agents import AgentSpec, why_absent
 from ambient.kernel.matrix import decide
 from ambient.kernel.routing_table import BrainMatrix, build_matrix
@@ -395,6 +396,11 @@ def settings_checks(settings: Settings, bm: BrainMatrix, paths: BrainPaths, line
         found.append(
             at(("default_sender",), f"{name!r} is no principal, so every packet a workflow sends is denied; {hint}")
         )
+    for n, url in enumerate(settings.notify.urls, 1):
+        if not is_url(url.get_secret_value()):
+            # The value is not shown (a token may be in it); the person finds it by its place in the list.
+            message = f"URL number {n} is not a URL, so nothing is ever sent to it; expected scheme://… as apprise "
+            found.append(at(("notify", "urls"), message + "takes it (json://host:port/path, tgram://TOKEN/CHAT_ID…)"))
     if settings.telegram.answers and not settings.telegram.chat_id:
         found.append(
             at(("telegram", "answers"), "Telegram answers are on but telegram.chat_id is not set: nothing is sent")

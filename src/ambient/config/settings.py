@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from ambient.cluster.protocol import DEFAULT_NAMESPACE, Names
-from ambient.core.redact import MASK, redact_url
+from ambient.core.redact import redact_url
 from ambient.engine.budget import Limits
 from ambient.learning.rules import DEFAULT_AUTO_REPEATS, DEFAULT_BACKOFF_S
 from ambient.runners.patterns import DEFAULT_PATTERN_AFTER
@@ -242,7 +242,7 @@ class Settings(_Strict):
 
 
 def _mask_url(url: str) -> str:
-    return redact_url(url) if "://" in url else MASK
+    return redact_url(url)
 
 
 _ENV: dict[str, tuple[str, ...]] = {

@@ -79,12 +79,20 @@ def _mask_url_rest(scheme: str, rest: str) -> str:
     return out
 
 
+def is_url(text: str) -> bool:
+    """Whether ``text`` is one URL as a notification URL must be: ``scheme://rest``, no whitespace."""
+    return _URL.fullmatch(text.strip()) is not None
+
+
 def redact_url(url: str, registry: SecretRegistry | None = None) -> str:
     """A notification URL safe to display: userinfo, tokens and secret query values masked.
 
     ``tgram://123:ABC.../4242`` becomes ``tgram://***/4242``; ``json://127.0.0.1:8080/hook`` is unchanged.
-    Values in ``registry`` are masked too.
+    Values in ``registry`` are masked too. A value that is not a URL (``tgram//TOKEN/CHAT``, a ``:`` forgotten) is
+    masked whole: where its secret is cannot be told.
     """
+    if not is_url(url):
+        return MASK
     text = registry.redact_text(url) if registry is not None else url
     return _URL.sub(lambda m: m.group(1) + "://" + _mask_url_rest(m.group(1), m.group(2)), text)
 
@@ -93,8 +101,8 @@ def secrets_in_url(url: str) -> list[str]:
     """The secret parts of a notification URL (userinfo, token host, token-like segments), for a registry."""
     found: list[str] = []
     m = _URL.search(url)
-    if m is None:
-        return found
+    if m is None or not is_url(url):
+        return [url.strip()]  # not a URL: all of it may be the secret (a library may quote it in an error)
     scheme, rest = m.group(1).lower(), m.group(2)
     path_part, _, query = rest.partition("?")
     authority, _, path = path_part.partition("/")
@@ -142,9 +150,11 @@ class SecretRegistry:
             self._values = values
 
     def add_url(self, url: str) -> None:
-        """Register the secret parts of a notification URL (see :func:`secrets_in_url`)."""
+        """Register the secret parts of a notification URL (see :func:`secrets_in_url`); parts too short to be
+        masked safely are left (they are masked in the URL's own display all the same)."""
         for s in secrets_in_url(url):
-            self.add(s)
+            if len(s.strip()) >= MIN_SECRET_LENGTH:
+                self.add(s)
 
     def __contains__(self, value: object) -> bool:
         return value in self._values
