@@ -318,7 +318,8 @@ def test_ambient_brain_names_the_brain(brain: Brain, tmp_path: Path) -> None:
 
 
 def test_a_broken_file_at_reload_keeps_the_previous_version_and_says_why(brain: Brain) -> None:
-    """A broken profil/ambient.yml at a reload keeps the previous settings and the log says why (file:line)."""
+    """A broken profil/ambient.yml at a reload keeps the previous settings and the log says why (file:line); one
+    that does not parse runs on the last copy that loaded."""
     brain.config("tick_seconds: 7\n")
     brain.python_agent("ok", OK_AGENT)
     with brain.daemon() as daemon:
@@ -335,7 +336,9 @@ def test_a_broken_file_at_reload_keeps_the_previous_version_and_says_why(brain: 
             ),
             "the YAML error in the log",
         )
-        daemon.wait_log("config_invalid_kept_previous", count=2)
+        # A file that does not parse at all: the last copy that loaded runs (here the previous settings' own file).
+        [kept] = daemon.wait_log("config_invalid_last_good_used")
+        assert "profil/ambient.yml" in str(kept), kept
         reloads = daemon.wait_log("reloaded", count=2)
         assert all(r["tick_seconds"] == 7 for r in reloads), reloads
         _workflow(brain, "after")  # the daemon goes on, with the settings it had

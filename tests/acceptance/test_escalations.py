@@ -1144,6 +1144,20 @@ def test_a_url_the_daemon_never_sent_to_is_not_said_up_and_one_that_failed_is_of
     assert "is off: the last message failed" in after.out, after
 
 
+def test_decide_says_when_the_answer_waits_for_the_daemon(brain: Brain) -> None:
+    """An answer given while no daemon runs is kept and applied at its start: `decide` says so (a new user saw the
+    run still waiting on them in `status` and took the answer for lost); with the daemon up it says nothing of it."""
+    brain.python_agent("deploy", FAILING)
+    _rollout(brain, items=("eu-1", "eu-2"))
+    brain.until_idle()
+    first, second = brain.escalations()
+    down = brain.decide(first["id"], "skip")
+    assert down.rc == 0 and "The daemon is down: the run goes on with this answer when it starts" in down.out, down
+    with brain.daemon():
+        up = brain.decide(second["id"], "skip")
+    assert up.rc == 0 and "daemon is down" not in up.out, up
+
+
 def test_decide_exits_3_when_its_run_was_aborted_before_the_answer(brain: Brain) -> None:
     """`decide` exits 3 when the question's run ended before the answer: here the run was aborted through its claim
     (`ambient gate abort`) while no daemon ran, and the answer came next. Nothing applies it: the question is

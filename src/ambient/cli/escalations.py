@@ -144,6 +144,10 @@ def _cmd_decide(args: argparse.Namespace) -> int:
     if result.kind == "refused":  # unknown id, option not offered, bad input: exit 2
         return fail(result.message)
     out(result.message)
+    from ambient.service.instance import daemon_up
+
+    if not daemon_up(paths):  # the run still shows the item waiting until a daemon applies the answer
+        out("The daemon is down: the run goes on with this answer when it starts (`ambient run`, or its service).")
     return EXIT_OK
 
 
