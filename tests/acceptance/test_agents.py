@@ -364,10 +364,10 @@ def test_the_temp_dirs_a_killed_daemon_made_ahead_are_removed_by_the_next_one(br
         return {p.name for p in tmp.glob(f"ambient-{name}-*")}
 
     brain.workflow("once", for_each("once", name, ["a"]))
-    first = brain.daemon().start()
-    brain.wait_finished("once")
-    made = wait(lambda: left() if len(left()) >= 2 else None, "temp dirs made ahead for the agent")
-    first.kill()
+    with brain.daemon() as first:  # killed at the end of the block whatever happens in it
+        brain.wait_finished("once")
+        made = wait(lambda: left() if len(left()) >= 2 else None, "temp dirs made ahead for the agent")
+        first.kill()
     assert left() >= made, (made, left())
     with brain.daemon():
         wait(lambda: not left(), "the killed daemon's temp dirs to be removed", timeout=30)
