@@ -116,6 +116,23 @@ def test_bad_file_among_good_ones(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert out[-1] == "1 error(s), 0 warning(s) in 1 file(s)"
 
 
+def test_one_files_problems_come_together_in_line_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Checks of different kinds find a file's problems in their own order: they are printed by file, then line."""
+    brain = _brain(tmp_path / "brain", workflows=False)
+    (brain / "workflows" / "w.yml").write_text(
+        "workflow: w\ntimout: 5\nfor_each:\n  items: [a]\n  spawn: nosuch\n"
+        "  scope: {zone: project, files: ['x/{{index}}']}\n"
+    )
+    runner = "ambient:\n  runner:\n    kind: command\n    argvs: [/bin/true]\n    timout_s: 5\n"
+    (brain / "agents" / "typo.md").write_text(
+        AGENT_MD.format(name="typo", zones="project").replace("---\n# typo", runner + "---\n# typo")
+    )
+    assert main(["validate", "--brain", str(brain)]) == 1
+    rows = capsys.readouterr().out.splitlines()[:-1]
+    where = [(r.split(":")[0], int(r.split(":")[1])) for r in rows]
+    assert where == sorted(where) and {f for f, _ in where} == {"agents/typo.md", "workflows/w.yml"}, rows
+
+
 def test_directory_argument(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A directory argument validates its workflow files: every bad example at once."""
     brain = _brain(tmp_path / "brain", workflows=False)

@@ -214,6 +214,8 @@ def _validate(args: argparse.Namespace) -> int:
                 for p in _other_checks(paths, bm, claims="claim" in sel.counts)
                 if p.file in sel.others or (config and p.file.startswith("$"))
             ]
+    # One file's problems together and in line order (checks of different kinds find them in their own order).
+    problems.sort(key=lambda p: (p.file, p.line or 0))
     for problem in problems:
         out(str(problem))
     if sel.whole:  # run as root: agents that could not start at all on this machine, said before the first fails
