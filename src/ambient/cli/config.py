@@ -43,7 +43,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "defaults, with the source of each value. Notification URLs and runner environment values are masked. "
             "When the file is invalid: its file:line problems on stderr, then the settings a daemon starting on it "
             "uses (every valid key, the others at their defaults; for a file that does not parse, the last good "
-            "settings a daemon loaded, kept in .ambient/settings.last-good.yml), and exit 1, as `ambient validate`."
+            "settings a daemon loaded, kept in .ambient/settings.last-good.yml), and exit 1, as `ambient validate`. "
+            "A runners: entry the daemon does not use is marked refused (it does not validate) or not used (the "
+            "agent's own runner wins), with its problem."
         ),
     )
     show.add_argument("--json", action="store_true", help="print JSON: settings, sources, file, environment")
@@ -211,8 +213,9 @@ def _show(args: argparse.Namespace) -> int:
     from ambient.storage.paths import BrainPaths
 
     root = brain_dir(args)  # a brain: main() refused anything else
-    cfg = effective_config(BrainPaths(root), os.environ)
-    problems, refused = against_the_brain(BrainPaths(root), cfg)
+    paths = BrainPaths(root)
+    cfg = effective_config(paths, os.environ)
+    problems, refused = against_the_brain(paths, cfg)
     for problem in problems:  # first, on stderr: what is wrong, and where
         print(printable(str(problem)), file=sys.stderr)
     errors = sum(1 for p in problems if p.severity == "error")
