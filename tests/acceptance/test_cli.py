@@ -782,6 +782,25 @@ def test_commands_refuse_a_directory_that_is_not_a_brain(tmp_path: Path) -> None
         assert res.rc == 2 and "is not a brain" in res.err, res
 
 
+def test_a_command_run_inside_a_brain_names_the_brain_and_never_suggests_init_there(
+    example_brain: Brain, tmp_path: Path
+) -> None:
+    """`cd brain/workflows && ambient status` (or `--brain` a folder of a brain) says it is inside that brain and how
+    to reach it, exit 2 as for any folder that is not a brain; never `ambient init` there (a brain in a brain)."""
+    root = example_brain.root
+    here = ambient("status", "hello", cwd=root / "workflows")
+    assert here.rc == 2, here
+    assert f"you are inside the brain {root}: run `ambient --brain {root} status hello`, or cd there" in here.err, here
+    assert "ambient init" not in here.err, here
+    there = ambient("--brain", str(root / "agents"), "validate", "--strict", cwd=tmp_path)
+    assert there.rc == 2, there
+    assert f"{root / 'agents'} is inside the brain {root}: run `ambient --brain {root} validate --strict`" in there.err
+    assert "ambient init" not in there.err, there
+    missing = ambient("--brain", str(root / "workspace" / "nowhere"), "runs", cwd=tmp_path)
+    assert missing.rc == 2 and f"is inside the brain {root}" in missing.err, missing
+    assert "ambient init" not in missing.err and not (root / "workspace" / "nowhere").exists(), missing
+
+
 def test_runs_refuses_an_unknown_workflow_and_a_last_below_one(brain: Brain) -> None:
     """`runs nosuch` is exit 2 like `status nosuch`; `--last` counts from 1."""
     res = brain.cli("runs", "nosuch")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -15,7 +17,18 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.acceptance.harness import AMBIENT, OK_AGENT, Brain, Webhook, ambient, clean_env, docs_section, run, wait
+from tests.acceptance.harness import (
+    AMBIENT,
+    OK_AGENT,
+    Brain,
+    Webhook,
+    ai_agent_md,
+    ambient,
+    clean_env,
+    docs_section,
+    run,
+    wait,
+)
 
 FAILING_AGENT = """
     import sys
@@ -503,6 +516,71 @@ def test_a_bad_environment_override_is_the_variables_fault_and_the_file_still_ho
     assert re.search(r"^concurrency\s+1\s+profil/ambient\.yml:1$", shown.out, re.M), shown
 
 
+def _header(shown: Any) -> str:
+    """The line of `config show` that says what is wrong (the one after the file and environment lines)."""
+    heads = [line for line in shown.out.splitlines() if line.startswith("# ")]
+    assert len(heads) >= 3, shown
+    return str(heads[2])
+
+
+def test_config_show_blames_a_bad_environment_variable_not_the_file(brain: Brain) -> None:
+    """`AMBIENT_CONCURRENCY=abc` with a valid file: `config show` says the variable is invalid, not the file, and
+    shows the file's value in effect, as the daemon runs."""
+    brain.config("concurrency: 1\n")
+    shown = brain.cli("config", "show", env={"AMBIENT_CONCURRENCY": "abc"})
+    assert shown.rc == 1 and "$AMBIENT_CONCURRENCY: concurrency:" in shown.err, shown
+    assert _header(shown).startswith("# $AMBIENT_CONCURRENCY is invalid (1 error(s), 0 warning(s) on stderr)"), shown
+    assert "profil/ambient.yml is invalid" not in shown.out, shown
+    assert re.search(r"^concurrency\s+1\s+profil/ambient\.yml:1$", shown.out, re.M), shown
+    both = brain.cli("config", "show", env={"AMBIENT_CONCURRENCY": "abc", "AMBIENT_LOG_LEVEL": "loud"})
+    assert _header(both).startswith("# $AMBIENT_CONCURRENCY and $AMBIENT_LOG_LEVEL are invalid (2 error(s)"), both
+    brain.config("concurrency: 1\nconcurency: 2\n")
+    mixed = brain.cli("config", "show", env={"AMBIENT_CONCURRENCY": "abc"})
+    assert _header(mixed).startswith("# profil/ambient.yml and $AMBIENT_CONCURRENCY are invalid (2 error(s)"), mixed
+
+
+def _summary(res: Any) -> str:
+    """`validate`'s count: `2 error(s), 1 warning(s)`."""
+    found = re.search(r"^(\d+ error\(s\), \d+ warning\(s\)) in ", res.out, re.M)
+    assert found, res
+    return str(found[1])
+
+
+def test_config_show_marks_a_runner_the_daemon_refuses_and_counts_as_validate(brain: Brain) -> None:
+    """A `runners:` entry that does not validate (argv a string) is refused by the daemon: `config show` marks it
+    refused with its problem, not in effect, and one whose agent has its own runner as not used; its count of the
+    file's problems is `ambient validate profil/ambient.yml`'s."""
+    brain.write("agents/greeter.md", ai_agent_md("greeter", "Greets."))  # no runner of its own
+    brain.python_agent("ok", OK_AGENT)  # a runner of its own, which wins over `runners: ok:`
+    brain.config(
+        "tick_seconds: 5\n"
+        "concurency: 2\n"
+        "runners:\n"
+        '  greeter: {kind: command, argv: "python bin/greeter.py"}\n'
+        '  ok: {kind: command, argv: ["true"]}\n'
+    )
+    _workflow(brain, "greet", agent="greeter")
+    shown = brain.cli("config", "show")
+    assert shown.rc == 1, shown
+    assert "profil/ambient.yml:4: runner of greeter: argv: Input should be a valid list" in shown.err, shown
+    rows = {line.split()[0]: line for line in shown.out.splitlines() if line and not line.startswith("#")}
+    assert "refused (profil/ambient.yml:4: runner of greeter: argv:" in rows["runners.greeter"], rows
+    assert not rows["runners.greeter"].endswith("profil/ambient.yml:4"), rows
+    assert "not used (profil/ambient.yml:5: " in rows["runners.ok"] and "its own ambient.runner" in rows["runners.ok"]
+    checked = brain.cli("validate", "profil/ambient.yml")
+    assert checked.rc == 1, checked
+    assert _summary(checked) == "2 error(s), 1 warning(s)", checked
+    assert f"({_summary(checked)} on stderr)" in _header(shown), shown
+    report = brain.cli("config", "show", "--json").json()
+    assert report["refused"]["runners.greeter"].startswith("profil/ambient.yml:4: runner of greeter: argv:"), report
+    assert "runners.ok" in report["refused"] and "tick_seconds" not in report["refused"], report
+    assert len(report["problems"]) == 3, report
+    assert brain.until_idle().rc == 0  # the daemon: that runner refused, the agent's items fail on it
+    [greet] = [r for r in brain.status()["runs"] if r["workflow"] == "greet"]
+    [item] = greet["items"]
+    assert "has no runner that validates: profil/ambient.yml:4: runner of greeter: argv" in item["error"], greet
+
+
 def test_a_misspelt_setting_is_named_with_the_one_it_looks_like(brain: Brain) -> None:
     """`concurency: 3` is an error at its line that names `concurrency`, in `validate` and `config show` alike."""
     brain.config("tick_seconds: 5\nconcurency: 3\n")
@@ -520,6 +598,49 @@ def test_validate_reads_default_agents_as_the_daemon_does(brain: Brain) -> None:
     assert res.rc == 0 and "scout" not in res.text, res
     brain.until_idle()
     assert [r["outcome"] for r in brain.finished("look")] == ["success"]
+
+
+def test_validate_reads_default_agents_from_the_last_good_settings_when_the_file_does_not_parse(brain: Brain) -> None:
+    """A YAML syntax error in profil/ambient.yml: the daemon runs with the last good copy, whose `default_agents:`
+    `validate` reads too (the syntax error is the one problem, no step blamed for an agent it would not use)."""
+    brain.config("default_agents: {search: finder}\n")
+    assert brain.until_idle().rc == 0  # the file loads: the daemon keeps it as the last good settings
+    brain.python_agent("finder", "import json, sys\njson.load(sys.stdin)\nprint(json.dumps({'status': 'ok'}))\n")
+    brain.workflow("look", "name: look\nchain:\n  - {step: 1, type: search, scope: projets/d/}\n")
+    brain.write("profil/ambient.yml", "default_agents: {search: finder}\ntick_seconds: [1\n")
+    res = brain.cli("validate")
+    assert res.rc == 1 and "scout" not in res.text, res
+    assert res.out.splitlines()[-1] == "1 error(s), 0 warning(s) in 1 file(s)", res
+
+
+def _machine_warnings(res: Any) -> int:
+    return sum(1 for line in res.err.splitlines() if line.startswith("ambient: warning: run as root"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the agent user is ambient's own user unless ambient runs as root")
+def test_validate_as_root_warns_of_the_agent_user_the_daemon_runs_and_says_so_in_its_summary() -> None:
+    """As root, in a folder the agent user cannot reach, `validate` warns on stderr that every agent would fail to
+    start, and its last line says so beside the files' count (exit 0: the files are fine). With `agent_user: root`
+    then a syntax error, the daemon runs agents as root (the last good settings): no such warning."""
+    closed = Path(tempfile.mkdtemp(prefix="ambient-closed-"))  # 0700: the agent user cannot reach a brain there
+    try:
+        brain = Brain.init(closed / "brain", "--no-example")
+        validate = [*AMBIENT, "--brain", str(brain.root), "validate"]
+        first = run(validate, agents=False)  # agents=False: no AMBIENT_AGENT_USER=root from the test's environment
+        assert first.rc == 0 and _machine_warnings(first) >= 1, first
+        many = _machine_warnings(first)
+        about = f"{many} warning{'s' if many > 1 else ''} about this machine above"
+        assert first.out.splitlines()[-1] == f"ok: 0 workflow(s) (0 draft), 0 warning(s); {about}", first
+        brain.config("agent_user: root\n")
+        assert run([*AMBIENT, "--brain", str(brain.root), "run", "--until-idle"], agents=False).rc == 0
+        brain.write("profil/ambient.yml", "agent_user: root\ntick_seconds: [1\n")
+        broken = run(validate, agents=False)
+        assert broken.rc == 1 and _machine_warnings(broken) == 0, broken
+        assert broken.out.splitlines()[-1] == "1 error(s), 0 warning(s) in 1 file(s)", broken
+        brain.config("agent_user: ambient-agent\ntick_seconds: [1\n")  # a first start here would run as root too
+        assert _machine_warnings(run(validate, agents=False)) == 0
+    finally:
+        shutil.rmtree(closed)
 
 
 def test_settings_that_cannot_work_in_this_brain_are_named_by_validate_and_doctor(brain: Brain) -> None:

@@ -41,6 +41,14 @@ BAD_FILES: dict[str, tuple[int | None, str]] = {
     "oversized.yml": (None, "the limit for this kind of file is 1048576"),
 }
 
+
+@pytest.fixture(autouse=True)
+def _agents_may_run_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files' verdicts only: run as root, where the agent user cannot reach the interpreter, validate would add
+    its warning about this machine to the summary (tests/acceptance/test_configuration.py checks that)."""
+    monkeypatch.setenv("AMBIENT_AGENT_USER", "root")
+
+
 AGENT_MD = """---
 name: {name}
 brain:

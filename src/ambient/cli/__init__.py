@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return EXIT_USAGE
-    why = refused_brain(args)
+    why = refused_brain(args, words)
     if why is not None:
         return fail(why)
     if args.command not in _DAEMON_COMMANDS:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -68,25 +69,58 @@ def ambient_command(root: Path, *words: str) -> str:
 BRAIN_MARKS = ("profil/ambient.yml", "agents", "workflows", ".ambient")
 
 
-def not_a_brain(root: Path) -> str | None:
-    """Why ``root`` is not a brain a command may act on (None: it is one)."""
+def not_a_brain(root: Path, words: Sequence[str] = ()) -> str | None:
+    """Why ``root`` is not a brain a command may act on (None: it is one). Inside a brain (``cd brain/workflows``),
+    the brain it lies in and the command ``words`` (as typed) aimed at it, never ``ambient init`` there: that would
+    make a brain inside the brain."""
+    if root.is_dir() and any((root / mark).exists() for mark in BRAIN_MARKS):
+        return None
+    inside = enclosing_brain(root)
+    if inside is not None:
+        who = (
+            "you are" if root == Path.cwd() else f"{root} is" if root.is_dir() else f"{root} is not a directory, and is"
+        )
+        again = shlex.join(["ambient", "--brain", str(inside), *_without_brain(words)])
+        return f"{who} inside the brain {inside}: run `{again}`, or cd there"
     if not root.is_dir():
         return f"{root} is not a directory; run `ambient init {root}` to create a brain there"
-    if not any((root / mark).exists() for mark in BRAIN_MARKS):
-        return (
-            f"{root} is not a brain (no {', '.join(BRAIN_MARKS)}); run `ambient init {root}` to make one "
-            "there, or give the brain with --brain DIR"
-        )
+    return (
+        f"{root} is not a brain (no {', '.join(BRAIN_MARKS)}); run `ambient init {root}` to make one "
+        "there, or give the brain with --brain DIR"
+    )
+
+
+def enclosing_brain(root: Path) -> Path | None:
+    """The nearest folder above ``root`` that is a brain by what only a brain holds (the configuration ``ambient
+    init`` writes, or ambient's state): an ``agents/`` or ``workflows/`` folder alone is too common a name (a
+    repository's ``.github/workflows``) to call its parent a brain. None: ``root`` is inside no brain."""
+    for parent in root.parents:
+        if (parent / "profil" / "ambient.yml").is_file() or (parent / ".ambient").is_dir():
+            return parent
     return None
 
 
-def refused_brain(args: argparse.Namespace) -> str | None:
-    """Why the command of ``args`` may not run: the one rule for every command that reads or writes a brain, checked
-    by ``main`` before any handler, so that no command creates a file in a directory that is not a brain (None: it
-    may run)."""
+def _without_brain(words: Sequence[str]) -> list[str]:
+    """The command words without ``--brain DIR`` (or ``--brain=DIR``), to aim them at another brain."""
+    kept: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "--brain":
+            skip = True
+        elif not word.startswith("--brain="):
+            kept.append(word)
+    return kept
+
+
+def refused_brain(args: argparse.Namespace, words: Sequence[str] = ()) -> str | None:
+    """Why the command of ``args`` (typed as ``words``) may not run: the one rule for every command that reads or
+    writes a brain, checked by ``main`` before any handler, so that no command creates a file in a directory that
+    is not a brain (None: it may run)."""
     if not getattr(args, "needs_brain", True):
         return None
-    return not_a_brain(brain_dir(args))
+    return not_a_brain(brain_dir(args), words)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> int:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ambient.config.settings import Settings
     from ambient.core.problems import Problem
     from ambient.storage.paths import BrainPaths
+    from ambient.storage.yamlfile import LineMap
 
 Loc = tuple[str, ...]
 _MASK = "****"
@@ -42,7 +43,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "defaults, with the source of each value. Notification URLs and runner environment values are masked. "
             "When the file is invalid: its file:line problems on stderr, then the settings a daemon starting on it "
             "uses (every valid key, the others at their defaults; for a file that does not parse, the last good "
-            "settings a daemon loaded, kept in .ambient/settings.last-good.yml), and exit 1, as `ambient validate`."
+            "settings a daemon loaded, kept in .ambient/settings.last-good.yml), and exit 1, as `ambient validate`. "
+            "A runners: entry the daemon does not use is marked refused (it does not validate) or not used (the "
+            "agent's own runner wins), with its problem."
         ),
     )
     show.add_argument("--json", action="store_true", help="print JSON: settings, sources, file, environment")
@@ -68,6 +71,7 @@ class EffectiveConfig:
     salvaged: Settings | None = None  # when invalid: what `ambient run` starts with (choose_settings)
     runs_with: SettingsOrigin = "file"  # where what `ambient run` starts with comes from
     last_good: LastGood | None = None  # runs_with "last_good": the copy it runs on
+    lines: LineMap | None = None  # where each key is in the file
 
     def redacted(self) -> dict[str, Any]:
         """The settings as JSON-ready data, secrets masked; when invalid, the salvaged ones (empty if none)."""
@@ -87,7 +91,7 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
     """Load ``profil/ambient.yml`` with ``environ`` applied; problems name the file line or the variable at fault."""
     from pydantic import ValidationError
 
-    from ambient.config.brain import choose_settings, read_last_good, read_settings, settings_problems
+    from ambient.config.brain import settings_problems, starting_settings
     from ambient.config.settings import Settings, env_paths, merge_environ
     from ambient.core.errors import InputError
     from ambient.core.problems import Problem
@@ -102,6 +106,7 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
     if exists:
         try:
             raw, lines = load_file(paths.config, max_bytes=MAX_CONFIG_BYTES, source=source)
+            result.lines = lines
             data = {} if raw is None else dict(expect_mapping(raw, source=source, what="the configuration"))
         except InputError as exc:
             result.problems.append(Problem(file=exc.file or source, line=exc.line, message=exc.message))
@@ -116,7 +121,7 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
         result.settings = Settings.model_validate(merged)
     except ValidationError as exc:
         result.problems += settings_problems(exc, source=source, lines=lines, environ=environ)
-        chosen = choose_settings(read_settings(paths, environ), environ, last_good=read_last_good(paths, environ))
+        _found, chosen = starting_settings(paths, environ)
         result.salvaged, result.runs_with = chosen.settings, chosen.origin
     # Where each value comes from; with problems, a value they name is the default (or the file's, for a bad
     # variable): settings_salvaged drops exactly those.
@@ -140,9 +145,9 @@ def effective_config(paths: BrainPaths, environ: Mapping[str, str]) -> Effective
 def _last_good_instead(result: EffectiveConfig, paths: BrainPaths, environ: Mapping[str, str]) -> EffectiveConfig:
     """The file does not parse: what ``ambient run`` starts with instead (choose_settings), and where each of its
     values comes from (the last good copy's line, an ``AMBIENT_*`` variable, a default)."""
-    from ambient.config.brain import choose_settings, read_last_good, read_settings
+    from ambient.config.brain import starting_settings
 
-    chosen = choose_settings(read_settings(paths, environ), environ, last_good=read_last_good(paths, environ))
+    _found, chosen = starting_settings(paths, environ)
     result.runs_with, result.last_good = chosen.origin, chosen.last_good
     if chosen.last_good is None:
         return result  # the defaults: nothing of the file is used
@@ -188,59 +193,107 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return rows
 
 
+def against_the_brain(paths: BrainPaths, cfg: EffectiveConfig) -> tuple[list[Problem], dict[str, Problem]]:
+    """The settings' problems as ``ambient validate profil/ambient.yml`` counts them (the file's and the variables'
+    own, then those of the settings a daemon runs with against this brain: runners, their programs, the cluster), and
+    the ``runners:`` entries the daemon does not use, by their dotted key, with why."""
+    from ambient.config.brain import of_settings, refused_runners, validate_checks
+    from ambient.kernel.routing_table import build_matrix
+
+    used = cfg.settings or cfg.salvaged
+    if used is None:  # nothing of the file parses and no daemon loaded it: the defaults, no runner to check
+        return list(cfg.problems), {}
+    lines = None if cfg.last_good is not None else cfg.lines  # as the daemon: the broken file's lines, none
+    _runners, checks = validate_checks(paths, build_matrix(paths), used, lines)
+    problems = cfg.problems + [p for p in checks if of_settings(p, cfg.file)]
+    return problems, {f"runners.{name}": p for name, p in refused_runners(used, checks, cfg.file).items()}
+
+
 def _show(args: argparse.Namespace) -> int:
     from ambient.storage.paths import BrainPaths
 
     root = brain_dir(args)  # a brain: main() refused anything else
-    cfg = effective_config(BrainPaths(root), os.environ)
-    for problem in cfg.problems:  # first, on stderr: the file is invalid, and where
+    paths = BrainPaths(root)
+    cfg = effective_config(paths, os.environ)
+    problems, refused = against_the_brain(paths, cfg)
+    for problem in problems:  # first, on stderr: what is wrong, and where
         print(printable(str(problem)), file=sys.stderr)
-    code = EXIT_OK if not cfg.problems else EXIT_NO  # as `ambient validate` on the same file
+    errors = sum(1 for p in problems if p.severity == "error")
+    code = EXIT_OK if not errors else EXIT_NO  # as `ambient validate` on the same file
     settings = cfg.redacted()  # an invalid file: what a daemon starting on it uses (its valid keys kept)
+    sources = {**cfg.sources, **{key: _refusal(p) for key, p in refused.items()}}
     if args.json:
         out_json(
             {
                 "brain": str(root),
                 "file": cfg.file,
                 "file_exists": cfg.exists,
-                "valid": not cfg.problems,
+                "valid": not errors,
                 "runs_with": cfg.runs_with,
                 "last_good": (
                     {"file": cfg.last_good.source, "saved_at": cfg.last_good.saved_at.isoformat()}
                     if cfg.last_good is not None
                     else None
                 ),
-                "problems": [str(p) for p in cfg.problems],
+                "problems": [str(p) for p in problems],
+                "refused": {key: str(p) for key, p in refused.items()},
                 "environment": sorted(cfg.environment),
                 "settings": settings,
-                "sources": cfg.sources,
+                "sources": sources,
             }
         )
         return code
+    count = f"{errors} error(s), {len(problems) - errors} warning(s) on stderr"
     if not settings:  # the file cannot be read as YAML at all, and never loaded: nothing of it is used
-        out(f"# {cfg.file} cannot be read ({len(cfg.problems)} problem(s) on stderr): `ambient run` starts on defaults")
+        out(f"# {cfg.file} cannot be read ({count}): `ambient run` starts on defaults")
         return code
     env = ", ".join(sorted(cfg.environment)) or "none"
     out(f"# effective settings of {root}")
     out(f"# file: {cfg.file}{'' if cfg.exists else ' (absent: defaults)'}; environment overrides: {env}")
-    if cfg.last_good is not None:
-        out(
-            f"# {cfg.file} does not load ({len(cfg.problems)} problem(s) on stderr): below, what `ambient run` runs "
-            f"with, the last good settings, from {cfg.last_good.saved_at:%Y-%m-%d %H:%M:%S} UTC "
-            f"({cfg.last_good.source}: the last {cfg.file} a daemon loaded); fix the file"
-        )
-    elif cfg.problems:
-        out(
-            f"# {cfg.file} is invalid ({len(cfg.problems)} problem(s) on stderr): below, what `ambient run` starts "
-            "with, the valid keys of the file and the others at their defaults (a running daemon keeps its previous "
-            "settings until the file is fixed)"
-        )
+    head = _what_is_wrong(cfg, problems, count)
+    if head is not None:
+        out(head + ("; a runner marked refused or not used is not in effect" if refused else ""))
     rows = [(key, json.dumps(_as_written(value), ensure_ascii=False)) for key, value in flatten(settings)]
     key_w = max(len(k) for k, _ in rows)
     val_w = min(max(len(v) for _, v in rows), 40)
     for key, value in rows:
-        out(f"{key:<{key_w}}  {value:<{val_w}}  {cfg.sources.get(key, 'default')}")
+        out(f"{key:<{key_w}}  {value:<{val_w}}  {sources.get(key, 'default')}")
     return code
+
+
+def _refusal(problem: Problem) -> str:
+    """The source column of a ``runners:`` entry the daemon does not use: why, at its line."""
+    return f"{'refused' if problem.severity == 'error' else 'not used'} ({problem})"
+
+
+def _what_is_wrong(cfg: EffectiveConfig, problems: list[Problem], count: str) -> str | None:
+    """The header line that names what is at fault (the file, an ``AMBIENT_*`` variable, both) and what ``ambient
+    run`` does meanwhile; None when nothing is."""
+    if cfg.last_good is not None:
+        return (
+            f"# {cfg.file} does not load ({count}): below, what `ambient run` runs with, the last good settings, from "
+            f"{cfg.last_good.saved_at:%Y-%m-%d %H:%M:%S} UTC ({cfg.last_good.source}: the last {cfg.file} a daemon "
+            "loaded); fix the file"
+        )
+    if not problems:
+        return None
+    errors = [p for p in problems if p.severity == "error"]
+    culprits = sorted({p.file for p in errors or problems}, key=lambda f: (f.startswith("$"), f))
+    who = " and ".join(culprits)
+    if not errors:
+        return f"# {who} {'has' if len(culprits) == 1 else 'have'} {count}: `ambient run` runs with what is below"
+    verb = "is" if len(culprits) == 1 else "are"
+    if cfg.settings is not None:
+        return f"# {who} {verb} invalid ({count}): below, what `ambient run` runs with"
+    if cfg.file not in culprits:  # only variables: each one's setting keeps the file's value (or its default)
+        return (
+            f"# {who} {verb} invalid ({count}): below, what `ambient run` starts with, the file's value (or the "
+            "default) where a variable is invalid"
+        )
+    return (
+        f"# {who} {verb} invalid ({count}): below, what `ambient run` starts with, the valid keys of the file "
+        "and the others at their defaults (a running daemon keeps its previous settings until the file is fixed)"
+    )
 
 
 def _as_written(value: object) -> object:

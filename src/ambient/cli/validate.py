@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, say
 
 if TYPE_CHECKING:
+    from ambient.config.brain import SettingsFile
+    from ambient.config.settings import Settings
     from ambient.core.problems import Problem
     from ambient.kernel.routing_table import BrainMatrix
     from ambient.storage.paths import BrainPaths
@@ -65,27 +67,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--strict", action="store_true", help="count warnings as problems (exit 1)")
 
 
-def _other_checks(paths: BrainPaths, bm: BrainMatrix, *, claims: bool = True) -> list[Problem]:
+def _other_checks(
+    paths: BrainPaths, bm: BrainMatrix, found: SettingsFile, settings: Settings, *, claims: bool = True
+) -> list[Problem]:
     """Problems of the configuration, agents, zones, routing, runners (and their programs) and claims (read-only:
-    nothing is swept)."""
+    nothing is swept), ``settings`` those a daemon runs with."""
     from ambient.claims.index import census
     from ambient.claims.store import ClaimStore
-    from ambient.config.brain import (
-        cluster_checks,
-        extra_problems,
-        program_problems,
-        read_settings,
-        runner_configs,
-        settings_checks,
-    )
-    from ambient.config.settings import settings_from
+    from ambient.config.brain import validate_checks
 
-    found = read_settings(paths, os.environ)
-    settings = found.settings or found.salvaged or settings_from({}, {})  # what `ambient run` starts with
-    problems = found.problems + bm.problems + settings_checks(settings, bm, paths, found.lines)
-    runners, runner_problems = runner_configs(bm, settings, paths, found.lines)
-    problems += runner_problems + program_problems(paths, bm, runners) + extra_problems(paths, bm, runners, settings)
-    problems += cluster_checks(settings, runners, paths, found.lines, bm.agents, bm.unloaded)
+    _runners, checks = validate_checks(paths, bm, settings, found.lines)
+    problems = found.problems + bm.problems + checks
     if claims and paths.claims.is_dir():  # the census: the same reader's verdicts, only changed files parsed again
         problems += census(ClaimStore(paths, check_filesystem=False), save=False).problems
     return problems
@@ -176,7 +168,7 @@ def _checked(sel: Selection, workflows: int, drafts: int) -> str:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from ambient.config.brain import read_settings, spawn_checks
+    from ambient.config.brain import of_settings, spawn_checks, starting_settings
     from ambient.config.workflows import load_many, load_workflows
     from ambient.kernel.routing_table import build_matrix
     from ambient.storage.paths import BrainPaths
@@ -189,16 +181,16 @@ def _validate(args: argparse.Namespace) -> int:
     bm = build_matrix(paths)
     # A folder of workflows alone (no agents/) cannot say which agents exist: both checks are skipped.
     agent_exists, may_spawn = spawn_checks(bm) if paths.agents.is_dir() else (None, None)
-    # The step types' agents as the daemon takes them (`default_agents:` of profil/ambient.yml, even a file that
-    # does not validate as a whole: the daemon keeps its valid keys).
-    found = read_settings(paths, os.environ)
-    settings = found.settings or found.salvaged
-    defaults = settings.default_agents if settings is not None else None
+    # The settings as a daemon starting now takes them (a file that does not validate as a whole: its valid keys;
+    # one that does not parse: the last good copy): the step types' agents (`default_agents:`), the agent user.
+    found, chosen = starting_settings(paths, os.environ)
+    settings = chosen.settings
+    defaults = settings.default_agents
     if sel.whole:
         workflows, problems = load_workflows(
             paths, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=bm.zone_rules, default_agents=defaults
         )
-        problems += _other_checks(paths, bm)
+        problems += _other_checks(paths, bm, found, settings)
     else:
         workflows, problems = load_many(
             sel.workflows,
@@ -208,28 +200,35 @@ def _validate(args: argparse.Namespace) -> int:
             default_agents=defaults,
         )
         if sel.others:  # the whole brain's checks, the same rule as without PATH, kept for the files named
-            config = "profil/ambient.yml" in sel.others
+            config = paths.rel(paths.config) in sel.others
             problems += [
                 p
-                for p in _other_checks(paths, bm, claims="claim" in sel.counts)
-                if p.file in sel.others or (config and p.file.startswith("$"))
+                for p in _other_checks(paths, bm, found, settings, claims="claim" in sel.counts)
+                if p.file in sel.others or (config and of_settings(p, paths.rel(paths.config)))
             ]
     # One file's problems together and in line order (checks of different kinds find them in their own order).
     problems.sort(key=lambda p: (p.file, p.line or 0))
     for problem in problems:
         out(str(problem))
+    machine: list[str] = []
     if sel.whole:  # run as root: agents that could not start at all on this machine, said before the first fails
         from ambient.cli._doctor.agents import agent_user_warnings
 
         # On stderr, not counted: the files are fine (a brain's CI may validate them where no agent runs).
-        for warning in agent_user_warnings(paths.root, settings.agent_user if settings is not None else None):
+        machine = agent_user_warnings(paths.root, settings.agent_user)
+        for warning in machine:
             say(f"warning: {warning}")
     errors = sum(1 for p in problems if p.severity == "error")
     warnings = len(problems) - errors
     drafts = sum(1 for wf in workflows.values() if not wf.spec.runnable)
+    also = f"; {_machine_count(len(machine))} about this machine above" if machine else ""
     if errors or (args.strict and warnings):
         files_hit = len({p.file for p in problems})
-        out(f"{errors} error(s), {warnings} warning(s) in {files_hit} file(s)")
+        out(f"{errors} error(s), {warnings} warning(s) in {files_hit} file(s){also}")
         return EXIT_NO
-    out(f"ok: {_checked(sel, len(workflows), drafts)}, {warnings} warning(s)")
+    out(f"ok: {_checked(sel, len(workflows), drafts)}, {warnings} warning(s){also}")
     return EXIT_OK
+
+
+def _machine_count(n: int) -> str:
+    return f"{n} warning{'s' if n > 1 else ''}"

@@ -253,7 +253,7 @@ def runner_configs(
                 Problem(
                     file=config,
                     line=line,
-                    message=f"runners.{name} is not used: the agent's file has its own ambient.runner, which wins",
+                    message=_not_used(name) + "the agent's file has its own ambient.runner, which wins",
                     severity="warning",
                 )
             )
@@ -342,6 +342,24 @@ def program_problems(paths: BrainPaths, matrix: BrainMatrix, runners: Mapping[st
 def _runner_of(name: str) -> str:
     """How a problem of an agent's runner begins (:func:`why_no_runner` finds it again by it)."""
     return f"runner of {name}: "
+
+
+def _not_used(name: str) -> str:
+    """How the warning of a ``runners:`` entry the daemon does not use begins (:func:`refused_runners`)."""
+    return f"runners.{name} is not used: "
+
+
+def refused_runners(settings: Settings, problems: Sequence[Problem], config: str) -> dict[str, Problem]:
+    """Each ``runners.<name>`` of the settings file (``config``) that the daemon does not use, with the problem that
+    says why (from :func:`runner_configs`): it does not validate (an error), or the agent's own runner wins (a
+    warning). ``ambient config show`` marks them instead of listing them as in effect."""
+    found: dict[str, Problem] = {}
+    for name in settings.runners:
+        starts = (_runner_of(name), _not_used(name))
+        hit = next((p for p in problems if p.file == config and p.message.startswith(starts)), None)
+        if hit is not None:
+            found[name] = hit
+    return found
 
 
 def _runner_config(
@@ -474,6 +492,42 @@ def _config_problem(paths: BrainPaths, lines: LineMap | None, loc: tuple[str, ..
     return Problem(file=paths.rel(paths.config), line=line, message=f"{'.'.join(loc)}: {message}")
 
 
+def settings_brain_checks(
+    paths: BrainPaths, bm: BrainMatrix, settings: Settings, lines: LineMap | None
+) -> tuple[dict[str, RunnerConfig], list[Problem]]:
+    """The settings a daemon runs with, against this brain: :func:`settings_checks`, the runner of each agent
+    (:func:`runner_configs`), the extras AI runners need, where each agent runs (:func:`cluster_checks`). The daemon
+    (:func:`load_brain`), ``ambient validate`` and ``ambient config show`` (:func:`validate_checks`) say the same."""
+    problems = settings_checks(settings, bm, paths, lines)
+    runners, runner_problems = runner_configs(bm, settings, paths, lines)
+    problems += runner_problems + extra_problems(paths, bm, runners, settings)
+    problems += cluster_checks(settings, runners, paths, lines, bm.agents, bm.unloaded)
+    return runners, problems
+
+
+def starting_settings(paths: BrainPaths, environ: Mapping[str, str]) -> tuple[SettingsFile, ChosenSettings]:
+    """``profil/ambient.yml`` and the settings a daemon starting now runs with (:func:`choose_settings`: the last
+    good copy when the file does not parse): what ``ambient validate`` and ``ambient config show`` read."""
+    found = read_settings(paths, environ)
+    last_good = None if found.settings is not None else read_last_good(paths, environ)
+    return found, choose_settings(found, environ, last_good=last_good)
+
+
+def validate_checks(
+    paths: BrainPaths, bm: BrainMatrix, settings: Settings, lines: LineMap | None
+) -> tuple[dict[str, RunnerConfig], list[Problem]]:
+    """What ``ambient validate`` reports of the settings a daemon runs with (:func:`starting_settings`) beyond the
+    files' own problems: :func:`settings_brain_checks` and the runners' programs. ``ambient config show`` prints
+    those of the settings file (:func:`of_settings`) after the file's own, so both count the same for it."""
+    runners, checks = settings_brain_checks(paths, bm, settings, lines)
+    return runners, checks + program_problems(paths, bm, runners)
+
+
+def of_settings(problem: Problem, config: str) -> bool:
+    """A problem of the settings: at their file ``config``, or an ``AMBIENT_*`` variable's (its file ``$NAME``)."""
+    return problem.file == config or problem.file.startswith("$")
+
+
 def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | None = None) -> Brain:
     """Load the whole brain, its settings as :func:`choose_settings` picks them: at a reload (``previous``) invalid
     settings keep the previous snapshot's, unless the file does not parse and a last good copy exists."""
@@ -486,10 +540,8 @@ def load_brain(paths: BrainPaths, environ: Mapping[str, str], previous: Brain | 
     settings, source = chosen.settings, chosen.source
     bm = build_matrix(paths)
     problems += bm.problems
-    problems += settings_checks(settings, bm, paths, found.lines)
-    runners, runner_problems = runner_configs(bm, settings, paths, found.lines)
-    problems += runner_problems + extra_problems(paths, bm, runners, settings)
-    problems += cluster_checks(settings, runners, paths, found.lines, bm.agents, bm.unloaded)
+    runners, checks = settings_brain_checks(paths, bm, settings, found.lines)
+    problems += checks
     agent_exists, may_spawn = spawn_checks(bm)
     workflows, wf_problems = load_workflows(
         paths,
