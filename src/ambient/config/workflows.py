@@ -42,6 +42,7 @@ from ambient.workflows.spec import (
     ChainWorkflow,
     ForEachWorkflow,
     WorkflowSpec,
+    form_model,
     parse_workflow,
     spec_hash,
 )
@@ -270,8 +271,8 @@ def _parse_workflow_bytes(
         spec = parse_workflow(data)
     except WorkflowError as exc:
         found = (
-            problems_from_validation(exc.validation, file=source, lines=lines)
-            if exc.validation is not None
+            problems_from_validation(exc.validation, file=source, lines=lines, model=form_model(data))
+            if exc.validation is not None and isinstance(data, dict)
             else [_problem(source, lines, exc.loc, exc.message)]
         )
         if isinstance(data, dict):
