@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING
 from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, say
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ambient.config.workflows import LoadedWorkflow
     from ambient.core.problems import Problem
     from ambient.kernel.routing_table import BrainMatrix
     from ambient.storage.paths import BrainPaths
@@ -65,14 +68,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--strict", action="store_true", help="count warnings as problems (exit 1)")
 
 
-def _other_checks(paths: BrainPaths, bm: BrainMatrix, *, claims: bool = True) -> list[Problem]:
-    """Problems of the configuration, agents, zones, routing, runners (and their programs) and claims (read-only:
-    nothing is swept)."""
+def _other_checks(
+    paths: BrainPaths, bm: BrainMatrix, workflows: Mapping[str, LoadedWorkflow], *, claims: bool = True
+) -> list[Problem]:
+    """Problems of the configuration, agents, zones, routing, runners (and their programs), agents the runnable
+    ``workflows`` spawn that a misspelt key keeps from their part, and claims (read-only: nothing is swept)."""
     from ambient.claims.index import census
     from ambient.claims.store import ClaimStore
     from ambient.config.brain import (
         cluster_checks,
         extra_problems,
+        misspelt_needs,
         program_problems,
         read_settings,
         runner_configs,
@@ -86,6 +92,9 @@ def _other_checks(paths: BrainPaths, bm: BrainMatrix, *, claims: bool = True) ->
     runners, runner_problems = runner_configs(bm, settings, paths, found.lines)
     problems += runner_problems + program_problems(paths, bm, runners) + extra_problems(paths, bm, runners, settings)
     problems += cluster_checks(settings, runners, paths, found.lines, bm.agents, bm.unloaded)
+    typos = misspelt_needs(bm, runners, workflows, settings.default_agents)
+    said = {(p.file, p.line) for p in typos}  # the warning of the same key says less: the error replaces it
+    problems = [p for p in problems if p.severity == "error" or (p.file, p.line) not in said] + typos
     if claims and paths.claims.is_dir():  # the census: the same reader's verdicts, only changed files parsed again
         problems += census(ClaimStore(paths, check_filesystem=False), save=False).problems
     return problems
@@ -198,7 +207,7 @@ def _validate(args: argparse.Namespace) -> int:
         workflows, problems = load_workflows(
             paths, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=bm.zone_rules, default_agents=defaults
         )
-        problems += _other_checks(paths, bm)
+        problems += _other_checks(paths, bm, workflows)
     else:
         workflows, problems = load_many(
             sel.workflows,
@@ -209,9 +218,15 @@ def _validate(args: argparse.Namespace) -> int:
         )
         if sel.others:  # the whole brain's checks, the same rule as without PATH, kept for the files named
             config = "profil/ambient.yml" in sel.others
+            # An agent file named: the workflows that spawn it are the brain's, named or not.
+            spawning = (
+                load_workflows(paths, zone_rules=bm.zone_rules, default_agents=defaults)[0]
+                if "agent" in sel.counts
+                else workflows
+            )
             problems += [
                 p
-                for p in _other_checks(paths, bm, claims="claim" in sel.counts)
+                for p in _other_checks(paths, bm, spawning, claims="claim" in sel.counts)
                 if p.file in sel.others or (config and p.file.startswith("$"))
             ]
     for problem in problems:

@@ -422,6 +422,19 @@ def _agents_named(wf: LoadedWorkflow, defaults: Mapping[str, str] | None) -> lis
     return out
 
 
+def agents_named(wf: LoadedWorkflow, defaults: Mapping[str, str] | None = None) -> list[str]:
+    """Every agent the workflow names or falls back to (a chain step's type's default agent), once each."""
+    return list(dict.fromkeys(agent for _, agent, _, _ in _agents_named(wf, defaults)))
+
+
+def spawns(
+    wf: LoadedWorkflow, zone_rules: Iterable[ZoneRule] = DEFAULT_RULES, defaults: Mapping[str, str] | None = None
+) -> list[tuple[str, str | None, list[str]]]:
+    """(agent, zone, files) of every SPAWN the workflow makes whose scope is known before it runs, rendered with
+    placeholder values: what the matrix is asked about an agent's part in it."""
+    return [(agent, zone, files) for _, agent, zone, files in _scope_for_check(wf, tuple(zone_rules), defaults)]
+
+
 def _cross_problems(
     wf: LoadedWorkflow, workflows: Mapping[str, LoadedWorkflow]
 ) -> list[tuple[Sequence[str | int], str]]:
