@@ -833,6 +833,25 @@ def test_a_typo_of_ambient_or_signals_in_a_spawned_agent_is_an_error_that_names_
             assert f"agents/mute.md:{signal_line}: 'signal' looks like 'signals'" in esc["question"], esc
 
 
+def test_a_misspelt_runner_block_is_an_error_even_when_runners_default_would_run_the_agent(brain: Brain) -> None:
+    """`ambiant:` in an agent a workflow spawns, with `runners.default` in profil/ambient.yml: the agent would run
+    on the default runner, not on the one its file holds; `ambient validate` says so as an error at the key's line.
+    `ambient: {runer: ...}`, an error already, is said once."""
+    text = agent_md("meant", ["bash", "bin/meant.sh"]).replace("\nambient:\n", "\nambiant:\n", 1)
+    brain.write("agents/meant.md", text)
+    brain.write("agents/runer.md", agent_md("runer", ["bash", "bin/runer.sh"]).replace("  runner:\n", "  runer:\n", 1))
+    brain.config("runners:\n  default: {kind: command, argv: [bash, bin/default.sh]}\n")
+    brain.write("bin/default.sh", "cat > /dev/null\n", mode=0o755)
+    brain.workflow("uses", for_each("uses", "meant", ["a"]))
+    brain.workflow("uses2", for_each("uses2", "runer", ["a"]))
+    res = brain.cli("validate")
+    assert res.rc == 1, res
+    line = text.splitlines().index("ambiant:") + 1
+    said = f"agents/meant.md:{line}: 'ambiant' looks like 'ambient': without it, meant runs on runners.default"
+    assert said in res.out, res
+    assert len([row for row in res.out.splitlines() if row.startswith("agents/runer.md:")]) == 1, res
+
+
 def test_runner_problems_name_the_agent_file_and_the_settings_line(brain: Brain) -> None:
     """A bad runner in profil/ambient.yml is reported at its line, also one an agent's own runner overrides (which
     is said to be unused); an agent's bad runner names its file under agents/."""

@@ -92,8 +92,10 @@ def _other_checks(
     runners, runner_problems = runner_configs(bm, settings, paths, found.lines)
     problems += runner_problems + program_problems(paths, bm, runners) + extra_problems(paths, bm, runners, settings)
     problems += cluster_checks(settings, runners, paths, found.lines, bm.agents, bm.unloaded)
-    typos = misspelt_needs(bm, runners, workflows, settings.default_agents)
-    said = {(p.file, p.line) for p in typos}  # the warning of the same key says less: the error replaces it
+    # At a key already said to be an error (`ambient: {runer: ...}`) nothing is added; a warning there says less.
+    erred = {(p.file, p.line) for p in problems if p.severity == "error"}
+    typos = [p for p in misspelt_needs(bm, runners, workflows, settings) if (p.file, p.line) not in erred]
+    said = {(p.file, p.line) for p in typos}
     problems = [p for p in problems if p.severity == "error" or (p.file, p.line) not in said] + typos
     if claims and paths.claims.is_dir():  # the census: the same reader's verdicts, only changed files parsed again
         problems += census(ClaimStore(paths, check_filesystem=False), save=False).problems

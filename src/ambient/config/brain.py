@@ -252,14 +252,15 @@ def misspelt_needs(
     matrix: BrainMatrix,
     runners: Mapping[str, RunnerConfig],
     workflows: Mapping[str, LoadedWorkflow],
-    default_agents: Mapping[str, str] | None = None,
+    settings: Settings,
 ) -> list[Problem]:
     """The agents a runnable workflow spawns that could not do their part because of a misspelt key of their file:
-    no runner while a key looks like ``ambient`` or ``runner``, or a RETURN to the workflow's sender refused by
-    their gate while a key looks like the one the gate lacks (``signal:`` for ``signals:``). An error at the
-    misspelt key's line, once per agent and key: every item would fail. The same look-alike in an agent only drafts
-    spawn, or none, stays the warning of its file (a frontmatter may hold other tools' keys).
-    docs/agents-and-runners.md, "Writing an agent", says this rule."""
+    no runner of their own (none at all, or ``runners.default`` in place of the one written) while a key looks like
+    ``ambient`` or ``runner``, or a RETURN to the workflow's sender refused by their gate while a key looks like the
+    one the gate lacks (``signal:`` for ``signals:``). An error at the misspelt key's line, once per agent and key:
+    every item would fail or run on another runner. The same look-alike in an agent only drafts spawn, or none,
+    stays the warning of its file (a frontmatter may hold other tools' keys). docs/agents-and-runners.md, "Writing
+    an agent", says this rule."""
     found: dict[tuple[str, int | None, str], Problem] = {}
 
     def add(typo: Problem | None, why: str, wf: LoadedWorkflow) -> None:
@@ -270,12 +271,13 @@ def misspelt_needs(
     for wf in workflows.values():
         if not wf.spec.runnable:
             continue
-        for agent in agents_named(wf, default_agents):
+        for agent in agents_named(wf, settings.default_agents):
             spec = matrix.agents.get(agent)
-            if spec is not None and agent not in runners:
-                add(lookalike(spec, RUNNER_KEY), f"{agent} has no runner", wf)
+            if spec is not None and spec.runner is None and agent not in settings.runners:
+                why = f"{agent} runs on runners.default" if agent in runners else f"{agent} has no runner"
+                add(lookalike(spec, RUNNER_KEY), why, wf)
         sender = wf.spec.sender
-        for agent, zone, files in spawns(wf, matrix.zone_rules, default_agents):
+        for agent, zone, files in spawns(wf, matrix.zone_rules, settings.default_agents):
             if agent not in matrix.agents:
                 continue
             answer = decide(matrix.matrix, agent, sender, "RETURN", zone, files, matrix.zone_rules)
