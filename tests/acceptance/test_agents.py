@@ -467,6 +467,26 @@ def test_exit_2_to_255_a_signal_or_invalid_output_is_an_error(table: Brain) -> N
     assert "JSON" in escs["two-objects"]["question"] and "JSON" in escs["not-json"]["question"]
 
 
+def test_invalid_output_is_quoted_as_text_with_control_characters_escaped(brain: Brain) -> None:
+    """An agent that prints prose instead of its JSON answer: the error quotes the start of its stdout as text in
+    double quotes, control characters escaped (an ESC cannot reach the person's terminal), never as Python bytes."""
+    brain.python_agent(
+        "chatty",
+        """
+        import json, sys
+        json.load(sys.stdin)
+        sys.stdout.write('Sure! Here is "the" answer\\x1b[2J\\n{"status": "ok"}\\n')
+    """,
+    )
+    brain.workflow("chat", for_each("chat", "chatty", ["a"]))
+    brain.until_idle()
+    [esc] = brain.escalations()
+    assert esc["kind"] == "error", esc
+    assert "agent stdout is not one JSON object" in esc["question"], esc
+    assert '(stdout starts "Sure! Here is \\"the\\" answer\\u001b[2J\\n{\\"status\\": ' in esc["question"], esc
+    assert "b'" not in esc["question"] and "\x1b" not in esc["question"], esc
+
+
 def test_an_escalate_answer_is_a_decision_for_the_person(table: Brain) -> None:
     """Output: `{"signal": "ESCALATE", "options": [...], "question": ...}` → a decision for the person."""
     esc = escalation_by_item(table)["escalate"]
@@ -764,6 +784,72 @@ def test_typos_in_the_blocks_ambient_reads_are_named_at_their_line(brain: Brain)
     runer = text.splitlines().index("  runner:") + 1
     assert f"agents/typist.md:{brian}: warning: unknown key 'brian'; did you mean 'brain'?" in res.out, res
     assert f"agents/typist.md:{runer}: ambient.runer: unknown key; did you mean 'runner'?" in res.out, res
+
+
+def test_a_typo_of_ambient_or_signals_in_a_spawned_agent_is_an_error_that_names_the_key_and_its_line(
+    brain: Brain,
+) -> None:
+    """`ambiant:` for `ambient:` (the agent gets no runner) and `signal:` for `signals:` under `brain.ipc` (it emits
+    nothing): once a runnable workflow spawns the agent, `ambient validate` says so as an error at the misspelt key's
+    line, and each item's escalation names that key and its line, not only "declare a runner" or "emits nothing".
+    While only a draft spawns them, they stay warnings (an agent file may hold other tools' keys)."""
+    ok = "import json, sys\njson.load(sys.stdin)\nprint(json.dumps({'status': 'ok'}))\n"
+    brain.write("bin/ok.py", ok)
+    norunner = agent_md("norunner", ["{{python}}", "bin/ok.py"]).replace("\nambient:\n", "\nambiant:\n", 1)
+    mute = agent_md("mute", ["{{python}}", "bin/ok.py"]).replace("    signals: ", "    signal: ", 1)
+    brain.write("agents/norunner.md", norunner)
+    brain.write("agents/mute.md", mute)
+    ambiant = norunner.splitlines().index("ambiant:") + 1
+    signal_line = next(n for n, row in enumerate(mute.splitlines(), 1) if row.startswith("    signal: "))
+    for agent in ("norunner", "mute"):
+        brain.workflow(f"use-{agent}", "status: draft\n" + for_each(f"use-{agent}", agent, ["a", "b"]))
+    drafts = brain.cli("validate")
+    assert drafts.rc == 0, drafts
+    assert "looks like" not in drafts.out, drafts
+
+    for agent in ("norunner", "mute"):
+        brain.workflow(f"use-{agent}", for_each(f"use-{agent}", agent, ["a", "b"]))
+    res = brain.cli("validate")
+    assert res.rc == 1, res
+    said = {line.split(": ", 1)[0]: line for line in res.out.splitlines()}
+    assert "'ambiant' looks like 'ambient'" in said[f"agents/norunner.md:{ambiant}"], res
+    assert "'signal' looks like 'signals'" in said[f"agents/mute.md:{signal_line}"], res
+    for line in (said[f"agents/norunner.md:{ambiant}"], said[f"agents/mute.md:{signal_line}"]):
+        assert ": warning: " not in line, res
+    assert "workflow use-norunner" in said[f"agents/norunner.md:{ambiant}"], res
+    assert "workflow use-mute" in said[f"agents/mute.md:{signal_line}"], res
+
+    brain.until_idle()
+    escs = brain.escalations()
+    assert len(escs) == 4, escs
+    for esc in escs:
+        if esc["agent"] == "norunner":
+            assert (
+                f"agent 'norunner' has no runner: agents/norunner.md:{ambiant}: 'ambiant' looks like 'ambient'"
+                in (esc["question"])
+            ), esc
+        else:
+            assert "mute emits nothing; RETURN is not one of them" in esc["question"], esc
+            assert f"agents/mute.md:{signal_line}: 'signal' looks like 'signals'" in esc["question"], esc
+
+
+def test_a_misspelt_runner_block_is_an_error_even_when_runners_default_would_run_the_agent(brain: Brain) -> None:
+    """`ambiant:` in an agent a workflow spawns, with `runners.default` in profil/ambient.yml: the agent would run
+    on the default runner, not on the one its file holds; `ambient validate` says so as an error at the key's line.
+    `ambient: {runer: ...}`, an error already, is said once."""
+    text = agent_md("meant", ["bash", "bin/meant.sh"]).replace("\nambient:\n", "\nambiant:\n", 1)
+    brain.write("agents/meant.md", text)
+    brain.write("agents/runer.md", agent_md("runer", ["bash", "bin/runer.sh"]).replace("  runner:\n", "  runer:\n", 1))
+    brain.config("runners:\n  default: {kind: command, argv: [bash, bin/default.sh]}\n")
+    brain.write("bin/default.sh", "cat > /dev/null\n", mode=0o755)
+    brain.workflow("uses", for_each("uses", "meant", ["a"]))
+    brain.workflow("uses2", for_each("uses2", "runer", ["a"]))
+    res = brain.cli("validate")
+    assert res.rc == 1, res
+    line = text.splitlines().index("ambiant:") + 1
+    said = f"agents/meant.md:{line}: 'ambiant' looks like 'ambient': without it, meant runs on runners.default"
+    assert said in res.out, res
+    assert len([row for row in res.out.splitlines() if row.startswith("agents/runer.md:")]) == 1, res
 
 
 def test_runner_problems_name_the_agent_file_and_the_settings_line(brain: Brain) -> None:

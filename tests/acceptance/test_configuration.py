@@ -135,6 +135,17 @@ def test_a_typo_is_an_error_with_its_line(brain: Brain) -> None:
     assert any(f.get("line") == 4 or "profil/ambient.yml:4" in f["message"] for f in doctor.json()["findings"]), doctor
 
 
+def test_a_string_where_a_block_is_expected_says_a_mapping_is_expected_in_plain_words(brain: Brain) -> None:
+    """`notify: "json://..."` (a URL where the notify block goes) is an error at its line that says a mapping is
+    expected and shows its keys, never pydantic's "instance of NotifySettings"."""
+    brain.config('tick_seconds: 5\nnotify: "json://127.0.0.1:9/hook"\n')
+    res = brain.cli("validate")
+    assert res.rc == 1, res
+    [line] = [row for row in res.out.splitlines() if row.startswith("profil/ambient.yml:2: ")]
+    assert "notify: expected a mapping" in line and "urls: [...]" in line, res
+    assert "instance of" not in res.out and "NotifySettings" not in res.out, res
+
+
 def test_config_show_prints_effective_values_with_their_source_and_masks_secrets(brain: Brain) -> None:
     """`ambient config show [--json]`: each effective value and where it comes from (file:line, $VAR, default);
     notification URLs masked."""

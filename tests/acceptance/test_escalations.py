@@ -317,6 +317,32 @@ def test_decide_exit_codes_and_a_refused_answer_changes_nothing(brain: Brain) ->
     assert _all(brain)[esc["id"]]["decision"] == "skip"
 
 
+def test_decide_with_a_misspelt_option_says_the_option_it_looks_like(brain: Brain) -> None:
+    """`ambient decide ID aprove` is refused (exit 2, nothing changes) with the options offered and the one it looks
+    like: `did you mean 'approve'?`, as a misspelt command is told."""
+    brain.python_agent("worker", OK)
+    brain.workflow(
+        "ship",
+        """
+        name: ship
+        chain:
+          - {step: 1, type: deploy, scope: infrastructure/app/, agents: [worker], gate: human}
+    """,
+    )
+    brain.until_idle()
+    [esc] = brain.escalations()
+    assert "approve" in [o["key"] for o in esc["options"]], esc
+    before = _tree_digest(brain.root)
+    res = brain.decide(esc["id"], "aprove")
+    assert res.rc == 2, res
+    assert "does not offer 'aprove'" in res.err and "approve" in res.err.split("does not offer", 1)[1], res
+    assert "did you mean 'approve'?" in res.err, res
+    assert _tree_digest(brain.root) == before
+    far = brain.decide(esc["id"], "maybe")
+    assert far.rc == 2 and "did you mean" not in far.err, far
+    assert brain.decide(esc["id"], "approve").rc == 0
+
+
 def test_the_running_daemon_resumes_at_once_when_you_decide(brain: Brain) -> None:
     """The running daemon sees the answer at once (a file event, not its 30 s tick) and resumes the run."""
     brain.python_agent("deploy", FLAKY)

@@ -441,6 +441,29 @@ def test_a_typo_in_a_required_key_says_which_it_misspells(brain: Brain) -> None:
     assert "is 'spwan' a misspelling of 'spawn'?" in res.out, res
 
 
+def test_a_typo_in_a_nested_block_says_the_key_it_looks_like_at_its_line(brain: Brain) -> None:
+    """`backof:` under `retry:` and `optons:` under `on_escalate:` are unknown keys named at their line with the key
+    they look like, as every other key of a workflow is (never pydantic's "Extra inputs are not permitted")."""
+    brain.python_agent("worker", OK_AGENT)
+    brain.workflow(
+        "typo",
+        """
+        workflow: typo
+        for_each: {items: [a], spawn: worker}
+        retry:
+          attempts: 2
+          backof: 5s
+        on_escalate:
+          optons: [retry, skip]
+    """,
+    )
+    res = brain.cli("validate")
+    assert res.rc == 1, res
+    assert "workflows/typo.yml:5: retry.backof: unknown key; did you mean 'backoff'?" in res.out, res
+    assert "workflows/typo.yml:7: on_escalate.optons: unknown key; did you mean 'options'?" in res.out, res
+    assert "Extra inputs" not in res.out, res
+
+
 def test_an_unknown_key_on_a_step_is_an_error_and_the_chain_never_runs(brain: Brain) -> None:
     """`gaet: human` on a deploy step is refused (a deploy would run without its human gate)."""
     brain.python_agent("worker", OK_AGENT)

@@ -91,11 +91,11 @@ def _suggest(word: str | None, commands: set[str]) -> None:
     """``did you mean 'stats' or 'status'?`` under argparse's error, for a command word close to one or two."""
     if word is None or word in commands:
         return
-    import difflib
+    from ambient.core.problems import did_you_mean  # only when argparse refused the command line
 
-    close = difflib.get_close_matches(word, sorted(commands), n=2)
-    if close:
-        say(f"did you mean {' or '.join(repr(c) for c in close)}?")
+    hint = did_you_mean(word, commands)
+    if hint:
+        say(hint)
 
 
 def _choices(parser: argparse.ArgumentParser) -> set[str]:

@@ -18,8 +18,11 @@ from typing import TYPE_CHECKING
 from ambient.cli._common import EXIT_NO, EXIT_OK, EXIT_USAGE, add_command, brain_dir, fail, out, say
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ambient.config.brain import SettingsFile
     from ambient.config.settings import Settings
+    from ambient.config.workflows import LoadedWorkflow
     from ambient.core.problems import Problem
     from ambient.kernel.routing_table import BrainMatrix
     from ambient.storage.paths import BrainPaths
@@ -68,16 +71,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _other_checks(
-    paths: BrainPaths, bm: BrainMatrix, found: SettingsFile, settings: Settings, *, claims: bool = True
+    paths: BrainPaths,
+    bm: BrainMatrix,
+    found: SettingsFile,
+    settings: Settings,
+    workflows: Mapping[str, LoadedWorkflow],
+    *,
+    claims: bool = True,
 ) -> list[Problem]:
-    """Problems of the configuration, agents, zones, routing, runners (and their programs) and claims (read-only:
-    nothing is swept), ``settings`` those a daemon runs with."""
+    """Problems of the configuration, agents, zones, routing, runners (and their programs), agents the runnable
+    ``workflows`` spawn that a misspelt key keeps from their part, and claims (read-only: nothing is swept);
+    ``settings`` those a daemon runs with."""
     from ambient.claims.index import census
     from ambient.claims.store import ClaimStore
-    from ambient.config.brain import validate_checks
+    from ambient.config.brain import misspelt_needs, validate_checks
 
-    _runners, checks = validate_checks(paths, bm, settings, found.lines)
+    runners, checks = validate_checks(paths, bm, settings, found.lines)
     problems = found.problems + bm.problems + checks
+    # At a key already said to be an error (`ambient: {runer: ...}`) nothing is added; a warning there says less.
+    erred = {(p.file, p.line) for p in problems if p.severity == "error"}
+    typos = [p for p in misspelt_needs(bm, runners, workflows, settings) if (p.file, p.line) not in erred]
+    said = {(p.file, p.line) for p in typos}
+    problems = [p for p in problems if p.severity == "error" or (p.file, p.line) not in said] + typos
     if claims and paths.claims.is_dir():  # the census: the same reader's verdicts, only changed files parsed again
         problems += census(ClaimStore(paths, check_filesystem=False), save=False).problems
     return problems
@@ -190,7 +205,7 @@ def _validate(args: argparse.Namespace) -> int:
         workflows, problems = load_workflows(
             paths, agent_exists=agent_exists, may_spawn=may_spawn, zone_rules=bm.zone_rules, default_agents=defaults
         )
-        problems += _other_checks(paths, bm, found, settings)
+        problems += _other_checks(paths, bm, found, settings, workflows)
     else:
         workflows, problems = load_many(
             sel.workflows,
@@ -201,9 +216,15 @@ def _validate(args: argparse.Namespace) -> int:
         )
         if sel.others:  # the whole brain's checks, the same rule as without PATH, kept for the files named
             config = paths.rel(paths.config) in sel.others
+            # An agent file named: the workflows that spawn it are the brain's, named or not.
+            spawning = (
+                load_workflows(paths, zone_rules=bm.zone_rules, default_agents=defaults)[0]
+                if "agent" in sel.counts
+                else workflows
+            )
             problems += [
                 p
-                for p in _other_checks(paths, bm, found, settings, claims="claim" in sel.counts)
+                for p in _other_checks(paths, bm, found, settings, spawning, claims="claim" in sel.counts)
                 if p.file in sel.others or (config and of_settings(p, paths.rel(paths.config)))
             ]
     # One file's problems together and in line order (checks of different kinds find them in their own order).

@@ -20,12 +20,20 @@ from pydantic import ValidationError
 
 from ambient.cluster.protocol import AI_ON_WORKERS, dispatch_map
 from ambient.config.settings import Settings, env_paths, settings_from, settings_salvaged
-from ambient.config.workflows import AgentExists, KnownAgents, LoadedWorkflow, MaySpawn, load_workflows
+from ambient.config.workflows import (
+    AgentExists,
+    KnownAgents,
+    LoadedWorkflow,
+    MaySpawn,
+    agents_named,
+    load_workflows,
+    spawns,
+)
 from ambient.core.errors import InputError, RunnerConfigError
 from ambient.core.problems import Problem, Severity
 from ambient.core.redact import is_url
-from ambient.kernel.agents import AgentSpec, why_absent
-from ambient.kernel.matrix import decide
+from ambient.kernel.agents import GATE_KEY_OF_RULE, RUNNER_KEY, AgentSpec, lookalike, why_absent
+from ambient.kernel.matrix import Decision, decide
 from ambient.kernel.routing_table import BrainMatrix, build_matrix
 from ambient.runners.runner_config import CommandRunnerConfig, RunnerConfig, parse_runner_config
 from ambient.storage.fsutil import PRIVATE_FILE, atomic_write, read_capped
@@ -223,9 +231,62 @@ def spawn_checks(matrix: BrainMatrix) -> tuple[AgentExists, MaySpawn]:
         decision = decide(matrix.matrix, sender, agent, "SPAWN", zone, files, matrix.zone_rules)
         if decision.allowed:
             return None
-        return decision.reasons[-1] if decision.reasons else "denied by the access matrix"
+        reason = decision.reasons[-1] if decision.reasons else "denied by the access matrix"
+        return reason + gate_typo(matrix, decision, sender, agent)
 
     return agent_exists, may_spawn
+
+
+def gate_typo(matrix: BrainMatrix, decision: Decision, sender: str, receiver: str) -> str:
+    """`` (agents/h4.md:14: 'signal' looks like 'signals')`` after a denial made by an agent's own gate when its file
+    has a key that looks like the one the gate lacks (:func:`~ambient.kernel.agents.lookalike`); '' otherwise."""
+    whose = GATE_KEY_OF_RULE.get(decision.rule)
+    if whose is None:
+        return ""
+    role, key = whose
+    spec = matrix.agents.get(sender if role == "sender" else receiver)
+    typo = lookalike(spec, key) if spec is not None else None
+    return f" ({typo})" if typo is not None else ""
+
+
+def misspelt_needs(
+    matrix: BrainMatrix,
+    runners: Mapping[str, RunnerConfig],
+    workflows: Mapping[str, LoadedWorkflow],
+    settings: Settings,
+) -> list[Problem]:
+    """The agents a runnable workflow spawns that could not do their part because of a misspelt key of their file:
+    no runner of their own (none at all, or ``runners.default`` in place of the one written) while a key looks like
+    ``ambient`` or ``runner``, or a RETURN to the workflow's sender refused by their gate while a key looks like the
+    one the gate lacks (``signal:`` for ``signals:``). An error at the misspelt key's line, once per agent and key:
+    every item would fail or run on another runner. The same look-alike in an agent only drafts spawn, or none,
+    stays the warning of its file (a frontmatter may hold other tools' keys). docs/agents-and-runners.md, "Writing
+    an agent", says this rule."""
+    found: dict[tuple[str, int | None, str], Problem] = {}
+
+    def add(typo: Problem | None, why: str, wf: LoadedWorkflow) -> None:
+        if typo is not None:
+            message = f"{typo.message}: without it, {why}, and workflow {wf.name} spawns it ({wf.source})"
+            found.setdefault((typo.file, typo.line, typo.message), typo.model_copy(update={"message": message}))
+
+    for wf in workflows.values():
+        if not wf.spec.runnable:
+            continue
+        for agent in agents_named(wf, settings.default_agents):
+            spec = matrix.agents.get(agent)
+            if spec is not None and spec.runner is None and agent not in settings.runners:
+                why = f"{agent} runs on runners.default" if agent in runners else f"{agent} has no runner"
+                add(lookalike(spec, RUNNER_KEY), why, wf)
+        sender = wf.spec.sender
+        for agent, zone, files in spawns(wf, matrix.zone_rules, settings.default_agents):
+            if agent not in matrix.agents:
+                continue
+            answer = decide(matrix.matrix, agent, sender, "RETURN", zone, files, matrix.zone_rules)
+            whose = GATE_KEY_OF_RULE.get(answer.rule)
+            if not answer.allowed and whose is not None and whose[0] == "sender":
+                reason = answer.reasons[-1] if answer.reasons else answer.rule
+                add(lookalike(matrix.agents[agent], whose[1]), reason, wf)
+    return list(found.values())
 
 
 def runner_configs(
@@ -393,6 +454,9 @@ def why_no_runner(brain: Brain, name: str) -> str:
     bad = next((p for p in brain.errors if p.message.startswith(_runner_of(name))), None)
     if bad is not None:
         return f"agent {name!r} has no runner that validates: {bad}"
+    typo = lookalike(brain.matrix.agents[name], RUNNER_KEY)
+    if typo is not None:
+        return f"agent {name!r} has no runner: {typo}"
     return (
         f"agent {name!r} has no runner: declare `ambient: runner:` in agents/{name}.md "
         f"or `runners: {name}:` in profil/ambient.yml"

@@ -42,6 +42,7 @@ from ambient.workflows.spec import (
     ChainWorkflow,
     ForEachWorkflow,
     WorkflowSpec,
+    form_model,
     parse_workflow,
     spec_hash,
 )
@@ -270,8 +271,8 @@ def _parse_workflow_bytes(
         spec = parse_workflow(data)
     except WorkflowError as exc:
         found = (
-            problems_from_validation(exc.validation, file=source, lines=lines)
-            if exc.validation is not None
+            problems_from_validation(exc.validation, file=source, lines=lines, model=form_model(data))
+            if exc.validation is not None and isinstance(data, dict)
             else [_problem(source, lines, exc.loc, exc.message)]
         )
         if isinstance(data, dict):
@@ -419,6 +420,19 @@ def _agents_named(wf: LoadedWorkflow, defaults: Mapping[str, str] | None) -> lis
                     a = spec.agent_for_spawn(action, defaults)
                     out.append((("chain", i, field), a, f"{field}: {format_action(action)}: agent {a!r} ", ""))
     return out
+
+
+def agents_named(wf: LoadedWorkflow, defaults: Mapping[str, str] | None = None) -> list[str]:
+    """Every agent the workflow names or falls back to (a chain step's type's default agent), once each."""
+    return list(dict.fromkeys(agent for _, agent, _, _ in _agents_named(wf, defaults)))
+
+
+def spawns(
+    wf: LoadedWorkflow, zone_rules: Iterable[ZoneRule] = DEFAULT_RULES, defaults: Mapping[str, str] | None = None
+) -> list[tuple[str, str | None, list[str]]]:
+    """(agent, zone, files) of every SPAWN the workflow makes whose scope is known before it runs, rendered with
+    placeholder values: what the matrix is asked about an agent's part in it."""
+    return [(agent, zone, files) for _, agent, zone, files in _scope_for_check(wf, tuple(zone_rules), defaults)]
 
 
 def _cross_problems(

@@ -12,6 +12,7 @@ decode to the same text.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Final
 
@@ -70,3 +71,10 @@ def control_character(text: str) -> str | None:
     """The first character of ``text`` :func:`one_line` would escape, as its escape (``\\n``), or None."""
     found = _LINE_BREAKING.search(text)
     return None if found is None else _escape_short(found)
+
+
+def quoted(text: str) -> str:
+    """``text`` between double quotes, as a JSON string: quotes, backslashes and every character :func:`printable`
+    escapes written as escapes (``\\n``, ``\\u001b``), so a quote of what a program printed reads as text and cannot
+    act on the terminal."""
+    return printable_json(json.dumps(text, ensure_ascii=False))

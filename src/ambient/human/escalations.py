@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ambient.core.errors import AlreadyAnsweredError, InputError, InvalidOptionError, StateError, UnknownEscalationError
+from ambient.core.problems import did_you_mean
 
 #: permission: a tool call an AI agent waits on the person for; budget: a run reached a budget (ambient.engine.budget);
 #: provider: the model provider refused the key or cannot be reached (the run holds).
@@ -378,7 +379,12 @@ def option_for(esc: Escalation, choice: str) -> Option:
             if opt.key.casefold() == raw.casefold():
                 return opt
     offered = ", ".join(f"{n}) {o.key} ({o.label})" for n, o in enumerate(esc.options, start=1))
-    raise InvalidOptionError(f"{esc.id} does not offer {choice!r}; answer with a name or number among: {offered}")
+    hint = "" if raw.isdigit() else did_you_mean(raw, (o.key for o in esc.options))
+    raise InvalidOptionError(
+        f"{esc.id} does not offer {choice!r}"
+        + (f" ({hint})" if hint else "")
+        + f"; answer with a name or number among: {offered}"
+    )
 
 
 def decide(

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +24,7 @@ from ambient.kernel.packet import BROADCAST, NAME_PATTERN
 from ambient.storage.fsutil import iter_files, read_capped
 from ambient.storage.paths import BrainPaths
 from ambient.storage.yamlfile import MAX_AGENT_BYTES, LineMap, decode, parse_yaml, split_frontmatter
+from ambient.storage.yamltext import misspelled
 
 _NAME_RE = re.compile(NAME_PATTERN)
 
@@ -35,6 +36,7 @@ class AgentSpec(BaseModel):
 
     name: str
     path: Path
+    source: str = ""  # the file as problems name it (brain-relative: agents/deploy.md)
     line: int = 1  # line of the ``name:`` key (1 when the name comes from the file name)
     ipc: IpcGate | None = None
     ipc_line: int | None = None
@@ -77,6 +79,7 @@ def load_agent(path: Path, *, source: str) -> tuple[AgentSpec | None, list[Probl
     spec = AgentSpec(
         name=name,
         path=path,
+        source=source,
         line=line,
         ipc=ipc,
         ipc_line=ipc_line,
@@ -250,6 +253,42 @@ def _runner(
         problems.append(Problem(file=source, line=rline, message="ambient.runner must be a mapping (kind: ...)"))
         return None, None
     return runner, rline
+
+
+#: Where ambient reads an agent's runner in its frontmatter.
+RUNNER_KEY: Final = ("ambient", "runner")
+
+#: The matrix rules that refuse a packet because of an agent's own gate: whose gate (the packet's sender or its
+#: receiver) and the frontmatter key that gate lacks or that says no.
+GATE_KEY_OF_RULE: Final[Mapping[str, tuple[str, tuple[str, ...]]]] = {
+    "sender.no-gate": ("sender", ("brain", "ipc")),
+    "sender.signals": ("sender", ("brain", "ipc", "signals")),
+    "sender.sends_to": ("sender", ("brain", "ipc", "sends_to")),
+    "zone.sender": ("sender", ("brain", "ipc", "zone_access")),
+    "receiver.no-gate": ("receiver", ("brain", "ipc")),
+    "receiver.receives_from": ("receiver", ("brain", "ipc", "receives_from")),
+    "zone.receiver": ("receiver", ("brain", "ipc", "zone_access")),
+}
+
+
+def lookalike(spec: AgentSpec, key: Sequence[str]) -> Problem | None:
+    """The key of the agent's frontmatter that looks like a key ambient reads and the file lacks: ``key`` or a block
+    on its way (``ambiant:`` for ``ambient:`` on the way to ``ambient.runner``, ``signal:`` for ``brain.ipc.signals``),
+    at its line: ``agents/h3.md:5: 'ambiant' looks like 'ambient'``. None when every key on the way is there or none
+    looks like the missing one. The one home of what makes a missing key a typo (docs/agents-and-runners.md,
+    "Writing an agent")."""
+    node: Any = {"name": spec.name, **spec.extras}
+    for depth, part in enumerate(key):
+        if not isinstance(node, Mapping):
+            return None
+        if part not in node:
+            typo = misspelled(part, node)
+            if typo is None:
+                return None
+            line = spec.lines.line_for((*key[:depth], typo))
+            return Problem(file=spec.source or spec.path.name, line=line, message=f"{typo!r} looks like {part!r}")
+        node = node[part]
+    return None
 
 
 @dataclass(frozen=True)

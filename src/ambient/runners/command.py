@@ -27,6 +27,7 @@ from typing import Any
 from ambient.core.errors import InputError, SetupError, SpawnTemplateError, StdinError
 from ambient.core.health import describe, resource_of
 from ambient.core.lazylog import get_logger
+from ambient.core.terminal import quoted
 from ambient.runners.agent_env import agent_cwd, build_env, encode_packet
 from ambient.runners.answer import interpret_output, stated_error
 from ambient.runners.argv import render_argv
@@ -346,7 +347,12 @@ def _parse_stdout(data: bytes) -> tuple[object, str | None]:
     except RecursionError:
         return None, "agent stdout is JSON nested too deeply"
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        return None, f"agent stdout is not one JSON object: {str(exc)[:200]} (stdout starts {data[:60]!r})"
+        start = quoted(data[: _SHOWN * 4].decode("utf-8", "replace")[:_SHOWN])
+        return None, f"agent stdout is not one JSON object: {str(exc)[:200]} (stdout starts {start})"
+
+
+#: How many characters of an agent's stdout an error about it quotes.
+_SHOWN = 60
 
 
 def _last_line(text: str) -> str:

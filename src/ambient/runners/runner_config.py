@@ -17,7 +17,14 @@ from ambient.core.errors import InputError, RunnerConfigError
 from ambient.core.pathrules import normalize
 from ambient.core.problems import Problem
 from ambient.runners.argv import check_argv
-from ambient.storage.yamltext import LineMap, known_keys, misspelled, unknown_key_hint
+from ambient.storage.yamltext import (
+    MAPPING_EXPECTED,
+    LineMap,
+    known_keys,
+    mapping_expected,
+    misspelled,
+    unknown_key_hint,
+)
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -322,7 +329,8 @@ def _problems(
             hint = unknown_key_hint(str(loc[-1]), known_keys(model, loc[:-1])) if model and loc else ""
             message = f"{'.'.join(map(str, loc))}: unknown key for a {kind} runner" + (f"; {hint}" if hint else "")
         else:
-            text = err["msg"].removeprefix("Value error, ")
+            text = mapping_expected(model, loc) if err["type"] in MAPPING_EXPECTED else err["msg"]
+            text = text.removeprefix("Value error, ")
             message = f"{'.'.join(map(str, loc)) or kind}: {text}"
             inp = err.get("input")
             missing = err["type"] == "missing" and bool(loc) and isinstance(inp, Mapping)

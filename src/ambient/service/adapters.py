@@ -17,7 +17,7 @@ from ambient.claims.locks import LockGrant, LockManager
 from ambient.claims.preflight import PreflightProblem, exit_code
 from ambient.claims.snapshot import run_preflight
 from ambient.cluster.dispatch import Dispatcher
-from ambient.config.brain import Brain, why_no_runner
+from ambient.config.brain import Brain, gate_typo, why_no_runner
 from ambient.core.clock import Clock
 from ambient.core.errors import AmbientError, LockHeldError, PacketError
 from ambient.core.lazylog import get_logger
@@ -109,7 +109,8 @@ class AgentDelegate:
             return AttemptResult(result="error", error=f"SPAWN refused: {exc.message}")
         sent = await self.router.send(spawn, Channel.internal(a.sender))
         if not sent.ok or sent.packet is None:
-            return AttemptResult(result="error", error=f"SPAWN denied by the router: {sent.reason}")
+            why = sent.reason + (gate_typo(brain.matrix, sent.decision, a.sender, a.agent) if sent.decision else "")
+            return AttemptResult(result="error", error=f"SPAWN denied by the router: {why}")
         grants: list[LockGrant] = []
         guard = LeaseGuard()
         try:
@@ -273,7 +274,8 @@ class AgentDelegate:
         if not back.ok:
             # An exit or a crash becomes an ERROR the agent's gate may not list: its cause leads, the refusal follows.
             cause = res.error or (_detail(res.context) if res.status in ("blocked", "error") else None)
-            denied = f"the agent's {signal} was denied: {back.reason}"
+            typo = gate_typo(self.ref.brain.matrix, back.decision, a.agent, a.sender) if back.decision else ""
+            denied = f"the agent's {signal} was denied: {back.reason}{typo}"
             return AttemptResult(
                 result="error",
                 error=f"{cause} ({denied})" if cause else denied,

@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ambient.core.errors import YamlError
-from ambient.core.problems import Problem
+from ambient.core.problems import Problem, did_you_mean
 
 MAX_DEPTH = 64
 #: Longest a document may take to read when a clock is given (a brain file is read in milliseconds; 1 MiB of the
@@ -597,6 +597,8 @@ def problems_from_validation(
         if err["type"] == "extra_forbidden" and model is not None and loc:
             hint = unknown_key_hint(str(loc[-1]), known_keys(model, loc[:-1]))
             msg = f"unknown key; {hint}" if hint else "unknown key"
+        elif err["type"] in MAPPING_EXPECTED:
+            msg = mapping_expected(model, loc)
         var = next((v for v, path in (env or {}).items() if loc[: len(path)] == path), None)
         if var is not None:
             out.append(Problem(file=f"${var}", message=f"{where}: {msg}{got}"))
@@ -605,25 +607,48 @@ def problems_from_validation(
     return out
 
 
+#: pydantic's error types for a value that should have been a block of keys: their own words name the model's class
+#: (``valid dictionary or instance of NotifySettings``), a name from the code the person never wrote.
+MAPPING_EXPECTED = frozenset({"model_type", "model_attributes_type", "dataclass_type", "dict_type"})
+
+
+def mapping_expected(model: type[BaseModel] | None, loc: Sequence[str | int]) -> str:
+    """What to say of a value that should have been a mapping, in the file's words: ``expected a mapping (key:
+    value), e.g. notify: {urls: [...]}; its keys: urls, results, ...``, the keys ``model`` has at ``loc``."""
+    found = _model_in(_annotation_at(model, loc)) if model is not None and loc else None
+    keys = list(found.model_fields) if found is not None else []
+    if found is None or not keys:
+        return "expected a mapping (key: value)"
+    first = found.model_fields[keys[0]].annotation
+    listed = typing.get_origin(first) in (list, tuple, set, frozenset) or first in (list, tuple, set, frozenset)
+    example = f"{loc[-1]}: {{{keys[0]}: {'[...]' if listed else '...'}}}"
+    return f"expected a mapping (key: value), e.g. {example}; its keys: {', '.join(keys)}"
+
+
 def unknown_key_hint(key: str, known: Sequence[str]) -> str:
     """What to say after ``unknown key``: the known key it looks like, else the keys there are ('' if none known).
     Every unknown key of a file ambient reads is said this way."""
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75) if known else []
-    if close:
-        return f"did you mean {close[0]!r}?"
+    hint = did_you_mean(key, known, n=1, cutoff=0.75)
+    if hint:
+        return hint
     return f"the keys here: {', '.join(known)}" if known else ""
 
 
 def known_keys(model: type[BaseModel], prefix: Sequence[str | int] = ()) -> list[str]:
     """The keys a model accepts at ``prefix`` (through nested models; [] where a free mapping is)."""
+    found = _model_in(_annotation_at(model, prefix))
+    return list(found.model_fields) if found is not None else []
+
+
+def _annotation_at(model: type[BaseModel], prefix: Sequence[str | int]) -> Any:
+    """The annotation of the field at ``prefix`` through nested models (the model itself at ``()``), else None."""
     current: Any = model
     for part in prefix:
         current = _model_in(current)
         if current is None or str(part) not in current.model_fields:
-            return []
+            return None
         current = current.model_fields[str(part)].annotation
-    found = _model_in(current)
-    return list(found.model_fields) if found is not None else []
+    return current
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

@@ -517,6 +517,12 @@ def detect_form(data: Mapping[str, Any]) -> Form:
     )
 
 
+def form_model(data: Mapping[str, Any]) -> type[ForEachWorkflow] | type[ChainWorkflow]:
+    """The model a workflow document is validated against, by its form (:func:`detect_form`): the shell names an
+    unknown key with the keys this model has at its place."""
+    return ForEachWorkflow if detect_form(data) == "for_each" else ChainWorkflow
+
+
 def parse_workflow(data: Any) -> WorkflowSpec:
     """Validate a workflow document (a mapping) into its spec.
 
@@ -529,11 +535,8 @@ def parse_workflow(data: Any) -> WorkflowSpec:
     bad_keys = [k for k in data if not isinstance(k, str)]
     if bad_keys:
         raise WorkflowError(f"top-level key {bad_keys[0]!r} is not text; quote it")
-    model: type[ForEachWorkflow] | type[ChainWorkflow] = (
-        ForEachWorkflow if detect_form(data) == "for_each" else ChainWorkflow
-    )
     try:
-        return model.model_validate(data)
+        return form_model(data).model_validate(data)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "(document)"

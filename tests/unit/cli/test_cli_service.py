@@ -240,5 +240,5 @@ def test_bad_override_is_blamed_on_its_variable(
     monkeypatch.setenv("AMBIENT_NOTIFY_URLS", TOKEN_URL)
     assert main(["config", "show", "--brain", str(root)]) == 1
     err = capsys.readouterr().err
-    assert "profil/ambient.yml:2: notify: Input should be a valid dictionary" in err
+    assert "profil/ambient.yml:2: notify: expected a mapping (key: value)" in err
     assert CANARY not in err

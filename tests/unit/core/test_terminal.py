@@ -18,7 +18,7 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ambient.core.terminal import printable
+from ambient.core.terminal import printable, quoted
 from ambient.service.logsetup import configure_logging
 from tests.e2e.helpers import ambient_cli, command_agent_md, foreach_workflow, make_brain, running
 
@@ -44,6 +44,18 @@ def test_printable_never_lets_a_control_through(text: str) -> None:
     assert UNSAFE.search(shown) is None
     if UNSAFE.search(text) is None:
         assert shown == text  # nothing to escape: unchanged
+
+
+@given(st.text())
+def test_quoted_is_one_line_between_quotes_that_reads_back_as_the_text(text: str) -> None:
+    shown = quoted(text)
+    assert shown.startswith('"') and shown.endswith('"') and "\n" not in shown
+    assert UNSAFE.search(shown) is None
+    assert json.loads(shown) == text
+
+
+def test_quoted_keeps_text_readable() -> None:
+    assert quoted('Sure! "ok" déployé\x1b[2J\n') == '"Sure! \\"ok\\" déployé\\u001b[2J\\n"'
 
 
 def test_console_logs_escape_agent_text() -> None:

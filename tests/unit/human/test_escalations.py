@@ -155,6 +155,20 @@ class TestDecide:
             decide(_fail(), choice, by="a", channel="cli", now=T0)
         assert "1) retry (Run it again), 2) skip" in str(info.value) and "3) abort" in str(info.value)
 
+    @pytest.mark.parametrize(
+        ("choice", "hint"),
+        [("retyr", "did you mean 'retry'?"), ("skp", "did you mean 'skip'?"), ("abrot", "did you mean 'abort'?")],
+    )
+    def test_a_misspelt_option_is_told_the_one_it_looks_like(self, choice: str, hint: str) -> None:
+        """A misspelt option is told the offered one it looks like, beside the list; a far one or a number is not."""
+        with pytest.raises(InvalidOptionError) as info:
+            decide(_fail(), choice, by="a", channel="cli", now=T0)
+        assert f"does not offer {choice!r} ({hint})" in str(info.value) and "3) abort" in str(info.value)
+        for far in ("approve", "9"):
+            with pytest.raises(InvalidOptionError) as info:
+                decide(_fail(), far, by="a", channel="cli", now=T0)
+            assert "did you mean" not in str(info.value)
+
     def test_second_answer_is_refused(self) -> None:
         """An answered escalation refuses another answer, saying who answered and how."""
         done = decide(_fail(), "skip", by="alice", channel="telegram", now=T0)

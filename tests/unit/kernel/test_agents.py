@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from ambient.kernel.agents import agent_gates, load_agents, read_agents, why_absent
+from ambient.kernel.agents import (
+    GATE_KEY_OF_RULE,
+    RUNNER_KEY,
+    agent_gates,
+    load_agents,
+    lookalike,
+    read_agents,
+    why_absent,
+)
 from ambient.kernel.matrix import AccessMatrix, decide
 from ambient.kernel.packet import Signal
 from ambient.storage.paths import BrainPaths
@@ -216,3 +224,43 @@ class TestLoading:
     def test_missing_agents_dir(self, tmp_path: Path) -> None:
         """A brain without agents/ has no agents and no problem."""
         assert load_agents(BrainPaths(tmp_path)) == ({}, [])
+
+
+class TestLookalike:
+    """A key ambient reads that the file lacks, beside a key that looks like it: the typo at its line."""
+
+    @pytest.mark.parametrize(
+        ("written", "meant", "key", "line"),
+        [
+            ("ambient:", "ambient:", ("ambient", "runner"), None),
+            ("ambiant:", "ambient:", ("ambient", "runner"), 12),
+            ("  runer:", "  runner:", ("ambient", "runner"), 13),
+            ("    signal:", "    signals:", ("brain", "ipc", "signals"), 11),
+            ("    send_to:", "    sends_to:", ("brain", "ipc", "sends_to"), 9),
+            ("brian:", "brain:", ("brain", "ipc", "zone_access"), 5),
+        ],
+    )
+    def test_the_misspelt_key_on_the_way_is_named_at_its_line(
+        self, brain: Path, written: str, meant: str, key: tuple[str, ...], line: int | None
+    ) -> None:
+        write(brain, "typo.md", GOOD.format(name="typo").replace(meant, written, 1))
+        spec = read_agents(BrainPaths(brain)).agents["typo"]
+        found = lookalike(spec, key)
+        if line is None:
+            assert found is None
+        else:
+            assert found is not None
+            typo, missing = written.strip().rstrip(":"), meant.strip().rstrip(":")
+            assert str(found) == f"agents/typo.md:{line}: {typo!r} looks like {missing!r}"
+
+    def test_a_missing_key_without_a_look_alike_is_no_typo(self, brain: Path) -> None:
+        """No `ambient:` at all (a Claude Code subagent), or a key far from the missing one: nothing to name."""
+        write(brain, "plain.md", GOOD.format(name="plain").split("ambient:\n")[0] + "tools: Read\n---\n")
+        spec = read_agents(BrainPaths(brain)).agents["plain"]
+        assert lookalike(spec, RUNNER_KEY) is None
+
+    def test_no_agent_of_the_corpus_has_a_look_alike(self, corpus: Path) -> None:
+        """Real frontmatters, full of other tools' keys: none is taken for a typo of a key ambient reads."""
+        agents, _ = load_agents(BrainPaths(corpus))
+        keys = [RUNNER_KEY, *(key for _, key in GATE_KEY_OF_RULE.values())]
+        assert [(name, key) for name, spec in agents.items() for key in keys if lookalike(spec, key)] == []

@@ -223,6 +223,34 @@ class TestReading:
         (problem,) = problems_from_validation(info.value, file="f.yml", lines=lines)
         assert str(problem).startswith("f.yml:2: n: Input should be a valid integer") and "'many'" in str(problem)
 
+    def test_a_value_where_a_block_goes_says_a_mapping_is_expected_never_the_class_name(self) -> None:
+        """A text where a nested model goes is said in the file's words: a mapping, an example with its first key,
+        the keys it takes; never pydantic's "instance of <Model>" (the model's class is no word of the file)."""
+
+        class Hook(BaseModel, extra="forbid"):
+            urls: list[str] = []
+            retries: int = 1
+
+        class Plain(BaseModel):
+            limit: float = 1.0
+
+        class Top(BaseModel, extra="forbid"):
+            hook: Hook = Hook()
+            plain: Plain = Plain()
+
+        data, lines = parse_yaml('hook: "json://x"\nplain: [1]\n')
+        with pytest.raises(ValidationError) as info:
+            Top.model_validate(data)
+        hook, plain = problems_from_validation(info.value, file="f.yml", lines=lines, model=Top)
+        assert str(hook) == (
+            "f.yml:1: hook: expected a mapping (key: value), e.g. hook: {urls: [...]}; its keys: urls, retries "
+            "(got 'json://x')"
+        )
+        expected = "f.yml:2: plain: expected a mapping (key: value), e.g. plain: {limit: ...}; its keys: limit"
+        assert str(plain) == expected
+        (bare, _) = problems_from_validation(info.value, file="f.yml", lines=lines)
+        assert str(bare) == "f.yml:1: hook: expected a mapping (key: value) (got 'json://x')"
+
     def test_empty_document(self) -> None:
         """An empty document is None with no lines."""
         assert parse_yaml("")[0] is None
