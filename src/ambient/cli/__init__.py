@@ -21,7 +21,16 @@ import sys
 from collections.abc import Sequence
 
 from ambient import __version__
-from ambient.cli._common import EXIT_USAGE, CommandFunc, add_brain_option, fail, quiet_logs, refused_brain, say
+from ambient.cli._common import (
+    EXIT_USAGE,
+    CommandFunc,
+    add_brain_option,
+    fail,
+    quiet_logs,
+    refused_brain,
+    say,
+    without_brain,
+)
 from ambient.core.errors import AmbientError, InputError
 
 #: Commands that run the daemon and set up its logging themselves.
@@ -74,16 +83,11 @@ def _parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
 
 def _command_word(argv: Sequence[str]) -> str | None:
     """The first word that is not an option nor the value of ``--brain``."""
-    skip = False
-    for word in argv:
-        if skip:
-            skip = False
-        elif word == "--brain":
-            skip = True
-        elif not word.startswith("-"):
-            return word
-        elif word == "--":
+    for word in without_brain(argv):
+        if word == "--":
             return None
+        if not word.startswith("-"):
+            return word
     return None
 
 

@@ -80,7 +80,7 @@ def not_a_brain(root: Path, words: Sequence[str] = ()) -> str | None:
         who = (
             "you are" if root == Path.cwd() else f"{root} is" if root.is_dir() else f"{root} is not a directory, and is"
         )
-        again = shlex.join(["ambient", "--brain", str(inside), *_without_brain(words)])
+        again = shlex.join(["ambient", "--brain", str(inside), *without_brain(words)])
         return f"{who} inside the brain {inside}: run `{again}`, or cd there"
     if not root.is_dir():
         return f"{root} is not a directory; run `ambient init {root}` to create a brain there"
@@ -100,7 +100,7 @@ def enclosing_brain(root: Path) -> Path | None:
     return None
 
 
-def _without_brain(words: Sequence[str]) -> list[str]:
+def without_brain(words: Sequence[str]) -> list[str]:
     """The command words without ``--brain DIR`` (or ``--brain=DIR``), to aim them at another brain."""
     kept: list[str] = []
     skip = False
