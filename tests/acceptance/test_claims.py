@@ -890,6 +890,37 @@ def test_gate_abort_on_a_runs_claim_aborts_the_run(brain: Brain) -> None:
     assert [r["outcome"] for r in brain.finished("fan")] == ["aborted"]
 
 
+def test_what_a_run_in_progress_would_not_apply_to_its_claims_is_refused_not_lost(brain: Brain) -> None:
+    """`gate pause|gate|resume` and `claim close` on the claims of a run ambient is running were said done (exit 0)
+    while the run went on, ended `success` and rewrote those claims, the person's `gate_history` gone with them.
+    Refused now (exit 2, nothing written), naming what the run does take: `ambient gate abort` and the answers to
+    its questions; a claim that is no run's still moves as before."""
+    _fan(brain, "one, two", concurrency=2)
+    with brain.daemon():
+        brain.wait_escalation()
+        wait(lambda: brain.path("work/started-two").exists(), "item two's agent at work")
+        [run] = brain.status()["runs"]
+        run_id = run["run_id"]
+        item = next(p.stem for p in brain.path("claims").glob(f"{run_id}-item-*.yml"))
+        for args in (
+            ("gate", "pause", run_id, "wait a sec"),
+            ("gate", "gate", run_id),
+            ("gate", "pause", item),
+            ("claim", "close", item, "--status", "failed", "--message", "by hand"),
+        ):
+            res = brain.cli(*args)
+            assert res.rc == 2, (args, res)
+            assert f"ambient gate abort {run_id}" in res.err and "ambient decide" in res.err, (args, res)
+        for path in brain.path("claims").glob(f"{run_id}*.yml"):  # nothing of the refused actions written
+            text = path.read_text()
+            assert "paused" not in text and "wait a sec" not in text and "by hand" not in text, (path, text)
+        brain.ok("gate", "abort", run_id, "called off")  # what the run does take
+        [record] = brain.wait_finished("fan")
+    assert record["outcome"] == "aborted", record
+    _open(brain, "sess-by-hand", "work/hand/")
+    assert "paused" in brain.ok("gate", "pause", "sess-by-hand", "mine").out
+
+
 def test_gate_abort_with_the_daemon_down_is_applied_when_it_starts(brain: Brain) -> None:
     """With no daemon running the abort is kept (as an answer is) and applied when the daemon starts: the run
     ends `aborted` without its waiting items running again."""

@@ -114,8 +114,32 @@ def move_gate(
     if action == "abort" and _run_going_on(paths, sess_id):
         who = by if by is not None else os_user()
         return _abort_run(paths, sess_id, message, who, channel)
+    refuse_if_a_run_holds(paths, sess_id, action)
     changed = ClaimStore(paths).transition(sess_id, action, message, token=token)
     return GateOutcome(sess_id, action, moves=[_move(sid, claim, sess_id) for sid, claim in changed.items()])
+
+
+def refuse_if_a_run_holds(paths: BrainPaths, sess_id: str, action: str) -> None:
+    """A run in progress keeps its claims itself (each item's and its own, rewritten as it goes): a pause, a hold,
+    a close or an approval written into one by hand was said done, then written over when the run moved on, the
+    person's ``gate_history`` with it. Refused (nothing written), naming what such a run does take: an abort, and
+    the answers to its questions. ``ambient gate`` and ``ambient claim close`` both ask."""
+    from ambient.core.errors import AmbientError, TransitionError
+
+    run = sess_id if _run_going_on(paths, sess_id) else None
+    if run is None:
+        try:
+            parent = ClaimStore(paths).get(sess_id).parent_satellite
+        except AmbientError:
+            return  # no such claim, or unreadable: the store's own refusal says so
+        run = parent if parent is not None and _run_going_on(paths, parent) else None
+    if run is None:
+        return
+    raise TransitionError(
+        f"cannot {action} claim {sess_id}: it is a claim of run {run}, which ambient is running and which writes its "
+        f"claims itself as it goes (a {action} here would be written over); a run in progress takes `ambient gate "
+        f"abort {run}` and the answers to its questions (`ambient escalations`, then `ambient decide ID OPTION`)"
+    )
 
 
 def _run_going_on(paths: BrainPaths, sess_id: str) -> bool:

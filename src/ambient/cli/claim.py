@@ -188,7 +188,10 @@ def _cmd_close(args: argparse.Namespace) -> int:
     for key in ("commit", "signal_id", "notes"):
         if getattr(args, key) is not None:
             result[key] = getattr(args, key)
+    from ambient.actions.gates import refuse_if_a_run_holds
+
     store = _store(args)
+    refuse_if_a_run_holds(store.paths, args.sess_id, "close")
     claim = store.close(args.sess_id, result, message=args.message, token=args.token)
     out(f"{claim.sess_id}: closed ({args.status}, tier {claim.close_tier})")
     return EXIT_OK
