@@ -600,6 +600,9 @@ def test_thread_shows_the_agents_live_thread_and_partial_views(brain: Brain) -> 
     assert by_ambient["partial"] is True and len(by_ambient["turns"]) == 4
     nobody = brain.ok("thread", "echo", "--requester", "human", "--json").json()
     assert nobody["partial"] is True and nobody["turns"] == []
+    newest = brain.ok("thread", "echo", "--limit", "1").out  # the header counts what it shows
+    assert "1 turn(s) shown of 4" in newest and "(... 3 earlier turn(s)" in newest, newest
+    assert brain.cli("thread", "echo", "--limit", "-1").rc == 2
 
 
 def test_a_business_failure_is_a_failed_return_in_the_thread_with_its_reason(brain: Brain) -> None:

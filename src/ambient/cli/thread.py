@@ -47,6 +47,8 @@ def _thread(args: argparse.Namespace) -> int:
         else:
             out(text.rstrip("\n"))
         return EXIT_OK
+    if args.limit < 0:
+        return fail(f"--limit must be 0 (all) or more (got {args.limit})")
     view = live.view(args.agent, requester=args.requester, correlation=args.correlation)
     turns = view.turns[-args.limit :] if args.limit > 0 else view.turns
     if args.json:
@@ -55,7 +57,7 @@ def _thread(args: argparse.Namespace) -> int:
         out_json(data)
         return EXIT_OK
     label = "PARTIAL " if view.partial else ""
-    out(f"{label}thread {view.agent}: {len(view.turns)} turn(s) shown of {view.total}")
+    out(f"{label}thread {view.agent}: {len(turns)} turn(s) shown of {view.total}")
     out(view.note)
     if view.skipped_lines or view.torn_tail:
         out(f"note: {view.skipped_lines} unreadable line(s) skipped" + ("; torn last line" if view.torn_tail else ""))
