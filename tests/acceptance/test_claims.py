@@ -522,6 +522,22 @@ def test_an_expired_lock_goes_to_one_contender_and_its_old_holder_cannot_release
     assert _digest(path) == before
 
 
+def test_a_lock_or_a_claim_through_a_symlink_out_of_the_brain_is_refused_or_said(brain: Brain, tmp_path: Path) -> None:
+    """`workspace/link -> /tmp/...`: `lock acquire workspace/link/x.md` is refused (exit 2) as `preflight check`
+    refuses that path, and `claim open --scope workspace/link/` says the scope leaves the brain, as it says of
+    `/etc/passwd`; a negative `--wait` is bad usage."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    brain.path("workspace").mkdir(exist_ok=True)
+    brain.path("workspace/link").symlink_to(outside)
+    res = brain.cli("lock", "acquire", "workspace/link/x.md", "me")
+    assert res.rc == 2 and "resolves outside the brain root" in res.err, res
+    assert not list(brain.path("locks").glob("workspace%2Flink*"))
+    opened = brain.cli("claim", "open", "--type", "satellite", "--scope", "workspace/link/", "--agent", "coder")
+    assert "resolves outside the brain root" in opened.err, opened
+    assert brain.cli("lock", "acquire", "workspace/a.md", "me", "--wait", "-1").rc == 2
+
+
 def test_lock_acquire_json_is_json_on_a_takeover(brain: Brain) -> None:
     """`ambient lock acquire --json` prints the grant as JSON, also when it takes over a lock whose holder died."""
     lock = brain.ok("lock", "acquire", "projets/a.md", "sess-old", "--json").json()

@@ -13,6 +13,8 @@ from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, 
 from ambient.storage.paths import BrainPaths
 
 if TYPE_CHECKING:  # pydantic and YAML are imported in the handlers: `ambient --help` stays fast
+    from pathlib import Path
+
     from ambient.claims.claim import Claim
     from ambient.claims.store import ClaimStore
 
@@ -134,6 +136,20 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _warn_if_it_leaves_the_brain(root: Path, scope: str) -> None:
+    """A scope inside the brain by its words that leads out of it through a symlink (``workspace/link/`` with
+    ``link -> /tmp``): said as a scope outside the brain is (pre-flight and the router refuse it)."""
+    from ambient.core.errors import AmbientError
+    from ambient.storage.fsutil import resolve_in_brain
+
+    if scope.startswith("/") or ".." in scope.split("/"):
+        return  # said already by the claim's own warnings
+    try:
+        resolve_in_brain(root, scope)
+    except AmbientError as exc:
+        say(f"warning: scope {scope}: {exc}")
+
+
 def _cmd_open(args: argparse.Namespace) -> int:
     from ambient.claims.claim import find_conflicts, make_sess_id, new_claim
 
@@ -161,6 +177,7 @@ def _cmd_open(args: argparse.Namespace) -> int:
     claim = new_claim(sess_id, args.type, args.scope, args.agent, now, **fields)
     for _, message in claim.warnings():
         say(f"warning: {message}")
+    _warn_if_it_leaves_the_brain(store.paths.root, args.scope)
     if not args.force:
         blocking = find_conflicts(store.load().claims, claim)
         if blocking:

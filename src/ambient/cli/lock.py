@@ -82,14 +82,18 @@ def _status_json(status: LockStatus) -> dict[str, object]:
 
 def _cmd_acquire(args: argparse.Namespace) -> int:
     from ambient.core.errors import LockBusyError
+    from ambient.storage.fsutil import resolve_in_brain
 
     if not args.ttl > 0:
         return fail(f"--ttl must be a positive number of minutes, got {args.ttl}")
+    if args.wait < 0:
+        return fail(f"--wait must be 0 (no wait) or more seconds, got {args.wait}")
+    rel = _relative(brain_dir(args), args.file)
+    if not rel.startswith("/"):  # an absolute path outside the brain is refused by the lock manager, with its words
+        resolve_in_brain(brain_dir(args), rel)  # a symlink out of the brain: refused as preflight refuses it
     manager = _manager(args)
     try:
-        grant = manager.acquire(
-            _relative(brain_dir(args), args.file), args.holder, ttl_s=args.ttl * 60, wait=args.wait, pid_bound=False
-        )
+        grant = manager.acquire(rel, args.holder, ttl_s=args.ttl * 60, wait=args.wait, pid_bound=False)
     except LockBusyError as exc:
         say(f"{exc}")
         return EXIT_NO
