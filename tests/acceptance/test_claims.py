@@ -538,6 +538,17 @@ def test_a_lock_or_a_claim_through_a_symlink_out_of_the_brain_is_refused_or_said
     assert brain.cli("lock", "acquire", "workspace/a.md", "me", "--wait", "-1").rc == 2
 
 
+def test_status_counts_a_claim_read_with_a_warning_as_open_not_unreadable(brain: Brain) -> None:
+    """A claim whose scope is outside the brain is read (with a warning): `ambient status` counted it "unreadable"
+    while `claim list` listed it; it is open, and the warning is counted as one."""
+    opened = brain.cli("claim", "open", "--type", "satellite", "--scope", "/etc/passwd", "--agent", "coder")
+    assert opened.rc == 0 and "warning" in opened.err, opened
+    text = brain.ok("status").out
+    assert "Open claims: 1 (1 warning(s): ambient validate)" in text and "unreadable" not in text, text
+    brain.write("claims/sess-broken.yml", "sess_id: [\n")
+    assert "(1 unreadable)" in brain.ok("status").out
+
+
 def test_lock_acquire_json_is_json_on_a_takeover(brain: Brain) -> None:
     """`ambient lock acquire --json` prints the grant as JSON, also when it takes over a lock whose holder died."""
     lock = brain.ok("lock", "acquire", "projets/a.md", "sess-old", "--json").json()

@@ -136,7 +136,13 @@ def collect(root: Path, workflow: str | None = None) -> dict[str, Any]:
         "runs": [_run_entry(run, doing) for run in active],
         "escalations": [_escalation_entry(e) for e in waiting],
         "locks": _locks(paths),
-        "claims": _claims_figure(claims.unfinished, [str(p) for p in claims.problems], indexing, files=files),
+        "claims": _claims_figure(
+            claims.unfinished,
+            [str(p) for p in claims.problems],
+            indexing,
+            files=files,
+            unreadable=sum(1 for p in claims.problems if p.severity == "error"),
+        ),
         "errors": _failures(records, active),
         "broken_workflows": broken,
         "unreadable_runs": unreadable,
@@ -188,13 +194,19 @@ def _claim_files(paths: BrainPaths) -> int:
 
 
 def _claims_figure(
-    unfinished: int | None, problems: list[str], indexing: int | None, *, files: int | None = None
+    unfinished: int | None,
+    problems: list[str],
+    indexing: int | None,
+    *,
+    files: int | None = None,
+    unreadable: int = 0,
 ) -> dict[str, Any]:
     """The claims part of the status: the open ones, or (``indexing``: how many files have their row) None while
-    the claims are being indexed, with how far that went."""
+    the claims are being indexed, with how far that went. ``problems`` are every problem (warnings too);
+    ``unreadable`` counts the files that could not be read (errors): a claim read with a warning is counted open."""
     if indexing is None:
-        return {"open": unfinished, "problems": problems}
-    return {"open": None, "problems": [], "indexing": {"indexed": indexing, "files": files}}
+        return {"open": unfinished, "problems": problems, "unreadable": unreadable}
+    return {"open": None, "problems": [], "unreadable": 0, "indexing": {"indexed": indexing, "files": files}}
 
 
 def _run_entry(run: RunRow, doing: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
@@ -455,7 +467,8 @@ def _print_locks_claims_errors(data: dict[str, Any], root: Path, write: Callable
     else:
         write(
             f"Open claims: {claims['open']}"
-            + (f" ({len(claims['problems'])} unreadable)" if claims["problems"] else "")
+            + (f" ({claims['unreadable']} unreadable)" if claims.get("unreadable") else "")
+            + (f" ({warned} warning(s): ambient validate)" if (warned := _warned(claims)) else "")
         )
     errors = data["errors"]
     if errors:
@@ -463,6 +476,10 @@ def _print_locks_claims_errors(data: dict[str, Any], root: Path, write: Callable
         for e in errors[-5:]:
             tries = f" ({e['attempts']} attempts)" if e["attempts"] > 1 else ""
             write(f"  {e['workflow']}/{e['item']}{tries}: {_clip(e['error'], 200)}")
+
+
+def _warned(claims: dict[str, Any]) -> int:
+    return len(claims["problems"]) - int(claims.get("unreadable") or 0)
 
 
 def _known_workflow(root: Path, name: str) -> bool:
