@@ -522,6 +522,22 @@ def test_an_expired_lock_goes_to_one_contender_and_its_old_holder_cannot_release
     assert _digest(path) == before
 
 
+def test_a_fencing_token_never_granted_is_refused_and_locks_no_holder_out(brain: Brain) -> None:
+    """`--token 999999999999999999` on a claim was accepted (exit 0) and raised its fence above every real token:
+    the lock's holder was then refused with a false "this holder's lock expired and was taken over". A token no
+    lock was granted is refused (exit 2, nothing written); the holder's own token still writes."""
+    _open(brain, "sess-ft", "projets/ft/")
+    got = brain.ok("lock", "acquire", "projets/ft/a.md", "sess-ft", "--json")
+    token = str(json.loads(got.out)["token"])
+    path = brain.path("claims/sess-ft.yml")
+    before = _digest(path)
+    forged = brain.cli("gate", "pause", "sess-ft", "p", "--token", "999999999999999999")
+    assert forged.rc == 2 and "was never granted" in forged.err, forged
+    assert _digest(path) == before
+    closed = brain.cli("claim", "close", "sess-ft", "--status", "ok", "--token", token)
+    assert closed.rc == 0, closed
+
+
 def test_a_lock_or_a_claim_through_a_symlink_out_of_the_brain_is_refused_or_said(brain: Brain, tmp_path: Path) -> None:
     """`workspace/link -> /tmp/...`: `lock acquire workspace/link/x.md` is refused (exit 2) as `preflight check`
     refuses that path, and `claim open --scope workspace/link/` says the scope leaves the brain, as it says of

@@ -114,7 +114,8 @@ def move_gate(
     if action == "abort" and _run_going_on(paths, sess_id):
         who = by if by is not None else os_user()
         return _abort_run(paths, sess_id, message, who, channel)
-    refuse_if_a_run_holds(paths, sess_id, action)
+    if token is None:  # with a lock's token the write is fenced: the run cannot write over it (it is refused)
+        refuse_if_a_run_holds(paths, sess_id, action)
     changed = ClaimStore(paths).transition(sess_id, action, message, token=token)
     return GateOutcome(sess_id, action, moves=[_move(sid, claim, sess_id) for sid, claim in changed.items()])
 
@@ -123,7 +124,8 @@ def refuse_if_a_run_holds(paths: BrainPaths, sess_id: str, action: str) -> None:
     """A run in progress keeps its claims itself (each item's and its own, rewritten as it goes): a pause, a hold,
     a close or an approval written into one by hand was said done, then written over when the run moved on, the
     person's ``gate_history`` with it. Refused (nothing written), naming what such a run does take: an abort, and
-    the answers to its questions. ``ambient gate`` and ``ambient claim close`` both ask."""
+    the answers to its questions. ``ambient gate`` and ``ambient claim close`` both ask, unless the writer gives
+    the fencing token of the scope's lock it took over (then the run's late write is the one refused)."""
     from ambient.core.errors import AmbientError, TransitionError
 
     run = sess_id if _run_going_on(paths, sess_id) else None

@@ -279,6 +279,8 @@ class ClaimStore:
         blind write from a stale view (the daemon woken past its lease) must not pass a file a newer holder has
         fenced since. A transition re-reads the file first, so it carries the current fence.
         """
+        if token is not None:
+            self._refuse_unissued(token, claim.sess_id, path)
         made_under = token
         if made_under is None:
             mine = (f for f in (claim.fence, self._fences.get(claim.sess_id)) if f is not None)
@@ -292,6 +294,25 @@ class ClaimStore:
         if best is None or best == claim.fence:
             return claim
         return Claim.model_validate({**claim.to_document(), rules.FENCE: best})
+
+    def _refuse_unissued(self, token: int, sess_id: str, path: Path) -> None:
+        """A token no lock was ever granted: above the lock manager's counter (``.ambient/locks.guard``) and the
+        wall clock's microseconds, which every token is made from. Accepted, it raised the claim's fence beyond any
+        real holder's, and locked the claim against them with a false "expired and taken over"."""
+        from ambient.claims.locks import GUARD_NAME
+
+        try:
+            with open(self.paths.state / GUARD_NAME, "rb") as guard:  # noqa: PTH123 - one small read
+                raw = guard.read(32)
+            issued = int(raw.split()[0]) if raw.strip() else 0
+        except (OSError, ValueError):
+            issued = 0
+        ceiling = max(issued, int(self.now().timestamp() * 1_000_000)) + 60_000_000  # a minute of clock skew
+        if token > ceiling:
+            raise FencingError(
+                f"{self._rel(path)}: write refused: fencing token {token} was never granted (tokens come from "
+                f"`ambient lock acquire`; none is above {max(issued, 0)} yet); claim {sess_id} is unchanged"
+            )
 
     def open(self, claim: Claim, *, token: int | None = None) -> Claim:
         """Create ``claims/<sess_id>.yml``; StateError if a claim with that id exists already."""

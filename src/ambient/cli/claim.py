@@ -208,7 +208,8 @@ def _cmd_close(args: argparse.Namespace) -> int:
     from ambient.actions.gates import refuse_if_a_run_holds
 
     store = _store(args)
-    refuse_if_a_run_holds(store.paths, args.sess_id, "close")
+    if args.token is None:  # with a lock's token the write is fenced: the run's late write is refused instead
+        refuse_if_a_run_holds(store.paths, args.sess_id, "close")
     claim = store.close(args.sess_id, result, message=args.message, token=args.token)
     out(f"{claim.sess_id}: closed ({args.status}, tier {claim.close_tier})")
     return EXIT_OK
