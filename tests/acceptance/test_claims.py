@@ -522,6 +522,26 @@ def test_an_expired_lock_goes_to_one_contender_and_its_old_holder_cannot_release
     assert _digest(path) == before
 
 
+def test_a_folder_lock_keeps_out_what_is_in_the_folder_and_the_folders_above(brain: Brain) -> None:
+    """`workspace/dir/` held by one: `lock check workspace/dir/a.md` said free, and another holder was granted
+    `workspace/dir/a.md` and `workspace/` (a daemon's run took files under a folder a person held). A folder lock
+    guards what is in it: those are refused to others (exit 1, naming the folder's holder), granted to its own
+    holder, and free again once it is released."""
+    brain.ok("lock", "acquire", "workspace/dir/", "owner1")
+    check = brain.cli("lock", "check", "workspace/dir/a.md")
+    assert check.rc == 1 and "owner1" in check.text, check
+    for path in ("workspace/dir/a.md", "workspace/", "workspace/dir/sub/"):
+        res = brain.cli("lock", "acquire", path, "owner2")
+        assert res.rc == 1 and "owner1" in res.text, (path, res)
+    assert brain.cli("lock", "acquire", "workspace/dir/a.md", "owner1").rc == 0  # its own holder
+    assert brain.cli("lock", "acquire", "workspace/other.md", "owner2").rc == 0  # beside it: no conflict
+    brain.ok("lock", "release", "workspace/dir/a.md", "owner1")
+    brain.ok("lock", "release", "workspace/dir/", "owner1")
+    assert brain.cli("lock", "acquire", "workspace/dir/a.md", "owner2").rc == 0
+    held = brain.cli("lock", "acquire", "workspace/dir/", "owner3")  # a file under it is held by another
+    assert held.rc == 1 and "owner2" in held.text, held
+
+
 def test_a_fencing_token_never_granted_is_refused_and_locks_no_holder_out(brain: Brain) -> None:
     """`--token 999999999999999999` on a claim was accepted (exit 0) and raised its fence above every real token:
     the lock's holder was then refused with a false "this holder's lock expired and was taken over". A token no

@@ -33,6 +33,20 @@ _QUOTE_FREE: Final = re.compile(r"[A-Za-z0-9_.~/-]+")
 
 
 @lru_cache(maxsize=1024)
+def folders_above(rel: str) -> list[str]:
+    """The folder locks that cover ``rel`` (a normalised path, a folder ending with ``/``), nearest last:
+    ``a/b/c.md`` → ``a/``, ``a/b/``. A folder lock covers every file and folder under it."""
+    parts = rel.rstrip("/").split("/")
+    return ["/".join(parts[:i]) + "/" for i in range(1, len(parts))]
+
+
+def below_prefix(name: str) -> str | None:
+    """For the lock file ``name`` of a folder, the start every lock name under that folder has; None for a file's
+    (its encoding keeps each character's, so ``a/b/`` → ``a%2Fb%2F``, and ``a/b/c.md`` starts with it)."""
+    stem = name[: -len(LOCK_SUFFIX)]
+    return stem if stem.endswith("%2F") else None
+
+
 def encode_path(file: str) -> tuple[str, str]:
     """(normalised brain-relative path, lock file name) for ``file``; refuses anything that could escape.
 

@@ -60,9 +60,11 @@ from urllib.parse import unquote
 from ambient.claims.lockfile import (
     LOCK_SUFFIX,
     LockInfo,
+    below_prefix,
     check_holder,
     decode_name,
     encode_path,
+    folders_above,
     holder_lines,
     render_lock,
 )
@@ -169,8 +171,11 @@ class LockManager:
         return self._loc(file).path
 
     def check(self, file: str) -> LockStatus:
-        """What holds ``file`` right now (no guard needed: locks are published whole)."""
-        return self._inspect(self._loc(file), self._now())
+        """What holds ``file`` right now (no guard needed: locks are published whole): its own lock, else a folder
+        lock above it or, for a folder, a lock under it (:meth:`_covering`)."""
+        loc, now = self._loc(file), self._now()
+        own = self._inspect(loc, now)
+        return own if own.state != "free" else (self._covering(loc, None, now) or own)
 
     def list(self) -> list[LockStatus]:
         """Every lock in ``locks/`` (symlinks, FIFOs and unreadable files included, as malformed), by path."""
@@ -485,9 +490,41 @@ class LockManager:
         self._loop_hold = False
         self._guard.__exit__()
 
+    def _covering(self, loc: LockLocation, holder: str | None, now: float) -> LockStatus | None:
+        """A lock of another holder than ``holder`` (None: of anyone) that covers ``loc`` or that ``loc`` covers:
+        on a folder above it, or, when ``loc`` is a folder, on anything under it. A folder lock guards what is in
+        the folder: ``workspace/dir/`` held, ``workspace/dir/a.md`` and ``workspace/`` are not granted to
+        another. Under the guard (acquire), two contenders of nested paths are serialised: never both win."""
+
+        def keeps_out(status: LockStatus) -> bool:
+            mine = holder is not None and status.info is not None and status.info.holder == holder
+            return status.blocking and not mine
+
+        for folder in folders_above(loc.rel):
+            above = self._loc(folder)
+            if os.path.lexists(above.s) and keeps_out(status := self._inspect(above, now)):
+                return status
+        own = loc.s.rsplit("/", 1)[-1]  # a string: the hot path of a fan-out's locks
+        prefix = below_prefix(own)
+        if prefix is None:
+            return None
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return None
+        for name in names:
+            if name != own and name.startswith(prefix) and name.endswith(LOCK_SUFFIX):
+                rel = decode_name(name) or unquote(name[: -len(LOCK_SUFFIX)])
+                if keeps_out(status := self._inspect(LockLocation(rel, str(self.dir / name)), now)):
+                    return status
+        return None
+
     def _attempt_locked(
         self, gfd: int, loc: LockLocation, holder: str, ttl_s: float, pid_bound: bool
     ) -> LockGrant | LockStatus:
+        covering = self._covering(loc, holder, self._now())
+        if covering is not None:
+            return covering
         status: LockStatus | None = None
         for _ in range(3):
             now = self._now()

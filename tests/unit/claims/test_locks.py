@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from ambient.claims.claim import new_claim
-from ambient.claims.lockfile import decode_name, encode_path, parse_lock
+from ambient.claims.lockfile import below_prefix, decode_name, encode_path, folders_above, parse_lock
 from ambient.claims.locks import GUARD_NAME, LockGrant, LockManager
 from ambient.claims.store import ClaimStore
 from ambient.core.errors import (
@@ -1059,3 +1059,28 @@ class LockMachine(RuleBasedStateMachine):
 
 TestLockMachine = pytest.mark.slow(LockMachine.TestCase)
 TestLockMachine.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+@pytest.mark.parametrize(
+    ("rel", "above"),
+    [
+        ("a.md", []),
+        ("a/b/c.md", ["a/", "a/b/"]),
+        ("a/b/", ["a/"]),
+        ("a/", []),
+    ],
+)
+def test_the_folders_whose_lock_covers_a_path(rel: str, above: list[str]) -> None:
+    assert folders_above(rel) == above
+
+
+def test_every_lock_name_under_a_folder_starts_with_its_prefix() -> None:
+    """The encoding keeps each character's: the names of what a folder holds start with the folder's own stem."""
+    folder = encode_path("projets/x y/")[1]
+    prefix = below_prefix(folder)
+    assert prefix is not None
+    for inside in ("projets/x y/a.md", "projets/x y/sub/", "projets/x y/%odd.md"):
+        assert encode_path(inside)[1].startswith(prefix), inside
+    for beside in ("projets/x yz.md", "projets/x/", "projets/"):
+        assert not encode_path(beside)[1].startswith(prefix), beside
+    assert below_prefix(encode_path("projets/a.md")[1]) is None
