@@ -575,14 +575,35 @@ def test_a_lock_or_a_claim_through_a_symlink_out_of_the_brain_is_refused_or_said
 
 
 def test_status_counts_a_claim_read_with_a_warning_as_open_not_unreadable(brain: Brain) -> None:
-    """A claim whose scope is outside the brain is read (with a warning): `ambient status` counted it "unreadable"
-    while `claim list` listed it; it is open, and the warning is counted as one."""
-    opened = brain.cli("claim", "open", "--type", "satellite", "--scope", "/etc/passwd", "--agent", "coder")
-    assert opened.rc == 0 and "warning" in opened.err, opened
+    """A claim another tool wrote with a type ambient does not know is read (with a warning): `ambient status`
+    counted it "unreadable" while `claim list` listed it; it is open, and the warning is counted as one."""
+    _open(brain, "sess-odd", "work/odd/")
+    odd = brain.path("claims/sess-odd.yml")
+    odd.write_text(odd.read_text().replace("type: satellite", "type: bespoke"))  # as another tool may write it
+    assert "warning" in brain.cli("validate").out
     text = brain.ok("status").out
     assert "Open claims: 1 (1 warning(s): ambient validate)" in text and "unreadable" not in text, text
     brain.write("claims/sess-broken.yml", "sess_id: [\n")
     assert "(1 unreadable)" in brain.ok("status").out
+
+
+def test_bad_input_to_claim_open_close_and_rules_optin_exits_2_and_writes_nothing(brain: Brain) -> None:
+    """cli.md: exit 2 is bad usage or bad input. `claim open --ttl bogus`, `--type bogus` and a scope outside the
+    brain, `claim close --tests-total -5` and `rules optin --workflow nope` were taken (exit 0, a warning or not
+    even that); each is refused now and nothing is written."""
+    before = sorted(p.name for p in brain.path("claims").iterdir())
+    for extra in (["--ttl", "bogus"], ["--type", "bogus"], ["--scope", "/etc/passwd"]):
+        args = {"--type": "satellite", "--scope": "work/x/", **dict(zip(extra[::2], extra[1::2], strict=True))}
+        flat = [w for kv in args.items() for w in kv]
+        res = brain.cli("claim", "open", *flat, "--agent", "coder")
+        assert res.rc == 2 and "not opened" in res.err and "kept as written" not in res.err, (extra, res)
+    assert sorted(p.name for p in brain.path("claims").iterdir()) == before
+    _open(brain, "sess-counted", "work/y/")
+    bad = brain.cli("claim", "close", "sess-counted", "--status", "ok", "--tests-total", "-5")
+    assert bad.rc == 2 and "0 or more" in bad.err, bad
+    assert _claim(brain, "sess-counted")["status"] == "open"
+    nope = brain.cli("rules", "optin", "--workflow", "nope")
+    assert nope.rc == 2 and "no workflow named 'nope'" in nope.err, nope
 
 
 def test_lock_acquire_json_is_json_on_a_takeover(brain: Brain) -> None:

@@ -7,6 +7,7 @@ matrix, unless ``--force``. Bad input and refused transitions exit 2 with the re
 from __future__ import annotations
 
 import argparse
+import re
 from typing import TYPE_CHECKING, Any
 
 from ambient.cli._common import EXIT_NO, EXIT_OK, add_command, brain_dir, fail, out, out_json, say
@@ -136,6 +137,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: How a claim's warning says what reading a file does with the value; nothing is written here.
+_AS_READ = re.compile(r"; (kept as written|ignored|treated as leaf|the value is kept)$")
+
+
 def _warn_if_it_leaves_the_brain(root: Path, scope: str) -> None:
     """A scope inside the brain by its words that leads out of it through a symlink (``workspace/link/`` with
     ``link -> /tmp``): said as a scope outside the brain is (pre-flight and the router refuse it)."""
@@ -175,8 +180,10 @@ def _cmd_open(args: argparse.Namespace) -> int:
         )
     }
     claim = new_claim(sess_id, args.type, args.scope, args.agent, now, **fields)
-    for _, message in claim.warnings():
-        say(f"warning: {message}")
+    # Accepted in a file someone wrote (kept, ignored); given on the command line, a mistake to fix now.
+    unusual = [_AS_READ.sub("", message) for _, message in claim.warnings()]
+    if unusual:
+        return fail(f"claim {sess_id} not opened: " + "; ".join(unusual))
     _warn_if_it_leaves_the_brain(store.paths.root, args.scope)
     if not args.force:
         blocking = find_conflicts(store.load().claims, claim)
@@ -198,6 +205,9 @@ def _cmd_close(args: argparse.Namespace) -> int:
     if args.files is not None:
         result["files_modified"] = list(args.files)
     counts = {"total": args.tests_total, "passed": args.tests_passed, "failed": args.tests_failed}
+    negative = [f"--tests-{k} {v}" for k, v in counts.items() if v is not None and v < 0]
+    if negative:
+        return fail(f"{', '.join(negative)}: a count of tests is 0 or more")
     if any(v is not None for v in counts.values()):
         result["tests"] = {k: v for k, v in counts.items() if v is not None}
     if args.children is not None:

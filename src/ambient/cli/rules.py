@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ambient.cli._common import EXIT_OK, add_command, brain_dir, out, out_json, say
+from ambient.cli._common import EXIT_OK, add_command, brain_dir, fail, out, out_json, say
 from ambient.core.terminal import one_line
 
 if TYPE_CHECKING:  # imported in the handlers, so that other commands start fast
@@ -104,8 +104,18 @@ def _forget(args: argparse.Namespace) -> int:
 
 
 def _set_optin(args: argparse.Namespace, on: bool) -> int:
-    from ambient.actions.rules import set_opt_in
+    from ambient.actions.rules import read_rules, set_opt_in
+    from ambient.cli.status import known_workflow
 
+    def known(name: str) -> bool:  # a rule learned in it, a workflow file or a run of it
+        book, _problems = read_rules(_paths(args))
+        return any(r.situation.workflow == name for r in book.rules) or known_workflow(brain_dir(args), name)
+
+    if not args.global_ and not known(args.workflow):  # a typo would change nothing
+        return fail(
+            f"no workflow named {args.workflow!r}: no file in workflows/ and no run of it; "
+            "`ambient status` lists the workflows that ran, `ambient validate` the files"
+        )
     done = set_opt_in(_paths(args), on, workflow=None if args.global_ else args.workflow)
     out(done.message)
     if done.still_deciding:

@@ -482,7 +482,7 @@ def _warned(claims: dict[str, Any]) -> int:
     return len(claims["problems"]) - int(claims.get("unreadable") or 0)
 
 
-def _known_workflow(root: Path, name: str) -> bool:
+def known_workflow(root: Path, name: str) -> bool:
     """A workflow file of that name (by file name or by its ``name:``), or a run of it in the journals."""
     from ambient.config.workflows import workflow_files
 
@@ -534,7 +534,7 @@ def _clip(text: str, limit: int) -> str:
 
 def _status(args: argparse.Namespace) -> int:
     root = brain_dir(args)
-    if args.workflow and not _known_workflow(root, args.workflow):
+    if args.workflow and not known_workflow(root, args.workflow):
         return fail(f"no workflow named {args.workflow!r}: no file in {root / 'workflows'} and no run recorded")
     if args.json:
         data = collect(root, args.workflow)
@@ -572,7 +572,7 @@ def _runs(args: argparse.Namespace) -> int:
             active = views.runs_in_progress(conn, args.workflow, items=False)
     finally:
         store.close()
-    if args.workflow and not rows and not active and not _known_workflow(root, args.workflow):
+    if args.workflow and not rows and not active and not known_workflow(root, args.workflow):
         return fail(f"no workflow named {args.workflow!r}: no file in {root / 'workflows'} and no run recorded")
     if args.json:
         out_json(
