@@ -105,9 +105,25 @@ def hostname() -> str:
     return _HOST[0]
 
 
+#: Whole seconds two readings of one process's start time may differ by: ``btime`` in ``/proc/stat`` is the wall
+#: clock minus the time since boot, in whole seconds, so a clock slewed across a second's edge moves every start
+#: time computed after it by one second (2026-12-08: a live lock holder judged dead by a process that read
+#: ``btime`` a second off the holder's own reading; four lock tests failed in one minute on this VM).
+_BTIME_STEPS_S: Final = 2
+
+
+def same_start(recorded: float, now: float, tolerance: float = _START_TOLERANCE_S) -> bool:
+    """Whether two start times of a pid are one process's: equal to a clock tick, or a whole number of seconds
+    apart up to :data:`_BTIME_STEPS_S` (the ``btime`` each reading used moved). A recycled pid starts later by
+    anything else; for it to fall within a tick of a whole second or two, the pid space must wrap that fast."""
+    apart = now - recorded
+    steps = round(apart)
+    return abs(apart - steps) <= tolerance and abs(steps) <= _BTIME_STEPS_S
+
+
 def process_alive(pid: int, start_time: float | None) -> bool:
     """Is the process that wrote (pid, start_time) still running on this host? A recycled pid is not."""
     now_start = process_start_time(pid)
     if now_start is None:
         return False
-    return start_time is None or abs(now_start - start_time) <= _START_TOLERANCE_S
+    return start_time is None or same_start(start_time, now_start)
